@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Prompt-eval and decode speed of sharpi per model, side by side with peers, in one run.
+
+    python scripts/bench.py [-m NAME_OR_PATH ...] [--runs 3] [-p 128] [-n 128] [-t 2]
+                            [--vs-llama-cpp BIN_DIR] [--vs-transformers]
+
+Each measurement runs in a fresh subprocess (so peak resident memory is per model), after a
+warm-up, and the figure is the median of --runs. Peers run alternately with sharpi, so machine
+noise hits both alike: llama.cpp's `llama-bench -p P -n N -t T` from BIN_DIR, and Hugging Face
+transformers loading the same GGUF. This script never installs or builds a peer: it reports
+"not available" when one is not given or not installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODELS = ["smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
+
+
+def worker(spec: str, n_prompt: int, n_gen: int, threads: int) -> dict:
+    """One measurement in this process: load, warm up, time prompt eval and decode."""
+    import resource
+    import time
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from sharpi_core.registry import resolve_model
+    from sharpi_core.models import load_model
+
+    torch.set_num_threads(threads)
+    path = resolve_model(spec)
+    t0 = time.perf_counter()
+    model = load_model(path)
+    load_s = time.perf_counter() - t0
+    cache = model.new_cache(n_prompt + n_gen + 8)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.n_vocab, (n_prompt,), generator=g)
+    model.forward(prompt[:16], 0, cache, last_n=1)  # warm-up (kernels, lazy buffers)
+    for _ in range(4):
+        model.forward(torch.tensor([1]), cache.length, cache)
+    cache.truncate(0)
+    t0 = time.perf_counter()
+    logits = model.forward(prompt, 0, cache, last_n=1)
+    pp_s = time.perf_counter() - t0
+    tok = int(logits[-1].argmax())
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        tok = int(model.forward(torch.tensor([tok]), cache.length, cache)[-1].argmax())
+    tg_s = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"pp": n_prompt / pp_s, "tg": n_gen / tg_s, "rss": rss, "load_s": load_s,
+            "file": os.path.getsize(path), "kv": cache.nbytes}
+
+
+def run_sharpi(spec, args) -> dict:
+    r = subprocess.run([sys.executable, __file__, "--worker", spec, "-p", str(args.p), "-n", str(args.n),
+                        "-t", str(args.t)], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"sharpi worker failed for {spec}:\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_llama_bench(bin_dir: str, path: str, args) -> dict | None:
+    exe = Path(bin_dir) / "llama-bench"
+    if not exe.exists():
+        return None
+    r = subprocess.run([str(exe), "-m", path, "-p", str(args.p), "-n", str(args.n), "-t", str(args.t),
+                        "-r", "1", "-o", "json"], capture_output=True, text=True)
+    if r.returncode:
+        return None
+    out = {}
+    for row in json.loads(r.stdout):
+        if row.get("n_prompt"):
+            out["pp"] = row["avg_ts"]
+        elif row.get("n_gen"):
+            out["tg"] = row["avg_ts"]
+    return out
+
+
+def transformers_worker(path: str, n_prompt: int, n_gen: int, threads: int) -> dict:
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    p = Path(path)
+    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, torch_dtype=torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (1, n_prompt))
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = model(ids, use_cache=True)
+        pp_s = time.perf_counter() - t0
+        past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            out = model(tok, past_key_values=past, use_cache=True)
+            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        tg_s = time.perf_counter() - t0
+    return {"pp": n_prompt / pp_s, "tg": n_gen / tg_s}
+
+
+def run_transformers(path: str, args) -> dict | None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return None
+    r = subprocess.run([sys.executable, __file__, "--transformers-worker", path, "-p", str(args.p),
+                        "-n", str(args.n), "-t", str(args.t)], capture_output=True, text=True)
+    if r.returncode:
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def med(rows, key):
+    vals = [r[key] for r in rows if r and key in r]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(x, spec=".1f"):
+    return "n/a" if x is None else format(x, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", action="append", help="model name or path (repeatable)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("-p", type=int, default=128, help="prompt tokens")
+    ap.add_argument("-n", type=int, default=128, help="generated tokens")
+    ap.add_argument("-t", type=int, default=2, help="threads")
+    ap.add_argument("--vs-llama-cpp", metavar="BIN_DIR", help="directory holding llama.cpp's llama-bench")
+    ap.add_argument("--vs-transformers", action="store_true", help="also time HF transformers on the same GGUF")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--transformers-worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.p, args.n, args.t)))
+        return
+    if args.transformers_worker:
+        print(json.dumps(transformers_worker(args.transformers_worker, args.p, args.n, args.t)))
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from sharpi_core.registry import resolve_model
+    print(f"sharpi bench: pp{args.p} / tg{args.n}, {args.t} threads, median of {args.runs} runs", file=sys.stderr)
+    header = ("| model | sharpi pp t/s | sharpi tg t/s | peak RSS MB | (file+KV) MB | RSS ratio | "
+              "llama.cpp pp | llama.cpp tg | pp ratio | tg ratio | transformers pp | transformers tg |")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for spec in args.model or DEFAULT_MODELS:
+        path = str(resolve_model(spec))
+        ours, peer, hf = [], [], []
+        for _ in range(args.runs):  # alternate: sharpi, llama.cpp, transformers, sharpi, ...
+            ours.append(run_sharpi(spec, args))
+            if args.vs_llama_cpp:
+                peer.append(run_llama_bench(args.vs_llama_cpp, path, args))
+            if args.vs_transformers:
+                hf.append(run_transformers(path, args))
+        pp, tg = med(ours, "pp"), med(ours, "tg")
+        rss = med(ours, "rss") / 1e6
+        base = (ours[0]["file"] + ours[0]["kv"]) / 1e6
+        lpp, ltg = med(peer, "pp"), med(peer, "tg")
+        hpp, htg = med(hf, "pp"), med(hf, "tg")
+        print(f"| {Path(path).stem} | {fmt(pp)} | {fmt(tg)} | {rss:.0f} | {base:.0f} | {rss / base:.2f}x | "
+              f"{fmt(lpp) if args.vs_llama_cpp else 'not available'} | {fmt(ltg) if args.vs_llama_cpp else 'not available'} | "
+              f"{fmt(pp / lpp, '.2f') + 'x' if lpp else 'n/a'} | {fmt(tg / ltg, '.2f') + 'x' if ltg else 'n/a'} | "
+              f"{fmt(hpp) if args.vs_transformers else 'not available'} | {fmt(htg) if args.vs_transformers else 'not available'} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

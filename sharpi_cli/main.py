@@ -1,0 +1,183 @@
+"""`sharpi`: llama-cli style flags; parses, validates, calls the engine. Text on stdout, the rest on stderr."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Optional
+
+import typer
+
+from sharpi_core.errors import SharpiError, UsageError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Run GGUF language models, llama-cli style, with exact speculative decoding.")
+models_app = typer.Typer(help="List or fetch the known models.", add_completion=False)
+app.add_typer(models_app, name="models")
+
+
+def _env(name: str) -> str:
+    return "SHARPI_ARG_" + name
+
+
+def Opt(*names: str, env: str | None = None, **kw):
+    """typer.Option whose value can also come from SHARPI_ARG_<NAME> (the flag on the command line wins)."""
+    long = next((n for n in names if n.startswith("--")), names[-1]).split("/")[0]
+    kw.setdefault("show_default", True)
+    return typer.Option(*names, envvar=_env(env or long.lstrip("-").upper().replace("-", "_")), **kw)
+
+
+def _version() -> str:
+    try:
+        return version("sharpi")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _err(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+
+
+LOGIT_BIAS_RE = re.compile(r"^\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?|\.\d+)\s*$", re.I)
+
+
+def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
+    """llama.cpp's `-l TOKEN_ID(+/-)BIAS`, e.g. `15043+1` or `15043-inf`."""
+    out = []
+    for it in items:
+        m = LOGIT_BIAS_RE.match(it)
+        if not m:
+            raise UsageError(f"malformed -l/--logit-bias '{it}': expected TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf")
+        val = float("inf") if m.group(3).lower() == "inf" else float(m.group(3))
+        out.append((int(m.group(1)), val if m.group(2) == "+" else -val))
+    return tuple(out)
+
+
+@app.callback(invoke_without_command=True)
+def run(
+    ctx: typer.Context,
+    model: Annotated[Optional[str], Opt("-m", "--model", help="GGUF path or a known model name (default: smollm2-135m-instruct-q4_1, fetched on first use)")] = None,
+    prompt: Annotated[Optional[str], Opt("-p", "--prompt", help="prompt text")] = None,
+    file: Annotated[Optional[str], Opt("-f", "--file", help="read the prompt from a file ('-' = stdin)")] = None,
+    n_predict: Annotated[int, Opt("-n", "--n-predict", help="tokens to generate (-1 = until end of generation or a full context)")] = -1,
+    ctx_size: Annotated[int, Opt("-c", "--ctx-size", help="context size (0 = the model's)")] = 4096,
+    batch_size: Annotated[int, Opt("-b", "--batch-size", help="prompt tokens per forward pass")] = 512,
+    seed: Annotated[int, Opt("-s", "--seed", help="RNG seed (-1 = random)")] = -1,
+    temp: Annotated[float, Opt("--temp", help="temperature (0 = greedy)")] = 0.8,
+    top_k: Annotated[int, Opt("--top-k", help="top-k (0 = off)")] = 40,
+    top_p: Annotated[float, Opt("--top-p", help="top-p, in (0, 1] (1 = off)")] = 0.95,
+    min_p: Annotated[float, Opt("--min-p", help="min-p, in [0, 1] (0 = off)")] = 0.05,
+    repeat_penalty: Annotated[float, Opt("--repeat-penalty", help="repeat penalty (1 = off)")] = 1.0,
+    repeat_last_n: Annotated[int, Opt("--repeat-last-n", help="tokens the penalties look back over (0 = off, -1 = context)")] = 64,
+    presence_penalty: Annotated[float, Opt("--presence-penalty")] = 0.0,
+    frequency_penalty: Annotated[float, Opt("--frequency-penalty")] = 0.0,
+    logit_bias: Annotated[list[str], Opt("-l", "--logit-bias", help="TOKEN_ID(+|-)BIAS, repeatable", show_default=False)] = [],
+    cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k", help="KV cache type for K: f32, f16, q8_0")] = "f16",
+    cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v", help="KV cache type for V: f32, f16, q8_0")] = "f16",
+    threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores)")] = -1,
+    system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode)")] = None,
+    conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
+    single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
+    reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated, repeatable", show_default=False)] = [],
+    no_display_prompt: Annotated[bool, Opt("--no-display-prompt", help="don't echo the prompt")] = False,
+    n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", help="layers on the GPU (CUDA device only)")] = 0,
+    device: Annotated[str, Opt("--device", help="cpu or cuda")] = "cpu",
+    json_out: Annotated[bool, Opt("--json", help="print one JSON object (text, tokens, stop reason, timings, spec stats)")] = False,
+    verbose: Annotated[bool, Opt("--verbose", "-v", help="more detail on stderr")] = False,
+    show_version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
+    # speculative decoding
+    model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", help="draft model (path or known name) for speculative decoding")] = None,
+    draft_lookup: Annotated[bool, Opt("--draft-lookup", help="speculate with prompt-lookup n-grams (no draft model)")] = False,
+    spec_draft_n_max: Annotated[int, Opt("--spec-draft-n-max", "--draft-max", help="tokens proposed per step")] = 4,
+    spec_draft_n_min: Annotated[int, Opt("--spec-draft-n-min", "--draft-min", help="shorter proposals are dropped (plain step)")] = 0,
+    spec_draft_p_min: Annotated[float, Opt("--spec-draft-p-min", help="also accept a draft token when the target gives it probability >= P. "
+                                           "Changes the output distribution (0 = off, exact). Note: llama.cpp's --draft-p-min is a "
+                                           "different knob (the draft's own confidence cut-off)")] = 0.0,
+    spec_ngram_max: Annotated[int, Opt("--spec-ngram-max", help="lookup: longest n-gram matched")] = 3,
+    spec_ngram_min: Annotated[int, Opt("--spec-ngram-min", help="lookup: shortest n-gram matched (>= 2)")] = 2,
+    ctx_size_draft: Annotated[int, Opt("-cd", "--ctx-size-draft", help="draft context (0 = min(target ctx, 4096))")] = 0,
+    spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", help="draft layers on the GPU")] = 0,
+):
+    if show_version:
+        print(f"sharpi {_version()}")
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is not None:
+        return
+    from . import runner
+    opts = runner.RunOptions(**{k: v for k, v in locals().items() if k in runner.RunOptions.__dataclass_fields__})
+    opts.logit_bias = parse_logit_bias(logit_bias)
+    raise typer.Exit(runner.run(opts))
+
+
+@app.command()
+def perplexity(
+    model: Annotated[Optional[str], Opt("-m", "--model")] = None,
+    file: Annotated[str, Opt("-f", "--file", help="text file")] = ...,
+    ctx_size: Annotated[int, Opt("-c", "--ctx-size")] = 512,
+    chunks: Annotated[int, Opt("--chunks", help="max chunks (-1 = all)")] = -1,
+    cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k")] = "f16",
+    cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
+    threads: Annotated[int, Opt("-t", "--threads")] = -1,
+):
+    """Perplexity of a text, computed like llama-perplexity."""
+    from . import runner
+    raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads))
+
+
+@app.command()
+def tokenize(
+    model: Annotated[Optional[str], Opt("-m", "--model")] = None,
+    prompt: Annotated[Optional[str], Opt("-p", "--prompt")] = None,
+    file: Annotated[Optional[str], Opt("-f", "--file")] = None,
+    ids: Annotated[bool, typer.Option("--ids", help="print only the id list")] = False,
+    no_bos: Annotated[bool, typer.Option("--no-bos", help="don't add BOS")] = False,
+    no_parse_special: Annotated[bool, typer.Option("--no-parse-special", help="treat special token text as plain text")] = False,
+):
+    """Tokenize text like llama-tokenize."""
+    from . import runner
+    raise typer.Exit(runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special))
+
+
+@models_app.command("list")
+def models_list():
+    """Known models and whether they are cached."""
+    from sharpi_core.registry import REGISTRY, cached_path, is_cached
+    for name, e in REGISTRY.items():
+        state = f"cached at {cached_path(name)}" if is_cached(name) else "not fetched"
+        print(f"{name:40s} {e.size / 1e6:8.0f} MB  {e.description}  [{state}]")
+
+
+@models_app.command("pull")
+def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharpi models list`)")]):
+    """Fetch a known model into ~/.cache/sharpi/models."""
+    from . import runner
+    print(runner.resolve_with_progress(name))
+
+
+def main() -> None:
+    """Console entry point: user errors become one `error:` line and a non-zero exit, never a traceback."""
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        _err("aborted")
+        sys.exit(130)
+    except typer.TyperException as e:  # click's usage errors: unknown flag, bad value, ...
+        msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        _err(" ".join(msg.split()))
+        sys.exit(getattr(e, "exit_code", 2) or 2)
+    except SharpiError as e:
+        _err(str(e))
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

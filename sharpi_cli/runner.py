@@ -1,0 +1,389 @@
+"""What each command does once its flags are parsed: validate, load, call the engine, report."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from sharpi_core.errors import SharpiError, UsageError
+from sharpi_core.kv_cache import CACHE_TYPES
+
+
+@dataclass
+class RunOptions:
+    model: str | None = None
+    prompt: str | None = None
+    file: str | None = None
+    n_predict: int = -1
+    ctx_size: int = 4096
+    batch_size: int = 512
+    seed: int = -1
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple = ()
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    threads: int = -1
+    system_prompt: str | None = None
+    conversation: bool | None = None
+    single_turn: bool = False
+    reverse_prompt: list = field(default_factory=list)
+    no_display_prompt: bool = False
+    n_gpu_layers: int = 0
+    device: str = "cpu"
+    json_out: bool = False
+    verbose: bool = False
+    model_draft: str | None = None
+    draft_lookup: bool = False
+    spec_draft_n_max: int = 4
+    spec_draft_n_min: int = 0
+    spec_draft_p_min: float = 0.0
+    spec_ngram_max: int = 3
+    spec_ngram_min: int = 2
+    ctx_size_draft: int = 0
+    spec_draft_ngl: int = 0
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- validation (before anything is loaded) -------------------------------------------------
+def validate(o: RunOptions) -> None:
+    if o.n_predict < -1:
+        raise UsageError(f"invalid -n/--n-predict {o.n_predict}: must be >= -1 (-1 = until end of generation)")
+    if o.ctx_size < 0:
+        raise UsageError(f"invalid -c/--ctx-size {o.ctx_size}: must be >= 0 (0 = the model's context)")
+    if o.batch_size < 1:
+        raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
+    if o.temp < 0:
+        raise UsageError(f"invalid --temp {o.temp}: must be >= 0 (0 = greedy)")
+    if not 0 < o.top_p <= 1:
+        raise UsageError(f"invalid --top-p {o.top_p}: must be in (0, 1]")
+    if not 0 <= o.min_p <= 1:
+        raise UsageError(f"invalid --min-p {o.min_p}: must be in [0, 1]")
+    if o.top_k < 0:
+        raise UsageError(f"invalid --top-k {o.top_k}: must be >= 0 (0 = off)")
+    if o.repeat_penalty <= 0:
+        raise UsageError(f"invalid --repeat-penalty {o.repeat_penalty}: must be > 0 (1 = off)")
+    if o.repeat_last_n < -1:
+        raise UsageError(f"invalid --repeat-last-n {o.repeat_last_n}: must be >= -1")
+    for flag, v in (("-ctk/--cache-type-k", o.cache_type_k), ("-ctv/--cache-type-v", o.cache_type_v)):
+        if v not in CACHE_TYPES:
+            raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
+    if o.device not in ("cpu", "cuda"):
+        raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
+    if o.threads == 0 or o.threads < -1:
+        raise UsageError(f"invalid -t/--threads {o.threads}: must be >= 1 (-1 = all cores)")
+    if o.prompt is not None and o.file is not None:
+        raise UsageError("-p/--prompt and -f/--file are mutually exclusive")
+    if o.model_draft and o.draft_lookup:
+        raise UsageError("-md/--model-draft and --draft-lookup are mutually exclusive: pick one draft source")
+    if o.spec_draft_n_max < 1:
+        raise UsageError(f"invalid --spec-draft-n-max {o.spec_draft_n_max}: must be >= 1")
+    if o.spec_draft_n_min < 0 or o.spec_draft_n_min > o.spec_draft_n_max:
+        raise UsageError(f"invalid --spec-draft-n-min {o.spec_draft_n_min}: must be in [0, --spec-draft-n-max]")
+    if not 0 <= o.spec_draft_p_min <= 1:
+        raise UsageError(f"invalid --spec-draft-p-min {o.spec_draft_p_min}: must be in [0, 1]")
+    if o.spec_ngram_min < 2:
+        raise UsageError(f"invalid --spec-ngram-min {o.spec_ngram_min}: must be >= 2")
+    if o.spec_ngram_max < o.spec_ngram_min:
+        raise UsageError(f"invalid --spec-ngram-max {o.spec_ngram_max}: must be >= --spec-ngram-min ({o.spec_ngram_min})")
+    if o.ctx_size_draft < 0:
+        raise UsageError(f"invalid -cd/--ctx-size-draft {o.ctx_size_draft}: must be >= 0")
+    if o.device == "cpu" and (o.n_gpu_layers not in (0,) or o.spec_draft_ngl not in (0,)):
+        # like llama.cpp built without a GPU backend: the flag is accepted and has no effect
+        pass
+
+
+def set_threads(n: int) -> None:
+    import torch
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def check_device(o: RunOptions) -> None:
+    if o.device == "cuda":
+        try:
+            from sharpi_core.backends.cuda import cuda_available
+        except ImportError:
+            raise UsageError("--device cuda: the CUDA backend is not available in this build") from None
+        ok, why = cuda_available()
+        if not ok:
+            raise UsageError(f"--device cuda requested but CUDA is unavailable: {why}")
+        raise UsageError("--device cuda: end-to-end GPU decoding is not wired up yet; use --device cpu")
+
+
+def resolve_with_progress(spec: str | None):
+    """Resolve -m, fetching a known model with a progress bar on first use."""
+    from sharpi_core.registry import REGISTRY, DEFAULT_MODEL, is_cached, resolve_model
+    name = spec or DEFAULT_MODEL
+    if name not in REGISTRY or is_cached(name):
+        try:
+            return resolve_model(spec)
+        except SharpiError as e:
+            if "not found" in str(e):
+                raise UsageError(str(e)) from None
+            raise
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=_stderr_console(), transient=False) as bar:
+        dl = bar.add_task(f"fetching {name}", total=len(REGISTRY[name].packages))
+        asm = None
+
+        def progress(event, done, total):
+            nonlocal asm
+            if event == "download":
+                bar.update(dl, completed=done, total=total)
+            else:
+                if asm is None:
+                    asm = bar.add_task("assembling + sha256", total=total)
+                bar.update(asm, completed=done)
+
+        bar.columns = (TextColumn("[bold]{task.description}"), BarColumn(),
+                       TextColumn("{task.completed}/{task.total}"))
+        return resolve_model(name, progress)
+
+
+def _stderr_console():
+    from rich.console import Console
+    return Console(stderr=True)
+
+
+def read_prompt(o: RunOptions) -> str | None:
+    if o.prompt is not None:
+        return o.prompt
+    if o.file is not None:
+        if o.file == "-":
+            return sys.stdin.read()
+        try:
+            with open(o.file, encoding="utf-8") as fh:
+                return fh.read()
+        except OSError as e:
+            raise UsageError(f"cannot read prompt file {o.file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"prompt file {o.file} is not UTF-8 text") from None
+    if not sys.stdin.isatty():
+        data = sys.stdin.read()
+        return data if data else None
+    return None
+
+
+# -- the generation command -------------------------------------------------------------------
+def run(o: RunOptions) -> int:
+    validate(o)
+    check_device(o)
+    set_threads(o.threads)
+    prompt = read_prompt(o)
+
+    from sharpi_core import engine
+    from sharpi_core.generate import Generator
+    from sharpi_core.sampling import SamplingParams
+
+    target = _load(o.model)
+    tok = target.tokenizer
+    n_ctx = engine.context_size(o.ctx_size, target.model)
+    chat = tok.chat_template is not None and o.conversation is not False
+    interactive = (o.conversation is True or (prompt is None and chat)) and not o.json_out
+    if o.single_turn:
+        if tok.chat_template is None:
+            raise UsageError("-st/--single-turn needs a chat template, and this model has none")
+        interactive = prompt is None
+    if prompt is None and not interactive:
+        raise UsageError("no prompt: pass -p/--prompt, -f/--file, or pipe text on stdin"
+                         + ("" if tok.chat_template else " (this model has no chat template for conversation mode)"))
+    if interactive and tok.chat_template is None:
+        raise UsageError("conversation mode needs a chat template, and this model has none (use -p or -no-cnv)")
+
+    for tid, _ in o.logit_bias:
+        if not 0 <= tid < tok.n_vocab:
+            raise UsageError(f"-l/--logit-bias token id {tid} is outside the vocabulary (0..{tok.n_vocab - 1})")
+    seed = o.seed if o.seed >= 0 else random.SystemRandom().randrange(2**31)
+    params = SamplingParams(temp=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
+                            repeat_penalty=o.repeat_penalty,
+                            repeat_last_n=n_ctx if o.repeat_last_n == -1 else o.repeat_last_n,
+                            presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
+                            logit_bias=o.logit_bias)
+
+    drafter, draft = None, None
+    if o.model_draft or o.draft_lookup:
+        drafter, draft = _make_drafter(o, target, params, seed, n_ctx)
+
+    cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
+    gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
+                    spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
+                    spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size)
+    if o.spec_draft_p_min > 0 and drafter is not None:
+        log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
+            "the output is no longer an exact sample of the target model")
+    if o.verbose:
+        log(f"sharpi: model {target.path} ({target.model.config.arch}, {target.model.config.n_layer} layers, "
+            f"{target.model.weight_bytes / 1e6:.0f} MB weights), n_ctx {n_ctx}, seed {seed}")
+
+    if interactive:
+        from .chat import chat_loop
+        return chat_loop(o, target, gen, n_ctx, first_message=prompt)
+    if o.single_turn:
+        from .chat import render_messages
+        text = render_messages(o, tok, [{"role": "user", "content": prompt}])
+        ids = tok.encode(text, add_special=True, parse_special=True)
+    else:
+        ids = tok.encode(prompt, add_special=True, parse_special=True)
+    engine.check_prompt_fits(len(ids), n_ctx)
+    if draft is not None:
+        engine.check_prompt_fits(len(ids), draft_ctx(o, n_ctx), "-cd/--ctx-size-draft", reserve=o.spec_draft_n_max + 1)
+    for note in getattr(gen, "notes", []):
+        log(f"note: {note}")
+
+    out = sys.stdout
+    if not o.json_out and not o.no_display_prompt and not o.single_turn:
+        out.write(prompt)
+        out.flush()
+
+    def on_text(s: str) -> None:
+        if not o.json_out:
+            out.write(s)
+            out.flush()
+
+    from .chat import Interrupt
+    with Interrupt() as stop:
+        res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt), on_text=on_text,
+                           should_stop=stop)
+    if o.json_out:
+        print(json.dumps(result_json(res, target, seed), ensure_ascii=False))
+    else:
+        out.write("\n")
+        out.flush()
+        print_report(target, res, o.verbose)
+    return 130 if res.stop_reason == "interrupted" else 0
+
+
+def draft_ctx(o: RunOptions, n_ctx: int) -> int:
+    return o.ctx_size_draft or min(n_ctx, 4096)
+
+
+def _load(spec):
+    from sharpi_core import engine
+    path = resolve_with_progress(spec)
+    return engine.load(str(path))
+
+
+def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
+    from sharpi_core import engine
+    from sharpi_core import speculative as spec
+    if o.draft_lookup:
+        return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
+    draft = _load(o.model_draft)
+    engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
+    sampled = o.temp > 0
+    if sampled and (o.repeat_penalty != 1.0 or o.presence_penalty or o.frequency_penalty or o.logit_bias):
+        if not getattr(spec, "SUPPORTS_PENALTIES", False):
+            raise UsageError("sampled speculative decoding with a draft model does not support --repeat-penalty, "
+                             "--presence-penalty, --frequency-penalty or -l/--logit-bias (draft and target must "
+                             "sample the same distribution); drop them or use --temp 0")
+    n_ctx_d = draft_ctx(o, n_ctx)
+    dcache = draft.model.new_cache(n_ctx_d, o.cache_type_k, o.cache_type_v)
+    import torch
+    g = torch.Generator().manual_seed(seed + 1)
+    return spec.DraftModelDrafter(draft.model, dcache, params, g), draft
+
+
+def result_json(res, target, seed: int) -> dict:
+    t = res.timings
+    d = {
+        "text": res.text,
+        "tokens": list(res.tokens),
+        "stop_reason": res.stop_reason,
+        "model": str(target.path),
+        "seed": seed,
+        "timings": {
+            "load_ms": round(target.load_ms, 2),
+            "prompt_n": t.prompt_n, "prompt_ms": round(t.prompt_ms, 2),
+            "eval_n": t.eval_n, "eval_ms": round(t.eval_ms, 2),
+            "prompt_per_second": round(t.prompt_n / t.prompt_ms * 1000, 2) if t.prompt_ms else None,
+            "eval_per_second": round(t.eval_n / t.eval_ms * 1000, 2) if t.eval_ms else None,
+        },
+    }
+    if res.spec is not None:
+        d["speculative"] = res.spec.as_dict()
+    return d
+
+
+def print_report(target, res, verbose: bool) -> None:
+    t = res.timings
+    per = lambda ms, n: f"{ms / n:8.2f} ms per token, {n / ms * 1000:8.2f} tokens per second" if n and ms else ""  # noqa: E731
+    log("")
+    log(f"sharpi:        load time = {target.load_ms:10.2f} ms")
+    log(f"sharpi: prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_n:5d} tokens ({per(t.prompt_ms, t.prompt_n)})")
+    log(f"sharpi:        eval time = {t.eval_ms:10.2f} ms / {t.eval_n:5d} runs   ({per(t.eval_ms, t.eval_n)})")
+    log(f"sharpi:       total time = {target.load_ms + t.prompt_ms + t.eval_ms:10.2f} ms / {t.prompt_n + t.eval_n:5d} tokens")
+    if res.spec is not None:
+        s = res.spec.as_dict()
+        log(f"sharpi: speculative: drafted {s.get('drafted')}, accepted {s.get('accepted')} "
+            f"({100 * (s.get('acceptance') or 0):.1f}%), {s.get('tokens_per_pass', 0):.2f} tokens per target pass, "
+            f"{s.get('steps_no_proposal', 0)} steps without a proposal")
+        if verbose:
+            log(f"sharpi: speculative detail: {json.dumps(s)}")
+    if verbose:
+        log(f"sharpi: stop reason: {res.stop_reason}")
+
+
+# -- perplexity / tokenize ------------------------------------------------------------------
+def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads) -> int:
+    from sharpi_core import engine
+    from sharpi_core.perplexity import perplexity
+    for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
+        if v not in CACHE_TYPES:
+            raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
+    if ctx_size < 2:
+        raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 2")
+    set_threads(threads)
+    try:
+        text = open(file, encoding="utf-8").read()
+    except OSError as e:
+        raise UsageError(f"cannot read {file}: {e.strerror}") from None
+    m = _load(model)
+    t0 = time.perf_counter()
+    ids = m.tokenizer.encode(text, add_special=True, parse_special=False)
+    log(f"perplexity: tokenized {len(ids)} tokens in {(time.perf_counter() - t0) * 1000:.0f} ms; "
+        f"calculating over {min(chunks if chunks >= 0 else 1 << 30, len(ids) // ctx_size)} chunks of {ctx_size}")
+    parts = []
+
+    def on_chunk(i, p):
+        parts.append(f"[{i + 1}]{p:.4f},")
+        print(parts[-1], end="", flush=True)
+
+    r = perplexity(m.model, ids, ctx_size, chunks, bos_id=m.tokenizer.bos_id if m.tokenizer.add_bos else None,
+                   type_k=ctk, type_v=ctv, on_chunk=on_chunk)
+    print()
+    print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.err:.5f}")
+    return 0
+
+
+def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special) -> int:
+    if (prompt is None) == (file is None):
+        raise UsageError("tokenize needs exactly one of -p/--prompt or -f/--file")
+    if file is not None:
+        try:
+            prompt = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
+        except OSError as e:
+            raise UsageError(f"cannot read {file}: {e.strerror}") from None
+    from sharpi_core.gguf_file import GGUFFile
+    from sharpi_core.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(GGUFFile(resolve_with_progress(model)))
+    ids = tok.encode(prompt, add_special=not no_bos, parse_special=not no_parse_special)
+    if ids_only:
+        print("[" + ", ".join(str(i) for i in ids) + "]")
+    else:
+        for i in ids:
+            print(f"{i:6d} -> '{tok.token_bytes(i).decode('utf-8', errors='replace')}'")
+    return 0

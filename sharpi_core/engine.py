@@ -1,0 +1,77 @@
+"""Loading what a run needs: target (and draft) model, tokenizer, caches; draft/target vocab checks."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SharpiError, UsageError
+from .gguf_file import GGUFFile
+from .models import Transformer, load_model
+from .registry import Progress, resolve_model
+from .tokenizer import Tokenizer
+
+# llama.cpp's speculative compatibility rules (common/speculative.cpp)
+VOCAB_MAX_SIZE_DIFF = 128
+VOCAB_CHECK_START_ID = 5
+
+
+@dataclass
+class Loaded:
+    path: Path
+    gguf: GGUFFile
+    model: Transformer
+    tokenizer: Tokenizer
+    load_ms: float
+
+    @property
+    def name(self) -> str:
+        return str(self.gguf.get("general.name") or self.path.name)
+
+
+def load(spec: str | None, progress: Progress | None = None) -> Loaded:
+    path = resolve_model(spec, progress)
+    t0 = time.perf_counter()
+    gf = GGUFFile(path)
+    model = load_model(gf)
+    tok = Tokenizer.from_gguf(gf)
+    return Loaded(Path(path), gf, model, tok, (time.perf_counter() - t0) * 1000)
+
+
+def check_draft_compatible(target: Tokenizer, draft: Tokenizer) -> None:
+    """Raise UsageError naming the first difference that makes `draft` unusable for `target`."""
+    if target.model_type != draft.model_type:
+        raise UsageError(f"draft model tokenizer type '{draft.model_type}' differs from the target's "
+                         f"'{target.model_type}'")
+    if target.add_bos != draft.add_bos or (target.add_bos and target.bos_id != draft.bos_id):
+        raise UsageError(f"draft model BOS (add_bos={draft.add_bos}, id {draft.bos_id}) differs from the "
+                         f"target's (add_bos={target.add_bos}, id {target.bos_id})")
+    if target.add_eos != draft.add_eos or target.eos_id != draft.eos_id:
+        raise UsageError(f"draft model EOS (id {draft.eos_id}) differs from the target's (id {target.eos_id})")
+    diff = abs(target.n_vocab - draft.n_vocab)
+    if diff > VOCAB_MAX_SIZE_DIFF:
+        raise UsageError(f"draft vocab size {draft.n_vocab} differs from the target's {target.n_vocab} by {diff} "
+                         f"(more than {VOCAB_MAX_SIZE_DIFF})")
+    for i in range(VOCAB_CHECK_START_ID, min(target.n_vocab, draft.n_vocab)):
+        if target.token_text(i) != draft.token_text(i):
+            raise UsageError(f"draft vocab differs from the target's at token {i}: "
+                             f"{draft.token_text(i)!r} vs {target.token_text(i)!r}")
+
+
+def context_size(requested: int, model: Transformer) -> int:
+    """-c: 0 means the model's training context."""
+    if requested < 0:
+        raise UsageError(f"invalid context size {requested}: must be >= 0 (0 = from the model)")
+    return requested or model.config.n_ctx_train
+
+
+def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size", reserve: int = 1) -> None:
+    if n_prompt + reserve > n_ctx:
+        over = n_prompt + reserve - n_ctx
+        raise UsageError(f"prompt is {n_prompt} tokens, which does not fit the context of {n_ctx} "
+                         f"(over by {over}); raise {flag}")
+
+
+def ensure_no_conflict(draft_spec: str | None, lookup: bool) -> None:
+    if draft_spec and lookup:
+        raise UsageError("-md/--model-draft and --draft-lookup are mutually exclusive: pick one draft source")

@@ -1,0 +1,56 @@
+"""Shared test fixtures: llama.cpp's reference outputs and the real models (fetched via the registry)."""
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES_DIR = Path(os.environ.get("SHARPI_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+
+SMOL = "smollm2-135m-instruct-q4_1"
+GEMMA = "gemma3-270m-q4_k_m"
+QWEN05 = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+QWEN15 = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+ALL_MODELS = [SMOL, GEMMA, QWEN05, QWEN15]
+
+
+def model_param(name: str):
+    """pytest.param for a model name: SmolLM2 always runs, the bigger ones are marked slow."""
+    return pytest.param(name, id=name.split("-")[0] + "-" + name.split("-")[1],
+                        marks=() if name == SMOL else (pytest.mark.slow,))
+
+
+MODEL_PARAMS = [model_param(n) for n in ALL_MODELS]
+
+
+@lru_cache(maxsize=None)
+def reference() -> dict:
+    p = FIXTURES_DIR / "llamacpp_reference.json"
+    if not p.is_file():
+        pytest.skip(f"llama.cpp fixtures not found at {FIXTURES_DIR}")
+    return json.loads(p.read_text())
+
+
+@lru_cache(maxsize=None)
+def model_path(name: str) -> Path:
+    from sharpi_core.registry import pull
+    return pull(name)
+
+
+_loaded: dict[str, object] = {}
+
+
+def loaded(name: str):
+    """(model, tokenizer) for a registry model, one at a time (keeps memory flat across the suite)."""
+    if name not in _loaded:
+        _loaded.clear()
+        from sharpi_core.gguf_file import GGUFFile
+        from sharpi_core.models import load_model
+        from sharpi_core.tokenizer import Tokenizer
+        gf = GGUFFile(model_path(name))
+        _loaded[name] = (load_model(gf), Tokenizer.from_gguf(gf))
+    return _loaded[name]

