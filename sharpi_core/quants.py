@@ -129,6 +129,18 @@ class QWeight:
         if qtype == Q.F32:
             self._dense = torch_view(raw).view(n, k)
 
+    @classmethod
+    def concat(cls, name: str, parts: list["QWeight"], row_order: list[np.ndarray | None] | None = None) -> "QWeight":
+        """One weight whose output rows are the parts' rows in turn (optionally reordered per part).
+
+        Fusing q/k or gate/up into one matmul halves the per-token calls; the copy lives in RAM
+        while the original mmap pages are never touched, so resident memory does not double."""
+        qt, k = parts[0].qtype, parts[0].k
+        assert all(p.qtype == qt and p.k == k for p in parts)
+        order = row_order or [None] * len(parts)
+        raw = np.concatenate([p.raw if o is None else p.raw[o] for p, o in zip(parts, order)])
+        return cls(name, raw, qt, sum(p.n for p in parts), k)
+
     @property
     def nbytes(self) -> int:
         return self.raw.nbytes

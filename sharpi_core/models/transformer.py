@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import gguf
 import torch
 import torch.nn.functional as F
 
@@ -16,23 +17,21 @@ from ..kv_cache import KVCache
 from ..quants import Activations, QWeight, activation_for, load_vector
 from .config import ROPE_NEOX, ModelConfig, config_from_gguf
 
+Q = gguf.GGMLQuantizationType
+
 
 @dataclass
 class Layer:
     attn_norm: torch.Tensor
-    wq: QWeight
-    wk: QWeight
+    wqk: QWeight            # q and k projections fused: [(H + Hkv) * hd, D], rows in rope-pair order
     wv: QWeight
     wo: QWeight
     ffn_norm: torch.Tensor
-    w_gate: QWeight
-    w_up: QWeight
+    w_gu: QWeight           # gate and up fused: [2 * n_ff, D]
     w_down: QWeight
-    bq: torch.Tensor | None = None
-    bk: torch.Tensor | None = None
+    bqk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
+    qk_norm: torch.Tensor | None = None   # [H + Hkv, hd]: q_norm for q heads, k_norm for k heads
     post_attn_norm: torch.Tensor | None = None
     post_ffn_norm: torch.Tensor | None = None
 
@@ -43,8 +42,19 @@ def _weight(gf: GGUFFile, name: str) -> QWeight:
     return QWeight(name, t.data, t.tensor_type, n, k)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def neox_to_pairs(hd: int, n_rot: int) -> torch.Tensor:
+    """Index order that turns NeoX rope (dim i pairs with i + n_rot/2) into adjacent pairs (2i, 2i+1).
+
+    Applied to the rows of Wq/Wk (and their biases and norms) at load, it leaves every q.k dot
+    product unchanged, so one rope implementation (complex multiply on adjacent pairs) serves both."""
+    half = n_rot // 2
+    idx = torch.arange(hd)
+    idx[:n_rot] = torch.stack((torch.arange(half), torch.arange(half) + half), dim=1).flatten()
+    return idx
 
 
 class Transformer:
@@ -54,35 +64,40 @@ class Transformer:
         self.tok_embd = _weight(gf, "token_embd.weight")
         self.output = self.tok_embd if c.tied_output else _weight(gf, "output.weight")
         self.output_norm = load_vector(gf.tensor("output_norm.weight"))
-        opt = lambda name: load_vector(gf.tensors[name]) if name in gf.tensors else None  # noqa: E731
+        H, Hkv, hd = c.n_head, c.n_head_kv, c.head_dim_k
+        perm = neox_to_pairs(hd, c.n_rot) if c.rope_style == ROPE_NEOX else torch.arange(hd)
+        q_rows = (torch.arange(H)[:, None] * hd + perm[None, :]).flatten().numpy()
+        k_rows = (torch.arange(Hkv)[:, None] * hd + perm[None, :]).flatten().numpy()
+        vec = lambda name: load_vector(gf.tensor(name))  # noqa: E731
+        opt = lambda name: vec(name) if name in gf.tensors else None  # noqa: E731
         self.layers: list[Layer] = []
         for i in range(c.n_layer):
             p = f"blk.{i}."
+            wq, wk = _weight(gf, p + "attn_q.weight"), _weight(gf, p + "attn_k.weight")
+            bq, bk = opt(p + "attn_q.bias"), opt(p + "attn_k.bias")
+            qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
             self.layers.append(Layer(
-                attn_norm=load_vector(gf.tensor(p + "attn_norm.weight")),
-                wq=_weight(gf, p + "attn_q.weight"), wk=_weight(gf, p + "attn_k.weight"),
+                attn_norm=vec(p + "attn_norm.weight"),
+                wqk=QWeight.concat(p + "attn_qk", [wq, wk], [q_rows, k_rows]),
                 wv=_weight(gf, p + "attn_v.weight"), wo=_weight(gf, p + "attn_output.weight"),
-                ffn_norm=load_vector(gf.tensor(p + "ffn_norm.weight")),
-                w_gate=_weight(gf, p + "ffn_gate.weight"), w_up=_weight(gf, p + "ffn_up.weight"),
+                ffn_norm=vec(p + "ffn_norm.weight"),
+                w_gu=QWeight.concat(p + "ffn_gate_up", [_weight(gf, p + "ffn_gate.weight"),
+                                                         _weight(gf, p + "ffn_up.weight")]),
                 w_down=_weight(gf, p + "ffn_down.weight"),
-                bq=opt(p + "attn_q.bias"), bk=opt(p + "attn_k.bias"), bv=opt(p + "attn_v.bias"),
-                q_norm=opt(p + "attn_q_norm.weight"), k_norm=opt(p + "attn_k_norm.weight"),
+                bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
+                bv=opt(p + "attn_v.bias"),
+                qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None else None,
                 post_attn_norm=opt(p + "post_attention_norm.weight"),
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             ))
-        # inv_freq per distinct rope base: [n_rot/2]
-        self._inv_freq = {}
-        for i in range(c.n_layer):
-            base = c.layer_rope_base(i)
-            if base not in self._inv_freq:
-                self._inv_freq[base] = 1.0 / (base ** (torch.arange(0, c.n_rot, 2, dtype=torch.float64) / c.n_rot))
+        self._rope_cache: dict[float, torch.Tensor] = {}  # base -> complex64 [n_pos, n_rot/2]
 
     # -- sizes -------------------------------------------------------------------------
     @property
     def weight_bytes(self) -> int:
         seen, total = set(), 0
-        for w in [self.tok_embd, self.output] + [getattr(l, f) for l in self.layers
-                                                  for f in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]:
+        for w in [self.tok_embd, self.output] + [getattr(ly, f) for ly in self.layers
+                                                  for f in ("wqk", "wv", "wo", "w_gu", "w_down")]:
             if id(w) not in seen:
                 seen.add(id(w))
                 total += w.nbytes
@@ -93,25 +108,57 @@ class Transformer:
         return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
 
     # -- pieces --------------------------------------------------------------------------
-    def _rope_tables(self, pos: torch.Tensor) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
-        out = {}
-        for base, inv in self._inv_freq.items():
-            ang = pos.to(torch.float64)[:, None] * inv[None, :]  # [T, n_rot/2]; f64 keeps long contexts exact
-            out[base] = (ang.cos().float()[:, None, :], ang.sin().float()[:, None, :])  # [T, 1, n_rot/2]
-        return out
+    def _rope_table(self, base: float, n_pos: int) -> torch.Tensor:
+        """Rotations for positions [0, n_pos) as complex64 [n_pos, n_rot/2], grown by doubling.
 
-    def _rope(self, x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        # x [T, H, hd]; rotates the first n_rot dims
-        cos, sin = cs
+        Built the way ggml's rope cache is: theta_i = theta_{i-1} * base^(-2/n_rot) multiplied
+        in float32 from theta_0 = pos, then cos/sin rounded to float32. The rounding of the
+        activations makes later layers sensitive to differences of one ulp here."""
+        tab = self._rope_cache.get(base)
+        if tab is not None and tab.shape[0] >= n_pos:
+            return tab
+        n = max(n_pos, 2 * (tab.shape[0] if tab is not None else 256))
+        scale = torch.tensor(base, dtype=torch.float64).pow(-2.0 / self.config.n_rot).float()
+        theta = torch.empty(n, self.config.n_rot // 2, dtype=torch.float32)
+        theta[:, 0] = torch.arange(n, dtype=torch.float32)
+        for i in range(1, theta.shape[1]):  # once per table, not per token
+            theta[:, i] = theta[:, i - 1] * scale
+        t64 = theta.double()
+        tab = torch.complex(t64.cos().float(), t64.sin().float())
+        self._rope_cache[base] = tab
+        return tab
+
+    def _rope(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        # x [T, heads, hd] with rope pairs adjacent (see neox_to_pairs); rotates the first n_rot dims
         n_rot = self.config.n_rot
-        xr, rest = x[..., :n_rot], x[..., n_rot:]
-        if self.config.rope_style == ROPE_NEOX:
-            a, b = xr[..., : n_rot // 2], xr[..., n_rot // 2:]
-            rot = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
-        else:
-            a, b = xr[..., 0::2], xr[..., 1::2]
-            rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-        return torch.cat((rot, rest), dim=-1) if rest.shape[-1] else rot
+        T, nh, hd = x.shape
+        if n_rot == hd:
+            return torch.view_as_real(torch.view_as_complex(x.reshape(T, nh, hd // 2, 2)) * rot).view(T, nh, hd)
+        xr = torch.view_as_real(torch.view_as_complex(x[..., :n_rot].reshape(T, nh, n_rot // 2, 2)) * rot)
+        return torch.cat((xr.reshape(T, nh, n_rot), x[..., n_rot:]), dim=-1)
+
+    def _attention(self, q: torch.Tensor, cache: KVCache, layer: int, L: int, mask: torch.Tensor | None,
+                   scale: float) -> torch.Tensor:
+        """q [T, H, hd] against the cache's first L positions -> [T, H * hdv].
+
+        Computed the way llama.cpp's CPU backend does without flash attention: q is rounded to
+        K's type for the KQ product, softmax in fp32, and the probabilities are rounded to V's
+        type (fp16) for the product with V. Matching this keeps greedy output on llama.cpp's."""
+        c = self.config
+        T, H, hd = q.shape
+        Hkv, hdv = c.n_head_kv, c.head_dim_v
+        G = H // Hkv
+        qh = activation_for(q, cache.k.qtype).view(T, Hkv, G, hd).permute(1, 2, 0, 3).reshape(Hkv, G * T, hd)
+        K = cache.k.read(layer, L)  # [L, Hkv, hd]
+        V = cache.v.read(layer, L)  # [L, Hkv, hdv]
+        s = torch.bmm(qh, K.permute(1, 2, 0)).mul_(scale)  # [Hkv, G*T, L]
+        if mask is not None:
+            s.view(Hkv, G, T, L).masked_fill_(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        if cache.v.qtype == Q.F16:
+            p = p.half().float()
+        o = torch.bmm(p, V.permute(1, 0, 2))  # [Hkv, G*T, hdv]
+        return o.view(Hkv, G, T, hdv).permute(2, 0, 1, 3).reshape(T, H * hdv)
 
     def _mask(self, start: int, T: int, window: int) -> torch.Tensor | None:
         """Boolean [T, start+T] (True = attend), or None when every key is visible."""
@@ -147,7 +194,7 @@ class Transformer:
         x = self.tok_embd.rows(tokens)  # [T, D]
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
-        ropes = self._rope_tables(torch.arange(start_pos, L))
+        ropes = {b: self._rope_table(b, L)[start_pos:L, None, :] for b in {c.layer_rope_base(i) for i in range(c.n_layer)}}
         masks = {}
         for i, ly in enumerate(self.layers):
             window = c.sliding_window if c.is_swa(i) else 0
@@ -155,36 +202,26 @@ class Transformer:
                 masks[window] = self._mask(start_pos, T, window)
             h = rms_norm(x, ly.attn_norm, c.norm_eps)
             a = Activations(h)
-            q, k, v = a(ly.wq), a(ly.wk), a(ly.wv)
-            if ly.bq is not None:
-                q, k, v = q + ly.bq, k + ly.bk, v + ly.bv
-            q = q.view(T, H, hd)
-            k = k.view(T, Hkv, hd)
-            v = v.view(T, Hkv, hdv)
-            if c.qk_norm:
-                q = rms_norm(q, ly.q_norm, c.norm_eps)
-                k = rms_norm(k, ly.k_norm, c.norm_eps)
-            cs = ropes[c.layer_rope_base(i)]
-            q, k = self._rope(q, cs), self._rope(k, cs)
-            # llama.cpp dots q with the cached K in K's own type (q8_0 or f16 activations)
-            qa = activation_for(q, cache.k.qtype)
+            qk, v = a(ly.wqk), a(ly.wv)  # [T, (H + Hkv) * hd], [T, Hkv * hdv]
+            if ly.bqk is not None:
+                qk = qk + ly.bqk
+                v = v + ly.bv
+            qk = qk.view(T, H + Hkv, hd)
+            if ly.qk_norm is not None:
+                qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
+            qk = self._rope(qk, ropes[c.layer_rope_base(i)])
+            q, k = qk[:, :H], qk[:, H:]
             cache.k.write(i, start_pos, k)
-            cache.v.write(i, start_pos, v)
-            K = cache.k.read(i, L)  # [L, Hkv, hd]
-            V = cache.v.read(i, L)
-            o = F.scaled_dot_product_attention(
-                qa.transpose(0, 1).unsqueeze(0), K.transpose(0, 1).unsqueeze(0), V.transpose(0, 1).unsqueeze(0),
-                attn_mask=masks[window], scale=scale, enable_gqa=Hkv != H,
-            )  # [1, H, T, hdv]
-            o = ly.wo(o[0].transpose(0, 1).reshape(T, H * hdv))
+            cache.v.write(i, start_pos, v.view(T, Hkv, hdv))
+            o = self._attention(q, cache, i, L, masks[window], scale)  # [T, H * hdv]
+            o = ly.wo(o)
             if ly.post_attn_norm is not None:
                 o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
             x = x + o
             h = rms_norm(x, ly.ffn_norm, c.norm_eps)
-            a = Activations(h)
-            g = a(ly.w_gate)
+            g, u = Activations(h)(ly.w_gu).split(c.n_ff, dim=-1)
             g = F.silu(g) if c.act == "silu" else F.gelu(g, approximate="tanh")
-            f = ly.w_down(g * a(ly.w_up))
+            f = ly.w_down(g * u)
             if ly.post_ffn_norm is not None:
                 f = rms_norm(f, ly.post_ffn_norm, c.norm_eps)
             x = x + f

@@ -1,0 +1,49 @@
+"""Conversation mode in a real pseudo-terminal (pexpect): turns, Ctrl-C stops a reply, /exit and Ctrl-D quit."""
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+
+from conftest import SMOL, model_path
+
+pexpect = pytest.importorskip("pexpect")
+SHARPI = shutil.which("sharpi") or f"{sys.executable} -m sharpi_cli.main"
+
+
+def spawn(*args):
+    cmd = SHARPI.split() + ["-m", str(model_path(SMOL))] + list(args)
+    return pexpect.spawn(cmd[0], cmd[1:], encoding="utf-8", timeout=120, dimensions=(40, 200))
+
+
+def test_chat_two_turns_then_exit():
+    p = spawn("--temp", "0", "-n", "24", "-sys", "You are a helpful assistant.")
+    p.expect("conversation mode")
+    p.expect("> ")
+    p.sendline("What is the capital of France?")
+    p.expect("Paris")
+    p.expect("> ")
+    p.sendline("And of Germany?")
+    p.expect("Berlin")
+    p.expect("> ")
+    p.sendline("/exit")
+    p.expect(pexpect.EOF)
+    p.close()
+    assert p.exitstatus == 0
+
+
+def test_ctrl_c_stops_reply_not_session_and_ctrl_d_quits():
+    p = spawn("--temp", "0", "-n", "-1", "-c", "2048")
+    p.expect("> ")
+    p.sendline("Write a very long story about a dragon, with many chapters.")
+    p.expect(r"\w+ \w+ \w+")  # the reply has started streaming
+    p.sendintr()
+    p.expect(r"\[reply stopped\]")
+    p.expect("> ")
+    p.sendline("Say hi.")
+    p.expect("> ")
+    p.sendeof()
+    p.expect(pexpect.EOF)
+    p.close()
+    assert p.exitstatus == 0

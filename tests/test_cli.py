@@ -1,0 +1,151 @@
+"""The real `sharpi` console script in a subprocess, on SmolLM2."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES_DIR, SMOL, model_path, reference
+
+SHARPI = shutil.which("sharpi") or f"{sys.executable} -m sharpi_cli.main"
+
+
+def sharpi(*args, input=None, env=None, timeout=300):
+    cmd = SHARPI.split() + [str(a) for a in args]
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run(cmd, input=input, capture_output=True, text=True, env=e, timeout=timeout,
+                          stdin=None if input is not None else subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return str(model_path(SMOL))
+
+
+def one_error_line(r, code=2, contains=None):
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    if contains:
+        assert contains in lines[0], lines[0]
+    return lines[0]
+
+
+def test_one_shot_greedy_matches_llama_cpp(smol):
+    case = reference()[SMOL]["greedy"][1]
+    r = sharpi("-m", smol, "-p", case["prompt"], "-n", 16, "--temp", 0, "--no-display-prompt")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.rstrip("\n")
+    assert out and case["text"].startswith(out), (out, case["text"])
+    assert "eval time" in r.stderr and "prompt eval time" in r.stderr
+
+
+def test_prompt_is_echoed_unless_disabled(smol):
+    r = sharpi("-m", smol, "-p", "Hello there", "-n", 2, "--temp", 0)
+    assert r.returncode == 0 and r.stdout.startswith("Hello there")
+
+
+def test_json_output(smol):
+    r = sharpi("-m", smol, "-p", "The capital of France is", "-n", 6, "--temp", 0, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["text"].startswith(" Paris") and len(d["tokens"]) == 6
+    assert d["stop_reason"] == "n_predict"
+    assert d["timings"]["eval_n"] >= 5 and d["timings"]["prompt_n"] == 5
+
+
+def test_stdin_prompt_and_file(smol, tmp_path):
+    r = sharpi("-m", smol, "-n", 4, "--temp", 0, "--json", input="The capital of France is")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"].startswith(" Paris")
+    f = tmp_path / "p.txt"
+    f.write_text("The capital of France is")
+    r2 = sharpi("-m", smol, "-f", f, "-n", 4, "--temp", 0, "--json")
+    assert json.loads(r2.stdout)["tokens"] == json.loads(r.stdout)["tokens"]
+
+
+def test_same_seed_same_sample(smol):
+    args = ("-m", smol, "-p", "Once upon a time", "-n", 12, "--temp", 0.9, "-s", 7, "--json")
+    a, b = sharpi(*args), sharpi(*args)
+    assert a.returncode == 0 and json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
+
+
+def test_env_args_and_flag_precedence(smol):
+    env = {"SHARPI_ARG_N_PREDICT": "3", "SHARPI_ARG_TEMP": "0", "SHARPI_ARG_MODEL": smol}
+    r = sharpi("-p", "Hello", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 3
+    r = sharpi("-p", "Hello", "--json", "-n", 5, env=env)
+    assert len(json.loads(r.stdout)["tokens"]) == 5
+
+
+def test_reverse_prompt_stops(smol):
+    r = sharpi("-m", smol, "-p", "The capital of France is", "-n", 32, "--temp", 0, "-r", "United", "--json")
+    d = json.loads(r.stdout)
+    assert d["stop_reason"] == "stop_string" and d["text"].endswith("United")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("-n", "-2"), "-n/--n-predict"),
+    (("-c", "-1"), "-c/--ctx-size"),
+    (("--temp", "-0.5"), "--temp"),
+    (("--top-p", "0"), "--top-p"),
+    (("--top-p", "1.5"), "--top-p"),
+    (("-l", "abc"), "logit-bias"),
+    (("-l", "15+x"), "logit-bias"),
+    (("-ctk", "q4_0"), "cache-type-k"),
+    (("--draft-lookup", "-md", "whatever.gguf"), "mutually exclusive"),
+    (("--spec-ngram-min", "1", "--draft-lookup"), "--spec-ngram-min"),
+    (("--bogus-flag",), "bogus"),
+])
+def test_invalid_flags_one_line_exit_2(smol, args, fragment):
+    r = sharpi("-m", smol, "-p", "hi", *args)
+    one_error_line(r, 2, fragment)
+
+
+def test_missing_and_corrupt_model(tmp_path):
+    one_error_line(sharpi("-m", tmp_path / "nope.gguf", "-p", "hi"), 2, "not found")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 10)
+    before = bad.read_bytes()
+    r = sharpi("-m", bad, "-p", "hi")
+    assert r.returncode != 0
+    one_error_line(r, r.returncode, "not a valid GGUF")
+    assert bad.read_bytes() == before  # nothing the user had is touched
+
+
+def test_prompt_longer_than_context(smol):
+    r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16)
+    line = one_error_line(r, 2, "-c/--ctx-size")
+    assert "over by" in line
+
+
+def test_tokenize_command_matches_llama_tokenize(smol):
+    case = reference()[SMOL]["tokenize"][3]
+    r = sharpi("tokenize", "-m", smol, "-p", case["text"], "--ids")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == case["ids"]
+
+
+def test_perplexity_command(smol):
+    ref = reference()[SMOL]["perplexity"]
+    r = sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / ref["file"], "-c", 128, "--chunks", 8)
+    assert r.returncode == 0, r.stderr
+    last = [ln for ln in r.stdout.splitlines() if ln.startswith("Final estimate")][0]
+    ppl = float(last.split("=")[1].split("+/-")[0])
+    assert abs(ppl - ref["ppl"]) / ref["ppl"] < 0.01
+
+
+def test_models_list():
+    r = sharpi("models", "list")
+    assert r.returncode == 0 and SMOL in r.stdout
+
+
+def test_version():
+    r = sharpi("--version")
+    assert r.returncode == 0 and r.stdout.startswith("sharpi ")
