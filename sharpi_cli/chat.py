@@ -73,11 +73,12 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             if not line.strip():
                 continue
         messages.append({"role": "user", "content": line})
-        ids = encode_chat(tok, render_messages(o, tok, messages))
-        if len(ids) + 1 > n_ctx:
-            raise SharpiError(f"the conversation is {len(ids)} tokens, which does not fit the context of {n_ctx}; "
-                              "raise -c/--ctx-size")
+        # Ctrl-C from here on stops this reply (rendering and prefill included), not the session
         with Interrupt() as stop:
+            ids = encode_chat(tok, render_messages(o, tok, messages))
+            if len(ids) + 1 > n_ctx:
+                raise SharpiError(f"the conversation is {len(ids)} tokens, which does not fit the context of "
+                                  f"{n_ctx}; raise -c/--ctx-size")
             res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
                                on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()), should_stop=stop)
         sys.stdout.write("\n")
@@ -85,6 +86,9 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         if res.stop_reason == "interrupted":
             log("[reply stopped]")
         messages.append({"role": "assistant", "content": res.text})
+        if o.verbose:
+            log(f"[turn: {res.timings.prompt_n} new prompt tokens evaluated of {len(ids)}, "
+                f"{len(res.tokens)} generated, {res.timings.eval_tps:.1f} t/s]")
         last = res
         if o.single_turn:
             break

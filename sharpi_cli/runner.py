@@ -172,7 +172,7 @@ def read_prompt(o: RunOptions) -> str | None:
             raise UsageError(f"cannot read prompt file {o.file}: {e.strerror}") from None
         except UnicodeDecodeError:
             raise UsageError(f"prompt file {o.file} is not UTF-8 text") from None
-    if not sys.stdin.isatty():
+    if not sys.stdin.isatty() and o.conversation is not True:  # -cnv reads turns from stdin instead
         data = sys.stdin.read()
         return data if data else None
     return None
@@ -216,6 +216,12 @@ def run(o: RunOptions) -> int:
 
     drafter, draft = None, None
     if o.model_draft or o.draft_lookup:
+        window = min(n_ctx, draft_ctx(o, n_ctx)) if o.model_draft else n_ctx
+        if o.spec_draft_n_max > window // 2:
+            log(f"warning: --spec-draft-n-max {o.spec_draft_n_max} does not fit the context windows "
+                f"({window} tokens); clamped to {window // 2}")
+            o.spec_draft_n_max = window // 2
+            o.spec_draft_n_min = min(o.spec_draft_n_min, o.spec_draft_n_max)
         drafter, draft = _make_drafter(o, target, params, seed, n_ctx)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
@@ -238,9 +244,10 @@ def run(o: RunOptions) -> int:
         ids = tok.encode(text, add_special=True, parse_special=True)
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
-    engine.check_prompt_fits(len(ids), n_ctx)
+    reserve = o.spec_draft_n_max + 1 if drafter is not None else 1
+    engine.check_prompt_fits(len(ids), n_ctx, reserve=reserve)
     if draft is not None:
-        engine.check_prompt_fits(len(ids), draft_ctx(o, n_ctx), "-cd/--ctx-size-draft", reserve=o.spec_draft_n_max + 1)
+        engine.check_prompt_fits(len(ids), draft_ctx(o, n_ctx), "-cd/--ctx-size-draft", reserve=reserve)
     for note in getattr(gen, "notes", []):
         log(f"note: {note}")
 
@@ -284,12 +291,6 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
         return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
     draft = _load(o.model_draft)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
-    sampled = o.temp > 0
-    if sampled and (o.repeat_penalty != 1.0 or o.presence_penalty or o.frequency_penalty or o.logit_bias):
-        if not getattr(spec, "SUPPORTS_PENALTIES", False):
-            raise UsageError("sampled speculative decoding with a draft model does not support --repeat-penalty, "
-                             "--presence-penalty, --frequency-penalty or -l/--logit-bias (draft and target must "
-                             "sample the same distribution); drop them or use --temp 0")
     n_ctx_d = draft_ctx(o, n_ctx)
     dcache = draft.model.new_cache(n_ctx_d, o.cache_type_k, o.cache_type_v)
     import torch

@@ -1,28 +1,47 @@
 """The generation loop: prefill, then plain or speculative decoding, streaming text as it comes.
 
-Speculative step (llama.cpp's formulation): the *certain* token t (last step's correction or
-bonus, already emitted, not yet in the cache) and the k proposals go through ONE target forward
-[t, d1..dk]; row i verifies d_{i+1}, row k gives the bonus. Rollback is `truncate`.
+`Generator.history` is the list of tokens whose K/V are in the target cache. A call reuses the
+longest common prefix of that history and the new prompt (multi-turn chat re-evaluates only the
+new turn) and prefills the rest in chunks of n_batch.
+
+Each step starts from the *certain* token t: sampled already and emitted, not yet in the cache.
+
+- plain step: forward [t], sample the next token with penalties over the history.
+- speculative step (llama.cpp's formulation): the drafter proposes d1..dk for history + [t]; ONE
+  target forward over [t, d1..dk] gives k+1 rows: row i is the target's distribution after
+  d1..di (penalties use exactly that history), so it verifies d_{i+1}, and row k gives the bonus
+  token when all k are accepted. Accepted drafts plus the correction/bonus are emitted; rollback is
+  `cache.truncate` on the target and `drafter.rollback` on the draft side.
+
+At temp <= 0 the output equals plain greedy decoding token for token (given equal logits); at
+temp > 0 it is an exact sample of the same distribution (Leviathan/Chen acceptance), unless
+spec_p_min > 0 (opt-in looser acceptance).
+
+Environment switches: SHARPI_SPEC_BATCH_VERIFY=0 verifies the same proposals with k+1 single-token
+forwards (same output; isolates batched-forward numerics); SHARPI_SPEC_SAMPLE=0 turns speculation
+off at temp > 0 (recorded in `Generator.notes`).
 """
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
-from .sampling import SamplingParams, adjust_logits, filtered_probs, sample
+from .errors import SharpiError
+from .sampling import SamplingParams, apply_penalties, filtered_probs, sample
 from .speculative import accept_greedy, accept_sampled
+from .speculative.util import common_prefix
 from .tokenizer import StreamDecoder
 
 
 @dataclass
 class Timings:
-    prompt_n: int = 0
+    prompt_n: int = 0       # prompt tokens evaluated (the reused cached prefix is not counted)
     prompt_ms: float = 0.0
-    eval_n: int = 0
+    eval_n: int = 0         # tokens generated
     eval_ms: float = 0.0
 
     @property
@@ -36,11 +55,12 @@ class Timings:
 
 @dataclass
 class SpecStats:
-    drafted: int = 0
-    accepted: int = 0
-    target_passes: int = 0
-    emitted: int = 0
-    steps_no_proposal: int = 0
+    drafted: int = 0            # draft tokens verified
+    accepted: int = 0           # of those, accepted
+    target_passes: int = 0      # target decode passes (verify passes + plain steps)
+    verify_passes: int = 0      # of those, speculative verify passes
+    emitted: int = 0            # tokens produced by those passes (incl. any past a stop)
+    steps_no_proposal: int = 0  # steps where the drafter proposed nothing usable (plain step)
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
     draft_ms: float = 0.0
@@ -57,12 +77,22 @@ class SpecStats:
         self.drafted += k
         self.accepted += n
 
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.emitted / self.target_passes if self.target_passes else 0.0
+
     def as_dict(self) -> dict:
         return {
             "drafted": self.drafted, "accepted": self.accepted,
-            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
-            "target_passes": self.target_passes,
-            "tokens_per_pass": self.emitted / self.target_passes if self.target_passes else 0.0,
+            "acceptance": self.acceptance,
+            "target_passes": self.target_passes, "verify_passes": self.verify_passes,
+            "tokens_per_pass": self.tokens_per_pass,
+            "per_position_drafted": list(self.per_position_drafted),
+            "per_position_accepted": list(self.per_position_accepted),
             "per_position_acceptance": [a / d if d else 0.0 for a, d in
                                         zip(self.per_position_accepted, self.per_position_drafted)],
             "steps_no_proposal": self.steps_no_proposal,
@@ -85,6 +115,10 @@ class _Stop(Exception):
         self.reason = reason
 
 
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512):
@@ -92,47 +126,64 @@ class Generator:
         self.rng = torch.Generator().manual_seed(seed)
         self.drafter = drafter
         self.n_max, self.n_min, self.p_min = spec_n_max, spec_n_min, spec_p_min
-        self.n_batch = n_batch
+        self.n_batch = max(1, n_batch)
+        self.n_vocab = int(model.config.n_vocab)
         self.history: list[int] = []  # tokens whose K/V are in the cache
         self.notes: list[str] = []
-        self.batch_verify = os.environ.get("SHARPI_SPEC_BATCH_VERIFY", "1") != "0"
-        self.speculate = drafter is not None
-        if drafter is not None and not params.greedy and os.environ.get("SHARPI_SPEC_SAMPLE", "1") == "0":
+        self.batch_verify = _env_on("SHARPI_SPEC_BATCH_VERIFY")
+        self.speculate = drafter is not None and spec_n_max >= 1
+        if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off at --temp > 0 (plain sampled decoding)")
+        self._prefilled = 0
 
-    # -- prompt ------------------------------------------------------------------------------
+    # -- prompt --------------------------------------------------------------------------------
     def _prefill(self, prompt: list[int]) -> torch.Tensor:
         """Reuse the cached common prefix, evaluate the rest; logits [V] of the last prompt token."""
-        n, lim = 0, min(len(self.history), len(prompt))
-        while n < lim and self.history[n] == prompt[n]:
-            n += 1
-        n = min(n, len(prompt) - 1)
-        self.cache.truncate(n)
-        self.history = list(prompt[:n])
+        if not prompt:
+            raise SharpiError("empty prompt: nothing to generate from")
+        if len(prompt) > self.cache.capacity:
+            raise SharpiError(f"prompt is {len(prompt)} tokens, which does not fit the context of "
+                              f"{self.cache.capacity}")
+        # keep at least the last prompt token to evaluate: its logits give the first new token
+        n = min(common_prefix(self.history, prompt), len(prompt) - 1, self.cache.length)
+        if n < self.cache.length:
+            self.cache.truncate(n)
+        del self.history[n:]
         self._prefilled = len(prompt) - n
         logits = None
         for s in range(n, len(prompt), self.n_batch):
             chunk = prompt[s:s + self.n_batch]
-            logits = self.model.forward(torch.tensor(chunk), s, self.cache, last_n=1)
+            logits = self.model.forward(torch.tensor(chunk, dtype=torch.long), s, self.cache, last_n=1)
             self.history += chunk
         return logits[-1]
 
     # -- one step of each kind -------------------------------------------------------------------
+    def _penalty_rows(self, t: int, props: list[int], n_rows: int) -> list[list[int]] | None:
+        """Per verify row, the history its penalties see: history + [t] + props[:i]."""
+        if not self.params.has_penalties:
+            return None
+        n = self.params.repeat_last_n
+        base = (self.history[-n:] if n > 0 else list(self.history)) + [t]
+        return [base + props[:i] for i in range(n_rows)]
+
     def _forward_rows(self, tokens: list[int]) -> torch.Tensor:
         start = len(self.history)
         if self.batch_verify or len(tokens) == 1:
-            return self.model.forward(torch.tensor(tokens), start, self.cache)
-        return torch.cat([self.model.forward(torch.tensor([t]), start + i, self.cache) for i, t in enumerate(tokens)])
+            return self.model.forward(torch.tensor(tokens, dtype=torch.long), start, self.cache)
+        return torch.cat([self.model.forward(torch.tensor([tok], dtype=torch.long), start + i, self.cache)
+                          for i, tok in enumerate(tokens)])
 
-    def _spec_step(self, t: int, room: int, stats: SpecStats) -> tuple[list[int], int] | None:
+    def _plain_step(self, t: int) -> int:
+        logits = self.model.forward(torch.tensor([t], dtype=torch.long), len(self.history), self.cache)[-1]
+        self.history.append(t)
+        return sample(logits, self.params, self.rng, self.history)
+
+    def _spec_step(self, t: int, k: int, stats: SpecStats) -> tuple[list[int], int] | None:
         """Draft, verify [t, d1..dk] in one pass, roll back. None = no usable proposal."""
-        k = min(self.n_max, room)
-        if k < 1:
-            return None
         t0 = time.perf_counter()
         props, q = self.drafter.propose(self.history + [t], k)
-        props = props[:k]
+        props = [int(d) for d in props[:k]]
         stats.draft_ms += (time.perf_counter() - t0) * 1000
         if not props or len(props) < max(1, self.n_min):
             stats.steps_no_proposal += 1
@@ -140,9 +191,15 @@ class Generator:
         if q is not None:
             q = q[: len(props)]
         t0 = time.perf_counter()
-        base = self.history + [t]
-        logits = self._forward_rows([t] + props)  # [k+1, V]
-        rows = adjust_logits(logits, self.params, [base + props[:i] for i in range(len(props) + 1)])
+        # a draft token outside the target's vocabulary is rejected for sure (p = 0): verify up to
+        # it without feeding it (its row is the one before it), nothing after it matters
+        fed = props
+        for i, d in enumerate(props):
+            if not 0 <= d < self.n_vocab:
+                props, fed = props[: i + 1], props[:i]
+                break
+        logits = self._forward_rows([t] + fed)  # [len(fed)+1, V]: row i verifies props[i]
+        rows = apply_penalties(logits, self._penalty_rows(t, props, logits.shape[0]), self.params)
         if self.params.greedy:
             n, nxt = accept_greedy(props, rows)
         else:
@@ -151,16 +208,18 @@ class Generator:
         t0 = time.perf_counter()
         keep = len(self.history) + 1 + n
         self.cache.truncate(keep)
-        self.history = base + props[:n]
+        self.history.append(t)
+        self.history += props[:n]
         self.drafter.rollback(keep)
         stats.commit_ms += (time.perf_counter() - t0) * 1000
         stats.record(len(props), n)
         stats.target_passes += 1
+        stats.verify_passes += 1
         stats.emitted += n + 1
         return props[:n], nxt
 
     # -- the loop ----------------------------------------------------------------------------------
-    def generate(self, prompt_tokens: list[int], n_predict: int = -1, stop_strings=(),
+    def generate(self, prompt_tokens: Sequence[int], n_predict: int = -1, stop_strings: Sequence[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> GenerationResult:
         timings = Timings()
@@ -169,22 +228,25 @@ class Generator:
         text_parts: list[str] = []
         dec = StreamDecoder(self.tok)
         stops = [s for s in stop_strings if s]
+        longest_stop = max((len(s) for s in stops), default=0)
         tail = ""  # recent text, for stop strings spanning tokens
         n_ctx = self.cache.capacity
+        eog = self.tok.eog_ids
 
         def emit(tok: int) -> None:
             nonlocal tail
-            if tok in self.tok.eog_ids:
+            if tok in eog:
                 raise _Stop("eos")
             out.append(tok)
             s = dec.push(tok)
             if s:
                 text_parts.append(s)
-                if on_text:
+                if on_text is not None:
                     on_text(s)
                 if stops:
-                    tail = (tail + s)[-4096:]
-                    if any(tail.endswith(x) or x in tail[-(len(x) + len(s)):] for x in stops):
+                    tail = (tail + s)[-(longest_stop + len(s)):]
+                    # a stop string anywhere in the text this token completed
+                    if any(x in tail[-(len(x) + len(s) - 1):] for x in stops):
                         raise _Stop("stop_string")
             if 0 <= n_predict <= len(out):
                 raise _Stop("n_predict")
@@ -203,21 +265,22 @@ class Generator:
             t = sample(logits, self.params, self.rng, self.history)
             emit(t)
             while True:
+                # like llama.cpp: stop when feeding t would fill the last context slot
                 if len(self.history) + 1 >= n_ctx:
                     raise _Stop("ctx_full")
                 step = None
                 if self.speculate:
-                    room = n_ctx - len(self.history) - 2
+                    # [t, d1..dk] must leave the last slot free; a step emits up to k+1 tokens
+                    k = min(self.n_max, n_ctx - len(self.history) - 2)
                     if n_predict >= 0:
-                        room = min(room, n_predict - len(out))
-                    step = self._spec_step(t, room, stats)
+                        k = min(k, n_predict - len(out) - 1)
+                    if k >= 1:
+                        step = self._spec_step(t, k, stats)
                 if step is None:
-                    logits = self.model.forward(torch.tensor([t]), len(self.history), self.cache)[-1]
-                    self.history.append(t)
+                    t = self._plain_step(t)
                     if stats is not None:
                         stats.target_passes += 1
                         stats.emitted += 1
-                    t = sample(logits, self.params, self.rng, self.history)
                     emit(t)
                 else:
                     accepted, t = step
@@ -229,7 +292,7 @@ class Generator:
         rest = dec.flush()
         if rest:
             text_parts.append(rest)
-            if on_text:
+            if on_text is not None:
                 on_text(rest)
         timings.eval_ms = (time.perf_counter() - t0) * 1000
         timings.eval_n = len(out)

@@ -158,6 +158,12 @@ class QWeight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, K], already rounded for this weight's act_kind -> [T, N]."""
         if self._kern is not None:
+            if x.shape[0] == 1:
+                # The kernel's multi-row path gives each row the same bits whatever T is, but its
+                # one-row path sums in another order. A speculative verify pass (T = k+1) must
+                # reproduce plain decoding bit for bit (greedy parity), so one row takes the
+                # multi-row path too: the weights are still read once, only the FMAs double.
+                return self._kern.qmatmul(x.expand(2, -1).contiguous(), self._raw_t, self.qtype, self.n, self.k)[:1]
             return self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k)
         return torch.nn.functional.linear(x, self.dense())
 

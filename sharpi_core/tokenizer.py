@@ -1,45 +1,104 @@
-"""Tokenizers built from GGUF metadata, reproducing llama.cpp's token ids.
+"""Tokenizers built from GGUF metadata, reproducing llama.cpp's token ids and pieces.
 
-- `gpt2` (byte-level BPE; SmolLM2, Qwen2.5): the `tokenizers` library with the pre-tokenizer
-  regex of the GGUF's `tokenizer.ggml.pre` variant.
-- `llama` (SentencePiece; Gemma 3): llama.cpp's SPM algorithm, bigram merges by vocab score with
-  byte fallback.
-Special tokens (control and user-defined) are split out of the text first, like llama.cpp.
+- `gpt2` (byte-level BPE; SmolLM2, Qwen2.5): the `tokenizers` library's BPE model with the
+  pre-tokenizer regexes llama.cpp uses for the GGUF's `tokenizer.ggml.pre` (a pure-Python BPE
+  with llama.cpp's merge loop is the fallback when `tokenizers` rejects the vocabulary).
+- `llama` (SentencePiece; Gemma 3): llama.cpp's SPM algorithm, bigram merges by vocab score
+  (best score first, leftmost on ties) with byte fallback.
+
+Special (control, user-defined, unknown) tokens are split out of the text first, exactly like
+llama.cpp's `tokenizer_st_partition`: longest token text first, every occurrence of it in every
+remaining text fragment. Token attributes, end-of-generation ids and the token-text heuristics
+behind them follow llama.cpp's vocab loader (src/llama-vocab.cpp).
 """
 from __future__ import annotations
 
+import codecs
+import gc
 import heapq
 import re
+from contextlib import contextmanager
 from functools import lru_cache
+from typing import Callable, Iterable
 
 import numpy as np
 
 from .errors import SharpiError
 from .gguf_file import GGUFFile
 
-# llama.cpp token types (tokenizer.ggml.token_type)
-T_NORMAL, T_UNKNOWN, T_CONTROL, T_USER_DEFINED, T_UNUSED, T_BYTE = 1, 2, 3, 4, 5, 6
+# llama.cpp token types (tokenizer.ggml.token_type) ...
+TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(7)
+# ... and the attribute bit flags llama.cpp turns them into (llama_token_attr)
+ATTR_UNDEFINED = 0
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+ATTR_LSTRIP = 1 << 7
+ATTR_RSTRIP = 1 << 8
+_TYPE_TO_ATTR = np.array([ATTR_UNDEFINED, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED,
+                          ATTR_UNUSED, ATTR_BYTE], dtype=np.int32)
+_SPECIAL_ATTRS = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN  # what st_partition splits out
+_HIDDEN_ATTRS = ATTR_CONTROL | ATTR_UNKNOWN  # printed only with special=True / parsed only with parse_special
 
-# Pre-tokenizer regexes per `tokenizer.ggml.pre` (llama.cpp's llama-vocab.cpp lists the same).
-_QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-             r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-PRE_TOKENIZERS = {
-    "qwen2": [("split", _QWEN2_RE)],
-    "smollm": [("digits", None), ("split", _GPT2_RE)],
-    "gpt2": [("split", _GPT2_RE)],
-    "default": [("split", _GPT2_RE)],
+# -- pre-tokenizer regexes (llama.cpp's llm_tokenizer_bpe, per pre-tokenizer type) ---------------
+# Each entry is a sequence of regexes applied one after another, each splitting the pieces left by
+# the previous one into matches and the gaps between them (llama.cpp's unicode_regex_split).
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_GROUPS: list[tuple[tuple[str, ...], list[str], bool]] = [
+    # (tokenizer.ggml.pre names, regex sequence, ignore_merges)
+    (("default",), [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"], False),
+    (("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+      "modern-bert", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4", "jina-v1-en",
+      "jina-v2-code", "roberta-bpe"), [_GPT2], False),
+    (("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"),
+     [r"\p{N}", _GPT2], False),
+    (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"),
+     [_QWEN2], False),
+    (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+      "jina-v5-nano"), [_LLAMA3], True),
+    (("dbrx", "smaug-bpe"), [_LLAMA3], False),
+    (("falcon",), [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"], False),
+    (("deepseek-coder",), [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"], False),
+]
+PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {n: (rx, im) for names, rx, im in _PRE_GROUPS for n in names}
+# pre-tokenizers for which llama.cpp's loader turns add_bos on by default (metadata still overrides)
+_PRE_ADD_BOS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                "jina-v5-nano"}
+
+# -- token texts llama.cpp's loader recognises (first match in its hash-map order; here: list order) --
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+              "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+_AUTO_SPECIAL = {  # metadata key suffix -> token texts that stand in for it when the key is missing
+    "eom": ("<|eom_id|>",),
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
 }
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+              "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+              "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+              "<｜end▁of▁sentence｜>", "[e~[")
 
-# Token texts llama.cpp treats as end-of-generation besides the declared EOS/EOT ids.
-_EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "_<EOT>",
-              "<｜end▁of▁sentence｜>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>"}
+_C_SPACE = " \t\n\v\f\r"  # C isspace(), used by llama.cpp's lstrip/rstrip of special tokens
 
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte <-> printable-unicode map, inverted (unicode char -> byte)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    """GPT-2's byte -> printable-unicode map, inverted (unicode char -> byte)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -50,216 +109,540 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-class Tokenizer:
-    def __init__(self, tokens: list[str], types: np.ndarray, scores: np.ndarray | None, model_type: str,
-                 pre: str, merges: list[str] | None, bos_id, eos_id, add_bos: bool, add_eos: bool,
-                 add_space_prefix: bool, chat_template: str | None, eot_id=None, eom_id=None, unk_id=None):
-        self.tokens = tokens
-        self.types = types
-        self.n_vocab = len(tokens)
-        self.model_type = model_type
-        self.pre = pre
-        self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
-        self.add_bos, self.add_eos = add_bos, add_eos
-        self.add_space_prefix = add_space_prefix
-        self.chat_template = chat_template
-        self.token_to_id = {t: i for i, t in enumerate(tokens)}
-        eog = {i for i in (eos_id, eot_id, eom_id) if i is not None}
-        eog |= {self.token_to_id[t] for t in _EOG_TEXTS if t in self.token_to_id}
-        self.eog_ids = frozenset(eog)
-        # special tokens matched in raw text: control (only when parse_special) and user-defined (always)
-        self._control = [i for i in np.nonzero(types == T_CONTROL)[0].tolist() if tokens[i]]
-        self._user = [i for i in np.nonzero(types == T_USER_DEFINED)[0].tolist() if tokens[i]]
-        self._special_re = {True: self._alternation(self._control + self._user),
-                            False: self._alternation(self._user)}
-        self._bytes_cache: dict[int, bytes] = {}
-        if model_type == "gpt2":
-            self._bpe = self._build_bpe(merges or [])
-        else:
-            self._scores = scores
-            self._byte_ids = [self.token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
+def _bpe_piece(text: str) -> bytes:
+    """llama.cpp's llama_decode_text: byte-level BPE token text -> the bytes it stands for."""
+    dec = _byte_decoder()
+    out = bytearray()
+    for ch in text:
+        b = dec.get(ch)
+        if b is not None:
+            out.append(b)
+        else:  # not a byte-level character: llama.cpp prints this marker (with the whole token text)
+            out += f"[UNK_BYTE_0x{ch.encode('utf-8').hex()}{text}]".encode("utf-8")
+    return bytes(out)
 
-    # -- construction ------------------------------------------------------------------------
-    @classmethod
-    def from_gguf(cls, gf: GGUFFile) -> "Tokenizer":
-        model = gf.get("tokenizer.ggml.model")
-        if model not in ("gpt2", "llama"):
-            raise SharpiError(f"unsupported tokenizer model '{model}' (supported: gpt2, llama)")
-        tokens = gf.require("tokenizer.ggml.tokens")
-        types = gf.field_array("tokenizer.ggml.token_type")
-        types = np.full(len(tokens), T_NORMAL, dtype=np.int32) if types is None else types.astype(np.int32)
-        pre = gf.get("tokenizer.ggml.pre", "default") or "default"
-        if model == "gpt2" and pre not in PRE_TOKENIZERS:
-            raise SharpiError(f"unsupported pre-tokenizer '{pre}' (supported: {', '.join(PRE_TOKENIZERS)})")
-        add_bos = gf.get("tokenizer.ggml.add_bos_token")
-        return cls(
-            tokens=tokens, types=types, scores=gf.field_array("tokenizer.ggml.scores"), model_type=model, pre=pre,
-            merges=gf.get("tokenizer.ggml.merges") if model == "gpt2" else None,
-            bos_id=gf.get("tokenizer.ggml.bos_token_id"), eos_id=gf.get("tokenizer.ggml.eos_token_id"),
-            add_bos=bool(add_bos) if add_bos is not None else model == "llama",
-            add_eos=bool(gf.get("tokenizer.ggml.add_eos_token", False)),
-            add_space_prefix=bool(gf.get("tokenizer.ggml.add_space_prefix", model == "llama")),
-            chat_template=gf.get("tokenizer.chat_template"),
-            eot_id=gf.get("tokenizer.ggml.eot_token_id"), eom_id=gf.get("tokenizer.ggml.eom_token_id"),
-            unk_id=gf.get("tokenizer.ggml.unknown_token_id"),
-        )
 
-    def _alternation(self, ids: list[int]):
-        if not ids:
-            return None
-        texts = sorted({self.tokens[i] for i in ids}, key=len, reverse=True)  # longest first
-        return re.compile("|".join(re.escape(t) for t in texts))
+@contextmanager
+def _gc_paused():
+    """Building many small containers triggers full GC passes over everything already loaded
+    (a 262k-token vocabulary); pausing the collector makes that 5x faster."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
-    def _build_bpe(self, merges: list[str]):
-        from tokenizers import Regex
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import models, pre_tokenizers
-        vocab = self.token_to_id
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        tk = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=False))
-        steps = []
-        for kind, pattern in PRE_TOKENIZERS[self.pre]:
-            if kind == "digits":
-                steps.append(pre_tokenizers.Digits(individual_digits=True))
-            else:
-                steps.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated"))
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
-        tk.pre_tokenizer = pre_tokenizers.Sequence(steps)
-        return tk
 
-    # -- encoding ----------------------------------------------------------------------------
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+def _trie_pattern(strings: Iterable[str]) -> str:
+    """A regex matching any of `strings`, longest alternative first at each position (a trie)."""
+    trie: dict = {}
+    for s in strings:
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict) -> str:
+        chain = ""
+        while True:  # collapse single-child chains iteratively (keeps the recursion shallow)
+            keys = [k for k in node if k]
+            if len(keys) == 1 and "" not in node:
+                chain += re.escape(keys[0])
+                node = node[keys[0]]
+                continue
+            break
+        alts = [re.escape(k) + build(node[k]) for k in sorted(keys)]
+        if not alts:
+            return chain
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return chain + ("(?:" + body + ")?" if "" in node else body)
+
+    return build(trie)
+
+
+class _PyBPE:
+    """llama.cpp's BPE merge loop in Python (lowest merge rank first, leftmost on ties), over the
+    words of a `tokenizers` pre-tokenizer. Used when the `tokenizers` BPE model cannot be built."""
+
+    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]], pre_tokenizer, ignore_merges: bool):
+        self.vocab = vocab
+        self.ranks: dict[tuple[str, str], int] = {}
+        for i, pair in enumerate(merges):
+            self.ranks.setdefault(pair, i)  # llama.cpp's bpe_ranks.emplace keeps the first
+        self.pre = pre_tokenizer
+        self.ignore_merges = ignore_merges
+        self._cache: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
         out: list[int] = []
-        if add_special and self.add_bos and self.bos_id is not None:
-            out.append(self.bos_id)
-        rx = self._special_re[parse_special]
-        pos = 0
-        first = True
-        if rx is not None:
-            for m in rx.finditer(text):
-                if m.start() > pos:
-                    out += self._encode_plain(text[pos:m.start()], first)
-                out.append(self.token_to_id[m.group(0)])
-                pos, first = m.end(), False
-        if pos < len(text):
-            out += self._encode_plain(text[pos:], first)
-        if add_special and self.add_eos and self.eos_id is not None:
-            out.append(self.eos_id)
+        for word, _ in self.pre.pre_tokenize_str(text):
+            ids = self._cache.get(word)
+            if ids is None:
+                ids = self._word(word)
+                if len(self._cache) < 65536:
+                    self._cache[word] = ids
+            out += ids
         return out
 
-    def _encode_plain(self, text: str, first: bool) -> list[int]:
-        if self.model_type == "gpt2":
-            return self._bpe.encode(text, add_special_tokens=False).ids
-        if self.add_space_prefix and first:
-            text = " " + text
-        return self._spm(text.replace(" ", "\u2581"))
-
-    def _spm(self, text: str) -> list[int]:
-        """llama.cpp's SPM: merge the adjacent pair whose merged text has the best score, leftmost first."""
-        if not text:
-            return []
-        syms = list(text)  # one symbol per code point
+    def _word(self, word: str) -> list[int]:
+        if self.ignore_merges and word in self.vocab:
+            return [self.vocab[word]]
+        syms = list(word)
         n = len(syms)
-        prev = list(range(-1, n - 1))
         nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        alive = [True] * n
-        vocab, scores = self.token_to_id, self._scores
-        heap: list[tuple[float, int, int, str]] = []
+        prv = list(range(-1, n - 1))
+        heap: list[tuple[int, int, int, str]] = []
 
-        def push(i: int, j: int) -> None:
-            s = syms[i] + syms[j]
-            tid = vocab.get(s)
-            if tid is not None:
-                heapq.heappush(heap, (-float(scores[tid]), i, j, s))
+        def push(a: int, b: int) -> None:
+            r = self.ranks.get((syms[a], syms[b]))
+            if r is not None:
+                heapq.heappush(heap, (r, a, b, syms[a] + syms[b]))
 
         for i in range(n - 1):
             push(i, i + 1)
         while heap:
-            _, i, j, s = heapq.heappop(heap)
-            if not (alive[i] and alive[j]) or nxt[i] != j or syms[i] + syms[j] != s:
-                continue  # stale: one side was merged since
-            syms[i] = s
-            alive[j] = False
-            nxt[i] = nxt[j]
-            if nxt[j] != -1:
-                prev[nxt[j]] = i
-            if prev[i] != -1:
-                push(prev[i], i)
-            if nxt[i] != -1:
-                push(i, nxt[i])
+            _, a, b, s = heapq.heappop(heap)
+            if not syms[a] or not syms[b] or syms[a] + syms[b] != s:
+                continue  # outdated: one side changed since
+            syms[a], syms[b] = s, ""
+            nxt[a] = nxt[b]
+            if nxt[b] < n:
+                prv[nxt[b]] = a
+            if prv[a] >= 0:
+                push(prv[a], a)
+            if nxt[a] < n:
+                push(a, nxt[a])
         out: list[int] = []
-        i = 0
-        while i != -1:
-            tid = vocab.get(syms[i])
+        for s in syms:
+            if not s:
+                continue
+            tid = self.vocab.get(s)
             if tid is not None:
                 out.append(tid)
-            else:  # byte fallback
-                for b in syms[i].encode("utf-8"):
-                    bid = self._byte_ids[b]
-                    out.append(bid if bid is not None else (self.unk_id if self.unk_id is not None else 0))
-            i = nxt[i]
+            else:  # llama.cpp looks each raw byte up as a one-byte token (only ASCII can match)
+                out += [self.vocab[chr(b)] for b in s.encode("utf-8") if b < 0x80 and chr(b) in self.vocab]
         return out
+
+
+class Tokenizer:
+    """A GGUF vocabulary: encode like llama-tokenize, pieces like llama.cpp's token_to_piece."""
+
+    def __init__(self, *, tokens: list[str], attrs: np.ndarray, scores: np.ndarray | None, model_type: str,
+                 pre: str, merges: list[str] | Callable[[], list[str] | None] | None,
+                 bos_id: int | None, eos_id: int | None, eot_id: int | None, eom_id: int | None,
+                 unk_id: int | None, add_bos: bool, add_eos: bool, add_space_prefix: bool,
+                 eog_ids: Iterable[int], chat_template: str | None = None,
+                 token_to_id: dict[str, int] | None = None):
+        self.tokens = tokens
+        self.attrs = attrs
+        self.n_vocab = len(tokens)
+        self.model_type = model_type
+        self.pre = pre
+        self.bos_id, self.eos_id, self.eot_id, self.eom_id, self.unk_id = bos_id, eos_id, eot_id, eom_id, unk_id
+        self.add_bos, self.add_eos = add_bos, add_eos
+        self.add_space_prefix = add_space_prefix
+        self.eog_ids: frozenset[int] = frozenset(eog_ids)
+        self.chat_template = chat_template
+        self.token_to_id = token_to_id if token_to_id is not None else {t: i for i, t in enumerate(tokens)}
+        self._scores = scores
+        self._merges = merges
+        self._pieces: dict[int, bytes] = {}
+        self._finders: dict[bool, tuple] = {}  # parse_special -> _special_finder()
+        self._bpe = None  # the gpt2 encoder, built by prepare() or the first encode
+        self._spm_scores: list[float] | None = None
+        self._byte_ids: list[int | None] | None = None
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile, lazy: bool = False) -> "Tokenizer":
+        """The tokenizer stored in a GGUF's `tokenizer.*` metadata, set up like llama.cpp's loader.
+
+        The encoder's tables (BPE model, special-token matcher) are built here unless `lazy`, in which
+        case the first encode builds them (for callers that only compare vocabularies)."""
+        model = gf.get("tokenizer.ggml.model")
+        if model not in ("gpt2", "llama"):
+            raise SharpiError(f"{gf.path}: unsupported tokenizer model '{model}' (sharpi supports 'gpt2' byte-level "
+                              "BPE and 'llama' SentencePiece vocabularies)")
+        tokens = gf.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise SharpiError(f"{gf.path}: the GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
+        tokens = list(tokens)
+        n = len(tokens)
+        pre = gf.get("tokenizer.ggml.pre") or "default"
+        if model == "gpt2" and pre not in PRE_TOKENIZERS:
+            raise SharpiError(f"{gf.path}: unsupported pre-tokenizer '{pre}' for a gpt2 vocabulary "
+                              f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+
+        token_to_id = dict(zip(tokens, range(n)))  # duplicates: the last id wins, as in older llama.cpp
+        if "" in token_to_id:  # llama.cpp renames empty tokens
+            for i in [i for i, t in enumerate(tokens) if not t]:
+                tokens[i] = f"[EMPTY_{i}]"
+                token_to_id[tokens[i]] = i
+            token_to_id.pop("", None)
+
+        types = gf.field_array("tokenizer.ggml.token_type")
+        if types is None:
+            attrs = np.full(n, ATTR_NORMAL, dtype=np.int32)
+        else:
+            t = np.asarray(types[:n], dtype=np.int64)
+            attrs = np.where((t >= 0) & (t < len(_TYPE_TO_ATTR)), _TYPE_TO_ATTR[np.clip(t, 0, 6)], ATTR_UNDEFINED)
+            attrs = attrs.astype(np.int32)
+        scores = gf.field_array("tokenizer.ggml.scores") if model == "llama" else None
+        if scores is not None:
+            scores = np.asarray(scores[:n], dtype=np.float32)
+
+        # special ids: llama.cpp's per-model defaults, overridden by metadata ids inside the vocab
+        special = {"bos": 1, "eos": 2, "unk": 0} if model == "llama" else {"bos": 11, "eos": 11}
+        special = {k: v for k, v in special.items() if v < n}
+        for key in ("bos", "eos", "eot", "eom", "unk", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep",
+                    "fim_sep"):
+            v = gf.get(f"tokenizer.ggml.{key}_token_id")
+            if v is None and key in ("fim_pre", "fim_suf", "fim_mid"):  # deprecated names
+                v = gf.get(f"tokenizer.ggml.{dict(fim_pre='prefix', fim_suf='suffix', fim_mid='middle')[key]}_token_id")
+            if isinstance(v, int) and 0 <= v < n:
+                special[key] = v
+
+        add_bos = model == "llama" or pre in _PRE_ADD_BOS
+        add_bos = bool(gf.get("tokenizer.ggml.add_bos_token", add_bos))
+        add_eos = bool(gf.get("tokenizer.ggml.add_eos_token", False))
+        add_space_prefix = bool(gf.get("tokenizer.ggml.add_space_prefix", model == "llama"))
+        for flag, key in ((add_bos, "bos"), (add_eos, "eos")):
+            if flag and key not in special:
+                raise SharpiError(f"{gf.path}: tokenizer.ggml.add_{key}_token is true, but the vocabulary has no "
+                                  f"{key.upper()} token (tokenizer.ggml.{key}_token_id)")
+
+        eog = _detect_special_tokens(tokens, token_to_id, attrs, special)
+        _apply_model_attr_rules(gf, tokens, token_to_id, attrs)
+
+        tok = cls(tokens=tokens, attrs=attrs, scores=scores, model_type=model, pre=pre,
+                  merges=(lambda: gf.get("tokenizer.ggml.merges")) if model == "gpt2" else None,
+                  bos_id=special.get("bos"), eos_id=special.get("eos"), eot_id=special.get("eot"),
+                  eom_id=special.get("eom"), unk_id=special.get("unk"), add_bos=add_bos, add_eos=add_eos,
+                  add_space_prefix=add_space_prefix, eog_ids=eog, chat_template=gf.get("tokenizer.chat_template"),
+                  token_to_id=token_to_id)
+        if not lazy:  # pay the one-time costs at load, not in the middle of the first (interactive) turn
+            tok.prepare()
+        return tok
+
+    def prepare(self) -> None:
+        """Build the encoder's tables now (otherwise the first encode does)."""
+        self._special_finder(True)
+        if self.model_type == "gpt2":
+            self._bpe or self._build_bpe()
+        elif self._spm_scores is None:
+            self._spm_scores = self._scores.tolist() if self._scores is not None else [0.0] * self.n_vocab
+
+    # -- encoding ----------------------------------------------------------------------------
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids for `text`, as llama-tokenize gives them.
+
+        add_special: BOS/EOS where the model's metadata asks for them.
+        parse_special: control tokens written in the text (e.g. `<|im_start|>`) become one token;
+        user-defined tokens are always split out, as in llama.cpp."""
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # lone surrogates (e.g. from undecodable argv bytes)
+                text = re.sub("[\ud800-\udfff]", "\ufffd", text)
+        out: list[int] = []
+        if add_special and self.add_bos:
+            out.append(self.bos_id)
+        frags = self._partition(text, parse_special) if text else []
+        if self.model_type == "llama":
+            # llama.cpp: the space prefix goes before text that starts the input or follows a special token
+            prev_special = True
+            for f in frags:
+                if isinstance(f, int):
+                    out.append(f)
+                    prev_special = True
+                else:
+                    if self.add_space_prefix and prev_special:
+                        f = " " + f
+                    out += self._spm(f.replace(" ", "\u2581"))
+                    prev_special = False
+        else:
+            bpe = self._bpe or self._build_bpe()
+            for f in frags:
+                if isinstance(f, int):
+                    out.append(f)
+                else:
+                    out += bpe(f)
+        if add_special and self.add_eos:
+            out.append(self.eos_id)
+        return out
+
+    def _special_finder(self, parse_special: bool) -> tuple:
+        """(regex finding the longest special token starting at each position, {text: id}) for
+        the special tokens of this mode; compiled on first use (a trie: ~0.15 s for Gemma's 6k)."""
+        f = self._finders.get(parse_special)
+        if f is None:
+            mask = (self.attrs & _SPECIAL_ATTRS) != 0
+            if not parse_special:  # control and unknown tokens are then plain text
+                mask &= (self.attrs & _HIDDEN_ATTRS) == 0
+            table = {self.tokens[i]: i for i in np.nonzero(mask)[0].tolist()}
+            with _gc_paused():
+                f = (re.compile(f"(?=({_trie_pattern(table)}))") if table else None, table)
+            self._finders[parse_special] = f
+        return f
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """llama.cpp's tokenizer_st_partition: the text split into raw strings and special-token ids."""
+        scan, table = self._special_finder(parse_special)
+        if scan is None:
+            return [text]
+        # every special token occurring in the text: the longest one starting at each position, plus
+        # those that are prefixes of it (the only others that can start there)
+        cands: set[str] = set()
+        for m in scan.finditer(text):
+            s = m.group(1)
+            if s not in cands:
+                cands.add(s)
+                cands.update(s[:k] for k in range(1, len(s)) if s[:k] in table)
+        if not cands:
+            return [text]
+        frags: list[tuple[int, int] | int] = [(0, len(text))]
+        # longest text first (llama.cpp sorts by length; ties here by id), each token split out everywhere
+        for s in sorted(cands, key=lambda s: (-len(s), table[s])):
+            tid = table[s]
+            attr = int(self.attrs[tid])
+            new: list[tuple[int, int] | int] = []
+            for fr in frags:
+                if isinstance(fr, int):
+                    new.append(fr)
+                    continue
+                start, end = fr
+                while True:
+                    m = text.find(s, start, end)
+                    if m < 0:
+                        break
+                    left = m
+                    if attr & ATTR_LSTRIP:
+                        while left > start and text[left - 1] in _C_SPACE:
+                            left -= 1
+                    if left > start:
+                        new.append((start, left))
+                    new.append(tid)
+                    start = m + len(s)
+                    if attr & ATTR_RSTRIP:
+                        while start < end and text[start] in _C_SPACE:
+                            start += 1
+                if start < end:
+                    new.append((start, end))
+            frags = new
+        return [f if isinstance(f, int) else text[f[0]:f[1]] for f in frags]
+
+    def _build_bpe(self) -> Callable[[str], list[int]]:
+        """The gpt2 BPE encoder: `tokenizers` BPE + llama.cpp's pre-tokenizer regexes."""
+        from tokenizers import Regex
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import models, pre_tokenizers
+
+        raw = self._merges() if callable(self._merges) else self._merges
+        if not raw:
+            raise SharpiError("the GGUF's gpt2 vocabulary has no merges (tokenizer.ggml.merges)")
+        pairs = []
+        for m in raw:
+            k = m.find(" ", 1)  # llama.cpp splits at the first space after the first character
+            if k > 0:
+                pairs.append((m[:k], m[k + 1:]))
+        pairs = list(dict.fromkeys(pairs))  # duplicates: the first rank counts (llama.cpp's map emplace)
+        regexes, ignore_merges = PRE_TOKENIZERS[self.pre]
+        steps = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in regexes]
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+        pre = pre_tokenizers.Sequence(steps)
+        try:
+            hf = HFTokenizer(models.BPE(self.token_to_id, pairs, ignore_merges=ignore_merges))
+            hf.pre_tokenizer = pre
+
+            def enc(text: str) -> list[int]:
+                return hf.encode(text, add_special_tokens=False).ids
+        except Exception:  # e.g. a merge whose result is not in the vocabulary: llama.cpp's loop in Python
+            enc = _PyBPE(self.token_to_id, pairs, pre, ignore_merges).encode
+        self._bpe = enc
+        return enc
+
+    def _spm(self, text: str) -> list[int]:
+        """llama.cpp's SPM session: repeatedly merge the adjacent pair whose concatenation is the
+        vocab token with the best score (leftmost on ties); leftover characters as byte tokens."""
+        n = len(text)
+        if n == 0:
+            return []
+        vocab = self.token_to_id
+        if self._spm_scores is None:
+            self._spm_scores = (self._scores.tolist() if self._scores is not None else [0.0] * self.n_vocab)
+        scores = self._spm_scores
+        # symbol i always starts at character i (merges absorb the right neighbour), so a symbol is
+        # text[i:end[i]] and its right neighbour starts at end[i]
+        end = list(range(1, n + 1))
+        prv = list(range(-1, n - 1))
+        alive = [True] * n
+        heap = []
+        for i in range(n - 1):
+            tid = vocab.get(text[i:i + 2])
+            if tid is not None:
+                heap.append((-scores[tid], i, i + 1, i + 2))
+        heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
+        while heap:
+            _, i, j, k = pop(heap)
+            if not alive[i] or end[i] != j or not alive[j] or end[j] != k:
+                continue  # outdated: a side was merged since
+            end[i] = k
+            alive[j] = False
+            if k < n:
+                prv[k] = i
+            p = prv[i]
+            if p >= 0:
+                tid = vocab.get(text[p:k])
+                if tid is not None:
+                    push(heap, (-scores[tid], p, i, k))
+            if k < n:
+                e = end[k]
+                tid = vocab.get(text[i:e])
+                if tid is not None:
+                    push(heap, (-scores[tid], i, k, e))
+        out: list[int] = []
+        i = 0
+        while i < n:
+            e = end[i]
+            tid = vocab.get(text[i:e])
+            if tid is not None:
+                out.append(tid)
+            else:  # byte fallback, like llama.cpp's byte_to_token
+                out += [self._byte_token(b) for b in text[i:e].encode("utf-8")]
+            i = e
+        return out
+
+    def _byte_token(self, b: int) -> int:
+        if self._byte_ids is None:
+            v = self.token_to_id
+            self._byte_ids = [v.get(f"<0x{x:02X}>", v.get(chr(x))) for x in range(256)]
+        tid = self._byte_ids[b]
+        if tid is None:
+            tid = self.unk_id if self.unk_id is not None else 0
+        return tid
 
     # -- decoding ----------------------------------------------------------------------------
     def token_text(self, tid: int) -> str:
+        """The vocabulary string as stored in the GGUF."""
         return self.tokens[tid]
 
     def is_control(self, tid: int) -> bool:
-        return int(self.types[tid]) == T_CONTROL
+        return bool(self.attrs[tid] & ATTR_CONTROL)
 
-    def token_bytes(self, tid: int, special: bool = False) -> bytes:
-        """The bytes token `tid` prints as (llama.cpp's token_to_piece); control tokens print
-        only with special=True."""
-        key = tid if not special else -1 - tid
-        b = self._bytes_cache.get(key)
-        if b is not None:
-            return b
-        t, ty = self.tokens[tid], int(self.types[tid])
-        if ty == T_CONTROL:
-            b = t.encode("utf-8") if special else b""
-        elif ty == T_USER_DEFINED or ty == T_UNKNOWN:
-            b = t.encode("utf-8")
-        elif self.model_type == "gpt2":
-            dec = _byte_decoder()
-            b = bytes(dec[ch] for ch in t) if all(ch in dec for ch in t) else t.encode("utf-8")
-        elif ty == T_BYTE:
-            b = bytes([int(t[3:5], 16)])
-        else:
-            b = t.replace("\u2581", " ").encode("utf-8")
-        self._bytes_cache[key] = b
+    def is_eog(self, tid: int) -> bool:
+        return tid in self.eog_ids
+
+    def token_bytes(self, tid: int, special: bool = True) -> bytes:
+        """The bytes token `tid` prints as: llama.cpp's token_to_piece. With special=False, control
+        and unknown tokens print nothing (what llama-cli shows without --special)."""
+        tid = int(tid)
+        b = self._pieces.get(tid)
+        if b is None:
+            b = self._piece(tid)
+            self._pieces[tid] = b
+        if not special and self.attrs[tid] & _HIDDEN_ATTRS:
+            return b""
         return b
 
-    def decode(self, ids, skip_special: bool = True) -> str:
-        return b"".join(self.token_bytes(int(i), special=not skip_special) for i in ids).decode("utf-8", errors="replace")
+    def _piece(self, tid: int) -> bytes:
+        text, attr = self.tokens[tid], int(self.attrs[tid])
+        if attr & (_HIDDEN_ATTRS | ATTR_USER_DEFINED):
+            return text.encode("utf-8")
+        if attr & ATTR_NORMAL:
+            if self.model_type == "gpt2":
+                return _bpe_piece(text)
+            return text.replace("\u2581", " ").encode("utf-8")
+        if attr & ATTR_BYTE:
+            return bytes([int(text[3:5], 16)])
+        return b""  # unused / undefined tokens print nothing
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """The text of `ids`: their pieces concatenated (invalid UTF-8 replaced)."""
+        special = not skip_special
+        return b"".join(self.token_bytes(i, special) for i in ids).decode("utf-8", errors="replace")
+
+
+def _detect_special_tokens(tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray,
+                           special: dict[str, int]) -> set[int]:
+    """llama.cpp's token-text heuristics: EOT/EOM/FIM ids missing from the metadata, the control
+    attribute for tokens that look like control tokens, 'unused' tokens and the end-of-generation set.
+    Updates `attrs` and `special` in place; returns the EOG ids."""
+    def mark_control(tid: int) -> None:
+        attrs[tid] |= ATTR_CONTROL
+
+    def first_present(texts: Iterable[str]) -> int | None:
+        for t in texts:
+            if t in token_to_id:
+                return token_to_id[t]
+        return None
+
+    for key, texts in (("eot", _EOT_TEXTS), *_AUTO_SPECIAL.items()):
+        if key not in special:
+            tid = first_present(texts)
+            if tid is not None:
+                special[key] = tid
+                mark_control(tid)
+
+    for i in np.nonzero(attrs & ATTR_CONTROL)[0].tolist():  # control tokens named "unused..." are unused
+        if "unused" in tokens[i]:
+            attrs[i] |= ATTR_UNUSED
+
+    eog = {special[k] for k in ("fim_pad", "fim_rep", "fim_sep") if k in special}
+    for t in _EOG_TEXTS:
+        tid = token_to_id.get(t)
+        if tid is not None:
+            eog.add(tid)
+            mark_control(tid)
+    for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):  # gpt-oss: always printed
+        if t in token_to_id:
+            attrs[token_to_id[t]] = ATTR_USER_DEFINED
+    eog |= {special[k] for k in ("eos", "eot", "eom") if k in special}
+
+    texts = {t: token_to_id[t] for t in ("<|return|>", "<|call|>", "<|calls|>", "<|flush|>", "<|end|>",
+                                          "<|tool_response>", "</s>") if token_to_id.get(t) in eog}
+    has_call = "<|call|>" in texts or "<|calls|>" in texts
+    if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
+        eog.discard(texts["<|end|>"])  # harmony / solar-open: <|end|> ends a message, not the generation
+        attrs[texts["<|end|>"]] = ATTR_USER_DEFINED
+    if "</s>" in texts and ("<|tool_response>" in texts or token_to_id.get("<|plamo:eos|>") in eog):
+        # gemma4 / plamo: there </s> is text (an HTML tag), not the end of generation
+        eog.discard(texts["</s>"])
+        attrs[texts["</s>"]] = ATTR_NORMAL
+    return eog
+
+
+def _apply_model_attr_rules(gf: GGUFFile, tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray) -> None:
+    """llama.cpp's per-model lstrip/rstrip attributes for special tokens (set by model name)."""
+    name = str(gf.get("general.name") or "").lower()
+    if "phi-3" in name or "phi3" in name:
+        attrs[(attrs & _SPECIAL_ATTRS) != 0] |= ATTR_RSTRIP
+        for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+            if t in token_to_id:
+                i = token_to_id[t]
+                attrs[i] = (attrs[i] | ATTR_RSTRIP) if on else (attrs[i] & ~ATTR_RSTRIP)
+    elif "modern-bert" in name and "[MASK]" in token_to_id:
+        attrs[token_to_id["[MASK]"]] |= ATTR_LSTRIP
 
 
 class StreamDecoder:
-    """Token ids in, text out, never half a UTF-8 character: incomplete bytes wait for the next token."""
+    """Token ids in, text out; never half a UTF-8 character: incomplete bytes wait for the next
+    token, and `flush` gives what is left (invalid bytes replaced).
+
+    special: print control tokens' text. Off by default, like llama-cli / llama-completion output
+    without --special (their pieces are empty then); user-defined tokens always print."""
 
     def __init__(self, tok: Tokenizer, special: bool = False):
         self.tok = tok
         self.special = special
-        self._pending = b""
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, tid: int) -> str:
-        buf = self._pending + self.tok.token_bytes(tid, self.special)
-        cut = _complete_prefix_len(buf)
-        self._pending = buf[cut:]
-        return buf[:cut].decode("utf-8", errors="replace")
+        return self._dec.decode(self.tok.token_bytes(tid, self.special))
 
     def flush(self) -> str:
-        s, self._pending = self._pending.decode("utf-8", errors="replace"), b""
+        s = self._dec.decode(b"", final=True)
+        self._dec.reset()
         return s
-
-
-def _complete_prefix_len(b: bytes) -> int:
-    """Length of the longest prefix of b that does not end inside a UTF-8 sequence."""
-    n = len(b)
-    for back in range(1, min(4, n) + 1):
-        c = b[n - back]
-        if c & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
-            continue
-        need = 1 if c < 0x80 else 2 if c >> 5 == 0b110 else 3 if c >> 4 == 0b1110 else 4 if c >> 3 == 0b11110 else 1
-        return n if back >= need else n - back
-    return n

@@ -1,42 +1,88 @@
-"""Chat template rendering (sandboxed) for the models that have one."""
+"""Chat template rendering (sandboxed jinja2) with the templates stored in the GGUFs."""
 from __future__ import annotations
 
 import pytest
 
-from conftest import QWEN05, SMOL, model_path
-from sharpi_core.chat import render_chat
+from conftest import QWEN05, SMOL
+from sharpi_core.chat import ChatTemplateError, render_chat
 from sharpi_core.errors import SharpiError
 from sharpi_core.gguf_file import GGUFFile
+from sharpi_core.tokenizer import Tokenizer
+
+_GGUF: dict[str, GGUFFile] = {}
 
 
-def template(name):
-    return GGUFFile(model_path(name)).get("tokenizer.chat_template")
+def gguf(name: str) -> GGUFFile:
+    if name not in _GGUF:
+        from sharpi_core.registry import cached_path, is_cached
+        if not is_cached(name):
+            pytest.skip(f"{name} is not in the local model cache")
+        _GGUF[name] = GGUFFile(cached_path(name))
+    return _GGUF[name]
 
 
-@pytest.mark.parametrize("name", [SMOL, pytest.param(QWEN05, marks=pytest.mark.slow)])
-def test_render_and_prefix_property(name):
-    t = template(name)
-    turn1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    a = render_chat(t, turn1)
-    assert "<|im_start|>system\nBe brief.<|im_end|>" in a and a.endswith("<|im_start|>assistant\n")
-    turn2 = turn1 + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
-    b = render_chat(t, turn2)
-    assert b.startswith(a) and b.endswith("<|im_start|>assistant\n") and "Bye" in b
+SYS = {"role": "system", "content": "Be brief."}
+U1 = {"role": "user", "content": "Hi"}
+A1 = {"role": "assistant", "content": "Hello! How can I help?"}
+U2 = {"role": "user", "content": "Bye"}
 
 
-def test_smollm_default_system_prompt():
-    a = render_chat(template(SMOL), [{"role": "user", "content": "Hi"}])
-    assert a.startswith("<|im_start|>system\n") and "<|im_start|>user\nHi<|im_end|>" in a
+@pytest.mark.parametrize("name", [SMOL, QWEN05])
+def test_render_system_user_assistant(name):
+    t = gguf(name).get("tokenizer.chat_template")
+    out = render_chat(t, [SYS, U1, A1, U2])
+    assert out == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                   "<|im_start|>assistant\nHello! How can I help?<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+                   "<|im_start|>assistant\n")
+    assert not render_chat(t, [SYS, U1], add_generation_prompt=False).endswith("assistant\n")
 
 
-def test_sandbox_blocks_python_internals():
-    evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
-    with pytest.raises(SharpiError):
-        render_chat(evil, [{"role": "user", "content": "x"}])
+@pytest.mark.parametrize("name", [SMOL, QWEN05])
+def test_prefix_property_for_kv_cache_reuse(name):
+    """Turn 1's prompt is a string prefix of turn 2's, and (reply not starting with whitespace)
+    its token ids are a prefix of turn 2's ids."""
+    g = gguf(name)
+    t = g.get("tokenizer.chat_template")
+    tok = Tokenizer.from_gguf(g)
+    for history in ([SYS, U1], [U1]):  # with and without a system prompt (default one inserted)
+        first = render_chat(t, history)
+        second = render_chat(t, history + [A1, U2])
+        assert second.startswith(first)
+        a, b = tok.encode(first), tok.encode(second)
+        assert b[:len(a)] == a
+
+
+def test_default_system_prompts():
+    s = render_chat(gguf(SMOL).get("tokenizer.chat_template"), [U1])
+    assert s.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert "<|im_start|>user\nHi" in s
+    q = render_chat(gguf(QWEN05).get("tokenizer.chat_template"), [U1])
+    assert q.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")
+
+
+def test_hf_environment_features():
+    t = ("{{ bos_token }}{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}"
+         "{% if loop.index == 2 %}{% break %}{% endif %}{% endfor %}\n  {% if true %}\n{{ messages[0] | tojson }}"
+         "{% endif %}|{{ strftime_now('%Y')|length }}")
+    msgs = [{"role": "user", "content": "<a&b>"}, {"role": "user", "content": "é"}, {"role": "user", "content": "z"}]
+    # loop controls, the generation tag, trim/lstrip blocks, non-HTML-escaping unicode tojson
+    assert render_chat(t, msgs, bos_token="<s>") == '<s>[<a&b>][é]{"role": "user", "content": "<a&b>"}|4'
+    assert render_chat("{{ tools[0] }}", [], tools=["t"]) == "t"
+
+
+def test_sandbox_blocks_python_internals_and_mutation():
+    with pytest.raises(SharpiError, match="unsafe"):
+        render_chat("{{ messages.__class__.__mro__[1].__subclasses__() }}", [U1])
+    with pytest.raises(SharpiError, match="unsafe"):
+        render_chat("{% set x = messages.append(1) %}", [U1])
 
 
 def test_template_errors_are_user_errors():
-    with pytest.raises(SharpiError, match="does not parse"):
+    with pytest.raises(ChatTemplateError, match="does not parse"):
         render_chat("{% for %}", [])
-    with pytest.raises(SharpiError, match="chat template: nope"):
+    with pytest.raises(ChatTemplateError, match="refused the conversation: nope"):
         render_chat("{{ raise_exception('nope') }}", [])
+    with pytest.raises(ChatTemplateError, match="ZeroDivisionError"):
+        render_chat("{{ 1 / 0 }}", [])
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        render_chat(None, [U1])

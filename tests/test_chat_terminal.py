@@ -18,14 +18,18 @@ def spawn(*args):
 
 
 def test_chat_two_turns_then_exit():
-    p = spawn("--temp", "0", "-n", "24", "-sys", "You are a helpful assistant.")
+    p = spawn("--temp", "0", "-n", "24", "-sys", "You are a helpful assistant.", "--verbose")
     p.expect("conversation mode")
     p.expect("> ")
     p.sendline("What is the capital of France?")
-    p.expect("Paris")
+    p.expect(r"\[turn: (\d+) new prompt tokens evaluated of (\d+), (\d+) generated")
+    first_new, first_total = int(p.match.group(1)), int(p.match.group(2))
+    assert first_new == first_total and int(p.match.group(3)) > 0
     p.expect("> ")
     p.sendline("And of Germany?")
-    p.expect("Berlin")
+    p.expect(r"\[turn: (\d+) new prompt tokens evaluated of (\d+)")
+    # the second turn reuses the KV cache of the first: only the new part is evaluated
+    assert int(p.match.group(1)) < int(p.match.group(2)) - first_total + 10
     p.expect("> ")
     p.sendline("/exit")
     p.expect(pexpect.EOF)
@@ -37,6 +41,7 @@ def test_ctrl_c_stops_reply_not_session_and_ctrl_d_quits():
     p = spawn("--temp", "0", "-n", "-1", "-c", "2048")
     p.expect("> ")
     p.sendline("Write a very long story about a dragon, with many chapters.")
+    p.expect("chapters.\r\n")  # the terminal's echo of the line
     p.expect(r"\w+ \w+ \w+")  # the reply has started streaming
     p.sendintr()
     p.expect(r"\[reply stopped\]")

@@ -36,12 +36,18 @@ def one_error_line(r, code=2, contains=None):
     return lines[0]
 
 
-def test_one_shot_greedy_matches_llama_cpp(smol):
-    case = reference()[SMOL]["greedy"][1]
-    r = sharpi("-m", smol, "-p", case["prompt"], "-n", 16, "--temp", 0, "--no-display-prompt")
+def test_one_shot_greedy_is_the_engine_greedy(smol):
+    """The console script prints exactly the engine's greedy continuation (the engine itself is
+    checked against llama.cpp in test_model.py)."""
+    from conftest import loaded
+    from sharpi_core.generate import Generator
+    from sharpi_core.sampling import SamplingParams
+    prompt = reference()[SMOL]["greedy"][1]["prompt"]
+    model, tok = loaded(SMOL)
+    want = Generator(model, model.new_cache(512), tok, SamplingParams(temp=0)).generate(tok.encode(prompt), 16)
+    r = sharpi("-m", smol, "-p", prompt, "-n", 16, "--temp", 0, "--no-display-prompt")
     assert r.returncode == 0, r.stderr
-    out = r.stdout.rstrip("\n")
-    assert out and case["text"].startswith(out), (out, case["text"])
+    assert r.stdout.rstrip("\n") == want.text and len(want.tokens) == 16
     assert "eval time" in r.stderr and "prompt eval time" in r.stderr
 
 
@@ -85,9 +91,12 @@ def test_env_args_and_flag_precedence(smol):
 
 
 def test_reverse_prompt_stops(smol):
-    r = sharpi("-m", smol, "-p", "The capital of France is", "-n", 32, "--temp", 0, "-r", "United", "--json")
-    d = json.loads(r.stdout)
-    assert d["stop_reason"] == "stop_string" and d["text"].endswith("United")
+    args = ("-m", smol, "-p", "Once upon a time, in a small village,", "-n", 24, "--temp", 0, "--json")
+    full = json.loads(sharpi(*args).stdout)["text"]
+    word = full.split()[len(full.split()) // 2]  # a word from the middle of the greedy reply
+    d = json.loads(sharpi(*args, "-r", word).stdout)
+    assert d["stop_reason"] == "stop_string" and d["text"].endswith(word)
+    assert full.startswith(d["text"]) and len(d["text"]) < len(full)
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -149,3 +158,37 @@ def test_models_list():
 def test_version():
     r = sharpi("--version")
     assert r.returncode == 0 and r.stdout.startswith("sharpi ")
+
+
+def test_draft_lookup_greedy_equals_plain_and_reports_stats(smol):
+    prompt = "Copy exactly: one two three four five six seven eight. Copy: one two three four five six seven eight. Copy:"
+    plain = json.loads(sharpi("-m", smol, "-p", prompt, "-n", 24, "--temp", 0, "--json").stdout)
+    r = sharpi("-m", smol, "-p", prompt, "-n", 24, "--temp", 0, "--json", "--draft-lookup")
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)
+    assert spec["tokens"] == plain["tokens"]
+    s = spec["speculative"]
+    assert s["drafted"] > 0 and 0 <= s["acceptance"] <= 1 and s["tokens_per_pass"] >= 1
+
+
+def test_self_draft_accepts_everything_and_p_min_warns(smol):
+    r = sharpi("-m", smol, "-md", smol, "-p", "Once upon a time", "-n", 16, "--temp", 0, "--json",
+               "--spec-draft-n-max", 3)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["speculative"]
+    assert s["drafted"] > 0 and s["accepted"] == s["drafted"]
+    r = sharpi("-m", smol, "-md", smol, "-p", "Hi", "-n", 4, "--spec-draft-p-min", "0.5", "--json")
+    assert r.returncode == 0 and "no longer an exact sample" in r.stderr
+
+
+def test_spec_sample_switch_note(smol):
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0.7, "--draft-lookup", "--json",
+               env={"SHARPI_SPEC_SAMPLE": "0"})
+    assert r.returncode == 0 and "SHARPI_SPEC_SAMPLE=0" in r.stderr and "speculative" not in json.loads(r.stdout)
+
+
+@pytest.mark.slow
+def test_mismatched_draft_vocab_is_one_error(smol):
+    from conftest import GEMMA
+    r = sharpi("-m", smol, "-md", model_path(GEMMA), "-p", "hi")
+    one_error_line(r, 2, "draft")

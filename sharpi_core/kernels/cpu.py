@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -52,7 +55,7 @@ _BLOCK = {  # type -> (elements, bytes) per block
 
 _lock = threading.Lock()
 _state: dict = {"tried": False, "lib": None, "reason": None, "path": None, "build_s": None}
-_qmm = None  # ctypes functions, bound once loaded
+_qmm = None  # entry points (extension functions or ctypes), bound once loaded
 _dqr = None
 
 
@@ -65,7 +68,7 @@ def kernel_dir() -> Path:
 
 
 def _cpu_info() -> tuple[str, set[str]]:
-    """(identity string, flag set) of this CPU from /proc/cpuinfo ('' and empty set if unreadable)."""
+    """(identity string, flag set) of this CPU from /proc/cpuinfo (empty flag set if unreadable)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -90,8 +93,19 @@ def _compiler() -> str | None:
     return shutil.which("gcc") or shutil.which("cc")
 
 
-def library_path() -> Path | None:
-    """Where the compiled library for this source/CPU/compiler lives (None without a compiler)."""
+def _python_ext_flags() -> tuple[str, ...]:
+    """Flags that also make the library a CPython extension module (cheaper calls than ctypes),
+    or () when this Python has no development headers."""
+    if os.environ.get("SHARPI_KERNEL_CTYPES") == "1":
+        return ()
+    inc = sysconfig.get_paths().get("include")
+    if not inc or not os.path.isfile(os.path.join(inc, "Python.h")):
+        return ()
+    return ("-DSHARPI_PYEXT", f"-I{inc}")
+
+
+def library_path(extra: tuple[str, ...] = ()) -> Path | None:
+    """Where the library for this source, flags, compiler, CPU (and Python, for the extension) lives."""
     cc = _compiler()
     if cc is None:
         return None
@@ -100,19 +114,19 @@ def library_path() -> Path | None:
     except (OSError, subprocess.SubprocessError):
         ver = cc
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), ver.encode(), _cpu_info()[0].encode(),
-                 str(_ABI).encode()):
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS + extra).encode(), ver.encode(), _cpu_info()[0].encode(),
+                 str(_ABI).encode(), (sys.version + sysconfig.get_config_var("EXT_SUFFIX") if extra else "").encode()):
         h.update(part)
         h.update(b"\0")
     return kernel_dir() / f"qmatmul-{h.hexdigest()[:20]}.so"
 
 
-def _build(cc: str, dest: Path) -> None:
+def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".qmatmul-", suffix=".so.part", dir=dest.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=600)
+        r = subprocess.run([cc, *CFLAGS, *extra, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{Path(cc).name} failed (exit {r.returncode}): " + " | ".join(msg[-6:]))
@@ -123,8 +137,11 @@ def _build(cc: str, dest: Path) -> None:
             os.unlink(tmp)
 
 
-def _bind(lib) -> None:
+def _bind_ctypes(path: Path) -> None:
     global _qmm, _dqr
+    lib = ctypes.CDLL(str(path))
+    if lib.sharpi_abi_version() != _ABI:
+        raise RuntimeError(f"{path}: unexpected ABI version")
     c_long, c_int, c_void_p = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
     f = lib.sharpi_qmatmul
     f.argtypes = [c_int, c_void_p, c_long, c_long, c_long, c_void_p, c_long, c_void_p, c_int]
@@ -132,7 +149,17 @@ def _bind(lib) -> None:
     g = lib.sharpi_dequant_rows
     g.argtypes = [c_int, c_void_p, c_long, c_void_p, c_long, c_long, c_long, c_void_p, c_int]
     g.restype = c_int
+    _state["lib"] = lib
     _qmm, _dqr = f, g
+
+
+def _bind_module(path: Path) -> None:
+    global _qmm, _dqr
+    spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _state["lib"] = mod
+    _qmm, _dqr = mod.qmatmul, mod.dequant_rows
 
 
 def _load():
@@ -146,22 +173,30 @@ def _load():
             flags = _cpu_info()[1]
             missing = [f for f in _REQUIRED_CPU_FLAGS if f not in flags]
             if not flags or missing:
-                raise RuntimeError("the C kernels need AVX-512 (CPU lacks " + (", ".join(missing) or "a readable /proc/cpuinfo") + ")")
+                raise RuntimeError("the C kernels need AVX-512 (CPU lacks "
+                                   + (", ".join(missing) or "a readable /proc/cpuinfo") + ")")
             cc = _compiler()
             if cc is None:
                 raise RuntimeError("no C compiler found (install gcc, or set SHARPI_CC)")
-            path = library_path()
-            if not path.is_file():
-                t0 = time.perf_counter()
-                _build(cc, path)
-                _state["build_s"] = time.perf_counter() - t0
-            lib = ctypes.CDLL(str(path))
-            if lib.sharpi_abi_version() != _ABI:
-                raise RuntimeError(f"{path}: unexpected ABI version")
-            _bind(lib)
-            _state["lib"], _state["path"] = lib, path
+            ext = _python_ext_flags()
+            err = None
+            for extra in ((ext, ()) if ext else ((),)):
+                try:
+                    path = library_path(extra)
+                    if not path.is_file():
+                        t0 = time.perf_counter()
+                        _build(cc, path, extra)
+                        _state["build_s"] = time.perf_counter() - t0
+                    (_bind_module if extra else _bind_ctypes)(path)
+                    _state["path"], _state["reason"] = path, None
+                    break
+                except Exception as e:  # noqa: BLE001 - try the plain ctypes build next
+                    err = e
+            else:
+                raise err
         except Exception as e:  # never raise from available()
-            _state["reason"] = f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
+            _state["lib"] = None
+            _state["reason"] = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
         return _state["lib"]
 
 
@@ -176,76 +211,106 @@ def unavailable_reason() -> str | None:
 
 
 def build_info() -> dict:
-    """Path of the loaded library and how long this process spent compiling it (None: cached)."""
+    """Path of the loaded library, seconds this process spent compiling it (None: it was cached),
+    whether calls go through the CPython extension or ctypes, and why it is unavailable if so."""
     available()
-    return {"path": _state["path"], "build_s": _state["build_s"], "reason": _state["reason"]}
+    lib = _state["lib"]
+    return {"path": _state["path"], "build_s": _state["build_s"], "reason": _state["reason"],
+            "binding": None if lib is None else ("ctypes" if isinstance(lib, ctypes.CDLL) else "extension")}
 
 
-def _row_bytes(raw: torch.Tensor, qtype, n: int, k: int) -> int:
-    be, bb = _BLOCK[qtype]
+_F32 = torch.float32
+# qtype -> (type code for C, elements per block, bytes per block)
+_INFO = {qt: (int(qt), be, bb) for qt, (be, bb) in _BLOCK.items()}
+
+
+def _bad_args(x, raw, qtype, n, k, out):
+    """The ValueError that explains why qmatmul's arguments were rejected."""
+    if qtype not in _INFO:
+        return ValueError(f"qmatmul: unsupported type {getattr(qtype, 'name', qtype)} "
+                          f"(supported: {', '.join(sorted(t.name for t in SUPPORTED))})")
+    _, be, bb = _INFO[qtype]
     if k % be:
-        raise ValueError(f"{qtype.name}: K={k} is not a multiple of the block size {be}")
+        return ValueError(f"{qtype.name}: K={k} is not a multiple of the block size {be}")
+    if x.dtype != _F32 or x.dim() != 2 or x.shape[1] != k or not x.is_contiguous() or not x.is_cpu:
+        return ValueError(f"x must be a contiguous float32 CPU [T, {k}] tensor, got {tuple(x.shape)} {x.dtype}")
     rb = k // be * bb
-    if raw.numel() * raw.element_size() != n * rb or not raw.is_contiguous():
-        raise ValueError(f"raw weight must be a contiguous [{n}, {rb}]-byte {qtype.name} tensor, "
-                         f"got {tuple(raw.shape)} {raw.dtype}")
-    return rb
+    if not raw.is_cpu or raw.nbytes != n * rb or not raw.is_contiguous():
+        return ValueError(f"raw must be a contiguous CPU tensor of {n} rows x {rb} bytes ({qtype.name}, K={k}), "
+                          f"got {tuple(raw.shape)} {raw.dtype}")
+    return ValueError(f"out must be a contiguous float32 CPU [{x.shape[0]}, {n}] tensor")
 
 
 def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
             out: torch.Tensor | None = None) -> torch.Tensor:
-    """x fp32 [T, K] (contiguous) @ dequant(raw [N, row_bytes]).T -> fp32 [T, N] (written into `out` if given)."""
-    if _qmm is None and not available():
-        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
-    if qtype not in _BLOCK:
-        raise ValueError(f"qmatmul: unsupported type {getattr(qtype, 'name', qtype)}")
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or not x.is_contiguous():
-        raise ValueError(f"x must be a contiguous float32 [T, {k}] tensor, got {tuple(x.shape)} {x.dtype}")
-    rb = _row_bytes(raw, qtype, n, k)
-    t = x.shape[0]
+    """x fp32 [T, K] (contiguous) @ dequant(raw [N, row_bytes]).T -> fp32 [T, N] (into `out` if given).
+
+    T < GEMM_MIN_ROWS: each block is expanded in registers and used for up to 8 rows of x; the
+    result for one (token, output) pair is bitwise the same for every T (and thread count).
+    T >= GEMM_MIN_ROWS: tiles of rows are dequantized exactly and multiplied by torch's sgemm."""
+    info = _INFO.get(qtype)
+    if info is None or _qmm is None:
+        if not available():
+            raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+        if info is None:
+            raise _bad_args(x, raw, qtype, n, k, out)
+    code, be, bb = info
+    rb = k // be * bb
+    shp = x.shape
+    if (x.dtype is not _F32 or len(shp) != 2 or shp[1] != k or k % be or not x.is_contiguous() or not x.is_cpu
+            or raw.nbytes != n * rb or not raw.is_contiguous() or not raw.is_cpu):
+        raise _bad_args(x, raw, qtype, n, k, out)
+    t = shp[0]
     if out is None:
-        out = torch.empty((t, n), dtype=torch.float32)
-    elif out.dtype != torch.float32 or tuple(out.shape) != (t, n) or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 [{t}, {n}] tensor")
-    if t == 0:
-        return out
-    if t >= GEMM_MIN_ROWS:
-        return _gemm(x, raw, qtype, n, k, rb, out)
-    if _qmm(int(qtype), raw.data_ptr(), rb, n, k, x.data_ptr(), t, out.data_ptr(), torch.get_num_threads()):
-        raise ValueError(f"qmatmul: kernel rejected {qtype.name} [{n}, {k}]")
+        out = torch.empty((t, n), dtype=_F32)
+    elif out.dtype is not _F32 or out.shape != (t, n) or not out.is_contiguous() or not out.is_cpu:
+        raise _bad_args(x, raw, qtype, n, k, out)
+    if t >= GEMM_MIN_ROWS and n:
+        return _gemm(x, raw, code, n, k, rb, out)
+    if t and n and _qmm(code, raw.data_ptr(), rb, n, k, x.data_ptr(), t, out.data_ptr(), torch.get_num_threads()):
+        raise _bad_args(x, raw, qtype, n, k, out)
     return out
 
 
-def _gemm(x, raw, qtype, n, k, rb, out):
-    """Long inputs: dequantize tiles of weight rows (exact) and let torch's sgemm multiply them."""
+def _gemm(x, raw, code, n, k, rb, out):
+    """Long inputs: dequantize tiles of weight rows (exactly) into an L2-sized buffer, torch sgemm."""
     tile = max(16, GEMM_TILE_BYTES // (4 * k) // 16 * 16)
     tile = min(tile, n)
-    buf = torch.empty((tile, k), dtype=torch.float32)
-    base, code, nth = raw.data_ptr(), int(qtype), torch.get_num_threads()
+    buf = torch.empty((tile, k), dtype=_F32)
+    base, nth, bp = raw.data_ptr(), torch.get_num_threads(), buf.data_ptr()
     for n0 in range(0, n, tile):
         m = min(tile, n - n0)
-        if _dqr(code, base + n0 * rb, rb, None, 0, m, k, buf.data_ptr(), nth):
-            raise ValueError(f"qmatmul: kernel rejected {qtype.name} [{n}, {k}]")
+        if _dqr(code, base + n0 * rb, rb, 0, 0, m, k, bp, nth):
+            raise ValueError("qmatmul: kernel rejected the weight")
         torch.mm(x, buf[:m].t(), out=out[:, n0:n0 + m])
     return out
 
 
 def dequant_rows(raw: torch.Tensor, qtype, rows: torch.Tensor, k: int) -> torch.Tensor:
-    """fp32 [R, K]: rows `rows` (int64 [R]) of raw [N, row_bytes], dequantized exactly like gguf.quants."""
+    """fp32 [R, K]: rows `rows` (int64 [R]) of raw [N, row_bytes], dequantized bit-exactly like gguf.quants."""
     if _dqr is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
-    if qtype not in _BLOCK:
+    info = _INFO.get(qtype)
+    if info is None:
         raise ValueError(f"dequant_rows: unsupported type {getattr(qtype, 'name', qtype)}")
-    n = raw.shape[0]
-    rb = _row_bytes(raw, qtype, n, k)
-    rows = rows.reshape(-1).to(torch.int64).contiguous()
+    code, be, bb = info
+    if k % be:
+        raise ValueError(f"{qtype.name}: K={k} is not a multiple of the block size {be}")
+    rb = k // be * bb
+    nbytes = raw.nbytes
+    if nbytes % rb or not raw.is_contiguous() or not raw.is_cpu:
+        raise ValueError(f"raw must be a contiguous CPU tensor of rows of {rb} bytes ({qtype.name}, K={k})")
+    n = nbytes // rb
+    rows = rows.reshape(-1)
+    if rows.dtype != torch.int64 or not rows.is_contiguous():
+        rows = rows.to(torch.int64).contiguous()
     r = rows.numel()
-    out = torch.empty((r, k), dtype=torch.float32)
+    out = torch.empty((r, k), dtype=_F32)
     if r == 0:
         return out
-    lo, hi = int(rows.min()), int(rows.max())
-    if lo < 0 or hi >= n:
-        raise IndexError(f"row index out of range [0, {n}): {lo if lo < 0 else hi}")
-    if _dqr(int(qtype), raw.data_ptr(), rb, rows.data_ptr(), 0, r, k, out.data_ptr(), torch.get_num_threads()):
-        raise ValueError(f"dequant_rows: kernel rejected {qtype.name} [{n}, {k}]")
+    lo, hi = torch.aminmax(rows)
+    if int(lo) < 0 or int(hi) >= n:
+        raise IndexError(f"row index out of range [0, {n}): {int(lo) if int(lo) < 0 else int(hi)}")
+    if _dqr(code, raw.data_ptr(), rb, rows.data_ptr(), 0, r, k, out.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"dequant_rows: kernel rejected {qtype.name} K={k}")
     return out

@@ -14,6 +14,10 @@
  * Threads: OpenMP over output rows. When torch is loaded first, the libgomp torch bundles has the
  * soname libgomp.so.1, so this library shares torch's thread pool instead of starting a second.
  */
+#ifdef SHARPI_PYEXT /* also a CPython extension module (calls cost ~0.2 us instead of ctypes' ~3 us) */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#endif
 #include <immintrin.h>
 #include <omp.h>
 #include <stddef.h>
@@ -45,6 +49,12 @@ INL __m512i ld16u8(const uint8_t *p) { /* 16 bytes -> 16 x u32 */
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* Make a local array "escape" (compiler-only barrier): values stored to it before are really in
+ * memory after it, so later uses become memory operands / broadcast loads instead of registers.
+ * Used for the K-quant tables and scales, which would otherwise take registers from the
+ * accumulators or turn into vpermd broadcasts on the already busy shuffle port. */
+#define ESCAPE(p) __asm__ volatile("" : : "r"(p) : "memory")
+
 #define IOTA _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 
 /* a*b + c: fused in the matmul, rounded like numpy (mul, then add) when dequantizing */
@@ -65,7 +75,8 @@ INL __m512 msub(const int exact, __m512 a, __m512 b, __m512 c) {
 
 typedef struct {
     __m512 t[MAXTAB];
-    float s[32]; /* Q6_K: 16 scales and 16 (-32 * scale) */
+    float s[32];                             /* Q6_K: 16 scales d*sc, then 16 times -32*d*sc */
+    uint8_t q6[256] __attribute__((aligned(64))); /* Q6_K: the 6-bit codes, one byte per element */
 } Prep;
 
 INL int unit_elems(const int ty) {
@@ -90,22 +101,19 @@ INL int unit_bytes(const int ty) {
 }
 INL int n_pieces(const int ty) {
     switch (ty) {
-    case TY_Q4_K: case TY_Q5_K: return 8;
-    case TY_Q6_K: return 4;
+    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return 8;
     default: return 1;
     }
 }
-INL int n_vecs(const int ty) { return ty == TY_Q6_K ? 4 : 2; }
+INL int n_vecs(const int ty) { (void)ty; return 2; }
 
 /* element offset (within the unit) of vector v of piece p */
 INL int xoff(const int ty, const int p, const int v) {
     switch (ty) {
     case TY_Q4_K: case TY_Q5_K: /* chunk j = p/2 (32 qs bytes), half h = p%2; v=0 low nibbles, v=1 high */
         return 64 * (p >> 1) + 32 * v + 16 * (p & 1);
-    case TY_Q6_K: /* half hf = p/2 (128 elements), a = p%2: elements 16a + 32v + l */
-        return 128 * (p >> 1) + 16 * (p & 1) + 32 * v;
-    default:
-        return 16 * v;
+    default: /* Q6_K: pieces of 32 elements in order */
+        return 32 * p + 16 * v;
     }
 }
 
@@ -148,6 +156,7 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
     case TY_Q4_K: {
         float dm[16] __attribute__((aligned(64)));
         _mm512_store_ps(dm, kquant_scales(b));
+        ESCAPE(dm);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
             P->t[j] = msub(exact, IOTA, _mm512_set1_ps(dm[j]), _mm512_set1_ps(dm[8 + j]));
@@ -156,6 +165,7 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
     case TY_Q5_K: {
         float dm[16] __attribute__((aligned(64)));
         _mm512_store_ps(dm, kquant_scales(b));
+        ESCAPE(dm);
         const __m512 hi = _mm512_add_ps(IOTA, _mm512_set1_ps(16.f));
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
@@ -165,6 +175,23 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
         break;
     }
     case TY_Q6_K: {
+        /* 6-bit codes of all 256 elements as bytes, 64 at a time: for half hf, element l < 64 is
+         * (ql[l] & 15) | ((qh[l % 32] >> 2*(l / 32)) & 3) << 4 and element 64 + l is
+         * (ql[l] >> 4) | ((qh[l % 32] >> (4 + 2*(l / 32))) & 3) << 4. 16-bit shifts leak bits across
+         * the bytes of a word only into bit positions that the masks / selects below drop. */
+        const __m512i m0f = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33);
+        const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; hf++) {
+            const __m512i L = _mm512_loadu_si512((const void *)(b + 64 * hf));
+            const __m512i Hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hf)));
+            const __m512i H2 = _mm512_and_si512(_mm512_srlv_epi16(Hb, sh), m33); /* bits 0-1 and 4-5 */
+            /* vpternlogd imm 0xE4 = (a & c) | (b & ~c): low nibble from a, bits 4-7 from b */
+            const __m512i lo = _mm512_ternarylogic_epi32(L, _mm512_slli_epi16(H2, 4), m0f, 0xE4);
+            const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), H2, m0f, 0xE4);
+            _mm512_store_si512((void *)(P->q6 + 128 * hf), lo);
+            _mm512_store_si512((void *)(P->q6 + 128 * hf + 64), hi);
+        }
         const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192))));
         const __m512 D = _mm512_mul_ps(_mm512_set1_ps(f16at(b + 208)), sc);
         _mm512_store_ps(P->s, D);
@@ -232,20 +259,10 @@ INL void piece(const int ty, const int p, const uint8_t *b, const Prep *P, __m51
         break;
     }
     case TY_Q6_K: {
-        const int hf = p >> 1, a = p & 1;
-        const uint8_t *ql = b + 64 * hf + 16 * a, *qh = b + 128 + 32 * hf + 16 * a;
-        const __m512i A = ld16u8(ql), B = ld16u8(ql + 32), H = ld16u8(qh);
-        const __m512i m0f = _mm512_set1_epi32(0x0f), m30 = _mm512_set1_epi32(0x30);
-        /* vpternlogd(a, b, c): imm 0xEC = (a & c) | b, 0xF8 = a | (b & c) */
-        const __m512i q0 = _mm512_ternarylogic_epi32(A, _mm512_and_si512(_mm512_slli_epi32(H, 4), m30), m0f, 0xEC);
-        const __m512i q1 = _mm512_ternarylogic_epi32(B, _mm512_and_si512(_mm512_slli_epi32(H, 2), m30), m0f, 0xEC);
-        const __m512i q2 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(A, 4), H, m30, 0xF8);
-        const __m512i q3 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(B, 4), _mm512_srli_epi32(H, 2), m30, 0xF8);
-        const int is = 8 * hf + a;
-        w[0] = q6val(q0, P->s, is);
-        w[1] = q6val(q1, P->s, is + 2);
-        w[2] = q6val(q2, P->s, is + 4);
-        w[3] = q6val(q3, P->s, is + 6);
+        const __m512i q0 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(P->q6 + 32 * p)));
+        const __m512i q1 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(P->q6 + 32 * p + 16)));
+        w[0] = q6val(q0, P->s, 2 * p);
+        w[1] = q6val(q1, P->s, 2 * p + 1);
         break;
     }
     default:
@@ -260,9 +277,20 @@ INL void piece(const int ty, const int p, const uint8_t *b, const Prep *P, __m51
 #define MAXR 4
 #define MAXT 8
 
+/* software prefetch distance (bytes) and level; sharpi_set_prefetch() tunes them */
+static long pf_max = 4096;
+static int pf_l1 = 1;
+void sharpi_set_prefetch(long max_bytes, int l1) {
+    pf_max = max_bytes;
+    pf_l1 = l1;
+}
+
 INL void kern(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
-              const float *x, const long ldx, float *y, const long ldy) {
-    const int NB = (R * TT <= 4) ? 2 : 1;
+              const float *x, const long ldx, float *y, const long ldy, const long pfo) {
+    /* one accumulator per (row, activation row) and a fixed FMA order: the result for a (row, token)
+     * pair is bitwise the same whatever T and R are (batch invariance: a speculative verify pass
+     * reproduces single-token decoding exactly). */
+    const int NB = 1;
     const int UE = unit_elems(ty), UB = unit_bytes(ty), NP = n_pieces(ty), NV = n_vecs(ty);
     __m512 acc[MAXR][MAXT][2];
 #pragma GCC unroll 4
@@ -273,9 +301,21 @@ INL void kern(const int ty, const int R, const int TT, const uint8_t *const *row
             for (int c = 0; c < NB; c++) acc[r][t][c] = _mm512_setzero_ps();
 
     for (long u = 0; u < nu; u++) {
+        if (pfo) { /* software prefetch: the hardware streamers lose track of R interleaved row streams */
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const char *pf = (const char *)rows[r] + pfo + u * UB;
+#pragma GCC unroll 4
+                for (int o = 0; o < UB; o += 64) {
+                    if (pf_l1) _mm_prefetch(pf + o, _MM_HINT_T0);
+                    else _mm_prefetch(pf + o, _MM_HINT_T1);
+                }
+            }
+        }
         Prep P[MAXR];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) prep(ty, 0, rows[r] + u * UB, &P[r]);
+        if (NP > 1) ESCAPE(P); /* K-quant tables: read from L1 by vpermps, not held in registers */
         const float *xu = x + u * UE;
 #pragma GCC unroll 8
         for (int p = 0; p < NP; p++) {
@@ -304,11 +344,11 @@ INL void kern(const int ty, const int R, const int TT, const uint8_t *const *row
         }
 }
 
-typedef void (*kern_fn)(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy);
+typedef void (*kern_fn)(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy, long pfo);
 
 #define KDEF(TY, R, TT) \
-    static void k_##TY##_##R##_##TT(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy) { \
-        kern(TY, R, TT, rows, nu, x, ldx, y, ldy); \
+    static void k_##TY##_##R##_##TT(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy, long pfo) { \
+        kern(TY, R, TT, rows, nu, x, ldx, y, ldy, pfo); \
     }
 /* (R, TT) shapes: TT = 1..8 activation rows; R weight rows chosen to fit 32 zmm registers */
 #define KSET(TY) \
@@ -381,11 +421,15 @@ static void mm_rows(int ty, const uint8_t *w, long rb, long n0, long n1, long nu
                 const long mr = (nr - m < KR) ? nr - m : KR;
                 const uint8_t *rows[MAXR];
                 for (int r = 0; r < KR; r++) rows[r] = w + (n + m + (r < mr ? r : mr - 1)) * rb;
+                /* prefetch while the rows come from memory (first T group): the next group of rows at the
+                 * same offset, or pf_max bytes ahead in the same row when rows are long */
+                long pfo = KR * rb < pf_max ? KR * rb : pf_max;
+                if (t0) pfo = 0;
                 if (mr == KR) {
-                    kt[TT](rows, nu, x + t0 * ldx, ldx, y + t0 * ldy + n + m, ldy);
+                    kt[TT](rows, nu, x + t0 * ldx, ldx, y + t0 * ldy + n + m, ldy, pfo);
                 } else { /* tail: compute duplicate rows into scratch, keep the real ones */
                     float tmp[MAXT * MAXR];
-                    kt[TT](rows, nu, x + t0 * ldx, ldx, tmp, MAXR);
+                    kt[TT](rows, nu, x + t0 * ldx, ldx, tmp, MAXR, pfo);
                     for (int t = 0; t < TT; t++)
                         for (long r = 0; r < mr; r++) y[(t0 + t) * ldy + n + m + r] = tmp[t * MAXR + r];
                 }
@@ -397,7 +441,7 @@ static void mm_rows(int ty, const uint8_t *w, long rb, long n0, long n1, long nu
 
 static int pick_threads(int nthreads, long n, long bytes) {
     if (nthreads < 1) nthreads = 1;
-    if (bytes < (64 << 10)) return 1; /* a tiny matrix costs less than waking a thread */
+    if (bytes < (48 << 10)) return 1; /* a tiny matrix costs less than waking a thread */
     if (nthreads > n / 4) nthreads = (int)(n / 4) > 0 ? (int)(n / 4) : 1;
     return nthreads;
 }
@@ -410,19 +454,25 @@ int sharpi_qmatmul(int ty, const uint8_t *w, long rb, long n, long k, const floa
     const int ue = ue_of(ty);
     if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || T < 1 || n < 1) return -1;
     const long nu = k / ue;
-    const int nth = pick_threads(nthreads, n, n * rb);
+    const int nth = pick_threads(nthreads, n, n * rb * (T < 8 ? T : 8)); /* ~ work of the call */
     if (nth == 1) {
         mm_rows(ty, w, rb, 0, n, nu, x, k, T, y, n);
         return 0;
     }
+    /* Chunks of rows handed out through an atomic counter: a thread that is slowed down (another
+     * process on its core) holds back at most one chunk instead of half the matrix. */
+    long chunk = (n + nth * 8 - 1) / (nth * 8);
+    chunk = (chunk + 3) / 4 * 4;
+    const long nchunks = (n + chunk - 1) / chunk;
+    long next = 0;
 #pragma omp parallel num_threads(nth)
     {
-        const int id = omp_get_thread_num(), nt = omp_get_num_threads();
-        /* contiguous ranges, multiples of 4 rows */
-        const long nq = (n + 3) / 4;
-        const long a = nq * id / nt * 4, bnd = nq * (id + 1) / nt * 4;
-        const long n0 = a < n ? a : n, n1 = bnd < n ? bnd : n;
-        if (n1 > n0) mm_rows(ty, w, rb, n0, n1, nu, x, k, T, y, n);
+        for (;;) {
+            const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (c >= nchunks) break;
+            const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
+            mm_rows(ty, w, rb, n0, n1, nu, x, k, T, y, n);
+        }
     }
     return 0;
 }
@@ -481,9 +531,61 @@ int sharpi_dequant_rows(int ty, const uint8_t *w, long rb, const int64_t *rows, 
     const dq_fn f = dq_for(ty);
     const long nu = k / ue;
     const int nth = pick_threads(nthreads, nrows, nrows * rb);
-#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+#pragma omp parallel for num_threads(nth) schedule(dynamic, 16) if (nth > 1)
     for (long i = 0; i < nrows; i++) f(w + (rows ? rows[i] : r0 + i) * rb, nu, out + i * k);
     return 0;
 }
 
 int sharpi_abi_version(void) { return 1; }
+
+#ifdef SHARPI_PYEXT
+/* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
+ * _sharpi_qmatmul.dequant_rows(type, w, rb, rows, r0, nrows, k, out, nthreads): the entry points
+ * above with pointers passed as Python ints (tensor.data_ptr()); the GIL is released meanwhile. */
+static int py_longs(PyObject *const *args, Py_ssize_t nargs, long *a, const char *name) {
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 9 arguments (%zd given)", name, nargs);
+        return -1;
+    }
+    for (int i = 0; i < 9; i++) {
+        a[i] = PyLong_AsLong(args[i]);
+        if (a[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_qmatmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[9];
+    int rc;
+    if (py_longs(args, nargs, a, "qmatmul")) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sharpi_qmatmul((int)a[0], (const uint8_t *)a[1], a[2], a[3], a[4], (const float *)a[5], a[6], (float *)a[7],
+                        (int)a[8]);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[9];
+    int rc;
+    if (py_longs(args, nargs, a, "dequant_rows")) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sharpi_dequant_rows((int)a[0], (const uint8_t *)a[1], a[2], (const int64_t *)a[3], a[4], a[5], a[6],
+                             (float *)a[7], (int)a[8]);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyMethodDef py_methods[] = {
+    {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
+    {"dequant_rows", (PyCFunction)(void (*)(void))py_dequant_rows, METH_FASTCALL, "dequantize rows"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef py_module = {PyModuleDef_HEAD_INIT, "_sharpi_qmatmul", NULL, -1, py_methods,
+                                       NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__sharpi_qmatmul(void) { return PyModule_Create(&py_module); }
+#endif

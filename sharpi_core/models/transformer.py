@@ -19,6 +19,12 @@ from .config import ROPE_NEOX, ModelConfig, config_from_gguf
 
 Q = gguf.GGMLQuantizationType
 
+# Passes of up to this many tokens (speculative verification) compute every row with exactly
+# the operations a one-token pass uses, so their logits are bit-identical to plain decoding's:
+# with activations rounded to 8 bits, a one-ulp difference can flip a rounding and move the
+# logits by a few percent, which would break greedy parity. Longer passes (prefill) batch freely.
+EXACT_ROWS = 32
+
 
 @dataclass
 class Layer:
@@ -91,6 +97,9 @@ class Transformer:
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             ))
         self._rope_cache: dict[float, torch.Tensor] = {}  # base -> complex64 [n_pos, n_rot/2]
+        # back to the GGUF's head-dim order; a q8_0 K cache quantizes blocks of 32 consecutive dims,
+        # and which dims share a block decides its error (Qwen2's K has large outlier dims)
+        self._unperm = torch.argsort(perm) if c.rope_style == ROPE_NEOX else None
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -211,9 +220,16 @@ class Transformer:
                 qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
             qk = self._rope(qk, ropes[c.layer_rope_base(i)])
             q, k = qk[:, :H], qk[:, H:]
+            if self._unperm is not None and cache.k.kind == "q8_0":
+                q, k = q[..., self._unperm], k[..., self._unperm]
             cache.k.write(i, start_pos, k)
             cache.v.write(i, start_pos, v.view(T, Hkv, hdv))
-            o = self._attention(q, cache, i, L, masks[window], scale)  # [T, H * hdv]
+            if T <= EXACT_ROWS:
+                # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
+                o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
+                                               self._mask(start_pos + r, 1, window), scale) for r in range(T)])
+            else:
+                o = self._attention(q, cache, i, L, masks[window], scale)  # [T, H * hdv]
             o = ly.wo(o)
             if ly.post_attn_norm is not None:
                 o = rms_norm(o, ly.post_attn_norm, c.norm_eps)

@@ -1,9 +1,19 @@
-"""A smaller model with its own KV cache proposes k tokens, sampled with the target's params."""
+"""A smaller model with its own KV cache proposes k tokens, sampled with the target's params.
+
+The drafter keeps `history`: the tokens whose K/V are in its cache. A proposal re-syncs with the
+history it is given by reusing the longest common prefix (truncate) and feeding only the missing
+suffix in batched forwards, then runs k-1 single-token forwards (the last proposal is never fed:
+the next call feeds it if it was accepted). Each proposal is drawn from q = filtered_probs of the
+draft's logits after the same bias/penalties (over its own history, i.e. the target's history plus
+the drafts so far), and q is returned, so sampled verification is exact. Greedy: argmax, q None.
+"""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from ..sampling import SamplingParams, adjust_logits, filtered_probs
+from ..sampling import SamplingParams, apply_penalties, argmax, candidates, draw
+from .util import common_prefix
 
 
 class DraftModelDrafter:
@@ -11,48 +21,56 @@ class DraftModelDrafter:
                  n_batch: int = 512):
         self.model, self.cache, self.params = model, cache, params
         self.generator = generator
-        self.n_batch = n_batch
+        self.n_batch = max(1, n_batch)
+        self.n_vocab = int(model.config.n_vocab)
         self.history: list[int] = []  # tokens whose K/V are in self.cache
+        self.forwards = 0  # forward passes run (stats/tests)
+
+    def _feed(self, tokens: list[int], last_n: int | None = None) -> torch.Tensor:
+        start = len(self.history)
+        # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
+        # fed as id 0: only the draft's guesses suffer, exactness does not depend on them
+        ids = [t if 0 <= t < self.n_vocab else 0 for t in tokens]
+        logits = self.model.forward(torch.tensor(ids, dtype=torch.long), start, self.cache, last_n=last_n)
+        self.history += tokens
+        self.forwards += 1
+        return logits[-1]
 
     def _sync(self, history: list[int]) -> torch.Tensor:
         """Make the cache hold `history`, reusing the longest common prefix; logits of its last token."""
-        n = 0
-        h = self.history
-        lim = min(len(h), len(history))
-        while n < lim and h[n] == history[n]:
-            n += 1
-        n = min(n, len(history) - 1)  # the last token is always re-fed: its logits are needed
-        self.cache.truncate(n)
-        self.history = list(history[:n])
+        n = min(common_prefix(self.history, history), len(history) - 1, self.cache.length)
+        if n < self.cache.length:
+            self.cache.truncate(n)
+        del self.history[n:]
         logits = None
         for s in range(n, len(history), self.n_batch):
-            chunk = history[s:s + self.n_batch]
-            logits = self.model.forward(torch.tensor(chunk), s, self.cache, last_n=1)
-            self.history += chunk
-        return logits[-1]
+            logits = self._feed(list(history[s:s + self.n_batch]), last_n=1)
+        return logits
 
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         k = min(k, self.cache.capacity - len(history))
-        if k <= 0:
+        if k <= 0 or not history:
             return [], None
         logits = self._sync(history)
         tokens: list[int] = []
-        qs = []
+        qs = None
         for i in range(k):
-            x = adjust_logits(logits, self.params, self.history)
+            x = apply_penalties(logits, self.history, self.params)
             if self.params.greedy:
-                t = int(x.argmax())
+                t = int(argmax(x))
             else:
-                q = filtered_probs(x, self.params)
-                t = int(torch.multinomial(q, 1, generator=self.generator))
-                qs.append(q)
+                idx, p = candidates(x, self.params)
+                t = int(idx[draw(p, self.generator)])
+                if qs is None:
+                    qs = np.zeros((k, x.shape[-1]), dtype=np.float32)
+                qs[i, idx.numpy()] = p.numpy()
             tokens.append(t)
             if i + 1 < k:
-                logits = self.model.forward(torch.tensor([t]), len(self.history), self.cache)[-1]
-                self.history.append(t)
-        return tokens, (torch.stack(qs) if qs else None)
+                logits = self._feed([t])
+        return tokens, (torch.from_numpy(qs) if qs is not None else None)
 
     def rollback(self, n_keep: int) -> None:
+        """The target kept the first n_keep tokens of the last history + proposals: drop the rest."""
         if len(self.history) > n_keep:
-            self.cache.truncate(n_keep)
-            self.history = self.history[:n_keep]
+            self.cache.truncate(min(n_keep, self.cache.length))
+            del self.history[n_keep:]

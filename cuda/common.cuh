@@ -1,0 +1,155 @@
+// sharpi CUDA kernels: shared definitions.
+//
+// Every .cu in this directory is self-contained apart from `#include "*.cuh"` lines naming files in
+// this directory; sharpi_core/backends/cuda.py pastes those in before handing the source to NVRTC
+// (so CuPy's compile cache keys on the full text), and nvcc finds them next to the .cu.
+//
+// The same headers also compile as plain C++ (g++, no CUDA at all) for cuda/host_emu.cpp, which runs
+// the per-lane parts of the kernels on the CPU so that block layouts are tested without a GPU.
+// No system headers are included: NVRTC has none, and the host build needs none.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define SH_HD __host__ __device__ __forceinline__
+#define SH_D __device__ __forceinline__
+#define SH_CUDA 1
+#else  // host emulation build (g++): minimal stand-ins for the CUDA vector types
+#define SH_HD inline
+#define SH_CUDA 0
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned int x, y; };
+struct uint4 { unsigned int x, y, z, w; };
+#endif
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+SH_HD float sh_fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+    return __fmaf_rn(a, b, c);
+#else
+    return __builtin_fmaf(a, b, c);
+#endif
+}
+
+SH_HD int imin(int a, int b) { return a < b ? a : b; }
+SH_HD int imax(int a, int b) { return a > b ? a : b; }
+
+// ---- loads (read-only path on the device) ------------------------------------------------------
+template <class T>
+SH_HD T ldg(const T* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+
+SH_HD u16 ld_u16(const u8* p) { return ldg((const u16*)p); }  // p 2-byte aligned
+// 32 bits from a 2-byte aligned address (blocks of 18, 22, 34 and 210 bytes are only 2-aligned)
+SH_HD u32 ld_u32_a2(const u8* p) {
+    const u16* q = (const u16*)p;
+    return (u32)ldg(q) | ((u32)ldg(q + 1) << 16);
+}
+SH_HD u32 ld_u32(const u8* p) { return ldg((const u32*)p); }       // p 4-byte aligned
+SH_HD uint2 ld_u64(const u8* p) { return ldg((const uint2*)p); }   // p 8-byte aligned
+SH_HD uint4 ld_u128(const u8* p) { return ldg((const uint4*)p); }  // p 16-byte aligned
+SH_HD float4 ld_f4(const float* p) { return ldg((const float4*)p); }  // p 16-byte aligned
+
+// ---- float conversions ---------------------------------------------------------------------------
+SH_HD float bits_f32(u32 u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+SH_HD u32 f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(f);
+#else
+    u32 u;
+    __builtin_memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+// IEEE half (as stored in GGUF) -> float, exact.
+SH_HD float h2f(u16 h) {
+#if defined(__CUDA_ARCH__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    u32 s = (u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0) {
+        if (m == 0) {
+            u = s;
+        } else {  // subnormal: normalise
+            u32 k = 0;
+            while (!(m & 0x400u)) { m <<= 1; k++; }
+            u = s | ((113u - k) << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else if (e == 31) {
+        u = s | 0x7f800000u | (m << 13);
+    } else {
+        u = s | ((e + 112u) << 23) | (m << 13);
+    }
+    return bits_f32(u);
+#endif
+}
+
+SH_HD float bf2f(u16 h) { return bits_f32((u32)h << 16); }
+
+#if SH_CUDA
+// float -> IEEE half, round to nearest even (what numpy's astype(float16) and ggml do).
+SH_D u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+SH_D float neg_inf() { return __int_as_float(0xff800000); }
+
+// ---- warp / block reductions (blockDim.x a multiple of 32, at most 1024) -------------------------
+SH_D float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+SH_D float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Every thread of the block must call these; `red` is __shared__ float[32]. All threads get the result.
+SH_D float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int i = 0; i < nw; i++) r += red[i];
+    __syncthreads();  // red may be reused right after
+    return r;
+}
+
+SH_D float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < nw; i++) r = fmaxf(r, red[i]);
+    __syncthreads();
+    return r;
+}
+#endif

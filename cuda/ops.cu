@@ -1,0 +1,278 @@
+// Decode helpers: RMSNorm, RoPE, gated activations, KV-cache append, attention over an f16 / q8_0 cache.
+//
+// All extern "C"; fp32 activations; strides in elements unless named *_b (bytes).
+//
+//   rms_norm_f32(x, x_st, w, w_rows, has_w, y, y_st, n, eps)       grid.x = rows, block = 32..1024 (x32)
+//       y[r, i] = x[r, i] / sqrt(mean_i x[r, i]^2 + eps) * w[(r % w_rows), i]   (y may be x)
+//   rope_f32(x, x_st, T, nh, hd, pos, n_rot, neox, cs, has_cs, theta_base, freq_scale, ff, has_ff)
+//       in place on x[t*x_st + h*hd + d]; one thread per rotated pair: T*nh*(n_rot/2) threads, any
+//       1-D launch. neox=0: pairs (2i, 2i+1) (llama.cpp's NORM); neox=1: pairs (i, i + n_rot/2).
+//       Angle of pair i at position p: cs[(p*(n_rot/2) + i)*2 + {0,1}] = (cos, sin) when has_cs
+//       (a precomputed table, e.g. the CPU path's), else p*freq_scale*theta_base^(-2i/n_rot) / ff[i].
+//   glu_f32(g, g_st, u, u_st, out, o_st, T, F, act)                T*F threads, any 1-D launch
+//       out[t, i] = act(g[t, i]) * u[t, i]; act 0 = silu, 1 = gelu (tanh approximation)
+//   kv_append_f16(src, s_st, T, nkv, D, pos, dst, d_sp_b, d_sh_b)   T*nkv*D threads, any 1-D launch
+//       dst + pos[t]*d_sp_b + h*d_sh_b holds D halves = src[t*s_st + h*D + d] rounded to nearest even
+//   kv_append_q8_0(src, s_st, T, nkv, D, pos, dst, d_sp_b, d_sh_b)  one warp per 32 values: T*nkv*D
+//       threads, block a multiple of 32; D % 32 == 0; writes D/32 ggml q8_0 blocks (f16 d | int8 qs[32])
+//       exactly as gguf.quants.quantize(..., Q8_0) does.
+//   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below.
+#include "common.cuh"
+
+// ---- RMSNorm ---------------------------------------------------------------------------------------
+extern "C" __global__ void rms_norm_f32(const float* x, i64 x_st, const float* __restrict__ w, int w_rows,
+                                        int has_w, float* y, i64 y_st, int n, float eps) {
+    __shared__ float red[32];
+    const float* xr = x + (i64)blockIdx.x * x_st;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = sh_fma(xr[i], xr[i], ss);
+    ss = block_sum(ss, red);  // synchronises: every read of x happens before any write of y
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    float* yr = y + (i64)blockIdx.x * y_st;
+    const float* wr = has_w ? w + (i64)(blockIdx.x % w_rows) * n : w;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] * scale;
+        yr[i] = has_w ? v * wr[i] : v;
+    }
+}
+
+// ---- RoPE ------------------------------------------------------------------------------------------
+extern "C" __global__ void rope_f32(float* x, i64 x_st, int T, int nh, int hd, const int* __restrict__ pos,
+                                    int n_rot, int neox, const float* __restrict__ cs, int has_cs,
+                                    float theta_base, float freq_scale, const float* __restrict__ ff,
+                                    int has_ff) {
+    const int half = n_rot / 2;
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * nh * half) return;
+    const int i = (int)(idx % half);
+    const int h = (int)((idx / half) % nh);
+    const int t = (int)(idx / ((i64)half * nh));
+    const int p = pos[t];
+    float c, s;
+    if (has_cs) {
+        c = cs[((i64)p * half + i) * 2];
+        s = cs[((i64)p * half + i) * 2 + 1];
+    } else {
+        float theta = (float)p * freq_scale * powf(theta_base, -2.0f * (float)i / (float)n_rot);
+        if (has_ff) theta /= ff[i];
+        sincosf(theta, &s, &c);
+    }
+    float* hp = x + (i64)t * x_st + (i64)h * hd;
+    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    const float a = hp[i0], b = hp[i1];
+    hp[i0] = a * c - b * s;
+    hp[i1] = a * s + b * c;
+}
+
+// ---- gated activations -----------------------------------------------------------------------------
+extern "C" __global__ void glu_f32(const float* g, i64 g_st, const float* u, i64 u_st, float* out, i64 o_st,
+                                   int T, int F, int act) {
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * F) return;
+    const int t = (int)(idx / F), i = (int)(idx % F);
+    const float x = g[(i64)t * g_st + i];
+    float a;
+    if (act == 0) {
+        a = x / (1.0f + expf(-x));
+    } else {
+        a = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    }
+    out[(i64)t * o_st + i] = a * u[(i64)t * u_st + i];
+}
+
+// ---- KV cache append -------------------------------------------------------------------------------
+extern "C" __global__ void kv_append_f16(const float* __restrict__ src, i64 s_st, int T, int nkv, int D,
+                                         const int* __restrict__ pos, u8* __restrict__ dst, i64 d_sp_b,
+                                         i64 d_sh_b) {
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * nkv * D) return;
+    const int d = (int)(idx % D), h = (int)((idx / D) % nkv), t = (int)(idx / ((i64)D * nkv));
+    u16* o = (u16*)(dst + (i64)pos[t] * d_sp_b + (i64)h * d_sh_b);
+    o[d] = f2h(src[(i64)t * s_st + (i64)h * D + d]);
+}
+
+extern "C" __global__ void kv_append_q8_0(const float* __restrict__ src, i64 s_st, int T, int nkv, int D,
+                                          const int* __restrict__ pos, u8* __restrict__ dst, i64 d_sp_b,
+                                          i64 d_sh_b) {
+    const int lane = threadIdx.x & 31;
+    const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;  // one warp per block of 32
+    const int nb = D / 32;
+    if (gw >= (i64)T * nkv * nb) return;  // uniform over the warp
+    const int bi = (int)(gw % nb), h = (int)((gw / nb) % nkv), t = (int)(gw / ((i64)nb * nkv));
+    const float v = src[(i64)t * s_st + (i64)h * D + bi * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = (int)roundf(v * id);  // round half away from zero, like ggml's roundf
+    u8* blk = dst + (i64)pos[t] * d_sp_b + (i64)h * d_sh_b + (i64)bi * 34;
+    if (lane == 0) *(u16*)blk = f2h(d);
+    blk[2 + lane] = (u8)(i8)q;
+}
+
+// ---- attention -------------------------------------------------------------------------------------
+//
+// Q [T, H, Dk] fp32 (row t at Q + t*q_st, head h at + h*Dk), already roped. Cache row of position j,
+// kv head g at Kc + j*k_sp_b + g*k_sh_b (bytes): Dk halves (f16) or Dk/32 q8_0 blocks; same for V.
+// Query t sits at position qpos[t] and sees keys j with j <= qpos[t], j < n_kv and, if window > 0,
+// qpos[t] - j < window (llama.cpp's standard sliding window). Query head h reads kv head h / (H/Hkv).
+// Score = scale * (softcap > 0 ? softcap*tanh(q.k/softcap) : q.k); softmax over visible keys; out = P V.
+//
+// attn_partial_<k>_<v> (k, v in f16, q8_0: the K and V cache types): grid (H, T, S), block ATT_THREADS; dynamic shared memory
+//     (Dk + chunk + ATT_THREADS + 32) floats. Split s covers the visible keys lo + s*chunk ..
+//     + chunk - 1 (lo = first visible key) and writes its unnormalised output Op[(t*H+h)*S + s][Dv]
+//     and (max, sum of exp) ML[...][2] (an empty split writes -inf, 0).
+//     q_round: 0 = q in fp32; 1 = q rounded to f16; 2 = q rounded through q8_0 blocks of 32 (what
+//     llama.cpp's CPU backend does to q before multiplying by an f16 / q8_0 K; needs Dk % 32 == 0).
+//     p_round (only with S == 1): probabilities normalised in this kernel and rounded to f16 before
+//     multiplying by V (llama.cpp CPU, f16 V); then ML = (max, 1).
+// attn_combine: grid (H, T), any block (multiple of 32): O[t*o_st + h*Dv + d] = sum_s Op*e^(m_s-M) /
+//     sum_s l_s*e^(m_s-M)  (0 where no key is visible).
+#define ATT_THREADS 128
+
+template <int KT>
+SH_D float kv_elem(const u8* row, int d) {
+    if (KT == 0) return h2f(ldg((const u16*)row + d));
+    const u8* blk = row + (d >> 5) * 34;
+    return h2f(ld_u16(blk)) * (float)(int)(i8)ldg(blk + 2 + (d & 31));
+}
+
+template <int KT, int VT>
+__device__ __forceinline__ void attn_partial(const float* __restrict__ Q, i64 q_st, const u8* __restrict__ Kc,
+                                             i64 k_sp_b, i64 k_sh_b, const u8* __restrict__ Vc, i64 v_sp_b,
+                                             i64 v_sh_b, const int* __restrict__ qpos, int n_kv, int H, int Hkv,
+                                             int Dk, int Dv, float scale, float softcap, int window, int chunk,
+                                             int q_round, int p_round, float* __restrict__ Op,
+                                             float* __restrict__ ML) {
+    extern __shared__ float smem[];
+    float* qs = smem;              // [Dk]
+    float* sc = qs + Dk;           // [chunk]
+    float* red2 = sc + chunk;      // [ATT_THREADS]
+    float* red = red2 + ATT_THREADS;  // [32]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const int g = h / (H / Hkv);
+    const int p = qpos[t];
+    const int hi = imin(p, n_kv - 1);                  // last visible key
+    const int lo = window > 0 ? imax(0, p - window + 1) : 0;  // first visible key
+    const int a = lo + s * chunk;
+    const int n = imin(a + chunk, hi + 1) - a;            // keys of this split (may be <= 0)
+    const i64 part = ((i64)t * H + h) * S + s;
+    if (n <= 0) {  // uniform over the block, before any barrier
+        for (int d = tid; d < Dv; d += blockDim.x) Op[part * Dv + d] = 0.0f;
+        if (tid == 0) {
+            ML[part * 2] = neg_inf();
+            ML[part * 2 + 1] = 0.0f;
+        }
+        return;
+    }
+    const float* qr = Q + (i64)t * q_st + (i64)h * Dk;
+    for (int d = tid; d < Dk; d += blockDim.x) {
+        const float v = qr[d];
+        qs[d] = q_round == 1 ? h2f(f2h(v)) : v;
+    }
+    __syncthreads();
+    if (q_round == 2) {
+        for (int b = warp; b < Dk / 32; b += nw) {
+            const float v = qs[b * 32 + lane];
+            const float d = warp_max(fabsf(v)) / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            qs[b * 32 + lane] = roundf(v * id) * h2f(f2h(d));
+        }
+        __syncthreads();
+    }
+    // scores: one warp per key
+    const u8* kbase = Kc + (i64)g * k_sh_b;
+    for (int j = warp; j < n; j += nw) {
+        const u8* kr = kbase + (i64)(a + j) * k_sp_b;
+        float acc = 0.0f;
+        for (int d = lane; d < Dk; d += 32) acc = sh_fma(qs[d], kv_elem<KT>(kr, d), acc);
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
+            sc[j] = acc * scale;
+        }
+    }
+    __syncthreads();
+    float mx = neg_inf();
+    for (int j = tid; j < n; j += blockDim.x) mx = fmaxf(mx, sc[j]);
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (int j = tid; j < n; j += blockDim.x) {
+        const float e = expf(sc[j] - mx);
+        sc[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);  // barrier: sc[] complete
+    if (p_round) {
+        const float inv = 1.0f / sum;
+        for (int j = tid; j < n; j += blockDim.x) sc[j] = h2f(f2h(sc[j] * inv));
+        sum = 1.0f;
+        __syncthreads();
+    }
+    // out = P V: thread group gi (of ng) sums keys gi, gi+ng, ... for dimension d
+    const u8* vbase = Vc + (i64)g * v_sh_b;
+    const int ng = imax(1, (int)blockDim.x / Dv);
+    if (ng == 1) {
+        for (int d = tid; d < Dv; d += blockDim.x) {
+            float acc = 0.0f;
+            for (int j = 0; j < n; j++) acc = sh_fma(sc[j], kv_elem<VT>(vbase + (i64)(a + j) * v_sp_b, d), acc);
+            Op[part * Dv + d] = acc;
+        }
+    } else {
+        const int gi = tid / Dv, d = tid % Dv;
+        float acc = 0.0f;
+        if (gi < ng)
+            for (int j = gi; j < n; j += ng) acc = sh_fma(sc[j], kv_elem<VT>(vbase + (i64)(a + j) * v_sp_b, d), acc);
+        red2[tid] = acc;
+        __syncthreads();
+        if (tid < Dv) {
+            float o = 0.0f;
+            for (int k = 0; k < ng; k++) o += red2[k * Dv + tid];
+            Op[part * Dv + tid] = o;
+        }
+    }
+    if (tid == 0) {
+        ML[part * 2] = mx;
+        ML[part * 2 + 1] = sum;
+    }
+}
+
+#define ATTN_ARGS                                                                                          \
+    const float *__restrict__ Q, i64 q_st, const u8 *__restrict__ Kc, i64 k_sp_b, i64 k_sh_b,             \
+        const u8 *__restrict__ Vc, i64 v_sp_b, i64 v_sh_b, const int *__restrict__ qpos, int n_kv, int H,  \
+        int Hkv, int Dk, int Dv, float scale, float softcap, int window, int chunk, int q_round,          \
+        int p_round, float *__restrict__ Op, float *__restrict__ ML
+#define ATTN_PASS Q, q_st, Kc, k_sp_b, k_sh_b, Vc, v_sp_b, v_sh_b, qpos, n_kv, H, Hkv, Dk, Dv, scale, softcap, \
+                  window, chunk, q_round, p_round, Op, ML
+
+#define ATTN_KERNEL(name, KT, VT)                                                   \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(ATTN_ARGS) { \
+        attn_partial<KT, VT>(ATTN_PASS);                                        \
+    }
+ATTN_KERNEL(attn_partial_f16_f16, 0, 0)
+ATTN_KERNEL(attn_partial_f16_q8_0, 0, 1)
+ATTN_KERNEL(attn_partial_q8_0_f16, 1, 0)
+ATTN_KERNEL(attn_partial_q8_0_q8_0, 1, 1)
+
+extern "C" __global__ void attn_combine(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
+                                        int Dv, float* __restrict__ O, i64 o_st) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const i64 part0 = ((i64)t * H + h) * S;
+    float M = neg_inf();
+    for (int s = 0; s < S; s++)
+        if (ML[(part0 + s) * 2 + 1] > 0.0f) M = fmaxf(M, ML[(part0 + s) * 2]);
+    float L = 0.0f;
+    for (int s = 0; s < S; s++) {
+        const float l = ML[(part0 + s) * 2 + 1];
+        if (l > 0.0f) L += l * expf(ML[(part0 + s) * 2] - M);
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < S; s++) {
+            const float l = ML[(part0 + s) * 2 + 1];
+            if (l > 0.0f) o += Op[(part0 + s) * Dv + d] * expf(ML[(part0 + s) * 2] - M);
+        }
+        O[(i64)t * o_st + (i64)h * Dv + d] = o * inv;
+    }
+}

@@ -1,0 +1,118 @@
+// Quantized matrix-vector products on raw GGUF blocks: Y[q, n] = sum_k W[n, k] * X[q, k], fp32 accumulate.
+//
+// Kernels (all extern "C"; <t> is f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k):
+//
+//   qmv_<t>_q<NQ>_r<R>(const u8* W, i64 row_bytes, int N, int K,
+//                      const float* X, i64 ldx, float* Y, i64 ldy, int nq)
+//       (NQ, R) in {(1,1), (2,2), (4,2), (8,2), (16,4)}; 1 <= nq <= NQ rows of X are used.
+//       block = 128 threads (4 warps), grid.x = ceil(N / (4*R)); warp w of block b computes rows
+//       (4b + w)*R .. +R for all nq activation rows, reading each weight byte once.
+//       W: N rows of row_bytes = K/BS*TS bytes, the allocation 16-byte aligned.
+//       X: fp32, 16-byte aligned, ldx % 4 == 0; K must be a multiple of the block size
+//       (32 for legacy quants, 256 for K-quants, 8 for f16/bf16, 4 for f32).
+//       Y[q*ldy + n] is written for q < nq, n < N.
+//
+//   deq_rows_<t>(const u8* W, i64 row_bytes, const int* ids, int K, float* out, i64 ldo)
+//       out[i*ldo + k] = dequant(W[ids[i], k]); block = 128 threads, grid.x = number of ids;
+//       out 16-byte aligned, ldo % 4 == 0 (embedding lookup; also the prefill path's weight tiles).
+#include "common.cuh"
+#include "quant_blocks.cuh"
+
+#define QMV_WARPS 4
+// Blocks per SM to reserve registers for: the many-row variants would otherwise take up to 254
+// registers (2 blocks = 8 warps per SM); 3 caps them at 168 (tiny or no spills, per ptxas -v).
+#define QMV_MINB(NQ) ((NQ) >= 8 ? 3 : 1)
+
+template <class B, int NQ, int R>
+__device__ __forceinline__ void qmv_kernel(const u8* __restrict__ W, i64 row_bytes, int N, int K,
+                                           const float* __restrict__ X, i64 ldx, float* __restrict__ Y,
+                                           i64 ldy, int nq) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = (blockIdx.x * QMV_WARPS + warp) * R;
+    if (row0 >= N) return;  // uniform over the warp
+    float acc[R][NQ];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int q = 0; q < NQ; q++) acc[r][q] = 0.0f;
+    qmv_lane<B, NQ, R>(W, row_bytes, row0, N, K, X, ldx, nq, lane, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int q = 0; q < NQ; q++) acc[r][q] = warp_sum(acc[r][q]);
+    // every lane holds every total now; spread the stores over the lanes
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int q = 0; q < NQ; q++)
+            if (lane == ((r * NQ + q) & 31) && q < nq && row0 + r < N) Y[(i64)q * ldy + row0 + r] = acc[r][q];
+}
+
+template <class B>
+__device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 row_bytes, const int* __restrict__ ids,
+                                                int K, float* __restrict__ out, i64 ldo) {
+    const i64 row = ids[blockIdx.x];
+    deq_row_thread<B>(W + row * row_bytes, K, out + (i64)blockIdx.x * ldo, threadIdx.x, blockDim.x);
+}
+
+#define QMV_ARGS                                                                                       \
+    const u8 *__restrict__ W, i64 row_bytes, int N, int K, const float *__restrict__ X, i64 ldx,      \
+        float *__restrict__ Y, i64 ldy, int nq
+
+#define QMV(tname, B, NQ, R)                                                                           \
+    extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) qmv_##tname##_q##NQ##_r##R(QMV_ARGS) { \
+        qmv_kernel<B, NQ, R>(W, row_bytes, N, K, X, ldx, Y, ldy, nq);                                  \
+    }
+
+#define QMV_TYPE(tname, B)                                                                             \
+    QMV(tname, B, 1, 1)                                                                                \
+    QMV(tname, B, 2, 2)                                                                                \
+    QMV(tname, B, 4, 2)                                                                                \
+    QMV(tname, B, 8, 2)                                                                                \
+    QMV(tname, B, 16, 4)                                                                               \
+    extern "C" __global__ void __launch_bounds__(128)                                                  \
+        deq_rows_##tname(const u8* __restrict__ W, i64 row_bytes, const int* __restrict__ ids, int K,  \
+                         float* __restrict__ out, i64 ldo) {                                           \
+        deq_rows_kernel<B>(W, row_bytes, ids, K, out, ldo);                                            \
+    }
+
+// -DQMV_ONLY=<gguf type number> builds the kernels of one weight type only (the CuPy wrapper compiles
+// one module per type a model uses: seconds instead of most of a minute for all of them).
+#if !defined(QMV_ONLY)
+#define QMV_WANT(id) 1
+#else
+#define QMV_WANT(id) (QMV_ONLY == (id))
+#endif
+#if QMV_WANT(0)
+QMV_TYPE(f32, BF32x4)
+#endif
+#if QMV_WANT(1)
+QMV_TYPE(f16, BF16x8)
+#endif
+#if QMV_WANT(30)
+QMV_TYPE(bf16, BBF16x8)
+#endif
+#if QMV_WANT(2)
+QMV_TYPE(q4_0, BQ4_0)
+#endif
+#if QMV_WANT(3)
+QMV_TYPE(q4_1, BQ4_1)
+#endif
+#if QMV_WANT(6)
+QMV_TYPE(q5_0, BQ5_0)
+#endif
+#if QMV_WANT(7)
+QMV_TYPE(q5_1, BQ5_1)
+#endif
+#if QMV_WANT(8)
+QMV_TYPE(q8_0, BQ8_0)
+#endif
+#if QMV_WANT(12)
+QMV_TYPE(q4_k, BQ4_K)
+#endif
+#if QMV_WANT(13)
+QMV_TYPE(q5_k, BQ5_K)
+#endif
+#if QMV_WANT(14)
+QMV_TYPE(q6_k, BQ6_K)
+#endif

@@ -1,0 +1,315 @@
+// GGUF weight blocks, decoded a lane's share at a time.
+//
+// Layouts are those of gguf.quants (gguf-py) / ggml-common.h; offsets in bytes from the block start.
+// A block of BS weights is split over LPB lanes of a warp; lane t (0 <= t < LPB) owns NG groups of
+// 4 *consecutive* weights, group g starting at element off(t, g) of the block, so the matching
+// activations are one aligned float4 load. For every type the LPB * NG * 4 elements cover the block
+// exactly once (checked on the CPU by cuda/host_emu.cpp through tests/test_cuda_compile.py).
+//
+//   load(b, t)     reads lane t's bytes of the block at b (plus the scales it needs) into registers
+//   deq(g, w)      writes the 4 dequantized weights of group g into w[0..3]
+//
+// Row alignment: weights live in their own device allocation (256-byte aligned) and every row is
+// K/BS*TS bytes, so block starts are 16-aligned for Q4_K/Q5_K (144, 176 bytes), 4-aligned for
+// Q4_1/Q5_1, 2-aligned otherwise; the loads below never assume more than that.
+#pragma once
+#include "common.cuh"
+
+// ---- legacy 32-weight blocks: lane t owns qs bytes [4t, 4t+4): elements 4t+i (low nibbles) and
+// 16+4t+i (high nibbles) ------------------------------------------------------------------------------
+
+struct BQ4_0 {  // d f16 | qs[16]; w = d * (q - 8)
+    static constexpr int BS = 32, TS = 18, LPB = 4, NG = 2;
+    float d;
+    u32 qs;
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        qs = ld_u32_a2(b + 2 + 4 * t);
+    }
+    SH_HD static int off(int t, int g) { return 4 * t + 16 * g; }
+    SH_HD void deq(int g, float* w) const {
+        for (int i = 0; i < 4; i++) w[i] = d * (float)((int)((qs >> (8 * i + 4 * g)) & 0xFu) - 8);
+    }
+};
+
+struct BQ4_1 {  // d f16 | m f16 | qs[16]; w = d * q + m
+    static constexpr int BS = 32, TS = 20, LPB = 4, NG = 2;
+    float d, m;
+    u32 qs;
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        m = h2f(ld_u16(b + 2));
+        qs = ld_u32_a2(b + 4 + 4 * t);
+    }
+    SH_HD static int off(int t, int g) { return 4 * t + 16 * g; }
+    SH_HD void deq(int g, float* w) const {
+        for (int i = 0; i < 4; i++) w[i] = d * (float)((qs >> (8 * i + 4 * g)) & 0xFu) + m;
+    }
+};
+
+struct BQ5_0 {  // d f16 | qh u32 (bit j = 5th bit of element j) | qs[16]; w = d * (q - 16)
+    static constexpr int BS = 32, TS = 22, LPB = 4, NG = 2;
+    float d;
+    u32 qs, qh;  // qh shifted so that bit i is element 4t+i and bit 16+i is element 16+4t+i
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        qh = ld_u32_a2(b + 2) >> (4 * t);
+        qs = ld_u32_a2(b + 6 + 4 * t);
+    }
+    SH_HD static int off(int t, int g) { return 4 * t + 16 * g; }
+    SH_HD void deq(int g, float* w) const {
+        for (int i = 0; i < 4; i++) {
+            const int q = (int)(((qs >> (8 * i + 4 * g)) & 0xFu) | (((qh >> (16 * g + i)) & 1u) << 4));
+            w[i] = d * (float)(q - 16);
+        }
+    }
+};
+
+struct BQ5_1 {  // d f16 | m f16 | qh u32 | qs[16]; w = d * q + m
+    static constexpr int BS = 32, TS = 24, LPB = 4, NG = 2;
+    float d, m;
+    u32 qs, qh;
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        m = h2f(ld_u16(b + 2));
+        qh = ld_u32_a2(b + 4) >> (4 * t);
+        qs = ld_u32_a2(b + 8 + 4 * t);
+    }
+    SH_HD static int off(int t, int g) { return 4 * t + 16 * g; }
+    SH_HD void deq(int g, float* w) const {
+        for (int i = 0; i < 4; i++) {
+            const u32 q = ((qs >> (8 * i + 4 * g)) & 0xFu) | (((qh >> (16 * g + i)) & 1u) << 4);
+            w[i] = d * (float)q + m;
+        }
+    }
+};
+
+struct BQ8_0 {  // d f16 | qs int8[32]; lane t owns elements [8t, 8t+8)
+    static constexpr int BS = 32, TS = 34, LPB = 4, NG = 2;
+    float d;
+    u32 q0, q1;
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        q0 = ld_u32_a2(b + 2 + 8 * t);
+        q1 = ld_u32_a2(b + 6 + 8 * t);
+    }
+    SH_HD static int off(int t, int g) { return 8 * t + 4 * g; }
+    SH_HD void deq(int g, float* w) const {
+        const u32 q = g ? q1 : q0;
+        for (int i = 0; i < 4; i++) w[i] = d * (float)(int)(i8)(u8)(q >> (8 * i));
+    }
+};
+
+// ---- K-quants: 256-weight super-blocks --------------------------------------------------------------
+
+// Q4_K / Q5_K 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes s
+// (gguf.quants.Q4_K.get_scale_min; ggml's get_scale_min_k4).
+SH_HD void k4_scale_min(const u8* s, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = ldg(s + j) & 63;
+        mn = ldg(s + j + 4) & 63;
+    } else {
+        sc = (ldg(s + j + 4) & 0xF) | ((ldg(s + j - 4) >> 6) << 4);
+        mn = (ldg(s + j + 4) >> 4) | ((ldg(s + j) >> 6) << 4);
+    }
+}
+
+// Q4_K: d f16 | dmin f16 | scales[12] | qs[128]. Sub-block j (32 weights, elements 32j..32j+31):
+// w = d*sc_j * q - dmin*m_j, q = nibble (j&1) of qs[32*(j>>1) + l]. Lane t (16 per block) owns
+// qs bytes [8t, 8t+8) = 32G + l0 + [0, 8) with G = t>>2, l0 = 8*(t&3): their low nibbles are
+// elements 64G + l0 + [0,8) (sub-block 2G), their high nibbles 64G + 32 + l0 + [0,8) (sub-block 2G+1).
+struct BQ4_K {
+    static constexpr int BS = 256, TS = 144, LPB = 16, NG = 4;
+    float dsc0, dmn0, dsc1, dmn1;
+    uint2 qs;
+    SH_HD void load(const u8* b, int t) {
+        const u32 dd = ld_u32(b);
+        const float d = h2f((u16)(dd & 0xFFFFu)), dmin = h2f((u16)(dd >> 16));
+        const int G = t >> 2;
+        int sc, mn;
+        k4_scale_min(b + 4, 2 * G, sc, mn);
+        dsc0 = d * (float)sc;
+        dmn0 = dmin * (float)mn;
+        k4_scale_min(b + 4, 2 * G + 1, sc, mn);
+        dsc1 = d * (float)sc;
+        dmn1 = dmin * (float)mn;
+        qs = ld_u64(b + 16 + 8 * t);
+    }
+    // g: bit 0 = which 4 of the lane's 8 bytes, bit 1 = low/high nibble (sub-block 2G / 2G+1)
+    SH_HD static int off(int t, int g) { return 64 * (t >> 2) + 32 * (g >> 1) + 8 * (t & 3) + 4 * (g & 1); }
+    SH_HD void deq(int g, float* w) const {
+        const u32 q = (g & 1) ? qs.y : qs.x;
+        const int sh = 4 * (g >> 1);
+        const float a = (g >> 1) ? dsc1 : dsc0, c = (g >> 1) ? dmn1 : dmn0;
+        for (int i = 0; i < 4; i++) w[i] = a * (float)((q >> (8 * i + sh)) & 0xFu) - c;
+    }
+};
+
+// Q5_K: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]. As Q4_K, plus the 5th bit of element l of
+// sub-block j in bit j of qh[l]. Lane t also loads qh[l0 .. l0+8).
+struct BQ5_K {
+    static constexpr int BS = 256, TS = 176, LPB = 16, NG = 4;
+    float dsc0, dmn0, dsc1, dmn1;
+    uint2 qs, qh;
+    int G;
+    SH_HD void load(const u8* b, int t) {
+        const u32 dd = ld_u32(b);
+        const float d = h2f((u16)(dd & 0xFFFFu)), dmin = h2f((u16)(dd >> 16));
+        G = t >> 2;
+        int sc, mn;
+        k4_scale_min(b + 4, 2 * G, sc, mn);
+        dsc0 = d * (float)sc;
+        dmn0 = dmin * (float)mn;
+        k4_scale_min(b + 4, 2 * G + 1, sc, mn);
+        dsc1 = d * (float)sc;
+        dmn1 = dmin * (float)mn;
+        qh = ld_u64(b + 16 + 8 * (t & 3));
+        qs = ld_u64(b + 48 + 8 * t);
+    }
+    SH_HD static int off(int t, int g) { return 64 * (t >> 2) + 32 * (g >> 1) + 8 * (t & 3) + 4 * (g & 1); }
+    SH_HD void deq(int g, float* w) const {
+        const u32 q = (g & 1) ? qs.y : qs.x;
+        const u32 h = (g & 1) ? qh.y : qh.x;
+        const int sh = 4 * (g >> 1), hb = 2 * G + (g >> 1);
+        const float a = (g >> 1) ? dsc1 : dsc0, c = (g >> 1) ? dmn1 : dmn0;
+        for (int i = 0; i < 4; i++) {
+            const u32 v = ((q >> (8 * i + sh)) & 0xFu) | (((h >> (8 * i + hb)) & 1u) << 4);
+            w[i] = a * (float)v - c;
+        }
+    }
+};
+
+// Q6_K: ql[128] | qh[64] | scales int8[16] | d f16. Element e = 128h + r (h = 0,1; 0 <= r < 128):
+// low 4 bits = nibble (r>>6) of ql[64h + (r&63)], high 2 bits = bits 2*(r>>5).. of qh[32h + (r&31)],
+// w = d * scales[e>>4] * (q - 32). Lane t (16 per block): h = t>>3, u = t&7 owns r = 32g + 4u + i
+// for g = 0..3, i = 0..3, i.e. ql[64h + 4u ..+4], ql[64h + 32 + 4u ..+4], qh[32h + 4u ..+4].
+struct BQ6_K {
+    static constexpr int BS = 256, TS = 210, LPB = 16, NG = 4;
+    u32 qla, qlb, qh;
+    float dsc[4];
+    SH_HD void load(const u8* b, int t) {
+        const int h = t >> 3, u = t & 7;
+        qla = ld_u32_a2(b + 64 * h + 4 * u);
+        qlb = ld_u32_a2(b + 64 * h + 32 + 4 * u);
+        qh = ld_u32_a2(b + 128 + 32 * h + 4 * u);
+        const float d = h2f(ld_u16(b + 208));
+        for (int g = 0; g < 4; g++) dsc[g] = d * (float)(int)(i8)ldg(b + 192 + 8 * h + 2 * g + (u >> 2));
+    }
+    SH_HD static int off(int t, int g) { return 128 * (t >> 3) + 32 * g + 4 * (t & 7); }
+    SH_HD void deq(int g, float* w) const {
+        const u32 l = (g & 1) ? qlb : qla;
+        const int sh = 4 * (g >> 1);
+        for (int i = 0; i < 4; i++) {
+            const int q = (int)(((l >> (8 * i + sh)) & 0xFu) | (((qh >> (8 * i + 2 * g)) & 3u) << 4));
+            w[i] = dsc[g] * (float)(q - 32);
+        }
+    }
+};
+
+// ---- float weights: "blocks" of 8 (F16, BF16: one 16-byte load) or 4 (F32) per lane -----------------
+
+struct BF16x8 {
+    static constexpr int BS = 8, TS = 16, LPB = 1, NG = 2;
+    uint4 v;
+    SH_HD void load(const u8* b, int) { v = ld_u128(b); }
+    SH_HD static int off(int, int g) { return 4 * g; }
+    SH_HD void deq(int g, float* w) const {
+        const u32 a = g ? v.z : v.x, c = g ? v.w : v.y;
+        w[0] = h2f((u16)(a & 0xFFFFu));
+        w[1] = h2f((u16)(a >> 16));
+        w[2] = h2f((u16)(c & 0xFFFFu));
+        w[3] = h2f((u16)(c >> 16));
+    }
+};
+
+struct BBF16x8 {
+    static constexpr int BS = 8, TS = 16, LPB = 1, NG = 2;
+    uint4 v;
+    SH_HD void load(const u8* b, int) { v = ld_u128(b); }
+    SH_HD static int off(int, int g) { return 4 * g; }
+    SH_HD void deq(int g, float* w) const {
+        const u32 a = g ? v.z : v.x, c = g ? v.w : v.y;
+        w[0] = bits_f32(a << 16);
+        w[1] = bits_f32(a & 0xFFFF0000u);
+        w[2] = bits_f32(c << 16);
+        w[3] = bits_f32(c & 0xFFFF0000u);
+    }
+};
+
+struct BF32x4 {
+    static constexpr int BS = 4, TS = 16, LPB = 1, NG = 1;
+    float4 v;
+    SH_HD void load(const u8* b, int) { v = ldg((const float4*)b); }
+    SH_HD static int off(int, int) { return 0; }
+    SH_HD void deq(int, float* w) const {
+        w[0] = v.x;
+        w[1] = v.y;
+        w[2] = v.z;
+        w[3] = v.w;
+    }
+};
+
+// ---- the per-lane part of the matvec -----------------------------------------------------------------
+//
+// Rows row0 .. row0+R-1 (rows >= N are clamped to N-1: read, never written) of W [N, K] (row_bytes
+// per row) against activation rows X[q*ldx .. +K) for q < nq <= NQ. acc[r][q] receives this lane's
+// partial sums; the caller adds them up over the 32 lanes of the warp. Lane `lane` walks blocks
+// lane/LPB, lane/LPB + 32/LPB, ... and reads each of its weight bytes once for all nq rows of X.
+template <class B, int NQ, int R>
+SH_HD void qmv_lane(const u8* W, i64 row_bytes, int row0, int N, int K, const float* X, i64 ldx,
+                    int nq, int lane, float (&acc)[R][NQ]) {
+    constexpr int BPI = 32 / B::LPB;  // blocks per warp iteration
+    const int nb = K / B::BS;
+    const int t = lane % B::LPB;
+    const u8* rp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rp[r] = W + (i64)imin(row0 + r, N - 1) * row_bytes;
+    for (int ib = lane / B::LPB; ib < nb; ib += BPI) {
+        B blk[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) blk[r].load(rp[r] + (i64)ib * B::TS, t);
+#pragma unroll
+        for (int g = 0; g < B::NG; g++) {
+            float w[R][4];
+#pragma unroll
+            for (int r = 0; r < R; r++) blk[r].deq(g, w[r]);
+            const float* xp = X + (i64)ib * B::BS + B::off(t, g);
+#pragma unroll
+            for (int q = 0; q < NQ; q++) {
+                if (q < nq) {
+                    const float4 x = ld_f4(xp + q * ldx);
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float a = acc[r][q];
+                        a = sh_fma(w[r][0], x.x, a);
+                        a = sh_fma(w[r][1], x.y, a);
+                        a = sh_fma(w[r][2], x.z, a);
+                        a = sh_fma(w[r][3], x.w, a);
+                        acc[r][q] = a;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The per-thread part of dequantizing one row: thread `tid` of `nthreads` (a multiple of LPB) writes
+// its groups of row `rp` (K weights) to out[0..K).
+template <class B>
+SH_HD void deq_row_thread(const u8* rp, int K, float* out, int tid, int nthreads) {
+    const int nb = K / B::BS, t = tid % B::LPB;
+    for (int ib = tid / B::LPB; ib < nb; ib += nthreads / B::LPB) {
+        B blk;
+        blk.load(rp + (i64)ib * B::TS, t);
+        for (int g = 0; g < B::NG; g++) {
+            float w[4];
+            blk.deq(g, w);
+            float4 v;
+            v.x = w[0];
+            v.y = w[1];
+            v.z = w[2];
+            v.w = w[3];
+            *(float4*)(out + (i64)ib * B::BS + B::off(t, g)) = v;
+        }
+    }
+}

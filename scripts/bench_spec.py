@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Plain vs speculative decoding, side by side in one run (a benchmark, not a test).
+
+    python scripts/bench_spec.py [--which all|qwen|lookup] [-n 128] [--ks 2,4,6] [--temps 0,0.7]
+
+(a) Qwen2.5-Coder-1.5B target + 0.5B draft, k in --ks, greedy and sampled;
+(b) SmolLM2 with --draft-lookup on an echo-heavy prompt and on a no-copy prompt.
+Each configuration runs after a warm-up; plain and speculative alternate per repetition and the
+table reports medians and their ratio, plus acceptance and tokens per target pass.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sharpi_core.generate import Generator  # noqa: E402
+from sharpi_core.gguf_file import GGUFFile  # noqa: E402
+from sharpi_core.models import load_model  # noqa: E402
+from sharpi_core.registry import resolve_model  # noqa: E402
+from sharpi_core.sampling import SamplingParams  # noqa: E402
+from sharpi_core.speculative import DraftModelDrafter, LookupDrafter  # noqa: E402
+from sharpi_core.tokenizer import Tokenizer  # noqa: E402
+
+CODE_PROMPT = "<|im_start|>user\nWrite a Python function that merges two sorted lists.<|im_end|>\n<|im_start|>assistant\n"
+ECHO_PROMPT = ("Copy the following text exactly.\n\nText: The committee met on Tuesday to review the budget. "
+               "After a long discussion, the members agreed to fund the new library, repair the bridge on "
+               "Main Street, and hire two more teachers for the primary school.\n\nCopy: The committee met on "
+               "Tuesday to review the budget. After a long discussion, the members agreed to fund the new "
+               "library, repair the bridge on Main Street, and hire two more teachers for the primary school."
+               "\n\nCopy:")
+NOCOPY_PROMPT = "Once upon a time, in a kingdom far away, there lived a"
+
+
+def load(name):
+    path = resolve_model(name)
+    gf = GGUFFile(path)
+    return load_model(gf), Tokenizer.from_gguf(gf)
+
+
+def decode_tps(model, tok, prompt, n, params, drafter=None, k=4, seed=0):
+    g = Generator(model, model.new_cache(2048), tok, params, seed=seed, drafter=drafter, spec_n_max=k)
+    r = g.generate(tok.encode(prompt), n_predict=n)
+    return r.timings.eval_tps, r
+
+
+def compare(label, model, tok, prompt, n, params, make_drafter, k, reps):
+    decode_tps(model, tok, prompt, 8, params)  # warm-up
+    plain, spec, last = [], [], None
+    for rep in range(reps):
+        plain.append(decode_tps(model, tok, prompt, n, params, seed=rep)[0])
+        tps, last = decode_tps(model, tok, prompt, n, params, make_drafter(), k, seed=rep)
+        spec.append(tps)
+    p, s = statistics.median(plain), statistics.median(spec)
+    st = last.spec.as_dict()
+    print(f"| {label} | {k} | {params.temp:g} | {p:.1f} | {s:.1f} | {s / p:.2f}x | {100 * st['acceptance']:.0f}% | "
+          f"{st['tokens_per_pass']:.2f} |", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--which", default="all", choices=["all", "qwen", "lookup"])
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--ks", default="2,4,6")
+    ap.add_argument("--temps", default="0,0.7")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("-t", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.t)
+    ks = [int(x) for x in a.ks.split(",")]
+    temps = [float(x) for x in a.temps.split(",")]
+    print("| configuration | k | temp | plain t/s | spec t/s | ratio | accepted | tokens/pass |")
+    print("|---|---|---|---|---|---|---|---|")
+    if a.which in ("all", "lookup"):
+        model, tok = load("smollm2-135m-instruct-q4_1")
+        for temp in temps:
+            params = SamplingParams(temp=temp)
+            compare("SmolLM2 lookup, echo-heavy", model, tok, ECHO_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps)
+            compare("SmolLM2 lookup, no-copy", model, tok, NOCOPY_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps)
+        del model
+    if a.which in ("all", "qwen"):
+        target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m")
+        draft, _ = load("qwen2.5-coder-0.5b-instruct-q4_k_m")
+        for temp in temps:
+            params = SamplingParams(temp=temp)
+            for k in ks:
+                compare("Qwen 1.5B + 0.5B draft", target, tok, CODE_PROMPT, a.n, params,
+                        lambda: DraftModelDrafter(draft, draft.new_cache(2048), params,
+                                                  torch.Generator().manual_seed(1)), k, a.reps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Optional accelerator backends (`cuda`: CuPy + the kernels in the repository's cuda/ directory)."""

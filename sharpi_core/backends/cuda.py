@@ -1,0 +1,507 @@
+"""CUDA backend through CuPy: matvecs on raw GGUF blocks and the decode-step helpers.
+
+The kernels live in the repository's `cuda/` directory (`qmatvec.cu`, `ops.cu`; their headers say
+what each kernel computes and how it is launched). Each .cu is compiled once per process and device
+with NVRTC (`cupy.RawModule`; CuPy also keeps compiled binaries in its on-disk cache), after this
+module pastes in the `#include "*.cuh"` files so the cache key covers the whole source. qmatvec.cu
+is built as one module per weight type in use (-DQMV_ONLY=<type>): a few seconds each, the first
+time only.
+
+Nothing here imports cupy at module import time: `cuda_available()` says whether the backend can
+run and why not, and never raises.
+
+    ok, why = cuda_available()
+    w = CudaQWeight.from_qweight(qweight)          # or CudaQWeight(raw_uint8, qtype, n, k)
+    y = w.matmul(x)                                 # x cupy float32 [T, K] -> [T, N]
+
+`matmul` runs the batched matvec (each weight block read once for up to 16 activation rows) for
+T <= 16, chunks of 16 beyond that, and for T >= GEMM_MIN_ROWS (prefill) dequantizes tiles of weight
+rows and multiplies them with cuBLAS. Every call takes an optional `stream` (a cupy.cuda.Stream)
+so that target and draft models can run on separate streams; outputs are allocated on that stream.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+Q = gguf.GGMLQuantizationType
+
+TYPE_NAMES = {
+    Q.F32: "f32", Q.F16: "f16", Q.BF16: "bf16", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q5_0: "q5_0",
+    Q.Q5_1: "q5_1", Q.Q8_0: "q8_0", Q.Q4_K: "q4_k", Q.Q5_K: "q5_k", Q.Q6_K: "q6_k",
+}
+SUPPORTED = frozenset(TYPE_NAMES)
+# K must be a multiple of this: the quant block, or the per-lane vector of the float kernels.
+K_MULTIPLE = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, **{t: gguf.GGML_QUANT_SIZES[t][0] for t in SUPPORTED
+                                               if t not in (Q.F32, Q.F16, Q.BF16)}}
+
+QMV_VARIANTS = ((1, 1), (2, 2), (4, 2), (8, 2), (16, 4))  # (NQ, rows per warp R) in qmatvec.cu
+QMV_WARPS = 4          # warps per block of the matvec kernels
+MAX_BATCH = 16         # activation rows one matvec launch handles
+GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and uses cuBLAS
+GEMM_TILE_BYTES = 64 << 20
+ATT_THREADS = 128      # must match ops.cu
+ATT_MAX_SPLITS = 64
+NVRTC_OPTIONS = ("--std=c++17",)
+SOURCES = ("qmatvec", "ops")
+
+ACT_SILU, ACT_GELU_TANH = 0, 1
+Q_ROUND = {"f32": 0, "f16": 1, "q8_0": 2}
+
+
+# ---- availability and sources ---------------------------------------------------------------------
+
+def _cupy():
+    import cupy  # noqa: PLC0415 (lazy on purpose)
+    return cupy
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(True, device description) or (False, why not). Never raises."""
+    try:
+        cp = _cupy()
+    except Exception as e:  # ImportError, or a broken install
+        return False, f"cupy is not installed ({type(e).__name__}: {e})"
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return False, f"no CUDA device ({type(e).__name__}: {e})"
+    if n < 1:
+        return False, "no CUDA device"
+    try:
+        dev = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return True, f"{name} (sm_{props['major']}{props['minor']}), {n} device(s)"
+    except Exception as e:
+        return True, f"{n} CUDA device(s) ({type(e).__name__} reading properties: {e})"
+
+
+def cuda_source_dir() -> Path:
+    """The directory holding the .cu sources ($SHARPI_CUDA_DIR, else the repository's cuda/)."""
+    env = os.environ.get("SHARPI_CUDA_DIR")
+    here = Path(__file__).resolve()
+    candidates = ([Path(env)] if env else []) + [here.parents[2] / "cuda", here.parents[1] / "cuda"]
+    for c in candidates:
+        if (c / "qmatvec.cu").is_file():
+            return c
+    raise FileNotFoundError("sharpi CUDA sources not found (looked in "
+                            + ", ".join(str(c) for c in candidates) + "; set SHARPI_CUDA_DIR)")
+
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
+_PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*$", re.M)
+
+
+def _expand(path: Path, seen: set) -> str:
+    def sub(m):
+        inc = (path.parent / m.group(1)).resolve()
+        if inc in seen:
+            return f"// (already included: {m.group(1)})"
+        seen.add(inc)
+        return f"// ---- begin {m.group(1)}\n{_expand(inc, seen)}\n// ---- end {m.group(1)}"
+    return _INCLUDE.sub(sub, _PRAGMA_ONCE.sub("", path.read_text()))
+
+
+def kernel_source(name: str) -> str:
+    """The full text of cuda/<name>.cu with its local includes pasted in (what NVRTC compiles)."""
+    path = (cuda_source_dir() / f"{name}.cu").resolve()
+    return _expand(path, {path})
+
+
+_lock = threading.Lock()
+_modules: dict = {}    # (source name, extra options, device id) -> cupy.RawModule
+_functions: dict = {}  # (source name, extra options, device id, kernel name) -> cupy.RawKernel
+
+
+def module(name: str, options: tuple = ()):
+    """The compiled RawModule of cuda/<name>.cu (+ extra NVRTC options, e.g. -DQMV_ONLY=12) for the
+    current device, compiled once per process."""
+    cp = _cupy()
+    key = (name, tuple(options), cp.cuda.Device().id)
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            mod = cp.RawModule(code=kernel_source(name), options=NVRTC_OPTIONS + tuple(options))
+            mod.compile()
+            _modules[key] = mod
+        return mod
+
+
+def function(src: str, kernel: str, options: tuple = ()):
+    """A kernel of cuda/<src>.cu (compiling the module on first use)."""
+    cp = _cupy()
+    key = (src, tuple(options), cp.cuda.Device().id, kernel)
+    fn = _functions.get(key)
+    if fn is None:
+        mod = module(src, options)
+        with _lock:
+            fn = _functions.setdefault(key, mod.get_function(kernel))
+    return fn
+
+
+def qmv_options(qtype) -> tuple:
+    """NVRTC options building only `qtype`'s kernels of qmatvec.cu (one small module per type)."""
+    return (f"-DQMV_ONLY={int(Q(qtype))}",)
+
+
+def _on(stream):
+    return stream if stream is not None else contextlib.nullcontext()
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _i32(v) -> np.int32:
+    return np.int32(v)
+
+
+def _i64(v) -> np.int64:
+    return np.int64(v)
+
+
+def _f32(v) -> np.float32:
+    return np.float32(v)
+
+
+def _dev_int32(cp, a):
+    """A device int32 vector from a cupy array, numpy array, sequence or int."""
+    if isinstance(a, cp.ndarray):
+        return cp.ascontiguousarray(a.reshape(-1), dtype=cp.int32)
+    return cp.asarray(np.asarray(a, dtype=np.int32).reshape(-1))
+
+
+def _rows2d(cp, x, n: int, what: str):
+    """x [..., n] float32 with unit stride in the last dim -> (2-D view/copy, row stride in elements)."""
+    if x.dtype != cp.float32:
+        raise ValueError(f"{what} must be float32, got {x.dtype}")
+    if x.ndim != 2:
+        x = x.reshape(-1, n)
+    if x.shape[1] != n:
+        raise ValueError(f"{what}: last dimension {x.shape[1]} != {n}")
+    if x.strides[1] != 4 or x.strides[0] % 4:
+        x = cp.ascontiguousarray(x)
+    return x, x.strides[0] // 4
+
+
+# ---- quantized weights --------------------------------------------------------------------------
+
+def row_bytes(qtype, k: int) -> int:
+    bs, ts = gguf.GGML_QUANT_SIZES[Q(qtype)]
+    if k % bs:
+        raise ValueError(f"{Q(qtype).name}: K={k} is not a multiple of the block size {bs}")
+    return k // bs * ts
+
+
+class CudaQWeight:
+    """A 2-D GGUF weight W [N, K] as raw blocks on the device, used as y = x @ W.T."""
+
+    def __init__(self, raw, qtype, n: int, k: int, *, name: str = "", stream=None):
+        cp = _cupy()
+        qtype = Q(qtype)
+        if qtype not in SUPPORTED:
+            raise ValueError(f"CUDA backend: unsupported weight type {qtype.name} "
+                             f"(supported: {', '.join(sorted(t.name for t in SUPPORTED))})")
+        if k % K_MULTIPLE[qtype]:
+            raise ValueError(f"CUDA backend: {qtype.name} needs K % {K_MULTIPLE[qtype]} == 0 (K={k})")
+        self.name, self.qtype, self.n, self.k = name, qtype, int(n), int(k)
+        self.row_bytes = row_bytes(qtype, k)
+        with _on(stream):
+            if isinstance(raw, cp.ndarray):
+                data = cp.ascontiguousarray(raw).view(cp.uint8).reshape(-1)
+                if data.data.ptr % 16:
+                    data = data.copy()
+            else:
+                data = cp.asarray(np.ascontiguousarray(raw).view(np.uint8).reshape(-1))
+        if data.size != self.n * self.row_bytes:
+            raise ValueError(f"raw weight has {data.size} bytes, expected {self.n} rows x {self.row_bytes}")
+        self.data = data  # its own allocation: 256-byte aligned, as the kernels' vector loads need
+        self._tname = TYPE_NAMES[qtype]
+        self._opts = qmv_options(qtype)
+
+    @classmethod
+    def from_qweight(cls, w, stream=None) -> "CudaQWeight":
+        """Upload a sharpi_core.quants.QWeight (its raw GGUF blocks)."""
+        return cls(w.raw, w.qtype, w.n, w.k, name=w.name, stream=stream)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def matmul(self, x, stream=None, out=None):
+        """x float32 [T, K] (or [K]) -> x @ W.T, float32 [T, N] (or [N])."""
+        cp = _cupy()
+        with _on(stream):
+            x = cp.asarray(x, dtype=cp.float32)
+            squeeze = x.ndim == 1
+            x = cp.ascontiguousarray(x.reshape(1, -1) if squeeze else x)
+            if x.data.ptr % 16:  # the kernels load activations as float4
+                x = x.copy()
+            if x.ndim != 2 or x.shape[1] != self.k:
+                raise ValueError(f"{self.name or 'weight'}: x must be [T, {self.k}], got {tuple(x.shape)}")
+            T = x.shape[0]
+            if out is None:
+                out = cp.empty((T, self.n), dtype=cp.float32)
+            elif out.dtype != cp.float32 or tuple(out.shape) != (T, self.n) or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a contiguous float32 [{T}, {self.n}] array")
+            if T >= GEMM_MIN_ROWS:
+                self._gemm(cp, x, out)
+            else:
+                for t0 in range(0, T, MAX_BATCH):
+                    self._matvec(x[t0:t0 + MAX_BATCH], out[t0:t0 + MAX_BATCH])
+        return out[0] if squeeze else out
+
+    def _matvec(self, x, out) -> None:
+        nq = x.shape[0]
+        NQ, R = next(v for v in QMV_VARIANTS if v[0] >= nq)
+        fn = function("qmatvec", f"qmv_{self._tname}_q{NQ}_r{R}", self._opts)
+        grid = (-(-self.n // (QMV_WARPS * R)),)
+        fn(grid, (QMV_WARPS * 32,), (self.data, _i64(self.row_bytes), _i32(self.n), _i32(self.k),
+                                     x, _i64(self.k), out, _i64(self.n), _i32(nq)))
+
+    def _gemm(self, cp, x, out) -> None:
+        tile = max(256, GEMM_TILE_BYTES // (4 * self.k))
+        for r0 in range(0, self.n, tile):
+            r1 = min(self.n, r0 + tile)
+            w = self.rows(cp.arange(r0, r1, dtype=cp.int32))
+            out[:, r0:r1] = x @ w.T
+
+    def rows(self, ids, stream=None, out=None):
+        """Dequantized rows (embedding lookup): ids [n] -> float32 [n, K]."""
+        cp = _cupy()
+        with _on(stream):
+            ids = _dev_int32(cp, ids)
+            n = ids.size
+            if out is None:
+                out = cp.empty((n, self.k), dtype=cp.float32)
+            elif (out.dtype != cp.float32 or tuple(out.shape) != (n, self.k) or not out.flags.c_contiguous
+                  or out.data.ptr % 16):
+                raise ValueError(f"out must be a contiguous, 16-byte aligned float32 [{n}, {self.k}] array")
+            if n:
+                fn = function("qmatvec", f"deq_rows_{self._tname}", self._opts)
+                fn((n,), (128,), (self.data, _i64(self.row_bytes), ids, _i32(self.k), out, _i64(self.k)))
+        return out
+
+    def dequantize(self, stream=None):
+        """The whole weight as float32 [N, K] (tests, debugging)."""
+        cp = _cupy()
+        with _on(stream):
+            return self.rows(cp.arange(self.n, dtype=cp.int32))
+
+
+# ---- decode helpers -------------------------------------------------------------------------------
+
+def rms_norm(x, w=None, eps: float = 1e-6, out=None, stream=None):
+    """RMSNorm over the last dimension: x [..., n] -> same shape. w: None, [n], or [w_rows, n]
+    (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x."""
+    cp = _cupy()
+    with _on(stream):
+        n = x.shape[-1]
+        x2, x_st = _rows2d(cp, x, n, "x")
+        rows = x2.shape[0]
+        if w is None:
+            wd, w_rows, has_w = cp.empty(1, cp.float32), 1, 0
+        else:
+            wd = cp.ascontiguousarray(cp.asarray(w, dtype=cp.float32)).reshape(-1, n)
+            w_rows, has_w = wd.shape[0], 1
+        if out is None:
+            out = cp.empty(x.shape, dtype=cp.float32)
+        elif out.dtype != cp.float32 or tuple(out.shape) != tuple(x.shape):
+            raise ValueError(f"out must be float32 {tuple(x.shape)}")
+        y2, y_st = _rows2d(cp, out, n, "out")
+        if y2.data.ptr != out.data.ptr:
+            raise ValueError("out must be writable in place (unit stride in the last dimension)")
+        if rows:
+            threads = 256 if n >= 256 else max(32, -(-n // 32) * 32)
+            function("ops", "rms_norm_f32")((rows,), (threads,), (x2, _i64(x_st), wd, _i32(w_rows), _i32(has_w),
+                                                                  y2, _i64(y_st), _i32(n), _f32(eps)))
+    return out
+
+
+def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq_scale: float = 1.0,
+         freq_factors=None, table=None, stream=None):
+    """Rotate x [T, n_heads, head_dim] (float32, heads contiguous) in place; returns x.
+
+    neox=False: llama.cpp's NORM style (pairs 2i, 2i+1); True: NEOX (pairs i, i + n_rot/2). Only the
+    first n_rot dims of each head turn. `table` (complex64 [n_pos, n_rot/2] or float32 [.., 2]) gives
+    (cos, sin) per position and pair, e.g. the CPU path's ggml-exact table; otherwise the angle is
+    pos * freq_scale * theta_base^(-2i/n_rot) / freq_factors[i]."""
+    cp = _cupy()
+    with _on(stream):
+        if x.dtype != cp.float32 or x.ndim != 3:
+            raise ValueError("x must be float32 [T, n_heads, head_dim]")
+        T, nh, hd = x.shape
+        if x.strides[2] != 4 or x.strides[1] != 4 * hd or x.strides[0] % 4:
+            raise ValueError("x: heads must be contiguous within a token (strides [*, 4*hd, 4])")
+        if n_rot % 2 or not 0 < n_rot <= hd:
+            raise ValueError(f"n_rot={n_rot} must be even and within head_dim={hd}")
+        pos = _dev_int32(cp, positions)
+        if pos.size != T:
+            raise ValueError(f"{pos.size} positions for {T} tokens")
+        if table is not None:
+            cs = cp.ascontiguousarray(table)
+            cs = cs.view(cp.float32) if cs.dtype == cp.complex64 else cs.astype(cp.float32, copy=False)
+            if cs.size % n_rot:
+                raise ValueError("rope table must hold n_rot/2 (cos, sin) pairs per position")
+            if not isinstance(positions, cp.ndarray) and T and int(np.max(positions)) >= cs.size // n_rot:
+                raise ValueError("position beyond the rope table")
+            has_cs = 1
+        else:
+            cs, has_cs = cp.empty(1, cp.float32), 0
+        if freq_factors is not None:
+            ff, has_ff = cp.ascontiguousarray(cp.asarray(freq_factors, dtype=cp.float32)), 1
+        else:
+            ff, has_ff = cp.empty(1, cp.float32), 0
+        total = T * nh * (n_rot // 2)
+        if total:
+            function("ops", "rope_f32")((-(-total // 256),), (256,), (
+                x, _i64(x.strides[0] // 4), _i32(T), _i32(nh), _i32(hd), pos, _i32(n_rot), _i32(1 if neox else 0),
+                cs, _i32(has_cs), _f32(theta_base), _f32(freq_scale), ff, _i32(has_ff)))
+    return x
+
+
+def glu(gate, up, act: str = "silu", out=None, stream=None):
+    """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output)."""
+    cp = _cupy()
+    with _on(stream):
+        F = gate.shape[-1]
+        g2, g_st = _rows2d(cp, gate, F, "gate")
+        u2, u_st = _rows2d(cp, up, F, "up")
+        if g2.shape != u2.shape:
+            raise ValueError(f"gate {tuple(g2.shape)} and up {tuple(u2.shape)} differ")
+        T = g2.shape[0]
+        if out is None:
+            out = cp.empty((T, F), dtype=cp.float32)
+        o2, o_st = _rows2d(cp, out, F, "out")
+        a = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH, "gelu": ACT_GELU_TANH}[act]
+        if T * F:
+            function("ops", "glu_f32")((-(-(T * F) // 256),), (256,), (
+                g2, _i64(g_st), u2, _i64(u_st), o2, _i64(o_st), _i32(T), _i32(F), _i32(a)))
+    return out
+
+
+def q8_0_row_bytes(d: int) -> int:
+    if d % 32:
+        raise ValueError(f"q8_0 needs a multiple of 32 values (got {d})")
+    return d // 32 * 34
+
+
+def new_kv_cache(capacity: int, n_kv_head: int, head_dim: int, kind: str = "f16", stream=None):
+    """A zeroed cache for one layer's K or V: f16 [cap, n_kv, D] or q8_0 uint8 [cap, n_kv, D/32*34]."""
+    cp = _cupy()
+    with _on(stream):
+        if kind == "f16":
+            return cp.zeros((capacity, n_kv_head, head_dim), dtype=cp.float16)
+        if kind == "q8_0":
+            return cp.zeros((capacity, n_kv_head, q8_0_row_bytes(head_dim)), dtype=cp.uint8)
+    raise ValueError(f"unsupported CUDA KV cache type {kind!r} (f16, q8_0)")
+
+
+def _cache_kind(cp, cache, n_kv: int, d: int | None, what: str) -> tuple[str, int]:
+    """('f16'|'q8_0', head_dim) of a [cap, n_kv, D] f16 or [cap, n_kv, D/32*34] uint8 cache."""
+    if cache.ndim != 3 or cache.shape[1] != n_kv:
+        raise ValueError(f"{what} must be [capacity, {n_kv}, ...], got {tuple(cache.shape)}")
+    if cache.strides[2] != cache.itemsize:
+        raise ValueError(f"{what}: the last dimension must be contiguous")
+    if cache.dtype == cp.float16:
+        kind, hd = "f16", cache.shape[2]
+    elif cache.dtype == cp.uint8:
+        if cache.shape[2] % 34:
+            raise ValueError(f"{what}: q8_0 rows must be whole 34-byte blocks")
+        kind, hd = "q8_0", cache.shape[2] // 34 * 32
+        if cache.data.ptr % 2 or cache.strides[0] % 2 or cache.strides[1] % 2:
+            raise ValueError(f"{what}: q8_0 blocks must be 2-byte aligned")
+    else:
+        raise ValueError(f"{what}: dtype {cache.dtype} is neither float16 nor uint8 (q8_0 blocks)")
+    if d is not None and hd != d:
+        raise ValueError(f"{what}: head dim {hd} != {d}")
+    return kind, hd
+
+
+def kv_append(src, cache, positions, stream=None):
+    """Write src float32 [T, n_kv, D] (or [T, n_kv*D]; token stride free) into cache rows `positions`
+    (f16: rounded to nearest even; q8_0: ggml blocks, as gguf.quants.quantize)."""
+    cp = _cupy()
+    with _on(stream):
+        n_kv = cache.shape[1]
+        kind, D = _cache_kind(cp, cache, n_kv, None, "cache")
+        s2, s_st = _rows2d(cp, src.reshape(src.shape[0], -1) if src.ndim == 3 else src, n_kv * D, "src")
+        T = s2.shape[0]
+        pos = _dev_int32(cp, positions)
+        if pos.size != T:
+            raise ValueError(f"{pos.size} positions for {T} rows")
+        total = T * n_kv * D
+        if total:
+            args = (s2, _i64(s_st), _i32(T), _i32(n_kv), _i32(D), pos, cache,
+                    _i64(cache.strides[0]), _i64(cache.strides[1]))
+            name = "kv_append_f16" if kind == "f16" else "kv_append_q8_0"
+            function("ops", name)((-(-total // 256),), (256,), args)
+    return cache
+
+
+def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
+              softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
+              out=None, stream=None):
+    """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
+
+    Query t is at positions[t] and sees keys j <= positions[t] (j < n_kv), within `window` if > 0
+    (masked when pos - j >= window, llama.cpp's standard SWA); query head h uses kv head
+    h // (H // H_kv). Caches as made by `new_kv_cache` (f16 or q8_0, any of the four K/V mixes).
+    q_round ('f32'|'f16'|'q8_0') rounds q the way llama.cpp's CPU backend does before the KQ
+    product; p_round rounds the normalised probabilities to f16 before PV (CPU backend with an f16
+    V cache) and forces a single split. Keys are split into chunks of `chunk` (default: at least 256,
+    at most ATT_MAX_SPLITS splits) processed in parallel, then combined."""
+    cp = _cupy()
+    with _on(stream):
+        if q.dtype != cp.float32 or q.ndim != 3:
+            raise ValueError("q must be float32 [T, H, Dk]")
+        T, H, Dk = q.shape
+        if q.strides[2] != 4 or q.strides[1] != 4 * Dk or q.strides[0] % 4:
+            q = cp.ascontiguousarray(q)
+        Hkv = k_cache.shape[1]
+        if Hkv < 1 or H % Hkv:
+            raise ValueError(f"n_head {H} is not a multiple of n_head_kv {Hkv}")
+        kk, _ = _cache_kind(cp, k_cache, Hkv, Dk, "k_cache")
+        vk, Dv = _cache_kind(cp, v_cache, Hkv, None, "v_cache")
+        qr = Q_ROUND[q_round] if isinstance(q_round, str) else int(q_round)
+        if qr == 2 and Dk % 32:
+            raise ValueError("q_round='q8_0' needs head_dim % 32 == 0")
+        pos = _dev_int32(cp, positions)
+        if pos.size != T:
+            raise ValueError(f"{pos.size} positions for {T} queries")
+        if out is None:
+            out = cp.empty((T, H, Dv), dtype=cp.float32)
+        elif out.dtype != cp.float32 or tuple(out.shape) != (T, H, Dv) or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous float32 [{T}, {H}, {Dv}] array")
+        if T == 0:
+            return out
+        maxlen = max(1, min(n_kv, window) if window > 0 else n_kv)  # most keys any query sees
+        if p_round:
+            chunk = _ceil_div(maxlen, 32) * 32
+        elif chunk is None:
+            chunk = max(256, _ceil_div(_ceil_div(maxlen, ATT_MAX_SPLITS), 32) * 32)
+        if chunk < 1:
+            raise ValueError(f"chunk={chunk}")
+        S = _ceil_div(maxlen, chunk)
+        if p_round and S != 1:
+            raise ValueError("p_round needs a single split")
+        smem = 4 * (Dk + chunk + ATT_THREADS + 32)
+        fn = function("ops", f"attn_partial_{kk}_{vk}")
+        if smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem
+        op = cp.empty((T * H * S, Dv), dtype=cp.float32)
+        ml = cp.empty((T * H * S, 2), dtype=cp.float32)
+        fn((H, T, S), (ATT_THREADS,), (
+            q, _i64(q.strides[0] // 4), k_cache, _i64(k_cache.strides[0]), _i64(k_cache.strides[1]),
+            v_cache, _i64(v_cache.strides[0]), _i64(v_cache.strides[1]), pos, _i32(n_kv), _i32(H), _i32(Hkv),
+            _i32(Dk), _i32(Dv), _f32(scale), _f32(softcap), _i32(window), _i32(chunk), _i32(qr),
+            _i32(1 if p_round else 0), op, ml), shared_mem=smem)
+        function("ops", "attn_combine")((H, T), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out, _i64(H * Dv)))
+    return out

@@ -1,0 +1,22 @@
+"""Small helpers shared by the generator and the drafters."""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists.
+
+    The usual case (one list extends the other) is one C-level slice compare; otherwise a binary
+    search over slice compares, so a 4k-token history costs microseconds, not a Python loop."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[lo:mid]) == list(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo

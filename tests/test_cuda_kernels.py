@@ -1,0 +1,421 @@
+"""The CUDA kernels (through sharpi_core.backends.cuda) against numpy / gguf.quants references.
+
+Needs cupy and an NVIDIA GPU; skipped otherwise (tests/test_cuda_compile.py covers what can be
+checked without one). Run the GPU part alone with `pytest -q -m cuda tests/test_cuda_kernels.py`;
+`-s` also prints the matvec bandwidth numbers.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from sharpi_core.backends import cuda as cb  # noqa: E402
+
+_ok, _why = cb.cuda_available()
+if not _ok:
+    pytest.skip(_why, allow_module_level=True)
+
+pytestmark = pytest.mark.cuda
+Q = gguf.GGMLQuantizationType
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+MODELS_DIR = Path.home() / ".cache" / "sharpi" / "models"
+
+
+def random_raw(qtype, n: int, k: int, rng) -> np.ndarray:
+    """Valid raw GGUF bytes uint8 [n, row_bytes] (K-quants: random bytes, sane f16 super-block scales)."""
+    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+    if qtype not in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        return np.ascontiguousarray(gguf.quants.quantize(w, qtype)).view(np.uint8).reshape(n, -1)
+    nb = n * k // bs
+    raw = rng.integers(0, 256, (nb, ts), dtype=np.uint8)
+    f16 = lambda v: np.asarray(v, np.float16).view(np.uint8).reshape(nb, 2)  # noqa: E731
+    if qtype == Q.Q6_K:
+        raw[:, 208:210] = f16(rng.uniform(0.002, 0.02, nb))
+    else:
+        raw[:, 0:2] = f16(rng.uniform(0.002, 0.02, nb))
+        raw[:, 2:4] = f16(rng.uniform(0.002, 0.02, nb))
+    return raw.reshape(n, -1)
+
+
+def _k_for(qtype) -> int:
+    """A K that is a multiple of the type's granularity (with odd block counts per warp)."""
+    return {4: 1444, 8: 1448, 32: 1440, 256: 1280}[cb.K_MULTIPLE[qtype]]
+
+
+def check_matmul(y, x, w, tol=1e-3):
+    """Norm-wise relative error <= tol, and each element within tol of its |W| |x| scale."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    ref = x64 @ w64.T
+    scale = np.abs(x64) @ np.abs(w64).T
+    y = np.asarray(y, dtype=np.float64)
+    assert y.shape == ref.shape
+    assert np.isfinite(y).all()
+    rel = np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30)
+    assert rel <= tol, f"relative error {rel:.3g}"
+    worst = np.max(np.abs(y - ref) / np.maximum(scale, 1e-30))
+    assert worst <= tol, f"element error {worst:.3g} of |W||x|"
+    return rel
+
+
+def test_cuda_available_reports_device():
+    ok, why = cb.cuda_available()
+    assert ok and why
+
+
+# ---- matvec -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=TYPES, ids=lambda t: t.name)
+def random_weight(request):
+    qtype = request.param
+    rng = np.random.default_rng(int(qtype))
+    n, k = 300, _k_for(qtype)
+    raw = random_raw(qtype, n, k, rng)
+    w = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+    return qtype, raw, w, cb.CudaQWeight(raw, qtype, n, k, name=f"rand_{qtype.name}")
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 8, 13, 16])
+def test_matvec_random(random_weight, T):
+    qtype, raw, w, cw = random_weight
+    x = np.random.default_rng(T).standard_normal((T, cw.k)).astype(np.float32)
+    y = cw.matmul(cp.asarray(x))
+    check_matmul(cp.asnumpy(y), x, w)
+
+
+def test_matvec_1d_and_out(random_weight):
+    qtype, raw, w, cw = random_weight
+    x = np.random.default_rng(7).standard_normal(cw.k).astype(np.float32)
+    y = cw.matmul(cp.asarray(x))
+    assert y.shape == (cw.n,)
+    check_matmul(cp.asnumpy(y)[None], x[None], w)
+    out = cp.full((3, cw.n), cp.nan, dtype=cp.float32)
+    x3 = np.random.default_rng(8).standard_normal((3, cw.k)).astype(np.float32)
+    assert cw.matmul(cp.asarray(x3), out=out) is out
+    check_matmul(cp.asnumpy(out), x3, w)
+
+
+@pytest.mark.parametrize("T", [17, 37, 70])  # chunks of 16 (17, 37) and the dequantize + cuBLAS path (70)
+def test_matmul_long(random_weight, T):
+    qtype, raw, w, cw = random_weight
+    x = np.random.default_rng(T).standard_normal((T, cw.k)).astype(np.float32)
+    check_matmul(cp.asnumpy(cw.matmul(cp.asarray(x))), x, w)
+
+
+def test_rows_exact(random_weight):
+    qtype, raw, w, cw = random_weight
+    ids = np.array([0, 299, 5, 5, 150], np.int32)
+    got = cp.asnumpy(cw.rows(ids))
+    np.testing.assert_array_equal(got, w[ids])
+    np.testing.assert_array_equal(cp.asnumpy(cw.dequantize()), w)
+
+
+def test_matvec_large_k():
+    rng = np.random.default_rng(1)
+    for qtype, k in [(Q.Q4_K, 8960), (Q.Q6_K, 4096), (Q.Q8_0, 8960), (Q.Q5_0, 4864)]:
+        raw = random_raw(qtype, 64, k, rng)
+        w = gguf.quants.dequantize(raw, qtype).reshape(64, k)
+        cw = cb.CudaQWeight(raw, qtype, 64, k)
+        for T in (1, 16):
+            x = rng.standard_normal((T, k)).astype(np.float32)
+            check_matmul(cp.asnumpy(cw.matmul(cp.asarray(x))), x, w)
+
+
+def test_streams():
+    rng = np.random.default_rng(3)
+    a_raw, b_raw = random_raw(Q.Q4_K, 512, 1024, rng), random_raw(Q.Q8_0, 256, 1024, rng)
+    a = cb.CudaQWeight(a_raw, Q.Q4_K, 512, 1024)
+    b = cb.CudaQWeight(b_raw, Q.Q8_0, 256, 1024)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    x = rng.standard_normal((4, 1024)).astype(np.float32)
+    with s1:
+        xa = cp.asarray(x)
+    with s2:
+        xb = cp.asarray(x)
+    ya = [a.matmul(xa, stream=s1) for _ in range(3)]
+    yb = [b.matmul(xb, stream=s2) for _ in range(3)]
+    s1.synchronize()
+    s2.synchronize()
+    wa = gguf.quants.dequantize(a_raw, Q.Q4_K).reshape(512, 1024)
+    wb = gguf.quants.dequantize(b_raw, Q.Q8_0).reshape(256, 1024)
+    for y in ya:
+        check_matmul(cp.asnumpy(y), x, wa)
+    for y in yb:
+        check_matmul(cp.asnumpy(y), x, wb)
+
+
+# ---- real model tensors ------------------------------------------------------------------------
+
+_MODEL_FILES = sorted(MODELS_DIR.glob("*.gguf"))
+
+
+@pytest.mark.skipif(not _MODEL_FILES, reason=f"no GGUF models in {MODELS_DIR}")
+@pytest.mark.parametrize("path", _MODEL_FILES, ids=lambda p: p.stem)
+def test_matvec_real_tensors(path):
+    """The first 2-D tensor of each supported type in each cached model (up to 2048 rows of it)."""
+    from sharpi_core.gguf_file import GGUFFile
+    gf = GGUFFile(path)
+    done = set()
+    for name, t in gf.tensors.items():
+        qt = t.tensor_type
+        if qt not in cb.SUPPORTED or qt in done or len(t.shape) != 2:
+            continue
+        k, n = int(t.shape[0]), int(t.shape[1])
+        if k % cb.K_MULTIPLE[qt]:
+            continue
+        done.add(qt)
+        rows = min(n, 2048)
+        raw = np.ascontiguousarray(np.asarray(t.data)[:rows]).view(np.uint8).reshape(rows, -1)
+        w = gguf.quants.dequantize(raw, qt).reshape(rows, k).astype(np.float32)
+        cw = cb.CudaQWeight(raw, qt, rows, k, name=name)
+        rng = np.random.default_rng(0)
+        for T in (1, 2, 16):
+            x = rng.standard_normal((T, k)).astype(np.float32)
+            check_matmul(cp.asnumpy(cw.matmul(cp.asarray(x))), x, w)
+        ids = np.array([0, rows - 1, rows // 2], np.int32)
+        np.testing.assert_array_equal(cp.asnumpy(cw.rows(ids)), w[ids], err_msg=f"{name} {qt.name}")
+    assert done, f"{path.name}: no tensor of a supported type"
+    print(f"\n{path.name}: checked {', '.join(sorted(t.name for t in done))}")
+
+
+# ---- bandwidth (reported; asserted only against gross slowness) --------------------------------
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q4_0, Q.F16], ids=lambda t: t.name)
+def test_matvec_bandwidth(qtype):
+    n, k = 8192, 4096
+    raw = random_raw(qtype, n, k, np.random.default_rng(0))
+    cw = cb.CudaQWeight(raw, qtype, n, k)
+    res = []
+    for T in (1, 4, 16):
+        x = cp.asarray(np.random.default_rng(T).standard_normal((T, k)).astype(np.float32))
+        out = cp.empty((T, n), cp.float32)
+        for _ in range(3):
+            cw.matmul(x, out=out)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        reps = 20
+        start.record()
+        for _ in range(reps):
+            cw.matmul(x, out=out)
+        end.record()
+        end.synchronize()
+        ms = cp.cuda.get_elapsed_time(start, end) / reps
+        gbs = cw.nbytes / (ms * 1e-3) / 1e9
+        res.append(f"T={T}: {ms * 1e3:.1f} us {gbs:.0f} GB/s")
+        assert gbs > 50, f"{qtype.name} T={T}: {gbs:.1f} GB/s"
+    print(f"\n{qtype.name} [{n}x{k}, {cw.nbytes / 1e6:.1f} MB]: " + "; ".join(res))
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def test_rms_norm():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((7, 896)).astype(np.float32) * 3
+    w = rng.standard_normal(896).astype(np.float32)
+    eps = 1e-6
+
+    def ref(x, w):
+        x64 = x.astype(np.float64)
+        y = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps)
+        return y * w if w is not None else y
+
+    np.testing.assert_allclose(cp.asnumpy(cb.rms_norm(cp.asarray(x), cp.asarray(w), eps)), ref(x, w), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cp.asnumpy(cb.rms_norm(cp.asarray(x), None, eps)), ref(x, None), rtol=1e-5, atol=1e-5)
+    # per-head norms: x [T, H, hd] with one weight row per head
+    xh = rng.standard_normal((3, 10, 64)).astype(np.float32)
+    wh = rng.standard_normal((10, 64)).astype(np.float32)
+    got = cb.rms_norm(cp.asarray(xh), cp.asarray(wh), eps)
+    np.testing.assert_allclose(cp.asnumpy(got), ref(xh, wh[None]), rtol=1e-5, atol=1e-5)
+    # in place, on a strided view (rows of a wider buffer)
+    buf = cp.asarray(rng.standard_normal((5, 1024)).astype(np.float32))
+    want = ref(cp.asnumpy(buf[:, :896]), w)
+    view = buf[:, :896]
+    cb.rms_norm(view, cp.asarray(w), eps, out=view)
+    np.testing.assert_allclose(cp.asnumpy(buf[:, :896]), want, rtol=1e-5, atol=1e-5)
+
+
+def _rope_ref(x, pos, n_rot, neox, base, freq_scale=1.0, ff=None, table=None):
+    x = x.astype(np.float64).copy()
+    half = n_rot // 2
+    i = np.arange(half)
+    for t, p in enumerate(pos):
+        if table is not None:
+            c, s = table[p].real.astype(np.float64), table[p].imag.astype(np.float64)
+        else:
+            th = p * freq_scale * base ** (-2.0 * i / n_rot)
+            if ff is not None:
+                th = th / ff
+            c, s = np.cos(th), np.sin(th)
+        i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+        a, b = x[t, :, i0].copy(), x[t, :, i1].copy()  # [half, nh]
+        x[t, :, i0] = a * c[:, None] - b * s[:, None]
+        x[t, :, i1] = a * s[:, None] + b * c[:, None]
+    return x
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [64, 32])
+def test_rope(neox, n_rot):
+    rng = np.random.default_rng(1)
+    T, nh, hd = 5, 6, 64
+    x = rng.standard_normal((T, nh, hd)).astype(np.float32)
+    pos = np.array([0, 1, 17, 300, 4000], np.int32)
+    got = cb.rope(cp.asarray(x), cp.asarray(pos), n_rot, neox, theta_base=10000.0)
+    np.testing.assert_allclose(cp.asnumpy(got), _rope_ref(x, pos, n_rot, neox, 10000.0), rtol=0, atol=2e-4)
+    ff = rng.uniform(1, 8, n_rot // 2).astype(np.float32)
+    got = cb.rope(cp.asarray(x), pos, n_rot, neox, theta_base=1e6, freq_scale=0.5, freq_factors=cp.asarray(ff))
+    np.testing.assert_allclose(cp.asnumpy(got), _rope_ref(x, pos, n_rot, neox, 1e6, 0.5, ff), rtol=0, atol=2e-4)
+    # table path: (cos, sin) per position as complex64, e.g. the CPU path's table
+    th = np.arange(4096)[:, None] * 10000.0 ** (-2.0 * np.arange(n_rot // 2) / n_rot)
+    table = (np.cos(th) + 1j * np.sin(th)).astype(np.complex64)
+    got = cb.rope(cp.asarray(x), pos, n_rot, neox, table=cp.asarray(table))
+    np.testing.assert_allclose(cp.asnumpy(got), _rope_ref(x, pos, n_rot, neox, 0, table=table), rtol=0, atol=1e-5)
+    # a strided view: the k heads of a fused [T, H + Hkv, hd] buffer
+    fused = cp.asarray(rng.standard_normal((T, 8, hd)).astype(np.float32))
+    before = cp.asnumpy(fused)
+    cb.rope(fused[:, 6:], pos, n_rot, neox, table=cp.asarray(table))
+    after = cp.asnumpy(fused)
+    np.testing.assert_array_equal(after[:, :6], before[:, :6])
+    np.testing.assert_allclose(after[:, 6:], _rope_ref(before[:, 6:], pos, n_rot, neox, 0, table=table), atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_glu(act):
+    rng = np.random.default_rng(2)
+    T, F = 4, 1000
+    gu = rng.standard_normal((T, 2 * F)).astype(np.float32) * 4
+    g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
+    if act == "silu":
+        ref = g / (1 + np.exp(-g)) * u
+    else:
+        ref = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3))) * u
+    d = cp.asarray(gu)
+    got = cb.glu(d[:, :F], d[:, F:], act)
+    np.testing.assert_allclose(cp.asnumpy(got), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_kv_append_f16_and_q8_0():
+    rng = np.random.default_rng(4)
+    T, nkv, D, cap = 5, 2, 64, 40
+    src = rng.standard_normal((T, nkv, D)).astype(np.float32)
+    pos = np.array([3, 4, 5, 6, 20], np.int32)
+    kf = cb.new_kv_cache(cap, nkv, D, "f16")
+    cb.kv_append(cp.asarray(src), kf, pos)
+    got = cp.asnumpy(kf)
+    np.testing.assert_array_equal(got[pos], src.astype(np.float16))
+    assert not got[[0, 1, 2, 7, 39]].any()
+    kq = cb.new_kv_cache(cap, nkv, D, "q8_0")
+    # a strided source: the k heads of a fused [T, H + Hkv, D] projection
+    fused = np.concatenate([rng.standard_normal((T, 3, D)).astype(np.float32), src], axis=1)
+    cb.kv_append(cp.asarray(fused)[:, 3:], kq, cp.asarray(pos))
+    got = cp.asnumpy(kq)
+    want = np.ascontiguousarray(gguf.quants.quantize(src.reshape(T * nkv, D), Q.Q8_0)).view(np.uint8)
+    np.testing.assert_array_equal(got[pos].reshape(T * nkv, -1), want.reshape(T * nkv, -1))
+    assert not got[[0, 1, 2, 7, 39]].any()
+
+
+# ---- attention ------------------------------------------------------------------------------------
+
+def _cache_values(cache) -> np.ndarray:
+    """float64 [cap, nkv, D] of an f16 or q8_0 device cache."""
+    h = cp.asnumpy(cache)
+    if h.dtype == np.float16:
+        return h.astype(np.float64)
+    cap, nkv, rb = h.shape
+    return gguf.quants.dequantize(h.reshape(cap * nkv, rb), Q.Q8_0).reshape(cap, nkv, -1).astype(np.float64)
+
+
+def _attn_ref(q, K, V, pos, n_kv, scale, window=0, softcap=0.0, q_round="f32", p_round=False):
+    T, H, Dk = q.shape
+    G = H // K.shape[1]
+    out = np.zeros((T, H, V.shape[2]))
+    q = q.astype(np.float32)
+    if q_round == "f16":
+        q = q.astype(np.float16).astype(np.float32)
+    elif q_round == "q8_0":
+        q = gguf.quants.dequantize(gguf.quants.quantize(q.reshape(-1, Dk), Q.Q8_0), Q.Q8_0).reshape(q.shape)
+    q = q.astype(np.float64)
+    for t, p in enumerate(pos):
+        js = np.array([j for j in range(n_kv) if j <= p and (window <= 0 or p - j < window)])
+        for h in range(H):
+            g = h // G
+            s = K[js, g] @ q[t, h]
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            s = s * scale
+            e = np.exp(s - s.max())
+            pr = e / e.sum()
+            if p_round:
+                pr = pr.astype(np.float16).astype(np.float64)
+            out[t, h] = pr @ V[js, g]
+    return out
+
+
+def _fill(rng, cap, nkv, D, kind, n):
+    c = cb.new_kv_cache(cap, nkv, D, kind)
+    cb.kv_append(cp.asarray(rng.standard_normal((n, nkv, D)).astype(np.float32)), c, np.arange(n, dtype=np.int32))
+    return c
+
+
+ATTN_CASES = [
+    # T, H, Hkv, Dk, Dv, start, window, chunk, kinds
+    (1, 8, 2, 64, 64, 0, 0, None, ("f16", "f16")),
+    (1, 8, 2, 64, 64, 700, 0, None, ("f16", "f16")),
+    (4, 8, 2, 64, 64, 700, 0, 64, ("f16", "f16")),       # many splits
+    (16, 14, 2, 64, 64, 300, 0, None, ("f16", "f16")),   # qwen-like GQA 7:1, speculative verify
+    (16, 4, 1, 256, 256, 900, 512, 128, ("f16", "f16")), # gemma-like: head 256, sliding window
+    (3, 4, 4, 128, 128, 50, 20, 8, ("f16", "f16")),      # MHA, small window, tiny chunks
+    (16, 4, 2, 64, 64, 10, 0, 16, ("f16", "f16")),       # early queries leave the last split empty
+    (5, 4, 2, 64, 32, 100, 0, 64, ("f16", "f16")),       # Dv < Dk (several key groups in PV)
+    (2, 4, 2, 96, 80, 100, 0, None, ("f16", "f16")),     # odd dims (Dv = 80: one group)
+    (4, 8, 2, 64, 64, 300, 0, 128, ("q8_0", "q8_0")),
+    (4, 8, 2, 64, 64, 300, 0, None, ("f16", "q8_0")),
+    (4, 8, 2, 64, 64, 300, 0, None, ("q8_0", "f16")),
+]
+
+
+@pytest.mark.parametrize("T,H,Hkv,Dk,Dv,start,window,chunk,kinds", ATTN_CASES)
+def test_attention(T, H, Hkv, Dk, Dv, start, window, chunk, kinds):
+    rng = np.random.default_rng(T * 1000 + start)
+    cap = start + T + 10
+    n_kv = start + T
+    kc, vc = _fill(rng, cap, Hkv, Dk, kinds[0], n_kv), _fill(rng, cap, Hkv, Dv, kinds[1], n_kv)
+    q = (rng.standard_normal((T, H, Dk)) * 2).astype(np.float32)
+    pos = np.arange(start, start + T, dtype=np.int32)
+    scale = 1 / math.sqrt(Dk)
+    got = cb.attention(cp.asarray(q), kc, vc, pos, n_kv, scale, window=window, chunk=chunk)
+    ref = _attn_ref(q, _cache_values(kc), _cache_values(vc), pos, n_kv, scale, window)
+    np.testing.assert_allclose(cp.asnumpy(got), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_rounding_modes_and_softcap():
+    rng = np.random.default_rng(11)
+    T, H, Hkv, D, start = 3, 4, 2, 64, 200
+    n_kv = start + T
+    kc, vc = _fill(rng, n_kv, Hkv, D, "f16", n_kv), _fill(rng, n_kv, Hkv, D, "f16", n_kv)
+    K, V = _cache_values(kc), _cache_values(vc)
+    q = (rng.standard_normal((T, H, D)) * 2).astype(np.float32)
+    pos = np.arange(start, start + T, dtype=np.int32)
+    for kw in (dict(q_round="f16"), dict(q_round="q8_0"), dict(softcap=5.0), dict(p_round=True),
+               dict(q_round="f16", p_round=True, window=64)):
+        got = cp.asnumpy(cb.attention(cp.asarray(q), kc, vc, pos, n_kv, 0.125, **kw))
+        ref = _attn_ref(q, K, V, pos, n_kv, 0.125, **kw)
+        tol = 2e-3 if kw.get("p_round") else 1e-4  # an f16 rounding boundary may fall either way
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 0.1, err_msg=str(kw))
+
+
+def test_attention_matches_cache_positions_not_slots_beyond_n_kv():
+    # keys at slots >= n_kv (stale entries after a rollback) must be ignored
+    rng = np.random.default_rng(5)
+    T, H, Hkv, D = 2, 4, 2, 64
+    kc, vc = _fill(rng, 64, Hkv, D, "f16", 64), _fill(rng, 64, Hkv, D, "f16", 64)
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    pos = np.array([30, 40], np.int32)  # the second query's own position lies past n_kv
+    got = cp.asnumpy(cb.attention(cp.asarray(q), kc, vc, pos, 35, 0.125))
+    ref = _attn_ref(q, _cache_values(kc), _cache_values(vc), pos, 35, 0.125)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,352 @@
+"""The generation loop on toy models: plain vs. speculative, caches, stops, seeds, env switches, and a
+distribution test of whole sampled generations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sharpi_core.generate as generate_mod
+from sharpi_core.errors import SharpiError
+from sharpi_core.generate import Generator
+from sharpi_core.sampling import SamplingParams, apply_penalties, argmax, draw, filtered_probs
+from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
+from toy import ToyModel, ToyTokenizer, _next_hash, chi2_sf
+
+V = 8
+GREEDY = SamplingParams(temp=0)
+GREEDY_PEN = SamplingParams(temp=0, repeat_penalty=1.3, repeat_last_n=12, frequency_penalty=0.1,
+                            presence_penalty=0.2, logit_bias=((2, 0.4), (5, -0.3)))
+SAMPLED = SamplingParams(temp=0.9, top_k=6, top_p=0.95, min_p=0.03)
+SAMPLED_PEN = SamplingParams(temp=0.9, top_k=6, top_p=0.95, min_p=0.03, repeat_penalty=1.2, repeat_last_n=16,
+                             frequency_penalty=0.05, presence_penalty=0.1, logit_bias=((1, 0.3),))
+# repetitive, so prompt lookup finds n-grams
+PROMPT = [0, 1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 2, 3, 4, 5, 0, 1, 2, 3, 4]
+
+
+def target_model() -> ToyModel:
+    return ToyModel(V, seed=21)
+
+
+def drafter_for(kind: str, params: SamplingParams, target: ToyModel | None = None, n_ctx: int = 4096, seed: int = 9):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "lookup":
+        return LookupDrafter(3, 2)
+    if kind == "lookup22":
+        return LookupDrafter(2, 2)
+    if kind == "same":  # the target itself, on its own cache
+        m = ToyModel(V, seed=21)
+    elif kind == "wide":  # a larger vocabulary: its extra ids are sometimes proposed
+        m = ToyModel(V + 2, seed=22)
+        m.by_token[:, V:] += 1.0
+    else:
+        m = ToyModel(V, seed=22)
+        if target is not None:  # related to the target, like a small model of the same family
+            m.by_token = 0.6 * target.by_token + 0.5 * m.by_token
+            m.by_hash = 0.6 * target.by_hash + 0.5 * m.by_hash
+    return DraftModelDrafter(m, m.new_cache(n_ctx), params, g)
+
+
+def make(params=GREEDY, drafter=None, n_ctx=512, eog=(), seed=1, **kw):
+    model = target_model()
+    tok = ToyTokenizer(V, eog=eog)
+    gen = Generator(model, model.new_cache(n_ctx), tok, params, seed=seed, drafter=drafter, **kw)
+    return gen, model
+
+
+def ref_greedy(prompt, n, params=GREEDY) -> list[int]:
+    model = target_model()
+    ctx, out = list(prompt), []
+    for _ in range(n):
+        t = int(argmax(apply_penalties(model.logits_after(ctx), ctx, params)))
+        out.append(t)
+        ctx.append(t)
+    return out
+
+
+# -- greedy: exact ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["plain", "penalties"])
+def test_plain_greedy_matches_cache_free_reference(params):
+    gen, model = make(params)
+    res = gen.generate(PROMPT, n_predict=50)
+    assert res.tokens == ref_greedy(PROMPT, 50, params)
+    assert res.stop_reason == "n_predict" and res.spec is None
+    assert res.text == "".join(chr(97 + t) for t in res.tokens)
+    assert model.batch_sizes == [len(PROMPT)] + [1] * 49  # prefill, then one forward per token
+
+
+@pytest.mark.parametrize("kind", ["lookup", "lookup22", "model", "same", "wide"])
+@pytest.mark.parametrize("n_max", [1, 3, 8])
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["plain", "penalties"])
+def test_greedy_speculative_equals_plain_greedy(kind, n_max, params):
+    want = ref_greedy(PROMPT, 80, params)
+    gen, model = make(params, drafter_for(kind, params), spec_n_max=n_max)
+    res = gen.generate(PROMPT, n_predict=80)
+    assert res.tokens == want
+    s = res.spec
+    assert s is not None and s.drafted > 0 and s.verify_passes > 0
+    assert s.emitted >= 79 and s.target_passes == model.n_forward - 1  # the first token comes from the prompt pass
+    if kind == "same":  # draft == target at temp 0: every proposal is accepted
+        assert s.accepted == s.drafted and s.steps_no_proposal == 0
+        assert s.tokens_per_pass > min(n_max, 3)
+
+
+def test_verify_is_one_forward_over_certain_token_and_drafts():
+    gen, model = make(GREEDY, drafter_for("same", GREEDY), spec_n_max=4)
+    res = gen.generate(PROMPT, n_predict=41)
+    assert res.tokens == ref_greedy(PROMPT, 41)
+    # prefill; then [t, d1..d4] per step, each fully accepted (5 tokens per pass); the last step is
+    # clamped so that it cannot overshoot n_predict
+    assert model.batch_sizes[0] == len(PROMPT)
+    assert model.batch_sizes[1:] == [5] * 8
+    assert gen.history == PROMPT + res.tokens[:-1]  # the last token is emitted, not yet cached
+    assert model.n_forward == 9
+
+
+def test_drafter_cache_follows_target():
+    params = GREEDY
+    d = drafter_for("model", params)
+    gen, _ = make(params, d, spec_n_max=4)
+    gen.generate(PROMPT, n_predict=30)
+    # whatever the draft holds is a prefix of what the target holds plus pending tokens
+    assert d.cache.content == d.history
+    full = gen.history
+    assert d.history[: len(full)] == full[: len(d.history)]
+
+
+# -- env switches, seeds ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("params", [GREEDY_PEN, SAMPLED_PEN], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("kind", ["lookup", "model"])
+def test_unbatched_verify_gives_identical_output(monkeypatch, params, kind):
+    gen, _ = make(params, drafter_for(kind, params), spec_n_max=4, seed=5)
+    batched = gen.generate(PROMPT, n_predict=60).tokens
+    monkeypatch.setenv("SHARPI_SPEC_BATCH_VERIFY", "0")
+    gen, model = make(params, drafter_for(kind, params), spec_n_max=4, seed=5)
+    res = gen.generate(PROMPT, n_predict=60)
+    assert res.tokens == batched
+    assert set(model.batch_sizes[1:]) == {1}
+    assert res.spec.verify_passes > 0
+
+
+@pytest.mark.parametrize("kind", ["lookup", "model", "wide"])
+def test_same_seed_same_output(kind):
+    runs = []
+    for seed in (3, 3, 4):
+        gen, _ = make(SAMPLED_PEN, drafter_for(kind, SAMPLED_PEN, seed=seed + 100), spec_n_max=4, seed=seed)
+        runs.append(gen.generate(PROMPT, n_predict=60).tokens)
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_spec_sample_switch(monkeypatch):
+    monkeypatch.setenv("SHARPI_SPEC_SAMPLE", "0")
+    gen, model = make(SAMPLED, drafter_for("model", SAMPLED), seed=8)
+    assert gen.notes and "SHARPI_SPEC_SAMPLE=0" in gen.notes[0]
+    res = gen.generate(PROMPT, n_predict=40)
+    assert res.spec is None
+    plain, _ = make(SAMPLED, None, seed=8)
+    assert res.tokens == plain.generate(PROMPT, n_predict=40).tokens
+    # greedy speculation is not affected
+    gen, _ = make(GREEDY, drafter_for("model", GREEDY))
+    assert not gen.notes and gen.generate(PROMPT, n_predict=10).spec is not None
+
+
+# -- stops ----------------------------------------------------------------------------------------------
+def test_stop_token_inside_an_accepted_run_ends_there():
+    chain = ref_greedy(PROMPT, 60)
+    # an end-of-generation token first appearing deep in the chain: with draft == target and 8
+    # drafts per pass, it sits inside an accepted run, followed by more accepted tokens
+    j = next(i for i in range(3, 60) if chain[i] not in chain[:i] and i % 9 not in (0, 8))
+    stop = chain[j]
+    printed = []
+    gen, _ = make(GREEDY, drafter_for("same", GREEDY), eog=(stop,), spec_n_max=8)
+    res = gen.generate(PROMPT, n_predict=60, on_text=printed.append)
+    assert res.stop_reason == "eos"
+    assert res.tokens == chain[:j]
+    assert "".join(printed) == res.text == "".join(chr(97 + t) for t in chain[:j])
+    assert res.spec.accepted == res.spec.drafted  # the stop token was an accepted draft
+    plain, _ = make(GREEDY, None, eog=(stop,))
+    assert plain.generate(PROMPT, n_predict=60).tokens == res.tokens
+
+
+def test_stop_string_and_n_predict_inside_an_accepted_run():
+    chain = ref_greedy(PROMPT, 60)
+    text = "".join(chr(97 + t) for t in chain)
+    stop = text[10:13]
+    end = text.index(stop) + len(stop)
+    printed = []
+    gen, _ = make(GREEDY, drafter_for("same", GREEDY), spec_n_max=8)
+    res = gen.generate(PROMPT, n_predict=60, stop_strings=["zz", stop], on_text=printed.append)
+    assert res.stop_reason == "stop_string"
+    assert res.text == "".join(printed) == text[:end] and res.tokens == chain[:end]  # includes the stop string
+    for n in (1, 2, 5, 9, 10, 17):
+        gen, _ = make(GREEDY, drafter_for("same", GREEDY), spec_n_max=8)
+        res = gen.generate(PROMPT, n_predict=n)
+        assert res.tokens == chain[:n] and res.stop_reason == "n_predict"
+    gen, model = make(GREEDY, drafter_for("same", GREEDY))
+    assert gen.generate(PROMPT, n_predict=0).tokens == [] and model.n_forward == 1
+
+
+@pytest.mark.parametrize("kind", [None, "lookup", "same", "model"])
+def test_context_full(kind):
+    n_ctx = len(PROMPT) + 15
+    gen, model = make(GREEDY, drafter_for(kind, GREEDY) if kind else None, n_ctx=n_ctx, spec_n_max=8)
+    res = gen.generate(PROMPT, n_predict=-1)
+    assert res.stop_reason == "ctx_full"
+    # like llama.cpp: the last slot stays free
+    assert res.tokens == ref_greedy(PROMPT, n_ctx - len(PROMPT))
+    assert gen.cache.length <= n_ctx - 1
+
+
+def test_interrupt():
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(calls) >= 3
+    gen, _ = make(GREEDY, drafter_for("same", GREEDY), spec_n_max=8)
+    res = gen.generate(PROMPT, n_predict=50, should_stop=stop)
+    assert res.stop_reason == "interrupted" and len(res.tokens) == 3
+
+
+def test_bad_prompts():
+    gen, _ = make(GREEDY, n_ctx=16)
+    with pytest.raises(SharpiError):
+        gen.generate([], n_predict=3)
+    with pytest.raises(SharpiError):
+        gen.generate(list(range(8)) * 3, n_predict=3)
+
+
+# -- multi-turn: prefix reuse -------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", [None, "lookup", "model"])
+def test_prompt_prefix_is_reused(kind):
+    gen, model = make(GREEDY_PEN, drafter_for(kind, GREEDY_PEN) if kind else None, spec_n_max=4)
+    r1 = gen.generate(PROMPT, n_predict=12)
+    assert r1.timings.prompt_n == len(PROMPT)
+    turn2 = PROMPT + r1.tokens + [3, 1, 4, 1, 5]
+    r2 = gen.generate(turn2, n_predict=12)
+    # the cache held PROMPT + all but the last generated token
+    assert r2.timings.prompt_n == len(turn2) - (len(PROMPT) + len(r1.tokens) - 1)
+    fresh, _ = make(GREEDY_PEN, drafter_for(kind, GREEDY_PEN) if kind else None, spec_n_max=4)
+    assert r2.tokens == fresh.generate(turn2, n_predict=12).tokens
+    # the same prompt again: only its last token is re-evaluated
+    r3 = gen.generate(turn2, n_predict=12)
+    assert r3.timings.prompt_n == 1 and r3.tokens == r2.tokens
+    # an edited conversation: the common prefix is kept
+    turn3 = PROMPT[:10] + [5, 5, 5]
+    r4 = gen.generate(turn3, n_predict=12)
+    assert r4.timings.prompt_n == 3
+    fresh, _ = make(GREEDY_PEN, drafter_for(kind, GREEDY_PEN) if kind else None, spec_n_max=4)
+    assert r4.tokens == fresh.generate(turn3, n_predict=12).tokens
+
+
+def test_spec_n_min_drops_short_proposals():
+    gen, model = make(GREEDY, drafter_for("lookup", GREEDY), spec_n_max=6, spec_n_min=3)
+    res = gen.generate(PROMPT, n_predict=80)
+    assert res.tokens == ref_greedy(PROMPT, 80)
+    s = res.spec
+    assert s.verify_passes > 0 and s.steps_no_proposal > 0
+    assert s.per_position_drafted[0] == s.per_position_drafted[2]  # no pass verified fewer than 3
+    assert all(b >= 4 or b == 1 for b in model.batch_sizes[1:])
+
+
+def test_spec_p_min_accepts_more():
+    rates = []
+    for p_min in (0.0, 0.05):
+        gen, _ = make(SAMPLED, drafter_for("model", SAMPLED, target_model()), spec_n_max=4, spec_p_min=p_min, seed=2)
+        rates.append(gen.generate(PROMPT, n_predict=400).spec.acceptance)
+    assert rates[1] > rates[0]
+
+
+def test_prefill_chunks_of_n_batch():
+    gen, model = make(GREEDY, n_batch=7)
+    gen.generate(PROMPT, n_predict=2)
+    assert model.batch_sizes == [7, 7, 6, 1]
+
+
+def test_stats_and_timings():
+    gen, _ = make(SAMPLED, drafter_for("model", SAMPLED), spec_n_max=4)
+    res = gen.generate(PROMPT, n_predict=60)
+    t, s = res.timings, res.spec
+    assert t.prompt_n == len(PROMPT) and t.eval_n == 60 and t.prompt_ms > 0 and t.eval_ms > 0
+    assert t.eval_tps > 0 and t.prompt_tps > 0
+    d = s.as_dict()
+    for key in ("drafted", "accepted", "acceptance", "target_passes", "tokens_per_pass", "per_position_acceptance",
+                "per_position_drafted", "per_position_accepted", "steps_no_proposal", "draft_ms", "verify_ms",
+                "commit_ms"):
+        assert key in d
+    assert d["drafted"] == sum(d["per_position_drafted"]) and d["accepted"] == sum(d["per_position_accepted"])
+    assert 0 <= d["acceptance"] <= 1 and d["tokens_per_pass"] >= 1
+    assert s.emitted >= 59  # the first token comes from the prompt pass
+
+
+# -- distribution of whole sampled generations ------------------------------------------------------------
+def martingale_pvalue(params: SamplingParams, prompt: list[int], tokens: list[int], min_expected=5.0) -> float:
+    """Goodness of fit of a generated sequence to the target's conditionals p_t(. | history).
+
+    Whatever the decoding method, if the sequence is an exact sample of the target model, then per
+    stratum s (here: the previous token) the counts N_s of each next token minus their predicted
+    sums E_s = sum_t p_t form a martingale with covariance C_s = sum_t diag(p_t) - p_t p_t^T, and
+    sum_s (N_s - E_s)^T C_s^+ (N_s - E_s) is asymptotically chi-square with sum_s rank(C_s) degrees
+    of freedom. Tokens with small expected counts are pooled per stratum."""
+    model = target_model()
+    tok, pos, h = model.state_after(prompt)
+    ctx = list(prompt)
+    N = np.zeros((V, V))
+    E = np.zeros((V, V))
+    C = np.zeros((V, V, V))
+    for t in tokens:
+        p = filtered_probs(apply_penalties(model._row(tok, pos, h), ctx, params), params).numpy().astype(np.float64)
+        s = ctx[-1]
+        N[s, t] += 1
+        E[s] += p
+        C[s] += np.diag(p) - np.outer(p, p)
+        ctx.append(t)
+        tok, pos, h = t, pos + 1, _next_hash(h, t)
+    stat, df = 0.0, 0
+    for s in range(V):
+        if E[s].sum() < min_expected:
+            continue
+        big = E[s] >= min_expected
+        G = np.vstack([np.eye(V)[big], (~big).astype(float)[None]]) if (~big).any() else np.eye(V)[big]
+        d = G @ (N[s] - E[s])
+        w, U = np.linalg.eigh(G @ C[s] @ G.T)
+        keep = w > 1e-9 * w.max()
+        stat += float(((U[:, keep].T @ d) ** 2 / w[keep]).sum())
+        df += int(keep.sum())
+    return chi2_sf(stat, df)
+
+
+def long_run(kind, params, n, n_max, seed):
+    gen, _ = make(params, drafter_for(kind, params, target_model(), n_ctx=n + 64, seed=seed + 1),
+                  n_ctx=n + 64, spec_n_max=n_max, seed=seed)
+    res = gen.generate(PROMPT, n_predict=n)
+    assert len(res.tokens) == n
+    return res
+
+
+N_LONG = 3000
+
+
+@pytest.mark.parametrize("kind,params,n_max", [("model", SAMPLED_PEN, 4), ("lookup", SAMPLED_PEN, 3),
+                                               ("wide", SAMPLED, 3), ("model", SAMPLED, 8)],
+                         ids=["model-penalties-k4", "lookup-penalties-k3", "wide-vocab-k3", "model-k8"])
+def test_sampled_generation_follows_the_target(kind, params, n_max):
+    res = long_run(kind, params, N_LONG, n_max, seed=31)
+    s = res.spec
+    assert s.verify_passes > N_LONG // 10 and 0 < s.accepted < s.drafted  # speculation really happened
+    assert martingale_pvalue(params, PROMPT, res.tokens) > 0.001
+
+
+def test_plain_sampled_generation_follows_the_target():
+    gen, _ = make(SAMPLED_PEN, None, n_ctx=N_LONG + 64, seed=32)
+    assert martingale_pvalue(SAMPLED_PEN, PROMPT, gen.generate(PROMPT, n_predict=N_LONG).tokens) > 0.001
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup"])
+def test_wrong_acceptance_fails_the_generation_test(monkeypatch, kind):
+    def always_accept(draft, q, p, g, p_min=0.0):
+        return len(draft), draw(p[len(draft)], g)
+    monkeypatch.setattr(generate_mod, "accept_sampled", always_accept)
+    res = long_run(kind, SAMPLED_PEN, 2000, 4, seed=33)
+    assert martingale_pvalue(SAMPLED_PEN, PROMPT, res.tokens) < 1e-6

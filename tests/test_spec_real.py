@@ -1,0 +1,57 @@
+"""Speculative decoding on real models: greedy output is token-for-token the plain greedy output."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import QWEN05, QWEN15, SMOL, loaded, model_path
+from sharpi_core.generate import Generator
+from sharpi_core.sampling import SamplingParams
+from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
+
+GREEDY = SamplingParams(temp=0.0)
+ECHO = ("Repeat the list exactly.\nList: apples, bananas, cherries, dates, elderberries, figs, grapes.\n"
+        "Repeated list: apples, bananas, cherries, dates, elderberries, figs, grapes.\nRepeated list:")
+
+
+def run(model, tok, prompt, n, drafter=None, k=4, params=GREEDY, seed=0):
+    g = Generator(model, model.new_cache(1024), tok, params, seed=seed, drafter=drafter, spec_n_max=k)
+    return g.generate(tok.encode(prompt), n_predict=n)
+
+
+@pytest.mark.parametrize("prompt", [ECHO, "The capital of France is"])
+def test_lookup_greedy_parity_smollm(prompt):
+    model, tok = loaded(SMOL)
+    plain = run(model, tok, prompt, 48)
+    spec = run(model, tok, prompt, 48, LookupDrafter(3, 2))
+    assert spec.tokens == plain.tokens
+    if prompt is ECHO:  # the echo prompt must actually exercise acceptance
+        assert spec.spec.accepted > 0 and spec.spec.target_passes < len(spec.tokens)
+
+
+def test_batch_verify_switch_gives_identical_output(monkeypatch):
+    model, tok = loaded(SMOL)
+    a = run(model, tok, ECHO, 32, LookupDrafter(3, 2), params=SamplingParams(temp=0.8), seed=3)
+    monkeypatch.setenv("SHARPI_SPEC_BATCH_VERIFY", "0")
+    b = run(model, tok, ECHO, 32, LookupDrafter(3, 2), params=SamplingParams(temp=0.8), seed=3)
+    assert a.tokens == b.tokens
+
+
+def test_draft_equal_to_target_accepts_everything():
+    model, tok = loaded(SMOL)
+    d = DraftModelDrafter(model, model.new_cache(1024), GREEDY)
+    r = run(model, tok, "Once upon a time", 24, d, k=4)
+    assert r.spec.drafted > 0 and r.spec.accepted == r.spec.drafted
+    assert r.tokens == run(model, tok, "Once upon a time", 24).tokens
+
+
+@pytest.mark.slow
+def test_qwen_draft_model_greedy_parity():
+    target, tok = loaded(QWEN15)
+    from sharpi_core.models import load_model
+    draft = load_model(model_path(QWEN05))
+    prompt = "def quicksort(arr):\n"
+    plain = run(target, tok, prompt, 40)
+    spec = run(target, tok, prompt, 40, DraftModelDrafter(draft, draft.new_cache(1024), GREEDY), k=4)
+    assert spec.tokens == plain.tokens
+    assert spec.spec.accepted > 0

@@ -1,0 +1,405 @@
+"""Speculative decoding: lookup matcher, draft-model drafter, and the acceptance rules.
+
+The distribution oracle runs a small speculative engine over toy tables (a context-dependent
+target p, a different draft q, the real accept_sampled and LookupDrafter), 20k seeded runs per
+configuration, and compares the emitted tokens with the target's exact distribution by chi-square:
+the joint of the first three tokens, and the marginals at positions k and k+1 (the last draft row
+and the bonus row). Deliberately wrong rules (always accept; resample from p after a rejection)
+must fail the same tests, which shows the tests can fail.
+"""
+from __future__ import annotations
+
+import bisect
+import random
+import time
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+
+from sharpi_core.errors import UsageError
+from sharpi_core.sampling import SamplingParams, argmax, draw, filtered_probs
+from sharpi_core.speculative import (DraftModelDrafter, LookupDrafter, accept_greedy, accept_sampled,
+                                     common_prefix)
+from toy import ToyModel, _next_hash, chi2_test
+
+
+# -- lookup -------------------------------------------------------------------------------------------
+def ref_lookup(history: list[int], k: int, nmax: int, nmin: int) -> list[int]:
+    L = len(history)
+    for n in range(nmax, nmin - 1, -1):
+        if L <= n:
+            continue
+        gram = history[L - n:]
+        for e in range(L - 1, n - 1, -1):  # most recent earlier occurrence, ending before L
+            if history[e - n:e] == gram:
+                return history[e:e + k]
+    return []
+
+
+def test_lookup_longest_ngram_first():
+    # the 2-gram (2, 3) last occurred before 9, but the 3-gram (1, 2, 3) before 7
+    h = [1, 2, 3, 7, 8, 5, 2, 3, 9, 9, 1, 2, 3]
+    assert LookupDrafter(3, 2).propose(h, 2) == ([7, 8], None)
+    assert LookupDrafter(2, 2).propose(h, 2) == ([9, 9], None)
+
+
+def test_lookup_most_recent_occurrence_wins():
+    h = [4, 5, 1, 4, 5, 2, 0, 4, 5]
+    assert LookupDrafter(3, 2).propose(h, 3)[0] == [2, 0, 4]
+
+
+def test_lookup_caps_at_k_and_history_end():
+    h = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert LookupDrafter(3, 2).propose(h, 3)[0] == [3, 4, 5]
+    assert LookupDrafter(3, 2).propose(h, 10)[0] == [3, 4, 5, 6, 1, 2]
+    assert LookupDrafter(3, 2).propose(h, 0)[0] == []
+    # the most recent occurrence overlaps the query: its continuation runs to the end of history
+    assert LookupDrafter(3, 2).propose([7, 7, 7, 7], 4)[0] == [7]
+
+
+def test_lookup_no_match():
+    assert LookupDrafter(3, 2).propose([1, 2, 3, 4, 5], 4) == ([], None)
+    assert LookupDrafter(3, 2).propose([], 4) == ([], None)
+    assert LookupDrafter(3, 2).propose([1, 1], 4) == ([], None)
+
+
+def test_lookup_validates_ngram_sizes():
+    with pytest.raises(UsageError):
+        LookupDrafter(3, 1)
+    with pytest.raises(UsageError):
+        LookupDrafter(3, 0)
+    with pytest.raises(UsageError):
+        LookupDrafter(2, 3)
+    LookupDrafter(2, 2)
+    LookupDrafter(5, 4)
+
+
+def test_lookup_incremental_index_equals_rescan():
+    rnd = random.Random(0)
+    for nmax, nmin in [(3, 2), (4, 2), (2, 2), (5, 3)]:
+        d = LookupDrafter(nmax, nmin)
+        h: list[int] = []
+        for _ in range(400):
+            r = rnd.random()
+            if r < 0.7:
+                h = h + [rnd.randrange(5) for _ in range(rnd.randint(1, 4))]
+            elif r < 0.85:
+                h = h[: rnd.randint(0, len(h))]  # shrink (rollback / new chat turn)
+            else:
+                cut = rnd.randint(0, len(h))  # diverge
+                h = h[:cut] + [rnd.randrange(5) for _ in range(rnd.randint(1, 5))]
+            k = rnd.randint(1, 6)
+            assert d.propose(h, k)[0] == ref_lookup(h, k, nmax, nmin)
+
+
+def test_lookup_is_fast_on_long_histories():
+    rnd = random.Random(1)
+    h = [rnd.randrange(2000) for _ in range(4096)]
+    d = LookupDrafter(3, 2)
+    d.propose(h, 8)
+    t0 = time.perf_counter()
+    for _ in range(300):
+        h.append(rnd.randrange(2000))
+        d.propose(h, 8)
+    per_call = (time.perf_counter() - t0) / 300
+    assert per_call < 2e-3, per_call  # ~0.05 ms unloaded: incremental, no rescan
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert common_prefix([1, 2, 3], [1, 5, 3]) == 1
+    assert common_prefix([], [1]) == 0
+    rnd = random.Random(2)
+    for _ in range(200):
+        a = [rnd.randrange(3) for _ in range(rnd.randint(0, 40))]
+        b = a[: rnd.randint(0, len(a))] + [rnd.randrange(3) for _ in range(rnd.randint(0, 5))]
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        assert common_prefix(a, b) == n
+
+
+# -- acceptance rules ------------------------------------------------------------------------------------
+def test_accept_greedy():
+    rows = torch.full((4, 6), -1.0)
+    for i, t in enumerate([2, 5, 1, 0]):
+        rows[i, t] = 1.0
+    assert accept_greedy([2, 5, 1], rows) == (3, 0)   # all accepted: bonus from the last row
+    assert accept_greedy([2, 4, 1], rows) == (1, 5)   # first mismatch: the target's token there
+    assert accept_greedy([3, 5, 1], rows) == (0, 2)
+    assert accept_greedy([], rows[:1]) == (0, 2)
+    assert accept_greedy([2, 5, 9], rows[:3]) == (2, 1)  # last draft outside the vocab: k rows suffice
+
+
+def test_accept_sampled_edge_cases():
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    q = torch.tensor([[0.2, 0.8, 0.0], [0.1, 0.1, 0.8]])
+    for _ in range(50):
+        assert accept_sampled([1, 2], q, p, g) == (2, 0)   # p(d) >= q(d): always accepted
+        assert accept_sampled([1, 2], None, p, g) == (2, 0)
+        assert accept_sampled([0], q[:1], p[:2], g) == (0, 1)  # p(d) = 0: rejected, residual is p
+        n, t = accept_sampled([0], None, p[:2], g)
+        assert (n, t) == (0, 1)
+    # identical p and q: everything accepted
+    pq = torch.softmax(torch.randn(5, 7, generator=g), -1)
+    for _ in range(50):
+        assert accept_sampled([int(torch.multinomial(pq[i], 1, generator=g)) for i in range(4)], pq[:4], pq, g)[0] == 4
+    # vocabularies of different widths: a draft token outside the target's is rejected for sure,
+    # and the residual never picks an id the target does not have
+    p2 = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    q3 = torch.tensor([[0.1, 0.1, 0.8]])
+    for _ in range(50):
+        n, t = accept_sampled([2], q3, p2[:1], g)
+        assert n == 0 and t in (0, 1)
+    # p_min: also accept when the target gives the draft >= p_min
+    p3 = torch.tensor([[0.3, 0.7], [0.5, 0.5]])
+    q4 = torch.tensor([[0.0, 1.0]])
+    assert all(accept_sampled([1], q4, p3, g, p_min=0.6)[0] == 1 for _ in range(50))
+    assert any(accept_sampled([1], q4, p3, g)[0] == 0 for _ in range(50))
+
+
+# -- distribution oracle ---------------------------------------------------------------------------------
+V = 8
+PARAMS = SamplingParams(temp=0.9, top_k=6, top_p=0.95, min_p=0.02)  # filters: p and q have zeros
+TARGET = ToyModel(V, seed=11, scale=1.2)
+# mostly agree with the target, so full acceptances (the bonus row) are common, but differ enough
+# that the residual matters
+DRAFTS = {}
+for name, (wt, wd) in {"model": (0.7, 0.6), "close": (0.85, 0.35)}.items():
+    d = ToyModel(V, seed=12, scale=1.2)
+    d.by_token = wt * TARGET.by_token + wd * d.by_token
+    d.by_pos = wt * TARGET.by_pos + wd * d.by_pos
+    d.by_hash = wt * TARGET.by_hash + wd * d.by_hash
+    DRAFTS[name] = d
+PROMPT = [int(t) for t in torch.randint(0, V, (40,), generator=torch.Generator().manual_seed(3))]
+
+
+@lru_cache(maxsize=None)
+def p_row(state: tuple[int, int, int]) -> np.ndarray:
+    return filtered_probs(TARGET._row(*state), PARAMS).numpy()
+
+
+@lru_cache(maxsize=None)
+def q_row(state: tuple[int, int, int], draft: str = "model") -> np.ndarray:
+    return filtered_probs(DRAFTS[draft]._row(*state), PARAMS).numpy()
+
+
+def advance(state, tok):
+    _, pos, h = state
+    return tok, pos + 1, _next_hash(h, tok)
+
+
+START = TARGET.state_after(PROMPT)
+
+
+def exact_joint(m: int) -> np.ndarray:
+    out = np.zeros((V,) * m)
+
+    def rec(state, prefix, prob):
+        if len(prefix) == m:
+            out[tuple(prefix)] += prob
+            return
+        p = p_row(state)
+        for t in np.flatnonzero(p):
+            rec(advance(state, int(t)), prefix + [int(t)], prob * p[t])
+    rec(START, [], 1.0)
+    return out
+
+
+def exact_marginals(m: int) -> list[np.ndarray]:
+    """Marginal of the j-th emitted token, j = 1..m, by dynamic programming over toy states."""
+    dist = {START: 1.0}
+    out = []
+    for _ in range(m):
+        marg = np.zeros(V)
+        nxt: dict = {}
+        for st, w in dist.items():
+            p = p_row(st)
+            marg += w * p
+            for t in np.flatnonzero(p):
+                s2 = advance(st, int(t))
+                nxt[s2] = nxt.get(s2, 0.0) + w * p[t]
+        out.append(marg)
+        dist = nxt
+    return out
+
+
+@lru_cache(maxsize=None)
+def q_cdf(state, draft: str) -> tuple[list[float], float]:
+    c = np.cumsum(q_row(state, draft)).tolist()
+    return c, c[-1]
+
+
+def sample_q(state, draft: str, u: float) -> int:
+    c, total = q_cdf(state, draft)
+    j = min(bisect.bisect_right(c, u * total), V - 1)
+    while j > 0 and c[j] == c[j - 1]:  # landed on a zero-probability id: step back
+        j -= 1
+    return j
+
+
+def always_accept(draft, q, p, g):
+    return len(draft), draw(p[len(draft)], g)
+
+
+def resample_from_p(draft, q, p, g):
+    """Wrong: after a rejection, draw from p instead of the residual max(0, p - q)."""
+    n, t = accept_sampled(draft, q, p, g)
+    if n < len(draft):
+        t = draw(p[n], g)
+    return n, t
+
+
+def simulate(kind: str, k: int, m: int, runs: int, seed: int, rule=accept_sampled) -> np.ndarray:
+    """runs x m emitted tokens from a speculative engine over the toy tables."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    lookup = LookupDrafter(3, 2)
+    out = np.zeros((runs, m), dtype=np.int64)
+    for r in range(runs):
+        state, hist, emitted = START, list(PROMPT), []
+        while len(emitted) < m:
+            if kind in DRAFTS:
+                drafts, qs, st = [], [], state
+                for _ in range(k):
+                    d = sample_q(st, kind, rnd.random())
+                    drafts.append(d)
+                    qs.append(q_row(st, kind))
+                    st = advance(st, d)
+                q_t = torch.from_numpy(np.array(qs))
+            else:
+                drafts, q_t = lookup.propose(hist, k)
+            if not drafts:  # plain step
+                new = [draw(p_row(state), g)]
+            else:
+                rows, st = [p_row(state)], state
+                for d in drafts:
+                    st = advance(st, d)
+                    rows.append(p_row(st))
+                n, nxt = rule(drafts, q_t, torch.from_numpy(np.array(rows)), g)
+                new = drafts[:n] + [nxt]
+            for t in new:
+                emitted.append(t)
+                hist.append(t)
+                state = advance(state, t)
+        out[r] = emitted[:m]
+    return out
+
+
+def oracle_pvalues(samples: np.ndarray, k: int) -> dict[str, float]:
+    runs = samples.shape[0]
+    joint = np.zeros((V,) * 3)
+    np.add.at(joint, (samples[:, 0], samples[:, 1], samples[:, 2]), 1)
+    res = {"joint(1,2,3)": chi2_test(joint, exact_joint(3))[2]}
+    margs = exact_marginals(samples.shape[1])
+    for j in sorted({k, k + 1} - {1, 2, 3}):
+        res[f"position {j}"] = chi2_test(np.bincount(samples[:, j - 1], minlength=V), margs[j - 1])[2]
+    assert runs >= 1
+    return res
+
+
+N_RUNS = 20_000
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup"])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_emitted_tokens_follow_the_target_distribution(kind, k):
+    if kind == "model" and k == 8:
+        kind = "close"  # a closer draft: full acceptances (the bonus row at position 9) are common
+    samples = simulate(kind, k, max(3, k + 1), N_RUNS, seed=100 + k)
+    pv = oracle_pvalues(samples, k)
+    assert min(pv.values()) > 0.001, pv
+
+
+@pytest.mark.parametrize("rule", [always_accept, resample_from_p], ids=["always_accept", "resample_from_p"])
+def test_wrong_acceptance_rules_fail_the_oracle(rule):
+    samples = simulate("model", 4, 5, 5000, seed=7, rule=rule)
+    pv = oracle_pvalues(samples, 4)
+    assert min(pv.values()) < 1e-6, pv
+
+
+def test_wrong_lookup_rule_fails_the_oracle():
+    samples = simulate("lookup", 4, 5, 5000, seed=8, rule=always_accept)
+    assert min(oracle_pvalues(samples, 4).values()) < 1e-6
+
+
+@pytest.mark.parametrize("kind,k", [("lookup", 1), ("lookup", 4), ("lookup", 8), ("model", 4), ("close", 8)])
+def test_oracle_exercises_every_path(kind, k):
+    # the oracle must see proposals, rejections (residual draws), acceptances after which a later
+    # draft is rejected, and full acceptances (bonus row); with random-looking toy text, prompt
+    # lookup rarely gets 4 or 8 drafts all accepted, but k = 1 covers its bonus row
+    seen = {"steps": 0, "rejected": 0, "partial": 0, "full": 0}
+
+    def counting(draft, q, p, g):
+        n, t = accept_sampled(draft, q, p, g)
+        seen["steps"] += 1
+        seen["rejected" if n < len(draft) else "full"] += 1
+        seen["partial"] += 0 < n < len(draft)
+        return n, t
+    simulate(kind, k, k + 1, 300, seed=5, rule=counting)
+    assert seen["steps"] > 200 and seen["rejected"] > 50, seen
+    assert seen["full"] > (30 if kind != "lookup" or k == 1 else 0), seen
+    assert seen["partial"] > (20 if k > 1 else -1), seen
+
+
+# -- draft-model drafter -----------------------------------------------------------------------------------
+def test_draft_model_greedy_proposals_and_resync():
+    model = ToyModel(V, seed=5)
+    cache = model.new_cache(256)
+    d = DraftModelDrafter(model, cache, SamplingParams(temp=0))
+    hist = PROMPT[:20]
+    props, q = d.propose(hist, 4)
+    assert q is None and len(props) == 4
+    ctx = list(hist)
+    for t in props:  # the draft's own greedy chain
+        assert t == int(argmax(model.logits_after(ctx)))
+        ctx.append(t)
+    assert d.history == hist + props[:3] and cache.length == 23  # the last proposal is never fed
+    # the target accepted 2 drafts, then its own token 7: only the missing suffix is fed
+    d.rollback(len(hist) + 2)
+    assert cache.length == 22 and d.history == hist + props[:2]
+    model.batch_sizes.clear()
+    new_hist = hist + props[:2] + [7]
+    props2, _ = d.propose(new_hist, 3)
+    assert model.batch_sizes == [1, 1, 1]  # [7], then 2 drafts
+    assert cache.content == new_hist + props2[:2]
+    # all accepted + bonus: the unfed last proposal and the bonus go in one forward
+    model.batch_sizes.clear()
+    d.propose(new_hist + props2 + [1], 2)
+    assert model.batch_sizes[0] == 2
+    # a diverging history (new chat turn) reuses the common prefix only
+    model.batch_sizes.clear()
+    other = (hist[10] + 1) % V
+    d.propose(hist[:10] + [other, 3, 3], 1)
+    assert model.batch_sizes == [3] and cache.content == hist[:10] + [other, 3, 3]
+    # no room left in the draft's context: no proposal
+    assert d.propose(list(range(8)) * 32, 4) == ([], None)
+
+
+def test_draft_model_sampled_q_is_what_it_sampled_from():
+    model = ToyModel(V, seed=6)
+    params = SamplingParams(temp=0.8, top_k=5, top_p=0.9, min_p=0.05, repeat_penalty=1.3)
+    d = DraftModelDrafter(model, model.new_cache(256), params, torch.Generator().manual_seed(0))
+    hist = PROMPT[:15]
+    from sharpi_core.sampling import apply_penalties
+    for _ in range(20):
+        props, q = d.propose(hist, 4)
+        assert q.shape == (4, V)
+        ctx = list(hist)
+        for i, t in enumerate(props):
+            want = filtered_probs(apply_penalties(model.logits_after(ctx), ctx, params), params)
+            torch.testing.assert_close(q[i], want)
+            assert q[i, t] > 0
+            ctx.append(t)
+        d.rollback(len(hist))
+
+
+def test_draft_model_feeds_foreign_ids_safely():
+    small = ToyModel(6, seed=1)  # the target's vocabulary is larger: ids 6, 7 are unknown to it
+    d = DraftModelDrafter(small, small.new_cache(64), SamplingParams(temp=0))
+    props, _ = d.propose([1, 7, 2, 6], 3)
+    assert len(props) == 3 and all(0 <= t < 6 for t in props)
+    assert d.history[:4] == [1, 7, 2, 6]
