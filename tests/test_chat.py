@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import QWEN05, SMOL
+from conftest import QWEN05, SMOL, model_path
 from sharpi_core.chat import ChatTemplateError, render_chat
 from sharpi_core.errors import SharpiError
 from sharpi_core.gguf_file import GGUFFile
@@ -14,10 +14,7 @@ _GGUF: dict[str, GGUFFile] = {}
 
 def gguf(name: str) -> GGUFFile:
     if name not in _GGUF:
-        from sharpi_core.registry import cached_path, is_cached
-        if not is_cached(name):
-            pytest.skip(f"{name} is not in the local model cache")
-        _GGUF[name] = GGUFFile(cached_path(name))
+        _GGUF[name] = GGUFFile(model_path(name))  # fetched through the registry when absent
     return _GGUF[name]
 
 

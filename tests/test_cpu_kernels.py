@@ -219,10 +219,8 @@ REAL = [
 
 @functools.lru_cache(maxsize=None)
 def _reader(name: str):
-    from sharpi_core.registry import cached_path, is_cached
-    if not is_cached(name):
-        pytest.skip(f"model {name} not downloaded")
-    return gguf.GGUFReader(str(cached_path(name)), "r")
+    from conftest import model_path
+    return gguf.GGUFReader(str(model_path(name)), "r")  # fetched through the registry when absent
 
 
 @needs_kernels

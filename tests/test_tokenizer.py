@@ -24,12 +24,10 @@ _TOKS: dict[str, Tokenizer] = {}
 
 
 def tok(name: str) -> Tokenizer:
-    """The model's tokenizer, built once per test session; skip when the GGUF is not cached."""
+    """The model's tokenizer, built once per test session (the GGUF is fetched when absent)."""
     if name not in _TOKS:
-        from sharpi_core.registry import cached_path, is_cached
-        if not is_cached(name):
-            pytest.skip(f"{name} is not in the local model cache")
-        _TOKS[name] = Tokenizer.from_gguf(GGUFFile(cached_path(name)))
+        from conftest import model_path
+        _TOKS[name] = Tokenizer.from_gguf(GGUFFile(model_path(name)))
     return _TOKS[name]
 
 
