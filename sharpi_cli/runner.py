@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import time
@@ -340,7 +339,6 @@ def print_report(target, res, verbose: bool) -> None:
 
 # -- perplexity / tokenize ------------------------------------------------------------------
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads) -> int:
-    from sharpi_core import engine
     from sharpi_core.perplexity import perplexity
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:

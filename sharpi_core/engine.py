@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SharpiError, UsageError
+from .errors import UsageError
 from .gguf_file import GGUFFile
 from .models import Transformer, load_model
 from .registry import Progress, resolve_model
@@ -70,8 +70,3 @@ def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size", re
         over = n_prompt + reserve - n_ctx
         raise UsageError(f"prompt is {n_prompt} tokens, which does not fit the context of {n_ctx} "
                          f"(over by {over}); raise {flag}")
-
-
-def ensure_no_conflict(draft_spec: str | None, lookup: bool) -> None:
-    if draft_spec and lookup:
-        raise UsageError("-md/--model-draft and --draft-lookup are mutually exclusive: pick one draft source")
