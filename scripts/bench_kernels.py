@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import sys
 import time
 import warnings
@@ -31,6 +32,32 @@ import torch  # noqa: E402
 from sharpi_core.kernels import cpu  # noqa: E402
 
 COLD_BYTES = 320 << 20  # cycle through at least this much weight memory (> L3) per timing
+
+
+class OtherLoad:
+    """CPU time other processes used while a measurement ran (/proc/stat minus this process), in
+    cpus; a shared machine makes the 2-thread timings meaningless, so rows measured under load are
+    flagged."""
+
+    def __init__(self):
+        self.b0, self.s0, self.t0 = self._busy(), self._self(), time.time()
+
+    @staticmethod
+    def _busy() -> float:
+        try:
+            v = list(map(int, open("/proc/stat").readline().split()[1:]))
+        except OSError:
+            return 0.0
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _self() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def cpus(self) -> float:
+        wall = max(1e-9, time.time() - self.t0)
+        return max(0.0, (self._busy() - self.b0) - (self._self() - self.s0)) / wall
 
 
 def torch_view(a: np.ndarray) -> torch.Tensor:
@@ -98,6 +125,7 @@ def bench_shape(t, qtype, n, k, ts, do_torch: bool, rows: list):
     if qtype == gguf.GGMLQuantizationType.F32:
         return
     res = {"name": t.name, "type": qtype.name, "N": n, "K": k, "MB": nbytes / 1e6}
+    load = OtherLoad()
     raws = copies(raw, nbytes, cold=True)
     for T in ts:
         x = torch.randn(T, k)
@@ -115,6 +143,7 @@ def bench_shape(t, qtype, n, k, ts, do_torch: bool, rows: list):
                                               min_time=0.2 if T < 100 else 0.5, max_rounds=3 if T >= 100 else 40)
             del Ws
         del W
+    res["others"] = load.cpus()
     rows.append(res)
     return res
 
@@ -180,7 +209,8 @@ def main():
                 print(f"{qtype.name:5s} {n:>6d}x{k:<5d} (not supported by the kernels; x{count})")
                 continue
             r = bench_shape(t, qtype, n, k, ts, do_torch, rows)
-            print(fmt_row(r, ts, do_torch) + f"   x{count} {t.name}", flush=True)
+            flag = f"  [other processes used {r['others']:.1f} cpus: timings unreliable]" if r["others"] > 0.1 else ""
+            print(fmt_row(r, ts, do_torch) + f"   x{count} {t.name}" + flag, flush=True)
             for T in ts:
                 step[T] += count * r[f"q{T}"]
                 if do_torch:

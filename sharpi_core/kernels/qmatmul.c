@@ -1,18 +1,29 @@
 /* sharpi CPU kernels: y[T, N] = x[T, K] @ dequant(W)[N, K]^T with W kept in its GGUF block format.
  *
- * Activations stay fp32. Each weight block is expanded to fp32 in registers (exactly the value
- * gguf.quants.dequantize produces, up to one rounding where a table entry is built with an FMA)
- * and multiplied with fused multiply-adds. Every block is read once per call and used for up to
- * 8 activation rows (T groups of 8 reuse the block while it is still in L1).
+ * Activations stay fp32. Each weight block is expanded to fp32 in registers (the value
+ * gguf.quants.dequantize produces, up to one rounding where a K-quant / Q4_1 / Q5_1 table entry is
+ * built with an FMA instead of numpy's separate multiply and add) and multiplied with FMAs.
+ * Every block is read from memory once per call and used for up to 8 activation rows; larger T
+ * loop over groups of 8 while the rows are still in L1.
  *
- * 4/5-bit codes become floats through a 16-entry table per (sub)block held in one zmm register:
+ * 4/5-bit codes become floats through a 16-entry table of dequantized values per (sub)block:
  * vpermps uses only the low 4 bits of each 32-bit lane, so a byte zero-extended to 32 bits indexes
  * its low nibble without masking and (byte >> 4) its high nibble. The 5th bit of Q5 types selects a
- * second table through a mask register (merge-masked vpermps).
+ * second table through a mask register (merge-masked vpermps). Q6_K codes are assembled as bytes
+ * (64 at a time) and converted; Q8_0 / F16 / BF16 are converted directly.
+ *
+ * Register tiles: R weight rows x TT activation rows (R*TT <= 16 accumulators). Each (row, token)
+ * pair has one accumulator and a fixed FMA order, so its result does not depend on T, R or the
+ * thread count (a speculative verify pass reproduces single-token decoding bit for bit).
+ * Rows are split over OpenMP threads in chunks taken from an atomic counter, and the next rows
+ * are software-prefetched (the hardware streamers lose track of R interleaved row streams).
+ *
+ * dequant_rows() dequantizes bit-exactly (embedding lookups, and the tiles that cpu.py hands to
+ * torch's sgemm for long inputs).
  *
  * Built with -O3 -march=native -fopenmp -ffp-contract=off (needs AVX-512F/BW/VL; cpu.py checks).
- * Threads: OpenMP over output rows. When torch is loaded first, the libgomp torch bundles has the
- * soname libgomp.so.1, so this library shares torch's thread pool instead of starting a second.
+ * When torch is loaded first, the libgomp torch bundles has the soname libgomp.so.1, so this
+ * library shares torch's OpenMP thread pool instead of starting a second one.
  */
 #ifdef SHARPI_PYEXT /* also a CPython extension module (calls cost ~0.2 us instead of ctypes' ~3 us) */
 #define PY_SSIZE_T_CLEAN
@@ -226,12 +237,12 @@ INL void piece(const int ty, const int p, const uint8_t *b, const Prep *P, __m51
     }
     case TY_Q5_0: case TY_Q5_1: {
         const int o = ty == TY_Q5_0 ? 2 : 4;
-        uint32_t qh;
-        memcpy(&qh, b + o, 4);
+        /* the 32 high bits are the lane masks; kmovw from memory is a load, from a GPR a p5 uop */
+        const __mmask16 k0 = _load_mask16((__mmask16 *)(b + o)), k1 = _load_mask16((__mmask16 *)(b + o + 2));
         const __m512i q = ld16u8(b + o + 4);
         const __m512i q1 = _mm512_srli_epi32(q, 4);
-        w[0] = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, P->t[0]), (__mmask16)qh, q, P->t[1]);
-        w[1] = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q1, P->t[0]), (__mmask16)(qh >> 16), q1, P->t[1]);
+        w[0] = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, P->t[0]), k0, q, P->t[1]);
+        w[1] = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q1, P->t[0]), k1, q1, P->t[1]);
         break;
     }
     case TY_Q8_0: {
@@ -271,45 +282,35 @@ INL void piece(const int ty, const int p, const uint8_t *b, const Prep *P, __m51
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Register-tiled kernel: R weight rows x TT activation rows over the whole K.
- * acc[r][t][bank]: two banks when there are few (r, t) pairs, to keep >= 4 FMA chains in flight.
+ * Register-tiled kernel: R weight rows x TT activation rows over the whole K. One accumulator per
+ * (row, activation row) and a fixed FMA order: the result for a (row, token) pair is bitwise the
+ * same whatever T, R and the thread count are (batch invariance: a speculative verify pass
+ * reproduces single-token decoding exactly). R = 4 rows keep >= 4 FMA chains in flight at T = 1.
  * ------------------------------------------------------------------------------------------- */
 #define MAXR 4
 #define MAXT 8
 
-/* software prefetch distance (bytes) and level; sharpi_set_prefetch() tunes them */
-static long pf_max = 4096;
-static int pf_l1 = 1;
-void sharpi_set_prefetch(long max_bytes, int l1) {
-    pf_max = max_bytes;
-    pf_l1 = l1;
-}
+/* software prefetch distance in bytes ahead of each row stream (0: off); into L2, the L1
+ * prefetchers take it from there. sharpi_set_prefetch() is for tuning experiments. */
+static long pf_dist = 4096;
+void sharpi_set_prefetch(long bytes) { pf_dist = bytes; }
 
 INL void kern(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
               const float *x, const long ldx, float *y, const long ldy, const long pfo) {
-    /* one accumulator per (row, activation row) and a fixed FMA order: the result for a (row, token)
-     * pair is bitwise the same whatever T and R are (batch invariance: a speculative verify pass
-     * reproduces single-token decoding exactly). */
-    const int NB = 1;
     const int UE = unit_elems(ty), UB = unit_bytes(ty), NP = n_pieces(ty), NV = n_vecs(ty);
-    __m512 acc[MAXR][MAXT][2];
+    __m512 acc[MAXR][MAXT];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int t = 0; t < TT; t++)
-#pragma GCC unroll 2
-            for (int c = 0; c < NB; c++) acc[r][t][c] = _mm512_setzero_ps();
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
 
     for (long u = 0; u < nu; u++) {
-        if (pfo) { /* software prefetch: the hardware streamers lose track of R interleaved row streams */
+        if (pfo) {
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const char *pf = (const char *)rows[r] + pfo + u * UB;
 #pragma GCC unroll 4
-                for (int o = 0; o < UB; o += 64) {
-                    if (pf_l1) _mm_prefetch(pf + o, _MM_HINT_T0);
-                    else _mm_prefetch(pf + o, _MM_HINT_T1);
-                }
+                for (int o = 0; o < UB; o += 64) _mm_prefetch(pf + o, _MM_HINT_T1);
             }
         }
         Prep P[MAXR];
@@ -324,12 +325,11 @@ INL void kern(const int ty, const int R, const int TT, const uint8_t *const *row
             for (int r = 0; r < R; r++) piece(ty, p, rows[r] + u * UB, &P[r], w[r]);
 #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) {
-                const int c = (NB == 2) ? ((v + p) & 1) : 0;
 #pragma GCC unroll 8
                 for (int t = 0; t < TT; t++) {
                     const __m512 xv = _mm512_loadu_ps(xu + t * ldx + xoff(ty, p, v));
 #pragma GCC unroll 4
-                    for (int r = 0; r < R; r++) acc[r][t][c] = _mm512_fmadd_ps(w[r][v], xv, acc[r][t][c]);
+                    for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(w[r][v], xv, acc[r][t]);
                 }
             }
         }
@@ -337,11 +337,7 @@ INL void kern(const int ty, const int R, const int TT, const uint8_t *const *row
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) {
-            __m512 s = acc[r][t][0];
-            if (NB == 2) s = _mm512_add_ps(s, acc[r][t][1]);
-            y[t * ldy + r] = _mm512_reduce_add_ps(s);
-        }
+        for (int t = 0; t < TT; t++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
 typedef void (*kern_fn)(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy, long pfo);
@@ -407,35 +403,35 @@ static int ub_of(int ty) {
     }
 }
 
-/* [n0, n1) rows of W for all T activation rows */
+/* Rows [n0, n1) of W for all T activation rows. The range is cut into 4 contiguous quarters and each
+ * tile of 4 rows takes one row from every quarter: 4 sequential streams (which the prefetchers
+ * follow) instead of 4 interleaved ones. The 4 rows stay in L1 across the groups of 8 tokens. */
 static void mm_rows(int ty, const uint8_t *w, long rb, long n0, long n1, long nu, const float *x, long ldx, long T,
                     float *y, long ldy) {
     const kern_fn *kt = ktab_for(ty);
-    for (long n = n0; n < n1;) {
-        const int R = 4; /* block of rows shared by all T groups (kept in L1 across groups) */
-        const long nr = (n1 - n < R) ? n1 - n : R;
+    const long q = (n1 - n0 + 3) / 4;
+    for (long g = 0; g < q; g++) {
+        long idx[4];
+        int nr = 0;
+        for (int r = 0; r < 4; r++) {
+            const long row = n0 + g + r * q;
+            if (row < n1) idx[nr++] = row;
+        }
+        for (int r = nr; r < 4; r++) idx[r] = idx[nr - 1]; /* tail: duplicate a row, drop its output */
         for (long t0 = 0; t0 < T; t0 += MAXT) {
             const int TT = (T - t0 < MAXT) ? (int)(T - t0) : MAXT;
             const int KR = kern_rows[TT];
-            for (long m = 0; m < nr; m += KR) {
-                const long mr = (nr - m < KR) ? nr - m : KR;
+            /* software prefetch ahead in each row stream while the rows come from memory */
+            const long pfo = t0 ? 0 : pf_dist;
+            for (int m = 0; m < 4; m += KR) {
                 const uint8_t *rows[MAXR];
-                for (int r = 0; r < KR; r++) rows[r] = w + (n + m + (r < mr ? r : mr - 1)) * rb;
-                /* prefetch while the rows come from memory (first T group): the next group of rows at the
-                 * same offset, or pf_max bytes ahead in the same row when rows are long */
-                long pfo = KR * rb < pf_max ? KR * rb : pf_max;
-                if (t0) pfo = 0;
-                if (mr == KR) {
-                    kt[TT](rows, nu, x + t0 * ldx, ldx, y + t0 * ldy + n + m, ldy, pfo);
-                } else { /* tail: compute duplicate rows into scratch, keep the real ones */
-                    float tmp[MAXT * MAXR];
-                    kt[TT](rows, nu, x + t0 * ldx, ldx, tmp, MAXR, pfo);
-                    for (int t = 0; t < TT; t++)
-                        for (long r = 0; r < mr; r++) y[(t0 + t) * ldy + n + m + r] = tmp[t * MAXR + r];
-                }
+                for (int r = 0; r < KR; r++) rows[r] = w + idx[m + r] * rb;
+                float tmp[MAXT * MAXR];
+                kt[TT](rows, nu, x + t0 * ldx, ldx, tmp, MAXR, pfo);
+                for (int t = 0; t < TT; t++)
+                    for (int r = 0; r < KR && m + r < nr; r++) y[(t0 + t) * ldy + idx[m + r]] = tmp[t * MAXR + r];
             }
         }
-        n += nr;
     }
 }
 
@@ -460,7 +456,8 @@ int sharpi_qmatmul(int ty, const uint8_t *w, long rb, long n, long k, const floa
         return 0;
     }
     /* Chunks of rows handed out through an atomic counter: a thread that is slowed down (another
-     * process on its core) holds back at most one chunk instead of half the matrix. */
+     * process on its core) holds back at most one chunk instead of half the matrix. Row results do
+     * not depend on the chunking. */
     long chunk = (n + nth * 8 - 1) / (nth * 8);
     chunk = (chunk + 3) / 4 * 4;
     const long nchunks = (n + chunk - 1) / chunk;
