@@ -2,16 +2,21 @@
 """Plain vs speculative decoding, side by side in one run (a benchmark, not a test).
 
     python scripts/bench_spec.py [--which all|qwen|lookup] [-n 128] [--ks 2,4,6] [--temps 0,0.7]
+                                 [--vs-llama-cpp BIN_DIR]
 
 (a) Qwen2.5-Coder-1.5B target + 0.5B draft, k in --ks, greedy and sampled;
 (b) SmolLM2 with --draft-lookup on an echo-heavy prompt and on a no-copy prompt.
 Each configuration runs after a warm-up; plain and speculative alternate per repetition and the
-table reports medians and their ratio, plus acceptance and tokens per target pass.
+table reports medians and their ratio, plus acceptance and tokens per target pass. With
+--vs-llama-cpp, llama.cpp's plain decode (`llama-bench -p 0 -n N`) of the same target runs in
+the same repetitions, and the last columns compare sharpi's speculative speed with it.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,17 +54,38 @@ def decode_tps(model, tok, prompt, n, params, drafter=None, k=4, seed=0):
     return r.timings.eval_tps, r
 
 
-def compare(label, model, tok, prompt, n, params, make_drafter, k, reps):
+def llama_bench_tg(bin_dir: str | None, model_name: str, n: int, threads: int) -> float | None:
+    """llama.cpp's plain decode speed for the same GGUF (None when no binary was given)."""
+    if not bin_dir:
+        return None
+    exe = Path(bin_dir) / "llama-bench"
+    if not exe.exists():
+        return None
+    r = subprocess.run([str(exe), "-m", str(resolve_model(model_name)), "-p", "0", "-n", str(n), "-t", str(threads),
+                        "-r", "1", "-o", "json"], capture_output=True, text=True)
+    if r.returncode:
+        return None
+    rows = [row for row in json.loads(r.stdout) if row.get("n_gen")]
+    return rows[0]["avg_ts"] if rows else None
+
+
+def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=None):
+    """peer: () -> llama.cpp plain t/s or None, run between sharpi's runs."""
     decode_tps(model, tok, prompt, 8, params)  # warm-up
-    plain, spec, last = [], [], None
+    plain, spec, ref, last = [], [], [], None
     for rep in range(reps):
         plain.append(decode_tps(model, tok, prompt, n, params, seed=rep)[0])
         tps, last = decode_tps(model, tok, prompt, n, params, make_drafter(), k, seed=rep)
         spec.append(tps)
+        if peer is not None:
+            ref.append(peer())
     p, s = statistics.median(plain), statistics.median(spec)
     st = last.spec.as_dict()
+    ref = [r for r in ref if r]
+    lc = statistics.median(ref) if ref else None
+    peer_cols = f" {lc:.1f} | {s / lc:.2f}x |" if lc else " n/a | n/a |"
     print(f"| {label} | {k} | {params.temp:g} | {p:.1f} | {s:.1f} | {s / p:.2f}x | {100 * st['acceptance']:.0f}% | "
-          f"{st['tokens_per_pass']:.2f} |", flush=True)
+          f"{st['tokens_per_pass']:.2f} |{peer_cols}", flush=True)
 
 
 def main():
@@ -70,18 +96,23 @@ def main():
     ap.add_argument("--temps", default="0,0.7")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("--vs-llama-cpp", metavar="BIN_DIR", help="directory holding llama.cpp's llama-bench")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
     ks = [int(x) for x in a.ks.split(",")]
     temps = [float(x) for x in a.temps.split(",")]
-    print("| configuration | k | temp | plain t/s | spec t/s | ratio | accepted | tokens/pass |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| configuration | k | temp | plain t/s | spec t/s | spec/plain | accepted | tokens/pass | "
+          "llama.cpp plain t/s | spec/llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    peer_of = lambda name: (lambda: llama_bench_tg(a.vs_llama_cpp, name, a.n, a.t)) if a.vs_llama_cpp else None  # noqa: E731
     if a.which in ("all", "lookup"):
         model, tok = load("smollm2-135m-instruct-q4_1")
         for temp in temps:
             params = SamplingParams(temp=temp)
-            compare("SmolLM2 lookup, echo-heavy", model, tok, ECHO_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps)
-            compare("SmolLM2 lookup, no-copy", model, tok, NOCOPY_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps)
+            compare("SmolLM2 lookup, echo-heavy", model, tok, ECHO_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps,
+                    peer_of("smollm2-135m-instruct-q4_1"))
+            compare("SmolLM2 lookup, no-copy", model, tok, NOCOPY_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps,
+                    peer_of("smollm2-135m-instruct-q4_1"))
         del model
     if a.which in ("all", "qwen"):
         target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m")
@@ -91,7 +122,8 @@ def main():
             for k in ks:
                 compare("Qwen 1.5B + 0.5B draft", target, tok, CODE_PROMPT, a.n, params,
                         lambda: DraftModelDrafter(draft, draft.new_cache(2048), params,
-                                                  torch.Generator().manual_seed(1)), k, a.reps)
+                                                  torch.Generator().manual_seed(1)), k, a.reps,
+                        peer_of("qwen2.5-coder-1.5b-instruct-q4_k_m"))
 
 
 if __name__ == "__main__":

@@ -14,16 +14,17 @@ ECHO = ("Repeat the list exactly.\nList: apples, bananas, cherries, dates, elder
         "Repeated list: apples, bananas, cherries, dates, elderberries, figs, grapes.\nRepeated list:")
 
 
-def run(model, tok, prompt, n, drafter=None, k=4, params=GREEDY, seed=0):
-    g = Generator(model, model.new_cache(1024), tok, params, seed=seed, drafter=drafter, spec_n_max=k)
+def run(model, tok, prompt, n, drafter=None, k=4, params=GREEDY, seed=0, kv="f16"):
+    g = Generator(model, model.new_cache(1024, kv, kv), tok, params, seed=seed, drafter=drafter, spec_n_max=k)
     return g.generate(tok.encode(prompt), n_predict=n)
 
 
-@pytest.mark.parametrize("prompt", [ECHO, "The capital of France is"])
-def test_lookup_greedy_parity_smollm(prompt):
+@pytest.mark.parametrize("prompt,kv", [(ECHO, "f16"), ("The capital of France is", "f16"), (ECHO, "q8_0")])
+def test_lookup_greedy_parity_smollm(prompt, kv):
+    # q8_0: the rotated, quantized cache path must be as row-exact as the f16 one
     model, tok = loaded(SMOL)
-    plain = run(model, tok, prompt, 48)
-    spec = run(model, tok, prompt, 48, LookupDrafter(3, 2))
+    plain = run(model, tok, prompt, 48, kv=kv)
+    spec = run(model, tok, prompt, 48, LookupDrafter(3, 2), kv=kv)
     assert spec.tokens == plain.tokens
     if prompt is ECHO:  # the echo prompt must actually exercise acceptance
         assert spec.spec.accepted > 0 and spec.spec.target_passes < len(spec.tokens)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import SharpiError
 from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, rotate
 from ..quants import Activations, QWeight, activation_for, load_vector
 from .config import ROPE_NEOX, ModelConfig, config_from_gguf
 
@@ -222,15 +222,16 @@ class Transformer:
             q, k = qk[:, :H], qk[:, H:]
             if self._unperm is not None and cache.k.kind == "q8_0":
                 q, k = q[..., self._unperm], k[..., self._unperm]
+            q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
             cache.k.write(i, start_pos, k)
-            cache.v.write(i, start_pos, v.view(T, Hkv, hdv))
+            cache.v.write(i, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
             if T <= EXACT_ROWS:
                 # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
                 o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
                                                self._mask(start_pos + r, 1, window), scale) for r in range(T)])
             else:
                 o = self._attention(q, cache, i, L, masks[window], scale)  # [T, H * hdv]
-            o = ly.wo(o)
+            o = ly.wo(rotate(o, cache.rot_v))
             if ly.post_attn_norm is not None:
                 o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
             x = x + o
