@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ..errors import SharpiError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache, rotate
-from ..quants import Activations, QWeight, activation_for, load_vector
+from ..quants import Activations, QWeight, _kernels, activation_for, load_vector
 from .config import ROPE_NEOX, ModelConfig, config_from_gguf
 
 Q = gguf.GGMLQuantizationType
@@ -48,6 +48,24 @@ def _weight(gf: GGUFFile, name: str) -> QWeight:
     return QWeight(name, t.data, t.tensor_type, n, k)
 
 
+def _fused(gf: GGUFFile, name: str, parts: list[str], row_order: list | None = None) -> QWeight:
+    """One weight whose rows are the parts' rows in turn (one matmul instead of several).
+
+    When the parts lie back to back in the file with the same type and width and keep their row
+    order (ffn_gate then ffn_up in most GGUFs), the fused weight is a view of the mmap: no copy,
+    so resident memory stays at the file size. Otherwise the rows are copied (QWeight.concat)."""
+    ws = [_weight(gf, p) for p in parts]
+    ts = [gf.tensor(p) for p in parts]
+    adjacent = all(
+        a.tensor_type == b.tensor_type and wa.k == wb.k and a.data_offset + a.n_bytes == b.data_offset
+        for a, b, wa, wb in zip(ts, ts[1:], ws, ws[1:]))
+    if adjacent and row_order is None:
+        start, end = ts[0].data_offset, ts[-1].data_offset + ts[-1].n_bytes
+        raw = gf.reader.data[start:end].reshape(sum(w.n for w in ws), -1)
+        return QWeight(name, raw, ws[0].qtype, sum(w.n for w in ws), ws[0].k)
+    return QWeight.concat(name, ws, row_order)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
@@ -79,16 +97,15 @@ class Transformer:
         self.layers: list[Layer] = []
         for i in range(c.n_layer):
             p = f"blk.{i}."
-            wq, wk = _weight(gf, p + "attn_q.weight"), _weight(gf, p + "attn_k.weight")
             bq, bk = opt(p + "attn_q.bias"), opt(p + "attn_k.bias")
             qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
             self.layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight"),
-                wqk=QWeight.concat(p + "attn_qk", [wq, wk], [q_rows, k_rows]),
+                wqk=_fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"],
+                           [q_rows, k_rows] if c.rope_style == ROPE_NEOX else None),
                 wv=_weight(gf, p + "attn_v.weight"), wo=_weight(gf, p + "attn_output.weight"),
                 ffn_norm=vec(p + "ffn_norm.weight"),
-                w_gu=QWeight.concat(p + "ffn_gate_up", [_weight(gf, p + "ffn_gate.weight"),
-                                                         _weight(gf, p + "ffn_up.weight")]),
+                w_gu=_fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"]),
                 w_down=_weight(gf, p + "ffn_down.weight"),
                 bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
                 bv=opt(p + "attn_v.bias"),
@@ -100,6 +117,8 @@ class Transformer:
         # back to the GGUF's head-dim order; a q8_0 K cache quantizes blocks of 32 consecutive dims,
         # and which dims share a block decides its error (Qwen2's K has large outlier dims)
         self._unperm = torch.argsort(perm) if c.rope_style == ROPE_NEOX else None
+        kern = _kernels()
+        self._attn_kernel = getattr(kern, "attention", None)  # C attention (sharpi_core/kernels/attention.c)
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -225,7 +244,11 @@ class Transformer:
             q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
             cache.k.write(i, start_pos, k)
             cache.v.write(i, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
-            if T <= EXACT_ROWS:
+            if T <= EXACT_ROWS and self._attn_kernel is not None:
+                # every (row, head) in a fixed order: rows bit-identical to one-token passes
+                o = self._attn_kernel(activation_for(q, cache.k.qtype), cache.k, cache.v, i, start_pos, window,
+                                      scale).view(T, H * hdv)
+            elif T <= EXACT_ROWS:
                 # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
                 o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
                                                self._mask(start_pos + r, 1, window), scale) for r in range(T)])
