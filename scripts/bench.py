@@ -37,6 +37,7 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     path = resolve_model(spec)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # interpreter + torch
     t0 = time.perf_counter()
     model = load_model(path)
     load_s = time.perf_counter() - t0
@@ -56,7 +57,7 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int) -> dict:
         tok = int(model.forward(torch.tensor([tok]), cache.length, cache)[-1].argmax())
     tg_s = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"pp": n_prompt / pp_s, "tg": n_gen / tg_s, "rss": rss, "load_s": load_s,
+    return {"pp": n_prompt / pp_s, "tg": n_gen / tg_s, "rss": rss, "base_rss": base_rss, "load_s": load_s,
             "file": os.path.getsize(path), "kv": cache.nbytes}
 
 
@@ -151,7 +152,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from sharpi_core.registry import resolve_model
     print(f"sharpi bench: pp{args.p} / tg{args.n}, {args.t} threads, median of {args.runs} runs", file=sys.stderr)
-    header = ("| model | sharpi pp t/s | sharpi tg t/s | peak RSS MB | (file+KV) MB | RSS ratio | "
+    header = ("| model | sharpi pp t/s | sharpi tg t/s | peak RSS MB | of which python+torch | (file+KV) MB | "
+              "RSS ratio | ratio w/o python+torch | "
               "llama.cpp pp | llama.cpp tg | pp ratio | tg ratio | transformers pp | transformers tg |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
@@ -166,10 +168,12 @@ def main() -> None:
                 hf.append(run_transformers(path, args))
         pp, tg = med(ours, "pp"), med(ours, "tg")
         rss = med(ours, "rss") / 1e6
+        base_rss = med(ours, "base_rss") / 1e6
         base = (ours[0]["file"] + ours[0]["kv"]) / 1e6
         lpp, ltg = med(peer, "pp"), med(peer, "tg")
         hpp, htg = med(hf, "pp"), med(hf, "tg")
-        print(f"| {Path(path).stem} | {fmt(pp)} | {fmt(tg)} | {rss:.0f} | {base:.0f} | {rss / base:.2f}x | "
+        print(f"| {Path(path).stem} | {fmt(pp)} | {fmt(tg)} | {rss:.0f} | {base_rss:.0f} | {base:.0f} | "
+              f"{rss / base:.2f}x | {(rss - base_rss) / base:.2f}x | "
               f"{fmt(lpp) if args.vs_llama_cpp else 'not available'} | {fmt(ltg) if args.vs_llama_cpp else 'not available'} | "
               f"{fmt(pp / lpp, '.2f') + 'x' if lpp else 'n/a'} | {fmt(tg / ltg, '.2f') + 'x' if ltg else 'n/a'} | "
               f"{fmt(hpp) if args.vs_transformers else 'not available'} | {fmt(htg) if args.vs_transformers else 'not available'} |",

@@ -39,6 +39,7 @@ SUPPORTED: frozenset = frozenset(
 )
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
+SOURCES = (SOURCE, Path(__file__).with_name("ops.c"))  # compiled into one library
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 _ABI = 1
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
@@ -58,6 +59,8 @@ _lock = threading.Lock()
 _state: dict = {"tried": False, "lib": None, "reason": None, "path": None, "build_s": None}
 _qmm = None  # entry points (extension functions or ctypes), bound once loaded
 _dqr = None
+_att = None
+_rms = None
 
 
 def kernel_dir() -> Path:
@@ -117,7 +120,7 @@ def library_path(extra: tuple[str, ...] = ()) -> Path | None:
     except OSError:
         ver = cc
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS + extra).encode(), ver.encode(), _cpu_info()[0].encode(),
+    for part in (*(src.read_bytes() for src in SOURCES), " ".join(CFLAGS + extra).encode(), ver.encode(), _cpu_info()[0].encode(),
                  str(_ABI).encode(), (sys.version + sysconfig.get_config_var("EXT_SUFFIX") if extra else "").encode()):
         h.update(part)
         h.update(b"\0")
@@ -129,7 +132,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".qmatmul-", suffix=".so.part", dir=dest.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *CFLAGS, *extra, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=900)
+        r = subprocess.run([cc, *CFLAGS, *extra, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{Path(cc).name} failed (exit {r.returncode}): " + " | ".join(msg[-6:]))
@@ -141,7 +144,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr
+    global _qmm, _dqr, _att, _rms
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -152,17 +155,24 @@ def _bind_ctypes(path: Path) -> None:
     g = lib.sharpi_dequant_rows
     g.argtypes = [c_int, c_void_p, c_long, c_void_p, c_long, c_long, c_long, c_void_p, c_int]
     g.restype = c_int
+    a = lib.sharpi_attention
+    a.argtypes = [c_void_p, *[c_long] * 5, c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_int, c_long, c_long,
+                  ctypes.c_float, c_int, c_void_p, c_int]
+    a.restype = c_int
+    r = lib.sharpi_rms_norm
+    r.argtypes = [c_void_p, c_void_p, c_long, c_long, ctypes.c_float, c_void_p]
+    r.restype = None
     _state["lib"] = lib
-    _qmm, _dqr = f, g
+    _qmm, _dqr, _att, _rms = f, g, a, r
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr
+    global _qmm, _dqr, _att, _rms
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     _state["lib"] = mod
-    _qmm, _dqr = mod.qmatmul, mod.dequant_rows
+    _qmm, _dqr, _att, _rms = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm
 
 
 def _load():
@@ -316,4 +326,46 @@ def dequant_rows(raw: torch.Tensor, qtype, rows: torch.Tensor, k: int) -> torch.
         raise IndexError(f"row index out of range [0, {n}): {int(lo) if int(lo) < 0 else int(hi)}")
     if _dqr(code, raw.data_ptr(), rb, rows.data_ptr(), 0, r, k, out.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"dequant_rows: kernel rejected {qtype.name} K={k}")
+    return out
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x [..., D] fp32 -> x / sqrt(mean(x^2) + eps) * w, rounded like ggml's rms_norm (+ mul)."""
+    if _rms is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    x = x.contiguous()
+    D = x.shape[-1]
+    if x.dtype is not _F32 or (w is not None and (w.dtype is not _F32 or w.shape != (D,) or not w.is_contiguous())):
+        raise ValueError(f"rms_norm: x {x.dtype} [..., {D}], w {None if w is None else (w.dtype, tuple(w.shape))}")
+    y = torch.empty_like(x)
+    _rms(x.data_ptr(), 0 if w is None else w.data_ptr(), x.numel() // D if D else 0, D, float(eps), y.data_ptr())
+    return y
+
+
+_KV_CODE = {"f32": 0, "f16": 1, "q8_0": 2}
+
+
+def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window: int, scale: float) -> torch.Tensor:
+    """q [T, H, D] (already rounded to the K cache's vec_dot type) against one layer of the KV cache
+    -> [T, H, Dv]. Row t is at position start + t and sees keys [start + t - window + 1 (or 0),
+    start + t]. k_store / v_store are kv_cache stores: `.q` [n_layer, capacity, Hkv, D] in f32 / f16 /
+    int8, `.d` the q8_0 scales, `.kind`. Probabilities are rounded to fp16 against an f16 V (as
+    llama.cpp's non-flash-attention path does). Each (row, head) is computed by one thread in a
+    fixed order: the rows do not depend on T or the thread count."""
+    if _att is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    q = q.contiguous()
+    T, H, D = q.shape
+    kq, vq = k_store.q[layer], v_store.q[layer]  # [capacity, Hkv, D]: contiguous slices
+    Hkv, Dv = kq.shape[1], vq.shape[2]
+    if start + T > kq.shape[0] or q.dtype is not _F32:
+        raise ValueError(f"attention: {start + T} positions in a cache of {kq.shape[0]}, q {q.dtype}")
+    kd = k_store.d[layer].data_ptr() if k_store.kind == "q8_0" else 0
+    vd = v_store.d[layer].data_ptr() if v_store.kind == "q8_0" else 0
+    out = torch.empty((T, H, Dv), dtype=_F32)
+    rc = _att(q.data_ptr(), T, H, Hkv, D, Dv, kq.data_ptr(), kd, _KV_CODE[k_store.kind], vq.data_ptr(), vd,
+              _KV_CODE[v_store.kind], start, window, float(scale), int(v_store.kind == "f16"), out.data_ptr(),
+              torch.get_num_threads())
+    if rc:
+        raise ValueError(f"attention: kernel rejected D={D} Dv={Dv} H={H} Hkv={Hkv} ({k_store.kind}/{v_store.kind})")
     return out

@@ -66,7 +66,14 @@ def _fused(gf: GGUFFile, name: str, parts: list[str], row_order: list | None = N
     return QWeight.concat(name, ws, row_order)
 
 
+_KERN: list = []  # [kernels module or None], resolved at the first call
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    if not _KERN:
+        _KERN.append(_kernels())
+    if _KERN[0] is not None:  # one C call instead of torch's several ops, and ggml's rounding
+        return _KERN[0].rms_norm(x, w, eps)
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
@@ -118,7 +125,8 @@ class Transformer:
         # and which dims share a block decides its error (Qwen2's K has large outlier dims)
         self._unperm = torch.argsort(perm) if c.rope_style == ROPE_NEOX else None
         kern = _kernels()
-        self._attn_kernel = getattr(kern, "attention", None)  # C attention (sharpi_core/kernels/attention.c)
+        # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32
+        self._attn_kernel = getattr(kern, "attention", None) if hd % 32 == 0 and c.head_dim_v % 32 == 0 else None
 
     # -- sizes -------------------------------------------------------------------------
     @property
