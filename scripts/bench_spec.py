@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import statistics
 import subprocess
 import sys
@@ -48,8 +49,15 @@ def load(name):
     return load_model(gf), Tokenizer.from_gguf(gf)
 
 
+def ignore_eos(params: SamplingParams, tok) -> SamplingParams:
+    """The same sampling with end-of-generation tokens banned (llama.cpp's --ignore-eos): every run
+    generates exactly n tokens, so speeds compare equal amounts of work."""
+    return replace(params, logit_bias=tuple(params.logit_bias) + tuple((t, float("-inf")) for t in sorted(tok.eog_ids)))
+
+
 def decode_tps(model, tok, prompt, n, params, drafter=None, k=4, seed=0):
-    g = Generator(model, model.new_cache(2048), tok, params, seed=seed, drafter=drafter, spec_n_max=k)
+    g = Generator(model, model.new_cache(2048), tok, ignore_eos(params, tok), seed=seed, drafter=drafter,
+                  spec_n_max=k)
     r = g.generate(tok.encode(prompt), n_predict=n)
     return r.timings.eval_tps, r
 
@@ -121,7 +129,7 @@ def main():
             params = SamplingParams(temp=temp)
             for k in ks:
                 compare("Qwen 1.5B + 0.5B draft", target, tok, CODE_PROMPT, a.n, params,
-                        lambda: DraftModelDrafter(draft, draft.new_cache(2048), params,
+                        lambda: DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),
                                                   torch.Generator().manual_seed(1)), k, a.reps,
                         peer_of("qwen2.5-coder-1.5b-instruct-q4_k_m"))
 
