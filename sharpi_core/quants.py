@@ -67,13 +67,20 @@ def act_kind(qtype: Q) -> str | None:
     return {Q.F16: "f16", Q.BF16: "bf16"}.get(qtype)
 
 
+_ROUND_Q8: list = []  # [kernels.cpu.round_q8 or None], resolved at the first call
+
+
 def round_activations(x: torch.Tensor, kind: str | None) -> torch.Tensor:
     if kind is None:
         return x
-    if kind == "q8_32":
-        return quantize_q8_blocks(x, 32, True)
-    if kind == "q8_k":
-        return quantize_q8_blocks(x, 256, False)
+    if kind in ("q8_32", "q8_k"):
+        block, f16_scale = (32, True) if kind == "q8_32" else (256, False)
+        if not _ROUND_Q8:
+            k = _kernels()
+            _ROUND_Q8.append(k.round_q8 if k is not None else None)
+        if _ROUND_Q8[0] is not None and x.dtype == torch.float32:  # same bits, one C call
+            return _ROUND_Q8[0](x, block, f16_scale)
+        return quantize_q8_blocks(x, block, f16_scale)
     return x.half().float() if kind == "f16" else x.bfloat16().float()
 
 

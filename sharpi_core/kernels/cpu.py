@@ -61,6 +61,7 @@ _qmm = None  # entry points (extension functions or ctypes), bound once loaded
 _dqr = None
 _att = None
 _rms = None
+_rq8 = None
 
 
 def kernel_dir() -> Path:
@@ -144,7 +145,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms
+    global _qmm, _dqr, _att, _rms, _rq8
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -162,17 +163,20 @@ def _bind_ctypes(path: Path) -> None:
     r = lib.sharpi_rms_norm
     r.argtypes = [c_void_p, c_void_p, c_long, c_long, ctypes.c_float, c_void_p]
     r.restype = None
+    rq = lib.sharpi_round_q8
+    rq.argtypes = [c_void_p, c_long, c_int, c_int, c_void_p]
+    rq.restype = None
     _state["lib"] = lib
-    _qmm, _dqr, _att, _rms = f, g, a, r
+    _qmm, _dqr, _att, _rms, _rq8 = f, g, a, r, rq
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms
+    global _qmm, _dqr, _att, _rms, _rq8
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     _state["lib"] = mod
-    _qmm, _dqr, _att, _rms = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm
+    _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
 
 
 def _load():
@@ -327,6 +331,19 @@ def dequant_rows(raw: torch.Tensor, qtype, rows: torch.Tensor, k: int) -> torch.
     if _dqr(code, raw.data_ptr(), rb, rows.data_ptr(), 0, r, k, out.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"dequant_rows: kernel rejected {qtype.name} K={k}")
     return out
+
+
+def round_q8(x: torch.Tensor, block: int, f16_scale: bool) -> torch.Tensor:
+    """x [..., K] fp32 rounded through 8-bit blocks of `block` (32 or 256) along K, returned
+    dequantized: bit-identical to quants.quantize_q8_blocks, in one call."""
+    if _rq8 is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    x = x.contiguous()
+    if x.dtype is not _F32 or block not in (32, 256) or x.shape[-1] % block:
+        raise ValueError(f"round_q8: x {x.dtype} [..., {x.shape[-1]}] with blocks of {block}")
+    y = torch.empty_like(x)
+    _rq8(x.data_ptr(), x.numel(), block, int(f16_scale), y.data_ptr())
+    return y
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:

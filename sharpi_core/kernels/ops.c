@@ -3,6 +3,9 @@
  * sharpi_rms_norm: y = x / sqrt(mean(x^2) + eps) * w, computed as ggml does (float squares summed
  * in double in index order, scale = 1/sqrtf(mean + eps), then (x * scale) * w).
  *
+ * sharpi_round_q8: activations rounded through 8-bit blocks (returned dequantized, fp32), bit for
+ * bit the torch expression in quants.quantize_q8_blocks (one call instead of eight torch ops).
+ *
  * sharpi_attention: out[T, H, Dv] = softmax(q K^T * scale + mask) V.
  *
  * One (query row, head) pair is computed by one thread in a fixed order, so its result does not
@@ -38,6 +41,25 @@ void sharpi_rms_norm(const float *x, const float *w, long T, long D, float eps, 
             for (long i = 0; i < D; i++) yr[i] = (xr[i] * scale) * w[i];
         else
             for (long i = 0; i < D; i++) yr[i] = xr[i] * scale;
+    }
+}
+
+/* y = x rounded through blocks of `block` (32 or 256) values: d = amax / 127, codes
+ * nearbyint(x * (1 / d)), d rounded to fp16 when f16_scale; y = code * d. n is a multiple of block. */
+void sharpi_round_q8(const float *x, long n, int block, int f16_scale, float *y) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (long b = 0; b < n; b += block) {
+        __m512 m = _mm512_setzero_ps();
+        for (int i = 0; i < block; i += 16) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + b + i)));
+        float d = _mm512_reduce_max_ps(m) / 127.0f;
+        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+        if (f16_scale) d = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+        const __m512 vi = _mm512_set1_ps(inv), vd = _mm512_set1_ps(d);
+        for (int i = 0; i < block; i += 16) {
+            const __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + b + i), vi),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm512_storeu_ps(y + b + i, _mm512_mul_ps(q, vd));
+        }
     }
 }
 
@@ -136,6 +158,22 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
  * float; the GIL is released meanwhile. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+/* round_q8(x, n, block, f16_scale, y) */
+PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "round_q8() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long a[5];
+    for (int i = 0; i < 5; i++) {
+        a[i] = PyLong_AsLong(args[i]);
+        if (a[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    sharpi_round_q8((const float *)a[0], a[1], (int)a[2], (int)a[3], (float *)a[4]);
+    Py_RETURN_NONE;
+}
 
 /* rms_norm(x, w (0: none), T, D, eps, y) */
 PyObject *sharpi_py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

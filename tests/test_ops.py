@@ -1,4 +1,4 @@
-"""The C attention kernel (sharpi_core/kernels/ops.c) against a plain torch reference."""
+"""The C ops besides the matmuls (sharpi_core/kernels/ops.c) against torch references."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import torch
 
 from sharpi_core.kernels import cpu
 from sharpi_core.kv_cache import KVCache
-from sharpi_core.quants import activation_for
+from sharpi_core.quants import activation_for, quantize_q8_blocks
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="CPU kernels unavailable")
 
@@ -62,3 +62,22 @@ def test_attention_rejects_bad_shapes():
     cache = KVCache(1, 8, 1, 40, 40, "f32", "f32")  # head size not a multiple of 16
     with pytest.raises(ValueError, match="rejected"):
         cpu.attention(torch.zeros(1, 1, 40), cache.k, cache.v, 0, 0, 0, 1.0)
+
+
+@pytest.mark.parametrize("shape,block,f16_scale", [((5, 576), 32, True), ((3, 1536), 256, False),
+                                                   ((2, 9, 64), 32, True), ((1, 8960), 256, False)])
+def test_round_q8_is_bit_identical_to_the_torch_expression(shape, block, f16_scale):
+    g = torch.Generator().manual_seed(block + shape[-1])
+    x = torch.randn(*shape, generator=g) * torch.rand(*shape, generator=g) * 10
+    x[0, ..., :block] = 0  # an all-zero block (d = 0)
+    x.view(-1)[-1] = 1e-30  # tiny values next to large ones
+    assert torch.equal(cpu.round_q8(x, block, f16_scale), quantize_q8_blocks(x, block, f16_scale))
+
+
+def test_rms_norm_matches_torch():
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(4, 576, generator=g) * 3, torch.randn(576, generator=g)
+    torch.testing.assert_close(cpu.rms_norm(x, w, 1e-5), torch.nn.functional.rms_norm(x, (576,), w, 1e-5),
+                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cpu.rms_norm(x.view(4, 9, 64), None, 1e-6),
+                               torch.nn.functional.rms_norm(x.view(4, 9, 64), (64,), None, 1e-6), rtol=1e-5, atol=1e-6)
