@@ -32,6 +32,8 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from machine_load import Load
     from sharpi_core.registry import resolve_model
     from sharpi_core.models import load_model
 
@@ -150,9 +152,11 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from machine_load import Load
     from sharpi_core.registry import resolve_model
     print(f"sharpi bench: pp{args.p} / tg{args.n}, {args.t} threads, median of {args.runs} runs", file=sys.stderr)
-    header = ("| model | sharpi pp t/s | sharpi tg t/s | peak RSS MB | of which python+torch | (file+KV) MB | "
+    header = ("| model | lost CPU (steal, others) | sharpi pp t/s | sharpi tg t/s | peak RSS MB | of which python+torch | (file+KV) MB | "
               "RSS ratio | ratio w/o python+torch | "
               "llama.cpp pp | llama.cpp tg | pp ratio | tg ratio | transformers pp | transformers tg |")
     print(header)
@@ -160,6 +164,7 @@ def main() -> None:
     for spec in args.model or DEFAULT_MODELS:
         path = str(resolve_model(spec))
         ours, peer, hf = [], [], []
+        load = Load()
         for _ in range(args.runs):  # alternate: sharpi, llama.cpp, transformers, sharpi, ...
             ours.append(run_sharpi(spec, args))
             if args.vs_llama_cpp:
@@ -172,7 +177,8 @@ def main() -> None:
         base = (ours[0]["file"] + ours[0]["kv"]) / 1e6
         lpp, ltg = med(peer, "pp"), med(peer, "tg")
         hpp, htg = med(hf, "pp"), med(hf, "tg")
-        print(f"| {Path(path).stem} | {fmt(pp)} | {fmt(tg)} | {rss:.0f} | {base_rss:.0f} | {base:.0f} | "
+        steal, others = load.report()
+        print(f"| {Path(path).stem} | {steal:.2f}, {others:.2f} | {fmt(pp)} | {fmt(tg)} | {rss:.0f} | {base_rss:.0f} | {base:.0f} | "
               f"{rss / base:.2f}x | {(rss - base_rss) / base:.2f}x | "
               f"{fmt(lpp) if args.vs_llama_cpp else 'not available'} | {fmt(ltg) if args.vs_llama_cpp else 'not available'} | "
               f"{fmt(pp / lpp, '.2f') + 'x' if lpp else 'n/a'} | {fmt(tg / ltg, '.2f') + 'x' if ltg else 'n/a'} | "

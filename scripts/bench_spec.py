@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from machine_load import Load  # noqa: E402
 from sharpi_core.generate import Generator  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.models import load_model  # noqa: E402
@@ -81,6 +82,7 @@ def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=No
     """peer: () -> llama.cpp plain t/s or None, run between sharpi's runs."""
     decode_tps(model, tok, prompt, 8, params)  # warm-up
     plain, spec, ref, last = [], [], [], None
+    load = Load()
     for rep in range(reps):
         plain.append(decode_tps(model, tok, prompt, n, params, seed=rep)[0])
         tps, last = decode_tps(model, tok, prompt, n, params, make_drafter(), k, seed=rep)
@@ -92,6 +94,8 @@ def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=No
     ref = [r for r in ref if r]
     lc = statistics.median(ref) if ref else None
     peer_cols = f" {lc:.1f} | {s / lc:.2f}x |" if lc else " n/a | n/a |"
+    steal, others = load.report()
+    peer_cols += f" {steal:.2f}, {others:.2f} |"
     print(f"| {label} | {k} | {params.temp:g} | {p:.1f} | {s:.1f} | {s / p:.2f}x | {100 * st['acceptance']:.0f}% | "
           f"{st['tokens_per_pass']:.2f} |{peer_cols}", flush=True)
 
@@ -110,8 +114,8 @@ def main():
     ks = [int(x) for x in a.ks.split(",")]
     temps = [float(x) for x in a.temps.split(",")]
     print("| configuration | k | temp | plain t/s | spec t/s | spec/plain | accepted | tokens/pass | "
-          "llama.cpp plain t/s | spec/llama.cpp |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "llama.cpp plain t/s | spec/llama.cpp | lost CPU (steal, others) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     peer_of = lambda name: (lambda: llama_bench_tg(a.vs_llama_cpp, name, a.n, a.t)) if a.vs_llama_cpp else None  # noqa: E731
     if a.which in ("all", "lookup"):
         model, tok = load("smollm2-135m-instruct-q4_1")
