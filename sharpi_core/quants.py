@@ -44,16 +44,40 @@ _ACT_Q8_K = frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K})
 MATCH_LLAMA_CPP = os.environ.get("SHARPI_ACT_QUANT", "1") != "0"
 
 
-def quantize_q8_blocks(x: torch.Tensor, block: int, f16_scale: bool) -> torch.Tensor:
-    """x [..., K] -> x rounded through 8-bit blocks of `block` (returned dequantized, fp32)."""
+def q8_parts(x: torch.Tensor, block: int, f16_scale: bool):
+    """ggml's x86 activation quantization in torch, x [..., K] -> (codes, d, s) as fp32 tensors
+    [..., K/block, block], [..., K/block, 1], [..., K/block, 1].
+
+    f16_scale (Q8_0 / Q8_1, quantize_row_q8_0/q8_1): amax = max|x|, d = amax/127, codes =
+    round-half-even(x * (127/amax)), the stored d is fp16(d), s = fp16(d * sum(codes)) (Q8_1).
+    Otherwise (Q8_K, quantize_row_q8_K_ref): max = the element of largest magnitude (the first),
+    iscale = -127/max, codes = min(127, round-half-even(iscale * x)), d = 1/iscale (fp32), s = None."""
+    # (scalar / tensor is computed by torch as scalar * reciprocal(tensor), two roundings: every
+    # division here is tensor / tensor or tensor / scalar, one correctly rounded fp32 division)
     shp = x.shape
     b = x.reshape(*shp[:-1], shp[-1] // block, block)
-    d = b.abs().amax(dim=-1, keepdim=True) / 127.0
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    q = torch.round(b * inv)
+    ab = b.abs()
+    amax = ab.amax(dim=-1, keepdim=True)
+    zero = amax == 0
+    one = torch.ones_like(amax)
     if f16_scale:
-        d = d.half().float()
-    return (q * d).reshape(shp)
+        d = amax / 127.0
+        iscale = torch.where(zero, torch.zeros_like(amax), torch.full_like(amax, 127.0) / torch.where(zero, one, amax))
+        q = torch.round(b * iscale)
+        s = (d * q.sum(dim=-1, keepdim=True)).half().float()
+        return q, d.half().float(), s
+    mx = torch.gather(b, -1, ab.argmax(dim=-1, keepdim=True))  # argmax: the first maximal element
+    iscale = torch.full_like(mx, -127.0) / torch.where(zero, one, mx)
+    q = torch.where(zero, torch.zeros_like(b), torch.round(iscale * b).clamp_(max=127.0))
+    d = torch.where(zero, torch.zeros_like(mx), one / iscale)
+    return q, d, None
+
+
+def quantize_q8_blocks(x: torch.Tensor, block: int, f16_scale: bool) -> torch.Tensor:
+    """x [..., K] -> x rounded through 8-bit blocks of `block` (returned dequantized, fp32): ggml's
+    Q8_0 rules with f16_scale, Q8_K's without (see q8_parts)."""
+    q, d, _ = q8_parts(x, block, f16_scale)
+    return (q * d).reshape(x.shape)
 
 
 def act_kind(qtype: Q) -> str | None:
@@ -90,7 +114,10 @@ def activation_for(x: torch.Tensor, qtype: Q) -> torch.Tensor:
 
 
 class Activations:
-    """One input x [T, K] shared by several weights (q/k/v, gate/up): rounds it once per kind."""
+    """One input x [T, K] shared by several weights (q/k/v, gate/up).
+
+    Weights whose compiled kernel quantizes the activations itself get the raw fp32 x; on the
+    reference path the rounded activations are computed once per kind and shared."""
 
     __slots__ = ("x", "_by_kind")
 
@@ -99,11 +126,13 @@ class Activations:
         self._by_kind: dict = {}
 
     def __call__(self, w: "QWeight") -> torch.Tensor:
-        k = w.act_kind
-        xa = self._by_kind.get(k)
+        if w.kernel_rounds:  # the kernel rounds x itself
+            return w(self.x)
+        key = (w.act_kind, w.needs_s)
+        xa = self._by_kind.get(key)
         if xa is None:
-            xa = self._by_kind[k] = round_activations(self.x, k)
-        return w.matmul(xa)
+            xa = self._by_kind[key] = w.reference_activations(self.x)
+        return w.reference_matmul(*xa)
 
 
 def torch_view(a: np.ndarray) -> torch.Tensor:
@@ -119,7 +148,13 @@ def reference_dequantize(raw: np.ndarray, qtype: Q) -> torch.Tensor:
 
 
 class QWeight:
-    """A 2-D weight W [N, K] (N outputs), used as y = x @ W.T."""
+    """A 2-D weight W [N, K] (N outputs), used as y = x @ W.T.
+
+    With the compiled kernel, x goes to it in fp32 and the kernel quantizes it to the weight's
+    ggml vec_dot_type (act_quant) and uses integer dot products, as llama.cpp's CPU backend does.
+    Without it (the reference): the same activation rounding in torch (q8_parts), the weight
+    dequantized by gguf.quants and an fp32 matmul; for Q4_1 / Q5_1 the m_w * s_x term uses the fp16
+    s of the Q8_1 activation blocks, like ggml's vec_dot_q4_1_q8_1."""
 
     def __init__(self, name: str, raw: np.ndarray, qtype: Q, n: int, k: int):
         if qtype not in SUPPORTED_TYPES:
@@ -127,12 +162,15 @@ class QWeight:
                               f"(supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))})")
         self.name, self.qtype, self.n, self.k = name, qtype, n, k
         self.act_kind = act_kind(qtype)
+        self.needs_s = self.act_kind == "q8_32" and qtype in (Q.Q4_1, Q.Q5_1)
         self.raw = raw  # uint8 [N, row_bytes] (or [N, K] for float types), a view of the mmap
         self._kern = _kernels()
         if self._kern is not None and qtype not in self._kern.SUPPORTED:
             self._kern = None
+        self.kernel_rounds = self._kern is not None  # the kernel takes raw fp32 activations
         self._raw_t = torch_view(raw) if self._kern is not None else None
         self._dense: torch.Tensor | None = None
+        self._dense_nomin: tuple | None = None
         if qtype == Q.F32:
             self._dense = torch_view(raw).view(n, k)
 
@@ -158,21 +196,37 @@ class QWeight:
             self._dense = reference_dequantize(self.raw, self.qtype).view(self.n, self.k)
         return self._dense
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # x [T, K] -> [T, N]
-        return self.matmul(round_activations(x, self.act_kind))
+    def dense_without_mins(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q4_1 / Q5_1: (d * q as fp32 [N, K], the mins m fp32 [N, K/32]); cached."""
+        if self._dense_nomin is None:
+            bb = gguf.GGML_QUANT_SIZES[self.qtype][1]
+            blocks = np.array(self.raw, dtype=np.uint8).reshape(self.n, self.k // 32, bb)
+            mins = blocks[:, :, 2:4].copy().view(np.float16).astype(np.float32).reshape(self.n, self.k // 32)
+            blocks[:, :, 2:4] = 0
+            wd = reference_dequantize(blocks.reshape(self.n, -1), self.qtype).view(self.n, self.k)
+            self._dense_nomin = (wd, torch.from_numpy(mins))
+        return self._dense_nomin
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, K], already rounded for this weight's act_kind -> [T, N]."""
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # x [T, K] fp32 -> [T, N]. The kernel gives each row the same bits whatever T is (T = 1 too):
+        # a speculative verify pass reproduces single-token decoding bit for bit.
         if self._kern is not None:
-            if x.shape[0] == 1:
-                # The kernel's multi-row path gives each row the same bits whatever T is, but its
-                # one-row path sums in another order. A speculative verify pass (T = k+1) must
-                # reproduce plain decoding bit for bit (greedy parity), so one row takes the
-                # multi-row path too: the weights are still read once, only the FMAs double.
-                return self._kern.qmatmul(x.expand(2, -1).contiguous(), self._raw_t, self.qtype, self.n, self.k)[:1]
-            return self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k)
-        return torch.nn.functional.linear(x, self.dense())
+            return self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k,
+                                      act_quant=self.act_kind is not None)
+        return self.reference_matmul(*self.reference_activations(x))
+
+    def reference_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(x rounded as llama.cpp rounds it for this weight (fp32), Q8_1's s [T, K/32] or None)."""
+        if self.needs_s:
+            q, d, s = q8_parts(x, 32, True)
+            return (q * d).reshape(x.shape), s.reshape(*x.shape[:-1], x.shape[-1] // 32)
+        return round_activations(x, self.act_kind), None
+
+    def reference_matmul(self, xa: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
+        if s is None:
+            return torch.nn.functional.linear(xa, self.dense())
+        wd, mins = self.dense_without_mins()
+        return torch.nn.functional.linear(xa, wd) + s @ mins.T
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows (embedding lookup): ids [T] -> [T, K]."""

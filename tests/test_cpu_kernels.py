@@ -223,14 +223,20 @@ def _reader(name: str):
     return gguf.GGUFReader(str(model_path(name)), "r")  # fetched through the registry when absent
 
 
-@needs_kernels
-@pytest.mark.parametrize("model,qtype", [
-    pytest.param(m, q, id=f"{q.name}-{m.split('-')[0]}", marks=() if m.startswith("smollm2") else (pytest.mark.slow,))
-    for m, q in REAL])
-def test_real_tensor(model, qtype):
+REAL_PARAMS = [pytest.param(m, q, id=f"{q.name}-{m.split('-')[0]}",
+                           marks=() if m.startswith("smollm2") else (pytest.mark.slow,)) for m, q in REAL]
+
+
+def _real_tensor(model: str, qtype):
+    """(tensor, data [N, row_bytes] a view into the mmap, K, N): the model's first 2-D `qtype` tensor."""
     t = next(t for t in _reader(model).tensors if t.tensor_type == qtype and len(t.shape) == 2)
-    k, n_all = int(t.shape[0]), int(t.shape[1])
-    data = np.asarray(t.data)
+    return t, np.asarray(t.data), int(t.shape[0]), int(t.shape[1])
+
+
+@needs_kernels
+@pytest.mark.parametrize("model,qtype", REAL_PARAMS)
+def test_real_tensor(model, qtype):
+    t, data, k, n_all = _real_tensor(model, qtype)
     rows = min(n_all, 384)
     raw = data[:rows]  # a view into the mmap
     W = reference(raw, qtype, rows, k)
@@ -250,3 +256,264 @@ def test_real_tensor(model, qtype):
     assert torch.equal(y[:, :rows], cpu.qmatmul(x, rawt, qtype, rows, k))
     last = torch.arange(n_all - 64, n_all)
     check_matmul(x, reference(data[n_all - 64:], qtype, 64, k), y[:, last], f"{t.name} tail rows")
+
+
+# --- activations quantized like llama.cpp's CPU backend (qmatmul(..., act_quant=True)) ------------
+# ggml (ggml-cpu.c type_traits_cpu) multiplies a weight by activations quantized to its vec_dot_type.
+# Below, a plain transcription of ggml's x86 quantizers (quantize_row_q8_0 / q8_1 in
+# ggml-cpu/arch/x86/quants.c, quantize_row_q8_K_ref in ggml-quants.c) in numpy float32 arithmetic:
+# the kernel's codes and scales must equal it exactly, and its matmul must equal
+# dequant(codes) @ dequant(W) (+ the Q8_1 s term) within fp32 accumulation error.
+Q8_1_WEIGHTS = (Q.Q4_1, Q.Q5_1)
+F32 = np.float32
+
+
+def ggml_quantize_q8_0(x: np.ndarray, q8_1: bool):
+    """quantize_row_q8_0 / q8_1 (AVX2 branch): d = amax / 127 stored as fp16, id = 127 / amax,
+    codes = round-half-even(x * id) (_mm256_round_ps); q8_1: s = fp16(d * sum(codes)), fp32 d."""
+    t, k = x.shape
+    b = x.astype(F32).reshape(t, k // 32, 32)
+    amax = np.abs(b).max(axis=-1)
+    d = (amax / F32(127)).astype(F32)
+    with np.errstate(divide="ignore"):
+        idv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+    codes = np.rint((b * idv[..., None]).astype(F32))
+    s = (d * codes.sum(axis=-1, dtype=F32)).astype(F32).astype(np.float16).astype(F32) if q8_1 else None
+    return codes.astype(np.int8).reshape(t, k), d.astype(np.float16).astype(F32), s
+
+
+def ggml_quantize_q8_k(x: np.ndarray):
+    """quantize_row_q8_K_ref: max = the first element of largest magnitude, iscale = -127 / max,
+    codes = MIN(127, nearest_int(iscale * x)) (the 12582912 trick), d = 1 / iscale, bsums per 16."""
+    t, k = x.shape
+    codes = np.zeros((t, k), np.int8)
+    d = np.zeros((t, k // 256), F32)
+    bsums = np.zeros((t, k // 16), np.int16)
+    for r in range(t):
+        for i in range(k // 256):
+            blk = x[r, 256 * i:256 * (i + 1)].astype(F32)
+            amax, mx = F32(0), F32(0)
+            for v in blk:
+                if abs(v) > amax:
+                    amax, mx = abs(v), v
+            if not amax:
+                continue
+            iscale = F32(F32(-127) / mx)
+            val = ((iscale * blk).astype(F32) + F32(12582912)).astype(F32)
+            q = np.minimum(127, (val.view(np.int32) & 0x007FFFFF) - 0x00400000)
+            codes[r, 256 * i:256 * (i + 1)] = q
+            bsums[r, 16 * i:16 * (i + 1)] = q.reshape(16, 16).sum(axis=-1)
+            d[r, i] = F32(1) / iscale
+    return codes, d, bsums
+
+
+def act_test_inputs(t: int, k: int, seed: int) -> torch.Tensor:
+    """Activations with the edge cases of the quantizers: an all-zero block, exact .5 ties, equal
+    magnitudes of both signs (Q8_K picks the first), a negative extreme, tiny values, outliers."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=g) * torch.rand(t, 1, generator=g) * 4
+    x[0, :256] = 0
+    if t > 1:
+        x[1, :32] = torch.arange(32) - 15.5  # amax 16.5 ... scaled: many halves
+        x[1, 32:64] = torch.linspace(-127, 127, 32).round() / 127 * 3  # amax 3 -> codes on the grid
+        x[1, 256] = -70.0
+        x[1, 300] = 70.0  # the same magnitude later, other sign
+        if k > 1024:
+            x[1, 1024 + 5] = -1e4
+    if t > 2:
+        x[2] *= 1e-30
+        x[2, 64:96] = torch.tensor([1.0, -0.5, 0.25, 0.0] * 8)  # ties after * 127
+    return x.contiguous()
+
+
+def ggml_act_reference(x: torch.Tensor, qtype):
+    """(x as the kernel sees it (fp64), Q8_1 s [T, K/32] (fp64) or None) by the transcription above."""
+    xn = x.numpy()
+    t, k = xn.shape
+    if qtype in KQUANTS:
+        codes, d, _ = ggml_quantize_q8_k(xn)
+        return torch.from_numpy(codes.reshape(t, -1, 256) * d[..., None].astype(np.float64)).reshape(t, k), None
+    if qtype == Q.F16:
+        return x.half().double(), None
+    if qtype == Q.BF16:
+        return x.bfloat16().double(), None
+    codes, d, s = ggml_quantize_q8_0(xn, qtype in Q8_1_WEIGHTS)
+    xd = torch.from_numpy(codes.reshape(t, -1, 32) * d[..., None].astype(np.float64)).reshape(t, k)
+    return xd, (None if s is None else torch.from_numpy(s.astype(np.float64)))
+
+
+def split_mins(raw: np.ndarray, qtype, n: int, k: int):
+    """Q4_1 / Q5_1: (dequant with zeroed mins = d * q, the mins [n, k/32]) through gguf.quants."""
+    bb = gguf.GGML_QUANT_SIZES[qtype][1]
+    blocks = np.array(raw, dtype=np.uint8).reshape(n, k // 32, bb)
+    mins = blocks[:, :, 2:4].copy().view(np.float16).astype(np.float64).reshape(n, k // 32)
+    blocks[:, :, 2:4] = 0
+    return reference(blocks.reshape(n, -1), qtype, n, k).double(), torch.from_numpy(mins)
+
+
+def check_act_matmul(x: torch.Tensor, raw: np.ndarray, qtype, n: int, k: int, y: torch.Tensor, what: str):
+    xd, s = ggml_act_reference(x, qtype)
+    W = reference(raw, qtype, n, k).double()
+    if s is not None:
+        wd, mins = split_mins(raw, qtype, n, k)
+        ref = xd @ wd.T + s @ mins.T
+        scale = xd.abs() @ wd.abs().T + s.abs() @ mins.abs().T
+    else:
+        ref = xd @ W.T
+        scale = xd.abs() @ W.abs().T
+    err = (y.double() - ref).abs()
+    bad = err > REL_TOL * scale + 1e-30
+    assert not bad.any(), f"{what}: max err/scale {float((err / (scale + 1e-30)).max()):.3g}"
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", KQUANTS + (Q.Q4_0, Q.Q4_1), ids=lambda q: q.name)
+def test_activation_codes_equal_ggml_transcription(qtype):
+    """The kernel's quantized activations (codes, scales, s, bsums) bit for bit like ggml's x86
+    build, and quants.q8_parts (the torch reference path) and cpu.round_q8 agree with them."""
+    from sharpi_core.quants import q8_parts
+    x = act_test_inputs(5, 1024, seed=int(qtype))
+    codes, d, s, bs = cpu.quantize_act(x, qtype)
+    if qtype in KQUANTS:
+        rc, rd, rbs = ggml_quantize_q8_k(x.numpy())
+        assert s is None and torch.equal(bs, torch.from_numpy(rbs))
+        tq, td, ts = q8_parts(x, 256, False)
+        assert ts is None
+        assert torch.equal(cpu.round_q8(x, 256, False), torch.from_numpy((rc.reshape(5, -1, 256) * rd[..., None]).reshape(5, -1)))
+    else:
+        rc, rd, rs = ggml_quantize_q8_0(x.numpy(), qtype in Q8_1_WEIGHTS)
+        assert bs is None and (s is None) == (rs is None)
+        if rs is not None:
+            assert torch.equal(s, torch.from_numpy(rs))
+        tq, td, ts = q8_parts(x, 32, True)
+        if rs is not None:
+            assert torch.equal(ts.reshape(5, -1), torch.from_numpy(rs))
+        assert torch.equal(cpu.round_q8(x, 32, True), torch.from_numpy((rc.reshape(5, -1, 32) * rd[..., None]).reshape(5, -1)))
+    assert torch.equal(codes, torch.from_numpy(rc))
+    assert torch.equal(d, torch.from_numpy(rd))
+    assert torch.equal(tq.reshape(5, -1), torch.from_numpy(rc).float())
+    assert torch.equal(td.reshape(5, -1), torch.from_numpy(rd))
+    assert codes.abs().max() == 127 and (codes[0, :256] == 0).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
+def test_qmatmul_act_quant_random_blocks(qtype):
+    n, k = 75, 1024 if qtype in KQUANTS else 1056  # 1056 = 33 blocks: a partial step of 4 blocks
+    raw = random_raw(qtype, n, k, seed=4)
+    rawt = torch_view(raw)
+    thr = cpu.GEMM_MIN_ROWS  # float weights switch to sgemm there; quantized ones never do
+    for t in (1, 2, 3, 5, 8, 9, 17, thr - 1, thr, 3 * thr):
+        x = act_test_inputs(t, k, seed=t)
+        y = cpu.qmatmul(x, rawt, qtype, n, k, act_quant=True)
+        assert y.shape == (t, n) and y.dtype == torch.float32
+        check_act_matmul(x, raw, qtype, n, k, y, f"{qtype.name} T={t}")
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
+def test_act_quant_batch_invariant_and_thread_independent(qtype):
+    """Each row of T = 1..17 equals that row computed alone (T = 1), bit for bit, with 1 or 2
+    threads: a speculative verify pass reproduces single-token decoding exactly."""
+    n, k = 203, 1536 if qtype in KQUANTS else 1120
+    raw = torch_view(random_raw(qtype, n, k, seed=5))
+    x = act_test_inputs(17, k, seed=6)
+    assert len(x) < cpu.GEMM_MIN_ROWS
+    nth = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            singles = torch.cat([cpu.qmatmul(x[i:i + 1].contiguous(), raw, qtype, n, k, act_quant=True) for i in range(len(x))])
+            if threads == 1:
+                ref = singles
+            assert torch.equal(singles, ref), threads
+            for t in range(2, len(x) + 1):
+                assert torch.equal(cpu.qmatmul(x[:t].contiguous(), raw, qtype, n, k, act_quant=True), ref[:t]), (threads, t)
+            assert torch.equal(cpu.qmatmul(x[5:].contiguous(), raw, qtype, n, k, act_quant=True), ref[5:])
+            if qtype not in (Q.F16, Q.BF16):  # quantized weights: a prefill-sized T gives the same rows
+                long_x = torch.cat([x] * 4)
+                assert len(long_x) >= cpu.GEMM_MIN_ROWS
+                assert torch.equal(cpu.qmatmul(long_x, raw, qtype, n, k, act_quant=True), torch.cat([ref] * 4))
+    finally:
+        torch.set_num_threads(nth)
+
+
+@needs_kernels
+def test_quantize_act_rejects_float_weights():
+    with pytest.raises(ValueError):
+        cpu.quantize_act(torch.randn(2, 64), Q.F16)
+    with pytest.raises(ValueError):
+        cpu.quantize_act(torch.randn(2, 128), Q.Q4_K)  # K % 256
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
+def test_qweight_kernel_matches_reference_path(qtype, monkeypatch):
+    """quants.QWeight through the kernel (raw fp32 x in) and through the reference path
+    (SHARPI_CPU_KERNEL=0: torch rounding, gguf.quants dequantization, fp32 matmul, Q8_1's fp16 s
+    term) agree within fp32 rounding; one row alone gives the same bits as inside a batch."""
+    from sharpi_core import quants
+    n, k = 96, 512
+    raw = random_raw(qtype, n, k, seed=7)
+    x = act_test_inputs(6, k, seed=8)
+    w = quants.QWeight("w", raw, qtype, n, k)
+    assert w._kern is not None
+    y = w(x)
+    assert torch.equal(w(x[3:4]), y[3:4])
+    monkeypatch.setattr(quants, "_kernels", lambda: None)
+    wr = quants.QWeight("w", raw, qtype, n, k)
+    assert wr._kern is None
+    yr = wr(x)
+    assert torch.equal(quants.Activations(x)(wr), yr)
+    xd, s = ggml_act_reference(x, qtype)
+    W = reference(raw, qtype, n, k).double()
+    scale = xd.abs() @ W.abs().T + (0 if s is None else s.abs() @ split_mins(raw, qtype, n, k)[1].abs().T)
+    assert ((y.double() - yr.double()).abs() <= 2 * REL_TOL * scale + 1e-30).all()
+    check_act_matmul(x, raw, qtype, n, k, yr, f"reference path {qtype.name}")
+
+
+@needs_kernels
+def test_non_vnni_build_gives_the_same_bits(tmp_path):
+    """A build without AVX512-VNNI emulates vpdpbusd / vpdpwssd exactly: identical results."""
+    if not cpu.has_vnni():
+        pytest.skip("this build has no VNNI to compare with")
+    types = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+    n, k = 37, 1280
+    x = act_test_inputs(3, k, seed=9)
+    torch.save(x, tmp_path / "x.pt")
+    want = {}
+    for qt in types:
+        raw = random_raw(qt, n, k, seed=10)
+        np.save(tmp_path / f"{qt.name}.npy", raw)
+        want[qt.name] = cpu.qmatmul(x, torch_view(raw), qt, n, k, act_quant=True)
+    code = ("import sys, numpy as np, torch, gguf; from sharpi_core.kernels import cpu; d = sys.argv[1]; "
+            "assert cpu.available() and not cpu.has_vnni(), cpu.unavailable_reason(); x = torch.load(d + '/x.pt'); "
+            f"out = {{t: cpu.qmatmul(x, torch.from_numpy(np.load(d + '/' + t + '.npy')), gguf.GGMLQuantizationType[t], {n}, {k}, "
+            f"act_quant=True) for t in {[q.name for q in types]!r}}}; torch.save(out, d + '/y.pt')")
+    env = dict(os.environ, SHARPI_KERNEL_NO_VNNI="1")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = torch.load(tmp_path / "y.pt")
+    for name, y in want.items():
+        assert torch.equal(got[name], y), name
+
+
+@needs_kernels
+@pytest.mark.parametrize("model,qtype", REAL_PARAMS)
+def test_real_tensor_act_quant(model, qtype):
+    t, data, k, n_all = _real_tensor(model, qtype)
+    rows = min(n_all, 256)
+    raw = data[:rows]
+    rawt = torch_view(raw)
+    g = torch.Generator().manual_seed(11)
+    for T in (1, 2, 5, 9):
+        x = torch.randn(T, k, generator=g) * torch.rand(T, k, generator=g).pow(4) * 3  # a few outliers
+        y = cpu.qmatmul(x, rawt, qtype, rows, k, act_quant=True)
+        check_act_matmul(x, raw, qtype, rows, k, y, f"{t.name} T={T}")
+        assert torch.equal(cpu.qmatmul(x[-1:].contiguous(), rawt, qtype, rows, k, act_quant=True), y[-1:])
+    # the whole tensor at decode size, its tail rows against the reference
+    x = torch.randn(1, k, generator=g)
+    y = cpu.qmatmul(x, torch_view(data), qtype, n_all, k, act_quant=True)
+    assert torch.equal(y[:, :rows], cpu.qmatmul(x, rawt, qtype, rows, k, act_quant=True))
+    check_act_matmul(x, np.ascontiguousarray(data[n_all - 64:]), qtype, 64, k, y[:, n_all - 64:], f"{t.name} tail rows")

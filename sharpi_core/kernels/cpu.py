@@ -41,12 +41,16 @@ SUPPORTED: frozenset = frozenset(
 SOURCE = Path(__file__).with_name("qmatmul.c")
 SOURCES = (SOURCE, Path(__file__).with_name("ops.c"))  # compiled into one library
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
-_ABI = 1
+if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
+    CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
+_ABI = 2
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
 # Measured crossover on Qwen2.5-1.5B shapes (2 threads): the register kernel wins up to T ~ 40.
 GEMM_MIN_ROWS = 40
+# With act_quant=True, quantized weights always take the integer register kernels: measured on the
+# four models' shapes (2 threads), they beat dequantize + sgemm 2-6x at T = 8..512.
 # fp32 bytes of one dequantized tile (about one L2; fewer Python iterations than smaller tiles).
 GEMM_TILE_BYTES = 2 << 20
 
@@ -62,6 +66,9 @@ _dqr = None
 _att = None
 _rms = None
 _rq8 = None
+_qact = None
+_ract = None
+_vnni = None
 
 
 def kernel_dir() -> Path:
@@ -145,7 +152,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _vnni
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -166,17 +173,25 @@ def _bind_ctypes(path: Path) -> None:
     rq = lib.sharpi_round_q8
     rq.argtypes = [c_void_p, c_long, c_int, c_int, c_void_p]
     rq.restype = None
+    qa = lib.sharpi_quantize_act
+    qa.argtypes = [c_int, c_void_p, c_long, c_long, c_void_p, c_void_p, c_void_p, c_void_p]
+    qa.restype = c_int
+    ra = lib.sharpi_round_act
+    ra.argtypes = [c_void_p, c_long, c_int, c_int, c_void_p]
+    ra.restype = None
     _state["lib"] = lib
-    _qmm, _dqr, _att, _rms, _rq8 = f, g, a, r, rq
+    _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
+    _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _vnni
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     _state["lib"] = mod
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
+    _qact, _ract, _vnni = mod.quantize_act, mod.round_act, bool(mod.has_vnni())
 
 
 def _load():
@@ -259,12 +274,18 @@ def _bad_args(x, raw, qtype, n, k, out):
 
 
 def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, act_quant: bool = False) -> torch.Tensor:
     """x fp32 [T, K] (contiguous) @ dequant(raw [N, row_bytes]).T -> fp32 [T, N] (into `out` if given).
 
-    T < GEMM_MIN_ROWS: each block is expanded in registers and used for up to 8 rows of x; the
-    result for one (token, output) pair is bitwise the same for every T (and thread count).
-    T >= GEMM_MIN_ROWS: tiles of rows are dequantized exactly and multiplied by torch's sgemm."""
+    act_quant=False: x is used as given (fp32 FMAs against the dequantized blocks).
+    act_quant=True: x is first quantized the way llama.cpp's CPU backend quantizes activations for
+    this weight type (its ggml vec_dot_type: Q8_0 / Q8_1 / Q8_K blocks, fp16 for F16, bf16 for BF16)
+    and the quantized types use integer dot products per block (see qmatmul.c).
+
+    Register kernels (every T with act_quant and a quantized weight; T < GEMM_MIN_ROWS otherwise):
+    the result for one (token, output) pair is bitwise the same for every T and thread count.
+    Longer inputs otherwise: tiles of weight rows are dequantized exactly and multiplied by torch's
+    sgemm (F16 / BF16 weights with act_quant: against x rounded to that type)."""
     info = _INFO.get(qtype)
     if info is None or _qmm is None:
         if not available():
@@ -282,9 +303,15 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
         out = torch.empty((t, n), dtype=_F32)
     elif out.dtype is not _F32 or out.shape != (t, n) or not out.is_contiguous() or not out.is_cpu:
         raise _bad_args(x, raw, qtype, n, k, out)
-    if t >= GEMM_MIN_ROWS and n:
+    if t >= GEMM_MIN_ROWS and n and not (act_quant and qtype in _ACT_Q8):
+        if act_quant:
+            return _gemm_act(x, raw, code, n, k, rb, out, qtype)
         return _gemm(x, raw, code, n, k, rb, out)
-    if t and n and _qmm(code, raw.data_ptr(), rb, n, k, x.data_ptr(), t, out.data_ptr(), torch.get_num_threads()):
+    rc = _qmm(code | (256 if act_quant else 0), raw.data_ptr(), rb, n, k, x.data_ptr(), t, out.data_ptr(),
+              torch.get_num_threads()) if t and n else 0
+    if rc == -2:
+        raise MemoryError("qmatmul: no memory for the quantized activations")
+    if rc:
         raise _bad_args(x, raw, qtype, n, k, out)
     return out
 
@@ -301,6 +328,49 @@ def _gemm(x, raw, code, n, k, rb, out):
             raise ValueError("qmatmul: kernel rejected the weight")
         torch.mm(x, buf[:m].t(), out=out[:, n0:n0 + m])
     return out
+
+
+def _gemm_act(x, raw, code, n, k, rb, out, qtype):
+    """The sgemm path for F16 / BF16 weights against activations rounded to that type (as ggml's
+    vec_dot_type); quantized weights never come here (their integer kernels win at every T)."""
+    xa = x.half().float() if qtype == Q.F16 else x.bfloat16().float() if qtype == Q.BF16 else x
+    return _gemm(xa, raw, code, n, k, rb, out)
+
+
+_ACT_Q8K = frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K})
+_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}) | _ACT_Q8K
+_ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1})
+
+
+def has_vnni() -> bool:
+    """Whether the library was built with AVX512-VNNI (else the integer dot products are emulated
+    exactly with vpmaddwd: same results, slower)."""
+    return bool(available() and _vnni)
+
+
+def quantize_act(x: torch.Tensor, qtype):
+    """The activations x fp32 [T, K] quantized the way qmatmul(..., act_quant=True) quantizes them
+    for a `qtype` weight (ggml's x86 quantize_row_q8_0 / q8_1 / q8_K): (codes int8 [T, K],
+    d fp32 [T, K/B] (Q8_0 / Q8_1: the fp16 scale's value), s fp32 [T, K/32] (Q8_1: fp16(d * sum of
+    codes); else None), bsums int16 [T, K/16] (Q8_K; else None)), B = 256 for K-quants, 32 otherwise."""
+    if _qact is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    if qtype not in _ACT_Q8:
+        raise ValueError(f"quantize_act: {getattr(qtype, 'name', qtype)} weights take no 8-bit activations")
+    x = x.contiguous()
+    blk = 256 if qtype in _ACT_Q8K else 32
+    if x.dtype is not _F32 or x.dim() != 2 or x.shape[1] % blk:
+        raise ValueError(f"quantize_act: x must be fp32 [T, K] with K a multiple of {blk}")
+    t, k = x.shape
+    codes = torch.empty((t, k), dtype=torch.int8)
+    d = torch.empty((t, k // blk), dtype=_F32)
+    s = torch.empty((t, k // 32), dtype=_F32) if qtype in _ACT_Q8_1 else None
+    bs = torch.empty((t, k // 16), dtype=torch.int16) if blk == 256 else None
+    rc = _qact(int(qtype), x.data_ptr(), t, k, codes.data_ptr(), d.data_ptr(), 0 if s is None else s.data_ptr(),
+               0 if bs is None else bs.data_ptr())
+    if rc < 0:
+        raise ValueError(f"quantize_act: rejected {qtype.name} K={k}")
+    return codes, d, s, bs
 
 
 def dequant_rows(raw: torch.Tensor, qtype, rows: torch.Tensor, k: int) -> torch.Tensor:
@@ -335,14 +405,15 @@ def dequant_rows(raw: torch.Tensor, qtype, rows: torch.Tensor, k: int) -> torch.
 
 def round_q8(x: torch.Tensor, block: int, f16_scale: bool) -> torch.Tensor:
     """x [..., K] fp32 rounded through 8-bit blocks of `block` (32 or 256) along K, returned
-    dequantized: bit-identical to quants.quantize_q8_blocks, in one call."""
-    if _rq8 is None and not available():
+    dequantized, in one call: f16_scale, ggml's Q8_0 rules (code * fp16 scale); otherwise Q8_K's
+    (code * 1/iscale). Bit-identical to quants.quantize_q8_blocks and to the codes qmatmul uses."""
+    if _ract is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     x = x.contiguous()
     if x.dtype is not _F32 or block not in (32, 256) or x.shape[-1] % block:
         raise ValueError(f"round_q8: x {x.dtype} [..., {x.shape[-1]}] with blocks of {block}")
     y = torch.empty_like(x)
-    _rq8(x.data_ptr(), x.numel(), block, int(f16_scale), y.data_ptr())
+    _ract(x.data_ptr(), x.numel(), block, int(f16_scale), y.data_ptr())
     return y
 
 

@@ -33,6 +33,7 @@
 #include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INL static inline __attribute__((always_inline))
@@ -140,6 +141,19 @@ INL __m512 kquant_scales(const uint8_t *b) {
     return _mm512_mul_ps(f, dd);
 }
 
+/* Q6_K super-block b, half hf: its 128 6-bit codes as bytes, elements [128 hf, 128 hf + 64) in lo
+ * and the next 64 in hi (see prep()). */
+INL void q6k_codes(const uint8_t *b, int hf, __m512i *lo, __m512i *hi) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33);
+    const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i L = _mm512_loadu_si512((const void *)(b + 64 * hf));
+    const __m512i Hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hf)));
+    const __m512i H2 = _mm512_and_si512(_mm512_srlv_epi16(Hb, sh), m33); /* bits 0-1 and 4-5 */
+    /* vpternlogd imm 0xE4 = (a & c) | (b & ~c): low nibble from a, bits 4-7 from b */
+    *lo = _mm512_ternarylogic_epi32(L, _mm512_slli_epi16(H2, 4), m0f, 0xE4);
+    *hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), H2, m0f, 0xE4);
+}
+
 INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
     switch (ty) {
     case TY_Q4_0: {
@@ -147,8 +161,8 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
         P->t[0] = _mm512_mul_ps(d, _mm512_sub_ps(IOTA, _mm512_set1_ps(8.f)));
         break;
     }
-    case TY_Q4_1: {
-        const __m512 d = _mm512_set1_ps(f16at(b)), m = _mm512_set1_ps(f16at(b + 2));
+    case TY_Q4_1: { /* exact == 2: without the min (d * q, for the fp16 s term of Q8_1 activations) */
+        const __m512 d = _mm512_set1_ps(f16at(b)), m = _mm512_set1_ps(exact == 2 ? 0.f : f16at(b + 2));
         P->t[0] = madd(exact, d, IOTA, m);
         break;
     }
@@ -159,7 +173,7 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
         break;
     }
     case TY_Q5_1: {
-        const __m512 d = _mm512_set1_ps(f16at(b)), m = _mm512_set1_ps(f16at(b + 2));
+        const __m512 d = _mm512_set1_ps(f16at(b)), m = _mm512_set1_ps(exact == 2 ? 0.f : f16at(b + 2));
         P->t[0] = madd(exact, d, IOTA, m);
         P->t[1] = madd(exact, d, _mm512_add_ps(IOTA, _mm512_set1_ps(16.f)), m);
         break;
@@ -190,16 +204,10 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
          * (ql[l] & 15) | ((qh[l % 32] >> 2*(l / 32)) & 3) << 4 and element 64 + l is
          * (ql[l] >> 4) | ((qh[l % 32] >> (4 + 2*(l / 32))) & 3) << 4. 16-bit shifts leak bits across
          * the bytes of a word only into bit positions that the masks / selects below drop. */
-        const __m512i m0f = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33);
-        const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
 #pragma GCC unroll 2
         for (int hf = 0; hf < 2; hf++) {
-            const __m512i L = _mm512_loadu_si512((const void *)(b + 64 * hf));
-            const __m512i Hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hf)));
-            const __m512i H2 = _mm512_and_si512(_mm512_srlv_epi16(Hb, sh), m33); /* bits 0-1 and 4-5 */
-            /* vpternlogd imm 0xE4 = (a & c) | (b & ~c): low nibble from a, bits 4-7 from b */
-            const __m512i lo = _mm512_ternarylogic_epi32(L, _mm512_slli_epi16(H2, 4), m0f, 0xE4);
-            const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), H2, m0f, 0xE4);
+            __m512i lo, hi;
+            q6k_codes(b, hf, &lo, &hi);
             _mm512_store_si512((void *)(P->q6 + 128 * hf), lo);
             _mm512_store_si512((void *)(P->q6 + 128 * hf + 64), hi);
         }
@@ -403,12 +411,844 @@ static int ub_of(int ty) {
     }
 }
 
+/* =============================================================================================
+ * Integer path: activations quantized the way ggml's x86 CPU backend quantizes them for the
+ * weight's vec_dot_type, then integer dot products per block, as llama.cpp computes them.
+ *
+ *   Q4_0, Q5_0, Q8_0 -> Q8_0; Q4_1, Q5_1 -> Q8_1 (ggml quantize_row_q8_0 / q8_1, AVX2 branch):
+ *     amax = max |x| over 32, d = amax / 127 (stored as fp16), codes = round-half-even(x * (127 / amax));
+ *     Q8_1 also s = fp16(d * sum(codes)) with the fp32 d.
+ *   Q4_K, Q5_K, Q6_K -> Q8_K (quantize_row_q8_K_ref; the x86 build has no SIMD version):
+ *     max = the element of largest magnitude (first one), iscale = -127 / max,
+ *     codes = min(127, round-half-even(iscale * x)), d = 1 / iscale (fp32), sums of 16 codes.
+ *   F16 -> activations rounded to fp16; BF16 -> bf16 (then the fp32 kernel above).
+ *
+ * Per block the integer sum is exact; it is combined like ggml:
+ *   Q4_0/Q5_0/Q8_0: (d_w * d_x) * sumi;  Q4_1/Q5_1: (d_w * d_x) * sumi + m_w * s_x;
+ *   K-quants: (d_w * d_x) * sum_j(sc_j * sumi_j) - (dmin_w * d_x) * sum_j(m_j * bsum_j)
+ *   (Q6_K: codes - 32 folded into the integer sum through the 16-element sums).
+ * The float products are accumulated per 16 lanes of one accumulator per (weight row, token) in a
+ * fixed order over K, then reduced in a fixed order: a (row, token) result is the same bits for
+ * every T, tile shape and thread count.
+ *
+ * Weight codes are unsigned bytes (Q4_0 / Q5_0 codes before their -8 / -16 offset, Q8_0 codes + 128),
+ * activation codes signed: vpdpbusd (AVX512-VNNI) sums 4 products per 32-bit lane. The offsets are
+ * taken out exactly by starting each lane's sum at -offset * (sum of its 4 activation codes),
+ * precomputed with the activations. K-quants: vpmaddubsw (pairs, no saturation: codes <= 63) then
+ * vpdpwssd with the 16-bit sub-block scales. Without VNNI both are emulated exactly with vpmaddwd.
+ *
+ * The activations are quantized once per call into a per-thread scratch buffer, laid out per
+ * weight type so that the weight side needs no shuffles:
+ *   legacy types: per 64 elements (2 blocks, natural order) 192 bytes: codes[64], d_x per lane
+ *     (16 f32: 8 x block 0, 8 x block 1), then 16 int32 offset starts or 16 f32 with s_x in lanes 0 and 8;
+ *   K-quants: per 256 elements 384 bytes: codes[256] (Q4_K / Q5_K: the 32-element sub-blocks in the
+ *     order 0 2 1 3 4 6 5 7, matching the nibble halves of their 64-byte code loads), 32 int16
+ *     sums (Q6_K: per 16 elements; Q4_K / Q5_K: per 32, then zeros), d_x (f32).
+ * ============================================================================================= */
+#if defined(__AVX512VNNI__)
+#define SHARPI_VNNI 1
+INL __m512i dpbusd(__m512i acc, __m512i u, __m512i s) { return _mm512_dpbusd_epi32(acc, u, s); }
+INL __m512i dpwssd(__m512i acc, __m512i a, __m512i b) { return _mm512_dpwssd_epi32(acc, a, b); }
+#else
+#define SHARPI_VNNI 0
+/* exact emulation: even / odd bytes widened to 16 bits, vpmaddwd (no saturation for these ranges) */
+INL __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
+    const __m512i ue = _mm512_and_si512(u, _mm512_set1_epi16(0x00ff)), uo = _mm512_srli_epi16(u, 8);
+    const __m512i se = _mm512_srai_epi16(_mm512_slli_epi16(s, 8), 8), so = _mm512_srai_epi16(s, 8);
+    return _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(ue, se), _mm512_madd_epi16(uo, so)));
+}
+INL __m512i dpwssd(__m512i acc, __m512i a, __m512i b) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)); }
+#endif
+
+int sharpi_has_vnni(void) { return SHARPI_VNNI; }
+
+INL float f16round(float v) { return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+
+#define ABSF(v) _mm512_andnot_ps(_mm512_set1_ps(-0.0f), (v))
+#define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+/* ggml quantize_row_q8_0 / q8_1 on one block of L (multiple of 16) values */
+INL void q8_32_quant(const float *x, const int L, int8_t *q, float *d16, float *s16) {
+    __m512 m = _mm512_setzero_ps();
+    for (int i = 0; i < L; i += 16) m = _mm512_max_ps(m, ABSF(_mm512_loadu_ps(x + i)));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float d = amax / 127.f;
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    __m512i sum = _mm512_setzero_si512();
+    for (int i = 0; i < L; i += 16) {
+        const __m512i c = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(id)), RNE));
+        sum = _mm512_add_epi32(sum, c);
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtsepi32_epi8(c));
+    }
+    *d16 = f16round(d);
+    if (s16) *s16 = f16round(d * (float)_mm512_reduce_add_epi32(sum));
+}
+
+/* ggml quantize_row_q8_K_ref on one block of L (multiple of 16) values; bsums per 16 */
+INL void q8K_quant(const float *x, const int L, int8_t *q, float *dout, int16_t *bsums) {
+    __m512 m = _mm512_setzero_ps();
+    for (int i = 0; i < L; i += 16) m = _mm512_max_ps(m, ABSF(_mm512_loadu_ps(x + i)));
+    const float amax = _mm512_reduce_max_ps(m);
+    if (!(amax > 0.f)) { /* ggml: !amax -> d = 0, codes 0 */
+        memset(q, 0, (size_t)L);
+        for (int i = 0; i < L / 16; i++) bsums[i] = 0;
+        *dout = 0.f;
+        return;
+    }
+    float mx = amax;
+    for (int i = 0; i < L; i += 16) { /* the first element whose magnitude is amax, with its sign */
+        const __mmask16 e = _mm512_cmp_ps_mask(ABSF(_mm512_loadu_ps(x + i)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+        if (e) {
+            mx = x[i + __builtin_ctz((unsigned)e)];
+            break;
+        }
+    }
+    const float iscale = -127.f / mx;
+    for (int i = 0; i < L; i += 16) {
+        __m512i c = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_set1_ps(iscale), _mm512_loadu_ps(x + i)), RNE));
+        c = _mm512_min_epi32(c, _mm512_set1_epi32(127));
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtsepi32_epi8(c));
+        bsums[i / 16] = (int16_t)_mm512_reduce_add_epi32(c);
+    }
+    *dout = 1.f / iscale;
+}
+
+enum { VD_F32 = 0, VD_Q8_0 = 1, VD_Q8_1 = 2, VD_Q8_K = 3, VD_F16 = 4, VD_BF16 = 5 };
+static int vd_kind(int ty) {
+    switch (ty) {
+    case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: return VD_Q8_0;
+    case TY_Q4_1: case TY_Q5_1: return VD_Q8_1;
+    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return VD_Q8_K;
+    case TY_F16: return VD_F16;
+    case TY_BF16: return VD_BF16;
+    default: return VD_F32;
+    }
+}
+
+#define LCH 384 /* scratch bytes per 256 activations (8 blocks), legacy types */
+/* scratch bytes per 256 activations, K-quants: codes 256, sums 64, d_x 64, and for Q4_K / Q5_K the
+ * min-term group of 4 tokens (filled in rows t % 4 == 0): their 4 x 8 sums (64), their d_x x 4 (64) */
+INL int kch(const int ty) { return ty == TY_Q6_K ? 384 : 512; }
+
+static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16 : ty == TY_Q8_0 ? 128 : 0; }
+
+/* 256 codes of 8 blocks of 32 (plain order, q) -> the "octet" layout: 4 vectors of 64 bytes,
+ * byte 8b + i of vector v = element 8v + i of block b. The dpbusd lanes 2b and 2b+1 of all four
+ * vectors then belong to block b (16 products each). */
+INL void to_octets(const int8_t *q, uint8_t *dst) {
+    for (int v = 0; v < 4; v++)
+        for (int b = 0; b < 8; b++) memcpy(dst + 64 * v + 8 * b, q + 32 * b + 8 * v, 8);
+}
+
+/* one activation row for a legacy weight type (K = 32 * nb): per 8 blocks (zero-padded at the end
+ * of the row) the codes in octets, d_x per lane (lanes 2b, 2b+1: block b), then the offset starts
+ * -offset * (lane sum of codes) (int32), or s_x in lane 2b (Q8_1). */
+static void act_legacy_row(const int ty, const float *x, const long nb, uint8_t *dst) {
+    const int off = legacy_offset(ty), has_s = vd_kind(ty) == VD_Q8_1;
+    for (long o = 0; o < (nb + 7) / 8; o++) {
+        uint8_t *ch = dst + o * LCH;
+        int8_t q[256] __attribute__((aligned(64)));
+        float dx[8] = {0}, s[8] = {0};
+        for (int i = 0; i < 8; i++) {
+            if (8 * o + i < nb) q8_32_quant(x + 256 * o + 32 * i, 32, q + 32 * i, &dx[i], has_s ? &s[i] : NULL);
+            else memset(q + 32 * i, 0, 32);
+        }
+        to_octets(q, ch);
+        const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        _mm512_store_ps((float *)(ch + 256), _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(dx))));
+        __m512i aux = _mm512_setzero_si512();
+        if (off) {
+            const __m512i one = _mm512_set1_epi8(1);
+            __m512i lane = _mm512_setzero_si512();
+            for (int v = 0; v < 4; v++) lane = dpbusd(lane, one, _mm512_load_si512((const void *)(ch + 64 * v)));
+            aux = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(lane, __builtin_ctz((unsigned)off)));
+        } else if (has_s) {
+            aux = _mm512_castps_si512(_mm512_maskz_permutexvar_ps(0x5555, pairs, _mm512_castps256_ps512(_mm256_loadu_ps(s))));
+        }
+        _mm512_store_si512((void *)(ch + 320), aux);
+    }
+}
+
+/* one activation row for a K-quant weight type (K = 256 * nu): per super-block the codes (Q6_K in
+ * plain order, Q4_K / Q5_K in octets of their 32-element sub-blocks), 32 int16 sums (Q6_K: per 16
+ * elements; Q4_K / Q5_K: per 32, then zeros), d_x (f32) */
+static void act_k_row(const int ty, const float *x, const long nu, uint8_t *dst) {
+    for (long u = 0; u < nu; u++) {
+        uint8_t *sb = dst + u * kch(ty);
+        int8_t q[256] __attribute__((aligned(64)));
+        int16_t bs[16];
+        float d;
+        q8K_quant(x + 256 * u, 256, q, &d, bs);
+        int16_t *b16 = (int16_t *)(sb + 256);
+        memset(b16, 0, 64);
+        if (ty == TY_Q6_K) {
+            memcpy(sb, q, 256);
+            for (int j = 0; j < 16; j++) b16[j] = bs[j];
+        } else {
+            to_octets(q, sb);
+            for (int j = 0; j < 8; j++) b16[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+        }
+        memset(sb + 320, 0, 64);
+        memcpy(sb + 320, &d, 4);
+    }
+}
+
+INL __m512 round_f16_16(__m512 v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, RNE)); }
+INL __m512 round_bf16_16(__m512 v) { /* round half to even to the top 16 bits (finite values) */
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* bytes of one quantized activation row in the scratch layout of weight type ty */
+static long act_row_bytes(int ty, long k) {
+    switch (vd_kind(ty)) {
+    case VD_Q8_0: case VD_Q8_1: return (k / 32 + 7) / 8 * LCH;
+    case VD_Q8_K: return k / 256 * kch(ty);
+    default: return k * 4;
+    }
+}
+
+static void act_row(const int ty, const float *x, const long k, uint8_t *dst) {
+    switch (vd_kind(ty)) {
+    case VD_Q8_0: case VD_Q8_1: act_legacy_row(ty, x, k / 32, dst); break;
+    case VD_Q8_K: act_k_row(ty, x, k / 256, dst); break;
+    case VD_F16: case VD_BF16: {
+        float *o = (float *)dst;
+        const int f16 = vd_kind(ty) == VD_F16;
+        for (long i = 0; i < k; i += 16) {
+            const __m512 v = _mm512_loadu_ps(x + i);
+            _mm512_store_ps(o + i, f16 ? round_f16_16(v) : round_bf16_16(v));
+        }
+        break;
+    }
+    default: memcpy(dst, x, (size_t)k * 4); break;
+    }
+}
+
+/* ---- weight side, legacy types: 8 blocks per step ---- */
+INL __m128i ld4x32(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
+    uint32_t a, b, c, d;
+    memcpy(&a, p0, 4);
+    memcpy(&b, p1, 4);
+    memcpy(&c, p2, 4);
+    memcpy(&d, p3, 4);
+    return _mm_setr_epi32((int)a, (int)b, (int)c, (int)d);
+}
+/* 32 bits at offset o of each of the 8 blocks */
+INL __m256i ld8x32(const uint8_t *const b[8], const int o) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(ld4x32(b[0] + o, b[1] + o, b[2] + o, b[3] + o)),
+                                   ld4x32(b[4] + o, b[5] + o, b[6] + o, b[7] + o), 1);
+}
+INL __m512i ld4x128(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p0));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p1), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p2), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p3), 3);
+}
+INL __m512i ld2x256(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+/* 5th bits: vector v, byte 8b + i gets 16 where bit 8v + i of qh[b] is set (qh as 8 dwords) */
+INL __m512i add_qh(__m512i w, const __m512i qh, const int v) {
+    const __m512i idx = _mm512_add_epi8(_mm512_set1_epi8((char)v), _mm512_setr_epi64(0, 0x0404040404040404LL,
+        0x0808080808080808LL, 0x0c0c0c0c0c0c0c0cLL, 0x1010101010101010LL, 0x1414141414141414LL,
+        0x1818181818181818LL, 0x1c1c1c1c1c1c1c1cLL));
+    const __mmask64 k = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(idx, qh), _mm512_set1_epi64(0x8040201008040201LL));
+    return _mm512_mask_add_epi8(w, k, w, _mm512_set1_epi8(16));
+}
+
+/* Weight codes of 8 blocks at b[0..7] (a missing tail block repeats the last one) in octets, as
+ * unsigned bytes; d_w and (Q4_1 / Q5_1) m_w per lane (lanes 2b, 2b+1: block b). */
+INL void lprep(const int ty, const uint8_t *const b[8], __m512i w[4], __m512 *dw, __m512 *mv) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    /* fp16 d (and m / first qh bits) of the 8 blocks: [d0, m0, d1, m1, ...] as f32 */
+    const __m512 dm = _mm512_cvtph_ps(ld8x32(b, 0));
+    *dw = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14), dm);
+    if (ty == TY_Q4_1 || ty == TY_Q5_1)
+        *mv = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15), dm);
+    if (ty == TY_Q8_0) { /* qword v of each block's 32 codes -> vector v, then + 128 */
+        const __m512i z01 = ld2x256(b[0] + 2, b[1] + 2), z23 = ld2x256(b[2] + 2, b[3] + 2);
+        const __m512i z45 = ld2x256(b[4] + 2, b[5] + 2), z67 = ld2x256(b[6] + 2, b[7] + 2);
+        const __m512i x80 = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            const __m512i idx = _mm512_setr_epi64(v, 4 + v, 8 + v, 12 + v, v, 4 + v, 8 + v, 12 + v);
+            const __m512i lo = _mm512_permutex2var_epi64(z01, idx, z23), hi = _mm512_permutex2var_epi64(z45, idx, z67);
+            w[v] = _mm512_xor_si512(_mm512_shuffle_i64x2(lo, hi, 0x44), x80);
+        }
+        return;
+    }
+    const int qo = ty == TY_Q4_0 ? 2 : ty == TY_Q4_1 ? 4 : ty == TY_Q5_0 ? 6 : 8;
+    const __m512i z0 = ld4x128(b[0] + qo, b[1] + qo, b[2] + qo, b[3] + qo);
+    const __m512i z1 = ld4x128(b[4] + qo, b[5] + qo, b[6] + qo, b[7] + qo);
+    const __m512i q0 = _mm512_permutex2var_epi64(z0, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), z1);
+    const __m512i q1 = _mm512_permutex2var_epi64(z0, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), z1);
+    w[0] = _mm512_and_si512(q0, m0f);                        /* elements 0-7 */
+    w[1] = _mm512_and_si512(q1, m0f);                        /* 8-15 */
+    w[2] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m0f);  /* 16-23 */
+    w[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m0f);  /* 24-31 */
+    if (ty == TY_Q5_0 || ty == TY_Q5_1) {
+        const __m512i qh = _mm512_castsi256_si512(ld8x32(b, ty == TY_Q5_0 ? 2 : 4));
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) w[v] = add_qh(w[v], qh, v);
+    }
+}
+
+#ifndef PG
+#define PG 4
+#endif
+
+/* the weight side of 8 blocks of one row, ready for the token loop */
+typedef struct {
+    __m512i w[4];
+    __m512 dw, mv;
+} LPrep;
+
+INL void lprep_at(const int ty, const uint8_t *row, const long o, const int nv, LPrep *P) {
+    const int BB = unit_bytes(ty);
+    const uint8_t *b0 = row + 8 * o * BB;
+    const uint8_t *b[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) b[i] = b0 + (i < nv ? i : nv - 1) * BB;
+    lprep(ty, b, P->w, &P->dw, &P->mv);
+}
+
+/* The token loop of one 8-block step: P[r * ps] for row r. The register path and the prepared path
+ * (weights unpacked once per tile of rows, T > 8) both run exactly this arithmetic. */
+INL void ltokens(const int ty, const int R, const int TT, const LPrep *P, const long ps, const long o,
+                 const uint8_t *a, const long lda, __m512 acc[MAXR][MAXT]) {
+    const int off = legacy_offset(ty), has_m = vd_kind(ty) == VD_Q8_1;
+    /* (row, token) pairs in groups of PG, the 4 dpbusd of each step interleaved across the group:
+     * PG independent chains instead of one chain of 4 dependent dpbusd per pair */
+#pragma GCC unroll 16
+    for (int p0 = 0; p0 < R * TT; p0 += PG) {
+        __m512i is[PG];
+#pragma GCC unroll 8
+        for (int i = 0; i < PG; i++) {
+            if (p0 + i >= R * TT) break;
+            const uint8_t *at = a + ((p0 + i) / R) * lda + o * LCH;
+            is[i] = off ? _mm512_load_si512((const void *)(at + 320)) : _mm512_setzero_si512();
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+#pragma GCC unroll 8
+            for (int i = 0; i < PG; i++) {
+                if (p0 + i >= R * TT) break;
+                const int t = (p0 + i) / R, r = (p0 + i) % R;
+                is[i] = dpbusd(is[i], P[r * ps].w[v], _mm512_load_si512((const void *)(a + t * lda + o * LCH + 64 * v)));
+            }
+#pragma GCC unroll 8
+        for (int i = 0; i < PG; i++) {
+            if (p0 + i >= R * TT) break;
+            const int t = (p0 + i) / R, r = (p0 + i) % R;
+            const uint8_t *at = a + t * lda + o * LCH;
+            const LPrep *pr = P + r * ps;
+            acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(pr->dw, _mm512_load_ps((const float *)(at + 256))),
+                                        _mm512_cvtepi32_ps(is[i]), acc[r][t]);
+            if (has_m) acc[r][t] = _mm512_fmadd_ps(pr->mv, _mm512_load_ps((const float *)(at + 320)), acc[r][t]);
+        }
+    }
+}
+
+/* one step of 8 blocks (nv of them valid: 8, or 1-7 for the tail) for R rows x TT tokens */
+INL void lstep(const int ty, const int R, const int TT, const int nv, const uint8_t *const *rows, const long o,
+               const uint8_t *a, const long lda, __m512 acc[MAXR][MAXT], const long pfo) {
+    const int BB = unit_bytes(ty);
+    if (pfo) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 5
+            for (int i = 0; i < 8 * BB; i += 64) _mm_prefetch((const char *)rows[r] + pfo + 8 * o * BB + i, _MM_HINT_T1);
+    }
+    LPrep P[MAXR];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) lprep_at(ty, rows[r], o, nv, &P[r]);
+    ltokens(ty, R, TT, P, 1, o, a, lda, acc);
+}
+
+INL void acc_zero(const int R, const int TT, __m512 acc[MAXR][MAXT]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
+}
+
+INL void acc_store(const int R, const int TT, __m512 acc[MAXR][MAXT], float *y, const long ldy) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+INL void ikern_legacy(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb,
+                      const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    __m512 acc[MAXR][MAXT];
+    acc_zero(R, TT, acc);
+    const long no = nb / 8;
+    for (long o = 0; o < no; o++) lstep(ty, R, TT, 8, rows, o, a, lda, acc, pfo);
+    if (nb & 7) lstep(ty, R, TT, (int)(nb & 7), rows, no, a, lda, acc, 0);
+    acc_store(R, TT, acc, y, ldy);
+}
+
+/* prepared path: P = LPrep[step][4 rows] (starting at this kernel's first row), nsteps steps */
+INL void pkern_legacy(const int ty, const int R, const int TT, const uint8_t *prep, const long nsteps,
+                      const uint8_t *a, const long lda, float *y, const long ldy) {
+    __m512 acc[MAXR][MAXT];
+    acc_zero(R, TT, acc);
+    const LPrep *P = (const LPrep *)prep;
+    for (long o = 0; o < nsteps; o++) ltokens(ty, R, TT, P + 4 * o, 1, o, a, lda, acc);
+    acc_store(R, TT, acc, y, ldy);
+}
+
+/* ---- weight side, K-quants: one super-block per step, prepared into L1 ---- */
+typedef struct {
+    __m512i q[4];  /* codes of the four 64-byte vectors (activation layout) */
+    __m512i sc[4]; /* Q6_K: per 16-bit lane the scale of its sub-block; Q4_K / Q5_K: sc[0] holds the
+                    * scale of each 32-bit lane's sub-block in its low 16 bits */
+    __m512i mn;    /* Q4_K / Q5_K: the 8 mins in each 128-bit lane; Q6_K: -32 * the 16 scales (zeros after) */
+    float d, dmin;
+} KPrep;
+
+INL void kprep(const int ty, const uint8_t *b, KPrep *P) {
+    if (ty == TY_Q6_K) {
+        /* codes as in prep(): element order, 64 per piece */
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; hf++) q6k_codes(b, hf, &P->q[2 * hf], &P->q[2 * hf + 1]);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        const __m512i s = _mm512_zextsi256_si512(s16);
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) /* 16-bit lane i of piece p: sub-block 4p + i/8 */
+            P->sc[p] = _mm512_permutexvar_epi16(
+                _mm512_add_epi16(_mm512_set1_epi16((short)(4 * p)),
+                                 _mm512_srli_epi16(_mm512_setr_epi64(0x0003000200010000LL, 0x0007000600050004LL,
+                                                                     0x000b000a00090008LL, 0x000f000e000d000cLL,
+                                                                     0x0013001200110010LL, 0x0017001600150014LL,
+                                                                     0x001b001a00190018LL, 0x001f001e001d001cLL), 3)),
+                s);
+        P->mn = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5)));
+        P->d = f16at(b + 208);
+        P->dmin = 0.f;
+        return;
+    }
+    /* Q4_K / Q5_K: 6-bit scales and mins packed in 12 bytes at b + 4 */
+    uint32_t u[3];
+    memcpy(u, b + 4, 12);
+    const uint32_t sc03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
+    const uint32_t sc47 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+    const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+    const __m512i v = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc03, (int)sc47, (int)m03, (int)m47)));
+    /* 32-bit lanes 2j, 2j+1: sc_j in the low 16 bits, 0 in the high ones (vpmaddwd with int16 sums) */
+    P->sc[0] = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_srli_epi16(_mm512_setr_epi64(
+        0x0003000200010000LL, 0x0007000600050004LL, 0x000b000a00090008LL, 0x000f000e000d000cLL,
+        0x0013001200110010LL, 0x0017001600150014LL, 0x001b001a00190018LL, 0x001f001e001d001cLL), 2), v);
+    P->mn = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_set1_epi16(8), _mm512_set_epi64(
+        0x0007000600050004LL, 0x0003000200010000LL, 0x0007000600050004LL, 0x0003000200010000LL,
+        0x0007000600050004LL, 0x0003000200010000LL, 0x0007000600050004LL, 0x0003000200010000LL)), v); /* 4 x m0..m7 */
+    P->d = f16at(b);
+    P->dmin = f16at(b + 2);
+    /* sub-block j = nibble j % 2 of the 32-byte chunk j / 2; octet v takes its bytes 8v..8v+7 */
+    const uint8_t *qs = b + (ty == TY_Q4_K ? 16 : 48);
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const __m512i L0 = _mm512_loadu_si512((const void *)qs), L1 = _mm512_loadu_si512((const void *)(qs + 64));
+    const __m512i sh = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+#pragma GCC unroll 4
+    for (int o = 0; o < 4; o++) {
+        const __m512i idx = _mm512_setr_epi64(o, o, 4 + o, 4 + o, 8 + o, 8 + o, 12 + o, 12 + o);
+        P->q[o] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(L0, idx, L1), sh), m0f);
+    }
+    if (ty == TY_Q5_K) { /* 5th bit of element l of sub-block j: bit j of qh[l]; octet v: l = 8v + i */
+#pragma GCC unroll 4
+        for (int o = 0; o < 4; o++) {
+            const __m512i h = _mm512_set1_epi64(*(const long long *)(b + 16 + 8 * o)); /* qh[8o .. 8o+7] */
+            const __m512i jbit = _mm512_setr_epi64(0x0101010101010101LL, 0x0202020202020202LL, 0x0404040404040404LL,
+                                                   0x0808080808080808LL, 0x1010101010101010LL, 0x2020202020202020LL,
+                                                   0x4040404040404040LL, (long long)0x8080808080808080ULL);
+            P->q[o] = _mm512_mask_add_epi8(P->q[o], _mm512_test_epi8_mask(h, jbit), P->q[o], _mm512_set1_epi8(16));
+        }
+    }
+}
+
+/* The token loop of one super-block: P[r * ps] for row r (shared by the register and prepared paths) */
+INL void ktokens(const int ty, const int R, const int TT, const KPrep *P, const long ps, const uint8_t *au,
+                 const long lda, __m512 acc[MAXR][MAXT], __m512 accm[MAXR][MAXT / 4]) {
+    const int NG = (TT + 3) / 4;
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        const uint8_t *at = au + t * lda;
+        const __m512i bs = _mm512_load_si512((const void *)(at + 256));
+        const __m512 dx = _mm512_set1_ps(*(const float *)(at + 320));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const KPrep *pr = P + r * ps;
+            __m512i is;
+            if (ty == TY_Q6_K) { /* 4 products per 32-bit lane (<= 32004): scaled per 16-bit pair */
+                is = dpwssd(_mm512_setzero_si512(), pr->mn, bs);
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++)
+                    is = dpwssd(is, _mm512_maddubs_epi16(pr->q[p], _mm512_load_si512((const void *)(at + 64 * p))), pr->sc[p]);
+            } else { /* octets: lanes 2j, 2j+1 hold sub-block j; sums of 16 (Q4_K) / 8 (Q5_K) products fit int16 */
+                __m512i t0 = _mm512_setzero_si512();
+#pragma GCC unroll 2
+                for (int p = 0; p < 2; p++) t0 = dpbusd(t0, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
+                if (ty == TY_Q4_K) {
+#pragma GCC unroll 2
+                    for (int p = 2; p < 4; p++) t0 = dpbusd(t0, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
+                    is = _mm512_madd_epi16(t0, pr->sc[0]);
+                } else {
+                    __m512i t1 = _mm512_setzero_si512();
+#pragma GCC unroll 2
+                    for (int p = 2; p < 4; p++) t1 = dpbusd(t1, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
+                    is = dpwssd(_mm512_madd_epi16(t0, pr->sc[0]), t1, pr->sc[0]);
+                }
+            }
+            acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(pr->d), dx), _mm512_cvtepi32_ps(is), acc[r][t]);
+        }
+    }
+    if (ty != TY_Q6_K) { /* - dmin_w * d_x * sum_j(m_j * bsum_j), 4 tokens per vector (128-bit lanes) */
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) {
+            const uint8_t *ag = au + 4 * g * lda;
+            const __m512i bs4 = _mm512_load_si512((const void *)(ag + 384));
+            const __m512 dx4 = _mm512_load_ps((const float *)(ag + 448));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const KPrep *pr = P + r * ps;
+                const __m512i im = dpwssd(_mm512_setzero_si512(), pr->mn, bs4);
+                accm[r][g] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_set1_ps(pr->dmin), dx4), _mm512_cvtepi32_ps(im), accm[r][g]);
+            }
+        }
+    }
+}
+
+INL void kacc_zero(const int R, const int TT, __m512 acc[MAXR][MAXT], __m512 accm[MAXR][MAXT / 4]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+        for (int g = 0; g < (TT + 3) / 4; g++) accm[r][g] = _mm512_setzero_ps();
+    }
+}
+
+INL void kacc_store(const int ty, const int R, const int TT, __m512 acc[MAXR][MAXT], __m512 accm[MAXR][MAXT / 4],
+                    float *y, const long ldy) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            float v = _mm512_reduce_add_ps(acc[r][t]);
+            if (ty != TY_Q6_K) { /* token t's 4 lanes of the min term, summed in one fixed order */
+                const __m128 m = _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_add_epi32(
+                    _mm512_set1_epi32(4 * (t & 3)), _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)), accm[r][t >> 2]));
+                const __m128 h = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                v += _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+            }
+            y[t * ldy + r] = v;
+        }
+}
+
+INL void kprefetch(const int ty, const int R, const uint8_t *const *rows, const long u, const long pfo) {
+    const int UB = unit_bytes(ty);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const char *pf = (const char *)rows[r] + pfo + u * UB;
+#pragma GCC unroll 4
+        for (int o = 0; o < UB; o += 64) _mm_prefetch(pf + o, _MM_HINT_T1);
+    }
+}
+
+INL void ikern_k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
+                 const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    const int UB = unit_bytes(ty);
+    __m512 acc[MAXR][MAXT], accm[MAXR][MAXT / 4];
+    kacc_zero(R, TT, acc, accm);
+    for (long u = 0; u < nu; u++) {
+        if (pfo) kprefetch(ty, R, rows, u, pfo);
+        KPrep P[MAXR];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) kprep(ty, rows[r] + u * UB, &P[r]);
+        ESCAPE(P); /* the tables are read from L1 by the token loop, not held in registers */
+        ktokens(ty, R, TT, P, 1, a + u * kch(ty), lda, acc, accm);
+    }
+    kacc_store(ty, R, TT, acc, accm, y, ldy);
+}
+
+/* prepared path: KPrep[super-block][4 rows] (starting at this kernel's first row) */
+INL void pkern_k(const int ty, const int R, const int TT, const uint8_t *prep, const long nu,
+                 const uint8_t *a, const long lda, float *y, const long ldy) {
+    __m512 acc[MAXR][MAXT], accm[MAXR][MAXT / 4];
+    kacc_zero(R, TT, acc, accm);
+    const KPrep *P = (const KPrep *)prep;
+    for (long u = 0; u < nu; u++) ktokens(ty, R, TT, P + 4 * u, 1, a + u * kch(ty), lda, acc, accm);
+    kacc_store(ty, R, TT, acc, accm, y, ldy);
+}
+
+/* Integer kernels share the kern_fn signature: x is the scratch (bytes), ldx its row stride / 4,
+ * nu the number of blocks (legacy) or super-blocks (K-quants). */
+#define IKDEF(TY, R, TT, BODY) \
+    static void IKNAME(TY, R, TT)(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy, long pfo) { \
+        BODY(TY, R, TT, rows, nu, (const uint8_t *)x, 4 * ldx, y, ldy, pfo); \
+    }
+/* weight rows per tile for TT = 1..8 tokens (legacy L*, K-quants K*) */
+#ifndef LR1
+#define LR1 4
+#define LR2 4
+#define LR3 2
+#define LR4 2
+#define LR5 2
+#define LR6 2
+#define LR7 2
+#define LR8 2
+#endif
+#ifndef KR1
+#define KR1 4
+#define KR2 4
+#define KR3 4
+#define KR4 4
+#define KR5 2
+#define KR6 2
+#define KR7 2
+#define KR8 2
+#endif
+#define IKDEF_(TY, R, TT, BODY) IKDEF(TY, R, TT, BODY)
+#define IKSET(TY, BODY, P) \
+    IKDEF_(TY, P##R1, 1, BODY) IKDEF_(TY, P##R2, 2, BODY) IKDEF_(TY, P##R3, 3, BODY) IKDEF_(TY, P##R4, 4, BODY) \
+    IKDEF_(TY, P##R5, 5, BODY) IKDEF_(TY, P##R6, 6, BODY) IKDEF_(TY, P##R7, 7, BODY) IKDEF_(TY, P##R8, 8, BODY) \
+    static const kern_fn iktab_##TY[9] = {0, IKNAME(TY, P##R1, 1), IKNAME(TY, P##R2, 2), IKNAME(TY, P##R3, 3), \
+        IKNAME(TY, P##R4, 4), IKNAME(TY, P##R5, 5), IKNAME(TY, P##R6, 6), IKNAME(TY, P##R7, 7), IKNAME(TY, P##R8, 8)};
+#define IKNAME_(TY, R, TT) ik_##TY##_##R##_##TT
+#define IKNAME(TY, R, TT) IKNAME_(TY, R, TT)
+
+IKSET(TY_Q4_0, ikern_legacy, L)
+IKSET(TY_Q4_1, ikern_legacy, L)
+IKSET(TY_Q5_0, ikern_legacy, L)
+IKSET(TY_Q5_1, ikern_legacy, L)
+IKSET(TY_Q8_0, ikern_legacy, L)
+IKSET(TY_Q4_K, ikern_k, K)
+IKSET(TY_Q5_K, ikern_k, K)
+IKSET(TY_Q6_K, ikern_k, K)
+
+static const kern_fn *iktab_for(int ty) {
+    switch (ty) {
+    case TY_Q4_0: return iktab_TY_Q4_0;
+    case TY_Q4_1: return iktab_TY_Q4_1;
+    case TY_Q5_0: return iktab_TY_Q5_0;
+    case TY_Q5_1: return iktab_TY_Q5_1;
+    case TY_Q8_0: return iktab_TY_Q8_0;
+    case TY_Q4_K: return iktab_TY_Q4_K;
+    case TY_Q5_K: return iktab_TY_Q5_K;
+    case TY_Q6_K: return iktab_TY_Q6_K;
+    default: return 0;
+    }
+}
+static const int lkern_rows[9] = {0, LR1, LR2, LR3, LR4, LR5, LR6, LR7, LR8};
+static const int kkern_rows[9] = {0, KR1, KR2, KR3, KR4, KR5, KR6, KR7, KR8};
+
+/* Prepared path (T > 8): every row of a tile of 4 is unpacked once (prep_fn) into a buffer of
+ * [step][4 rows] slots, then the groups of up to 8 tokens run pkern_fn over it. */
+typedef void (*pkern_fn)(const uint8_t *prep, long nsteps, const uint8_t *a, long lda, float *y, long ldy);
+typedef void (*prep_fn)(const uint8_t *row, long n, uint8_t *dst, long pfo); /* n: blocks / super-blocks */
+
+#define PKDEF(TY, R, TT, BODY) \
+    static void PKNAME(TY, R, TT)(const uint8_t *prep, long ns, const uint8_t *a, long lda, float *y, long ldy) { \
+        BODY(TY, R, TT, prep, ns, a, lda, y, ldy); \
+    }
+#define PKDEF_(TY, R, TT, BODY) PKDEF(TY, R, TT, BODY)
+#define PKNAME_(TY, R, TT) pk_##TY##_##R##_##TT
+#define PKNAME(TY, R, TT) PKNAME_(TY, R, TT)
+#define PKSET(TY, BODY, P) \
+    PKDEF_(TY, P##R1, 1, BODY) PKDEF_(TY, P##R2, 2, BODY) PKDEF_(TY, P##R3, 3, BODY) PKDEF_(TY, P##R4, 4, BODY) \
+    PKDEF_(TY, P##R5, 5, BODY) PKDEF_(TY, P##R6, 6, BODY) PKDEF_(TY, P##R7, 7, BODY) PKDEF_(TY, P##R8, 8, BODY) \
+    static const pkern_fn pktab_##TY[9] = {0, PKNAME(TY, P##R1, 1), PKNAME(TY, P##R2, 2), PKNAME(TY, P##R3, 3), \
+        PKNAME(TY, P##R4, 4), PKNAME(TY, P##R5, 5), PKNAME(TY, P##R6, 6), PKNAME(TY, P##R7, 7), PKNAME(TY, P##R8, 8)};
+
+#define LPREPDEF(TY) \
+    static void prep_##TY(const uint8_t *row, long nb, uint8_t *dst, long pfo) { \
+        const long no = nb / 8; \
+        for (long o = 0; o < no; o++) { \
+            if (pfo) for (int i = 0; i < 8 * unit_bytes(TY); i += 64) \
+                _mm_prefetch((const char *)row + pfo + 8 * o * unit_bytes(TY) + i, _MM_HINT_T1); \
+            lprep_at(TY, row, o, 8, (LPrep *)dst + 4 * o); \
+        } \
+        if (nb & 7) lprep_at(TY, row, no, (int)(nb & 7), (LPrep *)dst + 4 * no); \
+    }
+#define KPREPDEF(TY) \
+    static void prep_##TY(const uint8_t *row, long nu, uint8_t *dst, long pfo) { \
+        for (long u = 0; u < nu; u++) { \
+            if (pfo) kprefetch(TY, 1, &row, u, pfo); \
+            kprep(TY, row + u * unit_bytes(TY), (KPrep *)dst + 4 * u); \
+        } \
+    }
+
+PKSET(TY_Q4_0, pkern_legacy, L) LPREPDEF(TY_Q4_0)
+PKSET(TY_Q4_1, pkern_legacy, L) LPREPDEF(TY_Q4_1)
+PKSET(TY_Q5_0, pkern_legacy, L) LPREPDEF(TY_Q5_0)
+PKSET(TY_Q5_1, pkern_legacy, L) LPREPDEF(TY_Q5_1)
+PKSET(TY_Q8_0, pkern_legacy, L) LPREPDEF(TY_Q8_0)
+PKSET(TY_Q4_K, pkern_k, K) KPREPDEF(TY_Q4_K)
+PKSET(TY_Q5_K, pkern_k, K) KPREPDEF(TY_Q5_K)
+PKSET(TY_Q6_K, pkern_k, K) KPREPDEF(TY_Q6_K)
+
+typedef struct {
+    const pkern_fn *kt; /* NULL: no prepared path */
+    prep_fn prep;
+    long slot;          /* bytes of one prepared (step, row) slot */
+    long nsteps;        /* steps per row */
+} PrepPath;
+
+static PrepPath prep_path(int ty, long k) {
+    PrepPath p = {0, 0, 0, 0};
+    switch (ty) {
+#define PCASE(TY, L) case TY: p.kt = pktab_##TY; p.prep = prep_##TY; \
+        p.slot = L ? (long)sizeof(LPrep) : (long)sizeof(KPrep); p.nsteps = L ? (k / 32 + 7) / 8 : k / 256; break;
+    PCASE(TY_Q4_0, 1) PCASE(TY_Q4_1, 1) PCASE(TY_Q5_0, 1) PCASE(TY_Q5_1, 1) PCASE(TY_Q8_0, 1)
+    PCASE(TY_Q4_K, 0) PCASE(TY_Q5_K, 0) PCASE(TY_Q6_K, 0)
+#undef PCASE
+    default: break;
+    }
+    return p;
+}
+
+/* per-thread scratch for the quantized activations (grown, never shrunk) */
+static __thread uint8_t *scratch_p;
+static __thread size_t scratch_n;
+
+static uint8_t *scratch(size_t bytes) {
+    if (bytes > scratch_n) {
+        void *p = NULL;
+        const size_t want = bytes + bytes / 4 + 4096;
+        if (posix_memalign(&p, 64, want)) return NULL;
+        free(scratch_p);
+        scratch_p = p;
+        scratch_n = want;
+    }
+    return scratch_p;
+}
+
+/* x [T, k] -> scratch rows (stride act_row_bytes) in the layout of weight type ty */
+static void quantize_rows(int ty, const float *x, long T, long k, uint8_t *dst, int nthreads) {
+    const long rbytes = act_row_bytes(ty, k);
+    const int nth = (T > 1 && T * k >= (1L << 16)) ? (nthreads < 1 ? 1 : nthreads) : 1;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (long t = 0; t < T; t++) act_row(ty, x + t * k, k, dst + t * rbytes);
+    if (ty == TY_Q4_K || ty == TY_Q5_K) /* min-term groups: tokens 4g..4g+3 (absent ones zero) */
+        for (long g = 0; g < (T + 3) / 4; g++)
+            for (long u = 0; u < k / 256; u++) {
+                uint8_t *gb = dst + 4 * g * rbytes + u * 512;
+                float dx4[16] = {0};
+                memset(gb + 384, 0, 64);
+                for (int j = 0; j < 4 && 4 * g + j < T; j++) {
+                    const uint8_t *tb = dst + (4 * g + j) * rbytes + u * 512;
+                    memcpy(gb + 384 + 16 * j, tb + 256, 16); /* its 8 int16 sums */
+                    float d;
+                    memcpy(&d, tb + 320, 4);
+                    for (int i = 0; i < 4; i++) dx4[4 * j + i] = d;
+                }
+                memcpy(gb + 448, dx4, 64);
+            }
+}
+
+/* Test / reference export: the activation codes and scales in plain order.
+ * codes int8 [T, k]; d f32 [T, k / block] (Q8_0 / Q8_1: the fp16 value); s f32 [T, k / 32] (Q8_1,
+ * else untouched; may be NULL); bsums int16 [T, k / 16] (Q8_K, else untouched; may be NULL).
+ * Returns the vec_dot kind (1 = Q8_0, 2 = Q8_1, 3 = Q8_K), or -1. */
+int sharpi_quantize_act(int ty, const float *x, long T, long k, int8_t *codes, float *d, float *s, int16_t *bsums) {
+    const int vk = vd_kind(ty);
+    const int blk = vk == VD_Q8_K ? 256 : 32;
+    if ((vk != VD_Q8_0 && vk != VD_Q8_1 && vk != VD_Q8_K) || k % blk) return -1;
+    const long nb = k / blk;
+    for (long t = 0; t < T; t++)
+        for (long b = 0; b < nb; b++) {
+            const long i = t * nb + b;
+            const float *xb = x + t * k + b * blk;
+            int8_t *qb = codes + t * k + b * blk;
+            if (vk == VD_Q8_K) {
+                int16_t tmp[16];
+                q8K_quant(xb, 256, qb, &d[i], tmp);
+                if (bsums) memcpy(bsums + i * 16, tmp, sizeof tmp);
+            } else {
+                float sv = 0.f;
+                q8_32_quant(xb, 32, qb, &d[i], vk == VD_Q8_1 ? &sv : NULL);
+                if (s && vk == VD_Q8_1) s[i] = sv;
+            }
+        }
+    return vk;
+}
+
+/* x rounded through 8-bit blocks of `block` (multiple of 16) values and returned dequantized:
+ * f16_scale: ggml's Q8_0 rules (y = code * fp16(d)); else Q8_K's (y = code * d). n % block == 0. */
+void sharpi_round_act(const float *x, long n, int block, int f16_scale, float *y) {
+    int8_t q[4096];
+    int16_t bs[256];
+    if (block <= 0 || block % 16 || block > 4096) return;
+    for (long b = 0; b < n; b += block) {
+        float d;
+        if (f16_scale) q8_32_quant(x + b, block, q, &d, NULL);
+        else q8K_quant(x + b, block, q, &d, bs);
+        const __m512 vd = _mm512_set1_ps(d);
+        for (int i = 0; i < block; i += 16)
+            _mm512_storeu_ps(y + b + i, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i)))), vd));
+    }
+}
+
+/* per-thread buffer for prepared weight rows (grown, never shrunk) */
+static __thread uint8_t *prepbuf_p;
+static __thread size_t prepbuf_n;
+
+/* Prepared path (T > 8): blocks of RB consecutive rows are unpacked once into a per-thread buffer
+ * (tiles of 4 rows, each [step][4 rows] slots; about 768 KB, in L2), then every group of up to 8
+ * tokens runs over all the block's tiles while its activations stay in L1. */
+static void mm_rows_prepared(const PrepPath *pp, const int *krows, const uint8_t *w, long rb, long n0, long n1,
+                             long nu, const uint8_t *a, long lda, long T, float *y, long ldy, uint8_t *buf, long RB) {
+    const long tile_bytes = 4 * pp->slot * pp->nsteps;
+    for (long b0 = n0; b0 < n1; b0 += RB) {
+        const long nbr = (n1 - b0 < RB) ? n1 - b0 : RB, ntiles = (nbr + 3) / 4;
+        for (long i = 0; i < ntiles; i++)
+            for (int r = 0; r < 4; r++) {
+                const long row = b0 + ((4 * i + r < nbr) ? 4 * i + r : nbr - 1); /* pad: repeat the last row */
+                pp->prep(w + row * rb, nu, buf + i * tile_bytes + r * pp->slot, pf_dist);
+            }
+        for (long t0 = 0; t0 < T; t0 += MAXT) {
+            const int TT = (T - t0 < MAXT) ? (int)(T - t0) : MAXT;
+            const int KR = krows[TT];
+            for (long i = 0; i < ntiles; i++)
+                for (int m = 0; m < 4; m += KR) {
+                    float tmp[MAXT * MAXR];
+                    pp->kt[TT](buf + i * tile_bytes + m * pp->slot, pp->nsteps, a + t0 * lda, lda, tmp, MAXR);
+                    for (int t = 0; t < TT; t++)
+                        for (int r = 0; r < KR && 4 * i + m + r < nbr; r++) y[(t0 + t) * ldy + b0 + 4 * i + m + r] = tmp[t * MAXR + r];
+                }
+        }
+    }
+}
+
 /* Rows [n0, n1) of W for all T activation rows. The range is cut into 4 contiguous quarters and each
  * tile of 4 rows takes one row from every quarter: 4 sequential streams (which the prefetchers
  * follow) instead of 4 interleaved ones. The 4 rows stay in L1 across the groups of 8 tokens. */
-static void mm_rows(int ty, const uint8_t *w, long rb, long n0, long n1, long nu, const float *x, long ldx, long T,
-                    float *y, long ldy) {
-    const kern_fn *kt = ktab_for(ty);
+static void mm_rows(const kern_fn *kt, const int *krows, const PrepPath *pp, const uint8_t *w, long rb, long n0,
+                    long n1, long nu, const float *x, long ldx, long T, float *y, long ldy) {
+    if (pp && pp->kt && T > MAXT) {
+        const long row_bytes = pp->slot * pp->nsteps;
+        long RB = (768L << 10) / row_bytes / 4 * 4;
+        RB = RB < 4 ? 4 : RB > 64 ? 64 : RB;
+        const size_t need = (size_t)(RB * row_bytes);
+        if (need > prepbuf_n) {
+            void *p = NULL;
+            if (!posix_memalign(&p, 64, need)) {
+                free(prepbuf_p);
+                prepbuf_p = p;
+                prepbuf_n = need;
+            }
+        }
+        if (need <= prepbuf_n) {
+            mm_rows_prepared(pp, krows, w, rb, n0, n1, nu, (const uint8_t *)x, 4 * ldx, T, y, ldy, prepbuf_p, RB);
+            return;
+        }
+    }
     const long q = (n1 - n0 + 3) / 4;
     for (long g = 0; g < q; g++) {
         long idx[4];
@@ -420,7 +1260,7 @@ static void mm_rows(int ty, const uint8_t *w, long rb, long n0, long n1, long nu
         for (int r = nr; r < 4; r++) idx[r] = idx[nr - 1]; /* tail: duplicate a row, drop its output */
         for (long t0 = 0; t0 < T; t0 += MAXT) {
             const int TT = (T - t0 < MAXT) ? (int)(T - t0) : MAXT;
-            const int KR = kern_rows[TT];
+            const int KR = krows[TT];
             /* software prefetch ahead in each row stream while the rows come from memory */
             const long pfo = t0 ? 0 : pf_dist;
             for (int m = 0; m < 4; m += KR) {
@@ -445,14 +1285,34 @@ static int pick_threads(int nthreads, long n, long bytes) {
 /* ---------------------------------------------------------------------------------------------
  * Exported entry points. Return 0 on success, -1 for an unsupported type or shape.
  * ------------------------------------------------------------------------------------------- */
-int sharpi_qmatmul(int ty, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y,
+/* ty_mode = type | mode << 8. mode 0: x used as given (fp32); mode 1: x quantized to the weight
+ * type's ggml vec_dot_type first (integer dot products for the quantized types, fp16 / bf16 rounding
+ * for F16 / BF16). Returns 0, -1 for an unsupported type or shape, -2 when out of memory. */
+int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y,
                    int nthreads) {
+    const int ty = ty_mode & 0xff, mode = ty_mode >> 8;
     const int ue = ue_of(ty);
-    if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || T < 1 || n < 1) return -1;
-    const long nu = k / ue;
+    if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || T < 1 || n < 1 || mode < 0 || mode > 1) return -1;
+    long nu = k / ue, ldx = k;
+    const kern_fn *kt = ktab_for(ty);
+    const int *krows = kern_rows;
+    PrepPath pp = {0, 0, 0, 0};
+    if (mode == 1 && vd_kind(ty) != VD_F32) {
+        const long rbytes = act_row_bytes(ty, k);
+        uint8_t *a = scratch((size_t)(T * rbytes));
+        if (!a) return -2;
+        quantize_rows(ty, x, T, k, a, nthreads);
+        x = (const float *)a;
+        ldx = rbytes / 4;
+        if (iktab_for(ty)) {
+            kt = iktab_for(ty);
+            krows = vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
+            pp = prep_path(ty, k);
+        }
+    }
     const int nth = pick_threads(nthreads, n, n * rb * (T < 8 ? T : 8)); /* ~ work of the call */
     if (nth == 1) {
-        mm_rows(ty, w, rb, 0, n, nu, x, k, T, y, n);
+        mm_rows(kt, krows, &pp, w, rb, 0, n, nu, x, ldx, T, y, n);
         return 0;
     }
     /* Chunks of rows handed out through an atomic counter: a thread that is slowed down (another
@@ -468,19 +1328,20 @@ int sharpi_qmatmul(int ty, const uint8_t *w, long rb, long n, long k, const floa
             const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
-            mm_rows(ty, w, rb, n0, n1, nu, x, k, T, y, n);
+            mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x, ldx, T, y, n);
         }
     }
     return 0;
 }
 
-/* exact dequantization of one row (bit-identical to gguf.quants.dequantize) */
-INL void dq_row(const int ty, const uint8_t *row, long nu, float *out) {
+/* exact dequantization of one row (bit-identical to gguf.quants.dequantize); exact == 2: Q4_1 / Q5_1
+ * without their mins */
+INL void dq_row(const int ty, const int exact, const uint8_t *row, long nu, float *out) {
     const int UE = unit_elems(ty), UB = unit_bytes(ty), NP = n_pieces(ty), NV = n_vecs(ty);
     for (long u = 0; u < nu; u++) {
         Prep P;
         const uint8_t *b = row + u * UB;
-        prep(ty, 1, b, &P);
+        prep(ty, exact, b, &P);
 #pragma GCC unroll 8
         for (int p = 0; p < NP; p++) {
             __m512 w[MAXNV];
@@ -492,7 +1353,9 @@ INL void dq_row(const int ty, const uint8_t *row, long nu, float *out) {
 }
 
 typedef void (*dq_fn)(const uint8_t *row, long nu, float *out);
-#define DQDEF(TY) static void dq_##TY(const uint8_t *row, long nu, float *out) { dq_row(TY, row, nu, out); }
+#define DQDEF(TY) static void dq_##TY(const uint8_t *row, long nu, float *out) { dq_row(TY, 1, row, nu, out); }
+static void dq_nomin_Q4_1(const uint8_t *row, long nu, float *out) { dq_row(TY_Q4_1, 2, row, nu, out); }
+static void dq_nomin_Q5_1(const uint8_t *row, long nu, float *out) { dq_row(TY_Q5_1, 2, row, nu, out); }
 DQDEF(TY_F16)
 DQDEF(TY_BF16)
 DQDEF(TY_Q4_0)
@@ -520,12 +1383,14 @@ static dq_fn dq_for(int ty) {
     }
 }
 
-/* out[i, :] = dequant(W[rows[i]]) (rows == NULL: rows r0 .. r0+nrows-1) */
-int sharpi_dequant_rows(int ty, const uint8_t *w, long rb, const int64_t *rows, long r0, long nrows, long k,
+/* out[i, :] = dequant(W[rows[i]]) (rows == NULL: rows r0 .. r0+nrows-1). ty_flags = type | 256:
+ * Q4_1 / Q5_1 without their mins (d * q). */
+int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *rows, long r0, long nrows, long k,
                         float *out, int nthreads) {
+    const int ty = ty_flags & 0xff, nomin = (ty_flags >> 8) & 1;
     const int ue = ue_of(ty);
-    if (!ue || k % ue || rb != (k / ue) * ub_of(ty)) return -1;
-    const dq_fn f = dq_for(ty);
+    if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || (ty_flags >> 9)) return -1;
+    const dq_fn f = !nomin ? dq_for(ty) : ty == TY_Q4_1 ? dq_nomin_Q4_1 : ty == TY_Q5_1 ? dq_nomin_Q5_1 : dq_for(ty);
     const long nu = k / ue;
     const int nth = pick_threads(nthreads, nrows, nrows * rb);
 #pragma omp parallel for num_threads(nth) schedule(dynamic, 16) if (nth > 1)
@@ -533,22 +1398,26 @@ int sharpi_dequant_rows(int ty, const uint8_t *w, long rb, const int64_t *rows, 
     return 0;
 }
 
-int sharpi_abi_version(void) { return 1; }
+int sharpi_abi_version(void) { return 2; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
  * _sharpi_qmatmul.dequant_rows(type, w, rb, rows, r0, nrows, k, out, nthreads): the entry points
  * above with pointers passed as Python ints (tensor.data_ptr()); the GIL is released meanwhile. */
-static int py_longs(PyObject *const *args, Py_ssize_t nargs, long *a, const char *name) {
-    if (nargs != 9) {
-        PyErr_Format(PyExc_TypeError, "%s() takes 9 arguments (%zd given)", name, nargs);
+static int py_nlongs(PyObject *const *args, Py_ssize_t nargs, long *a, int n, const char *name) {
+    if (nargs != n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %d arguments (%zd given)", name, n, nargs);
         return -1;
     }
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < n; i++) {
         a[i] = PyLong_AsLong(args[i]);
         if (a[i] == -1 && PyErr_Occurred()) return -1;
     }
     return 0;
+}
+
+static int py_longs(PyObject *const *args, Py_ssize_t nargs, long *a, const char *name) {
+    return py_nlongs(args, nargs, a, 9, name);
 }
 
 static PyObject *py_qmatmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -575,6 +1444,34 @@ static PyObject *py_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize
     return PyLong_FromLong(rc);
 }
 
+/* quantize_act(type, x, T, k, codes, d, s, bsums) -> vec_dot kind; round_act(x, n, block, f16_scale, y) */
+static PyObject *py_quantize_act(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[8];
+    int rc;
+    if (py_nlongs(args, nargs, a, 8, "quantize_act")) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sharpi_quantize_act((int)a[0], (const float *)a[1], a[2], a[3], (int8_t *)a[4], (float *)a[5], (float *)a[6],
+                             (int16_t *)a[7]);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_round_act(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[5];
+    if (py_nlongs(args, nargs, a, 5, "round_act")) return NULL;
+    sharpi_round_act((const float *)a[0], a[1], (int)a[2], (int)a[3], (float *)a[4]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_has_vnni(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    (void)args;
+    (void)nargs;
+    return PyLong_FromLong(sharpi_has_vnni());
+}
+
 PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
 PyObject *sharpi_py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
@@ -584,6 +1481,9 @@ static PyMethodDef py_methods[] = {
     {"rms_norm", (PyCFunction)(void (*)(void))sharpi_py_rms_norm, METH_FASTCALL, "ggml's RMS norm"},
     {"round_q8", (PyCFunction)(void (*)(void))sharpi_py_round_q8, METH_FASTCALL, "8-bit block rounding"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
+    {"quantize_act", (PyCFunction)(void (*)(void))py_quantize_act, METH_FASTCALL, "ggml activation quantization"},
+    {"round_act", (PyCFunction)(void (*)(void))py_round_act, METH_FASTCALL, "ggml activation rounding, dequantized"},
+    {"has_vnni", (PyCFunction)(void (*)(void))py_has_vnni, METH_FASTCALL, "built with AVX512-VNNI"},
     {"dequant_rows", (PyCFunction)(void (*)(void))py_dequant_rows, METH_FASTCALL, "dequantize rows"},
     {NULL, NULL, 0, NULL},
 };

@@ -127,6 +127,9 @@ class Transformer:
         kern = _kernels()
         # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32
         self._attn_kernel = getattr(kern, "attention", None) if hd % 32 == 0 and c.head_dim_v % 32 == 0 else None
+        # trace(name, tensor) with llama.cpp's graph names ("attn_norm-3", ...): None except when a
+        # script compares intermediate values with llama.cpp's (scripts/compare_llamacpp_logits.py)
+        self.trace = None
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -237,6 +240,9 @@ class Transformer:
             if window not in masks:
                 masks[window] = self._mask(start_pos, T, window)
             h = rms_norm(x, ly.attn_norm, c.norm_eps)
+            tr = self.trace
+            if tr is not None:
+                tr(f"attn_norm-{i}", h)
             a = Activations(h)
             qk, v = a(ly.wqk), a(ly.wv)  # [T, (H + Hkv) * hd], [T, Hkv * hdv]
             if ly.bqk is not None:
@@ -262,17 +268,27 @@ class Transformer:
                                                self._mask(start_pos + r, 1, window), scale) for r in range(T)])
             else:
                 o = self._attention(q, cache, i, L, masks[window], scale)  # [T, H * hdv]
+            if tr is not None:
+                tr(f"kqv_out-{i}", o)
             o = ly.wo(rotate(o, cache.rot_v))
             if ly.post_attn_norm is not None:
                 o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
             x = x + o
             h = rms_norm(x, ly.ffn_norm, c.norm_eps)
+            if tr is not None:
+                tr(f"ffn_inp-{i}", x)
+                tr(f"ffn_norm-{i}", h)
             g, u = Activations(h)(ly.w_gu).split(c.n_ff, dim=-1)
             g = F.silu(g) if c.act == "silu" else F.gelu(g, approximate="tanh")
+            if tr is not None:
+                tr(f"ffn_swiglu-{i}", g * u)
             f = ly.w_down(g * u)
             if ly.post_ffn_norm is not None:
                 f = rms_norm(f, ly.post_ffn_norm, c.norm_eps)
             x = x + f
+            if tr is not None:
+                tr(f"ffn_out-{i}", f)
+                tr(f"l_out-{i}", x)
         cache.length = L
         if last_n is not None:
             x = x[-last_n:]

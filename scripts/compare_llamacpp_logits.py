@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""How far are sharpi's logits from llama.cpp's, step by step, on the fixture prompts?
+
+    python scripts/compare_llamacpp_logits.py LLAMA_CPP_SRC BIN_DIR [-m NAME ...] [-n 16] [-t 2]
+
+Compiles scripts/llamacpp_logits.c against a llama.cpp source tree (its include/ and
+ggml/include/) and the libllama in BIN_DIR, lets llama.cpp decode each fixture prompt greedily
+while writing every step's logits, then runs sharpi on the same token path (the prompt in one
+pass, then llama.cpp's chosen tokens one at a time) and prints per step: the largest logit
+difference relative to the largest |logit|, llama.cpp's top-2 margin (relative, as the engine-core
+test measures it) and whether the two argmaxes agree. This measures how exactly sharpi reproduces
+llama.cpp's arithmetic, below the level of which token wins; it never builds llama.cpp itself.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sharpi_core.gguf_file import GGUFFile  # noqa: E402
+from sharpi_core.models import load_model  # noqa: E402
+from sharpi_core.registry import resolve_model  # noqa: E402
+from sharpi_core.tokenizer import Tokenizer  # noqa: E402
+
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "llamacpp_reference.json"
+
+
+def build(src: Path, bin_dir: Path, dest: Path) -> Path:
+    exe = dest / "llamacpp_logits"
+    cmd = ["cc", "-O2", "-o", str(exe), str(ROOT / "scripts" / "llamacpp_logits.c"),
+           f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", f"-L{bin_dir}", "-lllama",
+           f"-Wl,-rpath,{bin_dir}"]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def margin(row: np.ndarray) -> float:
+    a, b = np.sort(row)[-2:][::-1]
+    return float((a - b) / max(abs(a), 1e-9))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src", type=Path, help="llama.cpp source tree")
+    ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
+    ap.add_argument("-m", "--model", action="append")
+    ap.add_argument("-n", type=int, default=16)
+    ap.add_argument("-t", type=int, default=2)
+    args = ap.parse_args()
+    import json
+    ref = json.loads(FIXTURES.read_text())
+    torch.set_num_threads(args.t)
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build(args.src, args.bin, Path(tmp))
+        for name in args.model or list(ref):
+            path = resolve_model(name)
+            gf = GGUFFile(path)
+            model, tok = load_model(gf), Tokenizer.from_gguf(gf)
+            vocab = model.config.n_vocab
+            print(f"## {name}")
+            print("| prompt | step | max rel diff | llama.cpp top-2 margin | same argmax |")
+            print("|---|---|---|---|---|")
+            worst = []
+            for case in ref[name]["greedy"]:
+                ids = tok.encode(case["prompt"])
+                out = subprocess.run([str(exe), str(path), str(args.n), str(args.t), *map(str, ids)],
+                                     capture_output=True, check=True).stdout
+                lg = np.frombuffer(out[: (args.n + 1) * vocab * 4], dtype=np.float32).reshape(args.n + 1, -1)
+                chosen = np.frombuffer(out[(args.n + 1) * vocab * 4:], dtype=np.int32).tolist()
+                cache = model.new_cache(512)
+                ours = [model.forward(torch.tensor(ids), 0, cache, last_n=1)[-1]]
+                for t in chosen:
+                    ours.append(model.forward(torch.tensor([t]), cache.length, cache)[-1])
+                for step, (a, b) in enumerate(zip(ours, lg)):
+                    a = a.numpy()[: len(b)]
+                    rel = float(np.abs(a - b).max() / np.abs(b).max())
+                    worst.append(rel)
+                    same = int(a.argmax()) == int(b.argmax())
+                    if step in (0, args.n) or not same or rel > 1e-3:
+                        print(f"| {case['prompt'][:28]!r} | {step} | {rel:.2e} | {margin(b):.2e} | {same} |")
+            print(f"median max-rel-diff over all steps: {np.median(worst):.2e}, worst {max(worst):.2e}\n")
+
+
+if __name__ == "__main__":
+    main()
