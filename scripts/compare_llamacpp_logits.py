@@ -36,7 +36,7 @@ FIXTURES = ROOT.parent / "shared" / "fixtures" / "llamacpp_reference.json"
 def build(src: Path, bin_dir: Path, dest: Path) -> Path:
     exe = dest / "llamacpp_logits"
     cmd = ["cc", "-O2", "-o", str(exe), str(ROOT / "scripts" / "llamacpp_logits.c"),
-           f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", f"-L{bin_dir}", "-lllama",
+           f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", f"-L{bin_dir}", "-lllama", "-lggml", "-lggml-base",
            f"-Wl,-rpath,{bin_dir}"]
     subprocess.run(cmd, check=True)
     return exe

@@ -170,7 +170,7 @@ class Generator:
     def _forward_rows(self, tokens: list[int]) -> torch.Tensor:
         start = len(self.history)
         if self.batch_verify or len(tokens) == 1:
-            return self.model.forward(torch.tensor(tokens, dtype=torch.long), start, self.cache)
+            return self.model.forward(torch.tensor(tokens, dtype=torch.long), start, self.cache, decode=True)
         return torch.cat([self.model.forward(torch.tensor([tok], dtype=torch.long), start + i, self.cache)
                           for i, tok in enumerate(tokens)])
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,3 +82,128 @@ def test_rms_norm_matches_torch():
                                rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cpu.rms_norm(x.view(4, 9, 64), None, 1e-6),
                                torch.nn.functional.rms_norm(x.view(4, 9, 64), (64,), None, 1e-6), rtol=1e-5, atol=1e-6)
+
+
+# -- exact emulations of llama.cpp's x86 AVX2 arithmetic (what ops.c documents) -------------------
+# fma(a, b, c) of fp32 values: the product is exact in fp64 and the fp64 sum rounds to fp32 (a
+# double rounding could differ from a true fma once in ~2^29 operations; fixed seeds below).
+
+def _fma(a, b, c):
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(np.float32)
+
+
+def _f(h: str) -> np.float32:
+    return np.float32(float.fromhex(h))
+
+
+def ggml_expf_avx2(x):
+    """ggml_v_expf (ggml-cpu/vec.h, the __m256 version), element by element in numpy."""
+    x = np.asarray(x, np.float32)
+    r = _f("0x1.8p23")
+    z = _fma(x, _f("0x1.715476p+0"), r)
+    n = (z - r).astype(np.float32)
+    b = _fma(-n, _f("0x1.7f7d1cp-20"), _fma(-n, _f("0x1.62e4p-1"), x))
+    e = (z.view(np.uint32) << np.uint32(23)).astype(np.uint32)
+    k = (e + np.float32(1).view(np.uint32)).astype(np.uint32).view(np.float32)
+    u = (b * b).astype(np.float32)
+    j = _fma(_fma(_fma(_f("0x1.0e4020p-7"), b, _f("0x1.573e2ep-5")), u, _fma(_f("0x1.555e66p-3"), b, _f("0x1.fffdb6p-2"))),
+             u, (_f("0x1.ffffecp-1") * b).astype(np.float32))
+    g = np.where(n <= 0, np.uint32(0x82000000), np.uint32(0)).astype(np.uint32)
+    s1 = (g + np.uint32(0x7f000000)).astype(np.uint32).view(np.float32)
+    s2 = (e - g).astype(np.uint32).view(np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        out = np.where(np.abs(n) > 126, (_fma(s2, j, s2) * s1).astype(np.float32), _fma(j, k, k))
+        return np.where(np.abs(n) > 192, (s1 * s1).astype(np.float32), out)
+
+
+def hsum8(v):
+    """llamafile's hsum(__m256) over the last axis of 8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))."""
+    w = (v[..., 4:] + v[..., :4]).astype(np.float32)
+    return ((w[..., 0] + w[..., 2]).astype(np.float32) + (w[..., 1] + w[..., 3]).astype(np.float32)).astype(np.float32)
+
+
+def test_glu_silu_is_ggml_swiglu_bit_for_bit():
+    g = torch.Generator().manual_seed(3)
+    gu = torch.randn(3, 2 * 1536, generator=g) * 6
+    gu[0, :8] = torch.tensor([0.0, -0.0, 100.0, -100.0, 88.0, -88.0, 1e-30, -1e-30])
+    got = cpu.glu(gu, 1536, "silu").numpy()
+    x, u = gu[:, :1536].numpy(), gu[:, 1536:].numpy()
+    with np.errstate(over="ignore"):
+        want = ((x / (np.float32(1) + ggml_expf_avx2(-x))).astype(np.float32) * u).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    torch.testing.assert_close(torch.from_numpy(got), torch.nn.functional.silu(gu[:, :1536]) * gu[:, 1536:],
+                               rtol=2e-6, atol=1e-6)
+
+
+def test_glu_gelu_uses_ggml_fp16_table():
+    g = torch.Generator().manual_seed(4)
+    n = 2048
+    gu = torch.randn(2, 2 * n, generator=g) * 4
+    gu[0, :4] = torch.tensor([-10.0, 10.0, -12.0, 15.0])
+    got = cpu.glu(gu, n, "gelu_tanh")
+    x, u = gu[:, :n], gu[:, n:]
+    xh = x.half().float()  # the table's argument, then ggml_gelu_f32 in fp32, rounded to fp16
+    inner = torch.tensor(math.sqrt(2 / math.pi), dtype=torch.float32) * xh * (1 + 0.044715 * xh * xh)
+    table = (0.5 * xh * (1 + torch.tanh(inner))).half().float()
+    want = torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x * u, table * u))
+    # fp32 tanh implementations differ by an ulp, and 1 + tanh cancels for x < -2 (values < 0.05):
+    # equal bits elsewhere but for a rare fp16 rounding tie, close everywhere
+    body = x > -2
+    assert (got == want)[body].float().mean() > 0.999
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    assert torch.equal(got[0, :4], torch.stack([torch.tensor(0.0), 10 * u[0, 1], torch.tensor(0.0), 15 * u[0, 3]]))
+
+
+def vec_dot_reduce(v):
+    """ggml_vec_dot_f16's accumulators [..., 32] (4 x 8 lanes) summed as GGML_F32x8_REDUCE does."""
+    x = ((v[..., 0:8] + v[..., 16:24]).astype(np.float32) + (v[..., 8:16] + v[..., 24:32]).astype(np.float32))
+    x = x.astype(np.float32)
+    t0 = (x[..., :4] + x[..., 4:]).astype(np.float32)
+    return ((t0[..., 0] + t0[..., 1]).astype(np.float32) + (t0[..., 2] + t0[..., 3]).astype(np.float32)).astype(np.float32)
+
+
+def attention_ggml_avx2(q, cache, start, window, scale, decode_order):
+    """llama.cpp's non-flash-attention CPU path on an AVX2 build, emulated in numpy for an f16 cache:
+    KQ and KQV by tinyBLAS (8 lanes, passes of >= 2 rows) or by ggml_vec_dot_f16 (4 x 8 lanes, one
+    row), softmax by ggml_vec_soft_max_f32."""
+    nl = 32 if decode_order else 8
+    reduce = vec_dot_reduce if decode_order else hsum8
+    T, H, D = q.shape
+    L = start + T
+    K, V = cache.k.read(0, L).numpy(), cache.v.read(0, L).numpy()
+    G = H // K.shape[1]
+    out = np.empty((T, H, V.shape[2]), np.float32)
+    for t in range(T):
+        pos = start + t
+        lo = max(0, pos - window + 1) if window else 0
+        for h in range(H):
+            Kh, Vh, qh = K[lo:pos + 1, h // G], V[lo:pos + 1, h // G], q[t, h].numpy()
+            acc = np.zeros((Kh.shape[0], nl), np.float32)
+            for d in range(0, D, nl):
+                acc = _fma(Kh[:, d:d + nl], qh[d:d + nl], acc)
+            s = (reduce(acc) * np.float32(scale)).astype(np.float32)
+            e = ggml_expf_avx2((s - s.max()).astype(np.float32))
+            grp = np.zeros(((lo % 8) + len(e) + 7) // 8 * 8, np.float32)
+            grp[lo % 8:lo % 8 + len(e)] = e
+            total = sum(float(v) for v in hsum8(grp.reshape(-1, 8)))
+            p = (e * np.float32(1.0 / total)).astype(np.float32).astype(np.float16).astype(np.float32)
+            lanes = np.zeros((nl, Vh.shape[1]), np.float32)
+            for j in range(len(p)):
+                r = (lo + j) % nl
+                lanes[r] = _fma(Vh[j], p[j], lanes[r])
+            out[t, h] = reduce(lanes.T)
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("decode_order", [False, True])
+@pytest.mark.parametrize("window", [0, 37])
+def test_attention_is_llamacpp_avx2_non_fa_bit_for_bit(window, decode_order):
+    g = torch.Generator().manual_seed(7 + window)
+    H, Hkv, D, L, T = 6, 2, 64, 83, 3
+    cache = KVCache(1, 128, Hkv, D, D, "f16", "f16")
+    cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
+    cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
+    q = activation_for(torch.randn(T, H, D, generator=g), cache.k.qtype)
+    got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, decode_order)
+    assert torch.equal(got, attention_ggml_avx2(q, cache, L - T, window, 0.125, decode_order))
+    assert not torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, not decode_order))

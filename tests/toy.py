@@ -62,7 +62,8 @@ class ToyModel:
     def _row(self, tok: int, pos: int, h: int) -> torch.Tensor:
         return self.by_token[tok] + self.by_pos[pos % self.period] + self.by_hash[h]
 
-    def forward(self, tokens, start_pos: int, cache: ToyCache, last_n: int | None = None) -> torch.Tensor:
+    def forward(self, tokens, start_pos: int, cache: ToyCache, last_n: int | None = None,
+                decode: bool = False) -> torch.Tensor:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1).tolist()
         if start_pos != cache.length:
             raise ValueError(f"start_pos {start_pos} != cache.length {cache.length}")

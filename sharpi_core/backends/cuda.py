@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -84,10 +85,11 @@ def cuda_available() -> tuple[bool, str]:
 
 
 def cuda_source_dir() -> Path:
-    """The directory holding the .cu sources ($SHARPI_CUDA_DIR, else the repository's cuda/)."""
+    """The directory holding the .cu sources: $SHARPI_CUDA_DIR, else the repository's cuda/ (a
+    source checkout), else <prefix>/share/sharpi/cuda (where a wheel installs them)."""
     env = os.environ.get("SHARPI_CUDA_DIR")
     here = Path(__file__).resolve()
-    candidates = ([Path(env)] if env else []) + [here.parents[2] / "cuda", here.parents[1] / "cuda"]
+    candidates = ([Path(env)] if env else []) + [here.parents[2] / "cuda", Path(sys.prefix) / "share" / "sharpi" / "cuda"]
     for c in candidates:
         if (c / "qmatvec.cu").is_file():
             return c

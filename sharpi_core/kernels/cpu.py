@@ -68,6 +68,7 @@ _rms = None
 _rq8 = None
 _qact = None
 _ract = None
+_glu = None
 _vnni = None
 
 
@@ -152,7 +153,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _vnni
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -165,7 +166,7 @@ def _bind_ctypes(path: Path) -> None:
     g.restype = c_int
     a = lib.sharpi_attention
     a.argtypes = [c_void_p, *[c_long] * 5, c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_int, c_long, c_long,
-                  ctypes.c_float, c_int, c_void_p, c_int]
+                  ctypes.c_float, c_int, c_int, c_void_p, c_int]
     a.restype = c_int
     r = lib.sharpi_rms_norm
     r.argtypes = [c_void_p, c_void_p, c_long, c_long, ctypes.c_float, c_void_p]
@@ -179,19 +180,23 @@ def _bind_ctypes(path: Path) -> None:
     ra = lib.sharpi_round_act
     ra.argtypes = [c_void_p, c_long, c_int, c_int, c_void_p]
     ra.restype = None
+    gl = lib.sharpi_glu
+    gl.argtypes = [c_void_p, c_long, c_long, c_int, c_void_p, c_int]
+    gl.restype = c_int
     _state["lib"] = lib
+    _glu = gl
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
     _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _vnni
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     _state["lib"] = mod
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
-    _qact, _ract, _vnni = mod.quantize_act, mod.round_act, bool(mod.has_vnni())
+    _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
 
 
 def _load():
@@ -430,16 +435,37 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     return y
 
 
+_GLU_ACT = {"silu": 0, "gelu_tanh": 1}
+
+
+def glu(gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
+    """gu fp32 [T, 2 * n_ff] (gate then up) -> act(gate) * up [T, n_ff], as llama.cpp's fused ops
+    compute it on x86: silu through ggml's vectorized expf, gelu (tanh) through its fp16 table."""
+    if _glu is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    gu = gu.contiguous()
+    T = gu.shape[0]
+    if gu.dtype is not _F32 or gu.dim() != 2 or gu.shape[1] != 2 * n_ff or act not in _GLU_ACT:
+        raise ValueError(f"glu: gu {gu.dtype} {tuple(gu.shape)}, n_ff {n_ff}, act {act}")
+    y = torch.empty((T, n_ff), dtype=_F32)
+    if _glu(gu.data_ptr(), T, n_ff, _GLU_ACT[act], y.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"glu: n_ff {n_ff} is not a multiple of 16")
+    return y
+
+
 _KV_CODE = {"f32": 0, "f16": 1, "q8_0": 2}
 
 
-def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window: int, scale: float) -> torch.Tensor:
+def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window: int, scale: float,
+              decode_order: bool = False) -> torch.Tensor:
     """q [T, H, D] (already rounded to the K cache's vec_dot type) against one layer of the KV cache
     -> [T, H, Dv]. Row t is at position start + t and sees keys [start + t - window + 1 (or 0),
     start + t]. k_store / v_store are kv_cache stores: `.q` [n_layer, capacity, Hkv, D] in f32 / f16 /
     int8, `.d` the q8_0 scales, `.kind`. Probabilities are rounded to fp16 against an f16 V (as
     llama.cpp's non-flash-attention path does). Each (row, head) is computed by one thread in a
-    fixed order: the rows do not depend on T or the thread count."""
+    fixed order: the rows do not depend on T or the thread count. decode_order: sum the dot products
+    in the order of llama.cpp's one-row (decoding) path, ggml_vec_dot_f16, instead of the order of its
+    prompt-processing path (tinyBLAS); see ops.c."""
     if _att is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     q = q.contiguous()
@@ -452,7 +478,8 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     vd = v_store.d[layer].data_ptr() if v_store.kind == "q8_0" else 0
     out = torch.empty((T, H, Dv), dtype=_F32)
     rc = _att(q.data_ptr(), T, H, Hkv, D, Dv, kq.data_ptr(), kd, _KV_CODE[k_store.kind], vq.data_ptr(), vd,
-              _KV_CODE[v_store.kind], start, window, float(scale), int(v_store.kind == "f16"), out.data_ptr(),
+              _KV_CODE[v_store.kind], start, window, float(scale), int(v_store.kind == "f16"), int(decode_order),
+              out.data_ptr(),
               torch.get_num_threads())
     if rc:
         raise ValueError(f"attention: kernel rejected D={D} Dv={Dv} H={H} Hkv={Hkv} ({k_store.kind}/{v_store.kind})")

@@ -1475,10 +1475,12 @@ static PyObject *py_has_vnni(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
 PyObject *sharpi_py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
+PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs);        /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
     {"rms_norm", (PyCFunction)(void (*)(void))sharpi_py_rms_norm, METH_FASTCALL, "ggml's RMS norm"},
+    {"glu", (PyCFunction)(void (*)(void))sharpi_py_glu, METH_FASTCALL, "silu / gelu(g) * u as ggml computes them"},
     {"round_q8", (PyCFunction)(void (*)(void))sharpi_py_round_q8, METH_FASTCALL, "8-bit block rounding"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
     {"quantize_act", (PyCFunction)(void (*)(void))py_quantize_act, METH_FASTCALL, "ggml activation quantization"},

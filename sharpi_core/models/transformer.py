@@ -127,6 +127,7 @@ class Transformer:
         kern = _kernels()
         # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32
         self._attn_kernel = getattr(kern, "attention", None) if hd % 32 == 0 and c.head_dim_v % 32 == 0 else None
+        self._glu_kernel = getattr(kern, "glu", None) if c.n_ff % 16 == 0 and c.act in ("silu", "gelu_tanh") else None
         # trace(name, tensor) with llama.cpp's graph names ("attn_norm-3", ...): None except when a
         # script compares intermediate values with llama.cpp's (scripts/compare_llamacpp_logits.py)
         self.trace = None
@@ -199,6 +200,14 @@ class Transformer:
         o = torch.bmm(p, V.permute(1, 0, 2))  # [Hkv, G*T, hdv]
         return o.view(Hkv, G, T, hdv).permute(2, 0, 1, 3).reshape(T, H * hdv)
 
+    def _glu(self, gu: torch.Tensor) -> torch.Tensor:
+        """[T, 2 * n_ff] (gate, up) -> act(gate) * up [T, n_ff]."""
+        c = self.config
+        if self._glu_kernel is not None:  # llama.cpp's rounding: ggml's expf, its fp16 GELU table
+            return self._glu_kernel(gu, c.n_ff, c.act)
+        g, u = gu.split(c.n_ff, dim=-1)
+        return (F.silu(g) if c.act == "silu" else F.gelu(g, approximate="tanh")) * u
+
     def _mask(self, start: int, T: int, window: int) -> torch.Tensor | None:
         """Boolean [T, start+T] (True = attend), or None when every key is visible."""
         L = start + T
@@ -213,10 +222,14 @@ class Transformer:
 
     # -- forward ---------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, last_n: int | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, last_n: int | None = None,
+                decode: bool = False) -> torch.Tensor:
         """tokens [T] at positions start_pos.. -> logits [T, n_vocab] (only the last `last_n` rows if given).
 
-        Appends the T new K/V entries to `cache` (start_pos must equal cache.length)."""
+        Appends the T new K/V entries to `cache` (start_pos must equal cache.length). Like llama.cpp,
+        a pass of several tokens sums attention in its prompt-processing order and a one-token pass in
+        its decoding order; decode=True makes every row of a short pass (T <= EXACT_ROWS) a decoding
+        row, bit for bit what T one-token passes give (speculative verification)."""
         c = self.config
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         T = tokens.shape[0]
@@ -261,7 +274,7 @@ class Transformer:
             if T <= EXACT_ROWS and self._attn_kernel is not None:
                 # every (row, head) in a fixed order: rows bit-identical to one-token passes
                 o = self._attn_kernel(activation_for(q, cache.k.qtype), cache.k, cache.v, i, start_pos, window,
-                                      scale).view(T, H * hdv)
+                                      scale, decode or T == 1).view(T, H * hdv)
             elif T <= EXACT_ROWS:
                 # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
                 o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
@@ -278,11 +291,10 @@ class Transformer:
             if tr is not None:
                 tr(f"ffn_inp-{i}", x)
                 tr(f"ffn_norm-{i}", h)
-            g, u = Activations(h)(ly.w_gu).split(c.n_ff, dim=-1)
-            g = F.silu(g) if c.act == "silu" else F.gelu(g, approximate="tanh")
+            gu = self._glu(Activations(h)(ly.w_gu))  # [T, n_ff]
             if tr is not None:
-                tr(f"ffn_swiglu-{i}", g * u)
-            f = ly.w_down(g * u)
+                tr(f"ffn_swiglu-{i}", gu)
+            f = ly.w_down(gu)
             if ly.post_ffn_norm is not None:
                 f = rms_norm(f, ly.post_ffn_norm, c.norm_eps)
             x = x + f
