@@ -19,7 +19,8 @@ spec_p_min > 0 (opt-in looser acceptance).
 
 Environment switches: SHARPI_SPEC_BATCH_VERIFY=0 verifies the same proposals with k+1 single-token
 forwards (same output; isolates batched-forward numerics); SHARPI_SPEC_SAMPLE=0 turns speculation
-off at temp > 0 (recorded in `Generator.notes`).
+off at temp > 0 (recorded in `Generator.notes`); SHARPI_SPEC_ADAPTIVE=0 proposes n_max tokens at
+every step instead of adapting the count to the last step's acceptance.
 """
 from __future__ import annotations
 
@@ -119,6 +120,13 @@ def _env_on(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def next_proposal_len(n_max: int, proposed: int, accepted: int) -> int:
+    """How many tokens to propose next after `accepted` of `proposed` were taken: one more than were
+    accepted after a rejection, twice as many after a full accept, within [1, n_max]. Chosen from
+    the past only, so the emitted tokens keep their exact law (greedy chain / target samples)."""
+    return min(n_max, 2 * proposed) if accepted == proposed else max(1, min(n_max, accepted + 1))
+
+
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512):
@@ -131,6 +139,11 @@ class Generator:
         self.history: list[int] = []  # tokens whose K/V are in the cache
         self.notes: list[str] = []
         self.batch_verify = _env_on("SHARPI_SPEC_BATCH_VERIFY")
+        # proposals per step adapt to how the last ones fared (SHARPI_SPEC_ADAPTIVE=0: always n_max):
+        # a rejected proposal costs verify rows and, with a draft model, draft forwards for nothing,
+        # which is what pulls speculation below plain decoding on text the drafter cannot predict
+        self.adaptive = _env_on("SHARPI_SPEC_ADAPTIVE")
+        self._k = spec_n_max
         self.speculate = drafter is not None and spec_n_max >= 1
         if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
@@ -213,6 +226,8 @@ class Generator:
         self.drafter.rollback(keep)
         stats.commit_ms += (time.perf_counter() - t0) * 1000
         stats.record(len(props), n)
+        if self.adaptive:
+            self._k = next_proposal_len(self.n_max, len(props), n)
         stats.target_passes += 1
         stats.verify_passes += 1
         stats.emitted += n + 1
@@ -254,6 +269,7 @@ class Generator:
                 raise _Stop("interrupted")
 
         t0 = time.perf_counter()
+        self._k = self.n_max
         logits = self._prefill(list(prompt_tokens))
         timings.prompt_ms = (time.perf_counter() - t0) * 1000
         timings.prompt_n = self._prefilled
@@ -271,7 +287,8 @@ class Generator:
                 step = None
                 if self.speculate:
                     # [t, d1..dk] must leave the last slot free; a step emits up to k+1 tokens
-                    k = min(self.n_max, n_ctx - len(self.history) - 2)
+                    k = max(self._k, self.n_min) if self.adaptive else self.n_max
+                    k = min(k, n_ctx - len(self.history) - 2)
                     if n_predict >= 0:
                         k = min(k, n_predict - len(out) - 1)
                     if k >= 1:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from sharpi_core.errors import UsageError
+from sharpi_core.generate import next_proposal_len
 from sharpi_core.sampling import SamplingParams, argmax, draw, filtered_probs
 from sharpi_core.speculative import (DraftModelDrafter, LookupDrafter, accept_greedy, accept_sampled,
                                      common_prefix)
@@ -253,25 +254,26 @@ def resample_from_p(draft, q, p, g):
     return n, t
 
 
-def simulate(kind: str, k: int, m: int, runs: int, seed: int, rule=accept_sampled) -> np.ndarray:
-    """runs x m emitted tokens from a speculative engine over the toy tables."""
+def simulate(kind: str, k: int, m: int, runs: int, seed: int, rule=accept_sampled, adaptive=False) -> np.ndarray:
+    """runs x m emitted tokens from a speculative engine over the toy tables (adaptive: the number
+    of proposals follows generate.next_proposal_len, as the Generator does by default)."""
     g = torch.Generator().manual_seed(seed)
     rnd = random.Random(seed)
     lookup = LookupDrafter(3, 2)
     out = np.zeros((runs, m), dtype=np.int64)
     for r in range(runs):
-        state, hist, emitted = START, list(PROMPT), []
+        state, hist, emitted, kk = START, list(PROMPT), [], k
         while len(emitted) < m:
             if kind in DRAFTS:
                 drafts, qs, st = [], [], state
-                for _ in range(k):
+                for _ in range(kk):
                     d = sample_q(st, kind, rnd.random())
                     drafts.append(d)
                     qs.append(q_row(st, kind))
                     st = advance(st, d)
                 q_t = torch.from_numpy(np.array(qs))
             else:
-                drafts, q_t = lookup.propose(hist, k)
+                drafts, q_t = lookup.propose(hist, kk)
             if not drafts:  # plain step
                 new = [draw(p_row(state), g)]
             else:
@@ -281,6 +283,8 @@ def simulate(kind: str, k: int, m: int, runs: int, seed: int, rule=accept_sample
                     rows.append(p_row(st))
                 n, nxt = rule(drafts, q_t, torch.from_numpy(np.array(rows)), g)
                 new = drafts[:n] + [nxt]
+                if adaptive:
+                    kk = next_proposal_len(k, len(drafts), n)
             for t in new:
                 emitted.append(t)
                 hist.append(t)
@@ -312,6 +316,18 @@ def test_emitted_tokens_follow_the_target_distribution(kind, k):
     samples = simulate(kind, k, max(3, k + 1), N_RUNS, seed=100 + k)
     pv = oracle_pvalues(samples, k)
     assert min(pv.values()) > 0.001, pv
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup"])
+def test_adaptive_proposal_counts_keep_the_target_distribution(kind):
+    samples = simulate(kind, 6, 7, N_RUNS, seed=200, adaptive=True)
+    pv = oracle_pvalues(samples, 6)
+    assert min(pv.values()) > 0.001, pv
+
+
+def test_next_proposal_len():
+    assert next_proposal_len(4, 4, 4) == 4 and next_proposal_len(8, 2, 2) == 4 and next_proposal_len(8, 1, 1) == 2
+    assert next_proposal_len(4, 4, 0) == 1 and next_proposal_len(4, 4, 2) == 3 and next_proposal_len(4, 3, 3) == 4
 
 
 @pytest.mark.parametrize("rule", [always_accept, resample_from_p], ids=["always_accept", "resample_from_p"])
