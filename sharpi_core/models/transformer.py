@@ -19,8 +19,9 @@ from .config import ROPE_NEOX, ModelConfig, config_from_gguf
 
 Q = gguf.GGMLQuantizationType
 
-# Passes of up to this many tokens (speculative verification) compute every row with exactly
-# the operations a one-token pass uses, so their logits are bit-identical to plain decoding's:
+# Passes of up to this many tokens compute every row independently of T (matmuls and attention
+# per row in a fixed order); with forward(decode=True) (speculative verification) each row is
+# exactly what a one-token pass computes, so their logits are bit-identical to plain decoding's:
 # with activations rounded to 8 bits, a one-ulp difference can flip a rounding and move the
 # logits by a few percent, which would break greedy parity. Longer passes (prefill) batch freely.
 EXACT_ROWS = 32
