@@ -70,6 +70,8 @@ _qact = None
 _ract = None
 _glu = None
 _vnni = None
+_rope = None
+_ropetab = None
 
 
 def kernel_dir() -> Path:
@@ -141,7 +143,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".qmatmul-", suffix=".so.part", dir=dest.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *CFLAGS, *extra, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, timeout=900)
+        r = subprocess.run([cc, *CFLAGS, *extra, *map(str, SOURCES), "-lm", "-o", tmp], capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{Path(cc).name} failed (exit {r.returncode}): " + " | ".join(msg[-6:]))
@@ -153,7 +155,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -183,20 +185,27 @@ def _bind_ctypes(path: Path) -> None:
     gl = lib.sharpi_glu
     gl.argtypes = [c_void_p, c_long, c_long, c_int, c_void_p, c_int]
     gl.restype = c_int
+    rt = lib.sharpi_rope_table
+    rt.argtypes = [ctypes.c_float, ctypes.c_float, c_long, c_int, c_void_p]
+    rt.restype = None
+    ro = lib.sharpi_rope
+    ro.argtypes = [c_void_p, c_long, c_long, c_long, c_int, c_void_p]
+    ro.restype = None
     _state["lib"] = lib
-    _glu = gl
+    _glu, _rope, _ropetab = gl, ro, rt
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
     _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     _state["lib"] = mod
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
+    _rope, _ropetab = mod.rope, mod.rope_table
 
 
 def _load():
@@ -433,6 +442,30 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     y = torch.empty_like(x)
     _rms(x.data_ptr(), 0 if w is None else w.data_ptr(), x.numel() // D if D else 0, D, float(eps), y.data_ptr())
     return y
+
+
+def rope_table(base: float, freq_scale: float, n: int, n_rot: int) -> torch.Tensor:
+    """(cos, sin) of positions [0, n) as complex64 [n, n_rot / 2], computed as ggml's rope cache
+    (float theta multiplied up by powf(base, -2 / n_rot), libm cosf / sinf)."""
+    if _ropetab is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    cs = torch.empty((n, n_rot // 2), dtype=torch.complex64)
+    _ropetab(float(base), float(freq_scale), n, n_rot, cs.data_ptr())
+    return cs
+
+
+def rope(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
+    """x [T, nh, hd] fp32 with rope pairs adjacent, rotated (in place, returned) by the rope_table
+    rows cs [T, n_rot / 2] (contiguous): x0 c - x1 s and x0 s + x1 c rounded as ggml's rotate_pairs."""
+    if _rope is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    T, nh, hd = x.shape
+    n_rot = 2 * cs.shape[-1]
+    if (x.dtype is not _F32 or not x.is_contiguous() or cs.dtype is not torch.complex64 or not cs.is_contiguous()
+            or cs.shape[0] != T or n_rot > hd):
+        raise ValueError(f"rope: x {x.dtype} {tuple(x.shape)}, cs {cs.dtype} {tuple(cs.shape)}")
+    _rope(x.data_ptr(), T, nh, hd, n_rot, cs.data_ptr())
+    return x
 
 
 _GLU_ACT = {"silu": 0, "gelu_tanh": 1}

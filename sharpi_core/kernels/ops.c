@@ -21,6 +21,11 @@
  * each group of 8 positions summed by the same tree into a double; the probabilities are rounded
  * to fp16 when V is f16 (ggml converts them to V's vec_dot type).
  *
+ * sharpi_rope_table / sharpi_rope: ggml's rope cache (theta_scale = powf(base, -2 / n_rot), theta
+ * multiplied by it in float from the position, libm cosf / sinf) and rotation of adjacent pairs
+ * (x0 c - x1 s, x0 s + x1 c, each as one FMA of x0's product with the other product rounded, the
+ * way GCC contracts ggml's rotate_pairs).
+ *
  * sharpi_glu: silu(g) * u (ggml_vec_swiglu_f32: x / (1 + expf(-x)) with ggml's vectorized expf) or
  * gelu(g) * u through ggml's fp16 GELU table (GGML_GELU_FP16: g rounded to fp16, the tanh GELU of
  * that rounded to fp16), as llama.cpp's fused swiglu / geglu ops compute them.
@@ -39,6 +44,34 @@ enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
 /* summation order of the KQ and KQV dot products: llama.cpp uses tinyBLAS for passes of >= 2 query
  * rows (prompt processing) and ggml_vec_dot_f16 for one row (decoding) */
 enum { ORDER_TINYBLAS = 0, ORDER_VEC_DOT = 1 };
+
+/* cs [n, n_rot / 2, 2]: (cos, sin) of position p and frequency i */
+void sharpi_rope_table(float base, float freq_scale, long n, int n_rot, float *cs) {
+    const float ts = powf(base, -2.0f / (float)n_rot);
+    for (long p = 0; p < n; p++) {
+        float theta = (float)p;
+        for (int i = 0; i < n_rot / 2; i++) {
+            const float th = freq_scale * theta;
+            cs[(p * (n_rot / 2) + i) * 2] = cosf(th);
+            cs[(p * (n_rot / 2) + i) * 2 + 1] = sinf(th);
+            theta *= ts;
+        }
+    }
+}
+
+/* x [T, nh, hd] in place: the first n_rot dims of every head rotated by cs [T, n_rot / 2, 2] */
+void sharpi_rope(float *x, long T, long nh, long hd, int n_rot, const float *cs) {
+    for (long t = 0; t < T; t++)
+        for (long h = 0; h < nh; h++) {
+            float *p = x + (t * nh + h) * hd;
+            const float *c = cs + t * n_rot;
+            for (int i = 0; i < n_rot; i += 2) {
+                const float x0 = p[i], x1 = p[i + 1];
+                p[i] = fmaf(x0, c[i], -(x1 * c[i + 1]));
+                p[i + 1] = fmaf(x0, c[i + 1], x1 * c[i]);
+            }
+        }
+}
 
 void sharpi_rms_norm(const float *x, const float *w, long T, long D, float eps, float *y) {
     for (long t = 0; t < T; t++) {
@@ -291,6 +324,35 @@ PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (a[i] == -1 && PyErr_Occurred()) return NULL;
     }
     sharpi_round_q8((const float *)a[0], a[1], (int)a[2], (int)a[3], (float *)a[4]);
+    Py_RETURN_NONE;
+}
+
+/* rope_table(base, freq_scale, n, n_rot, cs) and rope(x, T, nh, hd, n_rot, cs) */
+PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "rope_table() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    const double base = PyFloat_AsDouble(args[0]), fs = PyFloat_AsDouble(args[1]);
+    const long n = PyLong_AsLong(args[2]), n_rot = PyLong_AsLong(args[3]), cs = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    sharpi_rope_table((float)base, (float)fs, n, (int)n_rot, (float *)cs);
+    Py_RETURN_NONE;
+}
+
+PyObject *sharpi_py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "rope() takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long a[6];
+    for (int i = 0; i < 6; i++) {
+        a[i] = PyLong_AsLong(args[i]);
+        if (a[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    sharpi_rope((float *)a[0], a[1], a[2], a[3], (int)a[4], (const float *)a[5]);
     Py_RETURN_NONE;
 }
 

@@ -525,7 +525,7 @@ static int vd_kind(int ty) {
     }
 }
 
-#define LCH 384 /* scratch bytes per 256 activations (8 blocks), legacy types */
+#define LCH 96 /* scratch bytes per block of 32 activations, legacy types */
 /* scratch bytes per 256 activations, K-quants: codes 256, sums 64, d_x 64, and for Q4_K / Q5_K the
  * min-term group of 4 tokens (filled in rows t % 4 == 0): their 4 x 8 sums (64), their d_x x 4 (64) */
 INL int kch(const int ty) { return ty == TY_Q6_K ? 384 : 512; }
@@ -540,32 +540,24 @@ INL void to_octets(const int8_t *q, uint8_t *dst) {
         for (int b = 0; b < 8; b++) memcpy(dst + 64 * v + 8 * b, q + 32 * b + 8 * v, 8);
 }
 
-/* one activation row for a legacy weight type (K = 32 * nb): per 8 blocks (zero-padded at the end
- * of the row) the codes in octets, d_x per lane (lanes 2b, 2b+1: block b), then the offset starts
- * -offset * (lane sum of codes) (int32), or s_x in lane 2b (Q8_1). */
+/* one activation row for a legacy weight type (K = 32 * nb): per block LCH bytes: its 32 codes
+ * (plain order), the 8 lane starts -offset * (sum of the lane's 4 codes) as int32 (zeros without an
+ * offset), d_x (f32) and s_x (f32, Q8_1). */
 static void act_legacy_row(const int ty, const float *x, const long nb, uint8_t *dst) {
     const int off = legacy_offset(ty), has_s = vd_kind(ty) == VD_Q8_1;
-    for (long o = 0; o < (nb + 7) / 8; o++) {
-        uint8_t *ch = dst + o * LCH;
-        int8_t q[256] __attribute__((aligned(64)));
-        float dx[8] = {0}, s[8] = {0};
-        for (int i = 0; i < 8; i++) {
-            if (8 * o + i < nb) q8_32_quant(x + 256 * o + 32 * i, 32, q + 32 * i, &dx[i], has_s ? &s[i] : NULL);
-            else memset(q + 32 * i, 0, 32);
-        }
-        to_octets(q, ch);
-        const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        _mm512_store_ps((float *)(ch + 256), _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(dx))));
-        __m512i aux = _mm512_setzero_si512();
+    for (long b = 0; b < nb; b++) {
+        uint8_t *ch = dst + b * LCH;
+        float dx = 0.f, s = 0.f;
+        q8_32_quant(x + 32 * b, 32, (int8_t *)ch, &dx, has_s ? &s : NULL);
+        __m256i start = _mm256_setzero_si256();
         if (off) {
-            const __m512i one = _mm512_set1_epi8(1);
-            __m512i lane = _mm512_setzero_si512();
-            for (int v = 0; v < 4; v++) lane = dpbusd(lane, one, _mm512_load_si512((const void *)(ch + 64 * v)));
-            aux = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(lane, __builtin_ctz((unsigned)off)));
-        } else if (has_s) {
-            aux = _mm512_castps_si512(_mm512_maskz_permutexvar_ps(0x5555, pairs, _mm512_castps256_ps512(_mm256_loadu_ps(s))));
+            const __m256i c = _mm256_load_si256((const __m256i *)ch);
+            const __m256i lane = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), c), _mm256_set1_epi16(1));
+            start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(lane, __builtin_ctz((unsigned)off)));
         }
-        _mm512_store_si512((void *)(ch + 320), aux);
+        _mm256_store_si256((__m256i *)(ch + 32), start);
+        memcpy(ch + 64, &dx, 4);
+        memcpy(ch + 68, &s, 4);
     }
 }
 
@@ -604,7 +596,7 @@ INL __m512 round_bf16_16(__m512 v) { /* round half to even to the top 16 bits (f
 /* bytes of one quantized activation row in the scratch layout of weight type ty */
 static long act_row_bytes(int ty, long k) {
     switch (vd_kind(ty)) {
-    case VD_Q8_0: case VD_Q8_1: return (k / 32 + 7) / 8 * LCH;
+    case VD_Q8_0: case VD_Q8_1: return k / 32 * LCH;
     case VD_Q8_K: return k / 256 * kch(ty);
     default: return k * 4;
     }
@@ -627,183 +619,90 @@ static void act_row(const int ty, const float *x, const long k, uint8_t *dst) {
     }
 }
 
-/* ---- weight side, legacy types: 8 blocks per step ---- */
-INL __m128i ld4x32(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
-    uint32_t a, b, c, d;
-    memcpy(&a, p0, 4);
-    memcpy(&b, p1, 4);
-    memcpy(&c, p2, 4);
-    memcpy(&d, p3, 4);
-    return _mm_setr_epi32((int)a, (int)b, (int)c, (int)d);
-}
-/* 32 bits at offset o of each of the 8 blocks */
-INL __m256i ld8x32(const uint8_t *const b[8], const int o) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(ld4x32(b[0] + o, b[1] + o, b[2] + o, b[3] + o)),
-                                   ld4x32(b[4] + o, b[5] + o, b[6] + o, b[7] + o), 1);
-}
-INL __m512i ld4x128(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
-    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p0));
-    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p1), 1);
-    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p2), 2);
-    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p3), 3);
-}
-INL __m512i ld2x256(const uint8_t *p0, const uint8_t *p1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
-                              _mm256_loadu_si256((const __m256i *)p1), 1);
+/* ---- legacy types, in ggml's order -----------------------------------------------------------
+ * ggml (AVX2 vec_dot for T = 1 and Q4_1 / Q5_1, llamafile's tinyBLAS_Q0_AVX for Q4_0 / Q5_0 / Q8_0
+ * at T >= 2: the same arithmetic) sums each block's 32 products in 8 integer lanes of 4 consecutive
+ * elements, converts them to float and accumulates acc_j = fma(d_w * d_x, lane_j, acc_j) block after
+ * block; the row's value is hsum_float_8(acc) (+ the fp32 sum of fma(m_w, s_x, .) for Q4_1 / Q5_1).
+ * A zmm holds two weight rows (lanes 0-7, 8-15) against one token's block, broadcast to both halves. */
+
+/* hsum_float_8 of each 256-bit half of v: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)) */
+INL float hsum8(const __m256 v) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
 }
 
-/* 5th bits: vector v, byte 8b + i gets 16 where bit 8v + i of qh[b] is set (qh as 8 dwords) */
-INL __m512i add_qh(__m512i w, const __m512i qh, const int v) {
-    const __m512i idx = _mm512_add_epi8(_mm512_set1_epi8((char)v), _mm512_setr_epi64(0, 0x0404040404040404LL,
-        0x0808080808080808LL, 0x0c0c0c0c0c0c0c0cLL, 0x1010101010101010LL, 0x1414141414141414LL,
-        0x1818181818181818LL, 0x1c1c1c1c1c1c1c1cLL));
-    const __mmask64 k = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(idx, qh), _mm512_set1_epi64(0x8040201008040201LL));
-    return _mm512_mask_add_epi8(w, k, w, _mm512_set1_epi8(16));
-}
+INL __m512 pair_ps(const float a, const float b) { return _mm512_mask_mov_ps(_mm512_set1_ps(a), 0xff00, _mm512_set1_ps(b)); }
 
-/* Weight codes of 8 blocks at b[0..7] (a missing tail block repeats the last one) in octets, as
- * unsigned bytes; d_w and (Q4_1 / Q5_1) m_w per lane (lanes 2b, 2b+1: block b). */
-INL void lprep(const int ty, const uint8_t *const b[8], __m512i w[4], __m512 *dw, __m512 *mv) {
-    const __m512i m0f = _mm512_set1_epi8(0x0f);
-    /* fp16 d (and m / first qh bits) of the 8 blocks: [d0, m0, d1, m1, ...] as f32 */
-    const __m512 dm = _mm512_cvtph_ps(ld8x32(b, 0));
-    *dw = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14), dm);
-    if (ty == TY_Q4_1 || ty == TY_Q5_1)
-        *mv = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15), dm);
-    if (ty == TY_Q8_0) { /* qword v of each block's 32 codes -> vector v, then + 128 */
-        const __m512i z01 = ld2x256(b[0] + 2, b[1] + 2), z23 = ld2x256(b[2] + 2, b[3] + 2);
-        const __m512i z45 = ld2x256(b[4] + 2, b[5] + 2), z67 = ld2x256(b[6] + 2, b[7] + 2);
-        const __m512i x80 = _mm512_set1_epi8((char)0x80);
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            const __m512i idx = _mm512_setr_epi64(v, 4 + v, 8 + v, 12 + v, v, 4 + v, 8 + v, 12 + v);
-            const __m512i lo = _mm512_permutex2var_epi64(z01, idx, z23), hi = _mm512_permutex2var_epi64(z45, idx, z67);
-            w[v] = _mm512_xor_si512(_mm512_shuffle_i64x2(lo, hi, 0x44), x80);
-        }
+/* weight codes of one block of rows A (bytes 0-31) and B (32-63) as unsigned bytes; d_w (and m_w) per half */
+INL void gprep(const int ty, const uint8_t *bA, const uint8_t *bB, __m512i *w, __m512 *dw, __m512 *mw) {
+    *dw = pair_ps(f16at(bA), f16at(bB));
+    if (ty == TY_Q4_1 || ty == TY_Q5_1) *mw = pair_ps(f16at(bA + 2), f16at(bB + 2));
+    if (ty == TY_Q8_0) {
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bA + 2))),
+                                             _mm256_loadu_si256((const __m256i *)(bB + 2)), 1);
+        *w = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
         return;
     }
     const int qo = ty == TY_Q4_0 ? 2 : ty == TY_Q4_1 ? 4 : ty == TY_Q5_0 ? 6 : 8;
-    const __m512i z0 = ld4x128(b[0] + qo, b[1] + qo, b[2] + qo, b[3] + qo);
-    const __m512i z1 = ld4x128(b[4] + qo, b[5] + qo, b[6] + qo, b[7] + qo);
-    const __m512i q0 = _mm512_permutex2var_epi64(z0, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), z1);
-    const __m512i q1 = _mm512_permutex2var_epi64(z0, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), z1);
-    w[0] = _mm512_and_si512(q0, m0f);                        /* elements 0-7 */
-    w[1] = _mm512_and_si512(q1, m0f);                        /* 8-15 */
-    w[2] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m0f);  /* 16-23 */
-    w[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m0f);  /* 24-31 */
-    if (ty == TY_Q5_0 || ty == TY_Q5_1) {
-        const __m512i qh = _mm512_castsi256_si512(ld8x32(b, ty == TY_Q5_0 ? 2 : 4));
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) w[v] = add_qh(w[v], qh, v);
+    /* [qs_A, qs_A, qs_B, qs_B] >> [0, 4, 0, 4]: low nibbles are elements 0-15, high ones 16-31 */
+    const __m512i z = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(bA + qo)))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(bB + qo))), 1);
+    *w = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
+    if (ty == TY_Q5_0 || ty == TY_Q5_1) { /* bit i of qh: 5th bit of element i */
+        uint32_t hA, hB;
+        memcpy(&hA, bA + qo - 4, 4);
+        memcpy(&hB, bB + qo - 4, 4);
+        *w = _mm512_mask_add_epi8(*w, (__mmask64)hA | (__mmask64)hB << 32, *w, _mm512_set1_epi8(16));
     }
 }
 
-#ifndef PG
-#define PG 4
-#endif
-
-/* the weight side of 8 blocks of one row, ready for the token loop */
-typedef struct {
-    __m512i w[4];
-    __m512 dw, mv;
-} LPrep;
-
-INL void lprep_at(const int ty, const uint8_t *row, const long o, const int nv, LPrep *P) {
-    const int BB = unit_bytes(ty);
-    const uint8_t *b0 = row + 8 * o * BB;
-    const uint8_t *b[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) b[i] = b0 + (i < nv ? i : nv - 1) * BB;
-    lprep(ty, b, P->w, &P->dw, &P->mv);
-}
-
-/* The token loop of one 8-block step: P[r * ps] for row r. The register path and the prepared path
- * (weights unpacked once per tile of rows, T > 8) both run exactly this arithmetic. */
-INL void ltokens(const int ty, const int R, const int TT, const LPrep *P, const long ps, const long o,
-                 const uint8_t *a, const long lda, __m512 acc[MAXR][MAXT]) {
-    const int off = legacy_offset(ty), has_m = vd_kind(ty) == VD_Q8_1;
-    /* (row, token) pairs in groups of PG, the 4 dpbusd of each step interleaved across the group:
-     * PG independent chains instead of one chain of 4 dependent dpbusd per pair */
-#pragma GCC unroll 16
-    for (int p0 = 0; p0 < R * TT; p0 += PG) {
-        __m512i is[PG];
-#pragma GCC unroll 8
-        for (int i = 0; i < PG; i++) {
-            if (p0 + i >= R * TT) break;
-            const uint8_t *at = a + ((p0 + i) / R) * lda + o * LCH;
-            is[i] = off ? _mm512_load_si512((const void *)(at + 320)) : _mm512_setzero_si512();
-        }
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++)
-#pragma GCC unroll 8
-            for (int i = 0; i < PG; i++) {
-                if (p0 + i >= R * TT) break;
-                const int t = (p0 + i) / R, r = (p0 + i) % R;
-                is[i] = dpbusd(is[i], P[r * ps].w[v], _mm512_load_si512((const void *)(a + t * lda + o * LCH + 64 * v)));
-            }
-#pragma GCC unroll 8
-        for (int i = 0; i < PG; i++) {
-            if (p0 + i >= R * TT) break;
-            const int t = (p0 + i) / R, r = (p0 + i) % R;
-            const uint8_t *at = a + t * lda + o * LCH;
-            const LPrep *pr = P + r * ps;
-            acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(pr->dw, _mm512_load_ps((const float *)(at + 256))),
-                                        _mm512_cvtepi32_ps(is[i]), acc[r][t]);
-            if (has_m) acc[r][t] = _mm512_fmadd_ps(pr->mv, _mm512_load_ps((const float *)(at + 320)), acc[r][t]);
-        }
-    }
-}
-
-/* one step of 8 blocks (nv of them valid: 8, or 1-7 for the tail) for R rows x TT tokens */
-INL void lstep(const int ty, const int R, const int TT, const int nv, const uint8_t *const *rows, const long o,
-               const uint8_t *a, const long lda, __m512 acc[MAXR][MAXT], const long pfo) {
-    const int BB = unit_bytes(ty);
-    if (pfo) {
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 5
-            for (int i = 0; i < 8 * BB; i += 64) _mm_prefetch((const char *)rows[r] + pfo + 8 * o * BB + i, _MM_HINT_T1);
-    }
-    LPrep P[MAXR];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) lprep_at(ty, rows[r], o, nv, &P[r]);
-    ltokens(ty, R, TT, P, 1, o, a, lda, acc);
-}
-
-INL void acc_zero(const int R, const int TT, __m512 acc[MAXR][MAXT]) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
-}
-
-INL void acc_store(const int R, const int TT, __m512 acc[MAXR][MAXT], float *y, const long ldy) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
-INL void ikern_legacy(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb,
+/* R rows (even) x TT tokens over nb blocks */
+INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb,
                       const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
-    __m512 acc[MAXR][MAXT];
-    acc_zero(R, TT, acc);
-    const long no = nb / 8;
-    for (long o = 0; o < no; o++) lstep(ty, R, TT, 8, rows, o, a, lda, acc, pfo);
-    if (nb & 7) lstep(ty, R, TT, (int)(nb & 7), rows, no, a, lda, acc, 0);
-    acc_store(R, TT, acc, y, ldy);
+    const int BB = unit_bytes(ty), RP = R / 2, off = legacy_offset(ty) != 0, has_m = vd_kind(ty) == VD_Q8_1;
+    __m512 acc[MAXR / 2][MAXT], sm[MAXR / 2][MAXT];
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) acc[p][t] = sm[p][t] = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        if (pfo && !(b & 1)) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)rows[r] + pfo + b * BB, _MM_HINT_T1);
+        }
+        __m512i w[MAXR / 2];
+        __m512 dw[MAXR / 2], mw[MAXR / 2];
+#pragma GCC unroll 2
+        for (int p = 0; p < RP; p++) gprep(ty, rows[2 * p] + b * BB, rows[2 * p + 1] + b * BB, &w[p], &dw[p], &mw[p]);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const uint8_t *at = a + t * lda + b * LCH;
+            const __m512i xa = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)at));
+            const __m512i st = off ? _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32))) : _mm512_setzero_si512();
+            const __m512 dx = _mm512_set1_ps(*(const float *)(at + 64));
+#pragma GCC unroll 2
+            for (int p = 0; p < RP; p++) {
+                acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(dpbusd(st, w[p], xa)), acc[p][t]);
+                if (has_m) sm[p][t] = _mm512_fmadd_ps(mw[p], _mm512_set1_ps(*(const float *)(at + 68)), sm[p][t]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            float vA = hsum8(_mm512_castps512_ps256(acc[p][t])), vB = hsum8(_mm512_extractf32x8_ps(acc[p][t], 1));
+            if (has_m) {
+                vA += _mm512_cvtss_f32(sm[p][t]);
+                vB += _mm_cvtss_f32(_mm512_extractf32x4_ps(sm[p][t], 2));
+            }
+            y[t * ldy + 2 * p] = vA;
+            y[t * ldy + 2 * p + 1] = vB;
+        }
 }
-
-/* prepared path: P = LPrep[step][4 rows] (starting at this kernel's first row), nsteps steps */
-INL void pkern_legacy(const int ty, const int R, const int TT, const uint8_t *prep, const long nsteps,
-                      const uint8_t *a, const long lda, float *y, const long ldy) {
-    __m512 acc[MAXR][MAXT];
-    acc_zero(R, TT, acc);
-    const LPrep *P = (const LPrep *)prep;
-    for (long o = 0; o < nsteps; o++) ltokens(ty, R, TT, P + 4 * o, 1, o, a, lda, acc);
-    acc_store(R, TT, acc, y, ldy);
-}
-
 /* ---- weight side, K-quants: one super-block per step, prepared into L1 ---- */
 typedef struct {
     __m512i q[4];  /* codes of the four 64-byte vectors (activation layout) */
@@ -1023,11 +922,11 @@ INL void pkern_k(const int ty, const int R, const int TT, const uint8_t *prep, c
 #define IKNAME_(TY, R, TT) ik_##TY##_##R##_##TT
 #define IKNAME(TY, R, TT) IKNAME_(TY, R, TT)
 
-IKSET(TY_Q4_0, ikern_legacy, L)
-IKSET(TY_Q4_1, ikern_legacy, L)
-IKSET(TY_Q5_0, ikern_legacy, L)
-IKSET(TY_Q5_1, ikern_legacy, L)
-IKSET(TY_Q8_0, ikern_legacy, L)
+IKSET(TY_Q4_0, gkern_legacy, L)
+IKSET(TY_Q4_1, gkern_legacy, L)
+IKSET(TY_Q5_0, gkern_legacy, L)
+IKSET(TY_Q5_1, gkern_legacy, L)
+IKSET(TY_Q8_0, gkern_legacy, L)
 IKSET(TY_Q4_K, ikern_k, K)
 IKSET(TY_Q5_K, ikern_k, K)
 IKSET(TY_Q6_K, ikern_k, K)
@@ -1066,16 +965,6 @@ typedef void (*prep_fn)(const uint8_t *row, long n, uint8_t *dst, long pfo); /* 
     static const pkern_fn pktab_##TY[9] = {0, PKNAME(TY, P##R1, 1), PKNAME(TY, P##R2, 2), PKNAME(TY, P##R3, 3), \
         PKNAME(TY, P##R4, 4), PKNAME(TY, P##R5, 5), PKNAME(TY, P##R6, 6), PKNAME(TY, P##R7, 7), PKNAME(TY, P##R8, 8)};
 
-#define LPREPDEF(TY) \
-    static void prep_##TY(const uint8_t *row, long nb, uint8_t *dst, long pfo) { \
-        const long no = nb / 8; \
-        for (long o = 0; o < no; o++) { \
-            if (pfo) for (int i = 0; i < 8 * unit_bytes(TY); i += 64) \
-                _mm_prefetch((const char *)row + pfo + 8 * o * unit_bytes(TY) + i, _MM_HINT_T1); \
-            lprep_at(TY, row, o, 8, (LPrep *)dst + 4 * o); \
-        } \
-        if (nb & 7) lprep_at(TY, row, no, (int)(nb & 7), (LPrep *)dst + 4 * no); \
-    }
 #define KPREPDEF(TY) \
     static void prep_##TY(const uint8_t *row, long nu, uint8_t *dst, long pfo) { \
         for (long u = 0; u < nu; u++) { \
@@ -1084,11 +973,6 @@ typedef void (*prep_fn)(const uint8_t *row, long n, uint8_t *dst, long pfo); /* 
         } \
     }
 
-PKSET(TY_Q4_0, pkern_legacy, L) LPREPDEF(TY_Q4_0)
-PKSET(TY_Q4_1, pkern_legacy, L) LPREPDEF(TY_Q4_1)
-PKSET(TY_Q5_0, pkern_legacy, L) LPREPDEF(TY_Q5_0)
-PKSET(TY_Q5_1, pkern_legacy, L) LPREPDEF(TY_Q5_1)
-PKSET(TY_Q8_0, pkern_legacy, L) LPREPDEF(TY_Q8_0)
 PKSET(TY_Q4_K, pkern_k, K) KPREPDEF(TY_Q4_K)
 PKSET(TY_Q5_K, pkern_k, K) KPREPDEF(TY_Q5_K)
 PKSET(TY_Q6_K, pkern_k, K) KPREPDEF(TY_Q6_K)
@@ -1103,10 +987,8 @@ typedef struct {
 static PrepPath prep_path(int ty, long k) {
     PrepPath p = {0, 0, 0, 0};
     switch (ty) {
-#define PCASE(TY, L) case TY: p.kt = pktab_##TY; p.prep = prep_##TY; \
-        p.slot = L ? (long)sizeof(LPrep) : (long)sizeof(KPrep); p.nsteps = L ? (k / 32 + 7) / 8 : k / 256; break;
-    PCASE(TY_Q4_0, 1) PCASE(TY_Q4_1, 1) PCASE(TY_Q5_0, 1) PCASE(TY_Q5_1, 1) PCASE(TY_Q8_0, 1)
-    PCASE(TY_Q4_K, 0) PCASE(TY_Q5_K, 0) PCASE(TY_Q6_K, 0)
+#define PCASE(TY) case TY: p.kt = pktab_##TY; p.prep = prep_##TY; p.slot = (long)sizeof(KPrep); p.nsteps = k / 256; break;
+    PCASE(TY_Q4_K) PCASE(TY_Q5_K) PCASE(TY_Q6_K)
 #undef PCASE
     default: break;
     }
@@ -1476,10 +1358,14 @@ PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
 PyObject *sharpi_py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs);        /* ops.c */
+PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
+PyObject *sharpi_py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs);       /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
     {"rms_norm", (PyCFunction)(void (*)(void))sharpi_py_rms_norm, METH_FASTCALL, "ggml's RMS norm"},
+    {"rope_table", (PyCFunction)(void (*)(void))sharpi_py_rope_table, METH_FASTCALL, "ggml's rope cache"},
+    {"rope", (PyCFunction)(void (*)(void))sharpi_py_rope, METH_FASTCALL, "rotate adjacent pairs"},
     {"glu", (PyCFunction)(void (*)(void))sharpi_py_glu, METH_FASTCALL, "silu / gelu(g) * u as ggml computes them"},
     {"round_q8", (PyCFunction)(void (*)(void))sharpi_py_round_q8, METH_FASTCALL, "8-bit block rounding"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},

@@ -128,6 +128,7 @@ class Transformer:
         kern = _kernels()
         # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32
         self._attn_kernel = getattr(kern, "attention", None) if hd % 32 == 0 and c.head_dim_v % 32 == 0 else None
+        self._rope_kernel = getattr(kern, "rope", None)
         self._glu_kernel = getattr(kern, "glu", None) if c.n_ff % 16 == 0 and c.act in ("silu", "gelu_tanh") else None
         # trace(name, tensor) with llama.cpp's graph names ("attn_norm-3", ...): None except when a
         # script compares intermediate values with llama.cpp's (scripts/compare_llamacpp_logits.py)
@@ -152,27 +153,35 @@ class Transformer:
     def _rope_table(self, base: float, n_pos: int) -> torch.Tensor:
         """Rotations for positions [0, n_pos) as complex64 [n_pos, n_rot/2], grown by doubling.
 
-        Built the way ggml's rope cache is: theta_i = theta_{i-1} * base^(-2/n_rot) multiplied
-        in float32 from theta_0 = pos, then cos/sin rounded to float32. The rounding of the
-        activations makes later layers sensitive to differences of one ulp here."""
+        Built the way ggml's rope cache is: theta_i = theta_{i-1} * powf(base, -2/n_rot) multiplied
+        in float32 from theta_0 = pos, then cosf / sinf (the C kernels call libm's; without them,
+        cos / sin in double rounded to float). The rounding of the activations makes later layers
+        sensitive to differences of one ulp here."""
         tab = self._rope_cache.get(base)
         if tab is not None and tab.shape[0] >= n_pos:
             return tab
         n = max(n_pos, 2 * (tab.shape[0] if tab is not None else 256))
-        scale = torch.tensor(base, dtype=torch.float64).pow(-2.0 / self.config.n_rot).float()
-        theta = torch.empty(n, self.config.n_rot // 2, dtype=torch.float32)
-        theta[:, 0] = torch.arange(n, dtype=torch.float32)
-        for i in range(1, theta.shape[1]):  # once per table, not per token
-            theta[:, i] = theta[:, i - 1] * scale
-        t64 = theta.double()
-        tab = torch.complex(t64.cos().float(), t64.sin().float())
+        if self._rope_kernel is not None:
+            tab = _kernels().rope_table(base, 1.0, n, self.config.n_rot)
+        else:
+            scale = torch.tensor(base, dtype=torch.float64).pow(-2.0 / self.config.n_rot).float()
+            theta = torch.empty(n, self.config.n_rot // 2, dtype=torch.float32)
+            theta[:, 0] = torch.arange(n, dtype=torch.float32)
+            for i in range(1, theta.shape[1]):  # once per table, not per token
+                theta[:, i] = theta[:, i - 1] * scale
+            t64 = theta.double()
+            tab = torch.complex(t64.cos().float(), t64.sin().float())
         self._rope_cache[base] = tab
         return tab
 
     def _rope(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         # x [T, heads, hd] with rope pairs adjacent (see neox_to_pairs); rotates the first n_rot dims
+        # by rot [T, n_rot/2]; the C kernel rounds like ggml (FMAs), the complex multiply nearly so
+        if self._rope_kernel is not None:
+            return self._rope_kernel(x.contiguous(), rot)
         n_rot = self.config.n_rot
         T, nh, hd = x.shape
+        rot = rot[:, None, :]
         if n_rot == hd:
             return torch.view_as_real(torch.view_as_complex(x.reshape(T, nh, hd // 2, 2)) * rot).view(T, nh, hd)
         xr = torch.view_as_real(torch.view_as_complex(x[..., :n_rot].reshape(T, nh, n_rot // 2, 2)) * rot)
@@ -247,7 +256,7 @@ class Transformer:
         x = self.tok_embd.rows(tokens)  # [T, D]
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
-        ropes = {b: self._rope_table(b, L)[start_pos:L, None, :] for b in {c.layer_rope_base(i) for i in range(c.n_layer)}}
+        ropes = {b: self._rope_table(b, L)[start_pos:L] for b in {c.layer_rope_base(i) for i in range(c.n_layer)}}
         masks = {}
         for i, ly in enumerate(self.layers):
             window = c.sliding_window if c.is_swa(i) else 0
