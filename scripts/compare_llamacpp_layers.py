@@ -53,7 +53,7 @@ def main() -> None:
     idx = read_index(args.dump)
     model = load_model(GGUFFile(resolve_model(args.model)))
     ours: dict[str, np.ndarray] = {}
-    model.trace = lambda name, t: ours.setdefault(name, t.detach().reshape(len(ids), -1).numpy().copy())
+    model.trace = lambda name, t: ours.setdefault(name, t.detach().reshape(t.shape[0], -1).numpy().copy())
     model.forward(torch.tensor(ids), 0, model.new_cache(max(512, len(ids))), last_n=1)
     for i in range(model.config.n_layer):
         row = []

@@ -119,15 +119,16 @@ class Activations:
     Weights whose compiled kernel quantizes the activations itself get the raw fp32 x; on the
     reference path the rounded activations are computed once per kind and shared."""
 
-    __slots__ = ("x", "_by_kind")
+    __slots__ = ("x", "prompt", "_by_kind")
 
-    def __init__(self, x: torch.Tensor):
+    def __init__(self, x: torch.Tensor, prompt: bool = False):
         self.x = x.contiguous()
+        self.prompt = prompt
         self._by_kind: dict = {}
 
     def __call__(self, w: "QWeight") -> torch.Tensor:
         if w.kernel_rounds:  # the kernel rounds x itself
-            return w(self.x)
+            return w(self.x, self.prompt)
         key = (w.act_kind, w.needs_s)
         xa = self._by_kind.get(key)
         if xa is None:
@@ -207,12 +208,13 @@ class QWeight:
             self._dense_nomin = (wd, torch.from_numpy(mins))
         return self._dense_nomin
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
         # x [T, K] fp32 -> [T, N]. The kernel gives each row the same bits whatever T is (T = 1 too):
-        # a speculative verify pass reproduces single-token decoding bit for bit.
+        # a speculative verify pass reproduces single-token decoding bit for bit. prompt=True sums in
+        # llama.cpp's prompt-processing order instead (kernels/cpu.py qmatmul).
         if self._kern is not None:
             return self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k,
-                                      act_quant=self.act_kind is not None)
+                                      act_quant=self.act_kind is not None, prompt=prompt)
         return self.reference_matmul(*self.reference_activations(x))
 
     def reference_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -8,15 +8,18 @@ from conftest import FIXTURES_DIR, MODEL_PARAMS, SMOL, loaded, reference
 from sharpi_core.perplexity import perplexity
 
 N_COMPARE = 16
-# A divergence from llama.cpp's greedy text is allowed only where llama.cpp's token is our
-# runner-up and the top-two logits are within NEAR_TIE (relative). The issue asks for 1e-3; measured
-# here, that is below the noise of llama.cpp's own arithmetic: activations are rounded to 8 bits
-# before every matmul, so one float rounding (a 1e-7 relative change of the embeddings) flips some
-# roundings and moves logits by percents (scripts/numeric_noise.py). Equally valid summation orders
-# (our kernel vs MKL, batched vs one-row prefill) then pick different tokens at gaps of 1e-3..1e-2,
-# and every such case is printed with its margin. STRICT marks what the issue itself would accept.
-NEAR_TIE = 2e-2
+# A divergence from llama.cpp's greedy text is allowed only where the top-two logits are within
+# STRICT (relative), the issue's rule, with llama.cpp's token as our runner-up. sharpi computes
+# what llama.cpp's CPU backend computes on this machine bit for bit (AVX2 kernels' summation orders,
+# no flash attention: scripts/compare_llamacpp_logits.py shows zero difference at every step of
+# every fixture prompt, all four models). The one fixture continuation that llama.cpp itself does
+# not reproduce here (scripts/llamacpp_fixture_check.py, any build option) is listed in
+# LLAMA_CPP_BUILD_DIVERGENCES with the step where every local llama.cpp build leaves the fixture;
+# sharpi must leave it at exactly that step, for llama.cpp's token being our runner-up.
 STRICT = 1e-3
+LLAMA_CPP_BUILD_DIVERGENCES = {
+    ("qwen2.5-coder-1.5b-instruct-q4_k_m", "The theory of relativity states that"): 13,  # margin 4.9e-3
+}
 
 
 def greedy(model, tok, prompt: str, n: int):
@@ -55,7 +58,8 @@ def test_greedy_matches_llama_cpp(name):
                   f"({'within' if margin < STRICT else 'above'} the issue's 1e-3), llama.cpp's token is our "
                   f"rank {rank}: ours {ours!r} vs llama.cpp {want[:len(ours)]!r}")
         print(report)
-        if not (rank == 2 and margin < NEAR_TIE):
+        known = LLAMA_CPP_BUILD_DIVERGENCES.get((name, case["prompt"]))
+        if not (rank == 2 and (margin < STRICT or known == j)):
             failures.append(report)
     assert not failures, "\n".join(failures)
 
@@ -95,10 +99,14 @@ def test_truncate_then_refeed_reproduces_logits(cache_type):
     cache.truncate(cut)
     verify = model.forward(torch.tensor(ids[cut:]), cut, cache, decode=True)
     assert torch.equal(verify, steps)
-    # a prompt pass sums attention in llama.cpp's prompt order, not its decoding order: a last-bit
-    # difference that 8-bit activation rounding amplifies, so only the distributions agree closely
-    assert torch.equal(steps.argmax(-1), full[cut:].argmax(-1))
+    # a prompt pass sums in llama.cpp's prompt order, not its decoding order: last-bit differences
+    # that 8-bit activation rounding amplifies, so the distributions agree closely and the argmax
+    # agrees wherever it is not a near tie
     assert (steps.softmax(-1) - full[cut:].softmax(-1)).abs().max() < 0.05
+    top2 = steps.topk(2).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.02 * top2[:, 0].abs()
+    assert clear.sum() >= len(clear) // 2
+    assert torch.equal(steps.argmax(-1)[clear], full[cut:].argmax(-1)[clear])
 
 
 def test_kv_rotation_is_orthonormal_hadamard_and_row_invariant():

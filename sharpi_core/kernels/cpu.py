@@ -288,7 +288,7 @@ def _bad_args(x, raw, qtype, n, k, out):
 
 
 def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
-            out: torch.Tensor | None = None, act_quant: bool = False) -> torch.Tensor:
+            out: torch.Tensor | None = None, act_quant: bool = False, prompt: bool = False) -> torch.Tensor:
     """x fp32 [T, K] (contiguous) @ dequant(raw [N, row_bytes]).T -> fp32 [T, N] (into `out` if given).
 
     act_quant=False: x is used as given (fp32 FMAs against the dequantized blocks).
@@ -297,7 +297,9 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
     and the quantized types use integer dot products per block (see qmatmul.c).
 
     Register kernels (every T with act_quant and a quantized weight; T < GEMM_MIN_ROWS otherwise):
-    the result for one (token, output) pair is bitwise the same for every T and thread count.
+    the result for one (token, output) pair is bitwise the same for every T and thread count, the
+    order of llama.cpp's one-token path. prompt=True (with act_quant): the order of its prompt
+    processing instead, which for Q4_K (repacked by llama.cpp) differs in the first T - T % 4 rows.
     Longer inputs otherwise: tiles of weight rows are dequantized exactly and multiplied by torch's
     sgemm (F16 / BF16 weights with act_quant: against x rounded to that type)."""
     info = _INFO.get(qtype)
@@ -321,7 +323,7 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
         if act_quant:
             return _gemm_act(x, raw, code, n, k, rb, out, qtype)
         return _gemm(x, raw, code, n, k, rb, out)
-    rc = _qmm(code | (256 if act_quant else 0), raw.data_ptr(), rb, n, k, x.data_ptr(), t, out.data_ptr(),
+    rc = _qmm(code | ((512 if prompt else 256) if act_quant else 0), raw.data_ptr(), rb, n, k, x.data_ptr(), t, out.data_ptr(),
               torch.get_num_threads()) if t and n else 0
     if rc == -2:
         raise MemoryError("qmatmul: no memory for the quantized activations")

@@ -30,6 +30,7 @@
 #include <Python.h>
 #endif
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -42,6 +43,8 @@
 enum {
     TY_F32 = 0, TY_F16 = 1, TY_Q4_0 = 2, TY_Q4_1 = 3, TY_Q5_0 = 6, TY_Q5_1 = 7, TY_Q8_0 = 8,
     TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_BF16 = 30,
+    /* (names of the kernel tables of llama.cpp's prompt-processing orders) */
+    TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
 };
 
 /* fp16 -> fp32 for block scales: a table lookup is a plain load (vcvtph2ps costs 2 ALU uops). */
@@ -886,6 +889,157 @@ INL void pkern_k(const int ty, const int R, const int TT, const uint8_t *prep, c
     kacc_store(ty, R, TT, acc, accm, y, ldy);
 }
 
+/* ---- Q6_K in ggml's order (ggml_vec_dot_q6_K_q8_K, AVX2) -------------------------------------
+ * Per super-block, 8 integer lanes: lane j sums sc * q * x over the elements 4j..4j+3 of each 32-element
+ * chunk (q the unsigned 6-bit code), minus 32 * (bsum_2j sc_2j + bsum_2j+1 sc_2j+1) (the -32 offset
+ * folded in per pair of 16-element sub-blocks), then acc = fma(d_x * d_w, float(lane), acc) per
+ * super-block and hsum_float_8 at the end. Two weight rows per zmm as for the legacy types.
+ * llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, passes of >= 8 tokens) instead sums the
+ * super-block's lanes into one integer I and accumulates y = fma(d_w * float(I), d_x, y). */
+typedef struct {
+    __m512i w[8];  /* chunk c of rows A | B (unsigned codes) */
+    __m512i sc[8]; /* chunk c: the int16 scale of each code pair's sub-block */
+    __m512i sc16;  /* scales A[0..15] | B[0..15] as int16 */
+    __m512 d;
+} Q6Pair;
+
+INL void q6prep(const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
+    __m512i qa[4], qb[4];
+#pragma GCC unroll 2
+    for (int hf = 0; hf < 2; hf++) {
+        q6k_codes(bA, hf, &qa[2 * hf], &qa[2 * hf + 1]);
+        q6k_codes(bB, hf, &qb[2 * hf], &qb[2 * hf + 1]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) P->w[c] = _mm512_shuffle_i64x2(qa[c >> 1], qb[c >> 1], (c & 1) ? 0xEE : 0x44);
+    const __m512i s16 = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bA + 192)))),
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bB + 192))), 1);
+    P->sc16 = s16;
+    /* int16 lane l of chunk c: row l / 16, sub-block 2c + (l % 16) / 8 */
+    const __m512i base = _mm512_set_epi16(17, 17, 17, 17, 17, 17, 17, 17, 16, 16, 16, 16, 16, 16, 16, 16,
+                                          1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) P->sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c))), s16);
+    P->d = pair_ps(f16at(bA + 208), f16at(bB + 208));
+}
+
+INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
+                   const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    const int RP = R / 2, tiled = ty == TY_Q6_K_TILED;
+    __m512 acc[MAXR / 2][MAXT];
+    float ys[MAXR][MAXT] = {{0}}; /* tiled order */
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) acc[p][t] = _mm512_setzero_ps();
+    for (long u = 0; u < nu; u++) {
+        if (pfo) kprefetch(TY_Q6_K, R, rows, u, pfo);
+        Q6Pair P[MAXR / 2];
+#pragma GCC unroll 2
+        for (int p = 0; p < RP; p++) q6prep(rows[2 * p] + u * 210, rows[2 * p + 1] + u * 210, &P[p]);
+        ESCAPE(P); /* read from L1 by the token loop, not held in registers */
+        const uint8_t *au = a + u * kch(TY_Q6_K);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const uint8_t *at = au + t * lda;
+            const __m512i bs = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 256)));
+            const __m512 dx = _mm512_set1_ps(*(const float *)(at + 320));
+#pragma GCC unroll 2
+            for (int p = 0; p < RP; p++) {
+                __m512i is = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++)
+                    is = dpwssd(is, _mm512_maddubs_epi16(P[p].w[c], _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32 * c)))), P[p].sc[c]);
+                is = _mm512_sub_epi32(is, _mm512_slli_epi32(_mm512_madd_epi16(bs, P[p].sc16), 5));
+                if (tiled) { /* the super-block's integer per row: y = fma(d_w * float(I), d_x, y) */
+                    const float dxs = *(const float *)(at + 320);
+                    const int32_t IA = _mm512_mask_reduce_add_epi32(0x00ff, is), IB = _mm512_mask_reduce_add_epi32(0xff00, is);
+                    ys[2 * p][t] = fmaf(_mm512_cvtss_f32(P[p].d) * (float)IA, dxs, ys[2 * p][t]);
+                    ys[2 * p + 1][t] = fmaf(_mm_cvtss_f32(_mm512_extractf32x4_ps(P[p].d, 2)) * (float)IB, dxs, ys[2 * p + 1][t]);
+                } else {
+                    acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(P[p].d, dx), _mm512_cvtepi32_ps(is), acc[p][t]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            y[t * ldy + 2 * p] = tiled ? ys[2 * p][t] : hsum8(_mm512_castps512_ps256(acc[p][t]));
+            y[t * ldy + 2 * p + 1] = tiled ? ys[2 * p + 1][t] : hsum8(_mm512_extractf32x8_ps(acc[p][t], 1));
+        }
+}
+
+/* ---- Q4_K in ggml's order (llama.cpp repacks Q4_K weights on AVX2 CPUs: q4_K_8x8) ------------
+ * Per weight row and token, the integer dot product of a super-block scaled by the sub-block
+ * scales, I, and of its mins, M = sum_j m_j * bsum_j, are exact; ggml_gemv_q4_K_8x8_q8_K (one token)
+ * accumulates acc = fma(float(I), d_w * d_x, acc) and accm = fma(float(M), dmin_w * d_x, accm) once
+ * per super-block, ggml_gemm_q4_K_8x8_q8_K (tokens in groups of 4: the first T - T % 4 rows of a
+ * pass) once per pair of sub-blocks with the pair's partial I and M; the value is acc - accm. The
+ * integers come from the octet kernel above (lanes 2j, 2j+1: sub-block j). */
+INL void gkern_q4k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
+                   const uint8_t *a, const long lda, float *y, const long ldy, const long pfo, const int gemm) {
+    float acc[MAXR][MAXT] = {{0}}, accm[MAXR][MAXT] = {{0}};
+    (void)ty;
+    for (long u = 0; u < nu; u++) {
+        if (pfo) kprefetch(TY_Q4_K, R, rows, u, pfo);
+        KPrep P[MAXR];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) kprep(TY_Q4_K, rows[r] + u * 144, &P[r]);
+        ESCAPE(P);
+        const uint8_t *au = a + u * kch(TY_Q4_K);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const uint8_t *at = au + t * lda;
+            const float dx = *(const float *)(at + 320);
+            const __m128i bs = _mm_load_si128((const __m128i *)(at + 256)); /* 8 sums of 32 codes */
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const KPrep *pr = &P[r];
+                __m512i t0 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) t0 = dpbusd(t0, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
+                const __m512i is = _mm512_madd_epi16(t0, pr->sc[0]);
+                /* lanes 0-3: M of sub-block pairs 0-3 */
+                const __m128i im = _mm_madd_epi16(bs, _mm512_castsi512_si128(pr->mn));
+                const float dd = pr->d * dx, dm = pr->dmin * dx;
+                if (gemm) {
+                    /* sub-block pair i = lanes 4i..4i+3: sum within each 128-bit lane */
+                    __m512i s = _mm512_add_epi32(is, _mm512_shuffle_epi32(is, _MM_PERM_BADC));
+                    s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+                    int32_t I4[16], M4[4];
+                    _mm512_storeu_si512((void *)I4, s);
+                    _mm_storeu_si128((__m128i *)M4, im);
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++) {
+                        acc[r][t] = fmaf((float)I4[4 * i], dd, acc[r][t]);
+                        accm[r][t] = fmaf((float)M4[i], dm, accm[r][t]);
+                    }
+                } else {
+                    const __m128i m2 = _mm_add_epi32(im, _mm_shuffle_epi32(im, _MM_SHUFFLE(1, 0, 3, 2)));
+                    const int32_t M = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, _MM_SHUFFLE(2, 3, 0, 1))));
+                    acc[r][t] = fmaf((float)_mm512_reduce_add_epi32(is), dd, acc[r][t]);
+                    accm[r][t] = fmaf((float)M, dm, accm[r][t]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) y[t * ldy + r] = acc[r][t] - accm[r][t];
+}
+INL void gkern_q4k_gemv(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
+                        const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    gkern_q4k(ty, R, TT, rows, nu, a, lda, y, ldy, pfo, 0);
+}
+INL void gkern_q4k_gemm(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
+                        const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    gkern_q4k(ty, R, TT, rows, nu, a, lda, y, ldy, pfo, 1);
+}
+
 /* Integer kernels share the kern_fn signature: x is the scratch (bytes), ldx its row stride / 4,
  * nu the number of blocks (legacy) or super-blocks (K-quants). */
 #define IKDEF(TY, R, TT, BODY) \
@@ -927,9 +1081,11 @@ IKSET(TY_Q4_1, gkern_legacy, L)
 IKSET(TY_Q5_0, gkern_legacy, L)
 IKSET(TY_Q5_1, gkern_legacy, L)
 IKSET(TY_Q8_0, gkern_legacy, L)
-IKSET(TY_Q4_K, ikern_k, K)
+IKSET(TY_Q4_K, gkern_q4k_gemv, K)
+IKSET(TY_Q4_K_GEMM, gkern_q4k_gemm, K)
 IKSET(TY_Q5_K, ikern_k, K)
-IKSET(TY_Q6_K, ikern_k, K)
+IKSET(TY_Q6_K, gkern_q6k, K)
+IKSET(TY_Q6_K_TILED, gkern_q6k, K)
 
 static const kern_fn *iktab_for(int ty) {
     switch (ty) {
@@ -973,9 +1129,7 @@ typedef void (*prep_fn)(const uint8_t *row, long n, uint8_t *dst, long pfo); /* 
         } \
     }
 
-PKSET(TY_Q4_K, pkern_k, K) KPREPDEF(TY_Q4_K)
 PKSET(TY_Q5_K, pkern_k, K) KPREPDEF(TY_Q5_K)
-PKSET(TY_Q6_K, pkern_k, K) KPREPDEF(TY_Q6_K)
 
 typedef struct {
     const pkern_fn *kt; /* NULL: no prepared path */
@@ -988,7 +1142,7 @@ static PrepPath prep_path(int ty, long k) {
     PrepPath p = {0, 0, 0, 0};
     switch (ty) {
 #define PCASE(TY) case TY: p.kt = pktab_##TY; p.prep = prep_##TY; p.slot = (long)sizeof(KPrep); p.nsteps = k / 256; break;
-    PCASE(TY_Q4_K) PCASE(TY_Q5_K) PCASE(TY_Q6_K)
+    PCASE(TY_Q5_K)
 #undef PCASE
     default: break;
     }
@@ -1174,12 +1328,13 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
                    int nthreads) {
     const int ty = ty_mode & 0xff, mode = ty_mode >> 8;
     const int ue = ue_of(ty);
-    if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || T < 1 || n < 1 || mode < 0 || mode > 1) return -1;
+    if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || T < 1 || n < 1 || mode < 0 || mode > 2) return -1;
     long nu = k / ue, ldx = k;
-    const kern_fn *kt = ktab_for(ty);
+    const kern_fn *kt = ktab_for(ty), *kt4 = NULL;
     const int *krows = kern_rows;
     PrepPath pp = {0, 0, 0, 0};
-    if (mode == 1 && vd_kind(ty) != VD_F32) {
+    long T4 = 0; /* rows [0, T4) in kt4's order (prompt processing), the rest in kt's */
+    if (mode >= 1 && vd_kind(ty) != VD_F32) {
         const long rbytes = act_row_bytes(ty, k);
         uint8_t *a = scratch((size_t)(T * rbytes));
         if (!a) return -2;
@@ -1191,26 +1346,30 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             krows = vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
             pp = prep_path(ty, k);
         }
+        if (mode == 2 && ty == TY_Q4_K) { /* repacked: ggml_gemm_q4_K_8x8_q8_K on groups of 4 tokens */
+            kt4 = iktab_TY_Q4_K_GEMM;
+            T4 = T - T % 4;
+        } else if (mode == 2 && ty == TY_Q6_K && T >= 8) { /* the tiled matmul takes passes of >= 8 */
+            kt4 = iktab_TY_Q6_K_TILED;
+            T4 = T;
+        }
     }
     const int nth = pick_threads(nthreads, n, n * rb * (T < 8 ? T : 8)); /* ~ work of the call */
-    if (nth == 1) {
-        mm_rows(kt, krows, &pp, w, rb, 0, n, nu, x, ldx, T, y, n);
-        return 0;
-    }
     /* Chunks of rows handed out through an atomic counter: a thread that is slowed down (another
      * process on its core) holds back at most one chunk instead of half the matrix. Row results do
      * not depend on the chunking. */
     long chunk = (n + nth * 8 - 1) / (nth * 8);
-    chunk = (chunk + 3) / 4 * 4;
+    chunk = nth == 1 ? n : (chunk + 3) / 4 * 4;
     const long nchunks = (n + chunk - 1) / chunk;
     long next = 0;
-#pragma omp parallel num_threads(nth)
+#pragma omp parallel num_threads(nth) if (nth > 1)
     {
         for (;;) {
             const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
-            mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x, ldx, T, y, n);
+            if (T4) mm_rows(kt4, krows, &pp, w, rb, n0, n1, nu, x, ldx, T4, y, n);
+            if (T > T4) mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x + T4 * ldx, ldx, T - T4, y + T4 * n, n);
         }
     }
     return 0;

@@ -122,8 +122,9 @@ class Transformer:
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             ))
         self._rope_cache: dict[float, torch.Tensor] = {}  # base -> complex64 [n_pos, n_rot/2]
-        # back to the GGUF's head-dim order; a q8_0 K cache quantizes blocks of 32 consecutive dims,
-        # and which dims share a block decides its error (Qwen2's K has large outlier dims)
+        # back to the GGUF's head-dim order: the q.k dot products sum in llama.cpp's element order, and
+        # a q8_0 K cache quantizes the same blocks of 32 consecutive dims (which dims share a block
+        # decides its error: Qwen2's K has large outlier dims)
         self._unperm = torch.argsort(perm) if c.rope_style == ROPE_NEOX else None
         kern = _kernels()
         # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32
@@ -253,6 +254,8 @@ class Transformer:
         H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
         scale = c.attn_scale or 1.0 / math.sqrt(hd)
 
+        # matmuls in llama.cpp's prompt-processing order except in decoding rows (see qmatmul)
+        prompt = T > 1 and not (decode and T <= EXACT_ROWS)
         x = self.tok_embd.rows(tokens)  # [T, D]
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
@@ -266,7 +269,7 @@ class Transformer:
             tr = self.trace
             if tr is not None:
                 tr(f"attn_norm-{i}", h)
-            a = Activations(h)
+            a = Activations(h, prompt)
             qk, v = a(ly.wqk), a(ly.wv)  # [T, (H + Hkv) * hd], [T, Hkv * hdv]
             if ly.bqk is not None:
                 qk = qk + ly.bqk
@@ -276,7 +279,7 @@ class Transformer:
                 qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
             qk = self._rope(qk, ropes[c.layer_rope_base(i)])
             q, k = qk[:, :H], qk[:, H:]
-            if self._unperm is not None and cache.k.kind == "q8_0":
+            if self._unperm is not None:
                 q, k = q[..., self._unperm], k[..., self._unperm]
             q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
             cache.k.write(i, start_pos, k)
@@ -293,18 +296,22 @@ class Transformer:
                 o = self._attention(q, cache, i, L, masks[window], scale)  # [T, H * hdv]
             if tr is not None:
                 tr(f"kqv_out-{i}", o)
-            o = ly.wo(rotate(o, cache.rot_v))
+            o = ly.wo(rotate(o, cache.rot_v), prompt)
             if ly.post_attn_norm is not None:
                 o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
             x = x + o
+            if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
+                # like llama.cpp, the last layer's FFN runs on the output rows only (this also
+                # decides its matmuls' summation order)
+                x = x[-last_n:]
             h = rms_norm(x, ly.ffn_norm, c.norm_eps)
             if tr is not None:
                 tr(f"ffn_inp-{i}", x)
                 tr(f"ffn_norm-{i}", h)
-            gu = self._glu(Activations(h)(ly.w_gu))  # [T, n_ff]
+            gu = self._glu(Activations(h, prompt)(ly.w_gu))  # [T, n_ff]
             if tr is not None:
                 tr(f"ffn_swiglu-{i}", gu)
-            f = ly.w_down(gu)
+            f = ly.w_down(gu, prompt)
             if ly.post_ffn_norm is not None:
                 f = rms_norm(f, ly.post_ffn_norm, c.norm_eps)
             x = x + f
@@ -315,4 +322,4 @@ class Transformer:
         if last_n is not None:
             x = x[-last_n:]
         x = rms_norm(x, self.output_norm, c.norm_eps)
-        return self.output(x)
+        return self.output(x, prompt)
