@@ -517,3 +517,151 @@ def test_real_tensor_act_quant(model, qtype):
     y = cpu.qmatmul(x, torch_view(data), qtype, n_all, k, act_quant=True)
     assert torch.equal(y[:, :rows], cpu.qmatmul(x, rawt, qtype, rows, k, act_quant=True))
     check_act_matmul(x, np.ascontiguousarray(data[n_all - 64:]), qtype, 64, k, y[:, n_all - 64:], f"{t.name} tail rows")
+
+
+# --- llama.cpp's float summation orders (AVX2 build), transcribed in numpy --------------------------
+# The integer dot products per block are exact; what decides the last bits is how ggml turns them
+# into floats and accumulates them. fma() below rounds a*b + c once (a*b is exact in float64).
+def fma(a, b, c):
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(F32)
+
+
+def hsum_float_8(acc):
+    """ggml's hsum_float_8 / tinyBLAS hsum over the last axis (8 lanes)."""
+    w = (acc[..., 4:] + acc[..., :4]).astype(F32)
+    return ((w[..., 0] + w[..., 2]).astype(F32) + (w[..., 1] + w[..., 3]).astype(F32)).astype(F32)
+
+
+def f16(raw, off):
+    return raw[..., off:off + 2].copy().view(np.float16)[..., 0].astype(F32)
+
+
+def legacy_codes(blk, qtype):
+    """[n, nb, bytes] blocks -> (signed weight codes [n, nb, 32] (int64), d_w, m_w or None)"""
+    d = f16(blk, 0)
+    if qtype == Q.Q8_0:
+        return blk[:, :, 2:34].view(np.int8).astype(np.int64), d, None
+    qo = {Q.Q4_0: 2, Q.Q4_1: 4, Q.Q5_0: 6}[qtype]
+    qs = blk[:, :, qo:qo + 16].astype(np.int64)
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1)
+    if qtype == Q.Q5_0:
+        qh = blk[:, :, 2:6].copy().view(np.uint32).astype(np.int64)  # [n, nb, 1]
+        q = q | (((qh >> np.arange(32)) & 1) << 4)
+        return q - 16, d, None
+    return (q - 8, d, None) if qtype == Q.Q4_0 else (q, d, f16(blk, 2))
+
+
+def ggml_legacy_order(x, raw, qtype, n, k):
+    """ggml_vec_dot_*_q8_0 / q8_1 (AVX2) and tinyBLAS_Q0_AVX: per block 8 lanes of 4 products,
+    acc = fma(d_w * d_x, lane, acc), hsum_float_8, + the fp32 fma sum of m_w * s_x (Q4_1)."""
+    codes, dx, s, _ = cpu.quantize_act(x, qtype)
+    t, nb = x.shape[0], k // 32
+    w, dw, mw = legacy_codes(np.asarray(raw).reshape(n, nb, -1), qtype)
+    c = codes.numpy().astype(np.int64).reshape(t, nb, 32)
+    lanes = np.einsum("nbe,tbe->ntbe", w, c).reshape(n, t, nb, 8, 4).sum(-1).astype(F32)
+    dx = dx.numpy().reshape(t, nb)
+    acc = np.zeros((n, t, 8), F32)
+    summs = np.zeros((n, t), F32)
+    for b in range(nb):
+        acc = fma((dw[:, b, None] * dx[None, :, b]).astype(F32)[..., None], lanes[:, :, b], acc)
+        if mw is not None:
+            summs = fma(mw[:, b, None], s.numpy().reshape(t, nb)[None, :, b], summs)
+    return (hsum_float_8(acc) + summs).astype(F32).T
+
+
+def q4k_parts(blk):
+    """Q4_K blocks [n, nu, 144] -> codes [n, nu, 256], scales and mins [n, nu, 8] (int64), d, dmin"""
+    s = blk[:, :, 4:16].astype(np.int64)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+    qs = blk[:, :, 16:144].astype(np.int64).reshape(*blk.shape[:2], 4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(*blk.shape[:2], 256)
+    return q, sc, mn, f16(blk, 0), f16(blk, 2)
+
+
+def ggml_q4k_order(x, raw, n, k, gemm: bool):
+    """Repacked Q4_K (ggml_gemv / gemm_q4_K_8x8_q8_K, AVX2): exact I = sum_j sc_j S_j and
+    M = sum_j m_j bsum_j, accumulated per super-block (gemv) or per pair of sub-blocks (gemm) as
+    acc = fma(float(I), d_w * d_x, acc), accm = fma(float(M), dmin_w * d_x, accm); acc - accm."""
+    codes, dx, _, _ = cpu.quantize_act(x, Q.Q4_K)
+    t, nu = x.shape[0], k // 256
+    q, sc, mn, d, dmin = q4k_parts(np.asarray(raw).reshape(n, nu, 144))
+    c = codes.numpy().astype(np.int64).reshape(t, nu, 8, 32)
+    S = np.einsum("nujl,tujl->ntuj", q.reshape(n, nu, 8, 32), c)
+    I = S * sc[:, None]                                         # [n, t, nu, 8]
+    Mj = c.sum(-1)[None] * mn[:, None]
+    if gemm:
+        I, Mj = I.reshape(n, t, nu, 4, 2).sum(-1), Mj.reshape(n, t, nu, 4, 2).sum(-1)
+    else:
+        I, Mj = I.sum(-1, keepdims=True), Mj.sum(-1, keepdims=True)
+    dx = dx.numpy().reshape(t, nu)
+    acc = np.zeros((n, t), F32)
+    accm = np.zeros((n, t), F32)
+    for u in range(nu):
+        dd = (d[:, u, None] * dx[None, :, u]).astype(F32)
+        dm = (dmin[:, u, None] * dx[None, :, u]).astype(F32)
+        for i in range(I.shape[-1]):
+            acc = fma(I[:, :, u, i].astype(F32), dd, acc)
+            accm = fma(Mj[:, :, u, i].astype(F32), dm, accm)
+    return (acc - accm).astype(F32).T
+
+
+def q6k_parts(blk):
+    """Q6_K blocks [n, nu, 210] -> unsigned codes [n, nu, 256], scales [n, nu, 16] (int64), d"""
+    ql, qh = blk[:, :, :128].astype(np.int64), blk[:, :, 128:192].astype(np.int64)
+    q = np.zeros((*blk.shape[:2], 256), np.int64)
+    for hf in range(2):
+        a, b, h = ql[..., 64 * hf:64 * hf + 32], ql[..., 64 * hf + 32:64 * hf + 64], qh[..., 32 * hf:32 * hf + 32]
+        base = 128 * hf
+        q[..., base:base + 32] = (a & 15) | ((h & 3) << 4)
+        q[..., base + 32:base + 64] = (b & 15) | (((h >> 2) & 3) << 4)
+        q[..., base + 64:base + 96] = (a >> 4) | (((h >> 4) & 3) << 4)
+        q[..., base + 96:base + 128] = (b >> 4) | (((h >> 6) & 3) << 4)
+    return q, blk[:, :, 192:208].view(np.int8).astype(np.int64), f16(blk, 208)
+
+
+def ggml_q6k_order(x, raw, n, k, tiled: bool):
+    """ggml_vec_dot_q6_K_q8_K (AVX2): lane j = sum over the elements 4j..4j+3 of each 32-element chunk
+    of sc * q * x minus 32 (bsum_2j sc_2j + bsum_2j+1 sc_2j+1), acc = fma(d_x * d_w, lane, acc),
+    hsum_float_8. The tiled matmul (>= 8 tokens): y = fma(d_w * float(I), d_x, y), I the whole sum."""
+    codes, dx, _, bsums = cpu.quantize_act(x, Q.Q6_K)
+    t, nu = x.shape[0], k // 256
+    q, sc, d = q6k_parts(np.asarray(raw).reshape(n, nu, 210))
+    c = codes.numpy().astype(np.int64).reshape(t, nu, 256)
+    prod = np.einsum("nue,tue->ntue", q * np.repeat(sc, 16, axis=-1), c).reshape(n, t, nu, 8, 8, 4)
+    bs = bsums.numpy().astype(np.int64).reshape(t, nu, 16)[None]
+    lanes = prod.sum(axis=(3, 5)) - 32 * (bs[..., 0::2] * sc[:, None, :, 0::2] + bs[..., 1::2] * sc[:, None, :, 1::2])
+    dx = dx.numpy().reshape(t, nu)
+    if tiled:
+        y = np.zeros((n, t), F32)
+        for u in range(nu):
+            y = fma((d[:, u, None] * lanes[:, :, u].sum(-1).astype(F32)).astype(F32), dx[None, :, u], y)
+        return y.T
+    acc = np.zeros((n, t, 8), F32)
+    for u in range(nu):
+        acc = fma((dx[None, :, u] * d[:, u, None]).astype(F32)[..., None], lanes[:, :, u].astype(F32), acc)
+    return hsum_float_8(acc).T
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K), ids=lambda q: q.name)
+def test_act_quant_sums_in_llama_cpp_order(qtype):
+    """Bit for bit the floats of llama.cpp's AVX2 CPU backend: decoding rows (prompt=False) in its
+    one-token order, prompt=True in its prompt-processing order (Q4_K: gemm on the first T - T % 4
+    rows, gemv on the rest; Q6_K: the tiled matmul from 8 rows on; the legacy types: one order)."""
+    n, k = 24, 768 if qtype in KQUANTS else 544
+    raw = random_raw(qtype, n, k, seed=11)
+    rawt = torch_view(raw)
+    for t in (1, 3, 6, 9):
+        x = act_test_inputs(t, k, seed=20 + t)
+        for prompt in (False, True):
+            y = cpu.qmatmul(x, rawt, qtype, n, k, act_quant=True, prompt=prompt).numpy()
+            if qtype == Q.Q4_K:
+                g = t - t % 4 if prompt else 0
+                want = np.concatenate([ggml_q4k_order(x[:g], raw, n, k, True) if g else np.zeros((0, n), F32),
+                                       ggml_q4k_order(x[g:], raw, n, k, False) if g < t else np.zeros((0, n), F32)])
+            elif qtype == Q.Q6_K:
+                want = ggml_q6k_order(x, raw, n, k, tiled=prompt and t >= 8)
+            else:
+                want = ggml_legacy_order(x, raw, qtype, n, k)
+            assert np.array_equal(y, want), (qtype.name, t, prompt, float(np.abs(y - want).max()))

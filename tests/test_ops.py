@@ -207,3 +207,36 @@ def test_attention_is_llamacpp_avx2_non_fa_bit_for_bit(window, decode_order):
     got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, decode_order)
     assert torch.equal(got, attention_ggml_avx2(q, cache, L - T, window, 0.125, decode_order))
     assert not torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, not decode_order))
+
+
+def test_rope_is_ggml_rope_bit_for_bit():
+    """ggml's rope cache (theta multiplied up in float by powf(base, -2/n_rot), libm cosf / sinf) and
+    rotate_pairs as GCC contracts it: x0 c - x1 s = fma(x0, c, -(x1 s)), x0 s + x1 c = fma(x0, s, x1 c)."""
+    import ctypes
+    import ctypes.util
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    for f in ("powf", "cosf", "sinf"):
+        getattr(libm, f).restype = ctypes.c_float
+    libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
+    libm.cosf.argtypes = libm.sinf.argtypes = [ctypes.c_float]
+    f32 = np.float32
+    for base, n_rot in ((10000.0, 64), (1e6, 128), (100000.0, 32)):
+        n = 40
+        tab = cpu.rope_table(base, 1.0, n, n_rot)
+        ts = f32(libm.powf(base, f32(-2.0) / f32(n_rot)))
+        want = np.zeros((n, n_rot // 2), np.complex64)
+        for p in range(n):
+            th = f32(p)
+            for i in range(n_rot // 2):
+                want[p, i] = complex(libm.cosf(th), libm.sinf(th))
+                th = f32(th * ts)
+        assert np.array_equal(tab.numpy(), want), base
+        g = torch.Generator().manual_seed(n_rot)
+        x = torch.randn(n, 3, n_rot + 16, generator=g) * 10
+        y = cpu.rope(x.clone(), tab)
+        x0, x1 = x[..., 0:n_rot:2].double().numpy(), x[..., 1:n_rot:2].double().numpy()
+        c, s = tab.real.double().numpy()[:, None], tab.imag.double().numpy()[:, None]
+        r0 = (x0 * c - (x1 * s).astype(f32)).astype(f32)  # x0 * c exact in double: one rounding
+        r1 = (x0 * s + (x1 * c).astype(f32)).astype(f32)
+        assert np.array_equal(y[..., 0:n_rot:2].numpy(), r0) and np.array_equal(y[..., 1:n_rot:2].numpy(), r1)
+        assert torch.equal(y[..., n_rot:], x[..., n_rot:])  # dims past n_rot untouched
