@@ -652,7 +652,7 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
     n, k = 24, 768 if qtype in KQUANTS else 544
     raw = random_raw(qtype, n, k, seed=11)
     rawt = torch_view(raw)
-    for t in (1, 3, 6, 9):
+    for t in (1, 3, 6, 9, 13):  # 13: the prepared-weights path (more than 8 rows)
         x = act_test_inputs(t, k, seed=20 + t)
         for prompt in (False, True):
             y = cpu.qmatmul(x, rawt, qtype, n, k, act_quant=True, prompt=prompt).numpy()

@@ -979,65 +979,107 @@ INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const
  * per super-block, ggml_gemm_q4_K_8x8_q8_K (tokens in groups of 4: the first T - T % 4 rows of a
  * pass) once per pair of sub-blocks with the pair's partial I and M; the value is acc - accm. The
  * integers come from the octet kernel above (lanes 2j, 2j+1: sub-block j). */
-INL void gkern_q4k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
-                   const uint8_t *a, const long lda, float *y, const long ldy, const long pfo, const int gemm) {
-    float acc[MAXR][MAXT] = {{0}}, accm[MAXR][MAXT] = {{0}};
-    (void)ty;
+/* The token loop of one super-block for up to 4 rows P[0..R-1]: the float chains run in the lanes
+ * of acc[t] / accm[t] (lane r: row r), each lane exactly the scalar chain described above. */
+INL void q4k_tokens(const int R, const int TT, const int gemm, const KPrep *P, const uint8_t *au, const long lda,
+                    __m128 acc[MAXT], __m128 accm[MAXT]) {
+    const __m128 d4 = _mm_setr_ps(P[0].d, R > 1 ? P[1].d : 0.f, R > 2 ? P[2].d : 0.f, R > 3 ? P[3].d : 0.f);
+    const __m128 m4 = _mm_setr_ps(P[0].dmin, R > 1 ? P[1].dmin : 0.f, R > 2 ? P[2].dmin : 0.f, R > 3 ? P[3].dmin : 0.f);
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        const uint8_t *at = au + t * lda;
+        const __m128 dx = _mm_set1_ps(*(const float *)(at + 320));
+        const __m128i bs = _mm_load_si128((const __m128i *)(at + 256)); /* 8 sums of 32 codes */
+        __m512i is[4];
+        __m128i im[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) {
+                is[r] = _mm512_setzero_si512();
+                im[r] = _mm_setzero_si128();
+                continue;
+            }
+            __m512i t0 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) t0 = dpbusd(t0, P[r].q[p], _mm512_load_si512((const void *)(at + 64 * p)));
+            is[r] = _mm512_madd_epi16(t0, P[r].sc[0]); /* lanes 2j, 2j+1: sub-block j */
+            im[r] = _mm_madd_epi16(bs, _mm512_castsi512_si128(P[r].mn)); /* lane i: M of sub-block pair i */
+        }
+        /* u: lane 4i + r = I of sub-block pair i (128-bit lane i) of row r */
+        const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(is[0], is[1]), _mm512_unpackhi_epi32(is[0], is[1]));
+        const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(is[2], is[3]), _mm512_unpackhi_epi32(is[2], is[3]));
+        const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
+        /* M transposed: mt[i] lane r = M of pair i of row r */
+        const __m128i t01l = _mm_unpacklo_epi32(im[0], im[1]), t01h = _mm_unpackhi_epi32(im[0], im[1]);
+        const __m128i t23l = _mm_unpacklo_epi32(im[2], im[3]), t23h = _mm_unpackhi_epi32(im[2], im[3]);
+        const __m128i mt[4] = {_mm_unpacklo_epi64(t01l, t23l), _mm_unpackhi_epi64(t01l, t23l),
+                               _mm_unpacklo_epi64(t01h, t23h), _mm_unpackhi_epi64(t01h, t23h)};
+        const __m128 dd = _mm_mul_ps(d4, dx), dm = _mm_mul_ps(m4, dx);
+        if (gemm) {
+            const __m128i u0 = _mm512_castsi512_si128(u), u1 = _mm512_extracti32x4_epi32(u, 1);
+            const __m128i u2 = _mm512_extracti32x4_epi32(u, 2), u3 = _mm512_extracti32x4_epi32(u, 3);
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(u0), dd, acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(mt[0]), dm, accm[t]);
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(u1), dd, acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(mt[1]), dm, accm[t]);
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(u2), dd, acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(mt[2]), dm, accm[t]);
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(u3), dd, acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(mt[3]), dm, accm[t]);
+        } else {
+            const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
+            const __m128i I = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            const __m128i M = _mm_add_epi32(_mm_add_epi32(mt[0], mt[1]), _mm_add_epi32(mt[2], mt[3]));
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(I), dd, acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(M), dm, accm[t]);
+        }
+    }
+}
+
+INL void q4k_store(const int R, const int TT, const __m128 acc[MAXT], const __m128 accm[MAXT], float *y, const long ldy) {
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        float v[4];
+        _mm_storeu_ps(v, _mm_sub_ps(acc[t], accm[t]));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[t * ldy + r] = v[r];
+    }
+}
+
+INL void gkern_q4k(const int R, const int TT, const uint8_t *const *rows, const long nu, const uint8_t *a,
+                   const long lda, float *y, const long ldy, const long pfo, const int gemm) {
+    __m128 acc[MAXT], accm[MAXT];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) acc[t] = accm[t] = _mm_setzero_ps();
     for (long u = 0; u < nu; u++) {
         if (pfo) kprefetch(TY_Q4_K, R, rows, u, pfo);
         KPrep P[MAXR];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) kprep(TY_Q4_K, rows[r] + u * 144, &P[r]);
         ESCAPE(P);
-        const uint8_t *au = a + u * kch(TY_Q4_K);
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) {
-            const uint8_t *at = au + t * lda;
-            const float dx = *(const float *)(at + 320);
-            const __m128i bs = _mm_load_si128((const __m128i *)(at + 256)); /* 8 sums of 32 codes */
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const KPrep *pr = &P[r];
-                __m512i t0 = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int p = 0; p < 4; p++) t0 = dpbusd(t0, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
-                const __m512i is = _mm512_madd_epi16(t0, pr->sc[0]);
-                /* lanes 0-3: M of sub-block pairs 0-3 */
-                const __m128i im = _mm_madd_epi16(bs, _mm512_castsi512_si128(pr->mn));
-                const float dd = pr->d * dx, dm = pr->dmin * dx;
-                if (gemm) {
-                    /* sub-block pair i = lanes 4i..4i+3: sum within each 128-bit lane */
-                    __m512i s = _mm512_add_epi32(is, _mm512_shuffle_epi32(is, _MM_PERM_BADC));
-                    s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
-                    int32_t I4[16], M4[4];
-                    _mm512_storeu_si512((void *)I4, s);
-                    _mm_storeu_si128((__m128i *)M4, im);
-#pragma GCC unroll 4
-                    for (int i = 0; i < 4; i++) {
-                        acc[r][t] = fmaf((float)I4[4 * i], dd, acc[r][t]);
-                        accm[r][t] = fmaf((float)M4[i], dm, accm[r][t]);
-                    }
-                } else {
-                    const __m128i m2 = _mm_add_epi32(im, _mm_shuffle_epi32(im, _MM_SHUFFLE(1, 0, 3, 2)));
-                    const int32_t M = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, _MM_SHUFFLE(2, 3, 0, 1))));
-                    acc[r][t] = fmaf((float)_mm512_reduce_add_epi32(is), dd, acc[r][t]);
-                    accm[r][t] = fmaf((float)M, dm, accm[r][t]);
-                }
-            }
-        }
+        q4k_tokens(R, TT, gemm, P, a + u * kch(TY_Q4_K), lda, acc, accm);
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) y[t * ldy + r] = acc[r][t] - accm[r][t];
+    q4k_store(R, TT, acc, accm, y, ldy);
 }
 INL void gkern_q4k_gemv(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
                         const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
-    gkern_q4k(ty, R, TT, rows, nu, a, lda, y, ldy, pfo, 0);
+    (void)ty;
+    gkern_q4k(R, TT, rows, nu, a, lda, y, ldy, pfo, 0);
 }
 INL void gkern_q4k_gemm(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
                         const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
-    gkern_q4k(ty, R, TT, rows, nu, a, lda, y, ldy, pfo, 1);
+    (void)ty;
+    gkern_q4k(R, TT, rows, nu, a, lda, y, ldy, pfo, 1);
+}
+/* prepared path: KPrep[super-block][4 rows] (starting at this kernel's first row) */
+INL void pkern_q4k(const int ty, const int R, const int TT, const uint8_t *prep, const long nu, const uint8_t *a,
+                   const long lda, float *y, const long ldy) {
+    __m128 acc[MAXT], accm[MAXT];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) acc[t] = accm[t] = _mm_setzero_ps();
+    const KPrep *P = (const KPrep *)prep;
+    for (long u = 0; u < nu; u++) q4k_tokens(R, TT, ty == TY_Q4_K_GEMM, P + 4 * u, a + u * kch(TY_Q4_K), lda, acc, accm);
+    q4k_store(R, TT, acc, accm, y, ldy);
 }
 
 /* Integer kernels share the kern_fn signature: x is the scratch (bytes), ldx its row stride / 4,
@@ -1081,8 +1123,17 @@ IKSET(TY_Q4_1, gkern_legacy, L)
 IKSET(TY_Q5_0, gkern_legacy, L)
 IKSET(TY_Q5_1, gkern_legacy, L)
 IKSET(TY_Q8_0, gkern_legacy, L)
-IKSET(TY_Q4_K, gkern_q4k_gemv, K)
-IKSET(TY_Q4_K_GEMM, gkern_q4k_gemm, K)
+/* Q4_K: 4 rows for every TT (their float chains share vector lanes) */
+#define QR1 4
+#define QR2 4
+#define QR3 4
+#define QR4 4
+#define QR5 4
+#define QR6 4
+#define QR7 4
+#define QR8 4
+IKSET(TY_Q4_K, gkern_q4k_gemv, Q)
+IKSET(TY_Q4_K_GEMM, gkern_q4k_gemm, Q)
 IKSET(TY_Q5_K, ikern_k, K)
 IKSET(TY_Q6_K, gkern_q6k, K)
 IKSET(TY_Q6_K_TILED, gkern_q6k, K)
@@ -1102,6 +1153,7 @@ static const kern_fn *iktab_for(int ty) {
 }
 static const int lkern_rows[9] = {0, LR1, LR2, LR3, LR4, LR5, LR6, LR7, LR8};
 static const int kkern_rows[9] = {0, KR1, KR2, KR3, KR4, KR5, KR6, KR7, KR8};
+static const int qkern_rows[9] = {0, QR1, QR2, QR3, QR4, QR5, QR6, QR7, QR8};
 
 /* Prepared path (T > 8): every row of a tile of 4 is unpacked once (prep_fn) into a buffer of
  * [step][4 rows] slots, then the groups of up to 8 tokens run pkern_fn over it. */
@@ -1130,6 +1182,8 @@ typedef void (*prep_fn)(const uint8_t *row, long n, uint8_t *dst, long pfo); /* 
     }
 
 PKSET(TY_Q5_K, pkern_k, K) KPREPDEF(TY_Q5_K)
+PKSET(TY_Q4_K, pkern_q4k, Q) KPREPDEF(TY_Q4_K)
+PKSET(TY_Q4_K_GEMM, pkern_q4k, Q)
 
 typedef struct {
     const pkern_fn *kt; /* NULL: no prepared path */
@@ -1142,7 +1196,7 @@ static PrepPath prep_path(int ty, long k) {
     PrepPath p = {0, 0, 0, 0};
     switch (ty) {
 #define PCASE(TY) case TY: p.kt = pktab_##TY; p.prep = prep_##TY; p.slot = (long)sizeof(KPrep); p.nsteps = k / 256; break;
-    PCASE(TY_Q5_K)
+    PCASE(TY_Q5_K) PCASE(TY_Q4_K)
 #undef PCASE
     default: break;
     }
@@ -1332,7 +1386,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     long nu = k / ue, ldx = k;
     const kern_fn *kt = ktab_for(ty), *kt4 = NULL;
     const int *krows = kern_rows;
-    PrepPath pp = {0, 0, 0, 0};
+    PrepPath pp = {0, 0, 0, 0}, pp4 = {0, 0, 0, 0};
     long T4 = 0; /* rows [0, T4) in kt4's order (prompt processing), the rest in kt's */
     if (mode >= 1 && vd_kind(ty) != VD_F32) {
         const long rbytes = act_row_bytes(ty, k);
@@ -1343,11 +1397,13 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
         ldx = rbytes / 4;
         if (iktab_for(ty)) {
             kt = iktab_for(ty);
-            krows = vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
+            krows = ty == TY_Q4_K ? qkern_rows : vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
             pp = prep_path(ty, k);
         }
         if (mode == 2 && ty == TY_Q4_K) { /* repacked: ggml_gemm_q4_K_8x8_q8_K on groups of 4 tokens */
             kt4 = iktab_TY_Q4_K_GEMM;
+            pp4 = pp;
+            pp4.kt = pktab_TY_Q4_K_GEMM;
             T4 = T - T % 4;
         } else if (mode == 2 && ty == TY_Q6_K && T >= 8) { /* the tiled matmul takes passes of >= 8 */
             kt4 = iktab_TY_Q6_K_TILED;
@@ -1368,7 +1424,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
-            if (T4) mm_rows(kt4, krows, &pp, w, rb, n0, n1, nu, x, ldx, T4, y, n);
+            if (T4) mm_rows(kt4, krows, &pp4, w, rb, n0, n1, nu, x, ldx, T4, y, n);
             if (T > T4) mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x + T4 * ldx, ldx, T - T4, y + T4 * n, n);
         }
     }
