@@ -284,10 +284,11 @@ class Transformer:
             q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
             cache.k.write(i, start_pos, k)
             cache.v.write(i, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
-            if T <= EXACT_ROWS and self._attn_kernel is not None:
-                # every (row, head) in a fixed order: rows bit-identical to one-token passes
+            if self._attn_kernel is not None:
+                # every (row, head) in llama.cpp's order: its decoding order for one-token passes and
+                # verify rows (bit-identical to one-token passes), its prompt order otherwise
                 o = self._attn_kernel(activation_for(q, cache.k.qtype), cache.k, cache.v, i, start_pos, window,
-                                      scale, decode or T == 1).view(T, H * hdv)
+                                      scale, not prompt).view(T, H * hdv)
             elif T <= EXACT_ROWS:
                 # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
                 o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
