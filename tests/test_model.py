@@ -64,6 +64,27 @@ def test_greedy_matches_llama_cpp(name):
     assert not failures, "\n".join(failures)
 
 
+# llama-perplexity with the fixture's arguments (-c 128 --chunks 8 -b 128, 2 threads, default f16 KV)
+# from the AVX2 build that sharpi matches bit for bit (README "Correctness", -fa off), measured
+# here: the fixtures' own values come from another build. sharpi must print the same numbers.
+LLAMA_CPP_AVX2_PPL = {
+    "smollm2-135m-instruct-q4_1": (17.8569, 2.27339),
+    "gemma3-270m-q4_k_m": (12.1194, 1.56544),
+    "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9265, 0.32244),
+    "qwen2.5-coder-1.5b-instruct-q4_k_m": (1.5523, 0.06863),
+}
+
+
+@pytest.mark.parametrize("name", MODEL_PARAMS)
+def test_perplexity_equals_llama_cpp_build_with_f16_cache(name):
+    model, tok = loaded(name)
+    ref = reference()[name]["perplexity"]
+    ids = tok.encode((FIXTURES_DIR / ref["file"]).read_text(), add_special=True, parse_special=False)
+    r = perplexity(model, ids, ref["ctx"], ref["chunks"], bos_id=tok.bos_id if tok.add_bos else None)
+    ppl, err = LLAMA_CPP_AVX2_PPL[name]
+    assert (round(r.ppl, 4), round(r.err, 5)) == (ppl, err), (r.ppl, r.err)
+
+
 # Quantized caches hold Hadamard-rotated q/k and v like llama.cpp's (kv_cache.py): without the
 # rotation Qwen2.5-Coder-0.5B's K outliers cost +12% ppl with q8_0 K (llama.cpp here: +0.8%).
 @pytest.mark.parametrize("name", MODEL_PARAMS)

@@ -31,6 +31,7 @@ class ModelConfig:
     act: str = "silu"               # gated FFN activation: silu (SwiGLU) | gelu_tanh (GeGLU)
     embed_scale: float = 1.0        # gemma multiplies embeddings by sqrt(n_embd)
     attn_scale: float = 0.0         # 0 -> 1/sqrt(head_dim_k)
+    scale_q: bool = False           # the scale multiplies q before q.k (gemma3 in llama.cpp), not the scores
     sliding_window: int = 0         # 0 = none
     swa_pattern: int = 0            # every swa_pattern-th layer is global; the others slide
     rope_base_swa: float = 0.0      # rope base of sliding layers (0 -> rope_base)
@@ -71,7 +72,7 @@ ARCH_TABLE = {
     "llama": dict(rope_style=ROPE_NORM),
     "qwen2": dict(rope_style=ROPE_NEOX, qkv_bias=True),
     "gemma3": dict(rope_style=ROPE_NEOX, qk_norm=True, post_norms=True, act="gelu_tanh",
-                   swa_pattern=6, rope_base_swa=10000.0),
+                   swa_pattern=6, rope_base_swa=10000.0, scale_q=True),
 }
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 

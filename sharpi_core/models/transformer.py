@@ -253,6 +253,7 @@ class Transformer:
         L = start_pos + T
         H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
         scale = c.attn_scale or 1.0 / math.sqrt(hd)
+        kq_scale = 1.0 if c.scale_q else scale  # what the scores are multiplied by
 
         # matmuls in llama.cpp's prompt-processing order except in decoding rows (see qmatmul)
         prompt = T > 1 and not (decode and T <= EXACT_ROWS)
@@ -281,6 +282,8 @@ class Transformer:
             q, k = qk[:, :H], qk[:, H:]
             if self._unperm is not None:
                 q, k = q[..., self._unperm], k[..., self._unperm]
+            if c.scale_q:  # before q is rounded to the K cache's type: tiny elements round differently
+                q = q * scale
             q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
             cache.k.write(i, start_pos, k)
             cache.v.write(i, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
@@ -288,13 +291,13 @@ class Transformer:
                 # every (row, head) in llama.cpp's order: its decoding order for one-token passes and
                 # verify rows (bit-identical to one-token passes), its prompt order otherwise
                 o = self._attn_kernel(activation_for(q, cache.k.qtype), cache.k, cache.v, i, start_pos, window,
-                                      scale, not prompt).view(T, H * hdv)
+                                      kq_scale, not prompt).view(T, H * hdv)
             elif T <= EXACT_ROWS:
                 # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
                 o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
-                                               self._mask(start_pos + r, 1, window), scale) for r in range(T)])
+                                               self._mask(start_pos + r, 1, window), kq_scale) for r in range(T)])
             else:
-                o = self._attention(q, cache, i, L, masks[window], scale)  # [T, H * hdv]
+                o = self._attention(q, cache, i, L, masks[window], kq_scale)  # [T, H * hdv]
             if tr is not None:
                 tr(f"kqv_out-{i}", o)
             o = ly.wo(rotate(o, cache.rot_v), prompt)
