@@ -426,13 +426,13 @@ static int ub_of(int ty) {
  *     codes = min(127, round-half-even(iscale * x)), d = 1 / iscale (fp32), sums of 16 codes.
  *   F16 -> activations rounded to fp16; BF16 -> bf16 (then the fp32 kernel above).
  *
- * Per block the integer sum is exact; it is combined like ggml:
- *   Q4_0/Q5_0/Q8_0: (d_w * d_x) * sumi;  Q4_1/Q5_1: (d_w * d_x) * sumi + m_w * s_x;
- *   K-quants: (d_w * d_x) * sum_j(sc_j * sumi_j) - (dmin_w * d_x) * sum_j(m_j * bsum_j)
- *   (Q6_K: codes - 32 folded into the integer sum through the 16-element sums).
- * The float products are accumulated per 16 lanes of one accumulator per (weight row, token) in a
- * fixed order over K, then reduced in a fixed order: a (row, token) result is the same bits for
- * every T, tile shape and thread count.
+ * Per block the integer sums are exact; they become floats exactly in the order of llama.cpp's
+ * AVX2 build (the legacy types, Q4_K and Q6_K: see their sections below), so the results are the
+ * same bits as llama.cpp's. mode 1 (decoding) gives a (row, token) the same bits for every T, tile
+ * shape and thread count; mode 2 (prompt processing) follows llama.cpp where its order depends on T
+ * (Q4_K repacked: groups of 4 tokens; Q6_K: the tiled matmul from 8 tokens on). Q5_K keeps an own
+ * fixed order: (d_w * d_x) * sum_j(sc_j * sumi_j) - (dmin_w * d_x) * sum_j(m_j * bsum_j), per 16
+ * lanes of one accumulator per (weight row, token), reduced in a fixed order.
  *
  * Weight codes are unsigned bytes (Q4_0 / Q5_0 codes before their -8 / -16 offset, Q8_0 codes + 128),
  * activation codes signed: vpdpbusd (AVX512-VNNI) sums 4 products per 32-bit lane. The offsets are

@@ -19,11 +19,12 @@ from .config import ROPE_NEOX, ModelConfig, config_from_gguf
 
 Q = gguf.GGMLQuantizationType
 
-# Passes of up to this many tokens compute every row independently of T (matmuls and attention
-# per row in a fixed order); with forward(decode=True) (speculative verification) each row is
-# exactly what a one-token pass computes, so their logits are bit-identical to plain decoding's:
-# with activations rounded to 8 bits, a one-ulp difference can flip a rounding and move the
-# logits by a few percent, which would break greedy parity. Longer passes (prefill) batch freely.
+# Like llama.cpp, a pass of several tokens sums some products in another order than a one-token
+# pass (Q4_K and Q6_K matmuls, attention; see qmatmul and ops.c). forward(decode=True) on up to this
+# many tokens (speculative verification) computes every row in the one-token order instead, so its
+# logits are bit-identical to plain decoding's: with activations rounded to 8 bits, a one-ulp
+# difference can flip a rounding and move the logits by a few percent, which would break greedy
+# parity. Without the C attention kernel, passes up to this long also run attention row by row.
 EXACT_ROWS = 32
 
 
@@ -238,9 +239,10 @@ class Transformer:
         """tokens [T] at positions start_pos.. -> logits [T, n_vocab] (only the last `last_n` rows if given).
 
         Appends the T new K/V entries to `cache` (start_pos must equal cache.length). Like llama.cpp,
-        a pass of several tokens sums attention in its prompt-processing order and a one-token pass in
-        its decoding order; decode=True makes every row of a short pass (T <= EXACT_ROWS) a decoding
-        row, bit for bit what T one-token passes give (speculative verification)."""
+        a pass of several tokens sums attention and some matmuls in its prompt-processing order and a
+        one-token pass in its decoding order; decode=True makes every row of a short pass
+        (T <= EXACT_ROWS) a decoding row, bit for bit what T one-token passes give (speculative
+        verification). With last_n, the last layer's FFN runs on those rows only, as in llama.cpp."""
         c = self.config
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         T = tokens.shape[0]
