@@ -706,36 +706,16 @@ INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *co
             y[t * ldy + 2 * p + 1] = vB;
         }
 }
-/* ---- weight side, K-quants: one super-block per step, prepared into L1 ---- */
+/* ---- weight side, Q4_K / Q5_K: one super-block per step, prepared into L1 (Q5_K's own order; Q4_K
+ * takes only the preparation, its order is below) ---- */
 typedef struct {
     __m512i q[4];  /* codes of the four 64-byte vectors (activation layout) */
-    __m512i sc[4]; /* Q6_K: per 16-bit lane the scale of its sub-block; Q4_K / Q5_K: sc[0] holds the
-                    * scale of each 32-bit lane's sub-block in its low 16 bits */
-    __m512i mn;    /* Q4_K / Q5_K: the 8 mins in each 128-bit lane; Q6_K: -32 * the 16 scales (zeros after) */
+    __m512i sc[1]; /* the scale of each 32-bit lane's sub-block in its low 16 bits */
+    __m512i mn;    /* the 8 mins in each 128-bit lane */
     float d, dmin;
 } KPrep;
 
 INL void kprep(const int ty, const uint8_t *b, KPrep *P) {
-    if (ty == TY_Q6_K) {
-        /* codes as in prep(): element order, 64 per piece */
-#pragma GCC unroll 2
-        for (int hf = 0; hf < 2; hf++) q6k_codes(b, hf, &P->q[2 * hf], &P->q[2 * hf + 1]);
-        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        const __m512i s = _mm512_zextsi256_si512(s16);
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) /* 16-bit lane i of piece p: sub-block 4p + i/8 */
-            P->sc[p] = _mm512_permutexvar_epi16(
-                _mm512_add_epi16(_mm512_set1_epi16((short)(4 * p)),
-                                 _mm512_srli_epi16(_mm512_setr_epi64(0x0003000200010000LL, 0x0007000600050004LL,
-                                                                     0x000b000a00090008LL, 0x000f000e000d000cLL,
-                                                                     0x0013001200110010LL, 0x0017001600150014LL,
-                                                                     0x001b001a00190018LL, 0x001f001e001d001cLL), 3)),
-                s);
-        P->mn = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5)));
-        P->d = f16at(b + 208);
-        P->dmin = 0.f;
-        return;
-    }
     /* Q4_K / Q5_K: 6-bit scales and mins packed in 12 bytes at b + 4 */
     uint32_t u[3];
     memcpy(u, b + 4, 12);
@@ -781,36 +761,21 @@ INL void ktokens(const int ty, const int R, const int TT, const KPrep *P, const 
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) {
         const uint8_t *at = au + t * lda;
-        const __m512i bs = _mm512_load_si512((const void *)(at + 256));
         const __m512 dx = _mm512_set1_ps(*(const float *)(at + 320));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const KPrep *pr = P + r * ps;
-            __m512i is;
-            if (ty == TY_Q6_K) { /* 4 products per 32-bit lane (<= 32004): scaled per 16-bit pair */
-                is = dpwssd(_mm512_setzero_si512(), pr->mn, bs);
-#pragma GCC unroll 4
-                for (int p = 0; p < 4; p++)
-                    is = dpwssd(is, _mm512_maddubs_epi16(pr->q[p], _mm512_load_si512((const void *)(at + 64 * p))), pr->sc[p]);
-            } else { /* octets: lanes 2j, 2j+1 hold sub-block j; sums of 16 (Q4_K) / 8 (Q5_K) products fit int16 */
-                __m512i t0 = _mm512_setzero_si512();
+            /* octets: lanes 2j, 2j+1 hold sub-block j; sums of 8 products fit int16 */
+            __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
 #pragma GCC unroll 2
-                for (int p = 0; p < 2; p++) t0 = dpbusd(t0, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
-                if (ty == TY_Q4_K) {
+            for (int p = 0; p < 2; p++) t0 = dpbusd(t0, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
 #pragma GCC unroll 2
-                    for (int p = 2; p < 4; p++) t0 = dpbusd(t0, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
-                    is = _mm512_madd_epi16(t0, pr->sc[0]);
-                } else {
-                    __m512i t1 = _mm512_setzero_si512();
-#pragma GCC unroll 2
-                    for (int p = 2; p < 4; p++) t1 = dpbusd(t1, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
-                    is = dpwssd(_mm512_madd_epi16(t0, pr->sc[0]), t1, pr->sc[0]);
-                }
-            }
+            for (int p = 2; p < 4; p++) t1 = dpbusd(t1, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
+            const __m512i is = dpwssd(_mm512_madd_epi16(t0, pr->sc[0]), t1, pr->sc[0]);
             acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(pr->d), dx), _mm512_cvtepi32_ps(is), acc[r][t]);
         }
     }
-    if (ty != TY_Q6_K) { /* - dmin_w * d_x * sum_j(m_j * bsum_j), 4 tokens per vector (128-bit lanes) */
+    { /* - dmin_w * d_x * sum_j(m_j * bsum_j), 4 tokens per vector (128-bit lanes) */
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             const uint8_t *ag = au + 4 * g * lda;
@@ -843,7 +808,7 @@ INL void kacc_store(const int ty, const int R, const int TT, __m512 acc[MAXR][MA
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             float v = _mm512_reduce_add_ps(acc[r][t]);
-            if (ty != TY_Q6_K) { /* token t's 4 lanes of the min term, summed in one fixed order */
+            { /* token t's 4 lanes of the min term, summed in one fixed order */
                 const __m128 m = _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_add_epi32(
                     _mm512_set1_epi32(4 * (t & 3)), _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)), accm[r][t >> 2]));
                 const __m128 h = _mm_add_ps(m, _mm_movehl_ps(m, m));
