@@ -299,7 +299,8 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
     Register kernels (every T with act_quant and a quantized weight; T < GEMM_MIN_ROWS otherwise):
     the result for one (token, output) pair is bitwise the same for every T and thread count, the
     order of llama.cpp's one-token path. prompt=True (with act_quant): the order of its prompt
-    processing instead, which for Q4_K (repacked by llama.cpp) differs in the first T - T % 4 rows.
+    processing instead, which differs for Q4_K (repacked by llama.cpp) in the first T - T % 4 rows
+    and for Q6_K (its tiled matmul) in passes of 8 rows or more.
     Longer inputs otherwise: tiles of weight rows are dequantized exactly and multiplied by torch's
     sgemm (F16 / BF16 weights with act_quant: against x rounded to that type)."""
     info = _INFO.get(qtype)
