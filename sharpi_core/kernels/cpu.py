@@ -40,6 +40,7 @@ SUPPORTED: frozenset = frozenset(
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
 SOURCES = (SOURCE, Path(__file__).with_name("ops.c"))  # compiled into one library
+HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
@@ -131,7 +132,7 @@ def library_path(extra: tuple[str, ...] = ()) -> Path | None:
     except OSError:
         ver = cc
     h = hashlib.sha256()
-    for part in (*(src.read_bytes() for src in SOURCES), " ".join(CFLAGS + extra).encode(), ver.encode(), _cpu_info()[0].encode(),
+    for part in (*(src.read_bytes() for src in SOURCES + HEADERS), " ".join(CFLAGS + extra).encode(), ver.encode(), _cpu_info()[0].encode(),
                  str(_ABI).encode(), (sys.version + sysconfig.get_config_var("EXT_SUFFIX") if extra else "").encode()):
         h.update(part)
         h.update(b"\0")

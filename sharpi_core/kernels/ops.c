@@ -37,6 +37,8 @@
  */
 #include <immintrin.h>
 #include <math.h>
+
+#include "ggml_order.h"
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -142,14 +144,6 @@ static inline __m512 ggml_expf16(__m512 x) {
     const __mmask16 d = _mm512_cmp_ps_mask(an, _mm512_set1_ps(192), _CMP_GT_OQ);
     __m512 out = _mm512_mask_blend_ps(c, res, _mm512_mul_ps(_mm512_fmadd_ps(s2, j, s2), s1));
     return _mm512_mask_blend_ps(d, out, _mm512_mul_ps(s1, s1));
-}
-
-/* the horizontal sum of llamafile's hsum(__m256) / ggml_vec_soft_max_f32: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) */
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
 }
 
 /* 8 cache values of row `row` (elements [d, d+8)) as fp32 */
@@ -311,18 +305,13 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+int sharpi_py_nlongs(PyObject *const *args, Py_ssize_t nargs, long *a, int n, const char *name); /* qmatmul.c */
+
 /* round_q8(x, n, block, f16_scale, y) */
 PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "round_q8() takes 5 arguments (%zd given)", nargs);
-        return NULL;
-    }
     long a[5];
-    for (int i = 0; i < 5; i++) {
-        a[i] = PyLong_AsLong(args[i]);
-        if (a[i] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (sharpi_py_nlongs(args, nargs, a, 5, "round_q8")) return NULL;
     sharpi_round_q8((const float *)a[0], a[1], (int)a[2], (int)a[3], (float *)a[4]);
     Py_RETURN_NONE;
 }
@@ -343,15 +332,8 @@ PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t
 
 PyObject *sharpi_py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "rope() takes 6 arguments (%zd given)", nargs);
-        return NULL;
-    }
     long a[6];
-    for (int i = 0; i < 6; i++) {
-        a[i] = PyLong_AsLong(args[i]);
-        if (a[i] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (sharpi_py_nlongs(args, nargs, a, 6, "rope")) return NULL;
     sharpi_rope((float *)a[0], a[1], a[2], a[3], (int)a[4], (const float *)a[5]);
     Py_RETURN_NONE;
 }
@@ -378,15 +360,8 @@ PyObject *sharpi_py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t n
 /* glu(gu, T, n, act, y, nthreads) -> 0, or 1 when n is not a multiple of 16 */
 PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "glu() takes 6 arguments (%zd given)", nargs);
-        return NULL;
-    }
     long a[6];
-    for (int i = 0; i < 6; i++) {
-        a[i] = PyLong_AsLong(args[i]);
-        if (a[i] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (sharpi_py_nlongs(args, nargs, a, 6, "glu")) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = sharpi_glu((const float *)a[0], a[1], a[2], (int)a[3], (float *)a[4], (int)a[5]);

@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ggml_order.h"
+
 #define INL static inline __attribute__((always_inline))
 
 /* GGML type ids (gguf.GGMLQuantizationType values) */
@@ -628,13 +630,6 @@ static void act_row(const int ty, const float *x, const long k, uint8_t *dst) {
  * elements, converts them to float and accumulates acc_j = fma(d_w * d_x, lane_j, acc_j) block after
  * block; the row's value is hsum_float_8(acc) (+ the fp32 sum of fma(m_w, s_x, .) for Q4_1 / Q5_1).
  * A zmm holds two weight rows (lanes 0-7, 8-15) against one token's block, broadcast to both halves. */
-
-/* hsum_float_8 of each 256-bit half of v: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)) */
-INL float hsum8(const __m256 v) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
-}
 
 INL __m512 pair_ps(const float a, const float b) { return _mm512_mask_mov_ps(_mm512_set1_ps(a), 0xff00, _mm512_set1_ps(b)); }
 
@@ -1466,7 +1461,8 @@ int sharpi_abi_version(void) { return 2; }
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
  * _sharpi_qmatmul.dequant_rows(type, w, rb, rows, r0, nrows, k, out, nthreads): the entry points
  * above with pointers passed as Python ints (tensor.data_ptr()); the GIL is released meanwhile. */
-static int py_nlongs(PyObject *const *args, Py_ssize_t nargs, long *a, int n, const char *name) {
+/* args -> n longs in a; -1 with a TypeError / OverflowError set (also used by ops.c) */
+int sharpi_py_nlongs(PyObject *const *args, Py_ssize_t nargs, long *a, int n, const char *name) {
     if (nargs != n) {
         PyErr_Format(PyExc_TypeError, "%s() takes %d arguments (%zd given)", name, n, nargs);
         return -1;
@@ -1479,7 +1475,7 @@ static int py_nlongs(PyObject *const *args, Py_ssize_t nargs, long *a, int n, co
 }
 
 static int py_longs(PyObject *const *args, Py_ssize_t nargs, long *a, const char *name) {
-    return py_nlongs(args, nargs, a, 9, name);
+    return sharpi_py_nlongs(args, nargs, a, 9, name);
 }
 
 static PyObject *py_qmatmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1511,7 +1507,7 @@ static PyObject *py_quantize_act(PyObject *self, PyObject *const *args, Py_ssize
     (void)self;
     long a[8];
     int rc;
-    if (py_nlongs(args, nargs, a, 8, "quantize_act")) return NULL;
+    if (sharpi_py_nlongs(args, nargs, a, 8, "quantize_act")) return NULL;
     Py_BEGIN_ALLOW_THREADS
     rc = sharpi_quantize_act((int)a[0], (const float *)a[1], a[2], a[3], (int8_t *)a[4], (float *)a[5], (float *)a[6],
                              (int16_t *)a[7]);
@@ -1522,7 +1518,7 @@ static PyObject *py_quantize_act(PyObject *self, PyObject *const *args, Py_ssize
 static PyObject *py_round_act(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     long a[5];
-    if (py_nlongs(args, nargs, a, 5, "round_act")) return NULL;
+    if (sharpi_py_nlongs(args, nargs, a, 5, "round_act")) return NULL;
     sharpi_round_act((const float *)a[0], a[1], (int)a[2], (int)a[3], (float *)a[4]);
     Py_RETURN_NONE;
 }
