@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from machine_load import Load  # noqa: E402
+from sharpi_core.engine import draft_head_vocab  # noqa: E402
 from sharpi_core.generate import Generator  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.models import load_model  # noqa: E402
@@ -108,6 +109,8 @@ def main():
     ap.add_argument("--temps", default="0,0.7")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("--draft-vocab", type=int, default=-1,
+                    help="token ids the draft's output layer computes, as sharpi's --spec-draft-vocab (-1 = auto, 0 = all)")
     ap.add_argument("--vs-llama-cpp", metavar="BIN_DIR", help="directory holding llama.cpp's llama-bench")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
@@ -128,13 +131,14 @@ def main():
         del model
     if a.which in ("all", "qwen"):
         target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m")
-        draft, _ = load("qwen2.5-coder-0.5b-instruct-q4_k_m")
+        draft, dtok = load("qwen2.5-coder-0.5b-instruct-q4_k_m")
+        head = draft_head_vocab(a.draft_vocab, dtok)
         for temp in temps:
             params = SamplingParams(temp=temp)
             for k in ks:
                 compare("Qwen 1.5B + 0.5B draft", target, tok, CODE_PROMPT, a.n, params,
                         lambda: DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),
-                                                  torch.Generator().manual_seed(1)), k, a.reps,
+                                                  torch.Generator().manual_seed(1), head_vocab=head), k, a.reps,
                         peer_of("qwen2.5-coder-1.5b-instruct-q4_k_m"))
 
 

@@ -99,6 +99,9 @@ def run(
     spec_ngram_min: Annotated[int, Opt("--spec-ngram-min", help="lookup: shortest n-gram matched (>= 2)")] = 2,
     ctx_size_draft: Annotated[int, Opt("-cd", "--ctx-size-draft", help="draft context (0 = min(target ctx, 4096))")] = 0,
     spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", help="draft layers on the GPU")] = 0,
+    spec_draft_vocab: Annotated[int, Opt("--spec-draft-vocab", help="the draft's output layer computes token ids [0, N) only "
+                                         "(-1 = auto: 65536 for byte-level BPE vocabularies, else all; 0 = all). "
+                                         "Output stays exact: only the acceptance rate can change")] = -1,
 ):
     if show_version:
         print(f"sharpi {_version()}")

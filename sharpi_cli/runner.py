@@ -50,6 +50,7 @@ class RunOptions:
     spec_ngram_min: int = 2
     ctx_size_draft: int = 0
     spec_draft_ngl: int = 0
+    spec_draft_vocab: int = -1
 
 
 def log(msg: str) -> None:
@@ -97,6 +98,8 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid --spec-ngram-min {o.spec_ngram_min}: must be >= 2")
     if o.spec_ngram_max < o.spec_ngram_min:
         raise UsageError(f"invalid --spec-ngram-max {o.spec_ngram_max}: must be >= --spec-ngram-min ({o.spec_ngram_min})")
+    if o.spec_draft_vocab < -1:
+        raise UsageError(f"invalid --spec-draft-vocab {o.spec_draft_vocab}: must be >= -1 (-1 = auto, 0 = all)")
     if o.ctx_size_draft < 0:
         raise UsageError(f"invalid -cd/--ctx-size-draft {o.ctx_size_draft}: must be >= 0")
     if o.device == "cpu" and (o.n_gpu_layers not in (0,) or o.spec_draft_ngl not in (0,)):
@@ -294,7 +297,8 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     dcache = draft.model.new_cache(n_ctx_d, o.cache_type_k, o.cache_type_v)
     import torch
     g = torch.Generator().manual_seed(seed + 1)
-    return spec.DraftModelDrafter(draft.model, dcache, params, g), draft
+    head = engine.draft_head_vocab(o.spec_draft_vocab, draft.tokenizer)
+    return spec.DraftModelDrafter(draft.model, dcache, params, g, head_vocab=head), draft
 
 
 def result_json(res, target, seed: int) -> dict:

@@ -11,6 +11,12 @@ from .models import Transformer, load_model
 from .registry import Progress, resolve_model
 from .tokenizer import Tokenizer
 
+# Draft output layers are cut to this many token ids by default (--spec-draft-vocab -1), for
+# byte-level BPE vocabularies larger than it (ids in merge order: the first ids are the common ones).
+# Measured on Qwen2.5's 152k vocabulary: the first 64k ids cover 98% of the tokens of code and prose
+# (48k: 96%, 32k: 93%), and the 0.5B draft's Q8_0 output matmul takes 1.35 ms instead of 3.5 ms.
+DRAFT_HEAD_VOCAB = 65536
+
 # llama.cpp's speculative compatibility rules (common/speculative.cpp)
 VOCAB_MAX_SIZE_DIFF = 128
 VOCAB_CHECK_START_ID = 5
@@ -56,6 +62,15 @@ def check_draft_compatible(target: Tokenizer, draft: Tokenizer) -> None:
         if target.token_text(i) != draft.token_text(i):
             raise UsageError(f"draft vocab differs from the target's at token {i}: "
                              f"{draft.token_text(i)!r} vs {target.token_text(i)!r}")
+
+
+def draft_head_vocab(requested: int, draft: Tokenizer) -> int | None:
+    """--spec-draft-vocab: the number of token ids the draft's output layer computes (None: all).
+    -1 = DRAFT_HEAD_VOCAB for a byte-level BPE ('gpt2') vocabulary larger than that, else all (a
+    SentencePiece vocabulary is not ordered by frequency); 0 = all; N > 0 = the first N ids."""
+    if requested == -1:
+        requested = DRAFT_HEAD_VOCAB if draft.model_type == "gpt2" else 0
+    return requested if 0 < requested < draft.n_vocab else None
 
 
 def context_size(requested: int, model: Transformer) -> int:

@@ -187,6 +187,10 @@ class QWeight:
         raw = np.concatenate([p.raw if o is None else p.raw[o] for p, o in zip(parts, order)])
         return cls(name, raw, qt, sum(p.n for p in parts), k)
 
+    def head(self, n: int) -> "QWeight":
+        """The first n output rows: a view of the same blocks, no copy."""
+        return QWeight(f"{self.name}[:{n}]", self.raw[:n], self.qtype, n, self.k)
+
     @property
     def nbytes(self) -> int:
         return self.raw.nbytes

@@ -99,8 +99,10 @@ def apply_penalties(logits: torch.Tensor, history, params: SamplingParams) -> to
     one = logits.dim() == 1
     x = logits.detach().to("cpu", torch.float32).reshape(-1, logits.shape[-1]).numpy().copy()
     if params.logit_bias:
-        ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
-        bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
+        # ids past the row's width (a draft head cut to the first N tokens) are not there to bias
+        V = x.shape[1]
+        ids = np.array([i for i, _ in params.logit_bias if i < V], dtype=np.int64)
+        bias = np.array([b for i, b in params.logit_bias if i < V], dtype=np.float32)
         for r in range(x.shape[0]):
             np.add.at(x[r], ids, bias)
     if params.has_penalties and history:

@@ -110,6 +110,7 @@ def test_reverse_prompt_stops(smol):
     (("-ctk", "q4_0"), "cache-type-k"),
     (("--draft-lookup", "-md", "whatever.gguf"), "mutually exclusive"),
     (("--spec-ngram-min", "1", "--draft-lookup"), "--spec-ngram-min"),
+    (("--spec-draft-vocab", "-2"), "--spec-draft-vocab"),
     (("--bogus-flag",), "bogus"),
 ])
 def test_invalid_flags_one_line_exit_2(smol, args, fragment):
@@ -177,6 +178,13 @@ def test_self_draft_accepts_everything_and_p_min_warns(smol):
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)["speculative"]
     assert s["drafted"] > 0 and s["accepted"] == s["drafted"]
+    # the draft's output layer cut to 300 ids: still exactly the greedy text, fewer acceptances
+    plain = json.loads(sharpi("-m", smol, "-p", "Once upon a time", "-n", 16, "--temp", 0, "--json").stdout)
+    r = sharpi("-m", smol, "-md", smol, "-p", "Once upon a time", "-n", 16, "--temp", 0, "--json",
+               "--spec-draft-n-max", 3, "--spec-draft-vocab", 300)
+    assert r.returncode == 0, r.stderr
+    cut = json.loads(r.stdout)
+    assert cut["tokens"] == plain["tokens"] and cut["speculative"]["accepted"] < cut["speculative"]["drafted"]
     r = sharpi("-m", smol, "-md", smol, "-p", "Hi", "-n", 4, "--spec-draft-p-min", "0.5", "--json")
     assert r.returncode == 0 and "no longer an exact sample" in r.stderr
 

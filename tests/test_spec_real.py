@@ -46,6 +46,17 @@ def test_draft_equal_to_target_accepts_everything():
     assert r.tokens == run(model, tok, "Once upon a time", 24).tokens
 
 
+def test_cut_output_layer_is_the_full_layers_first_columns():
+    # --spec-draft-vocab: forward(n_out=N) gives, bit for bit, the first N logits of the full layer
+    model, tok = loaded(SMOL)
+    ids = torch.tensor(tok.encode("The capital of France is"))
+    full = model.forward(ids, 0, model.new_cache(64))
+    cut = model.forward(ids, 0, model.new_cache(64), n_out=1000)
+    assert cut.shape == (len(ids), 1000) and torch.equal(cut, full[:, :1000])
+    one = model.forward(ids[:1], 0, model.new_cache(64), decode=True, n_out=4097)
+    assert torch.equal(one, full[:1, :4097])
+
+
 @pytest.mark.slow
 def test_qwen_draft_model_greedy_parity():
     target, tok = loaded(QWEN15)
@@ -56,3 +67,8 @@ def test_qwen_draft_model_greedy_parity():
     spec = run(target, tok, prompt, 40, DraftModelDrafter(draft, draft.new_cache(1024), GREEDY), k=4)
     assert spec.tokens == plain.tokens
     assert spec.spec.accepted > 0
+    # the draft's output layer cut to the default 64k ids (what the CLI uses for this vocabulary)
+    from sharpi_core.engine import DRAFT_HEAD_VOCAB
+    cut = run(target, tok, prompt, 40, DraftModelDrafter(draft, draft.new_cache(1024), GREEDY,
+                                                         head_vocab=DRAFT_HEAD_VOCAB), k=4)
+    assert cut.tokens == plain.tokens and cut.spec.accepted > 0

@@ -176,6 +176,9 @@ for name, (wt, wd) in {"model": (0.7, 0.6), "close": (0.85, 0.35)}.items():
     d.by_hash = wt * TARGET.by_hash + wd * d.by_hash
     DRAFTS[name] = d
 PROMPT = [int(t) for t in torch.randint(0, V, (40,), generator=torch.Generator().manual_seed(3))]
+# "head": the "model" draft with its output layer cut to ids [0, HEAD_V) (--spec-draft-vocab): its q
+# is narrower than p and never proposes the other ids, which the residual must then supply
+HEAD_V = 5
 
 
 @lru_cache(maxsize=None)
@@ -185,6 +188,8 @@ def p_row(state: tuple[int, int, int]) -> np.ndarray:
 
 @lru_cache(maxsize=None)
 def q_row(state: tuple[int, int, int], draft: str = "model") -> np.ndarray:
+    if draft == "head":
+        return filtered_probs(DRAFTS["model"]._row(*state)[:HEAD_V], PARAMS).numpy()
     return filtered_probs(DRAFTS[draft]._row(*state), PARAMS).numpy()
 
 
@@ -236,7 +241,7 @@ def q_cdf(state, draft: str) -> tuple[list[float], float]:
 
 def sample_q(state, draft: str, u: float) -> int:
     c, total = q_cdf(state, draft)
-    j = min(bisect.bisect_right(c, u * total), V - 1)
+    j = min(bisect.bisect_right(c, u * total), len(c) - 1)
     while j > 0 and c[j] == c[j - 1]:  # landed on a zero-probability id: step back
         j -= 1
     return j
@@ -264,7 +269,7 @@ def simulate(kind: str, k: int, m: int, runs: int, seed: int, rule=accept_sample
     for r in range(runs):
         state, hist, emitted, kk = START, list(PROMPT), [], k
         while len(emitted) < m:
-            if kind in DRAFTS:
+            if kind in DRAFTS or kind == "head":
                 drafts, qs, st = [], [], state
                 for _ in range(kk):
                     d = sample_q(st, kind, rnd.random())
@@ -316,6 +321,15 @@ def test_emitted_tokens_follow_the_target_distribution(kind, k):
     samples = simulate(kind, k, max(3, k + 1), N_RUNS, seed=100 + k)
     pv = oracle_pvalues(samples, k)
     assert min(pv.values()) > 0.001, pv
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_cut_draft_head_keeps_the_target_distribution(k):
+    samples = simulate("head", k, max(3, k + 1), N_RUNS, seed=300 + k)
+    pv = oracle_pvalues(samples, k)
+    assert min(pv.values()) > 0.001, pv
+    # the ids past the draft's head do come out (through the residual and the bonus row)
+    assert np.isin(samples, np.arange(HEAD_V, V)).mean() > 0.05
 
 
 @pytest.mark.parametrize("kind", ["model", "lookup"])
@@ -411,6 +425,45 @@ def test_draft_model_sampled_q_is_what_it_sampled_from():
             assert q[i, t] > 0
             ctx.append(t)
         d.rollback(len(hist))
+
+
+def test_draft_model_cut_head_proposes_and_reports_its_own_q():
+    model = ToyModel(V, seed=6)
+    params = SamplingParams(temp=0.8, top_k=5, top_p=0.9, min_p=0.05, repeat_penalty=1.3,
+                            logit_bias=((1, 0.5), (HEAD_V + 1, 2.0)))  # a bias past the head is ignored
+    d = DraftModelDrafter(model, model.new_cache(256), params, torch.Generator().manual_seed(0), head_vocab=HEAD_V)
+    hist = PROMPT[:15]
+    from sharpi_core.sampling import apply_penalties
+    for _ in range(20):
+        props, q = d.propose(hist, 4)
+        assert q.shape == (4, HEAD_V) and all(0 <= t < HEAD_V for t in props)
+        ctx = list(hist)
+        for i, t in enumerate(props):
+            want = filtered_probs(apply_penalties(model.logits_after(ctx)[:HEAD_V], ctx, params), params)
+            torch.testing.assert_close(q[i], want)
+            ctx.append(t)
+        d.rollback(len(hist))
+    greedy = DraftModelDrafter(model, model.new_cache(256), SamplingParams(temp=0), head_vocab=HEAD_V)
+    props, _ = greedy.propose(hist, 3)
+    ctx = list(hist)
+    for t in props:
+        assert t == int(argmax(model.logits_after(ctx)[:HEAD_V]))
+        ctx.append(t)
+    # a head as wide as the vocabulary is no cut
+    assert DraftModelDrafter(model, model.new_cache(8), params, head_vocab=V).n_out is None
+
+
+def test_draft_head_vocab_default():
+    from sharpi_core.engine import DRAFT_HEAD_VOCAB, draft_head_vocab
+
+    class Tok:
+        def __init__(self, model_type, n_vocab):
+            self.model_type, self.n_vocab = model_type, n_vocab
+    assert draft_head_vocab(-1, Tok("gpt2", 151936)) == DRAFT_HEAD_VOCAB
+    assert draft_head_vocab(-1, Tok("gpt2", 49152)) is None  # smaller than the cut: all
+    assert draft_head_vocab(-1, Tok("llama", 262144)) is None  # SentencePiece ids are not in frequency order
+    assert draft_head_vocab(0, Tok("gpt2", 151936)) is None
+    assert draft_head_vocab(1000, Tok("llama", 262144)) == 1000
 
 
 def test_draft_model_feeds_foreign_ids_safely():

@@ -63,7 +63,7 @@ class ToyModel:
         return self.by_token[tok] + self.by_pos[pos % self.period] + self.by_hash[h]
 
     def forward(self, tokens, start_pos: int, cache: ToyCache, last_n: int | None = None,
-                decode: bool = False) -> torch.Tensor:
+                decode: bool = False, n_out: int | None = None) -> torch.Tensor:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1).tolist()
         if start_pos != cache.length:
             raise ValueError(f"start_pos {start_pos} != cache.length {cache.length}")
@@ -84,6 +84,8 @@ class ToyModel:
         self.n_tokens += len(tokens)
         self.batch_sizes.append(len(tokens))
         out = torch.stack(rows)
+        if n_out is not None:
+            out = out[:, :n_out]
         return out[-last_n:] if last_n is not None else out
 
     # reference, no cache

@@ -135,6 +135,7 @@ class Transformer:
         # trace(name, tensor) with llama.cpp's graph names ("attn_norm-3", ...): None except when a
         # script compares intermediate values with llama.cpp's (scripts/compare_llamacpp_logits.py)
         self.trace = None
+        self._heads: dict[int, QWeight] = {}
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -232,17 +233,25 @@ class Transformer:
             m &= (qpos - kpos) < window  # llama.cpp's standard SWA: masked when q - k >= window
         return m
 
+    def _output_head(self, n: int) -> QWeight:
+        """The output layer's first n rows (a view), made once per n."""
+        w = self._heads.get(n)
+        if w is None:
+            w = self._heads[n] = self.output.head(n)
+        return w
+
     # -- forward ---------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, last_n: int | None = None,
-                decode: bool = False) -> torch.Tensor:
+                decode: bool = False, n_out: int | None = None) -> torch.Tensor:
         """tokens [T] at positions start_pos.. -> logits [T, n_vocab] (only the last `last_n` rows if given).
 
         Appends the T new K/V entries to `cache` (start_pos must equal cache.length). Like llama.cpp,
         a pass of several tokens sums attention and some matmuls in its prompt-processing order and a
         one-token pass in its decoding order; decode=True makes every row of a short pass
         (T <= EXACT_ROWS) a decoding row, bit for bit what T one-token passes give (speculative
-        verification). With last_n, the last layer's FFN runs on those rows only, as in llama.cpp."""
+        verification). With last_n, the last layer's FFN runs on those rows only, as in llama.cpp.
+        n_out: logits of token ids [0, n_out) only, [T, n_out] (a draft model's cut output layer)."""
         c = self.config
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         T = tokens.shape[0]
@@ -328,4 +337,4 @@ class Transformer:
         if last_n is not None:
             x = x[-last_n:]
         x = rms_norm(x, self.output_norm, c.norm_eps)
-        return self.output(x, prompt)
+        return (self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out))(x, prompt)
