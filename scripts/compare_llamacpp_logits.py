@@ -14,6 +14,7 @@ llama.cpp's arithmetic, below the level of which token wins; it never builds lla
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,9 @@ def main() -> None:
     ap.add_argument("-m", "--model", action="append")
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("--text", type=Path, help="also decode after this file's first --chars characters (a long "
+                    "prompt: llama.cpp's tiled flash attention, and two KV chunks per decoding row past 256 tokens)")
+    ap.add_argument("--chars", type=int, default=1500)
     args = ap.parse_args()
     import json
     ref = json.loads(FIXTURES.read_text())
@@ -69,13 +73,17 @@ def main() -> None:
             print("| prompt | step | max rel diff | llama.cpp top-2 margin | same argmax |")
             print("|---|---|---|---|---|")
             worst = []
-            for case in ref[name]["greedy"]:
+            cases = list(ref[name]["greedy"])
+            if args.text:
+                cases.append({"prompt": args.text.read_text()[: args.chars]})
+            for case in cases:
                 ids = tok.encode(case["prompt"])
+                n_ctx = max(512, (len(ids) + args.n + 255) // 256 * 256)
                 out = subprocess.run([str(exe), str(path), str(args.n), str(args.t), *map(str, ids)],
-                                     capture_output=True, check=True).stdout
+                                     capture_output=True, check=True, env={**os.environ, "LCP_N_CTX": str(n_ctx)}).stdout
                 lg = np.frombuffer(out[: (args.n + 1) * vocab * 4], dtype=np.float32).reshape(args.n + 1, -1)
                 chosen = np.frombuffer(out[(args.n + 1) * vocab * 4:], dtype=np.int32).tolist()
-                cache = model.new_cache(512)
+                cache = model.new_cache(n_ctx)
                 ours = [model.forward(torch.tensor(ids), 0, cache, last_n=1)[-1]]
                 for t in chosen:
                     ours.append(model.forward(torch.tensor([t]), cache.length, cache)[-1])

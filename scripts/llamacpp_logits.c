@@ -53,7 +53,8 @@ int main(int argc, char **argv) {
     struct llama_model *model = llama_model_load_from_file(argv[1], mp);
     if (!model) return fprintf(stderr, "cannot load %s\n", argv[1]), 1;
     struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 512;
+    const char *nc = getenv("LCP_N_CTX"); /* default 512, as the fixtures' -c 512 */
+    cp.n_ctx = nc ? (uint32_t)atoi(nc) : 512;
     cp.n_batch = 512;
     cp.n_threads = cp.n_threads_batch = n_threads;
     const char *fa = getenv("LCP_FLASH_ATTN"); /* "0" / "1": off / on; unset: llama.cpp's default (auto) */

@@ -76,6 +76,8 @@ def run(
     logit_bias: Annotated[list[str], Opt("-l", "--logit-bias", help="TOKEN_ID(+|-)BIAS, repeatable", show_default=False)] = [],
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k", help="KV cache type for K: f32, f16, q8_0")] = "f16",
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v", help="KV cache type for V: f32, f16, q8_0")] = "f16",
+    flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="attention computed like llama.cpp's flash attention: on, off, "
+                                   "or auto (= on, llama.cpp's CPU default)")] = "auto",
     threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores)")] = -1,
     system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode)")] = None,
     conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
@@ -123,10 +125,11 @@ def perplexity(
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k")] = "f16",
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
     threads: Annotated[int, Opt("-t", "--threads")] = -1,
+    flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="on, off or auto (= on)")] = "auto",
 ):
     """Perplexity of a text, computed like llama-perplexity."""
     from . import runner
-    raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads))
+    raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn))
 
 
 @app.command()

@@ -31,6 +31,7 @@ class RunOptions:
     logit_bias: tuple = ()
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    flash_attn: str = "auto"
     threads: int = -1
     system_prompt: str | None = None
     conversation: bool | None = None
@@ -80,6 +81,7 @@ def validate(o: RunOptions) -> None:
     for flag, v in (("-ctk/--cache-type-k", o.cache_type_k), ("-ctv/--cache-type-v", o.cache_type_v)):
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
+    check_flash_attn(o.flash_attn)
     if o.device not in ("cpu", "cuda"):
         raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
     if o.threads == 0 or o.threads < -1:
@@ -105,6 +107,14 @@ def validate(o: RunOptions) -> None:
     if o.device == "cpu" and (o.n_gpu_layers not in (0,) or o.spec_draft_ngl not in (0,)):
         # like llama.cpp built without a GPU backend: the flag is accepted and has no effect
         pass
+
+
+FLASH_ATTN_VALUES = ("on", "off", "auto")
+
+
+def check_flash_attn(v: str) -> None:
+    if v not in FLASH_ATTN_VALUES:
+        raise UsageError(f"invalid -fa/--flash-attn '{v}': choose on, off or auto")
 
 
 def set_threads(n: int) -> None:
@@ -191,7 +201,7 @@ def run(o: RunOptions) -> int:
     from sharpi_core.generate import Generator
     from sharpi_core.sampling import SamplingParams
 
-    target = _load(o.model)
+    target = _load(o.model, o.flash_attn)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     chat = tok.chat_template is not None and o.conversation is not False
@@ -280,10 +290,14 @@ def draft_ctx(o: RunOptions, n_ctx: int) -> int:
     return o.ctx_size_draft or min(n_ctx, 4096)
 
 
-def _load(spec):
+def _load(spec, flash_attn: str = "auto"):
+    """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
+    llama.cpp resolves it on the CPU)."""
     from sharpi_core import engine
     path = resolve_with_progress(spec)
-    return engine.load(str(path))
+    m = engine.load(str(path))
+    m.model.flash_attn = flash_attn != "off"
+    return m
 
 
 def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
@@ -291,7 +305,7 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     from sharpi_core import speculative as spec
     if o.draft_lookup:
         return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
-    draft = _load(o.model_draft)
+    draft = _load(o.model_draft, o.flash_attn)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
     dcache = draft.model.new_cache(n_ctx_d, o.cache_type_k, o.cache_type_v)
@@ -342,11 +356,12 @@ def print_report(target, res, verbose: bool) -> None:
 
 
 # -- perplexity / tokenize ------------------------------------------------------------------
-def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads) -> int:
+def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto") -> int:
     from sharpi_core.perplexity import perplexity
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
+    check_flash_attn(flash_attn)
     if ctx_size < 2:
         raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 2")
     set_threads(threads)
@@ -354,7 +369,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads) -> int:
         text = open(file, encoding="utf-8").read()
     except OSError as e:
         raise UsageError(f"cannot read {file}: {e.strerror}") from None
-    m = _load(model)
+    m = _load(model, flash_attn)
     t0 = time.perf_counter()
     ids = m.tokenizer.encode(text, add_special=True, parse_special=False)
     log(f"perplexity: tokenized {len(ids)} tokens in {(time.perf_counter() - t0) * 1000:.0f} ms; "

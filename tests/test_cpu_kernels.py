@@ -519,7 +519,7 @@ def test_real_tensor_act_quant(model, qtype):
     check_act_matmul(x, np.ascontiguousarray(data[n_all - 64:]), qtype, 64, k, y[:, n_all - 64:], f"{t.name} tail rows")
 
 
-# --- llama.cpp's float summation orders (AVX2 build), transcribed in numpy --------------------------
+# --- llama.cpp's float summation orders (its AVX2 code, which AVX-512 builds run too), in numpy --------------------------
 # The integer dot products per block are exact; what decides the last bits is how ggml turns them
 # into floats and accumulates them. fma() below rounds a*b + c once (a*b is exact in float64).
 def fma(a, b, c):

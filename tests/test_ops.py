@@ -1,6 +1,8 @@
 """The C ops besides the matmuls (sharpi_core/kernels/ops.c) against torch references."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 
 import numpy as np
@@ -31,29 +33,45 @@ def reference(q, cache, start, window, scale):
     return out
 
 
+MODES = {"tinyblas": cpu.ATTN_TINYBLAS, "vec_dot": cpu.ATTN_VEC_DOT, "fa_prompt": cpu.ATTN_FA_PROMPT,
+         "fa_decode": cpu.ATTN_FA_DECODE}
+
+
+def q_for(q, cache, mode):
+    """What the model hands the kernel: q rounded to K's vec_dot type without flash attention (and for
+    a q8_0 K), fp32 with it (the kernel rounds it where llama.cpp does)."""
+    fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
+    return q if fa and cache.k.kind != "q8_0" else activation_for(q, cache.k.qtype)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("window", [0, 37])
 @pytest.mark.parametrize("H,Hkv,D", [(9, 3, 64), (12, 2, 128), (4, 1, 256)])
-def test_attention_matches_reference_and_rows_are_batch_invariant(kind, window, H, Hkv, D):
+def test_attention_matches_reference_and_rows_are_batch_invariant(mode, kind, window, H, Hkv, D):
+    mode = MODES[mode]
     g = torch.Generator().manual_seed(H * D + window)
     L, T = 90, 6
     cache = KVCache(1, 128, Hkv, D, D, kind, kind)
     cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
     cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
     start = L - T
-    q = activation_for(torch.randn(T, H, D, generator=g), cache.k.qtype)
+    q = q_for(torch.randn(T, H, D, generator=g), cache, mode)
     scale = 1 / math.sqrt(D)
-    out = cpu.attention(q, cache.k, cache.v, 0, start, window, scale)
-    # fp16 probabilities: a p on a rounding boundary may round either way (one fp16 ulp, ~5e-4 rel.)
-    tol = dict(rtol=1e-3, atol=3e-3) if kind == "f16" else dict(rtol=1e-5, atol=6e-5)
+    out = cpu.attention(q, cache.k, cache.v, 0, start, window, scale, mode)
+    # f16 V: fp16 probabilities (a p on a rounding boundary may round either way, ~5e-4 rel.), or
+    # with flash attention an accumulator rounded to fp16 at every position
+    fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
+    tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-5, atol=6e-5)
     torch.testing.assert_close(out, reference(q, cache, start, window, scale), **tol)
-    # each row alone, and with another thread count, gives the same bits as inside the batch
+    # each row alone, and with another thread count, gives the same bits as inside the batch (passes
+    # of fewer than 64 rows: llama.cpp's tiled flash attention starts at 64)
     n = torch.get_num_threads()
     try:
         for threads in {1, n}:
             torch.set_num_threads(threads)
             for t in (0, T - 1):
-                one = cpu.attention(q[t:t + 1], cache.k, cache.v, 0, start + t, window, scale)
+                one = cpu.attention(q[t:t + 1], cache.k, cache.v, 0, start + t, window, scale, mode)
                 assert torch.equal(one[0], out[t])
     finally:
         torch.set_num_threads(n)
@@ -84,7 +102,7 @@ def test_rms_norm_matches_torch():
                                torch.nn.functional.rms_norm(x.view(4, 9, 64), (64,), None, 1e-6), rtol=1e-5, atol=1e-6)
 
 
-# -- exact emulations of llama.cpp's x86 AVX2 arithmetic (what ops.c documents) -------------------
+# -- exact emulations of llama.cpp's x86 arithmetic in its AVX-512 builds (what ops.c documents) --------
 # fma(a, b, c) of fp32 values: the product is exact in fp64 and the fp64 sum rounds to fp32 (a
 # double rounding could differ from a true fma once in ~2^29 operations; fixed seeds below).
 
@@ -96,30 +114,44 @@ def _f(h: str) -> np.float32:
     return np.float32(float.fromhex(h))
 
 
-def ggml_expf_avx2(x):
-    """ggml_v_expf (ggml-cpu/vec.h, the __m256 version), element by element in numpy."""
-    x = np.asarray(x, np.float32)
+def ggml_expf_avx512(x):
+    """ggml_v_expf (ggml-cpu/vec.h, the __m512 version), element by element in numpy."""
+    with np.errstate(all="ignore"):  # -inf inputs: NaN in b, replaced by the |n| > 192 branch
+        return _expf_avx512(np.asarray(x, np.float32))
+
+
+def _expf_avx512(x):
     r = _f("0x1.8p23")
     z = _fma(x, _f("0x1.715476p+0"), r)
     n = (z - r).astype(np.float32)
     b = _fma(-n, _f("0x1.7f7d1cp-20"), _fma(-n, _f("0x1.62e4p-1"), x))
-    e = (z.view(np.uint32) << np.uint32(23)).astype(np.uint32)
-    k = (e + np.float32(1).view(np.uint32)).astype(np.uint32).view(np.float32)
     u = (b * b).astype(np.float32)
     j = _fma(_fma(_fma(_f("0x1.0e4020p-7"), b, _f("0x1.573e2ep-5")), u, _fma(_f("0x1.555e66p-3"), b, _f("0x1.fffdb6p-2"))),
-             u, (_f("0x1.ffffecp-1") * b).astype(np.float32))
-    g = np.where(n <= 0, np.uint32(0x82000000), np.uint32(0)).astype(np.uint32)
-    s1 = (g + np.uint32(0x7f000000)).astype(np.uint32).view(np.float32)
-    s2 = (e - g).astype(np.uint32).view(np.float32)
-    with np.errstate(over="ignore", under="ignore"):
-        out = np.where(np.abs(n) > 126, (_fma(s2, j, s2) * s1).astype(np.float32), _fma(j, k, k))
-        return np.where(np.abs(n) > 192, (s1 * s1).astype(np.float32), out)
+             u, _fma(_f("0x1.ffffecp-1"), b, np.float32(1)))
+    res = np.ldexp(j, np.nan_to_num(np.clip(n, -300, 300)).astype(np.int32)).astype(np.float32)  # vscalefps
+    return np.where(np.abs(n) > 192, np.where(n <= 0, np.float32(0), np.float32(np.inf)), res).astype(np.float32)
 
 
-def hsum8(v):
-    """llamafile's hsum(__m256) over the last axis of 8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))."""
-    w = (v[..., 4:] + v[..., :4]).astype(np.float32)
-    return ((w[..., 0] + w[..., 2]).astype(np.float32) + (w[..., 1] + w[..., 3]).astype(np.float32)).astype(np.float32)
+def reduce16(v):
+    """_mm512_reduce_add_ps as GCC computes it, over the last axis of 16."""
+    t3 = (v[..., 8:16] + v[..., 0:8]).astype(np.float32)
+    t6 = (t3[..., 4:8] + t3[..., 0:4]).astype(np.float32)
+    return ((t6[..., 0] + t6[..., 2]).astype(np.float32) + (t6[..., 1] + t6[..., 3]).astype(np.float32)).astype(np.float32)
+
+
+def vec_dot_reduce(v):
+    """ggml_vec_dot_f16's accumulators [..., 64] (4 x 16 lanes) summed as GGML_F32x16_REDUCE does."""
+    x = ((v[..., 0:16] + v[..., 32:48]).astype(np.float32) + (v[..., 16:32] + v[..., 48:64]).astype(np.float32))
+    return reduce16(x.astype(np.float32))
+
+
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+_LIBM.expf.restype, _LIBM.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+
+
+def libm_expf(x) -> np.float32:
+    """The C library's expf (ggml's scalar code calls it; numpy's exp is another implementation)."""
+    return np.float32(_LIBM.expf(float(x)))
 
 
 def test_glu_silu_is_ggml_swiglu_bit_for_bit():
@@ -129,7 +161,7 @@ def test_glu_silu_is_ggml_swiglu_bit_for_bit():
     got = cpu.glu(gu, 1536, "silu").numpy()
     x, u = gu[:, :1536].numpy(), gu[:, 1536:].numpy()
     with np.errstate(over="ignore"):
-        want = ((x / (np.float32(1) + ggml_expf_avx2(-x))).astype(np.float32) * u).astype(np.float32)
+        want = ((x / (np.float32(1) + ggml_expf_avx512(-x))).astype(np.float32) * u).astype(np.float32)
     np.testing.assert_array_equal(got, want)
     torch.testing.assert_close(torch.from_numpy(got), torch.nn.functional.silu(gu[:, :1536]) * gu[:, 1536:],
                                rtol=2e-6, atol=1e-6)
@@ -154,20 +186,12 @@ def test_glu_gelu_uses_ggml_fp16_table():
     assert torch.equal(got[0, :4], torch.stack([torch.tensor(0.0), 10 * u[0, 1], torch.tensor(0.0), 15 * u[0, 3]]))
 
 
-def vec_dot_reduce(v):
-    """ggml_vec_dot_f16's accumulators [..., 32] (4 x 8 lanes) summed as GGML_F32x8_REDUCE does."""
-    x = ((v[..., 0:8] + v[..., 16:24]).astype(np.float32) + (v[..., 8:16] + v[..., 24:32]).astype(np.float32))
-    x = x.astype(np.float32)
-    t0 = (x[..., :4] + x[..., 4:]).astype(np.float32)
-    return ((t0[..., 0] + t0[..., 1]).astype(np.float32) + (t0[..., 2] + t0[..., 3]).astype(np.float32)).astype(np.float32)
-
-
-def attention_ggml_avx2(q, cache, start, window, scale, decode_order):
-    """llama.cpp's non-flash-attention CPU path on an AVX2 build, emulated in numpy for an f16 cache:
-    KQ and KQV by tinyBLAS (8 lanes, passes of >= 2 rows) or by ggml_vec_dot_f16 (4 x 8 lanes, one
-    row), softmax by ggml_vec_soft_max_f32."""
-    nl = 32 if decode_order else 8
-    reduce = vec_dot_reduce if decode_order else hsum8
+def attention_ggml_non_fa(q, cache, start, window, scale, decode_order):
+    """llama.cpp's non-flash-attention CPU path (-fa off) on an AVX-512 build, emulated in numpy for an
+    f16 cache: KQ and KQV by tinyBLAS (16 lanes, passes of >= 2 rows) or by ggml_vec_dot_f16 (4 x 16
+    lanes, one row), softmax by ggml_vec_soft_max_f32 (groups of 16 counted from position 0)."""
+    nl = 64 if decode_order else 16
+    reduce = vec_dot_reduce if decode_order else reduce16
     T, H, D = q.shape
     L = start + T
     K, V = cache.k.read(0, L).numpy(), cache.v.read(0, L).numpy()
@@ -182,10 +206,10 @@ def attention_ggml_avx2(q, cache, start, window, scale, decode_order):
             for d in range(0, D, nl):
                 acc = _fma(Kh[:, d:d + nl], qh[d:d + nl], acc)
             s = (reduce(acc) * np.float32(scale)).astype(np.float32)
-            e = ggml_expf_avx2((s - s.max()).astype(np.float32))
-            grp = np.zeros(((lo % 8) + len(e) + 7) // 8 * 8, np.float32)
-            grp[lo % 8:lo % 8 + len(e)] = e
-            total = sum(float(v) for v in hsum8(grp.reshape(-1, 8)))
+            e = ggml_expf_avx512((s - s.max()).astype(np.float32))
+            grp = np.zeros(((lo % 16) + len(e) + 15) // 16 * 16, np.float32)
+            grp[lo % 16:lo % 16 + len(e)] = e
+            total = sum(float(v) for v in reduce16(grp.reshape(-1, 16)))
             p = (e * np.float32(1.0 / total)).astype(np.float32).astype(np.float16).astype(np.float32)
             lanes = np.zeros((nl, Vh.shape[1]), np.float32)
             for j in range(len(p)):
@@ -197,16 +221,127 @@ def attention_ggml_avx2(q, cache, start, window, scale, decode_order):
 
 @pytest.mark.parametrize("decode_order", [False, True])
 @pytest.mark.parametrize("window", [0, 37])
-def test_attention_is_llamacpp_avx2_non_fa_bit_for_bit(window, decode_order):
+def test_attention_is_llamacpp_non_fa_bit_for_bit(window, decode_order):
     g = torch.Generator().manual_seed(7 + window)
     H, Hkv, D, L, T = 6, 2, 64, 83, 3
     cache = KVCache(1, 128, Hkv, D, D, "f16", "f16")
     cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
     cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
     q = activation_for(torch.randn(T, H, D, generator=g), cache.k.qtype)
-    got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, decode_order)
-    assert torch.equal(got, attention_ggml_avx2(q, cache, L - T, window, 0.125, decode_order))
-    assert not torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, not decode_order))
+    modes = (cpu.ATTN_TINYBLAS, cpu.ATTN_VEC_DOT)
+    got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, modes[decode_order])
+    assert torch.equal(got, attention_ggml_non_fa(q, cache, L - T, window, 0.125, decode_order))
+    assert not torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, modes[not decode_order]))
+
+
+def fa_chunk_ggml(qh, Kh, Vh, scale):
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one row over the visible positions of a
+    chunk (f16 K and V): q rounded to fp16, ggml_vec_dot_f16 scores, online softmax with libm's expf,
+    the V accumulator rounded to fp16 at every step, S = fma(S, ms, vs) (GCC contracts it).
+    -> (M, S, accumulator as fp32)."""
+    q16 = qh.astype(np.float16).astype(np.float32)
+    M, S = np.float32(-np.inf), np.float32(0)
+    acc = np.zeros(Vh.shape[1], np.float16)
+    for j in range(Kh.shape[0]):
+        s = (_dot_vec_dot(Kh[j], q16) * np.float32(scale)).astype(np.float32)
+        ms, vs = np.float32(1), np.float32(1)
+        if s > M:
+            ms, M = libm_expf(M - s), s
+            acc = (acc.astype(np.float32) * ms).astype(np.float32).astype(np.float16)
+        else:
+            vs = libm_expf(s - M)
+        acc = _fma(Vh[j], vs, acc.astype(np.float32)).astype(np.float16)
+        S = _fma(S, ms, vs)
+    return M, S, acc.astype(np.float32)
+
+
+def _dot_vec_dot(k, q):
+    """ggml_vec_dot_f16 of an AVX-512 build for a length multiple of 64: 4 x 16 lanes, 64 a step."""
+    acc = np.zeros(64, np.float32)
+    for d in range(0, len(k), 64):
+        acc = _fma(k[d:d + 64], q[d:d + 64], acc)
+    return vec_dot_reduce(acc)
+
+
+def fa_tiled_ggml(qh, K, V, lo, pos, scale):
+    """ggml_compute_forward_flash_attn_ext_tiled for one row: KV tiles of 64 from position 0, scores as
+    one fp32 FMA chain over the head dims (q in fp32), per tile max / expf rescale / the tile's exps
+    (ggml_v_expf) summed in groups of 16 into the float S, V accumulated in fp32 position by position."""
+    M, S = np.float32(-np.inf), np.float32(0)
+    acc = np.zeros(V.shape[1], np.float32)
+    for t0 in range(lo // 64 * 64, pos + 1, 64):
+        idx = [i for i in range(t0, t0 + 64) if lo <= i <= pos]
+        p = np.full(64, -np.inf, np.float32)
+        for i in idx:
+            sc = np.float32(0)
+            for d in range(K.shape[1]):
+                sc = _fma(K[i, d], qh[d], sc)
+            p[i - t0] = np.float32(sc * np.float32(scale))
+        mn = np.float32(max(M, p.max()))
+        if mn > M:
+            ms = libm_expf(M - mn)
+            acc = (acc * ms).astype(np.float32)
+            S = np.float32(S * ms)
+        M = mn
+        e = ggml_expf_avx512((p - mn).astype(np.float32))
+        S = np.float32(float(S) + sum(float(v) for v in reduce16(e.reshape(4, 16))))
+        for i in idx:
+            acc = _fma(V[i], e[i - t0], acc)
+    return (acc * np.float32(0 if S == 0 else np.float32(1) / S)).astype(np.float32)
+
+
+def attention_ggml_fa(q, cache, start, window, scale, mode, n_ctx):
+    """llama.cpp's flash attention on an AVX-512 build with 2 threads (the fixtures' build), f16 cache:
+    a prompt pass of >= 64 rows tiled, shorter passes one chunk per row; a decoding row one chunk, or
+    two (the KV range padded to 256 positions split in halves) merged as ggml_flash_attn_ext_reduce_
+    partials does once that padded length reaches 512."""
+    T, H, D = q.shape
+    L = start + T
+    K, V = cache.k.read(0, L).numpy(), cache.v.read(0, L).numpy()
+    G = H // K.shape[1]
+    out = np.empty((T, H, V.shape[2]), np.float32)
+    for t in range(T):
+        pos = start + t
+        lo = max(0, pos - window + 1) if window else 0
+        for h in range(H):
+            Kh, Vh, qh = K[:, h // G], V[:, h // G], q[t, h].numpy()
+            if mode == cpu.ATTN_FA_PROMPT and T >= 64:
+                out[t, h] = fa_tiled_ggml(qh, Kh, Vh, lo, pos, scale)
+                continue
+            n_kv = min(n_ctx, (pos + 1 + 255) // 256 * 256)
+            chunks = [(lo, pos + 1)]
+            if mode == cpu.ATTN_FA_DECODE and n_kv >= 512:
+                cs = n_kv // 2
+                chunks = [(max(lo, c * cs), min((c + 1) * cs, pos + 1)) for c in range(2)]
+            M, S, acc = np.float32(-np.inf), np.float32(0), np.zeros(V.shape[2], np.float32)
+            for a, b in chunks:
+                if a >= b:
+                    continue
+                mc, sc, part = fa_chunk_ggml(qh, Kh[a:b], Vh[a:b], scale)
+                if len(chunks) == 1:
+                    M, S, acc = mc, sc, part
+                    continue
+                mn = np.float32(max(M, mc))
+                so, sn = libm_expf(M - mn), libm_expf(mc - mn)
+                acc = _fma(acc, so, (part * sn).astype(np.float32))
+                S = _fma(S, so, np.float32(sc * sn))
+                M = mn
+            out[t, h] = (acc * np.float32(0 if S == 0 else np.float32(1) / S)).astype(np.float32)
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("case", ["short prompt", "tiled prompt", "decode", "decode, two chunks"])
+def test_attention_is_llamacpp_flash_attention_bit_for_bit(case):
+    g = torch.Generator().manual_seed(11)
+    H, Hkv, D = 4, 2, 64
+    L, T, mode, window = {"short prompt": (40, 5, cpu.ATTN_FA_PROMPT, 0), "tiled prompt": (100, 70, cpu.ATTN_FA_PROMPT, 37),
+                          "decode": (90, 2, cpu.ATTN_FA_DECODE, 0), "decode, two chunks": (300, 2, cpu.ATTN_FA_DECODE, 0)}[case]
+    cache = KVCache(1, 1024, Hkv, D, D, "f16", "f16")
+    cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
+    cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
+    q = torch.randn(T, H, D, generator=g)
+    got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, mode)
+    assert torch.equal(got, attention_ggml_fa(q, cache, L - T, window, 0.125, mode, 1024))
 
 
 def test_rope_is_ggml_rope_bit_for_bit():

@@ -169,7 +169,7 @@ def _bind_ctypes(path: Path) -> None:
     g.restype = c_int
     a = lib.sharpi_attention
     a.argtypes = [c_void_p, *[c_long] * 5, c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_int, c_long, c_long,
-                  ctypes.c_float, c_int, c_int, c_void_p, c_int]
+                  ctypes.c_float, c_int, c_int, c_long, c_void_p, c_int]
     a.restype = c_int
     r = lib.sharpi_rms_norm
     r.argtypes = [c_void_p, c_void_p, c_long, c_long, ctypes.c_float, c_void_p]
@@ -493,16 +493,22 @@ def glu(gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
 _KV_CODE = {"f32": 0, "f16": 1, "q8_0": 2}
 
 
+# attention modes (ops.c): llama.cpp without flash attention (prompt / decoding order) and with it
+ATTN_TINYBLAS, ATTN_VEC_DOT, ATTN_FA_PROMPT, ATTN_FA_DECODE = 0, 1, 2, 3
+
+
 def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window: int, scale: float,
-              decode_order: bool = False) -> torch.Tensor:
-    """q [T, H, D] (already rounded to the K cache's vec_dot type) against one layer of the KV cache
-    -> [T, H, Dv]. Row t is at position start + t and sees keys [start + t - window + 1 (or 0),
-    start + t]. k_store / v_store are kv_cache stores: `.q` [n_layer, capacity, Hkv, D] in f32 / f16 /
-    int8, `.d` the q8_0 scales, `.kind`. Probabilities are rounded to fp16 against an f16 V (as
-    llama.cpp's non-flash-attention path does). Each (row, head) is computed by one thread in a
-    fixed order: the rows do not depend on T or the thread count. decode_order: sum the dot products
-    in the order of llama.cpp's one-row (decoding) path, ggml_vec_dot_f16, instead of the order of its
-    prompt-processing path (tinyBLAS); see ops.c."""
+              mode: int = ATTN_FA_PROMPT) -> torch.Tensor:
+    """q [T, H, D] against one layer of the KV cache -> [T, H, Dv]. Row t is at position start + t and
+    sees keys [start + t - window + 1 (or 0), start + t]. k_store / v_store are kv_cache stores: `.q`
+    [n_layer, capacity, Hkv, D] in f32 / f16 / int8, `.d` the q8_0 scales, `.kind`.
+
+    `mode` is how llama.cpp's CPU backend would compute this pass (see ops.c): without flash
+    attention, q must come rounded to the K cache's vec_dot type (ATTN_TINYBLAS for prompt passes,
+    ATTN_VEC_DOT for decoding rows; probabilities rounded to fp16 against an f16 V); with it
+    (llama.cpp's default), q comes in fp32 (rounded to a q8_0 K's type) and ATTN_FA_PROMPT computes a
+    prompt pass, ATTN_FA_DECODE rows that each reproduce a one-row pass. Each (row, head) is computed by
+    one thread in a fixed order: rows do not depend on T (within a mode) or the thread count."""
     if _att is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     q = q.contiguous()
@@ -515,9 +521,8 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     vd = v_store.d[layer].data_ptr() if v_store.kind == "q8_0" else 0
     out = torch.empty((T, H, Dv), dtype=_F32)
     rc = _att(q.data_ptr(), T, H, Hkv, D, Dv, kq.data_ptr(), kd, _KV_CODE[k_store.kind], vq.data_ptr(), vd,
-              _KV_CODE[v_store.kind], start, window, float(scale), int(v_store.kind == "f16"), int(decode_order),
-              out.data_ptr(),
-              torch.get_num_threads())
+              _KV_CODE[v_store.kind], start, window, float(scale), int(v_store.kind == "f16"), mode, kq.shape[0],
+              out.data_ptr(), torch.get_num_threads())
     if rc:
         raise ValueError(f"attention: kernel rejected D={D} Dv={Dv} H={H} Hkv={Hkv} ({k_store.kind}/{v_store.kind})")
     return out

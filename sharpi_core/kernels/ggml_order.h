@@ -11,4 +11,14 @@ static inline float hsum8(const __m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
 }
 
+/* _mm512_reduce_add_ps as GCC's avx512fintrin.h computes it (llama.cpp's AVX-512 build reduces
+ * vectors with it): halves of 8 added, then of 4, then lanes (0+2) and (1+3), then those two.
+ * Spelled out so that another compiler's reduction tree cannot change the result. */
+static inline float reduce16(const __m512 v) {
+    const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+    const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)));
+}
+
 #endif

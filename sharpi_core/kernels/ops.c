@@ -12,14 +12,22 @@
  * depend on T or on the thread count: a speculative verify pass of k+1 rows reproduces k+1
  * single-token passes bit for bit (greedy parity), with one call per layer instead of one per row.
  *
- * Numerics follow llama.cpp's CPU path without flash attention on an AVX2 build (the build that
- * reproduces the fixtures best, README "Correctness"), operation for operation: q arrives rounded
- * to the K cache's vec_dot type (the caller does that); KQ and KQV are llamafile's tinyBLAS dot
- * products: one 8-lane fp32 FMA accumulator per output element stepping 8 along the reduced axis
- * (head dims for KQ, cache positions counted from 0 for KQV), then its horizontal-sum tree
- * ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); softmax is ggml_vec_soft_max_f32: ggml's vectorized expf,
- * each group of 8 positions summed by the same tree into a double; the probabilities are rounded
- * to fp16 when V is f16 (ggml converts them to V's vec_dot type).
+ * Numerics follow llama.cpp's CPU backend as built natively on an AVX-512 machine (the build that
+ * made the fixtures: it reproduces all of them), operation for operation.
+ * With flash attention (llama.cpp's CPU default; modes FA_PROMPT / FA_DECODE): q is rounded to fp16
+ * against an f16 K; one-row passes and passes of < 64 rows take ggml's one-chunk kernel (per
+ * position: ggml_vec_dot_f16 score, online softmax with libm's expf, the V accumulator rounded to
+ * fp16 at every step, S = fma(S, ms, vs) as GCC contracts it); a one-row pass whose KV length
+ * (positions padded to 256) reaches 512 splits it into one chunk per thread (2) and merges them;
+ * passes of >= 64 rows take its tiled kernel (KV tiles of 64, fp32 scores and accumulator, the
+ * tile's exps summed by ggml_vec_soft_max_f32).
+ * Without it (-fa off; ORDER_TINYBLAS / ORDER_VEC_DOT): q arrives rounded to the K cache's vec_dot
+ * type (the caller does that); KQ and KQV are llamafile's tinyBLAS dot products (one 16-lane fp32
+ * FMA accumulator per output stepping 16 along the reduced axis, then _mm512_reduce_add_ps) for
+ * passes of >= 2 rows, ggml_vec_dot_f16 (4 x 16 lanes, 64 a step, GGML_F32x16_REDUCE) for one row;
+ * the reduced axis is the head dims for KQ and the cache positions counted from 0 for KQV; softmax is
+ * ggml_vec_soft_max_f32: ggml's AVX-512 expf, each group of 16 positions reduced into a double; the
+ * probabilities are rounded to fp16 when V is f16 (ggml converts them to V's vec_dot type).
  *
  * sharpi_rope_table / sharpi_rope: ggml's rope cache (theta_scale = powf(base, -2 / n_rot), theta
  * multiplied by it in float from the position, libm cosf / sinf) and rotation of adjacent pairs
@@ -43,9 +51,14 @@
 #include <stdlib.h>
 
 enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
-/* summation order of the KQ and KQV dot products: llama.cpp uses tinyBLAS for passes of >= 2 query
- * rows (prompt processing) and ggml_vec_dot_f16 for one row (decoding) */
-enum { ORDER_TINYBLAS = 0, ORDER_VEC_DOT = 1 };
+/* How a pass computes attention, as llama.cpp's CPU backend does it (see sharpi_attention).
+ * Without flash attention (-fa off): tinyBLAS dot products for passes of >= 2 query rows (prompt
+ * processing), ggml_vec_dot_f16 for one row (decoding). With flash attention (-fa on, llama.cpp's
+ * default on the CPU): FA_PROMPT for a pass of several rows (its tiled kernel from 64 rows on, else
+ * its one-chunk kernel), FA_DECODE for rows that each reproduce a one-row pass (one chunk, or two
+ * chunks of the KV range merged once llama.cpp's padded KV length reaches 512). */
+enum { ORDER_TINYBLAS = 0, ORDER_VEC_DOT = 1, FA_PROMPT = 2, FA_DECODE = 3 };
+enum { FA_TILE_Q = 64, FA_TILE_KV = 64, FA_SPLIT_MIN_KV = 512, FA_SPLIT_THREADS = 2, KV_PAD = 256 };
 
 /* cs [n, n_rot / 2, 2]: (cos, sin) of position p and frequency i */
 void sharpi_rope_table(float base, float freq_scale, long n, int n_rot, float *cs) {
@@ -118,49 +131,181 @@ static inline __m512 load16(const void *base, const uint16_t *scales, int type, 
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), _mm512_set1_ps(s));
 }
 
-/* ggml's vectorized expf for AVX2 (ggml_v_expf in ggml-cpu/vec.h), lane for lane, in 16 lanes:
- * the same operations on each element, so the same bits as its 8-lane original. */
+/* ggml's vectorized expf of its AVX-512 builds (ggml_v_expf in ggml-cpu/vec.h, the __AVX512F__ &&
+ * __AVX512DQ__ variant): the polynomial carries the 1 inside, exp(b) * 2^n through vscalefps. */
 static inline __m512 ggml_expf16(__m512 x) {
     const __m512 r = _mm512_set1_ps(0x1.8p23f);
     const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
     const __m512 n = _mm512_sub_ps(z, r);
     const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
                                       _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
-    const __m512i e = _mm512_slli_epi32(_mm512_castps_si512(z), 23);
-    const __m512 k = _mm512_castsi512_ps(_mm512_add_epi32(e, _mm512_castps_si512(_mm512_set1_ps(1))));
-    const __m512 an = _mm512_abs_ps(n);
-    const __mmask16 c = _mm512_cmp_ps_mask(an, _mm512_set1_ps(126), _CMP_GT_OQ);
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
     const __m512 u = _mm512_mul_ps(b, b);
     const __m512 j = _mm512_fmadd_ps(
         _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
                         _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
-        u, _mm512_mul_ps(_mm512_set1_ps(0x1.ffffecp-1f), b));
-    const __m512 res = _mm512_fmadd_ps(j, k, k);
-    if (!c) return res;
-    const __mmask16 le = _mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ);
-    const __m512i g = _mm512_maskz_mov_epi32(le, _mm512_set1_epi32((int)0x82000000u));
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_add_epi32(g, _mm512_set1_epi32(0x7f000000)));
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_sub_epi32(e, g));
-    const __mmask16 d = _mm512_cmp_ps_mask(an, _mm512_set1_ps(192), _CMP_GT_OQ);
-    __m512 out = _mm512_mask_blend_ps(c, res, _mm512_mul_ps(_mm512_fmadd_ps(s2, j, s2), s1));
-    return _mm512_mask_blend_ps(d, out, _mm512_mul_ps(s1, s1));
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    if (!d) return res;
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, zero, _CMP_LE_OQ), _mm512_set1_ps(INFINITY), zero);
+    return _mm512_mask_blend_ps(d, res, alt);
 }
 
-/* 8 cache values of row `row` (elements [d, d+8)) as fp32 */
-static inline __m256 load8(const void *base, const uint16_t *scales, int type, long row, long width, long d) {
-    if (type == KV_F32) return _mm256_loadu_ps((const float *)base + row * width + d);
-    if (type == KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + row * width + d)));
-    const __m128i c = _mm_loadl_epi64((const __m128i *)((const int8_t *)base + row * width + d));
-    const float s = _cvtsh_ss(scales[(row * width + d) / 32]);
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), _mm256_set1_ps(s));
+/* ggml_vec_dot_f16 / ggml_vec_dot_f32 of an AVX-512 build: 4 accumulators of 16 lanes over 64
+ * elements a step, GGML_F32x16_REDUCE ((a0 + a2) + (a1 + a3), then _mm512_reduce_add_ps), the
+ * elements past a multiple of 64 added one by one (in double for f16, as ggml does) */
+static inline float dot_vec_dot(const void *k, const uint16_t *kd, int k_type, long row, long D, const float *q) {
+    const long np = D & ~63L;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (long d = 0; d < np; d += 64)
+        for (int u = 0; u < 4; u++)
+            acc[u] = _mm512_fmadd_ps(load16(k, kd, k_type, row, D, d + 16 * u), _mm512_loadu_ps(q + d + 16 * u), acc[u]);
+    const float r = reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+    if (np == D) return r;
+    double sd = r;
+    float kt[16];
+    for (long d = np; d < D; d += 16) {
+        _mm512_storeu_ps(kt, load16(k, kd, k_type, row, D, d));
+        for (int i = 0; i < 16; i++) sd += (double)(kt[i] * q[d + i]);
+    }
+    return (float)sd;
 }
 
-/* GGML_F32x8_REDUCE's final horizontal sum (of the vec_dot accumulators already added pairwise):
- * ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), via two hadds */
-static inline float vec_dot_reduce(__m256 v) {
-    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t1 = _mm_hadd_ps(t0, t0);
-    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+/* Flash attention, one query row and head over cache positions [c0, c1) (those outside the row's
+ * visible range [lo, pos] are masked: skipped): ggml_compute_forward_flash_attn_ext_f16_one_chunk.
+ * q is already in K's vec_dot type (fp16 values for an f16 K). Online softmax position by position
+ * with libm's expf; an f16 V accumulates in fp16 (each step rounded: ggml_vec_scale_f16 /
+ * ggml_vec_mad_f16), other V types in fp32. Leaves the running max *M, sum *S and the accumulator
+ * as fp32 in acc[Dv]. */
+static void fa_chunk(const float *q, const void *k, const uint16_t *kd, int k_type, const void *v, const uint16_t *vd,
+                     int v_type, long Hkv, long g, long D, long Dv, long c0, long c1, float scale, float *M, float *S,
+                     float *acc) {
+    uint16_t acc16[512];
+    float m = -INFINITY, sum = 0.0f;
+    for (long d = 0; d < Dv; d += 16) {
+        _mm512_storeu_ps(acc + d, _mm512_setzero_ps());
+        if (v_type == KV_F16) _mm256_storeu_si256((__m256i *)(acc16 + d), _mm256_setzero_si256());
+    }
+    for (long ic = c0; ic < c1; ic++) {
+        const float s = dot_vec_dot(k, kd, k_type, ic * Hkv + g, D, q) * scale + 0.0f; /* + the mask's 0 */
+        float ms = 1.0f, vs = 1.0f;
+        const int new_max = s > m;
+        if (new_max) {
+            ms = expf(m - s);
+            m = s;
+        } else {
+            vs = expf(s - m);
+        }
+        const long row = ic * Hkv + g;
+        for (long d = 0; d < Dv; d += 16) {
+            if (v_type == KV_F16) {
+                __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(acc16 + d)));
+                if (new_max) a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(a, _mm512_set1_ps(ms)), _MM_FROUND_TO_NEAREST_INT));
+                a = _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a);
+                _mm256_storeu_si256((__m256i *)(acc16 + d), _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+            } else {
+                __m512 a = _mm512_loadu_ps(acc + d);
+                if (new_max) a = _mm512_mul_ps(a, _mm512_set1_ps(ms));
+                _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a));
+            }
+        }
+        sum = fmaf(sum, ms, vs);
+    }
+    if (v_type == KV_F16)
+        for (long d = 0; d < Dv; d += 16)
+            _mm512_storeu_ps(acc + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(acc16 + d))));
+    *M = m;
+    *S = sum;
+}
+
+/* Flash attention of one decoding row (llama.cpp's one-row pass): n_kv is llama.cpp's KV length
+ * for it (positions padded to 256, at most the cache size). From 512 on, llama.cpp splits the KV
+ * range into one chunk per thread (2 here, as the fixtures were made) and merges the chunks'
+ * (max, sum, accumulator) with expf rescaling (ggml_flash_attn_ext_reduce_partials). */
+static void fa_decode_row(const float *q, const void *k, const uint16_t *kd, int k_type, const void *v,
+                          const uint16_t *vd, int v_type, long Hkv, long g, long D, long Dv, long lo, long pos,
+                          long n_kv, float scale, float *out) {
+    float acc[512];
+    float m, sum;
+    const int split = n_kv >= FA_SPLIT_MIN_KV && k_type != KV_Q8_0 && k_type == v_type;
+    if (!split) {
+        fa_chunk(q, k, kd, k_type, v, vd, v_type, Hkv, g, D, Dv, lo, pos + 1, scale, &m, &sum, acc);
+    } else {
+        const long cs = (n_kv + FA_SPLIT_THREADS - 1) / FA_SPLIT_THREADS;
+        float part[512];
+        m = -INFINITY;
+        sum = 0.0f;
+        for (long d = 0; d < Dv; d++) acc[d] = 0.0f;
+        for (long c = 0; c < FA_SPLIT_THREADS; c++) {
+            const long a = c * cs > lo ? c * cs : lo, b = (c + 1) * cs < pos + 1 ? (c + 1) * cs : pos + 1;
+            if (a >= b) continue; /* no visible position: S = 0, skipped */
+            float mc, sc;
+            fa_chunk(q, k, kd, k_type, v, vd, v_type, Hkv, g, D, Dv, a, b, scale, &mc, &sc, part);
+            if (sc == 0.0f) continue;
+            const float mn = fmaxf(m, mc), so = expf(m - mn), sn = expf(mc - mn);
+            for (long d = 0; d < Dv; d++) acc[d] = fmaf(acc[d], so, part[d] * sn);
+            sum = fmaf(sum, so, sc * sn);
+            m = mn;
+        }
+    }
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(inv)));
+}
+
+/* Flash attention of one row of a pass of >= 64 query rows: ggml_compute_forward_flash_attn_ext_tiled.
+ * KV tiles of 64 positions from 0; scores as its simd_gemm computes them (one fp32 FMA chain over the
+ * head dims, q in fp32), scaled, masked to -inf; per tile the max, an expf rescale when it grows, the
+ * tile's exps summed by ggml_vec_soft_max_f32 (groups of 16) into the float sum, and the accumulator
+ * (fp32) gains the tile's probabilities times V, one FMA per position in order. */
+static void fa_tiled_row(const float *q, const void *k, const uint16_t *kd, int k_type, const void *v,
+                         const uint16_t *vd, int v_type, long Hkv, long g, long D, long Dv, long lo, long pos,
+                         float scale, float *out) {
+    float acc[512], p[FA_TILE_KV], kt[16];
+    float m = -INFINITY, sum = 0.0f;
+    for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc + d, _mm512_setzero_ps());
+    for (long t0 = lo / FA_TILE_KV * FA_TILE_KV; t0 <= pos; t0 += FA_TILE_KV) {
+        float tmax = -INFINITY;
+        for (int i = 0; i < FA_TILE_KV; i++) {
+            const long ic = t0 + i;
+            if (ic < lo || ic > pos) {
+                p[i] = -INFINITY;
+                continue;
+            }
+            float sc = 0.0f;
+            const long row = ic * Hkv + g;
+            for (long d = 0; d < D; d += 16) {
+                _mm512_storeu_ps(kt, load16(k, kd, k_type, row, D, d));
+                for (int e = 0; e < 16; e++) sc = fmaf(kt[e], q[d + e], sc);
+            }
+            p[i] = sc * scale + 0.0f;
+            tmax = p[i] > tmax ? p[i] : tmax;
+        }
+        if (tmax == -INFINITY) continue;
+        const float mn = fmaxf(m, tmax);
+        if (mn > m) {
+            const float ms = expf(m - mn);
+            for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(ms)));
+            sum *= ms;
+        }
+        m = mn;
+        double ts = 0.0;
+        for (int i = 0; i < FA_TILE_KV; i += 16) {
+            const __m512 e = ggml_expf16(_mm512_sub_ps(_mm512_loadu_ps(p + i), _mm512_set1_ps(mn)));
+            _mm512_storeu_ps(p + i, e);
+            ts += (double)reduce16(e);
+        }
+        sum = (float)((double)sum + ts);
+        for (int i = 0; i < FA_TILE_KV; i++) {
+            const long ic = t0 + i;
+            if (ic < lo || ic > pos) continue; /* p = 0: an FMA that changes nothing */
+            const long row = ic * Hkv + g;
+            for (long d = 0; d < Dv; d += 16)
+                _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(p[i]), _mm512_loadu_ps(acc + d)));
+        }
+    }
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(inv)));
 }
 
 static float gelu_table[65536]; /* ggml_table_gelu_f16, as fp32 values of its fp16 entries */
@@ -209,9 +354,11 @@ int sharpi_glu(const float *gu, long T, long n, int act, float *y, int nthreads)
 
 int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                      const void *k, const uint16_t *kd, int k_type, const void *v, const uint16_t *vd, int v_type,
-                     long start, long window, float scale, int round_p_f16, int order, float *out, int nthreads) {
+                     long start, long window, float scale, int round_p_f16, int order, long n_ctx, float *out,
+                     int nthreads) {
     if (T <= 0) return 0;
     if (D % 16 || Dv % 16 || H % Hkv || (k_type == KV_Q8_0 && D % 32) || (v_type == KV_Q8_0 && Dv % 32)) return 1;
+    if ((order == FA_PROMPT || order == FA_DECODE) && (D > 512 || Dv > 512)) return 1;
     const long G = H / Hkv, Lmax = start + T;
     int bad = 0;
 #pragma omp parallel num_threads(nthreads)
@@ -227,39 +374,74 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             const long t = task / H, h = task % H, g = h / G, pos = start + t;
             const long lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, n = pos + 1 - lo;
             const float *qr = q + (t * H + h) * D;
-            /* scores: one 8-lane accumulator per key over the head dims, tinyBLAS's order */
+            if (order == FA_PROMPT || order == FA_DECODE) {
+                float *o = out + (t * H + h) * Dv;
+                if (order == FA_PROMPT && T >= FA_TILE_Q && k_type != KV_Q8_0 && k_type == v_type) {
+                    fa_tiled_row(qr, k, kd, k_type, v, vd, v_type, Hkv, g, D, Dv, lo, pos, scale, o);
+                    continue;
+                }
+                float q16[512]; /* q in K's vec_dot type: fp16 for an f16 K (a q8_0 K's comes rounded) */
+                for (long d = 0; d < D; d += 16) {
+                    const __m512 x = _mm512_loadu_ps(qr + d);
+                    _mm512_storeu_ps(q16 + d, k_type == KV_F16 ? _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)) : x);
+                }
+                if (order == FA_DECODE) {
+                    long n_kv = (pos + 1 + KV_PAD - 1) / KV_PAD * KV_PAD;
+                    n_kv = n_kv > n_ctx ? n_ctx : n_kv;
+                    fa_decode_row(q16, k, kd, k_type, v, vd, v_type, Hkv, g, D, Dv, lo, pos, n_kv, scale, o);
+                } else {
+                    float acc[512], m, sum;
+                    fa_chunk(q16, k, kd, k_type, v, vd, v_type, Hkv, g, D, Dv, lo, pos + 1, scale, &m, &sum, acc);
+                    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+                    for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(inv)));
+                }
+                continue;
+            }
+            /* scores: per key, the 16-lane FMA accumulators of ggml_vec_dot_f16 (4 of them, 64 dims a
+             * step, GGML_F32Cx16_REDUCE, dims past a multiple of 64 summed in double) or of tinyBLAS
+             * (one, 16 dims a step, then its hsum) */
             float mx = -INFINITY;
             for (long j = 0; j < n; j++) {
                 const long row = (lo + j) * Hkv + g; /* row of width D in the [capacity * Hkv, D] view */
                 float sc;
-                if (order == ORDER_VEC_DOT && D % 32 == 0) {
-                    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-                    for (long d = 0; d < D; d += 32)
+                if (order == ORDER_VEC_DOT) {
+                    const long np = D & ~63L;
+                    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    for (long d = 0; d < np; d += 64)
                         for (int u = 0; u < 4; u++)
-                            acc[u] = _mm256_fmadd_ps(load8(k, kd, k_type, row, D, d + 8 * u), _mm256_loadu_ps(qr + d + 8 * u), acc[u]);
-                    sc = vec_dot_reduce(_mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3])));
+                            acc[u] = _mm512_fmadd_ps(load16(k, kd, k_type, row, D, d + 16 * u), _mm512_loadu_ps(qr + d + 16 * u), acc[u]);
+                    double sd = (double)reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+                    if (np < D) {
+                        float kt[16];
+                        for (long d = np; d < D; d += 16) {
+                            _mm512_storeu_ps(kt, load16(k, kd, k_type, row, D, d));
+                            for (int i = 0; i < 16; i++) sd += (double)(kt[i] * qr[d + i]);
+                        }
+                    }
+                    sc = (float)sd;
                 } else {
-                    __m256 acc = _mm256_setzero_ps();
-                    for (long d = 0; d < D; d += 8)
-                        acc = _mm256_fmadd_ps(load8(k, kd, k_type, row, D, d), _mm256_loadu_ps(qr + d), acc);
-                    sc = hsum8(acc);
+                    __m512 acc = _mm512_setzero_ps();
+                    for (long d = 0; d < D; d += 16)
+                        acc = _mm512_fmadd_ps(load16(k, kd, k_type, row, D, d), _mm512_loadu_ps(qr + d), acc);
+                    sc = reduce16(acc);
                 }
                 sc *= scale;
                 s[j] = sc;
                 mx = sc > mx ? sc : mx;
             }
-            /* softmax over groups of 8 cache positions counted from 0 (masked ones are exp(-inf) = 0) */
-            const long pad = lo & 7; /* group slot of position lo */
+            /* softmax over groups of 16 cache positions counted from 0 (masked ones are exp(-inf) = 0),
+             * each group reduced as _mm512_reduce_add_ps into a double */
+            const long pad = lo & 15; /* group slot of position lo */
             double sum = 0.0;
             const __m512 vmx = _mm512_set1_ps(mx);
             for (long j = 0; j < n; j += 16) {
                 const __mmask16 m = (n - j >= 16) ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
                 _mm512_mask_storeu_ps(s + j, m, ggml_expf16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx)));
             }
-            for (long a = 0; a < pad + n; a += 8) {
-                float grp[8];
-                for (int i = 0; i < 8; i++) grp[i] = (a + i >= pad && a + i < pad + n) ? s[a + i - pad] : 0.0f;
-                sum += (double)hsum8(_mm256_loadu_ps(grp));
+            for (long a = 0; a < pad + n; a += 16) {
+                float grp[16];
+                for (int i = 0; i < 16; i++) grp[i] = (a + i >= pad && a + i < pad + n) ? s[a + i - pad] : 0.0f;
+                sum += (double)reduce16(_mm512_loadu_ps(grp));
             }
             const float inv = (float)(1.0 / sum);
             for (long j = 0; j < n; j++) {
@@ -267,29 +449,27 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 if (round_p_f16) p = _cvtsh_ss(_cvtss_sh(p, _MM_FROUND_TO_NEAREST_INT));
                 s[j] = p;
             }
-            /* P V: per output element, 8 partial sums by cache position mod 8, then the same tree */
+            /* P V: per output element, one partial sum per cache position mod nl (counted from 0):
+             * ggml_vec_dot_f16's 4 accumulators x 16 lanes (nl = 64) or tinyBLAS's 16 lanes, then their
+             * reduction trees (GGML_F32Cx16_REDUCE, _mm512_reduce_add_ps) */
             float *o = out + (t * H + h) * Dv;
-            const int nl = order == ORDER_VEC_DOT ? 32 : 8; /* partial sums per output element */
+            const int nl = order == ORDER_VEC_DOT ? 64 : 16;
             for (long d0 = 0; d0 < Dv; d0 += 16) {
-                __m512 a[32];
+                __m512 a[64];
                 for (int r = 0; r < nl; r++) a[r] = _mm512_setzero_ps();
                 for (long j = 0; j < n; j++) {
                     const long row = (lo + j) * Hkv + g;
                     const int r = (int)((lo + j) & (nl - 1));
                     a[r] = _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d0), _mm512_set1_ps(s[j]), a[r]);
                 }
-                __m512 res;
-                if (nl == 32) { /* a[8u + l]: accumulator u, lane l of ggml_vec_dot_f16; then GGML_F32x8_REDUCE */
-                    __m512 x[8];
-                    for (int l = 0; l < 8; l++)
-                        x[l] = _mm512_add_ps(_mm512_add_ps(a[l], a[16 + l]), _mm512_add_ps(a[8 + l], a[24 + l]));
-                    res = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(x[0], x[4]), _mm512_add_ps(x[1], x[5])),
-                                        _mm512_add_ps(_mm512_add_ps(x[2], x[6]), _mm512_add_ps(x[3], x[7])));
-                } else {
-                    const __m512 r0 = _mm512_add_ps(_mm512_add_ps(a[4], a[0]), _mm512_add_ps(a[6], a[2]));
-                    const __m512 r1 = _mm512_add_ps(_mm512_add_ps(a[5], a[1]), _mm512_add_ps(a[7], a[3]));
-                    res = _mm512_add_ps(r0, r1);
-                }
+                __m512 y[16]; /* y[l]: lane l of the vector that _mm512_reduce_add_ps sums */
+                for (int l = 0; l < 16; l++)
+                    y[l] = nl == 64 ? _mm512_add_ps(_mm512_add_ps(a[l], a[32 + l]), _mm512_add_ps(a[16 + l], a[48 + l])) : a[l];
+                __m512 t3[8];
+                for (int i = 0; i < 8; i++) t3[i] = _mm512_add_ps(y[8 + i], y[i]);
+                const __m512 t60 = _mm512_add_ps(t3[4], t3[0]), t61 = _mm512_add_ps(t3[5], t3[1]);
+                const __m512 t62 = _mm512_add_ps(t3[6], t3[2]), t63 = _mm512_add_ps(t3[7], t3[3]);
+                const __m512 res = _mm512_add_ps(_mm512_add_ps(t60, t62), _mm512_add_ps(t61, t63));
                 _mm512_storeu_ps(o + d0, res);
             }
         }
@@ -371,13 +551,13 @@ PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 19) {
-        PyErr_Format(PyExc_TypeError, "attention() takes 19 arguments (%zd given)", nargs);
+    if (nargs != 20) {
+        PyErr_Format(PyExc_TypeError, "attention() takes 20 arguments (%zd given)", nargs);
         return NULL;
     }
-    long a[19];
+    long a[20];
     double scale = 0.0;
-    for (int i = 0; i < 19; i++) {
+    for (int i = 0; i < 20; i++) {
         if (i == 14) {
             scale = PyFloat_AsDouble(args[i]);
             if (scale == -1.0 && PyErr_Occurred()) return NULL;
@@ -390,7 +570,7 @@ PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_BEGIN_ALLOW_THREADS
     rc = sharpi_attention((const float *)a[0], a[1], a[2], a[3], a[4], a[5], (const void *)a[6], (const uint16_t *)a[7],
                           (int)a[8], (const void *)a[9], (const uint16_t *)a[10], (int)a[11], a[12], a[13], (float)scale,
-                          (int)a[15], (int)a[16], (float *)a[17], (int)a[18]);
+                          (int)a[15], (int)a[16], a[17], (float *)a[18], (int)a[19]);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc);
 }

@@ -429,8 +429,8 @@ static int ub_of(int ty) {
  *   F16 -> activations rounded to fp16; BF16 -> bf16 (then the fp32 kernel above).
  *
  * Per block the integer sums are exact; they become floats exactly in the order of llama.cpp's
- * AVX2 build (the legacy types, Q4_K and Q6_K: see their sections below), so the results are the
- * same bits as llama.cpp's. mode 1 (decoding) gives a (row, token) the same bits for every T, tile
+ * x86 code (its AVX2 paths for the legacy types, Q4_K and Q6_K, which its AVX-512 builds take too:
+ * see their sections below), so the results are the same bits as llama.cpp's. mode 1 (decoding) gives a (row, token) the same bits for every T, tile
  * shape and thread count; mode 2 (prompt processing) follows llama.cpp where its order depends on T
  * (Q4_K repacked: groups of 4 tokens; Q6_K: the tiled matmul from 8 tokens on). Q5_K keeps an own
  * fixed order: (d_w * d_x) * sum_j(sc_j * sumi_j) - (dmin_w * d_x) * sum_j(m_j * bsum_j), per 16

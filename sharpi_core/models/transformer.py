@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import gguf
@@ -26,6 +27,12 @@ Q = gguf.GGMLQuantizationType
 # difference can flip a rounding and move the logits by a few percent, which would break greedy
 # parity. Without the C attention kernel, passes up to this long also run attention row by row.
 EXACT_ROWS = 32
+
+# llama.cpp's -fa: on (its CPU default, and the build the fixtures come from) or off; the model's
+# `flash_attn` attribute (the CLI's -fa) overrides this default (SHARPI_FLASH_ATTN=0: off)
+FLASH_ATTN = os.environ.get("SHARPI_FLASH_ATTN", "1").strip().lower() not in ("0", "off", "false", "no")
+# (flash_attn, prompt pass) -> the attention kernel's mode (kernels/cpu.py)
+_ATTN_MODE = {(False, True): 0, (False, False): 1, (True, True): 2, (True, False): 3}
 
 
 @dataclass
@@ -136,6 +143,8 @@ class Transformer:
         # script compares intermediate values with llama.cpp's (scripts/compare_llamacpp_logits.py)
         self.trace = None
         self._heads: dict[int, QWeight] = {}
+        # flash attention as llama.cpp computes it on the CPU (its default, -fa auto); False: its -fa off path
+        self.flash_attn = FLASH_ATTN
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -299,10 +308,11 @@ class Transformer:
             cache.k.write(i, start_pos, k)
             cache.v.write(i, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
             if self._attn_kernel is not None:
-                # every (row, head) in llama.cpp's order: its decoding order for one-token passes and
-                # verify rows (bit-identical to one-token passes), its prompt order otherwise
-                o = self._attn_kernel(activation_for(q, cache.k.qtype), cache.k, cache.v, i, start_pos, window,
-                                      kq_scale, not prompt).view(T, H * hdv)
+                # every (row, head) as llama.cpp computes it: one-token passes and verify rows like its
+                # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
+                o = self._attn_kernel(q if self.flash_attn and cache.k.kind != "q8_0" else activation_for(q, cache.k.qtype),
+                                      cache.k, cache.v, i, start_pos, window, kq_scale,
+                                      _ATTN_MODE[self.flash_attn, prompt]).view(T, H * hdv)
             elif T <= EXACT_ROWS:
                 # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
                 o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
