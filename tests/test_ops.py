@@ -186,36 +186,42 @@ def test_glu_gelu_uses_ggml_fp16_table():
     assert torch.equal(got[0, :4], torch.stack([torch.tensor(0.0), 10 * u[0, 1], torch.tensor(0.0), 15 * u[0, 3]]))
 
 
+def each_row_head(q, cache, start, window):
+    """(t, h, lo, pos, K, V, q[t, h]) for every row and head of a pass: the row's position, the first
+    position it sees, and the cache's K / V [positions, dims] of the head's KV group as numpy."""
+    T, H, _ = q.shape
+    K, V = cache.k.read(0, start + T).numpy(), cache.v.read(0, start + T).numpy()
+    G = H // K.shape[1]
+    for t in range(T):
+        pos = start + t
+        lo = max(0, pos - window + 1) if window else 0
+        for h in range(H):
+            yield t, h, lo, pos, K[:, h // G], V[:, h // G], q[t, h].numpy()
+
+
 def attention_ggml_non_fa(q, cache, start, window, scale, decode_order):
     """llama.cpp's non-flash-attention CPU path (-fa off) on an AVX-512 build, emulated in numpy for an
     f16 cache: KQ and KQV by tinyBLAS (16 lanes, passes of >= 2 rows) or by ggml_vec_dot_f16 (4 x 16
     lanes, one row), softmax by ggml_vec_soft_max_f32 (groups of 16 counted from position 0)."""
     nl = 64 if decode_order else 16
     reduce = vec_dot_reduce if decode_order else reduce16
-    T, H, D = q.shape
-    L = start + T
-    K, V = cache.k.read(0, L).numpy(), cache.v.read(0, L).numpy()
-    G = H // K.shape[1]
-    out = np.empty((T, H, V.shape[2]), np.float32)
-    for t in range(T):
-        pos = start + t
-        lo = max(0, pos - window + 1) if window else 0
-        for h in range(H):
-            Kh, Vh, qh = K[lo:pos + 1, h // G], V[lo:pos + 1, h // G], q[t, h].numpy()
-            acc = np.zeros((Kh.shape[0], nl), np.float32)
-            for d in range(0, D, nl):
-                acc = _fma(Kh[:, d:d + nl], qh[d:d + nl], acc)
-            s = (reduce(acc) * np.float32(scale)).astype(np.float32)
-            e = ggml_expf_avx512((s - s.max()).astype(np.float32))
-            grp = np.zeros(((lo % 16) + len(e) + 15) // 16 * 16, np.float32)
-            grp[lo % 16:lo % 16 + len(e)] = e
-            total = sum(float(v) for v in reduce16(grp.reshape(-1, 16)))
-            p = (e * np.float32(1.0 / total)).astype(np.float32).astype(np.float16).astype(np.float32)
-            lanes = np.zeros((nl, Vh.shape[1]), np.float32)
-            for j in range(len(p)):
-                r = (lo + j) % nl
-                lanes[r] = _fma(Vh[j], p[j], lanes[r])
-            out[t, h] = reduce(lanes.T)
+    out = np.empty((*q.shape[:2], cache.v.q.shape[-1]), np.float32)
+    for t, h, lo, pos, Kh, Vh, qh in each_row_head(q, cache, start, window):
+        Kh, Vh = Kh[lo:pos + 1], Vh[lo:pos + 1]
+        acc = np.zeros((Kh.shape[0], nl), np.float32)
+        for d in range(0, len(qh), nl):
+            acc = _fma(Kh[:, d:d + nl], qh[d:d + nl], acc)
+        s = (reduce(acc) * np.float32(scale)).astype(np.float32)
+        e = ggml_expf_avx512((s - s.max()).astype(np.float32))
+        grp = np.zeros(((lo % 16) + len(e) + 15) // 16 * 16, np.float32)
+        grp[lo % 16:lo % 16 + len(e)] = e
+        total = sum(float(v) for v in reduce16(grp.reshape(-1, 16)))
+        p = (e * np.float32(1.0 / total)).astype(np.float32).astype(np.float16).astype(np.float32)
+        lanes = np.zeros((nl, Vh.shape[1]), np.float32)
+        for j in range(len(p)):
+            r = (lo + j) % nl
+            lanes[r] = _fma(Vh[j], p[j], lanes[r])
+        out[t, h] = reduce(lanes.T)
     return torch.from_numpy(out)
 
 
@@ -295,38 +301,31 @@ def attention_ggml_fa(q, cache, start, window, scale, mode, n_ctx):
     a prompt pass of >= 64 rows tiled, shorter passes one chunk per row; a decoding row one chunk, or
     two (the KV range padded to 256 positions split in halves) merged as ggml_flash_attn_ext_reduce_
     partials does once that padded length reaches 512."""
-    T, H, D = q.shape
-    L = start + T
-    K, V = cache.k.read(0, L).numpy(), cache.v.read(0, L).numpy()
-    G = H // K.shape[1]
-    out = np.empty((T, H, V.shape[2]), np.float32)
-    for t in range(T):
-        pos = start + t
-        lo = max(0, pos - window + 1) if window else 0
-        for h in range(H):
-            Kh, Vh, qh = K[:, h // G], V[:, h // G], q[t, h].numpy()
-            if mode == cpu.ATTN_FA_PROMPT and T >= 64:
-                out[t, h] = fa_tiled_ggml(qh, Kh, Vh, lo, pos, scale)
+    T = q.shape[0]
+    out = np.empty((*q.shape[:2], cache.v.q.shape[-1]), np.float32)
+    for t, h, lo, pos, Kh, Vh, qh in each_row_head(q, cache, start, window):
+        if mode == cpu.ATTN_FA_PROMPT and T >= 64:
+            out[t, h] = fa_tiled_ggml(qh, Kh, Vh, lo, pos, scale)
+            continue
+        n_kv = min(n_ctx, (pos + 1 + 255) // 256 * 256)
+        chunks = [(lo, pos + 1)]
+        if mode == cpu.ATTN_FA_DECODE and n_kv >= 512:
+            cs = n_kv // 2
+            chunks = [(max(lo, c * cs), min((c + 1) * cs, pos + 1)) for c in range(2)]
+        M, S, acc = np.float32(-np.inf), np.float32(0), np.zeros(Vh.shape[1], np.float32)
+        for a, b in chunks:
+            if a >= b:
                 continue
-            n_kv = min(n_ctx, (pos + 1 + 255) // 256 * 256)
-            chunks = [(lo, pos + 1)]
-            if mode == cpu.ATTN_FA_DECODE and n_kv >= 512:
-                cs = n_kv // 2
-                chunks = [(max(lo, c * cs), min((c + 1) * cs, pos + 1)) for c in range(2)]
-            M, S, acc = np.float32(-np.inf), np.float32(0), np.zeros(V.shape[2], np.float32)
-            for a, b in chunks:
-                if a >= b:
-                    continue
-                mc, sc, part = fa_chunk_ggml(qh, Kh[a:b], Vh[a:b], scale)
-                if len(chunks) == 1:
-                    M, S, acc = mc, sc, part
-                    continue
-                mn = np.float32(max(M, mc))
-                so, sn = libm_expf(M - mn), libm_expf(mc - mn)
-                acc = _fma(acc, so, (part * sn).astype(np.float32))
-                S = _fma(S, so, np.float32(sc * sn))
-                M = mn
-            out[t, h] = (acc * np.float32(0 if S == 0 else np.float32(1) / S)).astype(np.float32)
+            mc, sc, part = fa_chunk_ggml(qh, Kh[a:b], Vh[a:b], scale)
+            if len(chunks) == 1:
+                M, S, acc = mc, sc, part
+                continue
+            mn = np.float32(max(M, mc))
+            so, sn = libm_expf(M - mn), libm_expf(mc - mn)
+            acc = _fma(acc, so, (part * sn).astype(np.float32))
+            S = _fma(S, so, np.float32(sc * sn))
+            M = mn
+        out[t, h] = (acc * np.float32(0 if S == 0 else np.float32(1) / S)).astype(np.float32)
     return torch.from_numpy(out)
 
 

@@ -257,29 +257,32 @@ static void fa_decode_row(const float *q, const void *k, const uint16_t *kd, int
  * KV tiles of 64 positions from 0; scores as its simd_gemm computes them (one fp32 FMA chain over the
  * head dims, q in fp32), scaled, masked to -inf; per tile the max, an expf rescale when it grows, the
  * tile's exps summed by ggml_vec_soft_max_f32 (groups of 16) into the float sum, and the accumulator
- * (fp32) gains the tile's probabilities times V, one FMA per position in order. */
-static void fa_tiled_row(const float *q, const void *k, const uint16_t *kd, int k_type, const void *v,
-                         const uint16_t *vd, int v_type, long Hkv, long g, long D, long Dv, long lo, long pos,
-                         float scale, float *out) {
-    float acc[512], p[FA_TILE_KV], kt[16];
+ * (fp32) gains the tile's probabilities times V, one FMA per position in order. kt: this KV head's K
+ * as fp32, transposed: kt[d * ldk + position] (ggml packs each tile so too). */
+static void fa_tiled_row(const float *q, const float *kt, long ldk, const void *v, const uint16_t *vd, int v_type,
+                         long Hkv, long g, long D, long Dv, long lo, long pos, float scale, float *out) {
+    float acc[512], p[FA_TILE_KV];
     float m = -INFINITY, sum = 0.0f;
     for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc + d, _mm512_setzero_ps());
     for (long t0 = lo / FA_TILE_KV * FA_TILE_KV; t0 <= pos; t0 += FA_TILE_KV) {
         float tmax = -INFINITY;
-        for (int i = 0; i < FA_TILE_KV; i++) {
-            const long ic = t0 + i;
-            if (ic < lo || ic > pos) {
-                p[i] = -INFINITY;
+        /* 16 positions at a time, lane u running position t0 + i + u's chain over the dims */
+        for (int i = 0; i < FA_TILE_KV; i += 16) {
+            const long c0 = t0 + i;
+            const __mmask16 vis = (__mmask16)(((c0 + 16 <= pos + 1) ? 0xFFFFu : (c0 > pos ? 0u : (1u << (pos + 1 - c0)) - 1)) &
+                                              (c0 >= lo ? 0xFFFFu : (c0 + 16 <= lo ? 0u : ~((1u << (lo - c0)) - 1))));
+            if (!vis) {
+                _mm512_storeu_ps(p + i, _mm512_set1_ps(-INFINITY));
                 continue;
             }
-            float sc = 0.0f;
-            const long row = ic * Hkv + g;
-            for (long d = 0; d < D; d += 16) {
-                _mm512_storeu_ps(kt, load16(k, kd, k_type, row, D, d));
-                for (int e = 0; e < 16; e++) sc = fmaf(kt[e], q[d + e], sc);
-            }
-            p[i] = sc * scale + 0.0f;
-            tmax = p[i] > tmax ? p[i] : tmax;
+            __m512 sc = _mm512_setzero_ps();
+            for (long d = 0; d < D; d++)
+                sc = _mm512_fmadd_ps(_mm512_loadu_ps(kt + d * ldk + c0), _mm512_set1_ps(q[d]), sc);
+            sc = _mm512_add_ps(_mm512_mul_ps(sc, _mm512_set1_ps(scale)), _mm512_setzero_ps());
+            sc = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sc);
+            _mm512_storeu_ps(p + i, sc);
+            const float mx = _mm512_reduce_max_ps(sc);
+            tmax = mx > tmax ? mx : tmax;
         }
         if (tmax == -INFINITY) continue;
         const float mn = fmaxf(m, tmax);
@@ -361,6 +364,20 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
     if ((order == FA_PROMPT || order == FA_DECODE) && (D > 512 || Dv > 512)) return 1;
     const long G = H / Hkv, Lmax = start + T;
     int bad = 0;
+    /* tiled flash attention: K of every KV head transposed to fp32 [Hkv][D][positions] once per pass */
+    const int tiled = order == FA_PROMPT && T >= FA_TILE_Q && k_type != KV_Q8_0 && k_type == v_type;
+    const long ldk = (Lmax + FA_TILE_KV - 1) / FA_TILE_KV * FA_TILE_KV + 16;
+    float *kt = NULL;
+    if (tiled) {
+        kt = calloc((size_t)(Hkv * D * ldk), sizeof(float));
+        if (!kt) return 2;
+        float row[512];
+        for (long ic = 0; ic < Lmax; ic++)
+            for (long g = 0; g < Hkv; g++) {
+                for (long d = 0; d < D; d += 16) _mm512_storeu_ps(row + d, load16(k, kd, k_type, ic * Hkv + g, D, d));
+                for (long d = 0; d < D; d++) kt[(g * D + d) * ldk + ic] = row[d];
+            }
+    }
 #pragma omp parallel num_threads(nthreads)
     {
         float *s = malloc(sizeof(float) * (size_t)(Lmax + 16));
@@ -376,8 +393,8 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             const float *qr = q + (t * H + h) * D;
             if (order == FA_PROMPT || order == FA_DECODE) {
                 float *o = out + (t * H + h) * Dv;
-                if (order == FA_PROMPT && T >= FA_TILE_Q && k_type != KV_Q8_0 && k_type == v_type) {
-                    fa_tiled_row(qr, k, kd, k_type, v, vd, v_type, Hkv, g, D, Dv, lo, pos, scale, o);
+                if (tiled) {
+                    fa_tiled_row(qr, kt + g * D * ldk, ldk, v, vd, v_type, Hkv, g, D, Dv, lo, pos, scale, o);
                     continue;
                 }
                 float q16[512]; /* q in K's vec_dot type: fp16 for an f16 K (a q8_0 K's comes rounded) */
@@ -475,6 +492,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
         }
         free(s);
     }
+    free(kt);
     return bad ? 2 : 0;
 }
 
