@@ -130,6 +130,7 @@ class Transformer:
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             ))
         self._rope_cache: dict[float, torch.Tensor] = {}  # base -> complex64 [n_pos, n_rot/2]
+        self._rope_bases = sorted({c.layer_rope_base(i) for i in range(c.n_layer)})
         # back to the GGUF's head-dim order: the q.k dot products sum in llama.cpp's element order, and
         # a q8_0 K cache quantizes the same blocks of 32 consecutive dims (which dims share a block
         # decides its error: Qwen2's K has large outlier dims)
@@ -280,7 +281,7 @@ class Transformer:
         x = self.tok_embd.rows(tokens)  # [T, D]
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
-        ropes = {b: self._rope_table(b, L)[start_pos:L] for b in {c.layer_rope_base(i) for i in range(c.n_layer)}}
+        ropes = {b: self._rope_table(b, L)[start_pos:L] for b in self._rope_bases}
         masks = {}
         for i, ly in enumerate(self.layers):
             window = c.sliding_window if c.is_swa(i) else 0
