@@ -188,7 +188,8 @@ static void fa_chunk(const float *q, const void *k, const uint16_t *kd, int k_ty
         if (v_type == KV_F16) _mm256_storeu_si256((__m256i *)(acc16 + d), _mm256_setzero_si256());
     }
     for (long ic = c0; ic < c1; ic++) {
-        const float s = dot_vec_dot(k, kd, k_type, ic * Hkv + g, D, q) * scale + 0.0f; /* + the mask's 0 */
+        const long row = ic * Hkv + g;
+        const float s = dot_vec_dot(k, kd, k_type, row, D, q) * scale + 0.0f; /* + the mask's 0 */
         float ms = 1.0f, vs = 1.0f;
         const int new_max = s > m;
         if (new_max) {
@@ -197,7 +198,6 @@ static void fa_chunk(const float *q, const void *k, const uint16_t *kd, int k_ty
         } else {
             vs = expf(s - m);
         }
-        const long row = ic * Hkv + g;
         for (long d = 0; d < Dv; d += 16) {
             if (v_type == KV_F16) {
                 __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(acc16 + d)));
