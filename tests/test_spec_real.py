@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import QWEN05, QWEN15, SMOL, loaded, model_path
+from conftest import FIXTURES_DIR, QWEN05, QWEN15, SMOL, loaded, model_path
 from sharpi_core.generate import Generator
 from sharpi_core.sampling import SamplingParams
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
@@ -44,6 +44,24 @@ def test_draft_equal_to_target_accepts_everything():
     r = run(model, tok, "Once upon a time", 24, d, k=4)
     assert r.spec.drafted > 0 and r.spec.accepted == r.spec.drafted
     assert r.tokens == run(model, tok, "Once upon a time", 24).tokens
+
+
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["fa", "no-fa"])
+def test_verify_rows_equal_one_token_passes_past_256_positions(flash_attn):
+    # past 256 positions llama.cpp's padded KV length is 512 and its flash attention splits the KV range
+    # of a one-token pass in two: verify rows must still be bit for bit one-token passes
+    model, tok = loaded(SMOL)
+    ids = tok.encode((FIXTURES_DIR / "apache-2.0.txt").read_text())[:300]
+    prev, model.flash_attn = model.flash_attn, flash_attn
+    try:
+        a, b = model.new_cache(1024), model.new_cache(1024)
+        model.forward(torch.tensor(ids[:-5]), 0, a)
+        model.forward(torch.tensor(ids[:-5]), 0, b)
+        rows = model.forward(torch.tensor(ids[-5:]), 295, a, decode=True)
+        ones = torch.cat([model.forward(torch.tensor([t]), 295 + i, b) for i, t in enumerate(ids[-5:])])
+    finally:
+        model.flash_attn = prev
+    assert torch.equal(rows, ones)
 
 
 def test_cut_output_layer_is_the_full_layers_first_columns():
