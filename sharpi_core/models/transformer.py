@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..errors import SharpiError
 from ..gguf_file import GGUFFile
+from ..kernels import cpu
 from ..kv_cache import KVCache, rotate
 from ..quants import Activations, QWeight, _kernels, activation_for, load_vector
 from .config import ROPE_NEOX, ModelConfig, config_from_gguf
@@ -32,7 +33,8 @@ EXACT_ROWS = 32
 # `flash_attn` attribute (the CLI's -fa) overrides this default (SHARPI_FLASH_ATTN=0: off)
 FLASH_ATTN = os.environ.get("SHARPI_FLASH_ATTN", "1").strip().lower() not in ("0", "off", "false", "no")
 # (flash_attn, prompt pass) -> the attention kernel's mode (kernels/cpu.py)
-_ATTN_MODE = {(False, True): 0, (False, False): 1, (True, True): 2, (True, False): 3}
+_ATTN_MODE = {(False, True): cpu.ATTN_TINYBLAS, (False, False): cpu.ATTN_VEC_DOT,
+              (True, True): cpu.ATTN_FA_PROMPT, (True, False): cpu.ATTN_FA_DECODE}
 
 
 @dataclass
