@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--text", type=Path, help="also decode after this file's first --chars characters (a long "
                     "prompt: llama.cpp's tiled flash attention, and two KV chunks per decoding row past 256 tokens)")
     ap.add_argument("--chars", type=int, default=1500)
+    ap.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="K and V cache type on both sides")
     args = ap.parse_args()
     import json
     ref = json.loads(FIXTURES.read_text())
@@ -80,10 +81,11 @@ def main() -> None:
                 ids = tok.encode(case["prompt"])
                 n_ctx = max(512, (len(ids) + args.n + 255) // 256 * 256)
                 out = subprocess.run([str(exe), str(path), str(args.n), str(args.t), *map(str, ids)],
-                                     capture_output=True, check=True, env={**os.environ, "LCP_N_CTX": str(n_ctx)}).stdout
+                                     capture_output=True, check=True,
+                                     env={**os.environ, "LCP_N_CTX": str(n_ctx), "LCP_KV_Q8_0": str(int(args.kv == "q8_0"))}).stdout
                 lg = np.frombuffer(out[: (args.n + 1) * vocab * 4], dtype=np.float32).reshape(args.n + 1, -1)
                 chosen = np.frombuffer(out[(args.n + 1) * vocab * 4:], dtype=np.int32).tolist()
-                cache = model.new_cache(n_ctx)
+                cache = model.new_cache(n_ctx, args.kv, args.kv)
                 ours = [model.forward(torch.tensor(ids), 0, cache, last_n=1)[-1]]
                 for t in chosen:
                     ours.append(model.forward(torch.tensor([t]), cache.length, cache)[-1])

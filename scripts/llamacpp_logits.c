@@ -59,6 +59,8 @@ int main(int argc, char **argv) {
     cp.n_threads = cp.n_threads_batch = n_threads;
     const char *fa = getenv("LCP_FLASH_ATTN"); /* "0" / "1": off / on; unset: llama.cpp's default (auto) */
     if (fa) cp.flash_attn_type = atoi(fa) ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    const char *q8 = getenv("LCP_KV_Q8_0"); /* "1": K and V caches in q8_0 (-ctk q8_0 -ctv q8_0) */
+    if (q8 && atoi(q8)) cp.type_k = cp.type_v = GGML_TYPE_Q8_0;
     dump_dir = getenv("LCP_DUMP");
     if (dump_dir) {
         cp.cb_eval = dump_cb;

@@ -49,10 +49,14 @@ class _Store:
             self.q[layer, start:end] = x
             return
         blocks = x.reshape(x.shape[0], x.shape[1], -1, _QK8_0)  # [T, n_kv, nb, 32]
-        d = blocks.abs().amax(dim=-1, keepdim=True) / 127.0
-        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        # ggml's x86 quantize_row_q8_0: d = amax / 127, codes = round-half-even(x * (127 / amax)), each
+        # one correctly rounded fp32 division (torch's scalar / tensor would round twice)
+        amax = blocks.abs().amax(dim=-1, keepdim=True)
+        pos = amax > 0
+        inv = torch.where(pos, torch.full_like(amax, 127.0) / torch.where(pos, amax, torch.ones_like(amax)),
+                          torch.zeros_like(amax))
         self.q[layer, start:end] = torch.round(blocks * inv).to(torch.int8).reshape(x.shape)
-        self.d[layer, start:end] = d.to(torch.float16)
+        self.d[layer, start:end] = (amax / 127.0).to(torch.float16)
 
     def read(self, layer: int, end: int) -> torch.Tensor:
         # -> [end, n_kv, hd] fp32

@@ -57,29 +57,39 @@ def test_greedy_matches_llama_cpp(name):
     assert not failures, "\n".join(failures)
 
 
-# llama-perplexity with the fixture's arguments (-c 128 --chunks 8 -b 128, 2 threads, default f16 KV):
-# with flash attention (llama.cpp's default) the fixtures' own numbers; with -fa off (the model's
-# flash_attn = False, the CLI's -fa off) those of the same llama.cpp build, measured here.
-LLAMA_CPP_FA_OFF_PPL = {
-    "smollm2-135m-instruct-q4_1": (17.9203, 2.28299),
-    "gemma3-270m-q4_k_m": (12.0527, 1.55302),
-    "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9162, 0.32041),
-    "qwen2.5-coder-1.5b-instruct-q4_k_m": (1.5472, 0.06814),
+# llama-perplexity with the fixture's arguments (-c 128 --chunks 8 -b 128, 2 threads): with flash
+# attention (llama.cpp's default) and the default f16 KV cache the fixtures' own numbers; with -fa off
+# (the model's flash_attn = False, the CLI's -fa off) or with q8_0 K and V caches those of the same
+# llama.cpp build, measured here.
+LLAMA_CPP_PPL = {
+    ("fa-off", "f16"): {
+        "smollm2-135m-instruct-q4_1": (17.9203, 2.28299),
+        "gemma3-270m-q4_k_m": (12.0527, 1.55302),
+        "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9162, 0.32041),
+        "qwen2.5-coder-1.5b-instruct-q4_k_m": (1.5472, 0.06814),
+    },
+    ("fa", "q8_0"): {
+        "smollm2-135m-instruct-q4_1": (17.9722, 2.29185),
+        "gemma3-270m-q4_k_m": (12.0728, 1.55807),
+        "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9409, 0.32395),
+        "qwen2.5-coder-1.5b-instruct-q4_k_m": (1.5629, 0.06907),
+    },
 }
 
 
-@pytest.mark.parametrize("flash_attn", [True, False], ids=["fa", "no-fa"])
+@pytest.mark.parametrize("attn,kv", [("fa", "f16"), ("fa-off", "f16"), ("fa", "q8_0")])
 @pytest.mark.parametrize("name", MODEL_PARAMS)
-def test_perplexity_equals_llama_cpp_with_f16_cache(name, flash_attn):
+def test_perplexity_equals_llama_cpp(name, attn, kv):
     model, tok = loaded(name)
     ref = reference()[name]["perplexity"]
     ids = tok.encode((FIXTURES_DIR / ref["file"]).read_text(), add_special=True, parse_special=False)
-    prev, model.flash_attn = model.flash_attn, flash_attn
+    prev, model.flash_attn = model.flash_attn, attn == "fa"
     try:
-        r = perplexity(model, ids, ref["ctx"], ref["chunks"], bos_id=tok.bos_id if tok.add_bos else None)
+        r = perplexity(model, ids, ref["ctx"], ref["chunks"], bos_id=tok.bos_id if tok.add_bos else None,
+                       type_k=kv, type_v=kv)
     finally:
         model.flash_attn = prev
-    want = (ref["ppl"], ref["err"]) if flash_attn else LLAMA_CPP_FA_OFF_PPL[name]
+    want = (ref["ppl"], ref["err"]) if (attn, kv) == ("fa", "f16") else LLAMA_CPP_PPL[attn, kv][name]
     assert (round(r.ppl, 4), round(r.err, 5)) == want, (r.ppl, r.err)
 
 

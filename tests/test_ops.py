@@ -38,10 +38,10 @@ MODES = {"tinyblas": cpu.ATTN_TINYBLAS, "vec_dot": cpu.ATTN_VEC_DOT, "fa_prompt"
 
 
 def q_for(q, cache, mode):
-    """What the model hands the kernel: q rounded to K's vec_dot type without flash attention (and for
-    a q8_0 K), fp32 with it (the kernel rounds it where llama.cpp does)."""
+    """What the model hands the kernel: q rounded to K's vec_dot type without flash attention, fp32
+    with it (the kernel rounds or quantizes it where llama.cpp does)."""
     fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
-    return q if fa and cache.k.kind != "q8_0" else activation_for(q, cache.k.qtype)
+    return q if fa else activation_for(q, cache.k.qtype)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -63,7 +63,10 @@ def test_attention_matches_reference_and_rows_are_batch_invariant(mode, kind, wi
     # with flash attention an accumulator rounded to fp16 at every position
     fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
     tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-5, atol=6e-5)
-    torch.testing.assert_close(out, reference(q, cache, start, window, scale), **tol)
+    q_ref = q
+    if fa and kind == "q8_0":  # the kernel quantizes q to q8_0 blocks (a code may round the other way)
+        q_ref, tol = activation_for(q, cache.k.qtype), dict(rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(out, reference(q_ref, cache, start, window, scale), **tol)
     # each row alone, and with another thread count, gives the same bits as inside the batch (passes
     # of fewer than 64 rows: llama.cpp's tiled flash attention starts at 64)
     n = torch.get_num_threads()
@@ -259,6 +262,64 @@ def fa_chunk_ggml(qh, Kh, Vh, scale):
         acc = _fma(Vh[j], vs, acc.astype(np.float32)).astype(np.float16)
         S = _fma(S, ms, vs)
     return M, S, acc.astype(np.float32)
+
+
+def hsum8(v):
+    """ggml's hsum_float_8 over the last axis of 8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))."""
+    w = (v[..., 4:] + v[..., :4]).astype(np.float32)
+    return ((w[..., 0] + w[..., 2]).astype(np.float32) + (w[..., 1] + w[..., 3]).astype(np.float32)).astype(np.float32)
+
+
+def fa_chunk_ggml_q8_0(qh, Kc, Kd, V, scale):
+    """The one-chunk kernel against a q8_0 K and V: q quantized by quantize_row_q8_0, scores by
+    ggml_vec_dot_q8_0_q8_0 (per block 8 lanes of 4 exact products, fma(d_k * d_q, lane, acc),
+    hsum_float_8), V dequantized (code * d) into an fp32 accumulator. Kc int8 [n, D], Kd [n, D/32]."""
+    from test_cpu_kernels import ggml_quantize_q8_0
+    qc, qd, _ = ggml_quantize_q8_0(qh[None], False)
+    qc, qd = qc[0].astype(np.int64), qd[0]
+    M, S = np.float32(-np.inf), np.float32(0)
+    acc = np.zeros(V.shape[1], np.float32)
+    for j in range(Kc.shape[0]):
+        a = np.zeros(8, np.float32)
+        for b in range(Kc.shape[1] // 32):
+            lanes = (Kc[j, 32 * b:32 * b + 32].astype(np.int64) * qc[32 * b:32 * b + 32]).reshape(8, 4).sum(1)
+            a = _fma(np.float32(Kd[j, b] * qd[b]), lanes.astype(np.float32), a)
+        s = np.float32(hsum8(a) * np.float32(scale))
+        ms, vs = np.float32(1), np.float32(1)
+        if s > M:
+            ms, M = libm_expf(M - s), s
+            acc = (acc * ms).astype(np.float32)
+        else:
+            vs = libm_expf(s - M)
+        acc = _fma(V[j], vs, acc)
+        S = _fma(S, ms, vs)
+    return (acc * (np.float32(1) / S)).astype(np.float32)
+
+
+def test_attention_flash_q8_0_cache_is_llamacpp_bit_for_bit():
+    g = torch.Generator().manual_seed(13)
+    H, Hkv, D, L, T = 4, 2, 64, 70, 3
+    cache = KVCache(1, 256, Hkv, D, D, "q8_0", "q8_0")
+    cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
+    cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
+    # the cache's codes are ggml's quantize_row_q8_0 of what was written
+    from test_cpu_kernels import ggml_quantize_q8_0
+    x = (torch.randn(5, Hkv, D, generator=g) * 2)
+    cache.k.write(0, L, x)
+    codes, d, _ = ggml_quantize_q8_0(x.reshape(-1, D).numpy(), False)
+    assert np.array_equal(cache.k.q[0, L:L + 5].reshape(-1, D).numpy(), codes)
+    assert np.array_equal(cache.k.d[0, L:L + 5].float().reshape(-1, D // 32).numpy(), d)
+    q = torch.randn(T, H, D, generator=g)
+    for mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE):
+        got = cpu.attention(q, cache.k, cache.v, 0, L - T, 0, 0.125, mode).numpy()
+        Kc, Kd = cache.k.q[0].numpy(), cache.k.d[0, ..., 0].float().numpy()
+        V = cache.v.read(0, L).numpy()
+        for t in range(T):
+            for h in range(H):
+                gk = h // (H // Hkv)
+                want = fa_chunk_ggml_q8_0(q[t, h].numpy(), Kc[:L - T + t + 1, gk], Kd[:L - T + t + 1, gk],
+                                          V[:L - T + t + 1, gk], 0.125)
+                assert np.array_equal(got[t, h], want), (mode, t, h)
 
 
 def _dot_vec_dot(k, q):

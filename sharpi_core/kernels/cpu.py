@@ -506,8 +506,9 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     `mode` is how llama.cpp's CPU backend would compute this pass (see ops.c): without flash
     attention, q must come rounded to the K cache's vec_dot type (ATTN_TINYBLAS for prompt passes,
     ATTN_VEC_DOT for decoding rows; probabilities rounded to fp16 against an f16 V); with it
-    (llama.cpp's default), q comes in fp32 (rounded to a q8_0 K's type) and ATTN_FA_PROMPT computes a
-    prompt pass, ATTN_FA_DECODE rows that each reproduce a one-row pass. Each (row, head) is computed by
+    (llama.cpp's default), q comes in fp32 (the kernel rounds it to fp16 for an f16 K, quantizes it to
+    q8_0 for a q8_0 K) and ATTN_FA_PROMPT computes a prompt pass, ATTN_FA_DECODE rows that each
+    reproduce a one-row pass. Each (row, head) is computed by
     one thread in a fixed order: rows do not depend on T (within a mode) or the thread count."""
     if _att is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")

@@ -15,7 +15,8 @@
  * Numerics follow llama.cpp's CPU backend as built natively on an AVX-512 machine (the build that
  * made the fixtures: it reproduces all of them), operation for operation.
  * With flash attention (llama.cpp's CPU default; modes FA_PROMPT / FA_DECODE): q is rounded to fp16
- * against an f16 K; one-row passes and passes of < 64 rows take ggml's one-chunk kernel (per
+ * against an f16 K, quantized by quantize_row_q8_0 against a q8_0 K (scores: ggml_vec_dot_q8_0_q8_0);
+ * one-row passes and passes of < 64 rows take ggml's one-chunk kernel (per
  * position: ggml_vec_dot_f16 score, online softmax with libm's expf, the V accumulator rounded to
  * fp16 at every step, S = fma(S, ms, vs) as GCC contracts it); a one-row pass whose KV length
  * (positions padded to 256) reaches 512 splits it into one chunk per thread (2) and merges them;
@@ -172,6 +173,35 @@ static inline float dot_vec_dot(const void *k, const uint16_t *kd, int k_type, l
     return (float)sd;
 }
 
+/* ggml's x86 quantize_row_q8_0 of one row of D values (D % 32 == 0): per block of 32, amax,
+ * d = fp16(amax / 127) (returned as fp32), codes = round-half-even(x * (127 / amax)) */
+static void quantize_q8_0(const float *x, long D, int8_t *codes, float *d) {
+    for (long b = 0; b < D; b += 32) {
+        const __m512 x0 = _mm512_loadu_ps(x + b), x1 = _mm512_loadu_ps(x + b + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        d[b / 32] = _cvtsh_ss(_cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT));
+        const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        const __m512i c0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(x0, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m512i c1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(x1, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm_storeu_si128((__m128i *)(codes + b), _mm512_cvtsepi32_epi8(c0));
+        _mm_storeu_si128((__m128i *)(codes + b + 16), _mm512_cvtsepi32_epi8(c1));
+    }
+}
+
+/* ggml_vec_dot_q8_0_q8_0 (its AVX2 code, which AVX-512 builds run): per block of 32 the exact integer
+ * sums of 4 consecutive products in 8 lanes, acc = fma(d_k * d_q, float(lane), acc), hsum_float_8 */
+static inline float dot_q8_0(const int8_t *kc, const uint16_t *kd, const int8_t *qc, const float *qd, long D) {
+    __m256 acc = _mm256_setzero_ps();
+    for (long b = 0; b < D; b += 32) {
+        const __m256i k8 = _mm256_loadu_si256((const __m256i *)(kc + b)), q8 = _mm256_loadu_si256((const __m256i *)(qc + b));
+        /* |k| * sign(q, k), as ggml's mul_sum_i8_pairs_float: products summed 4 a lane, exactly */
+        const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(k8, k8), _mm256_sign_epi8(q8, k8)),
+                                                _mm256_set1_epi16(1));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(kd[b / 32]) * qd[b / 32]), _mm256_cvtepi32_ps(lanes), acc);
+    }
+    return hsum8(acc);
+}
+
 /* Flash attention, one query row and head over cache positions [c0, c1) (those outside the row's
  * visible range [lo, pos] are masked: skipped): ggml_compute_forward_flash_attn_ext_f16_one_chunk.
  * q is already in K's vec_dot type (fp16 values for an f16 K). Online softmax position by position
@@ -181,6 +211,9 @@ static inline float dot_vec_dot(const void *k, const uint16_t *kd, int k_type, l
 static void fa_chunk(const float *q, const void *k, const uint16_t *kd, int k_type, const void *v, const uint16_t *vd,
                      int v_type, long Hkv, long g, long D, long Dv, long c0, long c1, float scale, float *M, float *S,
                      float *acc) {
+    int8_t qc[512]; /* a q8_0 K: q in q8_0 blocks, as ggml converts it for ggml_vec_dot_q8_0_q8_0 */
+    float qd[16];
+    if (k_type == KV_Q8_0) quantize_q8_0(q, D, qc, qd);
     uint16_t acc16[512];
     float m = -INFINITY, sum = 0.0f;
     for (long d = 0; d < Dv; d += 16) {
@@ -189,7 +222,8 @@ static void fa_chunk(const float *q, const void *k, const uint16_t *kd, int k_ty
     }
     for (long ic = c0; ic < c1; ic++) {
         const long row = ic * Hkv + g;
-        const float s = dot_vec_dot(k, kd, k_type, row, D, q) * scale + 0.0f; /* + the mask's 0 */
+        const float s = (k_type == KV_Q8_0 ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc, qd, D)
+                                           : dot_vec_dot(k, kd, k_type, row, D, q)) * scale + 0.0f; /* + the mask's 0 */
         float ms = 1.0f, vs = 1.0f;
         const int new_max = s > m;
         if (new_max) {
@@ -397,7 +431,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                     fa_tiled_row(qr, kt + g * D * ldk, ldk, v, vd, v_type, Hkv, g, D, Dv, lo, pos, scale, o);
                     continue;
                 }
-                float q16[512]; /* q in K's vec_dot type: fp16 for an f16 K (a q8_0 K's comes rounded) */
+                float q16[512]; /* q rounded to fp16 for an f16 K (fa_chunk quantizes it for a q8_0 K) */
                 for (long d = 0; d < D; d += 16) {
                     const __m512 x = _mm512_loadu_ps(qr + d);
                     _mm512_storeu_ps(q16 + d, k_type == KV_F16 ? _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)) : x);

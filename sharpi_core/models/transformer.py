@@ -313,7 +313,7 @@ class Transformer:
             if self._attn_kernel is not None:
                 # every (row, head) as llama.cpp computes it: one-token passes and verify rows like its
                 # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
-                o = self._attn_kernel(q if self.flash_attn and cache.k.kind != "q8_0" else activation_for(q, cache.k.qtype),
+                o = self._attn_kernel(q if self.flash_attn else activation_for(q, cache.k.qtype),
                                       cache.k, cache.v, i, start_pos, window, kq_scale,
                                       _ATTN_MODE[self.flash_attn, prompt]).view(T, H * hdv)
             elif T <= EXACT_ROWS:
