@@ -19,6 +19,7 @@ import gguf
 import torch
 
 from .errors import UsageError
+from .quants import q8_parts
 
 CACHE_TYPES = ("f32", "f16", "q8_0")
 _QK8_0 = 32
@@ -48,15 +49,10 @@ class _Store:
         if self.kind != "q8_0":
             self.q[layer, start:end] = x
             return
-        blocks = x.reshape(x.shape[0], x.shape[1], -1, _QK8_0)  # [T, n_kv, nb, 32]
-        # ggml's x86 quantize_row_q8_0: d = amax / 127, codes = round-half-even(x * (127 / amax)), each
-        # one correctly rounded fp32 division (torch's scalar / tensor would round twice)
-        amax = blocks.abs().amax(dim=-1, keepdim=True)
-        pos = amax > 0
-        inv = torch.where(pos, torch.full_like(amax, 127.0) / torch.where(pos, amax, torch.ones_like(amax)),
-                          torch.zeros_like(amax))
-        self.q[layer, start:end] = torch.round(blocks * inv).to(torch.int8).reshape(x.shape)
-        self.d[layer, start:end] = (amax / 127.0).to(torch.float16)
+        # ggml's x86 quantize_row_q8_0 (codes round(x * (127 / amax)), scale fp16(amax / 127))
+        q, d, _ = q8_parts(x, _QK8_0, True)  # [T, n_kv, nb, 32], [T, n_kv, nb, 1]
+        self.q[layer, start:end] = q.to(torch.int8).reshape(x.shape)
+        self.d[layer, start:end] = d.to(torch.float16)
 
     def read(self, layer: int, end: int) -> torch.Tensor:
         # -> [end, n_kv, hd] fp32

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sharpi_core.kernels import cpu
+from test_cpu_kernels import ggml_quantize_q8_0, hsum_float_8
 from sharpi_core.kv_cache import KVCache
 from sharpi_core.quants import activation_for, quantize_q8_blocks
 
@@ -264,17 +265,10 @@ def fa_chunk_ggml(qh, Kh, Vh, scale):
     return M, S, acc.astype(np.float32)
 
 
-def hsum8(v):
-    """ggml's hsum_float_8 over the last axis of 8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))."""
-    w = (v[..., 4:] + v[..., :4]).astype(np.float32)
-    return ((w[..., 0] + w[..., 2]).astype(np.float32) + (w[..., 1] + w[..., 3]).astype(np.float32)).astype(np.float32)
-
-
 def fa_chunk_ggml_q8_0(qh, Kc, Kd, V, scale):
     """The one-chunk kernel against a q8_0 K and V: q quantized by quantize_row_q8_0, scores by
     ggml_vec_dot_q8_0_q8_0 (per block 8 lanes of 4 exact products, fma(d_k * d_q, lane, acc),
     hsum_float_8), V dequantized (code * d) into an fp32 accumulator. Kc int8 [n, D], Kd [n, D/32]."""
-    from test_cpu_kernels import ggml_quantize_q8_0
     qc, qd, _ = ggml_quantize_q8_0(qh[None], False)
     qc, qd = qc[0].astype(np.int64), qd[0]
     M, S = np.float32(-np.inf), np.float32(0)
@@ -284,7 +278,7 @@ def fa_chunk_ggml_q8_0(qh, Kc, Kd, V, scale):
         for b in range(Kc.shape[1] // 32):
             lanes = (Kc[j, 32 * b:32 * b + 32].astype(np.int64) * qc[32 * b:32 * b + 32]).reshape(8, 4).sum(1)
             a = _fma(np.float32(Kd[j, b] * qd[b]), lanes.astype(np.float32), a)
-        s = np.float32(hsum8(a) * np.float32(scale))
+        s = np.float32(hsum_float_8(a) * np.float32(scale))
         ms, vs = np.float32(1), np.float32(1)
         if s > M:
             ms, M = libm_expf(M - s), s
@@ -303,7 +297,6 @@ def test_attention_flash_q8_0_cache_is_llamacpp_bit_for_bit():
     cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
     cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
     # the cache's codes are ggml's quantize_row_q8_0 of what was written
-    from test_cpu_kernels import ggml_quantize_q8_0
     x = (torch.randn(5, Hkv, D, generator=g) * 2)
     cache.k.write(0, L, x)
     codes, d, _ = ggml_quantize_q8_0(x.reshape(-1, D).numpy(), False)

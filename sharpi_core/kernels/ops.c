@@ -173,20 +173,10 @@ static inline float dot_vec_dot(const void *k, const uint16_t *kd, int k_type, l
     return (float)sd;
 }
 
-/* ggml's x86 quantize_row_q8_0 of one row of D values (D % 32 == 0): per block of 32, amax,
- * d = fp16(amax / 127) (returned as fp32), codes = round-half-even(x * (127 / amax)) */
-static void quantize_q8_0(const float *x, long D, int8_t *codes, float *d) {
-    for (long b = 0; b < D; b += 32) {
-        const __m512 x0 = _mm512_loadu_ps(x + b), x1 = _mm512_loadu_ps(x + b + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        d[b / 32] = _cvtsh_ss(_cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT));
-        const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-        const __m512i c0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(x0, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        const __m512i c1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(x1, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        _mm_storeu_si128((__m128i *)(codes + b), _mm512_cvtsepi32_epi8(c0));
-        _mm_storeu_si128((__m128i *)(codes + b + 16), _mm512_cvtsepi32_epi8(c1));
-    }
-}
+/* qmatmul.c: activations quantized as ggml does for a weight type's vec_dot type (ty 8 = Q8_0:
+ * quantize_row_q8_0, codes and fp16 scales returned as fp32) */
+int sharpi_quantize_act(int ty, const float *x, long T, long k, int8_t *codes, float *d, float *s, int16_t *bsums);
+enum { GGML_TYPE_Q8_0 = 8 };
 
 /* ggml_vec_dot_q8_0_q8_0 (its AVX2 code, which AVX-512 builds run): per block of 32 the exact integer
  * sums of 4 consecutive products in 8 lanes, acc = fma(d_k * d_q, float(lane), acc), hsum_float_8 */
@@ -213,7 +203,7 @@ static void fa_chunk(const float *q, const void *k, const uint16_t *kd, int k_ty
                      float *acc) {
     int8_t qc[512]; /* a q8_0 K: q in q8_0 blocks, as ggml converts it for ggml_vec_dot_q8_0_q8_0 */
     float qd[16];
-    if (k_type == KV_Q8_0) quantize_q8_0(q, D, qc, qd);
+    if (k_type == KV_Q8_0) sharpi_quantize_act(GGML_TYPE_Q8_0, q, 1, D, qc, qd, NULL, NULL);
     uint16_t acc16[512];
     float m = -INFINITY, sum = 0.0f;
     for (long d = 0; d < Dv; d += 16) {
