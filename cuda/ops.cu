@@ -10,12 +10,20 @@
 //       Angle of pair i at position p: cs[(p*(n_rot/2) + i)*2 + {0,1}] = (cos, sin) when has_cs
 //       (a precomputed table, e.g. the CPU path's), else p*freq_scale*theta_base^(-2i/n_rot) / ff[i].
 //   glu_f32(g, g_st, u, u_st, out, o_st, T, F, act)                T*F threads, any 1-D launch
-//       out[t, i] = act(g[t, i]) * u[t, i]; act 0 = silu, 1 = gelu (tanh approximation)
+//       out[t, i] = act(g[t, i]) * u[t, i]; act 0 = silu, 1 = gelu (tanh approximation), 2 = that gelu
+//       through ggml's fp16 table (llama.cpp's CPU GELU: g rounded to f16, the result rounded to f16,
+//       0 for g <= -10 and g for g >= 10)
 //   kv_append_f16(src, s_st, T, nkv, D, pos, dst, d_sp_b, d_sh_b)   T*nkv*D threads, any 1-D launch
 //       dst + pos[t]*d_sp_b + h*d_sh_b holds D halves = src[t*s_st + h*D + d] rounded to nearest even
 //   kv_append_q8_0(src, s_st, T, nkv, D, pos, dst, d_sp_b, d_sh_b)  one warp per 32 values: T*nkv*D
 //       threads, block a multiple of 32; D % 32 == 0; writes D/32 ggml q8_0 blocks (f16 d | int8 qs[32])
 //       exactly as gguf.quants.quantize(..., Q8_0) does.
+//   act_round_q8(x, x_st, T, K, block, f16_scale, y, y_st)      one warp per block: T*(K/block)*32
+//       threads, block a multiple of 32; block = 32 or 256, K % block == 0. y (may be x) = x rounded
+//       through llama.cpp's 8-bit activation blocks, dequantized (sharpi_core.quants.q8_parts):
+//       f16_scale=1 (Q8_0 / Q8_1, block 32): q = rint(x * (127 / amax)), y = q * f16(amax / 127);
+//       f16_scale=0 (Q8_K, block 256): m = the first element of largest magnitude,
+//       iscale = -127 / m, q = min(127, rint(iscale * x)), y = q * (1 / iscale).
 //   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below.
 #include "common.cuh"
 
@@ -74,8 +82,15 @@ extern "C" __global__ void glu_f32(const float* g, i64 g_st, const float* u, i64
     float a;
     if (act == 0) {
         a = x / (1.0f + expf(-x));
-    } else {
+    } else if (act == 1) {
         a = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    } else if (x <= -10.0f) {
+        a = 0.0f;
+    } else if (x >= 10.0f) {
+        a = x;
+    } else {  // ggml_gelu_f32 on the f16 value (the inner a*x*x + 1 contracted to an fma, as gcc does)
+        const float xh = h2f(f2h(x));
+        a = h2f(f2h(0.5f * xh * (1.0f + tanhf(0.7978845608028654f * xh * fmaf(0.044715f * xh, xh, 1.0f)))));
     }
     out[(i64)t * o_st + i] = a * u[(i64)t * u_st + i];
 }
@@ -107,6 +122,49 @@ extern "C" __global__ void kv_append_q8_0(const float* __restrict__ src, i64 s_s
     u8* blk = dst + (i64)pos[t] * d_sp_b + (i64)h * d_sh_b + (i64)bi * 34;
     if (lane == 0) *(u16*)blk = f2h(d);
     blk[2 + lane] = (u8)(i8)q;
+}
+
+// ---- activation rounding ---------------------------------------------------------------------------
+// What llama.cpp's CPU backend does to the activations before a quantized matmul (their vec_dot_type):
+// the GPU matvecs then multiply the same values in fp32, so greedy output follows the CPU path's.
+extern "C" __global__ void act_round_q8(const float* x, i64 x_st, int T, int K, int block, int f16_scale,
+                                        float* y, i64 y_st) {
+    const int lane = threadIdx.x & 31;
+    const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int nb = K / block, per = block / 32;
+    if (gw >= (i64)T * nb) return;  // uniform over the warp
+    const int t = (int)(gw / nb), b = (int)(gw % nb);
+    const float* xb = x + (i64)t * x_st + (i64)b * block;
+    float* yb = y + (i64)t * y_st + (i64)b * block;
+    float v[8];
+    float am = 0.0f;   // largest magnitude seen by this lane
+    int ai = block;    // its index (the first one on ties)
+    for (int j = 0; j < per; j++) {
+        v[j] = xb[lane + 32 * j];  // lane + 32 j: coalesced, and increasing index within the lane
+        const float a = fabsf(v[j]);
+        if (a > am) am = a, ai = lane + 32 * j;
+    }
+    // (magnitude, index) arg-max over the warp: larger magnitude wins, the lower index on a tie
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float am2 = __shfl_xor_sync(0xffffffffu, am, o);
+        const int ai2 = __shfl_xor_sync(0xffffffffu, ai, o);
+        if (am2 > am || (am2 == am && ai2 < ai)) am = am2, ai = ai2;
+    }
+    if (am == 0.0f) {
+        for (int j = 0; j < per; j++) yb[lane + 32 * j] = 0.0f;
+        return;
+    }
+    if (f16_scale) {
+        const float iscale = 127.0f / am;
+        const float d = h2f(f2h(am / 127.0f));
+        for (int j = 0; j < per; j++) yb[lane + 32 * j] = rintf(v[j] * iscale) * d;
+    } else {
+        const float m = __shfl_sync(0xffffffffu, v[(ai / 32) < per ? ai / 32 : 0], ai % 32);
+        const float iscale = -127.0f / m;
+        const float d = 1.0f / iscale;
+        for (int j = 0; j < per; j++) yb[lane + 32 * j] = fminf(127.0f, rintf(iscale * v[j])) * d;
+    }
 }
 
 // ---- attention -------------------------------------------------------------------------------------

@@ -2,13 +2,16 @@
 """Prompt-eval and decode speed of sharpi per model, side by side with peers, in one run.
 
     python scripts/bench.py [-m NAME_OR_PATH ...] [--runs 3] [-p 128] [-n 128] [-t 2]
-                            [--vs-llama-cpp BIN_DIR] [--vs-transformers]
+                            [--vs-llama-cpp BIN_DIR] [--vs-transformers] [--device cpu|cuda]
 
 Each measurement runs in a fresh subprocess (so peak resident memory is per model), after a
 warm-up, and the figure is the median of --runs. Peers run alternately with sharpi, so machine
 noise hits both alike: llama.cpp's `llama-bench -p P -n N -t T` from BIN_DIR, and Hugging Face
 transformers loading the same GGUF. This script never installs or builds a peer: it reports
 "not available" when one is not given or not installed.
+
+--device cuda runs the models on the GPU (backends/cuda_model.py) and adds the weight bandwidth
+decoding achieves (bytes of the weights one token reads x tokens/s) next to the GPU's peak.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS = ["smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
 
 
-def worker(spec: str, n_prompt: int, n_gen: int, threads: int) -> dict:
+def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cpu") -> dict:
     """One measurement in this process: load, warm up, time prompt eval and decode."""
     import resource
     import time
@@ -33,7 +36,6 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int) -> dict:
 
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "scripts"))
-    from machine_load import Load
     from sharpi_core.registry import resolve_model
     from sharpi_core.models import load_model
 
@@ -42,6 +44,9 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int) -> dict:
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # interpreter + torch
     t0 = time.perf_counter()
     model = load_model(path)
+    if device == "cuda":
+        from sharpi_core.backends.cuda_model import CudaTransformer
+        model = CudaTransformer(model)
     load_s = time.perf_counter() - t0
     cache = model.new_cache(n_prompt + n_gen + 8)
     g = torch.Generator().manual_seed(0)
@@ -59,13 +64,18 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int) -> dict:
         tok = int(model.forward(torch.tensor([tok]), cache.length, cache)[-1].argmax())
     tg_s = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"pp": n_prompt / pp_s, "tg": n_gen / tg_s, "rss": rss, "base_rss": base_rss, "load_s": load_s,
-            "file": os.path.getsize(path), "kv": cache.nbytes}
+    r = {"pp": n_prompt / pp_s, "tg": n_gen / tg_s, "rss": rss, "base_rss": base_rss, "load_s": load_s,
+         "file": os.path.getsize(path), "kv": cache.nbytes}
+    if device == "cuda":
+        from sharpi_core.backends.cuda import peak_bandwidth
+        r["weight_gbs"] = model.decode_bytes * r["tg"] / 1e9
+        r["peak_gbs"] = peak_bandwidth() / 1e9
+    return r
 
 
 def run_sharpi(spec, args) -> dict:
     r = subprocess.run([sys.executable, __file__, "--worker", spec, "-p", str(args.p), "-n", str(args.n),
-                        "-t", str(args.t)], capture_output=True, text=True)
+                        "-t", str(args.t), "--device", args.device], capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"sharpi worker failed for {spec}:\n{r.stderr}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -141,11 +151,12 @@ def main() -> None:
     ap.add_argument("-t", type=int, default=2, help="threads")
     ap.add_argument("--vs-llama-cpp", metavar="BIN_DIR", help="directory holding llama.cpp's llama-bench")
     ap.add_argument("--vs-transformers", action="store_true", help="also time HF transformers on the same GGUF")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--transformers-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.p, args.n, args.t)))
+        print(json.dumps(worker(args.worker, args.p, args.n, args.t, args.device)))
         return
     if args.transformers_worker:
         print(json.dumps(transformers_worker(args.transformers_worker, args.p, args.n, args.t)))
@@ -156,6 +167,8 @@ def main() -> None:
     from machine_load import Load
     from sharpi_core.registry import resolve_model
     print(f"sharpi bench: pp{args.p} / tg{args.n}, {args.t} threads, median of {args.runs} runs", file=sys.stderr)
+    if args.device == "cuda":
+        return cuda_table(args)
     header = ("| model | lost CPU (steal, others) | sharpi pp t/s | sharpi tg t/s | peak RSS MB | of which python+torch | (file+KV) MB | "
               "RSS ratio | ratio w/o python+torch | "
               "llama.cpp pp | llama.cpp tg | pp ratio | tg ratio | transformers pp | transformers tg |")
@@ -184,6 +197,17 @@ def main() -> None:
               f"{fmt(pp / lpp, '.2f') + 'x' if lpp else 'n/a'} | {fmt(tg / ltg, '.2f') + 'x' if ltg else 'n/a'} | "
               f"{fmt(hpp) if args.vs_transformers else 'not available'} | {fmt(htg) if args.vs_transformers else 'not available'} |",
               flush=True)
+
+
+def cuda_table(args) -> None:
+    from sharpi_core.registry import resolve_model
+    print("| model | sharpi pp t/s | sharpi tg t/s | weight GB/s in decode | GPU peak GB/s | of peak |")
+    print("|---|---|---|---|---|---|")
+    for spec in args.model or DEFAULT_MODELS:
+        rows = [run_sharpi(spec, args) for _ in range(args.runs)]
+        bw, peak = med(rows, "weight_gbs"), med(rows, "peak_gbs")
+        print(f"| {Path(str(resolve_model(spec))).stem} | {fmt(med(rows, 'pp'))} | {fmt(med(rows, 'tg'))} | {fmt(bw)} | "
+              f"{fmt(peak)} | {100 * bw / peak:.0f}% |", flush=True)
 
 
 if __name__ == "__main__":

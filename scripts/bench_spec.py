@@ -2,10 +2,12 @@
 """Plain vs speculative decoding, side by side in one run (a benchmark, not a test).
 
     python scripts/bench_spec.py [--which all|qwen|lookup] [-n 128] [--ks 2,4,6] [--temps 0,0.7]
-                                 [--vs-llama-cpp BIN_DIR]
+                                 [--vs-llama-cpp BIN_DIR] [--device cpu|cuda]
 
 (a) Qwen2.5-Coder-1.5B target + 0.5B draft, k in --ks, greedy and sampled;
-(b) SmolLM2 with --draft-lookup on an echo-heavy prompt and on a no-copy prompt.
+(b) SmolLM2 with --draft-lookup on echo-heavy prompts and on a no-copy prompt: "echo-heavy" asks
+to copy a passage longer than the generation (-n 128 at most: every generated token can be copied), "partial echo"
+a passage two thirds as long (the model goes on with text of its own after copying it).
 Each configuration runs after a warm-up; plain and speculative alternate per repetition and the
 table reports medians and their ratio, plus acceptance and tokens per target pass. With
 --vs-llama-cpp, llama.cpp's plain decode (`llama-bench -p 0 -n N`) of the same target runs in
@@ -36,7 +38,15 @@ from sharpi_core.speculative import DraftModelDrafter, LookupDrafter  # noqa: E4
 from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 
 CODE_PROMPT = "<|im_start|>user\nWrite a Python function that merges two sorted lists.<|im_end|>\n<|im_start|>assistant\n"
-ECHO_PROMPT = ("Copy the following text exactly.\n\nText: The committee met on Tuesday to review the budget. "
+PASSAGE = ("The committee met on Tuesday to review the budget. After a long discussion, the members agreed to fund "
+           "the new library, repair the bridge on Main Street, and hire two more teachers for the primary school. "
+           "The mayor thanked the volunteers who had collected signatures all summer, and the treasurer promised a "
+           "full report on the costs by the end of the month. The next meeting will be held in the town hall on "
+           "the first Monday of March. Residents who wish to speak at that meeting should write to the clerk at least "
+           "one week in advance, and written comments will be read aloud if the author cannot attend. Copies of the "
+           "draft budget are available at the library and at the post office.")
+ECHO_PROMPT = "Copy the following text exactly.\n\nText: " + PASSAGE + ("\n\nCopy: " + PASSAGE) + "\n\nCopy:"
+PARTIAL_ECHO_PROMPT = ("Copy the following text exactly.\n\nText: The committee met on Tuesday to review the budget. "
                "After a long discussion, the members agreed to fund the new library, repair the bridge on "
                "Main Street, and hire two more teachers for the primary school.\n\nCopy: The committee met on "
                "Tuesday to review the budget. After a long discussion, the members agreed to fund the new "
@@ -45,10 +55,14 @@ ECHO_PROMPT = ("Copy the following text exactly.\n\nText: The committee met on T
 NOCOPY_PROMPT = "Once upon a time, in a kingdom far away, there lived a"
 
 
-def load(name):
+def load(name, device="cpu"):
     path = resolve_model(name)
     gf = GGUFFile(path)
-    return load_model(gf), Tokenizer.from_gguf(gf)
+    model = load_model(gf)
+    if device == "cuda":
+        from sharpi_core.backends.cuda_model import CudaTransformer
+        model = CudaTransformer(model)
+    return model, Tokenizer.from_gguf(gf)
 
 
 def ignore_eos(params: SamplingParams, tok) -> SamplingParams:
@@ -112,6 +126,7 @@ def main():
     ap.add_argument("--draft-vocab", type=int, default=-1,
                     help="token ids the draft's output layer computes, as sharpi's --spec-draft-vocab (-1 = auto, 0 = all)")
     ap.add_argument("--vs-llama-cpp", metavar="BIN_DIR", help="directory holding llama.cpp's llama-bench")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models run")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
     ks = [int(x) for x in a.ks.split(",")]
@@ -121,17 +136,19 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     peer_of = lambda name: (lambda: llama_bench_tg(a.vs_llama_cpp, name, a.n, a.t)) if a.vs_llama_cpp else None  # noqa: E731
     if a.which in ("all", "lookup"):
-        model, tok = load("smollm2-135m-instruct-q4_1")
+        model, tok = load("smollm2-135m-instruct-q4_1", a.device)
         for temp in temps:
             params = SamplingParams(temp=temp)
             compare("SmolLM2 lookup, echo-heavy", model, tok, ECHO_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps,
                     peer_of("smollm2-135m-instruct-q4_1"))
+            compare("SmolLM2 lookup, partial echo", model, tok, PARTIAL_ECHO_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4,
+                    a.reps, peer_of("smollm2-135m-instruct-q4_1"))
             compare("SmolLM2 lookup, no-copy", model, tok, NOCOPY_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps,
                     peer_of("smollm2-135m-instruct-q4_1"))
         del model
     if a.which in ("all", "qwen"):
-        target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m")
-        draft, dtok = load("qwen2.5-coder-0.5b-instruct-q4_k_m")
+        target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m", a.device)
+        draft, dtok = load("qwen2.5-coder-0.5b-instruct-q4_k_m", a.device)
         head = draft_head_vocab(a.draft_vocab, dtok)
         for temp in temps:
             params = SamplingParams(temp=temp)

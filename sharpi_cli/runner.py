@@ -38,7 +38,7 @@ class RunOptions:
     single_turn: bool = False
     reverse_prompt: list = field(default_factory=list)
     no_display_prompt: bool = False
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = -1
     device: str = "cpu"
     json_out: bool = False
     verbose: bool = False
@@ -50,7 +50,7 @@ class RunOptions:
     spec_ngram_max: int = 3
     spec_ngram_min: int = 2
     ctx_size_draft: int = 0
-    spec_draft_ngl: int = 0
+    spec_draft_ngl: int = -1
     spec_draft_vocab: int = -1
 
 
@@ -104,9 +104,10 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid --spec-draft-vocab {o.spec_draft_vocab}: must be >= -1 (-1 = auto, 0 = all)")
     if o.ctx_size_draft < 0:
         raise UsageError(f"invalid -cd/--ctx-size-draft {o.ctx_size_draft}: must be >= 0")
-    if o.device == "cpu" and (o.n_gpu_layers not in (0,) or o.spec_draft_ngl not in (0,)):
-        # like llama.cpp built without a GPU backend: the flag is accepted and has no effect
-        pass
+    for flag, v in (("-ngl/--n-gpu-layers", o.n_gpu_layers), ("-ngld/--spec-draft-ngl", o.spec_draft_ngl)):
+        if v < -1:
+            raise UsageError(f"invalid {flag} {v}: must be >= -1 (-1 = all layers)")
+    # with --device cpu the layer counts have no effect, like llama.cpp built without a GPU backend
 
 
 FLASH_ATTN_VALUES = ("on", "off", "auto")
@@ -132,7 +133,6 @@ def check_device(o: RunOptions) -> None:
         ok, why = cuda_available()
         if not ok:
             raise UsageError(f"--device cuda requested but CUDA is unavailable: {why}")
-        raise UsageError("--device cuda: end-to-end GPU decoding is not wired up yet; use --device cpu")
 
 
 def resolve_with_progress(spec: str | None):
@@ -201,7 +201,7 @@ def run(o: RunOptions) -> int:
     from sharpi_core.generate import Generator
     from sharpi_core.sampling import SamplingParams
 
-    target = _load(o.model, o.flash_attn)
+    target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     chat = tok.chat_template is not None and o.conversation is not False
@@ -290,13 +290,16 @@ def draft_ctx(o: RunOptions, n_ctx: int) -> int:
     return o.ctx_size_draft or min(n_ctx, 4096)
 
 
-def _load(spec, flash_attn: str = "auto"):
+def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0):
     """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
-    llama.cpp resolves it on the CPU)."""
+    llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl)."""
     from sharpi_core import engine
     path = resolve_with_progress(spec)
     m = engine.load(str(path))
     m.model.flash_attn = flash_attn != "off"
+    if gpu_layers:
+        from sharpi_core.backends.cuda_model import offload
+        m.model = offload(m.model, gpu_layers)
     return m
 
 
@@ -305,7 +308,7 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     from sharpi_core import speculative as spec
     if o.draft_lookup:
         return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
-    draft = _load(o.model_draft, o.flash_attn)
+    draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
     dcache = draft.model.new_cache(n_ctx_d, o.cache_type_k, o.cache_type_v)

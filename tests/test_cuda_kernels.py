@@ -419,3 +419,42 @@ def test_attention_matches_cache_positions_not_slots_beyond_n_kv():
     got = cp.asnumpy(cb.attention(cp.asarray(q), kc, vc, pos, 35, 0.125))
     ref = _attn_ref(q, _cache_values(kc), _cache_values(vc), pos, 35, 0.125)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_glu_gelu_through_ggml_fp16_table():
+    """act gelu_tanh_f16 equals the CPU path's llama.cpp GELU (sharpi_core/kernels/ops.c glu) up to
+    tanhf's last bit before the f16 rounding: nearly always exactly."""
+    import torch
+    from sharpi_core.kernels import cpu
+    if not cpu.available():
+        pytest.skip("the CPU kernels are not built here")
+    rng = np.random.default_rng(3)
+    T, F = 4, 1024
+    gu = (rng.standard_normal((T, 2 * F)) * 6).astype(np.float32)
+    gu[0, :4] = [-10.5, 10.5, -10.0, 10.0]
+    want = cpu.glu(torch.from_numpy(gu), F, "gelu_tanh").numpy()
+    d = cp.asarray(gu)
+    got = cp.asnumpy(cb.glu(d[:, :F], d[:, F:], "gelu_tanh_f16"))
+    assert np.mean(got == want) > 0.999
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["q8_32", "q8_k", "f16", "bf16"])
+def test_round_act_equals_cpu_rounding(kind):
+    """round_act (kernel act_round_q8 for the 8-bit kinds) gives quants.round_activations' bits."""
+    import torch
+    from sharpi_core.quants import quantize_q8_blocks
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((5, 1536)) * rng.uniform(0.01, 30, (5, 1))).astype(np.float32)
+    x[1, :256] = 0.0                      # an all-zero block
+    x[2, 7], x[2, 100] = 9.0, -9.0        # Q8_K: the first element of largest magnitude sets the sign
+    xt = torch.from_numpy(x)
+    if kind in ("q8_32", "q8_k"):
+        want = quantize_q8_blocks(xt, 32 if kind == "q8_32" else 256, kind == "q8_32").numpy()
+    else:
+        want = (xt.half() if kind == "f16" else xt.bfloat16()).float().numpy()
+    got = cp.asnumpy(cb.round_act(cp.asarray(x), kind))
+    np.testing.assert_array_equal(got, want)
+    d = cp.asarray(x)
+    assert cb.round_act(d, kind, out=d) is d  # in place
+    np.testing.assert_array_equal(cp.asnumpy(d), want)

@@ -52,7 +52,8 @@ ATT_MAX_SPLITS = 64
 NVRTC_OPTIONS = ("--std=c++17",)
 SOURCES = ("qmatvec", "ops")
 
-ACT_SILU, ACT_GELU_TANH = 0, 1
+ACT_SILU, ACT_GELU_TANH, ACT_GELU_F16 = 0, 1, 2
+ACTIVATIONS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH, "gelu": ACT_GELU_TANH, "gelu_tanh_f16": ACT_GELU_F16}
 Q_ROUND = {"f32": 0, "f16": 1, "q8_0": 2}
 
 
@@ -82,6 +83,31 @@ def cuda_available() -> tuple[bool, str]:
         return True, f"{name} (sm_{props['major']}{props['minor']}), {n} device(s)"
     except Exception as e:
         return True, f"{n} CUDA device(s) ({type(e).__name__} reading properties: {e})"
+
+
+def new_stream():
+    """A CUDA stream of its own for one model (target and draft queue their kernels independently)."""
+    return _cupy().cuda.Stream(non_blocking=True)
+
+
+def to_host(a, stream=None) -> np.ndarray:
+    """Copy a device array to a numpy array, waiting for `stream`'s work on it."""
+    return _cupy().asnumpy(a, stream=stream)
+
+
+def __getattr__(name: str):
+    # `xp`: the array module of this backend (cupy), imported on first use like everything here
+    if name == "xp":
+        return _cupy()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def peak_bandwidth() -> float:
+    """The current GPU's peak memory bandwidth in bytes/s: 2 transfers per memory clock times the bus
+    width (what the vendors quote, within a few percent)."""
+    cp = _cupy()
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    return 2.0 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8
 
 
 def cuda_source_dir() -> Path:
@@ -370,7 +396,8 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
 
 
 def glu(gate, up, act: str = "silu", out=None, stream=None):
-    """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output)."""
+    """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output).
+    act: silu, gelu_tanh (= gelu), or gelu_tanh_f16 (through ggml's fp16 GELU table, like llama.cpp's CPU)."""
     cp = _cupy()
     with _on(stream):
         F = gate.shape[-1]
@@ -382,11 +409,44 @@ def glu(gate, up, act: str = "silu", out=None, stream=None):
         if out is None:
             out = cp.empty((T, F), dtype=cp.float32)
         o2, o_st = _rows2d(cp, out, F, "out")
-        a = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH, "gelu": ACT_GELU_TANH}[act]
+        a = ACTIVATIONS[act]
         if T * F:
             function("ops", "glu_f32")((-(-(T * F) // 256),), (256,), (
                 g2, _i64(g_st), u2, _i64(u_st), o2, _i64(o_st), _i32(T), _i32(F), _i32(a)))
     return out
+
+
+def round_act(x, kind: str | None, out=None, stream=None):
+    """x float32 [T, K] as llama.cpp's CPU backend rounds activations before multiplying them by a
+    weight of activation kind `kind` (sharpi_core.quants.act_kind): 'q8_32' / 'q8_k' through 8-bit
+    blocks of 32 / 256 (kernel act_round_q8, the rules of quants.q8_parts), 'f16' / 'bf16' through
+    those types, None unchanged. A new array unless `out` is given (out may be x)."""
+    cp = _cupy()
+    if kind is None:
+        return x
+    with _on(stream):
+        K = x.shape[-1]
+        x2, x_st = _rows2d(cp, x, K, "x")
+        if out is None:
+            out = cp.empty(x2.shape, dtype=cp.float32)
+        o2, o_st = _rows2d(cp, out, K, "out")
+        if o2.data.ptr != out.data.ptr:
+            raise ValueError("out must be writable in place (unit stride in the last dimension)")
+        if kind == "f16":
+            o2[...] = x2.astype(cp.float16).astype(cp.float32)
+        elif kind == "bf16":  # round to nearest even on the upper 16 bits (no bfloat16 dtype in cupy)
+            u = x2.view(cp.uint32)
+            o2[...] = ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) & cp.uint32(0xFFFF0000)).view(cp.float32)
+        else:
+            block, f16_scale = (32, 1) if kind == "q8_32" else (256, 0)
+            if K % block:
+                raise ValueError(f"{kind} rounding needs K % {block} == 0 (K={K})")
+            T = x2.shape[0]
+            warps = T * (K // block)
+            if warps:
+                function("ops", "act_round_q8")((-(-warps // 4),), (128,), (
+                    x2, _i64(x_st), _i32(T), _i32(K), _i32(block), _i32(f16_scale), o2, _i64(o_st)))
+    return out.reshape(x.shape) if out.shape != x.shape else out
 
 
 def q8_0_row_bytes(d: int) -> int:

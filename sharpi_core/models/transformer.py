@@ -99,6 +99,22 @@ def neox_to_pairs(hd: int, n_rot: int) -> torch.Tensor:
     return idx
 
 
+def pass_tokens(tokens, start_pos: int, cache) -> torch.Tensor:
+    """A forward pass's tokens as a 1-D long tensor, after checking the pass extends the cache and fits it."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+    if start_pos != cache.length:
+        raise ValueError(f"forward at position {start_pos} but the cache holds {cache.length}")
+    if start_pos + tokens.shape[0] > cache.capacity:
+        raise SharpiError(f"context full: {start_pos + tokens.shape[0]} tokens > context size {cache.capacity}")
+    return tokens
+
+
+def attention_scales(c: ModelConfig) -> tuple[float, float]:
+    """(the attention scale, what the q.k scores are multiplied by: 1 when q is scaled instead)."""
+    scale = c.attn_scale or 1.0 / math.sqrt(c.head_dim_k)
+    return scale, 1.0 if c.scale_q else scale
+
+
 class Transformer:
     def __init__(self, gf: GGUFFile, config: ModelConfig | None = None):
         self.gguf = gf
@@ -265,18 +281,13 @@ class Transformer:
         verification). With last_n, the last layer's FFN runs on those rows only, as in llama.cpp.
         n_out: logits of token ids [0, n_out) only, [T, n_out] (a draft model's cut output layer)."""
         c = self.config
-        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        tokens = pass_tokens(tokens, start_pos, cache)
         T = tokens.shape[0]
-        if start_pos != cache.length:
-            raise ValueError(f"forward at position {start_pos} but the cache holds {cache.length}")
-        if start_pos + T > cache.capacity:
-            raise SharpiError(f"context full: {start_pos + T} tokens > context size {cache.capacity}")
         if T == 0:
             return torch.zeros(0, c.n_vocab)
         L = start_pos + T
         H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
-        scale = c.attn_scale or 1.0 / math.sqrt(hd)
-        kq_scale = 1.0 if c.scale_q else scale  # what the scores are multiplied by
+        scale, kq_scale = attention_scales(c)
 
         # matmuls in llama.cpp's prompt-processing order except in decoding rows (see qmatmul)
         prompt = T > 1 and not (decode and T <= EXACT_ROWS)

@@ -1,0 +1,298 @@
+"""The decoder of models/transformer.py run on an NVIDIA GPU with the kernels of backends/cuda.py.
+
+`CudaTransformer(cpu_model)` takes a loaded `Transformer` (config, GGUF mmap, the ggml-exact rope
+tables) and uploads every weight in its GGUF quantized form; the model has the CPU model's interface,
+`forward(tokens, start_pos, cache, last_n=None, decode=False, n_out=None) -> logits [T, n_vocab]`
+(a CPU torch tensor: sampling and acceptance stay pure CPU functions), and `new_cache` makes a
+`CudaKVCache` (f16 or q8_0 per layer, `length` / `truncate`). Every model runs on its own CUDA
+stream, so a target and its draft queue their kernels independently.
+
+Numerics follow llama.cpp's CPU backend where it decides tokens: activations are rounded through the
+same 8-bit blocks before every quantized matmul (ops.round_act; fp32 activations would move these
+4-bit models' logits by ~1% and flip near-ties), its rope table, q rounded to the K cache's type
+before q.k, probabilities rounded to f16 without flash attention, the Hadamard rotation of quantized
+caches. Sums run in another order than on the CPU, so logits agree closely, not bit for bit.
+SHARPI_ACT_QUANT=0 keeps activations in fp32 (as on the CPU path).
+
+`ops` is the kernel module (backends.cuda); tests pass a CPU stand-in with the same functions
+(tests/cuda_fake.py) to check this orchestration on machines without a GPU.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+from ..errors import SharpiError, UsageError
+from ..models.config import ROPE_NEOX
+from ..models.transformer import Transformer, _weight, attention_scales, pass_tokens
+from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector
+
+GPU_CACHE_TYPES = ("f16", "q8_0")
+
+
+def _hadamard(n: int) -> np.ndarray:
+    """Orthonormal Sylvester-Hadamard H_n (symmetric, H @ H = I), as kv_cache.rotate applies it."""
+    h = np.ones((1, 1), dtype=np.float64)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / math.sqrt(n)).astype(np.float32)
+
+
+class CudaKVCache:
+    """Per layer one K and one V array on the device ([capacity, n_kv, hd] f16, or q8_0 blocks)."""
+
+    def __init__(self, ops, n_layer: int, capacity: int, n_kv: int, hd_k: int, hd_v: int,
+                 type_k: str = "f16", type_v: str = "f16", stream=None):
+        for flag, t in (("-ctk", type_k), ("-ctv", type_v)):
+            if t not in GPU_CACHE_TYPES:
+                raise UsageError(f"{flag} {t}: the CUDA backend keeps the KV cache in {' or '.join(GPU_CACHE_TYPES)}")
+        from ..kv_cache import _rotation
+        self.capacity, self.length = capacity, 0
+        self.type_k, self.type_v = type_k, type_v
+        self.k = [ops.new_kv_cache(capacity, n_kv, hd_k, type_k, stream=stream) for _ in range(n_layer)]
+        self.v = [ops.new_kv_cache(capacity, n_kv, hd_v, type_v, stream=stream) for _ in range(n_layer)]
+        self.rot_k = _rotation(type_k, hd_k, largest=True)
+        self.rot_v = _rotation(type_v, hd_v, largest=False)
+
+    def truncate(self, n: int) -> None:
+        """Forget every position >= n: attention reads rows below the pass's end only, and the next
+        pass overwrites the rows it needs."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"truncate({n}) outside 0..{self.length}")
+        self.length = n
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.k + self.v)
+
+
+class _Proj:
+    """Several weights applied to one input: weights of one type and width are fused into one
+    matmul on the device (rows concatenated at upload); the outputs are column views, one per part."""
+
+    def __init__(self, ops, parts, name: str, stream):
+        groups: list[list] = []
+        for p in parts:
+            if groups and groups[-1][0].qtype == p.qtype and groups[-1][0].k == p.k:
+                groups[-1].append(p)
+            else:
+                groups.append([p])
+        self.mats, self.group_sizes = [], [[p.n for p in g] for g in groups]
+        for g in groups:
+            raw = g[0].raw if len(g) == 1 else np.concatenate([np.asarray(p.raw) for p in g])
+            self.mats.append(ops.CudaQWeight(raw, g[0].qtype, sum(p.n for p in g), g[0].k, name=name, stream=stream))
+        self.ops, self.stream = ops, stream
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.mats)
+
+    def __call__(self, x) -> list:
+        res, rounded = [], {}
+        for m, sizes in zip(self.mats, self.group_sizes):
+            kind = act_kind(m.qtype)
+            if kind not in rounded:
+                rounded[kind] = self.ops.round_act(x, kind, stream=self.stream)
+            y = m.matmul(rounded[kind], stream=self.stream)  # [T, sum of the group's rows]
+            off = 0
+            for n in sizes:
+                res.append(y if n == y.shape[1] else y[:, off:off + n])
+                off += n
+        return res
+
+
+class _Layer:
+    pass
+
+
+class CudaTransformer:
+    def __init__(self, cpu_model: Transformer, ops=None, stream=None):
+        if ops is None:
+            from . import cuda as ops
+        self.ops = ops
+        self.xp = ops.xp
+        self.cpu = cpu_model
+        self.gguf = gf = cpu_model.gguf
+        self.config = c = cpu_model.config
+        self.stream = stream if stream is not None else ops.new_stream()
+        self.flash_attn = cpu_model.flash_attn
+        self.trace = None
+        xp, s = self.xp, self.stream
+        dev = lambda t: xp.asarray(np.ascontiguousarray(t.numpy(), dtype=np.float32))  # noqa: E731
+        vec = lambda name: dev(load_vector(gf.tensor(name))) if name in gf.tensors else None  # noqa: E731
+        try:
+            with s:
+                self.tok_embd = ops.CudaQWeight.from_qweight(cpu_model.tok_embd, stream=s)
+                self.output = self.tok_embd if c.tied_output else ops.CudaQWeight.from_qweight(cpu_model.output, stream=s)
+                self.output_norm = dev(cpu_model.output_norm)
+                self.layers = []
+                for i in range(c.n_layer):
+                    p = f"blk.{i}."
+                    ly = _Layer()
+                    # GGUF row order: the rope kernel pairs NEOX dims itself (the CPU path permutes rows)
+                    ly.qkv = _Proj(ops, [_weight(gf, p + n) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight")],
+                                   p + "attn_qkv", s)
+                    ly.wo = _Proj(ops, [_weight(gf, p + "attn_output.weight")], p + "attn_output", s)
+                    ly.gu = _Proj(ops, [_weight(gf, p + "ffn_gate.weight"), _weight(gf, p + "ffn_up.weight")],
+                                  p + "ffn_gate_up", s)
+                    ly.down = _Proj(ops, [_weight(gf, p + "ffn_down.weight")], p + "ffn_down", s)
+                    ly.attn_norm, ly.ffn_norm = vec(p + "attn_norm.weight"), vec(p + "ffn_norm.weight")
+                    ly.bq, ly.bk, ly.bv = vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")
+                    ly.q_norm, ly.k_norm = vec(p + "attn_q_norm.weight"), vec(p + "attn_k_norm.weight")
+                    ly.post_attn_norm = vec(p + "post_attention_norm.weight")
+                    ly.post_ffn_norm = vec(p + "post_ffw_norm.weight")
+                    self.layers.append(ly)
+        except Exception as e:  # out of device memory, unsupported type / shape
+            raise SharpiError(f"cannot put {os.path.basename(gf.path)} on the GPU: {type(e).__name__}: {e}") from None
+        self._tables: dict = {}   # rope base -> device (cos, sin) table
+        self._heads: dict = {}    # n -> the output layer's first n rows
+        self._rot: dict = {}      # n -> device Hadamard matrix
+        # llama.cpp's CPU GELU goes through an fp16 table (~1e-3 off the exact one, enough to move
+        # these small models' near-ties); SHARPI_ACT_QUANT=0 takes the exact function
+        self._act = "gelu_tanh_f16" if c.act == "gelu_tanh" and MATCH_LLAMA_CPP else c.act
+
+    # -- sizes -------------------------------------------------------------------------------------
+    @property
+    def weight_bytes(self) -> int:
+        seen, total = set(), 0
+        ws = [self.tok_embd, self.output] + [w for ly in self.layers for w in (ly.qkv, ly.wo, ly.gu, ly.down)]
+        for w in ws:
+            if id(w) not in seen:
+                seen.add(id(w))
+                total += w.nbytes
+        return total
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decoding step reads: every matrix, and of the embedding table only a row
+        unless it doubles as the output layer."""
+        return self.weight_bytes - (0 if self.output is self.tok_embd else self.tok_embd.nbytes)
+
+    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> CudaKVCache:
+        c = self.config
+        with self.stream:
+            return CudaKVCache(self.ops, c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
+                               type_k, type_v, stream=self.stream)
+
+    # -- pieces ------------------------------------------------------------------------------------
+    def _table(self, base: float, n_pos: int):
+        """The CPU model's ggml-exact rope table for positions [0, n_pos), on the device."""
+        tab = self._tables.get(base)
+        if tab is None or tab.shape[0] < n_pos:
+            host = self.cpu._rope_table(base, n_pos)  # complex64 [n, n_rot/2], grown by doubling
+            tab = self._tables[base] = self.xp.asarray(torch.view_as_real(host).contiguous().numpy())
+        return tab
+
+    def _rotate(self, x, n: int | None):
+        """kv_cache.rotate on the device: chunks of n along the last dim times H_n."""
+        if n is None:
+            return x
+        h = self._rot.get(n)
+        if h is None:
+            h = self._rot[n] = self.xp.asarray(_hadamard(n))
+        return (self.xp.ascontiguousarray(x).reshape(-1, n) @ h).reshape(x.shape)
+
+    def _output_head(self, n: int):
+        w = self._heads.get(n)
+        if w is None:
+            o = self.output
+            w = self._heads[n] = self.ops.CudaQWeight(o.data[: n * o.row_bytes], o.qtype, n, o.k,
+                                                      name=f"{o.name}[:{n}]", stream=self.stream)
+        return w
+
+    # -- forward -----------------------------------------------------------------------------------
+    def forward(self, tokens, start_pos: int, cache: CudaKVCache, last_n: int | None = None,
+                decode: bool = False, n_out: int | None = None) -> torch.Tensor:
+        """As Transformer.forward. `decode` changes nothing here: every row of a pass of up to 16
+        tokens goes through the same batched matvec, which sums each row in one order whatever the
+        batch size, so verify rows equal one-token passes; longer passes use cuBLAS."""
+        c, ops, xp, s = self.config, self.ops, self.xp, self.stream
+        tokens = pass_tokens(tokens, start_pos, cache)
+        T = int(tokens.shape[0])
+        if T == 0:
+            return torch.zeros(0, c.n_vocab)
+        L = start_pos + T
+        H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
+        scale, kq_scale = attention_scales(c)
+        neox = c.rope_style == ROPE_NEOX
+        eps = c.norm_eps
+        # llama.cpp's CPU rounding of q before q.k, and of P before P.V without flash attention
+        q_round = "q8_0" if cache.type_k == "q8_0" else "f16"
+        p_round = not self.flash_attn and cache.type_v == "f16"
+        with s:
+            ids = xp.asarray(tokens.numpy().astype(np.int32))
+            pos = xp.arange(start_pos, L, dtype=xp.int32)
+            tables = {b: self._table(b, L) for b in {c.layer_rope_base(i) for i in range(c.n_layer)}}
+            x = self.tok_embd.rows(ids, stream=s)  # [T, D]
+            if c.embed_scale != 1.0:
+                x *= np.float32(c.embed_scale)
+            tr = None if self.trace is None else (lambda name, a: self.trace(name, torch.from_numpy(ops.to_host(a, stream=s))))
+            for i, ly in enumerate(self.layers):
+                h = ops.rms_norm(x, ly.attn_norm, eps, stream=s)
+                if tr is not None:
+                    tr(f"attn_norm-{i}", h)
+                q, k, v = ly.qkv(h)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv] (column views)
+                q = (q + ly.bq) if ly.bq is not None else xp.ascontiguousarray(q)
+                k = (k + ly.bk) if ly.bk is not None else xp.ascontiguousarray(k)
+                v = (v + ly.bv) if ly.bv is not None else xp.ascontiguousarray(v)
+                q, k, v = q.reshape(T, H, hd), k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hdv)
+                if ly.q_norm is not None:
+                    q = ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
+                    k = ops.rms_norm(k, ly.k_norm, eps, out=k, stream=s)
+                tab = tables[c.layer_rope_base(i)]
+                ops.rope(q, pos, c.n_rot, neox, table=tab, stream=s)
+                ops.rope(k, pos, c.n_rot, neox, table=tab, stream=s)
+                if c.scale_q:  # before q is rounded to the K cache's type, as llama.cpp's gemma3 graph
+                    q *= np.float32(scale)
+                q, k = self._rotate(q, cache.rot_k), self._rotate(k, cache.rot_k)
+                ops.kv_append(k, cache.k[i], pos, stream=s)
+                ops.kv_append(self._rotate(v, cache.rot_v), cache.v[i], pos, stream=s)
+                window = c.sliding_window if c.is_swa(i) else 0
+                o = ops.attention(q, cache.k[i], cache.v[i], pos, L, kq_scale, window=window,
+                                  q_round=q_round, p_round=p_round, stream=s)  # [T, H, hdv]
+                o = self._rotate(o.reshape(T, H * hdv), cache.rot_v)
+                if tr is not None:
+                    tr(f"kqv_out-{i}", o)
+                (o,) = ly.wo(o)
+                if ly.post_attn_norm is not None:
+                    o = ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
+                x = x + o
+                if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
+                    x = xp.ascontiguousarray(x[-last_n:])
+                h = ops.rms_norm(x, ly.ffn_norm, eps, stream=s)
+                g, u = ly.gu(h)  # [T, n_ff] each
+                a = ops.glu(g, u, self._act, stream=s)
+                if tr is not None:
+                    tr(f"ffn_inp-{i}", x)
+                    tr(f"ffn_norm-{i}", h)
+                    tr(f"ffn_swiglu-{i}", a)
+                (f,) = ly.down(a)
+                if ly.post_ffn_norm is not None:
+                    f = ops.rms_norm(f, ly.post_ffn_norm, eps, out=f, stream=s)
+                x = x + f
+                if tr is not None:
+                    tr(f"ffn_out-{i}", f)
+                    tr(f"l_out-{i}", x)
+            cache.length = L
+            if last_n is not None:
+                x = xp.ascontiguousarray(x[-last_n:])
+            x = ops.rms_norm(x, self.output_norm, eps, stream=s)
+            head = self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out)
+            logits = head.matmul(ops.round_act(x, act_kind(head.qtype), stream=s), stream=s)
+            host = ops.to_host(logits, stream=s)  # waits for this stream's work
+        return torch.from_numpy(host)
+
+
+def offload(model: Transformer, n_gpu_layers: int):
+    """-ngl: 0 keeps `model` on the CPU; -1 or at least its layer count puts all of it on the GPU.
+    A split between CPU and GPU layers is refused with a clear message."""
+    if n_gpu_layers == 0:
+        return model
+    n = model.config.n_layer
+    if 0 < n_gpu_layers < n:
+        raise UsageError(f"-ngl {n_gpu_layers}: splitting a model between CPU and GPU is not supported; "
+                         f"use -ngl 0 (CPU) or -ngl -1 / {n} (all {n} layers on the GPU)")
+    return CudaTransformer(model)

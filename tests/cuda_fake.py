@@ -1,0 +1,464 @@
+"""A CPU stand-in for sharpi_core.backends.cuda: the same public functions, numpy arrays for cupy ones.
+
+It lets code written against the CUDA backend's API (the GPU model runner) run and be tested on a
+machine without a GPU: swap the module (e.g. `monkeypatch.setattr(runner, "cuda", cuda_fake)`) and
+every "device" array becomes a numpy array.
+
+What it reproduces, and what it does not:
+  * Signatures, argument checks and error types follow the real module, so a call the GPU would
+    reject is rejected here too. A few calls the real module accepts but gets wrong are rejected
+    here on purpose (see `glu`'s `out` and complex128 rope tables).
+  * The arithmetic follows the kernels' definitions in cuda/ops.cu, including the places where the
+    kernel rounds (f16 / q8_0 KV caches, q_round, p_round), the order softcap and scale are applied
+    in, and the masks. Summation order is numpy's/BLAS's, so results agree with the GPU to float32
+    rounding, not bit for bit.
+  * Weights are dequantized once (gguf.quants, the reference) and multiplied in float32; the GPU
+    matvec uses fp32 activations too, so no activation quantization happens on either side.
+  * Batch invariance, which speculative verification relies on: like the GPU's matvec (T < 64) and
+    attention kernels, every output row here is computed by the same operations in the same order
+    whatever else is in the batch, so a row of a T-token pass equals a one-token pass bit for bit.
+    From GEMM_MIN_ROWS rows on, matmul uses a GEMM, as the real one switches to cuBLAS.
+  * Streams are accepted and ignored: everything runs synchronously.
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import torch
+
+# Pure-Python parts of the real module (it imports cupy lazily, so this works without a GPU).
+from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that reads them)
+    ACT_GELU_F16,
+    ACT_GELU_TANH,
+    ACT_SILU,
+    ATT_MAX_SPLITS,
+    GEMM_MIN_ROWS,
+    K_MULTIPLE,
+    MAX_BATCH,
+    Q_ROUND,
+    SUPPORTED,
+    TYPE_NAMES,
+    q8_0_row_bytes,
+    row_bytes,
+)
+
+Q = gguf.GGMLQuantizationType
+xp = np  # the array module "device" arrays come from
+
+
+def cuda_available() -> tuple[bool, str]:
+    return True, "cuda_fake (numpy on the CPU)"
+
+
+def to_host(a, stream=None) -> np.ndarray:
+    """A copy, as the real device -> host transfer makes: a caller that keeps the result must not
+    see later in-place writes to the "device" array (and cannot come to rely on seeing them)."""
+    return np.array(a, copy=True)
+
+
+def peak_bandwidth() -> float:
+    """A nominal figure (bytes/s) for code that reports a fraction of peak; nothing is measured."""
+    return 100e9
+
+
+class _Stream:
+    """Stands in for cupy.cuda.Stream: a context manager that changes nothing (all work is synchronous)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self) -> None:
+        pass
+
+
+def new_stream():
+    return _Stream()
+
+
+def _positions(positions) -> np.ndarray:
+    """int, sequence or array -> int64 vector (the real module accepts all of them)."""
+    return np.asarray(positions, dtype=np.int64).reshape(-1)
+
+
+def _rows2d(x, n: int, what: str) -> np.ndarray:
+    """x [..., n] float32 -> 2-D [rows, n] (a view where numpy can, else a copy), checked like the real one."""
+    if x.dtype != np.float32:
+        raise ValueError(f"{what} must be float32, got {x.dtype}")
+    x2 = x if x.ndim == 2 else x.reshape(-1, n)
+    if x2.shape[1] != n:
+        raise ValueError(f"{what}: last dimension {x2.shape[1]} != {n}")
+    return x2
+
+
+def _check_writable_2d(out, n: int, what: str) -> np.ndarray:
+    """The 2-D view of `out` that writes land in. The real module's kernels write through such a
+    view; where it would be a temporary copy instead, the GPU result would be silently lost, so
+    refuse it here."""
+    o2 = _rows2d(out, n, what)
+    if o2.size and (not np.shares_memory(o2, out) or o2.strides[1] != 4 or o2.strides[0] % 4):
+        raise ValueError(f"{what} must be writable in place (unit stride in the last dimension)")
+    return o2
+
+
+# ---- quantized weights --------------------------------------------------------------------------
+
+class CudaQWeight:
+    """A 2-D GGUF weight W [N, K] kept as its raw blocks, used as y = x @ W.T.
+
+    The float32 dequantization is built at first use and kept (a torch tensor, for torch's fast
+    fp32 matvec / GEMM on the CPU). `rows` before that dequantizes only the rows it is asked for,
+    so an embedding table that is only looked up never costs N x K floats."""
+
+    def __init__(self, raw, qtype, n: int, k: int, *, name: str = "", stream=None):
+        qtype = Q(qtype)
+        if qtype not in SUPPORTED:
+            raise ValueError(f"CUDA backend: unsupported weight type {qtype.name} "
+                             f"(supported: {', '.join(sorted(t.name for t in SUPPORTED))})")
+        if k % K_MULTIPLE[qtype]:
+            raise ValueError(f"CUDA backend: {qtype.name} needs K % {K_MULTIPLE[qtype]} == 0 (K={k})")
+        self.name, self.qtype, self.n, self.k = name, qtype, int(n), int(k)
+        self.row_bytes = row_bytes(qtype, k)
+        # Any dtype / any contiguous slice of another weight's bytes: only the byte count matters.
+        # No copy: a numpy input is already a "device" array, which the real module keeps as is too.
+        data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+        if data.size != self.n * self.row_bytes:
+            raise ValueError(f"raw weight has {data.size} bytes, expected {self.n} rows x {self.row_bytes}")
+        self.data = data
+        self._dense: torch.Tensor | None = None
+
+    @classmethod
+    def from_qweight(cls, w, stream=None) -> "CudaQWeight":
+        """Wrap a sharpi_core.quants.QWeight (its raw GGUF blocks)."""
+        return cls(w.raw, w.qtype, w.n, w.k, name=w.name, stream=stream)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def _deq(self, blocks: np.ndarray) -> np.ndarray:
+        """Raw rows uint8 [m, row_bytes] -> float32 [m, K] (gguf.quants, the reference)."""
+        w = gguf.quants.dequantize(blocks, self.qtype)
+        return np.ascontiguousarray(w, dtype=np.float32).reshape(blocks.shape[0], self.k)
+
+    def _weights(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = torch.from_numpy(self._deq(self.data.reshape(self.n, self.row_bytes)))
+        return self._dense
+
+    def matmul(self, x, stream=None, out=None):
+        """x float32 [T, K] (or [K]) -> x @ W.T, float32 [T, N] (or [N])."""
+        x = np.asarray(x, dtype=np.float32)
+        squeeze = x.ndim == 1
+        x = np.ascontiguousarray(x.reshape(1, -1) if squeeze else x)
+        if x.ndim != 2 or x.shape[1] != self.k:
+            raise ValueError(f"{self.name or 'weight'}: x must be [T, {self.k}], got {tuple(x.shape)}")
+        T = x.shape[0]
+        if out is None:
+            out = np.empty((T, self.n), dtype=np.float32)
+        elif out.dtype != np.float32 or tuple(out.shape) != (T, self.n) or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous float32 [{T}, {self.n}] array")
+        W, xt, ot = self._weights(), torch.from_numpy(x), torch.from_numpy(out)
+        if T >= GEMM_MIN_ROWS:
+            torch.matmul(xt, W.T, out=ot)
+        else:
+            # One matvec per row, each on a fresh (64-byte aligned) copy: MKL's result for a row
+            # then depends on nothing but that row, as with the GPU's batched matvec.
+            for t in range(T):
+                torch.mv(W, xt[t].clone(), out=ot[t])
+        return out[0] if squeeze else out
+
+    def rows(self, ids, stream=None, out=None):
+        """Dequantized rows (embedding lookup): ids [n] -> float32 [n, K]."""
+        ids = _positions(ids)
+        n = ids.size
+        if out is None:
+            out = np.empty((n, self.k), dtype=np.float32)
+        elif out.dtype != np.float32 or tuple(out.shape) != (n, self.k) or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous, 16-byte aligned float32 [{n}, {self.k}] array")
+        if n:
+            # The kernel reads whatever lies at a bad row index; numpy would wrap negative ones.
+            if ids.min() < 0 or ids.max() >= self.n:
+                raise IndexError(f"{self.name or 'weight'}: row ids must lie in [0, {self.n})")
+            if self._dense is not None:
+                out[...] = self._dense.numpy()[ids]
+            else:
+                out[...] = self._deq(self.data.reshape(self.n, self.row_bytes)[ids])
+        return out
+
+    def dequantize(self, stream=None):
+        """The whole weight as float32 [N, K] (a fresh array: writing to it leaves the weight alone)."""
+        return self._weights().numpy().copy()
+
+
+def round_act(x, kind, out=None, stream=None):
+    """The reference for the kernel act_round_q8 and its f16 / bf16 siblings: quants.round_activations."""
+    from sharpi_core.quants import quantize_q8_blocks
+    if kind is None:
+        return x
+    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    if kind in ("q8_32", "q8_k"):
+        block, f16_scale = (32, True) if kind == "q8_32" else (256, False)
+        if x.shape[-1] % block:
+            raise ValueError(f"{kind} rounding needs K % {block} == 0 (K={x.shape[-1]})")
+        y = quantize_q8_blocks(xt, block, f16_scale)
+    elif kind == "f16":
+        y = xt.half().float()
+    elif kind == "bf16":
+        y = xt.bfloat16().float()
+    else:
+        raise ValueError(f"unknown activation kind {kind!r}")
+    if out is None:
+        return y.numpy()
+    out[...] = y.numpy()
+    return out
+
+
+# ---- decode helpers -------------------------------------------------------------------------------
+
+def rms_norm(x, w=None, eps: float = 1e-6, out=None, stream=None):
+    """RMSNorm over the last dimension: x [..., n] -> same shape. w: None, [n], or [w_rows, n]
+    (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x."""
+    n = x.shape[-1]
+    x2 = _rows2d(x, n, "x")
+    if out is None:
+        out = np.empty(x.shape, dtype=np.float32)
+    elif out.dtype != np.float32 or tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"out must be float32 {tuple(x.shape)}")
+    o2 = _check_writable_2d(out, n, "out")
+    if not x2.shape[0]:
+        return out
+    # accumulated in float64 along each row on its own (numpy reduces rows independently)
+    ms = np.square(x2, dtype=np.float64).sum(axis=1) / n
+    scale = (np.float32(1.0) / np.sqrt(ms.astype(np.float32) + np.float32(eps)))[:, None]
+    y = x2 * scale  # a new array: reading x before writing out, which may be x
+    if w is not None:
+        wd = np.asarray(w, dtype=np.float32).reshape(-1, n)
+        y *= wd[np.arange(x2.shape[0]) % wd.shape[0]]
+    o2[...] = y
+    return out
+
+
+def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq_scale: float = 1.0,
+         freq_factors=None, table=None, stream=None):
+    """Rotate x [T, n_heads, head_dim] (float32, heads contiguous) in place; returns x.
+
+    neox=False: llama.cpp's NORM style (pairs 2i, 2i+1); True: NEOX (pairs i, i + n_rot/2). Only the
+    first n_rot dims of each head turn. `table` (complex64 [n_pos, n_rot/2] or float32 [.., 2]) gives
+    (cos, sin) per position and pair, e.g. the CPU path's ggml-exact table; otherwise the angle is
+    pos * freq_scale * theta_base^(-2i/n_rot) / freq_factors[i]."""
+    if x.dtype != np.float32 or x.ndim != 3:
+        raise ValueError("x must be float32 [T, n_heads, head_dim]")
+    T, nh, hd = x.shape
+    if x.strides[2] != 4 or x.strides[1] != 4 * hd or x.strides[0] % 4:
+        raise ValueError("x: heads must be contiguous within a token (strides [*, 4*hd, 4])")
+    if n_rot % 2 or not 0 < n_rot <= hd:
+        raise ValueError(f"n_rot={n_rot} must be even and within head_dim={hd}")
+    pos = _positions(positions)
+    if pos.size != T:
+        raise ValueError(f"{pos.size} positions for {T} tokens")
+    half = n_rot // 2
+    if not T or not nh:
+        return x
+    if table is not None:
+        tab = np.asarray(table)
+        if np.iscomplexobj(tab) and tab.dtype != np.complex64:
+            # The real module would cast such a table to float32, silently dropping the sines.
+            raise ValueError(f"rope table must be complex64 or float32 (cos, sin) pairs, got {tab.dtype}")
+        cs = tab.view(np.float32) if tab.dtype == np.complex64 else tab.astype(np.float32, copy=False)
+        if cs.size % n_rot:
+            raise ValueError("rope table must hold n_rot/2 (cos, sin) pairs per position")
+        cs = cs.reshape(-1, half, 2)  # the kernel indexes the flattened table: [p][i][cos, sin]
+        if pos.max() >= cs.shape[0] or pos.min() < 0:
+            raise ValueError("position beyond the rope table")
+        c, s = cs[pos, :, 0], cs[pos, :, 1]
+    else:
+        # float32 throughout, in the kernel's order: p * freq_scale * base^(-2i/n_rot) / ff[i]
+        i = np.arange(half, dtype=np.float32)
+        inv_freq = np.power(np.float32(theta_base), np.float32(-2.0) * i / np.float32(n_rot))
+        theta = (pos.astype(np.float32)[:, None] * np.float32(freq_scale)) * inv_freq[None, :]
+        if freq_factors is not None:
+            theta = theta / np.asarray(freq_factors, dtype=np.float32).reshape(-1)[:half]
+        c, s = np.cos(theta), np.sin(theta)
+    c, s = c[:, None, :], s[:, None, :]  # broadcast over heads
+    idx = np.arange(half)
+    i0, i1 = (idx, idx + half) if neox else (2 * idx, 2 * idx + 1)
+    a, b = x[:, :, i0], x[:, :, i1]  # fancy indexing copies: both read before either is written
+    x[:, :, i0] = a * c - b * s
+    x[:, :, i1] = a * s + b * c
+    return x
+
+
+def glu(gate, up, act: str = "silu", out=None, stream=None):
+    """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output)."""
+    F = gate.shape[-1]
+    g2 = _rows2d(gate, F, "gate")
+    u2 = _rows2d(up, F, "up")
+    if g2.shape != u2.shape:
+        raise ValueError(f"gate {tuple(g2.shape)} and up {tuple(u2.shape)} differ")
+    T = g2.shape[0]
+    if out is None:
+        out = np.empty((T, F), dtype=np.float32)
+    o2 = _check_writable_2d(out, F, "out")
+    if o2.shape != g2.shape:
+        raise ValueError(f"out {tuple(o2.shape)} does not match gate {tuple(g2.shape)}")
+    a = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH, "gelu": ACT_GELU_TANH, "gelu_tanh_f16": ACT_GELU_F16}[act]
+    if T * F:
+        with np.errstate(over="ignore"):  # exp(-x) overflowing to inf gives silu's correct limit, -0
+            if a == ACT_SILU:
+                g = g2 / (np.float32(1.0) + np.exp(-g2))
+            elif a == ACT_GELU_F16:
+                xh = g2.astype(np.float16).astype(np.float32)
+                inner = np.float32(0.044715) * xh * xh + np.float32(1.0)
+                y = np.float32(0.5) * xh * (np.float32(1.0) + np.tanh(np.float32(0.7978845608028654) * xh * inner))
+                g = np.where(g2 <= -10, np.float32(0.0),
+                             np.where(g2 >= 10, g2, y.astype(np.float16).astype(np.float32)))
+            else:
+                g = np.float32(0.5) * g2 * (np.float32(1.0) + np.tanh(
+                    np.float32(0.7978845608028654) * (g2 + np.float32(0.044715) * g2 * g2 * g2)))
+        o2[...] = g * u2
+    return out
+
+
+def new_kv_cache(capacity: int, n_kv_head: int, head_dim: int, kind: str = "f16", stream=None):
+    """A zeroed cache for one layer's K or V: f16 [cap, n_kv, D] or q8_0 uint8 [cap, n_kv, D/32*34]."""
+    if kind == "f16":
+        return np.zeros((capacity, n_kv_head, head_dim), dtype=np.float16)
+    if kind == "q8_0":
+        return np.zeros((capacity, n_kv_head, q8_0_row_bytes(head_dim)), dtype=np.uint8)
+    raise ValueError(f"unsupported CUDA KV cache type {kind!r} (f16, q8_0)")
+
+
+def _cache_kind(cache, n_kv: int, d: int | None, what: str) -> tuple[str, int]:
+    """('f16'|'q8_0', head_dim) of a [cap, n_kv, D] f16 or [cap, n_kv, D/32*34] uint8 cache."""
+    if cache.ndim != 3 or cache.shape[1] != n_kv:
+        raise ValueError(f"{what} must be [capacity, {n_kv}, ...], got {tuple(cache.shape)}")
+    if cache.strides[2] != cache.itemsize:
+        raise ValueError(f"{what}: the last dimension must be contiguous")
+    if cache.dtype == np.float16:
+        kind, hd = "f16", cache.shape[2]
+    elif cache.dtype == np.uint8:
+        if cache.shape[2] % 34:
+            raise ValueError(f"{what}: q8_0 rows must be whole 34-byte blocks")
+        kind, hd = "q8_0", cache.shape[2] // 34 * 32
+    else:
+        raise ValueError(f"{what}: dtype {cache.dtype} is neither float16 nor uint8 (q8_0 blocks)")
+    if d is not None and hd != d:
+        raise ValueError(f"{what}: head dim {hd} != {d}")
+    return kind, hd
+
+
+def _cache_f32(cache, kind: str, lo: int, hi: int) -> np.ndarray:
+    """Cache rows lo..hi-1 as float32 [hi-lo, n_kv, D], the values the kernels read."""
+    rows = cache[lo:hi]
+    if kind == "f16":
+        return rows.astype(np.float32)
+    m, nkv, rb = rows.shape
+    deq = gguf.quants.dequantize(np.ascontiguousarray(rows).reshape(m * nkv, rb), Q.Q8_0)
+    return deq.reshape(m, nkv, rb // 34 * 32)
+
+
+def _q8_0_round(x2: np.ndarray) -> np.ndarray:
+    """float32 [m, D] through q8_0 blocks and back. The kernels' q8_0 (cache writes and q_round) is
+    gguf.quants': d = amax/127, codes = roundf(x * (1/d)) (half away from zero), fp16 d."""
+    return gguf.quants.dequantize(gguf.quants.quantize(x2, Q.Q8_0), Q.Q8_0).reshape(x2.shape)
+
+
+def kv_append(src, cache, positions, stream=None):
+    """Write src float32 [T, n_kv, D] (or [T, n_kv*D]; token stride free) into cache rows `positions`
+    (f16: rounded to nearest even; q8_0: ggml blocks, as gguf.quants.quantize)."""
+    n_kv = cache.shape[1]
+    kind, D = _cache_kind(cache, n_kv, None, "cache")
+    s2 = _rows2d(src.reshape(src.shape[0], -1) if src.ndim == 3 else src, n_kv * D, "src")
+    T = s2.shape[0]
+    pos = _positions(positions)
+    if pos.size != T:
+        raise ValueError(f"{pos.size} positions for {T} rows")
+    if not T * n_kv * D:
+        return cache
+    if pos.min() < 0 or pos.max() >= cache.shape[0]:  # the kernel would write out of bounds
+        raise IndexError(f"positions must lie in [0, {cache.shape[0]})")
+    if kind == "f16":
+        cache[pos] = s2.reshape(T, n_kv, D).astype(np.float16)  # numpy's cast rounds to nearest even
+    else:
+        blocks = gguf.quants.quantize(np.ascontiguousarray(s2).reshape(T * n_kv, D), Q.Q8_0)
+        cache[pos] = blocks.reshape(T, n_kv, -1)
+    return cache
+
+
+def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
+              softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
+              out=None, stream=None):
+    """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
+
+    As cuda/ops.cu's attn_partial + attn_combine: query t at p = positions[t] sees keys
+    max(0, p - window + 1) (window > 0) .. min(p, n_kv - 1); query head h reads kv head h // (H/Hkv);
+    score = scale * (softcap > 0 ? softcap * tanh(q.k / softcap) : q.k) (softcap on the raw dot
+    product, then the scale); a query that sees no key gets 0. q_round: 'f16' rounds q to fp16,
+    'q8_0' through q8_0 blocks of 32. p_round: probabilities e_j * (1/sum e) rounded to fp16, and
+    P V not renormalised. The key split (`chunk`) changes only float rounding, so it is checked
+    and otherwise ignored."""
+    if q.dtype != np.float32 or q.ndim != 3:
+        raise ValueError("q must be float32 [T, H, Dk]")
+    T, H, Dk = q.shape
+    Hkv = k_cache.shape[1]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"n_head {H} is not a multiple of n_head_kv {Hkv}")
+    kk, _ = _cache_kind(k_cache, Hkv, Dk, "k_cache")
+    vk, Dv = _cache_kind(v_cache, Hkv, None, "v_cache")
+    qr = Q_ROUND[q_round] if isinstance(q_round, str) else int(q_round)
+    if qr == 2 and Dk % 32:
+        raise ValueError("q_round='q8_0' needs head_dim % 32 == 0")
+    pos = _positions(positions)
+    if pos.size != T:
+        raise ValueError(f"{pos.size} positions for {T} queries")
+    if out is None:
+        out = np.empty((T, H, Dv), dtype=np.float32)
+    elif out.dtype != np.float32 or tuple(out.shape) != (T, H, Dv) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous float32 [{T}, {H}, {Dv}] array")
+    if T == 0:
+        return out
+    if not p_round and chunk is not None and chunk < 1:  # a valid split changes only float rounding
+        raise ValueError(f"chunk={chunk}")
+    if n_kv > min(k_cache.shape[0], v_cache.shape[0]):  # the kernel would read past the caches
+        raise ValueError(f"n_kv={n_kv} exceeds the cache capacity")
+
+    # Visible keys per query, exactly the kernel's lo / hi.
+    hi = np.minimum(pos, n_kv - 1)
+    lo = np.maximum(0, pos - window + 1) if window > 0 else np.zeros_like(pos)
+    out[...] = 0.0
+    seen = lo <= hi
+    if not seen.any():
+        return out
+    k0, k1 = int(lo[seen].min()), int(hi[seen].max()) + 1  # only these cache rows are ever read
+    K = _cache_f32(k_cache, kk, k0, k1).transpose(1, 2, 0)  # [Hkv, Dk, L]
+    V = _cache_f32(v_cache, vk, k0, k1).transpose(1, 0, 2)  # [Hkv, L, Dv]
+    G = H // Hkv
+
+    qf = np.ascontiguousarray(q, dtype=np.float32)
+    if qr == 1:
+        qf = qf.astype(np.float16).astype(np.float32)
+    elif qr == 2:
+        qf = _q8_0_round(qf.reshape(-1, Dk)).reshape(T, H, Dk)
+    qf = qf.reshape(T, Hkv, G, Dk)  # head h = g * G + r reads kv head g
+
+    # One query at a time over exactly its visible keys, each step on fresh contiguous copies: the
+    # result for a query depends only on it and its keys (batch invariance, as the kernel's).
+    sc_cap, sc_scale = np.float32(softcap), np.float32(scale)
+    for t in np.flatnonzero(seen):
+        a, b = int(lo[t]) - k0, int(hi[t]) + 1 - k0
+        s = np.matmul(qf[t], np.ascontiguousarray(K[:, :, a:b]))  # [Hkv, G, n]
+        if softcap > 0.0:
+            s = sc_cap * np.tanh(s / sc_cap)
+        s *= sc_scale
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        inv = np.float32(1.0) / e.sum(axis=-1, keepdims=True, dtype=np.float32)
+        Vt = np.ascontiguousarray(V[:, a:b])  # [Hkv, n, Dv]
+        if p_round:
+            o = np.matmul((e * inv).astype(np.float16).astype(np.float32), Vt)
+        else:
+            o = np.matmul(e, Vt) * inv
+        out[t] = o.reshape(H, Dv)
+    return out
