@@ -375,7 +375,10 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
             raise ValueError(f"{pos.size} positions for {T} tokens")
         if table is not None:
             cs = cp.ascontiguousarray(table)
-            cs = cs.view(cp.float32) if cs.dtype == cp.complex64 else cs.astype(cp.float32, copy=False)
+            if cs.dtype.kind == "c":  # (cos, sin) pairs: keep both parts whatever the precision
+                cs = cp.ascontiguousarray(cs.astype(cp.complex64, copy=False)).view(cp.float32)
+            else:
+                cs = cs.astype(cp.float32, copy=False)
             if cs.size % n_rot:
                 raise ValueError("rope table must hold n_rot/2 (cos, sin) pairs per position")
             if not isinstance(positions, cp.ndarray) and T and int(np.max(positions)) >= cs.size // n_rot:
@@ -409,6 +412,8 @@ def glu(gate, up, act: str = "silu", out=None, stream=None):
         if out is None:
             out = cp.empty((T, F), dtype=cp.float32)
         o2, o_st = _rows2d(cp, out, F, "out")
+        if o2.data.ptr != out.data.ptr or o2.shape != g2.shape:
+            raise ValueError(f"out must be a writable float32 [{T}, {F}] array with unit stride in the last dimension")
         a = ACTIVATIONS[act]
         if T * F:
             function("ops", "glu_f32")((-(-(T * F) // 256),), (256,), (
@@ -544,6 +549,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             raise ValueError(f"out must be a contiguous float32 [{T}, {H}, {Dv}] array")
         if T == 0:
             return out
+        if not 0 < n_kv <= min(k_cache.shape[0], v_cache.shape[0]):
+            raise ValueError(f"n_kv={n_kv} outside the caches' 1..{min(k_cache.shape[0], v_cache.shape[0])} rows")
         maxlen = max(1, min(n_kv, window) if window > 0 else n_kv)  # most keys any query sees
         if p_round:
             chunk = _ceil_div(maxlen, 32) * 32
