@@ -1,13 +1,13 @@
 """A CPU stand-in for sharpi_core.backends.cuda: the same public functions, numpy arrays for cupy ones.
 
 It lets code written against the CUDA backend's API (the GPU model runner) run and be tested on a
-machine without a GPU: swap the module (e.g. `monkeypatch.setattr(runner, "cuda", cuda_fake)`) and
+machine without a GPU: pass it as the kernel module (`CudaTransformer(model, ops=cuda_fake)`) and
 every "device" array becomes a numpy array.
 
 What it reproduces, and what it does not:
   * Signatures, argument checks and error types follow the real module, so a call the GPU would
-    reject is rejected here too. A few calls the real module accepts but gets wrong are rejected
-    here on purpose (see `glu`'s `out` and complex128 rope tables).
+    reject is rejected here too (rope's, attention's and the caches' checks are the real module's
+    own functions). Bounds the kernels do not check (row ids, cache positions) raise here.
   * The arithmetic follows the kernels' definitions in cuda/ops.cu, including the places where the
     kernel rounds (f16 / q8_0 KV caches, q_round, p_round), the order softcap and scale are applied
     in, and the masks. Summation order is numpy's/BLAS's, so results agree with the GPU to float32
@@ -31,6 +31,7 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     ACT_GELU_F16,
     ACT_GELU_TANH,
     ACT_SILU,
+    ACTIVATIONS,
     ATT_MAX_SPLITS,
     GEMM_MIN_ROWS,
     K_MULTIPLE,
@@ -38,6 +39,9 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     Q_ROUND,
     SUPPORTED,
     TYPE_NAMES,
+    _attention_shapes,
+    _cache_kind,
+    _rope_shape,
     q8_0_row_bytes,
     row_bytes,
 )
@@ -249,25 +253,16 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
     first n_rot dims of each head turn. `table` (complex64 [n_pos, n_rot/2] or float32 [.., 2]) gives
     (cos, sin) per position and pair, e.g. the CPU path's ggml-exact table; otherwise the angle is
     pos * freq_scale * theta_base^(-2i/n_rot) / freq_factors[i]."""
-    if x.dtype != np.float32 or x.ndim != 3:
-        raise ValueError("x must be float32 [T, n_heads, head_dim]")
-    T, nh, hd = x.shape
-    if x.strides[2] != 4 or x.strides[1] != 4 * hd or x.strides[0] % 4:
-        raise ValueError("x: heads must be contiguous within a token (strides [*, 4*hd, 4])")
-    if n_rot % 2 or not 0 < n_rot <= hd:
-        raise ValueError(f"n_rot={n_rot} must be even and within head_dim={hd}")
     pos = _positions(positions)
-    if pos.size != T:
-        raise ValueError(f"{pos.size} positions for {T} tokens")
+    T, nh, hd = _rope_shape(x, n_rot, pos.size)
     half = n_rot // 2
     if not T or not nh:
         return x
     if table is not None:
         tab = np.asarray(table)
-        if np.iscomplexobj(tab) and tab.dtype != np.complex64:
-            # The real module would cast such a table to float32, silently dropping the sines.
-            raise ValueError(f"rope table must be complex64 or float32 (cos, sin) pairs, got {tab.dtype}")
-        cs = tab.view(np.float32) if tab.dtype == np.complex64 else tab.astype(np.float32, copy=False)
+        # complex tables of any precision are (cos, sin) pairs, as the real module takes them
+        cs = (np.ascontiguousarray(tab.astype(np.complex64, copy=False)).view(np.float32) if np.iscomplexobj(tab)
+              else tab.astype(np.float32, copy=False))
         if cs.size % n_rot:
             raise ValueError("rope table must hold n_rot/2 (cos, sin) pairs per position")
         cs = cs.reshape(-1, half, 2)  # the kernel indexes the flattened table: [p][i][cos, sin]
@@ -304,7 +299,7 @@ def glu(gate, up, act: str = "silu", out=None, stream=None):
     o2 = _check_writable_2d(out, F, "out")
     if o2.shape != g2.shape:
         raise ValueError(f"out {tuple(o2.shape)} does not match gate {tuple(g2.shape)}")
-    a = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH, "gelu": ACT_GELU_TANH, "gelu_tanh_f16": ACT_GELU_F16}[act]
+    a = ACTIVATIONS[act]
     if T * F:
         with np.errstate(over="ignore"):  # exp(-x) overflowing to inf gives silu's correct limit, -0
             if a == ACT_SILU:
@@ -329,25 +324,6 @@ def new_kv_cache(capacity: int, n_kv_head: int, head_dim: int, kind: str = "f16"
     if kind == "q8_0":
         return np.zeros((capacity, n_kv_head, q8_0_row_bytes(head_dim)), dtype=np.uint8)
     raise ValueError(f"unsupported CUDA KV cache type {kind!r} (f16, q8_0)")
-
-
-def _cache_kind(cache, n_kv: int, d: int | None, what: str) -> tuple[str, int]:
-    """('f16'|'q8_0', head_dim) of a [cap, n_kv, D] f16 or [cap, n_kv, D/32*34] uint8 cache."""
-    if cache.ndim != 3 or cache.shape[1] != n_kv:
-        raise ValueError(f"{what} must be [capacity, {n_kv}, ...], got {tuple(cache.shape)}")
-    if cache.strides[2] != cache.itemsize:
-        raise ValueError(f"{what}: the last dimension must be contiguous")
-    if cache.dtype == np.float16:
-        kind, hd = "f16", cache.shape[2]
-    elif cache.dtype == np.uint8:
-        if cache.shape[2] % 34:
-            raise ValueError(f"{what}: q8_0 rows must be whole 34-byte blocks")
-        kind, hd = "q8_0", cache.shape[2] // 34 * 32
-    else:
-        raise ValueError(f"{what}: dtype {cache.dtype} is neither float16 nor uint8 (q8_0 blocks)")
-    if d is not None and hd != d:
-        raise ValueError(f"{what}: head dim {hd} != {d}")
-    return kind, hd
 
 
 def _cache_f32(cache, kind: str, lo: int, hi: int) -> np.ndarray:
@@ -400,20 +376,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     'q8_0' through q8_0 blocks of 32. p_round: probabilities e_j * (1/sum e) rounded to fp16, and
     P V not renormalised. The key split (`chunk`) changes only float rounding, so it is checked
     and otherwise ignored."""
-    if q.dtype != np.float32 or q.ndim != 3:
-        raise ValueError("q must be float32 [T, H, Dk]")
-    T, H, Dk = q.shape
-    Hkv = k_cache.shape[1]
-    if Hkv < 1 or H % Hkv:
-        raise ValueError(f"n_head {H} is not a multiple of n_head_kv {Hkv}")
-    kk, _ = _cache_kind(k_cache, Hkv, Dk, "k_cache")
-    vk, Dv = _cache_kind(v_cache, Hkv, None, "v_cache")
-    qr = Q_ROUND[q_round] if isinstance(q_round, str) else int(q_round)
-    if qr == 2 and Dk % 32:
-        raise ValueError("q_round='q8_0' needs head_dim % 32 == 0")
     pos = _positions(positions)
-    if pos.size != T:
-        raise ValueError(f"{pos.size} positions for {T} queries")
+    T, H, Dk, Hkv, kk, vk, Dv, qr = _attention_shapes(q, k_cache, v_cache, q_round, pos.size)
     if out is None:
         out = np.empty((T, H, Dv), dtype=np.float32)
     elif out.dtype != np.float32 or tuple(out.shape) != (T, H, Dv) or not out.flags.c_contiguous:

@@ -353,6 +353,20 @@ def rms_norm(x, w=None, eps: float = 1e-6, out=None, stream=None):
     return out
 
 
+def _rope_shape(x, n_rot: int, n_pos: int) -> tuple[int, int, int]:
+    """Checks rope's arguments (cupy or numpy x) -> (T, n_heads, head_dim)."""
+    if x.dtype != np.float32 or x.ndim != 3:
+        raise ValueError("x must be float32 [T, n_heads, head_dim]")
+    T, nh, hd = x.shape
+    if x.strides[2] != 4 or x.strides[1] != 4 * hd or x.strides[0] % 4:
+        raise ValueError("x: heads must be contiguous within a token (strides [*, 4*hd, 4])")
+    if n_rot % 2 or not 0 < n_rot <= hd:
+        raise ValueError(f"n_rot={n_rot} must be even and within head_dim={hd}")
+    if n_pos != T:
+        raise ValueError(f"{n_pos} positions for {T} tokens")
+    return T, nh, hd
+
+
 def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq_scale: float = 1.0,
          freq_factors=None, table=None, stream=None):
     """Rotate x [T, n_heads, head_dim] (float32, heads contiguous) in place; returns x.
@@ -363,16 +377,8 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
     pos * freq_scale * theta_base^(-2i/n_rot) / freq_factors[i]."""
     cp = _cupy()
     with _on(stream):
-        if x.dtype != cp.float32 or x.ndim != 3:
-            raise ValueError("x must be float32 [T, n_heads, head_dim]")
-        T, nh, hd = x.shape
-        if x.strides[2] != 4 or x.strides[1] != 4 * hd or x.strides[0] % 4:
-            raise ValueError("x: heads must be contiguous within a token (strides [*, 4*hd, 4])")
-        if n_rot % 2 or not 0 < n_rot <= hd:
-            raise ValueError(f"n_rot={n_rot} must be even and within head_dim={hd}")
         pos = _dev_int32(cp, positions)
-        if pos.size != T:
-            raise ValueError(f"{pos.size} positions for {T} tokens")
+        T, nh, hd = _rope_shape(x, n_rot, pos.size)
         if table is not None:
             cs = cp.ascontiguousarray(table)
             if cs.dtype.kind == "c":  # (cos, sin) pairs: keep both parts whatever the precision
@@ -471,19 +477,21 @@ def new_kv_cache(capacity: int, n_kv_head: int, head_dim: int, kind: str = "f16"
     raise ValueError(f"unsupported CUDA KV cache type {kind!r} (f16, q8_0)")
 
 
-def _cache_kind(cp, cache, n_kv: int, d: int | None, what: str) -> tuple[str, int]:
-    """('f16'|'q8_0', head_dim) of a [cap, n_kv, D] f16 or [cap, n_kv, D/32*34] uint8 cache."""
+def _cache_kind(cache, n_kv: int, d: int | None, what: str) -> tuple[str, int]:
+    """('f16'|'q8_0', head_dim) of a [cap, n_kv, D] f16 or [cap, n_kv, D/32*34] uint8 cache (a cupy
+    or numpy array: tests/cuda_fake.py checks its arguments with this too)."""
     if cache.ndim != 3 or cache.shape[1] != n_kv:
         raise ValueError(f"{what} must be [capacity, {n_kv}, ...], got {tuple(cache.shape)}")
     if cache.strides[2] != cache.itemsize:
         raise ValueError(f"{what}: the last dimension must be contiguous")
-    if cache.dtype == cp.float16:
+    if cache.dtype == np.float16:
         kind, hd = "f16", cache.shape[2]
-    elif cache.dtype == cp.uint8:
+    elif cache.dtype == np.uint8:
         if cache.shape[2] % 34:
             raise ValueError(f"{what}: q8_0 rows must be whole 34-byte blocks")
         kind, hd = "q8_0", cache.shape[2] // 34 * 32
-        if cache.data.ptr % 2 or cache.strides[0] % 2 or cache.strides[1] % 2:
+        ptr = cache.data.ptr if hasattr(cache.data, "ptr") else cache.ctypes.data
+        if ptr % 2 or cache.strides[0] % 2 or cache.strides[1] % 2:
             raise ValueError(f"{what}: q8_0 blocks must be 2-byte aligned")
     else:
         raise ValueError(f"{what}: dtype {cache.dtype} is neither float16 nor uint8 (q8_0 blocks)")
@@ -492,13 +500,31 @@ def _cache_kind(cp, cache, n_kv: int, d: int | None, what: str) -> tuple[str, in
     return kind, hd
 
 
+def _attention_shapes(q, k_cache, v_cache, q_round, n_pos: int):
+    """Checks attention's arguments (cupy or numpy arrays) -> (T, H, Dk, Hkv, K kind, V kind, Dv, q_round code)."""
+    if q.dtype != np.float32 or q.ndim != 3:
+        raise ValueError("q must be float32 [T, H, Dk]")
+    T, H, Dk = q.shape
+    Hkv = k_cache.shape[1]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"n_head {H} is not a multiple of n_head_kv {Hkv}")
+    kk, _ = _cache_kind(k_cache, Hkv, Dk, "k_cache")
+    vk, Dv = _cache_kind(v_cache, Hkv, None, "v_cache")
+    qr = Q_ROUND[q_round] if isinstance(q_round, str) else int(q_round)
+    if qr == 2 and Dk % 32:
+        raise ValueError("q_round='q8_0' needs head_dim % 32 == 0")
+    if n_pos != T:
+        raise ValueError(f"{n_pos} positions for {T} queries")
+    return T, H, Dk, Hkv, kk, vk, Dv, qr
+
+
 def kv_append(src, cache, positions, stream=None):
     """Write src float32 [T, n_kv, D] (or [T, n_kv*D]; token stride free) into cache rows `positions`
     (f16: rounded to nearest even; q8_0: ggml blocks, as gguf.quants.quantize)."""
     cp = _cupy()
     with _on(stream):
         n_kv = cache.shape[1]
-        kind, D = _cache_kind(cp, cache, n_kv, None, "cache")
+        kind, D = _cache_kind(cache, n_kv, None, "cache")
         s2, s_st = _rows2d(cp, src.reshape(src.shape[0], -1) if src.ndim == 3 else src, n_kv * D, "src")
         T = s2.shape[0]
         pos = _dev_int32(cp, positions)
@@ -527,22 +553,10 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     at most ATT_MAX_SPLITS splits) processed in parallel, then combined."""
     cp = _cupy()
     with _on(stream):
-        if q.dtype != cp.float32 or q.ndim != 3:
-            raise ValueError("q must be float32 [T, H, Dk]")
-        T, H, Dk = q.shape
+        pos = _dev_int32(cp, positions)
+        T, H, Dk, Hkv, kk, vk, Dv, qr = _attention_shapes(q, k_cache, v_cache, q_round, pos.size)
         if q.strides[2] != 4 or q.strides[1] != 4 * Dk or q.strides[0] % 4:
             q = cp.ascontiguousarray(q)
-        Hkv = k_cache.shape[1]
-        if Hkv < 1 or H % Hkv:
-            raise ValueError(f"n_head {H} is not a multiple of n_head_kv {Hkv}")
-        kk, _ = _cache_kind(cp, k_cache, Hkv, Dk, "k_cache")
-        vk, Dv = _cache_kind(cp, v_cache, Hkv, None, "v_cache")
-        qr = Q_ROUND[q_round] if isinstance(q_round, str) else int(q_round)
-        if qr == 2 and Dk % 32:
-            raise ValueError("q_round='q8_0' needs head_dim % 32 == 0")
-        pos = _dev_int32(cp, positions)
-        if pos.size != T:
-            raise ValueError(f"{pos.size} positions for {T} queries")
         if out is None:
             out = cp.empty((T, H, Dv), dtype=cp.float32)
         elif out.dtype != cp.float32 or tuple(out.shape) != (T, H, Dv) or not out.flags.c_contiguous:

@@ -225,7 +225,7 @@ class CudaTransformer:
         with s:
             ids = xp.asarray(tokens.numpy().astype(np.int32))
             pos = xp.arange(start_pos, L, dtype=xp.int32)
-            tables = {b: self._table(b, L) for b in {c.layer_rope_base(i) for i in range(c.n_layer)}}
+            tables = {b: self._table(b, L) for b in self.cpu._rope_bases}
             x = self.tok_embd.rows(ids, stream=s)  # [T, D]
             if c.embed_scale != 1.0:
                 x *= np.float32(c.embed_scale)
