@@ -17,7 +17,7 @@
 //       dst + pos[t]*d_sp_b + h*d_sh_b holds D halves = src[t*s_st + h*D + d] rounded to nearest even
 //   kv_append_q8_0(src, s_st, T, nkv, D, pos, dst, d_sp_b, d_sh_b)  one warp per 32 values: T*nkv*D
 //       threads, block a multiple of 32; D % 32 == 0; writes D/32 ggml q8_0 blocks (f16 d | int8 qs[32])
-//       exactly as gguf.quants.quantize(..., Q8_0) does.
+//       exactly as ggml's x86 quantize_row_q8_0 (sharpi_core.quants.q8_0_blocks, the CPU cache's) does.
 //   act_round_q8(x, x_st, T, K, block, f16_scale, y, y_st)      one warp per block: T*(K/block)*32
 //       threads, block a multiple of 32; block = 32 or 256, K % block == 0. y (may be x) = x rounded
 //       through llama.cpp's 8-bit activation blocks, dequantized (sharpi_core.quants.q8_parts):
@@ -116,11 +116,12 @@ extern "C" __global__ void kv_append_q8_0(const float* __restrict__ src, i64 s_s
     const int bi = (int)(gw % nb), h = (int)((gw / nb) % nkv), t = (int)(gw / ((i64)nb * nkv));
     const float v = src[(i64)t * s_st + (i64)h * D + bi * 32 + lane];
     const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int q = (int)roundf(v * id);  // round half away from zero, like ggml's roundf
+    // ggml's x86 quantize_row_q8_0, as the CPU path's cache: codes rint(v * (127 / amax)) (half to
+    // even), scale fp16(amax / 127); gguf.quants' reference (roundf(v / d)) differs on a few codes
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const int q = (int)rintf(v * id);
     u8* blk = dst + (i64)pos[t] * d_sp_b + (i64)h * d_sh_b + (i64)bi * 34;
-    if (lane == 0) *(u16*)blk = f2h(d);
+    if (lane == 0) *(u16*)blk = f2h(amax / 127.0f);
     blk[2 + lane] = (u8)(i8)q;
 }
 
@@ -179,8 +180,9 @@ extern "C" __global__ void act_round_q8(const float* x, i64 x_st, int T, int K, 
 //     (Dk + chunk + ATT_THREADS + 32) floats. Split s covers the visible keys lo + s*chunk ..
 //     + chunk - 1 (lo = first visible key) and writes its unnormalised output Op[(t*H+h)*S + s][Dv]
 //     and (max, sum of exp) ML[...][2] (an empty split writes -inf, 0).
-//     q_round: 0 = q in fp32; 1 = q rounded to f16; 2 = q rounded through q8_0 blocks of 32 (what
-//     llama.cpp's CPU backend does to q before multiplying by an f16 / q8_0 K; needs Dk % 32 == 0).
+//     q_round: 0 = q in fp32; 1 = q rounded to f16; 2 = q rounded through q8_0 blocks of 32 as
+//     kv_append_q8_0 rounds (what llama.cpp's CPU backend does to q before multiplying by an f16 /
+//     q8_0 K; needs Dk % 32 == 0).
 //     p_round (only with S == 1): probabilities normalised in this kernel and rounded to f16 before
 //     multiplying by V (llama.cpp CPU, f16 V); then ML = (max, 1).
 // attn_combine: grid (H, T), any block (multiple of 32): O[t*o_st + h*Dv + d] = sum_s Op*e^(m_s-M) /
@@ -232,9 +234,9 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ Q, i64 q_
     if (q_round == 2) {
         for (int b = warp; b < Dk / 32; b += nw) {
             const float v = qs[b * 32 + lane];
-            const float d = warp_max(fabsf(v)) / 127.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
-            qs[b * 32 + lane] = roundf(v * id) * h2f(f2h(d));
+            const float amax = warp_max(fabsf(v));  // the rounding of kv_append_q8_0
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            qs[b * 32 + lane] = rintf(v * id) * h2f(f2h(amax / 127.0f));
         }
         __syncthreads();
     }

@@ -84,7 +84,7 @@ def run(
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
     reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated, repeatable", show_default=False)] = [],
     no_display_prompt: Annotated[bool, Opt("--no-display-prompt", help="don't echo the prompt")] = False,
-    n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", help="target layers on the GPU with --device cuda: -1 = all, 0 = none (CPU)")] = -1,
+    n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", help="target layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N (the rest on the CPU)")] = -1,
     device: Annotated[str, Opt("--device", help="cpu or cuda")] = "cpu",
     json_out: Annotated[bool, Opt("--json", help="print one JSON object (text, tokens, stop reason, timings, spec stats)")] = False,
     verbose: Annotated[bool, Opt("--verbose", "-v", help="more detail on stderr")] = False,
@@ -100,7 +100,7 @@ def run(
     spec_ngram_max: Annotated[int, Opt("--spec-ngram-max", help="lookup: longest n-gram matched")] = 3,
     spec_ngram_min: Annotated[int, Opt("--spec-ngram-min", help="lookup: shortest n-gram matched (>= 2)")] = 2,
     ctx_size_draft: Annotated[int, Opt("-cd", "--ctx-size-draft", help="draft context (0 = min(target ctx, 4096))")] = 0,
-    spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", help="draft layers on the GPU with --device cuda: -1 = all, 0 = none (CPU)")] = -1,
+    spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", help="draft layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N")] = -1,
     spec_draft_vocab: Annotated[int, Opt("--spec-draft-vocab", help="the draft's output layer computes token ids [0, N) only "
                                          "(-1 = auto: 65536 for byte-level BPE vocabularies, else all; 0 = all). "
                                          "Output stays exact: only the acceptance rate can change")] = -1,

@@ -80,6 +80,17 @@ def quantize_q8_blocks(x: torch.Tensor, block: int, f16_scale: bool) -> torch.Te
     return (q * d).reshape(x.shape)
 
 
+def q8_0_blocks(x: np.ndarray) -> np.ndarray:
+    """float32 [..., K] -> ggml Q8_0 blocks uint8 [..., K/32*34] (fp16 d, then 32 int8 codes) quantized
+    as ggml's x86 quantize_row_q8_0 does (q8_parts; gguf.quants.quantize rounds half away from zero
+    and through 1/d, which differs on a few codes): the bytes of the CPU path's q8_0 KV cache."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    q, d, _ = q8_parts(torch.from_numpy(x), 32, True)  # [..., nb, 32], [..., nb, 1]
+    blocks = np.concatenate([d.numpy().astype(np.float16).view(np.uint8),
+                             q.numpy().astype(np.int8).view(np.uint8)], axis=-1)  # [..., nb, 34]
+    return blocks.reshape(*x.shape[:-1], -1)
+
+
 def act_kind(qtype: Q) -> str | None:
     """How llama.cpp rounds activations multiplied by a `qtype` weight (None = fp32)."""
     if not MATCH_LLAMA_CPP:

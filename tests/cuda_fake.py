@@ -33,6 +33,7 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     ACT_SILU,
     ACTIVATIONS,
     ATT_MAX_SPLITS,
+    ATT_THREADS,
     GEMM_MIN_ROWS,
     K_MULTIPLE,
     MAX_BATCH,
@@ -45,9 +46,15 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     q8_0_row_bytes,
     row_bytes,
 )
+from sharpi_core.quants import q8_0_blocks, quantize_q8_blocks
 
 Q = gguf.GGMLQuantizationType
 xp = np  # the array module "device" arrays come from
+
+
+def p_round_max_keys(head_dim_k: int) -> int:
+    """As backends.cuda's, for an H200 (227 KB of opt-in shared memory per block)."""
+    return (232448 // 4 - head_dim_k - ATT_THREADS - 32) // 32 * 32
 
 
 def cuda_available() -> tuple[bool, str]:
@@ -199,7 +206,6 @@ class CudaQWeight:
 
 def round_act(x, kind, out=None, stream=None):
     """The reference for the kernel act_round_q8 and its f16 / bf16 siblings: quants.round_activations."""
-    from sharpi_core.quants import quantize_q8_blocks
     if kind is None:
         return x
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
@@ -338,13 +344,13 @@ def _cache_f32(cache, kind: str, lo: int, hi: int) -> np.ndarray:
 
 def _q8_0_round(x2: np.ndarray) -> np.ndarray:
     """float32 [m, D] through q8_0 blocks and back. The kernels' q8_0 (cache writes and q_round) is
-    gguf.quants': d = amax/127, codes = roundf(x * (1/d)) (half away from zero), fp16 d."""
-    return gguf.quants.dequantize(gguf.quants.quantize(x2, Q.Q8_0), Q.Q8_0).reshape(x2.shape)
+    ggml's x86 quantize_row_q8_0, the CPU path's: codes rint(x * (127/amax)), fp16 d = amax/127."""
+    return gguf.quants.dequantize(q8_0_blocks(x2).reshape(-1, q8_0_row_bytes(32)), Q.Q8_0).reshape(x2.shape)
 
 
 def kv_append(src, cache, positions, stream=None):
     """Write src float32 [T, n_kv, D] (or [T, n_kv*D]; token stride free) into cache rows `positions`
-    (f16: rounded to nearest even; q8_0: ggml blocks, as gguf.quants.quantize)."""
+    (f16: rounded to nearest even; q8_0: ggml's x86 blocks, quants.q8_0_blocks)."""
     n_kv = cache.shape[1]
     kind, D = _cache_kind(cache, n_kv, None, "cache")
     s2 = _rows2d(src.reshape(src.shape[0], -1) if src.ndim == 3 else src, n_kv * D, "src")
@@ -359,8 +365,7 @@ def kv_append(src, cache, positions, stream=None):
     if kind == "f16":
         cache[pos] = s2.reshape(T, n_kv, D).astype(np.float16)  # numpy's cast rounds to nearest even
     else:
-        blocks = gguf.quants.quantize(np.ascontiguousarray(s2).reshape(T * n_kv, D), Q.Q8_0)
-        cache[pos] = blocks.reshape(T, n_kv, -1)
+        cache[pos] = q8_0_blocks(s2.reshape(T, n_kv, D))
     return cache
 
 

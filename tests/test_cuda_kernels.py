@@ -15,7 +15,10 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
+import torch  # noqa: E402
+
 from sharpi_core.backends import cuda as cb  # noqa: E402
+from sharpi_core.quants import q8_0_blocks, quantize_q8_blocks  # noqa: E402
 
 _ok, _why = cb.cuda_available()
 if not _ok:
@@ -310,12 +313,17 @@ def test_kv_append_f16_and_q8_0():
     np.testing.assert_array_equal(got[pos], src.astype(np.float16))
     assert not got[[0, 1, 2, 7, 39]].any()
     kq = cb.new_kv_cache(cap, nkv, D, "q8_0")
+    # blocks whose codes fall on halves (amax 127: x * 127/amax = x), where ggml's x86 rounding
+    # (half to even) and gguf.quants' roundf differ: the cache must hold the CPU path's bytes
+    src[0, 0, :32] = np.arange(32, dtype=np.float32) - 15.5
+    src[0, 0, 31] = 127.0
     # a strided source: the k heads of a fused [T, H + Hkv, D] projection
     fused = np.concatenate([rng.standard_normal((T, 3, D)).astype(np.float32), src], axis=1)
     cb.kv_append(cp.asarray(fused)[:, 3:], kq, cp.asarray(pos))
     got = cp.asnumpy(kq)
-    want = np.ascontiguousarray(gguf.quants.quantize(src.reshape(T * nkv, D), Q.Q8_0)).view(np.uint8)
-    np.testing.assert_array_equal(got[pos].reshape(T * nkv, -1), want.reshape(T * nkv, -1))
+    want = q8_0_blocks(src)
+    assert not np.array_equal(want[0, 0, :34], gguf.quants.quantize(src[0, 0, :32], Q.Q8_0).view(np.uint8))
+    np.testing.assert_array_equal(got[pos], want)
     assert not got[[0, 1, 2, 7, 39]].any()
 
 
@@ -338,7 +346,7 @@ def _attn_ref(q, K, V, pos, n_kv, scale, window=0, softcap=0.0, q_round="f32", p
     if q_round == "f16":
         q = q.astype(np.float16).astype(np.float32)
     elif q_round == "q8_0":
-        q = gguf.quants.dequantize(gguf.quants.quantize(q.reshape(-1, Dk), Q.Q8_0), Q.Q8_0).reshape(q.shape)
+        q = quantize_q8_blocks(torch.from_numpy(q), 32, True).numpy()  # as the CPU path rounds q
     q = q.astype(np.float64)
     for t, p in enumerate(pos):
         js = np.array([j for j in range(n_kv) if j <= p and (window <= 0 or p - j < window)])

@@ -17,7 +17,7 @@ import torch
 import cuda_fake
 from conftest import GEMMA, QWEN05, QWEN15, SMOL, loaded, model_param, reference
 from sharpi_core.backends.cuda import cuda_available
-from sharpi_core.backends.cuda_model import CudaTransformer, offload
+from sharpi_core.backends.cuda_model import CudaTransformer, SplitTransformer, offload
 from sharpi_core.errors import UsageError
 from sharpi_core.generate import Generator
 from sharpi_core.sampling import SamplingParams
@@ -111,16 +111,29 @@ def test_fake_gpu_cache_truncate_last_n_and_cut_head():
         cache.truncate(cache.length + 1)
 
 
-def test_fake_gpu_q8_0_cache_close_to_f16():
-    gmodel, _, tok = on("fake", SMOL)
+def test_fake_gpu_q8_0_cache_follows_cpu():
+    gmodel, cpu, tok = on("fake", SMOL)
     ids = torch.tensor(tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see"))
-    f16 = gmodel.forward(ids, 0, gmodel.new_cache(64))
     c8 = gmodel.new_cache(64, "q8_0", "q8_0")
     q8 = gmodel.forward(ids, 0, c8)
     assert c8.rot_k == 64 and c8.rot_v == 64  # SmolLM2's head size 64: rotated like llama.cpp's cache
-    assert (q8.softmax(-1) - f16.softmax(-1)).abs().max() < 0.05
+    # the CPU path with the same cache types is the oracle (the f16 cache's output differs from both
+    # by as much as the GPU's fp32 drift from the CPU's does)
+    want = cpu.forward(ids, 0, cpu.new_cache(64, "q8_0", "q8_0"))
+    assert (q8.softmax(-1) - want.softmax(-1)).abs().max() < 0.05
     with pytest.raises(UsageError, match="f16 or q8_0"):
         gmodel.new_cache(64, "f32", "f16")
+    # without flash attention a query's scores sit in shared memory: a context beyond it is refused
+    # up front with one line, not by a failed launch deep into a generation
+    was, gmodel.flash_attn = gmodel.flash_attn, False
+    try:
+        most = cuda_fake.p_round_max_keys(gmodel.config.head_dim_k)
+        gmodel.new_cache(most, "f16", "f16")
+        with pytest.raises(UsageError, match="-fa off on this GPU supports a context of at most"):
+            gmodel.new_cache(most + 1, "f16", "f16")
+        gmodel.new_cache(most + 1, "f16", "q8_0")  # no p_round with a q8_0 V
+    finally:
+        gmodel.flash_attn = was
 
 
 def test_fake_gpu_speculative_greedy_parity():
@@ -138,11 +151,57 @@ def test_fake_gpu_speculative_greedy_parity():
     assert same.spec.accepted == same.spec.drafted > 0
 
 
-def test_partial_offload_is_refused():
+def test_offload_picks_cpu_split_or_gpu():
     model, _ = loaded(SMOL)
+    n = model.config.n_layer
     assert offload(model, 0) is model
-    with pytest.raises(UsageError, match="-ngl 10: splitting"):
-        offload(model, 10)
+    for ngl in (-1, n, n + 5):
+        assert type(offload(model, ngl, ops=cuda_fake)) is CudaTransformer
+    split = offload(model, 10, ops=cuda_fake)
+    assert isinstance(split, SplitTransformer) and split.n_cpu == n - 10
+    # llama.cpp's choice: the last layers on the GPU; the embedding table stays in the CPU's memory
+    assert len(split.gpu.layers) == 10 and split.gpu.first_layer == n - 10
+    assert split.gpu.tok_embd is None or model.config.tied_output
+    assert split.gpu.weight_bytes < CudaTransformer(model, ops=cuda_fake).weight_bytes
+    with pytest.raises(ValueError, match="forward_hidden"):
+        split.gpu.forward(torch.tensor([1]), 0, split.gpu.new_cache(8))
+
+
+@pytest.mark.parametrize("name", [model_param(n) for n in (SMOL, GEMMA)])
+def test_fake_split_greedy_matches_llama_cpp(name):
+    model, tok = loaded(name)
+    check_greedy_against_fixtures(SplitTransformer(model, model.config.n_layer // 3, ops=cuda_fake), tok, name,
+                                  near_tie=GPU_NEAR_TIE)
+
+
+def test_fake_split_cache_truncate_last_n_and_cut_head():
+    model, tok = loaded(SMOL)
+    n = model.config.n_layer
+    split = SplitTransformer(model, n // 3, ops=cuda_fake)
+    ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see")
+    cache = split.new_cache(64)
+    got = split.forward(torch.tensor(ids), 0, cache)
+    assert cache.length == cache.cpu.length == cache.gpu.length == len(ids)
+    assert len(cache.gpu.k) == n // 3 and cache.cpu.k.q.shape[0] == n - n // 3
+    # rollback and refeed, last_n and the cut head through both halves
+    cache.truncate(4)
+    assert cache.cpu.length == cache.gpu.length == 4
+    again = split.forward(torch.tensor(ids[4:]), 4, cache, last_n=2, n_out=1000)
+    torch.testing.assert_close(again, got[-2:, :1000], rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="cache holds"):
+        split.forward(torch.tensor([1]), 3, cache)
+    with pytest.raises(UsageError, match="f16 or q8_0"):
+        split.new_cache(64, "f32", "f16")
+
+
+def test_fake_split_speculative_greedy_parity():
+    model, tok = loaded(SMOL)
+    split = SplitTransformer(model, 12, ops=cuda_fake)
+    prompt = tok.encode("Repeat after me: the red fox, the red fox, the red fox, the red fox,")
+    greedy = SamplingParams(temp=0.0)
+    plain = Generator(split, split.new_cache(256), tok, greedy).generate(prompt, n_predict=24)
+    spec = Generator(split, split.new_cache(256), tok, greedy, drafter=LookupDrafter(3, 2)).generate(prompt, n_predict=24)
+    assert spec.tokens == plain.tokens and spec.spec.accepted > 0
 
 
 @pytest.mark.skipif(HAVE_CUDA, reason="checks the message given without a GPU")
@@ -182,6 +241,21 @@ def test_gpu_verify_rows_equal_one_token_passes():
     cache.truncate(8)
     verify = gmodel.forward(torch.tensor(ids[8:13]), 8, cache, decode=True)
     assert torch.equal(verify, steps)
+
+
+@needs_gpu
+def test_gpu_split_model_verify_rows_and_logits():
+    model, tok = loaded(SMOL)
+    split = SplitTransformer(model, 10)
+    ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see")
+    want = model.forward(torch.tensor(ids), 0, model.new_cache(64))
+    cache = split.new_cache(64)
+    got = split.forward(torch.tensor(ids), 0, cache)
+    assert (got.softmax(-1) - want.softmax(-1)).abs().max() < 0.05
+    cache.truncate(8)
+    steps = torch.cat([split.forward(torch.tensor([t]), 8 + i, cache) for i, t in enumerate(ids[8:13])])
+    cache.truncate(8)
+    assert torch.equal(split.forward(torch.tensor(ids[8:13]), 8, cache, decode=True), steps)
 
 
 @needs_gpu

@@ -110,6 +110,14 @@ def peak_bandwidth() -> float:
     return 2.0 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8
 
 
+def p_round_max_keys(head_dim_k: int) -> int:
+    """Most keys a query may see in attention with p_round (llama.cpp's -fa off arithmetic): its one
+    split keeps every score of the row in shared memory (see attention)."""
+    cp = _cupy()
+    optin = int(cp.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+    return (optin // 4 - head_dim_k - ATT_THREADS - 32) // 32 * 32
+
+
 def cuda_source_dir() -> Path:
     """The directory holding the .cu sources: $SHARPI_CUDA_DIR, else the repository's cuda/ (a
     source checkout), else <prefix>/share/sharpi/cuda (where a wheel installs them)."""

@@ -14,6 +14,9 @@ before q.k, probabilities rounded to f16 without flash attention, the Hadamard r
 caches. Sums run in another order than on the CPU, so logits agree closely, not bit for bit.
 SHARPI_ACT_QUANT=0 keeps activations in fp32 (as on the CPU path).
 
+`offload(model, ngl)` implements -ngl: all on the GPU, or (0 < ngl < n_layer) a SplitTransformer
+that runs the first layers on the CPU model and the rest on the GPU, as llama.cpp splits a model.
+
 `ops` is the kernel module (backends.cuda); tests pass a CPU stand-in with the same functions
 (tests/cuda_fake.py) to check this orchestration on machines without a GPU.
 """
@@ -27,7 +30,7 @@ import torch
 
 from ..errors import SharpiError, UsageError
 from ..models.config import ROPE_NEOX
-from ..models.transformer import Transformer, _weight, attention_scales, pass_tokens
+from ..models.transformer import Transformer, _weight, attention_scales, pass_tokens, prompt_pass
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector
 
 GPU_CACHE_TYPES = ("f16", "q8_0")
@@ -109,7 +112,10 @@ class _Layer:
 
 
 class CudaTransformer:
-    def __init__(self, cpu_model: Transformer, ops=None, stream=None):
+    """The whole model on the GPU; with first_layer > 0 only layers [first_layer, n_layer) and the
+    output layer (the GPU part of SplitTransformer, fed through forward_hidden)."""
+
+    def __init__(self, cpu_model: Transformer, ops=None, stream=None, first_layer: int = 0):
         if ops is None:
             from . import cuda as ops
         self.ops = ops
@@ -120,16 +126,19 @@ class CudaTransformer:
         self.stream = stream if stream is not None else ops.new_stream()
         self.flash_attn = cpu_model.flash_attn
         self.trace = None
+        self.first_layer = first_layer
         xp, s = self.xp, self.stream
         dev = lambda t: xp.asarray(np.ascontiguousarray(t.numpy(), dtype=np.float32))  # noqa: E731
         vec = lambda name: dev(load_vector(gf.tensor(name))) if name in gf.tensors else None  # noqa: E731
         try:
             with s:
-                self.tok_embd = ops.CudaQWeight.from_qweight(cpu_model.tok_embd, stream=s)
+                # the embedding table only where the embedding runs here (or it is the output layer)
+                self.tok_embd = (ops.CudaQWeight.from_qweight(cpu_model.tok_embd, stream=s)
+                                 if first_layer == 0 or c.tied_output else None)
                 self.output = self.tok_embd if c.tied_output else ops.CudaQWeight.from_qweight(cpu_model.output, stream=s)
                 self.output_norm = dev(cpu_model.output_norm)
-                self.layers = []
-                for i in range(c.n_layer):
+                self.layers = []  # layers first_layer.. (cache layer j = layer first_layer + j)
+                for i in range(first_layer, c.n_layer):
                     p = f"blk.{i}."
                     ly = _Layer()
                     # GGUF row order: the rope kernel pairs NEOX dims itself (the CPU path permutes rows)
@@ -160,7 +169,7 @@ class CudaTransformer:
         seen, total = set(), 0
         ws = [self.tok_embd, self.output] + [w for ly in self.layers for w in (ly.qkv, ly.wo, ly.gu, ly.down)]
         for w in ws:
-            if id(w) not in seen:
+            if w is not None and id(w) not in seen:
                 seen.add(id(w))
                 total += w.nbytes
         return total
@@ -169,12 +178,17 @@ class CudaTransformer:
     def decode_bytes(self) -> int:
         """Weight bytes one decoding step reads: every matrix, and of the embedding table only a row
         unless it doubles as the output layer."""
-        return self.weight_bytes - (0 if self.output is self.tok_embd else self.tok_embd.nbytes)
+        return self.weight_bytes - (0 if self.output is self.tok_embd or self.tok_embd is None else self.tok_embd.nbytes)
 
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> CudaKVCache:
         c = self.config
+        if not self.flash_attn and type_v == "f16":  # attention with p_round: one split per query
+            most = self.ops.p_round_max_keys(c.head_dim_k)
+            if n_ctx > most:
+                raise UsageError(f"-fa off on this GPU supports a context of at most {most} tokens (-c {n_ctx}); "
+                                 "use -fa on (the default) or a smaller -c")
         with self.stream:
-            return CudaKVCache(self.ops, c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
+            return CudaKVCache(self.ops, len(self.layers), n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
                                type_k, type_v, stream=self.stream)
 
     # -- pieces ------------------------------------------------------------------------------------
@@ -209,11 +223,32 @@ class CudaTransformer:
         """As Transformer.forward. `decode` changes nothing here: every row of a pass of up to 16
         tokens goes through the same batched matvec, which sums each row in one order whatever the
         batch size, so verify rows equal one-token passes; longer passes use cuBLAS."""
-        c, ops, xp, s = self.config, self.ops, self.xp, self.stream
+        c, xp, s = self.config, self.xp, self.stream
+        if self.first_layer:
+            raise ValueError("this model holds layers from the first on only: forward_hidden")
         tokens = pass_tokens(tokens, start_pos, cache)
-        T = int(tokens.shape[0])
-        if T == 0:
+        if tokens.shape[0] == 0:
             return torch.zeros(0, c.n_vocab)
+        with s:
+            x = self.tok_embd.rows(xp.asarray(tokens.numpy().astype(np.int32)), stream=s)  # [T, D]
+            if c.embed_scale != 1.0:
+                x *= np.float32(c.embed_scale)
+            return self._layers_and_head(x, start_pos, cache, last_n, n_out)
+
+    def forward_hidden(self, x: torch.Tensor, start_pos: int, cache: CudaKVCache, last_n: int | None = None,
+                       n_out: int | None = None) -> torch.Tensor:
+        """The residual stream x [T, D] (a CPU tensor, after layers [0, first_layer)) through this
+        model's layers and the output layer -> logits, as forward."""
+        if start_pos != cache.length:
+            raise ValueError(f"forward at position {start_pos} but the cache holds {cache.length}")
+        with self.stream:
+            return self._layers_and_head(self.xp.asarray(np.ascontiguousarray(x.numpy(), dtype=np.float32)),
+                                         start_pos, cache, last_n, n_out)
+
+    def _layers_and_head(self, x, start_pos: int, cache: CudaKVCache, last_n: int | None, n_out: int | None):
+        # x [T, D] on the device; runs inside `with self.stream`
+        c, ops, xp, s = self.config, self.ops, self.xp, self.stream
+        T = int(x.shape[0])
         L = start_pos + T
         H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
         scale, kq_scale = attention_scales(c)
@@ -222,77 +257,153 @@ class CudaTransformer:
         # llama.cpp's CPU rounding of q before q.k, and of P before P.V without flash attention
         q_round = "q8_0" if cache.type_k == "q8_0" else "f16"
         p_round = not self.flash_attn and cache.type_v == "f16"
-        with s:
-            ids = xp.asarray(tokens.numpy().astype(np.int32))
-            pos = xp.arange(start_pos, L, dtype=xp.int32)
-            tables = {b: self._table(b, L) for b in self.cpu._rope_bases}
-            x = self.tok_embd.rows(ids, stream=s)  # [T, D]
-            if c.embed_scale != 1.0:
-                x *= np.float32(c.embed_scale)
-            tr = None if self.trace is None else (lambda name, a: self.trace(name, torch.from_numpy(ops.to_host(a, stream=s))))
-            for i, ly in enumerate(self.layers):
-                h = ops.rms_norm(x, ly.attn_norm, eps, stream=s)
-                if tr is not None:
-                    tr(f"attn_norm-{i}", h)
-                q, k, v = ly.qkv(h)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv] (column views)
-                q = (q + ly.bq) if ly.bq is not None else xp.ascontiguousarray(q)
-                k = (k + ly.bk) if ly.bk is not None else xp.ascontiguousarray(k)
-                v = (v + ly.bv) if ly.bv is not None else xp.ascontiguousarray(v)
-                q, k, v = q.reshape(T, H, hd), k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hdv)
-                if ly.q_norm is not None:
-                    q = ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
-                    k = ops.rms_norm(k, ly.k_norm, eps, out=k, stream=s)
-                tab = tables[c.layer_rope_base(i)]
-                ops.rope(q, pos, c.n_rot, neox, table=tab, stream=s)
-                ops.rope(k, pos, c.n_rot, neox, table=tab, stream=s)
-                if c.scale_q:  # before q is rounded to the K cache's type, as llama.cpp's gemma3 graph
-                    q *= np.float32(scale)
-                q, k = self._rotate(q, cache.rot_k), self._rotate(k, cache.rot_k)
-                ops.kv_append(k, cache.k[i], pos, stream=s)
-                ops.kv_append(self._rotate(v, cache.rot_v), cache.v[i], pos, stream=s)
-                window = c.sliding_window if c.is_swa(i) else 0
-                o = ops.attention(q, cache.k[i], cache.v[i], pos, L, kq_scale, window=window,
-                                  q_round=q_round, p_round=p_round, stream=s)  # [T, H, hdv]
-                o = self._rotate(o.reshape(T, H * hdv), cache.rot_v)
-                if tr is not None:
-                    tr(f"kqv_out-{i}", o)
-                (o,) = ly.wo(o)
-                if ly.post_attn_norm is not None:
-                    o = ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
-                x = x + o
-                if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
-                    x = xp.ascontiguousarray(x[-last_n:])
-                h = ops.rms_norm(x, ly.ffn_norm, eps, stream=s)
-                g, u = ly.gu(h)  # [T, n_ff] each
-                a = ops.glu(g, u, self._act, stream=s)
-                if tr is not None:
-                    tr(f"ffn_inp-{i}", x)
-                    tr(f"ffn_norm-{i}", h)
-                    tr(f"ffn_swiglu-{i}", a)
-                (f,) = ly.down(a)
-                if ly.post_ffn_norm is not None:
-                    f = ops.rms_norm(f, ly.post_ffn_norm, eps, out=f, stream=s)
-                x = x + f
-                if tr is not None:
-                    tr(f"ffn_out-{i}", f)
-                    tr(f"l_out-{i}", x)
-            cache.length = L
-            if last_n is not None:
+        pos = xp.arange(start_pos, L, dtype=xp.int32)
+        tables = {b: self._table(b, L) for b in self.cpu._rope_bases}
+        tr = None if self.trace is None else (lambda name, a: self.trace(name, torch.from_numpy(ops.to_host(a, stream=s))))
+        for j, ly in enumerate(self.layers):
+            i = self.first_layer + j
+            h = ops.rms_norm(x, ly.attn_norm, eps, stream=s)
+            if tr is not None:
+                tr(f"attn_norm-{i}", h)
+            q, k, v = ly.qkv(h)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv] (column views)
+            q = (q + ly.bq) if ly.bq is not None else xp.ascontiguousarray(q)
+            k = (k + ly.bk) if ly.bk is not None else xp.ascontiguousarray(k)
+            v = (v + ly.bv) if ly.bv is not None else xp.ascontiguousarray(v)
+            q, k, v = q.reshape(T, H, hd), k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hdv)
+            if ly.q_norm is not None:
+                q = ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
+                k = ops.rms_norm(k, ly.k_norm, eps, out=k, stream=s)
+            tab = tables[c.layer_rope_base(i)]
+            ops.rope(q, pos, c.n_rot, neox, table=tab, stream=s)
+            ops.rope(k, pos, c.n_rot, neox, table=tab, stream=s)
+            if c.scale_q:  # before q is rounded to the K cache's type, as llama.cpp's gemma3 graph
+                q *= np.float32(scale)
+            q, k = self._rotate(q, cache.rot_k), self._rotate(k, cache.rot_k)
+            ops.kv_append(k, cache.k[j], pos, stream=s)
+            ops.kv_append(self._rotate(v, cache.rot_v), cache.v[j], pos, stream=s)
+            window = c.sliding_window if c.is_swa(i) else 0
+            o = ops.attention(q, cache.k[j], cache.v[j], pos, L, kq_scale, window=window,
+                              q_round=q_round, p_round=p_round, stream=s)  # [T, H, hdv]
+            o = self._rotate(o.reshape(T, H * hdv), cache.rot_v)
+            if tr is not None:
+                tr(f"kqv_out-{i}", o)
+            (o,) = ly.wo(o)
+            if ly.post_attn_norm is not None:
+                o = ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
+            x = x + o
+            if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
                 x = xp.ascontiguousarray(x[-last_n:])
-            x = ops.rms_norm(x, self.output_norm, eps, stream=s)
-            head = self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out)
-            logits = head.matmul(ops.round_act(x, act_kind(head.qtype), stream=s), stream=s)
-            host = ops.to_host(logits, stream=s)  # waits for this stream's work
+            h = ops.rms_norm(x, ly.ffn_norm, eps, stream=s)
+            g, u = ly.gu(h)  # [T, n_ff] each
+            a = ops.glu(g, u, self._act, stream=s)
+            if tr is not None:
+                tr(f"ffn_inp-{i}", x)
+                tr(f"ffn_norm-{i}", h)
+                tr(f"ffn_swiglu-{i}", a)
+            (f,) = ly.down(a)
+            if ly.post_ffn_norm is not None:
+                f = ops.rms_norm(f, ly.post_ffn_norm, eps, out=f, stream=s)
+            x = x + f
+            if tr is not None:
+                tr(f"ffn_out-{i}", f)
+                tr(f"l_out-{i}", x)
+        cache.length = L
+        if last_n is not None:
+            x = xp.ascontiguousarray(x[-last_n:])
+        x = ops.rms_norm(x, self.output_norm, eps, stream=s)
+        head = self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out)
+        logits = head.matmul(ops.round_act(x, act_kind(head.qtype), stream=s), stream=s)
+        host = ops.to_host(logits, stream=s)  # waits for this stream's work
         return torch.from_numpy(host)
 
 
-def offload(model: Transformer, n_gpu_layers: int):
-    """-ngl: 0 keeps `model` on the CPU; -1 or at least its layer count puts all of it on the GPU.
-    A split between CPU and GPU layers is refused with a clear message."""
+class SplitCache:
+    """The KV cache of a SplitTransformer: a CPU KVCache for the CPU layers and a CudaKVCache for the
+    GPU ones, one length."""
+
+    def __init__(self, cpu, gpu):
+        self.cpu, self.gpu = cpu, gpu
+        self.capacity = gpu.capacity
+        self.rot_k, self.rot_v = gpu.rot_k, gpu.rot_v
+
+    @property
+    def length(self) -> int:
+        return self.gpu.length
+
+    def truncate(self, n: int) -> None:
+        self.gpu.truncate(n)
+        self.cpu.truncate(n)
+
+    @property
+    def nbytes(self) -> int:
+        return self.gpu.nbytes + self.cpu.nbytes
+
+
+class SplitTransformer:
+    """-ngl N below the layer count: like llama.cpp, the last N layers run on the GPU and the first
+    ones on the CPU (the CPU model's own kernels, bit for bit its arithmetic), the embedding on the
+    CPU; the output layer runs on the GPU with the last layer. One [T, D] residual stream crosses
+    over per pass. Verify rows stay equal to one-token passes on both sides (decode=True on the CPU
+    part, the batch-invariant matvecs on the GPU part)."""
+
+    def __init__(self, cpu_model: Transformer, n_gpu_layers: int, ops=None, stream=None):
+        c = cpu_model.config
+        if not 0 < n_gpu_layers < c.n_layer:
+            raise ValueError(f"a split needs 0 < n_gpu_layers < {c.n_layer}")
+        self.cpu, self.config, self.gguf = cpu_model, c, cpu_model.gguf
+        self.n_cpu = c.n_layer - n_gpu_layers
+        self.gpu = CudaTransformer(cpu_model, ops, stream, first_layer=self.n_cpu)
+
+    @property
+    def flash_attn(self) -> bool:
+        return self.cpu.flash_attn
+
+    @flash_attn.setter
+    def flash_attn(self, on: bool) -> None:
+        self.cpu.flash_attn = self.gpu.flash_attn = on
+
+    @property
+    def trace(self):
+        return self.cpu.trace
+
+    @trace.setter
+    def trace(self, fn) -> None:
+        self.cpu.trace = self.gpu.trace = fn
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this model reads: the CPU layers and the embedding table in the CPU's
+        memory, the rest on the GPU."""
+        cpu_layers = sum(getattr(ly, f).nbytes for ly in self.cpu.layers[:self.n_cpu]
+                         for f in ("wqk", "wv", "wo", "w_gu", "w_down"))
+        embd = 0 if self.gpu.tok_embd is not None else self.cpu.tok_embd.nbytes
+        return cpu_layers + embd + self.gpu.weight_bytes
+
+    @property
+    def decode_bytes(self) -> int:
+        return self.weight_bytes - (0 if self.gpu.tok_embd is not None else self.cpu.tok_embd.nbytes)
+
+    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> SplitCache:
+        from ..kv_cache import KVCache
+        c = self.config
+        gpu = self.gpu.new_cache(n_ctx, type_k, type_v)  # refuses types the GPU lacks
+        return SplitCache(KVCache(self.n_cpu, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v), gpu)
+
+    def forward(self, tokens, start_pos: int, cache: SplitCache, last_n: int | None = None,
+                decode: bool = False, n_out: int | None = None) -> torch.Tensor:
+        """As Transformer.forward."""
+        tokens = pass_tokens(tokens, start_pos, cache)
+        if tokens.shape[0] == 0:
+            return torch.zeros(0, self.config.n_vocab)
+        x = self.cpu.hidden(tokens, start_pos, cache.cpu, self.n_cpu, prompt_pass(tokens.shape[0], decode))
+        return self.gpu.forward_hidden(x, start_pos, cache.gpu, last_n, n_out)
+
+
+def offload(model: Transformer, n_gpu_layers: int, ops=None):
+    """-ngl: 0 keeps `model` on the CPU; -1 or at least its layer count puts all of it on the GPU;
+    another number N runs the last N layers on the GPU and the rest on the CPU (SplitTransformer)."""
     if n_gpu_layers == 0:
         return model
-    n = model.config.n_layer
-    if 0 < n_gpu_layers < n:
-        raise UsageError(f"-ngl {n_gpu_layers}: splitting a model between CPU and GPU is not supported; "
-                         f"use -ngl 0 (CPU) or -ngl -1 / {n} (all {n} layers on the GPU)")
-    return CudaTransformer(model)
+    if 0 < n_gpu_layers < model.config.n_layer:
+        return SplitTransformer(model, n_gpu_layers, ops)
+    return CudaTransformer(model, ops)

@@ -109,6 +109,12 @@ def pass_tokens(tokens, start_pos: int, cache) -> torch.Tensor:
     return tokens
 
 
+def prompt_pass(T: int, decode: bool) -> bool:
+    """Whether a pass of T tokens runs in llama.cpp's prompt-processing order (matmuls, attention)
+    rather than as decoding rows (see EXACT_ROWS)."""
+    return T > 1 and not (decode and T <= EXACT_ROWS)
+
+
 def attention_scales(c: ModelConfig) -> tuple[float, float]:
     """(the attention scale, what the q.k scores are multiplied by: 1 when q is scaled instead)."""
     scale = c.attn_scale or 1.0 / math.sqrt(c.head_dim_k)
@@ -282,21 +288,32 @@ class Transformer:
         n_out: logits of token ids [0, n_out) only, [T, n_out] (a draft model's cut output layer)."""
         c = self.config
         tokens = pass_tokens(tokens, start_pos, cache)
-        T = tokens.shape[0]
-        if T == 0:
+        if tokens.shape[0] == 0:
             return torch.zeros(0, c.n_vocab)
+        prompt = prompt_pass(tokens.shape[0], decode)
+        x = self.hidden(tokens, start_pos, cache, c.n_layer, prompt, last_n)
+        if last_n is not None:
+            x = x[-last_n:]
+        x = rms_norm(x, self.output_norm, c.norm_eps)
+        return (self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out))(x, prompt)
+
+    @torch.inference_mode()
+    def hidden(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, prompt: bool,
+               last_n: int | None = None) -> torch.Tensor:
+        """The residual stream [T, D] after layers [0, n_layers) (cache layer i = layer i); advances
+        cache.length past the T tokens. forward's body, and the CPU part of a model split between CPU
+        and GPU (backends/cuda_model.py)."""
+        c = self.config
+        T = tokens.shape[0]
         L = start_pos + T
         H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
         scale, kq_scale = attention_scales(c)
-
-        # matmuls in llama.cpp's prompt-processing order except in decoding rows (see qmatmul)
-        prompt = T > 1 and not (decode and T <= EXACT_ROWS)
         x = self.tok_embd.rows(tokens)  # [T, D]
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
         ropes = {b: self._rope_table(b, L)[start_pos:L] for b in self._rope_bases}
         masks = {}
-        for i, ly in enumerate(self.layers):
+        for i, ly in enumerate(self.layers[:n_layers]):
             window = c.sliding_window if c.is_swa(i) else 0
             if window not in masks:
                 masks[window] = self._mask(start_pos, T, window)
@@ -358,7 +375,4 @@ class Transformer:
                 tr(f"ffn_out-{i}", f)
                 tr(f"l_out-{i}", x)
         cache.length = L
-        if last_n is not None:
-            x = x[-last_n:]
-        x = rms_norm(x, self.output_norm, c.norm_eps)
-        return (self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out))(x, prompt)
+        return x
