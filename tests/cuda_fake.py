@@ -33,7 +33,6 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     ACT_SILU,
     ACTIVATIONS,
     ATT_MAX_SPLITS,
-    ATT_THREADS,
     GEMM_MIN_ROWS,
     K_MULTIPLE,
     MAX_BATCH,
@@ -43,6 +42,7 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     _attention_shapes,
     _cache_kind,
     _rope_shape,
+    p_round_keys_within,
     q8_0_row_bytes,
     row_bytes,
 )
@@ -52,9 +52,12 @@ Q = gguf.GGMLQuantizationType
 xp = np  # the array module "device" arrays come from
 
 
+H200_SMEM_OPTIN = 232448  # bytes of opt-in shared memory per block
+
+
 def p_round_max_keys(head_dim_k: int) -> int:
-    """As backends.cuda's, for an H200 (227 KB of opt-in shared memory per block)."""
-    return (232448 // 4 - head_dim_k - ATT_THREADS - 32) // 32 * 32
+    """As backends.cuda's, for an H200."""
+    return p_round_keys_within(H200_SMEM_OPTIN, head_dim_k)
 
 
 def cuda_available() -> tuple[bool, str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from sharpi_core.backends.cuda import cuda_available
 from sharpi_core.backends.cuda_model import CudaTransformer, SplitTransformer, offload
 from sharpi_core.errors import UsageError
 from sharpi_core.generate import Generator
+from sharpi_core.quants import q8_0_blocks
 from sharpi_core.sampling import SamplingParams
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
 from test_model import check_greedy_against_fixtures
@@ -125,6 +128,10 @@ def test_fake_gpu_q8_0_cache_follows_cpu():
         gmodel.new_cache(64, "f32", "f16")
     # without flash attention a query's scores sit in shared memory: a context beyond it is refused
     # up front with one line, not by a failed launch deep into a generation
+    from sharpi_core.backends.cuda import attention_smem, p_round_keys_within
+    for optin, hd in ((232448, 64), (101376, 128), (49152, 256)):  # H200, 99 KB GPUs, the default 48 KB
+        most = p_round_keys_within(optin, hd)
+        assert most % 32 == 0 and attention_smem(hd, most) <= optin < attention_smem(hd, most + 32)
     was, gmodel.flash_attn = gmodel.flash_attn, False
     try:
         most = cuda_fake.p_round_max_keys(gmodel.config.head_dim_k)
@@ -161,10 +168,20 @@ def test_offload_picks_cpu_split_or_gpu():
     assert isinstance(split, SplitTransformer) and split.n_cpu == n - 10
     # llama.cpp's choice: the last layers on the GPU; the embedding table stays in the CPU's memory
     assert len(split.gpu.layers) == 10 and split.gpu.first_layer == n - 10
-    assert split.gpu.tok_embd is None or model.config.tied_output
-    assert split.gpu.weight_bytes < CudaTransformer(model, ops=cuda_fake).weight_bytes
     with pytest.raises(ValueError, match="forward_hidden"):
         split.gpu.forward(torch.tensor([1]), 0, split.gpu.new_cache(8))
+
+
+@pytest.mark.parametrize("name", [model_param(n) for n in (SMOL, QWEN05)])  # tied / untied output layer
+def test_split_weight_accounting(name):
+    model, _ = loaded(name)
+    split = SplitTransformer(model, 5, ops=cuda_fake)
+    whole = on("fake", name)[0]
+    # an untied embedding table stays in the CPU's memory (the embedding runs there), a tied one is
+    # the output layer and goes to the GPU; either way the split holds each weight once
+    assert (split.gpu.tok_embd is None) == (not model.config.tied_output)
+    assert split.weight_bytes == model.weight_bytes == whole.weight_bytes
+    assert split.decode_bytes == whole.decode_bytes
 
 
 @pytest.mark.parametrize("name", [model_param(n) for n in (SMOL, GEMMA)])
@@ -192,6 +209,27 @@ def test_fake_split_cache_truncate_last_n_and_cut_head():
         split.forward(torch.tensor([1]), 3, cache)
     with pytest.raises(UsageError, match="f16 or q8_0"):
         split.new_cache(64, "f32", "f16")
+
+
+def test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes():
+    from sharpi_core.kv_cache import KVCache
+    rng = np.random.default_rng(3)
+    T, nkv, D = 3, 2, 64
+    x = rng.standard_normal((T, nkv, D)).astype(np.float32)
+    x[0, 0, :32] = np.arange(32, dtype=np.float32) - 15.5  # codes on halves (amax 127: code = x)
+    x[0, 0, 31] = 127.0
+    x[1, 1, 32:] = 0.0  # an all-zero block
+    cpu = KVCache(1, 8, nkv, D, D, "q8_0", "q8_0")
+    cpu.k.write(0, 2, torch.from_numpy(x))
+    want = np.concatenate([cpu.k.d[0, 2:5].numpy().view(np.uint8),
+                           cpu.k.q[0, 2:5].numpy().reshape(T, nkv, D // 32, 32).view(np.uint8)], axis=-1)
+    assert np.array_equal(q8_0_blocks(x), want.reshape(T, nkv, -1))
+    # gguf.quants' reference rounds half away from zero: it differs on the halves
+    ref = gguf.quants.quantize(x[0, 0, :32], gguf.GGMLQuantizationType.Q8_0).view(np.uint8)
+    assert not np.array_equal(ref, want[0, 0, 0])
+    gcache = cuda_fake.new_kv_cache(8, nkv, D, "q8_0")
+    cuda_fake.kv_append(x, gcache, np.array([2, 3, 4], np.int32))
+    assert np.array_equal(gcache[2:5], want.reshape(T, nkv, -1))
 
 
 def test_fake_split_speculative_greedy_parity():

@@ -110,12 +110,22 @@ def peak_bandwidth() -> float:
     return 2.0 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8
 
 
+def attention_smem(head_dim_k: int, chunk: int) -> int:
+    """Dynamic shared memory (bytes) of one attn_partial block: q, a chunk of scores, reductions."""
+    return 4 * (head_dim_k + chunk + ATT_THREADS + 32)
+
+
+def p_round_keys_within(smem_bytes: int, head_dim_k: int) -> int:
+    """Most keys a query may see in attention with p_round (llama.cpp's -fa off arithmetic) when a
+    block may use smem_bytes of shared memory: its one split keeps all of the row's scores there."""
+    return (smem_bytes // 4 - head_dim_k - ATT_THREADS - 32) // 32 * 32
+
+
 def p_round_max_keys(head_dim_k: int) -> int:
-    """Most keys a query may see in attention with p_round (llama.cpp's -fa off arithmetic): its one
-    split keeps every score of the row in shared memory (see attention)."""
+    """p_round_keys_within the current GPU's opt-in shared memory per block."""
     cp = _cupy()
     optin = int(cp.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
-    return (optin // 4 - head_dim_k - ATT_THREADS - 32) // 32 * 32
+    return p_round_keys_within(optin, head_dim_k)
 
 
 def cuda_source_dir() -> Path:
@@ -583,7 +593,7 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         S = _ceil_div(maxlen, chunk)
         if p_round and S != 1:
             raise ValueError("p_round needs a single split")
-        smem = 4 * (Dk + chunk + ATT_THREADS + 32)
+        smem = attention_smem(Dk, chunk)
         fn = function("ops", f"attn_partial_{kk}_{vk}")
         if smem > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = smem

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import SharpiError, UsageError
 from ..models.config import ROPE_NEOX
-from ..models.transformer import Transformer, _weight, attention_scales, pass_tokens, prompt_pass
+from ..models.transformer import Transformer, _weight, attention_scales, check_pass, pass_tokens, prompt_pass
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector
 
 GPU_CACHE_TYPES = ("f16", "q8_0")
@@ -239,8 +239,9 @@ class CudaTransformer:
                        n_out: int | None = None) -> torch.Tensor:
         """The residual stream x [T, D] (a CPU tensor, after layers [0, first_layer)) through this
         model's layers and the output layer -> logits, as forward."""
-        if start_pos != cache.length:
-            raise ValueError(f"forward at position {start_pos} but the cache holds {cache.length}")
+        check_pass(start_pos, x.shape[0], cache)
+        if x.shape[0] == 0:
+            return torch.zeros(0, self.config.n_vocab)
         with self.stream:
             return self._layers_and_head(self.xp.asarray(np.ascontiguousarray(x.numpy(), dtype=np.float32)),
                                          start_pos, cache, last_n, n_out)
@@ -324,6 +325,7 @@ class SplitCache:
     def __init__(self, cpu, gpu):
         self.cpu, self.gpu = cpu, gpu
         self.capacity = gpu.capacity
+        self.type_k, self.type_v = gpu.type_k, gpu.type_v
         self.rot_k, self.rot_v = gpu.rot_k, gpu.rot_v
 
     @property
@@ -381,6 +383,7 @@ class SplitTransformer:
 
     @property
     def decode_bytes(self) -> int:
+        """Weight bytes a decoding step reads, in both memories (not a GPU bandwidth figure)."""
         return self.weight_bytes - (0 if self.gpu.tok_embd is not None else self.cpu.tok_embd.nbytes)
 
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> SplitCache:

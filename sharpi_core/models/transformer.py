@@ -99,13 +99,18 @@ def neox_to_pairs(hd: int, n_rot: int) -> torch.Tensor:
     return idx
 
 
-def pass_tokens(tokens, start_pos: int, cache) -> torch.Tensor:
-    """A forward pass's tokens as a 1-D long tensor, after checking the pass extends the cache and fits it."""
-    tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+def check_pass(start_pos: int, T: int, cache) -> None:
+    """A pass of T tokens at start_pos must extend the cache and fit in it."""
     if start_pos != cache.length:
         raise ValueError(f"forward at position {start_pos} but the cache holds {cache.length}")
-    if start_pos + tokens.shape[0] > cache.capacity:
-        raise SharpiError(f"context full: {start_pos + tokens.shape[0]} tokens > context size {cache.capacity}")
+    if start_pos + T > cache.capacity:
+        raise SharpiError(f"context full: {start_pos + T} tokens > context size {cache.capacity}")
+
+
+def pass_tokens(tokens, start_pos: int, cache) -> torch.Tensor:
+    """A forward pass's tokens as a 1-D long tensor, after check_pass."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+    check_pass(start_pos, tokens.shape[0], cache)
     return tokens
 
 
