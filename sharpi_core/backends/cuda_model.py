@@ -225,7 +225,7 @@ class CudaTransformer:
         batch size, so verify rows equal one-token passes; longer passes use cuBLAS."""
         c, xp, s = self.config, self.xp, self.stream
         if self.first_layer:
-            raise ValueError("this model holds layers from the first on only: forward_hidden")
+            raise ValueError(f"this model holds layers {self.first_layer}.. only: feed it with forward_hidden")
         tokens = pass_tokens(tokens, start_pos, cache)
         if tokens.shape[0] == 0:
             return torch.zeros(0, c.n_vocab)
