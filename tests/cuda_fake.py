@@ -40,8 +40,11 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     SUPPORTED,
     TYPE_NAMES,
     _attention_shapes,
+    _check_weight_bytes,
+    _matmul_rows,
     _cache_kind,
     _rope_shape,
+    _weight_type,
     p_round_keys_within,
     q8_0_row_bytes,
     row_bytes,
@@ -127,19 +130,13 @@ class CudaQWeight:
     so an embedding table that is only looked up never costs N x K floats."""
 
     def __init__(self, raw, qtype, n: int, k: int, *, name: str = "", stream=None):
-        qtype = Q(qtype)
-        if qtype not in SUPPORTED:
-            raise ValueError(f"CUDA backend: unsupported weight type {qtype.name} "
-                             f"(supported: {', '.join(sorted(t.name for t in SUPPORTED))})")
-        if k % K_MULTIPLE[qtype]:
-            raise ValueError(f"CUDA backend: {qtype.name} needs K % {K_MULTIPLE[qtype]} == 0 (K={k})")
+        qtype = _weight_type(qtype, k)
         self.name, self.qtype, self.n, self.k = name, qtype, int(n), int(k)
         self.row_bytes = row_bytes(qtype, k)
         # Any dtype / any contiguous slice of another weight's bytes: only the byte count matters.
         # No copy: a numpy input is already a "device" array, which the real module keeps as is too.
         data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
-        if data.size != self.n * self.row_bytes:
-            raise ValueError(f"raw weight has {data.size} bytes, expected {self.n} rows x {self.row_bytes}")
+        _check_weight_bytes(data.size, self.n, self.row_bytes)
         self.data = data
         self._dense: torch.Tensor | None = None
 
@@ -167,13 +164,9 @@ class CudaQWeight:
         x = np.asarray(x, dtype=np.float32)
         squeeze = x.ndim == 1
         x = np.ascontiguousarray(x.reshape(1, -1) if squeeze else x)
-        if x.ndim != 2 or x.shape[1] != self.k:
-            raise ValueError(f"{self.name or 'weight'}: x must be [T, {self.k}], got {tuple(x.shape)}")
-        T = x.shape[0]
+        T = _matmul_rows(x, out, self.n, self.k, self.name)
         if out is None:
             out = np.empty((T, self.n), dtype=np.float32)
-        elif out.dtype != np.float32 or tuple(out.shape) != (T, self.n) or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a contiguous float32 [{T}, {self.n}] array")
         W, xt, ot = self._weights(), torch.from_numpy(x), torch.from_numpy(out)
         if T >= GEMM_MIN_ROWS:
             torch.matmul(xt, W.T, out=ot)

@@ -246,17 +246,38 @@ def row_bytes(qtype, k: int) -> int:
     return k // bs * ts
 
 
+def _weight_type(qtype, k: int):
+    """The checked GGML type of a CUDA weight with rows of K values (here and in tests/cuda_fake.py)."""
+    qtype = Q(qtype)
+    if qtype not in SUPPORTED:
+        raise ValueError(f"CUDA backend: unsupported weight type {qtype.name} "
+                         f"(supported: {', '.join(sorted(t.name for t in SUPPORTED))})")
+    if k % K_MULTIPLE[qtype]:
+        raise ValueError(f"CUDA backend: {qtype.name} needs K % {K_MULTIPLE[qtype]} == 0 (K={k})")
+    return qtype
+
+
+def _check_weight_bytes(size: int, n: int, rb: int) -> None:
+    if size != n * rb:
+        raise ValueError(f"raw weight has {size} bytes, expected {n} rows x {rb}")
+
+
+def _matmul_rows(x, out, n: int, k: int, name: str) -> int:
+    """T of a matmul input x [T, K] (any array type), after checking x and a given out [T, N]."""
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"{name or 'weight'}: x must be [T, {k}], got {tuple(x.shape)}")
+    T = x.shape[0]
+    if out is not None and (out.dtype != np.float32 or tuple(out.shape) != (T, n) or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a contiguous float32 [{T}, {n}] array")
+    return T
+
+
 class CudaQWeight:
     """A 2-D GGUF weight W [N, K] as raw blocks on the device, used as y = x @ W.T."""
 
     def __init__(self, raw, qtype, n: int, k: int, *, name: str = "", stream=None):
         cp = _cupy()
-        qtype = Q(qtype)
-        if qtype not in SUPPORTED:
-            raise ValueError(f"CUDA backend: unsupported weight type {qtype.name} "
-                             f"(supported: {', '.join(sorted(t.name for t in SUPPORTED))})")
-        if k % K_MULTIPLE[qtype]:
-            raise ValueError(f"CUDA backend: {qtype.name} needs K % {K_MULTIPLE[qtype]} == 0 (K={k})")
+        qtype = _weight_type(qtype, k)
         self.name, self.qtype, self.n, self.k = name, qtype, int(n), int(k)
         self.row_bytes = row_bytes(qtype, k)
         with _on(stream):
@@ -266,8 +287,7 @@ class CudaQWeight:
                     data = data.copy()
             else:
                 data = cp.asarray(np.ascontiguousarray(raw).view(np.uint8).reshape(-1))
-        if data.size != self.n * self.row_bytes:
-            raise ValueError(f"raw weight has {data.size} bytes, expected {self.n} rows x {self.row_bytes}")
+        _check_weight_bytes(data.size, self.n, self.row_bytes)
         self.data = data  # its own allocation: 256-byte aligned, as the kernels' vector loads need
         self._tname = TYPE_NAMES[qtype]
         self._opts = qmv_options(qtype)
@@ -290,13 +310,9 @@ class CudaQWeight:
             x = cp.ascontiguousarray(x.reshape(1, -1) if squeeze else x)
             if x.data.ptr % 16:  # the kernels load activations as float4
                 x = x.copy()
-            if x.ndim != 2 or x.shape[1] != self.k:
-                raise ValueError(f"{self.name or 'weight'}: x must be [T, {self.k}], got {tuple(x.shape)}")
-            T = x.shape[0]
+            T = _matmul_rows(x, out, self.n, self.k, self.name)
             if out is None:
                 out = cp.empty((T, self.n), dtype=cp.float32)
-            elif out.dtype != cp.float32 or tuple(out.shape) != (T, self.n) or not out.flags.c_contiguous:
-                raise ValueError(f"out must be a contiguous float32 [{T}, {self.n}] array")
             if T >= GEMM_MIN_ROWS:
                 self._gemm(cp, x, out)
             else:
