@@ -159,6 +159,31 @@ def reference_dequantize(raw: np.ndarray, qtype: Q) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32))
 
 
+def _is_file_view(a: np.ndarray) -> bool:
+    """Whether `a` is a view of a memory-mapped file (np.memmap somewhere up its base chain)."""
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return True
+        a = getattr(a, "base", None) if isinstance(a, np.ndarray) else None
+    return False
+
+
+def _release_pages(a: np.ndarray) -> None:
+    """madvise(MADV_DONTNEED) the whole pages inside a's bytes: a read-only file mapping drops them
+    from this process (a later read faults them in again from the page cache)."""
+    try:
+        import ctypes
+        import mmap
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = mmap.PAGESIZE
+        start = a.ctypes.data
+        lo, hi = -(-start // page) * page, (start + a.nbytes) // page * page
+        if hi > lo:
+            libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+    except (OSError, AttributeError):
+        pass  # only resident memory is at stake
+
+
 class QWeight:
     """A 2-D weight W [N, K] (N outputs), used as y = x @ W.T.
 
@@ -175,12 +200,17 @@ class QWeight:
         self.name, self.qtype, self.n, self.k = name, qtype, n, k
         self.act_kind = act_kind(qtype)
         self.needs_s = self.act_kind == "q8_32" and qtype in (Q.Q4_1, Q.Q5_1)
-        self.raw = raw  # uint8 [N, row_bytes] (or [N, K] for float types), a view of the mmap
+        self._raw = raw  # uint8 [N, row_bytes] (or [N, K] for float types), a view of the mmap
         self._kern = _kernels()
         if self._kern is not None and qtype not in self._kern.SUPPORTED:
             self._kern = None
         self.kernel_rounds = self._kern is not None  # the kernel takes raw fp32 activations
         self._raw_t = torch_view(raw) if self._kern is not None else None
+        # Q4_K goes to the kernel repacked in groups of 4 rows (kernels.cpu.Q4_K_R4: 2-3x less work
+        # per row than unpacking the GGUF blocks, same results), made at the first matmul
+        self._packable = (self._kern is not None and qtype == Q.Q4_K and n % 4 == 0 and k % 256 == 0
+                          and os.environ.get("SHARPI_CPU_REPACK", "1") != "0")
+        self._packed: torch.Tensor | None = None
         self._dense: torch.Tensor | None = None
         self._dense_nomin: tuple | None = None
         if qtype == Q.F32:
@@ -200,11 +230,34 @@ class QWeight:
 
     def head(self, n: int) -> "QWeight":
         """The first n output rows: a view of the same blocks, no copy."""
-        return QWeight(f"{self.name}[:{n}]", self.raw[:n], self.qtype, n, self.k)
+        w = QWeight(f"{self.name}[:{n}]", self.raw[:n], self.qtype, n, self.k)
+        if self._packed is not None and w._packable:
+            w._packed = self._packed[:n]
+        return w
+
+    @property
+    def raw(self) -> np.ndarray:
+        """The GGUF blocks uint8 [N, row_bytes] (rebuilt from the repacked copy if that is all there is)."""
+        if self._raw is None:
+            return self._kern.repack_q4k(self._packed, self.n, self.k, inverse=True).numpy()
+        return self._raw
 
     @property
     def nbytes(self) -> int:
-        return self.raw.nbytes
+        return self.n * (self.k // gguf.GGML_QUANT_SIZES[self.qtype][0]) * gguf.GGML_QUANT_SIZES[self.qtype][1]
+
+    def pack(self) -> None:
+        """Repack for the CPU kernel now (Q4_K; else nothing). The GGUF blocks are let go: a copy of
+        ours is freed (`raw` rebuilds it on demand), pages of the file's mapping are returned to the
+        page cache, so resident memory does not grow by the copy."""
+        if not self._packable or self._packed is not None:
+            return
+        self._packed = self._kern.repack_q4k(self._raw_t, self.n, self.k)
+        if _is_file_view(self._raw):
+            _release_pages(self._raw)
+        else:
+            self._raw = None
+            self._raw_t = None
 
     def dense(self) -> torch.Tensor:
         """fp32 [N, K]; cached, so only the fallback path pays its memory."""
@@ -228,6 +281,11 @@ class QWeight:
         # a speculative verify pass reproduces single-token decoding bit for bit. prompt=True sums in
         # llama.cpp's prompt-processing order instead (kernels/cpu.py qmatmul).
         if self._kern is not None:
+            if self._packable:
+                if self._packed is None:
+                    self.pack()
+                return self._kern.qmatmul(x.contiguous(), self._packed, self._kern.Q4_K_R4, self.n, self.k,
+                                          act_quant=True, prompt=prompt)
             return self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k,
                                       act_quant=self.act_kind is not None, prompt=prompt)
         return self.reference_matmul(*self.reference_activations(x))
@@ -249,7 +307,7 @@ class QWeight:
         """Dequantized rows (embedding lookup): ids [T] -> [T, K]."""
         if self._dense is not None:
             return self._dense[ids]
-        if self._kern is not None:
+        if self._kern is not None and self._raw_t is not None:
             return self._kern.dequant_rows(self._raw_t, self.qtype, ids, self.k)
         sel = self.raw[ids.numpy()]
         return reference_dequantize(sel, self.qtype).view(len(ids), self.k)

@@ -473,6 +473,69 @@ def test_qweight_kernel_matches_reference_path(qtype, monkeypatch):
 
 
 @needs_kernels
+def test_q4k_repacked_gives_the_same_bits():
+    """Q4_K repacked in groups of 4 rows (cpu.Q4_K_R4) goes back to the same bytes, and its matmul
+    gives the bits of the Q4_K kernels for every T, both summation orders and 1 or 2 threads."""
+    n, k = 204, 1536
+    raw = torch_view(random_raw(Q.Q4_K, n, k, seed=12))
+    packed = cpu.repack_q4k(raw, n, k)
+    assert packed.shape == (n, k // 256 * 148) and packed.dtype == torch.uint8
+    assert torch.equal(cpu.repack_q4k(packed, n, k, inverse=True), raw)
+    assert not torch.equal(packed[:, :k // 256 * 144], raw)  # really another layout
+    x = act_test_inputs(100, k, seed=13)
+    nth = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for t in (1, 2, 3, 4, 5, 7, 8, 9, 13, 17, cpu.GEMM_MIN_ROWS, 100):
+                for prompt in (False, True):
+                    want = cpu.qmatmul(x[:t].contiguous(), raw, Q.Q4_K, n, k, act_quant=True, prompt=prompt)
+                    got = cpu.qmatmul(x[:t].contiguous(), packed, cpu.Q4_K_R4, n, k, act_quant=True, prompt=prompt)
+                    assert torch.equal(got, want), (threads, t, prompt)
+    finally:
+        torch.set_num_threads(nth)
+    # a view of the first groups is the first rows' weight
+    assert torch.equal(cpu.qmatmul(x[:3].contiguous(), packed[:40], cpu.Q4_K_R4, 40, k, act_quant=True),
+                       cpu.qmatmul(x[:3].contiguous(), raw[:40].contiguous(), Q.Q4_K, 40, k, act_quant=True))
+
+
+@needs_kernels
+def test_q4k_repack_rejects_bad_shapes():
+    raw = torch_view(random_raw(Q.Q4_K, 6, 512, seed=14))
+    with pytest.raises(ValueError):
+        cpu.repack_q4k(raw, 6, 512)  # N % 4
+    packed = cpu.repack_q4k(raw[:4].contiguous(), 4, 512)
+    with pytest.raises(ValueError):
+        cpu.repack_q4k(packed, 4, 256)  # wrong size
+    with pytest.raises(ValueError):  # the repacked layout has integer kernels only
+        cpu.qmatmul(torch.randn(1, 512), packed, cpu.Q4_K_R4, 4, 512, act_quant=False)
+
+
+@needs_kernels
+def test_qweight_repacks_q4k_and_lets_the_blocks_go():
+    """A Q4_K QWeight repacks at its first matmul; a copy it owned (fused weights) is freed and `raw`
+    rebuilds it; heads share the repacked rows; SHARPI_CPU_REPACK=0 keeps the GGUF blocks."""
+    from sharpi_core import quants
+    n, k = 64, 1024
+    raw = random_raw(Q.Q4_K, n, k, seed=15)
+    parts = [quants.QWeight("a", raw[:40], Q.Q4_K, 40, k), quants.QWeight("b", raw[40:], Q.Q4_K, 24, k)]
+    w = quants.QWeight.concat("ab", parts)
+    x = act_test_inputs(3, k, seed=16)
+    want = cpu.qmatmul(x, torch_view(raw), Q.Q4_K, n, k, act_quant=True)
+    assert w._packed is None
+    assert torch.equal(w(x), want)
+    assert w._packed is not None and w._raw is None  # the concatenated copy is gone
+    assert np.array_equal(w.raw, raw) and w.nbytes == raw.nbytes
+    h = w.head(16)
+    assert h._packed is not None and h._packed.data_ptr() == w._packed.data_ptr()
+    assert torch.equal(h(x), want[:, :16])
+    assert torch.equal(w.rows(torch.tensor([3, 50])), torch.from_numpy(
+        gguf.quants.dequantize(raw[[3, 50]], Q.Q4_K)).reshape(2, k))
+    odd = quants.QWeight("odd", raw[:6], Q.Q4_K, 6, k)  # N % 4: the GGUF blocks as they are
+    assert torch.equal(odd(x), want[:, :6]) and odd._packed is None
+
+
+@needs_kernels
 def test_non_vnni_build_gives_the_same_bits(tmp_path):
     """A build without AVX512-VNNI emulates vpdpbusd / vpdpwssd exactly: identical results."""
     if not cpu.has_vnni():
@@ -489,7 +552,9 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
     code = ("import sys, numpy as np, torch, gguf; from sharpi_core.kernels import cpu; d = sys.argv[1]; "
             "assert cpu.available() and not cpu.has_vnni(), cpu.unavailable_reason(); x = torch.load(d + '/x.pt'); "
             f"out = {{t: cpu.qmatmul(x, torch.from_numpy(np.load(d + '/' + t + '.npy')), gguf.GGMLQuantizationType[t], {n}, {k}, "
-            f"act_quant=True) for t in {[q.name for q in types]!r}}}; torch.save(out, d + '/y.pt')")
+            f"act_quant=True) for t in {[q.name for q in types]!r}}}; "
+            f"out['Q4_K_R4'] = cpu.qmatmul(x, cpu.repack_q4k(torch.from_numpy(np.load(d + '/Q4_K.npy'))[:36].contiguous(), "
+            f"36, {k}), cpu.Q4_K_R4, 36, {k}, act_quant=True); torch.save(out, d + '/y.pt')")
     env = dict(os.environ, SHARPI_KERNEL_NO_VNNI="1")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=900)
@@ -497,6 +562,7 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
     got = torch.load(tmp_path / "y.pt")
     for name, y in want.items():
         assert torch.equal(got[name], y), name
+    assert torch.equal(got["Q4_K_R4"], want["Q4_K"][:, :36])  # the repacked layout's kernel
 
 
 @needs_kernels

@@ -44,7 +44,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 2
+_ABI = 3
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -73,6 +73,7 @@ _glu = None
 _vnni = None
 _rope = None
 _ropetab = None
+_rpk = None
 
 
 def kernel_dir() -> Path:
@@ -156,7 +157,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -192,21 +193,24 @@ def _bind_ctypes(path: Path) -> None:
     ro = lib.sharpi_rope
     ro.argtypes = [c_void_p, c_long, c_long, c_long, c_int, c_void_p]
     ro.restype = None
+    rp = lib.sharpi_repack_q4k
+    rp.argtypes = [c_void_p, c_long, c_long, c_void_p, c_int, c_int]
+    rp.restype = c_int
     _state["lib"] = lib
-    _glu, _rope, _ropetab = gl, ro, rt
+    _glu, _rope, _ropetab, _rpk = gl, ro, rt, rp
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
     _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     _state["lib"] = mod
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
-    _rope, _ropetab = mod.rope, mod.rope_table
+    _rope, _ropetab, _rpk = mod.rope, mod.rope_table, mod.repack_q4k
 
 
 def _load():
@@ -267,8 +271,43 @@ def build_info() -> dict:
 
 
 _F32 = torch.float32
+
+
+class _PackedType:
+    """A CPU-only weight layout that is not a GGML type (stands in for a qtype in qmatmul)."""
+
+    def __init__(self, name: str, code: int):
+        self.name, self.code = name, code
+
+    def __int__(self) -> int:
+        return self.code
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# Q4_K with every 4 consecutive rows interleaved per super-block (see qmatmul.c, TY_Q4_KR): the
+# layout of repack_q4k's result, 148 bytes per row and super-block (4 more than Q4_K: the scales
+# and mins unpacked to bytes). Same results as Q4_K, bit for bit.
+Q4_K_R4 = _PackedType("Q4_K_R4", 212)
+
 # qtype -> (type code for C, elements per block, bytes per block)
 _INFO = {qt: (int(qt), be, bb) for qt, (be, bb) in _BLOCK.items()}
+_INFO[Q4_K_R4] = (212, 256, 148)
+
+
+def repack_q4k(raw: torch.Tensor, n: int, k: int, inverse: bool = False) -> torch.Tensor:
+    """Q4_K rows uint8 [N, K/256*144] -> Q4_K_R4 groups uint8 [N, K/256*148] (inverse: back, bit-exact).
+    N must be a multiple of 4."""
+    if _rpk is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    rb_in, rb_out = (k // 256 * 144, k // 256 * 148)[::-1 if inverse else 1]
+    if n % 4 or k % 256 or raw.nbytes != n * rb_in or not raw.is_contiguous() or not raw.is_cpu:
+        raise ValueError(f"repack_q4k: need N % 4 == 0, K % 256 == 0 and a contiguous [N, {rb_in}] uint8 tensor")
+    out = torch.empty((n, rb_out), dtype=torch.uint8)
+    if _rpk(raw.data_ptr(), n, k, out.data_ptr(), int(inverse), torch.get_num_threads()):
+        raise ValueError("repack_q4k: rejected by the kernel")
+    return out
 
 
 def _bad_args(x, raw, qtype, n, k, out):
@@ -356,7 +395,7 @@ def _gemm_act(x, raw, code, n, k, rb, out, qtype):
 
 
 _ACT_Q8K = frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K})
-_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}) | _ACT_Q8K
+_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q4_K_R4}) | _ACT_Q8K
 _ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1})
 
 

@@ -47,6 +47,8 @@ enum {
     TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_BF16 = 30,
     /* (names of the kernel tables of llama.cpp's prompt-processing orders) */
     TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
+    /* Q4_K repacked in groups of 4 rows (sharpi_repack_q4k; no GGML type has this id) */
+    TY_Q4_KR = 212,
 };
 
 /* fp16 -> fp32 for block scales: a table lookup is a plain load (vcvtph2ps costs 2 ALU uops). */
@@ -396,7 +398,7 @@ static const kern_fn *ktab_for(int ty) {
 
 static int ue_of(int ty) {
     switch (ty) {
-    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return 256;
+    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return 256;
     case TY_F16: case TY_BF16: case TY_Q4_0: case TY_Q4_1: case TY_Q5_0: case TY_Q5_1: case TY_Q8_0: return 32;
     default: return 0;
     }
@@ -412,6 +414,7 @@ static int ub_of(int ty) {
     case TY_Q4_K: return 144;
     case TY_Q5_K: return 176;
     case TY_Q6_K: return 210;
+    case TY_Q4_KR: return 148; /* R4B / 4 rows */
     default: return 0;
     }
 }
@@ -523,7 +526,7 @@ static int vd_kind(int ty) {
     switch (ty) {
     case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: return VD_Q8_0;
     case TY_Q4_1: case TY_Q5_1: return VD_Q8_1;
-    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return VD_Q8_K;
+    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return VD_Q8_K;
     case TY_F16: return VD_F16;
     case TY_BF16: return VD_BF16;
     default: return VD_F32;
@@ -543,6 +546,15 @@ static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16
 INL void to_octets(const int8_t *q, uint8_t *dst) {
     for (int v = 0; v < 4; v++)
         for (int b = 0; b < 8; b++) memcpy(dst + 64 * v + 8 * b, q + 32 * b + 8 * v, 8);
+}
+
+/* activation codes of one super-block in the order of the repacked weight vectors: chunk v = 4i + p
+ * (16 bytes) = codes 64i + 8p .. +7, then 64i + 32 + 8p .. +7 */
+INL void to_r4_order(const int8_t *q, uint8_t *dst) {
+    for (int v = 0; v < 16; v++) {
+        memcpy(dst + 16 * v, q + 64 * (v / 4) + 8 * (v % 4), 8);
+        memcpy(dst + 16 * v + 8, q + 64 * (v / 4) + 32 + 8 * (v % 4), 8);
+    }
 }
 
 /* one activation row for a legacy weight type (K = 32 * nb): per block LCH bytes: its 32 codes
@@ -582,7 +594,8 @@ static void act_k_row(const int ty, const float *x, const long nu, uint8_t *dst)
             memcpy(sb, q, 256);
             for (int j = 0; j < 16; j++) b16[j] = bs[j];
         } else {
-            to_octets(q, sb);
+            if (ty == TY_Q4_KR) to_r4_order(q, sb);
+            else to_octets(q, sb);
             for (int j = 0; j < 8; j++) b16[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
         }
         memset(sb + 320, 0, 64);
@@ -1042,6 +1055,196 @@ INL void pkern_q4k(const int ty, const int R, const int TT, const uint8_t *prep,
     q4k_store(R, TT, acc, accm, y, ldy);
 }
 
+/* ---- Q4_K repacked for the CPU: 4 rows interleaved per super-block (TY_Q4_KR) ----------------
+ * llama.cpp repacks Q4_K for its x86 CPU backend too (q4_K_8x8). Here a group of 4 consecutive rows
+ * becomes, per super-block, R4B = 592 bytes: codes[512], d[4] (fp16), dmin[4] (fp16), sc[4][8] and
+ * m[4][8] (the 6-bit scales and mins, unpacked to bytes). The codes are 16 weight vectors W[v] of 64
+ * bytes, v = 4i + p (i: the pair of sub-blocks 2i, 2i+1; p: a quarter of each): the 16-byte lane r
+ * of W[v] holds row r's codes 64i + 8p .. +7 and 64i + 32 + 8p .. +7. Stored vector m (64 bytes) has
+ * W[m] in its low nibbles and W[m + 8] in its high ones, so unpacking a super-block is 16 ALU
+ * operations for 4 rows, and one vpdpbusd against a broadcast 16-byte activation chunk serves all
+ * 4 rows: dword lanes 0-1 of lane r collect sub-block 2i, lanes 2-3 sub-block 2i + 1 (16 products
+ * over p, which fit int16, as vpdpwssd with the 16-bit scales needs), and no horizontal reduction
+ * is needed until the end of the super-block. The integer sums are the ones of the Q4_K kernels
+ * above, and they become floats in the same order (ggml's gemv, or its gemm per pair of sub-blocks),
+ * so the results are the same bits. The activations take the matching order (act_k_row). */
+#define R4B 592
+
+/* the code (0..255, within a row's super-block) in byte e of row lane of weight vector v = 4i + p */
+INL int r4_code(const int v, const int e) {
+    const int i = v / 4, p = v % 4;
+    return 64 * i + 8 * p + (e < 8 ? e : 32 + e - 8);
+}
+
+static void repack_q4k_group(const uint8_t *const rows[4], long nu, uint8_t *dst) {
+    for (long u = 0; u < nu; u++) {
+        uint8_t *o = dst + u * R4B;
+        uint8_t code[4][256];
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = rows[r] + u * 144, *q = b + 4, *qs = b + 16;
+            memcpy(o + 512 + 2 * r, b, 2);
+            memcpy(o + 520 + 2 * r, b + 2, 2);
+            for (int j = 0; j < 8; j++) { /* ggml get_scale_min_k4 */
+                o[528 + 8 * r + j] = j < 4 ? q[j] & 63 : (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+                o[560 + 8 * r + j] = j < 4 ? q[j + 4] & 63 : (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+            }
+            for (int c = 0; c < 4; c++)
+                for (int l = 0; l < 32; l++) {
+                    code[r][64 * c + l] = qs[32 * c + l] & 0xF;
+                    code[r][64 * c + 32 + l] = qs[32 * c + l] >> 4;
+                }
+        }
+        for (int m = 0; m < 8; m++)
+            for (int r = 0; r < 4; r++)
+                for (int e = 0; e < 16; e++)
+                    o[64 * m + 16 * r + e] = (uint8_t)(code[r][r4_code(m, e)] | (code[r][r4_code(m + 8, e)] << 4));
+    }
+}
+
+static void unpack_q4k_group(const uint8_t *src, long nu, uint8_t *const rows[4]) {
+    for (long u = 0; u < nu; u++) {
+        const uint8_t *o = src + u * R4B;
+        uint8_t code[4][256];
+        for (int m = 0; m < 8; m++)
+            for (int r = 0; r < 4; r++)
+                for (int e = 0; e < 16; e++) {
+                    code[r][r4_code(m, e)] = o[64 * m + 16 * r + e] & 0xF;
+                    code[r][r4_code(m + 8, e)] = o[64 * m + 16 * r + e] >> 4;
+                }
+        for (int r = 0; r < 4; r++) {
+            uint8_t *b = rows[r] + u * 144, *q = b + 4, *qs = b + 16;
+            const uint8_t *sc = o + 528 + 8 * r, *mn = o + 560 + 8 * r;
+            memcpy(b, o + 512 + 2 * r, 2);
+            memcpy(b + 2, o + 520 + 2 * r, 2);
+            for (int j = 0; j < 4; j++) {
+                q[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+                q[j + 4] = (uint8_t)((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+                q[j + 8] = (uint8_t)((sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4));
+            }
+            for (int c = 0; c < 4; c++)
+                for (int l = 0; l < 32; l++) qs[32 * c + l] = (uint8_t)(code[r][64 * c + l] | (code[r][64 * c + 32 + l] << 4));
+        }
+    }
+}
+
+/* Q4_K rows [N, nu * 144] <-> the repacked groups [N / 4, nu * R4B] (inverse = 1); N % 4 == 0.
+ * Returns 0, -1 for a bad shape. */
+int sharpi_repack_q4k(const uint8_t *src, long n, long k, uint8_t *dst, int inverse, int nthreads) {
+    if (n % 4 || k % 256 || n <= 0) return -1;
+    const long nu = k / 256, rb = nu * 144, gb = nu * R4B;
+    const int nth = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && n >= 64)
+    for (long g = 0; g < n / 4; g++) {
+        if (!inverse) {
+            const uint8_t *rows[4] = {src + 4 * g * rb, src + (4 * g + 1) * rb, src + (4 * g + 2) * rb, src + (4 * g + 3) * rb};
+            repack_q4k_group(rows, nu, dst + g * gb);
+        } else {
+            uint8_t *rows[4] = {dst + 4 * g * rb, dst + (4 * g + 1) * rb, dst + (4 * g + 2) * rb, dst + (4 * g + 3) * rb};
+            unpack_q4k_group(src + g * gb, nu, rows);
+        }
+    }
+    return 0;
+}
+
+/* The token loop of one super-block of a group: W[16] codes, SC[4] the pair scales (16-bit, in the
+ * low half of each dword), MN the mins (lane r: row r's 8, int16), dm8 = [d x 4, dmin x 4].
+ * acc[t]: lanes 0-3 the d-chain of rows 0-3, lanes 4-7 the dmin-chain. */
+INL void r4_tokens(const int TT, const int gemm, const __m512i *W, const __m512i *SC, const __m512i MN,
+                   const __m256 dm8, const uint8_t *au, const long lda, __m256 acc[MAXT]) {
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        const uint8_t *at = au + t * lda;
+        const __m256 dd = _mm256_mul_ps(dm8, _mm256_set1_ps(*(const float *)(at + 320)));
+        __m512i tp[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            tp[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                tp[i] = dpbusd(tp[i], W[4 * i + p], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i + 16 * p))));
+        }
+        /* lane r, dword l: M of sub-block pair l of row r */
+        const __m512i M = _mm512_madd_epi16(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 256))), MN);
+        if (!gemm) {
+            __m512i I = _mm512_madd_epi16(tp[0], SC[0]);
+            I = dpwssd(I, tp[1], SC[1]);
+            I = dpwssd(I, tp[2], SC[2]);
+            I = dpwssd(I, tp[3], SC[3]);
+            __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi64(I, M), _mm512_unpackhi_epi64(I, M));
+            a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_CDAB)); /* lane r: I, I, M, M */
+            const __m512i c = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0), a);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm512_castsi512_si256(c)), dd, acc[t]);
+        } else {
+            __m512i P[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) P[i] = _mm512_madd_epi16(tp[i], SC[i]);
+            const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[0], P[1]), _mm512_unpackhi_epi32(P[0], P[1]));
+            const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[2], P[3]), _mm512_unpackhi_epi32(P[2], P[3]));
+            /* lane r: I of the pairs 0..3 of row r */
+            const __m512i X = _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
+            /* [I_0 of rows 0-3, M_0 of rows 0-3, I_1 .., M_1 ..] and the same for pairs 2, 3 */
+            const __m512 f01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(X, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29), M));
+            const __m512 f23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(X, _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31), M));
+            acc[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f01), dd, acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f01, 1), dd, acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f23), dd, acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f23, 1), dd, acc[t]);
+        }
+    }
+}
+
+/* rows[0]: the group's first byte; R is always 4 (rows past N do not exist: N % 4 == 0) */
+INL void r4kern(const int TT, const int gemm, const uint8_t *const *rows, const long nu, const uint8_t *a,
+                const long lda, float *y, const long ldy, const long pfo) {
+    __m256 acc[MAXT];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const __m512i i0 = _mm512_setr_epi64(0x0000000000000000LL, 0x0000000100000001LL, 0x0000000800000008LL, 0x0000000900000009LL,
+                                         0x0000001000000010LL, 0x0000001100000011LL, 0x0000001800000018LL, 0x0000001900000019LL);
+    for (long u = 0; u < nu; u++) {
+        const uint8_t *b = rows[0] + u * R4B;
+        if (pfo) {
+#pragma GCC unroll 10
+            for (int o = 0; o < R4B; o += 64) _mm_prefetch((const char *)b + pfo + o, _MM_HINT_T1);
+        }
+        __m512i W[16], SC[4];
+#pragma GCC unroll 8
+        for (int m = 0; m < 8; m++) {
+            const __m512i s = _mm512_loadu_si512((const void *)(b + 64 * m));
+            W[m] = _mm512_and_si512(s, m0f);
+            W[m + 8] = _mm512_and_si512(_mm512_srli_epi16(s, 4), m0f);
+        }
+        /* int16 element 8r + j: sc_j of row r; SC[i] dword (lane r, l): sc_{2i + l / 2} of row r */
+        const __m512i s16 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 528)));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            SC[i] = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_add_epi16(i0, _mm512_set1_epi16((short)(2 * i))), s16);
+        const __m512i MN = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 560)));
+        const __m256 dm8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 512)));
+        r4_tokens(TT, gemm, W, SC, MN, dm8, a + u * 512, lda, acc);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        float v[8];
+        _mm256_storeu_ps(v, acc[t]);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) y[t * ldy + r] = v[r] - v[4 + r];
+    }
+}
+
+#define R4DEF(TT, G) \
+    static void r4k_##G##_##TT(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy, long pfo) { \
+        r4kern(TT, G, rows, nu, (const uint8_t *)x, 4 * ldx, y, ldy, pfo); \
+    }
+#define R4SET(G, NAME) \
+    R4DEF(1, G) R4DEF(2, G) R4DEF(3, G) R4DEF(4, G) R4DEF(5, G) R4DEF(6, G) R4DEF(7, G) R4DEF(8, G) \
+    static const kern_fn NAME[9] = {0, r4k_##G##_1, r4k_##G##_2, r4k_##G##_3, r4k_##G##_4, r4k_##G##_5, r4k_##G##_6, \
+                                    r4k_##G##_7, r4k_##G##_8};
+R4SET(0, r4tab_gemv)
+R4SET(1, r4tab_gemm)
+static const int r4_rows[9] = {0, 4, 4, 4, 4, 4, 4, 4, 4};
+
 /* Integer kernels share the kern_fn signature: x is the scratch (bytes), ldx its row stride / 4,
  * nu the number of blocks (legacy) or super-blocks (K-quants). */
 #define IKDEF(TY, R, TT, BODY) \
@@ -1108,6 +1311,7 @@ static const kern_fn *iktab_for(int ty) {
     case TY_Q4_K: return iktab_TY_Q4_K;
     case TY_Q5_K: return iktab_TY_Q5_K;
     case TY_Q6_K: return iktab_TY_Q6_K;
+    case TY_Q4_KR: return r4tab_gemv;
     default: return 0;
     }
 }
@@ -1325,6 +1529,25 @@ static void mm_rows(const kern_fn *kt, const int *krows, const PrepPath *pp, con
     }
 }
 
+/* Rows [n0, n1) (multiples of 4) of a repacked Q4_K weight: its groups are one sequential stream.
+ * Tokens go in blocks whose activations stay in L2 (all of them for short passes); within a block,
+ * each group's codes stay in L1 across the kernel's passes of up to 8 tokens. */
+static void mm_rows_r4(const kern_fn *kt, const uint8_t *w, long rb, long n0, long n1, long nu, const uint8_t *a,
+                       long lda, long T, float *y, long ldy) {
+    long TB = (512L << 10) / lda / MAXT * MAXT;
+    TB = TB < MAXT ? MAXT : TB;
+    for (long tb = 0; tb < T; tb += TB) {
+        const long te = tb + TB < T ? tb + TB : T;
+        for (long row = n0; row < n1; row += 4) {
+            const uint8_t *rows[1] = {w + row * rb};
+            for (long t0 = tb; t0 < te; t0 += MAXT) {
+                const int TT = (te - t0 < MAXT) ? (int)(te - t0) : MAXT;
+                kt[TT](rows, nu, (const float *)(a + t0 * lda), lda / 4, y + t0 * ldy + row, ldy, t0 == tb && tb == 0 ? pf_dist : 0);
+            }
+        }
+    }
+}
+
 static int pick_threads(int nthreads, long n, long bytes) {
     if (nthreads < 1) nthreads = 1;
     if (bytes < (48 << 10)) return 1; /* a tiny matrix costs less than waking a thread */
@@ -1343,6 +1566,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     const int ty = ty_mode & 0xff, mode = ty_mode >> 8;
     const int ue = ue_of(ty);
     if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || T < 1 || n < 1 || mode < 0 || mode > 2) return -1;
+    if (ty == TY_Q4_KR && (mode == 0 || n % 4)) return -1; /* integer kernels only */
     long nu = k / ue, ldx = k;
     const kern_fn *kt = ktab_for(ty), *kt4 = NULL;
     const int *krows = kern_rows;
@@ -1360,7 +1584,14 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             krows = ty == TY_Q4_K ? qkern_rows : vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
             pp = prep_path(ty, k);
         }
-        if (mode == 2 && ty == TY_Q4_K) { /* repacked: ggml_gemm_q4_K_8x8_q8_K on groups of 4 tokens */
+        if (ty == TY_Q4_KR) {
+            if (n % 4) return -1;
+            krows = r4_rows;
+            if (mode == 2) { /* ggml_gemm_q4_K_8x8_q8_K's order on groups of 4 tokens */
+                kt4 = r4tab_gemm;
+                T4 = T - T % 4;
+            }
+        } else if (mode == 2 && ty == TY_Q4_K) { /* repacked: ggml_gemm_q4_K_8x8_q8_K on groups of 4 tokens */
             kt4 = iktab_TY_Q4_K_GEMM;
             pp4 = pp;
             pp4.kt = pktab_TY_Q4_K_GEMM;
@@ -1384,6 +1615,11 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
+            if (ty == TY_Q4_KR) {
+                if (T4) mm_rows_r4(kt4, w, rb, n0, n1, nu, (const uint8_t *)x, 4 * ldx, T4, y, n);
+                if (T > T4) mm_rows_r4(kt, w, rb, n0, n1, nu, (const uint8_t *)(x + T4 * ldx), 4 * ldx, T - T4, y + T4 * n, n);
+                continue;
+            }
             if (T4) mm_rows(kt4, krows, &pp4, w, rb, n0, n1, nu, x, ldx, T4, y, n);
             if (T > T4) mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x + T4 * ldx, ldx, T - T4, y + T4 * n, n);
         }
@@ -1455,7 +1691,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 2; }
+int sharpi_abi_version(void) { return 3; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
@@ -1523,6 +1759,18 @@ static PyObject *py_round_act(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* repack_q4k(src, n, k, dst, inverse, nthreads) */
+static PyObject *py_repack_q4k(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[6];
+    int rc;
+    if (sharpi_py_nlongs(args, nargs, a, 6, "repack_q4k")) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sharpi_repack_q4k((const uint8_t *)a[0], a[1], a[2], (uint8_t *)a[3], (int)a[4], (int)a[5]);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
 static PyObject *py_has_vnni(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     (void)args;
@@ -1549,6 +1797,7 @@ static PyMethodDef py_methods[] = {
     {"round_act", (PyCFunction)(void (*)(void))py_round_act, METH_FASTCALL, "ggml activation rounding, dequantized"},
     {"has_vnni", (PyCFunction)(void (*)(void))py_has_vnni, METH_FASTCALL, "built with AVX512-VNNI"},
     {"dequant_rows", (PyCFunction)(void (*)(void))py_dequant_rows, METH_FASTCALL, "dequantize rows"},
+    {"repack_q4k", (PyCFunction)(void (*)(void))py_repack_q4k, METH_FASTCALL, "Q4_K rows <-> groups of 4"},
     {NULL, NULL, 0, NULL},
 };
 

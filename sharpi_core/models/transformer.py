@@ -187,6 +187,12 @@ class Transformer:
                 total += w.nbytes
         return total
 
+    def pack_weights(self) -> None:
+        """Repack the weights whose CPU kernel takes another layout (Q4_K) now, at load, instead of at
+        their first matmul (QWeight.pack): for a model that runs on the CPU."""
+        for w in [self.output] + [getattr(ly, f) for ly in self.layers for f in ("wqk", "wv", "wo", "w_gu", "w_down")]:
+            w.pack()
+
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
         c = self.config
         return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
