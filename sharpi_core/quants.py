@@ -206,9 +206,9 @@ class QWeight:
             self._kern = None
         self.kernel_rounds = self._kern is not None  # the kernel takes raw fp32 activations
         self._raw_t = torch_view(raw) if self._kern is not None else None
-        # Q4_K goes to the kernel repacked in groups of 4 rows (kernels.cpu.Q4_K_R4: 2-3x less work
+        # Q4_K and Q4_1 go to the kernel repacked in groups of 4 rows (kernels.cpu.PACKED: less work
         # per row than unpacking the GGUF blocks, same results), made at the first matmul
-        self._packable = (self._kern is not None and qtype == Q.Q4_K and n % 4 == 0 and k % 256 == 0
+        self._packable = (self._kern is not None and qtype in self._kern.PACKED and n % 4 == 0
                           and os.environ.get("SHARPI_CPU_REPACK", "1") != "0")
         self._packed: torch.Tensor | None = None
         self._dense: torch.Tensor | None = None
@@ -239,7 +239,7 @@ class QWeight:
     def raw(self) -> np.ndarray:
         """The GGUF blocks uint8 [N, row_bytes] (rebuilt from the repacked copy if that is all there is)."""
         if self._raw is None:
-            return self._kern.repack_q4k(self._packed, self.n, self.k, inverse=True).numpy()
+            return self._kern.repack(self._packed, self.qtype, self.n, self.k, inverse=True).numpy()
         return self._raw
 
     @property
@@ -247,12 +247,12 @@ class QWeight:
         return self.n * (self.k // gguf.GGML_QUANT_SIZES[self.qtype][0]) * gguf.GGML_QUANT_SIZES[self.qtype][1]
 
     def pack(self) -> None:
-        """Repack for the CPU kernel now (Q4_K; else nothing). The GGUF blocks are let go: a copy of
+        """Repack for the CPU kernel now (Q4_K, Q4_1; else nothing). The GGUF blocks are let go: a copy of
         ours is freed (`raw` rebuilds it on demand), pages of the file's mapping are returned to the
         page cache, so resident memory does not grow by the copy."""
         if not self._packable or self._packed is not None:
             return
-        self._packed = self._kern.repack_q4k(self._raw_t, self.n, self.k)
+        self._packed = self._kern.repack(self._raw_t, self.qtype, self.n, self.k)
         if _is_file_view(self._raw):
             _release_pages(self._raw)
         else:
@@ -284,7 +284,7 @@ class QWeight:
             if self._packable:
                 if self._packed is None:
                     self.pack()
-                return self._kern.qmatmul(x.contiguous(), self._packed, self._kern.Q4_K_R4, self.n, self.k,
+                return self._kern.qmatmul(x.contiguous(), self._packed, self._kern.PACKED[self.qtype], self.n, self.k,
                                           act_quant=True, prompt=prompt)
             return self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k,
                                       act_quant=self.act_kind is not None, prompt=prompt)

@@ -473,15 +473,17 @@ def test_qweight_kernel_matches_reference_path(qtype, monkeypatch):
 
 
 @needs_kernels
-def test_q4k_repacked_gives_the_same_bits():
-    """Q4_K repacked in groups of 4 rows (cpu.Q4_K_R4) goes back to the same bytes, and its matmul
-    gives the bits of the Q4_K kernels for every T, both summation orders and 1 or 2 threads."""
+@pytest.mark.parametrize("qtype", (Q.Q4_K, Q.Q4_1), ids=lambda q: q.name)
+def test_repacked_layout_gives_the_same_bits(qtype):
+    """Q4_K / Q4_1 repacked in groups of 4 rows (cpu.PACKED) goes back to the same bytes, and its
+    matmul gives the bits of the GGUF layout's kernels for every T, both summation orders and 1 or 2
+    threads."""
     n, k = 204, 1536
-    raw = torch_view(random_raw(Q.Q4_K, n, k, seed=12))
-    packed = cpu.repack_q4k(raw, n, k)
-    assert packed.shape == (n, k // 256 * 148) and packed.dtype == torch.uint8
-    assert torch.equal(cpu.repack_q4k(packed, n, k, inverse=True), raw)
-    assert not torch.equal(packed[:, :k // 256 * 144], raw)  # really another layout
+    raw = torch_view(random_raw(qtype, n, k, seed=12))
+    packed, layout = cpu.repack(raw, qtype, n, k), cpu.PACKED[qtype]
+    assert packed.shape == (n, k // cpu._INFO[layout][1] * cpu._INFO[layout][2]) and packed.dtype == torch.uint8
+    assert torch.equal(cpu.repack(packed, qtype, n, k, inverse=True), raw)
+    assert not torch.equal(packed[:, :raw.shape[1]], raw)  # really another layout
     x = act_test_inputs(100, k, seed=13)
     nth = torch.get_num_threads()
     try:
@@ -489,30 +491,32 @@ def test_q4k_repacked_gives_the_same_bits():
             torch.set_num_threads(threads)
             for t in (1, 2, 3, 4, 5, 7, 8, 9, 13, 17, cpu.GEMM_MIN_ROWS, 100):
                 for prompt in (False, True):
-                    want = cpu.qmatmul(x[:t].contiguous(), raw, Q.Q4_K, n, k, act_quant=True, prompt=prompt)
-                    got = cpu.qmatmul(x[:t].contiguous(), packed, cpu.Q4_K_R4, n, k, act_quant=True, prompt=prompt)
+                    want = cpu.qmatmul(x[:t].contiguous(), raw, qtype, n, k, act_quant=True, prompt=prompt)
+                    got = cpu.qmatmul(x[:t].contiguous(), packed, layout, n, k, act_quant=True, prompt=prompt)
                     assert torch.equal(got, want), (threads, t, prompt)
     finally:
         torch.set_num_threads(nth)
     # a view of the first groups is the first rows' weight
-    assert torch.equal(cpu.qmatmul(x[:3].contiguous(), packed[:40], cpu.Q4_K_R4, 40, k, act_quant=True),
-                       cpu.qmatmul(x[:3].contiguous(), raw[:40].contiguous(), Q.Q4_K, 40, k, act_quant=True))
+    assert torch.equal(cpu.qmatmul(x[:3].contiguous(), packed[:40], layout, 40, k, act_quant=True),
+                       cpu.qmatmul(x[:3].contiguous(), raw[:40].contiguous(), qtype, 40, k, act_quant=True))
 
 
 @needs_kernels
-def test_q4k_repack_rejects_bad_shapes():
+def test_repack_rejects_bad_shapes():
     raw = torch_view(random_raw(Q.Q4_K, 6, 512, seed=14))
     with pytest.raises(ValueError):
-        cpu.repack_q4k(raw, 6, 512)  # N % 4
-    packed = cpu.repack_q4k(raw[:4].contiguous(), 4, 512)
+        cpu.repack(raw, Q.Q4_K, 6, 512)  # N % 4
     with pytest.raises(ValueError):
-        cpu.repack_q4k(packed, 4, 256)  # wrong size
-    with pytest.raises(ValueError):  # the repacked layout has integer kernels only
+        cpu.repack(raw[:4].contiguous(), Q.Q6_K, 4, 512)  # no CPU layout for it
+    packed = cpu.repack(raw[:4].contiguous(), Q.Q4_K, 4, 512)
+    with pytest.raises(ValueError):
+        cpu.repack(packed, Q.Q4_K, 4, 256)  # wrong size
+    with pytest.raises(ValueError):  # the repacked layouts have integer kernels only
         cpu.qmatmul(torch.randn(1, 512), packed, cpu.Q4_K_R4, 4, 512, act_quant=False)
 
 
 @needs_kernels
-def test_qweight_repacks_q4k_and_lets_the_blocks_go():
+def test_qweight_repacks_and_lets_the_blocks_go(monkeypatch):
     """A Q4_K QWeight repacks at its first matmul; a copy it owned (fused weights) is freed and `raw`
     rebuilds it; heads share the repacked rows; SHARPI_CPU_REPACK=0 keeps the GGUF blocks."""
     from sharpi_core import quants
@@ -533,6 +537,9 @@ def test_qweight_repacks_q4k_and_lets_the_blocks_go():
         gguf.quants.dequantize(raw[[3, 50]], Q.Q4_K)).reshape(2, k))
     odd = quants.QWeight("odd", raw[:6], Q.Q4_K, 6, k)  # N % 4: the GGUF blocks as they are
     assert torch.equal(odd(x), want[:, :6]) and odd._packed is None
+    monkeypatch.setenv("SHARPI_CPU_REPACK", "0")
+    plain = quants.QWeight("plain", raw, Q.Q4_K, n, k)
+    assert torch.equal(plain(x), want) and plain._packed is None and plain._raw is raw
 
 
 @needs_kernels
@@ -553,8 +560,9 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
             "assert cpu.available() and not cpu.has_vnni(), cpu.unavailable_reason(); x = torch.load(d + '/x.pt'); "
             f"out = {{t: cpu.qmatmul(x, torch.from_numpy(np.load(d + '/' + t + '.npy')), gguf.GGMLQuantizationType[t], {n}, {k}, "
             f"act_quant=True) for t in {[q.name for q in types]!r}}}; "
-            f"out['Q4_K_R4'] = cpu.qmatmul(x, cpu.repack_q4k(torch.from_numpy(np.load(d + '/Q4_K.npy'))[:36].contiguous(), "
-            f"36, {k}), cpu.Q4_K_R4, 36, {k}, act_quant=True); torch.save(out, d + '/y.pt')")
+            f"out.update({{t + '_R4': cpu.qmatmul(x, cpu.repack(torch.from_numpy(np.load(d + '/' + t + '.npy'))[:36].contiguous(), "
+            f"gguf.GGMLQuantizationType[t], 36, {k}), cpu.PACKED[gguf.GGMLQuantizationType[t]], 36, {k}, act_quant=True) "
+            f"for t in ('Q4_K', 'Q4_1')}}); torch.save(out, d + '/y.pt')")
     env = dict(os.environ, SHARPI_KERNEL_NO_VNNI="1")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=900)
@@ -562,7 +570,8 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
     got = torch.load(tmp_path / "y.pt")
     for name, y in want.items():
         assert torch.equal(got[name], y), name
-    assert torch.equal(got["Q4_K_R4"], want["Q4_K"][:, :36])  # the repacked layout's kernel
+    for name in ("Q4_K", "Q4_1"):  # the repacked layouts' kernels
+        assert torch.equal(got[name + "_R4"], want[name][:, :36]), name
 
 
 @needs_kernels

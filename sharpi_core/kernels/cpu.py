@@ -193,8 +193,8 @@ def _bind_ctypes(path: Path) -> None:
     ro = lib.sharpi_rope
     ro.argtypes = [c_void_p, c_long, c_long, c_long, c_int, c_void_p]
     ro.restype = None
-    rp = lib.sharpi_repack_q4k
-    rp.argtypes = [c_void_p, c_long, c_long, c_void_p, c_int, c_int]
+    rp = lib.sharpi_repack
+    rp.argtypes = [c_int, c_void_p, c_long, c_long, c_void_p, c_int, c_int]
     rp.restype = c_int
     _state["lib"] = lib
     _glu, _rope, _ropetab, _rpk = gl, ro, rt, rp
@@ -210,7 +210,7 @@ def _bind_module(path: Path) -> None:
     _state["lib"] = mod
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
-    _rope, _ropetab, _rpk = mod.rope, mod.rope_table, mod.repack_q4k
+    _rope, _ropetab, _rpk = mod.rope, mod.rope_table, mod.repack
 
 
 def _load():
@@ -286,27 +286,35 @@ class _PackedType:
         return self.name
 
 
-# Q4_K with every 4 consecutive rows interleaved per super-block (see qmatmul.c, TY_Q4_KR): the
-# layout of repack_q4k's result, 148 bytes per row and super-block (4 more than Q4_K: the scales
-# and mins unpacked to bytes). Same results as Q4_K, bit for bit.
+# Weights with every 4 consecutive rows interleaved per block (see qmatmul.c, TY_Q4_KR / TY_Q4_1R):
+# the layouts of repack's results. Q4_K_R4 has 148 bytes per row and super-block (4 more than Q4_K:
+# the scales and mins unpacked to bytes), Q4_1_R4 Q4_1's 20 per block. Same results as the GGUF
+# type, bit for bit.
 Q4_K_R4 = _PackedType("Q4_K_R4", 212)
+Q4_1_R4 = _PackedType("Q4_1_R4", 203)
+PACKED = {Q.Q4_K: Q4_K_R4, Q.Q4_1: Q4_1_R4}  # GGUF type -> its CPU layout
 
 # qtype -> (type code for C, elements per block, bytes per block)
 _INFO = {qt: (int(qt), be, bb) for qt, (be, bb) in _BLOCK.items()}
 _INFO[Q4_K_R4] = (212, 256, 148)
+_INFO[Q4_1_R4] = (203, 32, 20)
 
 
-def repack_q4k(raw: torch.Tensor, n: int, k: int, inverse: bool = False) -> torch.Tensor:
-    """Q4_K rows uint8 [N, K/256*144] -> Q4_K_R4 groups uint8 [N, K/256*148] (inverse: back, bit-exact).
-    N must be a multiple of 4."""
+def repack(raw: torch.Tensor, qtype, n: int, k: int, inverse: bool = False) -> torch.Tensor:
+    """GGUF rows uint8 [N, row bytes] of a Q4_K / Q4_1 weight -> its PACKED[qtype] layout
+    (inverse: back, bit-exact). N must be a multiple of 4."""
     if _rpk is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
-    rb_in, rb_out = (k // 256 * 144, k // 256 * 148)[::-1 if inverse else 1]
-    if n % 4 or k % 256 or raw.nbytes != n * rb_in or not raw.is_contiguous() or not raw.is_cpu:
-        raise ValueError(f"repack_q4k: need N % 4 == 0, K % 256 == 0 and a contiguous [N, {rb_in}] uint8 tensor")
+    if qtype not in PACKED:
+        raise ValueError(f"repack: no CPU layout for {getattr(qtype, 'name', qtype)}")
+    _, be, bb = _INFO[qtype]
+    rb_gguf, rb_packed = k // be * bb, k // be * _INFO[PACKED[qtype]][2]
+    rb_in, rb_out = (rb_packed, rb_gguf) if inverse else (rb_gguf, rb_packed)
+    if n % 4 or k % be or raw.nbytes != n * rb_in or not raw.is_contiguous() or not raw.is_cpu:
+        raise ValueError(f"repack: need N % 4 == 0, K % {be} == 0 and a contiguous [N, {rb_in}] uint8 tensor")
     out = torch.empty((n, rb_out), dtype=torch.uint8)
-    if _rpk(raw.data_ptr(), n, k, out.data_ptr(), int(inverse), torch.get_num_threads()):
-        raise ValueError("repack_q4k: rejected by the kernel")
+    if _rpk(int(qtype), raw.data_ptr(), n, k, out.data_ptr(), int(inverse), torch.get_num_threads()):
+        raise ValueError("repack: rejected by the kernel")
     return out
 
 
@@ -395,8 +403,8 @@ def _gemm_act(x, raw, code, n, k, rb, out, qtype):
 
 
 _ACT_Q8K = frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K})
-_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q4_K_R4}) | _ACT_Q8K
-_ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1})
+_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q4_K_R4, Q4_1_R4}) | _ACT_Q8K
+_ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1, Q4_1_R4})
 
 
 def has_vnni() -> bool:

@@ -49,6 +49,8 @@ enum {
     TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
     /* Q4_K repacked in groups of 4 rows (sharpi_repack_q4k; no GGML type has this id) */
     TY_Q4_KR = 212,
+    /* Q4_1 repacked in groups of 4 rows */
+    TY_Q4_1R = 203,
 };
 
 /* fp16 -> fp32 for block scales: a table lookup is a plain load (vcvtph2ps costs 2 ALU uops). */
@@ -399,7 +401,7 @@ static const kern_fn *ktab_for(int ty) {
 static int ue_of(int ty) {
     switch (ty) {
     case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return 256;
-    case TY_F16: case TY_BF16: case TY_Q4_0: case TY_Q4_1: case TY_Q5_0: case TY_Q5_1: case TY_Q8_0: return 32;
+    case TY_F16: case TY_BF16: case TY_Q4_0: case TY_Q4_1: case TY_Q5_0: case TY_Q5_1: case TY_Q8_0: case TY_Q4_1R: return 32;
     default: return 0;
     }
 }
@@ -415,6 +417,7 @@ static int ub_of(int ty) {
     case TY_Q5_K: return 176;
     case TY_Q6_K: return 210;
     case TY_Q4_KR: return 148; /* R4B / 4 rows */
+    case TY_Q4_1R: return 20; /* L4B / 4 rows */
     default: return 0;
     }
 }
@@ -525,7 +528,7 @@ enum { VD_F32 = 0, VD_Q8_0 = 1, VD_Q8_1 = 2, VD_Q8_K = 3, VD_F16 = 4, VD_BF16 = 
 static int vd_kind(int ty) {
     switch (ty) {
     case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: return VD_Q8_0;
-    case TY_Q4_1: case TY_Q5_1: return VD_Q8_1;
+    case TY_Q4_1: case TY_Q5_1: case TY_Q4_1R: return VD_Q8_1;
     case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return VD_Q8_K;
     case TY_F16: return VD_F16;
     case TY_BF16: return VD_BF16;
@@ -1127,24 +1130,6 @@ static void unpack_q4k_group(const uint8_t *src, long nu, uint8_t *const rows[4]
     }
 }
 
-/* Q4_K rows [N, nu * 144] <-> the repacked groups [N / 4, nu * R4B] (inverse = 1); N % 4 == 0.
- * Returns 0, -1 for a bad shape. */
-int sharpi_repack_q4k(const uint8_t *src, long n, long k, uint8_t *dst, int inverse, int nthreads) {
-    if (n % 4 || k % 256 || n <= 0) return -1;
-    const long nu = k / 256, rb = nu * 144, gb = nu * R4B;
-    const int nth = nthreads < 1 ? 1 : nthreads;
-#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && n >= 64)
-    for (long g = 0; g < n / 4; g++) {
-        if (!inverse) {
-            const uint8_t *rows[4] = {src + 4 * g * rb, src + (4 * g + 1) * rb, src + (4 * g + 2) * rb, src + (4 * g + 3) * rb};
-            repack_q4k_group(rows, nu, dst + g * gb);
-        } else {
-            uint8_t *rows[4] = {dst + 4 * g * rb, dst + (4 * g + 1) * rb, dst + (4 * g + 2) * rb, dst + (4 * g + 3) * rb};
-            unpack_q4k_group(src + g * gb, nu, rows);
-        }
-    }
-    return 0;
-}
 
 /* The token loop of one super-block of a group: W[16] codes, SC[4] the pair scales (16-bit, in the
  * low half of each dword), MN the mins (lane r: row r's 8, int16), dm8 = [d x 4, dmin x 4].
@@ -1244,6 +1229,122 @@ INL void r4kern(const int TT, const int gemm, const uint8_t *const *rows, const 
 R4SET(0, r4tab_gemv)
 R4SET(1, r4tab_gemm)
 static const int r4_rows[9] = {0, 4, 4, 4, 4, 4, 4, 4, 4};
+
+/* ---- Q4_1 repacked for the CPU: 4 rows interleaved per block (TY_Q4_1R) ----------------------
+ * A group of 4 consecutive rows becomes, per block of 32, 80 bytes (4 x 20, the same size):
+ * codes[64], then d[4] and m[4] (fp16). Code byte j holds in its low nibble element j % 32 of row
+ * j / 32 and in its high nibble the same element of row 2 + j / 32, so one load, an and and a shift
+ * give the two zmm of gkern_legacy (rows 0-1 and rows 2-3 against the block broadcast to both
+ * halves), and one cvtph gives all d and m. The arithmetic per (row, token) is gkern_legacy's. */
+#define L4B 80
+
+static void repack_q41_group(const uint8_t *const rows[4], long nb, uint8_t *dst) {
+    for (long b = 0; b < nb; b++) {
+        uint8_t *o = dst + b * L4B, code[4][32];
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *blk = rows[r] + b * 20;
+            memcpy(o + 64 + 2 * r, blk, 2);
+            memcpy(o + 72 + 2 * r, blk + 2, 2);
+            for (int i = 0; i < 16; i++) {
+                code[r][i] = blk[4 + i] & 0xF;
+                code[r][16 + i] = blk[4 + i] >> 4;
+            }
+        }
+        for (int j = 0; j < 64; j++) o[j] = (uint8_t)(code[j / 32][j % 32] | (code[2 + j / 32][j % 32] << 4));
+    }
+}
+
+static void unpack_q41_group(const uint8_t *src, long nb, uint8_t *const rows[4]) {
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *o = src + b * L4B;
+        uint8_t code[4][32];
+        for (int j = 0; j < 64; j++) {
+            code[j / 32][j % 32] = o[j] & 0xF;
+            code[2 + j / 32][j % 32] = o[j] >> 4;
+        }
+        for (int r = 0; r < 4; r++) {
+            uint8_t *blk = rows[r] + b * 20;
+            memcpy(blk, o + 64 + 2 * r, 2);
+            memcpy(blk + 2, o + 72 + 2 * r, 2);
+            for (int i = 0; i < 16; i++) blk[4 + i] = (uint8_t)(code[r][i] | (code[r][16 + i] << 4));
+        }
+    }
+}
+
+INL void l4kern(const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a, const long lda, float *y,
+                const long ldy, const long pfo) {
+    __m512 accA[MAXT], accB[MAXT];
+    __m128 sm[MAXT];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        accA[t] = accB[t] = _mm512_setzero_ps();
+        sm[t] = _mm_setzero_ps();
+    }
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const __m512i iA = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i iB = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *g = rows[0] + b * L4B;
+        if (pfo && !(b & 3)) {
+#pragma GCC unroll 5
+            for (int o = 0; o < 4 * L4B; o += 64) _mm_prefetch((const char *)g + pfo + o, _MM_HINT_T1);
+        }
+        const __m512i s = _mm512_loadu_si512((const void *)g);
+        const __m512i wA = _mm512_and_si512(s, m0f), wB = _mm512_and_si512(_mm512_srli_epi16(s, 4), m0f);
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 64))); /* d0..d3, m0..m3 */
+        const __m512 dwA = _mm512_permutexvar_ps(iA, _mm512_castps256_ps512(dm));
+        const __m512 dwB = _mm512_permutexvar_ps(iB, _mm512_castps256_ps512(dm));
+        const __m128 m4 = _mm256_extractf128_ps(dm, 1);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const uint8_t *at = a + t * lda + b * LCH;
+            const __m512i xa = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)at));
+            const __m512 dx = _mm512_set1_ps(*(const float *)(at + 64));
+            accA[t] = _mm512_fmadd_ps(_mm512_mul_ps(dwA, dx), _mm512_cvtepi32_ps(dpbusd(_mm512_setzero_si512(), wA, xa)), accA[t]);
+            accB[t] = _mm512_fmadd_ps(_mm512_mul_ps(dwB, dx), _mm512_cvtepi32_ps(dpbusd(_mm512_setzero_si512(), wB, xa)), accB[t]);
+            sm[t] = _mm_fmadd_ps(m4, _mm_set1_ps(*(const float *)(at + 68)), sm[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        float v[4];
+        _mm_storeu_ps(v, sm[t]);
+        y[t * ldy + 0] = hsum8(_mm512_castps512_ps256(accA[t])) + v[0];
+        y[t * ldy + 1] = hsum8(_mm512_extractf32x8_ps(accA[t], 1)) + v[1];
+        y[t * ldy + 2] = hsum8(_mm512_castps512_ps256(accB[t])) + v[2];
+        y[t * ldy + 3] = hsum8(_mm512_extractf32x8_ps(accB[t], 1)) + v[3];
+    }
+}
+
+#define L4DEF(TT) \
+    static void l4k_##TT(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy, long pfo) { \
+        l4kern(TT, rows, nu, (const uint8_t *)x, 4 * ldx, y, ldy, pfo); \
+    }
+L4DEF(1) L4DEF(2) L4DEF(3) L4DEF(4) L4DEF(5) L4DEF(6) L4DEF(7) L4DEF(8)
+static const kern_fn l4tab[9] = {0, l4k_1, l4k_2, l4k_3, l4k_4, l4k_5, l4k_6, l4k_7, l4k_8};
+
+/* Rows of a Q4_K (ty 12) or Q4_1 (ty 3) weight [N, row bytes] <-> its groups of 4 rows (TY_Q4_KR /
+ * TY_Q4_1R, the same bytes per row but Q4_K's 4 more per super-block) (inverse = 1); N % 4 == 0.
+ * Returns 0, -1 for a bad type or shape. */
+int sharpi_repack(int ty, const uint8_t *src, long n, long k, uint8_t *dst, int inverse, int nthreads) {
+    const int q4k = ty == TY_Q4_K, ue = q4k ? 256 : 32;
+    if ((ty != TY_Q4_K && ty != TY_Q4_1) || n % 4 || k % ue || n <= 0) return -1;
+    const long nu = k / ue, rb = nu * (q4k ? 144 : 20), gb = nu * (q4k ? R4B : L4B);
+    const int nth = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && n >= 64)
+    for (long g = 0; g < n / 4; g++) {
+        if (!inverse) {
+            const uint8_t *rows[4] = {src + 4 * g * rb, src + (4 * g + 1) * rb, src + (4 * g + 2) * rb, src + (4 * g + 3) * rb};
+            if (q4k) repack_q4k_group(rows, nu, dst + g * gb);
+            else repack_q41_group(rows, nu, dst + g * gb);
+        } else {
+            uint8_t *rows[4] = {dst + 4 * g * rb, dst + (4 * g + 1) * rb, dst + (4 * g + 2) * rb, dst + (4 * g + 3) * rb};
+            if (q4k) unpack_q4k_group(src + g * gb, nu, rows);
+            else unpack_q41_group(src + g * gb, nu, rows);
+        }
+    }
+    return 0;
+}
 
 /* Integer kernels share the kern_fn signature: x is the scratch (bytes), ldx its row stride / 4,
  * nu the number of blocks (legacy) or super-blocks (K-quants). */
@@ -1566,7 +1667,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     const int ty = ty_mode & 0xff, mode = ty_mode >> 8;
     const int ue = ue_of(ty);
     if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || T < 1 || n < 1 || mode < 0 || mode > 2) return -1;
-    if (ty == TY_Q4_KR && (mode == 0 || n % 4)) return -1; /* integer kernels only */
+    if ((ty == TY_Q4_KR || ty == TY_Q4_1R) && (mode == 0 || n % 4)) return -1; /* integer kernels only */
     long nu = k / ue, ldx = k;
     const kern_fn *kt = ktab_for(ty), *kt4 = NULL;
     const int *krows = kern_rows;
@@ -1584,8 +1685,10 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             krows = ty == TY_Q4_K ? qkern_rows : vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
             pp = prep_path(ty, k);
         }
-        if (ty == TY_Q4_KR) {
-            if (n % 4) return -1;
+        if (ty == TY_Q4_1R) {
+            kt = l4tab;
+            krows = r4_rows;
+        } else if (ty == TY_Q4_KR) {
             krows = r4_rows;
             if (mode == 2) { /* ggml_gemm_q4_K_8x8_q8_K's order on groups of 4 tokens */
                 kt4 = r4tab_gemm;
@@ -1615,7 +1718,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
-            if (ty == TY_Q4_KR) {
+            if (ty == TY_Q4_KR || ty == TY_Q4_1R) {
                 if (T4) mm_rows_r4(kt4, w, rb, n0, n1, nu, (const uint8_t *)x, 4 * ldx, T4, y, n);
                 if (T > T4) mm_rows_r4(kt, w, rb, n0, n1, nu, (const uint8_t *)(x + T4 * ldx), 4 * ldx, T - T4, y + T4 * n, n);
                 continue;
@@ -1759,14 +1862,14 @@ static PyObject *py_round_act(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-/* repack_q4k(src, n, k, dst, inverse, nthreads) */
-static PyObject *py_repack_q4k(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* repack(type, src, n, k, dst, inverse, nthreads) */
+static PyObject *py_repack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    long a[6];
+    long a[7];
     int rc;
-    if (sharpi_py_nlongs(args, nargs, a, 6, "repack_q4k")) return NULL;
+    if (sharpi_py_nlongs(args, nargs, a, 7, "repack")) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = sharpi_repack_q4k((const uint8_t *)a[0], a[1], a[2], (uint8_t *)a[3], (int)a[4], (int)a[5]);
+    rc = sharpi_repack((int)a[0], (const uint8_t *)a[1], a[2], a[3], (uint8_t *)a[4], (int)a[5], (int)a[6]);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc);
 }
@@ -1797,7 +1900,7 @@ static PyMethodDef py_methods[] = {
     {"round_act", (PyCFunction)(void (*)(void))py_round_act, METH_FASTCALL, "ggml activation rounding, dequantized"},
     {"has_vnni", (PyCFunction)(void (*)(void))py_has_vnni, METH_FASTCALL, "built with AVX512-VNNI"},
     {"dequant_rows", (PyCFunction)(void (*)(void))py_dequant_rows, METH_FASTCALL, "dequantize rows"},
-    {"repack_q4k", (PyCFunction)(void (*)(void))py_repack_q4k, METH_FASTCALL, "Q4_K rows <-> groups of 4"},
+    {"repack", (PyCFunction)(void (*)(void))py_repack, METH_FASTCALL, "Q4_K / Q4_1 rows <-> groups of 4"},
     {NULL, NULL, 0, NULL},
 };
 
