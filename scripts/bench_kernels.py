@@ -5,6 +5,8 @@ shapes of the registry models, against torch f32 and bf16 matmuls of the dequant
     python scripts/bench_kernels.py                      # all downloaded models, T = 1, 4, 128
     python scripts/bench_kernels.py --models smollm2 --ts 1,2,4,8,16,128
 
+qmatmul runs as the models run it: activations quantized to 8 bits the way llama.cpp does, integer
+kernels, and Q4_K / Q4_1 weights in the CPU layout they are repacked into at load (type marked *).
 For T=1 it prints the effective bandwidth: weight bytes read per second (quantized bytes for
 qmatmul, 4 / 2 bytes per weight for f32 / bf16). Weights are cycled through enough copies to
 exceed the last-level cache, so every call streams its weight from DRAM as in real decoding.
@@ -127,10 +129,16 @@ def bench_shape(t, qtype, n, k, ts, do_torch: bool, rows: list):
     res = {"name": t.name, "type": qtype.name, "N": n, "K": k, "MB": nbytes / 1e6}
     load = OtherLoad()
     raws = copies(raw, nbytes, cold=True)
+    layout = qtype
+    if qtype in cpu.PACKED and n % 4 == 0:  # what the models multiply by: the CPU layout made at load
+        raws = [cpu.repack(w, qtype, n, k) for w in raws]
+        layout = cpu.PACKED[qtype]
+        res["type"] += "*"
     for T in ts:
         x = torch.randn(T, k)
         out = torch.empty(T, n)
-        res[f"q{T}"] = timeit(lambda w: cpu.qmatmul(x, w, qtype, n, k, out=out), [(w,) for w in raws],
+        # the models' path: activations quantized the way llama.cpp quantizes them, integer kernels
+        res[f"q{T}"] = timeit(lambda w: cpu.qmatmul(x, w, layout, n, k, out=out, act_quant=True), [(w,) for w in raws],
                               min_time=0.2 if T < 100 else 0.5, max_rounds=3 if T >= 100 else 40)
     del raws
     if do_torch:
@@ -150,7 +158,7 @@ def bench_shape(t, qtype, n, k, ts, do_torch: bool, rows: list):
 
 def fmt_row(r, ts, do_torch):
     gbs = r["MB"] * 1e6 / r["q1"] / 1e9 if "q1" in r else float("nan")
-    cells = [f"{r['type']:5s} {r['N']:>6d}x{r['K']:<5d} {r['MB']:7.1f}MB"]
+    cells = [f"{r['type']:6s} {r['N']:>6d}x{r['K']:<5d} {r['MB']:7.1f}MB"]
     for T in ts:
         cells.append(f"{r[f'q{T}'] * 1e3:8.3f}")
     cells.append(f"{gbs:6.1f}")
