@@ -1,8 +1,9 @@
 """Weights as they are stored in the GGUF, and the matmuls that read them.
 
 A `QWeight` keeps the GGUF's quantized blocks (a zero-copy view of the mmap) and multiplies
-through the compiled CPU kernel (`kernels.cpu`) when it is available; otherwise it
-dequantizes once with `gguf.quants` (the reference) and uses an fp32 matmul.
+through the compiled CPU kernel (`kernels.cpu`) when it is available (Q4_K and Q4_1 repacked in
+groups of 4 rows for it, same results); otherwise it dequantizes once with `gguf.quants` (the
+reference) and uses an fp32 matmul.
 """
 from __future__ import annotations
 
@@ -207,9 +208,10 @@ class QWeight:
         self.kernel_rounds = self._kern is not None  # the kernel takes raw fp32 activations
         self._raw_t = torch_view(raw) if self._kern is not None else None
         # Q4_K and Q4_1 go to the kernel repacked in groups of 4 rows (kernels.cpu.PACKED: less work
-        # per row than unpacking the GGUF blocks, same results), made at the first matmul
+        # per row than unpacking the GGUF blocks, same results), made at the first matmul; those
+        # layouts have integer kernels only (8-bit activations, so not with SHARPI_ACT_QUANT=0)
         self._packable = (self._kern is not None and qtype in self._kern.PACKED and n % 4 == 0
-                          and os.environ.get("SHARPI_CPU_REPACK", "1") != "0")
+                          and self.act_kind is not None and os.environ.get("SHARPI_CPU_REPACK", "1") != "0")
         self._packed: torch.Tensor | None = None
         self._dense: torch.Tensor | None = None
         self._dense_nomin: tuple | None = None
@@ -230,6 +232,11 @@ class QWeight:
 
     def head(self, n: int) -> "QWeight":
         """The first n output rows: a view of the same blocks, no copy."""
+        if self._raw is None and n % 4 == 0:  # only the repacked rows exist: share them
+            w = QWeight(f"{self.name}[:{n}]", self._kern.repack(self._packed[:n], self.qtype, n, self.k, inverse=True).numpy(),
+                        self.qtype, n, self.k)
+            w._packed, w._raw, w._raw_t = self._packed[:n], None, None
+            return w
         w = QWeight(f"{self.name}[:{n}]", self.raw[:n], self.qtype, n, self.k)
         if self._packed is not None and w._packable:
             w._packed = self._packed[:n]

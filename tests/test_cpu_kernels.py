@@ -531,8 +531,10 @@ def test_qweight_repacks_and_lets_the_blocks_go(monkeypatch):
     assert w._packed is not None and w._raw is None  # the concatenated copy is gone
     assert np.array_equal(w.raw, raw) and w.nbytes == raw.nbytes
     h = w.head(16)
-    assert h._packed is not None and h._packed.data_ptr() == w._packed.data_ptr()
-    assert torch.equal(h(x), want[:, :16])
+    assert h._packed is not None and h._packed.data_ptr() == w._packed.data_ptr() and h._raw is None
+    assert torch.equal(h(x), want[:, :16]) and np.array_equal(h.raw, raw[:16])
+    h6 = w.head(6)  # not a whole group: its GGUF rows
+    assert h6._packed is None and np.array_equal(h6.raw, raw[:6]) and torch.equal(h6(x), want[:, :6])
     assert torch.equal(w.rows(torch.tensor([3, 50])), torch.from_numpy(
         gguf.quants.dequantize(raw[[3, 50]], Q.Q4_K)).reshape(2, k))
     odd = quants.QWeight("odd", raw[:6], Q.Q4_K, 6, k)  # N % 4: the GGUF blocks as they are
@@ -540,6 +542,11 @@ def test_qweight_repacks_and_lets_the_blocks_go(monkeypatch):
     monkeypatch.setenv("SHARPI_CPU_REPACK", "0")
     plain = quants.QWeight("plain", raw, Q.Q4_K, n, k)
     assert torch.equal(plain(x), want) and plain._packed is None and plain._raw is raw
+    monkeypatch.delenv("SHARPI_CPU_REPACK")
+    monkeypatch.setattr(quants, "MATCH_LLAMA_CPP", False)  # SHARPI_ACT_QUANT=0: fp32 activations, GGUF blocks
+    f32 = quants.QWeight("f32", raw, Q.Q4_K, n, k)
+    assert f32.act_kind is None and not f32._packable
+    assert torch.equal(f32(x), cpu.qmatmul(x, torch_view(raw), Q.Q4_K, n, k, act_quant=False))
 
 
 @needs_kernels

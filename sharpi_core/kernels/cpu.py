@@ -1,11 +1,13 @@
 """Quantized GGUF matmuls on the CPU through a small C library compiled on first use.
 
 `qmatmul(x, raw, qtype, n, k)` computes x @ dequant(raw).T with the weight left in its GGUF block
-format (a zero-copy view of the mmap): every block is expanded to fp32 in registers and multiplied
-with FMAs, so the activations stay fp32 and the result equals the gguf.quants reference within fp32
-rounding. Up to 8 activation rows share each read of a block (decode and speculative verify); long
-inputs (prefill) dequantize tiles of rows into an L2-sized fp32 buffer and hand them to torch's
-sgemm.
+format (a zero-copy view of the mmap), or in one of the CPU layouts `repack` makes (PACKED: Q4_K and
+Q4_1 in groups of 4 rows). With act_quant=False every block is expanded to fp32 in registers and
+multiplied with FMAs, so the activations stay fp32 and the result equals the gguf.quants reference
+within fp32 rounding; act_quant=True (what the models use) follows llama.cpp's integer arithmetic.
+Up to 8 activation rows share each read of a block (decode and speculative verify); on the fp32
+path, long inputs (prefill) dequantize tiles of rows into an L2-sized fp32 buffer and hand them to
+torch's sgemm.
 
 The library is built with `gcc -O3 -march=native -fopenmp` into
 `~/.cache/sharpi/kernels/qmatmul-<hash>.so` (hash of source, flags, compiler and CPU; written to a

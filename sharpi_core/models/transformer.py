@@ -188,7 +188,7 @@ class Transformer:
         return total
 
     def pack_weights(self) -> None:
-        """Repack the weights whose CPU kernel takes another layout (Q4_K) now, at load, instead of at
+        """Repack the weights whose CPU kernel takes another layout (Q4_K, Q4_1) now, at load, instead of at
         their first matmul (QWeight.pack): for a model that runs on the CPU."""
         for w in [self.output] + [getattr(ly, f) for ly in self.layers for f in ("wqk", "wv", "wo", "w_gu", "w_down")]:
             w.pack()
