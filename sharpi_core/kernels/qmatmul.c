@@ -1097,23 +1097,31 @@ static void repack_q4k_group(const uint8_t *const rows[4], long nu, uint8_t *dst
                     code[r][64 * c + 32 + l] = qs[32 * c + l] >> 4;
                 }
         }
+        uint8_t W[16][64]; /* the unpacked weight vectors; lane r = its two runs of 8 codes */
+        for (int v = 0; v < 16; v++)
+            for (int r = 0; r < 4; r++) {
+                memcpy(&W[v][16 * r], &code[r][r4_code(v, 0)], 8);
+                memcpy(&W[v][16 * r + 8], &code[r][r4_code(v, 8)], 8);
+            }
         for (int m = 0; m < 8; m++)
-            for (int r = 0; r < 4; r++)
-                for (int e = 0; e < 16; e++)
-                    o[64 * m + 16 * r + e] = (uint8_t)(code[r][r4_code(m, e)] | (code[r][r4_code(m + 8, e)] << 4));
+            for (int j = 0; j < 64; j++) o[64 * m + j] = (uint8_t)(W[m][j] | (W[m + 8][j] << 4));
     }
 }
 
 static void unpack_q4k_group(const uint8_t *src, long nu, uint8_t *const rows[4]) {
     for (long u = 0; u < nu; u++) {
         const uint8_t *o = src + u * R4B;
-        uint8_t code[4][256];
+        uint8_t code[4][256], W[16][64];
         for (int m = 0; m < 8; m++)
-            for (int r = 0; r < 4; r++)
-                for (int e = 0; e < 16; e++) {
-                    code[r][r4_code(m, e)] = o[64 * m + 16 * r + e] & 0xF;
-                    code[r][r4_code(m + 8, e)] = o[64 * m + 16 * r + e] >> 4;
-                }
+            for (int j = 0; j < 64; j++) {
+                W[m][j] = o[64 * m + j] & 0xF;
+                W[m + 8][j] = o[64 * m + j] >> 4;
+            }
+        for (int v = 0; v < 16; v++)
+            for (int r = 0; r < 4; r++) {
+                memcpy(&code[r][r4_code(v, 0)], &W[v][16 * r], 8);
+                memcpy(&code[r][r4_code(v, 8)], &W[v][16 * r + 8], 8);
+            }
         for (int r = 0; r < 4; r++) {
             uint8_t *b = rows[r] + u * 144, *q = b + 4, *qs = b + 16;
             const uint8_t *sc = o + 528 + 8 * r, *mn = o + 560 + 8 * r;
