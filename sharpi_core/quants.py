@@ -266,6 +266,17 @@ class QWeight:
             self._raw = None
             self._raw_t = None
 
+    def kernel_args(self) -> tuple[int, int, int] | None:
+        """(code, weight pointer, row bytes) for calling the C kernel directly in the decoding order
+        with quantized activations (kernels.cpu.direct_args), or None when this weight does not go
+        through it that way. Repacks first where the kernel takes another layout."""
+        if self._kern is None or self.act_kind is None:
+            return None
+        if self._packable:
+            self.pack()
+            return self._kern.direct_args(self._packed, self._kern.PACKED[self.qtype], self.n, self.k)
+        return self._kern.direct_args(self._raw_t, self.qtype, self.n, self.k)
+
     def dense(self) -> torch.Tensor:
         """fp32 [N, K]; cached, so only the fallback path pays its memory."""
         if self._dense is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FIXTURES_DIR, MODEL_PARAMS, SMOL, loaded, reference
+from conftest import FIXTURES_DIR, GEMMA, MODEL_PARAMS, QWEN05, SMOL, loaded, model_param, reference
 from sharpi_core.perplexity import perplexity
 
 N_COMPARE = 16
@@ -171,3 +171,49 @@ def test_cache_rejects_overflow_and_bad_truncate():
         model.forward(torch.tensor([1, 2, 3, 4, 5]), 0, cache)
     with pytest.raises(ValueError):
         cache.truncate(1)
+
+
+@pytest.mark.parametrize("name", [model_param(SMOL), model_param(QWEN05)])
+@pytest.mark.parametrize("cache_type", ["f16", "f32"])
+def test_fast_decode_path_is_bit_identical(name, cache_type, monkeypatch):
+    """Decoding rows through models/fast_decode.py (direct kernel calls) give exactly the logits of
+    Transformer.hidden's own loop: one-token passes, verify passes of 2-5 rows, last_n, a CPU/GPU-style
+    partial layer count; q8_0 caches (rotation, quantized writes) and gemma3 keep the general loop."""
+    from sharpi_core.models import fast_decode
+    model, tok = loaded(name)
+    ids = torch.tensor(tok.encode("The quick brown fox jumps over the lazy dog, and then it runs away")[:16])
+
+    def passes():
+        cache = model.new_cache(64, cache_type, cache_type)
+        out = [model.forward(ids[:8], 0, cache)]
+        for T in (1, 2, 3, 5):
+            for last_n in (None, 1):
+                cache.truncate(8)
+                out.append(model.forward(ids[8:8 + T], 8, cache, decode=True, last_n=last_n))
+        cache.truncate(8)
+        for t in range(8, 12):
+            out.append(model.forward(ids[t:t + 1], t, cache))
+        out.append(model.hidden(ids[12:13], 12, cache, 3, False))  # the first 3 layers only
+        return out
+
+    monkeypatch.setattr(fast_decode, "ENABLED", True)
+    model._fast = None
+    fast = passes()
+    assert isinstance(model._fast, fast_decode.DecodePath)
+    monkeypatch.setattr(fast_decode, "ENABLED", False)
+    model._fast = None
+    slow = passes()
+    assert model._fast is False
+    for i, (a, b) in enumerate(zip(fast, slow)):
+        assert torch.equal(a, b), i
+    model._fast = None  # (rebuilt with the module's setting at the next pass)
+    assert not fast_decode.DecodePath.applies(model, 1, False, model.new_cache(8, "q8_0", "q8_0"))
+    assert fast_decode.DecodePath.applies(model, 3, False, model.new_cache(8, cache_type, cache_type))
+    assert not fast_decode.DecodePath.applies(model, 3, True, model.new_cache(8, cache_type, cache_type))
+
+
+@pytest.mark.slow
+def test_fast_decode_path_leaves_gemma3_to_the_general_loop():
+    from sharpi_core.models import fast_decode
+    model, _ = loaded(GEMMA)
+    assert fast_decode.DecodePath.for_model(model) is None  # q/k norms, post-norms, sliding windows

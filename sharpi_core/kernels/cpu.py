@@ -383,6 +383,28 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
     return out
 
 
+def direct_args(raw: torch.Tensor, qtype, n: int, k: int) -> tuple[int, int, int]:
+    """(type code in the decoding order with quantized activations, weight pointer, row bytes): what
+    a caller that runs many matmuls on fixed buffers passes to `kernel_fns()["qmatmul"]` itself,
+    skipping qmatmul's per-call checks. The same kernel call as qmatmul(..., act_quant=True) for
+    T < GEMM_MIN_ROWS."""
+    info = _INFO.get(qtype)
+    if info is None or not available():
+        raise ValueError(f"direct_args: no kernel for {getattr(qtype, 'name', qtype)}")
+    code, be, bb = info
+    rb = k // be * bb
+    if k % be or raw.nbytes != n * rb or not raw.is_contiguous() or not raw.is_cpu:
+        raise ValueError(f"direct_args: raw is not [{n}, {rb}] bytes")
+    return code | 256, raw.data_ptr(), rb
+
+
+def kernel_fns() -> dict:
+    """The C entry points taking pointers as ints (for fast paths that check their own buffers)."""
+    if not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope}
+
+
 def _gemm(x, raw, code, n, k, rb, out):
     """Long inputs: dequantize tiles of weight rows (exactly) into an L2-sized buffer, torch sgemm."""
     tile = max(16, GEMM_TILE_BYTES // (4 * k) // 16 * 16)

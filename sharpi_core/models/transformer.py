@@ -18,6 +18,7 @@ from ..kernels import cpu
 from ..kv_cache import KVCache, rotate
 from ..quants import Activations, QWeight, _kernels, activation_for, load_vector
 from .config import ROPE_NEOX, ModelConfig, config_from_gguf
+from .fast_decode import DecodePath
 
 Q = gguf.GGMLQuantizationType
 
@@ -173,6 +174,7 @@ class Transformer:
         # script compares intermediate values with llama.cpp's (scripts/compare_llamacpp_logits.py)
         self.trace = None
         self._heads: dict[int, QWeight] = {}
+        self._fast: DecodePath | bool | None = None  # the decoding fast path (False: not for this model)
         # flash attention as llama.cpp computes it on the CPU (its default, -fa auto); False: its -fa off path
         self.flash_attn = FLASH_ATTN
 
@@ -323,6 +325,13 @@ class Transformer:
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
         ropes = {b: self._rope_table(b, L)[start_pos:L] for b in self._rope_bases}
+        if self._fast is None:
+            self._fast = DecodePath.for_model(self) or False
+        if self._fast and self._fast.applies(self, T, prompt, cache):
+            # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
+            x = self._fast.run(x, start_pos, cache, n_layers, ropes, last_n)
+            cache.length = L
+            return x
         masks = {}
         for i, ly in enumerate(self.layers[:n_layers]):
             window = c.sliding_window if c.is_swa(i) else 0

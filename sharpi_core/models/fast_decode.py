@@ -1,0 +1,139 @@
+"""Decoding passes through the C kernels with no per-call Python wrappers.
+
+A one-token pass of a small model is mostly glue: SmolLM2's 30 layers make ~500 kernel and torch
+calls whose checks, allocations and wrappers cost ~40% of the pass. `DecodePath` runs the layer loop
+of `Transformer.hidden` for decoding rows (one-token passes and speculative verify rows) with every
+pointer resolved once: the same C functions with the same arguments in the same order, into buffers
+allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
+
+It covers the llama / qwen2 layer: no q/k norms, post-norms, sliding windows, q scaling or embedding
+scale (gemma3 keeps the general path), flash attention (llama.cpp's default) over an f16 or f32
+cache, every matmul in the C kernel with quantized activations. `DecodePath.for_model` returns None
+where it does not apply; `Transformer.hidden` then runs its own loop (SHARPI_FAST_DECODE=0 forces
+that).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..kernels import cpu
+from ..kv_cache import KVCache
+
+ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
+
+
+_MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down")
+
+
+class DecodePath:
+    def __init__(self, model):
+        self.model = model
+        self.weights: list[dict] = []  # per layer, made at its first pass: name -> (code, pointer, row bytes, n, k)
+        self.fns = cpu.kernel_fns()
+        self._bufs: dict[int, dict[str, torch.Tensor]] = {}
+
+    @classmethod
+    def for_model(cls, model) -> "DecodePath | None":
+        c = model.config
+        if not ENABLED or c.embed_scale != 1.0 or c.scale_q or c.sliding_window:
+            return None
+        if model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None:
+            return None
+        for ly in model.layers:
+            if ly.qk_norm is not None or ly.post_attn_norm is not None or ly.post_ffn_norm is not None:
+                return None
+            if any(getattr(ly, n)._kern is None or getattr(ly, n).act_kind is None for n in _MATMULS):
+                return None
+        return cls(model)
+
+    def _layer_weights(self, n_layers: int) -> list[dict]:
+        # resolved lazily: the layers a CPU/GPU split keeps on the GPU are never repacked for the CPU
+        while len(self.weights) < n_layers:
+            ly = self.model.layers[len(self.weights)]
+            self.weights.append({n: (*getattr(ly, n).kernel_args(), getattr(ly, n).n, getattr(ly, n).k) for n in _MATMULS})
+        return self.weights
+
+    @staticmethod
+    def applies(model, T: int, prompt: bool, cache: KVCache) -> bool:
+        return (not prompt and model.trace is None and model.flash_attn and cache.rot_k is None
+                and cache.rot_v is None and cache.k.kind in ("f16", "f32") and cache.v.kind in ("f16", "f32"))
+
+    def _buffers(self, T: int) -> dict[str, torch.Tensor]:
+        b = self._bufs.get(T)
+        if b is None:
+            c = self.model.config
+            H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
+            e = lambda *shape: torch.empty(shape, dtype=torch.float32)  # noqa: E731
+            b = self._bufs[T] = {
+                "h": e(T, c.n_embd), "qk": e(T, H + Hkv, hd), "v": e(T, Hkv * hdv), "q": e(T, H, hd),
+                "k": e(T, Hkv, hd), "o": e(T, H * hdv), "ao": e(T, c.n_embd), "gu": e(T, 2 * c.n_ff),
+                "g": e(T, c.n_ff), "f": e(T, c.n_embd)}
+        return b
+
+    def _mm(self, w, x: torch.Tensor, y: torch.Tensor, T: int, nth: int) -> None:
+        code, ptr, rb, n, k = w
+        if self.fns["qmatmul"](code, ptr, rb, n, k, x.data_ptr(), T, y.data_ptr(), nth):
+            raise RuntimeError("qmatmul: the kernel rejected a weight it had accepted")
+
+    @torch.inference_mode()
+    def run(self, x: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, ropes: dict,
+            last_n: int | None) -> torch.Tensor:
+        """Transformer.hidden's layer loop for decoding rows: x [T, D] (the embeddings, updated in
+        place) -> the residual stream after layers [0, n_layers) ([last_n, D] if the last layer ran
+        its FFN on the last rows only). Writes the K/V of the T positions into cache."""
+        m, c = self.model, self.model.config
+        T = x.shape[0]
+        H, Hkv, hd, hdv, D = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v, c.n_embd
+        b = self._buffers(T)
+        nth = torch.get_num_threads()
+        rms, att, glu, rope = self.fns["rms_norm"], self.fns["attention"], self.fns["glu"], self.fns["rope"]
+        eps = float(c.norm_eps)
+        _, kq_scale = _scales(m)
+        kcode, vcode = cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind]
+        round_p = int(cache.v.kind == "f16")
+        glu_act = cpu._GLU_ACT[c.act]
+        unperm = m._unperm
+        weights = self._layer_weights(n_layers)
+        h, qk, v, q, k, o, ao = b["h"], b["qk"], b["v"], b["q"], b["k"], b["o"], b["ao"]
+        for i in range(n_layers):
+            ly, w = m.layers[i], weights[i]
+            rms(x.data_ptr(), ly.attn_norm.data_ptr(), T, D, eps, h.data_ptr())
+            self._mm(w["wqk"], h, qk, T, nth)
+            self._mm(w["wv"], h, v, T, nth)
+            if ly.bqk is not None:
+                qk.view(T, -1).add_(ly.bqk)
+                v.add_(ly.bv)
+            cs = ropes[c.layer_rope_base(i)]
+            rope(qk.data_ptr(), T, H + Hkv, hd, 2 * cs.shape[-1], cs.data_ptr())
+            if unperm is not None:
+                torch.index_select(qk[:, :H], 2, unperm, out=q)
+                torch.index_select(qk[:, H:], 2, unperm, out=k)
+            else:
+                q.copy_(qk[:, :H])
+                k.copy_(qk[:, H:])
+            kq, vq = cache.k.q[i], cache.v.q[i]  # [capacity, Hkv, hd]
+            kq[start_pos:start_pos + T].copy_(k)
+            vq[start_pos:start_pos + T].copy_(v.view(T, Hkv, hdv))
+            if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), 0, kcode, vq.data_ptr(), 0, vcode, start_pos, 0,
+                   float(kq_scale), round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
+                raise RuntimeError("attention: the kernel rejected the pass")
+            self._mm(w["wo"], o, ao, T, nth)
+            x.add_(ao)
+            Tf = T
+            if last_n is not None and last_n < T and i == c.n_layer - 1:
+                x, Tf = x[-last_n:], last_n  # like hidden: the last FFN on the output rows only
+            hf, gu, g, f = h[:Tf], b["gu"][:Tf], b["g"][:Tf], b["f"][:Tf]
+            rms(x.data_ptr(), ly.ffn_norm.data_ptr(), Tf, D, eps, hf.data_ptr())
+            self._mm(w["w_gu"], hf, gu, Tf, nth)
+            if glu(gu.data_ptr(), Tf, c.n_ff, glu_act, g.data_ptr(), nth):
+                raise RuntimeError("glu: the kernel rejected the pass")
+            self._mm(w["w_down"], g, f, Tf, nth)
+            x.add_(f)
+        return x
+
+
+def _scales(model):
+    from .transformer import attention_scales
+    return attention_scales(model.config)
