@@ -41,10 +41,12 @@ class DraftModelDrafter:
         # fed as id 0: only the draft's guesses suffer, exactness does not depend on them
         ids = [t if 0 <= t < self.n_vocab else 0 for t in tokens]
         x = torch.tensor(ids, dtype=torch.long)
+        # decode=True: a short catch-up (the last proposal and the bonus token) runs as decoding rows,
+        # the cheaper order for a few rows; the draft's numerics only change its proposals' q
         if self.n_out is None:
-            logits = self.model.forward(x, start, self.cache, last_n=last_n)
+            logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=True)
         else:
-            logits = self.model.forward(x, start, self.cache, last_n=last_n, n_out=self.n_out)
+            logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=True, n_out=self.n_out)
         self.history += tokens
         self.forwards += 1
         return logits[-1]
