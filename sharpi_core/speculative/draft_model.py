@@ -35,18 +35,19 @@ class DraftModelDrafter:
         self.history: list[int] = []  # tokens whose K/V are in self.cache
         self.forwards = 0  # forward passes run (stats/tests)
 
-    def _feed(self, tokens: list[int], last_n: int | None = None) -> torch.Tensor:
+    def _feed(self, tokens: list[int], last_n: int | None = None, decode: bool = True) -> torch.Tensor:
         start = len(self.history)
         # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
         # fed as id 0: only the draft's guesses suffer, exactness does not depend on them
         ids = [t if 0 <= t < self.n_vocab else 0 for t in tokens]
         x = torch.tensor(ids, dtype=torch.long)
         # decode=True: a short catch-up (the last proposal and the bonus token) runs as decoding rows,
-        # the cheaper order for a few rows; the draft's numerics only change its proposals' q
+        # the cheaper order for a few rows (the prompt is prefilled in prompt order, as llama.cpp does);
+        # the draft's numerics only change its proposals' q
         if self.n_out is None:
-            logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=True)
+            logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=decode)
         else:
-            logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=True, n_out=self.n_out)
+            logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=decode, n_out=self.n_out)
         self.history += tokens
         self.forwards += 1
         return logits[-1]
@@ -59,7 +60,7 @@ class DraftModelDrafter:
         del self.history[n:]
         logits = None
         for s in range(n, len(history), self.n_batch):
-            logits = self._feed(list(history[s:s + self.n_batch]), last_n=1)
+            logits = self._feed(list(history[s:s + self.n_batch]), last_n=1, decode=n > 0)
         return logits
 
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
