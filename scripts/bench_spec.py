@@ -8,7 +8,7 @@
 (b) SmolLM2 with --draft-lookup on echo-heavy prompts and on a no-copy prompt: "echo-heavy" asks
 to copy a passage longer than the generation (-n 128 at most: every generated token can be copied), "partial echo"
 a passage two thirds as long (the model goes on with text of its own after copying it).
-Each configuration runs after a warm-up; plain and speculative alternate per repetition and the
+Each configuration runs after a warm-up; plain and speculative alternate (ABBA) and the
 table reports medians and their ratio, plus acceptance and tokens per target pass. With
 --vs-llama-cpp, llama.cpp's plain decode (`llama-bench -p 0 -n N`) of the same target runs in
 the same repetitions, and the last columns compare sharpi's speculative speed with it.
@@ -99,9 +99,14 @@ def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=No
     plain, spec, ref, last = [], [], [], None
     load = Load()
     for rep in range(reps):
-        plain.append(decode_tps(model, tok, prompt, n, params, seed=rep)[0])
-        tps, last = decode_tps(model, tok, prompt, n, params, make_drafter(), k, seed=rep)
-        spec.append(tps)
+        # plain, spec in even repetitions and spec, plain in odd ones: a machine whose speed drifts
+        # during a repetition favours neither side
+        for side in (("plain", "spec") if rep % 2 == 0 else ("spec", "plain")):
+            if side == "plain":
+                plain.append(decode_tps(model, tok, prompt, n, params, seed=rep)[0])
+            else:
+                tps, last = decode_tps(model, tok, prompt, n, params, make_drafter(), k, seed=rep)
+                spec.append(tps)
         if peer is not None:
             ref.append(peer())
     p, s = statistics.median(plain), statistics.median(spec)
