@@ -32,7 +32,7 @@ class DecodePath:
         self.model = model
         self.weights: list[dict] = []  # per layer, made at its first pass: name -> (code, pointer, row bytes, n, k)
         self.fns = cpu.kernel_fns()
-        self._bufs: dict[int, dict[str, torch.Tensor]] = {}
+        self._bufs: dict[str, torch.Tensor] = {}  # for the longest pass so far; shorter ones use leading rows
 
     @classmethod
     def for_model(cls, model) -> "DecodePath | None":
@@ -61,16 +61,15 @@ class DecodePath:
                 and cache.rot_v is None and cache.k.kind in ("f16", "f32") and cache.v.kind in ("f16", "f32"))
 
     def _buffers(self, T: int) -> dict[str, torch.Tensor]:
-        b = self._bufs.get(T)
-        if b is None:
+        if not self._bufs or self._bufs["h"].shape[0] < T:
             c = self.model.config
             H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
             e = lambda *shape: torch.empty(shape, dtype=torch.float32)  # noqa: E731
-            b = self._bufs[T] = {
+            self._bufs = {
                 "h": e(T, c.n_embd), "qk": e(T, H + Hkv, hd), "v": e(T, Hkv * hdv), "q": e(T, H, hd),
                 "k": e(T, Hkv, hd), "o": e(T, H * hdv), "ao": e(T, c.n_embd), "gu": e(T, 2 * c.n_ff),
                 "g": e(T, c.n_ff), "f": e(T, c.n_embd)}
-        return b
+        return {name: buf[:T] for name, buf in self._bufs.items()}  # leading rows: contiguous
 
     def _mm(self, w, x: torch.Tensor, y: torch.Tensor, T: int, nth: int) -> None:
         code, ptr, rb, n, k = w
