@@ -94,22 +94,31 @@ def rotate(x: torch.Tensor, n: int | None) -> torch.Tensor:
     return y.reshape(x.shape)
 
 
-class KVCache:
-    def __init__(self, n_layer: int, capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int,
-                 type_k: str = "f16", type_v: str = "f16"):
+class CacheBase:
+    """What every KV cache (this one, the CUDA backend's) keeps besides its arrays: capacity, the
+    number of positions held, the cache types and their rotations, and truncate."""
+
+    def __init__(self, capacity: int, head_dim_k: int, head_dim_v: int, type_k: str, type_v: str):
         self.capacity = capacity
         self.length = 0
         self.type_k, self.type_v = type_k, type_v
-        self.k = _Store(type_k, n_layer, capacity, n_kv_head, head_dim_k)
-        self.v = _Store(type_v, n_layer, capacity, n_kv_head, head_dim_v)
         self.rot_k = _rotation(type_k, head_dim_k, largest=True)   # size of the rotation of q and k
         self.rot_v = _rotation(type_v, head_dim_v, largest=False)  # of v, and back on the output
 
     def truncate(self, n: int) -> None:
-        """Forget every position >= n (rollback after rejected drafts, or a changed prompt)."""
+        """Forget every position >= n (rollback after rejected drafts, or a changed prompt): attention
+        reads positions below the pass's end only, and the next pass overwrites the ones it needs."""
         if not 0 <= n <= self.length:
             raise ValueError(f"truncate({n}) outside 0..{self.length}")
         self.length = n
+
+
+class KVCache(CacheBase):
+    def __init__(self, n_layer: int, capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int,
+                 type_k: str = "f16", type_v: str = "f16"):
+        super().__init__(capacity, head_dim_k, head_dim_v, type_k, type_v)
+        self.k = _Store(type_k, n_layer, capacity, n_kv_head, head_dim_k)
+        self.v = _Store(type_v, n_layer, capacity, n_kv_head, head_dim_v)
 
     @property
     def nbytes(self) -> int:

@@ -39,6 +39,7 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     Q_ROUND,
     SUPPORTED,
     TYPE_NAMES,
+    WeightBase,
     _attention_shapes,
     _check_weight_bytes,
     _matmul_rows,
@@ -122,7 +123,7 @@ def _check_writable_2d(out, n: int, what: str) -> np.ndarray:
 
 # ---- quantized weights --------------------------------------------------------------------------
 
-class CudaQWeight:
+class CudaQWeight(WeightBase):
     """A 2-D GGUF weight W [N, K] kept as its raw blocks, used as y = x @ W.T.
 
     The float32 dequantization is built at first use and kept (a torch tensor, for torch's fast
@@ -130,24 +131,11 @@ class CudaQWeight:
     so an embedding table that is only looked up never costs N x K floats."""
 
     def __init__(self, raw, qtype, n: int, k: int, *, name: str = "", stream=None):
-        qtype = _weight_type(qtype, k)
-        self.name, self.qtype, self.n, self.k = name, qtype, int(n), int(k)
-        self.row_bytes = row_bytes(qtype, k)
+        self._set_shape(qtype, n, k, name)
         # Any dtype / any contiguous slice of another weight's bytes: only the byte count matters.
         # No copy: a numpy input is already a "device" array, which the real module keeps as is too.
-        data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
-        _check_weight_bytes(data.size, self.n, self.row_bytes)
-        self.data = data
+        self._keep(np.ascontiguousarray(raw).view(np.uint8).reshape(-1))
         self._dense: torch.Tensor | None = None
-
-    @classmethod
-    def from_qweight(cls, w, stream=None) -> "CudaQWeight":
-        """Wrap a sharpi_core.quants.QWeight (its raw GGUF blocks)."""
-        return cls(w.raw, w.qtype, w.n, w.k, name=w.name, stream=stream)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
 
     def _deq(self, blocks: np.ndarray) -> np.ndarray:
         """Raw rows uint8 [m, row_bytes] -> float32 [m, K] (gguf.quants, the reference)."""

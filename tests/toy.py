@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sharpi_core.kv_cache import CacheBase
+
 HASH_MOD = 61
 
 
@@ -26,17 +28,11 @@ class ToyConfig:
     n_ctx_train: int = 4096
 
 
-class ToyCache:
+class ToyCache(CacheBase):
     def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.length = 0
+        super().__init__(capacity, 0, 0, "f16", "f16")  # length and truncate as the real caches'
         self.tokens = [0] * capacity
         self.hashes = [0] * capacity
-
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= self.length:
-            raise ValueError(f"truncate({n}) outside 0..{self.length}")
-        self.length = n
 
     @property
     def content(self) -> list[int]:

@@ -272,14 +272,34 @@ def _matmul_rows(x, out, n: int, k: int, name: str) -> int:
     return T
 
 
-class CudaQWeight:
+class WeightBase:
+    """What a device weight and its CPU stand-in (tests/cuda_fake.py) share: the checked type and
+    shape, the bytes it keeps (`data`, flat uint8), and wrapping a sharpi_core.quants.QWeight."""
+
+    def _set_shape(self, qtype, n: int, k: int, name: str) -> None:
+        self.name, self.qtype, self.n, self.k = name, _weight_type(qtype, k), int(n), int(k)
+        self.row_bytes = row_bytes(self.qtype, k)
+
+    def _keep(self, data) -> None:
+        _check_weight_bytes(data.size, self.n, self.row_bytes)
+        self.data = data
+
+    @classmethod
+    def from_qweight(cls, w, stream=None):
+        """The weight of a sharpi_core.quants.QWeight (its raw GGUF blocks)."""
+        return cls(w.raw, w.qtype, w.n, w.k, name=w.name, stream=stream)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+class CudaQWeight(WeightBase):
     """A 2-D GGUF weight W [N, K] as raw blocks on the device, used as y = x @ W.T."""
 
     def __init__(self, raw, qtype, n: int, k: int, *, name: str = "", stream=None):
         cp = _cupy()
-        qtype = _weight_type(qtype, k)
-        self.name, self.qtype, self.n, self.k = name, qtype, int(n), int(k)
-        self.row_bytes = row_bytes(qtype, k)
+        self._set_shape(qtype, n, k, name)
         with _on(stream):
             if isinstance(raw, cp.ndarray):
                 data = cp.ascontiguousarray(raw).view(cp.uint8).reshape(-1)
@@ -287,19 +307,9 @@ class CudaQWeight:
                     data = data.copy()
             else:
                 data = cp.asarray(np.ascontiguousarray(raw).view(np.uint8).reshape(-1))
-        _check_weight_bytes(data.size, self.n, self.row_bytes)
-        self.data = data  # its own allocation: 256-byte aligned, as the kernels' vector loads need
-        self._tname = TYPE_NAMES[qtype]
-        self._opts = qmv_options(qtype)
-
-    @classmethod
-    def from_qweight(cls, w, stream=None) -> "CudaQWeight":
-        """Upload a sharpi_core.quants.QWeight (its raw GGUF blocks)."""
-        return cls(w.raw, w.qtype, w.n, w.k, name=w.name, stream=stream)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
+        self._keep(data)  # its own allocation: 256-byte aligned, as the kernels' vector loads need
+        self._tname = TYPE_NAMES[self.qtype]
+        self._opts = qmv_options(self.qtype)
 
     def matmul(self, x, stream=None, out=None):
         """x float32 [T, K] (or [K]) -> x @ W.T, float32 [T, N] (or [N])."""

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import SharpiError, UsageError
+from ..kv_cache import CacheBase
 from ..models.config import ROPE_NEOX
 from ..models.transformer import Transformer, _weight, attention_scales, check_pass, pass_tokens, prompt_pass
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector
@@ -44,7 +45,7 @@ def _hadamard(n: int) -> np.ndarray:
     return (h / math.sqrt(n)).astype(np.float32)
 
 
-class CudaKVCache:
+class CudaKVCache(CacheBase):
     """Per layer one K and one V array on the device ([capacity, n_kv, hd] f16, or q8_0 blocks)."""
 
     def __init__(self, ops, n_layer: int, capacity: int, n_kv: int, hd_k: int, hd_v: int,
@@ -52,20 +53,9 @@ class CudaKVCache:
         for flag, t in (("-ctk", type_k), ("-ctv", type_v)):
             if t not in GPU_CACHE_TYPES:
                 raise UsageError(f"{flag} {t}: the CUDA backend keeps the KV cache in {' or '.join(GPU_CACHE_TYPES)}")
-        from ..kv_cache import _rotation
-        self.capacity, self.length = capacity, 0
-        self.type_k, self.type_v = type_k, type_v
+        super().__init__(capacity, hd_k, hd_v, type_k, type_v)
         self.k = [ops.new_kv_cache(capacity, n_kv, hd_k, type_k, stream=stream) for _ in range(n_layer)]
         self.v = [ops.new_kv_cache(capacity, n_kv, hd_v, type_v, stream=stream) for _ in range(n_layer)]
-        self.rot_k = _rotation(type_k, hd_k, largest=True)
-        self.rot_v = _rotation(type_v, hd_v, largest=False)
-
-    def truncate(self, n: int) -> None:
-        """Forget every position >= n: attention reads rows below the pass's end only, and the next
-        pass overwrites the rows it needs."""
-        if not 0 <= n <= self.length:
-            raise ValueError(f"truncate({n}) outside 0..{self.length}")
-        self.length = n
 
     @property
     def nbytes(self) -> int:
