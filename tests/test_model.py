@@ -207,9 +207,10 @@ def test_fast_decode_path_is_bit_identical(name, cache_type, monkeypatch):
     for i, (a, b) in enumerate(zip(fast, slow)):
         assert torch.equal(a, b), i
     model._fast = None  # (rebuilt with the module's setting at the next pass)
-    assert not fast_decode.DecodePath.applies(model, 1, False, model.new_cache(8, "q8_0", "q8_0"))
-    assert fast_decode.DecodePath.applies(model, 3, False, model.new_cache(8, cache_type, cache_type))
-    assert not fast_decode.DecodePath.applies(model, 3, True, model.new_cache(8, cache_type, cache_type))
+    path = fast_decode.DecodePath(model)
+    assert not path.applies(False, model.new_cache(8, "q8_0", "q8_0"))
+    assert path.applies(False, model.new_cache(8, cache_type, cache_type))
+    assert not path.applies(True, model.new_cache(8, cache_type, cache_type))
 
 
 @pytest.mark.slow

@@ -55,9 +55,10 @@ class DecodePath:
             self.weights.append({n: (*getattr(ly, n).kernel_args(), getattr(ly, n).n, getattr(ly, n).k) for n in _MATMULS})
         return self.weights
 
-    @staticmethod
-    def applies(model, T: int, prompt: bool, cache: KVCache) -> bool:
-        return (not prompt and model.trace is None and model.flash_attn and cache.rot_k is None
+    def applies(self, prompt: bool, cache: KVCache) -> bool:
+        """Whether a pass (prompt order or not) over this cache goes through run()."""
+        m = self.model
+        return (not prompt and m.trace is None and m.flash_attn and cache.rot_k is None
                 and cache.rot_v is None and cache.k.kind in ("f16", "f32") and cache.v.kind in ("f16", "f32"))
 
     def _buffers(self, T: int) -> dict[str, torch.Tensor]:
@@ -77,7 +78,7 @@ class DecodePath:
             raise RuntimeError("qmatmul: the kernel rejected a weight it had accepted")
 
     @torch.inference_mode()
-    def run(self, x: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, ropes: dict,
+    def run(self, x: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, ropes: dict, kq_scale: float,
             last_n: int | None) -> torch.Tensor:
         """Transformer.hidden's layer loop for decoding rows: x [T, D] (the embeddings, updated in
         place) -> the residual stream after layers [0, n_layers) ([last_n, D] if the last layer ran
@@ -89,7 +90,6 @@ class DecodePath:
         nth = torch.get_num_threads()
         rms, att, glu, rope = self.fns["rms_norm"], self.fns["attention"], self.fns["glu"], self.fns["rope"]
         eps = float(c.norm_eps)
-        _, kq_scale = _scales(m)
         kcode, vcode = cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind]
         round_p = int(cache.v.kind == "f16")
         glu_act = cpu._GLU_ACT[c.act]
@@ -131,8 +131,3 @@ class DecodePath:
             self._mm(w["w_down"], g, f, Tf, nth)
             x.add_(f)
         return x
-
-
-def _scales(model):
-    from .transformer import attention_scales
-    return attention_scales(model.config)

@@ -327,9 +327,9 @@ class Transformer:
         ropes = {b: self._rope_table(b, L)[start_pos:L] for b in self._rope_bases}
         if self._fast is None:
             self._fast = DecodePath.for_model(self) or False
-        if self._fast and self._fast.applies(self, T, prompt, cache):
+        if self._fast and self._fast.applies(prompt, cache):
             # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
-            x = self._fast.run(x, start_pos, cache, n_layers, ropes, last_n)
+            x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, last_n)
             cache.length = L
             return x
         masks = {}
