@@ -4,21 +4,22 @@
 // this directory; sharpi_core/backends/cuda.py pastes those in before handing the source to NVRTC
 // (so CuPy's compile cache keys on the full text), and nvcc finds them next to the .cu.
 //
-// The same headers also compile as plain C++ (g++, no CUDA at all) for cuda/host_emu.cpp, which runs
-// the per-lane parts of the kernels on the CPU so that block layouts are tested without a GPU.
-// No system headers are included: NVRTC has none, and the host build needs none.
+// The same sources also compile as plain C++ against tests/simt/simt.hpp (included first), which runs
+// whole kernels on the CPU, every GPU thread a fiber, so that they are tested without a GPU.
+// No system headers are included: NVRTC has none.
 #pragma once
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define SH_HD __host__ __device__ __forceinline__
 #define SH_D __device__ __forceinline__
-#define SH_CUDA 1
-#else  // host emulation build (g++): minimal stand-ins for the CUDA vector types
+#elif defined(SHARPI_SIMT_EMU)  // tests/simt: the host compiler, threadIdx & co. from the emulator
 #define SH_HD inline
-#define SH_CUDA 0
-struct float4 { float x, y, z, w; };
+#define SH_D inline
+struct float4 { float x, y, z, w; };  // minimal stand-ins for the CUDA vector types
 struct uint2 { unsigned int x, y; };
 struct uint4 { unsigned int x, y, z, w; };
+#else
+#error "common.cuh: compile with nvcc / NVRTC, or with tests/simt/simt.hpp included first"
 #endif
 
 typedef unsigned char u8;
@@ -107,15 +108,34 @@ SH_HD float h2f(u16 h) {
 
 SH_HD float bf2f(u16 h) { return bits_f32((u32)h << 16); }
 
-#if SH_CUDA
 // float -> IEEE half, round to nearest even (what numpy's astype(float16) and ggml do).
-SH_D u16 f2h(float f) {
+SH_HD u16 f2h(float f) {
+#if defined(__CUDA_ARCH__)
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#else
+    u32 x = f32_bits(f);
+    const u32 s = (x >> 16) & 0x8000u;
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return (u16)(s | 0x7e00u);  // nan
+    if (x >= 0x47800000u) return (u16)(s | 0x7c00u);  // >= 65536 (or inf): inf
+    if (x < 0x38800000u) {  // below 2^-14: a multiple of 2^-24 (subnormal) or zero
+        if (x < 0x33000000u) return (u16)s;  // <= 2^-25 rounds to zero (2^-25 is a tie to even 0)
+        const u32 m = (x & 0x7fffffu) | 0x800000u, shift = 126u - (x >> 23);
+        u32 r = m >> shift;
+        const u32 rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return (u16)(s | r);
+    }
+    u32 r = (x - 0x38000000u) >> 13;  // exponent rebiased 127 -> 15; a carry may reach inf
+    const u32 rem = x & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
+    return (u16)(s | r);
+#endif
 }
 
-SH_D float neg_inf() { return __int_as_float(0xff800000); }
+SH_D float neg_inf() { return bits_f32(0xff800000u); }
 
 // ---- warp / block reductions (blockDim.x a multiple of 32, at most 1024) -------------------------
 SH_D float warp_sum(float v) {
@@ -152,4 +172,3 @@ SH_D float block_max(float v, float* red) {
     __syncthreads();
     return r;
 }
-#endif

@@ -4,7 +4,7 @@
 // A block of BS weights is split over LPB lanes of a warp; lane t (0 <= t < LPB) owns NG groups of
 // 4 *consecutive* weights, group g starting at element off(t, g) of the block, so the matching
 // activations are one aligned float4 load. For every type the LPB * NG * 4 elements cover the block
-// exactly once (checked on the CPU by cuda/host_emu.cpp through tests/test_cuda_compile.py).
+// exactly once (checked on the CPU by tests/test_simt.py: exact dequantization of every type).
 //
 //   load(b, t)     reads lane t's bytes of the block at b (plus the scales it needs) into registers
 //   deq(g, w)      writes the 4 dequantized weights of group g into w[0..3]

@@ -6,9 +6,8 @@
 - the same sources, expanded as sharpi_core.backends.cuda hands them to NVRTC, compile with NVRTC
   (to PTX, compute_90) when a libnvrtc is found (pip's nvidia-cuda-nvrtc-cu12, the toolkit, or
   $SHARPI_NVRTC_LIB), both whole and as the one-type modules the wrapper builds;
-- cuda/host_emu.cpp (plain C++: the kernels' per-lane code run lane by lane on the CPU) is built
-  with the C++ compiler and checked against gguf.quants for every weight type: block layouts,
-  lane/group coverage, row clamping, the activation-row guard of the batched variants.
+The kernels' results are checked without a GPU by tests/test_simt.py (the same sources run in a
+CPU emulator of the GPU's threads).
 """
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 
 from sharpi_core.backends import cuda as cb
@@ -126,79 +124,3 @@ def test_nvrtc_compiles():
         results = list(ex.map(one, jobs))
     failed = [f"{name} {extra} nvrtc error {rc}:\n{log}" for name, extra, rc, log in results if rc != 0]
     assert not failed, "\n\n".join(failed)
-
-
-# ---- CPU emulation of the per-lane kernel code ------------------------------------------------------
-
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-
-
-def random_raw(qtype, n: int, k: int, rng) -> np.ndarray:
-    """Valid raw GGUF bytes uint8 [n, row_bytes] of a random weight of type qtype.
-
-    Types gguf.quants can quantize go through it; for the K-quants (no quantizer in gguf-py) the
-    bytes are random with the f16 super-block scales overwritten by small positive values."""
-    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-    if qtype not in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
-        w = rng.standard_normal((n, k)).astype(np.float32)
-        return np.ascontiguousarray(gguf.quants.quantize(w, qtype)).view(np.uint8).reshape(n, -1)
-    nb = n * k // bs
-    raw = rng.integers(0, 256, (nb, ts), dtype=np.uint8)
-    f16 = lambda v: np.asarray(v, np.float16).view(np.uint8).reshape(nb, 2)  # noqa: E731
-    if qtype == Q.Q6_K:
-        raw[:, 208:210] = f16(rng.uniform(0.002, 0.02, nb))
-    else:
-        raw[:, 0:2] = f16(rng.uniform(0.002, 0.02, nb))  # d
-        raw[:, 2:4] = f16(rng.uniform(0.002, 0.02, nb))  # dmin
-    return raw.reshape(n, -1)
-
-
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory):
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if not cxx:
-        pytest.skip("no C++ compiler")
-    so = tmp_path_factory.mktemp("emu") / "host_emu.so"
-    cmd = [cxx, "-O1", "-std=c++17", "-fno-strict-aliasing", "-Wno-unknown-pragmas", "-shared", "-fPIC",
-           str(CUDA_DIR / "host_emu.cpp"), "-o", str(so)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, " ".join(cmd) + "\n" + r.stdout + r.stderr
-    lib = ctypes.CDLL(str(so))
-    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-    lib.emu_qmv.argtypes = [I, I, P, L, I, I, P, L, I, P, L]
-    lib.emu_deq_rows.argtypes = [I, P, L, P, I, I, P, L]
-    lib.emu_layout.argtypes = [I, P, I]
-    return lib
-
-
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_emulated_lane_layout_covers_block(emu, qtype):
-    e = np.zeros(1024, np.int32)
-    n = emu.emu_layout(int(qtype), e.ctypes.data, e.size)
-    assert n == cb.K_MULTIPLE[qtype]
-    assert sorted(e[:n].tolist()) == list(range(n))
-
-
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_emulated_kernels_match_gguf(emu, qtype):
-    rng = np.random.default_rng(int(qtype) + 1)
-    n = 37  # not a multiple of any rows-per-warp: exercises the clamped tail rows
-    k = 768 if cb.K_MULTIPLE[qtype] == 256 else 288
-    raw = random_raw(qtype, n, k, rng)
-    assert raw.shape[1] == cb.row_bytes(qtype, k)
-    W = gguf.quants.dequantize(raw, qtype).reshape(n, k)
-    ids = np.array([3, 0, 36, 3], np.int32)
-    out = np.full((4, k), np.nan, np.float32)
-    assert emu.emu_deq_rows(int(qtype), raw.ctypes.data, raw.shape[1], ids.ctypes.data, 4, k, out.ctypes.data, k) == 0
-    np.testing.assert_array_equal(out, W[ids])  # dequantization is exact
-    W64 = W.astype(np.float64)
-    for nqt, nq in [(1, 1), (2, 1), (2, 2), (4, 3), (4, 4), (8, 5), (8, 8), (16, 9), (16, 16)]:
-        X = rng.standard_normal((nq, k)).astype(np.float32)
-        Y = np.full((nq, n + 3), np.nan, np.float32)  # ldy > n: the padding must stay untouched
-        rc = emu.emu_qmv(int(qtype), nqt, raw.ctypes.data, raw.shape[1], n, k, X.ctypes.data, k, nq,
-                         Y.ctypes.data, n + 3)
-        assert rc == 0
-        assert np.isnan(Y[:, n:]).all()
-        ref = X.astype(np.float64) @ W64.T
-        err = np.linalg.norm(Y[:, :n] - ref) / np.linalg.norm(ref)
-        assert err < 1e-5, (nqt, nq, err)

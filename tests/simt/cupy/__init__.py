@@ -1,0 +1,603 @@
+"""A stand-in for CuPy on machines without a GPU: device arrays are numpy arrays in host memory, and
+`RawModule` builds the kernel source with the host C++ compiler against tests/simt/simt.hpp, which
+runs every GPU thread as a fiber. The real sharpi_core.backends.cuda and the real cuda/*.cu kernels
+run on it unchanged: put tests/simt first on sys.path (tests/test_simt.py does, in a subprocess that
+runs the GPU test files).
+
+Only the part of CuPy that sharpi and its GPU tests use is here, and it is stricter than numpy where
+CuPy is: a numpy array given to a kernel or mixed into device arithmetic is a TypeError; kernel
+arguments are checked against the kernel's C signature (CuPy passes a Python int as int64 and does
+not check: a mismatch is garbage on a GPU); a fresh `empty` array holds 0xff bytes (NaN as floats),
+as uninitialised device memory would hold something; every allocation has 256 guard bytes of 0xff on
+both sides: a write there is an error after each launch that was given the array, a read shows as NaN.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import numpy as _np
+
+__version__ = "13.0.0+simt"
+_SIMT_HPP = Path(__file__).resolve().parents[1] / "simt.hpp"
+_GUARD = 256
+_ALIGN = 256  # cudaMalloc's alignment
+_GUARD_BYTE = 0xFF  # NaN as floats: a read past an allocation shows in the results too
+_lock = threading.RLock()
+
+# dtypes and constants, as CuPy re-exports them
+float16, float32, float64 = _np.float16, _np.float32, _np.float64
+int8, int16, int32, int64 = _np.int8, _np.int16, _np.int32, _np.int64
+uint8, uint16, uint32, uint64 = _np.uint8, _np.uint16, _np.uint32, _np.uint64
+complex64, complex128, bool_ = _np.complex64, _np.complex128, _np.bool_
+nan, inf, pi, newaxis = _np.nan, _np.inf, _np.pi, _np.newaxis
+dtype = _np.dtype
+
+
+class _Pointer:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+# allocation id -> (buffer, start, nbytes); the buffer is what device arrays are views of
+_allocations: "weakref.WeakValueDictionary[int, _np.ndarray]" = weakref.WeakValueDictionary()
+_info: dict[int, tuple[int, int]] = {}  # allocation id -> (start of the array in it, its bytes)
+
+
+class ndarray(_np.ndarray):
+    """A device array: a numpy array whose memory came from this module's allocator."""
+
+    __array_priority__ = 100.0
+
+    @property
+    def data(self):  # CuPy's MemoryPointer, as far as `.ptr` goes
+        return _Pointer(self.__array_interface__["data"][0])
+
+    @property
+    def device(self):
+        return Device()
+
+    def get(self, stream=None, order="C", out=None):
+        return _np.array(self.view(_np.ndarray), order=order, copy=True)
+
+    def set(self, arr, stream=None):
+        if isinstance(arr, ndarray):
+            raise TypeError("ndarray.set takes a numpy array")
+        _np.copyto(self.view(_np.ndarray), arr)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        plain = []
+        for a in inputs:
+            if isinstance(a, ndarray):
+                plain.append(a.view(_np.ndarray))
+            elif isinstance(a, _np.ndarray):
+                raise TypeError(f"Unsupported type {type(a)} (a numpy array mixed with a device array)")
+            else:
+                plain.append(a)
+        if out is not None:
+            if not all(isinstance(o, ndarray) for o in out):
+                raise TypeError("out= must be device arrays")
+            kwargs["out"] = tuple(o.view(_np.ndarray) for o in out)
+        r = getattr(ufunc, method)(*plain, **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return _wrap(r)
+
+    def __array_function__(self, func, types, args, kwargs):
+        _reject_host(args, kwargs, func.__name__)
+        return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
+
+    def __repr__(self):
+        return "device " + repr(self.view(_np.ndarray))
+
+    def __iter__(self):
+        raise TypeError("iterating a device array (CuPy arrays are not iterable element by element here)")
+
+    def __float__(self):
+        return float(self.view(_np.ndarray))
+
+    def __int__(self):
+        return int(self.view(_np.ndarray))
+
+    def __bool__(self):
+        return bool(self.view(_np.ndarray))
+
+    def __index__(self):
+        return int(self.view(_np.ndarray))
+
+    def tolist(self):
+        return self.view(_np.ndarray).tolist()
+
+
+def _unwrap(x):
+    if isinstance(x, ndarray):
+        return x.view(_np.ndarray)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _unwrap(v) for k, v in x.items()}
+    return x
+
+
+def _reject_host(args, kwargs, what: str):
+    for v in list(args) + list(kwargs.values()):
+        vs = v if isinstance(v, (list, tuple)) else (v,)
+        for a in vs:
+            if isinstance(a, _np.ndarray) and not isinstance(a, ndarray):
+                raise TypeError(f"{what}: Unsupported type {type(a)} (numpy array where CuPy wants a device array)")
+
+
+def _alloc(shape, dt, fill: int | None = 0xFF) -> ndarray:
+    dt = _np.dtype(dt)
+    shape = (int(shape),) if _np.isscalar(shape) else tuple(int(s) for s in shape)
+    nbytes = int(_np.prod(shape, dtype=_np.int64)) * dt.itemsize
+    buf = _np.empty(nbytes + 2 * _GUARD + _ALIGN, dtype=_np.uint8)
+    base = buf.ctypes.data
+    start = -(-(base + _GUARD) // _ALIGN) * _ALIGN - base
+    buf[:start] = _GUARD_BYTE
+    buf[start + nbytes:] = _GUARD_BYTE
+    if fill is not None:
+        buf[start:start + nbytes] = fill
+    _allocations[id(buf)] = buf
+    _info[id(buf)] = (start, nbytes)
+    weakref.finalize(buf, _info.pop, id(buf), None)
+    return buf[start:start + nbytes].view(dt).reshape(shape).view(ndarray)
+
+
+def _root(a: _np.ndarray):
+    b = a
+    while b is not None:
+        if isinstance(b, _np.ndarray) and id(b) in _allocations and _allocations.get(id(b)) is b:
+            return b
+        b = getattr(b, "base", None)
+    return None
+
+
+def _check_guards(a: ndarray, where: str) -> None:
+    buf = _root(a)
+    if buf is None:
+        return
+    start, nbytes = _info[id(buf)]
+    head, tail = buf[:start], buf[start + nbytes:]
+    if (head != _GUARD_BYTE).any() or (tail != _GUARD_BYTE).any():
+        raise RuntimeError(f"{where}: a kernel wrote outside an allocation of {nbytes} bytes")
+
+
+def _wrap(r):
+    if isinstance(r, ndarray):
+        return r
+    if isinstance(r, _np.ndarray):
+        return _copy_to_device(r)
+    if isinstance(r, tuple):
+        return tuple(_wrap(v) for v in r)
+    if isinstance(r, list):
+        return [_wrap(v) for v in r]
+    return r
+
+
+def _copy_to_device(a, dt=None) -> ndarray:
+    a = _np.asarray(a, dtype=dt)
+    out = _alloc(a.shape, a.dtype, fill=None)
+    out.view(_np.ndarray)[...] = a
+    return out
+
+
+# ---- array creation / transfer ---------------------------------------------------------------------
+
+def asarray(a, dtype=None, order=None, *, blocking=False) -> ndarray:
+    if isinstance(a, ndarray):
+        if dtype is None or _np.dtype(dtype) == a.dtype:
+            return a
+        return a.astype(dtype)
+    return _copy_to_device(a, dtype)
+
+
+def array(a, dtype=None, copy=True, order="K", ndmin=0) -> ndarray:
+    if isinstance(a, ndarray) and not copy:
+        return asarray(a, dtype)
+    return _copy_to_device(a.view(_np.ndarray) if isinstance(a, ndarray) else a, dtype)
+
+
+def ascontiguousarray(a, dtype=None) -> ndarray:
+    if not isinstance(a, ndarray):
+        raise TypeError(f"ascontiguousarray: Unsupported type {type(a)}")
+    if a.flags.c_contiguous and (dtype is None or _np.dtype(dtype) == a.dtype):
+        return a
+    return _copy_to_device(a.view(_np.ndarray), dtype)
+
+
+def asnumpy(a, stream=None, order="C", out=None, *, blocking=True) -> _np.ndarray:
+    if isinstance(a, ndarray):
+        r = _np.array(a.view(_np.ndarray), order=order, copy=True)
+    else:
+        r = _np.asarray(a, order=order)
+    if out is not None:
+        out[...] = r
+        return out
+    return r
+
+
+def empty(shape, dtype=float, order="C") -> ndarray:
+    return _alloc(shape, dtype)
+
+
+def zeros(shape, dtype=float, order="C") -> ndarray:
+    return _alloc(shape, dtype, fill=0)
+
+
+def ones(shape, dtype=float, order="C") -> ndarray:
+    a = _alloc(shape, dtype)
+    a.view(_np.ndarray)[...] = 1
+    return a
+
+
+def full(shape, fill_value, dtype=None, order="C") -> ndarray:
+    a = _alloc(shape, dtype if dtype is not None else _np.asarray(fill_value).dtype)
+    a.view(_np.ndarray)[...] = fill_value
+    return a
+
+
+def empty_like(a, dtype=None) -> ndarray:
+    return _alloc(a.shape, dtype or a.dtype)
+
+
+def zeros_like(a, dtype=None) -> ndarray:
+    return _alloc(a.shape, dtype or a.dtype, fill=0)
+
+
+def arange(*args, dtype=None) -> ndarray:
+    return _copy_to_device(_np.arange(*args, dtype=dtype))
+
+
+def get_array_module(*args):
+    import sys  # noqa: PLC0415
+    return sys.modules[__name__] if any(isinstance(a, ndarray) for a in args) else _np
+
+
+def __getattr__(name: str):
+    # other array functions: numpy's, on device arrays only, results on the device
+    f = getattr(_np, name)
+    if not callable(f) or isinstance(f, type):
+        return f
+
+    def device_fn(*args, **kwargs):
+        _reject_host(args, kwargs, name)
+        return _wrap(f(*_unwrap(args), **_unwrap(kwargs)))
+    device_fn.__name__ = name
+    return device_fn
+
+
+# ---- the cuda namespace ----------------------------------------------------------------------------
+
+class _Runtime:
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    @staticmethod
+    def getDeviceCount() -> int:
+        return 1
+
+    @staticmethod
+    def getDeviceProperties(device: int) -> dict:
+        return {"name": b"sharpi SIMT emulator (CPU)", "major": 9, "minor": 0,
+                "memoryClockRate": 2_619_000, "memoryBusWidth": 6144,  # an H200's, for the bandwidth maths
+                "sharedMemPerBlock": 48 * 1024, "sharedMemPerBlockOptin": 232448,
+                "totalGlobalMem": 1 << 34, "multiProcessorCount": 1}
+
+
+class Device:
+    def __init__(self, device=None):
+        self.id = 0 if device is None else int(device)
+        self.attributes = {"MaxSharedMemoryPerBlockOptin": 232448, "MaxSharedMemoryPerBlock": 48 * 1024}
+        self.compute_capability = "90"
+
+    def synchronize(self):
+        pass
+
+    def use(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_current = threading.local()
+
+
+class Stream:
+    null: "Stream"
+
+    def __init__(self, null=False, non_blocking=False, ptds=False):
+        self.ptr = 0 if null else id(self)
+
+    def __enter__(self):
+        stack = getattr(_current, "streams", None)
+        if stack is None:
+            stack = _current.streams = []
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _current.streams.pop()
+        return False
+
+    def use(self):
+        _current.default = self
+        return self
+
+    def synchronize(self):
+        pass
+
+    def record(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event):
+        pass
+
+    @property
+    def done(self):
+        return True
+
+
+Stream.null = Stream(null=True)
+
+
+def _get_current_stream():
+    stack = getattr(_current, "streams", None)
+    return stack[-1] if stack else getattr(_current, "default", Stream.null)
+
+
+class Event:
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    @property
+    def done(self):
+        return True
+
+
+def _get_elapsed_time(start: Event, end: Event) -> float:
+    return (end.t - start.t) * 1e3
+
+
+class _Cuda:
+    runtime = _Runtime()
+    Device = Device
+    Stream = Stream
+    Event = Event
+    get_current_stream = staticmethod(_get_current_stream)
+    get_elapsed_time = staticmethod(_get_elapsed_time)
+
+    class Memory:
+        pass
+
+
+cuda = _Cuda()
+
+
+# ---- kernels ---------------------------------------------------------------------------------------
+
+class _Launch(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("smem", ctypes.c_ulonglong), ("smem_limit", ctypes.c_ulonglong)]
+
+
+# a string literal (kept) or a comment (dropped)
+_COMMENTS = re.compile(r'"(?:\\.|[^"\\\n])*"|//[^\n]*|/\*.*?\*/', re.S)
+_SHARED_DYN = re.compile(r"extern\s+__shared__\s+((?:const\s+)?\w+)\s+(\w+)\s*\[\s*\]\s*;")
+_SHARED_STATIC = re.compile(r"__shared__\s+((?:const\s+)?\w+)\s+(\w+)\s*\[([^\]]+)\]\s*;")
+_KERNEL = re.compile(r'extern\s+"C"\s+__simt_global__\s+void\s+(?:__simt_lb__\s*\((.*?)\)\s+)?(\w+)\s*\(', re.S)
+
+
+def host_source(code: str) -> str:
+    """The kernel source as the host compiler takes it: __shared__ declarations become per-block
+    allocations of the emulator (what every thread of a block sees). Comments are dropped first."""
+    code = _COMMENTS.sub(lambda m: "" if m[0].startswith("/") else m[0], code)
+    code = _SHARED_DYN.sub(lambda m: f"{m[1]}* {m[2]} = ({m[1]}*)::simt::dynamic_shared();", code)
+    code = _SHARED_STATIC.sub(lambda m: f"{m[1]}* {m[2]} = ({m[1]}*)::simt::static_shared(sizeof({m[1]}) * ({m[3]}));",
+                              code)
+    if "__shared__" in code:
+        raise ValueError("simt: a __shared__ declaration the emulator does not handle (arrays only)")
+    return code
+
+
+def _first_bound(expr: str | None) -> int:
+    if not expr:
+        return 0
+    depth, cut = 0, len(expr)
+    for i, ch in enumerate(expr):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            cut = i
+            break
+    first = expr[:cut]
+    if not re.fullmatch(r"[\d\s()+*/-]+", first):
+        raise ValueError(f"simt: cannot read __launch_bounds__({expr})")
+    return int(eval(first, {"__builtins__": {}}))  # noqa: S307 (digits and arithmetic only)
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _cache_dir() -> Path:
+    d = os.environ.get("SHARPI_SIMT_CACHE") or os.path.join(tempfile.gettempdir(), f"sharpi-simt-{os.getuid()}")
+    Path(d).mkdir(parents=True, exist_ok=True)
+    return Path(d)
+
+
+def _build(code: str, options: tuple) -> tuple[Path, dict[str, int]]:
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("simt: no C++ compiler (g++) to build the kernels")
+    defines = [o for o in options if o.startswith(("-D", "-U"))]
+    src = host_source(code)
+    key = hashlib.sha256("\0".join([src, *defines, _SIMT_HPP.read_text(), cxx]).encode()).hexdigest()[:24]
+    d = _cache_dir()
+    lib = d / f"k{key}.so"
+    table = d / f"k{key}.kernels"
+    if not (lib.exists() and table.exists()):
+        pre = subprocess.run([cxx, "-E", "-P", "-x", "c++", "-std=c++17", "-DSHARPI_SIMT_EMU=1", *defines,
+                              "-D__global__=__simt_global__", "-D__launch_bounds__(...)=__simt_lb__(__VA_ARGS__)", "-"],
+                             input=src, capture_output=True, text=True)
+        if pre.returncode:
+            raise RuntimeError(f"simt: preprocessing failed:\n{pre.stderr[-4000:]}")
+        kernels = {name: _first_bound(lb) for lb, name in _KERNEL.findall(pre.stdout)}
+        if not kernels:
+            raise RuntimeError("simt: no extern \"C\" __global__ kernels in the source")
+        full = (f'#include "{_SIMT_HPP}"\n{src}\n'
+                + "".join(f"SIMT_EXPORT({k}, {b})\n" for k, b in kernels.items()))
+        tmp = d / f"k{key}.{os.getpid()}.{threading.get_ident()}"
+        (tmp.with_suffix(".cpp")).write_text(full)
+        cmd = [cxx, "-O2", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
+               "-Wno-unknown-pragmas", *defines, "-o", str(tmp.with_suffix(".so")), str(tmp.with_suffix(".cpp"))]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"simt: {' '.join(cmd)} failed:\n{r.stderr[-6000:]}")
+        tmp.with_suffix(".cpp").unlink()
+        table.write_text("".join(f"{k} {b}\n" for k, b in kernels.items()))
+        os.replace(tmp.with_suffix(".so"), lib)
+    kernels = {ln.split()[0]: int(ln.split()[1]) for ln in table.read_text().splitlines() if ln.strip()}
+    return lib, kernels
+
+
+_ARG_CODES = {_np.dtype(_np.int32): "i", _np.dtype(_np.uint32): "I", _np.dtype(_np.int64): "l",
+              _np.dtype(_np.uint64): "L", _np.dtype(_np.float32): "f", _np.dtype(_np.float64): "d",
+              _np.dtype(_np.bool_): "b"}
+_CTYPES = {"i": ctypes.c_int32, "I": ctypes.c_uint32, "l": ctypes.c_int64, "L": ctypes.c_uint64,
+           "f": ctypes.c_float, "d": ctypes.c_double, "b": ctypes.c_bool}
+_CODE_NAMES = {"i": "int", "I": "unsigned", "l": "int64", "L": "uint64", "f": "float", "d": "double",
+               "b": "bool", "F": "float*", "N": "int*", "P": "pointer"}
+
+
+def _arg(a, i: int, want: str, kernel: str):
+    """(ctypes value, device array or None) for argument i, checked against the C type `want`."""
+    if isinstance(a, ndarray):
+        have = {"float32": "F", "int32": "N"}.get(a.dtype.name, "P")
+        if want not in "FNP" or (want != "P" and have != want):
+            raise TypeError(f"{kernel}: argument {i} is a {a.dtype} device array, the kernel takes "
+                            f"{_CODE_NAMES[want]}")
+        return ctypes.c_void_p(a.__array_interface__["data"][0]), a
+    if isinstance(a, _np.ndarray):
+        raise TypeError(f"{kernel}: argument {i}: Unsupported type {type(a)} (a numpy array)")
+    if isinstance(a, _np.generic):
+        have = _ARG_CODES.get(a.dtype)
+    elif isinstance(a, bool):
+        have = "b"
+    elif isinstance(a, int):
+        have = "l"  # CuPy passes a Python int as a 64-bit integer
+    elif isinstance(a, float):
+        have = "d"
+    else:
+        raise TypeError(f"{kernel}: argument {i}: Unsupported type {type(a)}")
+    if have != want:
+        raise TypeError(f"{kernel}: argument {i} is {_CODE_NAMES.get(have, have)} ({a!r}), the kernel takes "
+                        f"{_CODE_NAMES[want]}")
+    return _CTYPES[have](a), None
+
+
+def _dims(v) -> tuple[int, int, int]:
+    v = (v,) if isinstance(v, (int, _np.integer)) else tuple(v)
+    if not 1 <= len(v) <= 3:
+        raise ValueError(f"grid/block {v}")
+    return tuple(int(x) for x in v) + (1,) * (3 - len(v))
+
+
+class RawKernel:
+    """One kernel of a built module (or of its own source, as cupy.RawKernel(code, name))."""
+
+    def __init__(self, code=None, name=None, options=(), *, _lib=None, _bound=0, **kw):
+        if _lib is None:
+            mod = RawModule(code=code, options=options)
+            k = mod.get_function(name)
+            _lib, _bound = k._lib, k._bound
+        self.name = name
+        self._lib = _lib
+        self._bound = _bound
+        self._fn = getattr(_lib, f"simt_launch_{name}")
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.POINTER(_Launch), ctypes.c_void_p]
+        sig = getattr(_lib, f"simt_signature_{name}")
+        sig.restype = ctypes.c_char_p
+        self.signature = sig().decode()
+        self.max_dynamic_shared_size_bytes = 0
+        self.max_threads_per_block = _bound or 1024
+
+    def __call__(self, grid, block, args, *, shared_mem=0, stream=None, enable_cooperative_groups=False):
+        args = tuple(args)
+        if len(args) != len(self.signature):
+            raise TypeError(f"{self.name}: {len(args)} arguments, the kernel takes {len(self.signature)}")
+        vals, arrays = [], []
+        for i, (a, want) in enumerate(zip(args, self.signature)):
+            v, arr = _arg(a, i, want, self.name)
+            vals.append(v)
+            if arr is not None:
+                arrays.append(arr)
+        argv = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.addressof(v) for v in vals])
+        L = _Launch((ctypes.c_uint * 3)(*_dims(grid)), (ctypes.c_uint * 3)(*_dims(block)),
+                    int(shared_mem), int(self.max_dynamic_shared_size_bytes))
+        with _lock:
+            rc = self._fn(ctypes.byref(L), argv)
+            if rc:
+                get = self._lib.simt_error
+                get.restype = ctypes.c_char_p
+                raise RuntimeError(f"kernel {self.name} grid {_dims(grid)} block {_dims(block)}: {get().decode()}")
+        for a in arrays:
+            _check_guards(a, f"kernel {self.name}")
+
+
+class RawModule:
+    def __init__(self, code=None, path=None, options=(), backend="nvrtc", translate_cucomplex=False,
+                 enable_cooperative_groups=False, name_expressions=None, jitify=False):
+        if code is None:
+            code = Path(path).read_text()
+        self.code = code
+        self.options = tuple(options)
+        lib_path, self._bounds = _build(code, self.options)
+        self._lib = ctypes.CDLL(str(lib_path))
+        self._functions: dict[str, RawKernel] = {}
+
+    def compile(self, log_stream=None):
+        pass  # built in __init__
+
+    def get_function(self, name: str) -> RawKernel:
+        k = self._functions.get(name)
+        if k is None:
+            if name not in self._bounds:
+                raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name})")
+            k = self._functions[name] = RawKernel(name=name, _lib=self._lib, _bound=self._bounds[name])
+        return k
+
+
+class _Testing:
+    @staticmethod
+    def assert_allclose(a, b, *args, **kw):
+        _np.testing.assert_allclose(asnumpy(a), asnumpy(b), *args, **kw)
+
+    @staticmethod
+    def assert_array_equal(a, b, *args, **kw):
+        _np.testing.assert_array_equal(asnumpy(a), asnumpy(b), *args, **kw)
+
+
+testing = _Testing()

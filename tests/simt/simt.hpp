@@ -1,0 +1,475 @@
+// A SIMT emulator for sharpi's CUDA kernels: cuda/*.cu compiled by the host C++ compiler and run on
+// the CPU, every GPU thread a fiber, so that the kernels themselves (not a re-statement of them) are
+// tested on machines without a GPU. tests/simt/cupy drives it: CuPy's API over numpy arrays, whose
+// RawModule builds the kernel source with this header included first.
+//
+// What it models:
+//   * threadIdx / blockIdx / blockDim / gridDim; blocks run one after another, the threads of a
+//     block interleave at every __syncthreads and warp shuffle (cooperative fibers on one OS thread);
+//   * __syncthreads: every thread of the block must reach it; a barrier reached after some threads
+//     returned, or threads waiting on different barriers, is reported as an error (on a GPU: a hang
+//     or undefined behaviour);
+//   * __shfl_sync / __shfl_xor_sync with the full mask: all 32 lanes must take part (a lane that
+//     returned, or a warp cut short by blockDim, is an error);
+//   * __shared__ memory: allocated per block, filled with 0xff bytes (NaN as floats) when the block
+//     starts, so a read before any write shows; dynamic shared memory is exactly the launch's size,
+//     with a guard zone checked after every block;
+//   * launch limits: at most 1024 threads and the kernel's __launch_bounds__, grid.y/z <= 65535,
+//     dynamic shared memory above 48 KiB only when the kernel's max_dynamic_shared_size_bytes allows;
+//   * kernel arguments: the caller passes a type code per argument, checked against the kernel's C
+//     signature (a numpy int64 for an `int` parameter would be garbage on a GPU).
+// What it does not: concurrency between blocks or streams, the GPU's memory model, its math library's
+// last-bit results (expf, tanhf... are the C library's), fp contraction (nvcc fuses a*b+c by default).
+#pragma once
+#define SHARPI_SIMT_EMU 1
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <tuple>
+#include <utility>
+
+struct uint3 { unsigned int x, y, z; };
+typedef uint3 dim3;
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+namespace simt {
+
+// ---- fibers: a minimal context switch (callee-saved registers; the FP control state is shared, as
+// kernels never change it) -----------------------------------------------------------------------
+extern "C" void simt_switch(void** save_sp, void* load_sp);
+#if defined(__x86_64__)
+asm(R"(
+    .text
+    .p2align 4
+    .globl simt_switch
+    .hidden simt_switch
+    .type simt_switch, @function
+simt_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size simt_switch, .-simt_switch
+)");
+#elif defined(__aarch64__)
+asm(R"(
+    .text
+    .p2align 4
+    .globl simt_switch
+    .hidden simt_switch
+    .type simt_switch, %function
+simt_switch:
+    sub sp, sp, #176
+    stp x19, x20, [sp, #0]
+    stp x21, x22, [sp, #16]
+    stp x23, x24, [sp, #32]
+    stp x25, x26, [sp, #48]
+    stp x27, x28, [sp, #64]
+    stp x29, x30, [sp, #80]
+    stp d8, d9, [sp, #96]
+    stp d10, d11, [sp, #112]
+    stp d12, d13, [sp, #128]
+    stp d14, d15, [sp, #144]
+    mov x9, sp
+    str x9, [x0]
+    mov sp, x1
+    ldp x19, x20, [sp, #0]
+    ldp x21, x22, [sp, #16]
+    ldp x23, x24, [sp, #32]
+    ldp x25, x26, [sp, #48]
+    ldp x27, x28, [sp, #64]
+    ldp x29, x30, [sp, #80]
+    ldp d8, d9, [sp, #96]
+    ldp d10, d11, [sp, #112]
+    ldp d12, d13, [sp, #128]
+    ldp d14, d15, [sp, #144]
+    add sp, sp, #176
+    ret
+    .size simt_switch, .-simt_switch
+)");
+#else
+#error "simt.hpp: fibers are written for x86-64 and aarch64"
+#endif
+
+enum State { RUNNABLE, AT_BARRIER, AT_SHUFFLE, DONE };
+
+struct Fiber {
+    void* sp;
+    State state;
+    uint3 tid;
+    int linear;      // threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)
+    unsigned shuf;   // warp operations done (their parity picks the exchange slots)
+    int n_shared;    // static __shared__ declarations passed in this block
+};
+
+struct Warp {
+    uint64_t slot[2][32];
+    int arrived[2];
+};
+
+constexpr size_t STACK = 256 * 1024;     // per fiber, with a guard page below
+constexpr size_t SMEM_GUARD = 256;       // bytes after dynamic shared memory, checked per block
+constexpr int MAX_STATIC = 64;           // static __shared__ declarations per kernel
+
+struct Launch {  // from the Python side
+    unsigned grid[3], block[3];
+    unsigned long long smem, smem_limit;  // dynamic shared memory bytes; the kernel's allowance
+};
+
+// ---- per-launch state (launches run one at a time) -----------------------------------------------
+inline Fiber* g_fibers;
+inline int g_nthreads;
+inline Fiber* g_cur;
+inline void* g_sched_sp;
+inline Warp* g_warps;
+inline int g_barrier_arrived;
+inline int g_done;
+inline uint3 g_block_idx, g_block_dim, g_grid_dim;
+inline unsigned char* g_dyn_smem;          // dynamic shared memory of the block (+ guard)
+inline unsigned long long g_dyn_bytes;
+inline void* g_static_ptr[MAX_STATIC];      // static __shared__ of the block, in declaration order
+inline size_t g_static_size[MAX_STATIC];
+inline int g_n_static;
+inline char g_error[512];
+inline bool g_failed;
+inline void (*g_entry)(void*);              // the kernel call of the current launch
+inline void* g_entry_ctx;
+inline char* g_stacks;                      // STACK bytes per fiber, mmap'd
+inline int g_stacks_n;
+
+template <class... A>
+inline void fail(const char* fmt, A... a) {
+    if (!g_failed) snprintf(g_error, sizeof g_error, fmt, a...);
+    g_failed = true;
+}
+
+inline void yield_to_scheduler() { simt_switch(&g_cur->sp, g_sched_sp); }
+
+// Give the CPU to the next runnable thread of the block (round-robin), or to the scheduler when
+// there is none (all returned, a failure, or a deadlock).
+inline void yield_to_next() {
+    Fiber* me = g_cur;
+    if (!g_failed) {
+        const int n = g_nthreads;
+        for (int k = 1; k <= n; k++) {
+            Fiber* f = &g_fibers[(me->linear + k) % n];
+            if (f->state == RUNNABLE) {
+                if (f == me) return;
+                g_cur = f;
+                simt_switch(&me->sp, f->sp);
+                return;
+            }
+        }
+    }
+    simt_switch(&me->sp, g_sched_sp);
+}
+
+// A failing thread never resumes: the scheduler sees g_failed and abandons the launch.
+[[noreturn]] inline void abort_thread() {
+    g_cur->state = DONE;
+    yield_to_scheduler();
+    __builtin_unreachable();
+}
+
+inline void fiber_main() {
+    g_entry(g_entry_ctx);
+    g_cur->state = DONE;
+    g_done++;
+    yield_to_next();
+    __builtin_unreachable();
+}
+
+inline void* new_fiber_stack(int i) {
+    // stacks grow down from the top, the guard page is at the bottom; tops staggered by a few cache
+    // lines so that the threads' live frames do not all fall in the same L1 sets
+    char* top = g_stacks + (size_t)(i + 1) * STACK - (size_t)(i % 61) * 320;
+    void** sp = (void**)((uintptr_t)top & ~(uintptr_t)15);
+#if defined(__x86_64__)
+    *--sp = nullptr;                  // fiber_main's return address slot (never used)
+    *--sp = (void*)&fiber_main;       // simt_switch's ret goes here
+    for (int r = 0; r < 6; r++) *--sp = nullptr;  // rbp rbx r12 r13 r14 r15
+#else
+    sp -= 22;  // 176 bytes: x19..x30, d8..d15 (+ padding)
+    memset(sp, 0, 176);
+    sp[11] = (void*)&fiber_main;      // x30 (link register): ret goes there
+#endif
+    return (void*)sp;
+}
+
+inline bool ensure_stacks(int n) {
+    if (n <= g_stacks_n) return true;
+    if (g_stacks) munmap(g_stacks, (size_t)g_stacks_n * STACK);
+    void* m = mmap(nullptr, (size_t)n * STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        g_stacks = nullptr;
+        g_stacks_n = 0;
+        return false;
+    }
+    g_stacks = (char*)m;
+    g_stacks_n = n;
+    for (int i = 0; i < n; i++) mprotect(g_stacks + (size_t)i * STACK, 4096, PROT_NONE);  // overflow -> SIGSEGV
+    return true;
+}
+
+// ---- what kernels call ---------------------------------------------------------------------------
+struct ThreadIdx {
+    operator uint3() const { return g_cur->tid; }
+};
+
+inline void syncthreads() {
+    if (g_done > 0) {
+        fail("__syncthreads in block (%u,%u,%u) after %d of its %d threads returned", g_block_idx.x,
+             g_block_idx.y, g_block_idx.z, g_done, g_nthreads);
+        abort_thread();
+    }
+    if (++g_barrier_arrived == g_nthreads) {  // the last one in releases the others
+        g_barrier_arrived = 0;
+        for (int i = 0; i < g_nthreads; i++)
+            if (g_fibers[i].state == AT_BARRIER) g_fibers[i].state = RUNNABLE;
+        return;
+    }
+    g_cur->state = AT_BARRIER;
+    yield_to_next();
+}
+
+template <class T>
+inline T warp_exchange(unsigned mask, T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffle of at most 64 bits");
+    Fiber* f = g_cur;
+    const int lane = f->linear & 31, w = f->linear >> 5;
+    if (mask != 0xffffffffu) {
+        fail("shuffle with mask %08x: the emulator supports full warps only", mask);
+        abort_thread();
+    }
+    if ((w + 1) * 32 > g_nthreads) {
+        fail("full-mask shuffle in a warp of %d threads (blockDim %u)", g_nthreads - w * 32, g_block_dim.x);
+        abort_thread();
+    }
+    Warp& W = g_warps[w];
+    const int par = f->shuf & 1;
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    W.slot[par][lane] = bits;
+    if (++W.arrived[par] == 32) {
+        W.arrived[par] = 0;
+        for (int i = w * 32; i < w * 32 + 32; i++)
+            if (g_fibers[i].state == AT_SHUFFLE && (g_fibers[i].shuf & 1) == (unsigned)par) g_fibers[i].state = RUNNABLE;
+    } else {
+        f->state = AT_SHUFFLE;
+        yield_to_next();
+    }
+    f->shuf++;
+    T r;
+    memcpy(&r, &W.slot[par][src & 31], sizeof(T));
+    return r;
+}
+
+inline void* static_shared(size_t bytes) {
+    Fiber* f = g_cur;
+    const int k = f->n_shared++;
+    if (k >= MAX_STATIC) {
+        fail("more than %d static __shared__ declarations", MAX_STATIC);
+        abort_thread();
+    }
+    if (k == g_n_static) {  // the first thread to get here allocates it for the block
+        void* p = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+        memset(p, 0xff, bytes);
+        g_static_ptr[k] = p;
+        g_static_size[k] = bytes;
+        g_n_static++;
+    } else if (g_static_size[k] != bytes) {
+        fail("threads of a block disagree on __shared__ declaration %d (%zu vs %zu bytes)", k, bytes,
+             g_static_size[k]);
+        abort_thread();
+    }
+    return g_static_ptr[k];
+}
+
+inline void* dynamic_shared() { return g_dyn_smem; }
+
+// ---- launching -------------------------------------------------------------------------------------
+// One block: every thread a fiber, run round-robin until each has returned.
+inline bool run_block() {
+    const int n = g_nthreads;
+    for (int i = 0; i < n; i++) {
+        Fiber& f = g_fibers[i];
+        f.linear = i;
+        f.tid = {(unsigned)i % g_block_dim.x, (unsigned)(i / g_block_dim.x) % g_block_dim.y,
+                 (unsigned)(i / (g_block_dim.x * g_block_dim.y))};
+        f.state = RUNNABLE;
+        f.shuf = 0;
+        f.n_shared = 0;
+        f.sp = new_fiber_stack(i);
+    }
+    for (int w = 0; w < (n + 31) / 32; w++) g_warps[w].arrived[0] = g_warps[w].arrived[1] = 0;
+    g_barrier_arrived = 0;
+    g_done = 0;
+    g_n_static = 0;
+    if (g_dyn_smem) memset(g_dyn_smem, 0xff, g_dyn_bytes + SMEM_GUARD);
+    // the threads pass control among themselves; it comes back here when none can run
+    g_cur = &g_fibers[0];
+    simt_switch(&g_sched_sp, g_cur->sp);
+    bool ok = !g_failed;
+    if (ok && g_done < n) {
+        int at_bar = 0, at_shuf = 0;
+        for (int i = 0; i < n; i++) at_bar += g_fibers[i].state == AT_BARRIER, at_shuf += g_fibers[i].state == AT_SHUFFLE;
+        fail("deadlock in block (%u,%u,%u): %d threads at __syncthreads, %d at a shuffle, %d returned",
+             g_block_idx.x, g_block_idx.y, g_block_idx.z, at_bar, at_shuf, g_done);
+        ok = false;
+    }
+    for (int k = 0; k < g_n_static; k++) free(g_static_ptr[k]);
+    if (ok && g_dyn_smem)
+        for (size_t i = 0; i < SMEM_GUARD; i++)
+            if (g_dyn_smem[g_dyn_bytes + i] != 0xff) {
+                fail("block (%u,%u,%u) wrote past its %llu bytes of dynamic shared memory", g_block_idx.x,
+                     g_block_idx.y, g_block_idx.z, g_dyn_bytes);
+                ok = false;
+                break;
+            }
+    return ok;
+}
+
+inline int run(const Launch* L, int max_threads) {
+    g_failed = false;
+    g_error[0] = 0;
+    const unsigned long long nt = (unsigned long long)L->block[0] * L->block[1] * L->block[2];
+    if (nt == 0 || L->grid[0] == 0 || L->grid[1] == 0 || L->grid[2] == 0) {
+        fail("empty launch: grid (%u,%u,%u) block (%u,%u,%u)", L->grid[0], L->grid[1], L->grid[2],
+             L->block[0], L->block[1], L->block[2]);
+        return 1;
+    }
+    if (nt > 1024 || L->block[2] > 64) {
+        fail("block (%u,%u,%u): more than a GPU block can hold", L->block[0], L->block[1], L->block[2]);
+        return 1;
+    }
+    if (max_threads > 0 && nt > (unsigned long long)max_threads) {
+        fail("block of %llu threads for a kernel declared __launch_bounds__(%d)", nt, max_threads);
+        return 1;
+    }
+    if (L->grid[0] > 0x7fffffffu || L->grid[1] > 65535 || L->grid[2] > 65535) {
+        fail("grid (%u,%u,%u) beyond CUDA's limits", L->grid[0], L->grid[1], L->grid[2]);
+        return 1;
+    }
+    if (L->smem > 48 * 1024 && L->smem > L->smem_limit) {
+        fail("%llu bytes of dynamic shared memory without max_dynamic_shared_size_bytes >= that (%llu)",
+             L->smem, L->smem_limit);
+        return 1;
+    }
+    if (!ensure_stacks((int)nt)) {
+        fail("cannot map fiber stacks");
+        return 1;
+    }
+    g_nthreads = (int)nt;
+    g_block_dim = {L->block[0], L->block[1], L->block[2]};
+    g_grid_dim = {L->grid[0], L->grid[1], L->grid[2]};
+    Fiber fibers[1024];
+    Warp warps[32];
+    g_fibers = fibers;
+    g_warps = warps;
+    g_dyn_bytes = L->smem;
+    g_dyn_smem = L->smem ? (unsigned char*)aligned_alloc(16, ((L->smem + SMEM_GUARD) + 15) & ~15ull) : nullptr;
+    bool ok = true;
+    for (unsigned z = 0; z < L->grid[2] && ok; z++)
+        for (unsigned y = 0; y < L->grid[1] && ok; y++)
+            for (unsigned x = 0; x < L->grid[0] && ok; x++) {
+                g_block_idx = {x, y, z};
+                ok = run_block();
+            }
+    free(g_dyn_smem);
+    g_dyn_smem = nullptr;
+    return ok ? 0 : 1;
+}
+
+// ---- argument marshalling --------------------------------------------------------------------------
+// Codes: i int32, I uint32, l int64, L uint64, f float32, d float64, b bool/char,
+//        F float*, N int*, P any other pointer (bytes)
+template <class T> struct Code;
+template <> struct Code<int> { static constexpr char c = 'i'; };
+template <> struct Code<unsigned> { static constexpr char c = 'I'; };
+template <> struct Code<long long> { static constexpr char c = 'l'; };
+template <> struct Code<unsigned long long> { static constexpr char c = 'L'; };
+template <> struct Code<long> { static constexpr char c = 'l'; };
+template <> struct Code<unsigned long> { static constexpr char c = 'L'; };
+template <> struct Code<float> { static constexpr char c = 'f'; };
+template <> struct Code<double> { static constexpr char c = 'd'; };
+template <class T> struct Code<T*> { static constexpr char c = 'P'; };
+template <> struct Code<float*> { static constexpr char c = 'F'; };
+template <> struct Code<const float*> { static constexpr char c = 'F'; };
+template <> struct Code<int*> { static constexpr char c = 'N'; };
+template <> struct Code<const int*> { static constexpr char c = 'N'; };
+
+template <class... A>
+struct Signature {
+    static constexpr char codes[sizeof...(A) + 1] = {Code<std::remove_cv_t<A>>::c..., 0};
+};
+
+template <class... A>
+struct Call {
+    void (*kernel)(A...);
+    std::tuple<A...> args;
+    static void entry(void* self) {
+        Call* c = (Call*)self;
+        std::apply(c->kernel, c->args);
+    }
+};
+
+template <class... A, size_t... I>
+std::tuple<A...> read_args(void* const* argv, std::index_sequence<I...>) {
+    return std::tuple<A...>{*(const std::remove_cv_t<A>*)argv[I]...};
+}
+
+template <class... A>
+int launch(void (*kernel)(A...), const Launch* L, void* const* argv, int max_threads) {
+    Call<A...> c{kernel, read_args<A...>(argv, std::index_sequence_for<A...>{})};
+    g_entry = &Call<A...>::entry;
+    g_entry_ctx = &c;
+    return run(L, max_threads);
+}
+
+template <class... A>
+const char* signature(void (*)(A...)) { return Signature<A...>::codes; }
+
+}  // namespace simt
+
+#define threadIdx (::simt::g_cur->tid)
+#define blockIdx (::simt::g_block_idx)
+#define blockDim (::simt::g_block_dim)
+#define gridDim (::simt::g_grid_dim)
+
+inline void __syncthreads() { ::simt::syncthreads(); }
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+    return ::simt::warp_exchange(mask, v, (int)(::simt::g_cur->linear & 31) ^ lane_mask);
+}
+template <class T>
+inline T __shfl_sync(unsigned mask, T v, int src) { return ::simt::warp_exchange(mask, v, src); }
+
+extern "C" const char* simt_error() { return ::simt::g_error; }
+
+// One exported launcher and signature per kernel; tests/simt/cupy appends a line per kernel it finds.
+#define SIMT_EXPORT(k, max_threads)                                                                 \
+    extern "C" int simt_launch_##k(const ::simt::Launch* L, void* const* argv) {                     \
+        return ::simt::launch(&k, L, argv, max_threads);                                              \
+    }                                                                                                 \
+    extern "C" const char* simt_signature_##k() { return ::simt::signature(&k); }

@@ -1,0 +1,239 @@
+"""The SIMT emulator (tests/simt) that runs cuda/*.cu on the CPU, and the GPU tests run through it.
+
+tests/simt/simt.hpp compiles the real kernel sources with the host C++ compiler and runs every GPU
+thread as a fiber (barriers and warp shuffles interleave them); tests/simt/cupy puts CuPy's API in
+front of it, over numpy arrays, so sharpi_core.backends.cuda runs on it unchanged. This file checks
+the emulator itself (results, and the errors it must raise where a GPU would hang or compute
+garbage), then runs the GPU test files in a subprocess with the stand-in first on sys.path: the
+kernel tests in full, and the model-level ones that are quick enough emulated (a SmolLM2 token is
+about a second there). What emulation cannot tell (speed, the GPU's memory model, concurrency
+between blocks and streams, NVRTC itself) stays with a GPU machine.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sharpi_core.backends import cuda as cb
+
+SIMT_DIR = Path(__file__).resolve().parent / "simt"
+ROOT = Path(__file__).resolve().parents[1]
+
+_spec = importlib.util.spec_from_file_location("simt_cupy", SIMT_DIR / "cupy" / "__init__.py")
+cp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cp)
+
+pytestmark = pytest.mark.skipif(cp.compiler() is None, reason="no C++ compiler for the SIMT emulator")
+
+SRC = (cb.cuda_source_dir() / "common.cuh").read_text().replace("#pragma once", "") + r'''
+extern "C" __global__ void __launch_bounds__(256) row_sum(const float* x, int n, float* out) {
+    __shared__ float red[32];
+    float v = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[(i64)blockIdx.x * n + i];
+    v = block_sum(v, red);
+    if (threadIdx.x == 0) out[blockIdx.x] = v;
+}
+// every lane gets lane src's value (broadcast) and its xor-partner's
+extern "C" __global__ void shuffles(const int* in, int src, int* bcast, int* xored, int mask) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int v = in[i];
+    bcast[i] = __shfl_sync(0xffffffffu, v, src);
+    xored[i] = __shfl_xor_sync(0xffffffffu, v, mask);
+}
+// 3-D indices: out[z][y][x] over grid x block
+extern "C" __global__ void coords(int* out) {
+    const int X = gridDim.x * blockDim.x, Y = gridDim.y * blockDim.y;
+    const int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    const int z = blockIdx.z * blockDim.z + threadIdx.z;
+    out[((i64)z * Y + y) * X + x] = x + 100 * y + 10000 * z;
+}
+// thread t reads what thread (t + 1) wrote to dynamic shared memory before the barrier
+extern "C" __global__ void rotate_smem(float* out) {
+    extern __shared__ float sm[];
+    sm[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = sm[(threadIdx.x + 1) % blockDim.x];
+}
+extern "C" __global__ void read_unwritten_shared(float* out) {
+    __shared__ float s[4];
+    out[threadIdx.x] = s[threadIdx.x % 4];
+}
+extern "C" __global__ void half_round(const float* x, u16* y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2h(x[i]);
+}
+extern "C" __global__ void sync_after_return(float* out) {
+    if (threadIdx.x < 32) return;
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+extern "C" __global__ void shuffle_vs_barrier(float* out) {
+    if (threadIdx.x < 32) out[threadIdx.x] = warp_sum(1.0f);
+    else __syncthreads();
+}
+extern "C" __global__ void warp_sum_all(float* out) { out[threadIdx.x] = warp_sum(1.0f); }
+extern "C" __global__ void write_n(float* out, int n) {
+    if (threadIdx.x == 0) for (int i = 0; i < n; i++) out[i] = 1.0f;
+}
+'''
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return cp.RawModule(code=SRC, options=("--std=c++17",))
+
+
+def test_block_reduction(mod):
+    x = np.random.default_rng(0).standard_normal((5, 1000)).astype(np.float32)
+    out = cp.empty(5, cp.float32)
+    mod.get_function("row_sum")((5,), (256,), (cp.asarray(x), np.int32(1000), out))
+    np.testing.assert_allclose(cp.asnumpy(out), x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("src,mask", [(0, 1), (7, 16), (31, 5)])
+def test_warp_shuffles(mod, src, mask):
+    n = 128
+    vals = np.random.default_rng(src).integers(-1000, 1000, n).astype(np.int32)
+    b, x = cp.empty(n, cp.int32), cp.empty(n, cp.int32)
+    mod.get_function("shuffles")((2,), (64,), (cp.asarray(vals), np.int32(src), b, x, np.int32(mask)))
+    lanes = np.arange(n)
+    np.testing.assert_array_equal(cp.asnumpy(b), vals[(lanes // 32) * 32 + src])
+    np.testing.assert_array_equal(cp.asnumpy(x), vals[(lanes // 32) * 32 + ((lanes % 32) ^ mask)])
+
+
+def test_three_dimensional_grid_and_block(mod):
+    grid, block = (3, 2, 2), (8, 4, 2)
+    X, Y, Z = (g * b for g, b in zip(grid, block))
+    out = cp.full((Z, Y, X), -1, cp.int32)
+    mod.get_function("coords")(grid, block, (out,))
+    z, y, x = np.meshgrid(np.arange(Z), np.arange(Y), np.arange(X), indexing="ij")
+    np.testing.assert_array_equal(cp.asnumpy(out), x + 100 * y + 10000 * z)
+
+
+def test_dynamic_shared_memory_is_shared_by_the_block(mod):
+    out = cp.empty(96, cp.float32)
+    mod.get_function("rotate_smem")((1,), (96,), (out,), shared_mem=96 * 4)
+    np.testing.assert_array_equal(cp.asnumpy(out), (np.arange(96) + 1) % 96)
+
+
+def test_shared_memory_starts_as_garbage(mod):
+    out = cp.zeros(32, cp.float32)
+    mod.get_function("read_unwritten_shared")((1,), (32,), (out,))
+    assert np.isnan(cp.asnumpy(out)).all()  # 0xff bytes: a read before any write shows
+
+
+def test_host_half_rounding_is_numpys():
+    # f2h's host branch (used by the emulator) against numpy's float16 conversion (round to nearest
+    # even), on every special value and on random bit patterns around the half range
+    m = cp.RawModule(code=SRC)
+    rng = np.random.default_rng(1)
+    bits = np.concatenate([rng.integers(0x30000000, 0x48000000, 200_000, dtype=np.uint32),
+                           rng.integers(0, 1 << 32, 50_000, dtype=np.uint64).astype(np.uint32)])
+    special = np.array([0, 0.5 ** 25, 0.5 ** 24, 1.5 * 0.5 ** 25, 65504, 65519.99, 65520, 1e9, np.inf,
+                        6.1e-5, 6.0e-5, 5.96e-8, 2.98e-8, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11], np.float32)
+    x = np.concatenate([bits.view(np.float32), special, -special])
+    x = x[~np.isnan(x)]
+    y = cp.empty(x.size, cp.uint16)
+    m.get_function("half_round")((-(-x.size // 256),), (256,), (cp.asarray(x), y, np.int32(x.size)))
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(cp.asnumpy(y), want)
+
+
+@pytest.mark.parametrize("kernel,block,message", [
+    ("sync_after_return", 64, "__syncthreads in block (0,0,0) after 32 of its 64 threads returned"),
+    ("shuffle_vs_barrier", 64, "deadlock"),
+    ("warp_sum_all", 48, "full-mask shuffle in a warp of 16 threads"),
+])
+def test_divergence_is_an_error(mod, kernel, block, message):
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        mod.get_function(kernel)((1,), (block,), (cp.empty(64, cp.float32),))
+
+
+def test_launch_limits(mod):
+    x, out = cp.zeros((1, 8), cp.float32), cp.empty(1, cp.float32)
+    k = mod.get_function("row_sum")
+    with pytest.raises(RuntimeError, match=r"__launch_bounds__\(256\)"):
+        k((1,), (512,), (x, np.int32(8), out))
+    r = mod.get_function("rotate_smem")
+    o = cp.empty(64, cp.float32)
+    with pytest.raises(RuntimeError, match="max_dynamic_shared_size_bytes"):
+        r((1,), (64,), (o,), shared_mem=64 * 1024)
+    r.max_dynamic_shared_size_bytes = 64 * 1024
+    r((1,), (64,), (o,), shared_mem=64 * 1024)
+    with pytest.raises(RuntimeError, match="wrote past its 128 bytes of dynamic shared memory"):
+        r((1,), (64,), (o,), shared_mem=128)
+    with pytest.raises(RuntimeError, match="more than a GPU block"):
+        mod.get_function("warp_sum_all")((1,), (2048,), (o,))
+
+
+def test_kernel_arguments_are_checked_against_the_signature(mod):
+    x, out = cp.zeros((1, 8), cp.float32), cp.empty(1, cp.float32)
+    k = mod.get_function("row_sum")
+    assert k.signature == "FiF"
+    with pytest.raises(TypeError, match="argument 1 is int64"):
+        k((1,), (32,), (x, 8, out))  # a Python int travels as 64 bits
+    with pytest.raises(TypeError, match="argument 1 is float"):
+        k((1,), (32,), (x, np.float32(8), out))
+    with pytest.raises(TypeError, match="float16 device array"):
+        k((1,), (32,), (x.astype(cp.float16), np.int32(8), out))
+    with pytest.raises(TypeError, match="numpy array"):
+        k((1,), (32,), (np.zeros((1, 8), np.float32), np.int32(8), out))
+    with pytest.raises(TypeError, match="2 arguments"):
+        k((1,), (32,), (x, np.int32(8)))
+
+
+def test_writes_outside_an_allocation_are_caught(mod):
+    k = mod.get_function("write_n")
+    out = cp.empty(10, cp.float32)
+    k((1,), (32,), (out, np.int32(10)))
+    with pytest.raises(RuntimeError, match="outside an allocation of 40 bytes"):
+        k((1,), (32,), (out, np.int32(11)))
+
+
+def test_device_arrays_do_not_mix_with_host_arrays():
+    a = cp.zeros(4, cp.float32)
+    with pytest.raises(TypeError):
+        a + np.ones(4, np.float32)
+    with pytest.raises(TypeError):
+        cp.ascontiguousarray(np.ones(4, np.float32))
+    assert isinstance(a + 1, cp.ndarray) and isinstance(cp.asnumpy(a), np.ndarray)
+
+
+# ---- the GPU test files, emulated ---------------------------------------------------------------------
+
+# Model-level GPU tests quick enough emulated (seconds each): bit-identical verify rows on the GPU
+# model, whole and split between CPU and GPU, and the fixture continuations of SmolLM2.
+MODEL_TESTS = ("test_gpu_verify_rows_equal_one_token_passes or test_gpu_split_model_verify_rows_and_logits "
+               "or test_gpu_greedy_matches_llama_cpp and smollm2")
+
+
+def run_emulated(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SIMT_DIR), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def check_run(r: subprocess.CompletedProcess, min_passed: int) -> None:
+    tail = r.stdout[-6000:] + r.stderr[-3000:]
+    assert r.returncode == 0, tail
+    m = re.search(r"(\d+) passed", r.stdout)
+    assert m and int(m[1]) >= min_passed, tail
+    assert "skipped" not in r.stdout.splitlines()[-1], tail  # nothing skipped for want of a GPU
+
+
+def test_kernel_tests_pass_on_the_emulated_gpu():
+    r = run_emulated("tests/test_cuda_kernels.py")
+    check_run(r, 170)
+
+
+def test_model_tests_pass_on_the_emulated_gpu():
+    r = run_emulated("tests/test_cuda_model.py", "-k", MODEL_TESTS)
+    check_run(r, 3)
