@@ -123,6 +123,21 @@ def test_dynamic_shared_memory_is_shared_by_the_block(mod):
     np.testing.assert_array_equal(cp.asnumpy(out), (np.arange(96) + 1) % 96)
 
 
+def test_thread_order_exposes_a_missing_barrier(mod, monkeypatch):
+    # rotate_smem without its __syncthreads: thread t reads thread t+1's slot, which the forward
+    # order has not written yet (NaN) and the reverse order has
+    m = cp.RawModule(code=SRC.replace("sm[threadIdx.x] = (float)threadIdx.x;\n    __syncthreads();",
+                                      "sm[threadIdx.x] = (float)threadIdx.x;"))
+    results = {}
+    for order in ("forward", "reverse"):
+        monkeypatch.setenv("SHARPI_SIMT_ORDER", order)
+        out = cp.zeros(64, cp.float32)
+        m.get_function("rotate_smem")((1,), (64,), (out,), shared_mem=256)
+        results[order] = cp.asnumpy(out)
+    assert np.isnan(results["forward"][:63]).all()
+    np.testing.assert_array_equal(results["reverse"][:63], np.arange(1, 64))
+
+
 def test_shared_memory_starts_as_garbage(mod):
     out = cp.zeros(32, cp.float32)
     mod.get_function("read_unwritten_shared")((1,), (32,), (out,))
@@ -215,8 +230,9 @@ MODEL_TESTS = ("test_gpu_verify_rows_equal_one_token_passes or test_gpu_split_mo
                "or test_gpu_greedy_matches_llama_cpp and smollm2")
 
 
-def run_emulated(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SIMT_DIR), os.environ.get("PYTHONPATH", "")]))
+def run_emulated(*args: str, order: str = "forward") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SIMT_DIR), os.environ.get("PYTHONPATH", "")]),
+               SHARPI_SIMT_ORDER=order)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
 
@@ -229,8 +245,11 @@ def check_run(r: subprocess.CompletedProcess, min_passed: int) -> None:
     assert "skipped" not in r.stdout.splitlines()[-1], tail  # nothing skipped for want of a GPU
 
 
-def test_kernel_tests_pass_on_the_emulated_gpu():
-    r = run_emulated("tests/test_cuda_kernels.py")
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_kernel_tests_pass_on_the_emulated_gpu(order):
+    # threads between two barriers run in increasing, then decreasing order: a missing barrier
+    # (a thread reading what another writes before they synchronise) fails one of the two
+    r = run_emulated("tests/test_cuda_kernels.py", order=order)
     check_run(r, 170)
 
 

@@ -5,7 +5,8 @@
 //
 // What it models:
 //   * threadIdx / blockIdx / blockDim / gridDim; blocks run one after another, the threads of a
-//     block interleave at every __syncthreads and warp shuffle (cooperative fibers on one OS thread);
+//     block interleave at every __syncthreads and warp shuffle (cooperative fibers on one OS thread),
+//     in increasing or (SHARPI_SIMT_ORDER=reverse) decreasing thread order;
 //   * __syncthreads: every thread of the block must reach it; a barrier reached after some threads
 //     returned, or threads waiting on different barriers, is reported as an error (on a GPU: a hang
 //     or undefined behaviour);
@@ -157,6 +158,10 @@ inline void (*g_entry)(void*);              // the kernel call of the current la
 inline void* g_entry_ctx;
 inline char* g_stacks;                      // STACK bytes per fiber, mmap'd
 inline int g_stacks_n;
+// Between two synchronisation points threads run one after another, by increasing thread index, or
+// decreasing with SHARPI_SIMT_ORDER=reverse: a kernel whose result changes with the order is missing
+// a barrier (tests/test_simt.py runs the kernel tests both ways).
+inline bool g_reverse;
 
 template <class... A>
 inline void fail(const char* fmt, A... a) {
@@ -173,7 +178,7 @@ inline void yield_to_next() {
     if (!g_failed) {
         const int n = g_nthreads;
         for (int k = 1; k <= n; k++) {
-            Fiber* f = &g_fibers[(me->linear + k) % n];
+            Fiber* f = &g_fibers[g_reverse ? (me->linear + n - k) % n : (me->linear + k) % n];
             if (f->state == RUNNABLE) {
                 if (f == me) return;
                 g_cur = f;
@@ -328,7 +333,7 @@ inline bool run_block() {
     g_n_static = 0;
     if (g_dyn_smem) memset(g_dyn_smem, 0xff, g_dyn_bytes + SMEM_GUARD);
     // the threads pass control among themselves; it comes back here when none can run
-    g_cur = &g_fibers[0];
+    g_cur = &g_fibers[g_reverse ? n - 1 : 0];
     simt_switch(&g_sched_sp, g_cur->sp);
     bool ok = !g_failed;
     if (ok && g_done < n) {
@@ -351,6 +356,8 @@ inline bool run_block() {
 }
 
 inline int run(const Launch* L, int max_threads) {
+    const char* order = getenv("SHARPI_SIMT_ORDER");
+    g_reverse = order && strcmp(order, "reverse") == 0;
     g_failed = false;
     g_error[0] = 0;
     const unsigned long long nt = (unsigned long long)L->block[0] * L->block[1] * L->block[2];
