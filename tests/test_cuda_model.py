@@ -75,6 +75,17 @@ def on_params(kind: str, names, *marks):
     return [pytest.param(kind, n, id=f"{kind}-{model_param(n).id}", marks=(*marks, *model_param(n).marks)) for n in names]
 
 
+# the stand-in on every machine, the real kernels with a GPU (or in tests/simt's emulator)
+KINDS = ["fake", pytest.param("cuda", marks=needs_gpu)]
+
+
+def ops_of(kind: str):
+    if kind == "fake":
+        return cuda_fake
+    from sharpi_core.backends import cuda  # noqa: PLC0415
+    return cuda
+
+
 @pytest.mark.parametrize("kind,name", on_params("fake", (SMOL, GEMMA, QWEN05))
                          + on_params("cuda", (SMOL, GEMMA, QWEN05, QWEN15), needs_gpu))
 def test_logits_close_to_cpu(kind, name):
@@ -91,8 +102,9 @@ def test_logits_close_to_cpu(kind, name):
     assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
-def test_fake_gpu_cache_truncate_last_n_and_cut_head():
-    gmodel, _, tok = on("fake", SMOL)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_cache_truncate_last_n_and_cut_head(kind):
+    gmodel, _, tok = on(kind, SMOL)
     ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see")
     cache = gmodel.new_cache(64)
     full = gmodel.forward(torch.tensor(ids), 0, cache)
@@ -118,8 +130,9 @@ def test_fake_gpu_cache_truncate_last_n_and_cut_head():
         cache.truncate(cache.length + 1)
 
 
-def test_fake_gpu_q8_0_cache_follows_cpu():
-    gmodel, cpu, tok = on("fake", SMOL)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_q8_0_cache_follows_cpu(kind):
+    gmodel, cpu, tok = on(kind, SMOL)
     ids = torch.tensor(tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see"))
     c8 = gmodel.new_cache(64, "q8_0", "q8_0")
     q8 = gmodel.forward(ids, 0, c8)
@@ -138,7 +151,7 @@ def test_fake_gpu_q8_0_cache_follows_cpu():
         assert most % 32 == 0 and attention_smem(hd, most) <= optin < attention_smem(hd, most + 32)
     was, gmodel.flash_attn = gmodel.flash_attn, False
     try:
-        most = cuda_fake.p_round_max_keys(gmodel.config.head_dim_k)
+        most = ops_of(kind).p_round_max_keys(gmodel.config.head_dim_k)
         gmodel.new_cache(most, "f16", "f16")
         with pytest.raises(UsageError, match="-fa off on this GPU supports a context of at most"):
             gmodel.new_cache(most + 1, "f16", "f16")
@@ -147,8 +160,9 @@ def test_fake_gpu_q8_0_cache_follows_cpu():
         gmodel.flash_attn = was
 
 
-def test_fake_gpu_speculative_greedy_parity():
-    gmodel, _, tok = on("fake", SMOL)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_speculative_greedy_parity(kind):
+    gmodel, _, tok = on(kind, SMOL)
     prompt = tok.encode("Repeat after me: the red fox, the red fox, the red fox, the red fox,")
     greedy = SamplingParams(temp=0.0)
     plain = Generator(gmodel, gmodel.new_cache(256), tok, greedy).generate(prompt, n_predict=24)
@@ -195,10 +209,11 @@ def test_fake_split_greedy_matches_llama_cpp(name):
                                   near_tie=GPU_NEAR_TIE)
 
 
-def test_fake_split_cache_truncate_last_n_and_cut_head():
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_cache_truncate_last_n_and_cut_head(kind):
     model, tok = loaded(SMOL)
     n = model.config.n_layer
-    split = SplitTransformer(model, n // 3, ops=cuda_fake)
+    split = SplitTransformer(model, n // 3, ops=ops_of(kind))
     ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see")
     cache = split.new_cache(64)
     got = split.forward(torch.tensor(ids), 0, cache)
@@ -215,7 +230,8 @@ def test_fake_split_cache_truncate_last_n_and_cut_head():
         split.new_cache(64, "f32", "f16")
 
 
-def test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes():
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes(kind):
     from sharpi_core.kv_cache import KVCache
     rng = np.random.default_rng(3)
     T, nkv, D = 3, 2, 64
@@ -231,9 +247,10 @@ def test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes():
     # gguf.quants' reference rounds half away from zero: it differs on the halves
     ref = gguf.quants.quantize(x[0, 0, :32], gguf.GGMLQuantizationType.Q8_0).view(np.uint8)
     assert not np.array_equal(ref, want[0, 0, 0])
-    gcache = cuda_fake.new_kv_cache(8, nkv, D, "q8_0")
-    cuda_fake.kv_append(x, gcache, np.array([2, 3, 4], np.int32))
-    assert np.array_equal(gcache[2:5], want.reshape(T, nkv, -1))
+    ops = ops_of(kind)
+    gcache = ops.new_kv_cache(8, nkv, D, "q8_0")
+    ops.kv_append(ops.xp.asarray(x), gcache, np.array([2, 3, 4], np.int32))
+    assert np.array_equal(ops.to_host(gcache)[2:5], want.reshape(T, nkv, -1))
 
 
 def test_fake_split_speculative_greedy_parity():
