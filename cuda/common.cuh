@@ -12,12 +12,15 @@
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define SH_HD __host__ __device__ __forceinline__
 #define SH_D __device__ __forceinline__
+#define SH_CHECK_ALIGNED(p, a) ((void)0)
 #elif defined(SHARPI_SIMT_EMU)  // tests/simt: the host compiler, threadIdx & co. from the emulator
 #define SH_HD inline
 #define SH_D inline
-struct float4 { float x, y, z, w; };  // minimal stand-ins for the CUDA vector types
-struct uint2 { unsigned int x, y; };
-struct uint4 { unsigned int x, y, z, w; };
+// a misaligned vector access faults on a GPU ("misaligned address"); x86 would not notice
+#define SH_CHECK_ALIGNED(p, a) ::simt::check_aligned((const void*)(p), (a))
+struct alignas(16) float4 { float x, y, z, w; };  // the CUDA vector types, with their alignment
+struct alignas(8) uint2 { unsigned int x, y; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
 #else
 #error "common.cuh: compile with nvcc / NVRTC, or with tests/simt/simt.hpp included first"
 #endif
@@ -45,8 +48,15 @@ SH_HD T ldg(const T* p) {
 #if defined(__CUDA_ARCH__)
     return __ldg(p);
 #else
+    SH_CHECK_ALIGNED(p, alignof(T));
     return *p;
 #endif
+}
+
+template <class T>
+SH_HD void st(T* p, T v) {  // a store of T, at T's alignment
+    SH_CHECK_ALIGNED(p, alignof(T));
+    *p = v;
 }
 
 SH_HD u16 ld_u16(const u8* p) { return ldg((const u16*)p); }  // p 2-byte aligned

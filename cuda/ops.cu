@@ -103,7 +103,7 @@ extern "C" __global__ void kv_append_f16(const float* __restrict__ src, i64 s_st
     if (idx >= (i64)T * nkv * D) return;
     const int d = (int)(idx % D), h = (int)((idx / D) % nkv), t = (int)(idx / ((i64)D * nkv));
     u16* o = (u16*)(dst + (i64)pos[t] * d_sp_b + (i64)h * d_sh_b);
-    o[d] = f2h(src[(i64)t * s_st + (i64)h * D + d]);
+    st(o + d, f2h(src[(i64)t * s_st + (i64)h * D + d]));
 }
 
 extern "C" __global__ void kv_append_q8_0(const float* __restrict__ src, i64 s_st, int T, int nkv, int D,
@@ -121,7 +121,7 @@ extern "C" __global__ void kv_append_q8_0(const float* __restrict__ src, i64 s_s
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     const int q = (int)rintf(v * id);
     u8* blk = dst + (i64)pos[t] * d_sp_b + (i64)h * d_sh_b + (i64)bi * 34;
-    if (lane == 0) *(u16*)blk = f2h(amax / 127.0f);
+    if (lane == 0) st((u16*)blk, f2h(amax / 127.0f));
     blk[2 + lane] = (u8)(i8)q;
 }
 

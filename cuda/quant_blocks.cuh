@@ -309,7 +309,7 @@ SH_HD void deq_row_thread(const u8* rp, int K, float* out, int tid, int nthreads
             v.y = w[1];
             v.z = w[2];
             v.w = w[3];
-            *(float4*)(out + (i64)ib * B::BS + B::off(t, g)) = v;
+            st((float4*)(out + (i64)ib * B::BS + B::off(t, g)), v);
         }
     }
 }

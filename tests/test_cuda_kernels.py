@@ -136,6 +136,7 @@ def test_streams():
     a_raw, b_raw = random_raw(Q.Q4_K, 512, 1024, rng), random_raw(Q.Q8_0, 256, 1024, rng)
     a = cb.CudaQWeight(a_raw, Q.Q4_K, 512, 1024)
     b = cb.CudaQWeight(b_raw, Q.Q8_0, 256, 1024)
+    cp.cuda.Device().synchronize()  # the uploads above went on the default stream
     s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     x = rng.standard_normal((4, 1024)).astype(np.float32)
     with s1:
@@ -401,6 +402,33 @@ def test_attention_matches_cache_positions_not_slots_beyond_n_kv():
     got = cp.asnumpy(cb.attention(cp.asarray(q), kc, vc, pos, 35, 0.125))
     ref = _attn_ref(q, _cache_values(kc), _cache_values(vc), pos, 35, 0.125)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_rows_do_not_depend_on_the_pass():
+    # speculative verification needs a query row to give the same bits in a pass of T rows as in a
+    # one-row pass; past 16K keys the default split size grows with the cache, and it must not grow
+    # with the pass (the rows here straddle 16384 keys, where a split size taken from n_kv changed)
+    rng = np.random.default_rng(11)
+    H, Hkv, D, cap, p0, T = 2, 1, 64, 16500, 16380, 10
+    kc, vc = _fill(rng, cap, Hkv, D, "f16", cap), _fill(rng, cap, Hkv, D, "f16", cap)
+    q = cp.asarray(rng.standard_normal((T, H, D)).astype(np.float32))
+    pos = np.arange(p0, p0 + T, dtype=np.int32)
+    rows = cp.asnumpy(cb.attention(q, kc, vc, pos, p0 + T, 0.125))
+    for t in range(T):
+        one = cp.asnumpy(cb.attention(q[t:t + 1], kc, vc, pos[t:t + 1], p0 + t + 1, 0.125))
+        np.testing.assert_array_equal(rows[t:t + 1], one, err_msg=f"row {t}")
+
+
+def test_attention_in_row_groups(monkeypatch):
+    # rows go in groups bounded by grid.y and by the partials buffer: the same bits either way
+    rng = np.random.default_rng(12)
+    T, H, Hkv, D = 9, 4, 2, 64
+    kc, vc = _fill(rng, 600, Hkv, D, "f16", 600), _fill(rng, 600, Hkv, D, "q8_0", 600)
+    q = cp.asarray(rng.standard_normal((T, H, D)).astype(np.float32))
+    pos = np.arange(590, 590 + T, dtype=np.int32) - 5
+    whole = cp.asnumpy(cb.attention(q, kc, vc, pos, 594, 0.125, chunk=64))
+    monkeypatch.setattr(cb, "ATT_PARTIALS_BYTES", 2 * H * 10 * (D + 2) * 4)  # 2 rows a launch
+    np.testing.assert_array_equal(cp.asnumpy(cb.attention(q, kc, vc, pos, 594, 0.125, chunk=64)), whole)
 
 
 def test_glu_gelu_through_ggml_fp16_table():

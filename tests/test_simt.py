@@ -75,8 +75,11 @@ extern "C" __global__ void sync_after_return(float* out) {
     out[threadIdx.x] = 1.0f;
 }
 extern "C" __global__ void shuffle_vs_barrier(float* out) {
-    if (threadIdx.x < 32) out[threadIdx.x] = warp_sum(1.0f);
+    if ((threadIdx.x & 31) < 16) out[threadIdx.x] = warp_sum(1.0f);  // half of each warp
     else __syncthreads();
+}
+extern "C" __global__ void load4(const float* x, int off, float* out) {
+    out[threadIdx.x] = ld_f4(x + off + 4 * threadIdx.x).y;
 }
 extern "C" __global__ void warp_sum_all(float* out) { out[threadIdx.x] = warp_sum(1.0f); }
 extern "C" __global__ void write_n(float* out, int n) {
@@ -138,6 +141,36 @@ def test_thread_order_exposes_a_missing_barrier(mod, monkeypatch):
     np.testing.assert_array_equal(results["reverse"][:63], np.arange(1, 64))
 
 
+def test_warp_skew_exposes_a_missing_trailing_barrier():
+    # block_max then block_sum share `red`: without block_max's trailing barrier a fast warp writes
+    # its partial sum over red[] before a slow warp has read the maximum (a GPU may do that)
+    kernel = r"""
+extern "C" __global__ void max_then_sum(const float* x, float* out) {
+    __shared__ float red[32];
+    const float v = x[threadIdx.x];
+    const float m = block_max(v, red);
+    const float s = block_sum(v, red);
+    out[threadIdx.x] = m + 1000.0f * s;
+}
+"""
+    x = np.arange(128, dtype=np.float32) / 64.0
+    want = x.max() + 1000.0 * x.sum()
+    common = (cb.cuda_source_dir() / "common.cuh").read_text().replace("#pragma once", "")
+    trailing = "    for (int i = 1; i < nw; i++) r = fmaxf(r, red[i]);\n    __syncthreads();\n"
+    assert trailing in common
+    broken = common.replace(trailing, "    for (int i = 1; i < nw; i++) r = fmaxf(r, red[i]);\n")
+    for src, ok in ((common, True), (broken, False)):
+        fn = cp.RawModule(code=src + kernel).get_function("max_then_sum")
+        for order in ("forward", "reverse"):
+            os.environ["SHARPI_SIMT_ORDER"] = order
+            try:
+                out = cp.empty(128, cp.float32)
+                fn((1,), (128,), (cp.asarray(x), out))
+            finally:
+                del os.environ["SHARPI_SIMT_ORDER"]
+            assert np.allclose(cp.asnumpy(out), want) == ok, (order, ok)
+
+
 def test_shared_memory_starts_as_garbage(mod):
     out = cp.zeros(32, cp.float32)
     mod.get_function("read_unwritten_shared")((1,), (32,), (out,))
@@ -183,10 +216,23 @@ def test_launch_limits(mod):
         r((1,), (64,), (o,), shared_mem=64 * 1024)
     r.max_dynamic_shared_size_bytes = 64 * 1024
     r((1,), (64,), (o,), shared_mem=64 * 1024)
-    with pytest.raises(RuntimeError, match="wrote past its 128 bytes of dynamic shared memory"):
+    with pytest.raises(RuntimeError, match="wrote outside its 128 bytes of dynamic shared memory"):
         r((1,), (64,), (o,), shared_mem=128)
+    with pytest.raises(RuntimeError, match="CUDA_ERROR_INVALID_VALUE"):
+        r.max_dynamic_shared_size_bytes = 400 * 1024
+    with pytest.raises(TypeError, match="tuples"):
+        r(1, (64,), (o,))
     with pytest.raises(RuntimeError, match="more than a GPU block"):
         mod.get_function("warp_sum_all")((1,), (2048,), (o,))
+
+
+def test_misaligned_vector_loads_are_errors(mod):
+    x, out = cp.asarray(np.arange(64, dtype=np.float32)), cp.empty(8, cp.float32)
+    k = mod.get_function("load4")
+    k((1,), (8,), (x, np.int32(4), out))
+    np.testing.assert_array_equal(cp.asnumpy(out), 4 + 4 * np.arange(8) + 1)
+    with pytest.raises(RuntimeError, match="misaligned address: a 16-byte access"):
+        k((1,), (8,), (x, np.int32(1), out))
 
 
 def test_kernel_arguments_are_checked_against_the_signature(mod):
@@ -211,6 +257,9 @@ def test_writes_outside_an_allocation_are_caught(mod):
     k((1,), (32,), (out, np.int32(10)))
     with pytest.raises(RuntimeError, match="outside an allocation of 40 bytes"):
         k((1,), (32,), (out, np.int32(11)))
+    copied = out.copy()  # copies are device allocations with guards too
+    with pytest.raises(RuntimeError, match="outside an allocation of 40 bytes"):
+        k((1,), (32,), (copied, np.int32(11)))
 
 
 def test_device_arrays_do_not_mix_with_host_arrays():

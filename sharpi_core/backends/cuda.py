@@ -49,7 +49,12 @@ GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and us
 GEMM_TILE_BYTES = 64 << 20
 ATT_THREADS = 128      # must match ops.cu
 ATT_MAX_SPLITS = 64
-NVRTC_OPTIONS = ("--std=c++17",)
+ATT_MAX_ROWS = 65535   # attention puts query rows in grid.y
+ATT_PARTIALS_BYTES = 256 << 20  # split-attention partials of one launch, at most
+# No contraction of a*b+c into fused multiply-adds beyond the kernels' explicit ones (sh_fma): the
+# arithmetic is then the one tests/simt's emulator (and the host compiler) does, up to the math
+# library's expf / tanhf / sincosf, so emulated results predict the GPU's.
+NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
 SOURCES = ("qmatvec", "ops")
 
 ACT_SILU, ACT_GELU_TANH, ACT_GELU_F16 = 0, 1, 2
@@ -593,8 +598,11 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     h // (H // H_kv). Caches as made by `new_kv_cache` (f16 or q8_0, any of the four K/V mixes).
     q_round ('f32'|'f16'|'q8_0') rounds q the way llama.cpp's CPU backend does before the KQ
     product; p_round rounds the normalised probabilities to f16 before PV (CPU backend with an f16
-    V cache) and forces a single split. Keys are split into chunks of `chunk` (default: at least 256,
-    at most ATT_MAX_SPLITS splits) processed in parallel, then combined."""
+    V cache) and forces a single split. Keys are split into chunks of `chunk` processed in parallel,
+    then combined; the default depends on the cache's capacity, not on n_kv (at least 256 keys, at
+    most ATT_MAX_SPLITS splits of a full cache), so that a query's splits, and so its result bit for
+    bit, do not depend on how many other rows its pass holds (speculative verification relies on it).
+    Rows go in groups of at most ATT_MAX_ROWS (grid.y's limit) and ATT_PARTIALS_BYTES of partials."""
     cp = _cupy()
     with _on(stream):
         pos = _dev_int32(cp, positions)
@@ -613,7 +621,9 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         if p_round:
             chunk = _ceil_div(maxlen, 32) * 32
         elif chunk is None:
-            chunk = max(256, _ceil_div(_ceil_div(maxlen, ATT_MAX_SPLITS), 32) * 32)
+            cap = min(k_cache.shape[0], v_cache.shape[0])
+            cap = max(1, min(cap, window) if window > 0 else cap)
+            chunk = max(256, _ceil_div(_ceil_div(cap, ATT_MAX_SPLITS), 32) * 32)
         if chunk < 1:
             raise ValueError(f"chunk={chunk}")
         S = _ceil_div(maxlen, chunk)
@@ -623,12 +633,17 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         fn = function("ops", f"attn_partial_{kk}_{vk}")
         if smem > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = smem
-        op = cp.empty((T * H * S, Dv), dtype=cp.float32)
-        ml = cp.empty((T * H * S, 2), dtype=cp.float32)
-        fn((H, T, S), (ATT_THREADS,), (
-            q, _i64(q.strides[0] // 4), k_cache, _i64(k_cache.strides[0]), _i64(k_cache.strides[1]),
-            v_cache, _i64(v_cache.strides[0]), _i64(v_cache.strides[1]), pos, _i32(n_kv), _i32(H), _i32(Hkv),
-            _i32(Dk), _i32(Dv), _f32(scale), _f32(softcap), _i32(window), _i32(chunk), _i32(qr),
-            _i32(1 if p_round else 0), op, ml), shared_mem=smem)
-        function("ops", "attn_combine")((H, T), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out, _i64(H * Dv)))
+        # each (row, head) is computed on its own, so grouping rows changes nothing in the results
+        rows = max(1, min(T, ATT_MAX_ROWS, ATT_PARTIALS_BYTES // (H * S * (Dv + 2) * 4)))
+        op = cp.empty((rows * H * S, Dv), dtype=cp.float32)
+        ml = cp.empty((rows * H * S, 2), dtype=cp.float32)
+        combine = function("ops", "attn_combine")
+        for t0 in range(0, T, rows):
+            n = min(rows, T - t0)
+            fn((H, n, S), (ATT_THREADS,), (
+                q[t0:], _i64(q.strides[0] // 4), k_cache, _i64(k_cache.strides[0]), _i64(k_cache.strides[1]),
+                v_cache, _i64(v_cache.strides[0]), _i64(v_cache.strides[1]), pos[t0:], _i32(n_kv), _i32(H),
+                _i32(Hkv), _i32(Dk), _i32(Dv), _f32(scale), _f32(softcap), _i32(window), _i32(chunk), _i32(qr),
+                _i32(1 if p_round else 0), op, ml), shared_mem=smem)
+            combine((H, n), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:], _i64(H * Dv)))
     return out

@@ -5,16 +5,17 @@
 //
 // What it models:
 //   * threadIdx / blockIdx / blockDim / gridDim; blocks run one after another, the threads of a
-//     block interleave at every __syncthreads and warp shuffle (cooperative fibers on one OS thread),
-//     in increasing or (SHARPI_SIMT_ORDER=reverse) decreasing thread order;
+//     block interleave at every __syncthreads and warp shuffle (cooperative fibers on one OS thread):
+//     a warp runs until all its threads wait at a barrier, then the next, in increasing or
+//     (SHARPI_SIMT_ORDER=reverse) decreasing thread order;
 //   * __syncthreads: every thread of the block must reach it; a barrier reached after some threads
-//     returned, or threads waiting on different barriers, is reported as an error (on a GPU: a hang
-//     or undefined behaviour);
+//     returned is reported as an error (on a GPU: a hang or undefined behaviour); threads at
+//     different __syncthreads calls release each other, as on a GPU (barrier 0);
 //   * __shfl_sync / __shfl_xor_sync with the full mask: all 32 lanes must take part (a lane that
 //     returned, or a warp cut short by blockDim, is an error);
 //   * __shared__ memory: allocated per block, filled with 0xff bytes (NaN as floats) when the block
-//     starts, so a read before any write shows; dynamic shared memory is exactly the launch's size,
-//     with a guard zone checked after every block;
+//     starts, so a read before any write shows; dynamic shared memory is exactly the launch's size;
+//     each array has guard zones on both sides, checked after every block;
 //   * launch limits: at most 1024 threads and the kernel's __launch_bounds__, grid.y/z <= 65535,
 //     dynamic shared memory above 48 KiB only when the kernel's max_dynamic_shared_size_bytes allows;
 //   * kernel arguments: the caller passes a type code per argument, checked against the kernel's C
@@ -25,6 +26,7 @@
 #define SHARPI_SIMT_EMU 1
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,9 +160,9 @@ inline void (*g_entry)(void*);              // the kernel call of the current la
 inline void* g_entry_ctx;
 inline char* g_stacks;                      // STACK bytes per fiber, mmap'd
 inline int g_stacks_n;
-// Between two synchronisation points threads run one after another, by increasing thread index, or
-// decreasing with SHARPI_SIMT_ORDER=reverse: a kernel whose result changes with the order is missing
-// a barrier (tests/test_simt.py runs the kernel tests both ways).
+// Between two synchronisation points threads run one after another, warp by warp, by increasing
+// thread index, or decreasing with SHARPI_SIMT_ORDER=reverse: a kernel whose result changes with the
+// order is missing a barrier (tests/test_simt.py runs the kernel tests both ways).
 inline bool g_reverse;
 
 template <class... A>
@@ -177,6 +179,19 @@ inline void yield_to_next() {
     Fiber* me = g_cur;
     if (!g_failed) {
         const int n = g_nthreads;
+        // a warp runs on, through its shuffles, until all of its threads wait at a barrier or have
+        // returned: the most skew between warps a GPU may show (a warp overwriting what a slower
+        // one has still to read shows); then the next warp, in thread order
+        const int w0 = me->linear & ~31, wn = w0 + 32 <= n ? 32 : n - w0, l = me->linear - w0;
+        for (int k = 1; k <= wn; k++) {
+            Fiber* f = &g_fibers[w0 + (g_reverse ? (l + wn - k) % wn : (l + k) % wn)];
+            if (f->state == RUNNABLE) {
+                if (f == me) return;
+                g_cur = f;
+                simt_switch(&me->sp, f->sp);
+                return;
+            }
+        }
         for (int k = 1; k <= n; k++) {
             Fiber* f = &g_fibers[g_reverse ? (me->linear + n - k) % n : (me->linear + k) % n];
             if (f->state == RUNNABLE) {
@@ -298,8 +313,9 @@ inline void* static_shared(size_t bytes) {
         abort_thread();
     }
     if (k == g_n_static) {  // the first thread to get here allocates it for the block
-        void* p = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
-        memset(p, 0xff, bytes);
+        unsigned char* raw = (unsigned char*)aligned_alloc(16, (2 * SMEM_GUARD + bytes + 15) & ~(size_t)15);
+        memset(raw, 0xff, 2 * SMEM_GUARD + bytes);
+        void* p = raw + SMEM_GUARD;
         g_static_ptr[k] = p;
         g_static_size[k] = bytes;
         g_n_static++;
@@ -313,7 +329,22 @@ inline void* static_shared(size_t bytes) {
 
 inline void* dynamic_shared() { return g_dyn_smem; }
 
+inline void check_aligned(const void* p, size_t a) {
+    if ((uintptr_t)p % a) {
+        fail("misaligned address: a %zu-byte access at %p (thread %d of block (%u,%u,%u))", a, p,
+             g_cur->linear, g_block_idx.x, g_block_idx.y, g_block_idx.z);
+        abort_thread();
+    }
+}
+
 // ---- launching -------------------------------------------------------------------------------------
+// The SMEM_GUARD bytes before and after a shared allocation still hold their 0xff.
+inline bool guards_intact(const unsigned char* p, size_t bytes) {
+    for (size_t i = 0; i < SMEM_GUARD; i++)
+        if (p[-1 - (ptrdiff_t)i] != 0xff || p[bytes + i] != 0xff) return false;
+    return true;
+}
+
 // One block: every thread a fiber, run round-robin until each has returned.
 inline bool run_block() {
     const int n = g_nthreads;
@@ -331,7 +362,7 @@ inline bool run_block() {
     g_barrier_arrived = 0;
     g_done = 0;
     g_n_static = 0;
-    if (g_dyn_smem) memset(g_dyn_smem, 0xff, g_dyn_bytes + SMEM_GUARD);
+    if (g_dyn_smem) memset(g_dyn_smem - SMEM_GUARD, 0xff, g_dyn_bytes + 2 * SMEM_GUARD);
     // the threads pass control among themselves; it comes back here when none can run
     g_cur = &g_fibers[g_reverse ? n - 1 : 0];
     simt_switch(&g_sched_sp, g_cur->sp);
@@ -343,15 +374,19 @@ inline bool run_block() {
              g_block_idx.x, g_block_idx.y, g_block_idx.z, at_bar, at_shuf, g_done);
         ok = false;
     }
-    for (int k = 0; k < g_n_static; k++) free(g_static_ptr[k]);
-    if (ok && g_dyn_smem)
-        for (size_t i = 0; i < SMEM_GUARD; i++)
-            if (g_dyn_smem[g_dyn_bytes + i] != 0xff) {
-                fail("block (%u,%u,%u) wrote past its %llu bytes of dynamic shared memory", g_block_idx.x,
-                     g_block_idx.y, g_block_idx.z, g_dyn_bytes);
-                ok = false;
-                break;
-            }
+    for (int k = 0; k < g_n_static; k++) {
+        if (ok && !guards_intact((unsigned char*)g_static_ptr[k], g_static_size[k])) {
+            fail("block (%u,%u,%u) wrote outside its __shared__ array %d of %zu bytes", g_block_idx.x,
+                 g_block_idx.y, g_block_idx.z, k, g_static_size[k]);
+            ok = false;
+        }
+        free((unsigned char*)g_static_ptr[k] - SMEM_GUARD);
+    }
+    if (ok && g_dyn_smem && !guards_intact(g_dyn_smem, g_dyn_bytes)) {
+        fail("block (%u,%u,%u) wrote outside its %llu bytes of dynamic shared memory", g_block_idx.x,
+             g_block_idx.y, g_block_idx.z, g_dyn_bytes);
+        ok = false;
+    }
     return ok;
 }
 
@@ -395,7 +430,9 @@ inline int run(const Launch* L, int max_threads) {
     g_fibers = fibers;
     g_warps = warps;
     g_dyn_bytes = L->smem;
-    g_dyn_smem = L->smem ? (unsigned char*)aligned_alloc(16, ((L->smem + SMEM_GUARD) + 15) & ~15ull) : nullptr;
+    unsigned char* dyn_raw =
+        L->smem ? (unsigned char*)aligned_alloc(16, ((L->smem + 2 * SMEM_GUARD) + 15) & ~15ull) : nullptr;
+    g_dyn_smem = dyn_raw ? dyn_raw + SMEM_GUARD : nullptr;
     bool ok = true;
     for (unsigned z = 0; z < L->grid[2] && ok; z++)
         for (unsigned y = 0; y < L->grid[1] && ok; y++)
@@ -403,7 +440,7 @@ inline int run(const Launch* L, int max_threads) {
                 g_block_idx = {x, y, z};
                 ok = run_block();
             }
-    free(g_dyn_smem);
+    free(dyn_raw);
     g_dyn_smem = nullptr;
     return ok ? 0 : 1;
 }

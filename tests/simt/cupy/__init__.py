@@ -33,6 +33,7 @@ _GUARD = 256
 _ALIGN = 256  # cudaMalloc's alignment
 _GUARD_BYTE = 0xFF  # NaN as floats: a read past an allocation shows in the results too
 _lock = threading.RLock()
+_SMEM_OPTIN = 232448  # an H100's / H200's opt-in shared memory per block
 
 # dtypes and constants, as CuPy re-exports them
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
@@ -95,6 +96,14 @@ class ndarray(_np.ndarray):
     def __array_function__(self, func, types, args, kwargs):
         _reject_host(args, kwargs, func.__name__)
         return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
+
+    def copy(self, order="C"):
+        return _copy_to_device(self.view(_np.ndarray))
+
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
+        if not copy and _np.dtype(dtype) == self.dtype:
+            return self
+        return _copy_to_device(self.view(_np.ndarray).astype(dtype, casting=casting))
 
     def __repr__(self):
         return "device " + repr(self.view(_np.ndarray))
@@ -290,14 +299,14 @@ class _Runtime:
     def getDeviceProperties(device: int) -> dict:
         return {"name": b"sharpi SIMT emulator (CPU)", "major": 9, "minor": 0,
                 "memoryClockRate": 2_619_000, "memoryBusWidth": 6144,  # an H200's, for the bandwidth maths
-                "sharedMemPerBlock": 48 * 1024, "sharedMemPerBlockOptin": 232448,
+                "sharedMemPerBlock": 48 * 1024, "sharedMemPerBlockOptin": _SMEM_OPTIN,
                 "totalGlobalMem": 1 << 34, "multiProcessorCount": 1}
 
 
 class Device:
     def __init__(self, device=None):
         self.id = 0 if device is None else int(device)
-        self.attributes = {"MaxSharedMemoryPerBlockOptin": 232448, "MaxSharedMemoryPerBlock": 48 * 1024}
+        self.attributes = {"MaxSharedMemoryPerBlockOptin": _SMEM_OPTIN, "MaxSharedMemoryPerBlock": 48 * 1024}
         self.compute_capability = "90"
 
     def synchronize(self):
@@ -473,9 +482,9 @@ def _build(code: str, options: tuple) -> tuple[Path, dict[str, int]]:
         cmd = [cxx, "-O2", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
                "-Wno-unknown-pragmas", *defines, "-o", str(tmp.with_suffix(".so")), str(tmp.with_suffix(".cpp"))]
         r = subprocess.run(cmd, capture_output=True, text=True)
+        tmp.with_suffix(".cpp").unlink()
         if r.returncode:
             raise RuntimeError(f"simt: {' '.join(cmd)} failed:\n{r.stderr[-6000:]}")
-        tmp.with_suffix(".cpp").unlink()
         table.write_text("".join(f"{k} {b}\n" for k, b in kernels.items()))
         os.replace(tmp.with_suffix(".so"), lib)
     kernels = {ln.split()[0]: int(ln.split()[1]) for ln in table.read_text().splitlines() if ln.strip()}
@@ -518,7 +527,8 @@ def _arg(a, i: int, want: str, kernel: str):
 
 
 def _dims(v) -> tuple[int, int, int]:
-    v = (v,) if isinstance(v, (int, _np.integer)) else tuple(v)
+    if not isinstance(v, tuple):  # CuPy's Function.__call__ takes tuples only
+        raise TypeError(f"grid and block must be tuples, not {type(v).__name__}")
     if not 1 <= len(v) <= 3:
         raise ValueError(f"grid/block {v}")
     return tuple(int(x) for x in v) + (1,) * (3 - len(v))
@@ -541,8 +551,19 @@ class RawKernel:
         sig = getattr(_lib, f"simt_signature_{name}")
         sig.restype = ctypes.c_char_p
         self.signature = sig().decode()
-        self.max_dynamic_shared_size_bytes = 0
+        self._max_dyn = 0
         self.max_threads_per_block = _bound or 1024
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._max_dyn
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, n: int) -> None:
+        if n > _SMEM_OPTIN:  # cuFuncSetAttribute refuses more than the device's opt-in
+            raise RuntimeError(f"CUDA_ERROR_INVALID_VALUE: {n} bytes of dynamic shared memory (the "
+                               f"device allows {_SMEM_OPTIN})")
+        self._max_dyn = int(n)
 
     def __call__(self, grid, block, args, *, shared_mem=0, stream=None, enable_cooperative_groups=False):
         args = tuple(args)
