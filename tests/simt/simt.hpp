@@ -20,8 +20,10 @@
 //     dynamic shared memory above 48 KiB only when the kernel's max_dynamic_shared_size_bytes allows;
 //   * kernel arguments: the caller passes a type code per argument, checked against the kernel's C
 //     signature (a numpy int64 for an `int` parameter would be garbage on a GPU).
-// What it does not: concurrency between blocks or streams, the GPU's memory model, its math library's
-// last-bit results (expf, tanhf... are the C library's), fp contraction (nvcc fuses a*b+c by default).
+// What it does not: concurrency between blocks or streams (unsynchronised += from several threads
+// never loses an update here), the GPU's memory model, its math library's last-bit results (expf,
+// tanhf... are the C library's). Neither side contracts a*b+c into fused multiply-adds beyond the
+// kernels' explicit ones: -ffp-contract=off here, --fmad=false in sharpi_core/backends/cuda.py.
 #pragma once
 #define SHARPI_SIMT_EMU 1
 
@@ -173,8 +175,8 @@ inline void fail(const char* fmt, A... a) {
 
 inline void yield_to_scheduler() { simt_switch(&g_cur->sp, g_sched_sp); }
 
-// Give the CPU to the next runnable thread of the block (round-robin), or to the scheduler when
-// there is none (all returned, a failure, or a deadlock).
+// Give the CPU to the next runnable thread: of the same warp first, else of the block in thread
+// order; to the scheduler when there is none (all returned, a failure, or a deadlock).
 inline void yield_to_next() {
     Fiber* me = g_cur;
     if (!g_failed) {
@@ -253,10 +255,6 @@ inline bool ensure_stacks(int n) {
 }
 
 // ---- what kernels call ---------------------------------------------------------------------------
-struct ThreadIdx {
-    operator uint3() const { return g_cur->tid; }
-};
-
 inline void syncthreads() {
     if (g_done > 0) {
         fail("__syncthreads in block (%u,%u,%u) after %d of its %d threads returned", g_block_idx.x,
