@@ -609,16 +609,3 @@ class RawModule:
                 raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name})")
             k = self._functions[name] = RawKernel(name=name, _lib=self._lib, _bound=self._bounds[name])
         return k
-
-
-class _Testing:
-    @staticmethod
-    def assert_allclose(a, b, *args, **kw):
-        _np.testing.assert_allclose(asnumpy(a), asnumpy(b), *args, **kw)
-
-    @staticmethod
-    def assert_array_equal(a, b, *args, **kw):
-        _np.testing.assert_array_equal(asnumpy(a), asnumpy(b), *args, **kw)
-
-
-testing = _Testing()
