@@ -275,7 +275,7 @@ def test_device_arrays_do_not_mix_with_host_arrays():
 
 # Model-level GPU tests quick enough emulated (SmolLM2: about a second a token there; the Gemma and
 # Qwen ones take 2-8 minutes each and run by hand:
-#   PYTHONPATH=tests/simt python3 -m pytest tests/test_cuda_model.py -k "cuda or gpu and not fake")
+#   PYTHONPATH=tests/simt python3 -m pytest tests/test_cuda_model.py)
 MODEL_TESTS = [f"tests/test_cuda_model.py::{t}" for t in (
     "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # llama.cpp's fixture continuations
     "test_logits_close_to_cpu[cuda-smollm2-135m]",
