@@ -141,7 +141,7 @@ def test_thread_order_exposes_a_missing_barrier(mod, monkeypatch):
     np.testing.assert_array_equal(results["reverse"][:63], np.arange(1, 64))
 
 
-def test_warp_skew_exposes_a_missing_trailing_barrier():
+def test_warp_skew_exposes_a_missing_trailing_barrier(monkeypatch):
     # block_max then block_sum share `red`: without block_max's trailing barrier a fast warp writes
     # its partial sum over red[] before a slow warp has read the maximum (a GPU may do that)
     kernel = r"""
@@ -162,12 +162,9 @@ extern "C" __global__ void max_then_sum(const float* x, float* out) {
     for src, ok in ((common, True), (broken, False)):
         fn = cp.RawModule(code=src + kernel).get_function("max_then_sum")
         for order in ("forward", "reverse"):
-            os.environ["SHARPI_SIMT_ORDER"] = order
-            try:
-                out = cp.empty(128, cp.float32)
-                fn((1,), (128,), (cp.asarray(x), out))
-            finally:
-                del os.environ["SHARPI_SIMT_ORDER"]
+            monkeypatch.setenv("SHARPI_SIMT_ORDER", order)
+            out = cp.empty(128, cp.float32)
+            fn((1,), (128,), (cp.asarray(x), out))
             assert np.allclose(cp.asnumpy(out), want) == ok, (order, ok)
 
 

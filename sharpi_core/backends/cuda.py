@@ -588,6 +588,11 @@ def kv_append(src, cache, positions, stream=None):
     return cache
 
 
+def _keys_seen(n_kv: int, window: int) -> int:
+    """The most keys one query sees among n_kv cache rows (at least 1)."""
+    return max(1, min(n_kv, window) if window > 0 else n_kv)
+
+
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
               out=None, stream=None):
@@ -617,12 +622,11 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             return out
         if not 0 < n_kv <= min(k_cache.shape[0], v_cache.shape[0]):
             raise ValueError(f"n_kv={n_kv} outside the caches' 1..{min(k_cache.shape[0], v_cache.shape[0])} rows")
-        maxlen = max(1, min(n_kv, window) if window > 0 else n_kv)  # most keys any query sees
+        maxlen = _keys_seen(n_kv, window)  # most keys any query of this pass sees
         if p_round:
             chunk = _ceil_div(maxlen, 32) * 32
         elif chunk is None:
-            cap = min(k_cache.shape[0], v_cache.shape[0])
-            cap = max(1, min(cap, window) if window > 0 else cap)
+            cap = _keys_seen(min(k_cache.shape[0], v_cache.shape[0]), window)  # ... of any pass
             chunk = max(256, _ceil_div(_ceil_div(cap, ATT_MAX_SPLITS), 32) * 32)
         if chunk < 1:
             raise ValueError(f"chunk={chunk}")

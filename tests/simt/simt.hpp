@@ -175,6 +175,16 @@ inline void fail(const char* fmt, A... a) {
 
 inline void yield_to_scheduler() { simt_switch(&g_cur->sp, g_sched_sp); }
 
+// Switch to f if it can run (true: control went there and has come back, or f is the caller).
+inline bool run_if_runnable(Fiber* me, Fiber* f) {
+    if (f->state != RUNNABLE) return false;
+    if (f != me) {
+        g_cur = f;
+        simt_switch(&me->sp, f->sp);
+    }
+    return true;
+}
+
 // Give the CPU to the next runnable thread: of the same warp first, else of the block in thread
 // order; to the scheduler when there is none (all returned, a failure, or a deadlock).
 inline void yield_to_next() {
@@ -185,24 +195,10 @@ inline void yield_to_next() {
         // returned: the most skew between warps a GPU may show (a warp overwriting what a slower
         // one has still to read shows); then the next warp, in thread order
         const int w0 = me->linear & ~31, wn = w0 + 32 <= n ? 32 : n - w0, l = me->linear - w0;
-        for (int k = 1; k <= wn; k++) {
-            Fiber* f = &g_fibers[w0 + (g_reverse ? (l + wn - k) % wn : (l + k) % wn)];
-            if (f->state == RUNNABLE) {
-                if (f == me) return;
-                g_cur = f;
-                simt_switch(&me->sp, f->sp);
-                return;
-            }
-        }
-        for (int k = 1; k <= n; k++) {
-            Fiber* f = &g_fibers[g_reverse ? (me->linear + n - k) % n : (me->linear + k) % n];
-            if (f->state == RUNNABLE) {
-                if (f == me) return;
-                g_cur = f;
-                simt_switch(&me->sp, f->sp);
-                return;
-            }
-        }
+        for (int k = 1; k <= wn; k++)
+            if (run_if_runnable(me, &g_fibers[w0 + (g_reverse ? (l + wn - k) % wn : (l + k) % wn)])) return;
+        for (int k = 1; k <= n; k++)
+            if (run_if_runnable(me, &g_fibers[g_reverse ? (me->linear + n - k) % n : (me->linear + k) % n])) return;
     }
     simt_switch(&me->sp, g_sched_sp);
 }

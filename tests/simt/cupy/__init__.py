@@ -75,20 +75,10 @@ class ndarray(_np.ndarray):
             raise TypeError("ndarray.set takes a numpy array")
         _np.copyto(self.view(_np.ndarray), arr)
 
-    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
-        plain = []
-        for a in inputs:
-            if isinstance(a, ndarray):
-                plain.append(a.view(_np.ndarray))
-            elif isinstance(a, _np.ndarray):
-                raise TypeError(f"Unsupported type {type(a)} (a numpy array mixed with a device array)")
-            else:
-                plain.append(a)
-        if out is not None:
-            if not all(isinstance(o, ndarray) for o in out):
-                raise TypeError("out= must be device arrays")
-            kwargs["out"] = tuple(o.view(_np.ndarray) for o in out)
-        r = getattr(ufunc, method)(*plain, **kwargs)
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        _reject_host(inputs, kwargs, ufunc.__name__)
+        r = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
+        out = kwargs.get("out")
         if out is not None:
             return out[0] if len(out) == 1 else out
         return _wrap(r)
