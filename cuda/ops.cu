@@ -2,8 +2,20 @@
 //
 // All extern "C"; fp32 activations; strides in elements unless named *_b (bytes).
 //
-//   rms_norm_f32(x, x_st, w, w_rows, has_w, y, y_st, n, eps)       grid.x = rows, block = 32..1024 (x32)
+//   rms_norm_f32(x, x_st, nh, a, a_st, has_a, w, w_rows, has_w, y, y_st, n, eps)
+//       grid.x = rows, block = 32..1024 (x32). Row r of x is x + (r / nh)*x_st + (r % nh)*n: nh rows
+//       of n per token (heads, for per-head q/k norms; 1 otherwise), token stride x_st; same for a, y.
+//       With has_a, first x[r, i] += a[r, i] (the residual add, written back to x), then
 //       y[r, i] = x[r, i] / sqrt(mean_i x[r, i]^2 + eps) * w[(r % w_rows), i]   (y may be x)
+//   add_bias_f32(x, x_st, T, n, b)      x[t, i] += b[i]; T*n threads, any 1-D launch
+//   scale_f32(x, x_st, T, n, alpha)     x[t, i] *= alpha; T*n threads, any 1-D launch
+//   round_half_f32(x, x_st, T, K, bf16, y, y_st)   y = x rounded to f16 (bf16=0) or bf16 (bf16=1),
+//       to nearest even, as float; T*K threads, any 1-D launch (y may be x)
+//   hadamard_f32(x, x_st, T, n, blk, scale, y, y_st)   grid.x = T * (n / blk), block = blk / 2,
+//       dynamic shared memory blk floats; blk a power of two (2..2048), n % blk == 0. Every chunk of
+//       blk values times the orthonormal Hadamard matrix, as sharpi_core.kv_cache.rotate computes it
+//       (ggml's order: times scale = 1/sqrt(blk) first, then butterflies (a+b, a-b) of width 1, 2, 4..),
+//       so the bits are the CPU path's. y must not overlap x.
 //   rope_f32(x, x_st, T, nh, hd, pos, n_rot, neox, cs, has_cs, theta_base, freq_scale, ff, has_ff)
 //       in place on x[t*x_st + h*hd + d]; one thread per rotated pair: T*nh*(n_rot/2) threads, any
 //       1-D launch. neox=0: pairs (2i, 2i+1) (llama.cpp's NORM); neox=1: pairs (i, i + n_rot/2).
@@ -28,20 +40,82 @@
 #include "common.cuh"
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------
-extern "C" __global__ void rms_norm_f32(const float* x, i64 x_st, const float* __restrict__ w, int w_rows,
-                                        int has_w, float* y, i64 y_st, int n, float eps) {
+extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float* __restrict__ a, i64 a_st,
+                                        int has_a, const float* __restrict__ w, int w_rows, int has_w, float* y,
+                                        i64 y_st, int n, float eps) {
     __shared__ float red[32];
-    const float* xr = x + (i64)blockIdx.x * x_st;
+    const int r = blockIdx.x, t = r / nh, hh = r % nh;
+    float* xr = x + (i64)t * x_st + (i64)hh * n;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = sh_fma(xr[i], xr[i], ss);
+    if (has_a) {
+        const float* ar = a + (i64)t * a_st + (i64)hh * n;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = xr[i] + ar[i];
+            xr[i] = v;  // read back below by this same thread only
+            ss = sh_fma(v, v, ss);
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss = sh_fma(xr[i], xr[i], ss);
+    }
     ss = block_sum(ss, red);  // synchronises: every read of x happens before any write of y
     const float scale = 1.0f / sqrtf(ss / (float)n + eps);
-    float* yr = y + (i64)blockIdx.x * y_st;
-    const float* wr = has_w ? w + (i64)(blockIdx.x % w_rows) * n : w;
+    float* yr = y + (i64)t * y_st + (i64)hh * n;
+    const float* wr = has_w ? w + (i64)(r % w_rows) * n : w;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = xr[i] * scale;
         yr[i] = has_w ? v * wr[i] : v;
     }
+}
+
+// ---- small elementwise steps (what the graph of a decoding pass needs besides the big kernels) ----
+extern "C" __global__ void add_bias_f32(float* x, i64 x_st, int T, int n, const float* __restrict__ b) {
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * n) return;
+    const int t = (int)(idx / n), i = (int)(idx % n);
+    x[(i64)t * x_st + i] += b[i];
+}
+
+extern "C" __global__ void scale_f32(float* x, i64 x_st, int T, int n, float alpha) {
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * n) return;
+    const int t = (int)(idx / n), i = (int)(idx % n);
+    x[(i64)t * x_st + i] *= alpha;
+}
+
+extern "C" __global__ void round_half_f32(const float* x, i64 x_st, int T, int K, int bf16, float* y, i64 y_st) {
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * K) return;
+    const int t = (int)(idx / K), i = (int)(idx % K);
+    const float v = x[(i64)t * x_st + i];
+    float r;
+    if (bf16) {  // round to nearest even on the upper 16 bits, as ggml's fp32 -> bf16
+        const u32 u = f32_bits(v);
+        r = bits_f32((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+    } else {
+        r = h2f(f2h(v));
+    }
+    y[(i64)t * y_st + i] = r;
+}
+
+extern "C" __global__ void hadamard_f32(const float* __restrict__ x, i64 x_st, int T, int n, int blk, float scale,
+                                        float* __restrict__ y, i64 y_st) {
+    extern __shared__ float hb[];  // [blk]
+    const int per = n / blk;
+    const int t = blockIdx.x / per, c = blockIdx.x % per;
+    const float* xc = x + (i64)t * x_st + (i64)c * blk;
+    for (int i = threadIdx.x; i < blk; i += blockDim.x) hb[i] = xc[i] * scale;
+    __syncthreads();
+    for (int w = 1; w < blk; w *= 2) {
+        for (int p = threadIdx.x; p < blk / 2; p += blockDim.x) {
+            const int i0 = (p / w) * 2 * w + p % w, i1 = i0 + w;
+            const float a = hb[i0], b = hb[i1];
+            hb[i0] = a + b;
+            hb[i1] = a - b;
+        }
+        __syncthreads();
+    }
+    float* yc = y + (i64)t * y_st + (i64)c * blk;
+    for (int i = threadIdx.x; i < blk; i += blockDim.x) yc[i] = hb[i];
 }
 
 // ---- RoPE ------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ What it reproduces, and what it does not:
     attention kernels, every output row here is computed by the same operations in the same order
     whatever else is in the batch, so a row of a T-token pass equals a one-token pass bit for bit.
     From GEMM_MIN_ROWS rows on, matmul uses a GEMM, as the real one switches to cuBLAS.
-  * Streams are accepted and ignored: everything runs synchronously.
+  * Streams are accepted and ignored: everything runs synchronously. A "graph" (`capture`) is the
+    captured function itself, run again at each launch (tests/simt's cupy records real launches).
 """
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     _cache_kind,
     _rope_shape,
     _weight_type,
+    attention_splits,
+    attention_work,
+    hadamard_scale,
     p_round_keys_within,
     q8_0_row_bytes,
     row_bytes,
@@ -74,6 +78,12 @@ def to_host(a, stream=None) -> np.ndarray:
     return np.array(a, copy=True)
 
 
+def upload(dst, host: np.ndarray, stream=None) -> None:
+    if dst.shape != host.shape:
+        raise ValueError(f"upload of {host.shape} into {dst.shape}")
+    dst[...] = host
+
+
 def peak_bandwidth() -> float:
     """A nominal figure (bytes/s) for code that reports a fraction of peak; nothing is measured."""
     return 100e9
@@ -94,6 +104,19 @@ class _Stream:
 
 def new_stream():
     return _Stream()
+
+
+class _Graph:
+    def __init__(self, fn):
+        self._fn = fn
+
+    def launch(self, stream=None) -> None:
+        self._fn()
+
+
+def capture(fn, stream):
+    """As backends.cuda.capture: nothing runs now; each launch runs fn."""
+    return _Graph(fn)
 
 
 def _positions(positions) -> np.ndarray:
@@ -212,16 +235,22 @@ def round_act(x, kind, out=None, stream=None):
 
 # ---- decode helpers -------------------------------------------------------------------------------
 
-def rms_norm(x, w=None, eps: float = 1e-6, out=None, stream=None):
+def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, stream=None):
     """RMSNorm over the last dimension: x [..., n] -> same shape. w: None, [n], or [w_rows, n]
-    (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x."""
+    (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x.
+    add: first x += add in place (x must be writable in place)."""
     n = x.shape[-1]
+    if add is not None:
+        if tuple(add.shape) != tuple(x.shape):
+            raise ValueError(f"add {tuple(add.shape)} must have x's shape {tuple(x.shape)}")
+        if not x.flags.writeable:
+            raise ValueError("x must be writable in place to add to it")
+        x += add
     x2 = _rows2d(x, n, "x")
     if out is None:
         out = np.empty(x.shape, dtype=np.float32)
     elif out.dtype != np.float32 or tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out must be float32 {tuple(x.shape)}")
-    o2 = _check_writable_2d(out, n, "out")
     if not x2.shape[0]:
         return out
     # accumulated in float64 along each row on its own (numpy reduces rows independently)
@@ -231,7 +260,34 @@ def rms_norm(x, w=None, eps: float = 1e-6, out=None, stream=None):
     if w is not None:
         wd = np.asarray(w, dtype=np.float32).reshape(-1, n)
         y *= wd[np.arange(x2.shape[0]) % wd.shape[0]]
-    o2[...] = y
+    out[...] = y.reshape(out.shape)  # into out itself (any view), as the kernel writes
+    return out
+
+
+def add_bias(x, b, stream=None):
+    """x [T, n] += b [n] in place."""
+    b = np.asarray(b, dtype=np.float32).reshape(-1)
+    if b.size != x.shape[-1] or x.ndim != 2:
+        raise ValueError(f"bias of {b.size} values for rows of shape {x.shape}")
+    x += b
+    return x
+
+
+def scale(x, alpha: float, stream=None):
+    """x *= alpha in place."""
+    x *= np.float32(alpha)
+    return x
+
+
+def hadamard(x, blk: int, out=None, stream=None):
+    """kv_cache.rotate (the reference the kernel hadamard_f32 follows bit for bit)."""
+    from sharpi_core.kv_cache import rotate  # noqa: PLC0415
+    if blk < 2 or blk & (blk - 1):
+        raise ValueError(f"Hadamard block {blk} must be a power of two")
+    y = rotate(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), blk).numpy()
+    if out is None:
+        return y
+    out[...] = y
     return out
 
 
@@ -355,7 +411,7 @@ def kv_append(src, cache, positions, stream=None):
 
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
-              out=None, stream=None):
+              out=None, work=None, stream=None):
     """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
 
     As cuda/ops.cu's attn_partial + attn_combine: query t at p = positions[t] sees keys
@@ -364,7 +420,7 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     product, then the scale); a query that sees no key gets 0. q_round: 'f16' rounds q to fp16,
     'q8_0' through q8_0 blocks of 32. p_round: probabilities e_j * (1/sum e) rounded to fp16, and
     P V not renormalised. The key split (`chunk`) changes only float rounding, so it is checked
-    and otherwise ignored."""
+    and otherwise ignored, and so are the `work` buffers."""
     pos = _positions(positions)
     T, H, Dk, Hkv, kk, vk, Dv, qr = _attention_shapes(q, k_cache, v_cache, q_round, pos.size)
     if out is None:

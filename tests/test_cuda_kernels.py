@@ -217,6 +217,83 @@ def test_rms_norm():
     np.testing.assert_allclose(cp.asnumpy(buf[:, :896]), want, rtol=1e-5, atol=1e-5)
 
 
+def test_rms_norm_fused_add_and_head_rows_of_a_wider_buffer():
+    rng = np.random.default_rng(1)
+    eps = 1e-6
+    # the residual add fused in: x += a written back, then the norm of the sum, the bits of the two steps
+    x = rng.standard_normal((4, 576)).astype(np.float32)
+    a = rng.standard_normal((4, 576)).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    want_sum = cp.asarray(x) + cp.asarray(a)
+    want = cp.asnumpy(cb.rms_norm(want_sum, cp.asarray(w), eps))
+    dx = cp.asarray(x)
+    got = cb.rms_norm(dx, cp.asarray(w), eps, add=cp.asarray(a))
+    np.testing.assert_array_equal(cp.asnumpy(dx), cp.asnumpy(want_sum))
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
+    # per-head norms in place on the q heads of a fused projection's output: [T, H, hd] with the
+    # token stride of the whole row, the columns after them untouched
+    T, H, hd, W = 3, 4, 64, 4 * 64 + 96
+    buf = cp.asarray(rng.standard_normal((T, W)).astype(np.float32))
+    before = cp.asnumpy(buf)
+    wh = rng.standard_normal((H, hd)).astype(np.float32)
+    q = buf[:, :H * hd].reshape(T, H, hd)
+    assert q.strides == (4 * W, 4 * hd, 4)
+    want = cp.asnumpy(cb.rms_norm(cp.asarray(before[:, :H * hd].reshape(T, H, hd)), cp.asarray(wh), eps))
+    cb.rms_norm(q, cp.asarray(wh), eps, out=q)
+    got = cp.asnumpy(buf)
+    np.testing.assert_array_equal(got[:, :H * hd].reshape(T, H, hd), want)
+    np.testing.assert_array_equal(got[:, H * hd:], before[:, H * hd:])
+
+
+def test_add_bias_and_scale_on_column_views():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 300)).astype(np.float32)
+    b = rng.standard_normal(120).astype(np.float32)
+    d = cp.asarray(x)
+    cb.add_bias(d[:, 100:220], cp.asarray(b))
+    want = x.copy()
+    want[:, 100:220] += b
+    np.testing.assert_array_equal(cp.asnumpy(d), want)
+    cb.scale(d[:, :64].reshape(5, 2, 32), 0.125)
+    want[:, :64] *= np.float32(0.125)
+    np.testing.assert_array_equal(cp.asnumpy(d), want)
+
+
+@pytest.mark.parametrize("blk", [32, 64, 128, 256])
+def test_hadamard_is_the_cpu_rotation_bit_for_bit(blk):
+    from sharpi_core.kv_cache import rotate
+    rng = np.random.default_rng(blk)
+    T, n = 3, 2 * 256
+    buf = rng.standard_normal((T, n + 64)).astype(np.float32) * 5
+    want = rotate(torch.from_numpy(np.ascontiguousarray(buf[:, :n])), blk).numpy()
+    got = cp.asnumpy(cb.hadamard(cp.asarray(buf)[:, :n], blk))  # a strided view in
+    np.testing.assert_array_equal(got, want)
+    back = cp.asnumpy(cb.hadamard(cp.asarray(got), blk))  # H @ H = I, up to rounding
+    np.testing.assert_allclose(back, buf[:, :n], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("p_round,kinds", [(False, ("f16", "f16")), (False, ("q8_0", "q8_0")), (True, ("f16", "f16"))])
+def test_attention_over_the_capacity_and_in_work_buffers_is_the_same(p_round, kinds):
+    # a graph launches attention over the cache's capacity (keys past a query's position are never
+    # seen) and into buffers it owns: the same bits as over the pass's own keys
+    rng = np.random.default_rng(13)
+    T, H, Hkv, D, cap, p0 = 5, 4, 2, 64, 700, 590
+    kc, vc = _fill(rng, cap, Hkv, D, kinds[0], cap), _fill(rng, cap, Hkv, D, kinds[1], cap)
+    q = cp.asarray(rng.standard_normal((T, H, D)).astype(np.float32))
+    pos = cp.asarray(np.arange(p0, p0 + T, dtype=np.int32))
+    qr = "q8_0" if kinds[0] == "q8_0" else "f16"
+    want = cp.asnumpy(cb.attention(q, kc, vc, pos, p0 + T, 0.125, q_round=qr, p_round=p_round))
+    _, S = cb.attention_splits(cap, cap, p_round=p_round)
+    n_op, n_ml = cb.attention_work(T, H, D, S)
+    work = (cp.empty(n_op + 7, dtype=cp.float32), cp.empty(n_ml + 3, dtype=cp.float32))
+    out = cp.empty((T, H, D), dtype=cp.float32)
+    got = cb.attention(q, kc, vc, pos, cap, 0.125, q_round=qr, p_round=p_round, out=out, work=work)
+    assert got is out
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
+    with pytest.raises(ValueError):
+        cb.attention(q, kc, vc, pos, cap, 0.125, q_round=qr, p_round=p_round, work=(work[0][:10], work[1]))
+
+
 def _rope_ref(x, pos, n_rot, neox, base, freq_scale=1.0, ff=None, table=None):
     x = x.astype(np.float64).copy()
     half = n_rot // 2

@@ -9,6 +9,7 @@ kernels in the CPU emulator of tests/simt.
 """
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -288,6 +289,59 @@ GPU_PARAMS = [model_param(n) for n in (SMOL, GEMMA, QWEN05, QWEN15)]
 def test_gpu_greedy_matches_llama_cpp(name):
     gmodel, _, tok = on("cuda", name)
     check_greedy_against_fixtures(gmodel, tok, name, near_tie=GPU_NEAR_TIE)
+
+
+def _graph_script(model, cache, ids):
+    """Logits of a decoding session: a prompt, one-token steps, verify passes, a rollback."""
+    out = [model.forward(torch.tensor(ids[:6]), 0, cache)]
+    out += [model.forward(torch.tensor([t]), 6 + i, cache) for i, t in enumerate(ids[6:10])]
+    out.append(model.forward(torch.tensor(ids[10:13]), 10, cache, decode=True))
+    cache.truncate(11)
+    out += [model.forward(torch.tensor([t]), 11 + i, cache) for i, t in enumerate(ids[11:13])]
+    out.append(model.forward(torch.tensor(ids[13:16]), 13, cache, decode=True, last_n=1))
+    out.append(model.forward(torch.tensor(ids[16:19]), 16, cache, decode=True))
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cache_type,split", [("f16", False), ("q8_0", False), ("f16", True)], ids=["f16", "q8_0", "split"])
+def test_graph_launches_equal_eager_passes_bit_for_bit(kind, cache_type, split):
+    # passes of up to 16 tokens are captured once per shape and then replayed as a graph at other
+    # positions, token ids and cache contents: every logit must be the eager launches' bit for bit
+    model, tok = loaded(SMOL)
+    ops = cuda_fake if kind == "fake" else None
+    gmodel = SplitTransformer(model, 12, ops=ops) if split else CudaTransformer(model, ops=ops)
+    gpu = gmodel.gpu if split else gmodel
+    ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see the other side")
+    gpu.use_graphs = False
+    want = _graph_script(gmodel, gmodel.new_cache(48, cache_type, cache_type), ids)
+    gpu.use_graphs = True
+    cache = gmodel.new_cache(48, cache_type, cache_type)
+    got = _graph_script(gmodel, cache, ids)
+    assert gpu.graph_launches == 6  # 5 of the 6 one-token steps (the first is captured), the last verify
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), f"pass {i}"
+    # the graphs hold the cache's arrays, not the cache: they go with it
+    assert len(gpu._graphs) == 1
+    del cache
+    gc.collect()
+    assert len(gpu._graphs) == 0
+
+
+def test_failed_graph_capture_falls_back_to_launches(monkeypatch, capsys):
+    model, tok = loaded(SMOL)
+    gmodel = CudaTransformer(model, ops=cuda_fake)
+    ids = tok.encode("The quick brown fox jumps over")
+    want = gmodel.forward(torch.tensor(ids), 0, gmodel.new_cache(32))
+
+    def refuse(fn, stream):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(cuda_fake, "capture", refuse)
+    cache = gmodel.new_cache(32)
+    assert torch.equal(gmodel.forward(torch.tensor(ids), 0, cache), want)
+    assert "graph capture failed" in capsys.readouterr().err and not gmodel.use_graphs
+    gmodel.forward(torch.tensor(ids[:1]), cache.length, cache)
+    assert gmodel.graph_launches == 0
 
 
 @needs_gpu

@@ -268,6 +268,46 @@ def test_device_arrays_do_not_mix_with_host_arrays():
     assert isinstance(a + 1, cp.ndarray) and isinstance(cp.asnumpy(a), np.ndarray)
 
 
+def test_graph_capture_records_launches_and_replays_them(mod):
+    k = mod.get_function("row_sum")
+    x = cp.asarray(np.ones((2, 100), np.float32))
+    out = cp.zeros(2, cp.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        assert s.is_capturing()
+        k((2,), (64,), (x, np.int32(100), out))  # recorded, not run
+        for what, call in (("allocation", lambda: cp.empty(3, cp.float32)),
+                           ("numpy's add", lambda: x + x),
+                           ("host -> device copy", lambda: x.set(np.zeros((2, 100), np.float32))),
+                           ("device -> host copy", lambda: cp.asnumpy(out))):
+            with pytest.raises(RuntimeError, match=what):
+                call()
+        g = s.end_capture()
+    assert not s.is_capturing()
+    np.testing.assert_array_equal(cp.asnumpy(out), [0, 0])
+    x.set(np.full((2, 100), 2.0, np.float32))  # a replay reads the memory as it is then
+    g.launch(stream=s)
+    np.testing.assert_array_equal(cp.asnumpy(out), [200, 200])
+    with pytest.raises(RuntimeError, match="default"):
+        cp.cuda.Stream.null.begin_capture()
+
+
+def test_graph_replay_into_freed_memory_is_an_error(mod):
+    k = mod.get_function("row_sum")
+    x, out = cp.asarray(np.ones((1, 10), np.float32)), cp.zeros(1, cp.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        k((1,), (32,), (x, np.int32(10), out))
+        g = s.end_capture()
+    g.launch(stream=s)
+    assert float(out[0]) == 10.0
+    del x  # the graph holds a pointer, not the array
+    with pytest.raises(RuntimeError, match="freed"):
+        g.launch(stream=s)
+
+
 # ---- the GPU test files, emulated ---------------------------------------------------------------------
 
 # Model-level GPU tests quick enough emulated (SmolLM2: about a second a token there; the Gemma and
@@ -283,6 +323,7 @@ MODEL_TESTS = [f"tests/test_cuda_model.py::{t}" for t in (
     "test_gpu_q8_0_cache_follows_cpu[cuda]",
     "test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes[cuda]",
     "test_gpu_speculative_greedy_parity[cuda]",            # lookup and self-draft
+    *(f"test_graph_launches_equal_eager_passes_bit_for_bit[{c}-cuda]" for c in ("f16", "q8_0", "split")),
 )]
 
 

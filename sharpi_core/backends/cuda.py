@@ -95,6 +95,24 @@ def new_stream():
     return _cupy().cuda.Stream(non_blocking=True)
 
 
+def capture(fn, stream):
+    """fn's work on `stream` recorded as a CUDA graph (nothing runs now) -> a graph whose
+    `launch(stream)` replays it. fn must launch kernels only: no allocation (the graph would keep
+    pointers the memory pool may hand out again), no transfer; arguments are fixed at capture."""
+    with stream:
+        stream.begin_capture()
+        try:
+            fn()
+        finally:
+            graph = stream.end_capture()
+    return graph
+
+
+def upload(dst, host: np.ndarray, stream=None) -> None:
+    """Copy a numpy array into the device array dst (same shape and dtype), in `stream`'s order."""
+    dst.set(np.ascontiguousarray(host, dtype=dst.dtype), stream=stream)
+
+
 def to_host(a, stream=None) -> np.ndarray:
     """Copy a device array to a numpy array, waiting for `stream`'s work on it."""
     return _cupy().asnumpy(a, stream=stream)
@@ -169,6 +187,7 @@ def kernel_source(name: str) -> str:
 _lock = threading.Lock()
 _modules: dict = {}    # (source name, extra options, device id) -> cupy.RawModule
 _functions: dict = {}  # (source name, extra options, device id, kernel name) -> cupy.RawKernel
+_dummies: dict = {}    # device id -> a one-float array for unused pointer arguments
 
 
 def module(name: str, options: tuple = ()):
@@ -375,16 +394,39 @@ class CudaQWeight(WeightBase):
 
 # ---- decode helpers -------------------------------------------------------------------------------
 
-def rms_norm(x, w=None, eps: float = 1e-6, out=None, stream=None):
+def _dummy(cp):
+    """A one-float device array for a kernel's unused pointer argument (allocated once per device,
+    so that no call allocates: a CUDA graph's capture must not)."""
+    dev = cp.cuda.Device().id
+    d = _dummies.get(dev)
+    if d is None:
+        d = _dummies[dev] = cp.zeros(1, dtype=cp.float32)
+    return d
+
+
+def _token_rows(cp, x, n: int, what: str):
+    """x [T, nh, n] with its rows of n contiguous one after another within a token (any token stride)
+    -> (x, token stride, nh); any other x is taken as 2-D rows of n (_rows2d), nh = 1."""
+    if (x.ndim == 3 and x.dtype == cp.float32 and x.shape[2] == n and x.strides[2] == 4
+            and x.strides[1] == 4 * n and x.strides[0] % 4 == 0):
+        return x, x.strides[0] // 4, x.shape[1]
+    x2, st = _rows2d(cp, x, n, what)
+    return x2, st, 1
+
+
+def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, stream=None):
     """RMSNorm over the last dimension: x [..., n] -> same shape. w: None, [n], or [w_rows, n]
-    (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x."""
+    (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x.
+    add (x's shape): first x += add in place (the residual add fused into the norm that follows it);
+    x must then be writable in place. x [T, nh, n] may have any token stride (a column view of a fused
+    projection): the kernel addresses rows as token * stride + head * n."""
     cp = _cupy()
     with _on(stream):
         n = x.shape[-1]
-        x2, x_st = _rows2d(cp, x, n, "x")
-        rows = x2.shape[0]
+        x2, x_st, nh = _token_rows(cp, x, n, "x")
+        rows = x2.shape[0] * nh if nh > 1 else x2.shape[0]
         if w is None:
-            wd, w_rows, has_w = cp.empty(1, cp.float32), 1, 0
+            wd, w_rows, has_w = _dummy(cp), 1, 0
         else:
             wd = cp.ascontiguousarray(cp.asarray(w, dtype=cp.float32)).reshape(-1, n)
             w_rows, has_w = wd.shape[0], 1
@@ -392,13 +434,87 @@ def rms_norm(x, w=None, eps: float = 1e-6, out=None, stream=None):
             out = cp.empty(x.shape, dtype=cp.float32)
         elif out.dtype != cp.float32 or tuple(out.shape) != tuple(x.shape):
             raise ValueError(f"out must be float32 {tuple(x.shape)}")
-        y2, y_st = _rows2d(cp, out, n, "out")
-        if y2.data.ptr != out.data.ptr:
+        y2, y_st, y_nh = _token_rows(cp, out, n, "out")
+        if y2.data.ptr != out.data.ptr or y_nh != nh:
             raise ValueError("out must be writable in place (unit stride in the last dimension)")
+        if add is None:
+            a2, a_st, has_a = _dummy(cp), 0, 0
+        else:
+            if tuple(add.shape) != tuple(x.shape):
+                raise ValueError(f"add {tuple(add.shape)} must have x's shape {tuple(x.shape)}")
+            if x2.data.ptr != x.data.ptr:
+                raise ValueError("x must be writable in place to add to it")
+            a2, a_st, a_nh = _token_rows(cp, add, n, "add")
+            if a_nh != nh:
+                raise ValueError("add must have x's layout")
+            has_a = 1
         if rows:
             threads = 256 if n >= 256 else max(32, -(-n // 32) * 32)
-            function("ops", "rms_norm_f32")((rows,), (threads,), (x2, _i64(x_st), wd, _i32(w_rows), _i32(has_w),
-                                                                  y2, _i64(y_st), _i32(n), _f32(eps)))
+            function("ops", "rms_norm_f32")((rows,), (threads,), (
+                x2, _i64(x_st), _i32(nh), a2, _i64(a_st), _i32(has_a), wd, _i32(w_rows), _i32(has_w),
+                y2, _i64(y_st), _i32(n), _f32(eps)))
+    return out
+
+
+def _rows_inplace(cp, x, what: str):
+    """x [T, ...] float32 to change in place, each token's values contiguous -> (2-D view, row stride)."""
+    x2 = x.reshape(1, -1) if x.ndim == 1 else (x.reshape(x.shape[0], -1) if x.ndim > 2 else x)
+    x2, st = _rows2d(cp, x2, x2.shape[1], what)
+    if x2.data.ptr != x.data.ptr:
+        raise ValueError(f"{what} must be writable in place (each token's values contiguous)")
+    return x2, st
+
+
+def add_bias(x, b, stream=None):
+    """x [T, n] += b [n] in place (any row stride: e.g. a group of a fused projection's output)."""
+    cp = _cupy()
+    with _on(stream):
+        x2, st = _rows_inplace(cp, x, "x")
+        T, n = x2.shape
+        bd = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32)).reshape(-1)
+        if bd.size != n:
+            raise ValueError(f"bias of {bd.size} values for rows of {n}")
+        if T * n:
+            function("ops", "add_bias_f32")((-(-(T * n) // 256),), (256,), (x2, _i64(st), _i32(T), _i32(n), bd))
+    return x
+
+
+def scale(x, alpha: float, stream=None):
+    """x [T, ...] *= alpha in place (each token's values contiguous, any token stride)."""
+    cp = _cupy()
+    with _on(stream):
+        x2, st = _rows_inplace(cp, x, "x")
+        T, n = x2.shape
+        if T * n:
+            function("ops", "scale_f32")((-(-(T * n) // 256),), (256,), (x2, _i64(st), _i32(T), _i32(n), _f32(alpha)))
+    return x
+
+
+def hadamard_scale(blk: int) -> np.float32:
+    """1/sqrt(blk) rounded as kv_cache.rotate's float32 arithmetic rounds it."""
+    return np.float32(1.0) / np.sqrt(np.float32(blk))
+
+
+def hadamard(x, blk: int, out=None, stream=None):
+    """kv_cache.rotate on the device, bit for bit: every chunk of blk values along the last dim of
+    x [T, ...] (each token's values contiguous, any token stride) times H_blk -> a new array
+    (or out, not overlapping x)."""
+    cp = _cupy()
+    if blk < 2 or blk & (blk - 1) or blk > 2048:
+        raise ValueError(f"Hadamard block {blk} must be a power of two in 2..2048")
+    with _on(stream):
+        n = int(np.prod(x.shape[1:]))
+        x2, x_st = _rows2d(cp, x.reshape(x.shape[0], n) if x.ndim != 2 else x, n, "x")
+        if n % blk:
+            raise ValueError(f"{n} values per token are not whole Hadamard blocks of {blk}")
+        if out is None:
+            out = cp.empty(x.shape, dtype=cp.float32)
+        elif out.dtype != cp.float32 or out.shape != x.shape or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous float32 {tuple(x.shape)} array")
+        T = x2.shape[0]
+        if T * n:
+            function("ops", "hadamard_f32")((T * (n // blk),), (max(1, blk // 2),), (
+                x2, _i64(x_st), _i32(T), _i32(n), _i32(blk), hadamard_scale(blk), out, _i64(n)), shared_mem=4 * blk)
     return out
 
 
@@ -440,11 +556,11 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
                 raise ValueError("position beyond the rope table")
             has_cs = 1
         else:
-            cs, has_cs = cp.empty(1, cp.float32), 0
+            cs, has_cs = _dummy(cp), 0
         if freq_factors is not None:
             ff, has_ff = cp.ascontiguousarray(cp.asarray(freq_factors, dtype=cp.float32)), 1
         else:
-            ff, has_ff = cp.empty(1, cp.float32), 0
+            ff, has_ff = _dummy(cp), 0
         total = T * nh * (n_rot // 2)
         if total:
             function("ops", "rope_f32")((-(-total // 256),), (256,), (
@@ -492,11 +608,11 @@ def round_act(x, kind: str | None, out=None, stream=None):
         o2, o_st = _rows2d(cp, out, K, "out")
         if o2.data.ptr != out.data.ptr:
             raise ValueError("out must be writable in place (unit stride in the last dimension)")
-        if kind == "f16":
-            o2[...] = x2.astype(cp.float16).astype(cp.float32)
-        elif kind == "bf16":  # round to nearest even on the upper 16 bits (no bfloat16 dtype in cupy)
-            u = x2.view(cp.uint32)
-            o2[...] = ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) & cp.uint32(0xFFFF0000)).view(cp.float32)
+        if kind in ("f16", "bf16"):
+            T = x2.shape[0]
+            if T * K:
+                function("ops", "round_half_f32")((-(-(T * K) // 256),), (256,), (
+                    x2, _i64(x_st), _i32(T), _i32(K), _i32(kind == "bf16"), o2, _i64(o_st)))
         else:
             block, f16_scale = (32, 1) if kind == "q8_32" else (256, 0)
             if K % block:
@@ -593,9 +709,29 @@ def _keys_seen(n_kv: int, window: int) -> int:
     return max(1, min(n_kv, window) if window > 0 else n_kv)
 
 
+def attention_splits(n_kv: int, capacity: int, *, window: int = 0, p_round: bool = False,
+                     chunk: int | None = None) -> tuple[int, int]:
+    """(chunk, splits) of an attention call over n_kv rows of caches of `capacity` rows (see attention)."""
+    maxlen = _keys_seen(n_kv, window)  # most keys any query of this pass sees
+    if p_round:
+        chunk = _ceil_div(maxlen, 32) * 32
+    elif chunk is None:
+        cap = _keys_seen(capacity, window)  # ... of any pass
+        chunk = max(256, _ceil_div(_ceil_div(cap, ATT_MAX_SPLITS), 32) * 32)
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk}")
+    return chunk, _ceil_div(maxlen, chunk)
+
+
+def attention_work(rows: int, n_head: int, head_dim_v: int, splits: int) -> tuple[int, int]:
+    """Floats of the two work buffers of an attention call over `rows` query rows."""
+    n = rows * n_head * splits
+    return n * head_dim_v, n * 2
+
+
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
-              out=None, stream=None):
+              out=None, work=None, stream=None):
     """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
 
     Query t is at positions[t] and sees keys j <= positions[t] (j < n_kv), within `window` if > 0
@@ -607,7 +743,12 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     then combined; the default depends on the cache's capacity, not on n_kv (at least 256 keys, at
     most ATT_MAX_SPLITS splits of a full cache), so that a query's splits, and so its result bit for
     bit, do not depend on how many other rows its pass holds (speculative verification relies on it).
-    Rows go in groups of at most ATT_MAX_ROWS (grid.y's limit) and ATT_PARTIALS_BYTES of partials."""
+    Rows go in groups of at most ATT_MAX_ROWS (grid.y's limit) and ATT_PARTIALS_BYTES of partials.
+    work: (partial outputs, (max, sum) pairs), flat float32 device arrays of at least
+    attention_work(rows, H, Dv, splits) floats each, for a call that must not allocate (a graph's
+    capture). n_kv may be any count from the pass's end (start + T) up to the caches' capacity: keys
+    past a query's position are never seen, so the result is the same bit for bit (only empty splits
+    are added); a graph passes the capacity, so that its launches do not depend on the position."""
     cp = _cupy()
     with _on(stream):
         pos = _dev_int32(cp, positions)
@@ -622,15 +763,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             return out
         if not 0 < n_kv <= min(k_cache.shape[0], v_cache.shape[0]):
             raise ValueError(f"n_kv={n_kv} outside the caches' 1..{min(k_cache.shape[0], v_cache.shape[0])} rows")
-        maxlen = _keys_seen(n_kv, window)  # most keys any query of this pass sees
-        if p_round:
-            chunk = _ceil_div(maxlen, 32) * 32
-        elif chunk is None:
-            cap = _keys_seen(min(k_cache.shape[0], v_cache.shape[0]), window)  # ... of any pass
-            chunk = max(256, _ceil_div(_ceil_div(cap, ATT_MAX_SPLITS), 32) * 32)
-        if chunk < 1:
-            raise ValueError(f"chunk={chunk}")
-        S = _ceil_div(maxlen, chunk)
+        chunk, S = attention_splits(n_kv, min(k_cache.shape[0], v_cache.shape[0]), window=window,
+                                    p_round=p_round, chunk=chunk)
         if p_round and S != 1:
             raise ValueError("p_round needs a single split")
         smem = attention_smem(Dk, chunk)
@@ -639,8 +773,15 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             fn.max_dynamic_shared_size_bytes = smem
         # each (row, head) is computed on its own, so grouping rows changes nothing in the results
         rows = max(1, min(T, ATT_MAX_ROWS, ATT_PARTIALS_BYTES // (H * S * (Dv + 2) * 4)))
-        op = cp.empty((rows * H * S, Dv), dtype=cp.float32)
-        ml = cp.empty((rows * H * S, 2), dtype=cp.float32)
+        if work is None:
+            op = cp.empty((rows * H * S, Dv), dtype=cp.float32)
+            ml = cp.empty((rows * H * S, 2), dtype=cp.float32)
+        else:
+            need = attention_work(rows, H, Dv, S)
+            op, ml = (w.reshape(-1) for w in work)
+            if op.dtype != cp.float32 or ml.dtype != cp.float32 or op.size < need[0] or ml.size < need[1]:
+                raise ValueError(f"attention work buffers must hold {need} float32 values")
+            op, ml = op[:need[0]].reshape(-1, Dv), ml[:need[1]].reshape(-1, 2)
         combine = function("ops", "attn_combine")
         for t0 in range(0, T, rows):
             n = min(rows, T - t0)

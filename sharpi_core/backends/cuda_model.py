@@ -14,6 +14,13 @@ before q.k, probabilities rounded to f16 without flash attention, the Hadamard r
 caches. Sums run in another order than on the CPU, so logits agree closely, not bit for bit.
 SHARPI_ACT_QUANT=0 keeps activations in fp32 (as on the CPU path).
 
+Passes of up to MAX_BATCH (16) tokens, decoding steps and speculative verification, run as CUDA
+graphs: their intermediates live in one workspace per model, every step of the pass is a kernel of
+cuda/*.cu, and nothing in it depends on the position (attention is launched over the cache's capacity,
+the rope table covers it, positions and token ids are read from device memory), so the first pass of
+a shape runs eagerly and is captured, and every later one is a graph launch: the 16 launches per
+layer cost one CPU call (SHARPI_CUDA_GRAPH=0 launches them one by one; same results bit for bit).
+
 `offload(model, ngl)` implements -ngl: all on the GPU, or (0 < ngl < n_layer) a SplitTransformer
 that runs the first layers on the CPU model and the rest on the GPU, as llama.cpp splits a model.
 
@@ -22,8 +29,9 @@ that runs the first layers on the CPU model and the rest on the GPU, as llama.cp
 """
 from __future__ import annotations
 
-import math
 import os
+import sys
+import weakref
 
 import numpy as np
 import torch
@@ -35,14 +43,7 @@ from ..models.transformer import Transformer, _weight, attention_scales, check_p
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector
 
 GPU_CACHE_TYPES = ("f16", "q8_0")
-
-
-def _hadamard(n: int) -> np.ndarray:
-    """Orthonormal Sylvester-Hadamard H_n (symmetric, H @ H = I), as kv_cache.rotate applies it."""
-    h = np.ones((1, 1), dtype=np.float64)
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return (h / math.sqrt(n)).astype(np.float32)
+GRAPHS = os.environ.get("SHARPI_CUDA_GRAPH", "1") != "0"
 
 
 class CudaKVCache(CacheBase):
@@ -64,37 +65,108 @@ class CudaKVCache(CacheBase):
 
 class _Proj:
     """Several weights applied to one input: weights of one type and width are fused into one
-    matmul on the device (rows concatenated at upload); the outputs are column views, one per part."""
+    matmul on the device (rows concatenated at upload), with their biases (if any) added to its
+    output; the outputs are column views, one per part."""
 
-    def __init__(self, ops, parts, name: str, stream):
+    def __init__(self, ops, parts, name: str, role: str, stream, biases=None):
         groups: list[list] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype and groups[-1][0].k == p.k:
                 groups[-1].append(p)
             else:
                 groups.append([p])
-        self.mats, self.group_sizes = [], [[p.n for p in g] for g in groups]
-        for g in groups:
+        self.mats, self.group_sizes, self.biases, self.where = [], [[p.n for p in g] for g in groups], [], []
+        biases = biases or [None] * len(parts)
+        i = 0
+        for gi, g in enumerate(groups):
             raw = g[0].raw if len(g) == 1 else np.concatenate([np.asarray(p.raw) for p in g])
             self.mats.append(ops.CudaQWeight(raw, g[0].qtype, sum(p.n for p in g), g[0].k, name=name, stream=stream))
-        self.ops, self.stream = ops, stream
+            bs = biases[i:i + len(g)]
+            if any(b is not None for b in bs):  # a part without a bias adds zeros
+                bs = [b if b is not None else np.zeros(p.n, np.float32) for b, p in zip(bs, g)]
+                self.biases.append(ops.xp.asarray(np.concatenate([np.asarray(b, dtype=np.float32) for b in bs])))
+            else:
+                self.biases.append(None)
+            off = 0
+            for p in g:
+                self.where.append((gi, off, p.n))
+                off += p.n
+            i += len(g)
+        self.ops, self.stream, self.role = ops, stream, role  # role: its outputs' workspace name
 
     @property
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self.mats)
 
-    def __call__(self, x) -> list:
-        res, rounded = [], {}
-        for m, sizes in zip(self.mats, self.group_sizes):
+    def __call__(self, x, bufs) -> list:
+        """x [T, K] -> one [T, n] view per part (outputs in bufs)."""
+        T = x.shape[0]
+        res, rounded = _Views(), {}
+        for gi, (m, sizes) in enumerate(zip(self.mats, self.group_sizes)):
             kind = act_kind(m.qtype)
             if kind not in rounded:
-                rounded[kind] = self.ops.round_act(x, kind, stream=self.stream)
-            y = m.matmul(rounded[kind], stream=self.stream)  # [T, sum of the group's rows]
+                dst = None if kind is None else bufs.get(f"act:{kind}", x.shape)
+                rounded[kind] = self.ops.round_act(x, kind, out=dst, stream=self.stream)
+            y = m.matmul(rounded[kind], stream=self.stream, out=bufs.get(f"{self.role}:{gi}", (T, m.n)))
+            if self.biases[gi] is not None:
+                self.ops.add_bias(y, self.biases[gi], stream=self.stream)
+            res.groups.append(y)
             off = 0
             for n in sizes:
                 res.append(y if n == y.shape[1] else y[:, off:off + n])
                 off += n
         return res
+
+    def span(self, views, first: int, last: int):
+        """The one column view covering parts first..last, if they are adjacent in one output."""
+        (g0, off0, _), (g1, off1, n1) = self.where[first], self.where[last]
+        return views.groups[g0][:, off0:off1 + n1] if g0 == g1 else None
+
+
+class _Views(list):
+    """A projection's per-part views, and (`groups`) the group outputs they are columns of."""
+
+    def __init__(self):
+        super().__init__()
+        self.groups = []
+
+
+class _Buffers:
+    """The device arrays of a pass, by name. With persistent=True (passes of up to MAX_BATCH rows) one
+    buffer per name, sized for MAX_BATCH rows and reused by every pass: a graph's capture must not
+    allocate, and its launches write where the capture saw. Otherwise fresh arrays."""
+
+    def __init__(self, xp, persistent: bool, rows: int = 0):
+        self.xp, self.persistent, self.rows = xp, persistent, rows
+        self.arrays: dict = {}
+
+    def get(self, name: str, shape, dtype=np.float32):
+        shape = tuple(int(v) for v in shape)
+        n = int(np.prod(shape))
+        if not self.persistent:
+            return self.xp.empty(shape, dtype=dtype)
+        buf = self.arrays.get(name)
+        if buf is None or buf.size < n or buf.dtype != np.dtype(dtype):
+            room = n if not shape or shape[0] == 0 else max(n, n // shape[0] * self.rows)
+            buf = self.arrays[name] = self.xp.empty(room, dtype=dtype)
+        return buf[:n].reshape(shape)
+
+
+class _CacheArrays:
+    """What a pass needs of a CudaKVCache (not the cache itself: a graph keeps this alive, and the
+    cache may go away)."""
+
+    def __init__(self, cache):
+        self.k, self.v, self.capacity = cache.k, cache.v, cache.capacity
+        self.type_k, self.type_v, self.rot_k, self.rot_v = cache.type_k, cache.type_v, cache.rot_k, cache.rot_v
+
+
+class _Graph:
+    """A captured pass: the graph, its device inputs (token ids or hidden state, positions), its
+    logits, and the arrays it reads and writes (kept alive while the graph lives)."""
+
+    def __init__(self, graph, inputs: tuple, logits, keep: list):
+        self.graph, self.inputs, self.logits, self.keep = graph, inputs, logits, keep
 
 
 class _Layer:
@@ -132,14 +204,16 @@ class CudaTransformer:
                     p = f"blk.{i}."
                     ly = _Layer()
                     # GGUF row order: the rope kernel pairs NEOX dims itself (the CPU path permutes rows)
+                    host = lambda name: (load_vector(gf.tensor(name)).numpy()  # noqa: E731
+                                         if name in gf.tensors else None)
                     ly.qkv = _Proj(ops, [_weight(gf, p + n) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight")],
-                                   p + "attn_qkv", s)
-                    ly.wo = _Proj(ops, [_weight(gf, p + "attn_output.weight")], p + "attn_output", s)
+                                   p + "attn_qkv", "qkv", s,
+                                   biases=[host(p + n) for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias")])
+                    ly.wo = _Proj(ops, [_weight(gf, p + "attn_output.weight")], p + "attn_output", "wo", s)
                     ly.gu = _Proj(ops, [_weight(gf, p + "ffn_gate.weight"), _weight(gf, p + "ffn_up.weight")],
-                                  p + "ffn_gate_up", s)
-                    ly.down = _Proj(ops, [_weight(gf, p + "ffn_down.weight")], p + "ffn_down", s)
+                                  p + "ffn_gate_up", "gu", s)
+                    ly.down = _Proj(ops, [_weight(gf, p + "ffn_down.weight")], p + "ffn_down", "down", s)
                     ly.attn_norm, ly.ffn_norm = vec(p + "attn_norm.weight"), vec(p + "ffn_norm.weight")
-                    ly.bq, ly.bk, ly.bv = vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")
                     ly.q_norm, ly.k_norm = vec(p + "attn_q_norm.weight"), vec(p + "attn_k_norm.weight")
                     ly.post_attn_norm = vec(p + "post_attention_norm.weight")
                     ly.post_ffn_norm = vec(p + "post_ffw_norm.weight")
@@ -148,7 +222,10 @@ class CudaTransformer:
             raise SharpiError(f"cannot put {os.path.basename(gf.path)} on the GPU: {type(e).__name__}: {e}") from None
         self._tables: dict = {}   # rope base -> device (cos, sin) table
         self._heads: dict = {}    # n -> the output layer's first n rows
-        self._rot: dict = {}      # n -> device Hadamard matrix
+        self.use_graphs = GRAPHS and hasattr(ops, "capture")
+        self.graph_launches = 0   # passes run as a graph launch (tests, benchmarks)
+        self._ws = _Buffers(self.xp, True, ops.MAX_BATCH)
+        self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {shape key: _Graph}
         # llama.cpp's CPU GELU goes through an fp16 table (~1e-3 off the exact one, enough to move
         # these small models' near-ties); SHARPI_ACT_QUANT=0 takes the exact function
         self._act = "gelu_tanh_f16" if c.act == "gelu_tanh" and MATCH_LLAMA_CPP else c.act
@@ -190,15 +267,6 @@ class CudaTransformer:
             tab = self._tables[base] = self.xp.asarray(torch.view_as_real(host).contiguous().numpy())
         return tab
 
-    def _rotate(self, x, n: int | None):
-        """kv_cache.rotate on the device: chunks of n along the last dim times H_n."""
-        if n is None:
-            return x
-        h = self._rot.get(n)
-        if h is None:
-            h = self._rot[n] = self.xp.asarray(_hadamard(n))
-        return (self.xp.ascontiguousarray(x).reshape(-1, n) @ h).reshape(x.shape)
-
     def _output_head(self, n: int):
         w = self._heads.get(n)
         if w is None:
@@ -213,17 +281,12 @@ class CudaTransformer:
         """As Transformer.forward. `decode` changes nothing here: every row of a pass of up to 16
         tokens goes through the same batched matvec, which sums each row in one order whatever the
         batch size, so verify rows equal one-token passes; longer passes use cuBLAS."""
-        c, xp, s = self.config, self.xp, self.stream
         if self.first_layer:
             raise ValueError(f"this model holds layers {self.first_layer}.. only: feed it with forward_hidden")
         tokens = pass_tokens(tokens, start_pos, cache)
         if tokens.shape[0] == 0:
-            return torch.zeros(0, c.n_vocab)
-        with s:
-            x = self.tok_embd.rows(xp.asarray(tokens.numpy().astype(np.int32)), stream=s)  # [T, D]
-            if c.embed_scale != 1.0:
-                x *= np.float32(c.embed_scale)
-            return self._layers_and_head(x, start_pos, cache, last_n, n_out)
+            return torch.zeros(0, self.config.n_vocab)
+        return self._pass(tokens.numpy().astype(np.int32), None, start_pos, cache, last_n, n_out)
 
     def forward_hidden(self, x: torch.Tensor, start_pos: int, cache: CudaKVCache, last_n: int | None = None,
                        n_out: int | None = None) -> torch.Tensor:
@@ -232,80 +295,149 @@ class CudaTransformer:
         check_pass(start_pos, x.shape[0], cache)
         if x.shape[0] == 0:
             return torch.zeros(0, self.config.n_vocab)
-        with self.stream:
-            return self._layers_and_head(self.xp.asarray(np.ascontiguousarray(x.numpy(), dtype=np.float32)),
-                                         start_pos, cache, last_n, n_out)
+        return self._pass(None, np.ascontiguousarray(x.numpy(), dtype=np.float32), start_pos, cache, last_n, n_out)
 
-    def _layers_and_head(self, x, start_pos: int, cache: CudaKVCache, last_n: int | None, n_out: int | None):
-        # x [T, D] on the device; runs inside `with self.stream`
-        c, ops, xp, s = self.config, self.ops, self.xp, self.stream
-        T = int(x.shape[0])
-        L = start_pos + T
-        H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
+    def _pass(self, ids, hidden, start_pos: int, cache: CudaKVCache, last_n: int | None, n_out: int | None):
+        """ids int32 [T] (or hidden float32 [T, D]) at start_pos -> logits, through a graph where it can."""
+        c, s = self.config, self.stream
+        T = ids.shape[0] if ids is not None else hidden.shape[0]
+        last_n = last_n if last_n is not None and last_n < T else None
+        n_out = n_out if n_out is not None and n_out < c.n_vocab else None
+        positions = np.arange(start_pos, start_pos + T, dtype=np.int32)
+        ca = _CacheArrays(cache)
+        with s:
+            if T > self.ops.MAX_BATCH or self.trace is not None or not self.use_graphs:
+                bufs = _Buffers(self.xp, False)
+                inputs = self._inputs(bufs, ids, hidden, positions)
+                logits = self._body(bufs, inputs, ca, start_pos + T, last_n, n_out)
+            else:
+                graphs = self._graphs.setdefault(cache, {})
+                key = (T, last_n, n_out, ids is None, self.flash_attn)
+                g = graphs.get(key)
+                if g is None:
+                    # the first pass of this shape runs eagerly (compiling kernels, sizing the workspace
+                    # and the tables), then its launches are captured for the next ones
+                    bufs = self._ws
+                    inputs = self._inputs(bufs, ids, hidden, positions)
+                    logits = self._body(bufs, inputs, ca, ca.capacity, last_n, n_out)
+                    try:
+                        graph = self.ops.capture(lambda: self._body(bufs, inputs, ca, ca.capacity, last_n, n_out), s)
+                    except Exception as e:  # graphs only save launch time: go on without them
+                        print(f"warning: CUDA graph capture failed ({type(e).__name__}: {e}); "
+                              "launching kernels one by one", file=sys.stderr)
+                        self.use_graphs = False
+                    else:
+                        keep = [*bufs.arrays.values(), *self._tables.values(), *self._heads.values()]
+                        graphs[key] = _Graph(graph, inputs, logits, keep)
+                else:
+                    tok_or_x, pos = g.inputs
+                    self.ops.upload(tok_or_x, ids if ids is not None else hidden, stream=s)
+                    self.ops.upload(pos, positions, stream=s)
+                    g.graph.launch(stream=s)
+                    self.graph_launches += 1
+                    logits = g.logits
+            cache.length = start_pos + T
+            return torch.from_numpy(self.ops.to_host(logits, stream=s))  # waits for this stream's work
+
+    def _inputs(self, bufs, ids, hidden, positions) -> tuple:
+        """Uploads the pass's token ids (or hidden state) and positions -> their device arrays."""
+        s = self.stream
+        first = bufs.get("tok", ids.shape, np.int32) if ids is not None else bufs.get("x", hidden.shape)
+        self.ops.upload(first, ids if ids is not None else hidden, stream=s)
+        pos = bufs.get("pos", positions.shape, np.int32)
+        self.ops.upload(pos, positions, stream=s)
+        return first, pos
+
+    def _body(self, b: _Buffers, inputs: tuple, cache: _CacheArrays, n_kv: int, last_n: int | None,
+              n_out: int | None):
+        """The pass on the device, kernel launches only (no allocation with a persistent `b`, nothing
+        that depends on the position but the device arrays `inputs`) -> logits [T', n] (a view in b).
+        n_kv: keys attention is launched over, from the pass's end up to the cache's capacity (same
+        results). Runs inside `with self.stream`."""
+        c, ops, s = self.config, self.ops, self.stream
+        first, pos = inputs
+        T = int(pos.shape[0])
+        H, Hkv, hd, hdv, D = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v, c.n_embd
         scale, kq_scale = attention_scales(c)
         neox = c.rope_style == ROPE_NEOX
         eps = c.norm_eps
         # llama.cpp's CPU rounding of q before q.k, and of P before P.V without flash attention
         q_round = "q8_0" if cache.type_k == "q8_0" else "f16"
         p_round = not self.flash_attn and cache.type_v == "f16"
-        pos = xp.arange(start_pos, L, dtype=xp.int32)
-        tables = {b: self._table(b, L) for b in self.cpu._rope_bases}
+        tables = {base: self._table(base, cache.capacity) for base in self.cpu._rope_bases}
         tr = None if self.trace is None else (lambda name, a: self.trace(name, torch.from_numpy(ops.to_host(a, stream=s))))
+        if first.dtype == np.int32:
+            x = self.tok_embd.rows(first, stream=s, out=b.get("x", (T, D)))  # [T, D]
+            if c.embed_scale != 1.0:
+                ops.scale(x, c.embed_scale, stream=s)
+        else:
+            x = first
+        pending = None  # the last FFN output, added to x by the norm that follows it
         for j, ly in enumerate(self.layers):
             i = self.first_layer + j
-            h = ops.rms_norm(x, ly.attn_norm, eps, stream=s)
+            h = ops.rms_norm(x, ly.attn_norm, eps, out=b.get("h", (T, D)), add=pending, stream=s)
             if tr is not None:
+                if pending is not None:
+                    tr(f"l_out-{i - 1}", x)
                 tr(f"attn_norm-{i}", h)
-            q, k, v = ly.qkv(h)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv] (column views)
-            q = (q + ly.bq) if ly.bq is not None else xp.ascontiguousarray(q)
-            k = (k + ly.bk) if ly.bk is not None else xp.ascontiguousarray(k)
-            v = (v + ly.bv) if ly.bv is not None else xp.ascontiguousarray(v)
-            q, k, v = q.reshape(T, H, hd), k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hdv)
+            qkv = ly.qkv(h, b)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv]: column views, biases added
+            q, k, v = qkv[0].reshape(T, H, hd), qkv[1].reshape(T, Hkv, hd), qkv[2].reshape(T, Hkv, hdv)
             if ly.q_norm is not None:
-                q = ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
-                k = ops.rms_norm(k, ly.k_norm, eps, out=k, stream=s)
+                ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
+                ops.rms_norm(k, ly.k_norm, eps, out=k, stream=s)
             tab = tables[c.layer_rope_base(i)]
-            ops.rope(q, pos, c.n_rot, neox, table=tab, stream=s)
-            ops.rope(k, pos, c.n_rot, neox, table=tab, stream=s)
+            qk = ly.qkv.span(qkv, 0, 1)  # q and k side by side: one launch turns both
+            if qk is not None:
+                ops.rope(qk.reshape(T, H + Hkv, hd), pos, c.n_rot, neox, table=tab, stream=s)
+            else:
+                ops.rope(q, pos, c.n_rot, neox, table=tab, stream=s)
+                ops.rope(k, pos, c.n_rot, neox, table=tab, stream=s)
             if c.scale_q:  # before q is rounded to the K cache's type, as llama.cpp's gemma3 graph
-                q *= np.float32(scale)
-            q, k = self._rotate(q, cache.rot_k), self._rotate(k, cache.rot_k)
+                ops.scale(q, scale, stream=s)
+            if cache.rot_k is not None:
+                q = ops.hadamard(q, cache.rot_k, out=b.get("q_rot", q.shape), stream=s)
+                k = ops.hadamard(k, cache.rot_k, out=b.get("k_rot", k.shape), stream=s)
+            if cache.rot_v is not None:
+                v = ops.hadamard(v, cache.rot_v, out=b.get("v_rot", v.shape), stream=s)
             ops.kv_append(k, cache.k[j], pos, stream=s)
-            ops.kv_append(self._rotate(v, cache.rot_v), cache.v[j], pos, stream=s)
+            ops.kv_append(v, cache.v[j], pos, stream=s)
             window = c.sliding_window if c.is_swa(i) else 0
-            o = ops.attention(q, cache.k[j], cache.v[j], pos, L, kq_scale, window=window,
-                              q_round=q_round, p_round=p_round, stream=s)  # [T, H, hdv]
-            o = self._rotate(o.reshape(T, H * hdv), cache.rot_v)
+            work = None
+            if b.persistent:
+                _, splits = ops.attention_splits(n_kv, cache.capacity, window=window, p_round=p_round)
+                n_op, n_ml = ops.attention_work(1, H, hdv, splits)  # per query row
+                work = (b.get("att_op", (T, n_op)), b.get("att_ml", (T, n_ml)))
+            o = ops.attention(q, cache.k[j], cache.v[j], pos, n_kv, kq_scale, window=window, q_round=q_round,
+                              p_round=p_round, out=b.get("att", (T, H, hdv)), work=work, stream=s)
+            o = o.reshape(T, H * hdv)
+            if cache.rot_v is not None:
+                o = ops.hadamard(o, cache.rot_v, out=b.get("att_rot", o.shape), stream=s)
             if tr is not None:
                 tr(f"kqv_out-{i}", o)
-            (o,) = ly.wo(o)
+            (o,) = ly.wo(o, b)
             if ly.post_attn_norm is not None:
-                o = ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
-            x = x + o
-            if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
-                x = xp.ascontiguousarray(x[-last_n:])
-            h = ops.rms_norm(x, ly.ffn_norm, eps, stream=s)
-            g, u = ly.gu(h)  # [T, n_ff] each
-            a = ops.glu(g, u, self._act, stream=s)
+                ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
+            if last_n is not None and i == c.n_layer - 1:  # the last FFN only where logits are wanted
+                x, o, T = x[-last_n:], o[-last_n:], last_n
+            h = ops.rms_norm(x, ly.ffn_norm, eps, out=b.get("h", (T, D)), add=o, stream=s)
+            g, u = ly.gu(h, b)  # [T, n_ff] each
+            a = ops.glu(g, u, self._act, out=b.get("glu", g.shape), stream=s)
             if tr is not None:
                 tr(f"ffn_inp-{i}", x)
                 tr(f"ffn_norm-{i}", h)
                 tr(f"ffn_swiglu-{i}", a)
-            (f,) = ly.down(a)
+            (pending,) = ly.down(a, b)
             if ly.post_ffn_norm is not None:
-                f = ops.rms_norm(f, ly.post_ffn_norm, eps, out=f, stream=s)
-            x = x + f
+                ops.rms_norm(pending, ly.post_ffn_norm, eps, out=pending, stream=s)
             if tr is not None:
-                tr(f"ffn_out-{i}", f)
-                tr(f"l_out-{i}", x)
-        cache.length = L
-        if last_n is not None:
-            x = xp.ascontiguousarray(x[-last_n:])
-        x = ops.rms_norm(x, self.output_norm, eps, stream=s)
-        head = self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out)
-        logits = head.matmul(ops.round_act(x, act_kind(head.qtype), stream=s), stream=s)
-        host = ops.to_host(logits, stream=s)  # waits for this stream's work
-        return torch.from_numpy(host)
+                tr(f"ffn_out-{i}", pending)
+        xn = ops.rms_norm(x, self.output_norm, eps, out=b.get("h", (T, D)), add=pending, stream=s)
+        if tr is not None:
+            tr(f"l_out-{c.n_layer - 1}", x)
+        head = self.output if n_out is None else self._output_head(n_out)
+        kind = act_kind(head.qtype)
+        xr = ops.round_act(xn, kind, out=None if kind is None else b.get(f"act:{kind}", xn.shape), stream=s)
+        return head.matmul(xr, stream=s, out=b.get("logits", (T, head.n)))
 
 
 class SplitCache:

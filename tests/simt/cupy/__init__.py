@@ -10,6 +10,13 @@ arguments are checked against the kernel's C signature (CuPy passes a Python int
 not check: a mismatch is garbage on a GPU); a fresh `empty` array holds 0xff bytes (NaN as floats),
 as uninitialised device memory would hold something; every allocation has 256 guard bytes of 0xff on
 both sides: a write there is an error after each launch that was given the array, a read shows as NaN.
+
+Stream capture (`Stream.begin_capture` / `end_capture` -> `Graph`, `Graph.launch`) records the
+RawKernel launches made on the capturing stream, arguments fixed then, and replays them at each
+launch. Stricter than CuPy, whose relaxed capture mode would allow them: while a stream captures,
+allocating, transferring or computing with device arrays (numpy's operations, which would run now
+rather than at replay) is an error, and a replay whose arrays were freed since the capture is one
+(a GPU would write into memory the pool may have handed out again).
 """
 from __future__ import annotations
 
@@ -54,6 +61,14 @@ _allocations: "weakref.WeakValueDictionary[int, _np.ndarray]" = weakref.WeakValu
 _info: dict[int, tuple[int, int]] = {}  # allocation id -> (start of the array in it, its bytes)
 
 
+_capturing: list = []  # the stream capturing now, if any
+
+
+def _not_capturing(what: str) -> None:
+    if _capturing:
+        raise RuntimeError(f"{what} while a stream captures a graph (a graph records kernel launches only)")
+
+
 class ndarray(_np.ndarray):
     """A device array: a numpy array whose memory came from this module's allocator."""
 
@@ -68,14 +83,22 @@ class ndarray(_np.ndarray):
         return Device()
 
     def get(self, stream=None, order="C", out=None):
+        _not_capturing("a device -> host copy")
         return _np.array(self.view(_np.ndarray), order=order, copy=True)
 
     def set(self, arr, stream=None):
+        _not_capturing("a host -> device copy")
         if isinstance(arr, ndarray):
             raise TypeError("ndarray.set takes a numpy array")
+        if not isinstance(arr, _np.ndarray) or arr.shape != self.shape or arr.dtype != self.dtype:
+            raise ValueError(f"ndarray.set: a numpy array of shape {self.shape} and dtype {self.dtype} "
+                             f"(got {getattr(arr, 'shape', type(arr))} {getattr(arr, 'dtype', '')})")
+        if not self.flags.c_contiguous:
+            raise ValueError("ndarray.set: the device array must be contiguous")
         _np.copyto(self.view(_np.ndarray), arr)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        _not_capturing(f"numpy's {ufunc.__name__} on a device array")
         _reject_host(inputs, kwargs, ufunc.__name__)
         r = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
         out = kwargs.get("out")
@@ -84,6 +107,7 @@ class ndarray(_np.ndarray):
         return _wrap(r)
 
     def __array_function__(self, func, types, args, kwargs):
+        _not_capturing(f"numpy's {func.__name__} on a device array")
         _reject_host(args, kwargs, func.__name__)
         return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
 
@@ -136,6 +160,7 @@ def _reject_host(args, kwargs, what: str):
 
 
 def _alloc(shape, dt, fill: int | None = 0xFF) -> ndarray:
+    _not_capturing("an allocation")
     dt = _np.dtype(dt)
     shape = (int(shape),) if _np.isscalar(shape) else tuple(int(s) for s in shape)
     nbytes = int(_np.prod(shape, dtype=_np.int64)) * dt.itemsize
@@ -215,6 +240,7 @@ def ascontiguousarray(a, dtype=None) -> ndarray:
 
 
 def asnumpy(a, stream=None, order="C", out=None, *, blocking=True) -> _np.ndarray:
+    _not_capturing("a device -> host copy")
     if isinstance(a, ndarray):
         r = _np.array(a.view(_np.ndarray), order=order, copy=True)
     else:
@@ -351,6 +377,39 @@ class Stream:
     def done(self):
         return True
 
+    def begin_capture(self, mode=None):
+        if self.ptr == 0:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if _capturing:
+            raise RuntimeError("a stream is capturing already")
+        self._record = []
+        _capturing.append(self)
+
+    def is_capturing(self) -> bool:
+        return bool(_capturing) and _capturing[0] is self
+
+    def end_capture(self) -> "Graph":
+        if not self.is_capturing():
+            raise RuntimeError("cudaErrorIllegalState: the stream is not capturing")
+        _capturing.clear()
+        return Graph(self._record)
+
+
+class Graph:
+    """Recorded kernel launches: (kernel, ctypes arguments, launch dimensions, weak references to the
+    allocations of the array arguments)."""
+
+    def __init__(self, record: list):
+        self._record = record
+
+    def launch(self, stream=None):
+        _not_capturing("a graph launch")
+        for kernel, vals, dims, roots in self._record:
+            if any(r() is None for r in roots):
+                raise RuntimeError(f"graph launch: kernel {kernel.name} was captured with an array that has "
+                                   "been freed since (the graph would write into reused memory)")
+            kernel._run(vals, dims, [r() for r in roots])
+
 
 Stream.null = Stream(null=True)
 
@@ -384,6 +443,7 @@ class _Cuda:
     Device = Device
     Stream = Stream
     Event = Event
+    Graph = Graph
     get_current_stream = staticmethod(_get_current_stream)
     get_elapsed_time = staticmethod(_get_elapsed_time)
 
@@ -565,15 +625,24 @@ class RawKernel:
             vals.append(v)
             if arr is not None:
                 arrays.append(arr)
+        dims = (_dims(grid), _dims(block), int(shared_mem), int(self.max_dynamic_shared_size_bytes))
+        on = stream if stream is not None else _get_current_stream()
+        if _capturing and _capturing[0] is on:
+            roots = [_root(a) for a in arrays]
+            on._record.append((self, vals, dims, [weakref.ref(r) for r in roots if r is not None]))
+            return
+        self._run(vals, dims, arrays)
+
+    def _run(self, vals, dims, arrays) -> None:
+        grid, block, smem, smem_limit = dims
         argv = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.addressof(v) for v in vals])
-        L = _Launch((ctypes.c_uint * 3)(*_dims(grid)), (ctypes.c_uint * 3)(*_dims(block)),
-                    int(shared_mem), int(self.max_dynamic_shared_size_bytes))
+        L = _Launch((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem, smem_limit)
         with _lock:
             rc = self._fn(ctypes.byref(L), argv)
             if rc:
                 get = self._lib.simt_error
                 get.restype = ctypes.c_char_p
-                raise RuntimeError(f"kernel {self.name} grid {_dims(grid)} block {_dims(block)}: {get().decode()}")
+                raise RuntimeError(f"kernel {self.name} grid {grid} block {block}: {get().decode()}")
         for a in arrays:
             _check_guards(a, f"kernel {self.name}")
 
