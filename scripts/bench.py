@@ -70,6 +70,13 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cp
         from sharpi_core.backends.cuda import peak_bandwidth
         r["weight_gbs"] = model.decode_bytes * r["tg"] / 1e9
         r["peak_gbs"] = peak_bandwidth() / 1e9
+        # the same decode with the kernels launched one by one (no CUDA graph), for the ratio
+        model.use_graphs = False
+        cache.truncate(n_prompt)
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            tok = int(model.forward(torch.tensor([tok]), cache.length, cache)[-1].argmax())
+        r["tg_eager"] = n_gen / (time.perf_counter() - t0)
     return r
 
 
@@ -201,13 +208,14 @@ def main() -> None:
 
 def cuda_table(args) -> None:
     from sharpi_core.registry import resolve_model
-    print("| model | sharpi pp t/s | sharpi tg t/s | weight GB/s in decode | GPU peak GB/s | of peak |")
-    print("|---|---|---|---|---|---|")
+    print("| model | sharpi pp t/s | sharpi tg t/s | weight GB/s in decode | GPU peak GB/s | of peak "
+          "| tg t/s without CUDA graphs | graph speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
     for spec in args.model or DEFAULT_MODELS:
         rows = [run_sharpi(spec, args) for _ in range(args.runs)]
-        bw, peak = med(rows, "weight_gbs"), med(rows, "peak_gbs")
-        print(f"| {Path(str(resolve_model(spec))).stem} | {fmt(med(rows, 'pp'))} | {fmt(med(rows, 'tg'))} | {fmt(bw)} | "
-              f"{fmt(peak)} | {100 * bw / peak:.0f}% |", flush=True)
+        bw, peak, tg, eager = med(rows, "weight_gbs"), med(rows, "peak_gbs"), med(rows, "tg"), med(rows, "tg_eager")
+        print(f"| {Path(str(resolve_model(spec))).stem} | {fmt(med(rows, 'pp'))} | {fmt(tg)} | {fmt(bw)} | "
+              f"{fmt(peak)} | {100 * bw / peak:.0f}% | {fmt(eager)} | {tg / eager:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
