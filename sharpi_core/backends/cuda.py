@@ -456,10 +456,16 @@ def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, stream=None):
     return out
 
 
+def _per_token(cp, x, what: str):
+    """x [T, ...] float32 (a vector: one token) -> (2-D [T, values per token], row stride): a view where
+    each token's values are contiguous, else a contiguous copy."""
+    x2 = x.reshape(1, -1) if x.ndim == 1 else (x.reshape(x.shape[0], -1) if x.ndim > 2 else x)
+    return _rows2d(cp, x2, x2.shape[1], what)
+
+
 def _rows_inplace(cp, x, what: str):
     """x [T, ...] float32 to change in place, each token's values contiguous -> (2-D view, row stride)."""
-    x2 = x.reshape(1, -1) if x.ndim == 1 else (x.reshape(x.shape[0], -1) if x.ndim > 2 else x)
-    x2, st = _rows2d(cp, x2, x2.shape[1], what)
+    x2, st = _per_token(cp, x, what)
     if x2.data.ptr != x.data.ptr:
         raise ValueError(f"{what} must be writable in place (each token's values contiguous)")
     return x2, st
@@ -503,15 +509,14 @@ def hadamard(x, blk: int, out=None, stream=None):
     if blk < 2 or blk & (blk - 1) or blk > 2048:
         raise ValueError(f"Hadamard block {blk} must be a power of two in 2..2048")
     with _on(stream):
-        n = int(np.prod(x.shape[1:]))
-        x2, x_st = _rows2d(cp, x.reshape(x.shape[0], n) if x.ndim != 2 else x, n, "x")
+        x2, x_st = _per_token(cp, x, "x")
+        T, n = x2.shape
         if n % blk:
             raise ValueError(f"{n} values per token are not whole Hadamard blocks of {blk}")
         if out is None:
             out = cp.empty(x.shape, dtype=cp.float32)
         elif out.dtype != cp.float32 or out.shape != x.shape or not out.flags.c_contiguous:
             raise ValueError(f"out must be a contiguous float32 {tuple(x.shape)} array")
-        T = x2.shape[0]
         if T * n:
             function("ops", "hadamard_f32")((T * (n // blk),), (max(1, blk // 2),), (
                 x2, _i64(x_st), _i32(T), _i32(n), _i32(blk), hadamard_scale(blk), out, _i64(n)), shared_mem=4 * blk)

@@ -330,9 +330,7 @@ class CudaTransformer:
                         keep = [*bufs.arrays.values(), *self._tables.values(), *self._heads.values()]
                         graphs[key] = _Graph(graph, inputs, logits, keep)
                 else:
-                    tok_or_x, pos = g.inputs
-                    self.ops.upload(tok_or_x, ids if ids is not None else hidden, stream=s)
-                    self.ops.upload(pos, positions, stream=s)
+                    self._upload(g.inputs, ids, hidden, positions)
                     g.graph.launch(stream=s)
                     self.graph_launches += 1
                     logits = g.logits
@@ -340,13 +338,16 @@ class CudaTransformer:
             return torch.from_numpy(self.ops.to_host(logits, stream=s))  # waits for this stream's work
 
     def _inputs(self, bufs, ids, hidden, positions) -> tuple:
-        """Uploads the pass's token ids (or hidden state) and positions -> their device arrays."""
-        s = self.stream
+        """The device arrays of the pass's token ids (or hidden state) and positions, uploaded."""
         first = bufs.get("tok", ids.shape, np.int32) if ids is not None else bufs.get("x", hidden.shape)
-        self.ops.upload(first, ids if ids is not None else hidden, stream=s)
-        pos = bufs.get("pos", positions.shape, np.int32)
-        self.ops.upload(pos, positions, stream=s)
-        return first, pos
+        inputs = (first, bufs.get("pos", positions.shape, np.int32))
+        self._upload(inputs, ids, hidden, positions)
+        return inputs
+
+    def _upload(self, inputs: tuple, ids, hidden, positions) -> None:
+        first, pos = inputs
+        self.ops.upload(first, ids if ids is not None else hidden, stream=self.stream)
+        self.ops.upload(pos, positions, stream=self.stream)
 
     def _body(self, b: _Buffers, inputs: tuple, cache: _CacheArrays, n_kv: int, last_n: int | None,
               n_out: int | None):
