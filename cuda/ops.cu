@@ -2,11 +2,13 @@
 //
 // All extern "C"; fp32 activations; strides in elements unless named *_b (bytes).
 //
-//   rms_norm_f32(x, x_st, nh, a, a_st, has_a, w, w_rows, has_w, y, y_st, n, eps)
+//   rms_norm_f32(x, x_st, nh, a, a_st, has_a, w, w_rows, has_w, y, y_st, n, eps, rmode)
 //       grid.x = rows, block = 32..1024 (x32). Row r of x is x + (r / nh)*x_st + (r % nh)*n: nh rows
 //       of n per token (heads, for per-head q/k norms; 1 otherwise), token stride x_st; same for a, y.
 //       With has_a, first x[r, i] += a[r, i] (the residual add, written back to x), then
-//       y[r, i] = x[r, i] / sqrt(mean_i x[r, i]^2 + eps) * w[(r % w_rows), i]   (y may be x)
+//       y[r, i] = x[r, i] / sqrt(mean_i x[r, i]^2 + eps) * w[(r % w_rows), i]   (y may be x),
+//       rounded as the next matmul's activations (act_round_q8 / round_half_f32 fused in): rmode 0
+//       none, 1 f16, 2 bf16, 3 8-bit blocks of 32 (f16 scale), 4 Q8_K blocks of 256 (n % block == 0)
 //   add_bias_f32(x, x_st, T, n, b)      x[t, i] += b[i]; T*n threads, any 1-D launch
 //   scale_f32(x, x_st, T, n, alpha)     x[t, i] *= alpha; T*n threads, any 1-D launch
 //   round_half_f32(x, x_st, T, K, bf16, y, y_st)   y = x rounded to f16 (bf16=0) or bf16 (bf16=1),
@@ -25,11 +27,15 @@
 //       out[t, i] = act(g[t, i]) * u[t, i]; act 0 = silu, 1 = gelu (tanh approximation), 2 = that gelu
 //       through ggml's fp16 table (llama.cpp's CPU GELU: g rounded to f16, the result rounded to f16,
 //       0 for g <= -10 and g for g >= 10)
-//   kv_append_f16(src, s_st, T, nkv, D, pos, dst, d_sp_b, d_sh_b)   T*nkv*D threads, any 1-D launch
-//       dst + pos[t]*d_sp_b + h*d_sh_b holds D halves = src[t*s_st + h*D + d] rounded to nearest even
-//   kv_append_q8_0(src, s_st, T, nkv, D, pos, dst, d_sp_b, d_sh_b)  one warp per 32 values: T*nkv*D
-//       threads, block a multiple of 32; D % 32 == 0; writes D/32 ggml q8_0 blocks (f16 d | int8 qs[32])
-//       exactly as ggml's x86 quantize_row_q8_0 (sharpi_core.quants.q8_0_blocks, the CPU cache's) does.
+//   glu_q8_f32(g, g_st, u, u_st, out, o_st, T, F, act, block, f16_scale)   one warp per block of the
+//       output: T*(F/block)*32 threads, block a multiple of 32; glu_f32's values, rounded as act_round_q8
+//   kv_append_f16(T, nkv, pos, src0, s_st0, D0, dst0, d_sp_b0, d_sh_b0, <the same for set 1>)
+//       grid.x * block.x >= T*nkv*D threads (D the larger of D0, D1), grid.y = 1 or 2: set y (the K
+//       and the V of a layer in one launch): dst + pos[t]*d_sp_b + h*d_sh_b holds D halves =
+//       src[t*s_st + h*D + d] rounded to nearest even
+//   kv_append_q8_0(same arguments)   one warp per 32 values, block a multiple of 32; D % 32 == 0; writes
+//       D/32 ggml q8_0 blocks (f16 d | int8 qs[32]) exactly as ggml's x86 quantize_row_q8_0
+//       (sharpi_core.quants.q8_0_blocks, the CPU cache's) does.
 //   act_round_q8(x, x_st, T, K, block, f16_scale, y, y_st)      one warp per block: T*(K/block)*32
 //       threads, block a multiple of 32; block = 32 or 256, K % block == 0. y (may be x) = x rounded
 //       through llama.cpp's 8-bit activation blocks, dequantized (sharpi_core.quants.q8_parts):
@@ -37,12 +43,73 @@
 //       f16_scale=0 (Q8_K, block 256): m = the first element of largest magnitude,
 //       iscale = -127 / m, q = min(127, rint(iscale * x)), y = q * (1 / iscale).
 //   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below.
+//   argmax_part_f32(x, x_st, n, bias, has_bias, chunk, pv, pi)   grid = (S, rows), block 32..1024 (x32):
+//       block (b, r) writes the arg-max of x[r, i] (+ bias[i] with has_bias) over its chunk
+//       [b*chunk, min(n, (b+1)*chunk)) to pv[r*S + b] (value) and pi[r*S + b] (index; n when empty)
+//   argmax_comb(pv, pi, S, out)   grid.x = rows, block 32..1024 (x32): out[r] = the arg-max of row r's
+//       S partials. Together numpy.argmax's answer: the largest value, the lowest index on ties (-0 == +0),
+//       a NaN above every number (the first NaN); all -inf gives 0.
 #include "common.cuh"
+
+// ---- shared pieces ---------------------------------------------------------------------------------
+// f16 (bf16 = 0) or bf16 (bf16 = 1) rounding to nearest even, as float
+SH_D float round_half(float v, int bf16) {
+    if (bf16) {  // round to nearest even on the upper 16 bits, as ggml's fp32 -> bf16
+        const u32 u = f32_bits(v);
+        return bits_f32((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+    }
+    return h2f(f2h(v));
+}
+
+// llama.cpp's 8-bit rounding of one block of 32 * per values (per <= 8) held by a warp, lane l
+// holding elements l + 32 j in v[j], in place (sharpi_core.quants.q8_parts):
+// f16_scale=1 (Q8_0 / Q8_1): q = rint(x * (127 / amax)), x = q * f16(amax / 127);
+// f16_scale=0 (Q8_K): m = the first element of largest magnitude, iscale = -127 / m,
+// q = min(127, rint(iscale * x)), x = q * (1 / iscale).
+SH_D void round_q8_regs(float* v, int per, int f16_scale) {
+    const int lane = threadIdx.x & 31;
+    float am = 0.0f;   // largest magnitude seen by this lane
+    int ai = 32 * per; // its index (the first one on ties)
+    for (int j = 0; j < per; j++) {
+        const float a = fabsf(v[j]);
+        if (a > am) am = a, ai = lane + 32 * j;
+    }
+    // (magnitude, index) arg-max over the warp: larger magnitude wins, the lower index on a tie
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float am2 = __shfl_xor_sync(0xffffffffu, am, o);
+        const int ai2 = __shfl_xor_sync(0xffffffffu, ai, o);
+        if (am2 > am || (am2 == am && ai2 < ai)) am = am2, ai = ai2;
+    }
+    if (am == 0.0f) {
+        for (int j = 0; j < per; j++) v[j] = 0.0f;
+        return;
+    }
+    if (f16_scale) {
+        const float iscale = 127.0f / am;
+        const float d = h2f(f2h(am / 127.0f));
+        for (int j = 0; j < per; j++) v[j] = rintf(v[j] * iscale) * d;
+    } else {
+        const float m = __shfl_sync(0xffffffffu, v[(ai / 32) < per ? ai / 32 : 0], ai % 32);
+        const float iscale = -127.0f / m;
+        const float d = 1.0f / iscale;
+        for (int j = 0; j < per; j++) v[j] = fminf(127.0f, rintf(iscale * v[j])) * d;
+    }
+}
+
+// one warp rounds the block of 32 * per values at xb into yb (may be xb)
+SH_D void round_q8_block(const float* xb, float* yb, int per, int f16_scale) {
+    const int lane = threadIdx.x & 31;
+    float v[8];
+    for (int j = 0; j < per; j++) v[j] = xb[lane + 32 * j];  // coalesced, increasing index within the lane
+    round_q8_regs(v, per, f16_scale);
+    for (int j = 0; j < per; j++) yb[lane + 32 * j] = v[j];
+}
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------
 extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float* __restrict__ a, i64 a_st,
                                         int has_a, const float* __restrict__ w, int w_rows, int has_w, float* y,
-                                        i64 y_st, int n, float eps) {
+                                        i64 y_st, int n, float eps, int rmode) {
     __shared__ float red[32];
     const int r = blockIdx.x, t = r / nh, hh = r % nh;
     float* xr = x + (i64)t * x_st + (i64)hh * n;
@@ -63,7 +130,14 @@ extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float*
     const float* wr = has_w ? w + (i64)(r % w_rows) * n : w;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = xr[i] * scale;
-        yr[i] = has_w ? v * wr[i] : v;
+        const float o = has_w ? v * wr[i] : v;
+        yr[i] = rmode == 1 || rmode == 2 ? round_half(o, rmode == 2) : o;
+    }
+    if (rmode >= 3) {  // 8-bit blocks across the row: each warp rounds whole blocks, after every write
+        __syncthreads();
+        const int block = rmode == 3 ? 32 : 256, nw = blockDim.x >> 5;
+        for (int c = threadIdx.x >> 5; c < n / block; c += nw)
+            round_q8_block(yr + c * block, yr + c * block, block / 32, rmode == 3);
     }
 }
 
@@ -86,15 +160,7 @@ extern "C" __global__ void round_half_f32(const float* x, i64 x_st, int T, int K
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * K) return;
     const int t = (int)(idx / K), i = (int)(idx % K);
-    const float v = x[(i64)t * x_st + i];
-    float r;
-    if (bf16) {  // round to nearest even on the upper 16 bits, as ggml's fp32 -> bf16
-        const u32 u = f32_bits(v);
-        r = bits_f32((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-    } else {
-        r = h2f(f2h(v));
-    }
-    y[(i64)t * y_st + i] = r;
+    y[(i64)t * y_st + i] = round_half(x[(i64)t * x_st + i], bf16);
 }
 
 extern "C" __global__ void hadamard_f32(const float* __restrict__ x, i64 x_st, int T, int n, int blk, float scale,
@@ -147,32 +213,56 @@ extern "C" __global__ void rope_f32(float* x, i64 x_st, int T, int nh, int hd, c
 }
 
 // ---- gated activations -----------------------------------------------------------------------------
+SH_D float act_fn(float x, int act) {
+    if (act == 0) return x / (1.0f + expf(-x));
+    if (act == 1) return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    // ggml_gelu_f32 on the f16 value (the inner a*x*x + 1 contracted to an fma, as gcc does)
+    const float xh = h2f(f2h(x));
+    return h2f(f2h(0.5f * xh * (1.0f + tanhf(0.7978845608028654f * xh * fmaf(0.044715f * xh, xh, 1.0f)))));
+}
+
 extern "C" __global__ void glu_f32(const float* g, i64 g_st, const float* u, i64 u_st, float* out, i64 o_st,
                                    int T, int F, int act) {
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * F) return;
     const int t = (int)(idx / F), i = (int)(idx % F);
-    const float x = g[(i64)t * g_st + i];
-    float a;
-    if (act == 0) {
-        a = x / (1.0f + expf(-x));
-    } else if (act == 1) {
-        a = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    } else if (x <= -10.0f) {
-        a = 0.0f;
-    } else if (x >= 10.0f) {
-        a = x;
-    } else {  // ggml_gelu_f32 on the f16 value (the inner a*x*x + 1 contracted to an fma, as gcc does)
-        const float xh = h2f(f2h(x));
-        a = h2f(f2h(0.5f * xh * (1.0f + tanhf(0.7978845608028654f * xh * fmaf(0.044715f * xh, xh, 1.0f)))));
+    out[(i64)t * o_st + i] = act_fn(g[(i64)t * g_st + i], act) * u[(i64)t * u_st + i];
+}
+
+extern "C" __global__ void glu_q8_f32(const float* g, i64 g_st, const float* u, i64 u_st, float* out, i64 o_st,
+                                      int T, int F, int act, int block, int f16_scale) {
+    const int lane = threadIdx.x & 31;
+    const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int nb = F / block, per = block / 32;
+    if (gw >= (i64)T * nb) return;  // uniform over the warp
+    const int t = (int)(gw / nb);
+    const i64 i0 = (gw % nb) * block;
+    float v[8];
+    for (int j = 0; j < per; j++) {
+        const i64 i = i0 + lane + 32 * j;
+        v[j] = act_fn(g[(i64)t * g_st + i], act) * u[(i64)t * u_st + i];
     }
-    out[(i64)t * o_st + i] = a * u[(i64)t * u_st + i];
+    round_q8_regs(v, per, f16_scale);
+    for (int j = 0; j < per; j++) out[(i64)t * o_st + i0 + lane + 32 * j] = v[j];
 }
 
 // ---- KV cache append -------------------------------------------------------------------------------
-extern "C" __global__ void kv_append_f16(const float* __restrict__ src, i64 s_st, int T, int nkv, int D,
-                                         const int* __restrict__ pos, u8* __restrict__ dst, i64 d_sp_b,
-                                         i64 d_sh_b) {
+// the arguments of a kv_append launch: set blockIdx.y of two
+#define KV_APPEND_ARGS                                                                                   \
+    int T, int nkv, const int* __restrict__ pos, const float* __restrict__ src0, i64 s_st0, int D0,     \
+        u8* __restrict__ dst0, i64 d_sp_b0, i64 d_sh_b0, const float* __restrict__ src1, i64 s_st1,    \
+        int D1, u8* __restrict__ dst1, i64 d_sp_b1, i64 d_sh_b1
+#define KV_APPEND_PICK                                                                                   \
+    const bool one = blockIdx.y == 1;                                                                    \
+    const float* src = one ? src1 : src0;                                                                \
+    u8* dst = one ? dst1 : dst0;                                                                         \
+    const i64 s_st = one ? s_st1 : s_st0, d_sp_b = one ? d_sp_b1 : d_sp_b0, d_sh_b = one ? d_sh_b1 : d_sh_b0; \
+    const int D = one ? D1 : D0;
+
+extern "C" __global__ void kv_append_f16(KV_APPEND_ARGS) {
+    KV_APPEND_PICK
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * nkv * D) return;
     const int d = (int)(idx % D), h = (int)((idx / D) % nkv), t = (int)(idx / ((i64)D * nkv));
@@ -180,9 +270,8 @@ extern "C" __global__ void kv_append_f16(const float* __restrict__ src, i64 s_st
     st(o + d, f2h(src[(i64)t * s_st + (i64)h * D + d]));
 }
 
-extern "C" __global__ void kv_append_q8_0(const float* __restrict__ src, i64 s_st, int T, int nkv, int D,
-                                          const int* __restrict__ pos, u8* __restrict__ dst, i64 d_sp_b,
-                                          i64 d_sh_b) {
+extern "C" __global__ void kv_append_q8_0(KV_APPEND_ARGS) {
+    KV_APPEND_PICK
     const int lane = threadIdx.x & 31;
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;  // one warp per block of 32
     const int nb = D / 32;
@@ -204,42 +293,64 @@ extern "C" __global__ void kv_append_q8_0(const float* __restrict__ src, i64 s_s
 // the GPU matvecs then multiply the same values in fp32, so greedy output follows the CPU path's.
 extern "C" __global__ void act_round_q8(const float* x, i64 x_st, int T, int K, int block, int f16_scale,
                                         float* y, i64 y_st) {
-    const int lane = threadIdx.x & 31;
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nb = K / block, per = block / 32;
     if (gw >= (i64)T * nb) return;  // uniform over the warp
     const int t = (int)(gw / nb), b = (int)(gw % nb);
-    const float* xb = x + (i64)t * x_st + (i64)b * block;
-    float* yb = y + (i64)t * y_st + (i64)b * block;
-    float v[8];
-    float am = 0.0f;   // largest magnitude seen by this lane
-    int ai = block;    // its index (the first one on ties)
-    for (int j = 0; j < per; j++) {
-        v[j] = xb[lane + 32 * j];  // lane + 32 j: coalesced, and increasing index within the lane
-        const float a = fabsf(v[j]);
-        if (a > am) am = a, ai = lane + 32 * j;
-    }
-    // (magnitude, index) arg-max over the warp: larger magnitude wins, the lower index on a tie
+    round_q8_block(x + (i64)t * x_st + (i64)b * block, y + (i64)t * y_st + (i64)b * block, per, f16_scale);
+}
+
+// ---- arg-max (greedy decoding on the device: 4 bytes a row go back to the host, not the logits) ----
+// (a, ia) beats (b, ib): numpy.argmax's order. The empty start (-inf, n) loses to every element.
+SH_D bool am_beats(float a, int ia, float b, int ib) {
+    if (a != a) return b == b || ia < ib;
+    return b == b && (a > b || (a == b && ia < ib));
+}
+
+// the arg-max of the block's (v, i) pairs, in thread 0; every thread must call it
+SH_D void block_argmax(float& v, int& i, float* sv, int* si) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const float am2 = __shfl_xor_sync(0xffffffffu, am, o);
-        const int ai2 = __shfl_xor_sync(0xffffffffu, ai, o);
-        if (am2 > am || (am2 == am && ai2 < ai)) am = am2, ai = ai2;
+        const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (am_beats(v2, i2, v, i)) v = v2, i = i2;
     }
-    if (am == 0.0f) {
-        for (int j = 0; j < per; j++) yb[lane + 32 * j] = 0.0f;
-        return;
+    if (lane == 0) sv[warp] = v, si[warp] = i;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < nw; w++)
+            if (am_beats(sv[w], si[w], v, i)) v = sv[w], i = si[w];
+}
+
+extern "C" __global__ void argmax_part_f32(const float* __restrict__ x, i64 x_st, int n,
+                                           const float* __restrict__ bias, int has_bias, int chunk,
+                                           float* pv, int* pi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int r = blockIdx.y, S = gridDim.x;
+    const float* xr = x + (i64)r * x_st;
+    const int lo = blockIdx.x * chunk, hi = imin(n, lo + chunk);
+    float v = neg_inf();
+    int vi = n;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {  // increasing i: a later tie never wins
+        const float e = has_bias ? xr[i] + bias[i] : xr[i];
+        if (am_beats(e, i, v, vi)) v = e, vi = i;
     }
-    if (f16_scale) {
-        const float iscale = 127.0f / am;
-        const float d = h2f(f2h(am / 127.0f));
-        for (int j = 0; j < per; j++) yb[lane + 32 * j] = rintf(v[j] * iscale) * d;
-    } else {
-        const float m = __shfl_sync(0xffffffffu, v[(ai / 32) < per ? ai / 32 : 0], ai % 32);
-        const float iscale = -127.0f / m;
-        const float d = 1.0f / iscale;
-        for (int j = 0; j < per; j++) yb[lane + 32 * j] = fminf(127.0f, rintf(iscale * v[j])) * d;
-    }
+    block_argmax(v, vi, sv, si);
+    if (threadIdx.x == 0) pv[(i64)r * S + blockIdx.x] = v, pi[(i64)r * S + blockIdx.x] = vi;
+}
+
+extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* __restrict__ pi, int S, int* out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int r = blockIdx.x;
+    float v = neg_inf();
+    int vi = 0x7fffffff;
+    for (int b = threadIdx.x; b < S; b += blockDim.x)
+        if (am_beats(pv[(i64)r * S + b], pi[(i64)r * S + b], v, vi)) v = pv[(i64)r * S + b], vi = pi[(i64)r * S + b];
+    block_argmax(v, vi, sv, si);
+    if (threadIdx.x == 0) out[r] = vi;
 }
 
 // ---- attention -------------------------------------------------------------------------------------

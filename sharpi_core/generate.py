@@ -32,8 +32,8 @@ from typing import Callable, Sequence
 import torch
 
 from .errors import SharpiError
-from .sampling import SamplingParams, apply_penalties, filtered_probs, sample
-from .speculative import accept_greedy, accept_sampled
+from .sampling import SamplingParams, apply_penalties, argmax_suffices, filtered_probs, sample
+from .speculative import accept_argmax, accept_greedy, accept_sampled
 from .speculative.util import common_prefix
 from .tokenizer import StreamDecoder
 
@@ -148,6 +148,9 @@ class Generator:
         if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off at --temp > 0 (plain sampled decoding)")
+        # greedy steps whose arg-max the model takes where its logits are (a GPU: 4 bytes a row come
+        # back instead of the logits; SHARPI_DEVICE_ARGMAX=0 turns it off there)
+        self.device_argmax = bool(getattr(model, "device_argmax", False)) and argmax_suffices(params)
         self._prefilled = 0
 
     # -- prompt --------------------------------------------------------------------------------
@@ -181,14 +184,23 @@ class Generator:
         return [base + props[:i] for i in range(n_rows)]
 
     def _forward_rows(self, tokens: list[int]) -> torch.Tensor:
+        """Logits [T, V] of tokens after the history (the arg-maxes [T] with device_argmax)."""
+        if self.device_argmax:
+            fwd = lambda x, pos, **kw: self.model.forward_argmax(x, pos, self.cache, self.params.logit_bias, **kw)  # noqa: E731
+        else:
+            fwd = lambda x, pos, **kw: self.model.forward(x, pos, self.cache, **kw)  # noqa: E731
         start = len(self.history)
         if self.batch_verify or len(tokens) == 1:
-            return self.model.forward(torch.tensor(tokens, dtype=torch.long), start, self.cache, decode=True)
-        return torch.cat([self.model.forward(torch.tensor([tok], dtype=torch.long), start + i, self.cache)
-                          for i, tok in enumerate(tokens)])
+            return fwd(torch.tensor(tokens, dtype=torch.long), start, decode=True)
+        return torch.cat([fwd(torch.tensor([tok], dtype=torch.long), start + i) for i, tok in enumerate(tokens)])
 
     def _plain_step(self, t: int) -> int:
-        logits = self.model.forward(torch.tensor([t], dtype=torch.long), len(self.history), self.cache)[-1]
+        x = torch.tensor([t], dtype=torch.long)
+        if self.device_argmax:
+            nxt = int(self.model.forward_argmax(x, len(self.history), self.cache, self.params.logit_bias)[-1])
+            self.history.append(t)
+            return nxt
+        logits = self.model.forward(x, len(self.history), self.cache)[-1]
         self.history.append(t)
         return sample(logits, self.params, self.rng, self.history)
 
@@ -211,12 +223,16 @@ class Generator:
             if not 0 <= d < self.n_vocab:
                 props, fed = props[: i + 1], props[:i]
                 break
-        logits = self._forward_rows([t] + fed)  # [len(fed)+1, V]: row i verifies props[i]
-        rows = apply_penalties(logits, self._penalty_rows(t, props, logits.shape[0]), self.params)
-        if self.params.greedy:
-            n, nxt = accept_greedy(props, rows)
+        # row i verifies props[i]: logits [len(fed)+1, V], or with device_argmax their arg-maxes
+        out = self._forward_rows([t] + fed)
+        if self.device_argmax:
+            n, nxt = accept_argmax(props, out.tolist())
         else:
-            n, nxt = accept_sampled(props, q, filtered_probs(rows, self.params), self.rng, self.p_min)
+            rows = apply_penalties(out, self._penalty_rows(t, props, out.shape[0]), self.params)
+            if self.params.greedy:
+                n, nxt = accept_greedy(props, rows)
+            else:
+                n, nxt = accept_sampled(props, q, filtered_probs(rows, self.params), self.rng, self.p_min)
         stats.verify_ms += (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         keep = len(self.history) + 1 + n

@@ -235,10 +235,10 @@ def round_act(x, kind, out=None, stream=None):
 
 # ---- decode helpers -------------------------------------------------------------------------------
 
-def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, stream=None):
+def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, rounding=None, stream=None):
     """RMSNorm over the last dimension: x [..., n] -> same shape. w: None, [n], or [w_rows, n]
     (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x.
-    add: first x += add in place (x must be writable in place)."""
+    add: first x += add in place (x must be writable in place). rounding: then round_act's."""
     n = x.shape[-1]
     if add is not None:
         if tuple(add.shape) != tuple(x.shape):
@@ -261,6 +261,8 @@ def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, stream=None):
         wd = np.asarray(w, dtype=np.float32).reshape(-1, n)
         y *= wd[np.arange(x2.shape[0]) % wd.shape[0]]
     out[...] = y.reshape(out.shape)  # into out itself (any view), as the kernel writes
+    if rounding is not None:
+        round_act(out, rounding, out=out)
     return out
 
 
@@ -332,8 +334,9 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
     return x
 
 
-def glu(gate, up, act: str = "silu", out=None, stream=None):
-    """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output)."""
+def glu(gate, up, act: str = "silu", out=None, rounding=None, stream=None):
+    """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output),
+    then round_act's `rounding`."""
     F = gate.shape[-1]
     g2 = _rows2d(gate, F, "gate")
     u2 = _rows2d(up, F, "up")
@@ -360,6 +363,8 @@ def glu(gate, up, act: str = "silu", out=None, stream=None):
                 g = np.float32(0.5) * g2 * (np.float32(1.0) + np.tanh(
                     np.float32(0.7978845608028654) * (g2 + np.float32(0.044715) * g2 * g2 * g2)))
         o2[...] = g * u2
+        if rounding is not None:
+            round_act(o2, rounding, out=o2)
     return out
 
 
@@ -388,9 +393,11 @@ def _q8_0_round(x2: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(q8_0_blocks(x2).reshape(-1, q8_0_row_bytes(32)), Q.Q8_0).reshape(x2.shape)
 
 
-def kv_append(src, cache, positions, stream=None):
+def kv_append(src, cache, positions, src2=None, cache2=None, stream=None):
     """Write src float32 [T, n_kv, D] (or [T, n_kv*D]; token stride free) into cache rows `positions`
-    (f16: rounded to nearest even; q8_0: ggml's x86 blocks, quants.q8_0_blocks)."""
+    (f16: rounded to nearest even; q8_0: ggml's x86 blocks, quants.q8_0_blocks); src2 into cache2 too."""
+    if cache2 is not None:
+        kv_append(src2, cache2, positions)
     n_kv = cache.shape[1]
     kind, D = _cache_kind(cache, n_kv, None, "cache")
     s2 = _rows2d(src.reshape(src.shape[0], -1) if src.ndim == 3 else src, n_kv * D, "src")
@@ -470,4 +477,20 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         else:
             o = np.matmul(e, Vt) * inv
         out[t] = o.reshape(H, Dv)
+    return out
+
+
+def argmax_splits(n: int) -> tuple[int, int]:
+    return 1, 1
+
+
+def argmax(x, bias=None, out=None, work=None, stream=None):
+    """Row-wise numpy.argmax of x [T, n] (+ bias [n]) -> int32 [T], into out if given."""
+    v = x if bias is None else x + bias
+    ids = np.argmax(v, axis=-1).astype(np.int32)
+    if out is None:
+        return ids
+    if out.dtype != np.int32 or out.shape != ids.shape:
+        raise ValueError(f"out must be int32 {ids.shape}")
+    out[...] = ids
     return out

@@ -259,6 +259,33 @@ def test_add_bias_and_scale_on_column_views():
     np.testing.assert_array_equal(cp.asnumpy(d), want)
 
 
+@pytest.mark.parametrize("n", [7, 2048, 5000, 151936])
+def test_argmax_is_numpys_with_ties_nans_infs_and_bias(n):
+    rng = np.random.default_rng(n)
+    T = 7
+    x = rng.standard_normal((T, n + 3)).astype(np.float32)
+    x[1, :] = np.float32(-np.inf)                  # all -inf: 0
+    x[2, n // 3] = x[2, n - 1] = 50.0              # a tie across chunks: the lower index
+    x[3, [n // 2, n // 5]] = np.nan                # NaN beats everything: the first NaN
+    x[4, n // 4] = -0.0
+    x[4, :n] = np.minimum(x[4, :n], -1.0)
+    x[4, n // 4], x[4, n - 1] = -0.0, 0.0          # -0 == +0: the lower index
+    x[5, 0] = 9.0
+    x[6, :] = 1.0                                  # all equal: 0
+    bias = np.zeros(n, np.float32)
+    bias[0], bias[n - 2] = -np.inf, 40.0           # a logit bias: bans row 5's maximum, lifts n - 2
+    d = cp.asarray(x)[:, :n]                       # a strided view
+    got = cp.asnumpy(cb.argmax(d))
+    np.testing.assert_array_equal(got, np.argmax(x[:, :n], axis=1).astype(np.int32))
+    out = cp.full(T + 2, -1, dtype=cp.int32)
+    _, S = cb.argmax_splits(n)
+    work = (cp.empty(T * S, cp.float32), cp.empty(T * S, cp.int32))
+    cb.argmax(d, cp.asarray(bias), out=out[1:T + 1], work=work)  # into a view, through work buffers
+    want = np.argmax(x[:, :n] + bias, axis=1).astype(np.int32)
+    np.testing.assert_array_equal(cp.asnumpy(out), np.concatenate([[-1], want, [-1]]))
+    assert want[5] != 0 and want[0] == n - 2
+
+
 @pytest.mark.parametrize("blk", [32, 64, 128, 256])
 def test_hadamard_is_the_cpu_rotation_bit_for_bit(blk):
     from sharpi_core.kv_cache import rotate
@@ -377,6 +404,25 @@ def test_kv_append_f16_and_q8_0():
     assert not np.array_equal(want[0, 0, :34], gguf.quants.quantize(src[0, 0, :32], Q.Q8_0).view(np.uint8))
     np.testing.assert_array_equal(got[pos], want)
     assert not got[[0, 1, 2, 7, 39]].any()
+
+
+@pytest.mark.parametrize("kinds", [("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "f16")])
+def test_kv_append_of_k_and_v_together_is_two_appends(kinds):
+    # a layer's K and V in one launch (two when the caches differ in kind), from one fused projection
+    # output; V's head size differs from K's
+    rng = np.random.default_rng(6)
+    T, nkv, Dk, Dv, cap = 3, 2, 64, 96, 16
+    qkv = cp.asarray(rng.standard_normal((T, nkv * (Dk + Dv) + 8)).astype(np.float32))
+    k, v = qkv[:, 8:8 + nkv * Dk].reshape(T, nkv, Dk), qkv[:, 8 + nkv * Dk:]
+    pos = cp.asarray(np.array([2, 9, 15], np.int32))
+    want = [cb.new_kv_cache(cap, nkv, Dk, kinds[0]), cb.new_kv_cache(cap, nkv, Dv, kinds[1])]
+    cb.kv_append(k, want[0], pos)
+    cb.kv_append(v, want[1], pos)
+    got = [cb.new_kv_cache(cap, nkv, Dk, kinds[0]), cb.new_kv_cache(cap, nkv, Dv, kinds[1])]
+    cb.kv_append(k, got[0], pos, v, got[1])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(cp.asnumpy(g), cp.asnumpy(w))
+        assert cp.asnumpy(g).any()
 
 
 # ---- attention ------------------------------------------------------------------------------------
@@ -545,3 +591,26 @@ def test_round_act_equals_cpu_rounding(kind):
     d = cp.asarray(x)
     assert cb.round_act(d, kind, out=d) is d  # in place
     np.testing.assert_array_equal(cp.asnumpy(d), want)
+
+
+@pytest.mark.parametrize("kind", ["q8_32", "q8_k", "f16", "bf16"])
+def test_norm_and_glu_with_rounding_fused_are_the_two_steps(kind):
+    """rms_norm / glu with `rounding` (one launch) give round_act of their plain output bit for bit."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 1536)) * rng.uniform(0.1, 30, (3, 1))).astype(np.float32)
+    add = rng.standard_normal((3, 1536)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, 1536).astype(np.float32)
+    x[1, 300] = -40.0  # a block whose largest magnitude is negative
+    want = cb.round_act(cb.rms_norm(cp.asarray(x), cp.asarray(w), 1e-6, add=cp.asarray(add)), kind)
+    d = cp.asarray(x)
+    got = cb.rms_norm(d, cp.asarray(w), 1e-6, add=cp.asarray(add), rounding=kind)
+    np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(want))
+    np.testing.assert_array_equal(cp.asnumpy(d), x + add)  # the residual stream itself is not rounded
+    g = (rng.standard_normal((3, 2 * 1280)) * 4).astype(np.float32)  # gate | up of a fused output
+    for act in ("silu", "gelu_tanh_f16"):
+        gd = cp.asarray(g)
+        want = cb.round_act(cb.glu(gd[:, :1280], gd[:, 1280:], act), kind)
+        got = cb.glu(gd[:, :1280], gd[:, 1280:], act, rounding=kind)
+        np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(want))
+    with pytest.raises(ValueError, match="multiple of"):
+        cb.rms_norm(cp.asarray(x[:, :1000]), rounding="q8_k")

@@ -328,6 +328,82 @@ def test_graph_launches_equal_eager_passes_bit_for_bit(kind, cache_type, split):
     assert len(gpu._graphs) == 0
 
 
+def _host_chain(gmodel, ids, start, cache, k, bias, n_out=None):
+    """greedy_chain's definition: a pass, then k-1 one-token passes fed the last biased arg-max."""
+    from sharpi_core.sampling import apply_penalties, argmax
+    params = SamplingParams(temp=0.0, logit_bias=bias)
+    logits = gmodel.forward(torch.tensor(ids), start, cache, last_n=1, n_out=n_out)
+    out = [int(argmax(apply_penalties(logits[-1], None, params)))]
+    for i in range(k - 1):
+        logits = gmodel.forward(torch.tensor(out[-1:]), start + len(ids) + i, cache, n_out=n_out)
+        out.append(int(argmax(apply_penalties(logits[-1], None, params))))
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_device_argmax_and_greedy_chain_are_the_host_argmax(kind):
+    # greedy steps, verify rows and draft chains take the arg-max on the device: the ids must be those
+    # of the logits brought back, logit bias included, eagerly and as graph launches at other positions
+    gmodel, _, tok = on(kind, SMOL)
+    from sharpi_core.sampling import apply_penalties, argmax
+    ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see the other side")
+    logits = gmodel.forward(torch.tensor(ids[:12]), 0, gmodel.new_cache(64))
+    top = int(logits[-1].argmax())
+    bias = ((top, float("-inf")), (17, 2.5), (gmodel.config.n_vocab + 5, 1.0))  # a ban, a lift, an id past the vocab
+    want = argmax(apply_penalties(logits, None, SamplingParams(temp=0.0, logit_bias=bias))).tolist()
+    cache = gmodel.new_cache(64)
+    assert gmodel.forward_argmax(torch.tensor(ids[:12]), 0, cache, bias).tolist() == want
+    assert cache.length == 12 and want[-1] != top
+    for n_out in (None, 1000):  # the full output layer and a cut draft head
+        ref_cache, cache = gmodel.new_cache(64), gmodel.new_cache(64)
+        for c in (ref_cache, cache):
+            gmodel.forward(torch.tensor(ids[:7]), 0, c)
+        for i, start in enumerate((7, 3, 0)):  # the first chain of a shape is captured, the others launched
+            ref_cache.truncate(start)
+            cache.truncate(start)
+            want = _host_chain(gmodel, ids[start:start + 4], start, ref_cache, 5, bias, n_out)
+            launches = gmodel.graph_launches
+            got = gmodel.greedy_chain(torch.tensor(ids[start:start + 4]), start, cache, 5, bias, n_out=n_out)
+            assert got.tolist() == want, (n_out, start)
+            assert cache.length == ref_cache.length == start + 4 + 4
+            assert gmodel.graph_launches == launches + (i > 0)
+        # the cache holds what the steps fed: the next pass sees the same keys
+        nxt = torch.tensor(want[-1:])
+        assert torch.equal(gmodel.forward(nxt, cache.length, cache), gmodel.forward(nxt, ref_cache.length, ref_cache))
+    with pytest.raises(ValueError, match="does not fit"):
+        gmodel.greedy_chain(torch.tensor(ids[:4]), 0, gmodel.new_cache(8), 6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generation_with_device_argmax_is_the_generation_without(kind):
+    gmodel, _, tok = on(kind, SMOL)
+    prompt = tok.encode("Repeat after me: the red fox, the red fox, the red fox, the red fox,")
+    bias = ((int(tok.eog_ids and sorted(tok.eog_ids)[0]), float("-inf")), (279, 0.5))
+    greedy = SamplingParams(temp=0.0, logit_bias=bias)
+
+    def run(drafter=None):
+        g = Generator(gmodel, gmodel.new_cache(256), tok, greedy, drafter=drafter, spec_n_max=4)
+        return g, g.generate(prompt, n_predict=20)
+
+    runs = []
+    for on_device in (True, False):
+        gmodel.device_argmax = on_device
+        try:
+            g, plain = run()
+            drafter = DraftModelDrafter(gmodel, gmodel.new_cache(256), greedy, head_vocab=20000)
+            gs, spec = run(drafter)
+            assert g.device_argmax == gs.device_argmax == drafter.chain == on_device
+            runs.append((plain.tokens, spec.tokens, spec.spec.accepted, spec.spec.drafted))
+        finally:
+            gmodel.device_argmax = True
+    assert runs[0] == runs[1]
+    assert runs[0][0] == runs[0][1] and runs[0][2] > 0
+    # penalties depend on the history: those steps bring the logits back
+    pen = SamplingParams(temp=0.0, repeat_penalty=1.1)
+    assert not Generator(gmodel, gmodel.new_cache(16), tok, pen).device_argmax
+    assert not DraftModelDrafter(gmodel, gmodel.new_cache(16), pen).chain
+
+
 def test_failed_graph_capture_falls_back_to_launches(monkeypatch, capsys):
     model, tok = loaded(SMOL)
     gmodel = CudaTransformer(model, ops=cuda_fake)

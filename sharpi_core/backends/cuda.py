@@ -51,6 +51,8 @@ ATT_THREADS = 128      # must match ops.cu
 ATT_MAX_SPLITS = 64
 ATT_MAX_ROWS = 65535   # attention puts query rows in grid.y
 ATT_PARTIALS_BYTES = 256 << 20  # split-attention partials of one launch, at most
+ARGMAX_MIN_CHUNK = 2048  # values one block of argmax_part_f32 scans, at least
+ARGMAX_MAX_SPLITS = 64
 # No contraction of a*b+c into fused multiply-adds beyond the kernels' explicit ones (sh_fma): the
 # arithmetic is then the one tests/simt's emulator (and the host compiler) does, up to the math
 # library's expf / tanhf / sincosf, so emulated results predict the GPU's.
@@ -60,6 +62,9 @@ SOURCES = ("qmatvec", "ops")
 ACT_SILU, ACT_GELU_TANH, ACT_GELU_F16 = 0, 1, 2
 ACTIVATIONS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH, "gelu": ACT_GELU_TANH, "gelu_tanh_f16": ACT_GELU_F16}
 Q_ROUND = {"f32": 0, "f16": 1, "q8_0": 2}
+# activation kinds (sharpi_core.quants.act_kind) -> rms_norm_f32's rmode; the 8-bit ones' (block, f16 scale)
+ACT_ROUND = {None: 0, "f16": 1, "bf16": 2, "q8_32": 3, "q8_k": 4}
+Q8_BLOCKS = {"q8_32": (32, 1), "q8_k": (256, 0)}
 
 
 # ---- availability and sources ---------------------------------------------------------------------
@@ -414,16 +419,28 @@ def _token_rows(cp, x, n: int, what: str):
     return x2, st, 1
 
 
-def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, stream=None):
+def _round_mode(kind, n: int) -> int:
+    if kind not in ACT_ROUND:
+        raise ValueError(f"unknown activation rounding {kind!r}")
+    if kind in Q8_BLOCKS and n % Q8_BLOCKS[kind][0]:
+        raise ValueError(f"{kind} rounding needs rows of a multiple of {Q8_BLOCKS[kind][0]} (got {n})")
+    return ACT_ROUND[kind]
+
+
+def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, rounding=None, stream=None):
     """RMSNorm over the last dimension: x [..., n] -> same shape. w: None, [n], or [w_rows, n]
     (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x.
     add (x's shape): first x += add in place (the residual add fused into the norm that follows it);
     x must then be writable in place. x [T, nh, n] may have any token stride (a column view of a fused
-    projection): the kernel addresses rows as token * stride + head * n."""
+    projection): the kernel addresses rows as token * stride + head * n. rounding: an activation kind
+    (round_act's): the output rounded as the next matmul's input, in the same launch."""
     cp = _cupy()
     with _on(stream):
         n = x.shape[-1]
+        rmode = _round_mode(rounding, n)
         x2, x_st, nh = _token_rows(cp, x, n, "x")
+        if rmode and nh > 1:
+            raise ValueError("rounding is for whole rows (nh == 1)")
         rows = x2.shape[0] * nh if nh > 1 else x2.shape[0]
         if w is None:
             wd, w_rows, has_w = _dummy(cp), 1, 0
@@ -452,7 +469,7 @@ def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, stream=None):
             threads = 256 if n >= 256 else max(32, -(-n // 32) * 32)
             function("ops", "rms_norm_f32")((rows,), (threads,), (
                 x2, _i64(x_st), _i32(nh), a2, _i64(a_st), _i32(has_a), wd, _i32(w_rows), _i32(has_w),
-                y2, _i64(y_st), _i32(n), _f32(eps)))
+                y2, _i64(y_st), _i32(n), _f32(eps), _i32(rmode)))
     return out
 
 
@@ -574,9 +591,11 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
     return x
 
 
-def glu(gate, up, act: str = "silu", out=None, stream=None):
+def glu(gate, up, act: str = "silu", out=None, rounding=None, stream=None):
     """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output).
-    act: silu, gelu_tanh (= gelu), or gelu_tanh_f16 (through ggml's fp16 GELU table, like llama.cpp's CPU)."""
+    act: silu, gelu_tanh (= gelu), or gelu_tanh_f16 (through ggml's fp16 GELU table, like llama.cpp's CPU).
+    rounding: an activation kind (round_act's): the output rounded as the next matmul's input (the 8-bit
+    kinds in the same launch)."""
     cp = _cupy()
     with _on(stream):
         F = gate.shape[-1]
@@ -591,9 +610,18 @@ def glu(gate, up, act: str = "silu", out=None, stream=None):
         if o2.data.ptr != out.data.ptr or o2.shape != g2.shape:
             raise ValueError(f"out must be a writable float32 [{T}, {F}] array with unit stride in the last dimension")
         a = ACTIVATIONS[act]
-        if T * F:
+        _round_mode(rounding, F)
+        if T * F and rounding in Q8_BLOCKS:
+            block, f16_scale = Q8_BLOCKS[rounding]
+            warps = T * (F // block)
+            function("ops", "glu_q8_f32")((-(-warps // 4),), (128,), (
+                g2, _i64(g_st), u2, _i64(u_st), o2, _i64(o_st), _i32(T), _i32(F), _i32(a), _i32(block),
+                _i32(f16_scale)))
+        elif T * F:
             function("ops", "glu_f32")((-(-(T * F) // 256),), (256,), (
                 g2, _i64(g_st), u2, _i64(u_st), o2, _i64(o_st), _i32(T), _i32(F), _i32(a)))
+            if rounding is not None:
+                round_act(o2, rounding, out=o2)
     return out
 
 
@@ -619,7 +647,7 @@ def round_act(x, kind: str | None, out=None, stream=None):
                 function("ops", "round_half_f32")((-(-(T * K) // 256),), (256,), (
                     x2, _i64(x_st), _i32(T), _i32(K), _i32(kind == "bf16"), o2, _i64(o_st)))
         else:
-            block, f16_scale = (32, 1) if kind == "q8_32" else (256, 0)
+            block, f16_scale = Q8_BLOCKS[kind]
             if K % block:
                 raise ValueError(f"{kind} rounding needs K % {block} == 0 (K={K})")
             T = x2.shape[0]
@@ -688,24 +716,29 @@ def _attention_shapes(q, k_cache, v_cache, q_round, n_pos: int):
     return T, H, Dk, Hkv, kk, vk, Dv, qr
 
 
-def kv_append(src, cache, positions, stream=None):
+def kv_append(src, cache, positions, src2=None, cache2=None, stream=None):
     """Write src float32 [T, n_kv, D] (or [T, n_kv*D]; token stride free) into cache rows `positions`
-    (f16: rounded to nearest even; q8_0: ggml blocks, as gguf.quants.quantize)."""
+    (f16: rounded to nearest even; q8_0: ggml blocks, as gguf.quants.quantize); with src2 / cache2 (a
+    layer's V beside its K), those too, in the same launch when both caches are of one kind."""
     cp = _cupy()
     with _on(stream):
-        n_kv = cache.shape[1]
-        kind, D = _cache_kind(cache, n_kv, None, "cache")
-        s2, s_st = _rows2d(cp, src.reshape(src.shape[0], -1) if src.ndim == 3 else src, n_kv * D, "src")
-        T = s2.shape[0]
         pos = _dev_int32(cp, positions)
-        if pos.size != T:
-            raise ValueError(f"{pos.size} positions for {T} rows")
-        total = T * n_kv * D
-        if total:
-            args = (s2, _i64(s_st), _i32(T), _i32(n_kv), _i32(D), pos, cache,
-                    _i64(cache.strides[0]), _i64(cache.strides[1]))
-            name = "kv_append_f16" if kind == "f16" else "kv_append_q8_0"
-            function("ops", name)((-(-total // 256),), (256,), args)
+        sets = []
+        for sr, ca in ((src, cache), (src2, cache2)) if cache2 is not None else ((src, cache),):
+            n_kv = ca.shape[1]
+            kind, D = _cache_kind(ca, n_kv, None, "cache")
+            s2, s_st = _rows2d(cp, sr.reshape(sr.shape[0], -1) if sr.ndim == 3 else sr, n_kv * D, "src")
+            if pos.size != s2.shape[0] or n_kv != cache.shape[1]:
+                raise ValueError(f"{pos.size} positions for {s2.shape[0]} rows of {n_kv} heads")
+            sets.append((kind, D, (s2, _i64(s_st), _i32(D), ca, _i64(ca.strides[0]), _i64(ca.strides[1]))))
+        groups = [sets] if len(sets) == 1 or sets[0][0] == sets[1][0] else [[x] for x in sets]
+        T, n_kv = pos.size, cache.shape[1]
+        for g in groups:
+            total = T * n_kv * max(D for _, D, _ in g)
+            if total:
+                args = (_i32(T), _i32(n_kv), pos, *g[0][2], *g[-1][2])  # one set: set 1 unused (grid.y = 1)
+                name = "kv_append_f16" if g[0][0] == "f16" else "kv_append_q8_0"
+                function("ops", name)((-(-total // 256), len(g)), (256,), args)
     return cache
 
 
@@ -796,4 +829,47 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
                 _i32(Hkv), _i32(Dk), _i32(Dv), _f32(scale), _f32(softcap), _i32(window), _i32(chunk), _i32(qr),
                 _i32(1 if p_round else 0), op, ml), shared_mem=smem)
             combine((H, n), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:], _i64(H * Dv)))
+    return out
+
+
+# ---- greedy decoding on the device --------------------------------------------------------------
+
+def argmax_splits(n: int) -> tuple[int, int]:
+    """(chunk, splits) of a row of n values: one block per chunk, then one combining block per row."""
+    S = max(1, min(ARGMAX_MAX_SPLITS, _ceil_div(n, ARGMAX_MIN_CHUNK)))
+    chunk = _ceil_div(n, S)
+    return chunk, _ceil_div(n, chunk)
+
+
+def argmax(x, bias=None, out=None, work=None, stream=None):
+    """Row-wise arg-max of x float32 [T, n] (+ bias float32 [n], e.g. a logit bias) -> int32 [T]:
+    numpy.argmax's answer (lowest index on ties, the first NaN above everything). out: int32 [T] (a
+    view of a longer array is fine: the next pass of a greedy chain reads its token from it); work:
+    (float32, int32) flat device arrays of at least T * splits values, for a call that must not
+    allocate (a graph's capture)."""
+    cp = _cupy()
+    with _on(stream):
+        T, n = x.shape
+        x2, x_st = _rows2d(cp, x, n, "x")
+        chunk, S = argmax_splits(n)
+        if bias is None:
+            bd, has_b = _dummy(cp), 0
+        else:
+            bd, has_b = bias, 1
+            if bd.dtype != cp.float32 or bd.size != n or not bd.flags.c_contiguous:
+                raise ValueError(f"bias must be a contiguous float32 [{n}] device array")
+        if out is None:
+            out = cp.empty(T, dtype=cp.int32)
+        elif out.dtype != cp.int32 or tuple(out.shape) != (T,) or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous int32 [{T}] array")
+        if work is None:
+            pv, pi = cp.empty(T * S, dtype=cp.float32), cp.empty(T * S, dtype=cp.int32)
+        else:
+            pv, pi = (w.reshape(-1) for w in work)
+            if pv.dtype != cp.float32 or pi.dtype != cp.int32 or pv.size < T * S or pi.size < T * S:
+                raise ValueError(f"argmax work buffers must hold {T * S} float32 and int32 values")
+        if T and n:
+            function("ops", "argmax_part_f32")((S, T), (256,), (
+                x2, _i64(x_st), _i32(n), bd, _i32(has_b), _i32(chunk), pv, pi))
+            function("ops", "argmax_comb")((T,), (64,), (pv, pi, _i32(S), out))
     return out

@@ -7,6 +7,11 @@ tables) and uploads every weight in its GGUF quantized form; the model has the C
 `CudaKVCache` (f16 or q8_0 per layer, `length` / `truncate`). Every model runs on its own CUDA
 stream, so a target and its draft queue their kernels independently.
 
+Greedy decoding needs only arg-maxes, which are taken here so that 4 bytes a row come back instead of
+the logits: `forward_argmax` (a plain step, a verify pass) and `greedy_chain` (a draft's k proposals,
+each pass fed the last one's arg-max on the device, one graph). SHARPI_DEVICE_ARGMAX=0 turns them off
+(`device_argmax`, which the generator and the drafter look at).
+
 Numerics follow llama.cpp's CPU backend where it decides tokens: activations are rounded through the
 same 8-bit blocks before every quantized matmul (ops.round_act; fp32 activations would move these
 4-bit models' logits by ~1% and flip near-ties), its rope table, q rounded to the K cache's type
@@ -18,7 +23,7 @@ Passes of up to MAX_BATCH (16) tokens, decoding steps and speculative verificati
 graphs: their intermediates live in one workspace per model, every step of the pass is a kernel of
 cuda/*.cu, and nothing in it depends on the position (attention is launched over the cache's capacity,
 the rope table covers it, positions and token ids are read from device memory), so the first pass of
-a shape runs eagerly and is captured, and every later one is a graph launch: the 16 launches per
+a shape runs eagerly and is captured, and every later one is a graph launch: the 12 launches per
 layer cost one CPU call (SHARPI_CUDA_GRAPH=0 launches them one by one; same results bit for bit).
 
 `offload(model, ngl)` implements -ngl: all on the GPU, or (0 < ngl < n_layer) a SplitTransformer
@@ -43,7 +48,9 @@ from ..models.transformer import Transformer, _weight, attention_scales, check_p
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector
 
 GPU_CACHE_TYPES = ("f16", "q8_0")
+MIXED = "mixed"  # a projection whose matmuls round their input differently
 GRAPHS = os.environ.get("SHARPI_CUDA_GRAPH", "1") != "0"
+DEVICE_ARGMAX = os.environ.get("SHARPI_DEVICE_ARGMAX", "1") != "0"
 
 
 class CudaKVCache(CacheBase):
@@ -93,15 +100,19 @@ class _Proj:
                 off += p.n
             i += len(g)
         self.ops, self.stream, self.role = ops, stream, role  # role: its outputs' workspace name
+        kinds = {act_kind(m.qtype) for m in self.mats}
+        # the activation rounding all its matmuls take (the step before can do it), else MIXED
+        self.kind = kinds.pop() if len(kinds) == 1 else MIXED
 
     @property
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self.mats)
 
-    def __call__(self, x, bufs) -> list:
-        """x [T, K] -> one [T, n] view per part (outputs in bufs)."""
+    def __call__(self, x, bufs, rounded: bool = False) -> list:
+        """x [T, K] -> one [T, n] view per part (outputs in bufs). rounded: x is already rounded as
+        self.kind says (by the norm or activation that made it)."""
         T = x.shape[0]
-        res, rounded = _Views(), {}
+        res, rounded = _Views(), ({self.kind: x} if rounded else {})
         for gi, (m, sizes) in enumerate(zip(self.mats, self.group_sizes)):
             kind = act_kind(m.qtype)
             if kind not in rounded:
@@ -163,10 +174,10 @@ class _CacheArrays:
 
 class _Graph:
     """A captured pass: the graph, its device inputs (token ids or hidden state, positions), its
-    logits, and the arrays it reads and writes (kept alive while the graph lives)."""
+    result (logits or token ids), and the arrays it reads and writes (kept alive while it lives)."""
 
-    def __init__(self, graph, inputs: tuple, logits, keep: list):
-        self.graph, self.inputs, self.logits, self.keep = graph, inputs, logits, keep
+    def __init__(self, graph, inputs: tuple, result, keep: list):
+        self.graph, self.inputs, self.result, self.keep = graph, inputs, result, keep
 
 
 class _Layer:
@@ -223,6 +234,9 @@ class CudaTransformer:
         self._tables: dict = {}   # rope base -> device (cos, sin) table
         self._heads: dict = {}    # n -> the output layer's first n rows
         self.use_graphs = GRAPHS and hasattr(ops, "capture")
+        # greedy steps take the arg-max here and bring back 4 bytes a row (forward_argmax, greedy_chain)
+        self.device_argmax = DEVICE_ARGMAX
+        self._biases: dict = {}   # (logit bias pairs, width) -> dense device bias
         self.graph_launches = 0   # passes run as a graph launch (tests, benchmarks)
         self._ws = _Buffers(self.xp, True, ops.MAX_BATCH)
         self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {shape key: _Graph}
@@ -281,12 +295,27 @@ class CudaTransformer:
         """As Transformer.forward. `decode` changes nothing here: every row of a pass of up to 16
         tokens goes through the same batched matvec, which sums each row in one order whatever the
         batch size, so verify rows equal one-token passes; longer passes use cuBLAS."""
-        if self.first_layer:
-            raise ValueError(f"this model holds layers {self.first_layer}.. only: feed it with forward_hidden")
-        tokens = pass_tokens(tokens, start_pos, cache)
-        if tokens.shape[0] == 0:
-            return torch.zeros(0, self.config.n_vocab)
-        return self._pass(tokens.numpy().astype(np.int32), None, start_pos, cache, last_n, n_out)
+        return self._pass(self._ids(tokens, start_pos, cache), None, start_pos, cache, last_n, n_out)
+
+    def forward_argmax(self, tokens, start_pos: int, cache: CudaKVCache, bias=(), decode: bool = False,
+                       n_out: int | None = None) -> torch.Tensor:
+        """As forward, but each row's arg-max of the logits plus `bias` ((token id, value) pairs, ids
+        distinct; ids past the row width ignored) taken on the device -> int64 [T], numpy.argmax's
+        ties: greedy steps and greedy verification without bringing back the logits (600 KB a row
+        for Qwen's vocabulary)."""
+        return self._pass(self._ids(tokens, start_pos, cache), None, start_pos, cache, None, n_out,
+                          argmax=(tuple(bias), 1))
+
+    def greedy_chain(self, tokens, start_pos: int, cache: CudaKVCache, k: int, bias=(),
+                     n_out: int | None = None) -> torch.Tensor:
+        """tokens at start_pos, then k-1 one-token passes, each fed the arg-max (as forward_argmax) of
+        the pass before -> the k arg-maxes, int64 [k]: a greedy draft's proposals in one graph launch
+        and one 16-byte transfer. The cache then holds tokens + the first k-1 results."""
+        ids = self._ids(tokens, start_pos, cache)
+        if k < 1 or start_pos + ids.shape[0] + k - 1 > cache.capacity:
+            raise ValueError(f"a chain of {k} from position {start_pos + ids.shape[0]} does not fit the "
+                             f"cache of {cache.capacity}")
+        return self._pass(ids, None, start_pos, cache, 1, n_out, argmax=(tuple(bias), k))
 
     def forward_hidden(self, x: torch.Tensor, start_pos: int, cache: CudaKVCache, last_n: int | None = None,
                        n_out: int | None = None) -> torch.Tensor:
@@ -297,45 +326,60 @@ class CudaTransformer:
             return torch.zeros(0, self.config.n_vocab)
         return self._pass(None, np.ascontiguousarray(x.numpy(), dtype=np.float32), start_pos, cache, last_n, n_out)
 
-    def _pass(self, ids, hidden, start_pos: int, cache: CudaKVCache, last_n: int | None, n_out: int | None):
-        """ids int32 [T] (or hidden float32 [T, D]) at start_pos -> logits, through a graph where it can."""
+    def _ids(self, tokens, start_pos: int, cache) -> np.ndarray:
+        if self.first_layer:
+            raise ValueError(f"this model holds layers {self.first_layer}.. only: feed it with forward_hidden")
+        tokens = pass_tokens(tokens, start_pos, cache)
+        return tokens.numpy().astype(np.int32)
+
+    def _pass(self, ids, hidden, start_pos: int, cache: CudaKVCache, last_n: int | None, n_out: int | None,
+              argmax: tuple | None = None) -> torch.Tensor:
+        """ids int32 [T] (or hidden float32 [T, D]) at start_pos -> logits, through a graph where it
+        can; argmax = (logit bias pairs, chain length): the arg-maxes instead (int64), see greedy_chain."""
         c, s = self.config, self.stream
         T = ids.shape[0] if ids is not None else hidden.shape[0]
+        if T == 0:
+            return torch.zeros(0, c.n_vocab) if argmax is None else torch.zeros(0, dtype=torch.long)
         last_n = last_n if last_n is not None and last_n < T else None
         n_out = n_out if n_out is not None and n_out < c.n_vocab else None
-        positions = np.arange(start_pos, start_pos + T, dtype=np.int32)
+        chain = 1 if argmax is None else argmax[1]
+        positions = np.arange(start_pos, start_pos + T + chain - 1, dtype=np.int32)
+        end = start_pos + T + chain - 1
         ca = _CacheArrays(cache)
         with s:
             if T > self.ops.MAX_BATCH or self.trace is not None or not self.use_graphs:
                 bufs = _Buffers(self.xp, False)
                 inputs = self._inputs(bufs, ids, hidden, positions)
-                logits = self._body(bufs, inputs, ca, start_pos + T, last_n, n_out)
+                out = self._run(bufs, inputs, ca, end, last_n, n_out, argmax)
             else:
                 graphs = self._graphs.setdefault(cache, {})
-                key = (T, last_n, n_out, ids is None, self.flash_attn)
+                key = (T, last_n, n_out, ids is None, self.flash_attn, argmax)
                 g = graphs.get(key)
                 if g is None:
                     # the first pass of this shape runs eagerly (compiling kernels, sizing the workspace
                     # and the tables), then its launches are captured for the next ones
                     bufs = self._ws
                     inputs = self._inputs(bufs, ids, hidden, positions)
-                    logits = self._body(bufs, inputs, ca, ca.capacity, last_n, n_out)
+                    out = self._run(bufs, inputs, ca, ca.capacity, last_n, n_out, argmax)
                     try:
-                        graph = self.ops.capture(lambda: self._body(bufs, inputs, ca, ca.capacity, last_n, n_out), s)
+                        graph = self.ops.capture(
+                            lambda: self._run(bufs, inputs, ca, ca.capacity, last_n, n_out, argmax), s)
                     except Exception as e:  # graphs only save launch time: go on without them
                         print(f"warning: CUDA graph capture failed ({type(e).__name__}: {e}); "
                               "launching kernels one by one", file=sys.stderr)
                         self.use_graphs = False
                     else:
-                        keep = [*bufs.arrays.values(), *self._tables.values(), *self._heads.values()]
-                        graphs[key] = _Graph(graph, inputs, logits, keep)
+                        keep = [*bufs.arrays.values(), *self._tables.values(), *self._heads.values(),
+                                *self._biases.values()]
+                        graphs[key] = _Graph(graph, inputs, out, keep)
                 else:
                     self._upload(g.inputs, ids, hidden, positions)
                     g.graph.launch(stream=s)
                     self.graph_launches += 1
-                    logits = g.logits
-            cache.length = start_pos + T
-            return torch.from_numpy(self.ops.to_host(logits, stream=s))  # waits for this stream's work
+                    out = g.result
+            cache.length = end
+            host = self.ops.to_host(out, stream=s)  # waits for this stream's work
+        return torch.from_numpy(host if argmax is None else host.astype(np.int64))
 
     def _inputs(self, bufs, ids, hidden, positions) -> tuple:
         """The device arrays of the pass's token ids (or hidden state) and positions, uploaded."""
@@ -348,6 +392,42 @@ class CudaTransformer:
         first, pos = inputs
         self.ops.upload(first, ids if ids is not None else hidden, stream=self.stream)
         self.ops.upload(pos, positions, stream=self.stream)
+
+    def _bias(self, pairs: tuple, n: int):
+        """The logit bias as a dense device vector of width n (None without one)."""
+        if not pairs:
+            return None
+        key = (pairs, n)
+        b = self._biases.get(key)
+        if b is None:
+            host = np.zeros(n, np.float32)
+            for i, v in pairs:
+                if 0 <= i < n:
+                    host[i] = np.float32(v)
+            b = self._biases[key] = self.xp.asarray(host)
+        return b
+
+    def _run(self, b: _Buffers, inputs: tuple, cache: _CacheArrays, n_kv: int, last_n: int | None,
+             n_out: int | None, argmax: tuple | None):
+        """The pass (_body) and, with argmax = (bias pairs, chain), the arg-max of each logits row,
+        then chain - 1 one-token passes, each fed the last arg-max -> logits or int32 ids [rows + chain - 1]
+        (views in b). inputs: (token ids [T], positions [T + chain - 1])."""
+        first, pos = inputs
+        T = int(first.shape[0])
+        logits = self._body(b, (first, pos[:T]), cache, n_kv, last_n, n_out)
+        if argmax is None:
+            return logits
+        pairs, chain = argmax
+        rows, n = logits.shape
+        bias = self._bias(pairs, n)
+        _, splits = self.ops.argmax_splits(n)
+        ids = b.get("ids", (rows + chain - 1,), np.int32)
+        work = (b.get("am_v", (rows * splits,)), b.get("am_i", (rows * splits,), np.int32))
+        self.ops.argmax(logits, bias, out=ids[:rows], work=work, stream=self.stream)
+        for i in range(1, chain):  # rows == 1 here: the last id is the next input
+            logits = self._body(b, (ids[i - 1:i], pos[T + i - 1:T + i]), cache, n_kv, None, n_out)
+            self.ops.argmax(logits, bias, out=ids[i:i + 1], work=work, stream=self.stream)
+        return ids
 
     def _body(self, b: _Buffers, inputs: tuple, cache: _CacheArrays, n_kv: int, last_n: int | None,
               n_out: int | None):
@@ -373,15 +453,20 @@ class CudaTransformer:
                 ops.scale(x, c.embed_scale, stream=s)
         else:
             x = first
+        # the norms and the GLU write their output already rounded for the matmul that reads it (one
+        # launch less each), unless a trace wants the unrounded values
+        fuse = lambda proj: tr is None and proj.kind != MIXED  # noqa: E731
         pending = None  # the last FFN output, added to x by the norm that follows it
         for j, ly in enumerate(self.layers):
             i = self.first_layer + j
-            h = ops.rms_norm(x, ly.attn_norm, eps, out=b.get("h", (T, D)), add=pending, stream=s)
+            f = fuse(ly.qkv)
+            h = ops.rms_norm(x, ly.attn_norm, eps, out=b.get("h", (T, D)), add=pending,
+                             rounding=ly.qkv.kind if f else None, stream=s)
             if tr is not None:
                 if pending is not None:
                     tr(f"l_out-{i - 1}", x)
                 tr(f"attn_norm-{i}", h)
-            qkv = ly.qkv(h, b)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv]: column views, biases added
+            qkv = ly.qkv(h, b, rounded=f)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv]: column views, biases added
             q, k, v = qkv[0].reshape(T, H, hd), qkv[1].reshape(T, Hkv, hd), qkv[2].reshape(T, Hkv, hdv)
             if ly.q_norm is not None:
                 ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
@@ -400,8 +485,7 @@ class CudaTransformer:
                 k = ops.hadamard(k, cache.rot_k, out=b.get("k_rot", k.shape), stream=s)
             if cache.rot_v is not None:
                 v = ops.hadamard(v, cache.rot_v, out=b.get("v_rot", v.shape), stream=s)
-            ops.kv_append(k, cache.k[j], pos, stream=s)
-            ops.kv_append(v, cache.v[j], pos, stream=s)
+            ops.kv_append(k, cache.k[j], pos, v, cache.v[j], stream=s)
             window = c.sliding_window if c.is_swa(i) else 0
             work = None
             if b.persistent:
@@ -420,25 +504,27 @@ class CudaTransformer:
                 ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
             if last_n is not None and i == c.n_layer - 1:  # the last FFN only where logits are wanted
                 x, o, T = x[-last_n:], o[-last_n:], last_n
-            h = ops.rms_norm(x, ly.ffn_norm, eps, out=b.get("h", (T, D)), add=o, stream=s)
-            g, u = ly.gu(h, b)  # [T, n_ff] each
-            a = ops.glu(g, u, self._act, out=b.get("glu", g.shape), stream=s)
+            f = fuse(ly.gu)
+            h = ops.rms_norm(x, ly.ffn_norm, eps, out=b.get("h", (T, D)), add=o, rounding=ly.gu.kind if f else None,
+                             stream=s)
+            g, u = ly.gu(h, b, rounded=f)  # [T, n_ff] each
+            f = fuse(ly.down)
+            a = ops.glu(g, u, self._act, out=b.get("glu", g.shape), rounding=ly.down.kind if f else None, stream=s)
             if tr is not None:
                 tr(f"ffn_inp-{i}", x)
                 tr(f"ffn_norm-{i}", h)
                 tr(f"ffn_swiglu-{i}", a)
-            (pending,) = ly.down(a, b)
+            (pending,) = ly.down(a, b, rounded=f)
             if ly.post_ffn_norm is not None:
                 ops.rms_norm(pending, ly.post_ffn_norm, eps, out=pending, stream=s)
             if tr is not None:
                 tr(f"ffn_out-{i}", pending)
-        xn = ops.rms_norm(x, self.output_norm, eps, out=b.get("h", (T, D)), add=pending, stream=s)
-        if tr is not None:
-            tr(f"l_out-{c.n_layer - 1}", x)
         head = self.output if n_out is None else self._output_head(n_out)
         kind = act_kind(head.qtype)
-        xr = ops.round_act(xn, kind, out=None if kind is None else b.get(f"act:{kind}", xn.shape), stream=s)
-        return head.matmul(xr, stream=s, out=b.get("logits", (T, head.n)))
+        xn = ops.rms_norm(x, self.output_norm, eps, out=b.get("h", (T, D)), add=pending, rounding=kind, stream=s)
+        if tr is not None:
+            tr(f"l_out-{c.n_layer - 1}", x)
+        return head.matmul(xn, stream=s, out=b.get("logits", (T, head.n)))
 
 
 class SplitCache:

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from .accept import accept_greedy, accept_sampled
+from .accept import accept_argmax, accept_greedy, accept_sampled
 from .draft_model import DraftModelDrafter
 from .lookup import LookupDrafter
 from .util import common_prefix
@@ -28,5 +28,5 @@ class Drafter(Protocol):
     def rollback(self, n_keep: int) -> None: ...
 
 
-__all__ = ["Drafter", "accept_greedy", "accept_sampled", "DraftModelDrafter", "LookupDrafter",
+__all__ = ["Drafter", "accept_argmax", "accept_greedy", "accept_sampled", "DraftModelDrafter", "LookupDrafter",
            "SUPPORTS_PENALTIES", "common_prefix"]

@@ -26,7 +26,11 @@ def accept_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, i
     d_1..d_i) -> (n accepted, next token: the target's argmax after the accepted prefix).
 
     k rows are enough when d_k cannot be the argmax (a token outside the target's vocabulary)."""
-    am = argmax(target_logits).tolist()
+    return accept_argmax(draft, argmax(target_logits).tolist())
+
+
+def accept_argmax(draft: list[int], am: list[int]) -> tuple[int, int]:
+    """accept_greedy given the rows' arg-maxes am [k+1] (taken where the logits are)."""
     n, lim = 0, min(len(draft), len(am) - 1)
     while n < lim and draft[n] == am[n]:
         n += 1

@@ -5,7 +5,9 @@ history it is given by reusing the longest common prefix (truncate) and feeding 
 suffix in batched forwards, then runs k-1 single-token forwards (the last proposal is never fed:
 the next call feeds it if it was accepted). Each proposal is drawn from q = filtered_probs of the
 draft's logits after the same bias/penalties (over its own history, i.e. the target's history plus
-the drafts so far), and q is returned, so sampled verification is exact. Greedy: argmax, q None.
+the drafts so far), and q is returned, so sampled verification is exact. Greedy: argmax, q None; on a
+model that takes arg-maxes itself (a GPU: greedy_chain) the catch-up pass and the k-1 steps run as
+one chain, each step fed the last one's arg-max on the device, one transfer of k ids at the end.
 
 head_vocab = N computes the draft's output layer for token ids [0, N) only (a zero-copy view of its
 first N rows), like FR-Spec's frequency-ranked draft head: with a byte-level BPE vocabulary the ids
@@ -19,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling import SamplingParams, apply_penalties, argmax, candidates, draw
+from ..sampling import SamplingParams, apply_penalties, argmax, argmax_suffices, candidates, draw
 from .util import common_prefix
 
 
@@ -34,13 +36,16 @@ class DraftModelDrafter:
         self.n_out = head_vocab if head_vocab and head_vocab < self.n_vocab else None
         self.history: list[int] = []  # tokens whose K/V are in self.cache
         self.forwards = 0  # forward passes run (stats/tests)
+        self.chain = bool(getattr(model, "device_argmax", False)) and argmax_suffices(params)
+
+    def _ids(self, tokens: list[int]) -> torch.Tensor:
+        # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
+        # fed as id 0: only the draft's guesses suffer, exactness does not depend on them
+        return torch.tensor([t if 0 <= t < self.n_vocab else 0 for t in tokens], dtype=torch.long)
 
     def _feed(self, tokens: list[int], last_n: int | None = None, decode: bool = True) -> torch.Tensor:
         start = len(self.history)
-        # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
-        # fed as id 0: only the draft's guesses suffer, exactness does not depend on them
-        ids = [t if 0 <= t < self.n_vocab else 0 for t in tokens]
-        x = torch.tensor(ids, dtype=torch.long)
+        x = self._ids(tokens)
         # decode=True: a short catch-up (the last proposal and the bonus token) runs as decoding rows,
         # the cheaper order for a few rows (the prompt is prefilled in prompt order, as llama.cpp does);
         # the draft's numerics only change its proposals' q
@@ -52,21 +57,41 @@ class DraftModelDrafter:
         self.forwards += 1
         return logits[-1]
 
-    def _sync(self, history: list[int]) -> torch.Tensor:
-        """Make the cache hold `history`, reusing the longest common prefix; logits of its last token."""
+    def _reuse(self, history: list[int]) -> int:
+        """Cut the cache to the longest common prefix with `history` (all but its last token at most)."""
         n = min(common_prefix(self.history, history), len(history) - 1, self.cache.length)
         if n < self.cache.length:
             self.cache.truncate(n)
         del self.history[n:]
+        return n
+
+    def _sync(self, history: list[int], upto: int | None = None) -> torch.Tensor | None:
+        """Make the cache hold history[:upto] (all of it by default) in chunks of n_batch counted from the
+        reused prefix; the logits of its last token."""
+        n = len(self.history)
         logits = None
-        for s in range(n, len(history), self.n_batch):
+        for s in range(n, len(history) if upto is None else upto, self.n_batch):
             logits = self._feed(list(history[s:s + self.n_batch]), last_n=1, decode=n > 0)
         return logits
+
+    def _propose_chain(self, history: list[int], k: int) -> list[int]:
+        n = self._reuse(history)
+        last = n + (len(history) - 1 - n) // self.n_batch * self.n_batch  # where _sync's last chunk starts
+        self._sync(history, last)
+        tail = list(history[last:])
+        tokens = self.model.greedy_chain(self._ids(tail), last, self.cache, k, self.params.logit_bias,
+                                         n_out=self.n_out).tolist()
+        self.history += tail + tokens[:-1]
+        self.forwards += k
+        return tokens
 
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         k = min(k, self.cache.capacity - len(history))
         if k <= 0 or not history:
             return [], None
+        if self.chain:
+            return self._propose_chain(history, k), None
+        self._reuse(history)
         logits = self._sync(history)
         tokens: list[int] = []
         qs = None

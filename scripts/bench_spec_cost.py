@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""What a speculative step costs against a plain step, per k (a benchmark, not a test).
+
+    python scripts/bench_spec_cost.py [--device cpu|cuda] [--ks 1,2,4,6] [--reps 15]
+                                      [--tokens-per-pass 2:2.86,4:4.50,6:5.73 | auto]
+
+Qwen2.5-Coder 1.5B target, 0.5B draft (its output layer cut as sharpi's default --spec-draft-vocab),
+greedy. In one process, in turns: a plain step of the target (one token; on a GPU its arg-max taken
+there, as sharpi decodes), the draft's proposal of k tokens after one new token (DraftModelDrafter:
+on a GPU one chain of k passes), and the target's verify pass of k+1 rows. Each is timed alone with
+the caches cut back after it, so the positions stay put; the table has medians.
+
+break-even = (draft + verify) / plain: the tokens a verify pass must yield for speculation to match
+plain decoding. None of these costs depends on the weights' values, so they can be measured on the
+random-weight stand-ins of scripts/gguf_synth.py (the GPU machine, which the model files cannot reach;
+put them under SHARPI_MODELS_DIR with the registry's file names). The projected speed-up is
+E / break-even, E the tokens per verify pass the real models reach: by default those scripts/bench_spec.py
+measured on the CPU (greedy proposals and verdicts are the same tokens on any device, up to
+near-ties); `auto` measures them here with the Generator (real weights only), and also prints the
+speed-up measured end to end next to the projection.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_spec import CODE_PROMPT, decode_tps, ignore_eos, load  # noqa: E402
+from sharpi_core.engine import draft_head_vocab  # noqa: E402
+from sharpi_core.sampling import SamplingParams, argmax  # noqa: E402
+from sharpi_core.speculative import DraftModelDrafter  # noqa: E402
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m"
+# tokens per verify pass, Qwen 1.5B + 0.5B, greedy, code prompt, 64 tokens: scripts/bench_spec.py on
+# the CPU (README, "Speculative decoding")
+CPU_TOKENS_PER_PASS = "2:2.86,4:4.50,6:5.73"
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--ks", default="1,2,4,6")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--tokens-per-pass", default=CPU_TOKENS_PER_PASS,
+                    help="k:E,... (E = tokens per verify pass at k) or 'auto' (measured here)")
+    ap.add_argument("-t", type=int, default=2, help="CPU threads")
+    a = ap.parse_args()
+    torch.set_num_threads(a.t)
+    ks = [int(x) for x in a.ks.split(",")]
+    target, tok = load(TARGET, a.device)
+    draft, dtok = load(DRAFT, a.device)
+    params = ignore_eos(SamplingParams(temp=0.0), tok)
+    bias = params.logit_bias
+    on_device = bool(getattr(target, "device_argmax", False))
+    prompt = tok.encode(CODE_PROMPT)
+    T0 = len(prompt)
+    tcache = target.new_cache(T0 + 64)
+    first = int(argmax(target.forward(torch.tensor(prompt), 0, tcache, last_n=1)[-1]))
+    drafter = DraftModelDrafter(draft, draft.new_cache(T0 + 64), params, head_vocab=draft_head_vocab(-1, dtok))
+
+    def rows(tokens: list[int]) -> list[int]:  # the target's greedy ids after T0 (Generator's path)
+        x = torch.tensor(tokens)
+        if on_device:
+            out = target.forward_argmax(x, T0, tcache, bias, decode=True).tolist()
+        else:
+            out = argmax(target.forward(x, T0, tcache, decode=True)).tolist()
+        tcache.truncate(T0)
+        return out
+
+    def propose(k: int) -> list[int]:
+        props, _ = drafter.propose(prompt + [first], k)
+        drafter.rollback(T0)
+        return props
+
+    for k in ks:  # warm-up: kernels, buffers, every shape's graph
+        rows([first] * (k + 1))
+        propose(k)
+    rows([first])
+    times: dict = {("plain", 0): []}
+    for _ in range(a.reps):
+        times[("plain", 0)].append(timed(lambda: rows([first])))
+        for k in ks:
+            props: list[int] = []
+            times.setdefault(("draft", k), []).append(timed(lambda: props.extend(propose(k))))
+            times.setdefault(("verify", k), []).append(timed(lambda: rows([first] + props)))
+    med = {key: statistics.median(v) for key, v in times.items()}
+    plain = med[("plain", 0)]
+
+    if a.tokens_per_pass == "auto":
+        tpp, measured = {}, {}
+        for k in ks:
+            p_tps, _ = decode_tps(target, tok, CODE_PROMPT, 64, SamplingParams(temp=0.0))
+            s_tps, r = decode_tps(target, tok, CODE_PROMPT, 64, SamplingParams(temp=0.0),
+                                  DraftModelDrafter(draft, draft.new_cache(2048), params,
+                                                    head_vocab=draft_head_vocab(-1, dtok)), k)
+            tpp[k], measured[k] = r.spec.tokens_per_pass, s_tps / p_tps
+    else:
+        tpp = {int(k): float(e) for k, e in (kv.split(":") for kv in a.tokens_per_pass.split(","))}
+        measured = {}
+
+    print(f"Qwen 1.5B target + 0.5B draft on {a.device}: plain step {plain:.2f} ms ({1000 / plain:.1f} t/s), "
+          f"median of {a.reps}; E = tokens per verify pass ({'measured here' if measured else 'given'})")
+    print("| k | draft k tokens ms | per draft token / plain step | verify k+1 rows ms | verify / plain step "
+          "| break-even tokens/pass | E | projected spec/plain | measured spec/plain |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k in ks:
+        d, v = med[("draft", k)], med[("verify", k)]
+        even = (d + v) / plain
+        e = tpp.get(k)
+        proj = f"{e:.2f} | {e / even:.2f}x" if e else "n/a | n/a"
+        meas = f"{measured[k]:.2f}x" if k in measured else "n/a"
+        print(f"| {k} | {d:.2f} | {d / k / plain:.2f} | {v:.2f} | {v / plain:.2f} | {even:.2f} | {proj} | {meas} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

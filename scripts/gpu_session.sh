@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU checks of the CUDA backend in two calls of the device tool, for a session that has a GPU.
+#
+# The device machine takes at most 64 MiB of files a call, reaches no network, has no `gguf` package,
+# and stays warm (its /tmp kept) for 30 s after a call. So:
+#
+#   bash scripts/gpu_session.sh prepare    here, once: fills .gpu/a and .gpu/b (.gitignore'd, ~50 MB each):
+#                                          gguf's wheel, the llama.cpp fixtures, skeletons of the Qwen
+#                                          models (scripts/gguf_synth.py), SmolLM2 in two halves
+#   device run, carry [".gpu/a"], command "bash scripts/gpu_session.sh part1"
+#       kernels against gguf.quants (tests/test_cuda_kernels.py), then speed on random-weight stand-ins
+#       of Qwen 1.5B / 0.5B built there: scripts/bench.py, scripts/bench_spec_cost.py,
+#       scripts/bench_cuda_kernels.py. Results in $OUT.
+#   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part2"   (at once: within 30 s)
+#       SmolLM2 complete: the model-level GPU tests (tests/test_cuda_model.py: llama.cpp's greedy
+#       continuations, graph replays, verify rows, speculative parity) and its real-tensor kernel tests.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+SMOL=smollm2-135m-instruct-q4_1.gguf
+Q15=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+Q05=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+
+install() {  # gguf (pure Python) from the carried wheel; everything else is on the machine
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$1"/*.whl \
+        || { echo "cannot install the carried gguf wheel" >&2; exit 1; }
+    export PYTHONPATH=/tmp/site:$PWD
+}
+
+case "${1:-}" in
+prepare)
+    models=${SHARPI_MODELS_DIR:-$HOME/.cache/sharpi/models}
+    rm -rf .gpu && mkdir -p .gpu/a .gpu/b
+    ver=$(python3 -c "import importlib.metadata as m; print(m.version('gguf'))")
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform any -d .gpu/a "gguf==$ver" || exit 1
+    cp .gpu/a/*.whl .gpu/b/
+    cp ../shared/fixtures/llamacpp_reference.json .gpu/a/
+    python3 scripts/gguf_synth.py skeleton "$models/$Q15" .gpu/a/q15.json.gz || exit 1
+    python3 scripts/gguf_synth.py skeleton "$models/$Q05" .gpu/a/q05.json.gz || exit 1
+    half=$(( ($(stat -c %s "$models/$SMOL") + 1) / 2 ))
+    head -c "$half" "$models/$SMOL" > .gpu/a/smol.1
+    tail -c +"$((half + 1))" "$models/$SMOL" > .gpu/b/smol.2
+    sha256sum "$models/$SMOL" | cut -d' ' -f1 > .gpu/b/smol.sha256
+    du -sh .gpu/a .gpu/b
+    ;;
+part1)
+    install .gpu/a
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/gpu.txt"
+    mkdir -p /tmp/sharpi/real /tmp/sharpi/synth
+    cp .gpu/a/smol.1 /tmp/sharpi/
+    cat .gpu/a/llamacpp_reference.json > /tmp/sharpi/llamacpp_reference.json
+    # the stand-ins under the registry's file names: it takes a file of the right size as cached
+    python3 scripts/gguf_synth.py build .gpu/a/q15.json.gz /tmp/sharpi/synth/$Q15
+    python3 scripts/gguf_synth.py build .gpu/a/q05.json.gz /tmp/sharpi/synth/$Q05
+    python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py tests/test_cuda_compile.py 2>&1 \
+        | tee "$OUT/kernels.txt" | tail -n 15
+    export SHARPI_MODELS_DIR=/tmp/sharpi/synth
+    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} -m ${Q05%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
+    python3 scripts/bench_spec_cost.py --device cuda --ks 1,2,4,6,8 2>&1 | tee "$OUT/spec_cost.txt"
+    python3 scripts/bench_cuda_kernels.py --types q4_k,q6_k,q5_0,q8_0 --n 8960 --k 1536 --ts 1,2,4,8,16 2>&1 \
+        | tee "$OUT/kernels_bench.txt"
+    ;;
+part2)
+    [ -f /tmp/sharpi/smol.1 ] || { echo "part2 needs part1's machine (still warm): run part1 again, then part2 at once" >&2; exit 1; }
+    install .gpu/b
+    mkdir -p "$HOME/.cache/sharpi/models"
+    cat /tmp/sharpi/smol.1 .gpu/b/smol.2 > "$HOME/.cache/sharpi/models/$SMOL"
+    echo "$(cat .gpu/b/smol.sha256)  $HOME/.cache/sharpi/models/$SMOL" | sha256sum -c - || exit 1
+    export SHARPI_FIXTURES=/tmp/sharpi  # its llamacpp_reference.json, from part1
+    # the bigger models' tests are marked slow: their files are not here
+    python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" tests/test_cuda_model.py 2>&1 \
+        | tee "$OUT/model_tests.txt" | tail -n 30
+    python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py -k real_tensors 2>&1 \
+        | tee "$OUT/real_tensors.txt" | tail -n 5
+    python3 scripts/bench.py --device cuda -m ${SMOL%.gguf} --runs 3 2>&1 | tee "$OUT/bench_smol.txt"
+    ;;
+*)
+    sed -n '2,17p' "$0"
+    exit 2
+    ;;
+esac
