@@ -3,14 +3,15 @@
 // Kernels (all extern "C"; <t> is f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k):
 //
 //   qmv_<t>_q<NQ>_r<R>(const u8* W, i64 row_bytes, int N, int K,
-//                      const float* X, i64 ldx, float* Y, i64 ldy, int nq)
+//                      const float* X, i64 ldx, float* Y, i64 ldy, int nq, const float* bias, int has_bias)
 //       (NQ, R) in {(1,1), (2,2), (4,2), (8,2), (16,4)}; 1 <= nq <= NQ rows of X are used.
 //       block = 128 threads (4 warps), grid.x = ceil(N / (4*R)); warp w of block b computes rows
 //       (4b + w)*R .. +R for all nq activation rows, reading each weight byte once.
 //       W: N rows of row_bytes = K/BS*TS bytes, the allocation 16-byte aligned.
 //       X: fp32, 16-byte aligned, ldx % 4 == 0; K must be a multiple of the block size
 //       (32 for legacy quants, 256 for K-quants, 8 for f16/bf16, 4 for f32).
-//       Y[q*ldy + n] is written for q < nq, n < N.
+//       Y[q*ldy + n] is written for q < nq, n < N; with has_bias, the sum + bias[n] (one rounding, as a
+//       separate add would give).
 //
 //   deq_rows_<t>(const u8* W, i64 row_bytes, const int* ids, int K, float* out, i64 ldo)
 //       out[i*ldo + k] = dequant(W[ids[i], k]); block = 128 threads, grid.x = number of ids;
@@ -26,7 +27,7 @@
 template <class B, int NQ, int R>
 __device__ __forceinline__ void qmv_kernel(const u8* __restrict__ W, i64 row_bytes, int N, int K,
                                            const float* __restrict__ X, i64 ldx, float* __restrict__ Y,
-                                           i64 ldy, int nq) {
+                                           i64 ldy, int nq, const float* __restrict__ bias, int has_bias) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * QMV_WARPS + warp) * R;
     if (row0 >= N) return;  // uniform over the warp
@@ -45,7 +46,8 @@ __device__ __forceinline__ void qmv_kernel(const u8* __restrict__ W, i64 row_byt
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < NQ; q++)
-            if (lane == ((r * NQ + q) & 31) && q < nq && row0 + r < N) Y[(i64)q * ldy + row0 + r] = acc[r][q];
+            if (lane == ((r * NQ + q) & 31) && q < nq && row0 + r < N)
+                Y[(i64)q * ldy + row0 + r] = has_bias ? acc[r][q] + bias[row0 + r] : acc[r][q];
 }
 
 template <class B>
@@ -57,11 +59,11 @@ __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 ro
 
 #define QMV_ARGS                                                                                       \
     const u8 *__restrict__ W, i64 row_bytes, int N, int K, const float *__restrict__ X, i64 ldx,      \
-        float *__restrict__ Y, i64 ldy, int nq
+        float *__restrict__ Y, i64 ldy, int nq, const float *__restrict__ bias, int has_bias
 
 #define QMV(tname, B, NQ, R)                                                                           \
     extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) qmv_##tname##_q##NQ##_r##R(QMV_ARGS) { \
-        qmv_kernel<B, NQ, R>(W, row_bytes, N, K, X, ldx, Y, ldy, nq);                                  \
+        qmv_kernel<B, NQ, R>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias);                                  \
     }
 
 #define QMV_TYPE(tname, B)                                                                             \

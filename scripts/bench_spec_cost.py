@@ -18,6 +18,15 @@ E / break-even, E the tokens per verify pass the real models reach: by default t
 measured on the CPU (greedy proposals and verdicts are the same tokens on any device, up to
 near-ties); `auto` measures them here with the Generator (real weights only), and also prints the
 speed-up measured end to end next to the projection.
+
+On a GPU the draft looks ahead (DraftModelDrafter's module doc): while the target verifies, the draft
+computes the next step's proposals (a chain of k+1 passes, d' ~ d (k+1)/k) from its guess of the bonus
+token. "draft || verify" (B) times the two launched together: a step whose guess holds costs B. One
+whose guess fails waits for the stale chain, then drafts anew: max(d', verify) + d. With the hit rate
+h (all k accepted and the bonus guessed; from the same CPU runs, or measured with `auto`) the
+projection is E / (h B + (1 - h) (max(d', v) + d)) in plain steps. With perfect overlap and d' >= v
+the look-ahead pays while d < v / (1 + 1/k - h) (k = 4, h = 0.8: the draft's 4 tokens cost less than
+2.2 verify passes), about the regime where speculation pays at all.
 """
 from __future__ import annotations
 
@@ -40,6 +49,7 @@ TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instru
 # tokens per verify pass, Qwen 1.5B + 0.5B, greedy, code prompt, 64 tokens: scripts/bench_spec.py on
 # the CPU (README, "Speculative decoding")
 CPU_TOKENS_PER_PASS = "2:2.86,4:4.50,6:5.73"
+CPU_HIT_RATE = "2:0.80,4:0.79,6:0.73"
 
 
 def timed(fn) -> float:
@@ -55,6 +65,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--tokens-per-pass", default=CPU_TOKENS_PER_PASS,
                     help="k:E,... (E = tokens per verify pass at k) or 'auto' (measured here)")
+    ap.add_argument("--hit-rate", default=CPU_HIT_RATE,
+                    help="k:h,... (h = share of steps whose look-ahead holds); ignored with --tokens-per-pass auto")
     ap.add_argument("-t", type=int, default=2, help="CPU threads")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
@@ -68,7 +80,13 @@ def main() -> None:
     T0 = len(prompt)
     tcache = target.new_cache(T0 + 64)
     first = int(argmax(target.forward(torch.tensor(prompt), 0, tcache, last_n=1)[-1]))
-    drafter = DraftModelDrafter(draft, draft.new_cache(T0 + 64), params, head_vocab=draft_head_vocab(-1, dtok))
+    head = draft_head_vocab(-1, dtok)
+    drafter = DraftModelDrafter(draft, draft.new_cache(T0 + 64), params, head_vocab=head)
+    drafter.lookahead = False  # costs measured one by one; the overlap is timed below
+    chain = getattr(draft, "greedy_chain", None) if on_device else None
+    dcache = draft.new_cache(T0 + 64)
+    if chain is not None:
+        draft.forward(torch.tensor(prompt), 0, dcache, last_n=1)
 
     def rows(tokens: list[int]) -> list[int]:  # the target's greedy ids after T0 (Generator's path)
         x = torch.tensor(tokens)
@@ -84,9 +102,17 @@ def main() -> None:
         drafter.rollback(T0)
         return props
 
+    def overlapped(k: int) -> None:  # a look-ahead chain on the draft's stream beside a verify pass
+        ahead = chain(torch.tensor([first]), T0, dcache, k + 1, bias, n_out=head, wait=False)
+        rows([first] * (k + 1))
+        ahead.result()
+        dcache.truncate(T0)
+
     for k in ks:  # warm-up: kernels, buffers, every shape's graph
         rows([first] * (k + 1))
         propose(k)
+        if chain is not None:
+            overlapped(k)
     rows([first])
     times: dict = {("plain", 0): []}
     for _ in range(a.reps):
@@ -95,34 +121,45 @@ def main() -> None:
             props: list[int] = []
             times.setdefault(("draft", k), []).append(timed(lambda: props.extend(propose(k))))
             times.setdefault(("verify", k), []).append(timed(lambda: rows([first] + props)))
+            if chain is not None:
+                times.setdefault(("both", k), []).append(timed(lambda: overlapped(k)))
     med = {key: statistics.median(v) for key, v in times.items()}
     plain = med[("plain", 0)]
 
     if a.tokens_per_pass == "auto":
-        tpp, measured = {}, {}
+        tpp, measured, hit = {}, {}, {}
         for k in ks:
             p_tps, _ = decode_tps(target, tok, CODE_PROMPT, 64, SamplingParams(temp=0.0))
             s_tps, r = decode_tps(target, tok, CODE_PROMPT, 64, SamplingParams(temp=0.0),
-                                  DraftModelDrafter(draft, draft.new_cache(2048), params,
-                                                    head_vocab=draft_head_vocab(-1, dtok)), k)
-            tpp[k], measured[k] = r.spec.tokens_per_pass, s_tps / p_tps
+                                  DraftModelDrafter(draft, draft.new_cache(2048), params, head_vocab=head), k)
+            st = r.spec
+            tpp[k], measured[k] = st.tokens_per_pass, s_tps / p_tps
+            # steps that accepted every proposal, times the chance to guess the bonus
+            hit[k] = st.full_accepts / max(1, st.verify_passes) * st.acceptance
     else:
-        tpp = {int(k): float(e) for k, e in (kv.split(":") for kv in a.tokens_per_pass.split(","))}
-        measured = {}
+        parse = lambda text: {int(k): float(v) for k, v in (kv.split(":") for kv in text.split(","))}  # noqa: E731
+        tpp, hit, measured = parse(a.tokens_per_pass), parse(a.hit_rate), {}
 
     print(f"Qwen 1.5B target + 0.5B draft on {a.device}: plain step {plain:.2f} ms ({1000 / plain:.1f} t/s), "
           f"median of {a.reps}; E = tokens per verify pass ({'measured here' if measured else 'given'})")
     print("| k | draft k tokens ms | per draft token / plain step | verify k+1 rows ms | verify / plain step "
-          "| break-even tokens/pass | E | projected spec/plain | measured spec/plain |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| break-even tokens/pass | E | projected spec/plain | measured spec/plain "
+          "| draft \\|\\| verify ms | h | projected with look-ahead |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k in ks:
         d, v = med[("draft", k)], med[("verify", k)]
         even = (d + v) / plain
         e = tpp.get(k)
         proj = f"{e:.2f} | {e / even:.2f}x" if e else "n/a | n/a"
         meas = f"{measured[k]:.2f}x" if k in measured else "n/a"
-        print(f"| {k} | {d:.2f} | {d / k / plain:.2f} | {v:.2f} | {v / plain:.2f} | {even:.2f} | {proj} | {meas} |",
-              flush=True)
+        both, h = med.get(("both", k)), hit.get(k)
+        if both is not None and e and h is not None:
+            miss = max(d * (k + 1) / k, v) + d  # the stale chain, then a fresh one, then the verify
+            ahead = f"{both:.2f} | {h:.2f} | {e / ((h * both + (1 - h) * miss) / plain):.2f}x"
+        else:
+            ahead = f"n/a | {h:.2f} | n/a" if h is not None else "n/a | n/a | n/a"
+        print(f"| {k} | {d:.2f} | {d / k / plain:.2f} | {v:.2f} | {v / plain:.2f} | {even:.2f} | {proj} | {meas} "
+              f"| {ahead} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ class SpecStats:
     verify_passes: int = 0      # of those, speculative verify passes
     emitted: int = 0            # tokens produced by those passes (incl. any past a stop)
     steps_no_proposal: int = 0  # steps where the drafter proposed nothing usable (plain step)
+    full_accepts: int = 0       # verify passes that accepted every proposal
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
     draft_ms: float = 0.0
@@ -77,6 +78,7 @@ class SpecStats:
             self.per_position_accepted[i] += i < n
         self.drafted += k
         self.accepted += n
+        self.full_accepts += n == k
 
     @property
     def acceptance(self) -> float:
@@ -96,7 +98,7 @@ class SpecStats:
             "per_position_accepted": list(self.per_position_accepted),
             "per_position_acceptance": [a / d if d else 0.0 for a, d in
                                         zip(self.per_position_accepted, self.per_position_drafted)],
-            "steps_no_proposal": self.steps_no_proposal,
+            "steps_no_proposal": self.steps_no_proposal, "full_accepts": self.full_accepts,
             "draft_ms": round(self.draft_ms, 2), "verify_ms": round(self.verify_ms, 2),
             "commit_ms": round(self.commit_ms, 2),
         }

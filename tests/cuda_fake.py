@@ -78,6 +78,18 @@ def to_host(a, stream=None) -> np.ndarray:
     return np.array(a, copy=True)
 
 
+class _HostCopy:
+    def __init__(self, a):
+        self._a = np.array(a, copy=True)  # all work is done by now: the copy sees what the stream would
+
+    def get(self) -> np.ndarray:
+        return self._a
+
+
+def to_host_async(a, stream=None) -> _HostCopy:
+    return _HostCopy(a)
+
+
 def upload(dst, host: np.ndarray, stream=None) -> None:
     if dst.shape != host.shape:
         raise ValueError(f"upload of {host.shape} into {dst.shape}")
@@ -170,8 +182,8 @@ class CudaQWeight(WeightBase):
             self._dense = torch.from_numpy(self._deq(self.data.reshape(self.n, self.row_bytes)))
         return self._dense
 
-    def matmul(self, x, stream=None, out=None):
-        """x float32 [T, K] (or [K]) -> x @ W.T, float32 [T, N] (or [N])."""
+    def matmul(self, x, stream=None, out=None, bias=None):
+        """x float32 [T, K] (or [K]) -> x @ W.T (+ bias [N]), float32 [T, N] (or [N])."""
         x = np.asarray(x, dtype=np.float32)
         squeeze = x.ndim == 1
         x = np.ascontiguousarray(x.reshape(1, -1) if squeeze else x)
@@ -186,6 +198,8 @@ class CudaQWeight(WeightBase):
             # then depends on nothing but that row, as with the GPU's batched matvec.
             for t in range(T):
                 torch.mv(W, xt[t].clone(), out=ot[t])
+        if bias is not None:
+            out += np.asarray(bias, dtype=np.float32).reshape(-1)
         return out[0] if squeeze else out
 
     def rows(self, ids, stream=None, out=None):

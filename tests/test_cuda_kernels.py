@@ -105,6 +105,18 @@ def test_matvec_1d_and_out(random_weight):
     check_matmul(cp.asnumpy(out), x3, w)
 
 
+@pytest.mark.parametrize("T", [1, 5, 70])  # the matvec variants and the dequantize + cuBLAS path (70)
+def test_matmul_bias_is_the_separate_add(random_weight, T):
+    # the bias goes in with the matvec's stores: the same bits as adding it after
+    qtype, raw, w, cw = random_weight
+    x = cp.asarray(np.random.default_rng(T).standard_normal((T, cw.k)).astype(np.float32))
+    b = cp.asarray(np.random.default_rng(9).standard_normal(cw.n).astype(np.float32))
+    want = cb.add_bias(cw.matmul(x), b)
+    np.testing.assert_array_equal(cp.asnumpy(cw.matmul(x, bias=b)), cp.asnumpy(want))
+    with pytest.raises(ValueError, match="bias"):
+        cw.matmul(x, bias=b[:-1])
+
+
 @pytest.mark.parametrize("T", [17, 37, 70])  # chunks of 16 (17, 37) and the dequantize + cuBLAS path (70)
 def test_matmul_long(random_weight, T):
     qtype, raw, w, cw = random_weight

@@ -385,19 +385,28 @@ def test_generation_with_device_argmax_is_the_generation_without(kind):
         g = Generator(gmodel, gmodel.new_cache(256), tok, greedy, drafter=drafter, spec_n_max=4)
         return g, g.generate(prompt, n_predict=20)
 
-    runs = []
-    for on_device in (True, False):
+    runs, hits = [], []
+    for on_device, lookahead in ((True, True), (True, False), (False, False)):
         gmodel.device_argmax = on_device
         try:
             g, plain = run()
-            drafter = DraftModelDrafter(gmodel, gmodel.new_cache(256), greedy, head_vocab=20000)
+            # the head cut to the first 600 ids: some proposals are rejected, so look-aheads miss as well as hit
+            drafter = DraftModelDrafter(gmodel, gmodel.new_cache(256), greedy, head_vocab=600)
+            drafter.lookahead = lookahead
             gs, spec = run(drafter)
             assert g.device_argmax == gs.device_argmax == drafter.chain == on_device
-            runs.append((plain.tokens, spec.tokens, spec.spec.accepted, spec.spec.drafted))
+            runs.append((plain.tokens, spec.tokens, spec.spec.accepted, spec.spec.drafted,
+                         spec.spec.per_position_accepted))
+            hits.append(drafter.lookahead_hits)
+            # the drafter's record of its cache (a queued chain's rows are past it)
+            assert drafter.cache.length >= len(drafter.history)
         finally:
             gmodel.device_argmax = True
-    assert runs[0] == runs[1]
+    # the look-ahead and the device arg-max change where proposals are computed, not what they are
+    assert runs[0] == runs[1] == runs[2]
     assert runs[0][0] == runs[0][1] and runs[0][2] > 0
+    assert hits[0] > 0 and hits[1] == hits[2] == 0
+    assert runs[0][2] < runs[0][3]  # and some were rejected
     # penalties depend on the history: those steps bring the logits back
     pen = SamplingParams(temp=0.0, repeat_penalty=1.1)
     assert not Generator(gmodel, gmodel.new_cache(16), tok, pen).device_argmax

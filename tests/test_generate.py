@@ -276,6 +276,7 @@ def test_stats_and_timings():
                 "commit_ms"):
         assert key in d
     assert d["drafted"] == sum(d["per_position_drafted"]) and d["accepted"] == sum(d["per_position_accepted"])
+    assert 0 < d["full_accepts"] <= d["verify_passes"]
     assert 0 <= d["acceptance"] <= 1 and d["tokens_per_pass"] >= 1
     assert s.emitted >= 59  # the first token comes from the prompt pass
 

@@ -123,6 +123,26 @@ def to_host(a, stream=None) -> np.ndarray:
     return _cupy().asnumpy(a, stream=stream)
 
 
+class HostCopy:
+    """A device -> host copy queued on a stream, into pinned memory, so the CPU does not wait for it
+    (nor for the work before it): `get()` waits and returns the numpy array."""
+
+    def __init__(self, a, stream):
+        import cupyx  # noqa: PLC0415 (lazy, as cupy)
+        self._host = cupyx.empty_pinned(a.shape, a.dtype)
+        _cupy().asnumpy(a, stream=stream, out=self._host, blocking=False)
+        self._done = stream.record()
+
+    def get(self) -> np.ndarray:
+        self._done.synchronize()
+        return np.array(self._host)  # its own memory: the pinned block goes back to the pool
+
+
+def to_host_async(a, stream) -> HostCopy:
+    """Copy a device array to the host after `stream`'s work so far, without waiting (HostCopy.get)."""
+    return HostCopy(a, stream)
+
+
 def __getattr__(name: str):
     # `xp`: the array module of this backend (cupy), imported on first use like everything here
     if name == "xp":
@@ -340,8 +360,9 @@ class CudaQWeight(WeightBase):
         self._tname = TYPE_NAMES[self.qtype]
         self._opts = qmv_options(self.qtype)
 
-    def matmul(self, x, stream=None, out=None):
-        """x float32 [T, K] (or [K]) -> x @ W.T, float32 [T, N] (or [N])."""
+    def matmul(self, x, stream=None, out=None, bias=None):
+        """x float32 [T, K] (or [K]) -> x @ W.T (+ bias, a float32 [N] device array), float32 [T, N]
+        (or [N]); the bias is added in the matvec's own launch."""
         cp = _cupy()
         with _on(stream):
             x = cp.asarray(x, dtype=cp.float32)
@@ -352,20 +373,25 @@ class CudaQWeight(WeightBase):
             T = _matmul_rows(x, out, self.n, self.k, self.name)
             if out is None:
                 out = cp.empty((T, self.n), dtype=cp.float32)
+            if bias is not None and (bias.dtype != cp.float32 or bias.size != self.n or not bias.flags.c_contiguous):
+                raise ValueError(f"bias must be a contiguous float32 [{self.n}] device array")
             if T >= GEMM_MIN_ROWS:
                 self._gemm(cp, x, out)
+                if bias is not None:
+                    add_bias(out, bias)
             else:
                 for t0 in range(0, T, MAX_BATCH):
-                    self._matvec(x[t0:t0 + MAX_BATCH], out[t0:t0 + MAX_BATCH])
+                    self._matvec(x[t0:t0 + MAX_BATCH], out[t0:t0 + MAX_BATCH], bias)
         return out[0] if squeeze else out
 
-    def _matvec(self, x, out) -> None:
+    def _matvec(self, x, out, bias=None) -> None:
         nq = x.shape[0]
         NQ, R = next(v for v in QMV_VARIANTS if v[0] >= nq)
         fn = function("qmatvec", f"qmv_{self._tname}_q{NQ}_r{R}", self._opts)
         grid = (-(-self.n // (QMV_WARPS * R)),)
         fn(grid, (QMV_WARPS * 32,), (self.data, _i64(self.row_bytes), _i32(self.n), _i32(self.k),
-                                     x, _i64(self.k), out, _i64(self.n), _i32(nq)))
+                                     x, _i64(self.k), out, _i64(self.n), _i32(nq),
+                                     _dummy(_cupy()) if bias is None else bias, _i32(bias is not None)))
 
     def _gemm(self, cp, x, out) -> None:
         tile = max(256, GEMM_TILE_BYTES // (4 * self.k))

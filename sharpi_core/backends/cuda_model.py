@@ -72,8 +72,8 @@ class CudaKVCache(CacheBase):
 
 class _Proj:
     """Several weights applied to one input: weights of one type and width are fused into one
-    matmul on the device (rows concatenated at upload), with their biases (if any) added to its
-    output; the outputs are column views, one per part."""
+    matmul on the device (rows concatenated at upload), with their biases (if any) added by the
+    matmul's own launch; the outputs are column views, one per part."""
 
     def __init__(self, ops, parts, name: str, role: str, stream, biases=None):
         groups: list[list] = []
@@ -118,9 +118,8 @@ class _Proj:
             if kind not in rounded:
                 dst = None if kind is None else bufs.get(f"act:{kind}", x.shape)
                 rounded[kind] = self.ops.round_act(x, kind, out=dst, stream=self.stream)
-            y = m.matmul(rounded[kind], stream=self.stream, out=bufs.get(f"{self.role}:{gi}", (T, m.n)))
-            if self.biases[gi] is not None:
-                self.ops.add_bias(y, self.biases[gi], stream=self.stream)
+            y = m.matmul(rounded[kind], stream=self.stream, out=bufs.get(f"{self.role}:{gi}", (T, m.n)),
+                         bias=self.biases[gi])
             res.groups.append(y)
             off = 0
             for n in sizes:
@@ -182,6 +181,17 @@ class _Graph:
 
 class _Layer:
     pass
+
+
+class Pending:
+    """The result of a pass launched without waiting: result() waits for its copy to the host."""
+
+    def __init__(self, copy, ids: bool):
+        self._copy, self._ids = copy, ids
+
+    def result(self) -> torch.Tensor:
+        host = self._copy.get()
+        return torch.from_numpy(host.astype(np.int64) if self._ids else host)
 
 
 class CudaTransformer:
@@ -307,15 +317,17 @@ class CudaTransformer:
                           argmax=(tuple(bias), 1))
 
     def greedy_chain(self, tokens, start_pos: int, cache: CudaKVCache, k: int, bias=(),
-                     n_out: int | None = None) -> torch.Tensor:
+                     n_out: int | None = None, wait: bool = True):
         """tokens at start_pos, then k-1 one-token passes, each fed the arg-max (as forward_argmax) of
         the pass before -> the k arg-maxes, int64 [k]: a greedy draft's proposals in one graph launch
-        and one 16-byte transfer. The cache then holds tokens + the first k-1 results."""
+        and one 16-byte transfer. The cache then holds tokens + the first k-1 results. wait=False
+        returns at once a Pending whose result() gives them (the CPU goes on meanwhile: a draft's
+        next proposals computed while the target verifies these)."""
         ids = self._ids(tokens, start_pos, cache)
         if k < 1 or start_pos + ids.shape[0] + k - 1 > cache.capacity:
             raise ValueError(f"a chain of {k} from position {start_pos + ids.shape[0]} does not fit the "
                              f"cache of {cache.capacity}")
-        return self._pass(ids, None, start_pos, cache, 1, n_out, argmax=(tuple(bias), k))
+        return self._pass(ids, None, start_pos, cache, 1, n_out, argmax=(tuple(bias), k), wait=wait)
 
     def forward_hidden(self, x: torch.Tensor, start_pos: int, cache: CudaKVCache, last_n: int | None = None,
                        n_out: int | None = None) -> torch.Tensor:
@@ -333,9 +345,10 @@ class CudaTransformer:
         return tokens.numpy().astype(np.int32)
 
     def _pass(self, ids, hidden, start_pos: int, cache: CudaKVCache, last_n: int | None, n_out: int | None,
-              argmax: tuple | None = None) -> torch.Tensor:
+              argmax: tuple | None = None, wait: bool = True):
         """ids int32 [T] (or hidden float32 [T, D]) at start_pos -> logits, through a graph where it
-        can; argmax = (logit bias pairs, chain length): the arg-maxes instead (int64), see greedy_chain."""
+        can; argmax = (logit bias pairs, chain length): the arg-maxes instead (int64), see greedy_chain;
+        wait=False: a Pending of that."""
         c, s = self.config, self.stream
         T = ids.shape[0] if ids is not None else hidden.shape[0]
         if T == 0:
@@ -378,6 +391,8 @@ class CudaTransformer:
                     self.graph_launches += 1
                     out = g.result
             cache.length = end
+            if not wait:
+                return Pending(self.ops.to_host_async(out, stream=s), argmax is not None)
             host = self.ops.to_host(out, stream=s)  # waits for this stream's work
         return torch.from_numpy(host if argmax is None else host.astype(np.int64))
 

@@ -9,6 +9,14 @@ the drafts so far), and q is returned, so sampled verification is exact. Greedy:
 model that takes arg-maxes itself (a GPU: greedy_chain) the catch-up pass and the k-1 steps run as
 one chain, each step fed the last one's arg-max on the device, one transfer of k ids at the end.
 
+Look-ahead (chains only; SHARPI_SPEC_LOOKAHEAD=0 turns it off): the chain runs one pass further, so
+it also yields the draft's guess g of the target's bonus token, and right after returning the
+proposals the drafter queues, on its own stream, the next step's chain from g, as if the target will
+accept all k and its bonus will be g. The target's verify pass then runs on the GPU beside it. If the
+guess holds (the next call's history is exactly the assumed one), the next proposals are already there;
+otherwise they are dropped with the cache rows they wrote. Proposals only: the target's verification,
+and so the output, does not depend on them (greedy: token for token the plain output).
+
 head_vocab = N computes the draft's output layer for token ids [0, N) only (a zero-copy view of its
 first N rows), like FR-Spec's frequency-ranked draft head: with a byte-level BPE vocabulary the ids
 follow merge order, so the first 64k of Qwen2's 152k ids cover ~98% of its tokens on code and prose
@@ -18,11 +26,15 @@ target verifies; only the acceptance rate can change.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 from ..sampling import SamplingParams, apply_penalties, argmax, argmax_suffices, candidates, draw
 from .util import common_prefix
+
+LOOKAHEAD = os.environ.get("SHARPI_SPEC_LOOKAHEAD", "1") != "0"
 
 
 class DraftModelDrafter:
@@ -37,6 +49,10 @@ class DraftModelDrafter:
         self.history: list[int] = []  # tokens whose K/V are in self.cache
         self.forwards = 0  # forward passes run (stats/tests)
         self.chain = bool(getattr(model, "device_argmax", False)) and argmax_suffices(params)
+        self.lookahead = self.chain and LOOKAHEAD
+        self._ahead = None  # a Pending chain queued for the history self.history (see the module's doc)
+        self.lookahead_hits = 0
+        self._k_max = 0  # the most proposals asked for at once
 
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
@@ -75,21 +91,46 @@ class DraftModelDrafter:
         return logits
 
     def _propose_chain(self, history: list[int], k: int) -> list[int]:
-        n = self._reuse(history)
-        last = n + (len(history) - 1 - n) // self.n_batch * self.n_batch  # where _sync's last chunk starts
-        self._sync(history, last)
-        tail = list(history[last:])
-        tokens = self.model.greedy_chain(self._ids(tail), last, self.cache, k, self.params.logit_bias,
-                                         n_out=self.n_out).tolist()
-        self.history += tail + tokens[:-1]
-        self.forwards += k
+        ahead, self._ahead = self._ahead, None
+        m = k + 1 if self.lookahead else k  # the chain's length: with look-ahead, the bonus guess too
+        if ahead is not None and history == self.history:
+            # the guess held: the chain queued last time ran from it, its first outputs are in the cache
+            out = ahead.result().tolist()
+            k = min(k, len(out) - 1)
+            self.cache.truncate(len(history) + k)
+            self.lookahead_hits += 1
+        else:  # (a queued chain's cache rows past the common prefix go with the rest)
+            n = self._reuse(history)
+            last = n + (len(history) - 1 - n) // self.n_batch * self.n_batch  # where _sync's last chunk starts
+            self._sync(history, last)
+            tail = list(history[last:])
+            out = self.model.greedy_chain(self._ids(tail), last, self.cache, m, self.params.logit_bias,
+                                          n_out=self.n_out).tolist()
+            self.history += tail
+            self.forwards += m
+        tokens = out[:k]
+        self.history += tokens if m > k else tokens[:-1]  # what the cache holds: the chain fed all but its last
+        if self.lookahead and len(out) > k:
+            # after a full accept the generator asks for twice as many (generate.next_proposal_len)
+            self._look_ahead(out[k], min(self._k_max, 2 * k))
         return tokens
+
+    def _look_ahead(self, guess: int, k: int) -> None:
+        """Queue the next step's chain (k proposals and a guess) from `guess`, without waiting."""
+        start = len(self.history)
+        if start + 1 + k > self.cache.capacity:
+            return
+        self._ahead = self.model.greedy_chain(self._ids([guess]), start, self.cache, k + 1,
+                                              self.params.logit_bias, n_out=self.n_out, wait=False)
+        self.history.append(guess)
+        self.forwards += k + 1
 
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         k = min(k, self.cache.capacity - len(history))
         if k <= 0 or not history:
             return [], None
         if self.chain:
+            self._k_max = max(self._k_max, k)
             return self._propose_chain(history, k), None
         self._reuse(history)
         logits = self._sync(history)
@@ -112,6 +153,10 @@ class DraftModelDrafter:
 
     def rollback(self, n_keep: int) -> None:
         """The target kept the first n_keep tokens of the last history + proposals: drop the rest."""
+        if self._ahead is not None:
+            if n_keep >= len(self.history) - 1:
+                return  # all accepted: whether the bonus is the guess shows in the next call's history
+            self._ahead = None
         if len(self.history) > n_keep:
             self.cache.truncate(min(n_keep, self.cache.length))
             del self.history[n_keep:]
