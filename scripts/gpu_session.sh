@@ -21,6 +21,8 @@ SMOL=smollm2-135m-instruct-q4_1.gguf
 Q15=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 Q05=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
+at() { echo "== ${SECONDS}s: $*"; }  # where the call's 10 minutes went
+
 install() {  # gguf (pure Python) from the carried wheel; everything else is on the machine
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$1"/*.whl \
         || { echo "cannot install the carried gguf wheel" >&2; exit 1; }
@@ -53,11 +55,15 @@ part1)
     # the stand-ins under the registry's file names: it takes a file of the right size as cached
     python3 scripts/gguf_synth.py build .gpu/a/q15.json.gz /tmp/sharpi/synth/$Q15
     python3 scripts/gguf_synth.py build .gpu/a/q05.json.gz /tmp/sharpi/synth/$Q05
+    at kernel tests
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py tests/test_cuda_compile.py 2>&1 \
         | tee "$OUT/kernels.txt" | tail -n 15
     export SHARPI_MODELS_DIR=/tmp/sharpi/synth
-    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} -m ${Q05%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
+    at bench.py
+    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
+    at bench_spec_cost.py
     python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
+    at bench_cuda_kernels.py
     python3 scripts/bench_cuda_kernels.py --types q4_k,q6_k,q5_0,q8_0 --n 8960 --k 1536 --ts 1,2,4,8,16 2>&1 \
         | tee "$OUT/kernels_bench.txt"
     ;;
@@ -69,11 +75,14 @@ part2)
     echo "$(cat .gpu/b/smol.sha256)  $HOME/.cache/sharpi/models/$SMOL" | sha256sum -c - || exit 1
     export SHARPI_FIXTURES=/tmp/sharpi  # its llamacpp_reference.json, from part1
     # the bigger models' tests are marked slow: their files are not here
+    at model tests
     python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" tests/test_cuda_model.py 2>&1 \
         | tee "$OUT/model_tests.txt" | tail -n 30
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py -k real_tensors 2>&1 \
         | tee "$OUT/real_tensors.txt" | tail -n 5
+    at bench.py SmolLM2
     python3 scripts/bench.py --device cuda -m ${SMOL%.gguf} --runs 3 2>&1 | tee "$OUT/bench_smol.txt"
+    at done
     ;;
 *)
     sed -n '2,17p' "$0"
