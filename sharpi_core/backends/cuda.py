@@ -129,8 +129,12 @@ class HostCopy:
 
     def __init__(self, a, stream):
         import cupyx  # noqa: PLC0415 (lazy, as cupy)
+        cp = _cupy()
         self._host = cupyx.empty_pinned(a.shape, a.dtype)
-        _cupy().asnumpy(a, stream=stream, out=self._host, blocking=False)
+        try:
+            cp.asnumpy(a, stream=stream, out=self._host, blocking=False)
+        except TypeError:  # CuPy < 13: no `blocking`; a copy given a stream runs asynchronously there
+            cp.asnumpy(a, stream=stream, out=self._host)
         self._done = stream.record()
 
     def get(self) -> np.ndarray:
