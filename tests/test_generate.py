@@ -11,7 +11,7 @@ from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
 from sharpi_core.sampling import SamplingParams, apply_penalties, argmax, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
-from toy import ToyModel, ToyTokenizer, _next_hash, chi2_sf
+from toy import ChainToy, ToyModel, ToyTokenizer, _next_hash, chi2_sf
 
 V = 8
 GREEDY = SamplingParams(temp=0)
@@ -65,6 +65,37 @@ def ref_greedy(prompt, n, params=GREEDY) -> list[int]:
 
 
 # -- greedy: exact ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_ctx", [512, 40], ids=["room", "tight"])  # tight: look-aheads that do not fit
+def test_greedy_chains_and_the_draft_look_ahead_keep_the_plain_output(n_ctx):
+    # a target and draft with the GPU model's greedy interface (device arg-max, chains, a look-ahead
+    # queued while the target verifies): the output is the plain greedy one, and the look-ahead changes
+    # neither the proposals nor the verdicts (a stale draft cache would change the toy's logits)
+    params = SamplingParams(temp=0, logit_bias=((3, -0.5),))
+    want = ref_greedy(PROMPT, 18, params)
+    runs = []
+    for lookahead in (True, False):
+        target = ChainToy(V, seed=21)
+        d = ChainToy(V, seed=22)
+        d.by_token = 0.6 * target.by_token + 0.5 * d.by_token
+        d.by_hash = 0.6 * target.by_hash + 0.5 * d.by_hash
+        drafter = DraftModelDrafter(d, d.new_cache(n_ctx), params, head_vocab=V - 1)
+        drafter.lookahead = lookahead
+        gen = Generator(target, target.new_cache(n_ctx), ToyTokenizer(V), params, drafter=drafter, spec_n_max=3)
+        assert gen.device_argmax and drafter.chain
+        res = gen.generate(PROMPT, n_predict=18)
+        assert res.tokens == want[:len(res.tokens)] and len(res.tokens) == min(18, n_ctx - len(PROMPT) - 1)
+        st = res.spec
+        runs.append((st.drafted, st.accepted, st.per_position_accepted, st.full_accepts))
+        assert 0 < st.accepted < st.drafted
+        # the drafter's record matches its cache (a queued chain's rows lie past it)
+        assert drafter.cache.content[:len(drafter.history)] == drafter.history
+        assert (drafter.lookahead_hits > 0) == lookahead
+        # a second prompt on the same drafter: whatever it had queued is dropped, nothing stale is used
+        res2 = gen.generate(PROMPT[:12], n_predict=6)
+        assert res2.tokens == ref_greedy(PROMPT[:12], 6, params)
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["plain", "penalties"])
 def test_plain_greedy_matches_cache_free_reference(params):
     gen, model = make(params)

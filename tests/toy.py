@@ -149,3 +149,44 @@ def chi2_test(counts, probs, min_expected: float = 5.0) -> tuple[float, int, flo
     stat = float(((obs - exp) ** 2 / exp).sum())
     df = len(obs) - 1
     return stat, df, chi2_sf(stat, df)
+
+
+class _Done:
+    """A finished Pending (backends.cuda_model): the result is there at once."""
+
+    def __init__(self, ids: torch.Tensor):
+        self._ids = ids
+
+    def result(self) -> torch.Tensor:
+        return self._ids
+
+
+class ChainToy(ToyModel):
+    """A ToyModel with the GPU model's greedy interface (backends.cuda_model.CudaTransformer):
+    forward_argmax and greedy_chain (wait=False gives a Pending), so the generator's and the drafter's
+    device paths (chains, the draft's look-ahead) run against a model whose logits show cache bugs."""
+
+    device_argmax = True
+
+    @staticmethod
+    def _argmax(logits: torch.Tensor, bias) -> torch.Tensor:
+        x = logits.clone()
+        for i, v in bias:
+            if 0 <= i < x.shape[-1]:
+                x[:, i] += v
+        return torch.from_numpy(np.argmax(x.numpy(), axis=-1).astype(np.int64))
+
+    def forward_argmax(self, tokens, start_pos: int, cache: ToyCache, bias=(), decode: bool = False,
+                       n_out: int | None = None) -> torch.Tensor:
+        return self._argmax(self.forward(tokens, start_pos, cache, decode=decode, n_out=n_out), bias)
+
+    def greedy_chain(self, tokens, start_pos: int, cache: ToyCache, k: int, bias=(), n_out: int | None = None,
+                     wait: bool = True):
+        tokens = torch.as_tensor(tokens).reshape(-1)
+        if k < 1 or start_pos + tokens.shape[0] + k - 1 > cache.capacity:
+            raise ValueError("the chain does not fit the cache")
+        out = [int(self._argmax(self.forward(tokens, start_pos, cache, last_n=1, n_out=n_out), bias)[-1])]
+        for _ in range(k - 1):
+            out.append(int(self._argmax(self.forward([out[-1]], cache.length, cache, n_out=n_out), bias)[-1]))
+        ids = torch.tensor(out)
+        return ids if wait else _Done(ids)
