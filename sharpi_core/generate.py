@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import torch
 
 from .errors import SharpiError
-from .sampling import SamplingParams, apply_penalties, argmax_suffices, filtered_probs, sample
+from .sampling import SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
 from .speculative import accept_argmax, accept_greedy, accept_sampled
 from .speculative.util import common_prefix
 from .tokenizer import StreamDecoder
@@ -152,7 +152,7 @@ class Generator:
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off at --temp > 0 (plain sampled decoding)")
         # greedy steps whose arg-max the model takes where its logits are (a GPU: 4 bytes a row come
         # back instead of the logits; SHARPI_DEVICE_ARGMAX=0 turns it off there)
-        self.device_argmax = bool(getattr(model, "device_argmax", False)) and argmax_suffices(params)
+        self.device_argmax = argmax_on_device(model, params)
         self._prefilled = 0
 
     # -- prompt --------------------------------------------------------------------------------
@@ -185,26 +185,27 @@ class Generator:
         base = (self.history[-n:] if n > 0 else list(self.history)) + [t]
         return [base + props[:i] for i in range(n_rows)]
 
-    def _forward_rows(self, tokens: list[int]) -> torch.Tensor:
-        """Logits [T, V] of tokens after the history (the arg-maxes [T] with device_argmax)."""
+    def _forward(self, tokens: list[int], start: int, **kw) -> torch.Tensor:
+        """Logits [T, V] of tokens at start; with device_argmax their rows' arg-maxes [T] (logit bias
+        included), taken by the model where the logits are."""
+        x = torch.tensor(tokens, dtype=torch.long)
         if self.device_argmax:
-            fwd = lambda x, pos, **kw: self.model.forward_argmax(x, pos, self.cache, self.params.logit_bias, **kw)  # noqa: E731
-        else:
-            fwd = lambda x, pos, **kw: self.model.forward(x, pos, self.cache, **kw)  # noqa: E731
+            return self.model.forward_argmax(x, start, self.cache, self.params.logit_bias, **kw)
+        return self.model.forward(x, start, self.cache, **kw)
+
+    def _forward_rows(self, tokens: list[int]) -> torch.Tensor:
+        """_forward of tokens after the history, in one pass or (SHARPI_SPEC_BATCH_VERIFY=0) one by one."""
         start = len(self.history)
         if self.batch_verify or len(tokens) == 1:
-            return fwd(torch.tensor(tokens, dtype=torch.long), start, decode=True)
-        return torch.cat([fwd(torch.tensor([tok], dtype=torch.long), start + i) for i, tok in enumerate(tokens)])
+            return self._forward(tokens, start, decode=True)
+        return torch.cat([self._forward([tok], start + i) for i, tok in enumerate(tokens)])
 
     def _plain_step(self, t: int) -> int:
-        x = torch.tensor([t], dtype=torch.long)
-        if self.device_argmax:
-            nxt = int(self.model.forward_argmax(x, len(self.history), self.cache, self.params.logit_bias)[-1])
-            self.history.append(t)
-            return nxt
-        logits = self.model.forward(x, len(self.history), self.cache)[-1]
+        out = self._forward([t], len(self.history))[-1]
         self.history.append(t)
-        return sample(logits, self.params, self.rng, self.history)
+        if self.device_argmax:
+            return int(out)
+        return sample(out, self.params, self.rng, self.history)
 
     def _spec_step(self, t: int, k: int, stats: SpecStats) -> tuple[list[int], int] | None:
         """Draft, verify [t, d1..dk] in one pass, roll back. None = no usable proposal."""

@@ -64,12 +64,14 @@ class SamplingParams:
         return bool(self.logit_bias) or self.has_penalties
 
 
-def argmax_suffices(params: SamplingParams) -> bool:
-    """Greedy decoding that needs of each logits row only the arg-max of row + a fixed logit bias, so a
-    device holding the logits can take it there (backends.cuda_model's forward_argmax): no penalties
-    (they depend on the history), and bias ids distinct (one addition per logit, as apply_penalties)."""
+def argmax_on_device(model, params: SamplingParams) -> bool:
+    """Whether `model` takes its greedy steps' arg-max where its logits are (a GPU model offering
+    forward_argmax / greedy_chain, see backends.cuda_model) for these params: greedy decoding that needs
+    of each logits row only the arg-max of row + a fixed logit bias, i.e. no penalties (they depend on
+    the history) and bias ids distinct (one addition per logit, as apply_penalties)."""
     ids = [i for i, _ in params.logit_bias]
-    return params.greedy and not params.has_penalties and len(set(ids)) == len(ids)
+    return (bool(getattr(model, "device_argmax", False)) and params.greedy and not params.has_penalties
+            and len(set(ids)) == len(ids))
 
 
 def penalty_window(history: Sequence[int] | None, params: SamplingParams) -> list[int]:

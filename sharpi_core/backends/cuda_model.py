@@ -355,9 +355,8 @@ class CudaTransformer:
             return torch.zeros(0, c.n_vocab) if argmax is None else torch.zeros(0, dtype=torch.long)
         last_n = last_n if last_n is not None and last_n < T else None
         n_out = n_out if n_out is not None and n_out < c.n_vocab else None
-        chain = 1 if argmax is None else argmax[1]
-        positions = np.arange(start_pos, start_pos + T + chain - 1, dtype=np.int32)
-        end = start_pos + T + chain - 1
+        end = start_pos + T + (0 if argmax is None else argmax[1] - 1)  # a chain's passes after the first add one each
+        positions = np.arange(start_pos, end, dtype=np.int32)
         ca = _CacheArrays(cache)
         with s:
             if T > self.ops.MAX_BATCH or self.trace is not None or not self.use_graphs:

@@ -31,7 +31,7 @@ import os
 import numpy as np
 import torch
 
-from ..sampling import SamplingParams, apply_penalties, argmax, argmax_suffices, candidates, draw
+from ..sampling import SamplingParams, apply_penalties, argmax, argmax_on_device, candidates, draw
 from .util import common_prefix
 
 LOOKAHEAD = os.environ.get("SHARPI_SPEC_LOOKAHEAD", "1") != "0"
@@ -48,7 +48,7 @@ class DraftModelDrafter:
         self.n_out = head_vocab if head_vocab and head_vocab < self.n_vocab else None
         self.history: list[int] = []  # tokens whose K/V are in self.cache
         self.forwards = 0  # forward passes run (stats/tests)
-        self.chain = bool(getattr(model, "device_argmax", False)) and argmax_suffices(params)
+        self.chain = argmax_on_device(model, params)
         self.lookahead = self.chain and LOOKAHEAD
         self._ahead = None  # a Pending chain queued for the history self.history (see the module's doc)
         self.lookahead_hits = 0
