@@ -29,10 +29,11 @@
 //       0 for g <= -10 and g for g >= 10)
 //   glu_q8_f32(g, g_st, u, u_st, out, o_st, T, F, act, block, f16_scale)   one warp per block of the
 //       output: T*(F/block)*32 threads, block a multiple of 32; glu_f32's values, rounded as act_round_q8
-//   kv_append_f16(T, nkv, pos, src0, s_st0, D0, dst0, d_sp_b0, d_sh_b0, <the same for set 1>)
+//   kv_append_f16(T, nkv, pos, src0, s_st0, D0, dst0, d_sp_b0, d_sh_b0, <the same for set 1>, rcs, n_rot, neox)
 //       grid.x * block.x >= T*nkv*D threads (D the larger of D0, D1), grid.y = 1 or 2: set y (the K
 //       and the V of a layer in one launch): dst + pos[t]*d_sp_b + h*d_sh_b holds D halves =
-//       src[t*s_st + h*D + d] rounded to nearest even
+//       src[t*s_st + h*D + d] rounded to nearest even. n_rot > 0: set 0's heads are read through
+//       RoPE at pos[t] with the (cos, sin) table rcs (rope_f32's values bit for bit, src unchanged)
 //   kv_append_q8_0(same arguments)   one warp per 32 values, block a multiple of 32; D % 32 == 0; writes
 //       D/32 ggml q8_0 blocks (f16 d | int8 qs[32]) exactly as ggml's x86 quantize_row_q8_0
 //       (sharpi_core.quants.q8_0_blocks, the CPU cache's) does.
@@ -42,7 +43,8 @@
 //       f16_scale=1 (Q8_0 / Q8_1, block 32): q = rint(x * (127 / amax)), y = q * f16(amax / 127);
 //       f16_scale=0 (Q8_K, block 256): m = the first element of largest magnitude,
 //       iscale = -127 / m, q = min(127, rint(iscale * x)), y = q * (1 / iscale).
-//   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below.
+//   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below;
+//       the partial kernels can read q through RoPE as kv_append reads K (rcs, n_rot, neox).
 //   argmax_part_f32(x, x_st, n, bias, has_bias, chunk, pv, pi)   grid = (S, rows), block 32..1024 (x32):
 //       block (b, r) writes the arg-max of x[r, i] (+ bias[i] with has_bias) over its chunk
 //       [b*chunk, min(n, (b+1)*chunk)) to pv[r*S + b] (value) and pi[r*S + b] (index; n when empty)
@@ -185,6 +187,20 @@ extern "C" __global__ void hadamard_f32(const float* __restrict__ x, i64 x_st, i
 }
 
 // ---- RoPE ------------------------------------------------------------------------------------------
+// Element d of the head row hp [hd] after RoPE at position p, the angles from the (cos, sin) table cs
+// ([p][i][cos, sin]): the value rope_f32 (has_cs) leaves there, bit for bit. kv_append and attention
+// read K and q through it, so that a pass needs no launch of rope_f32.
+SH_D float rope_elem(const float* hp, int d, int p, const float* __restrict__ cs, int n_rot, int neox) {
+    if (d >= n_rot) return hp[d];
+    const int half = n_rot / 2;
+    const int i = neox ? (d < half ? d : d - half) : d >> 1;
+    const bool first = neox ? d < half : (d & 1) == 0;
+    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    const float c = cs[((i64)p * half + i) * 2], s = cs[((i64)p * half + i) * 2 + 1];
+    const float a = hp[i0], b = hp[i1];
+    return first ? a * c - b * s : a * s + b * c;
+}
+
 extern "C" __global__ void rope_f32(float* x, i64 x_st, int T, int nh, int hd, const int* __restrict__ pos,
                                     int n_rot, int neox, const float* __restrict__ cs, int has_cs,
                                     float theta_base, float freq_scale, const float* __restrict__ ff,
@@ -253,9 +269,11 @@ extern "C" __global__ void glu_q8_f32(const float* g, i64 g_st, const float* u, 
 #define KV_APPEND_ARGS                                                                                   \
     int T, int nkv, const int* __restrict__ pos, const float* __restrict__ src0, i64 s_st0, int D0,     \
         u8* __restrict__ dst0, i64 d_sp_b0, i64 d_sh_b0, const float* __restrict__ src1, i64 s_st1,    \
-        int D1, u8* __restrict__ dst1, i64 d_sp_b1, i64 d_sh_b1
+        int D1, u8* __restrict__ dst1, i64 d_sp_b1, i64 d_sh_b1, const float* __restrict__ rcs, int n_rot, \
+        int neox
 #define KV_APPEND_PICK                                                                                   \
     const bool one = blockIdx.y == 1;                                                                    \
+    const int nr = one ? 0 : n_rot; /* RoPE on set 0 only */                                             \
     const float* src = one ? src1 : src0;                                                                \
     u8* dst = one ? dst1 : dst0;                                                                         \
     const i64 s_st = one ? s_st1 : s_st0, d_sp_b = one ? d_sp_b1 : d_sp_b0, d_sh_b = one ? d_sh_b1 : d_sh_b0; \
@@ -267,7 +285,8 @@ extern "C" __global__ void kv_append_f16(KV_APPEND_ARGS) {
     if (idx >= (i64)T * nkv * D) return;
     const int d = (int)(idx % D), h = (int)((idx / D) % nkv), t = (int)(idx / ((i64)D * nkv));
     u16* o = (u16*)(dst + (i64)pos[t] * d_sp_b + (i64)h * d_sh_b);
-    st(o + d, f2h(src[(i64)t * s_st + (i64)h * D + d]));
+    const float* row = src + (i64)t * s_st + (i64)h * D;
+    st(o + d, f2h(nr ? rope_elem(row, d, pos[t], rcs, nr, neox) : row[d]));
 }
 
 extern "C" __global__ void kv_append_q8_0(KV_APPEND_ARGS) {
@@ -277,7 +296,8 @@ extern "C" __global__ void kv_append_q8_0(KV_APPEND_ARGS) {
     const int nb = D / 32;
     if (gw >= (i64)T * nkv * nb) return;  // uniform over the warp
     const int bi = (int)(gw % nb), h = (int)((gw / nb) % nkv), t = (int)(gw / ((i64)nb * nkv));
-    const float v = src[(i64)t * s_st + (i64)h * D + bi * 32 + lane];
+    const float* row = src + (i64)t * s_st + (i64)h * D;
+    const float v = nr ? rope_elem(row, bi * 32 + lane, pos[t], rcs, nr, neox) : row[bi * 32 + lane];
     const float amax = warp_max(fabsf(v));
     // ggml's x86 quantize_row_q8_0, as the CPU path's cache: codes rint(v * (127 / amax)) (half to
     // even), scale fp16(amax / 127); gguf.quants' reference (roundf(v / d)) differs on a few codes
@@ -370,8 +390,10 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 //     q8_0 K; needs Dk % 32 == 0).
 //     p_round (only with S == 1): probabilities normalised in this kernel and rounded to f16 before
 //     multiplying by V (llama.cpp CPU, f16 V); then ML = (max, 1).
+//     n_rot > 0: q is read through RoPE at qpos[t] with the (cos, sin) table rcs (as kv_append's K).
 // attn_combine: grid (H, T), any block (multiple of 32): O[t*o_st + h*Dv + d] = sum_s Op*e^(m_s-M) /
 //     sum_s l_s*e^(m_s-M)  (0 where no key is visible).
+// attn_combine_r(..., T, rmode): the same values rounded for the next matmul (rms_norm's rmode), see below.
 #define ATT_THREADS 128
 
 template <int KT>
@@ -387,7 +409,8 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ Q, i64 q_
                                              i64 v_sh_b, const int* __restrict__ qpos, int n_kv, int H, int Hkv,
                                              int Dk, int Dv, float scale, float softcap, int window, int chunk,
                                              int q_round, int p_round, float* __restrict__ Op,
-                                             float* __restrict__ ML) {
+                                             float* __restrict__ ML, const float* __restrict__ rcs, int n_rot,
+                                             int neox) {
     extern __shared__ float smem[];
     float* qs = smem;              // [Dk]
     float* sc = qs + Dk;           // [chunk]
@@ -412,7 +435,7 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ Q, i64 q_
     }
     const float* qr = Q + (i64)t * q_st + (i64)h * Dk;
     for (int d = tid; d < Dk; d += blockDim.x) {
-        const float v = qr[d];
+        const float v = n_rot ? rope_elem(qr, d, p, rcs, n_rot, neox) : qr[d];
         qs[d] = q_round == 1 ? h2f(f2h(v)) : v;
     }
     __syncthreads();
@@ -486,9 +509,10 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ Q, i64 q_
     const float *__restrict__ Q, i64 q_st, const u8 *__restrict__ Kc, i64 k_sp_b, i64 k_sh_b,             \
         const u8 *__restrict__ Vc, i64 v_sp_b, i64 v_sh_b, const int *__restrict__ qpos, int n_kv, int H,  \
         int Hkv, int Dk, int Dv, float scale, float softcap, int window, int chunk, int q_round,          \
-        int p_round, float *__restrict__ Op, float *__restrict__ ML
+        int p_round, float *__restrict__ Op, float *__restrict__ ML, const float *__restrict__ rcs, int n_rot, \
+        int neox
 #define ATTN_PASS Q, q_st, Kc, k_sp_b, k_sh_b, Vc, v_sp_b, v_sh_b, qpos, n_kv, H, Hkv, Dk, Dv, scale, softcap, \
-                  window, chunk, q_round, p_round, Op, ML
+                  window, chunk, q_round, p_round, Op, ML, rcs, n_rot, neox
 
 #define ATTN_KERNEL(name, KT, VT)                                                   \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(ATTN_ARGS) { \
@@ -499,11 +523,9 @@ ATTN_KERNEL(attn_partial_f16_q8_0, 0, 1)
 ATTN_KERNEL(attn_partial_q8_0_f16, 1, 0)
 ATTN_KERNEL(attn_partial_q8_0_q8_0, 1, 1)
 
-extern "C" __global__ void attn_combine(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
-                                        int Dv, float* __restrict__ O, i64 o_st) {
-    const int h = blockIdx.x, t = blockIdx.y;
-    const i64 part0 = ((i64)t * H + h) * S;
-    float M = neg_inf();
+// the (max, 1 / sum) that combine the S splits of one (row, head) starting at partial part0
+SH_D void attn_norm(const float* __restrict__ ML, i64 part0, int S, float& M, float& inv) {
+    M = neg_inf();
     for (int s = 0; s < S; s++)
         if (ML[(part0 + s) * 2 + 1] > 0.0f) M = fmaxf(M, ML[(part0 + s) * 2]);
     float L = 0.0f;
@@ -511,13 +533,51 @@ extern "C" __global__ void attn_combine(const float* __restrict__ Op, const floa
         const float l = ML[(part0 + s) * 2 + 1];
         if (l > 0.0f) L += l * expf(ML[(part0 + s) * 2] - M);
     }
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < S; s++) {
-            const float l = ML[(part0 + s) * 2 + 1];
-            if (l > 0.0f) o += Op[(part0 + s) * Dv + d] * expf(ML[(part0 + s) * 2] - M);
-        }
-        O[(i64)t * o_st + (i64)h * Dv + d] = o * inv;
+    inv = L > 0.0f ? 1.0f / L : 0.0f;
+}
+
+// output element d of the (row, head) whose splits start at part0
+SH_D float attn_out(const float* __restrict__ Op, const float* __restrict__ ML, i64 part0, int S, int Dv, int d,
+                    float M, float inv) {
+    float o = 0.0f;
+    for (int s = 0; s < S; s++) {
+        const float l = ML[(part0 + s) * 2 + 1];
+        if (l > 0.0f) o += Op[(part0 + s) * Dv + d] * expf(ML[(part0 + s) * 2] - M);
     }
+    return o * inv;
+}
+
+extern "C" __global__ void attn_combine(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
+                                        int Dv, float* __restrict__ O, i64 o_st) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const i64 part0 = ((i64)t * H + h) * S;
+    float M, inv;
+    attn_norm(ML, part0, S, M, inv);
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) O[(i64)t * o_st + (i64)h * Dv + d] = attn_out(Op, ML, part0, S, Dv, d, M, inv);
+}
+
+// attn_combine's output rounded as the next matmul's input (rms_norm's rmode 1..4): one warp per
+// block of `block` values of a row (32, or 256 for Q8_K: such a block spans heads), T*(H*Dv/block)*32
+// threads, H*Dv % block == 0; the values are attn_combine's bit for bit before the rounding
+extern "C" __global__ void attn_combine_r(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
+                                          int Dv, float* __restrict__ O, i64 o_st, int T, int rmode) {
+    const int lane = threadIdx.x & 31;
+    const int block = rmode == 4 ? 256 : 32, per = block / 32;
+    const int nb = H * Dv / block;
+    const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (gw >= (i64)T * nb) return;  // uniform over the warp
+    const int t = (int)(gw / nb), e0 = (int)(gw % nb) * block;
+    float v[8];
+    for (int j = 0; j < per; j++) {
+        const int e = e0 + lane + 32 * j, h = e / Dv;
+        const i64 part0 = ((i64)t * H + h) * S;
+        float M, inv;
+        attn_norm(ML, part0, S, M, inv);
+        v[j] = attn_out(Op, ML, part0, S, Dv, e % Dv, M, inv);
+    }
+    if (rmode >= 3)
+        round_q8_regs(v, per, rmode == 3);
+    else if (rmode >= 1)
+        for (int j = 0; j < per; j++) v[j] = round_half(v[j], rmode == 2);
+    for (int j = 0; j < per; j++) O[(i64)t * o_st + e0 + lane + 32 * j] = v[j];
 }

@@ -3,10 +3,16 @@
 // Kernels (all extern "C"; <t> is f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k):
 //
 //   qmv_<t>_q<NQ>_r<R>(const u8* W, i64 row_bytes, int N, int K,
-//                      const float* X, i64 ldx, float* Y, i64 ldy, int nq, const float* bias, int has_bias)
+//                      const float* X, i64 ldx, float* Y, i64 ldy, int nq, const float* bias, int has_bias,
+//                      int ws)
 //       (NQ, R) in {(1,1), (2,2), (4,2), (8,2), (16,4)}; 1 <= nq <= NQ rows of X are used.
-//       block = 128 threads (4 warps), grid.x = ceil(N / (4*R)); warp w of block b computes rows
-//       (4b + w)*R .. +R for all nq activation rows, reading each weight byte once.
+//       block = 128 threads (4 warps), grid.x = ceil(N / (4/ws * R)). ws (1, 2 or 4) warps share a
+//       group of R rows, each taking every ws-th slice of K (more loads in flight for a matrix of few
+//       long rows: one warp per row leaves a GPU mostly waiting on memory there); the group's warps
+//       then add up their totals in warp order. Group g of block b computes rows (4/ws*b + g)*R .. +R
+//       for all nq activation rows, reading each weight byte once. A row's arithmetic depends on ws
+//       and not on NQ, R or nq: a row of a T-row product is the one-row product's bit for bit (what
+//       speculative verification relies on), given the same ws.
 //       W: N rows of row_bytes = K/BS*TS bytes, the allocation 16-byte aligned.
 //       X: fp32, 16-byte aligned, ldx % 4 == 0; K must be a multiple of the block size
 //       (32 for legacy quants, 256 for K-quants, 8 for f16/bf16, 4 for f32).
@@ -27,21 +33,43 @@
 template <class B, int NQ, int R>
 __device__ __forceinline__ void qmv_kernel(const u8* __restrict__ W, i64 row_bytes, int N, int K,
                                            const float* __restrict__ X, i64 ldx, float* __restrict__ Y,
-                                           i64 ldy, int nq, const float* __restrict__ bias, int has_bias) {
+                                           i64 ldy, int nq, const float* __restrict__ bias, int has_bias,
+                                           int ws) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row0 = (blockIdx.x * QMV_WARPS + warp) * R;
-    if (row0 >= N) return;  // uniform over the warp
+    const int grp = warp / ws, sub = warp % ws;
+    const int row0 = (blockIdx.x * (QMV_WARPS / ws) + grp) * R;
+    __shared__ float part[QMV_WARPS * R * NQ];  // the warps' totals [warp][r*NQ + q], when ws > 1
+    if (ws == 1 && row0 >= N) return;  // uniform over the warp (with ws > 1 every warp meets the barrier)
     float acc[R][NQ];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < NQ; q++) acc[r][q] = 0.0f;
-    qmv_lane<B, NQ, R>(W, row_bytes, row0, N, K, X, ldx, nq, lane, acc);
+    if (row0 < N) qmv_lane<B, NQ, R>(W, row_bytes, row0, N, K, X, ldx, nq, 32 * sub + lane, 32 * ws, acc);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < NQ; q++) acc[r][q] = warp_sum(acc[r][q]);
-    // every lane holds every total now; spread the stores over the lanes
+    if (ws > 1) {  // uniform over the block
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int q = 0; q < NQ; q++)
+                if (lane == ((r * NQ + q) & 31)) part[warp * R * NQ + r * NQ + q] = acc[r][q];
+        __syncthreads();
+        if (sub != 0 || row0 >= N) return;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int q = 0; q < NQ; q++)
+                if (lane == ((r * NQ + q) & 31)) {
+                    float a = part[warp * R * NQ + r * NQ + q];
+                    for (int w = 1; w < ws; w++) a += part[(warp + w) * R * NQ + r * NQ + q];
+                    acc[r][q] = a;
+                }
+    }
+    // every lane holds every total now (ws == 1), or lane (r*NQ + q) & 31 holds total (r, q): the
+    // stores are spread over the lanes
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -59,11 +87,11 @@ __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 ro
 
 #define QMV_ARGS                                                                                       \
     const u8 *__restrict__ W, i64 row_bytes, int N, int K, const float *__restrict__ X, i64 ldx,      \
-        float *__restrict__ Y, i64 ldy, int nq, const float *__restrict__ bias, int has_bias
+        float *__restrict__ Y, i64 ldy, int nq, const float *__restrict__ bias, int has_bias, int ws
 
 #define QMV(tname, B, NQ, R)                                                                           \
     extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) qmv_##tname##_q##NQ##_r##R(QMV_ARGS) { \
-        qmv_kernel<B, NQ, R>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias);                                  \
+        qmv_kernel<B, NQ, R>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias, ws);                                  \
     }
 
 #define QMV_TYPE(tname, B)                                                                             \

@@ -253,39 +253,51 @@ struct BF32x4 {
 //
 // Rows row0 .. row0+R-1 (rows >= N are clamped to N-1: read, never written) of W [N, K] (row_bytes
 // per row) against activation rows X[q*ldx .. +K) for q < nq <= NQ. acc[r][q] receives this lane's
-// partial sums; the caller adds them up over the 32 lanes of the warp. Lane `lane` walks blocks
-// lane/LPB, lane/LPB + 32/LPB, ... and reads each of its weight bytes once for all nq rows of X.
+// partial sums; the caller adds them up over the `width` lanes (a multiple of 32) sharing the rows.
+// Lane `lane` of them walks blocks lane/LPB, lane/LPB + width/LPB, ... and reads each of its weight
+// bytes once for all nq rows of X.
 template <class B, int NQ, int R>
 SH_HD void qmv_lane(const u8* W, i64 row_bytes, int row0, int N, int K, const float* X, i64 ldx,
-                    int nq, int lane, float (&acc)[R][NQ]) {
-    constexpr int BPI = 32 / B::LPB;  // blocks per warp iteration
+                    int nq, int lane, int width, float (&acc)[R][NQ]) {
+    const int BPI = width / B::LPB;  // blocks per iteration of the lanes sharing the rows
     const int nb = K / B::BS;
     const int t = lane % B::LPB;
     const u8* rp[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rp[r] = W + (i64)imin(row0 + r, N - 1) * row_bytes;
-    for (int ib = lane / B::LPB; ib < nb; ib += BPI) {
-        B blk[R];
+    // U blocks' loads are issued before any is used (more bytes in flight per lane; the few-row
+    // variants have the registers for it); the sums still run block after block, in walk order
+    constexpr int U = NQ <= 4 ? 2 : 1;
+    for (int ib0 = lane / B::LPB; ib0 < nb; ib0 += U * BPI) {
+        B blk[U][R];
 #pragma unroll
-        for (int r = 0; r < R; r++) blk[r].load(rp[r] + (i64)ib * B::TS, t);
+        for (int u = 0; u < U; u++)
+            if (ib0 + u * BPI < nb)
 #pragma unroll
-        for (int g = 0; g < B::NG; g++) {
-            float w[R][4];
+                for (int r = 0; r < R; r++) blk[u][r].load(rp[r] + (i64)(ib0 + u * BPI) * B::TS, t);
 #pragma unroll
-            for (int r = 0; r < R; r++) blk[r].deq(g, w[r]);
-            const float* xp = X + (i64)ib * B::BS + B::off(t, g);
+        for (int u = 0; u < U; u++) {
+            const int ib = ib0 + u * BPI;
+            if (ib >= nb) break;
 #pragma unroll
-            for (int q = 0; q < NQ; q++) {
-                if (q < nq) {
-                    const float4 x = ld_f4(xp + q * ldx);
+            for (int g = 0; g < B::NG; g++) {
+                float w[R][4];
 #pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        float a = acc[r][q];
-                        a = sh_fma(w[r][0], x.x, a);
-                        a = sh_fma(w[r][1], x.y, a);
-                        a = sh_fma(w[r][2], x.z, a);
-                        a = sh_fma(w[r][3], x.w, a);
-                        acc[r][q] = a;
+                for (int r = 0; r < R; r++) blk[u][r].deq(g, w[r]);
+                const float* xp = X + (i64)ib * B::BS + B::off(t, g);
+#pragma unroll
+                for (int q = 0; q < NQ; q++) {
+                    if (q < nq) {
+                        const float4 x = ld_f4(xp + q * ldx);
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            float a = acc[r][q];
+                            a = sh_fma(w[r][0], x.x, a);
+                            a = sh_fma(w[r][1], x.y, a);
+                            a = sh_fma(w[r][2], x.z, a);
+                            a = sh_fma(w[r][3], x.w, a);
+                            acc[r][q] = a;
+                        }
                     }
                 }
             }

@@ -1,13 +1,18 @@
 #!/usr/bin/env python
 """Benchmark the CUDA quantized matvec kernels (sharpi_core.backends.cuda.CudaQWeight.matmul) on a GPU:
 time per call and weight bandwidth (weight bytes / time) against the GPU's peak, for 1..16 activation
-rows (the batched variants read each weight block once for all rows, so their GB/s should hold).
+rows (the batched variants read each weight block once for all rows, so their GB/s should hold), and
+for each way of sharing a row between warps (`--splits`; `auto` is what the model uses, qmv_split).
 
-    python scripts/bench_cuda_kernels.py                       # Q4_K Q6_K Q8_0 Q4_0 F16, 8192 x 4096
-    python scripts/bench_cuda_kernels.py --types q4_k --n 8960 --k 1536 --ts 1,2,4,8,16
+Calls are timed as they run in a decoding pass: replayed from a CUDA graph (no Python launch cost in
+the time), each on another copy of the weight, enough copies to be several times the GPU's L2 (a
+matrix read twice in a row would come from the L2, which a model's next layer does not).
+
+    python scripts/bench_cuda_kernels.py                     # the Qwen 1.5B / 0.5B decode matrices
+    python scripts/bench_cuda_kernels.py --mats q4_k:8960:1536,q6_k:1536:8960 --ts 1,2,4,8,16 --splits 1,2,4
 
 Needs cupy and an NVIDIA GPU. (With PYTHONPATH=tests/simt it runs on the CPU emulator of
-tests/simt instead, which checks the script, not the speed.)
+tests/simt instead, which checks the script, not the speed: try --mats q4_k:64:512 --reps 1 --l2-mb 0.)
 """
 from __future__ import annotations
 
@@ -43,13 +48,35 @@ def random_raw(qtype, n: int, k: int, rng) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
+# Qwen2.5-Coder 1.5B Q4_K_M's matrices (attn q+k, attn_output, ffn gate+up, ffn_down in both types,
+# the tied Q6_K output layer), then the 0.5B draft's main ones (Q5_0 / Q8_0)
+DEFAULT_MATS = ("q4_k:1792:1536,q4_k:1536:1536,q4_k:17920:1536,q4_k:1536:8960,q6_k:1536:8960,q6_k:151936:1536,"
+                "q5_0:1152:896,q5_0:9728:896,q8_0:896:4864")
+
+
+def time_calls(cp, ws, x, out, reps: int) -> float:
+    """Seconds per call of `reps` passes over the weights ws (one call each), replayed as a CUDA graph."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    run = lambda: [w.matmul(x, stream=stream, out=out) for w in ws]  # noqa: E731
+    run()  # compiles, sizes nothing (out is given)
+    graph = cb.capture(run, stream)
+    graph.launch(stream=stream)  # warm-up
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    for _ in range(reps):
+        graph.launch(stream=stream)
+    end.record(stream)
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) / 1e3 / (reps * len(ws))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--types", default="q4_k,q6_k,q8_0,q4_0,f16")
-    ap.add_argument("--n", type=int, default=8192, help="weight rows")
-    ap.add_argument("--k", type=int, default=4096, help="weight columns (a multiple of 256)")
-    ap.add_argument("--ts", default="1,4,16", help="activation rows")
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--mats", default=DEFAULT_MATS, help="type:N:K,... (N rows of K weights)")
+    ap.add_argument("--ts", default="1,5,16", help="activation rows")
+    ap.add_argument("--splits", default="auto,1,2,4", help="warps per row: auto (the model's choice) or 1, 2, 4")
+    ap.add_argument("--reps", type=int, default=20, help="graph replays timed")
+    ap.add_argument("--l2-mb", type=float, default=240, help="copies of a weight fill at least this many MB")
     a = ap.parse_args()
     ok, why = cb.cuda_available()
     if not ok:
@@ -59,27 +86,31 @@ def main() -> int:
     peak = cb.peak_bandwidth()
     print(f"device: {why}; peak {peak / 1e9:.0f} GB/s")
     ts = [int(t) for t in a.ts.split(",")]
-    print(f"{'type':6s} {'N x K':>12s} {'MB':>7s} " + " ".join(f"{'T=' + str(t):>22s}" for t in ts))
+    print(f"{'type':6s} {'N x K':>12s} {'MB':>6s} {'ws':>6s} " + " ".join(f"{'T=' + str(t):>26s}" for t in ts))
     rng = np.random.default_rng(0)
-    for name in a.types.split(","):
-        qtype = Q[name.upper()]
-        cw = cb.CudaQWeight(random_raw(qtype, a.n, a.k, rng), qtype, a.n, a.k)
-        cells = []
-        for T in ts:
-            x = cp.asarray(rng.standard_normal((T, a.k)).astype(np.float32))
-            out = cp.empty((T, a.n), cp.float32)
-            for _ in range(3):
-                cw.matmul(x, out=out)
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(a.reps):
-                cw.matmul(x, out=out)
-            end.record()
-            end.synchronize()
-            s = cp.cuda.get_elapsed_time(start, end) / a.reps / 1e3
-            gbs = cw.nbytes / s
-            cells.append(f"{s * 1e6:8.1f} us {gbs / 1e9:5.0f} GB/s {100 * gbs / peak:3.0f}%")
-        print(f"{qtype.name:6s} {f'{a.n}x{a.k}':>12s} {cw.nbytes / 1e6:7.1f} " + " ".join(f"{c:>22s}" for c in cells))
+    for spec in a.mats.split(","):
+        name, n, k = spec.split(":")
+        qtype, n, k = Q[name.upper()], int(n), int(k)
+        raw = random_raw(qtype, n, k, rng)
+        nbytes = raw.nbytes
+        copies = max(1, min(64, int(np.ceil(a.l2_mb * 1e6 / nbytes))))
+        ws = [cb.CudaQWeight(raw, qtype, n, k) for _ in range(copies)]
+        auto = ws[0].split
+        for split in a.splits.split(","):
+            v = auto if split == "auto" else int(split)
+            for w in ws:
+                w.split = v
+            cells = []
+            for T in ts:
+                x = cp.asarray(rng.standard_normal((T, k)).astype(np.float32))
+                out = cp.empty((T, n), cp.float32)
+                sec = time_calls(cp, ws, x, out, a.reps)
+                gbs = nbytes / sec
+                cells.append(f"{sec * 1e6:8.1f} us {gbs / 1e9:6.0f} GB/s {100 * gbs / peak:3.0f}%")
+            label = f"{v}" + ("*" if split == "auto" else "")
+            print(f"{qtype.name:6s} {f'{n}x{k}':>12s} {nbytes / 1e6:6.1f} {label:>6s} " + " ".join(f"{c:>26s}" for c in cells))
+        del ws
+    print("ws: warps sharing a row (* the model's choice); copies of each weight exceed --l2-mb")
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of the CUDA backend in two calls of the device tool, for a session that has a GPU.
+# The GPU checks of the CUDA backend in three calls of the device tool, for a session that has a GPU.
 #
 # The device machine takes at most 64 MiB of files a call, reaches no network, has no `gguf` package,
 # and stays warm (its /tmp kept) for 30 s after a call. So:
@@ -9,11 +9,13 @@
 #                                          models (scripts/gguf_synth.py), SmolLM2 in two halves
 #   device run, carry [".gpu/a"], command "bash scripts/gpu_session.sh part1"
 #       kernels against gguf.quants (tests/test_cuda_kernels.py), then speed on random-weight stand-ins
-#       of Qwen 1.5B / 0.5B built there: scripts/bench.py, scripts/bench_spec_cost.py,
-#       scripts/bench_cuda_kernels.py. Results in $OUT.
+#       of Qwen 1.5B / 0.5B built there: scripts/bench.py, scripts/bench_spec_cost.py. Results in $OUT.
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part2"   (at once: within 30 s)
 #       SmolLM2 complete: the model-level GPU tests (tests/test_cuda_model.py: llama.cpp's greedy
 #       continuations, graph replays, verify rows, speculative parity) and its real-tensor kernel tests.
+#   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part3"   (at once again)
+#       the matvec kernels per Qwen matrix and warp split (bench_cuda_kernels.py), and whole decodes
+#       with one warp per row (SHARPI_QMV_SPLIT=1) and with nothing fused (SHARPI_CUDA_FUSE=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -63,9 +65,22 @@ part1)
     python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
     at bench_spec_cost.py
     python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
+    at done
+    ;;
+part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sharpi/synth
+    [ -d /tmp/sharpi/synth ] || { echo "part3 needs part1's machine (still warm)" >&2; exit 1; }
+    install .gpu/b
+    export SHARPI_MODELS_DIR=/tmp/sharpi/synth
     at bench_cuda_kernels.py
-    python3 scripts/bench_cuda_kernels.py --types q4_k,q6_k,q5_0,q8_0 --n 8960 --k 1536 --ts 1,2,4,8,16 2>&1 \
-        | tee "$OUT/kernels_bench.txt"
+    python3 scripts/bench_cuda_kernels.py --ts 1,2,5,16 2>&1 | tee "$OUT/kernels_bench.txt"
+    # what the choices are worth in a whole decode: one warp per matrix row; every step its own launch
+    at bench.py, one warp per matrix row
+    SHARPI_QMV_SPLIT=1 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
+        | tee "$OUT/bench_split1.txt"
+    at bench.py, nothing fused
+    SHARPI_CUDA_FUSE=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
+        | tee "$OUT/bench_nofuse.txt"
+    at done
     ;;
 part2)
     [ -f /tmp/sharpi/smol.1 ] || { echo "part2 needs part1's machine (still warm): run part1 again, then part2 at once" >&2; exit 1; }
@@ -85,7 +100,7 @@ part2)
     at done
     ;;
 *)
-    sed -n '2,17p' "$0"
+    sed -n '2,20p' "$0"
     exit 2
     ;;
 esac

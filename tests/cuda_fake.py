@@ -407,14 +407,28 @@ def _q8_0_round(x2: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(q8_0_blocks(x2).reshape(-1, q8_0_row_bytes(32)), Q.Q8_0).reshape(x2.shape)
 
 
-def kv_append(src, cache, positions, src2=None, cache2=None, stream=None):
+def _roped(x, positions, rope):
+    """A copy of x [T, nh, hd] turned by `rope` with the given (table, n_rot, neox)."""
+    table, n_rot, neox = rope
+    if not 0 < n_rot <= x.shape[-1]:
+        raise ValueError(f"n_rot={n_rot} must lie in 1..{x.shape[-1]}")
+    return rope_(np.array(x, dtype=np.float32), positions, n_rot, neox, table=table)
+
+
+rope_ = rope  # the module's rope, for functions whose `rope` argument shadows it
+
+
+def kv_append(src, cache, positions, src2=None, cache2=None, rope=None, stream=None):
     """Write src float32 [T, n_kv, D] (or [T, n_kv*D]; token stride free) into cache rows `positions`
-    (f16: rounded to nearest even; q8_0: ggml's x86 blocks, quants.q8_0_blocks); src2 into cache2 too."""
+    (f16: rounded to nearest even; q8_0: ggml's x86 blocks, quants.q8_0_blocks); src2 into cache2 too.
+    rope=(table, n_rot, neox): src's heads turned first (src unchanged)."""
     if cache2 is not None:
         kv_append(src2, cache2, positions)
     n_kv = cache.shape[1]
     kind, D = _cache_kind(cache, n_kv, None, "cache")
     s2 = _rows2d(src.reshape(src.shape[0], -1) if src.ndim == 3 else src, n_kv * D, "src")
+    if rope is not None:
+        s2 = _roped(s2.reshape(-1, n_kv, D), positions, rope).reshape(-1, n_kv * D)
     T = s2.shape[0]
     pos = _positions(positions)
     if pos.size != T:
@@ -432,8 +446,9 @@ def kv_append(src, cache, positions, src2=None, cache2=None, stream=None):
 
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
-              out=None, work=None, stream=None):
+              out=None, work=None, rope=None, rounding=None, stream=None):
     """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
+    rope=(table, n_rot, neox): q is turned first (a copy). rounding: the output then round_act's.
 
     As cuda/ops.cu's attn_partial + attn_combine: query t at p = positions[t] sees keys
     max(0, p - window + 1) (window > 0) .. min(p, n_kv - 1); query head h reads kv head h // (H/Hkv);
@@ -442,8 +457,16 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     'q8_0' through q8_0 blocks of 32. p_round: probabilities e_j * (1/sum e) rounded to fp16, and
     P V not renormalised. The key split (`chunk`) changes only float rounding, so it is checked
     and otherwise ignored, and so are the `work` buffers."""
+    if rounding is not None:
+        out = attention(q, k_cache, v_cache, positions, n_kv, scale, window=window, softcap=softcap,
+                        q_round=q_round, p_round=p_round, chunk=chunk, out=out, rope=rope)
+        T, H, Dv = out.shape
+        round_act(out.reshape(T, H * Dv), rounding, out=out.reshape(T, H * Dv))
+        return out
     pos = _positions(positions)
     T, H, Dk, Hkv, kk, vk, Dv, qr = _attention_shapes(q, k_cache, v_cache, q_round, pos.size)
+    if rope is not None:
+        q = _roped(q, positions, rope)
     if out is None:
         out = np.empty((T, H, Dv), dtype=np.float32)
     elif out.dtype != np.float32 or tuple(out.shape) != (T, H, Dv) or not out.flags.c_contiguous:

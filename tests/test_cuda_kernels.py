@@ -93,6 +93,34 @@ def test_matvec_random(random_weight, T):
     check_matmul(cp.asnumpy(y), x, w)
 
 
+@pytest.mark.parametrize("ws", cb.QMV_SPLITS)
+def test_matvec_rows_do_not_depend_on_the_batch_for_every_split(ws):
+    """A row of a T-row product is the one-row product's bit for bit (speculative verification relies on
+    it) when ws warps share each row, on row counts that leave partial blocks and groups."""
+    rng = np.random.default_rng(ws)
+    for qtype in TYPES:
+        n, k = 37, 2 * _k_for(qtype)
+        raw = random_raw(qtype, n, k, rng)
+        w = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+        cw = cb.CudaQWeight(raw, qtype, n, k)
+        cw.split = ws
+        x = rng.standard_normal((16, k)).astype(np.float32)
+        one = np.stack([cp.asnumpy(cw.matmul(cp.asarray(x[t:t + 1])))[0] for t in range(16)])
+        check_matmul(one, x, w)
+        for T in (2, 5, 16):
+            np.testing.assert_array_equal(cp.asnumpy(cw.matmul(cp.asarray(x[:T]))), one[:T],
+                                          err_msg=f"{qtype.name} ws={ws} T={T}")
+
+
+def test_matvec_split_is_a_property_of_the_matrix():
+    assert cb.qmv_split(Q.Q4_K, 1536, 8960) == 4     # Qwen 1.5B ffn_down: few long rows
+    assert cb.qmv_split(Q.Q4_K, 1536, 1536) == 2     # attn_output: 6 blocks a row, 4 lane groups
+    assert cb.qmv_split(Q.Q4_K, 1536, 512) == 1      # 2 blocks: a warp's lanes have one each already
+    assert cb.qmv_split(Q.Q6_K, 151936, 1536) == 1   # rows enough
+    assert cb.qmv_split(Q.Q4_K, 17920, 8960) == 1
+    assert all(cb.qmv_split(t, 1536, 8960) in cb.QMV_SPLITS for t in TYPES)
+
+
 def test_matvec_1d_and_out(random_weight):
     qtype, raw, w, cw = random_weight
     x = np.random.default_rng(7).standard_normal(cw.k).astype(np.float32)
@@ -378,6 +406,46 @@ def test_rope(neox, n_rot):
     np.testing.assert_allclose(after[:, 6:], _rope_ref(before[:, 6:], pos, n_rot, neox, 0, table=table), atol=1e-5)
 
 
+@pytest.mark.parametrize("neox,n_rot", [(True, 64), (False, 64), (True, 32)])
+@pytest.mark.parametrize("kinds", [("f16", "f16"), ("q8_0", "q8_0")])
+def test_rope_read_by_kv_append_and_attention_is_the_rope_launch(neox, n_rot, kinds):
+    """kv_append / attention with rope=(table, n_rot, neox) turn K / q as a launch of rope would
+    first, bit for bit (the model's passes then launch no rope), and leave their inputs as they were."""
+    rng = np.random.default_rng(n_rot + neox)
+    T, H, Hkv, D, cap = 3, 4, 2, 64, 48
+    th = np.arange(cap)[:, None] * 10000.0 ** (-2.0 * np.arange(n_rot // 2) / n_rot)
+    table = cp.asarray(np.stack([np.cos(th), np.sin(th)], -1).astype(np.float32))  # [cap, n_rot/2, 2]
+    # q, k, v as column views of one fused projection output, as in a pass
+    qkv = cp.asarray(rng.standard_normal((T, (H + 2 * Hkv) * D)).astype(np.float32))
+    q, k, v = (qkv[:, :H * D].reshape(T, H, D), qkv[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D),
+               qkv[:, (H + Hkv) * D:].reshape(T, Hkv, D))
+    pos = cp.asarray(np.array([20, 21, 22], np.int32))
+    before = cp.asnumpy(qkv)
+    caches = {}
+    for fused in (False, True):
+        kc, vc = cb.new_kv_cache(cap, Hkv, D, kinds[0]), cb.new_kv_cache(cap, Hkv, D, kinds[1])
+        # earlier positions filled alike, so attention sees old keys and the new ones
+        old = cp.asarray(rng.standard_normal((20, Hkv, D)).astype(np.float32)) if not caches else caches["old"]
+        caches["old"] = old
+        cb.kv_append(old, kc, cp.arange(20, dtype=cp.int32), old, vc)
+        if fused:
+            cb.kv_append(k, kc, pos, v, vc, rope=(table, n_rot, neox))
+            o = cb.attention(q, kc, vc, pos, cap, 0.125, q_round="f16", rope=(table, n_rot, neox))
+            np.testing.assert_array_equal(cp.asnumpy(qkv), before)  # inputs untouched
+        else:
+            qr, kr = q.copy(), k.copy()
+            cb.rope(qr, pos, n_rot, neox, table=table)
+            cb.rope(kr, pos, n_rot, neox, table=table)
+            cb.kv_append(kr, kc, pos, v, vc)
+            o = cb.attention(qr, kc, vc, pos, cap, 0.125, q_round="f16")
+        caches[fused] = (cp.asnumpy(kc), cp.asnumpy(vc), cp.asnumpy(o))
+    for a, b in zip(caches[False], caches[True]):
+        np.testing.assert_array_equal(a, b)
+    plain = cb.new_kv_cache(cap, Hkv, D, kinds[0])
+    cb.kv_append(k, plain, pos)  # K unturned: not what went in
+    assert not np.array_equal(cp.asnumpy(plain)[20:23], caches[True][0][20:23])
+
+
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 def test_glu(act):
     rng = np.random.default_rng(2)
@@ -607,7 +675,8 @@ def test_round_act_equals_cpu_rounding(kind):
 
 @pytest.mark.parametrize("kind", ["q8_32", "q8_k", "f16", "bf16"])
 def test_norm_and_glu_with_rounding_fused_are_the_two_steps(kind):
-    """rms_norm / glu with `rounding` (one launch) give round_act of their plain output bit for bit."""
+    """rms_norm / glu / attention with `rounding` (one launch) give round_act of their plain output bit
+    for bit."""
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((3, 1536)) * rng.uniform(0.1, 30, (3, 1))).astype(np.float32)
     add = rng.standard_normal((3, 1536)).astype(np.float32)
@@ -626,3 +695,14 @@ def test_norm_and_glu_with_rounding_fused_are_the_two_steps(kind):
         np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(want))
     with pytest.raises(ValueError, match="multiple of"):
         cb.rms_norm(cp.asarray(x[:, :1000]), rounding="q8_k")
+    # attention's output rounded by the launch that combines its splits (a q8_k block spans 4 heads)
+    T, H, Hkv, D = 3, 8, 2, 64
+    kc, vc = _fill(rng, 700, Hkv, D, "f16", 700), _fill(rng, 700, Hkv, D, "f16", 700)
+    q = cp.asarray((rng.standard_normal((T, H, D)) * 3).astype(np.float32))
+    pos = np.array([5, 400, 699], np.int32)  # one split, several, and a full cache
+    for chunk in (64, None):
+        plain = cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk)
+        want = cb.round_act(plain.reshape(T, H * D), kind)
+        got = cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk, rounding=kind)
+        np.testing.assert_array_equal(cp.asnumpy(got).reshape(T, H * D), cp.asnumpy(want), err_msg=f"chunk {chunk}")
+        assert not np.array_equal(cp.asnumpy(got), cp.asnumpy(plain))

@@ -328,6 +328,23 @@ def test_graph_launches_equal_eager_passes_bit_for_bit(kind, cache_type, split):
     assert len(gpu._graphs) == 0
 
 
+@pytest.mark.parametrize("kind,name", on_params("fake", (SMOL, QWEN05)) + on_params("cuda", (SMOL, QWEN05), needs_gpu))
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+def test_fused_launches_equal_separate_ones_bit_for_bit(kind, name, cache_type):
+    # norms and the GLU rounding for the next matmul, RoPE read by kv_append and attention (f16
+    # caches; a q8_0 cache rotates q and k after RoPE, so there it stays a launch): the same bits as
+    # the steps launched one by one (SHARPI_CUDA_FUSE=0)
+    model, tok = loaded(name)
+    gmodel = CudaTransformer(model, ops=ops_of(kind))
+    ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see the other side")
+    gmodel.fuse = False
+    want = _graph_script(gmodel, gmodel.new_cache(48, cache_type, cache_type), ids)
+    gmodel.fuse = True
+    got = _graph_script(gmodel, gmodel.new_cache(48, cache_type, cache_type), ids)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), f"pass {i}"
+
+
 def _host_chain(gmodel, ids, start, cache, k, bias, n_out=None):
     """greedy_chain's definition: a pass, then k-1 one-token passes fed the last biased arg-max."""
     from sharpi_core.sampling import apply_penalties, argmax

@@ -324,15 +324,29 @@ MODEL_TESTS = [f"tests/test_cuda_model.py::{t}" for t in (
     "test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes[cuda]",
     "test_gpu_speculative_greedy_parity[cuda]",            # lookup and self-draft (device arg-max, chains)
     *(f"test_graph_launches_equal_eager_passes_bit_for_bit[{c}-cuda]" for c in ("f16", "q8_0", "split")),
+    "test_fused_launches_equal_separate_ones_bit_for_bit[f16-cuda-smollm2-135m]",  # RoPE, rounding in kernels
     "test_device_argmax_and_greedy_chain_are_the_host_argmax[cuda]",  # greedy steps' ids on the device
 )]
 
 
-def run_emulated(*args: str, order: str = "forward") -> subprocess.CompletedProcess:
+def start_emulated(*args: str, order: str = "forward") -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SIMT_DIR), os.environ.get("PYTHONPATH", "")]),
                SHARPI_SIMT_ORDER=order)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        out, err = p.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def run_emulated(*args: str, order: str = "forward") -> subprocess.CompletedProcess:
+    return finish(start_emulated(*args, order=order))
 
 
 def check_run(r: subprocess.CompletedProcess, min_passed: int) -> None:
@@ -352,5 +366,8 @@ def test_kernel_tests_pass_on_the_emulated_gpu(order):
 
 
 def test_model_tests_pass_on_the_emulated_gpu():
-    r = run_emulated(*MODEL_TESTS)
-    check_run(r, len(MODEL_TESTS))
+    # in two processes at once: the emulator runs on one core, and these machines have two
+    halves = [MODEL_TESTS[0::2], MODEL_TESTS[1::2]]
+    results = [finish(p) for p in [start_emulated(*h) for h in halves]]
+    for h, r in zip(halves, results):
+        check_run(r, len(h))

@@ -44,6 +44,12 @@ K_MULTIPLE = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, **{t: gguf.GGML_QUANT_SIZES[t][0] f
 
 QMV_VARIANTS = ((1, 1), (2, 2), (4, 2), (8, 2), (16, 4))  # (NQ, rows per warp R) in qmatvec.cu
 QMV_WARPS = 4          # warps per block of the matvec kernels
+QMV_SPLITS = (1, 2, 4)  # warps sharing a row group (each a slice of K): `ws` of the qmv kernels
+QMV_SPLIT_WARPS = 6144  # a matrix with fewer rows than this shares its rows between warps (qmv_split)
+QMV_SPLIT = os.environ.get("SHARPI_QMV_SPLIT", "")  # 1, 2 or 4 for every matrix (benchmarks), else chosen
+# weights a lane of the qmv kernels decodes per block: the block size over its lanes per block (LPB)
+_LANE_SPAN = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, Q.Q4_0: 8, Q.Q4_1: 8, Q.Q5_0: 8, Q.Q5_1: 8, Q.Q8_0: 8,
+              Q.Q4_K: 16, Q.Q5_K: 16, Q.Q6_K: 16}
 MAX_BATCH = 16         # activation rows one matvec launch handles
 GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and uses cuBLAS
 GEMM_TILE_BYTES = 64 << 20
@@ -156,10 +162,26 @@ def __getattr__(name: str):
 
 def peak_bandwidth() -> float:
     """The current GPU's peak memory bandwidth in bytes/s: 2 transfers per memory clock times the bus
-    width (what the vendors quote, within a few percent)."""
+    width (what the vendors quote, within a few percent); SHARPI_PEAK_GBS overrides it; NaN when the
+    driver tells neither. The clock comes from the device attributes: CUDA 13 dropped it from
+    cudaDeviceProp (so from CuPy's getDeviceProperties there)."""
+    if os.environ.get("SHARPI_PEAK_GBS"):
+        return float(os.environ["SHARPI_PEAK_GBS"]) * 1e9
     cp = _cupy()
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    return 2.0 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8
+    dev = cp.cuda.Device()
+    clock = width = None
+    try:
+        attrs = dev.attributes
+        clock, width = attrs.get("MemoryClockRate"), attrs.get("GlobalMemoryBusWidth")
+    except Exception:
+        pass
+    if not clock or not width:
+        try:
+            props = cp.cuda.runtime.getDeviceProperties(dev.id)
+            clock, width = props.get("memoryClockRate"), props.get("memoryBusWidth")
+        except Exception:
+            pass
+    return 2.0 * clock * 1e3 * width / 8 if clock and width else float("nan")
 
 
 def attention_smem(head_dim_k: int, chunk: int) -> int:
@@ -248,6 +270,25 @@ def function(src: str, kernel: str, options: tuple = ()):
 def qmv_options(qtype) -> tuple:
     """NVRTC options building only `qtype`'s kernels of qmatvec.cu (one small module per type)."""
     return (f"-DQMV_ONLY={int(Q(qtype))}",)
+
+
+def qmv_split(qtype, n: int, k: int) -> int:
+    """Warps sharing each row of W [n, k] in the qmv kernels (`ws`: 1, 2 or 4), from the matrix alone,
+    so that a verify pass's rows equal one-token passes. A warp per row keeps few loads in flight when
+    the rows are few (Qwen 1.5B's ffn_down: 1536 rows of 8960, ~12 warps per SM of an H100), so rows
+    are split while there are under QMV_SPLIT_WARPS warps and every lane still gets a block of its
+    own (llama.cpp's CUDA matvec has 4 warps share a row whatever its length; measure with
+    scripts/bench_cuda_kernels.py). SHARPI_QMV_SPLIT=1|2|4 forces one value (benchmarks)."""
+    if QMV_SPLIT:
+        ws = int(QMV_SPLIT)
+        if ws not in QMV_SPLITS:
+            raise ValueError(f"SHARPI_QMV_SPLIT={QMV_SPLIT}: must be one of {', '.join(map(str, QMV_SPLITS))}")
+        return ws
+    per_iter = 32 * _LANE_SPAN[Q(qtype)]  # weights of a row one warp iteration covers
+    ws = 1
+    while 2 * ws <= QMV_SPLITS[-1] and n * ws < QMV_SPLIT_WARPS and k >= per_iter * 2 * ws:
+        ws *= 2
+    return ws
 
 
 def _on(stream):
@@ -363,6 +404,7 @@ class CudaQWeight(WeightBase):
         self._keep(data)  # its own allocation: 256-byte aligned, as the kernels' vector loads need
         self._tname = TYPE_NAMES[self.qtype]
         self._opts = qmv_options(self.qtype)
+        self.split = qmv_split(self.qtype, self.n, self.k)  # the same for every batch size
 
     def matmul(self, x, stream=None, out=None, bias=None):
         """x float32 [T, K] (or [K]) -> x @ W.T (+ bias, a float32 [N] device array), float32 [T, N]
@@ -392,10 +434,11 @@ class CudaQWeight(WeightBase):
         nq = x.shape[0]
         NQ, R = next(v for v in QMV_VARIANTS if v[0] >= nq)
         fn = function("qmatvec", f"qmv_{self._tname}_q{NQ}_r{R}", self._opts)
-        grid = (-(-self.n // (QMV_WARPS * R)),)
+        ws = self.split
+        grid = (-(-self.n // (QMV_WARPS // ws * R)),)
         fn(grid, (QMV_WARPS * 32,), (self.data, _i64(self.row_bytes), _i32(self.n), _i32(self.k),
                                      x, _i64(self.k), out, _i64(self.n), _i32(nq),
-                                     _dummy(_cupy()) if bias is None else bias, _i32(bias is not None)))
+                                     _dummy(_cupy()) if bias is None else bias, _i32(bias is not None), _i32(ws)))
 
     def _gemm(self, cp, x, out) -> None:
         tile = max(256, GEMM_TILE_BYTES // (4 * self.k))
@@ -584,6 +627,31 @@ def _rope_shape(x, n_rot: int, n_pos: int) -> tuple[int, int, int]:
     return T, nh, hd
 
 
+def _rope_table(cp, table, n_rot: int, positions, T: int):
+    """A rope table (complex [n_pos, n_rot/2] or float32 [..., 2] (cos, sin) pairs) as the kernels'
+    flat float32 [p][i][cos, sin], after checking host positions against it."""
+    cs = cp.ascontiguousarray(table)
+    if cs.dtype.kind == "c":  # (cos, sin) pairs: keep both parts whatever the precision
+        cs = cp.ascontiguousarray(cs.astype(cp.complex64, copy=False)).view(cp.float32)
+    else:
+        cs = cs.astype(cp.float32, copy=False)
+    if not n_rot or n_rot % 2 or cs.size % n_rot:
+        raise ValueError("rope table must hold n_rot/2 (cos, sin) pairs per position")
+    if not isinstance(positions, cp.ndarray) and T and int(np.max(positions)) >= cs.size // n_rot:
+        raise ValueError("position beyond the rope table")
+    return cs
+
+
+def _rope_args(cp, rope, positions, T: int, hd: int) -> tuple:
+    """The (rcs, n_rot, neox) kernel arguments of a `rope=(table, n_rot, neox)` option (or None)."""
+    if rope is None:
+        return _dummy(cp), _i32(0), _i32(0)
+    table, n_rot, neox = rope
+    if not 0 < n_rot <= hd:
+        raise ValueError(f"n_rot={n_rot} must lie in 1..{hd}")
+    return _rope_table(cp, table, n_rot, positions, T), _i32(n_rot), _i32(1 if neox else 0)
+
+
 def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq_scale: float = 1.0,
          freq_factors=None, table=None, stream=None):
     """Rotate x [T, n_heads, head_dim] (float32, heads contiguous) in place; returns x.
@@ -597,15 +665,7 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
         pos = _dev_int32(cp, positions)
         T, nh, hd = _rope_shape(x, n_rot, pos.size)
         if table is not None:
-            cs = cp.ascontiguousarray(table)
-            if cs.dtype.kind == "c":  # (cos, sin) pairs: keep both parts whatever the precision
-                cs = cp.ascontiguousarray(cs.astype(cp.complex64, copy=False)).view(cp.float32)
-            else:
-                cs = cs.astype(cp.float32, copy=False)
-            if cs.size % n_rot:
-                raise ValueError("rope table must hold n_rot/2 (cos, sin) pairs per position")
-            if not isinstance(positions, cp.ndarray) and T and int(np.max(positions)) >= cs.size // n_rot:
-                raise ValueError("position beyond the rope table")
+            cs = _rope_table(cp, table, n_rot, positions, T)
             has_cs = 1
         else:
             cs, has_cs = _dummy(cp), 0
@@ -746,13 +806,16 @@ def _attention_shapes(q, k_cache, v_cache, q_round, n_pos: int):
     return T, H, Dk, Hkv, kk, vk, Dv, qr
 
 
-def kv_append(src, cache, positions, src2=None, cache2=None, stream=None):
+def kv_append(src, cache, positions, src2=None, cache2=None, rope=None, stream=None):
     """Write src float32 [T, n_kv, D] (or [T, n_kv*D]; token stride free) into cache rows `positions`
     (f16: rounded to nearest even; q8_0: ggml blocks, as gguf.quants.quantize); with src2 / cache2 (a
-    layer's V beside its K), those too, in the same launch when both caches are of one kind."""
+    layer's V beside its K), those too, in the same launch when both caches are of one kind.
+    rope=(table, n_rot, neox): src's heads go in turned by RoPE at their positions, as `rope` with
+    that table would turn them (src itself is left as it is; src2 is not turned)."""
     cp = _cupy()
     with _on(stream):
         pos = _dev_int32(cp, positions)
+        rargs = _rope_args(cp, rope, positions, pos.size, _cache_kind(cache, cache.shape[1], None, "cache")[1])
         sets = []
         for sr, ca in ((src, cache), (src2, cache2)) if cache2 is not None else ((src, cache),):
             n_kv = ca.shape[1]
@@ -763,10 +826,12 @@ def kv_append(src, cache, positions, src2=None, cache2=None, stream=None):
             sets.append((kind, D, (s2, _i64(s_st), _i32(D), ca, _i64(ca.strides[0]), _i64(ca.strides[1]))))
         groups = [sets] if len(sets) == 1 or sets[0][0] == sets[1][0] else [[x] for x in sets]
         T, n_kv = pos.size, cache.shape[1]
-        for g in groups:
+        for gi, g in enumerate(groups):
             total = T * n_kv * max(D for _, D, _ in g)
             if total:
-                args = (_i32(T), _i32(n_kv), pos, *g[0][2], *g[-1][2])  # one set: set 1 unused (grid.y = 1)
+                # one set: set 1 unused (grid.y = 1); RoPE turns set 0 of the first group (src)
+                args = (_i32(T), _i32(n_kv), pos, *g[0][2], *g[-1][2],
+                        *(rargs if gi == 0 else (_dummy(cp), _i32(0), _i32(0))))
                 name = "kv_append_f16" if g[0][0] == "f16" else "kv_append_q8_0"
                 function("ops", name)((-(-total // 256), len(g)), (256,), args)
     return cache
@@ -799,8 +864,11 @@ def attention_work(rows: int, n_head: int, head_dim_v: int, splits: int) -> tupl
 
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
-              out=None, work=None, stream=None):
+              out=None, work=None, rope=None, rounding=None, stream=None):
     """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
+    rope=(table, n_rot, neox): q is not roped yet, the kernel reads it through RoPE (as kv_append).
+    rounding: an activation kind (round_act's): the output rounded as the next matmul's input, by the
+    launch that combines the splits.
 
     Query t is at positions[t] and sees keys j <= positions[t] (j < n_kv), within `window` if > 0
     (masked when pos - j >= window, llama.cpp's standard SWA); query head h uses kv head
@@ -831,6 +899,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             return out
         if not 0 < n_kv <= min(k_cache.shape[0], v_cache.shape[0]):
             raise ValueError(f"n_kv={n_kv} outside the caches' 1..{min(k_cache.shape[0], v_cache.shape[0])} rows")
+        rargs = _rope_args(cp, rope, positions, T, Dk)
+        rmode = _round_mode(rounding, H * Dv)
         chunk, S = attention_splits(n_kv, min(k_cache.shape[0], v_cache.shape[0]), window=window,
                                     p_round=p_round, chunk=chunk)
         if p_round and S != 1:
@@ -850,15 +920,21 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             if op.dtype != cp.float32 or ml.dtype != cp.float32 or op.size < need[0] or ml.size < need[1]:
                 raise ValueError(f"attention work buffers must hold {need} float32 values")
             op, ml = op[:need[0]].reshape(-1, Dv), ml[:need[1]].reshape(-1, 2)
-        combine = function("ops", "attn_combine")
+        combine, combine_r = function("ops", "attn_combine"), function("ops", "attn_combine_r")
         for t0 in range(0, T, rows):
             n = min(rows, T - t0)
             fn((H, n, S), (ATT_THREADS,), (
                 q[t0:], _i64(q.strides[0] // 4), k_cache, _i64(k_cache.strides[0]), _i64(k_cache.strides[1]),
                 v_cache, _i64(v_cache.strides[0]), _i64(v_cache.strides[1]), pos[t0:], _i32(n_kv), _i32(H),
                 _i32(Hkv), _i32(Dk), _i32(Dv), _f32(scale), _f32(softcap), _i32(window), _i32(chunk), _i32(qr),
-                _i32(1 if p_round else 0), op, ml), shared_mem=smem)
-            combine((H, n), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:], _i64(H * Dv)))
+                _i32(1 if p_round else 0), op, ml, *rargs), shared_mem=smem)
+            if rmode:
+                block = Q8_BLOCKS["q8_k"][0] if rounding == "q8_k" else 32
+                threads = n * (H * Dv // block) * 32
+                combine_r((-(-threads // 256),), (256,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:],
+                                                          _i64(H * Dv), _i32(n), _i32(rmode)))
+            else:
+                combine((H, n), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:], _i64(H * Dv)))
     return out
 
 

@@ -23,8 +23,11 @@ Passes of up to MAX_BATCH (16) tokens, decoding steps and speculative verificati
 graphs: their intermediates live in one workspace per model, every step of the pass is a kernel of
 cuda/*.cu, and nothing in it depends on the position (attention is launched over the cache's capacity,
 the rope table covers it, positions and token ids are read from device memory), so the first pass of
-a shape runs eagerly and is captured, and every later one is a graph launch: the 12 launches per
+a shape runs eagerly and is captured, and every later one is a graph launch: the 10 launches per
 layer cost one CPU call (SHARPI_CUDA_GRAPH=0 launches them one by one; same results bit for bit).
+Some steps run inside the kernels around them: the rounding of a matmul's input in the norm, GLU or
+attention launch that makes it, RoPE in kv_append (K) and attention (q); SHARPI_CUDA_FUSE=0 launches
+each alone (same results bit for bit).
 
 `offload(model, ngl)` implements -ngl: all on the GPU, or (0 < ngl < n_layer) a SplitTransformer
 that runs the first layers on the CPU model and the rest on the GPU, as llama.cpp splits a model.
@@ -51,6 +54,7 @@ GPU_CACHE_TYPES = ("f16", "q8_0")
 MIXED = "mixed"  # a projection whose matmuls round their input differently
 GRAPHS = os.environ.get("SHARPI_CUDA_GRAPH", "1") != "0"
 DEVICE_ARGMAX = os.environ.get("SHARPI_DEVICE_ARGMAX", "1") != "0"
+FUSE = os.environ.get("SHARPI_CUDA_FUSE", "1") != "0"
 
 
 class CudaKVCache(CacheBase):
@@ -248,6 +252,8 @@ class CudaTransformer:
         self.device_argmax = DEVICE_ARGMAX
         self._biases: dict = {}   # (logit bias pairs, width) -> dense device bias
         self.graph_launches = 0   # passes run as a graph launch (tests, benchmarks)
+        # steps done inside the kernels around them (same bits; SHARPI_CUDA_FUSE=0 launches each alone)
+        self.fuse = FUSE
         self._ws = _Buffers(self.xp, True, ops.MAX_BATCH)
         self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {shape key: _Graph}
         # llama.cpp's CPU GELU goes through an fp16 table (~1e-3 off the exact one, enough to move
@@ -469,7 +475,11 @@ class CudaTransformer:
             x = first
         # the norms and the GLU write their output already rounded for the matmul that reads it (one
         # launch less each), unless a trace wants the unrounded values
-        fuse = lambda proj: tr is None and proj.kind != MIXED  # noqa: E731
+        fused = self.fuse and tr is None
+        fuse = lambda proj: fused and proj.kind != MIXED  # noqa: E731
+        # kv_append and attention read K and q through RoPE (no launch of its own), unless q is scaled
+        # or rotated after RoPE
+        fuse_rope = fused and not c.scale_q and cache.rot_k is None
         pending = None  # the last FFN output, added to x by the norm that follows it
         for j, ly in enumerate(self.layers):
             i = self.first_layer + j
@@ -486,12 +496,14 @@ class CudaTransformer:
                 ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
                 ops.rms_norm(k, ly.k_norm, eps, out=k, stream=s)
             tab = tables[c.layer_rope_base(i)]
-            qk = ly.qkv.span(qkv, 0, 1)  # q and k side by side: one launch turns both
-            if qk is not None:
-                ops.rope(qk.reshape(T, H + Hkv, hd), pos, c.n_rot, neox, table=tab, stream=s)
-            else:
-                ops.rope(q, pos, c.n_rot, neox, table=tab, stream=s)
-                ops.rope(k, pos, c.n_rot, neox, table=tab, stream=s)
+            rope = (tab, c.n_rot, neox) if fuse_rope else None
+            if rope is None:
+                qk = ly.qkv.span(qkv, 0, 1)  # q and k side by side: one launch turns both
+                if qk is not None:
+                    ops.rope(qk.reshape(T, H + Hkv, hd), pos, c.n_rot, neox, table=tab, stream=s)
+                else:
+                    ops.rope(q, pos, c.n_rot, neox, table=tab, stream=s)
+                    ops.rope(k, pos, c.n_rot, neox, table=tab, stream=s)
             if c.scale_q:  # before q is rounded to the K cache's type, as llama.cpp's gemma3 graph
                 ops.scale(q, scale, stream=s)
             if cache.rot_k is not None:
@@ -499,21 +511,24 @@ class CudaTransformer:
                 k = ops.hadamard(k, cache.rot_k, out=b.get("k_rot", k.shape), stream=s)
             if cache.rot_v is not None:
                 v = ops.hadamard(v, cache.rot_v, out=b.get("v_rot", v.shape), stream=s)
-            ops.kv_append(k, cache.k[j], pos, v, cache.v[j], stream=s)
+            ops.kv_append(k, cache.k[j], pos, v, cache.v[j], rope=rope, stream=s)
             window = c.sliding_window if c.is_swa(i) else 0
             work = None
             if b.persistent:
                 _, splits = ops.attention_splits(n_kv, cache.capacity, window=window, p_round=p_round)
                 n_op, n_ml = ops.attention_work(1, H, hdv, splits)  # per query row
                 work = (b.get("att_op", (T, n_op)), b.get("att_ml", (T, n_ml)))
+            # the output rounded for wo by the launch combining the splits (not before a V rotation)
+            f = fuse(ly.wo) and cache.rot_v is None
             o = ops.attention(q, cache.k[j], cache.v[j], pos, n_kv, kq_scale, window=window, q_round=q_round,
-                              p_round=p_round, out=b.get("att", (T, H, hdv)), work=work, stream=s)
+                              p_round=p_round, out=b.get("att", (T, H, hdv)), work=work, rope=rope,
+                              rounding=ly.wo.kind if f else None, stream=s)
             o = o.reshape(T, H * hdv)
             if cache.rot_v is not None:
                 o = ops.hadamard(o, cache.rot_v, out=b.get("att_rot", o.shape), stream=s)
             if tr is not None:
                 tr(f"kqv_out-{i}", o)
-            (o,) = ly.wo(o, b)
+            (o,) = ly.wo(o, b, rounded=f)
             if ly.post_attn_norm is not None:
                 ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
             if last_n is not None and i == c.n_layer - 1:  # the last FFN only where logits are wanted

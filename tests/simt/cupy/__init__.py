@@ -314,7 +314,7 @@ class _Runtime:
     @staticmethod
     def getDeviceProperties(device: int) -> dict:
         return {"name": b"sharpi SIMT emulator (CPU)", "major": 9, "minor": 0,
-                "memoryClockRate": 2_619_000, "memoryBusWidth": 6144,  # an H200's, for the bandwidth maths
+                "memoryBusWidth": 6144,  # an H200's, for the bandwidth maths (no memoryClockRate: CUDA 13's)
                 "sharedMemPerBlock": 48 * 1024, "sharedMemPerBlockOptin": _SMEM_OPTIN,
                 "totalGlobalMem": 1 << 34, "multiProcessorCount": 1}
 
@@ -322,7 +322,8 @@ class _Runtime:
 class Device:
     def __init__(self, device=None):
         self.id = 0 if device is None else int(device)
-        self.attributes = {"MaxSharedMemoryPerBlockOptin": _SMEM_OPTIN, "MaxSharedMemoryPerBlock": 48 * 1024}
+        self.attributes = {"MaxSharedMemoryPerBlockOptin": _SMEM_OPTIN, "MaxSharedMemoryPerBlock": 48 * 1024,
+                           "MemoryClockRate": 2_619_000, "GlobalMemoryBusWidth": 6144, "MultiProcessorCount": 1}
         self.compute_capability = "90"
 
     def synchronize(self):
