@@ -553,7 +553,8 @@ extern "C" __global__ void attn_combine(const float* __restrict__ Op, const floa
     const i64 part0 = ((i64)t * H + h) * S;
     float M, inv;
     attn_norm(ML, part0, S, M, inv);
-    for (int d = threadIdx.x; d < Dv; d += blockDim.x) O[(i64)t * o_st + (i64)h * Dv + d] = attn_out(Op, ML, part0, S, Dv, d, M, inv);
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x)
+        O[(i64)t * o_st + (i64)h * Dv + d] = attn_out(Op, ML, part0, S, Dv, d, M, inv);
 }
 
 // attn_combine's output rounded as the next matmul's input (rms_norm's rmode 1..4): one warp per

@@ -435,6 +435,8 @@ class CudaQWeight(WeightBase):
         NQ, R = next(v for v in QMV_VARIANTS if v[0] >= nq)
         fn = function("qmatvec", f"qmv_{self._tname}_q{NQ}_r{R}", self._opts)
         ws = self.split
+        if ws not in QMV_SPLITS:
+            raise ValueError(f"split must be one of {QMV_SPLITS}, got {ws}")
         grid = (-(-self.n // (QMV_WARPS // ws * R)),)
         fn(grid, (QMV_WARPS * 32,), (self.data, _i64(self.row_bytes), _i32(self.n), _i32(self.k),
                                      x, _i64(self.k), out, _i64(self.n), _i32(nq),
