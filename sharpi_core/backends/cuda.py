@@ -817,7 +817,6 @@ def kv_append(src, cache, positions, src2=None, cache2=None, rope=None, stream=N
     cp = _cupy()
     with _on(stream):
         pos = _dev_int32(cp, positions)
-        rargs = _rope_args(cp, rope, positions, pos.size, _cache_kind(cache, cache.shape[1], None, "cache")[1])
         sets = []
         for sr, ca in ((src, cache), (src2, cache2)) if cache2 is not None else ((src, cache),):
             n_kv = ca.shape[1]
@@ -828,12 +827,13 @@ def kv_append(src, cache, positions, src2=None, cache2=None, rope=None, stream=N
             sets.append((kind, D, (s2, _i64(s_st), _i32(D), ca, _i64(ca.strides[0]), _i64(ca.strides[1]))))
         groups = [sets] if len(sets) == 1 or sets[0][0] == sets[1][0] else [[x] for x in sets]
         T, n_kv = pos.size, cache.shape[1]
+        # RoPE turns set 0 of the first group (src), none of a second launch's (src2)
+        rargs = [_rope_args(cp, rope if gi == 0 else None, positions, T, sets[0][1]) for gi in range(len(groups))]
         for gi, g in enumerate(groups):
             total = T * n_kv * max(D for _, D, _ in g)
             if total:
-                # one set: set 1 unused (grid.y = 1); RoPE turns set 0 of the first group (src)
-                args = (_i32(T), _i32(n_kv), pos, *g[0][2], *g[-1][2],
-                        *(rargs if gi == 0 else (_dummy(cp), _i32(0), _i32(0))))
+                # one set: set 1 unused (grid.y = 1)
+                args = (_i32(T), _i32(n_kv), pos, *g[0][2], *g[-1][2], *rargs[gi])
                 name = "kv_append_f16" if g[0][0] == "f16" else "kv_append_q8_0"
                 function("ops", name)((-(-total // 256), len(g)), (256,), args)
     return cache
