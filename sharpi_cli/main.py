@@ -74,6 +74,7 @@ def run(
     presence_penalty: Annotated[float, Opt("--presence-penalty")] = 0.0,
     frequency_penalty: Annotated[float, Opt("--frequency-penalty")] = 0.0,
     logit_bias: Annotated[list[str], Opt("-l", "--logit-bias", help="TOKEN_ID(+|-)BIAS, repeatable", show_default=False)] = [],
+    ignore_eos: Annotated[bool, Opt("--ignore-eos", help="never end at an end-of-generation token (a -inf logit bias on them)")] = False,
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k", help="KV cache type for K: f32, f16, q8_0")] = "f16",
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v", help="KV cache type for V: f32, f16, q8_0")] = "f16",
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="attention computed like llama.cpp's flash attention: on, off, "

@@ -29,6 +29,7 @@ class RunOptions:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple = ()
+    ignore_eos: bool = False
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
@@ -219,6 +220,8 @@ def run(o: RunOptions) -> int:
     for tid, _ in o.logit_bias:
         if not 0 <= tid < tok.n_vocab:
             raise UsageError(f"-l/--logit-bias token id {tid} is outside the vocabulary (0..{tok.n_vocab - 1})")
+    if o.ignore_eos:  # llama.cpp: a -inf logit bias on every end-of-generation token
+        o.logit_bias = tuple(o.logit_bias) + tuple((t, float("-inf")) for t in sorted(tok.eog_ids))
     seed = o.seed if o.seed >= 0 else random.SystemRandom().randrange(2**31)
     params = SamplingParams(temp=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                             repeat_penalty=o.repeat_penalty,

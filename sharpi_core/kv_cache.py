@@ -19,6 +19,7 @@ import gguf
 import torch
 
 from .errors import UsageError
+from .kernels import cpu
 from .quants import q8_parts
 
 CACHE_TYPES = ("f32", "f16", "q8_0")
@@ -50,6 +51,9 @@ class _Store:
             self.q[layer, start:end] = x
             return
         # ggml's x86 quantize_row_q8_0 (codes round(x * (127 / amax)), scale fp16(amax / 127))
+        if x.dtype is torch.float32 and cpu.available():
+            cpu.store_q8_0(x, self.q[layer, start:end], self.d[layer, start:end])  # the same bytes, one call
+            return
         q, d, _ = q8_parts(x, _QK8_0, True)  # [T, n_kv, nb, 32], [T, n_kv, nb, 1]
         self.q[layer, start:end] = q.to(torch.int8).reshape(x.shape)
         self.d[layer, start:end] = d.to(torch.float16)
@@ -80,9 +84,17 @@ def rotate(x: torch.Tensor, n: int | None) -> torch.Tensor:
     A fast Walsh-Hadamard transform in ggml's order (scale by 1/sqrt(n) first, then butterflies
     of width 1, 2, 4, ...): elementwise ops only, so each row's bits do not depend on how many rows
     are in the pass (a speculative verify reproduces single-token decoding). H_n is symmetric and
-    H_n @ H_n = I, so the same call rotates back."""
+    H_n @ H_n = I, so the same call rotates back. The C kernel does the same arithmetic in one call
+    (cpu.hadamard, tested bit-equal to rotate_torch)."""
     if n is None:
         return x
+    if x.dtype is torch.float32 and x.is_cpu and cpu.available():
+        return cpu.hadamard(x.clone(memory_format=torch.contiguous_format), n)
+    return rotate_torch(x, n)
+
+
+def rotate_torch(x: torch.Tensor, n: int) -> torch.Tensor:
+    """rotate's arithmetic in torch ops (the reference, and the path without the C kernels)."""
     scale = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(float(n), dtype=torch.float32).sqrt()
     y = x.reshape(-1, n) * scale
     w = 1

@@ -99,6 +99,18 @@ def test_reverse_prompt_stops(smol):
     assert full.startswith(d["text"]) and len(d["text"]) < len(full)
 
 
+def test_ignore_eos_generates_past_the_end_of_generation(smol):
+    args = ("-m", smol, "-p", "What is 2+2?", "-st", "--temp", 0, "--json")
+    ended = json.loads(sharpi(*args, "-n", 40).stdout)
+    assert ended["stop_reason"] == "eos" and len(ended["tokens"]) < 30
+    d = json.loads(sharpi(*args, "-n", 30, "--ignore-eos").stdout)
+    assert d["stop_reason"] == "n_predict" and len(d["tokens"]) == 30
+    from conftest import loaded
+    eog = loaded(SMOL)[1].eog_ids
+    n = len(ended["tokens"]) - (ended["tokens"][-1] in eog)  # the reply before its end token
+    assert d["tokens"][:n] == ended["tokens"][:n] and not eog & set(d["tokens"])
+
+
 @pytest.mark.parametrize("args,fragment", [
     (("-n", "-2"), "-n/--n-predict"),
     (("-c", "-1"), "-c/--ctx-size"),

@@ -396,6 +396,28 @@ def test_activation_codes_equal_ggml_transcription(qtype):
     assert codes.abs().max() == 127 and (codes[0, :256] == 0).all()
 
 
+def test_q8_0_cache_write_equals_ggml_transcription():
+    """A q8_0 KV cache write in C (cpu.store_q8_0, what _Store.write and the fast decode path call)
+    stores ggml's quantize_row_q8_0 codes and fp16 scales, and the torch path (q8_parts) the same."""
+    from sharpi_core.kv_cache import KVCache
+    from sharpi_core.quants import q8_parts
+    x = act_test_inputs(5, 1024, seed=7).view(5, 8, 128)  # [T, Hkv, hd]
+    rc, rd, _ = ggml_quantize_q8_0(x.reshape(5, -1).numpy(), False)
+    codes, d = torch.empty(5, 8, 128, dtype=torch.int8), torch.empty(5, 8, 4, 1, dtype=torch.float16)
+    cpu.store_q8_0(x, codes, d)
+    assert torch.equal(codes.reshape(5, -1), torch.from_numpy(rc))
+    assert torch.equal(d.float().reshape(5, -1), torch.from_numpy(rd))
+    tq, td, _ = q8_parts(x, 32, True)
+    assert torch.equal(tq.to(torch.int8).reshape(x.shape), codes) and torch.equal(td.half(), d)
+    cache = KVCache(2, 9, 8, 128, 128, "q8_0", "f16")
+    cache.k.write(1, 3, x)  # into positions 3..7 of layer 1, nothing else touched
+    assert torch.equal(cache.k.q[1, 3:8], codes) and torch.equal(cache.k.d[1, 3:8], d)
+    assert not cache.k.q[0].any() and not cache.k.q[1, :3].any() and not cache.k.q[1, 8:].any()
+    assert not cache.k.d[1, 8:].any()
+    with pytest.raises(ValueError):
+        cpu.store_q8_0(x, codes[:4], d)
+
+
 @needs_kernels
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
 def test_qmatmul_act_quant_random_blocks(qtype):

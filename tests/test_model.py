@@ -145,7 +145,8 @@ def test_truncate_then_refeed_reproduces_logits(cache_type):
 
 
 def test_kv_rotation_is_orthonormal_hadamard_and_row_invariant():
-    from sharpi_core.kv_cache import KVCache, rotate
+    from sharpi_core.kernels import cpu
+    from sharpi_core.kv_cache import KVCache, rotate, rotate_torch
     for n in (64, 128, 256):
         h = torch.ones(1, 1)
         while h.shape[0] < n:
@@ -155,6 +156,11 @@ def test_kv_rotation_is_orthonormal_hadamard_and_row_invariant():
         torch.testing.assert_close(rotate(x, n), (x.reshape(-1, n) @ h).view(x.shape), rtol=0, atol=1e-5)
         torch.testing.assert_close(rotate(rotate(x, n), n), x, rtol=0, atol=1e-5)
         assert torch.equal(rotate(x[2:3], n), rotate(x, n)[2:3])  # batch-invariant bits
+        # the C kernel (used when built) does rotate_torch's arithmetic: the same bits, also on
+        # values spanning many binades and on a strided view
+        y = torch.randn(5, 4, 2 * n) * torch.rand(5, 4, 2 * n) ** 12 * 1e4
+        assert torch.equal(cpu.hadamard(y.clone(), n), rotate_torch(y, n))
+        assert torch.equal(rotate(y[:, 1:3], n), rotate_torch(y[:, 1:3], n))
     # llama.cpp's rule: quantized type and head size % 64 == 0; K: largest power of two, V: 64
     c = KVCache(1, 8, 2, 128, 128, "q8_0", "q8_0")
     assert (c.rot_k, c.rot_v) == (128, 64)
@@ -174,17 +180,18 @@ def test_cache_rejects_overflow_and_bad_truncate():
 
 
 @pytest.mark.parametrize("name", [model_param(SMOL), model_param(QWEN05)])
-@pytest.mark.parametrize("cache_type", ["f16", "f32"])
-def test_fast_decode_path_is_bit_identical(name, cache_type, monkeypatch):
+@pytest.mark.parametrize("types", [("f16", "f16"), ("f32", "f32"), ("q8_0", "q8_0"), ("f16", "q8_0")])
+def test_fast_decode_path_is_bit_identical(name, types, monkeypatch):
     """Decoding rows through models/fast_decode.py (direct kernel calls) give exactly the logits of
     Transformer.hidden's own loop: one-token passes, verify passes of 2-5 rows, last_n, a CPU/GPU-style
-    partial layer count; q8_0 caches (rotation, quantized writes) and gemma3 keep the general loop."""
+    partial layer count; q8_0 caches with their rotations (q/k, v and back) and quantized writes;
+    gemma3 keeps the general loop."""
     from sharpi_core.models import fast_decode
     model, tok = loaded(name)
     ids = torch.tensor(tok.encode("The quick brown fox jumps over the lazy dog, and then it runs away")[:16])
 
     def passes():
-        cache = model.new_cache(64, cache_type, cache_type)
+        cache = model.new_cache(64, *types)
         out = [model.forward(ids[:8], 0, cache)]
         for T in (1, 2, 3, 5):
             for last_n in (None, 1):
@@ -194,7 +201,9 @@ def test_fast_decode_path_is_bit_identical(name, cache_type, monkeypatch):
         for t in range(8, 12):
             out.append(model.forward(ids[t:t + 1], t, cache))
         out.append(model.hidden(ids[12:13], 12, cache, 3, False))  # the first 3 layers only
-        return out
+        kv = [s.q[:, :13].clone() for s in (cache.k, cache.v)]
+        kv += [s.d[:, :13].clone() for s in (cache.k, cache.v) if s.kind == "q8_0"]
+        return out + kv  # the cache bytes too
 
     monkeypatch.setattr(fast_decode, "ENABLED", True)
     model._fast = None
@@ -208,9 +217,8 @@ def test_fast_decode_path_is_bit_identical(name, cache_type, monkeypatch):
         assert torch.equal(a, b), i
     model._fast = None  # (rebuilt with the module's setting at the next pass)
     path = fast_decode.DecodePath(model)
-    assert not path.applies(False, model.new_cache(8, "q8_0", "q8_0"))
-    assert path.applies(False, model.new_cache(8, cache_type, cache_type))
-    assert not path.applies(True, model.new_cache(8, cache_type, cache_type))
+    assert path.applies(False, model.new_cache(8, *types))
+    assert not path.applies(True, model.new_cache(8, *types))
 
 
 @pytest.mark.slow

@@ -76,6 +76,8 @@ _vnni = None
 _rope = None
 _ropetab = None
 _rpk = None
+_had = None
+_sq8 = None
 
 
 def kernel_dir() -> Path:
@@ -159,7 +161,7 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -195,24 +197,30 @@ def _bind_ctypes(path: Path) -> None:
     ro = lib.sharpi_rope
     ro.argtypes = [c_void_p, c_long, c_long, c_long, c_int, c_void_p]
     ro.restype = None
+    hd = lib.sharpi_hadamard
+    hd.argtypes = [c_void_p, c_long, c_int]
+    hd.restype = None
+    sq = lib.sharpi_store_q8_0
+    sq.argtypes = [c_void_p, c_long, c_void_p, c_void_p]
+    sq.restype = None
     rp = lib.sharpi_repack
     rp.argtypes = [c_int, c_void_p, c_long, c_long, c_void_p, c_int, c_int]
     rp.restype = c_int
     _state["lib"] = lib
-    _glu, _rope, _ropetab, _rpk = gl, ro, rt, rp
+    _glu, _rope, _ropetab, _rpk, _had, _sq8 = gl, ro, rt, rp, hd, sq
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
     _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     _state["lib"] = mod
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
-    _rope, _ropetab, _rpk = mod.rope, mod.rope_table, mod.repack
+    _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
 
 
 def _load():
@@ -402,7 +410,8 @@ def kernel_fns() -> dict:
     """The C entry points taking pointers as ints (for fast paths that check their own buffers)."""
     if not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
-    return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope}
+    return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope, "hadamard": _had,
+            "store_q8_0": _sq8}
 
 
 def _gemm(x, raw, code, n, k, rb, out):
@@ -541,6 +550,32 @@ def rope(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"rope: x {x.dtype} {tuple(x.shape)}, cs {cs.dtype} {tuple(cs.shape)}")
     _rope(x.data_ptr(), T, nh, hd, n_rot, cs.data_ptr())
     return x
+
+
+def hadamard(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x fp32, contiguous: every chunk of n (a power of two) along the flattened tensor times the
+    orthonormal Hadamard matrix H_n, in place (returned); bit for bit kv_cache.rotate's torch path."""
+    if _had is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    if x.dtype is not _F32 or not x.is_contiguous() or not x.is_cpu or n <= 0 or n & (n - 1) or x.numel() % n:
+        raise ValueError(f"hadamard: x {x.dtype} {tuple(x.shape)}, n {n}")
+    _had(x.data_ptr(), x.numel() // n, n)
+    return x
+
+
+def store_q8_0(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> None:
+    """x fp32 [..., K] (K a multiple of 32) quantized as ggml's x86 quantize_row_q8_0 into codes
+    (int8, x's element count) and d (fp16, one per block of 32), both contiguous (a KV cache slice)."""
+    if _sq8 is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    x = x.contiguous()
+    nb = x.numel() // 32
+    if (x.dtype is not _F32 or not x.is_cpu or x.numel() % 32 or codes.dtype is not torch.int8
+            or codes.numel() != x.numel() or d.dtype is not torch.float16 or d.numel() != nb
+            or not codes.is_contiguous() or not d.is_contiguous()):
+        raise ValueError(f"store_q8_0: x {x.dtype} {tuple(x.shape)}, codes {codes.dtype} {tuple(codes.shape)}, "
+                         f"d {d.dtype} {tuple(d.shape)}")
+    _sq8(x.data_ptr(), nb, codes.data_ptr(), d.data_ptr())
 
 
 _GLU_ACT = {"silu": 0, "gelu_tanh": 1}

@@ -39,6 +39,10 @@
  * gelu(g) * u through ggml's fp16 GELU table (GGML_GELU_FP16: g rounded to fp16, the tanh GELU of
  * that rounded to fp16), as llama.cpp's fused swiglu / geglu ops compute them.
  *
+ * sharpi_hadamard: every chunk of n floats times the orthonormal Walsh-Hadamard matrix H_n, in place,
+ * bit for bit kv_cache.rotate's torch arithmetic (scale by 1/sqrtf(n) first, then butterflies of width
+ * 1, 2, 4, ...: each an fp32 a + b / a - b, nothing to contract).
+ *
  * Cache layout of one layer (kv_cache.py): K [capacity, Hkv, D] as f32 / f16 / int8 codes with
  * q8_0 scales [capacity, Hkv, D/32] in fp16; V likewise with Dv. Query row t sits at position
  * start + t and sees keys [lo, start + t], lo = start + t - window + 1 with a sliding window.
@@ -87,6 +91,22 @@ void sharpi_rope(float *x, long T, long nh, long hd, int n_rot, const float *cs)
                 p[i + 1] = fmaf(x0, c[i + 1], x1 * c[i]);
             }
         }
+}
+
+/* x: n_chunks chunks of n (a power of two) floats, each rotated by H_n in place (see the top) */
+void sharpi_hadamard(float *x, long n_chunks, int n) {
+    const float s = 1.0f / sqrtf((float)n);
+    for (long c = 0; c < n_chunks; c++) {
+        float *y = x + c * n;
+        for (int i = 0; i < n; i++) y[i] *= s;
+        for (int w = 1; w < n; w *= 2)
+            for (int g = 0; g < n; g += 2 * w)
+                for (int i = g; i < g + w; i++) {
+                    const float a = y[i], b = y[i + w];
+                    y[i] = a + b;
+                    y[i + w] = a - b;
+                }
+    }
 }
 
 void sharpi_rms_norm(const float *x, const float *w, long T, long D, float eps, float *y) {
@@ -535,6 +555,15 @@ PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t n
     long a[5];
     if (sharpi_py_nlongs(args, nargs, a, 5, "round_q8")) return NULL;
     sharpi_round_q8((const float *)a[0], a[1], (int)a[2], (int)a[3], (float *)a[4]);
+    Py_RETURN_NONE;
+}
+
+/* hadamard(x, n_chunks, n) */
+PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[3];
+    if (sharpi_py_nlongs(args, nargs, a, 3, "hadamard")) return NULL;
+    sharpi_hadamard((float *)a[0], a[1], (int)a[2]);
     Py_RETURN_NONE;
 }
 

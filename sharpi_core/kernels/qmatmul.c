@@ -1542,6 +1542,16 @@ int sharpi_quantize_act(int ty, const float *x, long T, long k, int8_t *codes, f
     return vk;
 }
 
+/* A q8_0 KV cache write: nb blocks of 32 floats -> codes [nb * 32] and fp16 scales [nb] (stored
+ * apart, kv_cache.py's layout), by ggml's x86 quantize_row_q8_0 like the activations. */
+void sharpi_store_q8_0(const float *x, long nb, int8_t *codes, uint16_t *d) {
+    for (long b = 0; b < nb; b++) {
+        float db;
+        q8_32_quant(x + b * 32, 32, codes + b * 32, &db, NULL);
+        d[b] = _cvtss_sh(db, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  /* exact: db is an fp16 value */
+    }
+}
+
 /* x rounded through 8-bit blocks of `block` (multiple of 16) values and returned dequantized:
  * f16_scale: ggml's Q8_0 rules (y = code * fp16(d)); else Q8_K's (y = code * d). n % block == 0. */
 void sharpi_round_act(const float *x, long n, int block, int f16_scale, float *y) {
@@ -1870,6 +1880,15 @@ static PyObject *py_round_act(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* store_q8_0(x, nb, codes, d) */
+static PyObject *py_store_q8_0(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[4];
+    if (sharpi_py_nlongs(args, nargs, a, 4, "store_q8_0")) return NULL;
+    sharpi_store_q8_0((const float *)a[0], a[1], (int8_t *)a[2], (uint16_t *)a[3]);
+    Py_RETURN_NONE;
+}
+
 /* repack(type, src, n, k, dst, inverse, nthreads) */
 static PyObject *py_repack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -1895,6 +1914,7 @@ PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs);        /* ops.c */
 PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
 PyObject *sharpi_py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs);       /* ops.c */
+PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
@@ -1903,6 +1923,8 @@ static PyMethodDef py_methods[] = {
     {"rope", (PyCFunction)(void (*)(void))sharpi_py_rope, METH_FASTCALL, "rotate adjacent pairs"},
     {"glu", (PyCFunction)(void (*)(void))sharpi_py_glu, METH_FASTCALL, "silu / gelu(g) * u as ggml computes them"},
     {"round_q8", (PyCFunction)(void (*)(void))sharpi_py_round_q8, METH_FASTCALL, "8-bit block rounding"},
+    {"hadamard", (PyCFunction)(void (*)(void))sharpi_py_hadamard, METH_FASTCALL, "Walsh-Hadamard chunks, in place"},
+    {"store_q8_0", (PyCFunction)(void (*)(void))py_store_q8_0, METH_FASTCALL, "q8_0 KV cache write"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
     {"quantize_act", (PyCFunction)(void (*)(void))py_quantize_act, METH_FASTCALL, "ggml activation quantization"},
     {"round_act", (PyCFunction)(void (*)(void))py_round_act, METH_FASTCALL, "ggml activation rounding, dequantized"},

@@ -7,10 +7,10 @@ pointer resolved once: the same C functions with the same arguments in the same 
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
 It covers the llama / qwen2 layer: no q/k norms, post-norms, sliding windows, q scaling or embedding
-scale (gemma3 keeps the general path), flash attention (llama.cpp's default) over an f16 or f32
-cache, every matmul in the C kernel with quantized activations. `DecodePath.for_model` returns None
-where it does not apply; `Transformer.hidden` then runs its own loop (SHARPI_FAST_DECODE=0 forces
-that).
+scale (gemma3 keeps the general path), flash attention (llama.cpp's default) over an f16, f32 or
+q8_0 cache (with its Hadamard rotations), every matmul in the C kernel with quantized activations.
+`DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
+loop (SHARPI_FAST_DECODE=0 forces that).
 """
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ class DecodePath:
     def applies(self, prompt: bool, cache: KVCache) -> bool:
         """Whether a pass (prompt order or not) over this cache goes through run()."""
         m = self.model
-        return (not prompt and m.trace is None and m.flash_attn and cache.rot_k is None
-                and cache.rot_v is None and cache.k.kind in ("f16", "f32") and cache.v.kind in ("f16", "f32"))
+        return (not prompt and m.trace is None and m.flash_attn and cache.k.kind in cpu._KV_CODE
+                and cache.v.kind in cpu._KV_CODE)
 
     def _buffers(self, T: int) -> dict[str, torch.Tensor]:
         if not self._bufs or self._bufs["h"].shape[0] < T:
@@ -77,6 +77,19 @@ class DecodePath:
         if self.fns["qmatmul"](code, ptr, rb, n, k, x.data_ptr(), T, y.data_ptr(), nth):
             raise RuntimeError("qmatmul: the kernel rejected a weight it had accepted")
 
+    def _write(self, store, layer: int, start: int, x: torch.Tensor, T: int) -> int:
+        """x [T, ...] fp32 into positions [start, start + T) of one layer of a cache store (as
+        _Store.write does); returns the layer's q8_0 scale pointer for attention (0 if none)."""
+        q = store.q[layer]  # [capacity, Hkv, hd]
+        if store.kind != "q8_0":
+            q[start:start + T].copy_(x.view(T, *q.shape[1:]))
+            return 0
+        d = store.d[layer]  # [capacity, Hkv, hd / 32, 1] fp16
+        row_blocks = d[0].numel()
+        self.fns["store_q8_0"](x.data_ptr(), T * row_blocks, q.data_ptr() + start * q[0].numel(),
+                               d.data_ptr() + start * row_blocks * 2)
+        return d.data_ptr()
+
     @torch.inference_mode()
     def run(self, x: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, ropes: dict, kq_scale: float,
             last_n: int | None) -> torch.Tensor:
@@ -90,7 +103,9 @@ class DecodePath:
         nth = torch.get_num_threads()
         rms, att, glu, rope = self.fns["rms_norm"], self.fns["attention"], self.fns["glu"], self.fns["rope"]
         eps = float(c.norm_eps)
+        had = self.fns["hadamard"]
         kcode, vcode = cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind]
+        rot_k, rot_v = cache.rot_k, cache.rot_v  # Hadamard sizes (q8_0 caches), or None
         round_p = int(cache.v.kind == "f16")
         glu_act = cpu._GLU_ACT[c.act]
         unperm = m._unperm
@@ -112,12 +127,18 @@ class DecodePath:
             else:
                 q.copy_(qk[:, :H])
                 k.copy_(qk[:, H:])
+            if rot_k:
+                had(q.data_ptr(), T * H * hd // rot_k, rot_k)
+                had(k.data_ptr(), T * Hkv * hd // rot_k, rot_k)
+            if rot_v:
+                had(v.data_ptr(), T * Hkv * hdv // rot_v, rot_v)
+            kd, vd = self._write(cache.k, i, start_pos, k, T), self._write(cache.v, i, start_pos, v, T)
             kq, vq = cache.k.q[i], cache.v.q[i]  # [capacity, Hkv, hd]
-            kq[start_pos:start_pos + T].copy_(k)
-            vq[start_pos:start_pos + T].copy_(v.view(T, Hkv, hdv))
-            if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), 0, kcode, vq.data_ptr(), 0, vcode, start_pos, 0,
+            if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos, 0,
                    float(kq_scale), round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
                 raise RuntimeError("attention: the kernel rejected the pass")
+            if rot_v:
+                had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)
             self._mm(w["wo"], o, ao, T, nth)
             x.add_(ao)
             Tf = T
