@@ -313,20 +313,23 @@ def test_graph_replay_into_freed_memory_is_an_error(mod):
 # Model-level GPU tests quick enough emulated (SmolLM2: about a second a token there; the Gemma and
 # Qwen ones take 2-8 minutes each and run by hand:
 #   PYTHONPATH=tests/simt python3 -m pytest tests/test_cuda_model.py)
-MODEL_TESTS = [f"tests/test_cuda_model.py::{t}" for t in (
-    "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # llama.cpp's fixture continuations
-    "test_logits_close_to_cpu[cuda-smollm2-135m]",
-    "test_gpu_verify_rows_equal_one_token_passes",         # bit for bit, what speculation relies on
-    "test_gpu_split_model_verify_rows_and_logits",         # -ngl below the layer count
-    "test_gpu_cache_truncate_last_n_and_cut_head[cuda]",
-    "test_split_cache_truncate_last_n_and_cut_head[cuda]",
-    "test_gpu_q8_0_cache_follows_cpu[cuda]",
+# Two groups of about equal time, run at once in two processes (seconds measured with --durations,
+# both groups running, 2 cores; re-balance when a test is added).
+MODEL_TEST_GROUPS = tuple([f"tests/test_cuda_model.py::{t}" for t in group] for group in ((
+    "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # 217 s: llama.cpp's fixture continuations
+    "test_device_argmax_and_greedy_chain_are_the_host_argmax[cuda]",  # 153: greedy steps' ids on the device
+    "test_gpu_cache_truncate_last_n_and_cut_head[cuda]",  # 49
+    "test_gpu_q8_0_cache_follows_cpu[cuda]",              # 12
+), (
+    "test_gpu_speculative_greedy_parity[cuda]",            # 175: lookup and self-draft (device arg-max, chains)
+    *(f"test_graph_launches_equal_eager_passes_bit_for_bit[{c}-cuda]" for c in ("f16", "q8_0", "split")),  # 89, 44, 22
+    "test_fused_launches_equal_separate_ones_bit_for_bit[f16-cuda-smollm2-135m]",  # 43: RoPE, rounding in kernels
+    "test_gpu_verify_rows_equal_one_token_passes",         # 19: bit for bit, what speculation relies on
+    "test_gpu_split_model_verify_rows_and_logits",         # 17: -ngl below the layer count
+    "test_split_cache_truncate_last_n_and_cut_head[cuda]",  # 14
+    "test_logits_close_to_cpu[cuda-smollm2-135m]",         # 6
     "test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes[cuda]",
-    "test_gpu_speculative_greedy_parity[cuda]",            # lookup and self-draft (device arg-max, chains)
-    *(f"test_graph_launches_equal_eager_passes_bit_for_bit[{c}-cuda]" for c in ("f16", "q8_0", "split")),
-    "test_fused_launches_equal_separate_ones_bit_for_bit[f16-cuda-smollm2-135m]",  # RoPE, rounding in kernels
-    "test_device_argmax_and_greedy_chain_are_the_host_argmax[cuda]",  # greedy steps' ids on the device
-)]
+)))
 
 
 def start_emulated(*args: str, order: str = "forward") -> subprocess.Popen:
@@ -367,7 +370,6 @@ def test_kernel_tests_pass_on_the_emulated_gpu(order):
 
 def test_model_tests_pass_on_the_emulated_gpu():
     # in two processes at once: the emulator runs on one core, and these machines have two
-    halves = [MODEL_TESTS[0::2], MODEL_TESTS[1::2]]
-    results = [finish(p) for p in [start_emulated(*h) for h in halves]]
-    for h, r in zip(halves, results):
+    results = [finish(p) for p in [start_emulated(*g) for g in MODEL_TEST_GROUPS]]
+    for h, r in zip(MODEL_TEST_GROUPS, results):
         check_run(r, len(h))
