@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
@@ -67,6 +68,11 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid -c/--ctx-size {o.ctx_size}: must be >= 0 (0 = the model's context)")
     if o.batch_size < 1:
         raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
+    for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
+                    ("--presence-penalty", o.presence_penalty), ("--frequency-penalty", o.frequency_penalty),
+                    ("--spec-draft-p-min", o.spec_draft_p_min)):
+        if not math.isfinite(v):
+            raise UsageError(f"invalid {flag} {v}: must be a finite number")
     if o.temp < 0:
         raise UsageError(f"invalid --temp {o.temp}: must be >= 0 (0 = greedy)")
     if not 0 < o.top_p <= 1:
@@ -297,7 +303,10 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0):
     """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
     llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl)."""
     from sharpi_core import engine
+    from sharpi_core.kernels import cpu
     path = resolve_with_progress(spec)
+    cpu.build_notice = lambda: log("sharpi: compiling the CPU kernels for this machine (once per CPU and sharpi "
+                                   f"version, ~10 s; cached in {cpu.kernel_dir()})")
     m = engine.load(str(path))
     m.model.flash_attn = flash_attn != "off"
     if gpu_layers:

@@ -99,6 +99,15 @@ def test_reverse_prompt_stops(smol):
     assert full.startswith(d["text"]) and len(d["text"]) < len(full)
 
 
+def test_first_use_says_it_compiles_the_kernels(smol, tmp_path):
+    env = {"SHARPI_KERNEL_DIR": str(tmp_path / "kernels")}
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("compiling the CPU kernels") == 1 and any((tmp_path / "kernels").glob("*.so"))
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, env=env)  # built: nothing said
+    assert r.returncode == 0 and "compiling" not in r.stderr
+
+
 def test_ignore_eos_generates_past_the_end_of_generation(smol):
     args = ("-m", smol, "-p", "What is 2+2?", "-st", "--temp", 0, "--json")
     ended = json.loads(sharpi(*args, "-n", 40).stdout)
@@ -115,6 +124,9 @@ def test_ignore_eos_generates_past_the_end_of_generation(smol):
     (("-n", "-2"), "-n/--n-predict"),
     (("-c", "-1"), "-c/--ctx-size"),
     (("--temp", "-0.5"), "--temp"),
+    (("--temp", "nan"), "--temp"),
+    (("--repeat-penalty", "inf"), "--repeat-penalty"),
+    (("--presence-penalty", "nan"), "--presence-penalty"),
     (("--top-p", "0"), "--top-p"),
     (("--top-p", "1.5"), "--top-p"),
     (("-l", "abc"), "logit-bias"),

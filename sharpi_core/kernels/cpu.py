@@ -78,6 +78,7 @@ _ropetab = None
 _rpk = None
 _had = None
 _sq8 = None
+build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
 
 def kernel_dir() -> Path:
@@ -245,6 +246,8 @@ def _load():
                 try:
                     path = library_path(extra)
                     if not path.is_file():
+                        if build_notice is not None:
+                            build_notice()
                         t0 = time.perf_counter()
                         _build(cc, path, extra)
                         _state["build_s"] = time.perf_counter() - t0
