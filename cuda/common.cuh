@@ -53,6 +53,15 @@ SH_HD T ldg(const T* p) {
 #endif
 }
 
+// a load through the L2 only (no L1): for data that other blocks of the same launch wrote
+SH_HD float ld_cg(const float* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+
 template <class T>
 SH_HD void st(T* p, T v) {  // a store of T, at T's alignment
     SH_CHECK_ALIGNED(p, alignof(T));

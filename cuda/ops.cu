@@ -44,7 +44,8 @@
 //       f16_scale=0 (Q8_K, block 256): m = the first element of largest magnitude,
 //       iscale = -127 / m, q = min(127, rint(iscale * x)), y = q * (1 / iscale).
 //   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below;
-//       the partial kernels can read q through RoPE as kv_append reads K (rcs, n_rot, neox).
+//       the partial kernels can read q through RoPE as kv_append reads K (rcs, n_rot, neox), and
+//       combine the splits themselves (cnt, O, o_st, rmode: the last block of a row does it).
 //   argmax_part_f32(x, x_st, n, bias, has_bias, chunk, pv, pi)   grid = (S, rows), block 32..1024 (x32):
 //       block (b, r) writes the arg-max of x[r, i] (+ bias[i] with has_bias) over its chunk
 //       [b*chunk, min(n, (b+1)*chunk)) to pv[r*S + b] (value) and pi[r*S + b] (index; n when empty)
@@ -391,10 +392,90 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 //     p_round (only with S == 1): probabilities normalised in this kernel and rounded to f16 before
 //     multiplying by V (llama.cpp CPU, f16 V); then ML = (max, 1).
 //     n_rot > 0: q is read through RoPE at qpos[t] with the (cos, sin) table rcs (as kv_append's K).
-// attn_combine: grid (H, T), any block (multiple of 32): O[t*o_st + h*Dv + d] = sum_s Op*e^(m_s-M) /
-//     sum_s l_s*e^(m_s-M)  (0 where no key is visible).
+//     cnt, O, o_st, rmode: with rmode >= 0 the launch also combines: the last block of row t to finish
+//     (of its H*S) writes O[t*o_st ...] as attn_combine (rmode 0) / attn_combine_r (rmode 1..4) would,
+//     bit for bit; cnt[t] (int32, 0 before the launch) counts the row's finished blocks and is 0 again
+//     after it. rmode = -1: partials only (cnt and O unused).
+// attn_combine(Op, ML, S, H, Dv, O, o_st, qpos, n_kv, window, chunk): grid (H, T), any block (multiple of
+//     32): O[t*o_st + h*Dv + d] = sum_s Op*e^(m_s-M) / sum_s l_s*e^(m_s-M)  (0 where no key is visible),
+//     over the splits that hold keys (the partials' qpos, n_kv, window, chunk tell which).
 // attn_combine_r(..., T, rmode): the same values rounded for the next matmul (rms_norm's rmode), see below.
 #define ATT_THREADS 128
+
+// how many of a row's S splits hold keys (attn_split's lo/hi): the rest are empty (l = 0) and add
+// nothing to a combine, so it reads only these (the same bits, ~S times fewer loads on a short context)
+SH_D int attn_nsplits(const int* __restrict__ qpos, int t, int n_kv, int window, int chunk, int S) {
+    const int p = qpos[t];
+    const int hi = imin(p, n_kv - 1);
+    const int lo = window > 0 ? imax(0, p - window + 1) : 0;
+    return hi < lo ? 0 : imin(S, (hi - lo) / chunk + 1);
+}
+
+// the (max, 1 / sum) that combine the S splits of one (row, head) starting at partial part0 (read
+// through the L2: in a fused launch other blocks wrote them)
+SH_D void attn_norm(const float* ML, i64 part0, int S, float& M, float& inv) {
+    M = neg_inf();
+    for (int s = 0; s < S; s++)
+        if (ld_cg(ML + (part0 + s) * 2 + 1) > 0.0f) M = fmaxf(M, ld_cg(ML + (part0 + s) * 2));
+    float L = 0.0f;
+    for (int s = 0; s < S; s++) {
+        const float l = ld_cg(ML + (part0 + s) * 2 + 1);
+        if (l > 0.0f) L += l * expf(ld_cg(ML + (part0 + s) * 2) - M);
+    }
+    inv = L > 0.0f ? 1.0f / L : 0.0f;
+}
+
+// output element d of the (row, head) whose splits start at part0
+SH_D float attn_out(const float* Op, const float* ML, i64 part0, int S, int Dv, int d, float M, float inv) {
+    float o = 0.0f;
+    for (int s = 0; s < S; s++) {
+        const float l = ld_cg(ML + (part0 + s) * 2 + 1);
+        if (l > 0.0f) o += ld_cg(Op + (part0 + s) * Dv + d) * expf(ld_cg(ML + (part0 + s) * 2) - M);
+    }
+    return o * inv;
+}
+
+// one warp: the `block` values of row t starting at e0 (a block of 32, or 256 for Q8_K: such a block
+// spans heads), combined from their splits and rounded by rmode (rms_norm's; 0 = not rounded)
+// (ns: the row's splits that hold keys, attn_nsplits)
+SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, int H, int Dv, float* __restrict__ O,
+                             i64 o_st, int t, int e0, int rmode) {
+    const int lane = threadIdx.x & 31;
+    const int per = (rmode == 4 ? 256 : 32) / 32;
+    float v[8];
+    for (int j = 0; j < per; j++) {
+        const int e = e0 + lane + 32 * j, h = e / Dv;
+        const i64 part0 = ((i64)t * H + h) * S;
+        float M, inv;
+        attn_norm(ML, part0, ns, M, inv);
+        v[j] = attn_out(Op, ML, part0, ns, Dv, e % Dv, M, inv);
+    }
+    if (rmode >= 3)
+        round_q8_regs(v, per, rmode == 3);
+    else if (rmode >= 1)
+        for (int j = 0; j < per; j++) v[j] = round_half(v[j], rmode == 2);
+    for (int j = 0; j < per; j++) O[(i64)t * o_st + e0 + lane + 32 * j] = v[j];
+}
+
+// The fused launch's end (rmode >= 0): every block counts itself done for its row t once its partial
+// is visible to the device; the row's last block (of H*S) combines the row into O (rounded by rmode)
+// and sets the count back to 0 for the next launch. Nothing waits on another block.
+SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, float* __restrict__ O, i64 o_st,
+                      int rmode, int* cnt, float* flag, const int* __restrict__ qpos, int n_kv, int window,
+                      int chunk) {
+    const int t = blockIdx.y;
+    __threadfence();  // this thread's partial values, device-wide, before the count below
+    __syncthreads();
+    if (threadIdx.x == 0) flag[0] = atomicAdd(cnt + t, 1) == H * S - 1 ? 1.0f : 0.0f;
+    __syncthreads();
+    if (flag[0] == 0.0f) return;  // uniform over the block
+    __threadfence();
+    const int block = rmode == 4 ? 256 : 32, nw = blockDim.x >> 5;
+    const int ns = attn_nsplits(qpos, t, n_kv, window, chunk, S);
+    for (int b = threadIdx.x >> 5; b < H * Dv / block; b += nw)
+        attn_combine_block(Op, ML, S, ns, H, Dv, O, o_st, t, b * block, rmode);
+    if (threadIdx.x == 0) cnt[t] = 0;
+}
 
 template <int KT>
 SH_D float kv_elem(const u8* row, int d) {
@@ -404,13 +485,12 @@ SH_D float kv_elem(const u8* row, int d) {
 }
 
 template <int KT, int VT>
-__device__ __forceinline__ void attn_partial(const float* __restrict__ Q, i64 q_st, const u8* __restrict__ Kc,
-                                             i64 k_sp_b, i64 k_sh_b, const u8* __restrict__ Vc, i64 v_sp_b,
-                                             i64 v_sh_b, const int* __restrict__ qpos, int n_kv, int H, int Hkv,
-                                             int Dk, int Dv, float scale, float softcap, int window, int chunk,
-                                             int q_round, int p_round, float* __restrict__ Op,
-                                             float* __restrict__ ML, const float* __restrict__ rcs, int n_rot,
-                                             int neox) {
+__device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st, const u8* __restrict__ Kc,
+                                           i64 k_sp_b, i64 k_sh_b, const u8* __restrict__ Vc, i64 v_sp_b,
+                                           i64 v_sh_b, const int* __restrict__ qpos, int n_kv, int H, int Hkv,
+                                           int Dk, int Dv, float scale, float softcap, int window, int chunk,
+                                           int q_round, int p_round, float* Op, float* ML,
+                                           const float* __restrict__ rcs, int n_rot, int neox) {
     extern __shared__ float smem[];
     float* qs = smem;              // [Dk]
     float* sc = qs + Dk;           // [chunk]
@@ -509,76 +589,47 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ Q, i64 q_
     const float *__restrict__ Q, i64 q_st, const u8 *__restrict__ Kc, i64 k_sp_b, i64 k_sh_b,             \
         const u8 *__restrict__ Vc, i64 v_sp_b, i64 v_sh_b, const int *__restrict__ qpos, int n_kv, int H,  \
         int Hkv, int Dk, int Dv, float scale, float softcap, int window, int chunk, int q_round,          \
-        int p_round, float *__restrict__ Op, float *__restrict__ ML, const float *__restrict__ rcs, int n_rot, \
-        int neox
+        int p_round, float *Op, float *ML, const float *__restrict__ rcs, int n_rot, int neox, int *cnt,     \
+        float *__restrict__ O, i64 o_st, int rmode
 #define ATTN_PASS Q, q_st, Kc, k_sp_b, k_sh_b, Vc, v_sp_b, v_sh_b, qpos, n_kv, H, Hkv, Dk, Dv, scale, softcap, \
                   window, chunk, q_round, p_round, Op, ML, rcs, n_rot, neox
 
-#define ATTN_KERNEL(name, KT, VT)                                                   \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(ATTN_ARGS) { \
-        attn_partial<KT, VT>(ATTN_PASS);                                        \
+#define ATTN_KERNEL(name, KT, VT)                                                          \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(ATTN_ARGS) {        \
+        attn_split<KT, VT>(ATTN_PASS);                                                 \
+        if (rmode >= 0) {                                                              \
+            extern __shared__ float att_smem[];                                        \
+            attn_finish(Op, ML, gridDim.z, H, Dv, O, o_st, rmode, cnt, att_smem + Dk + chunk, \
+                        qpos, n_kv, window, chunk);                                    \
+        }                                                                              \
     }
 ATTN_KERNEL(attn_partial_f16_f16, 0, 0)
 ATTN_KERNEL(attn_partial_f16_q8_0, 0, 1)
 ATTN_KERNEL(attn_partial_q8_0_f16, 1, 0)
 ATTN_KERNEL(attn_partial_q8_0_q8_0, 1, 1)
 
-// the (max, 1 / sum) that combine the S splits of one (row, head) starting at partial part0
-SH_D void attn_norm(const float* __restrict__ ML, i64 part0, int S, float& M, float& inv) {
-    M = neg_inf();
-    for (int s = 0; s < S; s++)
-        if (ML[(part0 + s) * 2 + 1] > 0.0f) M = fmaxf(M, ML[(part0 + s) * 2]);
-    float L = 0.0f;
-    for (int s = 0; s < S; s++) {
-        const float l = ML[(part0 + s) * 2 + 1];
-        if (l > 0.0f) L += l * expf(ML[(part0 + s) * 2] - M);
-    }
-    inv = L > 0.0f ? 1.0f / L : 0.0f;
-}
-
-// output element d of the (row, head) whose splits start at part0
-SH_D float attn_out(const float* __restrict__ Op, const float* __restrict__ ML, i64 part0, int S, int Dv, int d,
-                    float M, float inv) {
-    float o = 0.0f;
-    for (int s = 0; s < S; s++) {
-        const float l = ML[(part0 + s) * 2 + 1];
-        if (l > 0.0f) o += Op[(part0 + s) * Dv + d] * expf(ML[(part0 + s) * 2] - M);
-    }
-    return o * inv;
-}
-
 extern "C" __global__ void attn_combine(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
-                                        int Dv, float* __restrict__ O, i64 o_st) {
+                                        int Dv, float* __restrict__ O, i64 o_st, const int* __restrict__ qpos,
+                                        int n_kv, int window, int chunk) {
     const int h = blockIdx.x, t = blockIdx.y;
     const i64 part0 = ((i64)t * H + h) * S;
+    const int ns = attn_nsplits(qpos, t, n_kv, window, chunk, S);
     float M, inv;
-    attn_norm(ML, part0, S, M, inv);
+    attn_norm(ML, part0, ns, M, inv);
     for (int d = threadIdx.x; d < Dv; d += blockDim.x)
-        O[(i64)t * o_st + (i64)h * Dv + d] = attn_out(Op, ML, part0, S, Dv, d, M, inv);
+        O[(i64)t * o_st + (i64)h * Dv + d] = attn_out(Op, ML, part0, ns, Dv, d, M, inv);
 }
 
 // attn_combine's output rounded as the next matmul's input (rms_norm's rmode 1..4): one warp per
 // block of `block` values of a row (32, or 256 for Q8_K: such a block spans heads), T*(H*Dv/block)*32
 // threads, H*Dv % block == 0; the values are attn_combine's bit for bit before the rounding
 extern "C" __global__ void attn_combine_r(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
-                                          int Dv, float* __restrict__ O, i64 o_st, int T, int rmode) {
-    const int lane = threadIdx.x & 31;
-    const int block = rmode == 4 ? 256 : 32, per = block / 32;
-    const int nb = H * Dv / block;
+                                          int Dv, float* __restrict__ O, i64 o_st, int T, int rmode,
+                                          const int* __restrict__ qpos, int n_kv, int window, int chunk) {
+    const int nb = H * Dv / (rmode == 4 ? 256 : 32);
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (gw >= (i64)T * nb) return;  // uniform over the warp
-    const int t = (int)(gw / nb), e0 = (int)(gw % nb) * block;
-    float v[8];
-    for (int j = 0; j < per; j++) {
-        const int e = e0 + lane + 32 * j, h = e / Dv;
-        const i64 part0 = ((i64)t * H + h) * S;
-        float M, inv;
-        attn_norm(ML, part0, S, M, inv);
-        v[j] = attn_out(Op, ML, part0, S, Dv, e % Dv, M, inv);
-    }
-    if (rmode >= 3)
-        round_q8_regs(v, per, rmode == 3);
-    else if (rmode >= 1)
-        for (int j = 0; j < per; j++) v[j] = round_half(v[j], rmode == 2);
-    for (int j = 0; j < per; j++) O[(i64)t * o_st + e0 + lane + 32 * j] = v[j];
+    const int t = (int)(gw / nb);
+    attn_combine_block(Op, ML, S, attn_nsplits(qpos, t, n_kv, window, chunk, S), H, Dv, O, o_st, t,
+                       (int)(gw % nb) * (rmode == 4 ? 256 : 32), rmode);
 }

@@ -15,7 +15,8 @@
 #       continuations, graph replays, verify rows, speculative parity) and its real-tensor kernel tests.
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part3"   (at once again)
 #       the matvec kernels per Qwen matrix and warp split (bench_cuda_kernels.py), and whole decodes
-#       with one warp per row (SHARPI_QMV_SPLIT=1) and with nothing fused (SHARPI_CUDA_FUSE=0).
+#       with one warp per row (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
+#       attention's splits combined by a launch of their own (SHARPI_CUDA_FUSE_COMBINE=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -80,6 +81,9 @@ part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sh
     at bench.py, nothing fused
     SHARPI_CUDA_FUSE=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
         | tee "$OUT/bench_nofuse.txt"
+    at bench.py, attention splits combined by a launch of their own
+    SHARPI_CUDA_FUSE_COMBINE=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
+        | tee "$OUT/bench_combine_launch.txt"
     at done
     ;;
 part2)

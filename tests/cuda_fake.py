@@ -446,9 +446,10 @@ def kv_append(src, cache, positions, src2=None, cache2=None, rope=None, stream=N
 
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
-              out=None, work=None, rope=None, rounding=None, stream=None):
+              out=None, work=None, rope=None, rounding=None, counters=None, stream=None):
     """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
     rope=(table, n_rot, neox): q is turned first (a copy). rounding: the output then round_act's.
+    counters (the kernel's combine in the partials' launch) change nothing in the values: checked only.
 
     As cuda/ops.cu's attn_partial + attn_combine: query t at p = positions[t] sees keys
     max(0, p - window + 1) (window > 0) .. min(p, n_kv - 1); query head h reads kv head h // (H/Hkv);
@@ -457,6 +458,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     'q8_0' through q8_0 blocks of 32. p_round: probabilities e_j * (1/sum e) rounded to fp16, and
     P V not renormalised. The key split (`chunk`) changes only float rounding, so it is checked
     and otherwise ignored, and so are the `work` buffers."""
+    if counters is not None and (counters.dtype != np.int32 or counters.size < q.shape[0] or counters.any()):
+        raise ValueError("counters must be an int32 array of zeros, one per query row at least")
     if rounding is not None:
         out = attention(q, k_cache, v_cache, positions, n_kv, scale, window=window, softcap=softcap,
                         q_round=q_round, p_round=p_round, chunk=chunk, out=out, rope=rope)

@@ -577,6 +577,11 @@ def test_attention(T, H, Hkv, Dk, Dv, start, window, chunk, kinds):
     got = cb.attention(cp.asarray(q), kc, vc, pos, n_kv, scale, window=window, chunk=chunk)
     ref = _attn_ref(q, _cache_values(kc), _cache_values(vc), pos, n_kv, scale, window)
     np.testing.assert_allclose(cp.asnumpy(got), ref, rtol=1e-4, atol=1e-5)
+    if (H * Dv) % 32 == 0:  # the splits combined by the partials' own launch: the same bits
+        cnt = cp.zeros(T, dtype=cp.int32)
+        fused = cb.attention(cp.asarray(q), kc, vc, pos, n_kv, scale, window=window, chunk=chunk, counters=cnt)
+        np.testing.assert_array_equal(cp.asnumpy(fused), cp.asnumpy(got))
+        assert not cp.asnumpy(cnt).any()  # set back to zero for the next launch
 
 
 def test_attention_rounding_modes_and_softcap():
@@ -632,6 +637,12 @@ def test_attention_in_row_groups(monkeypatch):
     whole = cp.asnumpy(cb.attention(q, kc, vc, pos, 594, 0.125, chunk=64))
     monkeypatch.setattr(cb, "ATT_PARTIALS_BYTES", 2 * H * 10 * (D + 2) * 4)  # 2 rows a launch
     np.testing.assert_array_equal(cp.asnumpy(cb.attention(q, kc, vc, pos, 594, 0.125, chunk=64)), whole)
+    cnt = cp.zeros(T, dtype=cp.int32)  # each group's launch combines its rows, counters reused
+    for rounding in (None, "q8_k"):
+        want = whole if rounding is None else cp.asnumpy(cb.round_act(cp.asarray(whole).reshape(T, -1), rounding))
+        got = cb.attention(q, kc, vc, pos, 594, 0.125, chunk=64, counters=cnt, rounding=rounding)
+        np.testing.assert_array_equal(cp.asnumpy(got).reshape(want.shape), want)
+        assert not cp.asnumpy(cnt).any()
 
 
 def test_glu_gelu_through_ggml_fp16_table():
@@ -706,3 +717,5 @@ def test_norm_and_glu_with_rounding_fused_are_the_two_steps(kind):
         got = cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk, rounding=kind)
         np.testing.assert_array_equal(cp.asnumpy(got).reshape(T, H * D), cp.asnumpy(want), err_msg=f"chunk {chunk}")
         assert not np.array_equal(cp.asnumpy(got), cp.asnumpy(plain))
+        got = cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk, rounding=kind, counters=cp.zeros(T, cp.int32))
+        np.testing.assert_array_equal(cp.asnumpy(got).reshape(T, H * D), cp.asnumpy(want), err_msg=f"fused, {chunk}")

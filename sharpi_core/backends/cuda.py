@@ -484,6 +484,15 @@ def _dummy(cp):
     return d
 
 
+def _dummy_i32(cp):
+    """_dummy for an int32 pointer argument."""
+    key = (cp.cuda.Device().id, "i32")
+    d = _dummies.get(key)
+    if d is None:
+        d = _dummies[key] = cp.zeros(1, dtype=cp.int32)
+    return d
+
+
 def _token_rows(cp, x, n: int, what: str):
     """x [T, nh, n] with its rows of n contiguous one after another within a token (any token stride)
     -> (x, token stride, nh); any other x is taken as 2-D rows of n (_rows2d), nh = 1."""
@@ -866,11 +875,14 @@ def attention_work(rows: int, n_head: int, head_dim_v: int, splits: int) -> tupl
 
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
-              out=None, work=None, rope=None, rounding=None, stream=None):
+              out=None, work=None, rope=None, rounding=None, counters=None, stream=None):
     """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
     rope=(table, n_rot, neox): q is not roped yet, the kernel reads it through RoPE (as kv_append).
     rounding: an activation kind (round_act's): the output rounded as the next matmul's input, by the
     launch that combines the splits.
+    counters: an int32 device array of zeros, one per query row at least, owned by one stream: the splits are
+    then combined by the partials' launch itself (its last block per row; one launch instead of two,
+    the same bits), which leaves the counters at zero again.
 
     Query t is at positions[t] and sees keys j <= positions[t] (j < n_kv), within `window` if > 0
     (masked when pos - j >= window, llama.cpp's standard SWA); query head h uses kv head
@@ -922,21 +934,29 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             if op.dtype != cp.float32 or ml.dtype != cp.float32 or op.size < need[0] or ml.size < need[1]:
                 raise ValueError(f"attention work buffers must hold {need} float32 values")
             op, ml = op[:need[0]].reshape(-1, Dv), ml[:need[1]].reshape(-1, 2)
+        if counters is not None and (counters.dtype != cp.int32 or counters.size < rows or (H * Dv) % 32):
+            raise ValueError(f"counters must be an int32 device array of at least {rows} zeros "
+                             f"(and H*Dv={H * Dv} a multiple of 32)")
         combine, combine_r = function("ops", "attn_combine"), function("ops", "attn_combine_r")
         for t0 in range(0, T, rows):
             n = min(rows, T - t0)
+            fused = (counters, out[t0:], _i64(H * Dv), _i32(rmode)) if counters is not None else (
+                _dummy_i32(cp), _dummy(cp), _i64(0), _i32(-1))
             fn((H, n, S), (ATT_THREADS,), (
                 q[t0:], _i64(q.strides[0] // 4), k_cache, _i64(k_cache.strides[0]), _i64(k_cache.strides[1]),
                 v_cache, _i64(v_cache.strides[0]), _i64(v_cache.strides[1]), pos[t0:], _i32(n_kv), _i32(H),
                 _i32(Hkv), _i32(Dk), _i32(Dv), _f32(scale), _f32(softcap), _i32(window), _i32(chunk), _i32(qr),
-                _i32(1 if p_round else 0), op, ml, *rargs), shared_mem=smem)
+                _i32(1 if p_round else 0), op, ml, *rargs, *fused), shared_mem=smem)
+            if counters is not None:
+                continue
+            splits = (pos[t0:], _i32(n_kv), _i32(window), _i32(chunk))  # which of a row's splits hold keys
             if rmode:
                 block = Q8_BLOCKS["q8_k"][0] if rounding == "q8_k" else 32
                 threads = n * (H * Dv // block) * 32
                 combine_r((-(-threads // 256),), (256,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:],
-                                                          _i64(H * Dv), _i32(n), _i32(rmode)))
+                                                          _i64(H * Dv), _i32(n), _i32(rmode), *splits))
             else:
-                combine((H, n), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:], _i64(H * Dv)))
+                combine((H, n), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:], _i64(H * Dv), *splits))
     return out
 
 

@@ -23,11 +23,11 @@ Passes of up to MAX_BATCH (16) tokens, decoding steps and speculative verificati
 graphs: their intermediates live in one workspace per model, every step of the pass is a kernel of
 cuda/*.cu, and nothing in it depends on the position (attention is launched over the cache's capacity,
 the rope table covers it, positions and token ids are read from device memory), so the first pass of
-a shape runs eagerly and is captured, and every later one is a graph launch: the 10 launches per
+a shape runs eagerly and is captured, and every later one is a graph launch: the 9 launches per
 layer cost one CPU call (SHARPI_CUDA_GRAPH=0 launches them one by one; same results bit for bit).
 Some steps run inside the kernels around them: the rounding of a matmul's input in the norm, GLU or
-attention launch that makes it, RoPE in kv_append (K) and attention (q); SHARPI_CUDA_FUSE=0 launches
-each alone (same results bit for bit).
+attention launch that makes it, RoPE in kv_append (K) and attention (q), the combine of attention's
+splits in attention's own launch; SHARPI_CUDA_FUSE=0 launches each alone (same results bit for bit).
 
 `offload(model, ngl)` implements -ngl: all on the GPU, or (0 < ngl < n_layer) a SplitTransformer
 that runs the first layers on the CPU model and the rest on the GPU, as llama.cpp splits a model.
@@ -55,6 +55,9 @@ MIXED = "mixed"  # a projection whose matmuls round their input differently
 GRAPHS = os.environ.get("SHARPI_CUDA_GRAPH", "1") != "0"
 DEVICE_ARGMAX = os.environ.get("SHARPI_DEVICE_ARGMAX", "1") != "0"
 FUSE = os.environ.get("SHARPI_CUDA_FUSE", "1") != "0"
+# attention's splits combined by its own launch's last block per row (a launch a layer less, a serial
+# tail in one block: which wins is measured on a GPU by scripts/gpu_session.sh part3)
+FUSE_COMBINE = os.environ.get("SHARPI_CUDA_FUSE_COMBINE", "1") != "0"
 
 
 class CudaKVCache(CacheBase):
@@ -254,6 +257,8 @@ class CudaTransformer:
         self.graph_launches = 0   # passes run as a graph launch (tests, benchmarks)
         # steps done inside the kernels around them (same bits; SHARPI_CUDA_FUSE=0 launches each alone)
         self.fuse = FUSE
+        self.fuse_combine = FUSE_COMBINE
+        self._att_cnt = None  # attention's per-row counters (zeros between launches), for this stream only
         self._ws = _Buffers(self.xp, True, ops.MAX_BATCH)
         self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {shape key: _Graph}
         # llama.cpp's CPU GELU goes through an fp16 table (~1e-3 off the exact one, enough to move
@@ -388,7 +393,7 @@ class CudaTransformer:
                         self.use_graphs = False
                     else:
                         keep = [*bufs.arrays.values(), *self._tables.values(), *self._heads.values(),
-                                *self._biases.values()]
+                                *self._biases.values(), self._att_cnt]
                         graphs[key] = _Graph(graph, inputs, out, keep)
                 else:
                     self._upload(g.inputs, ids, hidden, positions)
@@ -426,6 +431,12 @@ class CudaTransformer:
                     host[i] = np.float32(v)
             b = self._biases[key] = self.xp.asarray(host)
         return b
+
+    def _counters(self, T: int):
+        """Zeroed int32 counters for T query rows (made in an eager pass, so never inside a capture)."""
+        if self._att_cnt is None or self._att_cnt.size < T:
+            self._att_cnt = self.xp.zeros(max(T, self.ops.MAX_BATCH), dtype=np.int32)
+        return self._att_cnt
 
     def _run(self, b: _Buffers, inputs: tuple, cache: _CacheArrays, n_kv: int, last_n: int | None,
              n_out: int | None, argmax: tuple | None):
@@ -480,6 +491,8 @@ class CudaTransformer:
         # kv_append and attention read K and q through RoPE (no launch of its own), unless q is scaled
         # or rotated after RoPE
         fuse_rope = fused and not c.scale_q and cache.rot_k is None
+        # attention's launch combines its own splits (its last block per row): one launch a layer less
+        counters = self._counters(T) if fused and self.fuse_combine and H * hdv % 32 == 0 else None
         pending = None  # the last FFN output, added to x by the norm that follows it
         for j, ly in enumerate(self.layers):
             i = self.first_layer + j
@@ -522,7 +535,7 @@ class CudaTransformer:
             f = fuse(ly.wo) and cache.rot_v is None
             o = ops.attention(q, cache.k[j], cache.v[j], pos, n_kv, kq_scale, window=window, q_round=q_round,
                               p_round=p_round, out=b.get("att", (T, H, hdv)), work=work, rope=rope,
-                              rounding=ly.wo.kind if f else None, stream=s)
+                              rounding=ly.wo.kind if f else None, counters=counters, stream=s)
             o = o.reshape(T, H * hdv)
             if cache.rot_v is not None:
                 o = ops.hadamard(o, cache.rot_v, out=b.get("att_rot", o.shape), stream=s)

@@ -496,6 +496,13 @@ const char* signature(void (*)(A...)) { return Signature<A...>::codes; }
 #define gridDim (::simt::g_grid_dim)
 
 inline void __syncthreads() { ::simt::syncthreads(); }
+// blocks run one after another on one OS thread: an atomic is a plain read-modify-write, a fence a no-op
+inline int atomicAdd(int* p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+inline void __threadfence() {}
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
     return ::simt::warp_exchange(mask, v, (int)(::simt::g_cur->linear & 31) ^ lane_mask);
