@@ -435,8 +435,18 @@ SH_D float attn_out(const float* Op, const float* ML, i64 part0, int S, int Dv, 
     return o * inv;
 }
 
+// one warp's `block` values v[per] of row t from e0 (lane + 32 j), rounded by rmode (rms_norm's; 0 = not
+// rounded) and stored
+SH_D void attn_round_store(float* v, int per, int rmode, float* __restrict__ O, i64 o_st, int t, int e0) {
+    if (rmode >= 3)
+        round_q8_regs(v, per, rmode == 3);
+    else if (rmode >= 1)
+        for (int j = 0; j < per; j++) v[j] = round_half(v[j], rmode == 2);
+    for (int j = 0; j < per; j++) O[(i64)t * o_st + e0 + (threadIdx.x & 31) + 32 * j] = v[j];
+}
+
 // one warp: the `block` values of row t starting at e0 (a block of 32, or 256 for Q8_K: such a block
-// spans heads), combined from their splits and rounded by rmode (rms_norm's; 0 = not rounded)
+// spans heads), combined from their splits and rounded by rmode
 // (ns: the row's splits that hold keys, attn_nsplits)
 SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, int H, int Dv, float* __restrict__ O,
                              i64 o_st, int t, int e0, int rmode) {
@@ -450,19 +460,18 @@ SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, in
         attn_norm(ML, part0, ns, M, inv);
         v[j] = attn_out(Op, ML, part0, ns, Dv, e % Dv, M, inv);
     }
-    if (rmode >= 3)
-        round_q8_regs(v, per, rmode == 3);
-    else if (rmode >= 1)
-        for (int j = 0; j < per; j++) v[j] = round_half(v[j], rmode == 2);
-    for (int j = 0; j < per; j++) O[(i64)t * o_st + e0 + lane + 32 * j] = v[j];
+    attn_round_store(v, per, rmode, O, o_st, t, e0);
 }
 
 // The fused launch's end (rmode >= 0): every block counts itself done for its row t once its partial
 // is visible to the device; the row's last block (of H*S) combines the row into O (rounded by rmode)
 // and sets the count back to 0 for the next launch. Nothing waits on another block.
+// That block is alone with the whole row, so it first puts each head's 1/L and split weights
+// e^(m_s - M) in shared memory (sh: `room` floats; -1 marks an empty split) and then reads one partial
+// value per split and element: attn_out's products and sums in its order, so the same bits.
 SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, float* __restrict__ O, i64 o_st,
-                      int rmode, int* cnt, float* flag, const int* __restrict__ qpos, int n_kv, int window,
-                      int chunk) {
+                      int rmode, int* cnt, float* flag, float* sh, int room, const int* __restrict__ qpos,
+                      int n_kv, int window, int chunk) {
     const int t = blockIdx.y;
     __threadfence();  // this thread's partial values, device-wide, before the count below
     __syncthreads();
@@ -470,10 +479,38 @@ SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, fl
     __syncthreads();
     if (flag[0] == 0.0f) return;  // uniform over the block
     __threadfence();
-    const int block = rmode == 4 ? 256 : 32, nw = blockDim.x >> 5;
+    const int block = rmode == 4 ? 256 : 32, per = block / 32, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
     const int ns = attn_nsplits(qpos, t, n_kv, window, chunk, S);
-    for (int b = threadIdx.x >> 5; b < H * Dv / block; b += nw)
-        attn_combine_block(Op, ML, S, ns, H, Dv, O, o_st, t, b * block, rmode);
+    if (H * (ns + 1) > room) {  // (a long context in few-key chunks) element by element
+        for (int b = threadIdx.x >> 5; b < H * Dv / block; b += nw)
+            attn_combine_block(Op, ML, S, ns, H, Dv, O, o_st, t, b * block, rmode);
+    } else {
+        float* inv_h = sh;     // [H]
+        float* w = sh + H;     // [H][ns]
+        for (int h = threadIdx.x; h < H; h += blockDim.x) {
+            const i64 part0 = ((i64)t * H + h) * S;
+            float M, inv;
+            attn_norm(ML, part0, ns, M, inv);
+            inv_h[h] = inv;
+            for (int s = 0; s < ns; s++)
+                w[h * ns + s] = ld_cg(ML + (part0 + s) * 2 + 1) > 0.0f ? expf(ld_cg(ML + (part0 + s) * 2) - M) : -1.0f;
+        }
+        __syncthreads();
+        for (int b = threadIdx.x >> 5; b < H * Dv / block; b += nw) {
+            float v[8];
+            for (int j = 0; j < per; j++) {
+                const int e = b * block + lane + 32 * j, h = e / Dv;
+                const float* op = Op + ((i64)t * H + h) * S * Dv + e % Dv;
+                float o = 0.0f;
+                for (int s = 0; s < ns; s++) {
+                    const float ws = w[h * ns + s];
+                    if (ws >= 0.0f) o += ld_cg(op + (i64)s * Dv) * ws;
+                }
+                v[j] = o * inv_h[h];
+            }
+            attn_round_store(v, per, rmode, O, o_st, t, b * block);
+        }
+    }
     if (threadIdx.x == 0) cnt[t] = 0;
 }
 
@@ -600,7 +637,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         if (rmode >= 0) {                                                              \
             extern __shared__ float att_smem[];                                        \
             attn_finish(Op, ML, gridDim.z, H, Dv, O, o_st, rmode, cnt, att_smem + Dk + chunk, \
-                        qpos, n_kv, window, chunk);                                    \
+                        att_smem, Dk + chunk, qpos, n_kv, window, chunk);              \
         }                                                                              \
     }
 ATTN_KERNEL(attn_partial_f16_f16, 0, 0)

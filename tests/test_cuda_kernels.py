@@ -557,6 +557,7 @@ ATTN_CASES = [
     (16, 4, 1, 256, 256, 900, 512, 128, ("f16", "f16")), # gemma-like: head 256, sliding window
     (3, 4, 4, 128, 128, 50, 20, 8, ("f16", "f16")),      # MHA, small window, tiny chunks
     (16, 4, 2, 64, 64, 10, 0, 16, ("f16", "f16")),       # early queries leave the last split empty
+    (2, 8, 2, 64, 64, 300, 0, 16, ("f16", "f16")),       # more split weights than the fused combine's shared room
     (5, 4, 2, 64, 32, 100, 0, 64, ("f16", "f16")),       # Dv < Dk (several key groups in PV)
     (2, 4, 2, 96, 80, 100, 0, None, ("f16", "f16")),     # odd dims (Dv = 80: one group)
     (4, 8, 2, 64, 64, 300, 0, 128, ("q8_0", "q8_0")),
