@@ -79,7 +79,7 @@ def run(
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v", help="KV cache type for V: f32, f16, q8_0")] = "f16",
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="attention computed like llama.cpp's flash attention: on, off, "
                                    "or auto (= on, llama.cpp's CPU default)")] = "auto",
-    threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores)")] = -1,
+    threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores, fewer while other processes keep cores busy)")] = -1,
     system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode)")] = None,
     conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,

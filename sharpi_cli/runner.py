@@ -246,9 +246,11 @@ def run(o: RunOptions) -> int:
         drafter, draft = _make_drafter(o, target, params, seed, n_ctx)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
+    from sharpi_core.threads import ThreadGovernor
     gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
                     spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
-                    spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size)
+                    spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size,
+                    threads=ThreadGovernor.for_this_process() if o.threads == -1 else None)
     if o.spec_draft_p_min > 0 and drafter is not None:
         log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
             "the output is no longer an exact sample of the target model")

@@ -131,8 +131,10 @@ def next_proposal_len(n_max: int, proposed: int, accepted: int) -> int:
 
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
-                 spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512):
+                 spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
+                 threads=None):
         self.model, self.cache, self.tok, self.params = model, cache, tokenizer, params
+        self.threads = threads  # a threads.ThreadGovernor, stepped once per decoding step (or None)
         self.rng = torch.Generator().manual_seed(seed)
         self.drafter = drafter
         self.n_max, self.n_min, self.p_min = spec_n_max, spec_n_min, spec_p_min
@@ -303,6 +305,8 @@ class Generator:
                 # like llama.cpp: stop when feeding t would fill the last context slot
                 if len(self.history) + 1 >= n_ctx:
                     raise _Stop("ctx_full")
+                if self.threads is not None:
+                    self.threads.step()
                 step = None
                 if self.speculate:
                     # [t, d1..dk] must leave the last slot free; a step emits up to k+1 tokens

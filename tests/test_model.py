@@ -221,6 +221,49 @@ def test_fast_decode_path_is_bit_identical(name, types, monkeypatch):
     assert not path.applies(True, model.new_cache(8, *types))
 
 
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])
+def test_logits_do_not_depend_on_the_thread_count(types):
+    """What lets threads.ThreadGovernor change the thread count between steps: prompt passes,
+    one-token passes and verify rows give the same bits with 1 and 2 threads; and a generation whose
+    thread count flips at every step emits the tokens of one that keeps it (plain and lookup)."""
+    from sharpi_core.generate import Generator
+    from sharpi_core.sampling import SamplingParams
+    from sharpi_core.speculative import LookupDrafter
+    model, tok = loaded(SMOL)
+    ids = torch.tensor(tok.encode("The quick brown fox jumps over the lazy dog, and then it runs away"))
+    nth = torch.get_num_threads()
+
+    def passes():
+        cache = model.new_cache(64, *types)
+        out = [model.forward(ids[:10], 0, cache)]
+        out += [model.forward(ids[t:t + 1], t, cache) for t in range(10, 13)]
+        return out + [model.forward(ids[13:17], 13, cache, decode=True)]
+
+    class Flip:
+        def __init__(self):
+            self.n = 0
+
+        def step(self):
+            self.n += 1
+            torch.set_num_threads(1 + self.n % 2)
+
+    prompt = tok.encode("Once upon a time, in a small village, there lived a")
+    try:
+        torch.set_num_threads(1)
+        one = passes()
+        torch.set_num_threads(2)
+        two = passes()
+        for i, (a, b) in enumerate(zip(one, two)):
+            assert torch.equal(a, b), i
+        for drafter in (None, LookupDrafter(3, 2)):
+            flip = Flip()
+            gens = [Generator(model, model.new_cache(256, *types), tok, SamplingParams(temp=0), drafter=drafter,
+                              threads=th).generate(prompt, 40) for th in (None, flip)]
+            assert gens[0].tokens == gens[1].tokens and flip.n >= 10
+    finally:
+        torch.set_num_threads(nth)
+
+
 @pytest.mark.slow
 def test_fast_decode_path_leaves_gemma3_to_the_general_loop():
     from sharpi_core.models import fast_decode

@@ -1,0 +1,86 @@
+"""The thread governor (sharpi_core/threads.py): its decisions from a scripted clock and run delay."""
+from __future__ import annotations
+
+import pytest
+
+from sharpi_core.threads import ThreadGovernor, run_delay_ns
+
+
+class Machine:
+    """A clock and a run-delay counter: `busy` other processes on `cores` cores; our n threads wait
+    for a CPU a fraction max(0, n + busy - cores) / (n + busy) of the time."""
+
+    def __init__(self, cores=2, busy=0):
+        self.cores, self.busy, self.now, self.delay_ns, self.n = cores, busy, 0.0, 0, None
+
+    def advance(self, dt):
+        over = max(0, self.n + self.busy - self.cores) / (self.n + self.busy)
+        self.delay_ns += int(dt * self.n * over * 1e9)
+        self.now += dt
+
+    def governor(self, n):
+        self.n = n
+        return ThreadGovernor(n, clock=lambda: self.now, delay=lambda: self.delay_ns,
+                              set_threads=lambda k: setattr(self, "n", k))
+
+
+def run(m, g, seconds, step=0.005):
+    seen = []
+    for _ in range(int(seconds / step)):
+        m.advance(step)
+        g.step()
+        seen.append(m.n)
+    return seen
+
+
+def test_idle_machine_keeps_every_thread():
+    m = Machine(cores=2)
+    g = m.governor(2)
+    assert set(run(m, g, 30)) == {2} and g.changes == 0
+
+
+def test_a_busy_core_takes_a_thread_and_failed_probes_back_off():
+    m = Machine(cores=2, busy=1)
+    g = m.governor(2)
+    seen = run(m, g, 60)
+    assert seen[-1] == 1 and seen[int(0.35 / 0.005)] == 1  # down after the first window
+    # it gives the thread back now and then to look, each failed look doubling the wait (4, 8, 16, 32 s)
+    ups = [i for i in range(1, len(seen)) if seen[i] > seen[i - 1]]
+    assert 3 <= len(ups) <= 5, ups
+    gaps = [b - a for a, b in zip(ups, ups[1:])]
+    assert all(b > 1.8 * a for a, b in zip(gaps, gaps[1:])), gaps
+    assert sum(n == 2 for n in seen) / len(seen) < 0.05  # little time spent at the slow setting
+
+
+def test_the_thread_comes_back_when_the_core_frees_up():
+    m = Machine(cores=2, busy=1)
+    g = m.governor(2)
+    run(m, g, 20)
+    assert m.n == 1
+    m.busy = 0
+    seen = run(m, g, 70)  # the next look (within the backed-off wait, at most a minute) succeeds and stays
+    assert seen[-1] == 2 and seen.count(1) < len(seen)
+    assert set(run(m, g, 30)) == {2}
+
+
+def test_more_cores_lose_only_the_busy_ones():
+    m = Machine(cores=8, busy=2)
+    g = m.governor(8)
+    run(m, g, 20)
+    assert m.n in (6, 7)  # 6 is enough; it looks at 7 now and then
+
+
+def test_unknown_run_delay_changes_nothing():
+    n = []
+    clock = iter(range(10**6))
+    g = ThreadGovernor(2, clock=lambda: next(clock) * 0.1, delay=lambda: None, set_threads=n.append)
+    for _ in range(1000):
+        g.step()
+    assert not n
+
+
+def test_run_delay_is_read_on_linux():
+    d = run_delay_ns()
+    if d is None:
+        pytest.skip("no /proc/self/task/*/schedstat here")
+    assert isinstance(d, int) and d >= 0
