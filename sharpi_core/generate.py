@@ -134,7 +134,7 @@ class Generator:
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
                  threads=None):
         self.model, self.cache, self.tok, self.params = model, cache, tokenizer, params
-        self.threads = threads  # a threads.ThreadGovernor, stepped once per decoding step (or None)
+        self.threads = threads  # a threads.ThreadGovernor, stepped per decoding step / prompt batch (or None)
         self.rng = torch.Generator().manual_seed(seed)
         self.drafter = drafter
         self.n_max, self.n_min, self.p_min = spec_n_max, spec_n_min, spec_p_min
@@ -173,6 +173,8 @@ class Generator:
         self._prefilled = len(prompt) - n
         logits = None
         for s in range(n, len(prompt), self.n_batch):
+            if self.threads is not None:  # (a long prompt is several batches)
+                self.threads.step()
             chunk = prompt[s:s + self.n_batch]
             logits = self.model.forward(torch.tensor(chunk, dtype=torch.long), s, self.cache, last_n=1)
             self.history += chunk

@@ -382,3 +382,18 @@ def test_wrong_acceptance_fails_the_generation_test(monkeypatch, kind):
     monkeypatch.setattr(generate_mod, "accept_sampled", always_accept)
     res = long_run(kind, SAMPLED_PEN, 2000, 4, seed=33)
     assert martingale_pvalue(SAMPLED_PEN, PROMPT, res.tokens) < 1e-6
+
+
+def test_thread_governor_is_stepped_per_prompt_batch_and_decoding_step():
+    class Count:
+        n = 0
+
+        def step(self):
+            self.n += 1
+
+    c = Count()
+    g = Generator(target_model(), target_model().new_cache(64), ToyTokenizer(V), GREEDY, n_batch=4, threads=c)
+    g.generate(PROMPT, 0)
+    assert c.n == 5  # 20 prompt tokens in batches of 4
+    g.generate(PROMPT, 6)  # the prompt is cached now: its last token again (for logits), 5 decoding steps
+    assert c.n == 5 + 1 + 5
