@@ -769,3 +769,22 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
             else:
                 want = ggml_legacy_order(x, raw, qtype, n, k)
             assert np.array_equal(y, want), (qtype.name, t, prompt, float(np.abs(y - want).max()))
+
+
+def test_prune_builds_deletes_only_long_unused_builds_and_leftovers(tmp_path):
+    import os
+    import time
+    now = time.time()
+
+    def made(name, days):
+        f = tmp_path / name
+        f.write_bytes(b"x")
+        os.utime(f, (now - days * 86400, now - days * 86400))
+        return f
+
+    old, recent, keep = made("qmatmul-aaaa.so", 40), made("qmatmul-bbbb.so", 5), made("qmatmul-cccc.so", 90)
+    part_old, part_new = made(".qmatmul-x1.so.part", 2), made(".qmatmul-x2.so.part", 0.01)
+    other = made("other-lib.so", 400)  # not ours
+    gone = cpu.prune_builds(tmp_path, keep=keep)
+    assert sorted(gone) == sorted([old, part_old])
+    assert all(f.exists() for f in (recent, keep, part_new, other)) and not old.exists()

@@ -161,6 +161,32 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
             os.unlink(tmp)
 
 
+UNUSED_BUILD_DAYS = 30
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache still works
+
+
+def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -> list[Path]:
+    """Delete this library's builds not loaded for `days` (another source, compiler, CPU or Python
+    made them; each load refreshes its file's mtime) and build leftovers a day old; -> the deleted."""
+    gone = []
+    now = time.time()
+    for f in list(directory.glob("qmatmul-*.so")) + list(directory.glob(".qmatmul-*.so.part")):
+        try:
+            age = now - f.stat().st_mtime
+            if f != keep and age > (days if f.suffix == ".so" else 1) * 86400:
+                f.unlink()
+                gone.append(f)
+        except OSError:
+            continue  # another process got there first
+    return gone
+
+
 def _bind_ctypes(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8
     lib = ctypes.CDLL(str(path))
@@ -251,6 +277,9 @@ def _load():
                         t0 = time.perf_counter()
                         _build(cc, path, extra)
                         _state["build_s"] = time.perf_counter() - t0
+                        prune_builds(path.parent, keep=path)
+                    else:
+                        _touch(path)  # in use: kept by prune_builds
                     (_bind_module if extra else _bind_ctypes)(path)
                     _state["path"], _state["reason"] = path, None
                     break
