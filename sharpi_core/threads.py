@@ -5,11 +5,11 @@ keeps a core busy, one of our threads is often waiting for a CPU, and every call
 this 2-core machine one busy background process takes SmolLM2 decoding from 4.1 to 14.7 ms a token
 with 2 threads, while 1 thread runs at 4.9 ms (llama.cpp loses the same way: 203 -> 77 t/s).
 
-The kernel (/proc/self/task/*/schedstat) counts the time each of our threads spent runnable but
-waiting for a CPU. `ThreadGovernor.step()`, called once per decoding step, reads it every `window`
-seconds: when our threads waited for more than `high` of their time, it takes one thread away; now
-and then it gives one back to see whether the cores are free again (a failed try doubles the time to
-the next, up to a minute). The results do not depend on the thread count (each output of a kernel is
+Linux counts the time each of our threads spent runnable but waiting for a CPU (/proc/self/task/
+*/schedstat: per process, so right in a container too). `ThreadGovernor.step()`, called once per
+decoding step and per prompt batch, reads it every `window` seconds: when our threads waited for
+more than `high` of their time, it takes one thread away; now and then it gives one back to see
+whether the cores are free again (a failed try doubles the time to the next, up to a minute). The results do not depend on the thread count (each output of a kernel is
 computed by one thread in a fixed order), only the speed does. SHARPI_THREADS_ADAPT=0 turns it off.
 """
 from __future__ import annotations
