@@ -6,9 +6,9 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 layer: no q/k norms, post-norms, sliding windows, q scaling or embedding
-scale (gemma3 keeps the general path), flash attention (llama.cpp's default) over an f16, f32 or
-q8_0 cache (with its Hadamard rotations), every matmul in the C kernel with quantized activations.
+It covers the llama / qwen2 / gemma3 layers (q/k norms, post-norms, sliding windows, q scaling),
+flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
+every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
 loop (SHARPI_FAST_DECODE=0 forces that).
 """
@@ -37,13 +37,9 @@ class DecodePath:
     @classmethod
     def for_model(cls, model) -> "DecodePath | None":
         c = model.config
-        if not ENABLED or c.embed_scale != 1.0 or c.scale_q or c.sliding_window:
-            return None
-        if model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None:
+        if not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None:
             return None
         for ly in model.layers:
-            if ly.qk_norm is not None or ly.post_attn_norm is not None or ly.post_ffn_norm is not None:
-                return None
             if any(getattr(ly, n)._kern is None or getattr(ly, n).act_kind is None for n in _MATMULS):
                 return None
         return cls(model)
@@ -92,7 +88,7 @@ class DecodePath:
 
     @torch.inference_mode()
     def run(self, x: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, ropes: dict, kq_scale: float,
-            last_n: int | None) -> torch.Tensor:
+            last_n: int | None, scale: float = 1.0) -> torch.Tensor:
         """Transformer.hidden's layer loop for decoding rows: x [T, D] (the embeddings, updated in
         place) -> the residual stream after layers [0, n_layers) ([last_n, D] if the last layer ran
         its FFN on the last rows only). Writes the K/V of the T positions into cache."""
@@ -119,6 +115,9 @@ class DecodePath:
             if ly.bqk is not None:
                 qk.view(T, -1).add_(ly.bqk)
                 v.add_(ly.bv)
+            if ly.qk_norm is not None:  # hidden's rms_norm(qk, None) * qk_norm: the same two roundings
+                rms(qk.data_ptr(), 0, T * (H + Hkv), hd, eps, qk.data_ptr())
+                qk.mul_(ly.qk_norm)
             cs = ropes[c.layer_rope_base(i)]
             rope(qk.data_ptr(), T, H + Hkv, hd, 2 * cs.shape[-1], cs.data_ptr())
             if unperm is not None:
@@ -127,6 +126,8 @@ class DecodePath:
             else:
                 q.copy_(qk[:, :H])
                 k.copy_(qk[:, H:])
+            if c.scale_q:
+                q.mul_(scale)
             if rot_k:
                 had(q.data_ptr(), T * H * hd // rot_k, rot_k)
                 had(k.data_ptr(), T * Hkv * hd // rot_k, rot_k)
@@ -134,12 +135,15 @@ class DecodePath:
                 had(v.data_ptr(), T * Hkv * hdv // rot_v, rot_v)
             kd, vd = self._write(cache.k, i, start_pos, k, T), self._write(cache.v, i, start_pos, v, T)
             kq, vq = cache.k.q[i], cache.v.q[i]  # [capacity, Hkv, hd]
-            if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos, 0,
-                   float(kq_scale), round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
+            window = c.sliding_window if c.is_swa(i) else 0
+            if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos,
+                   window, float(kq_scale), round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
                 raise RuntimeError("attention: the kernel rejected the pass")
             if rot_v:
                 had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)
             self._mm(w["wo"], o, ao, T, nth)
+            if ly.post_attn_norm is not None:
+                rms(ao.data_ptr(), ly.post_attn_norm.data_ptr(), T, D, eps, ao.data_ptr())
             x.add_(ao)
             Tf = T
             if last_n is not None and last_n < T and i == c.n_layer - 1:
@@ -150,5 +154,7 @@ class DecodePath:
             if glu(gu.data_ptr(), Tf, c.n_ff, glu_act, g.data_ptr(), nth):
                 raise RuntimeError("glu: the kernel rejected the pass")
             self._mm(w["w_down"], g, f, Tf, nth)
+            if ly.post_ffn_norm is not None:
+                rms(f.data_ptr(), ly.post_ffn_norm.data_ptr(), Tf, D, eps, f.data_ptr())
             x.add_(f)
         return x

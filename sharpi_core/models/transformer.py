@@ -329,7 +329,7 @@ class Transformer:
             self._fast = DecodePath.for_model(self) or False
         if self._fast and self._fast.applies(prompt, cache):
             # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
-            x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, last_n)
+            x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, last_n, scale)
             cache.length = L
             return x
         masks = {}
