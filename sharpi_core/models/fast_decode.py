@@ -36,7 +36,6 @@ class DecodePath:
 
     @classmethod
     def for_model(cls, model) -> "DecodePath | None":
-        c = model.config
         if not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None:
             return None
         for ly in model.layers:
