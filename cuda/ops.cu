@@ -402,12 +402,17 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 // attn_combine_r(..., T, rmode): the same values rounded for the next matmul (rms_norm's rmode), see below.
 #define ATT_THREADS 128
 
-// how many of a row's S splits hold keys (attn_split's lo/hi): the rest are empty (l = 0) and add
-// nothing to a combine, so it reads only these (the same bits, ~S times fewer loads on a short context)
+// the first (lo) and last (hi) key a query at position p sees among n_kv cache rows
+SH_D void attn_keys(int p, int n_kv, int window, int& lo, int& hi) {
+    hi = imin(p, n_kv - 1);
+    lo = window > 0 ? imax(0, p - window + 1) : 0;
+}
+
+// how many of a row's S splits hold keys: the rest are empty (l = 0) and add nothing to a combine,
+// so it reads only these (the same bits, ~S times fewer loads on a short context)
 SH_D int attn_nsplits(const int* __restrict__ qpos, int t, int n_kv, int window, int chunk, int S) {
-    const int p = qpos[t];
-    const int hi = imin(p, n_kv - 1);
-    const int lo = window > 0 ? imax(0, p - window + 1) : 0;
+    int lo, hi;
+    attn_keys(qpos[t], n_kv, window, lo, hi);
     return hi < lo ? 0 : imin(S, (hi - lo) / chunk + 1);
 }
 
@@ -469,10 +474,12 @@ SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, in
 // That block is alone with the whole row, so it first puts each head's 1/L and split weights
 // e^(m_s - M) in shared memory (sh: `room` floats; -1 marks an empty split) and then reads one partial
 // value per split and element: attn_out's products and sums in its order, so the same bits.
+// sh[room] holds the block's "last one" flag.
 SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, float* __restrict__ O, i64 o_st,
-                      int rmode, int* cnt, float* flag, float* sh, int room, const int* __restrict__ qpos,
-                      int n_kv, int window, int chunk) {
+                      int rmode, int* cnt, float* sh, int room, const int* __restrict__ qpos, int n_kv,
+                      int window, int chunk) {
     const int t = blockIdx.y;
+    float* flag = sh + room;
     __threadfence();  // this thread's partial values, device-wide, before the count below
     __syncthreads();
     if (threadIdx.x == 0) flag[0] = atomicAdd(cnt + t, 1) == H * S - 1 ? 1.0f : 0.0f;
@@ -537,8 +544,8 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int g = h / (H / Hkv);
     const int p = qpos[t];
-    const int hi = imin(p, n_kv - 1);                  // last visible key
-    const int lo = window > 0 ? imax(0, p - window + 1) : 0;  // first visible key
+    int lo, hi;  // the first and last visible key
+    attn_keys(p, n_kv, window, lo, hi);
     const int a = lo + s * chunk;
     const int n = imin(a + chunk, hi + 1) - a;            // keys of this split (may be <= 0)
     const i64 part = ((i64)t * H + h) * S + s;
@@ -636,8 +643,8 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         attn_split<KT, VT>(ATTN_PASS);                                                 \
         if (rmode >= 0) {                                                              \
             extern __shared__ float att_smem[];                                        \
-            attn_finish(Op, ML, gridDim.z, H, Dv, O, o_st, rmode, cnt, att_smem + Dk + chunk, \
-                        att_smem, Dk + chunk, qpos, n_kv, window, chunk);              \
+            attn_finish(Op, ML, gridDim.z, H, Dv, O, o_st, rmode, cnt, att_smem, Dk + chunk, \
+                        qpos, n_kv, window, chunk);                                    \
         }                                                                              \
     }
 ATTN_KERNEL(attn_partial_f16_f16, 0, 0)
@@ -663,10 +670,10 @@ extern "C" __global__ void attn_combine(const float* __restrict__ Op, const floa
 extern "C" __global__ void attn_combine_r(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
                                           int Dv, float* __restrict__ O, i64 o_st, int T, int rmode,
                                           const int* __restrict__ qpos, int n_kv, int window, int chunk) {
-    const int nb = H * Dv / (rmode == 4 ? 256 : 32);
+    const int block = rmode == 4 ? 256 : 32, nb = H * Dv / block;
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (gw >= (i64)T * nb) return;  // uniform over the warp
     const int t = (int)(gw / nb);
     attn_combine_block(Op, ML, S, attn_nsplits(qpos, t, n_kv, window, chunk, S), H, Dv, O, o_st, t,
-                       (int)(gw % nb) * (rmode == 4 ? 256 : 32), rmode);
+                       (int)(gw % nb) * block, rmode);
 }

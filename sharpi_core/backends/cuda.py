@@ -238,7 +238,7 @@ def kernel_source(name: str) -> str:
 _lock = threading.Lock()
 _modules: dict = {}    # (source name, extra options, device id) -> cupy.RawModule
 _functions: dict = {}  # (source name, extra options, device id, kernel name) -> cupy.RawKernel
-_dummies: dict = {}    # device id -> a one-float array for unused pointer arguments
+_dummies: dict = {}    # (device id, dtype name) -> a one-element array for unused pointer arguments
 
 
 def module(name: str, options: tuple = ()):
@@ -474,22 +474,13 @@ class CudaQWeight(WeightBase):
 
 # ---- decode helpers -------------------------------------------------------------------------------
 
-def _dummy(cp):
-    """A one-float device array for a kernel's unused pointer argument (allocated once per device,
-    so that no call allocates: a CUDA graph's capture must not)."""
-    dev = cp.cuda.Device().id
-    d = _dummies.get(dev)
-    if d is None:
-        d = _dummies[dev] = cp.zeros(1, dtype=cp.float32)
-    return d
-
-
-def _dummy_i32(cp):
-    """_dummy for an int32 pointer argument."""
-    key = (cp.cuda.Device().id, "i32")
+def _dummy(cp, dtype=np.float32):
+    """A one-element device array (float32, or `dtype`) for a kernel's unused pointer argument
+    (allocated once per device and type, so that no call allocates: a CUDA graph's capture must not)."""
+    key = (cp.cuda.Device().id, np.dtype(dtype).name)
     d = _dummies.get(key)
     if d is None:
-        d = _dummies[key] = cp.zeros(1, dtype=cp.int32)
+        d = _dummies[key] = cp.zeros(1, dtype=dtype)
     return d
 
 
@@ -941,7 +932,7 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         for t0 in range(0, T, rows):
             n = min(rows, T - t0)
             fused = (counters, out[t0:], _i64(H * Dv), _i32(rmode)) if counters is not None else (
-                _dummy_i32(cp), _dummy(cp), _i64(0), _i32(-1))
+                _dummy(cp, np.int32), _dummy(cp), _i64(0), _i32(-1))
             fn((H, n, S), (ATT_THREADS,), (
                 q[t0:], _i64(q.strides[0] // 4), k_cache, _i64(k_cache.strides[0]), _i64(k_cache.strides[1]),
                 v_cache, _i64(v_cache.strides[0]), _i64(v_cache.strides[1]), pos[t0:], _i32(n_kv), _i32(H),
