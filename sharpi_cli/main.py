@@ -80,7 +80,7 @@ def run(
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="attention computed like llama.cpp's flash attention: on, off, "
                                    "or auto (= on, llama.cpp's CPU default)")] = "auto",
     threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores, fewer while other processes keep cores busy)")] = -1,
-    system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode)")] = None,
+    system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode; with a prompt and no -cnv: one chat turn, like -st)")] = None,
     conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
     reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated, repeatable", show_default=False)] = [],

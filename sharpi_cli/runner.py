@@ -73,6 +73,9 @@ def validate(o: RunOptions) -> None:
                     ("--spec-draft-p-min", o.spec_draft_p_min)):
         if not math.isfinite(v):
             raise UsageError(f"invalid {flag} {v}: must be a finite number")
+    if o.conversation is False and (o.single_turn or o.system_prompt):
+        raise UsageError(f"{'-st/--single-turn' if o.single_turn else '-sys/--system-prompt'} is for conversation "
+                         "mode and cannot go with -no-cnv")
     if o.temp < 0:
         raise UsageError(f"invalid --temp {o.temp}: must be >= 0 (0 = greedy)")
     if not 0 < o.top_p <= 1:
@@ -211,6 +214,10 @@ def run(o: RunOptions) -> int:
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
+    if o.system_prompt and tok.chat_template is None:
+        raise UsageError("-sys/--system-prompt needs a chat template, and this model has none")
+    if o.system_prompt and prompt is not None and o.conversation is None:
+        o.single_turn = True  # a system prompt asks for the chat template: the prompt is one user turn
     chat = tok.chat_template is not None and o.conversation is not False
     interactive = (o.conversation is True or (prompt is None and chat)) and not o.json_out
     if o.single_turn:
@@ -262,9 +269,8 @@ def run(o: RunOptions) -> int:
         from .chat import chat_loop
         return chat_loop(o, target, gen, n_ctx, first_message=prompt)
     if o.single_turn:
-        from .chat import render_messages
-        text = render_messages(o, tok, [{"role": "user", "content": prompt}])
-        ids = tok.encode(text, add_special=True, parse_special=True)
+        from .chat import encode_chat, render_messages
+        ids = encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": prompt}]))
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
     reserve = o.spec_draft_n_max + 1 if drafter is not None else 1

@@ -1,6 +1,9 @@
 """Chat template rendering (sandboxed jinja2) with the templates stored in the GGUFs."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from conftest import QWEN05, SMOL, model_path
@@ -83,3 +86,30 @@ def test_template_errors_are_user_errors():
         render_chat("{{ 1 / 0 }}", [])
     with pytest.raises(ChatTemplateError, match="no chat template"):
         render_chat(None, [U1])
+
+
+# llama.cpp's chat turns (`llama-completion -cnv -st --jinja`), recorded by scripts/llamacpp_chat_ref.py
+CHAT_REF = json.loads((Path(__file__).parent / "data" / "llamacpp_chat.json").read_text())
+CHAT_CASES = [pytest.param(name, i, id=f"{name.split('-')[0]}-{name.split('-')[-3]}-{i}",
+                           marks=() if name == SMOL else (pytest.mark.slow,))
+              for name, cases in CHAT_REF.items() for i in range(len(cases))]
+
+
+@pytest.mark.parametrize("name,i", CHAT_CASES)
+def test_chat_turn_is_llama_cpp_s(name, i):
+    """The GGUF's template renders to llama.cpp's prompt ids (default system prompts included), and the
+    greedy reply is llama.cpp's, text and end of turn."""
+    from types import SimpleNamespace
+
+    from conftest import loaded
+    from sharpi_cli.chat import encode_chat, render_messages
+    from sharpi_core.generate import Generator
+    from sharpi_core.sampling import SamplingParams
+    case = CHAT_REF[name][i]
+    model, tok = loaded(name)
+    o = SimpleNamespace(system_prompt=case["system"])
+    ids = encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": case["user"]}]))
+    assert ids == case["prompt_ids"]
+    res = Generator(model, model.new_cache(512), tok, SamplingParams(temp=0)).generate(ids, case["n_predict"])
+    assert res.text == case["reply"]
+    assert res.stop_reason == ("eos" if case["ended"] else "n_predict")

@@ -120,6 +120,24 @@ def test_ignore_eos_generates_past_the_end_of_generation(smol):
     assert d["tokens"][:n] == ended["tokens"][:n] and not eog & set(d["tokens"])
 
 
+def test_system_prompt_with_a_prompt_is_one_chat_turn(smol):
+    """`-sys S -p U` is llama.cpp's chat turn (`llama-completion -cnv -st --jinja -sys S -p U`, recorded
+    in tests/data/llamacpp_chat.json), not a raw completion of U that drops S."""
+    from test_chat import CHAT_REF
+    case = next(c for c in CHAT_REF[SMOL] if c["system"])
+    r = sharpi("-m", smol, "-sys", case["system"], "-p", case["user"], "-n", case["n_predict"], "--temp", 0, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["text"] == case["reply"] and d["timings"]["prompt_n"] == len(case["prompt_ids"])
+    assert d["stop_reason"] == ("eos" if case["ended"] else "n_predict")
+
+
+@pytest.mark.slow
+def test_system_prompt_needs_a_chat_template():
+    from conftest import GEMMA
+    one_error_line(sharpi("-m", model_path(GEMMA), "-sys", "Be brief.", "-p", "hi"), 2, "chat template")
+
+
 @pytest.mark.parametrize("args,fragment", [
     (("-n", "-2"), "-n/--n-predict"),
     (("-c", "-1"), "-c/--ctx-size"),
@@ -137,6 +155,8 @@ def test_ignore_eos_generates_past_the_end_of_generation(smol):
     (("--spec-draft-vocab", "-2"), "--spec-draft-vocab"),
     (("-fa", "maybe"), "-fa/--flash-attn"),
     (("--bogus-flag",), "bogus"),
+    (("-no-cnv", "-sys", "Be brief."), "-sys/--system-prompt"),
+    (("-no-cnv", "-st"), "-st/--single-turn"),
 ])
 def test_invalid_flags_one_line_exit_2(smol, args, fragment):
     r = sharpi("-m", smol, "-p", "hi", *args)
