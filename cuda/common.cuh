@@ -42,6 +42,43 @@ SH_HD float sh_fma(float a, float b, float c) {
 SH_HD int imin(int a, int b) { return a < b ? a : b; }
 SH_HD int imax(int a, int b) { return a > b ? a : b; }
 
+// ---- programmatic dependent launch (sm_90+) ------------------------------------------------------
+// sharpi_core/backends/cuda.py may launch a kernel with CUDA's programmatic stream serialization
+// attribute: it can then start while the kernel before it in the stream is still running, and
+// griddepcontrol.wait is what waits for that kernel to finish (its writes visible). So every kernel
+// begins with KERNEL_BEGIN(): the wait, then the signal that lets the next kernel start early (its
+// blocks become resident and wait in their own KERNEL_BEGIN, so its launch latency hides behind this
+// kernel's work). Nothing may touch memory another kernel writes before the wait. Without the
+// attribute (or before sm_90, or in the emulator, where launches run one after another) both are no-ops.
+SH_D void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+SH_D void grid_dep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define KERNEL_BEGIN()                  \
+    do {                                \
+        grid_dep_wait();                \
+        grid_dep_launch_dependents();   \
+    } while (0)
+
+// Ask the L2 for bytes [p, p + n) (a hint, no data dependence): what a kernel may do before
+// KERNEL_BEGIN with memory no kernel writes (weights), so their DRAM latency overlaps the previous
+// kernel's tail.
+SH_D void prefetch_l2(const void* p, i64 n) {
+#if defined(__CUDA_ARCH__)
+    for (i64 off = (i64)threadIdx.x * 128; off < n; off += (i64)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + off));
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
 // ---- loads (read-only path on the device) ------------------------------------------------------
 template <class T>
 SH_HD T ldg(const T* p) {

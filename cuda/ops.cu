@@ -1,6 +1,7 @@
 // Decode helpers: RMSNorm, RoPE, gated activations, KV-cache append, attention over an f16 / q8_0 cache.
 //
-// All extern "C"; fp32 activations; strides in elements unless named *_b (bytes).
+// All extern "C"; fp32 activations; strides in elements unless named *_b (bytes). Every kernel begins
+// with KERNEL_BEGIN() (common.cuh: it may be launched before the kernel it depends on has finished).
 //
 //   rms_norm_f32(x, x_st, nh, a, a_st, has_a, w, w_rows, has_w, y, y_st, n, eps, rmode)
 //       grid.x = rows, block = 32..1024 (x32). Row r of x is x + (r / nh)*x_st + (r % nh)*n: nh rows
@@ -113,6 +114,7 @@ SH_D void round_q8_block(const float* xb, float* yb, int per, int f16_scale) {
 extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float* __restrict__ a, i64 a_st,
                                         int has_a, const float* __restrict__ w, int w_rows, int has_w, float* y,
                                         i64 y_st, int n, float eps, int rmode) {
+    KERNEL_BEGIN();
     __shared__ float red[32];
     const int r = blockIdx.x, t = r / nh, hh = r % nh;
     float* xr = x + (i64)t * x_st + (i64)hh * n;
@@ -146,6 +148,7 @@ extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float*
 
 // ---- small elementwise steps (what the graph of a decoding pass needs besides the big kernels) ----
 extern "C" __global__ void add_bias_f32(float* x, i64 x_st, int T, int n, const float* __restrict__ b) {
+    KERNEL_BEGIN();
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * n) return;
     const int t = (int)(idx / n), i = (int)(idx % n);
@@ -153,6 +156,7 @@ extern "C" __global__ void add_bias_f32(float* x, i64 x_st, int T, int n, const 
 }
 
 extern "C" __global__ void scale_f32(float* x, i64 x_st, int T, int n, float alpha) {
+    KERNEL_BEGIN();
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * n) return;
     const int t = (int)(idx / n), i = (int)(idx % n);
@@ -160,6 +164,7 @@ extern "C" __global__ void scale_f32(float* x, i64 x_st, int T, int n, float alp
 }
 
 extern "C" __global__ void round_half_f32(const float* x, i64 x_st, int T, int K, int bf16, float* y, i64 y_st) {
+    KERNEL_BEGIN();
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * K) return;
     const int t = (int)(idx / K), i = (int)(idx % K);
@@ -168,6 +173,7 @@ extern "C" __global__ void round_half_f32(const float* x, i64 x_st, int T, int K
 
 extern "C" __global__ void hadamard_f32(const float* __restrict__ x, i64 x_st, int T, int n, int blk, float scale,
                                         float* __restrict__ y, i64 y_st) {
+    KERNEL_BEGIN();
     extern __shared__ float hb[];  // [blk]
     const int per = n / blk;
     const int t = blockIdx.x / per, c = blockIdx.x % per;
@@ -206,6 +212,7 @@ extern "C" __global__ void rope_f32(float* x, i64 x_st, int T, int nh, int hd, c
                                     int n_rot, int neox, const float* __restrict__ cs, int has_cs,
                                     float theta_base, float freq_scale, const float* __restrict__ ff,
                                     int has_ff) {
+    KERNEL_BEGIN();
     const int half = n_rot / 2;
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * nh * half) return;
@@ -242,6 +249,7 @@ SH_D float act_fn(float x, int act) {
 
 extern "C" __global__ void glu_f32(const float* g, i64 g_st, const float* u, i64 u_st, float* out, i64 o_st,
                                    int T, int F, int act) {
+    KERNEL_BEGIN();
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * F) return;
     const int t = (int)(idx / F), i = (int)(idx % F);
@@ -250,6 +258,7 @@ extern "C" __global__ void glu_f32(const float* g, i64 g_st, const float* u, i64
 
 extern "C" __global__ void glu_q8_f32(const float* g, i64 g_st, const float* u, i64 u_st, float* out, i64 o_st,
                                       int T, int F, int act, int block, int f16_scale) {
+    KERNEL_BEGIN();
     const int lane = threadIdx.x & 31;
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nb = F / block, per = block / 32;
@@ -281,6 +290,7 @@ extern "C" __global__ void glu_q8_f32(const float* g, i64 g_st, const float* u, 
     const int D = one ? D1 : D0;
 
 extern "C" __global__ void kv_append_f16(KV_APPEND_ARGS) {
+    KERNEL_BEGIN();
     KV_APPEND_PICK
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * nkv * D) return;
@@ -291,6 +301,7 @@ extern "C" __global__ void kv_append_f16(KV_APPEND_ARGS) {
 }
 
 extern "C" __global__ void kv_append_q8_0(KV_APPEND_ARGS) {
+    KERNEL_BEGIN();
     KV_APPEND_PICK
     const int lane = threadIdx.x & 31;
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;  // one warp per block of 32
@@ -314,6 +325,7 @@ extern "C" __global__ void kv_append_q8_0(KV_APPEND_ARGS) {
 // the GPU matvecs then multiply the same values in fp32, so greedy output follows the CPU path's.
 extern "C" __global__ void act_round_q8(const float* x, i64 x_st, int T, int K, int block, int f16_scale,
                                         float* y, i64 y_st) {
+    KERNEL_BEGIN();
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nb = K / block, per = block / 32;
     if (gw >= (i64)T * nb) return;  // uniform over the warp
@@ -347,6 +359,7 @@ SH_D void block_argmax(float& v, int& i, float* sv, int* si) {
 extern "C" __global__ void argmax_part_f32(const float* __restrict__ x, i64 x_st, int n,
                                            const float* __restrict__ bias, int has_bias, int chunk,
                                            float* pv, int* pi) {
+    KERNEL_BEGIN();
     __shared__ float sv[32];
     __shared__ int si[32];
     const int r = blockIdx.y, S = gridDim.x;
@@ -363,6 +376,7 @@ extern "C" __global__ void argmax_part_f32(const float* __restrict__ x, i64 x_st
 }
 
 extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* __restrict__ pi, int S, int* out) {
+    KERNEL_BEGIN();
     __shared__ float sv[32];
     __shared__ int si[32];
     const int r = blockIdx.x;
@@ -640,6 +654,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
 
 #define ATTN_KERNEL(name, KT, VT)                                                          \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(ATTN_ARGS) {        \
+        KERNEL_BEGIN();                                                                \
         attn_split<KT, VT>(ATTN_PASS);                                                 \
         if (rmode >= 0) {                                                              \
             extern __shared__ float att_smem[];                                        \
@@ -655,6 +670,7 @@ ATTN_KERNEL(attn_partial_q8_0_q8_0, 1, 1)
 extern "C" __global__ void attn_combine(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
                                         int Dv, float* __restrict__ O, i64 o_st, const int* __restrict__ qpos,
                                         int n_kv, int window, int chunk) {
+    KERNEL_BEGIN();
     const int h = blockIdx.x, t = blockIdx.y;
     const i64 part0 = ((i64)t * H + h) * S;
     const int ns = attn_nsplits(qpos, t, n_kv, window, chunk, S);
@@ -670,6 +686,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ Op, const floa
 extern "C" __global__ void attn_combine_r(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
                                           int Dv, float* __restrict__ O, i64 o_st, int T, int rmode,
                                           const int* __restrict__ qpos, int n_kv, int window, int chunk) {
+    KERNEL_BEGIN();
     const int block = rmode == 4 ? 256 : 32, nb = H * Dv / block;
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (gw >= (i64)T * nb) return;  // uniform over the warp

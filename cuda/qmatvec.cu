@@ -19,6 +19,9 @@
 //       Y[q*ldy + n] is written for q < nq, n < N; with has_bias, the sum + bias[n] (one rounding, as a
 //       separate add would give).
 //
+//   Before KERNEL_BEGIN (common.cuh) a block asks the L2 for its weight rows: the launch may come while the
+//   kernel before is still running, and weights are the one input no kernel writes.
+//
 //   deq_rows_<t>(const u8* W, i64 row_bytes, const int* ids, int K, float* out, i64 ldo)
 //       out[i*ldo + k] = dequant(W[ids[i], k]); block = 128 threads, grid.x = number of ids;
 //       out 16-byte aligned, ldo % 4 == 0 (embedding lookup; also the prefill path's weight tiles).
@@ -78,6 +81,12 @@ __device__ __forceinline__ void qmv_kernel(const u8* __restrict__ W, i64 row_byt
                 Y[(i64)q * ldy + row0 + r] = has_bias ? acc[r][q] + bias[row0 + r] : acc[r][q];
 }
 
+// this block's weight rows (contiguous: `rows` per block) into the L2, before KERNEL_BEGIN
+__device__ __forceinline__ void qmv_prefetch(const u8* W, i64 row_bytes, int N, int rows) {
+    const int first = blockIdx.x * rows;
+    if (first < N) prefetch_l2(W + (i64)first * row_bytes, (i64)imin(rows, N - first) * row_bytes);
+}
+
 template <class B>
 __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 row_bytes, const int* __restrict__ ids,
                                                 int K, float* __restrict__ out, i64 ldo) {
@@ -91,6 +100,8 @@ __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 ro
 
 #define QMV(tname, B, NQ, R)                                                                           \
     extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) qmv_##tname##_q##NQ##_r##R(QMV_ARGS) { \
+        qmv_prefetch(W, row_bytes, N, QMV_WARPS / ws * R);                                            \
+        KERNEL_BEGIN();                                                                                \
         qmv_kernel<B, NQ, R>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias, ws);                                  \
     }
 
@@ -103,6 +114,7 @@ __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 ro
     extern "C" __global__ void __launch_bounds__(128)                                                  \
         deq_rows_##tname(const u8* __restrict__ W, i64 row_bytes, const int* __restrict__ ids, int K,  \
                          float* __restrict__ out, i64 ldo) {                                           \
+        KERNEL_BEGIN();                                                                                \
         deq_rows_kernel<B>(W, row_bytes, ids, K, out, ldo);                                            \
     }
 

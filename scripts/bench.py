@@ -87,6 +87,8 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cp
         from sharpi_core.backends.cuda import peak_bandwidth
         r["weight_gbs"] = model.decode_bytes * r["tg"] / 1e9
         r["peak_gbs"] = peak_bandwidth() / 1e9
+        from sharpi_core.backends.cuda import pdl_status
+        r["pdl"] = pdl_status()[1]  # programmatic dependent launch: on, or off and why
         r["tg_logits"] = decode(host_step)  # the whole logits row copied back every step
         model.use_graphs = False  # the kernels launched one by one (no CUDA graph)
         r["tg_eager"] = decode(device_step)
@@ -222,15 +224,16 @@ def main() -> None:
 def cuda_table(args) -> None:
     from sharpi_core.registry import resolve_model
     print("| model | sharpi pp t/s | sharpi tg t/s | weight GB/s in decode | GPU peak GB/s | of peak "
-          "| tg t/s, logits to the CPU | device arg-max speed-up | tg t/s without CUDA graphs | graph speed-up |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| tg t/s, logits to the CPU | device arg-max speed-up | tg t/s without CUDA graphs | graph speed-up "
+          "| programmatic launch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for spec in args.model or DEFAULT_MODELS:
         rows = [run_sharpi(spec, args) for _ in range(args.runs)]
         bw, peak, tg, eager = med(rows, "weight_gbs"), med(rows, "peak_gbs"), med(rows, "tg"), med(rows, "tg_eager")
         host = med(rows, "tg_logits")
         print(f"| {Path(str(resolve_model(spec))).stem} | {fmt(med(rows, 'pp'))} | {fmt(tg)} | {fmt(bw)} | "
               f"{fmt(peak)} | {100 * bw / peak:.0f}% | {fmt(host)} | {tg / host:.2f}x | {fmt(eager)} | "
-              f"{tg / eager:.2f}x |", flush=True)
+              f"{tg / eager:.2f}x | {rows[0].get('pdl', '')} |", flush=True)
 
 
 if __name__ == "__main__":

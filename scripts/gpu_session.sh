@@ -16,7 +16,8 @@
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part3"   (at once again)
 #       the matvec kernels per Qwen matrix and warp split (bench_cuda_kernels.py), and whole decodes
 #       with one warp per row (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
-#       attention's splits combined by a launch of their own (SHARPI_CUDA_FUSE_COMBINE=0).
+#       attention's splits combined by a launch of their own (SHARPI_CUDA_FUSE_COMBINE=0), and without
+#       programmatic dependent launch (SHARPI_CUDA_PDL=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -84,6 +85,9 @@ part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sh
     at bench.py, attention splits combined by a launch of their own
     SHARPI_CUDA_FUSE_COMBINE=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
         | tee "$OUT/bench_combine_launch.txt"
+    at bench.py, plain launches, no programmatic dependent launch
+    SHARPI_CUDA_PDL=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
+        | tee "$OUT/bench_nopdl.txt"
     at done
     ;;
 part2)

@@ -15,12 +15,14 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 
 from sharpi_core.backends import cuda as cb
@@ -124,3 +126,87 @@ def test_nvrtc_compiles():
         results = list(ex.map(one, jobs))
     failed = [f"{name} {extra} nvrtc error {rc}:\n{log}" for name, extra, rc, log in results if rc != 0]
     assert not failed, "\n\n".join(failed)
+
+
+# ---- programmatic dependent launch ------------------------------------------------------------------
+
+_KERNEL_DEF = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s+)?'
+                         r'\s*([\w#]+)\s*\(')  # names pasted together in macros (qmv_##tname##...) too
+
+
+def _body_start(text: str, at: int) -> str:
+    """The code after the opening brace of the function whose parameter list starts at `at`."""
+    depth, i = 0, at
+    while True:  # the parameter list's closing parenthesis
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+        if depth == 0:
+            break
+    return text[text.index("{", i) + 1:]
+
+
+def test_every_kernel_waits_for_the_one_before_first():
+    # kernels may be launched while the previous one in the stream still runs (cuda.py's PDL): each
+    # must begin with KERNEL_BEGIN() (griddepcontrol.wait) before it touches memory; the matvecs may
+    # first ask the L2 for their weights (memory no kernel writes)
+    seen = []
+    for src in SOURCES:
+        text = re.sub(r"//[^\n]*", "", src.read_text()).replace("\\\n", "\n")
+        for m in _KERNEL_DEF.finditer(text):
+            body = re.sub(r"\s+", " ", _body_start(text, text.index("(", m.end() - 1))).lstrip()
+            body = re.sub(r"^qmv_prefetch\([^;]*\); ", "", body) if m[1].startswith("qmv_") else body
+            assert body.startswith("KERNEL_BEGIN();"), f"{src.name}: {m[1]} starts with {body[:60]!r}"
+            seen.append(m[1])
+    assert len(seen) >= 18 and any(n.startswith("qmv_") for n in seen) and any(n.startswith("attn_") for n in seen)
+
+
+def _cuda_h() -> Path | None:
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "include" / "cuda.h").is_file():
+            return Path(home) / "include"
+    return None
+
+
+def test_launch_structs_match_cuda_h(tmp_path):
+    # cuLaunchKernelEx reads these through ctypes: their layout must be the driver's
+    inc, cc = _cuda_h(), shutil.which("cc") or shutil.which("gcc")
+    if inc is None or cc is None:
+        pytest.skip("no cuda.h (CUDA toolkit) or no C compiler")
+    (tmp_path / "l.c").write_text(r'''#include <cuda.h>
+#include <stddef.h>
+#include <stdio.h>
+int main(void) {
+    printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %d\n", sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, gridDimZ),
+           offsetof(CUlaunchConfig, sharedMemBytes), offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),
+           offsetof(CUlaunchConfig, numAttrs), sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),
+           offsetof(CUlaunchAttributeValue, programmaticStreamSerializationAllowed),
+           (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+    return 0;
+}
+''')
+    r = subprocess.run([cc, "-I", str(inc), "-o", str(tmp_path / "l"), str(tmp_path / "l.c")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    want = [int(v) for v in subprocess.run([str(tmp_path / "l")], capture_output=True, text=True).stdout.split()]
+    C, A = cb.CuLaunchConfig, cb.CuLaunchAttribute
+    assert want == [ctypes.sizeof(C), C.gridDimZ.offset, C.sharedMemBytes.offset, C.hStream.offset, C.attrs.offset,
+                    C.numAttrs.offset, ctypes.sizeof(A), A.value.offset, 0,
+                    cb.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+
+
+def test_kernel_params_point_at_each_value_in_its_c_type():
+    class Dev:  # a device array, as far as kernel_params goes
+        def __init__(self, ptr):
+            self.data = type("P", (), {"ptr": ptr})()
+
+    class CP:
+        ndarray = Dev
+    args = (Dev(0x7F0000001000), np.int32(-5), np.int64(1 << 40), np.float32(0.25), np.uint32(7))
+    params, keep = cb.kernel_params(CP, args)
+    assert ctypes.c_void_p.from_address(params[0]).value == 0x7F0000001000
+    assert ctypes.c_int32.from_address(params[1]).value == -5
+    assert ctypes.c_int64.from_address(params[2]).value == 1 << 40
+    assert ctypes.c_float.from_address(params[3]).value == 0.25
+    assert ctypes.c_uint32.from_address(params[4]).value == 7
+    for bad in (5, 0.5, np.zeros(2, np.float32)):  # ambiguous widths, host memory
+        with pytest.raises(TypeError):
+            cb.kernel_params(CP, (bad,))

@@ -313,12 +313,28 @@ def test_graph_launches_equal_eager_passes_bit_for_bit(kind, cache_type, split):
     gmodel = SplitTransformer(model, 12, ops=ops) if split else CudaTransformer(model, ops=ops)
     gpu = gmodel.gpu if split else gmodel
     ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see the other side")
-    gpu.use_graphs = False
-    want = _graph_script(gmodel, gmodel.new_cache(48, cache_type, cache_type), ids)
+    # on a GPU (sm_90+; the emulator is one) the graphs' kernels go out with programmatic dependent
+    # launch, the eager ones without: that must not change a bit either
+    pdl = ops_of(kind)._pdl if kind == "cuda" else None
+    driver = getattr(ops_of(kind).xp.cuda, "libcuda", None) if kind == "cuda" else None  # the emulator's
+    if pdl is not None:
+        on, why = pdl.status()
+        import cupy  # noqa: PLC0415
+        assert on or int(cupy.cuda.Device().compute_capability) < 90, why
+        pdl.on = False
+    try:
+        gpu.use_graphs = False
+        want = _graph_script(gmodel, gmodel.new_cache(48, cache_type, cache_type), ids)
+    finally:
+        if pdl is not None:
+            pdl.on = on
+    before = driver.launches if driver is not None else 0
     gpu.use_graphs = True
     cache = gmodel.new_cache(48, cache_type, cache_type)
     got = _graph_script(gmodel, cache, ids)
     assert gpu.graph_launches == 6  # 5 of the 6 one-token steps (the first is captured), the last verify
+    if driver is not None:  # the eager passes and the captures went through cuLaunchKernelEx
+        assert driver.launches - before > 100, driver.last_error
     for i, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), f"pass {i}"
     # the graphs hold the cache's arrays, not the cache: they go with it

@@ -22,6 +22,7 @@ so that target and draft models can run on separate streams; outputs are allocat
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import sys
@@ -255,7 +256,7 @@ def module(name: str, options: tuple = ()):
         return mod
 
 
-def function(src: str, kernel: str, options: tuple = ()):
+def function(src: str, kernel: str, options: tuple = ()) -> "Kernel":
     """A kernel of cuda/<src>.cu (compiling the module on first use)."""
     cp = _cupy()
     key = (src, tuple(options), cp.cuda.Device().id, kernel)
@@ -263,8 +264,153 @@ def function(src: str, kernel: str, options: tuple = ()):
     if fn is None:
         mod = module(src, options)
         with _lock:
-            fn = _functions.setdefault(key, mod.get_function(kernel))
+            fn = _functions.setdefault(key, Kernel(mod.get_function(kernel)))
     return fn
+
+
+# ---- launches: programmatic dependent launch ---------------------------------------------------------
+# A decoding step is a chain of a few hundred small kernels, each waiting for the one before: on a GPU
+# much of a step is launch latency, not memory traffic. With CUDA's programmatic stream serialization
+# (sm_90+, launched through the driver's cuLaunchKernelEx) the next kernel is launched while this one
+# runs: its blocks become resident, prefetch their weights into the L2 and wait in griddepcontrol.wait
+# (KERNEL_BEGIN in cuda/common.cuh, which every kernel starts with). Inside CUDA graphs this becomes a
+# programmatic edge. SHARPI_CUDA_PDL=0 launches every kernel the plain way (same results).
+PDL = os.environ.get("SHARPI_CUDA_PDL", "1") != "0"
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h's CUlaunchAttributeID
+
+
+class CuLaunchAttribute(ctypes.Structure):  # cuda.h's CUlaunchAttribute: an id, then a 64-byte value union at 8
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class CuLaunchConfig(ctypes.Structure):  # cuda.h's CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(CuLaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def kernel_params(cp, args) -> tuple[ctypes.Array, list]:
+    """cuLaunchKernelEx's kernelParams for `args` (what a RawKernel call takes: device arrays, numpy
+    scalars): an array of pointers, one to each argument's value, and the objects holding those values
+    (alive until the launch returns; the driver copies them)."""
+    params = (ctypes.c_void_p * max(1, len(args)))()
+    keep = []
+    for i, a in enumerate(args):
+        if isinstance(a, cp.ndarray):  # a pointer argument: the array's device address, by value
+            v = ctypes.c_void_p(a.data.ptr)
+            params[i] = ctypes.addressof(v)
+        elif isinstance(a, np.generic) and a.dtype.kind in "iuf":  # the scalar in its own C type
+            v = np.array(a)
+            params[i] = v.ctypes.data
+        else:  # a Python int would be ambiguous (CuPy passes it as 64 bits)
+            raise TypeError(f"kernel argument {i}: {type(a).__name__}; pass device arrays or numpy scalars")
+        keep.append(v)
+    return params, keep
+
+
+def _dim3(v) -> tuple[int, int, int]:
+    v = tuple(int(x) for x in v)
+    return v + (1,) * (3 - len(v))
+
+
+class _Pdl:
+    """Whether kernels go out with programmatic dependent launch: decided once per process, the first
+    time it is asked (CudaTransformer asks at construction, before any graph capture) by a launch and a
+    captured pair of launches that must give the right value."""
+
+    def __init__(self):
+        self.on: bool | None = None
+        self.why = ""
+        self.launch_ex = None  # cuLaunchKernelEx
+        self._lock = threading.Lock()
+
+    def status(self) -> tuple[bool, str]:
+        if self.on is None:
+            with self._lock:  # not the module's _lock: the probe compiles a module under that one
+                if self.on is None:
+                    self.on, self.why = self._probe()
+        return self.on, self.why
+
+    def _probe(self) -> tuple[bool, str]:
+        if not PDL:
+            return False, "off (SHARPI_CUDA_PDL=0)"
+        cp = _cupy()
+        try:
+            cc = int(cp.cuda.Device().compute_capability)
+        except Exception as e:
+            return False, f"off (compute capability unknown: {e})"
+        if cc < 90:
+            return False, f"off (sm_{cc}; programmatic launches need sm_90)"
+        try:
+            lib = getattr(cp.cuda, "libcuda", None) or ctypes.CDLL("libcuda.so.1")  # the emulator brings its own
+            fn = lib.cuLaunchKernelEx
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 4
+        except (OSError, AttributeError) as e:
+            return False, f"off (no cuLaunchKernelEx in the driver: {e})"
+        self.launch_ex = fn
+        try:  # x = 1, then x *= 2 eagerly and x *= 3 twice from a captured graph: 18
+            k = function("ops", "scale_f32")
+            s = new_stream()
+            with s:
+                x = cp.ones(1, dtype=cp.float32)
+                args = lambda f: (x, _i64(1), _i32(1), _i32(1), _f32(f))  # noqa: E731
+                self.launch(k.raw, (1,), (32,), args(2.0), 0)
+            g = capture(lambda: [self.launch(k.raw, (1,), (32,), args(3.0), 0) for _ in range(2)], s)
+            g.launch(s)
+            s.synchronize()
+            got = float(x.get()[0])
+        except Exception as e:
+            self.launch_ex = None
+            return False, f"off (the probe launch failed: {type(e).__name__}: {e})"
+        if got != 18.0:
+            self.launch_ex = None
+            return False, f"off (the probe launches gave {got}, not 18)"
+        return True, "on"
+
+    def launch(self, raw, grid, block, args, shared_mem: int) -> None:
+        cp = _cupy()
+        params, keep = kernel_params(cp, args)
+        attr = CuLaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        ctypes.c_int.from_buffer(attr, CuLaunchAttribute.value.offset).value = 1  # programmaticStreamSerializationAllowed
+        cfg = CuLaunchConfig(*_dim3(grid), *_dim3(block), int(shared_mem), cp.cuda.get_current_stream().ptr,
+                             ctypes.pointer(attr), 1)
+        rc = self.launch_ex(ctypes.addressof(cfg), raw.kernel.ptr, ctypes.addressof(params), None)
+        if rc:
+            raise RuntimeError(f"cuLaunchKernelEx: CUDA error {rc} launching {getattr(raw, 'name', raw)} "
+                               f"grid {grid} block {block}")
+
+
+_pdl = _Pdl()
+
+
+def pdl_status() -> tuple[bool, str]:
+    """(whether kernels are launched with programmatic dependent launch, a word on why)."""
+    return _pdl.status()
+
+
+class Kernel:
+    """A kernel of cuda/*.cu, called like cupy.RawKernel: `k(grid, block, args, shared_mem=0)` on the
+    current stream; with programmatic dependent launch where it is on (not on the legacy default
+    stream, whose implicit synchronisation it would not keep)."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self.raw.max_dynamic_shared_size_bytes
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, n: int) -> None:
+        self.raw.max_dynamic_shared_size_bytes = n
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        if _pdl.status()[0] and _cupy().cuda.get_current_stream().ptr:
+            _pdl.launch(self.raw, grid, block, args, shared_mem)
+        else:
+            self.raw(grid, block, args, shared_mem=shared_mem)
 
 
 def qmv_options(qtype) -> tuple:

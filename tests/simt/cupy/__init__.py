@@ -347,6 +347,8 @@ class Stream:
 
     def __init__(self, null=False, non_blocking=False, ptds=False):
         self.ptr = 0 if null else id(self)
+        if not null:
+            _streams[self.ptr] = self
 
     def __enter__(self):
         stack = getattr(_current, "streams", None)
@@ -441,6 +443,7 @@ def _get_elapsed_time(start: Event, end: Event) -> float:
 
 class _Cuda:
     runtime = _Runtime()
+    libcuda = None  # the emulated driver (_Driver), set below
     Device = Device
     Stream = Stream
     Event = Event
@@ -627,10 +630,18 @@ class RawKernel:
             if arr is not None:
                 arrays.append(arr)
         dims = (_dims(grid), _dims(block), int(shared_mem), int(self.max_dynamic_shared_size_bytes))
-        on = stream if stream is not None else _get_current_stream()
-        if _capturing and _capturing[0] is on:
+        self._launch(vals, dims, arrays, stream if stream is not None else _get_current_stream())
+
+    @property
+    def kernel(self):  # CuPy's Function: `.ptr` is the CUfunction handle, here a key of _handles
+        h = id(self)
+        _handles[h] = self
+        return _Pointer(h)
+
+    def _launch(self, vals, dims, arrays, stream) -> None:
+        if _capturing and _capturing[0] is stream:
             roots = [_root(a) for a in arrays]
-            on._record.append((self, vals, dims, [weakref.ref(r) for r in roots if r is not None]))
+            stream._record.append((self, vals, dims, [weakref.ref(r) for r in roots if r is not None]))
             return
         self._run(vals, dims, arrays)
 
@@ -646,6 +657,84 @@ class RawKernel:
                 raise RuntimeError(f"kernel {self.name} grid {grid} block {block}: {get().decode()}")
         for a in arrays:
             _check_guards(a, f"kernel {self.name}")
+
+
+# ---- the driver's cuLaunchKernelEx (what sharpi_core/backends/cuda.py calls through ctypes) --------------
+_handles: dict[int, RawKernel] = {}  # CUfunction handle -> kernel
+_streams: "weakref.WeakValueDictionary[int, Stream]" = weakref.WeakValueDictionary()  # CUstream -> Stream
+CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_LAUNCH_FAILED = 1, 400, 719
+
+
+class _CUlaunchAttribute(ctypes.Structure):  # cuda.h
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
+
+
+class _CUlaunchConfig(ctypes.Structure):  # cuda.h
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_CUlaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def _allocation_of(ptr: int):
+    """The allocation (buffer) whose array memory holds device address ptr, or None."""
+    for key, buf in list(_allocations.items()):
+        start, nbytes = _info.get(key, (0, -1))
+        base = buf.ctypes.data + start
+        if base <= ptr < base + max(nbytes, 1):
+            return buf
+    return None
+
+
+class _Driver:
+    """libcuda, as far as cuLaunchKernelEx goes: the launch reads its arguments the way the driver does
+    (each kernelParams entry points at a value of the kernel parameter's C type), refuses pointers that
+    are not inside a live allocation and attributes other than programmatic stream serialization, and
+    then runs (or records, while its stream captures) like a RawKernel call. The counts are for tests."""
+
+    def __init__(self):
+        self.launches = 0
+        self.last_error = ""
+        self.cuLaunchKernelEx = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                                 ctypes.c_void_p, ctypes.c_void_p)(self._launch_ex)
+
+    def _launch_ex(self, cfg_p, fn, params_p, extra) -> int:
+        try:
+            cfg = _CUlaunchConfig.from_address(cfg_p)
+            k = _handles.get(fn or 0)
+            if k is None or extra:
+                return CUDA_ERROR_INVALID_HANDLE if k is None else CUDA_ERROR_INVALID_VALUE
+            for i in range(cfg.numAttrs):
+                a = cfg.attrs[i]
+                if a.id != 6 or int.from_bytes(bytes(a.value[:4]), "little") not in (0, 1):
+                    self.last_error = f"launch attribute {a.id}"
+                    return CUDA_ERROR_INVALID_VALUE
+            params = ctypes.cast(params_p, ctypes.POINTER(ctypes.c_void_p))
+            vals, arrays = [], []
+            for i, code in enumerate(k.signature):
+                at = params[i]
+                if code in "FNP":
+                    ptr = ctypes.c_void_p.from_address(at).value or 0
+                    buf = _allocation_of(ptr)
+                    if buf is None:
+                        self.last_error = f"{k.name}: argument {i} (0x{ptr:x}) is not in a live allocation"
+                        return CUDA_ERROR_INVALID_VALUE
+                    vals.append(ctypes.c_void_p(ptr))
+                    arrays.append(buf)
+                else:
+                    vals.append(_CTYPES[code](_CTYPES[code].from_address(at).value))
+            dims = ((cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ), (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ),
+                    int(cfg.sharedMemBytes), int(k.max_dynamic_shared_size_bytes))
+            stream = _streams.get(cfg.hStream) if cfg.hStream else Stream.null
+            if stream is None:
+                self.last_error = f"unknown stream 0x{cfg.hStream:x}"
+                return CUDA_ERROR_INVALID_HANDLE
+            k._launch(vals, dims, arrays, stream)
+            self.launches += 1
+            return 0
+        except Exception as e:  # an exception cannot cross the C callback: report it as a launch failure
+            self.last_error = f"{type(e).__name__}: {e}"
+            return CUDA_ERROR_LAUNCH_FAILED
 
 
 class RawModule:
@@ -669,3 +758,6 @@ class RawModule:
                 raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name})")
             k = self._functions[name] = RawKernel(name=name, _lib=self._lib, _bound=self._bounds[name])
         return k
+
+
+cuda.libcuda = _Driver()
