@@ -111,6 +111,7 @@ def capture(fn, stream):
     """fn's work on `stream` recorded as a CUDA graph (nothing runs now) -> a graph whose
     `launch(stream)` replays it. fn must launch kernels only: no allocation (the graph would keep
     pointers the memory pool may hand out again), no transfer; arguments are fixed at capture."""
+    _pdl.status()  # decided before: the probe allocates and synchronises, which a capture forbids
     with stream:
         stream.begin_capture()
         try:
@@ -324,12 +325,19 @@ class _Pdl:
         self.why = ""
         self.launch_ex = None  # cuLaunchKernelEx
         self._lock = threading.Lock()
+        self._probing = False
 
     def status(self) -> tuple[bool, str]:
         if self.on is None:
+            if self._probing:  # the probe's own capture asking
+                return False, "being probed"
             with self._lock:  # not the module's _lock: the probe compiles a module under that one
                 if self.on is None:
-                    self.on, self.why = self._probe()
+                    self._probing = True
+                    try:
+                        self.on, self.why = self._probe()
+                    finally:
+                        self._probing = False
         return self.on, self.why
 
     def _probe(self) -> tuple[bool, str]:
