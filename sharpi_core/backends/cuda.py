@@ -317,8 +317,8 @@ def _dim3(v) -> tuple[int, int, int]:
 
 class _Pdl:
     """Whether kernels go out with programmatic dependent launch: decided once per process, the first
-    time it is asked (CudaTransformer asks at construction, before any graph capture) by a launch and a
-    captured pair of launches that must give the right value."""
+    time it is asked (at the first kernel launch, or by capture() before it begins: never inside a
+    capture) by a launch and a captured pair of launches that must give the right value."""
 
     def __init__(self):
         self.on: bool | None = None

@@ -251,8 +251,6 @@ class CudaTransformer:
         self._tables: dict = {}   # rope base -> device (cos, sin) table
         self._heads: dict = {}    # n -> the output layer's first n rows
         self.use_graphs = GRAPHS and hasattr(ops, "capture")
-        if hasattr(ops, "pdl_status"):  # decided now, by launches of its own, not later inside a capture
-            ops.pdl_status()
         # greedy steps take the arg-max here and bring back 4 bytes a row (forward_argmax, greedy_chain)
         self.device_argmax = DEVICE_ARGMAX
         self._biases: dict = {}   # (logit bias pairs, width) -> dense device bias

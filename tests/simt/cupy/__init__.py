@@ -665,17 +665,6 @@ _streams: "weakref.WeakValueDictionary[int, Stream]" = weakref.WeakValueDictiona
 CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_LAUNCH_FAILED = 1, 400, 719
 
 
-class _CUlaunchAttribute(ctypes.Structure):  # cuda.h
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
-
-
-class _CUlaunchConfig(ctypes.Structure):  # cuda.h
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_CUlaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
 def _allocation_of(ptr: int):
     """The allocation (buffer) whose array memory holds device address ptr, or None."""
     for key, buf in list(_allocations.items()):
@@ -699,14 +688,17 @@ class _Driver:
                                                  ctypes.c_void_p, ctypes.c_void_p)(self._launch_ex)
 
     def _launch_ex(self, cfg_p, fn, params_p, extra) -> int:
+        # cuda.h's structs as the backend declares them (tests/test_cuda_compile.py checks those against cuda.h)
+        from sharpi_core.backends import cuda as cb  # noqa: PLC0415
         try:
-            cfg = _CUlaunchConfig.from_address(cfg_p)
+            cfg = cb.CuLaunchConfig.from_address(cfg_p)
             k = _handles.get(fn or 0)
             if k is None or extra:
                 return CUDA_ERROR_INVALID_HANDLE if k is None else CUDA_ERROR_INVALID_VALUE
             for i in range(cfg.numAttrs):
                 a = cfg.attrs[i]
-                if a.id != 6 or int.from_bytes(bytes(a.value[:4]), "little") not in (0, 1):
+                value = ctypes.c_int.from_address(ctypes.addressof(a) + cb.CuLaunchAttribute.value.offset).value
+                if a.id != cb.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION or value not in (0, 1):
                     self.last_error = f"launch attribute {a.id}"
                     return CUDA_ERROR_INVALID_VALUE
             params = ctypes.cast(params_p, ctypes.POINTER(ctypes.c_void_p))
