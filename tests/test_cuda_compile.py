@@ -4,8 +4,9 @@
   qmatvec.cu cut down to one weight type (-DQMV_ONLY), so ptxas checks the inline PTX too while
   the test stays fast; skipped where nvcc is not on PATH;
 - the same sources, expanded as sharpi_core.backends.cuda hands them to NVRTC, compile with NVRTC
-  (to PTX, compute_90) when a libnvrtc is found (pip's nvidia-cuda-nvrtc-cu12, the toolkit, or
-  $SHARPI_NVRTC_LIB), both whole and as the one-type modules the wrapper builds;
+  and CuPy's options to cubins, every module the wrapper builds, each holding the kernels the wrapper
+  launches from it, when a libnvrtc is found (pip's nvidia-cuda-nvrtc, which the test extra
+  installs on Linux x86-64; the toolkit's; or $SHARPI_NVRTC_LIB);
 The kernels' results are checked without a GPU by tests/test_simt.py (the same sources run in a
 CPU emulator of the GPU's threads).
 """
@@ -17,6 +18,7 @@ import glob
 import os
 import re
 import shutil
+import struct
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -69,10 +71,10 @@ def _find_nvrtc() -> str | None:
     if env:
         return env
     cands = []
-    try:
-        import nvidia.cuda_nvrtc  # noqa: PLC0415 (pip's nvidia-cuda-nvrtc-cu12)
-        for base in nvidia.cuda_nvrtc.__path__:
-            cands += sorted(glob.glob(os.path.join(base, "lib", "libnvrtc.so*")))
+    try:  # pip's nvidia-cuda-nvrtc (the test extra): nvidia/cu13/lib, or nvidia/cuda_nvrtc/lib for -cu12
+        import nvidia  # noqa: PLC0415
+        for base in nvidia.__path__:
+            cands += sorted(glob.glob(os.path.join(base, "*", "lib", "libnvrtc.so*")))
     except ImportError:
         pass
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
@@ -82,7 +84,8 @@ def _find_nvrtc() -> str | None:
     return cands[0] if cands else ctypes.util.find_library("nvrtc")
 
 
-def _nvrtc_compile(lib, source: str, name: str, options: list[str]) -> tuple[int, str]:
+def _nvrtc_compile(lib, source: str, name: str, options: list[str]) -> tuple[int, str, bytes]:
+    """-> (nvrtc status, log, cubin)."""
     prog = ctypes.c_void_p()
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None)
     assert rc == 0, f"nvrtcCreateProgram: {rc}"
@@ -93,39 +96,94 @@ def _nvrtc_compile(lib, source: str, name: str, options: list[str]) -> tuple[int
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         buf = ctypes.create_string_buffer(size.value)
         lib.nvrtcGetProgramLog(prog, buf)
-        return rc, buf.value.decode(errors="replace")
+        cubin = b""
+        if rc == 0:
+            lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+            out = ctypes.create_string_buffer(size.value)
+            assert lib.nvrtcGetCUBIN(prog, out) == 0
+            cubin = out.raw
+        return rc, buf.value.decode(errors="replace"), cubin
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-# Options CuPy (13, 14) adds to every RawModule compile with NVRTC.
+def _elf_functions(elf: bytes) -> set[str]:
+    """The global function symbols of an ELF64 little-endian object (a cubin's kernels)."""
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _, sh_type, _, _, off, size, link, _, _, entsize in sections:
+        if sh_type != 2:  # SHT_SYMTAB
+            continue
+        str_off = sections[link][4]
+        for j in range(size // entsize):
+            st_name, st_info = struct.unpack_from("<IB", elf, off + j * entsize)
+            if st_info >> 4 == 1 and st_info & 0xF == 2:  # STB_GLOBAL, STT_FUNC
+                end = elf.index(b"\0", str_off + st_name)
+                names.add(elf[str_off + st_name:end].decode())
+    return names
+
+
+def _launched_kernels(module_options: tuple) -> set[str]:
+    """The kernel names sharpi_core.backends.cuda asks a module built with these options for."""
+    if module_options:  # a qmatvec module of one weight type
+        t = Q(int(module_options[0].split("=")[1]))
+        tn = cb.TYPE_NAMES[t]
+        return {f"deq_rows_{tn}"} | {f"qmv_{tn}_q{nq}_r{r}" for nq, r in cb.QMV_VARIANTS}
+    text = Path(cb.__file__).read_text()
+    names = set(re.findall(r'function\("ops", "(\w+)"\)', text))
+    # the two names built at run time: kv_append's cache type, attention's (K, V) cache types
+    assert len(re.findall(r'function\("ops", [^"]', text)) == 2, "a new computed kernel name: list it here"
+    kinds = ("f16", "q8_0")
+    return names | {f"kv_append_{k}" for k in kinds} | {f"attn_partial_{k}_{v}" for k in kinds for v in kinds}
+
+
+# Options CuPy (13, 14) adds to every RawModule compile with NVRTC (and "--pch" from NVRTC 12.8 on).
 CUPY_ADDS = ("-ftz=true", "--device-as-default-execution-space")
 
 
 def test_nvrtc_compiles():
+    # Every module the wrapper builds (ops.cu; qmatvec.cu once per weight type), compiled the way
+    # CuPy's RawModule does (its options, -arch=sm_XX: a cubin, so ptxas checks the inline PTX too),
+    # holds every kernel the wrapper launches from it.
     path = _find_nvrtc()
     if not path:
-        pytest.skip("no libnvrtc found (pip install nvidia-cuda-nvrtc-cu12, or set SHARPI_NVRTC_LIB)")
+        pytest.skip("no libnvrtc found (pip install nvidia-cuda-nvrtc, or set SHARPI_NVRTC_LIB)")
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
         pytest.skip(f"cannot load {path}: {e}")
-    lib.nvrtcCreateProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p,
-                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    lib.nvrtcCompileProgram.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-    lib.nvrtcGetProgramLogSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
-    lib.nvrtcGetProgramLog.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    jobs = [(name, ()) for name in cb.SOURCES] + [("qmatvec", cb.qmv_options(Q.Q4_K))]
+    P, I = ctypes.c_void_p, ctypes.c_int
+    lib.nvrtcVersion.argtypes = [ctypes.POINTER(I), ctypes.POINTER(I)]
+    lib.nvrtcCreateProgram.argtypes = [ctypes.POINTER(P), ctypes.c_char_p, ctypes.c_char_p, I, P, P]
+    lib.nvrtcCompileProgram.argtypes = [P, I, ctypes.POINTER(ctypes.c_char_p)]
+    lib.nvrtcGetProgramLogSize.argtypes = lib.nvrtcGetCUBINSize.argtypes = [P, ctypes.POINTER(ctypes.c_size_t)]
+    lib.nvrtcGetProgramLog.argtypes = lib.nvrtcGetCUBIN.argtypes = [P, ctypes.c_char_p]
+    lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(P)]
+    major, minor = I(), I()
+    assert lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0
+    adds = CUPY_ADDS + (("--pch",) if (major.value, minor.value) >= (12, 8) else ())
+    modules = [("ops", ())] + [("qmatvec", cb.qmv_options(t)) for t in cb.TYPE_NAMES]
+    jobs = [(name, extra, "sm_90") for name, extra in modules] + [("ops", (), "sm_80"),
+                                                                   ("qmatvec", cb.qmv_options(Q.Q6_K), "sm_80")]
 
     def one(job):
-        name, extra = job
-        return name, extra, *_nvrtc_compile(lib, cb.kernel_source(name), f"{name}.cu",
-                                            [*cb.NVRTC_OPTIONS, *extra, *CUPY_ADDS, "-arch=compute_90"])
-    with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
-        results = list(ex.map(one, jobs))
-    failed = [f"{name} {extra} nvrtc error {rc}:\n{log}" for name, extra, rc, log in results if rc != 0]
-    assert not failed, "\n\n".join(failed)
+        name, extra, arch = job
+        rc, log, cubin = _nvrtc_compile(lib, cb.kernel_source(name), f"{name}.cu",
+                                        [*cb.NVRTC_OPTIONS, *extra, *adds, f"-arch={arch}"])
+        if rc != 0:
+            return f"{name} {extra} {arch}: nvrtc error {rc}:\n{log}"
+        # --pch logs its header files (there are none to precompile: it only talks)
+        said = [ln for ln in log.splitlines() if ln.strip() and "precompiled header" not in ln
+                and "-diag-suppress" not in ln]
+        if said:
+            return f"{name} {extra} {arch}: warnings:\n{log}"
+        missing = _launched_kernels(extra) - _elf_functions(cubin)
+        return f"{name} {extra} {arch}: no kernel {sorted(missing)}" if missing else None
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
+        failed = [r for r in ex.map(one, jobs) if r]
+    assert not failed, f"NVRTC {major.value}.{minor.value}:\n" + "\n\n".join(failed)
 
 
 # ---- programmatic dependent launch ------------------------------------------------------------------
