@@ -100,6 +100,10 @@ def run(
                                            "different knob (the draft's own confidence cut-off)")] = 0.0,
     spec_ngram_max: Annotated[int, Opt("--spec-ngram-max", help="lookup: longest n-gram matched")] = 3,
     spec_ngram_min: Annotated[int, Opt("--spec-ngram-min", help="lookup: shortest n-gram matched (>= 2)")] = 2,
+    cache_type_k_draft: Annotated[Optional[str], Opt("-ctkd", "--spec-draft-type-k", "--cache-type-k-draft",
+                                                     help="the draft's KV cache type for K (default: as -ctk)")] = None,
+    cache_type_v_draft: Annotated[Optional[str], Opt("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft",
+                                                     help="the draft's KV cache type for V (default: as -ctv)")] = None,
     ctx_size_draft: Annotated[int, Opt("-cd", "--ctx-size-draft", help="draft context (0 = min(target ctx, 4096))")] = 0,
     spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", help="draft layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N")] = -1,
     spec_draft_vocab: Annotated[int, Opt("--spec-draft-vocab", help="the draft's output layer computes token ids [0, N) only "

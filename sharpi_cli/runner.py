@@ -52,6 +52,8 @@ class RunOptions:
     spec_ngram_max: int = 3
     spec_ngram_min: int = 2
     ctx_size_draft: int = 0
+    cache_type_k_draft: str | None = None  # None: as cache_type_k
+    cache_type_v_draft: str | None = None
     spec_draft_ngl: int = -1
     spec_draft_vocab: int = -1
 
@@ -88,8 +90,9 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid --repeat-penalty {o.repeat_penalty}: must be > 0 (1 = off)")
     if o.repeat_last_n < -1:
         raise UsageError(f"invalid --repeat-last-n {o.repeat_last_n}: must be >= -1")
-    for flag, v in (("-ctk/--cache-type-k", o.cache_type_k), ("-ctv/--cache-type-v", o.cache_type_v)):
-        if v not in CACHE_TYPES:
+    for flag, v in (("-ctk/--cache-type-k", o.cache_type_k), ("-ctv/--cache-type-v", o.cache_type_v),
+                    ("-ctkd/--spec-draft-type-k", o.cache_type_k_draft), ("-ctvd/--spec-draft-type-v", o.cache_type_v_draft)):
+        if v is not None and v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
     check_flash_attn(o.flash_attn)
     if o.device not in ("cpu", "cuda"):
@@ -262,8 +265,9 @@ def run(o: RunOptions) -> int:
         log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
             "the output is no longer an exact sample of the target model")
     if o.verbose:
-        log(f"sharpi: model {target.path} ({target.model.config.arch}, {target.model.config.n_layer} layers, "
-            f"{target.model.weight_bytes / 1e6:.0f} MB weights), n_ctx {n_ctx}, seed {seed}")
+        log(f"sharpi: model {describe(target, cache)}, seed {seed}")
+        if draft is not None:
+            log(f"sharpi: draft {describe(draft, drafter.cache)}")
 
     if interactive:
         from .chat import chat_loop
@@ -303,8 +307,19 @@ def run(o: RunOptions) -> int:
     return 130 if res.stop_reason == "interrupted" else 0
 
 
+def describe(m, cache) -> str:
+    c = m.model.config
+    return (f"{m.path} ({c.arch}, {c.n_layer} layers, {m.model.weight_bytes / 1e6:.0f} MB weights), "
+            f"n_ctx {cache.capacity}, KV cache K {cache.type_k} V {cache.type_v}")
+
+
 def draft_ctx(o: RunOptions, n_ctx: int) -> int:
     return o.ctx_size_draft or min(n_ctx, 4096)
+
+
+def draft_cache_types(o: RunOptions) -> tuple[str, str]:
+    """The draft's KV cache types: -ctkd / -ctvd, else the target's -ctk / -ctv."""
+    return o.cache_type_k_draft or o.cache_type_k, o.cache_type_v_draft or o.cache_type_v
 
 
 def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0):
@@ -335,7 +350,11 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
-    dcache = draft.model.new_cache(n_ctx_d, o.cache_type_k, o.cache_type_v)
+    types = draft_cache_types(o)
+    try:
+        dcache = draft.model.new_cache(n_ctx_d, *types)
+    except UsageError as e:  # a type the GPU does not keep: name the draft's flags
+        raise UsageError(str(e).replace("-ctk ", "-ctkd ").replace("-ctv ", "-ctvd ")) from None
     import torch
     g = torch.Generator().manual_seed(seed + 1)
     head = engine.draft_head_vocab(o.spec_draft_vocab, draft.tokenizer)

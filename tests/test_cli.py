@@ -150,6 +150,7 @@ def test_system_prompt_needs_a_chat_template():
     (("-l", "abc"), "logit-bias"),
     (("-l", "15+x"), "logit-bias"),
     (("-ctk", "q4_0"), "cache-type-k"),
+    (("-ctvd", "q4_1"), "-ctvd/--spec-draft-type-v"),
     (("--draft-lookup", "-md", "whatever.gguf"), "mutually exclusive"),
     (("--spec-ngram-min", "1", "--draft-lookup"), "--spec-ngram-min"),
     (("--spec-draft-vocab", "-2"), "--spec-draft-vocab"),
@@ -234,6 +235,21 @@ def test_self_draft_accepts_everything_and_p_min_warns(smol):
     assert cut["tokens"] == plain["tokens"] and cut["speculative"]["accepted"] < cut["speculative"]["drafted"]
     r = sharpi("-m", smol, "-md", smol, "-p", "Hi", "-n", 4, "--spec-draft-p-min", "0.5", "--json")
     assert r.returncode == 0 and "no longer an exact sample" in r.stderr
+
+
+def test_draft_cache_types(smol):
+    # the draft keeps its cache in -ctkd / -ctvd (else the target's -ctk / -ctv); the output stays
+    # the target's greedy text whatever the draft's cache holds
+    args = ("-m", smol, "-p", "Once upon a time", "-n", 16, "--temp", 0, "--json", "-v")
+    plain = json.loads(sharpi(*args, "-ctk", "q8_0").stdout)
+    r = sharpi(*args, "-md", smol, "-ctk", "q8_0", "-ctkd", "f32", "-ctvd", "q8_0")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] == plain["tokens"]
+    lines = [ln for ln in r.stderr.splitlines() if "KV cache" in ln]
+    assert lines[0].startswith("sharpi: model ") and "KV cache K q8_0 V f16" in lines[0]
+    assert lines[1].startswith("sharpi: draft ") and "KV cache K f32 V q8_0" in lines[1]
+    r = sharpi(*args, "-md", smol, "-ctv", "q8_0")
+    assert "KV cache K f16 V q8_0" in [ln for ln in r.stderr.splitlines() if ln.startswith("sharpi: draft ")][0]
 
 
 def test_spec_sample_switch_note(smol):
