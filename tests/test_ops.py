@@ -383,12 +383,24 @@ def attention_ggml_fa(q, cache, start, window, scale, mode, n_ctx):
     return torch.from_numpy(out)
 
 
-@pytest.mark.parametrize("case", ["short prompt", "tiled prompt", "decode", "decode, two chunks"])
+FA_CASES = {  # L, T, mode, window, H, Hkv
+    "short prompt": (40, 5, cpu.ATTN_FA_PROMPT, 0, 4, 2),
+    "tiled prompt": (100, 70, cpu.ATTN_FA_PROMPT, 37, 4, 2),
+    "decode": (90, 2, cpu.ATTN_FA_DECODE, 0, 4, 2),
+    "decode, two chunks": (300, 2, cpu.ATTN_FA_DECODE, 0, 4, 2),
+    # rows padded to 256 and to 512 positions (one chunk, two) in one run of tasks a thread takes
+    "decode, one and two chunks": (259, 5, cpu.ATTN_FA_DECODE, 0, 3, 1),
+    # a window that leaves the first of two chunks empty
+    "decode, window past the first chunk": (600, 3, cpu.ATTN_FA_DECODE, 200, 6, 2),
+    "decode, odd head count": (50, 3, cpu.ATTN_FA_DECODE, 0, 5, 5),
+}
+
+
+@pytest.mark.parametrize("case", list(FA_CASES))
 def test_attention_is_llamacpp_flash_attention_bit_for_bit(case):
     g = torch.Generator().manual_seed(11)
-    H, Hkv, D = 4, 2, 64
-    L, T, mode, window = {"short prompt": (40, 5, cpu.ATTN_FA_PROMPT, 0), "tiled prompt": (100, 70, cpu.ATTN_FA_PROMPT, 37),
-                          "decode": (90, 2, cpu.ATTN_FA_DECODE, 0), "decode, two chunks": (300, 2, cpu.ATTN_FA_DECODE, 0)}[case]
+    D = 64
+    L, T, mode, window, H, Hkv = FA_CASES[case]
     cache = KVCache(1, 1024, Hkv, D, D, "f16", "f16")
     cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
     cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
