@@ -353,8 +353,13 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     types = draft_cache_types(o)
     try:
         dcache = draft.model.new_cache(n_ctx_d, *types)
-    except UsageError as e:  # a type the GPU does not keep: name the draft's flags
-        raise UsageError(str(e).replace("-ctk ", "-ctkd ").replace("-ctv ", "-ctvd ")) from None
+    except UsageError as e:  # a type the GPU does not keep: name the flag it came from
+        msg = str(e)
+        if o.cache_type_k_draft:
+            msg = msg.replace("-ctk ", "-ctkd ")
+        if o.cache_type_v_draft:
+            msg = msg.replace("-ctv ", "-ctvd ")
+        raise UsageError(msg) from None
     import torch
     g = torch.Generator().manual_seed(seed + 1)
     head = engine.draft_head_vocab(o.spec_draft_vocab, draft.tokenizer)

@@ -252,6 +252,27 @@ def test_draft_cache_types(smol):
     assert "KV cache K f16 V q8_0" in [ln for ln in r.stderr.splitlines() if ln.startswith("sharpi: draft ")][0]
 
 
+@pytest.mark.parametrize("draft_flags,named", [({}, "-ctk f32"), ({"cache_type_k_draft": "f32"}, "-ctkd f32")])
+def test_draft_cache_type_refused_names_its_flag(monkeypatch, draft_flags, named):
+    # a cache type the draft's device refuses (the GPU keeps f16 / q8_0) is reported under the flag
+    # the type came from: -ctkd when given, else the target's -ctk
+    from types import SimpleNamespace
+
+    from sharpi_cli import runner
+    from sharpi_core import engine
+    from sharpi_core.errors import UsageError
+
+    def refuse(n_ctx, type_k, type_v):
+        raise UsageError(f"-ctk {type_k}: the CUDA backend keeps the KV cache in f16 or q8_0")
+    draft = SimpleNamespace(model=SimpleNamespace(new_cache=refuse), tokenizer=None)
+    monkeypatch.setattr(runner, "_load", lambda *a, **k: draft)
+    monkeypatch.setattr(engine, "check_draft_compatible", lambda *a: None)
+    o = runner.RunOptions(model_draft="draft.gguf", device="cuda", cache_type_k="f32", **draft_flags)
+    with pytest.raises(UsageError) as e:
+        runner._make_drafter(o, SimpleNamespace(tokenizer=None), None, 0, 256)
+    assert str(e.value).startswith(named + ":")
+
+
 def test_spec_sample_switch_note(smol):
     r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0.7, "--draft-lookup", "--json",
                env={"SHARPI_SPEC_SAMPLE": "0"})
