@@ -322,15 +322,15 @@ def draft_cache_types(o: RunOptions) -> tuple[str, str]:
     return o.cache_type_k_draft or o.cache_type_k, o.cache_type_v_draft or o.cache_type_v
 
 
-def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0):
+def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = True):
     """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
-    llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl)."""
+    llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl); encoder: see engine.load."""
     from sharpi_core import engine
     from sharpi_core.kernels import cpu
     path = resolve_with_progress(spec)
     cpu.build_notice = lambda: log("sharpi: compiling the CPU kernels for this machine (once per CPU and sharpi "
                                    f"version, ~10 s; cached in {cpu.kernel_dir()})")
-    m = engine.load(str(path))
+    m = engine.load(str(path), encoder=encoder)
     m.model.flash_attn = flash_attn != "off"
     if gpu_layers:
         from sharpi_core.backends.cuda_model import offload
@@ -347,7 +347,7 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     from sharpi_core import speculative as spec
     if o.draft_lookup:
         return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
-    draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0)
+    draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0, encoder=False)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
     types = draft_cache_types(o)

@@ -35,12 +35,14 @@ class Loaded:
         return str(self.gguf.get("general.name") or self.path.name)
 
 
-def load(spec: str | None, progress: Progress | None = None) -> Loaded:
+def load(spec: str | None, progress: Progress | None = None, encoder: bool = True) -> Loaded:
+    """encoder=False: the tokenizer's encoding tables are built on first use only (a draft model's
+    tokenizer is compared with the target's, never asked to encode: ~0.25 s less for a Qwen draft)."""
     path = resolve_model(spec, progress)
     t0 = time.perf_counter()
     gf = GGUFFile(path)
     model = load_model(gf)
-    tok = Tokenizer.from_gguf(gf)
+    tok = Tokenizer.from_gguf(gf, lazy=not encoder)
     return Loaded(Path(path), gf, model, tok, (time.perf_counter() - t0) * 1000)
 
 

@@ -32,6 +32,19 @@ class _StringArrayParts(Sequence):
     def __len__(self) -> int:
         return len(self.head) + 2 * len(self.starts)
 
+    def strings(self, path: str, key: str) -> list[str]:
+        """All the array's strings, decoded from one copy of the bytes they span (what
+        `ReaderField.contents()` gives, without two memoryview slices and a lambda per string)."""
+        if not len(self.starts):
+            return []
+        lo = int(self.starts[0])
+        blob = bytes(self.mv[lo:int(self.starts[-1] + self.lens[-1])])
+        ends = (self.starts + self.lens - lo).tolist()
+        try:
+            return [blob[a:b].decode() for a, b in zip((self.starts - lo).tolist(), ends)]
+        except UnicodeDecodeError as e:
+            raise SharpiError(f"{path}: metadata '{key}' holds a string that is not UTF-8 ({e.reason})") from None
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
@@ -117,6 +130,8 @@ class GGUFFile:
         f = self.reader.fields.get(key)
         if f is None:
             return default
+        if isinstance(f.parts, _StringArrayParts):
+            return f.parts.strings(self.path, key)
         v = f.contents()
         if isinstance(v, np.generic):
             v = v.item()
@@ -142,6 +157,12 @@ class GGUFFile:
         if f is None:
             return None
         return np.concatenate([f.parts[i] for i in f.data]) if f.data else np.zeros(0)
+
+    def array_len(self, key: str) -> int:
+        """Element count of an array field (0 if absent), without reading the elements."""
+        f = self.reader.fields.get(key)
+        # parts: key length, key, value type, element type, element count, ...
+        return int(f.parts[4][0]) if f is not None and f.types and f.types[0] == _ARRAY else 0
 
     def tensor(self, name: str):
         t = self.tensors.get(name)

@@ -131,3 +131,35 @@ def test_registry_pull_verifies_and_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(SharpiError, match="sha256 mismatch"):
         registry.pull("bad-model")
     assert sorted(x.name for x in (tmp_path / "models").iterdir()) == ["fake-model.gguf"]
+
+
+def test_string_arrays_read_as_the_stock_reader_reads_them(tmp_path):
+    # GGUFFile decodes a string array from one copy of its bytes; the stock reader's contents() is the oracle
+    p = tmp_path / "s.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    values = {"t.words": ["", "a", "héllo wörld", "\u2581the", "Ġ", "日本語", "x" * 300, ""],
+              "t.one": ["only"]}
+    for k, v in values.items():
+        w.add_array(k, v)
+    w.add_array("t.ints", [3, 1, 2])
+    w.add_string("t.plain", "s")
+    w.add_array("t.bad", [b"ok", b"\xff\xfe"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    gf, stock = GGUFFile(p), gguf.GGUFReader(str(p))
+    for k in [*values, "t.ints", "t.plain"]:
+        assert gf.get(k) == stock.fields[k].contents(), k
+    assert gf.get("t.words") == values["t.words"]
+    assert [gf.array_len(k) for k in ("t.words", "t.one", "t.ints", "t.plain", "t.absent")] == [8, 1, 3, 0, 0]
+    with pytest.raises(SharpiError, match="t.bad.*not UTF-8"):
+        gf.get("t.bad")
+
+
+def test_real_vocabulary_reads_as_field_contents():
+    from conftest import SMOL, model_path
+    gf = GGUFFile(model_path(SMOL))
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        fast = gf.get(key)
+        assert len(fast) == gf.array_len(key) > 40000
+        assert fast == gf.reader.fields[key].contents(), key

@@ -81,9 +81,8 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     arch = gf.arch
     if arch not in ARCH_TABLE:
         raise SharpiError(f"unsupported model architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})")
-    tokens = gf.get("tokenizer.ggml.tokens") or []
     emb = gf.tensor("token_embd.weight")
-    n_vocab = int(gf.arch_get("vocab_size", 0) or int(emb.shape[1]) or len(tokens))
+    n_vocab = int(gf.arch_get("vocab_size", 0) or int(emb.shape[1]) or gf.array_len("tokenizer.ggml.tokens"))
     kw = _common(gf, n_vocab)
     kw.update(ARCH_TABLE[arch])
     if arch == "gemma3":
