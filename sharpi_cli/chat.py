@@ -49,12 +49,19 @@ def encode_chat(tok, text: str) -> list[int]:
     return ([tok.bos_id] if add else []) + ids
 
 
+COMMANDS = ("/exit or Ctrl-D quits, /regen regenerates the last reply, /clear clears the history, "
+            "/read FILE adds a text file to your next message")
+
+
 def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> int:
+    """llama-cli's conversation loop and commands; a turn that does not fit the context is refused
+    with one line and the session goes on (only -st, one turn, exits on it)."""
     from .runner import log, print_report
     tok = target.tokenizer
     messages: list[dict] = []
-    log("== conversation mode: Ctrl-C stops a reply, Ctrl-D or /exit quits ==")
+    log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS} ==")
     pending = first_message
+    files = ""  # /read: text that goes before the next message
     last = None
     while True:
         if pending is not None:
@@ -62,29 +69,57 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         else:
             try:
                 line = input("> ")
-            except EOFError:
+            except (EOFError, KeyboardInterrupt):
                 print(file=sys.stderr)
                 break
-            except KeyboardInterrupt:
-                print(file=sys.stderr)
+            cmd = line.strip()
+            if cmd in ("/exit", "/quit"):
                 break
-            if line.strip() in ("/exit", "/quit"):
-                break
-            if not line.strip():
+            if not cmd:
                 continue
-        messages.append({"role": "user", "content": line})
+            if cmd == "/clear":
+                messages.clear()
+                files = ""
+                log("[chat history cleared]")
+                continue
+            if cmd == "/read" or cmd.startswith("/read "):
+                name = cmd[len("/read"):].strip()
+                text = read_text_file(name) if name else None
+                if text is None:
+                    log(f"error: /read: cannot read '{name}'" if name else "error: /read needs a file name")
+                    continue
+                files += f"--- File: {name} ---\n{text}" + ("" if text.endswith("\n") else "\n")
+                log(f"[{name}: {len(text)} characters, sent with your next message]")
+                continue
+            if cmd == "/regen":
+                if not messages or messages[-1]["role"] != "assistant":
+                    log("error: /regen: no reply to regenerate")
+                    continue
+                regen, line = messages.pop(), None
+        if line is not None:
+            messages.append({"role": "user", "content": files + line})
+            files = ""
         # Ctrl-C from here on stops this reply (rendering and prefill included), not the session
         with Interrupt() as stop:
             ids = encode_chat(tok, render_messages(o, tok, messages))
             if len(ids) + 1 > n_ctx:
-                raise SharpiError(f"the conversation is {len(ids)} tokens, which does not fit the context of "
-                                  f"{n_ctx}; raise -c/--ctx-size")
+                msg = f"the conversation is {len(ids)} tokens, which does not fit the context of {n_ctx}"
+                if o.single_turn:
+                    raise SharpiError(f"{msg}; raise -c/--ctx-size")
+                log(f"error: {msg}: not sent; /clear starts over (or raise -c/--ctx-size)")
+                if line is None:
+                    messages.append(regen)
+                else:
+                    messages.pop()
+                continue
             res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
                                on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()), should_stop=stop)
         sys.stdout.write("\n")
         sys.stdout.flush()
         if res.stop_reason == "interrupted":
             log("[reply stopped]")
+        elif res.stop_reason == "ctx_full":
+            log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
         messages.append({"role": "assistant", "content": res.text})
         if o.verbose:
             log(f"[turn: {res.timings.prompt_n} new prompt tokens evaluated of {len(ids)}, "
@@ -95,3 +130,12 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     if last is not None:
         print_report(target, last, o.verbose)
     return 0
+
+
+def read_text_file(name: str) -> str | None:
+    """A file's text for /read (undecodable bytes replaced), or None if it cannot be read."""
+    from pathlib import Path
+    try:
+        return Path(name).expanduser().read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return None

@@ -303,6 +303,8 @@ def run(o: RunOptions) -> int:
     else:
         out.write("\n")
         out.flush()
+        if res.stop_reason == "ctx_full":
+            log(f"sharpi: the context ({n_ctx} tokens) is full: generation stopped; raise -c/--ctx-size for more")
         print_report(target, res, o.verbose)
     return 130 if res.stop_reason == "interrupted" else 0
 

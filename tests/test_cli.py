@@ -132,6 +132,41 @@ def test_system_prompt_with_a_prompt_is_one_chat_turn(smol):
     assert d["stop_reason"] == ("eos" if case["ended"] else "n_predict")
 
 
+def test_full_context_stops_with_a_note(smol):
+    r = sharpi("-m", smol, "-p", "Hello", "-c", 16, "-n", 100, "--temp", 0)
+    assert r.returncode == 0 and "the context (16 tokens) is full" in r.stderr, r.stderr
+    assert "is full" not in sharpi("-m", smol, "-p", "Hello", "-c", 64, "-n", 8, "--temp", 0).stderr
+
+
+def test_conversation_commands(smol, tmp_path):
+    """llama-cli's chat commands, turns read from piped stdin: /regen, /read FILE, /clear; a turn that
+    does not fit the context is refused with one line and the session goes on."""
+    import re
+    f = tmp_path / "notes.txt"
+    f.write_text("The secret code word of the day is PINEAPPLE, written in capital letters.")
+    turns = ["Say hi.", "/regen", f"/read {f}", "What is the code word?", "/read /no/such/file", "/clear",
+             "/regen", "Say hi.", "Tell me about dragons. " * 40, "Say hi."]
+    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 8, "-c", 200, "--verbose", input="\n".join(turns) + "\n")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    replies = [ln for ln in r.stdout.replace("> ", "\n").splitlines() if ln.strip()]
+    evaluated = [tuple(map(int, m)) for m in re.findall(r"\[turn: (\d+) new prompt tokens evaluated of (\d+)", r.stderr)]
+    assert len(replies) == len(evaluated) == 5, (r.stdout, r.stderr)
+    # /regen: the same turn again, greedy, from the cached prompt
+    assert replies[1] == replies[0] and evaluated[1][1] == evaluated[0][1] and evaluated[1][0] < evaluated[0][0]
+    # /read: the file goes with the next message (about 20 tokens more than the question alone)
+    from conftest import loaded
+    question = len(loaded(SMOL)[1].encode("What is the code word?", add_special=False))
+    assert evaluated[2][1] - evaluated[1][1] >= question + 15
+    assert f"[{f}: " in r.stderr and "error: /read: cannot read '/no/such/file'" in r.stderr
+    # /clear: "Say hi." starts over, as the first turn did; /regen has nothing left to redo
+    assert "[chat history cleared]" in r.stderr and "error: /regen: no reply to regenerate" in r.stderr
+    assert replies[3] == replies[0] and evaluated[3][1] == evaluated[0][1]
+    # the long message does not fit 200 tokens: refused, and the conversation goes on without it
+    assert re.search(r"error: the conversation is \d+ tokens, which does not fit the context of 200", r.stderr)
+    assert evaluated[4][1] > evaluated[3][1]  # "Say hi." after the history of turn 4, not after the long one
+    assert evaluated[4][1] < evaluated[3][1] + 2 * (evaluated[3][1] - evaluated[1][1]) + 100
+
+
 @pytest.mark.slow
 def test_system_prompt_needs_a_chat_template():
     from conftest import GEMMA
