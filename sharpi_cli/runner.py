@@ -146,6 +146,21 @@ def check_device(o: RunOptions) -> None:
         ok, why = cuda_available()
         if not ok:
             raise UsageError(f"--device cuda requested but CUDA is unavailable: {why}")
+        check_gpu_cache_types(o)
+
+
+def check_gpu_cache_types(o: RunOptions) -> None:
+    """--device cuda: the KV cache types of the layers on the GPU must be ones it keeps, each refused
+    under the flag it came from (the draft's follow -ctk/-ctv unless -ctkd/-ctvd are given)."""
+    from sharpi_core.backends.cuda import GPU_CACHE_TYPES
+    kd, vd = draft_cache_types(o)
+    checks = [("-ctk", o.cache_type_k), ("-ctv", o.cache_type_v)] if o.n_gpu_layers != 0 else []
+    if o.model_draft and o.spec_draft_ngl != 0:
+        checks += [("-ctkd" if o.cache_type_k_draft else "-ctk", kd), ("-ctvd" if o.cache_type_v_draft else "-ctv", vd)]
+    for flag, t in checks:
+        if t not in GPU_CACHE_TYPES:
+            raise UsageError(f"{flag} {t}: the CUDA backend keeps the KV cache in {' or '.join(GPU_CACHE_TYPES)}"
+                             + (" (or run the model on the CPU: -ngl 0 / -ngld 0)" if t == "f32" else ""))
 
 
 def resolve_with_progress(spec: str | None):
@@ -352,16 +367,7 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0, encoder=False)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
-    types = draft_cache_types(o)
-    try:
-        dcache = draft.model.new_cache(n_ctx_d, *types)
-    except UsageError as e:  # a type the GPU does not keep: name the flag it came from
-        msg = str(e)
-        if o.cache_type_k_draft:
-            msg = msg.replace("-ctk ", "-ctkd ")
-        if o.cache_type_v_draft:
-            msg = msg.replace("-ctv ", "-ctvd ")
-        raise UsageError(msg) from None
+    dcache = draft.model.new_cache(n_ctx_d, *draft_cache_types(o))
     import torch
     g = torch.Generator().manual_seed(seed + 1)
     head = engine.draft_head_vocab(o.spec_draft_vocab, draft.tokenizer)

@@ -287,24 +287,24 @@ def test_draft_cache_types(smol):
     assert "KV cache K f16 V q8_0" in [ln for ln in r.stderr.splitlines() if ln.startswith("sharpi: draft ")][0]
 
 
-@pytest.mark.parametrize("draft_flags,named", [({}, "-ctk f32"), ({"cache_type_k_draft": "f32"}, "-ctkd f32")])
-def test_draft_cache_type_refused_names_its_flag(monkeypatch, draft_flags, named):
-    # a cache type the draft's device refuses (the GPU keeps f16 / q8_0) is reported under the flag
-    # the type came from: -ctkd when given, else the target's -ctk
-    from types import SimpleNamespace
-
+@pytest.mark.parametrize("flags,named", [
+    ({"cache_type_k": "f32"}, "-ctk f32"),                                         # the target's, on the GPU
+    ({"cache_type_v": "f32", "n_gpu_layers": 0}, "-ctv f32"),                     # the draft's, taken from -ctv
+    ({"cache_type_k": "q8_0", "cache_type_k_draft": "f32"}, "-ctkd f32"),          # the draft's own
+    ({"cache_type_v_draft": "f32", "n_gpu_layers": 0}, "-ctvd f32"),
+    ({"cache_type_k": "f32", "n_gpu_layers": 0, "spec_draft_ngl": 0}, None),      # both on the CPU: any type
+    ({"cache_type_k_draft": "f32", "spec_draft_ngl": 0}, None),
+])
+def test_gpu_cache_types_are_refused_under_their_flag(flags, named):
+    # the GPU keeps f16 / q8_0 caches; a type it refuses is named by the flag it came from, before loading
     from sharpi_cli import runner
-    from sharpi_core import engine
     from sharpi_core.errors import UsageError
-
-    def refuse(n_ctx, type_k, type_v):
-        raise UsageError(f"-ctk {type_k}: the CUDA backend keeps the KV cache in f16 or q8_0")
-    draft = SimpleNamespace(model=SimpleNamespace(new_cache=refuse), tokenizer=None)
-    monkeypatch.setattr(runner, "_load", lambda *a, **k: draft)
-    monkeypatch.setattr(engine, "check_draft_compatible", lambda *a: None)
-    o = runner.RunOptions(model_draft="draft.gguf", device="cuda", cache_type_k="f32", **draft_flags)
+    o = runner.RunOptions(model_draft="draft.gguf", device="cuda", **flags)
+    if named is None:
+        runner.check_gpu_cache_types(o)
+        return
     with pytest.raises(UsageError) as e:
-        runner._make_drafter(o, SimpleNamespace(tokenizer=None), None, 0, 256)
+        runner.check_gpu_cache_types(o)
     assert str(e.value).startswith(named + ":")
 
 

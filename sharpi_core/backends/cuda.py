@@ -43,6 +43,7 @@ SUPPORTED = frozenset(TYPE_NAMES)
 K_MULTIPLE = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, **{t: gguf.GGML_QUANT_SIZES[t][0] for t in SUPPORTED
                                                if t not in (Q.F32, Q.F16, Q.BF16)}}
 
+GPU_CACHE_TYPES = ("f16", "q8_0")  # the KV cache types the device kernels read and write
 QMV_VARIANTS = ((1, 1), (2, 2), (4, 2), (8, 2), (16, 4))  # (NQ, rows per warp R) in qmatvec.cu
 QMV_WARPS = 4          # warps per block of the matvec kernels
 QMV_SPLITS = (1, 2, 4)  # warps sharing a row group (each a slice of K): `ws` of the qmv kernels

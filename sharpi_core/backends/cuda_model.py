@@ -49,8 +49,8 @@ from ..kv_cache import CacheBase
 from ..models.config import ROPE_NEOX
 from ..models.transformer import Transformer, _weight, attention_scales, check_pass, pass_tokens, prompt_pass
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector
+from .cuda import GPU_CACHE_TYPES
 
-GPU_CACHE_TYPES = ("f16", "q8_0")
 MIXED = "mixed"  # a projection whose matmuls round their input differently
 GRAPHS = os.environ.get("SHARPI_CUDA_GRAPH", "1") != "0"
 DEVICE_ARGMAX = os.environ.get("SHARPI_DEVICE_ARGMAX", "1") != "0"
@@ -65,9 +65,10 @@ class CudaKVCache(CacheBase):
 
     def __init__(self, ops, n_layer: int, capacity: int, n_kv: int, hd_k: int, hd_v: int,
                  type_k: str = "f16", type_v: str = "f16", stream=None):
-        for flag, t in (("-ctk", type_k), ("-ctv", type_v)):
+        for kv, t in (("K", type_k), ("V", type_v)):  # (the CLI names its flag before it gets here)
             if t not in GPU_CACHE_TYPES:
-                raise UsageError(f"{flag} {t}: the CUDA backend keeps the KV cache in {' or '.join(GPU_CACHE_TYPES)}")
+                raise UsageError(f"{kv} cache type {t}: the CUDA backend keeps the KV cache in "
+                                 f"{' or '.join(GPU_CACHE_TYPES)}")
         super().__init__(capacity, hd_k, hd_v, type_k, type_v)
         self.k = [ops.new_kv_cache(capacity, n_kv, hd_k, type_k, stream=stream) for _ in range(n_layer)]
         self.v = [ops.new_kv_cache(capacity, n_kv, hd_v, type_v, stream=stream) for _ in range(n_layer)]
