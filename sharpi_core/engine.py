@@ -83,7 +83,8 @@ def context_size(requested: int, model: Transformer) -> int:
 
 
 def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size", reserve: int = 1) -> None:
+    """reserve: the positions a step writes past the prompt (1, or k + 1 for a speculative step)."""
     if n_prompt + reserve > n_ctx:
-        over = n_prompt + reserve - n_ctx
-        raise UsageError(f"prompt is {n_prompt} tokens, which does not fit the context of {n_ctx} "
-                         f"(over by {over}); raise {flag}")
+        room = "one generated token" if reserve == 1 else f"the {reserve} tokens a speculative step writes"
+        raise UsageError(f"prompt is {n_prompt} tokens, which does not fit the context of {n_ctx} (at most "
+                         f"{max(n_ctx - reserve, 0)}, with room for {room}); raise {flag}")

@@ -213,7 +213,9 @@ def test_missing_and_corrupt_model(tmp_path):
 def test_prompt_longer_than_context(smol):
     r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16)
     line = one_error_line(r, 2, "-c/--ctx-size")
-    assert "over by" in line
+    assert "prompt is 51 tokens" in line and "context of 16 (at most 15," in line
+    line = one_error_line(sharpi("-m", smol, "-p", "word " * 50, "-c", 40, "--draft-lookup"), 2, "-c/--ctx-size")
+    assert "context of 40 (at most 35, with room for the 5 tokens a speculative step writes)" in line
 
 
 def test_tokenize_command_matches_llama_tokenize(smol):
