@@ -188,6 +188,10 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         os._exit(0)
+    except OSError as e:  # e.g. stdout on a full disk: one line, and no second failure flushing it at exit
+        _err(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
+        sys.stderr.flush()
+        os._exit(1)
 
 
 if __name__ == "__main__":

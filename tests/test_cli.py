@@ -210,6 +210,15 @@ def test_missing_and_corrupt_model(tmp_path):
     assert bad.read_bytes() == before  # nothing the user had is touched
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("fmt", [(), ("--json",)])
+def test_unwritable_output_is_one_error_line(smol, fmt):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(SHARPI.split() + ["-m", smol, "-p", "Hi", "-n", "4", "--temp", "0", *fmt], stdout=full,
+                           stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.strip() == "error: No space left on device", r.stderr
+
+
 def test_prompt_longer_than_context(smol):
     r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16)
     line = one_error_line(r, 2, "-c/--ctx-size")
