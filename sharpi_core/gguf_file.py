@@ -120,6 +120,13 @@ class GGUFFile:
         if not os.path.isfile(self.path):
             raise SharpiError(f"model file not found: {self.path}")
         try:
+            with open(self.path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise SharpiError(f"cannot read model file {self.path}: {e.strerror}") from None
+        if magic != b"GGUF":
+            raise SharpiError(f"{self.path}: not a valid GGUF file (it does not start with the 'GGUF' magic bytes)")
+        try:
             self.reader = _Reader(self.path, "r")
         except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
             raise SharpiError(f"{self.path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
