@@ -59,7 +59,12 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     from .runner import log, print_report
     tok = target.tokenizer
     messages: list[dict] = []
-    log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS} ==")
+    log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS}; a line ending in \\ continues on the next ==")
+    if sys.stdin.isatty():
+        try:  # input() then edits lines and keeps a history (arrow keys), as llama-cli's console does
+            import readline  # noqa: F401
+        except ImportError:
+            pass
     pending = first_message
     files = ""  # /read: text that goes before the next message
     last = None
@@ -69,6 +74,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         else:
             try:
                 line = input("> ")
+                while line.endswith("\\"):  # llama-cli: a trailing backslash continues the message
+                    line = line[:-1] + "\n" + input("")
             except (EOFError, KeyboardInterrupt):
                 print(file=sys.stderr)
                 break

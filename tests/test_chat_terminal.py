@@ -52,3 +52,32 @@ def test_ctrl_c_stops_reply_not_session_and_ctrl_d_quits():
     p.expect(pexpect.EOF)
     p.close()
     assert p.exitstatus == 0
+
+
+def test_line_editing_history_and_continued_lines():
+    # readline: the up arrow brings the last message back; a trailing backslash continues a message
+    p = spawn("--temp", "0", "-n", "6", "--verbose")
+    p.expect("> ")
+    p.sendline("Say hi.")
+    p.expect(r"\[turn: \d+ new prompt tokens evaluated of (\d+)")
+    first = int(p.match.group(1))
+    p.expect("> ")
+    p.send("\x1b[A")  # up arrow: readline puts "Say hi." back on the line (no readline: "^[[A")
+    p.expect(r"Say hi\.", timeout=30)
+    p.send("\r")
+    p.expect(r"\[turn: \d+ new prompt tokens evaluated of (\d+)")
+    second = int(p.match.group(1))
+    assert second > first + 5
+    p.expect("> ")
+    p.sendline("Say\\")
+    p.sendline("hi.")
+    p.expect(r"\[turn: \d+ new prompt tokens evaluated of (\d+)")
+    third = int(p.match.group(1))
+    # one message "Say\nhi." (one turn, as long as "Say hi." give or take the newline's token)
+    assert abs((third - second) - (second - first)) <= 2
+    p.expect("> ")
+    p.sendline("/exit")
+    p.expect(pexpect.EOF)
+    assert "[turn:" not in p.before  # "hi." was not a turn of its own
+    p.close()
+    assert p.exitstatus == 0
