@@ -85,6 +85,8 @@ def run(
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
     reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated, repeatable", show_default=False)] = [],
     no_display_prompt: Annotated[bool, Opt("--no-display-prompt", help="don't echo the prompt")] = False,
+    escape: Annotated[bool, Opt("-e", "--escape/--no-escape", help="process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the "
+                                "prompt (-p, -f) and -r strings, as llama.cpp does (default: on)", show_default=False)] = True,
     n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", help="target layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N (the rest on the CPU)")] = -1,
     device: Annotated[str, Opt("--device", help="cpu or cuda")] = "cpu",
     json_out: Annotated[bool, Opt("--json", help="print one JSON object (text, tokens, stop reason, timings, spec stats)")] = False,
@@ -145,10 +147,12 @@ def tokenize(
     ids: Annotated[bool, typer.Option("--ids", help="print only the id list")] = False,
     no_bos: Annotated[bool, typer.Option("--no-bos", help="don't add BOS")] = False,
     no_parse_special: Annotated[bool, typer.Option("--no-parse-special", help="treat special token text as plain text")] = False,
+    escape: Annotated[bool, typer.Option("-e", "--escape/--no-escape", help="process backslash escapes, as -p of the "
+                                         "main command (default: on)", show_default=False)] = True,
 ):
     """Tokenize text like llama-tokenize."""
     from . import runner
-    raise typer.Exit(runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special))
+    raise typer.Exit(runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape))
 
 
 @models_app.command("list")

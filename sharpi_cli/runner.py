@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ class RunOptions:
     single_turn: bool = False
     reverse_prompt: list = field(default_factory=list)
     no_display_prompt: bool = False
+    escape: bool = True  # -e / --no-escape: backslash escapes in the prompt and -r strings
     n_gpu_layers: int = -1
     device: str = "cpu"
     json_out: bool = False
@@ -200,22 +202,59 @@ def _stderr_console():
 
 
 def read_prompt(o: RunOptions) -> str | None:
+    """The prompt as llama.cpp's argument parser leaves it: a file's text (-f; stdin here too) loses
+    one trailing newline, and backslash escapes are processed (-p and -f alike) unless --no-escape."""
     if o.prompt is not None:
-        return o.prompt
-    if o.file is not None:
+        text = o.prompt
+    elif o.file is not None:
         if o.file == "-":
-            return sys.stdin.read()
-        try:
-            with open(o.file, encoding="utf-8") as fh:
-                return fh.read()
-        except OSError as e:
-            raise UsageError(f"cannot read prompt file {o.file}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"prompt file {o.file} is not UTF-8 text") from None
-    if not sys.stdin.isatty() and o.conversation is not True:  # -cnv reads turns from stdin instead
-        data = sys.stdin.read()
-        return data if data else None
-    return None
+            text = sys.stdin.read()
+        else:
+            try:
+                with open(o.file, encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError as e:
+                raise UsageError(f"cannot read prompt file {o.file}: {e.strerror}") from None
+            except UnicodeDecodeError:
+                raise UsageError(f"prompt file {o.file} is not UTF-8 text") from None
+        text = text.removesuffix("\n")
+    elif not sys.stdin.isatty() and o.conversation is not True:  # -cnv reads turns from stdin instead
+        text = sys.stdin.read().removesuffix("\n")
+        if not text:
+            return None
+    else:
+        return None
+    return process_escapes(text) if o.escape else text
+
+
+_STRTOL_HEX2 = re.compile(r"[ \t\n\v\f\r]?[+-]?[0-9a-fA-F]+")
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's string_process_escapes on the UTF-8 bytes: \\n \\r \\t \\' \\" \\\\ and \\xHH (two
+    characters strtol(.., 16) reads whole, sign and leading space included); any other backslash stays."""
+    src = text.encode("utf-8", errors="surrogateescape")
+    out = bytearray()
+    i, n = 0, len(src)
+    simple = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+    while i < n:
+        c = src[i]
+        if c != 0x5C or i + 1 >= n:  # not a backslash, or one that ends the text
+            out.append(c)
+            i += 1
+            continue
+        e = src[i + 1]
+        if e in simple:
+            out += simple[e]
+            i += 2
+            continue
+        if e == ord("x") and i + 3 < n and _STRTOL_HEX2.fullmatch(x := src[i + 2:i + 4].decode("latin-1")):
+            out.append(int(x, 16) & 0xFF)
+            i += 4
+            continue
+        out += src[i:i + 2]
+        i += 2
+    return out.decode("utf-8", errors="replace")
 
 
 # -- the generation command -------------------------------------------------------------------
@@ -224,6 +263,8 @@ def run(o: RunOptions) -> int:
     check_device(o)
     set_threads(o.threads)
     prompt = read_prompt(o)
+    if o.escape:
+        o.reverse_prompt = [process_escapes(r) for r in o.reverse_prompt]
 
     from sharpi_core import engine
     from sharpi_core.generate import Generator
@@ -446,14 +487,24 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     return 0
 
 
-def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special) -> int:
+def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape: bool = True) -> int:
+    """llama-tokenize: a file (or stdin) is read verbatim, a trailing newline included; escapes are
+    processed in -p and -f text alike unless --no-escape."""
     if (prompt is None) == (file is None):
         raise UsageError("tokenize needs exactly one of -p/--prompt or -f/--file")
     if file is not None:
         try:
-            prompt = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
+            if file == "-":
+                prompt = sys.stdin.read()
+            else:
+                with open(file, encoding="utf-8") as fh:
+                    prompt = fh.read()
         except OSError as e:
             raise UsageError(f"cannot read {file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{file} is not UTF-8 text") from None
+    if escape:
+        prompt = process_escapes(prompt)
     from sharpi_core.gguf_file import GGUFFile
     from sharpi_core.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(GGUFFile(resolve_with_progress(model)))

@@ -219,6 +219,38 @@ def test_unwritable_output_is_one_error_line(smol, fmt):
     assert r.returncode == 1 and r.stderr.strip() == "error: No space left on device", r.stderr
 
 
+# llama.cpp's escape processing (string_process_escapes, on by default for -p/-f/-r): SmolLM2 prompt ids
+# recorded with the fixtures' build (`llama-completion -p S -n 1 --verbose-prompt -no-cnv`), including
+# strtol's quirks for \xHH (a sign or a leading space is read) and lone bytes (\xe9 is not UTF-8)
+ESCAPE_CASES = [
+    ("a\\nb", [81, 198, 82]), ("x\\\\y", [104, 76, 105]), ('q\\"r', [97, 18, 98]), ("it\\'s", [269, 506]),
+    ("\\x41\\x4", [49, 76, 104, 36]), ("\\x-1z", [24211, 106]), ("end\\", [486, 76]), ("\\x c", [200]),
+    ("\\q\\x", [76, 97, 76, 104]), ("tab\\there", [15999, 197, 1531]), ("\\xc3\\xa9t\\xe9", [19380, 24211]),
+    ("\\x+f\\x 9", [203, 197]), ("\\\\\\\\n", [12332, 94]), ("A\\x0aB", [49, 198, 50]),
+]
+
+
+def test_prompt_escapes_are_llama_cpps(tmp_path):
+    from conftest import loaded
+    from sharpi_cli.runner import RunOptions, process_escapes, read_prompt
+    tok = loaded(SMOL)[1]
+    for text, ids in ESCAPE_CASES:
+        assert tok.encode(process_escapes(text)) == ids, text
+        assert read_prompt(RunOptions(prompt=text, escape=False)) == text
+    # -f: one trailing newline goes (llama.cpp's -f handler), then escapes as for -p
+    f = tmp_path / "p.txt"
+    f.write_text("Hello\\nworld\n\n")
+    assert read_prompt(RunOptions(file=str(f))) == "Hello\nworld\n"
+    assert read_prompt(RunOptions(file=str(f), escape=False)) == "Hello\\nworld\n"
+
+
+def test_reverse_prompt_escapes(smol):
+    args = ("-m", smol, "-p", "List three colors:\\n1.", "-n", 30, "-r", "\\n", "--temp", 0, "--json")
+    d = json.loads(sharpi(*args).stdout)
+    assert d["stop_reason"] == "stop_string" and d["text"].endswith("\n") and d["text"].count("\n") == 1
+    assert json.loads(sharpi(*args, "--no-escape").stdout)["stop_reason"] == "n_predict"
+
+
 def test_prompt_longer_than_context(smol):
     r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16)
     line = one_error_line(r, 2, "-c/--ctx-size")
