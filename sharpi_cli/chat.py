@@ -128,6 +128,10 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         elif res.stop_reason == "ctx_full":
             log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
         messages.append({"role": "assistant", "content": res.text})
+        if o.show_timings:  # llama-cli's line after each reply
+            t = res.timings
+            spec = "" if res.spec is None else f" | Accepted: {100 * (res.spec.as_dict().get('acceptance') or 0):.0f}%"
+            log(f"[ Prompt: {t.prompt_tps:.1f} t/s | Generation: {t.eval_tps:.1f} t/s{spec} ]")
         if o.verbose:
             log(f"[turn: {res.timings.prompt_n} new prompt tokens evaluated of {len(ids)}, "
                 f"{len(res.tokens)} generated, {res.timings.eval_tps:.1f} t/s]")

@@ -85,6 +85,8 @@ def run(
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
     reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated, repeatable", show_default=False)] = [],
     no_display_prompt: Annotated[bool, Opt("--no-display-prompt", help="don't echo the prompt")] = False,
+    show_timings: Annotated[bool, Opt("--show-timings/--no-show-timings", help="conversation mode: prompt and generation "
+                                      "speed after each reply (default: on)", show_default=False)] = True,
     escape: Annotated[bool, Opt("-e", "--escape/--no-escape", help="process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the "
                                 "prompt (-p, -f) and -r strings, as llama.cpp does (default: on)", show_default=False)] = True,
     n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", help="target layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N (the rest on the CPU)")] = -1,

@@ -42,6 +42,7 @@ class RunOptions:
     reverse_prompt: list = field(default_factory=list)
     no_display_prompt: bool = False
     escape: bool = True  # -e / --no-escape: backslash escapes in the prompt and -r strings
+    show_timings: bool = True  # conversation mode: speeds after each reply
     n_gpu_layers: int = -1
     device: str = "cpu"
     json_out: bool = False

@@ -165,6 +165,10 @@ def test_conversation_commands(smol, tmp_path):
     assert re.search(r"error: the conversation is \d+ tokens, which does not fit the context of 200", r.stderr)
     assert evaluated[4][1] > evaluated[3][1]  # "Say hi." after the history of turn 4, not after the long one
     assert evaluated[4][1] < evaluated[3][1] + 2 * (evaluated[3][1] - evaluated[1][1]) + 100
+    # llama-cli's speeds line after each reply, unless --no-show-timings
+    assert len(re.findall(r"\[ Prompt: [\d.]+ t/s \| Generation: [\d.]+ t/s \]", r.stderr)) == 5
+    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="Hi\n")
+    assert r.returncode == 0 and "[ Prompt:" not in r.stderr
 
 
 @pytest.mark.slow
