@@ -208,17 +208,7 @@ def read_prompt(o: RunOptions) -> str | None:
     if o.prompt is not None:
         text = o.prompt
     elif o.file is not None:
-        if o.file == "-":
-            text = sys.stdin.read()
-        else:
-            try:
-                with open(o.file, encoding="utf-8") as fh:
-                    text = fh.read()
-            except OSError as e:
-                raise UsageError(f"cannot read prompt file {o.file}: {e.strerror}") from None
-            except UnicodeDecodeError:
-                raise UsageError(f"prompt file {o.file} is not UTF-8 text") from None
-        text = text.removesuffix("\n")
+        text = (sys.stdin.read() if o.file == "-" else read_text(o.file, "prompt file ")).removesuffix("\n")
     elif not sys.stdin.isatty() and o.conversation is not True:  # -cnv reads turns from stdin instead
         text = sys.stdin.read().removesuffix("\n")
         if not text:
@@ -226,6 +216,17 @@ def read_prompt(o: RunOptions) -> str | None:
     else:
         return None
     return process_escapes(text) if o.escape else text
+
+
+def read_text(path: str, what: str = "") -> str:
+    """A UTF-8 text file named on the command line; one error line if it cannot be read or decoded."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as e:
+        raise UsageError(f"cannot read {what}{path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what}{path} is not UTF-8 text") from None
 
 
 _STRTOL_HEX2 = re.compile(r"[ \t\n\v\f\r]?[+-]?[0-9a-fA-F]+")
@@ -466,10 +467,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     if ctx_size < 2:
         raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 2")
     set_threads(threads)
-    try:
-        text = open(file, encoding="utf-8").read()
-    except OSError as e:
-        raise UsageError(f"cannot read {file}: {e.strerror}") from None
+    text = read_text(file)
     m = _load(model, flash_attn)
     t0 = time.perf_counter()
     ids = m.tokenizer.encode(text, add_special=True, parse_special=False)
@@ -494,16 +492,7 @@ def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape
     if (prompt is None) == (file is None):
         raise UsageError("tokenize needs exactly one of -p/--prompt or -f/--file")
     if file is not None:
-        try:
-            if file == "-":
-                prompt = sys.stdin.read()
-            else:
-                with open(file, encoding="utf-8") as fh:
-                    prompt = fh.read()
-        except OSError as e:
-            raise UsageError(f"cannot read {file}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"{file} is not UTF-8 text") from None
+        prompt = sys.stdin.read() if file == "-" else read_text(file)
     if escape:
         prompt = process_escapes(prompt)
     from sharpi_core.gguf_file import GGUFFile
