@@ -229,33 +229,21 @@ def read_text(path: str, what: str = "") -> str:
         raise UsageError(f"{what}{path} is not UTF-8 text") from None
 
 
-_STRTOL_HEX2 = re.compile(r"[ \t\n\v\f\r]?[+-]?[0-9a-fA-F]+")
+# a backslash and what follows it: \xHH where strtol(.., 16) reads both characters (two hex digits, or a
+# sign or a space before one), else the one character after it (re.S: a newline too)
+_ESCAPE = re.compile(rb"\\(x(?:[0-9a-fA-F]{2}|[ \t\n\v\f\r+-][0-9a-fA-F])|.)", re.S)
+_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
+
+
+def _escape(m: re.Match) -> bytes:
+    e = m[1]
+    return bytes([int(e[1:], 16) & 0xFF]) if len(e) == 3 else _ESCAPES.get(e, m[0])
 
 
 def process_escapes(text: str) -> str:
-    """llama.cpp's string_process_escapes on the UTF-8 bytes: \\n \\r \\t \\' \\" \\\\ and \\xHH (two
-    characters strtol(.., 16) reads whole, sign and leading space included); any other backslash stays."""
-    src = text.encode("utf-8", errors="surrogateescape")
-    out = bytearray()
-    i, n = 0, len(src)
-    simple = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
-    while i < n:
-        c = src[i]
-        if c != 0x5C or i + 1 >= n:  # not a backslash, or one that ends the text
-            out.append(c)
-            i += 1
-            continue
-        e = src[i + 1]
-        if e in simple:
-            out += simple[e]
-            i += 2
-            continue
-        if e == ord("x") and i + 3 < n and _STRTOL_HEX2.fullmatch(x := src[i + 2:i + 4].decode("latin-1")):
-            out.append(int(x, 16) & 0xFF)
-            i += 4
-            continue
-        out += src[i:i + 2]
-        i += 2
+    """llama.cpp's string_process_escapes on the UTF-8 bytes: \\n \\r \\t \\' \\" \\\\ and \\xHH; any other
+    backslash stays, with what follows it (a \\x that strtol cannot read whole too)."""
+    out = _ESCAPE.sub(_escape, text.encode("utf-8", errors="surrogateescape"))
     return out.decode("utf-8", errors="replace")
 
 
