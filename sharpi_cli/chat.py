@@ -102,22 +102,21 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                 if not messages or messages[-1]["role"] != "assistant":
                     log("error: /regen: no reply to regenerate")
                     continue
-                regen, line = messages.pop(), None
-        if line is not None:
-            messages.append({"role": "user", "content": files + line})
+                line = None
+        # the conversation this reply answers; `messages` takes it only once the reply is made
+        if line is None:  # /regen: the last reply goes
+            turn = messages[:-1]
+        else:
+            turn = [*messages, {"role": "user", "content": files + line}]
             files = ""
         # Ctrl-C from here on stops this reply (rendering and prefill included), not the session
         with Interrupt() as stop:
-            ids = encode_chat(tok, render_messages(o, tok, messages))
+            ids = encode_chat(tok, render_messages(o, tok, turn))
             if len(ids) + 1 > n_ctx:
                 msg = f"the conversation is {len(ids)} tokens, which does not fit the context of {n_ctx}"
                 if o.single_turn:
                     raise SharpiError(f"{msg}; raise -c/--ctx-size")
                 log(f"error: {msg}: not sent; /clear starts over (or raise -c/--ctx-size)")
-                if line is None:
-                    messages.append(regen)
-                else:
-                    messages.pop()
                 continue
             res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
                                on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()), should_stop=stop)
@@ -127,7 +126,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             log("[reply stopped]")
         elif res.stop_reason == "ctx_full":
             log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
-        messages.append({"role": "assistant", "content": res.text})
+        messages = [*turn, {"role": "assistant", "content": res.text}]
         if o.show_timings:  # llama-cli's line after each reply
             t = res.timings
             spec = "" if res.spec is None else f" | Accepted: {100 * (res.spec.as_dict().get('acceptance') or 0):.0f}%"
