@@ -38,7 +38,7 @@ def render_messages(o, tok, messages: list[dict], add_generation_prompt: bool = 
     msgs = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else []) + messages
     bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
     eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-    return render_chat(tok.chat_template, msgs, add_generation_prompt, bos_token=bos, eos_token=eos)
+    return render_chat(o.chat_template or tok.chat_template, msgs, add_generation_prompt, bos_token=bos, eos_token=eos)
 
 
 def encode_chat(tok, text: str) -> list[int]:

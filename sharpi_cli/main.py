@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sharpi_core.chat import BUILTIN_TEMPLATES
 from sharpi_core.errors import SharpiError, UsageError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -81,6 +82,10 @@ def run(
                                    "or auto (= on, llama.cpp's CPU default)")] = "auto",
     threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores, fewer while other processes keep cores busy)")] = -1,
     system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode; with a prompt and no -cnv: one chat turn, like -st)")] = None,
+    system_prompt_file: Annotated[Optional[str], Opt("-sysf", "--system-prompt-file", help="a file holding the system prompt (-sys from a file)")] = None,
+    chat_template: Annotated[Optional[str], Opt("--chat-template", help=f"the chat template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) "
+                                                "or a Jinja template (default: the model's; chatml when it has none)")] = None,
+    chat_template_file: Annotated[Optional[str], Opt("--chat-template-file", help="a file holding a Jinja chat template")] = None,
     conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
     reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated, repeatable", show_default=False)] = [],

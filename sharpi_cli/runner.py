@@ -37,6 +37,9 @@ class RunOptions:
     flash_attn: str = "auto"
     threads: int = -1
     system_prompt: str | None = None
+    system_prompt_file: str | None = None
+    chat_template: str | None = None  # --chat-template: a built-in's name or Jinja; in run(), the template used
+    chat_template_file: str | None = None
     conversation: bool | None = None
     single_turn: bool = False
     reverse_prompt: list = field(default_factory=list)
@@ -78,9 +81,14 @@ def validate(o: RunOptions) -> None:
                     ("--spec-draft-p-min", o.spec_draft_p_min)):
         if not math.isfinite(v):
             raise UsageError(f"invalid {flag} {v}: must be a finite number")
-    if o.conversation is False and (o.single_turn or o.system_prompt):
-        raise UsageError(f"{'-st/--single-turn' if o.single_turn else '-sys/--system-prompt'} is for conversation "
-                         "mode and cannot go with -no-cnv")
+    if o.system_prompt is not None and o.system_prompt_file is not None:
+        raise UsageError("-sys/--system-prompt and -sysf/--system-prompt-file are mutually exclusive")
+    if o.chat_template is not None and o.chat_template_file is not None:
+        raise UsageError("--chat-template and --chat-template-file are mutually exclusive")
+    if o.conversation is False and (o.single_turn or o.system_prompt or o.system_prompt_file):
+        flag = ("-st/--single-turn" if o.single_turn else "-sys/--system-prompt" if o.system_prompt
+                else "-sysf/--system-prompt-file")
+        raise UsageError(f"{flag} is for conversation mode and cannot go with -no-cnv")
     if o.temp < 0:
         raise UsageError(f"invalid --temp {o.temp}: must be >= 0 (0 = greedy)")
     if not 0 < o.top_p <= 1:
@@ -218,6 +226,34 @@ def read_prompt(o: RunOptions) -> str | None:
     return process_escapes(text) if o.escape else text
 
 
+def read_chat_options(o: RunOptions) -> None:
+    """-sysf's file becomes the system prompt (one trailing newline dropped, as llama.cpp does), and
+    --chat-template(-file) the template itself, checked before any model loads."""
+    from sharpi_core.chat import ChatTemplateError, chat_template_option
+    if o.system_prompt_file is not None:
+        o.system_prompt = read_text(o.system_prompt_file, "system prompt file ").removesuffix("\n")
+    flag = "--chat-template" if o.chat_template is not None else "--chat-template-file"
+    if o.chat_template_file is not None:
+        o.chat_template = read_text(o.chat_template_file, "chat template file ")
+    if o.chat_template is not None:
+        try:
+            o.chat_template = chat_template_option(o.chat_template)
+        except ChatTemplateError as e:
+            raise UsageError(f"{flag}: {e}") from None
+
+
+def chat_template_for(o: RunOptions, tok) -> str | None:
+    """The template chats render with: --chat-template's (checked by read_chat_options), else the GGUF's;
+    when a chat is asked for (-sys, -st, -cnv) and the model has none, chatml, llama.cpp's fallback."""
+    from sharpi_core.chat import BUILTIN_TEMPLATES
+    if o.chat_template or tok.chat_template:
+        return o.chat_template or tok.chat_template
+    if o.system_prompt or o.single_turn or o.conversation:
+        log("warning: this model has no chat template: using chatml (--chat-template chooses another)")
+        return BUILTIN_TEMPLATES["chatml"]
+    return None
+
+
 def read_text(path: str, what: str = "") -> str:
     """A UTF-8 text file named on the command line; one error line if it cannot be read or decoded."""
     try:
@@ -253,6 +289,7 @@ def run(o: RunOptions) -> int:
     check_device(o)
     set_threads(o.threads)
     prompt = read_prompt(o)
+    read_chat_options(o)
     if o.escape:
         o.reverse_prompt = [process_escapes(r) for r in o.reverse_prompt]
 
@@ -263,21 +300,17 @@ def run(o: RunOptions) -> int:
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
-    if o.system_prompt and tok.chat_template is None:
-        raise UsageError("-sys/--system-prompt needs a chat template, and this model has none")
+    o.chat_template = chat_template_for(o, tok)
     if o.system_prompt and prompt is not None and o.conversation is None:
         o.single_turn = True  # a system prompt asks for the chat template: the prompt is one user turn
-    chat = tok.chat_template is not None and o.conversation is not False
+    chat = o.chat_template is not None and o.conversation is not False
     interactive = (o.conversation is True or (prompt is None and chat)) and not o.json_out
     if o.single_turn:
-        if tok.chat_template is None:
-            raise UsageError("-st/--single-turn needs a chat template, and this model has none")
         interactive = prompt is None
     if prompt is None and not interactive:
         raise UsageError("no prompt: pass -p/--prompt, -f/--file, or pipe text on stdin"
-                         + ("" if tok.chat_template else " (this model has no chat template for conversation mode)"))
-    if interactive and tok.chat_template is None:
-        raise UsageError("conversation mode needs a chat template, and this model has none (use -p or -no-cnv)")
+                         + ("" if o.chat_template else " (this model has no chat template: -cnv chats in chatml, "
+                            "--chat-template in another)"))
 
     for tid, _ in o.logit_bias:
         if not 0 <= tid < tok.n_vocab:

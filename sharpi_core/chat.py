@@ -1,4 +1,5 @@
-"""Chat templates from the GGUF (`tokenizer.chat_template`), rendered with jinja2 in a sandbox.
+"""Chat templates from the GGUF (`tokenizer.chat_template`) or named on the command line (llama.cpp's
+built-in ones, written as Jinja), rendered with jinja2 in a sandbox.
 
 The template is untrusted input, so it runs in jinja2's ImmutableSandboxedEnvironment: no access
 to Python internals (`__class__`, `__subclasses__`, ...) and no mutation of the objects passed in.
@@ -17,11 +18,62 @@ from .errors import SharpiError
 
 
 class ChatTemplateError(SharpiError):
-    """The model's chat template does not parse, fails to render, or raised an error itself."""
+    """The chat template (the model's, or --chat-template's) does not parse, fails to render, or raised
+    an error itself."""
+
+
+# llama.cpp's built-in templates (llama_chat_apply_template: what llama-completion renders for
+# `--chat-template NAME` without --jinja), written as Jinja so that one renderer serves them all;
+# checked text for text against llama.cpp (tests/data/llamacpp_chat_templates.json). llama.cpp
+# trims C's isspace() bytes only, not Python's wider whitespace: hence trim's explicit characters.
+_TRIMMED = r"(m.content | trim(' \t\n\v\f\r'))"
+_EACH = "{%- for m in messages -%}"
+
+
+def _then(text: str) -> str:
+    """The end of the loop over messages, and the generation prompt."""
+    return "{%- endfor -%}{%- if add_generation_prompt -%}{{- '" + text + "' -}}{%- endif -%}"
+
+
+def _llama2(system: str) -> str:
+    # BOS comes from the tokenizer; a turn after an assistant reply opens a new [INST]
+    return ("{{- '[INST] ' -}}{%- set ns = namespace(inside=true) -%}" + _EACH
+            + "{%- if not ns.inside -%}{%- set ns.inside = true -%}{{- '[INST] ' -}}{%- endif -%}"
+            + "{%- if m.role == 'system' -%}{{- " + system + " -}}"
+            + r"{%- elif m.role == 'user' -%}{{- m.content + ' [/INST]' -}}"
+            + "{%- else -%}{{- m.content + '</s>' -}}{%- set ns.inside = false -%}{%- endif -%}{%- endfor -%}")
+
+
+BUILTIN_TEMPLATES = {
+    "chatml": _EACH + r"{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}"
+              + _then(r"<|im_start|>assistant\n"),
+    # no system role: the system text (trimmed, concatenated) opens the next user turn
+    "gemma": ("{%- set ns = namespace(system='') -%}" + _EACH
+              + "{%- if m.role == 'system' -%}{%- set ns.system = ns.system + " + _TRIMMED + " -%}{%- else -%}"
+              + "{%- set role = 'model' if m.role == 'assistant' else m.role -%}"
+              + r"{{- '<start_of_turn>' + role + '\n' -}}"
+              + r"{%- if ns.system and role != 'model' -%}{{- ns.system + '\n\n' -}}{%- set ns.system = '' -%}{%- endif -%}"
+              + "{{- " + _TRIMMED + r" + '<end_of_turn>\n' -}}{%- endif -%}" + _then(r"<start_of_turn>model\n")),
+    "llama2": _llama2(r"m.content + '\n'"),
+    "llama2-sys": _llama2(r"'<<SYS>>\n' + m.content + '\n<</SYS>>\n\n'"),
+    "llama3": (_EACH + r"{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\n\n' + " + _TRIMMED
+               + " + '<|eot_id|>' -}}" + _then(r"<|start_header_id|>assistant<|end_header_id|>\n\n")),
+    "mistral-v7": (_EACH + "{%- if m.role == 'system' -%}{{- '[SYSTEM_PROMPT] ' + m.content + '[/SYSTEM_PROMPT]' -}}"
+                   + "{%- elif m.role == 'user' -%}{{- '[INST] ' + m.content + '[/INST]' -}}"
+                   + "{%- else -%}{{- ' ' + m.content + '</s>' -}}{%- endif -%}{%- endfor -%}"),
+    "phi3": _EACH + r"{{- '<|' + m.role + '|>\n' + m.content + '<|end|>\n' -}}" + _then(r"<|assistant|>\n"),
+    "phi4": (_EACH + "{{- '<|im_start|>' + m.role + '<|im_sep|>' + m.content + '<|im_end|>' -}}"
+             + _then("<|im_start|>assistant<|im_sep|>")),
+    "vicuna": (_EACH + r"{%- if m.role == 'system' -%}{{- m.content + '\n\n' -}}"
+               + r"{%- elif m.role == 'user' -%}{{- 'USER: ' + m.content + '\n' -}}"
+               + r"{%- elif m.role == 'assistant' -%}{{- 'ASSISTANT: ' + m.content + '</s>\n' -}}{%- endif -%}"
+               + _then("ASSISTANT:")),
+    "zephyr": _EACH + r"{{- '<|' + m.role + '|>\n' + m.content + '<|endoftext|>\n' -}}" + _then(r"<|assistant|>\n"),
+}
 
 
 def _raise_exception(message: str):
-    raise ChatTemplateError(f"the model's chat template refused the conversation: {message}")
+    raise ChatTemplateError(f"the chat template refused the conversation: {message}")
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
@@ -58,7 +110,7 @@ def _compile(template: str):
         return env.from_string(template)
     except jinja2.TemplateError as e:
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
-        raise ChatTemplateError(f"the model's chat template does not parse{where}: {e}") from None
+        raise ChatTemplateError(f"the chat template does not parse{where}: {e}") from None
 
 
 def check_chat_template(template: str) -> None:
@@ -93,6 +145,18 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
     except SharpiError:
         raise
     except RecursionError:
-        raise ChatTemplateError("the model's chat template failed to render: recursion too deep") from None
+        raise ChatTemplateError("the chat template failed to render: recursion too deep") from None
     except Exception as e:  # untrusted template code: any failure is the template's, reported as such
-        raise ChatTemplateError(f"the model's chat template failed to render: {type(e).__name__}: {e}") from None
+        raise ChatTemplateError(f"the chat template failed to render: {type(e).__name__}: {e}") from None
+
+
+def chat_template_option(value: str) -> str:
+    """--chat-template's value as a template: a built-in's name, or Jinja text, checked the way llama.cpp
+    checks it (a one-message conversation must render). A bare word that names no built-in is refused
+    rather than taken as a template that renders that word."""
+    template = BUILTIN_TEMPLATES.get(value.strip(), value)
+    if template is value and "{{" not in value and "{%" not in value:
+        raise ChatTemplateError(f"'{value}' is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
+                                "nor a Jinja template")
+    render_chat(template, [{"role": "user", "content": "test"}])
+    return template

@@ -1,4 +1,4 @@
-"""Chat template rendering (sandboxed jinja2) with the templates stored in the GGUFs."""
+"""Chat template rendering (sandboxed jinja2) with the templates stored in the GGUFs and llama.cpp's built-in ones."""
 from __future__ import annotations
 
 import json
@@ -88,7 +88,35 @@ def test_template_errors_are_user_errors():
         render_chat(None, [U1])
 
 
-# llama.cpp's chat turns (`llama-completion -cnv -st --jinja`), recorded by scripts/llamacpp_chat_ref.py
+# llama.cpp's built-in templates on 7 conversations each, recorded by scripts/llamacpp_chat_templates.py
+BUILTIN_REF = json.loads((Path(__file__).parent / "data" / "llamacpp_chat_templates.json").read_text())
+
+
+def test_builtin_templates_render_as_llama_cpp_s():
+    """sharpi's Jinja versions of llama.cpp's named templates render its text exactly: trims, system
+    prompts folded into a user turn (gemma, llama2), roles without a case (vicuna), no generation prompt."""
+    from sharpi_core.chat import BUILTIN_TEMPLATES
+    assert {c["name"] for c in BUILTIN_REF} == set(BUILTIN_TEMPLATES)
+    for c in BUILTIN_REF:
+        got = render_chat(BUILTIN_TEMPLATES[c["name"]], c["messages"], c["add_generation_prompt"])
+        assert got == c["text"], (c["name"], c["messages"], c["add_generation_prompt"])
+
+
+def test_chat_template_option_takes_names_and_jinja():
+    from sharpi_core.chat import BUILTIN_TEMPLATES, chat_template_option
+    assert chat_template_option("gemma") == BUILTIN_TEMPLATES["gemma"]
+    own = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    assert chat_template_option(own) == own
+    with pytest.raises(ChatTemplateError, match="neither a built-in template"):
+        chat_template_option("llama-3")  # a misspelt name would otherwise be a template that renders "llama-3"
+    with pytest.raises(ChatTemplateError, match="does not parse"):
+        chat_template_option("{% for m in messages %}")
+    with pytest.raises(ChatTemplateError, match="refused the conversation"):
+        chat_template_option("{{ raise_exception('system messages only') }}")
+
+
+# llama.cpp's chat turns (`llama-completion -cnv -st`, the GGUF's template with --jinja or a built-in
+# one), recorded by scripts/llamacpp_chat_ref.py
 CHAT_REF = json.loads((Path(__file__).parent / "data" / "llamacpp_chat.json").read_text())
 CHAT_CASES = [pytest.param(name, i, id=f"{name.split('-')[0]}-{name.split('-')[-3]}-{i}",
                            marks=() if name == SMOL else (pytest.mark.slow,))
@@ -97,17 +125,19 @@ CHAT_CASES = [pytest.param(name, i, id=f"{name.split('-')[0]}-{name.split('-')[-
 
 @pytest.mark.parametrize("name,i", CHAT_CASES)
 def test_chat_turn_is_llama_cpp_s(name, i):
-    """The GGUF's template renders to llama.cpp's prompt ids (default system prompts included), and the
-    greedy reply is llama.cpp's, text and end of turn."""
-    from types import SimpleNamespace
-
+    """The GGUF's template (or a named built-in one, or chatml for Gemma, which has none) renders to
+    llama.cpp's prompt ids (default system prompts included), and the greedy reply is llama.cpp's, text
+    and end of turn."""
     from conftest import loaded
     from sharpi_cli.chat import encode_chat, render_messages
+    from sharpi_cli.runner import RunOptions, chat_template_for, read_chat_options
     from sharpi_core.generate import Generator
     from sharpi_core.sampling import SamplingParams
     case = CHAT_REF[name][i]
     model, tok = loaded(name)
-    o = SimpleNamespace(system_prompt=case["system"])
+    o = RunOptions(system_prompt=case["system"], chat_template=case["chat_template"], single_turn=True)
+    read_chat_options(o)
+    o.chat_template = chat_template_for(o, tok)
     ids = encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": case["user"]}]))
     assert ids == case["prompt_ids"]
     res = Generator(model, model.new_cache(512), tok, SamplingParams(temp=0)).generate(ids, case["n_predict"])

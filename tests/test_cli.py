@@ -124,12 +124,9 @@ def test_system_prompt_with_a_prompt_is_one_chat_turn(smol):
     """`-sys S -p U` is llama.cpp's chat turn (`llama-completion -cnv -st --jinja -sys S -p U`, recorded
     in tests/data/llamacpp_chat.json), not a raw completion of U that drops S."""
     from test_chat import CHAT_REF
-    case = next(c for c in CHAT_REF[SMOL] if c["system"])
+    case = next(c for c in CHAT_REF[SMOL] if c["system"] and c["chat_template"] is None)
     r = sharpi("-m", smol, "-sys", case["system"], "-p", case["user"], "-n", case["n_predict"], "--temp", 0, "--json")
-    assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)
-    assert d["text"] == case["reply"] and d["timings"]["prompt_n"] == len(case["prompt_ids"])
-    assert d["stop_reason"] == ("eos" if case["ended"] else "n_predict")
+    check_chat_turn(r, case)
 
 
 def test_full_context_stops_with_a_note(smol):
@@ -171,10 +168,42 @@ def test_conversation_commands(smol, tmp_path):
     assert r.returncode == 0 and "[ Prompt:" not in r.stderr
 
 
+def check_chat_turn(r, case):
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["text"] == case["reply"] and d["timings"]["prompt_n"] == len(case["prompt_ids"])
+    assert d["stop_reason"] == ("eos" if case["ended"] else "n_predict")
+
+
 @pytest.mark.slow
-def test_system_prompt_needs_a_chat_template():
+def test_a_model_without_a_chat_template_chats_in_chatml():
+    """Gemma 3 (a base model) has no template: a chat turn is rendered in chatml with a warning, as
+    llama-completion -cnv does (its prompt and reply in tests/data/llamacpp_chat.json)."""
     from conftest import GEMMA
-    one_error_line(sharpi("-m", model_path(GEMMA), "-sys", "Be brief.", "-p", "hi"), 2, "chat template")
+    from test_chat import CHAT_REF
+    case = next(c for c in CHAT_REF[GEMMA] if c["chat_template"] is None)
+    r = sharpi("-m", model_path(GEMMA), "-sys", case["system"], "-p", case["user"], "-n", case["n_predict"],
+               "--temp", 0, "--json")
+    check_chat_turn(r, case)
+    assert "warning: this model has no chat template: using chatml" in r.stderr
+
+
+def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
+    """--chat-template NAME is llama.cpp's built-in template of that name (llama-completion --chat-template
+    llama3, recorded), --chat-template-file the same template as Jinja text; -sysf reads the system prompt
+    (its trailing newline dropped)."""
+    from test_chat import CHAT_REF
+
+    from sharpi_core.chat import BUILTIN_TEMPLATES
+    llama3 = next(c for c in CHAT_REF[SMOL] if c["chat_template"] == "llama3")
+    own = next(c for c in CHAT_REF[SMOL] if c["system"] and c["chat_template"] is None)
+    (tmp_path / "llama3.jinja").write_text(BUILTIN_TEMPLATES["llama3"])
+    (tmp_path / "system.txt").write_text(own["system"] + "\n")  # kept, the model's template would see it
+    for case, args in ((llama3, ("-sys", llama3["system"], "--chat-template", "llama3")),
+                       (llama3, ("-sys", llama3["system"], "--chat-template-file", tmp_path / "llama3.jinja")),
+                       (own, ("-sysf", tmp_path / "system.txt"))):
+        r = sharpi("-m", smol, *args, "-p", case["user"], "-n", case["n_predict"], "--temp", 0, "--json")
+        check_chat_turn(r, case)
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -197,6 +226,13 @@ def test_system_prompt_needs_a_chat_template():
     (("--bogus-flag",), "bogus"),
     (("-no-cnv", "-sys", "Be brief."), "-sys/--system-prompt"),
     (("-no-cnv", "-st"), "-st/--single-turn"),
+    (("-no-cnv", "-sysf", "system.txt"), "-sysf/--system-prompt-file"),
+    (("-sys", "Be brief.", "-sysf", "system.txt"), "mutually exclusive"),
+    (("-sysf", "/no/such/file"), "cannot read system prompt file"),
+    (("--chat-template", "chatml", "--chat-template-file", "t.jinja"), "mutually exclusive"),
+    (("--chat-template", "llama-3"), "--chat-template: 'llama-3' is neither a built-in template"),
+    (("--chat-template", "{% for m in messages %}"), "--chat-template: the chat template does not parse"),
+    (("--chat-template-file", "/no/such/file"), "cannot read chat template file"),
 ])
 def test_invalid_flags_one_line_exit_2(smol, args, fragment):
     r = sharpi("-m", smol, "-p", "hi", *args)
