@@ -62,7 +62,7 @@ def run(
     model: Annotated[Optional[str], Opt("-m", "--model", help="GGUF path or a known model name (default: smollm2-135m-instruct-q4_1, fetched on first use)")] = None,
     prompt: Annotated[Optional[str], Opt("-p", "--prompt", help="prompt text")] = None,
     file: Annotated[Optional[str], Opt("-f", "--file", help="read the prompt from a file ('-' = stdin)")] = None,
-    n_predict: Annotated[int, Opt("-n", "--n-predict", help="tokens to generate (-1 = until end of generation or a full context)")] = -1,
+    n_predict: Annotated[int, Opt("-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end of generation or a full context; -2 = the same)")] = -1,
     ctx_size: Annotated[int, Opt("-c", "--ctx-size", help="context size (0 = the model's)")] = 4096,
     batch_size: Annotated[int, Opt("-b", "--batch-size", help="prompt tokens per forward pass")] = 512,
     seed: Annotated[int, Opt("-s", "--seed", help="RNG seed (-1 = random)")] = -1,

@@ -70,8 +70,10 @@ def log(msg: str) -> None:
 
 # -- validation (before anything is loaded) -------------------------------------------------
 def validate(o: RunOptions) -> None:
-    if o.n_predict < -1:
-        raise UsageError(f"invalid -n/--n-predict {o.n_predict}: must be >= -1 (-1 = until end of generation)")
+    if o.n_predict < -2:
+        raise UsageError(f"invalid -n/--n-predict {o.n_predict}: must be >= -2 (-1, -2 = until the end of generation "
+                         "or a full context)")
+    o.n_predict = max(o.n_predict, -1)  # llama-completion's -2 (until the context is full) is -1 here: no context shift
     if o.ctx_size < 0:
         raise UsageError(f"invalid -c/--ctx-size {o.ctx_size}: must be >= 0 (0 = the model's context)")
     if o.batch_size < 1:

@@ -207,7 +207,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (("-n", "-2"), "-n/--n-predict"),
+    (("-n", "-3"), "-n/--n-predict"),
     (("-c", "-1"), "-c/--ctx-size"),
     (("--temp", "-0.5"), "--temp"),
     (("--temp", "nan"), "--temp"),
