@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Optional
@@ -180,8 +181,11 @@ def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharp
 
 def main() -> None:
     """Console entry point: user errors become one `error:` line and a non-zero exit, never a traceback."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # Python's handler again (see sharpi_cli/__init__.py)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a command's typer.Exit(code) comes back as the return value
+        sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

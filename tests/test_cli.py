@@ -129,6 +129,25 @@ def test_system_prompt_with_a_prompt_is_one_chat_turn(smol):
     check_chat_turn(r, case)
 
 
+def test_ctrl_c_stops_with_exit_130(smol):
+    """Ctrl-C during generation ends the run with llama.cpp's status 130 (the text so far printed, the
+    statistics too); during the first imports, quietly (no traceback) all the same."""
+    import signal
+    import time
+    cmd = SHARPI.split() + ["-m", smol, "-p", "Once", "-n", "3000", "--ignore-eos", "--temp", "0"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    head = p.stdout.read(20)  # the prompt and the first generated tokens: generation is under way
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert len(head + out) > 20 and b"Traceback" not in err and b"eval time" in err
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode in (130, -signal.SIGINT) and b"Traceback" not in err, err
+
+
 def test_full_context_stops_with_a_note(smol):
     r = sharpi("-m", smol, "-p", "Hello", "-c", 16, "-n", 100, "--temp", 0)
     assert r.returncode == 0 and "the context (16 tokens) is full" in r.stderr, r.stderr
