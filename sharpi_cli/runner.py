@@ -76,6 +76,8 @@ def validate(o: RunOptions) -> None:
     o.n_predict = max(o.n_predict, -1)  # llama-completion's -2 (until the context is full) is -1 here: no context shift
     if o.ctx_size < 0:
         raise UsageError(f"invalid -c/--ctx-size {o.ctx_size}: must be >= 0 (0 = the model's context)")
+    if not -1 <= o.seed < 2**32:  # llama.cpp's seeds are 32-bit
+        raise UsageError(f"invalid -s/--seed {o.seed}: must be -1 (random) or 0..{2**32 - 1}")
     if o.batch_size < 1:
         raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
     for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
@@ -110,8 +112,7 @@ def validate(o: RunOptions) -> None:
     check_flash_attn(o.flash_attn)
     if o.device not in ("cpu", "cuda"):
         raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
-    if o.threads == 0 or o.threads < -1:
-        raise UsageError(f"invalid -t/--threads {o.threads}: must be >= 1 (-1 = all cores)")
+    check_threads(o.threads)
     if o.prompt is not None and o.file is not None:
         raise UsageError("-p/--prompt and -f/--file are mutually exclusive")
     if o.model_draft and o.draft_lookup:
@@ -142,6 +143,11 @@ FLASH_ATTN_VALUES = ("on", "off", "auto")
 def check_flash_attn(v: str) -> None:
     if v not in FLASH_ATTN_VALUES:
         raise UsageError(f"invalid -fa/--flash-attn '{v}': choose on, off or auto")
+
+
+def check_threads(n: int) -> None:
+    if n == 0 or n < -1:
+        raise UsageError(f"invalid -t/--threads {n}: must be >= 1 (-1 = all cores)")
 
 
 def set_threads(n: int) -> None:
@@ -337,6 +343,8 @@ def run(o: RunOptions) -> int:
         drafter, draft = _make_drafter(o, target, params, seed, n_ctx)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
+    if n_ctx > target.model.config.n_ctx_train > 0:  # llama.cpp says so too; positions past it are untrained
+        log(f"warning: the model was trained on only {target.model.config.n_ctx_train} context tokens ({n_ctx} asked for)")
     from sharpi_core.threads import ThreadGovernor
     gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
                     spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
@@ -482,20 +490,24 @@ def print_report(target, res, verbose: bool) -> None:
 
 # -- perplexity / tokenize ------------------------------------------------------------------
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto") -> int:
-    from sharpi_core.perplexity import perplexity
+    from sharpi_core.perplexity import chunk_count, perplexity
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
     check_flash_attn(flash_attn)
-    if ctx_size < 2:
-        raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 2")
+    if ctx_size < 3:  # the second half of each chunk is scored, after the first token of it
+        raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 3")
+    if chunks == 0 or chunks < -1:
+        raise UsageError(f"invalid --chunks {chunks}: must be >= 1 (-1 = all)")
+    check_threads(threads)
     set_threads(threads)
     text = read_text(file)
     m = _load(model, flash_attn)
     t0 = time.perf_counter()
     ids = m.tokenizer.encode(text, add_special=True, parse_special=False)
+    n_chunks = chunk_count(len(ids), ctx_size, chunks)
     log(f"perplexity: tokenized {len(ids)} tokens in {(time.perf_counter() - t0) * 1000:.0f} ms; "
-        f"calculating over {min(chunks if chunks >= 0 else 1 << 30, len(ids) // ctx_size)} chunks of {ctx_size}")
+        f"calculating over {n_chunks} chunks of {ctx_size}")
     parts = []
 
     def on_chunk(i, p):

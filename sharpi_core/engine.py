@@ -79,6 +79,8 @@ def context_size(requested: int, model: Transformer) -> int:
     """-c: 0 means the model's training context."""
     if requested < 0:
         raise UsageError(f"invalid context size {requested}: must be >= 0 (0 = from the model)")
+    if not requested and model.config.n_ctx_train < 1:
+        raise UsageError("the model states no training context length: give a context size (-c N)")
     return requested or model.config.n_ctx_train
 
 

@@ -36,13 +36,19 @@ class _Store:
         self.kind = kind
         self.qtype = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}[kind]
         shape = (n_layer, capacity, n_kv, hd)
-        if kind == "q8_0":
-            if hd % _QK8_0:
-                raise UsageError(f"KV cache type q8_0 needs a head size divisible by 32 (model has {hd})")
-            self.q = torch.zeros(shape, dtype=torch.int8)
-            self.d = torch.zeros((n_layer, capacity, n_kv, hd // _QK8_0, 1), dtype=torch.float16)
-        else:
-            self.q = torch.zeros(shape, dtype=torch.float32 if kind == "f32" else torch.float16)
+        if kind == "q8_0" and hd % _QK8_0:
+            raise UsageError(f"KV cache type q8_0 needs a head size divisible by 32 (model has {hd})")
+        try:
+            if kind == "q8_0":
+                self.q = torch.zeros(shape, dtype=torch.int8)
+                self.d = torch.zeros((n_layer, capacity, n_kv, hd // _QK8_0, 1), dtype=torch.float16)
+            else:
+                self.q = torch.zeros(shape, dtype=torch.float32 if kind == "f32" else torch.float16)
+        except (RuntimeError, MemoryError):  # torch: "DefaultCPUAllocator: can't allocate memory: ..."
+            per_value = {"f32": 4, "f16": 2, "q8_0": 34 / 32}[kind]
+            gb = n_layer * capacity * n_kv * hd * per_value / 1e9
+            raise UsageError(f"cannot allocate the {kind} KV cache for a context of {capacity} tokens "
+                             f"({gb:.1f} GB for each of K and V): use a smaller context size") from None
 
     def write(self, layer: int, start: int, x: torch.Tensor) -> None:
         # x [T, n_kv, hd] fp32

@@ -23,13 +23,20 @@ class PerplexityResult:
     chunk_ppl: list[float]
 
 
+def chunk_count(n_tokens: int, n_ctx: int, n_chunks: int = -1) -> int:
+    """The chunks evaluated: all the whole ones the text has (n_chunks < 0), or at most n_chunks."""
+    if n_ctx < 3 or n_chunks == 0:  # each chunk scores its second half, after that half's first token
+        raise SharpiError(f"perplexity needs a context of 3 tokens or more (not {n_ctx}) and 1 chunk or more")
+    available = n_tokens // n_ctx
+    if available < 1:
+        raise SharpiError(f"need at least {n_ctx} tokens for perplexity at -c {n_ctx}, the text has {n_tokens}")
+    return available if n_chunks < 0 else min(n_chunks, available)
+
+
 def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id: int | None = None,
                type_k: str = "f16", type_v: str = "f16",
                on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
-    available = len(tokens) // n_ctx
-    if available < 1:
-        raise SharpiError(f"need at least {n_ctx} tokens for perplexity at -c {n_ctx}, the text has {len(tokens)}")
-    n = available if n_chunks < 0 else min(n_chunks, available)
+    n = chunk_count(len(tokens), n_ctx, n_chunks)
     first = n_ctx // 2
     cache = model.new_cache(n_ctx, type_k, type_v)
     nll = nll2 = 0.0

@@ -148,6 +148,12 @@ def test_ctrl_c_stops_with_exit_130(smol):
     assert p.returncode in (130, -signal.SIGINT) and b"Traceback" not in err, err
 
 
+def test_context_beyond_training_is_warned(smol):
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "-c", 8200, "--temp", 0)
+    assert r.returncode == 0 and "warning: the model was trained on only 8192 context tokens (8200 asked for)" in r.stderr
+    assert "trained on only" not in sharpi("-m", smol, "-p", "Hi", "-n", 1, "-c", 8192, "--temp", 0).stderr
+
+
 def test_full_context_stops_with_a_note(smol):
     r = sharpi("-m", smol, "-p", "Hello", "-c", 16, "-n", 100, "--temp", 0)
     assert r.returncode == 0 and "the context (16 tokens) is full" in r.stderr, r.stderr
@@ -227,6 +233,9 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
 
 @pytest.mark.parametrize("args,fragment", [
     (("-n", "-3"), "-n/--n-predict"),
+    (("-s", "99999999999999999999"), "-s/--seed"),
+    (("-s", "-2"), "-s/--seed"),
+    (("-c", "99999999"), "cannot allocate the f16 KV cache for a context of 99999999 tokens"),
     (("-c", "-1"), "-c/--ctx-size"),
     (("--temp", "-0.5"), "--temp"),
     (("--temp", "nan"), "--temp"),
@@ -334,6 +343,16 @@ def test_perplexity_command(smol):
     assert last == f"Final estimate: PPL = {ref['ppl']:.4f} +/- {ref['err']:.5f}"
     r = sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / ref["file"], "-c", 128, "--chunks", 8, "-fa", "off")
     assert r.returncode == 0 and "Final estimate: PPL = 17.9203 +/- 2.28299" in r.stdout  # llama.cpp -fa off
+
+
+@pytest.mark.parametrize("args,code,fragment", [
+    (("-c", 64, "--chunks", 0), 2, "invalid --chunks 0"),
+    (("-c", 2), 2, "invalid -c/--ctx-size 2: must be >= 3"),
+    (("-t", 0), 2, "invalid -t/--threads 0"),
+    (("-c", 99999), 1, "need at least 99999 tokens for perplexity"),  # and no "calculating over 0 chunks" first
+])
+def test_perplexity_bad_arguments_are_one_error_line(smol, args, code, fragment):
+    one_error_line(sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / "apache-2.0.txt", *args), code, fragment)
 
 
 def test_models_list():

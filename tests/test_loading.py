@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import zipfile
 
 import gguf
@@ -14,16 +15,18 @@ from sharpi_core.models import SUPPORTED_ARCHS, load_model
 from sharpi_core import registry
 
 
-def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64):
-    """A tiny random llama-shaped GGUF (enough to load, not a real model)."""
+def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, meta=None):
+    """A tiny random llama-shaped GGUF (enough to load, not a real model); `meta` overrides metadata
+    values (the tensors keep their shapes)."""
+    m = {"block_count": n_layer, "embedding_length": n_embd, "head_count": 4, "head_count_kv": 2, "eps": 1e-5, **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
+    w.add_block_count(m["block_count"])
     w.add_context_length(64)
-    w.add_embedding_length(n_embd)
+    w.add_embedding_length(m["embedding_length"])
     w.add_feed_forward_length(64)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_head_count(m["head_count"])
+    w.add_head_count_kv(m["head_count_kv"])
+    w.add_layer_norm_rms_eps(m["eps"])
     rng = np.random.default_rng(0)
 
     def t(name, shape):
@@ -55,6 +58,22 @@ def test_tiny_model_loads_and_runs(tmp_path):
     c = m.new_cache(16)
     logits = m.forward(torch.tensor([1, 2, 3]), 0, c)
     assert logits.shape == (3, 64) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("meta,message", [
+    ({"head_count": 0}, "n_head is 0"),
+    ({"head_count_kv": 0}, "n_head_kv is 0"),
+    ({"head_count_kv": 3}, "4 attention heads do not share 3 KV heads evenly"),
+    ({"embedding_length": 48}, "tensor 'token_embd.weight' has shape (32, 64), its metadata implies (48, 64)"),
+    ({"block_count": 2}, "tensor 'blk.1.attn_norm.weight' is missing"),
+    ({"head_count_kv": 4}, "tensor 'blk.0.attn_k.weight' has shape (32, 16), its metadata implies (32, 32)"),
+    ({"eps": float("nan")}, "norm_eps is nan"),
+])
+def test_inconsistent_metadata_is_one_error(tmp_path, meta, message):
+    """Hyperparameters that disagree with each other or with the tensors are refused at load, naming what
+    is wrong (they were a division by zero, a reshape error in the first pass, or a crash in a kernel)."""
+    with pytest.raises(SharpiError, match="^" + re.escape(str(tmp_path / "m.gguf")) + ": .*" + re.escape(message)):
+        load_model(write_gguf(tmp_path / "m.gguf", meta=meta))
 
 
 def test_unknown_architecture_is_named(tmp_path):

@@ -1,6 +1,7 @@
 """Model configuration: one frozen dataclass, filled from GGUF metadata by per-arch tables."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import SharpiError
@@ -48,7 +49,7 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
     a = gf.arch_get
     n_embd = int(gf.require(f"{gf.arch}.embedding_length"))
     n_head = int(gf.require(f"{gf.arch}.attention.head_count"))
-    hd_k = int(a("attention.key_length", n_embd // n_head))
+    hd_k = int(a("attention.key_length", n_embd // n_head if n_head > 0 else 0))  # 0 heads: check_config says so
     return dict(
         arch=gf.arch,
         n_vocab=n_vocab,
@@ -89,4 +90,54 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         kw["embed_scale"] = kw["n_embd"] ** 0.5
         kw["sliding_window"] = int(gf.arch_get("attention.sliding_window", 0) or 0)
         kw["attn_scale"] = 1.0 / kw["head_dim_k"] ** 0.5
-    return ModelConfig(**kw)
+    c = ModelConfig(**kw)
+    check_config(c, gf)
+    return c
+
+
+def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the graph reads, with its GGUF shape (ne0 = the input dimension first)."""
+    q, k, v = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
+    shapes = {"token_embd.weight": (c.n_embd, c.n_vocab), "output_norm.weight": (c.n_embd,)}
+    if not c.tied_output:
+        shapes["output.weight"] = (c.n_embd, c.n_vocab)
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        shapes.update({b + "attn_norm.weight": (c.n_embd,), b + "attn_q.weight": (c.n_embd, q),
+                       b + "attn_k.weight": (c.n_embd, k), b + "attn_v.weight": (c.n_embd, v),
+                       b + "attn_output.weight": (c.n_head * c.head_dim_v, c.n_embd), b + "ffn_norm.weight": (c.n_embd,),
+                       b + "ffn_gate.weight": (c.n_embd, c.n_ff), b + "ffn_up.weight": (c.n_embd, c.n_ff),
+                       b + "ffn_down.weight": (c.n_ff, c.n_embd)})
+        if c.qkv_bias:
+            shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (k,), b + "attn_v.bias": (v,)})
+        if c.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (c.head_dim_k,), b + "attn_k_norm.weight": (c.head_dim_k,)})
+        if c.post_norms:
+            shapes.update({b + "post_attention_norm.weight": (c.n_embd,), b + "post_ffw_norm.weight": (c.n_embd,)})
+    return shapes
+
+
+def check_config(c: ModelConfig, gf: GGUFFile) -> None:
+    """Hyperparameters that the kernels can run and tensors of the shapes they imply, checked before any
+    weight is read (llama.cpp refuses such a file with "wrong shape" too): a damaged or hand-edited
+    GGUF is one error, not a division by zero or a crash inside a kernel."""
+    for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff"):
+        if getattr(c, name) < 1:
+            raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")
+    if c.n_head % c.n_head_kv:
+        raise SharpiError(f"{gf.path}: {c.n_head} attention heads do not share {c.n_head_kv} KV heads evenly")
+    for name, shape in expected_shapes(c).items():
+        t = gf.tensors.get(name)
+        if t is None:
+            raise SharpiError(f"{gf.path}: tensor '{name}' is missing")
+        if tuple(int(n) for n in t.shape) != shape:
+            raise SharpiError(f"{gf.path}: tensor '{name}' has shape {tuple(int(n) for n in t.shape)}, "
+                              f"its metadata implies {shape}")
+    n_tokens = gf.array_len("tokenizer.ggml.tokens")  # 0: no vocabulary here (the tokenizer says so)
+    if n_tokens and n_tokens != c.n_vocab:
+        raise SharpiError(f"{gf.path}: the vocabulary has {n_tokens} tokens, the embedding {c.n_vocab} rows")
+    if not 0 < c.n_rot <= c.head_dim_k or c.n_rot % 2:
+        raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions")
+    for name in ("norm_eps", "rope_base", "rope_base_swa"):
+        if not math.isfinite(getattr(c, name)) or getattr(c, name) < 0:
+            raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")
