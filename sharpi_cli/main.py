@@ -1,6 +1,7 @@
 """`sharpi`: llama-cli style flags; parses, validates, calls the engine. Text on stdout, the rest on stderr."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -53,6 +54,8 @@ def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
         if not m:
             raise UsageError(f"malformed -l/--logit-bias '{it}': expected TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf")
         val = float("inf") if m.group(3).lower() == "inf" else float(m.group(3))
+        if math.isfinite(val) and val > 3.4028234663852886e38:  # llama.cpp's std::stof refuses it too
+            raise UsageError(f"-l/--logit-bias '{it}': the bias is out of float range (use inf)")
         out.append((int(m.group(1)), val if m.group(2) == "+" else -val))
     return tuple(out)
 
@@ -128,7 +131,21 @@ def run(
     from . import runner
     opts = runner.RunOptions(**{k: v for k, v in locals().items() if k in runner.RunOptions.__dataclass_fields__})
     opts.logit_bias = parse_logit_bias(logit_bias)
+    drop_env_alternatives(ctx, opts)
     raise typer.Exit(runner.run(opts))
+
+
+# flags that exclude each other: one given on the command line wins over the other from SHARPI_ARG_*
+ALTERNATIVES = (("prompt", "file"), ("system_prompt", "system_prompt_file"), ("chat_template", "chat_template_file"),
+                ("model_draft", "draft_lookup"))
+
+
+def drop_env_alternatives(ctx: typer.Context, opts) -> None:
+    for pair in ALTERNATIVES:  # click's ParameterSource, by name (typer may carry its own click)
+        sources = [getattr(ctx.get_parameter_source(name), "name", None) for name in pair]
+        for name, source, other in zip(pair, sources, reversed(sources)):
+            if source == "ENVIRONMENT" and other == "COMMANDLINE":
+                setattr(opts, name, False if name == "draft_lookup" else None)
 
 
 @app.command()
@@ -175,12 +192,21 @@ def models_list():
 @models_app.command("pull")
 def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharpi models list`)")]):
     """Fetch a known model into ~/.cache/sharpi/models."""
+    from sharpi_core.registry import REGISTRY
+
     from . import runner
+    if name not in REGISTRY:  # -m takes paths too; pull fetches known models only
+        raise UsageError(f"unknown model '{name}' (known: {', '.join(REGISTRY)})")
     print(runner.resolve_with_progress(name))
 
 
 def main() -> None:
     """Console entry point: user errors become one `error:` line and a non-zero exit, never a traceback."""
+    if sys.stderr is None:  # started with stderr closed: nowhere to say anything
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:
+        _err("standard output is closed: nowhere to write the output")
+        sys.exit(1)
     if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # Python's handler again (see sharpi_cli/__init__.py)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

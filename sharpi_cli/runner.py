@@ -64,6 +64,9 @@ class RunOptions:
     spec_draft_vocab: int = -1
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -83,8 +86,10 @@ def validate(o: RunOptions) -> None:
     for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
                     ("--presence-penalty", o.presence_penalty), ("--frequency-penalty", o.frequency_penalty),
                     ("--spec-draft-p-min", o.spec_draft_p_min)):
-        if not math.isfinite(v):
-            raise UsageError(f"invalid {flag} {v}: must be a finite number")
+        if not math.isfinite(v) or abs(v) > FLOAT32_MAX:  # llama.cpp reads these as floats (std::stof)
+            raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
+    if o.json_out and o.conversation:
+        raise UsageError("--json prints one result and cannot go with -cnv (use -st for one chat turn)")
     if o.system_prompt is not None and o.system_prompt_file is not None:
         raise UsageError("-sys/--system-prompt and -sysf/--system-prompt-file are mutually exclusive")
     if o.chat_template is not None and o.chat_template_file is not None:
@@ -325,6 +330,12 @@ def run(o: RunOptions) -> int:
             raise UsageError(f"-l/--logit-bias token id {tid} is outside the vocabulary (0..{tok.n_vocab - 1})")
     if o.ignore_eos:  # llama.cpp: a -inf logit bias on every end-of-generation token
         o.logit_bias = tuple(o.logit_bias) + tuple((t, float("-inf")) for t in sorted(tok.eog_ids))
+    total: dict[int, float] = {}
+    for tid, b in o.logit_bias:
+        total[tid] = total.get(tid, 0.0) + b
+        if math.isnan(total[tid]):  # +inf and -inf: a NaN logit, which no sampler can order
+            raise UsageError(f"-l/--logit-bias: token {tid} gets both +inf and -inf"
+                             + (" (--ignore-eos bans it)" if o.ignore_eos and tid in tok.eog_ids else ""))
     seed = o.seed if o.seed >= 0 else random.SystemRandom().randrange(2**31)
     params = SamplingParams(temp=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                             repeat_penalty=o.repeat_penalty,
@@ -335,6 +346,9 @@ def run(o: RunOptions) -> int:
     drafter, draft = None, None
     if o.model_draft or o.draft_lookup:
         window = min(n_ctx, draft_ctx(o, n_ctx)) if o.model_draft else n_ctx
+        if window < 2:
+            raise UsageError(f"a context of {window} token{'s' * (window != 1)} leaves no room to speculate "
+                             f"(raise {'-cd/--ctx-size-draft' if o.model_draft and draft_ctx(o, n_ctx) < n_ctx else '-c/--ctx-size'})")
         if o.spec_draft_n_max > window // 2:
             log(f"warning: --spec-draft-n-max {o.spec_draft_n_max} does not fit the context windows "
                 f"({window} tokens); clamped to {window // 2}")
@@ -366,10 +380,13 @@ def run(o: RunOptions) -> int:
         ids = encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": prompt}]))
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
-    reserve = o.spec_draft_n_max + 1 if drafter is not None else 1
-    engine.check_prompt_fits(len(ids), n_ctx, reserve=reserve)
+    if not ids:  # -p "" (a model that adds no BOS): llama.cpp refuses it too
+        raise UsageError("empty prompt: nothing to generate from")
+    # speculation proposes fewer tokens near the end of a context (the generator), so a prompt that
+    # leaves room for one generated token runs, as it does without speculation
+    engine.check_prompt_fits(len(ids), n_ctx)
     if draft is not None:
-        engine.check_prompt_fits(len(ids), draft_ctx(o, n_ctx), "-cd/--ctx-size-draft", reserve=reserve)
+        engine.check_prompt_fits(len(ids), draft_ctx(o, n_ctx), "-cd/--ctx-size-draft")
     for note in getattr(gen, "notes", []):
         log(f"note: {note}")
 

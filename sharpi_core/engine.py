@@ -84,9 +84,8 @@ def context_size(requested: int, model: Transformer) -> int:
     return requested or model.config.n_ctx_train
 
 
-def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size", reserve: int = 1) -> None:
-    """reserve: the positions a step writes past the prompt (1, or k + 1 for a speculative step)."""
-    if n_prompt + reserve > n_ctx:
-        room = "one generated token" if reserve == 1 else f"the {reserve} tokens a speculative step writes"
+def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size") -> None:
+    """Room for the prompt and one generated token (speculation proposes less near a context's end)."""
+    if n_prompt + 1 > n_ctx:
         raise UsageError(f"prompt is {n_prompt} tokens, which does not fit the context of {n_ctx} (at most "
-                         f"{max(n_ctx - reserve, 0)}, with room for {room}); raise {flag}")
+                         f"{max(n_ctx - 1, 0)}, with room for one generated token); raise {flag}")

@@ -58,10 +58,11 @@ DEFAULT_MODEL = "smollm2-135m-instruct-q4_1"
 
 def models_dir() -> Path:
     base = os.environ.get("SHARPI_MODELS_DIR")
-    if base:
-        return Path(base)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "sharpi" / "models"
+    d = Path(base) if base else (Path(xdg) if xdg else Path.home() / ".cache") / "sharpi" / "models"
+    if d.exists() and not d.is_dir():
+        raise SharpiError(f"the model cache {d} is not a directory" + (" (SHARPI_MODELS_DIR)" if base else ""))
+    return d
 
 
 def cached_path(name: str) -> Path:
@@ -137,6 +138,8 @@ def resolve_model(spec: str | None, progress: Progress | None = None) -> Path:
         spec = DEFAULT_MODEL
     if spec in REGISTRY:
         return pull(spec, progress)
+    if not spec.strip():
+        raise SharpiError("model not found: the model name is empty")
     p = Path(spec).expanduser()
     if p.is_file():
         return p

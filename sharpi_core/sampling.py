@@ -120,8 +120,9 @@ def apply_penalties(logits: torch.Tensor, history, params: SamplingParams) -> to
             rows = [history] * x.shape[0]
         else:
             rows = history
-        for r in range(x.shape[0]):
-            _penalize_row(x[r], penalty_window(rows[r], params), params)
+        with np.errstate(over="ignore"):  # huge penalties saturate to inf in float32, as in llama.cpp
+            for r in range(x.shape[0]):
+                _penalize_row(x[r], penalty_window(rows[r], params), params)
     out = torch.from_numpy(x)
     return out[0] if one else out
 

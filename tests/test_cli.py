@@ -148,6 +148,19 @@ def test_ctrl_c_stops_with_exit_130(smol):
     assert p.returncode in (130, -signal.SIGINT) and b"Traceback" not in err, err
 
 
+def test_command_line_wins_over_the_environment_for_exclusive_flags(smol, tmp_path):
+    (tmp_path / "p.txt").write_text("From the file")
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, env={"SHARPI_ARG_FILE": str(tmp_path / "p.txt")})
+    assert r.returncode == 0 and r.stdout.startswith("Hi"), r.stderr
+    one_error_line(sharpi("-m", smol, "-n", 1, env={"SHARPI_ARG_FILE": str(tmp_path / "p.txt"), "SHARPI_ARG_PROMPT": "Hi"}),
+                   2, "mutually exclusive")  # both from the environment: no command line to prefer
+
+
+def test_closed_stdout_is_one_error_line(smol):
+    r = subprocess.run(["bash", "-c", f"{SHARPI} -m {smol} -p Hi -n 2 >&-"], capture_output=True, text=True, timeout=300)
+    one_error_line(r, 1, "standard output is closed")
+
+
 def test_context_beyond_training_is_warned(smol):
     r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "-c", 8200, "--temp", 0)
     assert r.returncode == 0 and "warning: the model was trained on only 8192 context tokens (8200 asked for)" in r.stderr
@@ -233,6 +246,9 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
 
 @pytest.mark.parametrize("args,fragment", [
     (("-n", "-3"), "-n/--n-predict"),
+    (("-p", ""), "empty prompt"),
+    (("--json", "-cnv"), "--json prints one result and cannot go with -cnv"),
+    (("--draft-lookup", "-c", "1"), "a context of 1 token leaves no room to speculate (raise -c/--ctx-size)"),
     (("-s", "99999999999999999999"), "-s/--seed"),
     (("-s", "-2"), "-s/--seed"),
     (("-c", "99999999"), "cannot allocate the f16 KV cache for a context of 99999999 tokens"),
@@ -245,6 +261,10 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--top-p", "1.5"), "--top-p"),
     (("-l", "abc"), "logit-bias"),
     (("-l", "15+x"), "logit-bias"),
+    (("-l", "1195-inf", "-l", "1195+inf"), "token 1195 gets both +inf and -inf"),
+    (("--ignore-eos", "-l", "2+inf"), "token 2 gets both +inf and -inf (--ignore-eos bans it)"),
+    (("-l", "12+" + "9" * 40), "out of float range"),
+    (("--temp", "1e308"), "--temp 1e+308: must be a finite number within float range"),
     (("-ctk", "q4_0"), "cache-type-k"),
     (("-ctvd", "q4_1"), "-ctvd/--spec-draft-type-v"),
     (("--draft-lookup", "-md", "whatever.gguf"), "mutually exclusive"),
@@ -323,8 +343,10 @@ def test_prompt_longer_than_context(smol):
     r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16)
     line = one_error_line(r, 2, "-c/--ctx-size")
     assert "prompt is 51 tokens" in line and "context of 16 (at most 15," in line
-    line = one_error_line(sharpi("-m", smol, "-p", "word " * 50, "-c", 40, "--draft-lookup"), 2, "-c/--ctx-size")
-    assert "context of 40 (at most 35, with room for the 5 tokens a speculative step writes)" in line
+    # speculation needs no more room: it proposes fewer tokens near the end of the context
+    plain = json.loads(sharpi("-m", smol, "-p", "word " * 50, "-c", 53, "--temp", 0, "--json").stdout)
+    spec = json.loads(sharpi("-m", smol, "-p", "word " * 50, "-c", 53, "--temp", 0, "--json", "--draft-lookup").stdout)
+    assert spec["tokens"] == plain["tokens"] and spec["stop_reason"] == plain["stop_reason"] == "ctx_full"
 
 
 def test_tokenize_command_matches_llama_tokenize(smol):
@@ -358,6 +380,15 @@ def test_perplexity_bad_arguments_are_one_error_line(smol, args, code, fragment)
 def test_models_list():
     r = sharpi("models", "list")
     assert r.returncode == 0 and SMOL in r.stdout
+
+
+def test_models_pull_and_cache_errors(tmp_path):
+    one_error_line(sharpi("models", "pull", "../../etc/passwd"), 2, "unknown model '../../etc/passwd'")
+    one_error_line(sharpi("-m", "", "-p", "hi"), 2, "the model name is empty")
+    (tmp_path / "file").write_text("not a directory")
+    r = sharpi("-p", "hi", env={"SHARPI_MODELS_DIR": str(tmp_path / "file")})
+    one_error_line(r, 1, "is not a directory (SHARPI_MODELS_DIR)")
+    assert "fetching" not in r.stderr
 
 
 def test_version():
