@@ -34,11 +34,12 @@ class Interrupt:
 
 
 def render_messages(o, tok, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The conversation (after -sys's system message) in the template run() chose: o.chat_template."""
     from sharpi_core.chat import render_chat
     msgs = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else []) + messages
     bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
     eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-    return render_chat(o.chat_template or tok.chat_template, msgs, add_generation_prompt, bos_token=bos, eos_token=eos)
+    return render_chat(o.chat_template, msgs, add_generation_prompt, bos_token=bos, eos_token=eos)
 
 
 def encode_chat(tok, text: str) -> list[int]:

@@ -9,6 +9,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sharpi_core.errors import SharpiError, UsageError
 from sharpi_core.kv_cache import CACHE_TYPES
 
@@ -88,7 +90,10 @@ def validate(o: RunOptions) -> None:
                     ("--spec-draft-p-min", o.spec_draft_p_min)):
         if not math.isfinite(v) or abs(v) > FLOAT32_MAX:  # llama.cpp reads these as floats (std::stof)
             raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
-    if o.json_out and o.conversation:
+    for tid, b in o.logit_bias:
+        if math.isfinite(b) and abs(b) > FLOAT32_MAX:
+            raise UsageError(f"-l/--logit-bias {tid}{b:+g}: the bias is out of float range (use inf)")
+    if o.json_out and o.conversation and not o.single_turn:
         raise UsageError("--json prints one result and cannot go with -cnv (use -st for one chat turn)")
     if o.system_prompt is not None and o.system_prompt_file is not None:
         raise UsageError("-sys/--system-prompt and -sysf/--system-prompt-file are mutually exclusive")
@@ -190,7 +195,7 @@ def check_gpu_cache_types(o: RunOptions) -> None:
 def resolve_with_progress(spec: str | None):
     """Resolve -m, fetching a known model with a progress bar on first use."""
     from sharpi_core.registry import REGISTRY, DEFAULT_MODEL, is_cached, resolve_model
-    name = spec or DEFAULT_MODEL
+    name = DEFAULT_MODEL if spec is None else spec
     if name not in REGISTRY or is_cached(name):
         try:
             return resolve_model(spec)
@@ -245,9 +250,13 @@ def read_chat_options(o: RunOptions) -> None:
     from sharpi_core.chat import ChatTemplateError, chat_template_option
     if o.system_prompt_file is not None:
         o.system_prompt = read_text(o.system_prompt_file, "system prompt file ").removesuffix("\n")
+        o.system_prompt_file = None
     flag = "--chat-template" if o.chat_template is not None else "--chat-template-file"
     if o.chat_template_file is not None:
         o.chat_template = read_text(o.chat_template_file, "chat template file ")
+        o.chat_template_file = None
+    if o.chat_template is not None and not o.chat_template.strip():
+        o.chat_template = None  # an empty override is no override (llama.cpp: the model's template)
     if o.chat_template is not None:
         try:
             o.chat_template = chat_template_option(o.chat_template)
@@ -313,9 +322,9 @@ def run(o: RunOptions) -> int:
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
+    if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:
+        o.single_turn = True  # a system prompt or a template asks for a chat: the prompt is one user turn
     o.chat_template = chat_template_for(o, tok)
-    if o.system_prompt and prompt is not None and o.conversation is None:
-        o.single_turn = True  # a system prompt asks for the chat template: the prompt is one user turn
     chat = o.chat_template is not None and o.conversation is not False
     interactive = (o.conversation is True or (prompt is None and chat)) and not o.json_out
     if o.single_turn:
@@ -330,13 +339,15 @@ def run(o: RunOptions) -> int:
             raise UsageError(f"-l/--logit-bias token id {tid} is outside the vocabulary (0..{tok.n_vocab - 1})")
     if o.ignore_eos:  # llama.cpp: a -inf logit bias on every end-of-generation token
         o.logit_bias = tuple(o.logit_bias) + tuple((t, float("-inf")) for t in sorted(tok.eog_ids))
-    total: dict[int, float] = {}
+    total: dict[int, np.float32] = {}
     for tid, b in o.logit_bias:
-        total[tid] = total.get(tid, 0.0) + b
-        if math.isnan(total[tid]):  # +inf and -inf: a NaN logit, which no sampler can order
+        with np.errstate(over="ignore", invalid="ignore"):  # added in float32, as the sampler adds them
+            total[tid] = total.get(tid, np.float32(0)) + np.float32(b)
+        if np.isnan(total[tid]):  # +inf and -inf: a NaN logit, which no sampler can order
             raise UsageError(f"-l/--logit-bias: token {tid} gets both +inf and -inf"
                              + (" (--ignore-eos bans it)" if o.ignore_eos and tid in tok.eog_ids else ""))
-    seed = o.seed if o.seed >= 0 else random.SystemRandom().randrange(2**31)
+    # -1, and llama.cpp's LLAMA_DEFAULT_SEED (0xFFFFFFFF, what -1 becomes there), mean a random seed
+    seed = o.seed if 0 <= o.seed < 2**32 - 1 else random.SystemRandom().randrange(2**31)
     params = SamplingParams(temp=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                             repeat_penalty=o.repeat_penalty,
                             repeat_last_n=n_ctx if o.repeat_last_n == -1 else o.repeat_last_n,
@@ -514,8 +525,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     check_flash_attn(flash_attn)
     if ctx_size < 3:  # the second half of each chunk is scored, after the first token of it
         raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 3")
-    if chunks == 0 or chunks < -1:
-        raise UsageError(f"invalid --chunks {chunks}: must be >= 1 (-1 = all)")
+    if chunks == 0:
+        raise UsageError("invalid --chunks 0: must be >= 1 (-1 = all)")
     check_threads(threads)
     set_threads(threads)
     text = read_text(file)

@@ -27,6 +27,13 @@ _QK8_0 = 32
 Q = gguf.GGMLQuantizationType
 
 
+def _physical_memory() -> float:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX sysconf: let the allocator decide
+        return float("inf")
+
+
 class _Store:
     """One tensor kind (K or V) for all layers: [n_layer, capacity, n_kv_head, head_dim]."""
 
@@ -38,6 +45,13 @@ class _Store:
         shape = (n_layer, capacity, n_kv, hd)
         if kind == "q8_0" and hd % _QK8_0:
             raise UsageError(f"KV cache type q8_0 needs a head size divisible by 32 (model has {hd})")
+        n_bytes = n_layer * capacity * n_kv * hd * {"f32": 4, "f16": 2, "q8_0": 34 / 32}[kind]
+        too_big = UsageError(f"cannot allocate {n_bytes / 1e9:.1f} GB of {kind} KV cache for a context of {capacity} "
+                             "tokens: use a smaller context size")
+        # more than the machine has is refused before asking: with memory overcommit the allocation would
+        # succeed and zeroing it would bring the OOM killer instead of an error
+        if n_bytes > _physical_memory():
+            raise too_big
         try:
             if kind == "q8_0":
                 self.q = torch.zeros(shape, dtype=torch.int8)
@@ -45,10 +59,7 @@ class _Store:
             else:
                 self.q = torch.zeros(shape, dtype=torch.float32 if kind == "f32" else torch.float16)
         except (RuntimeError, MemoryError):  # torch: "DefaultCPUAllocator: can't allocate memory: ..."
-            per_value = {"f32": 4, "f16": 2, "q8_0": 34 / 32}[kind]
-            gb = n_layer * capacity * n_kv * hd * per_value / 1e9
-            raise UsageError(f"cannot allocate the {kind} KV cache for a context of {capacity} tokens "
-                             f"({gb:.1f} GB for each of K and V): use a smaller context size") from None
+            raise too_big from None
 
     def write(self, layer: int, start: int, x: torch.Tensor) -> None:
         # x [T, n_kv, hd] fp32

@@ -161,6 +161,11 @@ def test_closed_stdout_is_one_error_line(smol):
     one_error_line(r, 1, "standard output is closed")
 
 
+def test_llama_cpp_default_seed_is_random(smol):
+    d = json.loads(sharpi("-m", smol, "-p", "Hi", "-n", 1, "-s", 2**32 - 1, "--json").stdout)
+    assert d["seed"] != 2**32 - 1  # LLAMA_DEFAULT_SEED: what llama.cpp's -s -1 stands for
+
+
 def test_context_beyond_training_is_warned(smol):
     r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "-c", 8200, "--temp", 0)
     assert r.returncode == 0 and "warning: the model was trained on only 8192 context tokens (8200 asked for)" in r.stderr
@@ -239,9 +244,15 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (tmp_path / "system.txt").write_text(own["system"] + "\n")  # kept, the model's template would see it
     for case, args in ((llama3, ("-sys", llama3["system"], "--chat-template", "llama3")),
                        (llama3, ("-sys", llama3["system"], "--chat-template-file", tmp_path / "llama3.jinja")),
-                       (own, ("-sysf", tmp_path / "system.txt"))):
+                       (own, ("-sysf", tmp_path / "system.txt", "-cnv", "-st"))):  # --json takes -cnv -st: one turn
         r = sharpi("-m", smol, *args, "-p", case["user"], "-n", case["n_predict"], "--temp", 0, "--json")
         check_chat_turn(r, case)
+    # a template alone makes the prompt one chat turn too (like -sys), in that template
+    from conftest import loaded
+    tok = loaded(SMOL)[1]
+    d = json.loads(sharpi("-m", smol, "--chat-template", "zephyr", "-p", "Hi", "-n", 1, "--json").stdout)
+    assert d["timings"]["prompt_n"] == len(tok.encode("<|user|>\nHi<|endoftext|>\n<|assistant|>\n", add_special=True,
+                                                      parse_special=True))
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -251,7 +262,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--draft-lookup", "-c", "1"), "a context of 1 token leaves no room to speculate (raise -c/--ctx-size)"),
     (("-s", "99999999999999999999"), "-s/--seed"),
     (("-s", "-2"), "-s/--seed"),
-    (("-c", "99999999"), "cannot allocate the f16 KV cache for a context of 99999999 tokens"),
+    (("-c", "99999999"), "cannot allocate 1152.0 GB of f16 KV cache for a context of 99999999 tokens"),
     (("-c", "-1"), "-c/--ctx-size"),
     (("--temp", "-0.5"), "--temp"),
     (("--temp", "nan"), "--temp"),
@@ -264,6 +275,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("-l", "1195-inf", "-l", "1195+inf"), "token 1195 gets both +inf and -inf"),
     (("--ignore-eos", "-l", "2+inf"), "token 2 gets both +inf and -inf (--ignore-eos bans it)"),
     (("-l", "12+" + "9" * 40), "out of float range"),
+    (("-l", "5+3" + "0" * 38, "-l", "5+3" + "0" * 38, "-l", "5-inf"), "token 5 gets both +inf and -inf"),
     (("--temp", "1e308"), "--temp 1e+308: must be a finite number within float range"),
     (("-ctk", "q4_0"), "cache-type-k"),
     (("-ctvd", "q4_1"), "-ctvd/--spec-draft-type-v"),
@@ -343,10 +355,14 @@ def test_prompt_longer_than_context(smol):
     r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16)
     line = one_error_line(r, 2, "-c/--ctx-size")
     assert "prompt is 51 tokens" in line and "context of 16 (at most 15," in line
-    # speculation needs no more room: it proposes fewer tokens near the end of the context
-    plain = json.loads(sharpi("-m", smol, "-p", "word " * 50, "-c", 53, "--temp", 0, "--json").stdout)
-    spec = json.loads(sharpi("-m", smol, "-p", "word " * 50, "-c", 53, "--temp", 0, "--json", "--draft-lookup").stdout)
-    assert spec["tokens"] == plain["tokens"] and spec["stop_reason"] == plain["stop_reason"] == "ctx_full"
+    # speculation needs no more room than plain decoding (it was refused at -c 53): it proposes fewer
+    # tokens near the end of the context, and its output is plain greedy's up to the full context
+    for c in (53, 72):
+        args = ("-m", smol, "-p", "word " * 50, "-c", c, "--temp", 0, "--json", "--ignore-eos")
+        plain = json.loads(sharpi(*args).stdout)
+        spec = json.loads(sharpi(*args, "--draft-lookup").stdout)
+        assert spec["tokens"] == plain["tokens"] and spec["stop_reason"] == plain["stop_reason"] == "ctx_full"
+    assert spec["speculative"]["drafted"] > 0 and len(spec["tokens"]) == 72 - 51  # the last one is never fed
 
 
 def test_tokenize_command_matches_llama_tokenize(smol):

@@ -15,7 +15,7 @@ from sharpi_core.models import SUPPORTED_ARCHS, load_model
 from sharpi_core import registry
 
 
-def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, meta=None):
+def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, meta=None, extra=()):
     """A tiny random llama-shaped GGUF (enough to load, not a real model); `meta` overrides metadata
     values (the tensors keep their shapes)."""
     m = {"block_count": n_layer, "embedding_length": n_embd, "head_count": 4, "head_count_kv": 2, "eps": 1e-5, **(meta or {})}
@@ -45,6 +45,8 @@ def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, m
                      ("ffn_gate.weight", (64, n_embd)), ("ffn_up.weight", (64, n_embd)),
                      ("ffn_down.weight", (n_embd, 64))]:
             t(p + n, s)
+    for name, shape in extra:
+        t(name, shape)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -68,12 +70,20 @@ def test_tiny_model_loads_and_runs(tmp_path):
     ({"block_count": 2}, "tensor 'blk.1.attn_norm.weight' is missing"),
     ({"head_count_kv": 4}, "tensor 'blk.0.attn_k.weight' has shape (32, 16), its metadata implies (32, 32)"),
     ({"eps": float("nan")}, "norm_eps is nan"),
+    ({"block_count": 2**31}, "tensor 'blk.1.attn_norm.weight' is missing"),  # at once, not out of memory
 ])
 def test_inconsistent_metadata_is_one_error(tmp_path, meta, message):
     """Hyperparameters that disagree with each other or with the tensors are refused at load, naming what
     is wrong (they were a division by zero, a reshape error in the first pass, or a crash in a kernel)."""
     with pytest.raises(SharpiError, match="^" + re.escape(str(tmp_path / "m.gguf")) + ": .*" + re.escape(message)):
         load_model(write_gguf(tmp_path / "m.gguf", meta=meta))
+
+
+def test_a_tensor_the_graph_would_not_read_is_refused(tmp_path):
+    """A variant of the architecture (Llama 3.1's rope_freqs, a fused attn_qkv) would run without the
+    tensor it needs and give wrong output: refused by name instead."""
+    with pytest.raises(SharpiError, match="tensor 'rope_freqs.weight' is not part of the llama graph"):
+        load_model(write_gguf(tmp_path / "m.gguf", extra=[("rope_freqs.weight", (4,))]))
 
 
 def test_unknown_architecture_is_named(tmp_path):

@@ -32,6 +32,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from ..errors import UsageError
+
 Q = gguf.GGMLQuantizationType
 
 TYPE_NAMES = {
@@ -914,12 +916,15 @@ def q8_0_row_bytes(d: int) -> int:
 def new_kv_cache(capacity: int, n_kv_head: int, head_dim: int, kind: str = "f16", stream=None):
     """A zeroed cache for one layer's K or V: f16 [cap, n_kv, D] or q8_0 uint8 [cap, n_kv, D/32*34]."""
     cp = _cupy()
-    with _on(stream):
-        if kind == "f16":
-            return cp.zeros((capacity, n_kv_head, head_dim), dtype=cp.float16)
-        if kind == "q8_0":
-            return cp.zeros((capacity, n_kv_head, q8_0_row_bytes(head_dim)), dtype=cp.uint8)
-    raise ValueError(f"unsupported CUDA KV cache type {kind!r} (f16, q8_0)")
+    if kind not in ("f16", "q8_0"):
+        raise ValueError(f"unsupported CUDA KV cache type {kind!r} (f16, q8_0)")
+    shape = (capacity, n_kv_head, head_dim) if kind == "f16" else (capacity, n_kv_head, q8_0_row_bytes(head_dim))
+    try:
+        with _on(stream):
+            return cp.zeros(shape, dtype=cp.float16 if kind == "f16" else cp.uint8)
+    except cp.cuda.memory.OutOfMemoryError:
+        raise UsageError(f"the GPU has no room for a {kind} KV cache of {capacity} tokens: use a smaller context "
+                         "size (or fewer layers on the GPU, -ngl)") from None
 
 
 def _cache_kind(cache, n_kv: int, d: int | None, what: str) -> tuple[str, int]:

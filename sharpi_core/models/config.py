@@ -95,26 +95,27 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     return c
 
 
-def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the graph reads, with its GGUF shape (ne0 = the input dimension first)."""
+def expected_shapes(c: ModelConfig):
+    """Every tensor the graph reads, with its GGUF shape (ne0 = the input dimension first), layer by layer
+    (a generator: a damaged block count of billions fails at its first missing layer, not in memory)."""
     q, k, v = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
-    shapes = {"token_embd.weight": (c.n_embd, c.n_vocab), "output_norm.weight": (c.n_embd,)}
+    yield "token_embd.weight", (c.n_embd, c.n_vocab)
+    yield "output_norm.weight", (c.n_embd,)
     if not c.tied_output:
-        shapes["output.weight"] = (c.n_embd, c.n_vocab)
+        yield "output.weight", (c.n_embd, c.n_vocab)
     for i in range(c.n_layer):
         b = f"blk.{i}."
-        shapes.update({b + "attn_norm.weight": (c.n_embd,), b + "attn_q.weight": (c.n_embd, q),
-                       b + "attn_k.weight": (c.n_embd, k), b + "attn_v.weight": (c.n_embd, v),
-                       b + "attn_output.weight": (c.n_head * c.head_dim_v, c.n_embd), b + "ffn_norm.weight": (c.n_embd,),
-                       b + "ffn_gate.weight": (c.n_embd, c.n_ff), b + "ffn_up.weight": (c.n_embd, c.n_ff),
-                       b + "ffn_down.weight": (c.n_ff, c.n_embd)})
+        yield from ((b + "attn_norm.weight", (c.n_embd,)), (b + "attn_q.weight", (c.n_embd, q)),
+                    (b + "attn_k.weight", (c.n_embd, k)), (b + "attn_v.weight", (c.n_embd, v)),
+                    (b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)),
+                    (b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),
+                    (b + "ffn_down.weight", (c.n_ff, c.n_embd)))
         if c.qkv_bias:
-            shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (k,), b + "attn_v.bias": (v,)})
+            yield from ((b + "attn_q.bias", (q,)), (b + "attn_k.bias", (k,)), (b + "attn_v.bias", (v,)))
         if c.qk_norm:
-            shapes.update({b + "attn_q_norm.weight": (c.head_dim_k,), b + "attn_k_norm.weight": (c.head_dim_k,)})
+            yield from ((b + "attn_q_norm.weight", (c.head_dim_k,)), (b + "attn_k_norm.weight", (c.head_dim_k,)))
         if c.post_norms:
-            shapes.update({b + "post_attention_norm.weight": (c.n_embd,), b + "post_ffw_norm.weight": (c.n_embd,)})
-    return shapes
+            yield from ((b + "post_attention_norm.weight", (c.n_embd,)), (b + "post_ffw_norm.weight", (c.n_embd,)))
 
 
 def check_config(c: ModelConfig, gf: GGUFFile) -> None:
@@ -126,18 +127,26 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")
     if c.n_head % c.n_head_kv:
         raise SharpiError(f"{gf.path}: {c.n_head} attention heads do not share {c.n_head_kv} KV heads evenly")
-    for name, shape in expected_shapes(c).items():
+    read = set()
+    for name, shape in expected_shapes(c):
         t = gf.tensors.get(name)
         if t is None:
             raise SharpiError(f"{gf.path}: tensor '{name}' is missing")
         if tuple(int(n) for n in t.shape) != shape:
             raise SharpiError(f"{gf.path}: tensor '{name}' has shape {tuple(int(n) for n in t.shape)}, "
                               f"its metadata implies {shape}")
+        read.add(name)
+    # a tensor the graph would not read (rope_freqs, a fused attn_qkv, biases this arch has none of) is a
+    # variant of the architecture sharpi does not compute: refused rather than run without it
+    unknown = sorted(set(gf.tensors) - read)
+    if unknown:
+        raise SharpiError(f"{gf.path}: tensor '{unknown[0]}' is not part of the {c.arch} graph sharpi runs"
+                          + (f" ({len(unknown) - 1} more)" if len(unknown) > 1 else "") + ": unsupported model variant")
     n_tokens = gf.array_len("tokenizer.ggml.tokens")  # 0: no vocabulary here (the tokenizer says so)
     if n_tokens and n_tokens != c.n_vocab:
         raise SharpiError(f"{gf.path}: the vocabulary has {n_tokens} tokens, the embedding {c.n_vocab} rows")
     if not 0 < c.n_rot <= c.head_dim_k or c.n_rot % 2:
         raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions")
-    for name in ("norm_eps", "rope_base", "rope_base_swa"):
-        if not math.isfinite(getattr(c, name)) or getattr(c, name) < 0:
+    for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0)):  # swa 0 = rope_base
+        if not math.isfinite(getattr(c, name)) or getattr(c, name) < low:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")
