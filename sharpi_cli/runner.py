@@ -268,8 +268,9 @@ def chat_template_for(o: RunOptions, tok) -> str | None:
     """The template chats render with: --chat-template's (checked by read_chat_options), else the GGUF's;
     when a chat is asked for (-sys, -st, -cnv) and the model has none, chatml, llama.cpp's fallback."""
     from sharpi_core.chat import BUILTIN_TEMPLATES
-    if o.chat_template or tok.chat_template:
-        return o.chat_template or tok.chat_template
+    template = o.chat_template or tok.chat_template
+    if template:
+        return template
     if o.system_prompt or o.single_turn or o.conversation:
         log("warning: this model has no chat template: using chatml (--chat-template chooses another)")
         return BUILTIN_TEMPLATES["chatml"]
@@ -356,10 +357,11 @@ def run(o: RunOptions) -> int:
 
     drafter, draft = None, None
     if o.model_draft or o.draft_lookup:
-        window = min(n_ctx, draft_ctx(o, n_ctx)) if o.model_draft else n_ctx
+        n_ctx_d = draft_ctx(o, n_ctx) if o.model_draft else n_ctx
+        window = min(n_ctx, n_ctx_d)
         if window < 2:
-            raise UsageError(f"a context of {window} token{'s' * (window != 1)} leaves no room to speculate "
-                             f"(raise {'-cd/--ctx-size-draft' if o.model_draft and draft_ctx(o, n_ctx) < n_ctx else '-c/--ctx-size'})")
+            flag = "-cd/--ctx-size-draft" if n_ctx_d < n_ctx else "-c/--ctx-size"
+            raise UsageError(f"a context of {window} token{'s' * (window != 1)} leaves no room to speculate (raise {flag})")
         if o.spec_draft_n_max > window // 2:
             log(f"warning: --spec-draft-n-max {o.spec_draft_n_max} does not fit the context windows "
                 f"({window} tokens); clamped to {window // 2}")

@@ -154,8 +154,11 @@ def chat_template_option(value: str) -> str:
     """--chat-template's value as a template: a built-in's name, or Jinja text, checked the way llama.cpp
     checks it (a one-message conversation must render). A bare word that names no built-in is refused
     rather than taken as a template that renders that word."""
-    template = BUILTIN_TEMPLATES.get(value.strip(), value)
-    if template is value and "{{" not in value and "{%" not in value:
+    if value.strip() in BUILTIN_TEMPLATES:
+        template = BUILTIN_TEMPLATES[value.strip()]
+    elif "{{" in value or "{%" in value:
+        template = value
+    else:
         raise ChatTemplateError(f"'{value}' is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
                                 "nor a Jinja template")
     render_chat(template, [{"role": "user", "content": "test"}])
