@@ -67,7 +67,7 @@ def run(
     ctx_size: Annotated[int, Opt("-c", "--ctx-size", help="context size (0 = the model's)")] = 4096,
     batch_size: Annotated[int, Opt("-b", "--batch-size", help="prompt tokens per forward pass")] = 512,
     seed: Annotated[int, Opt("-s", "--seed", help="RNG seed (-1 = random)")] = -1,
-    temp: Annotated[float, Opt("--temp", help="temperature (0 = greedy)")] = 0.8,
+    temp: Annotated[float, Opt("--temp", "--temperature", help="temperature (0 = greedy)")] = 0.8,
     top_k: Annotated[int, Opt("--top-k", help="top-k (0 = off)")] = 40,
     top_p: Annotated[float, Opt("--top-p", help="top-p, in (0, 1] (1 = off)")] = 0.95,
     min_p: Annotated[float, Opt("--min-p", help="min-p, in [0, 1] (0 = off)")] = 0.05,
@@ -75,6 +75,21 @@ def run(
     repeat_last_n: Annotated[int, Opt("--repeat-last-n", help="tokens the penalties look back over (0 = off, -1 = context)")] = 64,
     presence_penalty: Annotated[float, Opt("--presence-penalty")] = 0.0,
     frequency_penalty: Annotated[float, Opt("--frequency-penalty")] = 0.0,
+    top_n_sigma: Annotated[float, Opt("--top-nsigma", "--top-n-sigma", help="keep logits within N standard deviations of the highest (<= 0 = off)")] = -1.0,
+    typical_p: Annotated[float, Opt("--typical", "--typical-p", help="locally typical sampling, parameter p (1 = off)")] = 1.0,
+    xtc_probability: Annotated[float, Opt("--xtc-probability", help="XTC: the chance of removing the most likely tokens (0 = off)")] = 0.0,
+    xtc_threshold: Annotated[float, Opt("--xtc-threshold", help="XTC: tokens at or above this probability are removed, but the least likely of them (> 0.5 = off)")] = 0.1,
+    dynatemp_range: Annotated[float, Opt("--dynatemp-range", help="dynamic temperature: temp +- this range, from the candidates' entropy (0 = off)")] = 0.0,
+    dynatemp_exponent: Annotated[float, Opt("--dynatemp-exp", help="dynamic temperature exponent")] = 1.0,
+    dry_multiplier: Annotated[float, Opt("--dry-multiplier", help="DRY repetition penalty multiplier (0 = off)")] = 0.0,
+    dry_base: Annotated[float, Opt("--dry-base", help="DRY: penalty = multiplier * base ^ (repetition length - allowed length)")] = 1.75,
+    dry_allowed_length: Annotated[int, Opt("--dry-allowed-length", help="DRY: repetitions longer than this are penalized")] = 2,
+    dry_penalty_last_n: Annotated[int, Opt("--dry-penalty-last-n", help="DRY: tokens looked back over (0 = off, -1 = context)")] = 64,
+    dry_sequence_breaker: Annotated[list[str], Opt("--dry-sequence-breaker", help="DRY: a sequence breaker, repeatable; replaces the defaults "
+                                                   "('\\n', ':', '\"', '*'); 'none' = no breakers", show_default=False)] = [],
+    samplers: Annotated[Optional[str], Opt("--samplers", help="the sampler order, ';'-separated (default: penalties;dry;top_n_sigma;"
+                                           "top_k;typ_p;top_p;min_p;xtc;temperature)")] = None,
+    sampling_seq: Annotated[Optional[str], Opt("--sampling-seq", "--sampler-seq", help="the sampler order as letters (default: edskypmxt)")] = None,
     logit_bias: Annotated[list[str], Opt("-l", "--logit-bias", help="TOKEN_ID(+|-)BIAS, repeatable", show_default=False)] = [],
     ignore_eos: Annotated[bool, Opt("--ignore-eos", help="never end at an end-of-generation token (a -inf logit bias on them)")] = False,
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k", help="KV cache type for K: f32, f16, q8_0")] = "f16",
@@ -134,7 +149,7 @@ def run(
 
 # flags that exclude each other: one given on the command line wins over the other from SHARPI_ARG_*
 ALTERNATIVES = (("prompt", "file"), ("system_prompt", "system_prompt_file"), ("chat_template", "chat_template_file"),
-                ("model_draft", "draft_lookup"))
+                ("model_draft", "draft_lookup"), ("samplers", "sampling_seq"))
 
 
 def drop_env_alternatives(ctx: typer.Context, opts) -> None:

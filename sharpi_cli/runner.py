@@ -7,7 +7,7 @@ import random
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -33,6 +33,19 @@ class RunOptions:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple = ()
+    top_n_sigma: float = -1.0
+    typical_p: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breaker: list = field(default_factory=list)
+    samplers: str | None = None  # --samplers; in validate(), the order as a tuple of names
+    sampling_seq: str | None = None
     ignore_eos: bool = False
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
@@ -90,6 +103,12 @@ def validate(o: RunOptions) -> None:
                     ("--spec-draft-p-min", o.spec_draft_p_min)):
         if not math.isfinite(v) or abs(v) > FLOAT32_MAX:  # llama.cpp reads these as floats (std::stof)
             raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
+    for flag, v in (("--top-nsigma", o.top_n_sigma), ("--typical", o.typical_p), ("--xtc-probability", o.xtc_probability),
+                    ("--xtc-threshold", o.xtc_threshold), ("--dynatemp-range", o.dynatemp_range),
+                    ("--dynatemp-exp", o.dynatemp_exponent), ("--dry-multiplier", o.dry_multiplier), ("--dry-base", o.dry_base)):
+        if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
+            raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
+    check_samplers(o)
     for tid, b in o.logit_bias:
         if math.isfinite(b) and abs(b) > FLOAT32_MAX:
             raise UsageError(f"-l/--logit-bias {tid}{b:+g}: the bias is out of float range (use inf)")
@@ -153,6 +172,39 @@ FLASH_ATTN_VALUES = ("on", "off", "auto")
 def check_flash_attn(v: str) -> None:
     if v not in FLASH_ATTN_VALUES:
         raise UsageError(f"invalid -fa/--flash-attn '{v}': choose on, off or auto")
+
+
+def check_samplers(o: RunOptions) -> None:
+    """--samplers / --sampling-seq into the chain's order (RunOptions.samplers becomes a tuple); DRY's
+    and the filters' values as llama.cpp takes them."""
+    from sharpi_core.sampling import DEFAULT_SAMPLERS, SAMPLER_CHARS, sampler_order
+    if o.samplers is not None and o.sampling_seq is not None:
+        raise UsageError("--samplers and --sampling-seq are mutually exclusive")
+    if isinstance(o.samplers, str) or o.sampling_seq is not None:
+        flag = "--samplers" if o.sampling_seq is None else "--sampling-seq"
+        names = o.samplers.split(";") if o.sampling_seq is None else list(o.sampling_seq)
+        if o.sampling_seq is not None and (bad := [c for c in names if c not in SAMPLER_CHARS]):
+            raise UsageError(f"invalid {flag} '{o.sampling_seq}': unknown letter '{bad[0]}' (known: "
+                             + ", ".join(f"{c} = {n}" for c, n in SAMPLER_CHARS.items()) + ")")
+        try:
+            o.samplers = sampler_order([SAMPLER_CHARS[c] for c in names] if o.sampling_seq is not None
+                                       else [n for n in names if n.strip()])
+        except ValueError as e:
+            raise UsageError(f"invalid {flag} '{o.samplers if o.sampling_seq is None else o.sampling_seq}': {e}") from None
+    elif o.samplers is None:
+        o.samplers = DEFAULT_SAMPLERS
+    if o.dry_base < 1:  # llama.cpp keeps its default then
+        log(f"warning: --dry-base {o.dry_base} ignored: must be >= 1 (using 1.75)")
+        o.dry_base = 1.75
+    if o.dry_penalty_last_n < -1:
+        raise UsageError(f"invalid --dry-penalty-last-n {o.dry_penalty_last_n}: must be >= -1 (0 = off, -1 = context)")
+    if o.temp <= 0 and o.dynatemp_range <= 0 and "temperature" in o.samplers:
+        off = [f for f, on in (("--typical", o.typical_p < 1 and "typ_p" in o.samplers),
+                               ("--xtc-probability", o.xtc_probability > 0 and o.xtc_threshold <= 0.5 and "xtc" in o.samplers))
+               if on]
+        if off:
+            log(f"warning: {' and '.join(off)} do nothing at --temp 0: greedy decoding takes the arg-max of the "
+                "logits (after bias, penalties and DRY)")
 
 
 def check_threads(n: int) -> None:
@@ -318,7 +370,7 @@ def run(o: RunOptions) -> int:
 
     from sharpi_core import engine
     from sharpi_core.generate import Generator
-    from sharpi_core.sampling import SamplingParams
+    from sharpi_core.sampling import SamplingParams, describe_chain
 
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0)
     tok = target.tokenizer
@@ -353,7 +405,20 @@ def run(o: RunOptions) -> int:
                             repeat_penalty=o.repeat_penalty,
                             repeat_last_n=n_ctx if o.repeat_last_n == -1 else o.repeat_last_n,
                             presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
-                            logit_bias=o.logit_bias)
+                            logit_bias=o.logit_bias, top_n_sigma=o.top_n_sigma, typical_p=o.typical_p,
+                            xtc_probability=o.xtc_probability, xtc_threshold=o.xtc_threshold,
+                            dynatemp_range=o.dynatemp_range, dynatemp_exponent=o.dynatemp_exponent,
+                            dry_multiplier=o.dry_multiplier, dry_base=o.dry_base, dry_allowed_length=o.dry_allowed_length,
+                            dry_penalty_last_n=n_ctx if o.dry_penalty_last_n == -1 else o.dry_penalty_last_n,
+                            samplers=o.samplers)
+    if params.has_dry:  # the breakers as llama.cpp tokenizes them (a pass over the vocabulary)
+        from sharpi_core import dry
+        strings = list(dry.DEFAULT_BREAKERS)
+        if o.dry_sequence_breaker:  # llama.cpp: the first one replaces the defaults, 'none' drops those before it
+            strings = []
+            for v in o.dry_sequence_breaker:
+                strings = [] if v == "none" else strings + [process_escapes(v) if o.escape else v]
+        params = replace(params, dry_breakers=dry.breakers(tok, strings))
 
     drafter, draft = None, None
     if o.model_draft or o.draft_lookup:
@@ -382,6 +447,7 @@ def run(o: RunOptions) -> int:
             "the output is no longer an exact sample of the target model")
     if o.verbose:
         log(f"sharpi: model {describe(target, cache)}, seed {seed}")
+        log(f"sharpi: sampler chain: {describe_chain(params)}")
         if draft is not None:
             log(f"sharpi: draft {describe(draft, drafter.cache)}")
 

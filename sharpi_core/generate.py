@@ -182,10 +182,10 @@ class Generator:
 
     # -- one step of each kind -------------------------------------------------------------------
     def _penalty_rows(self, t: int, props: list[int], n_rows: int) -> list[list[int]] | None:
-        """Per verify row, the history its penalties see: history + [t] + props[:i]."""
-        if not self.params.has_penalties:
+        """Per verify row, the history its penalties and DRY see: history + [t] + props[:i]."""
+        n = self.params.history_window
+        if n == 0:
             return None
-        n = self.params.repeat_last_n
         base = (self.history[-n:] if n > 0 else list(self.history)) + [t]
         return [base + props[:i] for i in range(n_rows)]
 

@@ -1,10 +1,11 @@
 """Sampling as pure functions of (logits, params, generator), in llama.cpp's chain order:
 
-    logit bias -> penalties (repeat/frequency/presence) -> top-k -> top-p -> min-p -> temperature -> draw
+    logit bias -> penalties -> DRY -> top-n-sigma -> top-k -> typical -> top-p -> min-p -> XTC
+    -> temperature -> draw
 
-(llama.cpp's common_sampler_init puts the logit-bias sampler first, then its default sampler list
-`penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature`, then `dist`; DRY, top-n-sigma,
-typical and XTC are off by default and not implemented here.)
+(llama.cpp's common_sampler_init puts the logit-bias sampler first, then its sampler list, by default
+`penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature` (`--samplers` reorders it), then
+`dist`.) Mirostat and adaptive-p, which keep state across tokens, are not implemented.
 
 Semantics, each as llama.cpp's src/llama-sampler.cpp:
 - logit bias adds to the logit (several entries for one token add up; -inf bans it);
@@ -12,12 +13,22 @@ Semantics, each as llama.cpp's src/llama-sampler.cpp:
   -1 is turned into n_ctx by the CLI): a seen token's logit is multiplied by `repeat_penalty`
   when <= 0 and divided by it when > 0, then `count * frequency_penalty + presence_penalty`
   is subtracted;
+- DRY (sharpi_core.dry) penalizes tokens that would extend a repeated sequence;
+- top-n-sigma (n <= 0: off) keeps logits >= max - n * std (over the finite logits);
 - top-k (k <= 0: off) keeps the k highest logits;
+- typical (p >= 1: off) keeps the tokens whose surprise -log p is closest to the entropy, until
+  their mass exceeds p;
 - top-p (p >= 1: off) keeps the smallest prefix of the sorted candidates whose probability mass
   (softmax of the current candidates, before temperature) reaches p;
 - min-p (p <= 0: off) keeps logits >= max logit + log(p), i.e. probability >= p * max probability;
-- temperature divides the logits; temp <= 0 is greedy: an exact argmax of the biased/penalized
-  logits (top-k/p and min-p always keep the argmax, so they cannot change it);
+- XTC removes, with probability `xtc_probability`, every token with probability >= `xtc_threshold`
+  but the least likely of them. Its coin is part of the law: the distribution returned here is the
+  mixture (1 - P) * chain(without the cut) + P * chain(with it), which is what a fresh coin per token
+  draws from, and what speculative acceptance needs;
+- temperature divides the logits (dynamic temperature, `dynatemp_range` > 0: a temperature in
+  temp +- range from the candidates' normalized entropy); temp <= 0 is greedy: an exact argmax of
+  the biased/penalized logits (top-k/p, min-p and top-n-sigma always keep the argmax; typical and
+  XTC, which may not, do not apply to greedy decoding here);
 - at least one candidate is always kept (min_keep).
 
 `filtered_probs` returns the final distribution itself ([V] or batched [T, V], zeros outside the
@@ -36,6 +47,43 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from . import dry as _dry
+
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+# --sampling-seq letters (llama.cpp's common_sampler_type_to_chr)
+SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                 "m": "min_p", "x": "xtc", "t": "temperature"}
+# the stages that change logits from the history; they come before every filter here
+HISTORY_SAMPLERS = ("penalties", "dry")
+
+
+_NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k", "typ_p": "typ_p",
+          "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature",
+          "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
+_NAMES.update({a: c for c in list(_NAMES) if "_" in c for a in (c.replace("_", "-"), c.replace("_", ""))})
+
+
+def sampler_order(names: Sequence[str]) -> tuple[str, ...]:
+    """llama.cpp's --samplers / --sampling-seq entries (its names, kebab-case and dash-less aliases,
+    `nucleus`, `temp`, `typ`; any case) -> the chain's stage names. ValueError for a name llama.cpp
+    does not know, for infill / adaptive_p (not implemented), for a stage given twice, and for
+    penalties or DRY after a filter (they run on the whole vocabulary before the filters here)."""
+    out: list[str] = []
+    for n in names:
+        key = n.strip().lower()
+        if key in ("infill", "adaptive_p", "adaptive-p", "adaptivep", "i", "a"):
+            raise ValueError(f"the {key} sampler is not supported")
+        if key not in _NAMES:
+            raise ValueError(f"unknown sampler '{n}' (known: {', '.join(DEFAULT_SAMPLERS)})")
+        if _NAMES[key] in out:
+            raise ValueError(f"{_NAMES[key]} is given twice")
+        out.append(_NAMES[key])
+    filters = [i for i, n in enumerate(out) if n not in HISTORY_SAMPLERS]
+    late = [n for i, n in enumerate(out) if n in HISTORY_SAMPLERS and filters and i > filters[0]]
+    if late:
+        raise ValueError(f"{late[0]} must come before the other samplers (it sees the whole vocabulary)")
+    return tuple(out)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -48,20 +96,72 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    top_n_sigma: float = -1.0
+    typical_p: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_breakers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (head, tail) pairs: sharpi_core.dry.breakers
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     @property
     def greedy(self) -> bool:
-        return self.temp <= 0
+        return self.temp <= 0 and self.dynatemp_range <= 0 and "temperature" in self.samplers
 
     @property
     def has_penalties(self) -> bool:
-        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
-                                            or self.frequency_penalty != 0.0)
+        return "penalties" in self.samplers and self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+
+    @property
+    def has_dry(self) -> bool:
+        return ("dry" in self.samplers and self.dry_multiplier != 0.0 and self.dry_base >= 1.0
+                and self.dry_penalty_last_n != 0)
+
+    @property
+    def history_dependent(self) -> bool:
+        """True when penalties or DRY change the logits according to the history."""
+        return self.has_penalties or self.has_dry
 
     @property
     def adjusts_logits(self) -> bool:
-        """True when logit bias or penalties change the logits (they then depend on the history)."""
-        return bool(self.logit_bias) or self.has_penalties
+        """True when logit bias, penalties or DRY change the logits."""
+        return bool(self.logit_bias) or self.history_dependent
+
+    @property
+    def history_window(self) -> int:
+        """How many of the last history tokens the penalties and DRY look at (-1 = all, 0 = none)."""
+        ns = ([self.repeat_last_n] if self.has_penalties else []) + ([self.dry_penalty_last_n] if self.has_dry else [])
+        return -1 if any(n < 0 for n in ns) else max(ns, default=0)
+
+    @property
+    def plain_chain(self) -> bool:
+        """The default order with top-n-sigma, typical, XTC and dynamic temperature off: the fast path."""
+        return (self.samplers == DEFAULT_SAMPLERS and self.top_n_sigma <= 0 and self.typical_p >= 1.0
+                and not self.xtc_on and self.dynatemp_range <= 0)
+
+    @property
+    def xtc_on(self) -> bool:
+        return "xtc" in self.samplers and self.xtc_probability > 0 and self.xtc_threshold <= 0.5
+
+
+def describe_chain(params: SamplingParams) -> str:
+    """The stages that act, in order, as llama.cpp's "sampler chain: logits -> ... -> dist" line."""
+    if params.greedy:
+        on = ["logit-bias"] * bool(params.logit_bias) + [s for s in params.samplers
+                                                         if (s == "penalties" and params.has_penalties)
+                                                         or (s == "dry" and params.has_dry)]
+        return " -> ".join(["logits"] + on + ["argmax"])
+    act = {"penalties": params.has_penalties, "dry": params.has_dry, "top_n_sigma": params.top_n_sigma > 0,
+           "top_k": params.top_k > 0, "typ_p": params.typical_p < 1, "top_p": params.top_p < 1,
+           "min_p": params.min_p > 0, "xtc": params.xtc_on, "temperature": True}
+    on = ["logit-bias"] * bool(params.logit_bias) + [s.replace("_", "-") for s in params.samplers if act[s]]
+    return " -> ".join(["logits"] + on + ["dist"])
 
 
 def argmax_on_device(model, params: SamplingParams) -> bool:
@@ -70,7 +170,7 @@ def argmax_on_device(model, params: SamplingParams) -> bool:
     of each logits row only the arg-max of row + a fixed logit bias, i.e. no penalties (they depend on
     the history) and bias ids distinct (one addition per logit, as apply_penalties)."""
     ids = [i for i, _ in params.logit_bias]
-    return (bool(getattr(model, "device_argmax", False)) and params.greedy and not params.has_penalties
+    return (bool(getattr(model, "device_argmax", False)) and params.greedy and not params.history_dependent
             and len(set(ids)) == len(ids))
 
 
@@ -80,6 +180,13 @@ def penalty_window(history: Sequence[int] | None, params: SamplingParams) -> lis
         return []
     n = params.repeat_last_n
     return list(history[-n:]) if n > 0 else list(history)
+
+
+def _dry_row(row: np.ndarray, history: Sequence[int], params: SamplingParams, brk: dict) -> None:
+    if history:
+        n = params.dry_penalty_last_n
+        _dry.penalize_row(row, list(history[-n:]) if n > 0 else list(history), params.dry_multiplier,
+                          params.dry_base, params.dry_allowed_length, brk)
 
 
 # -- logit bias and penalties ------------------------------------------------------------------------
@@ -99,7 +206,7 @@ def _penalize_row(row: np.ndarray, window: Sequence[int], params: SamplingParams
 
 
 def apply_penalties(logits: torch.Tensor, history, params: SamplingParams) -> torch.Tensor:
-    """Logit bias, then repeat/frequency/presence penalties (llama.cpp's order).
+    """Logit bias, then repeat/frequency/presence penalties and DRY (in `params.samplers`' order).
 
     logits [V] with `history` a list of token ids, or [T, V] with `history` one list per row (row i
     of a speculative verify pass sees the drafts before it; a flat list is shared by all rows).
@@ -115,14 +222,21 @@ def apply_penalties(logits: torch.Tensor, history, params: SamplingParams) -> to
         bias = np.array([b for i, b in params.logit_bias if i < V], dtype=np.float32)
         for r in range(x.shape[0]):
             np.add.at(x[r], ids, bias)
-    if params.has_penalties and history:
+    if params.history_dependent and history:
         if one or (len(history) and not isinstance(history[0], (list, tuple))):
             rows = [history] * x.shape[0]
         else:
             rows = history
+        brk: dict[int, list[tuple[int, ...]]] = {}
+        for h, tail in params.dry_breakers:
+            brk.setdefault(h, []).append(tail)
         with np.errstate(over="ignore"):  # huge penalties saturate to inf in float32, as in llama.cpp
-            for r in range(x.shape[0]):
-                _penalize_row(x[r], penalty_window(rows[r], params), params)
+            for stage in params.samplers:  # penalties and DRY in the chain's order
+                for r in range(x.shape[0]):
+                    if stage == "penalties" and params.has_penalties:
+                        _penalize_row(x[r], penalty_window(rows[r], params), params)
+                    elif stage == "dry" and params.has_dry:
+                        _dry_row(x[r], rows[r], params, brk)
     out = torch.from_numpy(x)
     return out[0] if one else out
 
@@ -196,10 +310,9 @@ def _nucleus(vals: np.ndarray, lse: float, top_p: float) -> int | None:
     return int(reached[0]) + 1 if reached.shape[0] else None
 
 
-def _row_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """One row of (penalized) float32 logits -> (token ids, probabilities float64) it is drawn from.
-
-    Not for greedy (temp <= 0): that is an argmax."""
+def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """_row_candidates for the default chain (top-k -> top-p -> min-p -> temperature), without
+    sorting the vocabulary."""
     V = x.shape[0]
     k = params.top_k if 0 < params.top_k < V else V
     use_p = params.top_p < 1.0
@@ -236,6 +349,125 @@ def _row_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, 
     z = vals.astype(np.float64) / float(np.float32(params.temp))
     z = np.exp(z - z.max())
     return idx, z / z.sum()
+
+
+def _sorted(idx: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates by value, descending, equal values lowest id first (quicksort, then the runs of equal
+    values put in id order: a third of a stable sort's time on a 150k vocabulary)."""
+    o = np.argsort(-vals)
+    idx, vals = idx[o], vals[o]
+    eq = np.flatnonzero(vals[1:] == vals[:-1])
+    if eq.shape[0]:
+        starts = eq[np.r_[True, eq[1:] != eq[:-1] + 1]]
+        for a in starts.tolist():
+            b = a + 1
+            while b < vals.shape[0] and vals[b] == vals[a]:
+                b += 1
+            idx[a:b] = np.sort(idx[a:b])
+    return idx, vals
+
+
+def _softmax32(vals: np.ndarray) -> np.ndarray:
+    """llama_sampler_softmax_impl on candidates sorted descending: float32, summed in order."""
+    e = np.exp(vals - vals[0])
+    return e / np.cumsum(e, dtype=np.float32)[-1]
+
+
+def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The filters and the temperature in `params.samplers`' order, on one row of (penalized) float32
+    logits -> (token ids, probabilities float64); XTC cuts when `xtc_cut` (one side of its coin).
+    Candidates are kept sorted by logit once a stage has sorted them (the kept sets, which are what
+    llama.cpp's stages decide, do not depend on the order of the candidates)."""
+    idx, vals = np.arange(x.shape[0]), x
+    srt = False
+    for stage in params.samplers:
+        n = vals.shape[0]
+        if stage == "top_n_sigma" and params.top_n_sigma > 0 and n > 1:
+            live = vals[vals != -np.inf]
+            if live.shape[0]:
+                mean = live.mean(dtype=np.float64)
+                std = np.float32(math.sqrt(float(np.square(live - mean, dtype=np.float64).mean())))
+                keep = vals >= np.float32(live.max()) - np.float32(params.top_n_sigma) * std
+                idx, vals = idx[keep], vals[keep]
+        elif stage == "top_k" and params.top_k > 0:
+            if params.top_k < n:
+                o = _topk_sorted(vals, params.top_k)
+                idx, vals = idx[o], vals[o]
+            elif not srt:
+                idx, vals = _sorted(idx, vals)
+            srt = True
+        elif stage == "typ_p" and params.typical_p < 1.0:
+            if not srt:
+                idx, vals, srt = *_sorted(idx, vals), True
+            p = _softmax32(vals)
+            with np.errstate(divide="ignore"):
+                lp = np.log(p)
+            live = p > 0  # a candidate of probability 0 is no candidate (llama.cpp's entropy would be NaN)
+            ent = -np.cumsum(p[live] * lp[live], dtype=np.float32)[-1]
+            order = np.argsort(np.abs(-lp - ent), kind="stable")
+            hit = np.flatnonzero(np.cumsum(p[order], dtype=np.float32) > np.float32(params.typical_p))
+            if hit.shape[0]:
+                keep = np.sort(order[: hit[0] + 1])  # positions in the sorted list: stays sorted
+                idx, vals = idx[keep], vals[keep]
+        elif stage == "top_p" and params.top_p < 1.0:
+            if not srt:
+                idx, vals, srt = *_sorted(idx, vals), True
+            hit = np.flatnonzero(np.cumsum(_softmax32(vals), dtype=np.float32) >= np.float32(params.top_p))
+            if hit.shape[0]:
+                idx, vals = idx[: hit[0] + 1], vals[: hit[0] + 1]
+        elif stage == "min_p" and params.min_p > 0.0:
+            keep = vals >= vals.max() + np.log(np.float32(params.min_p))
+            idx, vals = idx[keep], vals[keep]
+        elif stage == "xtc" and xtc_cut and params.xtc_on and n >= 2:
+            if not srt:
+                idx, vals, srt = *_sorted(idx, vals), True
+            p = _softmax32(vals)
+            above = int(np.argmin(p >= np.float32(params.xtc_threshold))) if p[-1] < params.xtc_threshold else n
+            if above > 1:  # all of them but the least likely
+                idx, vals = idx[above - 1:], vals[above - 1:]
+        elif stage == "temperature":
+            t = np.float32(params.temp)
+            if params.dynatemp_range > 0:
+                if n <= 1:
+                    continue
+                lo = max(np.float32(0), t - np.float32(params.dynatemp_range))
+                hi = t + np.float32(params.dynatemp_range)
+                if not srt:
+                    idx, vals, srt = *_sorted(idx, vals), True
+                p = _softmax32(vals)
+                live = p > 0
+                ent = -np.cumsum(p[live] * np.log(p[live]), dtype=np.float32)[-1]
+                norm = ent / -np.log(np.float32(1.0) / np.float32(n))
+                t = np.float32(lo + (hi - lo) * np.power(norm, np.float32(params.dynatemp_exponent)))
+            if t <= 0:  # llama.cpp's temperature 0: the first of the highest logits stays
+                j = int(np.argmax(vals))
+                idx, vals = idx[j:j + 1], vals[j:j + 1]
+            else:
+                vals = vals / t
+    live = vals > -np.inf
+    idx, vals = idx[live], vals[live].astype(np.float64)
+    z = np.exp(vals - vals.max())
+    return idx, z / z.sum()
+
+
+def _row_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """One row of (penalized) float32 logits -> (token ids, probabilities float64) it is drawn from.
+
+    Not for greedy (temp <= 0): that is an argmax. With XTC the law of one draw, coin included."""
+    if params.plain_chain:
+        return _plain_candidates(x, params)
+    if not params.xtc_on:
+        return _chain(x, params, False)
+    cut_p = min(1.0, float(np.float32(params.xtc_probability)))
+    i1, p1 = _chain(x, params, True)
+    if cut_p >= 1.0:
+        return i1, p1
+    i0, p0 = _chain(x, params, False)
+    idx = np.union1d(i0, i1)
+    p = np.zeros(idx.shape[0])
+    p[np.searchsorted(idx, i0)] += (1.0 - cut_p) * p0
+    p[np.searchsorted(idx, i1)] += cut_p * p1
+    return idx, p
 
 
 def candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

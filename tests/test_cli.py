@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -293,6 +294,8 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--chat-template", "llama-3"), "--chat-template: 'llama-3' is neither a built-in template"),
     (("--chat-template", "{% for m in messages %}"), "--chat-template: the chat template does not parse"),
     (("--chat-template-file", "/no/such/file"), "cannot read chat template file"),
+    (("--samplers", "top_k;penalties"), "penalties must come before the other samplers"),
+    (("--dry-penalty-last-n", "-2"), "--dry-penalty-last-n"),
 ])
 def test_invalid_flags_one_line_exit_2(smol, args, fragment):
     r = sharpi("-m", smol, "-p", "hi", *args)
@@ -487,3 +490,50 @@ def test_mismatched_draft_vocab_is_one_error(smol):
     from conftest import GEMMA
     r = sharpi("-m", smol, "-md", model_path(GEMMA), "-p", "hi")
     one_error_line(r, 2, "draft")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (dict(samplers="top_k;bogus"), "unknown sampler 'bogus'"),
+    (dict(samplers="top_k;Top-K"), "top_k is given twice"),
+    (dict(samplers="infill"), "the infill sampler is not supported"),
+    (dict(samplers="top_k;dry"), "dry must come before the other samplers"),
+    (dict(sampling_seq="kq"), "--sampling-seq 'kq': unknown letter 'q'"),
+    (dict(samplers="top_k", sampling_seq="k"), "mutually exclusive"),
+    (dict(typical_p=float("nan")), "--typical"),
+    (dict(xtc_probability=float("inf")), "--xtc-probability"),
+    (dict(dynatemp_exponent=1e39), "--dynatemp-exp"),
+])
+def test_sampler_flags_are_checked(args, fragment):
+    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_core.errors import UsageError
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        validate(RunOptions(**args))
+
+
+def test_sampler_order_takes_llama_cpps_names_and_letters():
+    from sharpi_cli.runner import RunOptions, validate
+    o = RunOptions(samplers="Penalties; DRY;top-k;nucleus;typ;TEMP;xtc;minp;top_n_sigma")
+    validate(o)
+    assert o.samplers == ("penalties", "dry", "top_k", "top_p", "typ_p", "temperature", "xtc", "min_p", "top_n_sigma")
+    o = RunOptions(sampling_seq="edskypmxt")
+    validate(o)
+    assert o.samplers == ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+
+
+def test_dry_and_the_other_samplers_through_the_cli(smol):
+    """DRY changes greedy output on a repetitive prompt, and speculation keeps it token for token;
+    llama.cpp's sampler names and letters are taken; sampled speculation runs with every sampler on."""
+    base = ("-m", smol, "-p", "one two three one two three one two three one two", "-n", "24", "--temp", "0",
+            "--ignore-eos", "--json")
+    plain = json.loads(sharpi(*base).stdout)["tokens"]
+    dry = ("--dry-multiplier", "1.5", "--dry-allowed-length", "1", "--dry-sequence-breaker", "none")
+    r = sharpi(*base, *dry)
+    assert r.returncode == 0, r.stderr
+    with_dry = json.loads(r.stdout)["tokens"]
+    assert with_dry != plain
+    assert json.loads(sharpi(*base, *dry, "--draft-lookup").stdout)["tokens"] == with_dry
+    r = sharpi("-m", smol, "-p", "The cat sat on the mat. The cat", "-n", "16", "--temp", "0.9", "-s", "7",
+               "--samplers", "Penalties;DRY;top-k;nucleus;typ;TEMP;xtc", "--typical", "0.95", "--xtc-probability", "0.5",
+               "--dry-multiplier", "0.5", "--dynatemp-range", "0.3", "--draft-lookup", "--ignore-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 16

@@ -20,6 +20,14 @@ GREEDY_PEN = SamplingParams(temp=0, repeat_penalty=1.3, repeat_last_n=12, freque
 SAMPLED = SamplingParams(temp=0.9, top_k=6, top_p=0.95, min_p=0.03)
 SAMPLED_PEN = SamplingParams(temp=0.9, top_k=6, top_p=0.95, min_p=0.03, repeat_penalty=1.2, repeat_last_n=16,
                              frequency_penalty=0.05, presence_penalty=0.1, logit_bias=((1, 0.3),))
+# DRY (token 3 a breaker by itself, 6 7 a two-token one) with penalties; the samplers off by default in a
+# non-default order, XTC's coin included (the law of each token is the mixture of its two sides)
+GREEDY_DRY = SamplingParams(temp=0, dry_multiplier=0.8, dry_allowed_length=1, dry_penalty_last_n=24,
+                            dry_breakers=((3, ()), (6, (7,))), repeat_penalty=1.1, logit_bias=((2, 0.4),))
+SAMPLED_EXT = SamplingParams(temp=0.9, top_k=0, top_p=1.0, min_p=0.0, typical_p=0.9, top_n_sigma=2.0,
+                             xtc_probability=0.3, xtc_threshold=0.2, dynatemp_range=0.3, dry_multiplier=0.5,
+                             dry_allowed_length=1, dry_penalty_last_n=24, dry_breakers=((3, ()),),
+                             samplers=("dry", "top_n_sigma", "xtc", "typ_p", "temperature"))
 # repetitive, so prompt lookup finds n-grams
 PROMPT = [0, 1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 2, 3, 4, 5, 0, 1, 2, 3, 4]
 
@@ -96,7 +104,7 @@ def test_greedy_chains_and_the_draft_look_ahead_keep_the_plain_output(n_ctx):
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["plain", "penalties"])
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN, GREEDY_DRY], ids=["plain", "penalties", "dry"])
 def test_plain_greedy_matches_cache_free_reference(params):
     gen, model = make(params)
     res = gen.generate(PROMPT, n_predict=50)
@@ -108,7 +116,7 @@ def test_plain_greedy_matches_cache_free_reference(params):
 
 @pytest.mark.parametrize("kind", ["lookup", "lookup22", "model", "same", "wide"])
 @pytest.mark.parametrize("n_max", [1, 3, 8])
-@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["plain", "penalties"])
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN, GREEDY_DRY], ids=["plain", "penalties", "dry"])
 def test_greedy_speculative_equals_plain_greedy(kind, n_max, params):
     want = ref_greedy(PROMPT, 80, params)
     gen, model = make(params, drafter_for(kind, params), spec_n_max=n_max)
@@ -361,8 +369,10 @@ N_LONG = 3000
 
 
 @pytest.mark.parametrize("kind,params,n_max", [("model", SAMPLED_PEN, 4), ("lookup", SAMPLED_PEN, 3),
-                                               ("wide", SAMPLED, 3), ("model", SAMPLED, 8)],
-                         ids=["model-penalties-k4", "lookup-penalties-k3", "wide-vocab-k3", "model-k8"])
+                                               ("wide", SAMPLED, 3), ("model", SAMPLED, 8),
+                                               ("model", SAMPLED_EXT, 4), ("lookup", SAMPLED_EXT, 3)],
+                         ids=["model-penalties-k4", "lookup-penalties-k3", "wide-vocab-k3", "model-k8",
+                              "model-dry-xtc-typical-k4", "lookup-dry-xtc-typical-k3"])
 def test_sampled_generation_follows_the_target(kind, params, n_max):
     res = long_run(kind, params, N_LONG, n_max, seed=31)
     s = res.spec
@@ -370,9 +380,10 @@ def test_sampled_generation_follows_the_target(kind, params, n_max):
     assert martingale_pvalue(params, PROMPT, res.tokens) > 0.001
 
 
-def test_plain_sampled_generation_follows_the_target():
-    gen, _ = make(SAMPLED_PEN, None, n_ctx=N_LONG + 64, seed=32)
-    assert martingale_pvalue(SAMPLED_PEN, PROMPT, gen.generate(PROMPT, n_predict=N_LONG).tokens) > 0.001
+@pytest.mark.parametrize("params", [SAMPLED_PEN, SAMPLED_EXT], ids=["penalties", "dry-xtc-typical"])
+def test_plain_sampled_generation_follows_the_target(params):
+    gen, _ = make(params, None, n_ctx=N_LONG + 64, seed=32)
+    assert martingale_pvalue(params, PROMPT, gen.generate(PROMPT, n_predict=N_LONG).tokens) > 0.001
 
 
 @pytest.mark.parametrize("kind", ["model", "lookup"])

@@ -1,0 +1,113 @@
+/* llama.cpp's sampler chain applied to given logits: the oracle for sharpi's samplers.
+ *
+ *   llamacpp_samplers MODEL.gguf < cases > results
+ *
+ * MODEL's vocabulary only is loaded (DRY's sequence breakers are tokenized with it). Each case on
+ * stdin is a block of lines:
+ *   S n name...          the chain, in order (llama.cpp's common names: penalties dry top_n_sigma
+ *                        top_k typ_p top_p min_p xtc temperature), then logit_bias first if any
+ *   P top_k top_p min_p typ_p top_n_sigma xtc_p xtc_t temp dyn_range dyn_exp
+ *     last_n repeat freq present dry_mult dry_base dry_allowed dry_last_n
+ *   B n                  DRY sequence breakers, then n lines of hex-encoded bytes
+ *   A n id bias ...      logit biases (hex floats)
+ *   H n id...            tokens accepted before (the prompt and what was generated)
+ *   L V x...             logits (hex floats)
+ * and gives "K n" then n lines "id logit" (hex float): the candidates the chain leaves, in its order,
+ * with their logits after it (a -inf logit is a candidate the chain masked).
+ * XTC runs with its own RNG: cases use probability 0 or 1 (never / always cut).
+ *
+ * Built and run by scripts/llamacpp_samplers.py against a llama.cpp build directory; never part of
+ * sharpi itself. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llama.h"
+
+static int hexval(int c) { return c <= '9' ? c - '0' : (c | 32) - 'a' + 10; }
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s MODEL.gguf < cases\n", argv[0]);
+        return 2;
+    }
+    llama_backend_init();
+    struct llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
+    if (!model) return 1;
+    const struct llama_vocab *vocab = llama_model_get_vocab(model);
+    const int nv = llama_vocab_n_tokens(vocab);
+    char names[16][32];
+    int ns;
+    while (scanf(" S %d", &ns) == 1) {
+        for (int i = 0; i < ns; i++)
+            if (scanf(" %31s", names[i]) != 1) return 3;
+        int top_k, last_n, dry_allowed, dry_last_n;
+        float top_p, min_p, typ_p, nsigma, xtc_p, xtc_t, temp, dyn_range, dyn_exp, rep, freq, pres, dry_mult, dry_base;
+        if (scanf(" P %d %a %a %a %a %a %a %a %a %a %d %a %a %a %a %a %d %d", &top_k, &top_p, &min_p, &typ_p, &nsigma,
+                  &xtc_p, &xtc_t, &temp, &dyn_range, &dyn_exp, &last_n, &rep, &freq, &pres, &dry_mult, &dry_base,
+                  &dry_allowed, &dry_last_n) != 18)
+            return 4;
+        int nb;
+        if (scanf(" B %d", &nb) != 1) return 5;
+        char **breakers = calloc((size_t)nb + 1, sizeof *breakers);
+        for (int i = 0; i < nb; i++) {
+            char hex[512];
+            if (scanf(" %511s", hex) != 1) return 5;
+            size_t n = strlen(hex) / 2;
+            breakers[i] = calloc(n + 1, 1);
+            for (size_t j = 0; j < n; j++) breakers[i][j] = (char)(hexval(hex[2 * j]) * 16 + hexval(hex[2 * j + 1]));
+        }
+        int na;
+        if (scanf(" A %d", &na) != 1) return 6;
+        llama_logit_bias *bias = calloc((size_t)na + 1, sizeof *bias);
+        for (int i = 0; i < na; i++)
+            if (scanf(" %d %a", &bias[i].token, &bias[i].bias) != 2) return 6;
+        int nh;
+        if (scanf(" H %d", &nh) != 1) return 7;
+        int *hist = calloc((size_t)nh + 1, sizeof *hist);
+        for (int i = 0; i < nh; i++)
+            if (scanf(" %d", &hist[i]) != 1) return 7;
+        int V;
+        if (scanf(" L %d", &V) != 1 || V != nv) return 8;
+        llama_token_data *cur = calloc((size_t)V, sizeof *cur);
+        for (int i = 0; i < V; i++) {
+            cur[i].id = i;
+            if (scanf(" %a", &cur[i].logit) != 1) return 8;
+        }
+
+        struct llama_sampler *chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        if (na) llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(nv, na, bias));
+        for (int i = 0; i < ns; i++) {
+            const char *s = names[i];
+            struct llama_sampler *smp = NULL;
+            if (!strcmp(s, "penalties")) smp = llama_sampler_init_penalties(nv, last_n, rep, freq, pres);
+            else if (!strcmp(s, "dry"))
+                smp = llama_sampler_init_dry(vocab, dry_mult, dry_base, dry_allowed, dry_last_n, (const char **)breakers, (size_t)nb);
+            else if (!strcmp(s, "top_n_sigma")) smp = llama_sampler_init_top_n_sigma(nsigma);
+            else if (!strcmp(s, "top_k")) smp = llama_sampler_init_top_k(top_k);
+            else if (!strcmp(s, "typ_p")) smp = llama_sampler_init_typical(typ_p, 0);
+            else if (!strcmp(s, "top_p")) smp = llama_sampler_init_top_p(top_p, 0);
+            else if (!strcmp(s, "min_p")) smp = llama_sampler_init_min_p(min_p, 0);
+            else if (!strcmp(s, "xtc")) smp = llama_sampler_init_xtc(xtc_p, xtc_t, 0, 1234);
+            else if (!strcmp(s, "temperature")) smp = llama_sampler_init_temp_ext(temp, dyn_range, dyn_exp);
+            else return 9;
+            llama_sampler_chain_add(chain, smp);
+        }
+        for (int i = 0; i < nh; i++) llama_sampler_accept(chain, hist[i]);
+        llama_token_data_array arr = {cur, (size_t)V, -1, false};
+        llama_sampler_apply(chain, &arr);
+        printf("K %zu\n", arr.size);
+        for (size_t i = 0; i < arr.size; i++) printf("%d %a\n", arr.data[i].id, arr.data[i].logit);
+        fflush(stdout);
+        llama_sampler_free(chain);
+        for (int i = 0; i < nb; i++) free(breakers[i]);
+        free(breakers);
+        free(bias);
+        free(hist);
+        free(cur);
+    }
+    llama_model_free(model);
+    return 0;
+}

@@ -1,0 +1,163 @@
+"""Record llama.cpp's sampler chain on synthetic logits (tests/data/llamacpp_samplers.json): for each
+case below, the candidates llama.cpp's samplers leave (top-n-sigma, typical, XTC, dynamic
+temperature, DRY with its sequence breakers, penalties, logit bias, orders given by --samplers) and
+their logits after the chain, as scripts/llamacpp_samplers.c gets them from libllama.
+
+    python scripts/llamacpp_samplers.py SRC_DIR BIN_DIR
+
+SRC_DIR is a llama.cpp source tree (its include/ and ggml/include/), BIN_DIR holds its libllama
+(the llama.cpp in llama-cpp-python, as the fixtures in ../shared/fixtures were built from). The
+models' vocabularies come from sharpi's model cache. The logits are `synthetic_logits(seed, V, scale)`
+(Gumbel noise from a fixed hash, the same on every machine), so the file stores seeds, not logits.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "llamacpp_samplers.json"
+DEFAULT = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+BASE = dict(top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, top_n_sigma=-1.0, xtc_probability=0.0,
+            xtc_threshold=0.1, temp=0.8, dynatemp_range=0.0, dynatemp_exponent=1.0, repeat_last_n=64,
+            repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, dry_multiplier=0.0, dry_base=1.75,
+            dry_allowed_length=2, dry_penalty_last_n=64, dry_sequence_breakers=["\n", ":", "\"", "*"],
+            samplers=DEFAULT, logit_bias=[], history_text="", scale=0.8)
+SMOL, GEMMA, QWEN = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"
+STORY = ("The cat sat on the mat. The cat sat on the mat.\nThe dog: \"sat on the mat\" * the cat sat on the "
+         "rug. The cat sat on the mat. The cat sat on the")
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a"
+# (name, model, changes to BASE)
+CASES = [
+    ("typical 0.9, default chain", SMOL, dict(typical_p=0.9)),
+    ("typical 0.5 alone", SMOL, dict(typical_p=0.5, samplers=["typ_p", "temperature"], scale=1.0)),
+    ("typical 0.95, no top-k", SMOL, dict(typical_p=0.95, top_k=0, top_p=1.0, scale=1.2)),
+    ("top-n-sigma 1, default chain", SMOL, dict(top_n_sigma=1.0)),
+    ("top-n-sigma 2.5 alone", SMOL, dict(top_n_sigma=2.5, samplers=["top_n_sigma", "temperature"], scale=1.0)),
+    ("xtc cut, default chain", SMOL, dict(xtc_probability=1.0, xtc_threshold=0.05, scale=1.0)),
+    ("xtc cut, no top-k", SMOL, dict(xtc_probability=1.0, xtc_threshold=0.02, top_k=0, scale=1.0)),
+    ("xtc threshold above 0.5 is off", SMOL, dict(xtc_probability=1.0, xtc_threshold=0.6, scale=1.0)),
+    ("xtc after temperature", SMOL, dict(xtc_probability=1.0, xtc_threshold=0.1, temp=1.7, scale=1.2,
+                                           samplers=["top_k", "temperature", "xtc"])),
+    ("dynatemp 0.5", SMOL, dict(dynatemp_range=0.5)),
+    ("dynatemp 0.7, exponent 2, no top-k", SMOL, dict(dynatemp_range=0.7, dynatemp_exponent=2.0, top_k=0, min_p=0.1)),
+    ("dynatemp around temp 0", SMOL, dict(temp=0.0, dynatemp_range=0.3)),
+    ("temperature first", SMOL, dict(temp=1.5, samplers=["temperature", "top_k", "top_p", "min_p"])),
+    ("min-p before top-k", SMOL, dict(min_p=0.1, samplers=["min_p", "top_k", "top_p", "temperature"], scale=0.9)),
+    ("top-p, typical, top-k", SMOL, dict(typical_p=0.8, top_k=20, samplers=["top_p", "typ_p", "top_k", "temperature"])),
+    ("no temperature stage", SMOL, dict(temp=0.0, samplers=["top_k", "min_p"])),
+    ("dry alone, default breakers", SMOL, dict(dry_multiplier=0.8, samplers=["dry"], history_text=STORY)),
+    ("dry alone, no breakers", SMOL, dict(dry_multiplier=0.8, dry_sequence_breakers=[], samplers=["dry"],
+                                          history_text=STORY)),
+    ("dry, multi-token breakers, allowed 1", SMOL, dict(dry_multiplier=1.1, dry_allowed_length=1, samplers=["dry"],
+                                                        dry_sequence_breakers=["mat.\n", "rug", "dog:"],
+                                                        history_text=STORY)),
+    ("dry, long window, capped exponent", SMOL, dict(dry_multiplier=2.0, dry_base=5.0, dry_allowed_length=0,
+                                                     dry_penalty_last_n=512, samplers=["dry"], history_text=STORY * 3)),
+    ("dry, short window", SMOL, dict(dry_multiplier=0.8, dry_penalty_last_n=12, samplers=["dry"], history_text=STORY)),
+    ("dry and penalties, bias, default chain", SMOL, dict(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3,
+                                                          dry_penalty_last_n=128, repeat_penalty=1.2, frequency_penalty=0.1,
+                                                          presence_penalty=0.2, history_text=STORY, bias_history=8.0)),
+    ("dry before penalties", SMOL, dict(dry_multiplier=1.5, repeat_penalty=1.3, samplers=["dry", "penalties"],
+                                        history_text=STORY)),
+    ("dry, three tokens at random", SMOL, dict(dry_multiplier=0.5, dry_penalty_last_n=300, samplers=["dry"],
+                                               history_ids=(11, 300, 3, 0), dry_sequence_breakers=[])),
+    ("dry, periodic, a breaker in it", SMOL, dict(dry_multiplier=0.5, dry_allowed_length=1, dry_penalty_last_n=250,
+                                                  samplers=["dry"], history_ids=(12, 400, 6, 17), dry_sequence_breakers=["en"])),
+    ("dry, periodic, breakers elsewhere", SMOL, dict(dry_multiplier=0.5, dry_allowed_length=3, dry_penalty_last_n=250,
+                                                     samplers=["dry"], history_ids=(13, 400, 4, 11),
+                                                     dry_sequence_breakers=["en", "\n"])),
+    ("gemma: dry, default breakers", GEMMA, dict(dry_multiplier=0.8, samplers=["dry"], history_text=STORY)),
+    # (top-n-sigma masks logits to -inf; a typical stage that sees those computes a NaN entropy in llama.cpp)
+    ("gemma: typical, no top-k", GEMMA, dict(typical_p=0.7, top_k=0, scale=0.8)),
+    ("gemma: top-n-sigma, default chain", GEMMA, dict(top_n_sigma=1.5, scale=0.8)),
+    ("qwen: dry, code breakers", QWEN, dict(dry_multiplier=0.8, dry_sequence_breakers=["\n", "def ", "(a"],
+                                            samplers=["dry"], history_text=CODE)),
+]
+
+
+def synthetic_logits(seed: int, V: int, scale: float) -> np.ndarray:
+    """float32 [V]: scale * Gumbel noise from splitmix64 of (seed, id) (no library RNG, so no version drift)."""
+    with np.errstate(over="ignore"):
+        z = np.arange(V, dtype=np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) / float(2 ** 53)
+    return (scale * -np.log(-np.log(u))).astype(np.float32)
+
+
+def synthetic_history(seed: int, n: int, alphabet: int, period: int) -> list[int]:
+    """n token ids among `alphabet` ids from 260 on; with a period, mostly copies of the token that far back."""
+    r = [int(v) for v in np.floor(np.abs(synthetic_logits(seed, n, 1.0).astype(np.float64)) * 1000)]
+    out: list[int] = []
+    for i, v in enumerate(r):
+        out.append(out[i - period] if period and i >= period and v % 4 else 260 + v % alphabet)
+    return out
+
+
+def _hex(v: float) -> str:
+    return float(np.float32(v)).hex()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("src", type=Path, help="llama.cpp source tree")
+    ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from sharpi_core.gguf_file import GGUFFile
+    from sharpi_core.registry import pull
+    from sharpi_core.tokenizer import Tokenizer
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(d) / "llamacpp_samplers"
+        subprocess.run(["cc", "-O1", "-o", str(exe), str(ROOT / "scripts" / "llamacpp_samplers.c"),
+                        f"-I{a.src / 'include'}", f"-I{a.src / 'ggml' / 'include'}", f"-L{a.bin}", "-lllama",
+                        f"-Wl,-rpath,{a.bin}"], check=True)
+        for seed, (name, model, change) in enumerate(CASES, start=1):
+            c = {**BASE, **change}
+            path = pull(model)
+            tok = Tokenizer.from_gguf(GGUFFile(path))
+            hist = tok.encode(c["history_text"], add_special=False) if c["history_text"] else []
+            if c.get("history_ids"):
+                hist = synthetic_history(*c["history_ids"])
+            bias = [[t, c["bias_history"]] for t in sorted(set(hist))] if c.get("bias_history") else c["logit_bias"]
+            x = synthetic_logits(seed, tok.n_vocab, c["scale"])
+            lines = [f"S {len(c['samplers'])} {' '.join(c['samplers'])}",
+                     "P %d %s %s %s %s %s %s %s %s %s %d %s %s %s %s %s %d %d" % (
+                         c["top_k"], _hex(c["top_p"]), _hex(c["min_p"]), _hex(c["typical_p"]), _hex(c["top_n_sigma"]),
+                         _hex(c["xtc_probability"]), _hex(c["xtc_threshold"]), _hex(c["temp"]), _hex(c["dynatemp_range"]),
+                         _hex(c["dynatemp_exponent"]), c["repeat_last_n"], _hex(c["repeat_penalty"]),
+                         _hex(c["frequency_penalty"]), _hex(c["presence_penalty"]), _hex(c["dry_multiplier"]),
+                         _hex(c["dry_base"]), c["dry_allowed_length"], c["dry_penalty_last_n"]),
+                     f"B {len(c['dry_sequence_breakers'])}"] + [s.encode().hex() for s in c["dry_sequence_breakers"]]
+            lines += [f"A {len(bias)} " + " ".join(f"{t} {_hex(b)}" for t, b in bias),
+                      f"H {len(hist)} " + " ".join(map(str, hist)),
+                      f"L {tok.n_vocab} " + " ".join(float(v).hex() for v in x)]
+            r = subprocess.run([str(exe), str(path)], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                               check=True)
+            res = r.stdout.split("\n")
+            k = int(res[0].split()[1])
+            got = [(int(i), float.fromhex(v)) for i, v in (ln.split() for ln in res[1:1 + k])]
+            got = [(i, v) for i, v in got if v != float("-inf")]  # masked (top-n-sigma, temperature 0): not candidates
+            case = {"name": name, "model": model, "seed": seed,
+                    **{f: c[f] for f in BASE if f not in ("history_text",)}, "logit_bias": bias, "history": hist}
+            if len(got) == tok.n_vocab:  # nothing removed (DRY alone): the logits it changed
+                case["changed"] = [[i, v] for i, v in got if v != x[i]]
+            else:
+                case["kept"] = [[i, v] for i, v in got]
+            out.append(case)
+            print(f"{name}: {len(got)} candidates" + (f", {len(case['changed'])} changed" if "changed" in case else ""))
+    OUT.write_text(json.dumps(out, indent=0) + "\n")
+    print(f"wrote {len(out)} cases to {OUT}")
+
+
+if __name__ == "__main__":
+    main()

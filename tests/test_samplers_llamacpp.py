@@ -1,0 +1,144 @@
+"""The sampler chain against llama.cpp's own (libllama's samplers on synthetic logits, recorded by
+scripts/llamacpp_samplers.py into tests/data/llamacpp_samplers.json): top-n-sigma, typical, XTC's
+cut, dynamic temperature, DRY with its sequence breakers, penalties and logit bias, in the default
+order and in orders given by --samplers. Each case's kept candidates must be llama.cpp's and their
+probabilities llama.cpp's softmax of its final logits; DRY's changed logits must be bit for bit."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import model_path
+from sharpi_core import dry
+from sharpi_core.gguf_file import GGUFFile
+from sharpi_core.sampling import SamplingParams, _chain, apply_penalties, filtered_probs
+from sharpi_core.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = json.loads((ROOT / "tests" / "data" / "llamacpp_samplers.json").read_text())
+_spec = importlib.util.spec_from_file_location("llamacpp_samplers", ROOT / "scripts" / "llamacpp_samplers.py")
+_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_script)
+
+_TOKS: dict[str, Tokenizer] = {}
+
+
+def _tok(name: str) -> Tokenizer:
+    if name not in _TOKS:
+        _TOKS[name] = Tokenizer.from_gguf(GGUFFile(model_path(name)))
+    return _TOKS[name]
+
+
+def _params(c: dict, tok: Tokenizer) -> SamplingParams:
+    return SamplingParams(
+        temp=c["temp"], top_k=c["top_k"], top_p=c["top_p"], min_p=c["min_p"], typical_p=c["typical_p"],
+        top_n_sigma=c["top_n_sigma"], xtc_probability=c["xtc_probability"], xtc_threshold=c["xtc_threshold"],
+        dynatemp_range=c["dynatemp_range"], dynatemp_exponent=c["dynatemp_exponent"],
+        repeat_penalty=c["repeat_penalty"], repeat_last_n=c["repeat_last_n"],
+        frequency_penalty=c["frequency_penalty"], presence_penalty=c["presence_penalty"],
+        dry_multiplier=c["dry_multiplier"], dry_base=c["dry_base"], dry_allowed_length=c["dry_allowed_length"],
+        dry_penalty_last_n=c["dry_penalty_last_n"], dry_breakers=dry.breakers(tok, c["dry_sequence_breakers"]),
+        samplers=tuple(c["samplers"]), logit_bias=tuple((int(t), float(b)) for t, b in c["logit_bias"]))
+
+
+def _needs(c: dict) -> bool:
+    return c["model"] == "smollm2-135m-instruct-q4_1"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["name"], marks=() if _needs(c) else pytest.mark.slow)
+                                  for c in CASES])
+def test_chain_matches_llama_cpp(case):
+    tok = _tok(case["model"])
+    p = _params(case, tok)
+    x = torch.from_numpy(_script.synthetic_logits(case["seed"], tok.n_vocab, case["scale"]))
+    adj = apply_penalties(x, case["history"], p).numpy()
+    if "changed" in case:  # DRY / penalties alone: the same logits changed, to the same float32 values
+        diff = np.flatnonzero(adj != x.numpy())
+        want = {i: v for i, v in case["changed"]}
+        assert sorted(diff.tolist()) == sorted(want), (diff.tolist(), sorted(want))
+        assert all(np.float32(want[i]) == adj[i] for i in want)
+        return
+    want_ids = [i for i, _ in case["kept"]]
+    xtc_cut = case["xtc_probability"] >= 1.0  # the oracle's XTC always cuts; the mixture's cut side
+    ids, probs = _chain(adj, p, xtc_cut)
+    assert sorted(ids.tolist()) == sorted(want_ids)
+    v = np.array([w for _, w in case["kept"]], dtype=np.float64)
+    ref = dict(zip(want_ids, np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
+    got = dict(zip(ids.tolist(), probs.tolist()))
+    assert max(abs(got[i] - ref[i]) for i in want_ids) < 1e-6
+    if not xtc_cut or not p.xtc_on:  # filtered_probs is the same distribution (XTC: the mixture, at P = 1 the cut)
+        fp = filtered_probs(torch.from_numpy(adj), p).numpy()
+        assert np.count_nonzero(fp) == len(want_ids)
+        assert max(abs(float(fp[i]) - ref[i]) for i in want_ids) < 1e-6
+
+
+def test_xtc_mixture_is_the_coin_of_each_draw():
+    """XTC at probability P: the distribution is (1 - P) * chain without the cut + P * chain with it."""
+    x = torch.from_numpy(_script.synthetic_logits(7, 5000, 1.0))
+    p = SamplingParams(temp=0.9, xtc_probability=0.3, xtc_threshold=0.05)
+    i0, p0 = _chain(x.numpy(), p, False)
+    i1, p1 = _chain(x.numpy(), p, True)
+    assert set(i1.tolist()) < set(i0.tolist())  # the cut removed the most likely tokens
+    want = np.zeros(5000)
+    want[i0] += 0.7 * p0
+    want[i1] += 0.3 * p1
+    got = filtered_probs(x, p).numpy().astype(np.float64)
+    assert np.abs(got - want).max() < 1e-6
+
+
+def test_dry_breakers_like_llama_cpp():
+    """A breaker inside a token's text makes that token a breaker by itself; a token ending in the
+    breaker's start heads the tokenized rest."""
+    tok = _tok("smollm2-135m-instruct-q4_1")
+    b = dry.breakers(tok, ["\n", "mat.\n"])
+    heads = {h for h, t in b if t == ()}
+    nl = tok.encode("\n", add_special=False)[0]
+    assert nl in heads and all(b"\n" in tok.token_bytes(h) for h in heads)
+    mat = tok.encode(" mat", add_special=False)
+    assert len(mat) == 1 and (mat[0], tuple(tok.encode(".\n", add_special=False))) in b
+
+
+def _dry_brute_force(window, multiplier, base, allowed, V):
+    """DRY without breakers from its definition: the token after each earlier place where the last L
+    tokens also end (L >= allowed, the longest per token) loses multiplier * base ** (L - allowed)."""
+    n, best = len(window), {}
+    for j in range(n - 1):
+        L = 0
+        while L <= j and window[j - L] == window[n - 1 - L]:
+            L += 1
+        if L >= allowed:
+            t = window[j + 1]
+            best[t] = max(best.get(t, -1), L)
+    out = np.zeros(V, dtype=np.float32)
+    for t, L in best.items():
+        out[t] -= np.float32(multiplier * base ** (L - allowed))
+    return out
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 5])
+def test_dry_equals_its_definition_without_breakers(alphabet):
+    rng = np.random.default_rng(alphabet)
+    for _ in range(60):
+        n = int(rng.integers(1, 90))
+        window = rng.integers(0, alphabet, size=n).tolist()
+        if rng.random() < 0.5:  # long copies: repetitions longer than the Z-boxes
+            p = int(rng.integers(1, 9))
+            for i in range(p, n):
+                if rng.random() < 0.9:
+                    window[i] = window[i - p]
+        allowed = int(rng.integers(0, 4))
+        row = np.zeros(8, dtype=np.float32)
+        dry.penalize_row(row, window, 0.75, 1.5, allowed, {})
+        np.testing.assert_allclose(row, _dry_brute_force(window, 0.75, 1.5, allowed, 8), rtol=1e-6, err_msg=str(window))
+
+
+def test_dry_changes_the_greedy_toy_chain():
+    """The greedy DRY parameters of test_generate do penalize there (the parity tests are not vacuous)."""
+    from test_generate import GREEDY_DRY, PROMPT, ref_greedy
+    plain = ref_greedy(PROMPT, 40, SamplingParams(temp=0, repeat_penalty=1.1, logit_bias=((2, 0.4),)))
+    assert ref_greedy(PROMPT, 40, GREEDY_DRY) != plain
