@@ -10,10 +10,12 @@
  *     last_n repeat freq present dry_mult dry_base dry_allowed dry_last_n
  *   B n                  DRY sequence breakers, then n lines of hex-encoded bytes
  *   A n id bias ...      logit biases (hex floats)
+ *   M tau eta            mirostat's parameters (stages mirostat, mirostat_v2; they pick the token)
  *   H n id...            tokens accepted before (the prompt and what was generated)
- *   L V x...             logits (hex floats)
- * and gives "K n" then n lines "id logit" (hex float): the candidates the chain leaves, in its order,
- * with their logits after it (a -inf logit is a candidate the chain masked).
+ *   R r                  then r lines "L V x..." of logits (hex floats), applied one after the other
+ * and gives, per logits row, "K n selected" then n lines "id logit" (hex float): the candidates the
+ * chain leaves, in its order, with their logits after it (a -inf logit is a candidate the chain
+ * masked), and the position mirostat picked (-1 without it).
  * XTC runs with its own RNG: cases use probability 0 or 1 (never / always cut).
  *
  * Built and run by scripts/llamacpp_samplers.py against a llama.cpp build directory; never part of
@@ -64,19 +66,15 @@ int main(int argc, char **argv) {
         llama_logit_bias *bias = calloc((size_t)na + 1, sizeof *bias);
         for (int i = 0; i < na; i++)
             if (scanf(" %d %a", &bias[i].token, &bias[i].bias) != 2) return 6;
+        float tau, eta;
+        if (scanf(" M %a %a", &tau, &eta) != 2) return 10;
         int nh;
         if (scanf(" H %d", &nh) != 1) return 7;
         int *hist = calloc((size_t)nh + 1, sizeof *hist);
         for (int i = 0; i < nh; i++)
             if (scanf(" %d", &hist[i]) != 1) return 7;
-        int V;
-        if (scanf(" L %d", &V) != 1 || V != nv) return 8;
-        llama_token_data *cur = calloc((size_t)V, sizeof *cur);
-        for (int i = 0; i < V; i++) {
-            cur[i].id = i;
-            if (scanf(" %a", &cur[i].logit) != 1) return 8;
-        }
-
+        int nr;
+        if (scanf(" R %d", &nr) != 1) return 8;
         struct llama_sampler *chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
         if (na) llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(nv, na, bias));
         for (int i = 0; i < ns; i++) {
@@ -92,14 +90,25 @@ int main(int argc, char **argv) {
             else if (!strcmp(s, "min_p")) smp = llama_sampler_init_min_p(min_p, 0);
             else if (!strcmp(s, "xtc")) smp = llama_sampler_init_xtc(xtc_p, xtc_t, 0, 1234);
             else if (!strcmp(s, "temperature")) smp = llama_sampler_init_temp_ext(temp, dyn_range, dyn_exp);
+            else if (!strcmp(s, "mirostat")) smp = llama_sampler_init_mirostat(nv, 1234, tau, eta, 100);
+            else if (!strcmp(s, "mirostat_v2")) smp = llama_sampler_init_mirostat_v2(1234, tau, eta);
             else return 9;
             llama_sampler_chain_add(chain, smp);
         }
         for (int i = 0; i < nh; i++) llama_sampler_accept(chain, hist[i]);
-        llama_token_data_array arr = {cur, (size_t)V, -1, false};
-        llama_sampler_apply(chain, &arr);
-        printf("K %zu\n", arr.size);
-        for (size_t i = 0; i < arr.size; i++) printf("%d %a\n", arr.data[i].id, arr.data[i].logit);
+        llama_token_data *cur = calloc((size_t)nv, sizeof *cur);
+        for (int r = 0; r < nr; r++) {
+            int V;
+            if (scanf(" L %d", &V) != 1 || V != nv) return 8;
+            for (int i = 0; i < V; i++) {
+                cur[i].id = i;
+                if (scanf(" %a", &cur[i].logit) != 1) return 8;
+            }
+            llama_token_data_array arr = {cur, (size_t)V, -1, false};
+            llama_sampler_apply(chain, &arr);
+            printf("K %zu %lld\n", arr.size, (long long)arr.selected);
+            for (size_t i = 0; i < arr.size; i++) printf("%d %a\n", arr.data[i].id, arr.data[i].logit);
+        }
         fflush(stdout);
         llama_sampler_free(chain);
         for (int i = 0; i < nb; i++) free(breakers[i]);

@@ -28,7 +28,7 @@ BASE = dict(top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, top_n_sigma=-1.0, x
             xtc_threshold=0.1, temp=0.8, dynatemp_range=0.0, dynatemp_exponent=1.0, repeat_last_n=64,
             repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, dry_multiplier=0.0, dry_base=1.75,
             dry_allowed_length=2, dry_penalty_last_n=64, dry_sequence_breakers=["\n", ":", "\"", "*"],
-            samplers=DEFAULT, logit_bias=[], history_text="", scale=0.8)
+            samplers=DEFAULT, logit_bias=[], history_text="", scale=0.8, mirostat_tau=5.0, mirostat_eta=0.1, rows=1)
 SMOL, GEMMA, QWEN = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"
 STORY = ("The cat sat on the mat. The cat sat on the mat.\nThe dog: \"sat on the mat\" * the cat sat on the "
          "rug. The cat sat on the mat. The cat sat on the")
@@ -73,6 +73,14 @@ CASES = [
     ("dry, periodic, breakers elsewhere", SMOL, dict(dry_multiplier=0.5, dry_allowed_length=3, dry_penalty_last_n=250,
                                                      samplers=["dry"], history_ids=(13, 400, 4, 11),
                                                      dry_sequence_breakers=["en", "\n"])),
+    # mirostat (llama.cpp's chain for --mirostat N: temperature, then mirostat, which picks the token and
+    # updates its state): the candidates it keeps at each of several steps, and what it picked
+    ("mirostat 2", SMOL, dict(samplers=["temperature", "mirostat_v2"], rows=4, scale=1.0)),
+    ("mirostat 2, tau 4, eta 0.3", SMOL, dict(samplers=["temperature", "mirostat_v2"], rows=4, temp=0.7,
+                                              mirostat_tau=4.0, mirostat_eta=0.3, scale=1.0)),
+    ("mirostat 1", SMOL, dict(samplers=["temperature", "mirostat"], rows=4, scale=1.0)),
+    ("mirostat 1, tau 3", SMOL, dict(samplers=["temperature", "mirostat"], rows=4, mirostat_tau=3.0, scale=1.2)),
+    ("qwen: mirostat 1", QWEN, dict(samplers=["temperature", "mirostat"], rows=3, scale=1.0)),
     ("gemma: dry, default breakers", GEMMA, dict(dry_multiplier=0.8, samplers=["dry"], history_text=STORY)),
     # (top-n-sigma masks logits to -inf; a typical stage that sees those computes a NaN entropy in llama.cpp)
     ("gemma: typical, no top-k", GEMMA, dict(typical_p=0.7, top_k=0, scale=0.8)),
@@ -129,7 +137,8 @@ def main() -> None:
             if c.get("history_ids"):
                 hist = synthetic_history(*c["history_ids"])
             bias = [[t, c["bias_history"]] for t in sorted(set(hist))] if c.get("bias_history") else c["logit_bias"]
-            x = synthetic_logits(seed, tok.n_vocab, c["scale"])
+            xs = [synthetic_logits(seed + 1000 * r, tok.n_vocab, c["scale"]) for r in range(c["rows"])]
+            x = xs[0]
             lines = [f"S {len(c['samplers'])} {' '.join(c['samplers'])}",
                      "P %d %s %s %s %s %s %s %s %s %s %d %s %s %s %s %s %d %d" % (
                          c["top_k"], _hex(c["top_p"]), _hex(c["min_p"]), _hex(c["typical_p"]), _hex(c["top_n_sigma"]),
@@ -139,16 +148,26 @@ def main() -> None:
                          _hex(c["dry_base"]), c["dry_allowed_length"], c["dry_penalty_last_n"]),
                      f"B {len(c['dry_sequence_breakers'])}"] + [s.encode().hex() for s in c["dry_sequence_breakers"]]
             lines += [f"A {len(bias)} " + " ".join(f"{t} {_hex(b)}" for t, b in bias),
-                      f"H {len(hist)} " + " ".join(map(str, hist)),
-                      f"L {tok.n_vocab} " + " ".join(float(v).hex() for v in x)]
+                      f"M {_hex(c['mirostat_tau'])} {_hex(c['mirostat_eta'])}",
+                      f"H {len(hist)} " + " ".join(map(str, hist)), f"R {len(xs)}"]
+            lines += [f"L {tok.n_vocab} " + " ".join(float(v).hex() for v in row) for row in xs]
             r = subprocess.run([str(exe), str(path)], input="\n".join(lines) + "\n", capture_output=True, text=True,
                                check=True)
             res = r.stdout.split("\n")
-            k = int(res[0].split()[1])
-            got = [(int(i), float.fromhex(v)) for i, v in (ln.split() for ln in res[1:1 + k])]
-            got = [(i, v) for i, v in got if v != float("-inf")]  # masked (top-n-sigma, temperature 0): not candidates
+            steps = []
+            while res and res[0].startswith("K "):
+                k, sel = map(int, res[0].split()[1:])
+                got = [(int(i), float.fromhex(v)) for i, v in (ln.split() for ln in res[1:1 + k])]
+                steps.append((got, got[sel][0] if sel >= 0 else None))
+                res = res[1 + k:]
+            got = [(i, v) for i, v in steps[0][0] if v != float("-inf")]  # masked (top-n-sigma, temperature 0): not candidates
             case = {"name": name, "model": model, "seed": seed,
                     **{f: c[f] for f in BASE if f not in ("history_text",)}, "logit_bias": bias, "history": hist}
+            if c["rows"] > 1:  # mirostat: each step's kept ids and the id it picked
+                case["steps"] = [{"kept": sorted(i for i, _ in st), "picked": sel} for st, sel in steps]
+                out.append(case)
+                print(f"{name}: " + ", ".join(f"{len(st)} kept" for st, _ in steps))
+                continue
             if len(got) == tok.n_vocab:  # nothing removed (DRY alone): the logits it changed
                 case["changed"] = [[i, v] for i, v in got if v != x[i]]
             else:

@@ -87,6 +87,9 @@ def run(
     dry_penalty_last_n: Annotated[int, Opt("--dry-penalty-last-n", help="DRY: tokens looked back over (0 = off, -1 = context)")] = 64,
     dry_sequence_breaker: Annotated[list[str], Opt("--dry-sequence-breaker", help="DRY: a sequence breaker, repeatable; replaces the defaults "
                                                    "('\\n', ':', '\"', '*'); 'none' = no breakers", show_default=False)] = [],
+    mirostat: Annotated[int, Opt("--mirostat", help="Mirostat sampling, version 1 or 2, instead of the sampler chain (penalties, DRY, top-k/p etc. are not used; 0 = off)")] = 0,
+    mirostat_lr: Annotated[float, Opt("--mirostat-lr", help="Mirostat learning rate, eta")] = 0.1,
+    mirostat_ent: Annotated[float, Opt("--mirostat-ent", help="Mirostat target entropy, tau")] = 5.0,
     samplers: Annotated[Optional[str], Opt("--samplers", help="the sampler order, ';'-separated (default: penalties;dry;top_n_sigma;"
                                            "top_k;typ_p;top_p;min_p;xtc;temperature)")] = None,
     sampling_seq: Annotated[Optional[str], Opt("--sampling-seq", "--sampler-seq", help="the sampler order as letters (default: edskypmxt)")] = None,

@@ -44,6 +44,9 @@ class RunOptions:
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = 64
     dry_sequence_breaker: list = field(default_factory=list)
+    mirostat: int = 0
+    mirostat_lr: float = 0.1
+    mirostat_ent: float = 5.0
     samplers: str | None = None  # --samplers; in validate(), the order as a tuple of names
     sampling_seq: str | None = None
     ignore_eos: bool = False
@@ -105,7 +108,8 @@ def validate(o: RunOptions) -> None:
             raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
     for flag, v in (("--top-nsigma", o.top_n_sigma), ("--typical", o.typical_p), ("--xtc-probability", o.xtc_probability),
                     ("--xtc-threshold", o.xtc_threshold), ("--dynatemp-range", o.dynatemp_range),
-                    ("--dynatemp-exp", o.dynatemp_exponent), ("--dry-multiplier", o.dry_multiplier), ("--dry-base", o.dry_base)):
+                    ("--dynatemp-exp", o.dynatemp_exponent), ("--dry-multiplier", o.dry_multiplier), ("--dry-base", o.dry_base),
+                    ("--mirostat-lr", o.mirostat_lr), ("--mirostat-ent", o.mirostat_ent)):
         if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
             raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
     check_samplers(o)
@@ -193,6 +197,8 @@ def check_samplers(o: RunOptions) -> None:
             raise UsageError(f"invalid {flag} '{o.samplers if o.sampling_seq is None else o.sampling_seq}': {e}") from None
     elif o.samplers is None:
         o.samplers = DEFAULT_SAMPLERS
+    if o.mirostat not in (0, 1, 2):
+        raise UsageError(f"invalid --mirostat {o.mirostat}: 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0)")
     if o.dry_base < 1:  # llama.cpp keeps its default then
         log(f"warning: --dry-base {o.dry_base} ignored: must be >= 1 (using 1.75)")
         o.dry_base = 1.75
@@ -410,7 +416,8 @@ def run(o: RunOptions) -> int:
                             dynatemp_range=o.dynatemp_range, dynatemp_exponent=o.dynatemp_exponent,
                             dry_multiplier=o.dry_multiplier, dry_base=o.dry_base, dry_allowed_length=o.dry_allowed_length,
                             dry_penalty_last_n=n_ctx if o.dry_penalty_last_n == -1 else o.dry_penalty_last_n,
-                            samplers=o.samplers)
+                            samplers=o.samplers, mirostat=o.mirostat, mirostat_tau=o.mirostat_ent,
+                            mirostat_eta=o.mirostat_lr)
     if params.has_dry:  # the breakers as llama.cpp tokenizes them (a pass over the vocabulary)
         from sharpi_core import dry
         strings = list(dry.DEFAULT_BREAKERS)

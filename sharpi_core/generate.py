@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import torch
 
 from .errors import SharpiError
-from .sampling import SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
+from .sampling import Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
 from .speculative import accept_argmax, accept_greedy, accept_sampled
 from .speculative.util import common_prefix
 from .tokenizer import StreamDecoder
@@ -152,6 +152,13 @@ class Generator:
         if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off at --temp > 0 (plain sampled decoding)")
+        # mirostat's state follows every token it picks (one sampler for the generator's whole life, as
+        # llama.cpp's); sampled speculation would need it along each verify row: plain decoding instead
+        self.mirostat = (Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, self.n_vocab)
+                         if params.mirostat and not params.greedy else None)
+        if self.speculate and self.mirostat is not None:
+            self.speculate = False
+            self.notes.append("--mirostat: speculation is off at --temp > 0 (plain sampled decoding)")
         # greedy steps whose arg-max the model takes where its logits are (a GPU: 4 bytes a row come
         # back instead of the logits; SHARPI_DEVICE_ARGMAX=0 turns it off there)
         self.device_argmax = argmax_on_device(model, params)
@@ -209,7 +216,12 @@ class Generator:
         self.history.append(t)
         if self.device_argmax:
             return int(out)
-        return sample(out, self.params, self.rng, self.history)
+        return self._sample(out)
+
+    def _sample(self, logits: torch.Tensor) -> int:
+        if self.mirostat is not None:
+            return self.mirostat.sample(logits, self.params, self.rng)
+        return sample(logits, self.params, self.rng, self.history)
 
     def _spec_step(self, t: int, k: int, stats: SpecStats) -> tuple[list[int], int] | None:
         """Draft, verify [t, d1..dk] in one pass, roll back. None = no usable proposal."""
@@ -301,7 +313,7 @@ class Generator:
         try:
             if n_predict == 0:
                 raise _Stop("n_predict")
-            t = sample(logits, self.params, self.rng, self.history)
+            t = self._sample(logits)
             emit(t)
             while True:
                 # like llama.cpp: stop when feeding t would fill the last context slot

@@ -5,7 +5,8 @@
 
 (llama.cpp's common_sampler_init puts the logit-bias sampler first, then its sampler list, by default
 `penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature` (`--samplers` reorders it), then
-`dist`.) Mirostat and adaptive-p, which keep state across tokens, are not implemented.
+`dist`.) With `--mirostat` the chain is logit bias -> temperature -> mirostat instead (class Mirostat:
+its state follows the tokens it picks); adaptive-p is not implemented.
 
 Semantics, each as llama.cpp's src/llama-sampler.cpp:
 - logit bias adds to the logit (several entries for one token add up; -inf bans it);
@@ -108,19 +109,22 @@ class SamplingParams:
     dry_penalty_last_n: int = 64
     dry_breakers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (head, tail) pairs: sharpi_core.dry.breakers
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    mirostat: int = 0  # 1, 2: Mirostat replaces the chain (bias -> temperature -> mirostat)
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
     @property
     def greedy(self) -> bool:
-        return self.temp <= 0 and self.dynatemp_range <= 0 and "temperature" in self.samplers
+        return self.temp <= 0 and (self.mirostat > 0 or (self.dynatemp_range <= 0 and "temperature" in self.samplers))
 
     @property
     def has_penalties(self) -> bool:
-        return "penalties" in self.samplers and self.repeat_last_n != 0 and (
+        return not self.mirostat and "penalties" in self.samplers and self.repeat_last_n != 0 and (
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
     @property
     def has_dry(self) -> bool:
-        return ("dry" in self.samplers and self.dry_multiplier != 0.0 and self.dry_base >= 1.0
+        return (not self.mirostat and "dry" in self.samplers and self.dry_multiplier != 0.0 and self.dry_base >= 1.0
                 and self.dry_penalty_last_n != 0)
 
     @property
@@ -142,7 +146,7 @@ class SamplingParams:
     @property
     def plain_chain(self) -> bool:
         """The default order with top-n-sigma, typical, XTC and dynamic temperature off: the fast path."""
-        return (self.samplers == DEFAULT_SAMPLERS and self.top_n_sigma <= 0 and self.typical_p >= 1.0
+        return (not self.mirostat and self.samplers == DEFAULT_SAMPLERS and self.top_n_sigma <= 0 and self.typical_p >= 1.0
                 and not self.xtc_on and self.dynatemp_range <= 0)
 
     @property
@@ -152,6 +156,9 @@ class SamplingParams:
 
 def describe_chain(params: SamplingParams) -> str:
     """The stages that act, in order, as llama.cpp's "sampler chain: logits -> ... -> dist" line."""
+    if params.mirostat and not params.greedy:
+        return " -> ".join(["logits"] + ["logit-bias"] * bool(params.logit_bias)
+                           + ["temperature", "mirostat" + "-v2" * (params.mirostat == 2)])
     if params.greedy:
         on = ["logit-bias"] * bool(params.logit_bias) + [s for s in params.samplers
                                                          if (s == "penalties" and params.has_penalties)
@@ -468,6 +475,63 @@ def _row_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, 
     p[np.searchsorted(idx, i0)] += (1.0 - cut_p) * p0
     p[np.searchsorted(idx, i1)] += cut_p * p1
     return idx, p
+
+
+class Mirostat:
+    """llama.cpp's mirostat samplers (`--mirostat 1|2`), whose state `mu` (the surprise a token may
+    have, in bits) follows every token it picks. Its chain is logit bias -> temperature -> mirostat:
+    penalties, DRY and the filters do not apply, as in llama.cpp. Version 2 keeps the tokens whose
+    surprise -log2 p is at most mu; version 1 keeps the top k, k from a Zipf exponent fitted to the 100
+    most likely tokens. After each pick mu -= eta * (surprise of the pick - tau)."""
+
+    def __init__(self, version: int, tau: float, eta: float, n_vocab: int):
+        self.version, self.n_vocab = version, n_vocab
+        self.tau, self.eta = np.float32(tau), np.float32(eta)
+        self.mu = np.float32(2) * self.tau
+
+    def candidates(self, x: np.ndarray, temp: float) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 probabilities) the next token is drawn from, for logits x [V] after bias."""
+        v = x / np.float32(temp)
+        if self.version == 2:
+            e = np.exp(v - v.max())
+            p = e / np.float32(e.sum(dtype=np.float64))
+            with np.errstate(divide="ignore"):
+                keep = np.flatnonzero(-np.log2(p) <= self.mu)
+            if not keep.shape[0]:
+                keep = np.array([int(np.argmax(v))])
+            idx, vals = _sorted(keep, v[keep])
+        else:
+            top = _topk_sorted(v, min(100, v.shape[0]))
+            e = np.exp(v - v.max())
+            p = e[top] / np.float32(e.sum(dtype=np.float64))
+            n = min(99, p.shape[0] - 1)
+            i = np.arange(n, dtype=np.float32)
+            t = np.log((i + np.float32(2)) / (i + np.float32(1)))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                b = np.log(p[:n] / p[1:n + 1])
+                s_hat = np.cumsum(t * b, dtype=np.float32)[-1] / np.cumsum(t * t, dtype=np.float32)[-1] if n else np.float32(0)
+                eps = s_hat - np.float32(1)
+                k = np.power((eps * np.power(np.float32(2), self.mu)) / (np.float32(1) - np.power(np.float32(self.n_vocab), -eps)),
+                             np.float32(1) / s_hat)
+            # C's int(k) on x86: NaN, infinities and |k| >= 2^31 become INT_MIN, so one token
+            k = int(k) if np.isfinite(k) and abs(float(k)) < 2.0 ** 31 else 1
+            sel = _topk_sorted(v, min(max(k, 1), v.shape[0]))
+            idx, vals = sel, v[sel]
+        z = np.exp(vals - vals[0])
+        return idx, z / np.cumsum(z, dtype=np.float32)[-1]
+
+    def pick(self, idx: np.ndarray, p: np.ndarray, j: int) -> int:
+        """Records that position j of candidates() was drawn: mu moves toward tau. Returns the id."""
+        self.mu = self.mu - self.eta * (-np.log2(p[j]) - self.tau)
+        return int(idx[j])
+
+    def sample(self, logits: torch.Tensor, params: "SamplingParams", generator: torch.Generator | None) -> int:
+        """One token from logits [V] (bias added here), mu updated."""
+        x = apply_penalties(logits, None, params).detach().to("cpu", torch.float32).reshape(-1).numpy()
+        if params.greedy:
+            return int(np.argmax(x))
+        idx, p = self.candidates(x, params.temp)
+        return self.pick(idx, p, draw(p, generator))
 
 
 def candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

@@ -408,3 +408,18 @@ def test_thread_governor_is_stepped_per_prompt_batch_and_decoding_step():
     assert c.n == 5  # 20 prompt tokens in batches of 4
     g.generate(PROMPT, 6)  # the prompt is cached now: its last token again (for logits), 5 decoding steps
     assert c.n == 5 + 1 + 5
+
+
+def test_mirostat_decodes_plainly_at_temp_above_0_and_keeps_its_state():
+    """--mirostat: its state follows every pick, so sampled speculation is off (same tokens as without a
+    drafter, same seed); at temp 0 it is greedy and speculation runs."""
+    p = SamplingParams(temp=0.9, mirostat=2, mirostat_tau=2.0, mirostat_eta=0.2)
+    plain, _ = make(p, None, n_ctx=256, seed=5)
+    a = plain.generate(PROMPT, n_predict=60).tokens
+    spec, _ = make(p, drafter_for("lookup", p), n_ctx=256, spec_n_max=4, seed=5)
+    assert spec.generate(PROMPT, n_predict=60).tokens == a
+    assert any("--mirostat" in n for n in spec.notes) and not spec.speculate
+    assert plain.mirostat.mu != np.float32(4.0)
+    g = SamplingParams(temp=0, mirostat=2)
+    spec, _ = make(g, drafter_for("lookup", g), n_ctx=256, spec_n_max=4)
+    assert spec.speculate and spec.generate(PROMPT, n_predict=30).tokens == ref_greedy(PROMPT, 30)
