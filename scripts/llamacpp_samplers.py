@@ -48,6 +48,11 @@ CASES = [
     ("dynatemp 0.5", SMOL, dict(dynatemp_range=0.5)),
     ("dynatemp 0.7, exponent 2, no top-k", SMOL, dict(dynatemp_range=0.7, dynatemp_exponent=2.0, top_k=0, min_p=0.1)),
     ("dynatemp around temp 0", SMOL, dict(temp=0.0, dynatemp_range=0.3)),
+    # candidates masked to -inf by top-n-sigma still count in dynamic temperature's maximum entropy
+    ("top-n-sigma, then dynatemp", SMOL, dict(top_n_sigma=1.2, dynatemp_range=0.5, top_p=1.0, min_p=0.0)),
+    ("top-n-sigma alone, then dynatemp", SMOL, dict(top_n_sigma=1.0, dynatemp_range=0.7, samplers=["top_n_sigma", "temperature"])),
+    ("dynatemp, one-hot, negative exponent", SMOL, dict(dynatemp_range=0.5, dynatemp_exponent=-1.0, top_p=1.0, min_p=0.0,
+                                                        logit_bias=[[28, 1000.0]])),
     ("temperature first", SMOL, dict(temp=1.5, samplers=["temperature", "top_k", "top_p", "min_p"])),
     ("min-p before top-k", SMOL, dict(min_p=0.1, samplers=["min_p", "top_k", "top_p", "temperature"], scale=0.9)),
     ("top-p, typical, top-k", SMOL, dict(typical_p=0.8, top_k=20, samplers=["top_p", "typ_p", "top_k", "temperature"])),

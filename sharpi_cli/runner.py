@@ -202,6 +202,9 @@ def check_samplers(o: RunOptions) -> None:
     if o.dry_base < 1:  # llama.cpp keeps its default then
         log(f"warning: --dry-base {o.dry_base} ignored: must be >= 1 (using 1.75)")
         o.dry_base = 1.75
+    for flag, v in (("--dry-allowed-length", o.dry_allowed_length), ("--dry-penalty-last-n", o.dry_penalty_last_n)):
+        if not -2**31 <= v < 2**31:  # llama.cpp reads them as 32-bit ints
+            raise UsageError(f"invalid {flag} {v}: out of range (32-bit)")
     if o.dry_penalty_last_n < -1:
         raise UsageError(f"invalid --dry-penalty-last-n {o.dry_penalty_last_n}: must be >= -1 (0 = off, -1 = context)")
     if o.temp <= 0 and o.dynatemp_range <= 0 and "temperature" in o.samplers:

@@ -131,5 +131,10 @@ def penalize_row(row: np.ndarray, window: Sequence[int], multiplier: float, base
         e = r - allowed
         if max_exp > 0 and e > max_exp:
             e = max_exp
-        pen = np.float32(float(np.float32(multiplier)) * math.pow(float(base32), e))  # std::pow(float, int): double
+        try:
+            pw = math.pow(float(base32), e)  # std::pow(float, int): double
+        except OverflowError:  # (a base within 1e-6 of 1 has no cap) C gives inf
+            pw = math.inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            pen = np.float32(float(np.float32(multiplier)) * pw)
         row[t] = row[t] - pen

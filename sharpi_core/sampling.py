@@ -384,7 +384,9 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
     """The filters and the temperature in `params.samplers`' order, on one row of (penalized) float32
     logits -> (token ids, probabilities float64); XTC cuts when `xtc_cut` (one side of its coin).
     Candidates are kept sorted by logit once a stage has sorted them (the kept sets, which are what
-    llama.cpp's stages decide, do not depend on the order of the candidates)."""
+    llama.cpp's stages decide, do not depend on the order of the candidates). As in llama.cpp, a
+    candidate whose logit is -inf (banned, or masked by top-n-sigma) stays in the list until the end:
+    it counts in dynamic temperature's maximum entropy; it never counts as likely."""
     idx, vals = np.arange(x.shape[0]), x
     srt = False
     for stage in params.samplers:
@@ -394,8 +396,8 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             if live.shape[0]:
                 mean = live.mean(dtype=np.float64)
                 std = np.float32(math.sqrt(float(np.square(live - mean, dtype=np.float64).mean())))
-                keep = vals >= np.float32(live.max()) - np.float32(params.top_n_sigma) * std
-                idx, vals = idx[keep], vals[keep]
+                vals = np.where(vals >= np.float32(live.max()) - np.float32(params.top_n_sigma) * std,
+                                vals, np.float32(-np.inf))
         elif stage == "top_k" and params.top_k > 0:
             if params.top_k < n:
                 o = _topk_sorted(vals, params.top_k)
@@ -410,7 +412,7 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             with np.errstate(divide="ignore"):
                 lp = np.log(p)
             live = p > 0  # a candidate of probability 0 is no candidate (llama.cpp's entropy would be NaN)
-            ent = -np.cumsum(p[live] * lp[live], dtype=np.float32)[-1]
+            ent = np.float32(0) - np.cumsum(p[live] * lp[live], dtype=np.float32)[-1]
             order = np.argsort(np.abs(-lp - ent), kind="stable")
             hit = np.flatnonzero(np.cumsum(p[order], dtype=np.float32) > np.float32(params.typical_p))
             if hit.shape[0]:
@@ -429,7 +431,9 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             if not srt:
                 idx, vals, srt = *_sorted(idx, vals), True
             p = _softmax32(vals)
-            above = int(np.argmin(p >= np.float32(params.xtc_threshold))) if p[-1] < params.xtc_threshold else n
+            # the leading run at or above the threshold (a probability-0 candidate is never in it)
+            hi = (p >= np.float32(params.xtc_threshold)) & (p > 0)
+            above = n if hi.all() else int(np.argmin(hi))
             if above > 1:  # all of them but the least likely
                 idx, vals = idx[above - 1:], vals[above - 1:]
         elif stage == "temperature":
@@ -443,14 +447,21 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
                     idx, vals, srt = *_sorted(idx, vals), True
                 p = _softmax32(vals)
                 live = p > 0
-                ent = -np.cumsum(p[live] * np.log(p[live]), dtype=np.float32)[-1]
+                ent = np.float32(0) - np.cumsum(p[live] * np.log(p[live]), dtype=np.float32)[-1]
                 norm = ent / -np.log(np.float32(1.0) / np.float32(n))
-                t = np.float32(lo + (hi - lo) * np.power(norm, np.float32(params.dynatemp_exponent)))
+                with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                    pw = np.power(norm, np.float32(params.dynatemp_exponent))
+                    t = lo if hi == lo else np.float32(lo + (hi - lo) * pw)
+                if np.isnan(t):
+                    t = lo
             if t <= 0:  # llama.cpp's temperature 0: the first of the highest logits stays
                 j = int(np.argmax(vals))
                 idx, vals = idx[j:j + 1], vals[j:j + 1]
             else:
-                vals = vals / t
+                with np.errstate(over="ignore"):
+                    scaled = vals / t
+                # float32 as llama.cpp divides, unless that overflows (a tiny temperature): then float64
+                vals = scaled if not np.isposinf(scaled).any() else vals.astype(np.float64) / float(t)
     live = vals > -np.inf
     idx, vals = idx[live], vals[live].astype(np.float64)
     z = np.exp(vals - vals.max())
@@ -461,6 +472,9 @@ def _row_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, 
     """One row of (penalized) float32 logits -> (token ids, probabilities float64) it is drawn from.
 
     Not for greedy (temp <= 0): that is an argmax. With XTC the law of one draw, coin included."""
+    top = np.flatnonzero(x == np.inf)
+    if top.shape[0]:  # a +inf logit (bias): nothing else can be drawn (llama.cpp's softmax would be NaN)
+        return top, np.full(top.shape[0], 1.0 / top.shape[0])
     if params.plain_chain:
         return _plain_candidates(x, params)
     if not params.xtc_on:
@@ -470,11 +484,11 @@ def _row_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, 
     if cut_p >= 1.0:
         return i1, p1
     i0, p0 = _chain(x, params, False)
-    idx = np.union1d(i0, i1)
-    p = np.zeros(idx.shape[0])
-    p[np.searchsorted(idx, i0)] += (1.0 - cut_p) * p0
-    p[np.searchsorted(idx, i1)] += cut_p * p1
-    return idx, p
+    p = np.zeros(x.shape[0])
+    p[i0] += (1.0 - cut_p) * p0
+    p[i1] += cut_p * p1
+    idx = np.flatnonzero(p)
+    return idx, p[idx]
 
 
 class Mirostat:

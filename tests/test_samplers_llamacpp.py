@@ -159,3 +159,28 @@ def test_mirostat_matches_llama_cpp(case):
         assert sorted(idx.tolist()) == step["kept"], r
         assert abs(float(p.sum()) - 1) < 1e-5
         m.pick(idx, p, idx.tolist().index(step["picked"]))
+
+
+def test_degenerate_values_give_a_distribution():
+    """Values llama.cpp turns into NaN or crashes on: a banned token never becomes XTC's survivor, a tiny
+    or infinite temperature and an overflowing exponent give a distribution, a +inf logit wins."""
+    x = _script.synthetic_logits(5, 3000, 1.0)
+    banned = x.copy()
+    banned[[7, 8, 9]] = -np.inf
+    cases = [(banned, SamplingParams(top_k=0, top_p=1.0, min_p=0.0, xtc_probability=1.0, xtc_threshold=0.0)),
+             (banned, SamplingParams(samplers=("xtc", "temperature"), xtc_probability=0.5, xtc_threshold=0.0)),
+             (x, SamplingParams(temp=1e-38, typical_p=0.9)),
+             (x, SamplingParams(dynatemp_range=0.8, dynatemp_exponent=75.0)),
+             (x, SamplingParams(temp=1e8, dynatemp_range=1.0, dynatemp_exponent=-1e30)),
+             (x, SamplingParams(top_n_sigma=1.0, top_k=0, dynatemp_range=0.5, dynatemp_exponent=-1e30))]
+    for row, p in cases:
+        fp = filtered_probs(torch.from_numpy(row), p).numpy()
+        assert np.isfinite(fp).all() and abs(float(fp.sum()) - 1) < 1e-5 and fp[[7, 8, 9]].sum() == 0, p
+    assert filtered_probs(torch.from_numpy(x), SamplingParams(temp=1e-38, typical_p=0.9)).numpy()[np.argmax(x)] == 1
+    inf = x.copy()
+    inf[28] = np.inf
+    for p in (SamplingParams(), SamplingParams(typical_p=0.5, top_k=0), SamplingParams(top_n_sigma=1.0)):
+        assert filtered_probs(torch.from_numpy(inf), p).numpy()[28] == 1
+    row = np.zeros(8, dtype=np.float32)  # an exponent past what a double holds: the token is banned, as in C
+    dry.penalize_row(row, [1, 2, 1, 2, 1, 2], 1.0, 1.0000005, -2_000_000_000, {})
+    assert row[1] == -np.inf
