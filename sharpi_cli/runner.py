@@ -199,6 +199,14 @@ def check_samplers(o: RunOptions) -> None:
         o.samplers = DEFAULT_SAMPLERS
     if o.mirostat not in (0, 1, 2):
         raise UsageError(f"invalid --mirostat {o.mirostat}: 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0)")
+    if o.mirostat:
+        unused = [f for f, on in (("--repeat-penalty", o.repeat_penalty != 1), ("--presence-penalty", o.presence_penalty != 0),
+                                  ("--frequency-penalty", o.frequency_penalty != 0), ("--dry-multiplier", o.dry_multiplier != 0),
+                                  ("--top-nsigma", o.top_n_sigma > 0), ("--typical", o.typical_p < 1),
+                                  ("--xtc-probability", o.xtc_probability > 0), ("--dynatemp-range", o.dynatemp_range > 0))
+                  if on]
+        if unused:
+            log(f"warning: {', '.join(unused)} not used with --mirostat (its chain: logit bias, temperature, mirostat)")
     if o.dry_base < 1:  # llama.cpp keeps its default then
         log(f"warning: --dry-base {o.dry_base} ignored: must be >= 1 (using 1.75)")
         o.dry_base = 1.75

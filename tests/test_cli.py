@@ -537,3 +537,11 @@ def test_dry_and_the_other_samplers_through_the_cli(smol):
                "--dry-multiplier", "0.5", "--dynatemp-range", "0.3", "--draft-lookup", "--ignore-eos", "--json")
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["tokens"]) == 16
+
+
+def test_mirostat_says_which_flags_it_does_not_use(capsys):
+    from sharpi_cli.runner import RunOptions, validate
+    validate(RunOptions(mirostat=2, repeat_penalty=1.2, dry_multiplier=0.5))
+    assert "--repeat-penalty, --dry-multiplier not used with --mirostat" in capsys.readouterr().err
+    validate(RunOptions(mirostat=2))
+    assert "not used" not in capsys.readouterr().err
