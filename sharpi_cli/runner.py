@@ -103,14 +103,12 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
     for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
                     ("--presence-penalty", o.presence_penalty), ("--frequency-penalty", o.frequency_penalty),
-                    ("--spec-draft-p-min", o.spec_draft_p_min)):
+                    ("--spec-draft-p-min", o.spec_draft_p_min), ("--top-nsigma", o.top_n_sigma), ("--typical", o.typical_p),
+                    ("--xtc-probability", o.xtc_probability), ("--xtc-threshold", o.xtc_threshold),
+                    ("--dynatemp-range", o.dynatemp_range), ("--dynatemp-exp", o.dynatemp_exponent),
+                    ("--dry-multiplier", o.dry_multiplier), ("--dry-base", o.dry_base), ("--mirostat-lr", o.mirostat_lr),
+                    ("--mirostat-ent", o.mirostat_ent)):
         if not math.isfinite(v) or abs(v) > FLOAT32_MAX:  # llama.cpp reads these as floats (std::stof)
-            raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
-    for flag, v in (("--top-nsigma", o.top_n_sigma), ("--typical", o.typical_p), ("--xtc-probability", o.xtc_probability),
-                    ("--xtc-threshold", o.xtc_threshold), ("--dynatemp-range", o.dynatemp_range),
-                    ("--dynatemp-exp", o.dynatemp_exponent), ("--dry-multiplier", o.dry_multiplier), ("--dry-base", o.dry_base),
-                    ("--mirostat-lr", o.mirostat_lr), ("--mirostat-ent", o.mirostat_ent)):
-        if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
             raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
     check_samplers(o)
     for tid, b in o.logit_bias:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -149,6 +150,14 @@ class SamplingParams:
         return (not self.mirostat and self.samplers == DEFAULT_SAMPLERS and self.top_n_sigma <= 0 and self.typical_p >= 1.0
                 and not self.xtc_on and self.dynatemp_range <= 0)
 
+    @cached_property
+    def dry_heads(self) -> dict[int, list[tuple[int, ...]]]:
+        """dry_breakers as head -> tails, built once per params (thousands of heads on a 150k vocabulary)."""
+        heads: dict[int, list[tuple[int, ...]]] = {}
+        for h, tail in self.dry_breakers:
+            heads.setdefault(h, []).append(tail)
+        return heads
+
     @property
     def xtc_on(self) -> bool:
         return "xtc" in self.samplers and self.xtc_probability > 0 and self.xtc_threshold <= 0.5
@@ -189,11 +198,11 @@ def penalty_window(history: Sequence[int] | None, params: SamplingParams) -> lis
     return list(history[-n:]) if n > 0 else list(history)
 
 
-def _dry_row(row: np.ndarray, history: Sequence[int], params: SamplingParams, brk: dict) -> None:
+def _dry_row(row: np.ndarray, history: Sequence[int], params: SamplingParams) -> None:
     if history:
         n = params.dry_penalty_last_n
         _dry.penalize_row(row, list(history[-n:]) if n > 0 else list(history), params.dry_multiplier,
-                          params.dry_base, params.dry_allowed_length, brk)
+                          params.dry_base, params.dry_allowed_length, params.dry_heads)
 
 
 # -- logit bias and penalties ------------------------------------------------------------------------
@@ -234,16 +243,13 @@ def apply_penalties(logits: torch.Tensor, history, params: SamplingParams) -> to
             rows = [history] * x.shape[0]
         else:
             rows = history
-        brk: dict[int, list[tuple[int, ...]]] = {}
-        for h, tail in params.dry_breakers:
-            brk.setdefault(h, []).append(tail)
         with np.errstate(over="ignore"):  # huge penalties saturate to inf in float32, as in llama.cpp
             for stage in params.samplers:  # penalties and DRY in the chain's order
                 for r in range(x.shape[0]):
                     if stage == "penalties" and params.has_penalties:
                         _penalize_row(x[r], penalty_window(rows[r], params), params)
                     elif stage == "dry" and params.has_dry:
-                        _dry_row(x[r], rows[r], params, brk)
+                        _dry_row(x[r], rows[r], params)
     out = torch.from_numpy(x)
     return out[0] if one else out
 

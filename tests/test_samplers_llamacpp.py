@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import model_path
 from sharpi_core import dry
-from sharpi_core.gguf_file import GGUFFile
 from sharpi_core.sampling import SamplingParams, _chain, apply_penalties, filtered_probs
 from sharpi_core.tokenizer import Tokenizer
+from test_tokenizer import tok as vocab_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = json.loads((ROOT / "tests" / "data" / "llamacpp_samplers.json").read_text())
@@ -25,13 +24,6 @@ _spec = importlib.util.spec_from_file_location("llamacpp_samplers", ROOT / "scri
 _script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_script)
 
-_TOKS: dict[str, Tokenizer] = {}
-
-
-def _tok(name: str) -> Tokenizer:
-    if name not in _TOKS:
-        _TOKS[name] = Tokenizer.from_gguf(GGUFFile(model_path(name)))
-    return _TOKS[name]
 
 
 def _params(c: dict, tok: Tokenizer) -> SamplingParams:
@@ -53,7 +45,7 @@ def _needs(c: dict) -> bool:
 @pytest.mark.parametrize("case", [pytest.param(c, id=c["name"], marks=() if _needs(c) else pytest.mark.slow)
                                   for c in CASES if "steps" not in c])
 def test_chain_matches_llama_cpp(case):
-    tok = _tok(case["model"])
+    tok = vocab_of(case["model"])
     p = _params(case, tok)
     x = torch.from_numpy(_script.synthetic_logits(case["seed"], tok.n_vocab, case["scale"]))
     adj = apply_penalties(x, case["history"], p).numpy()
@@ -94,7 +86,7 @@ def test_xtc_mixture_is_the_coin_of_each_draw():
 def test_dry_breakers_like_llama_cpp():
     """A breaker inside a token's text makes that token a breaker by itself; a token ending in the
     breaker's start heads the tokenized rest."""
-    tok = _tok("smollm2-135m-instruct-q4_1")
+    tok = vocab_of("smollm2-135m-instruct-q4_1")
     b = dry.breakers(tok, ["\n", "mat.\n"])
     heads = {h for h, t in b if t == ()}
     nl = tok.encode("\n", add_special=False)[0]
@@ -150,7 +142,7 @@ def test_mirostat_matches_llama_cpp(case):
     """Mirostat 1 and 2: at each step the candidates llama.cpp keeps for its state mu, which then moves
     with the token llama.cpp picked (fed to ours)."""
     from sharpi_core.sampling import Mirostat
-    tok = _tok(case["model"])
+    tok = vocab_of(case["model"])
     version = 2 if "mirostat_v2" in case["samplers"] else 1
     m = Mirostat(version, case["mirostat_tau"], case["mirostat_eta"], tok.n_vocab)
     for r, step in enumerate(case["steps"]):
