@@ -95,6 +95,10 @@ def run(
     sampling_seq: Annotated[Optional[str], Opt("--sampling-seq", "--sampler-seq", help="the sampler order as letters (default: edskypmxt)")] = None,
     logit_bias: Annotated[list[str], Opt("-l", "--logit-bias", help="TOKEN_ID(+|-)BIAS, repeatable", show_default=False)] = [],
     ignore_eos: Annotated[bool, Opt("--ignore-eos", help="never end at an end-of-generation token (a -inf logit bias on them)")] = False,
+    grammar: Annotated[Optional[str], Opt("--grammar", help="a GBNF grammar the output must follow (llama.cpp's syntax)")] = None,
+    grammar_file: Annotated[Optional[str], Opt("--grammar-file", help="a file holding a GBNF grammar")] = None,
+    json_schema: Annotated[Optional[str], Opt("-j", "--json-schema", help="a JSON schema the output must follow (as a grammar, like llama.cpp's)")] = None,
+    json_schema_file: Annotated[Optional[str], Opt("-jf", "--json-schema-file", help="a file holding a JSON schema")] = None,
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k", help="KV cache type for K: f32, f16, q8_0")] = "f16",
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v", help="KV cache type for V: f32, f16, q8_0")] = "f16",
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="attention computed like llama.cpp's flash attention: on, off, "
@@ -152,7 +156,8 @@ def run(
 
 # flags that exclude each other: one given on the command line wins over the other from SHARPI_ARG_*
 ALTERNATIVES = (("prompt", "file"), ("system_prompt", "system_prompt_file"), ("chat_template", "chat_template_file"),
-                ("model_draft", "draft_lookup"), ("samplers", "sampling_seq"))
+                ("model_draft", "draft_lookup"), ("samplers", "sampling_seq"), ("grammar", "grammar_file"),
+                ("json_schema", "json_schema_file"))
 
 
 def drop_env_alternatives(ctx: typer.Context, opts) -> None:

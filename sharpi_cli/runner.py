@@ -50,6 +50,10 @@ class RunOptions:
     samplers: str | None = None  # --samplers; in validate(), the order as a tuple of names
     sampling_seq: str | None = None
     ignore_eos: bool = False
+    grammar: str | None = None  # --grammar; in run(), the grammar text of whichever flag gave one
+    grammar_file: str | None = None
+    json_schema: str | None = None
+    json_schema_file: str | None = None
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
@@ -146,6 +150,10 @@ def validate(o: RunOptions) -> None:
     check_threads(o.threads)
     if o.prompt is not None and o.file is not None:
         raise UsageError("-p/--prompt and -f/--file are mutually exclusive")
+    given = [f for f, v in (("--grammar", o.grammar), ("--grammar-file", o.grammar_file), ("-j/--json-schema", o.json_schema),
+                            ("-jf/--json-schema-file", o.json_schema_file)) if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"{given[0]} and {given[1]} are mutually exclusive: one grammar at a time")
     if o.model_draft and o.draft_lookup:
         raise UsageError("-md/--model-draft and --draft-lookup are mutually exclusive: pick one draft source")
     if o.spec_draft_n_max < 1:
@@ -311,6 +319,23 @@ def read_prompt(o: RunOptions) -> str | None:
     return process_escapes(text) if o.escape else text
 
 
+def read_grammar(o: RunOptions):
+    """The grammar of --grammar(-file) or -j/--json-schema(-file), parsed before any model loads
+    (sharpi_core.grammar.Grammar), or None."""
+    from sharpi_core.grammar import Grammar
+    from sharpi_core.json_schema import schema_to_grammar
+    text = o.grammar
+    if o.grammar_file is not None:
+        text = read_text(o.grammar_file, "grammar file ")
+    schema = read_text(o.json_schema_file, "JSON schema file ") if o.json_schema_file is not None else o.json_schema
+    if schema is not None:
+        text = schema_to_grammar(schema)
+    if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
+        return None
+    o.grammar = text
+    return Grammar(text)
+
+
 def read_chat_options(o: RunOptions) -> None:
     """-sysf's file becomes the system prompt (one trailing newline dropped, as llama.cpp does), and
     --chat-template(-file) the template itself, checked before any model loads."""
@@ -380,6 +405,7 @@ def run(o: RunOptions) -> int:
     set_threads(o.threads)
     prompt = read_prompt(o)
     read_chat_options(o)
+    grammar = read_grammar(o)
     if o.escape:
         o.reverse_prompt = [process_escapes(r) for r in o.reverse_prompt]
 
@@ -454,10 +480,13 @@ def run(o: RunOptions) -> int:
     if n_ctx > target.model.config.n_ctx_train > 0:  # llama.cpp says so too; positions past it are untrained
         log(f"warning: the model was trained on only {target.model.config.n_ctx_train} context tokens ({n_ctx} asked for)")
     from sharpi_core.threads import ThreadGovernor
+    if grammar is not None:
+        from sharpi_core.grammar import TokenGrammar
+        grammar = TokenGrammar(grammar, tok, int(target.model.config.n_vocab))
     gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
                     spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
                     spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size,
-                    threads=ThreadGovernor.for_this_process() if o.threads == -1 else None)
+                    threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar)
     if o.spec_draft_p_min > 0 and drafter is not None:
         log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
             "the output is no longer an exact sample of the target model")
@@ -506,6 +535,8 @@ def run(o: RunOptions) -> int:
         out.flush()
         if res.stop_reason == "ctx_full":
             log(f"sharpi: the context ({n_ctx} tokens) is full: generation stopped; raise -c/--ctx-size for more")
+        elif res.stop_reason == "grammar":
+            log("sharpi: the grammar allows no further token (and no end of generation): generation stopped")
         print_report(target, res, o.verbose)
     return 130 if res.stop_reason == "interrupted" else 0
 

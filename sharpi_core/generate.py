@@ -29,9 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from .errors import SharpiError
+from .grammar import grammar_need
 from .sampling import Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
 from .speculative import accept_argmax, accept_greedy, accept_sampled
 from .speculative.util import common_prefix
@@ -108,7 +110,7 @@ class SpecStats:
 class GenerationResult:
     tokens: list[int]
     text: str
-    stop_reason: str  # eos | n_predict | ctx_full | stop_string | interrupted
+    stop_reason: str  # eos | n_predict | ctx_full | stop_string | interrupted | grammar (no token allowed)
     timings: Timings
     spec: SpecStats | None = None
 
@@ -132,7 +134,7 @@ def next_proposal_len(n_max: int, proposed: int, accepted: int) -> int:
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
-                 threads=None):
+                 threads=None, grammar=None):
         self.model, self.cache, self.tok, self.params = model, cache, tokenizer, params
         self.threads = threads  # a threads.ThreadGovernor, stepped per decoding step / prompt batch (or None)
         self.rng = torch.Generator().manual_seed(seed)
@@ -161,7 +163,12 @@ class Generator:
             self.notes.append("--mirostat: speculation is off at --temp > 0 (plain sampled decoding)")
         # greedy steps whose arg-max the model takes where its logits are (a GPU: 4 bytes a row come
         # back instead of the logits; SHARPI_DEVICE_ARGMAX=0 turns it off there)
-        self.device_argmax = argmax_on_device(model, params)
+        self.device_argmax = argmax_on_device(model, params) and grammar is None
+        # a grammar (grammar.TokenGrammar) masks what the chain sees after bias, penalties and DRY; its
+        # state follows the picked tokens and starts over at each generate() call
+        self.grammar = grammar
+        self.gstate = grammar.initial() if grammar is not None else None
+        self._need = grammar_need(params) if grammar is not None else None
         self._prefilled = 0
 
     # -- prompt --------------------------------------------------------------------------------
@@ -219,13 +226,48 @@ class Generator:
         return self._sample(out)
 
     def _sample(self, logits: torch.Tensor) -> int:
+        """The next token from the last position's logits [V] (the grammar's state follows it)."""
+        constrain = None
+        if self.grammar is not None:
+            st = self.gstate
+
+            def constrain(x):
+                kept = self.grammar.constrain(x, st, self._need)
+                if kept is None:
+                    raise _Stop("grammar")
+                return kept
         if self.mirostat is not None:
-            return self.mirostat.sample(logits, self.params, self.rng)
-        return sample(logits, self.params, self.rng, self.history)
+            t = self.mirostat.sample(logits, self.params, self.rng, constrain)
+        else:
+            t = sample(logits, self.params, self.rng, self.history, constrain)
+        if self.grammar is not None:
+            self.gstate = self.grammar.advance(self.gstate, t)
+        return t
+
+    def _grammar_rows(self, rows: torch.Tensor, props: list[int]) -> tuple[np.ndarray, int, int]:
+        """The verify rows [R, V] (bias and penalties applied) masked by the grammar, each in the state
+        after the drafts before it -> (masked rows [m, V], m, dead): rows stop after the first draft
+        the grammar (or the chain's top-k) leaves out, whose rejection is certain; `dead` is the first
+        row where no token is allowed (the generation ends there if the drafts before it are
+        accepted), or -1."""
+        x = rows.detach().to("cpu", torch.float32).numpy()
+        st, out, dead = self.gstate, [], -1
+        for i in range(x.shape[0]):
+            kept = self.grammar.constrain(x[i], st, self._need)
+            if kept is None:
+                dead = i
+                break
+            out.append(kept)
+            if i >= len(props) or not (props[i] < kept.shape[0] and kept[props[i]] > -np.inf):
+                break
+            st = self.grammar.advance(st, props[i])
+        return (np.stack(out) if out else np.zeros((0, x.shape[1]), dtype=np.float32)), len(out), dead
 
     def _spec_step(self, t: int, k: int, stats: SpecStats) -> tuple[list[int], int] | None:
         """Draft, verify [t, d1..dk] in one pass, roll back. None = no usable proposal."""
         t0 = time.perf_counter()
+        if self.grammar is not None and hasattr(self.drafter, "constrain_with"):
+            self.drafter.constrain_with(self.grammar, self.gstate)
         props, q = self.drafter.propose(self.history + [t], k)
         props = [int(d) for d in props[:k]]
         stats.draft_ms += (time.perf_counter() - t0) * 1000
@@ -248,7 +290,9 @@ class Generator:
             n, nxt = accept_argmax(props, out.tolist())
         else:
             rows = apply_penalties(out, self._penalty_rows(t, props, out.shape[0]), self.params)
-            if self.params.greedy:
+            if self.grammar is not None:
+                n, nxt = self._verify_grammar(props, q, rows)
+            elif self.params.greedy:
                 n, nxt = accept_greedy(props, rows)
             else:
                 n, nxt = accept_sampled(props, q, filtered_probs(rows, self.params), self.rng, self.p_min)
@@ -265,8 +309,34 @@ class Generator:
             self._k = next_proposal_len(self.n_max, len(props), n)
         stats.target_passes += 1
         stats.verify_passes += 1
-        stats.emitted += n + 1
+        stats.emitted += n + (nxt is not None)
         return props[:n], nxt
+
+    def _verify_grammar(self, props: list[int], q, rows: torch.Tensor) -> tuple[int, int | None]:
+        """accept_greedy / accept_sampled on the grammar-masked rows; the grammar state moves past the
+        accepted drafts and the next token. The next token is None when the grammar allows nothing
+        after the accepted drafts (plain decoding would stop there too)."""
+        masked, m, dead = self._grammar_rows(rows, props)
+        if dead == 0:
+            return 0, None
+        k = min(m, len(props))  # the drafts the masked rows can verify (a cut one is certainly rejected)
+        if self.params.greedy:
+            am = np.argmax(masked, axis=1).tolist()
+            n = 0
+            while n < k and props[n] == am[n]:
+                n += 1
+            nxt = am[n] if n < m else None
+        else:
+            p = filtered_probs(torch.from_numpy(masked), self.params)
+            if dead > 0:  # a bonus row stands in for the dead one: if every draft is accepted, nothing follows
+                p = torch.cat([p, p[:1]])
+            n, nxt = accept_sampled(props[:k], q[:k] if q is not None else None, p, self.rng, self.p_min)
+            if dead > 0 and n == k:
+                nxt = None
+        self.gstate = self.grammar.advance_all(self.gstate, props[:n])
+        if nxt is not None:
+            self.gstate = self.grammar.advance(self.gstate, nxt)
+        return n, nxt
 
     # -- the loop ----------------------------------------------------------------------------------
     def generate(self, prompt_tokens: Sequence[int], n_predict: int = -1, stop_strings: Sequence[str] = (),
@@ -305,6 +375,8 @@ class Generator:
 
         t0 = time.perf_counter()
         self._k = self.n_max
+        if self.grammar is not None:
+            self.gstate = self.grammar.initial()
         logits = self._prefill(list(prompt_tokens))
         timings.prompt_ms = (time.perf_counter() - t0) * 1000
         timings.prompt_n = self._prefilled
@@ -340,6 +412,8 @@ class Generator:
                     accepted, t = step
                     for a in accepted:
                         emit(a)
+                    if t is None:  # the grammar allows nothing after these
+                        raise _Stop("grammar")
                     emit(t)
         except _Stop as s:
             reason = s.reason

@@ -545,9 +545,12 @@ class Mirostat:
         self.mu = self.mu - self.eta * (-np.log2(p[j]) - self.tau)
         return int(idx[j])
 
-    def sample(self, logits: torch.Tensor, params: "SamplingParams", generator: torch.Generator | None) -> int:
-        """One token from logits [V] (bias added here), mu updated."""
+    def sample(self, logits: torch.Tensor, params: "SamplingParams", generator: torch.Generator | None,
+               constrain=None) -> int:
+        """One token from logits [V] (bias added here, then `constrain` as in sample()), mu updated."""
         x = apply_penalties(logits, None, params).detach().to("cpu", torch.float32).reshape(-1).numpy()
+        if constrain is not None:
+            x = constrain(x)
         if params.greedy:
             return int(np.argmax(x))
         idx, p = self.candidates(x, params.temp)
@@ -605,11 +608,13 @@ def draw(weights, generator: torch.Generator | None) -> int:
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
-           history: Sequence[int] | None = None) -> int:
-    """One token from logits [V]: bias and penalties over `history`, then the filter chain and a draw
-    (greedy: exact argmax, no randomness used)."""
+           history: Sequence[int] | None = None, constrain=None) -> int:
+    """One token from logits [V]: bias and penalties over `history`, then `constrain` (a grammar's
+    mask: float32 row -> row), the filter chain and a draw (greedy: exact argmax, no randomness used)."""
     x = apply_penalties(logits, history, params)
     xn = x.detach().to("cpu", torch.float32).reshape(-1).numpy()
+    if constrain is not None:
+        xn = constrain(xn)
     if params.greedy:
         return int(np.argmax(xn))
     idx, p = _row_candidates(xn, params)

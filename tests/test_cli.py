@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -296,6 +297,10 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--chat-template-file", "/no/such/file"), "cannot read chat template file"),
     (("--samplers", "top_k;penalties"), "penalties must come before the other samplers"),
     (("--dry-penalty-last-n", "-2"), "--dry-penalty-last-n"),
+    (("--grammar", "root ::= item"), "grammar: undefined rule 'item'"),
+    (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema are mutually exclusive"),
+    (("--grammar-file", "/no/such/file"), "cannot read grammar file"),
+    (("-j", '{"type": "string", "pattern": "^a"}'), "'pattern' is not supported"),
 ])
 def test_invalid_flags_one_line_exit_2(smol, args, fragment):
     r = sharpi("-m", smol, "-p", "hi", *args)
@@ -545,3 +550,14 @@ def test_mirostat_says_which_flags_it_does_not_use(capsys):
     assert "--repeat-penalty, --dry-multiplier not used with --mirostat" in capsys.readouterr().err
     validate(RunOptions(mirostat=2))
     assert "not used" not in capsys.readouterr().err
+
+
+def test_json_schema_output_is_llama_cpps_with_speculation(smol):
+    case = next(c for c in json.loads((Path(__file__).parent / "data" / "llamacpp_grammar.json").read_text())
+                if c["model"] == SMOL and c["schema"] is not None and c["eos"])
+    r = sharpi("-m", smol, "-p", case["prompt"], "-n", case["n"], "--temp", "0", "-j", json.dumps(case["schema"]),
+               "--draft-lookup", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["text"].encode().hex() == case["output_hex"] and d["stop_reason"] == "eos"
+    json.loads(d["text"])  # the schema's output is JSON

@@ -331,18 +331,24 @@ def martingale_pvalue(params: SamplingParams, prompt: list[int], tokens: list[in
     of freedom. Tokens with small expected counts are pooled per stratum."""
     model = target_model()
     tok, pos, h = model.state_after(prompt)
-    ctx = list(prompt)
+    ctx, steps = list(prompt), []
+    for t in tokens:
+        p = filtered_probs(apply_penalties(model._row(tok, pos, h), ctx, params), params).numpy().astype(np.float64)
+        steps.append((ctx[-1], t, p))
+        ctx.append(t)
+        tok, pos, h = t, pos + 1, _next_hash(h, t)
+    return martingale_test(steps, min_expected)
+
+
+def martingale_test(steps, min_expected=5.0) -> float:
+    """martingale_pvalue's statistic for (stratum, token drawn, its law p [V]) per step."""
     N = np.zeros((V, V))
     E = np.zeros((V, V))
     C = np.zeros((V, V, V))
-    for t in tokens:
-        p = filtered_probs(apply_penalties(model._row(tok, pos, h), ctx, params), params).numpy().astype(np.float64)
-        s = ctx[-1]
+    for s, t, p in steps:
         N[s, t] += 1
         E[s] += p
         C[s] += np.diag(p) - np.outer(p, p)
-        ctx.append(t)
-        tok, pos, h = t, pos + 1, _next_hash(h, t)
     stat, df = 0.0, 0
     for s in range(V):
         if E[s].sum() < min_expected:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..sampling import SamplingParams, apply_penalties, argmax, argmax_on_device, candidates, draw
+from ..grammar import grammar_need
 from .util import common_prefix
 
 LOOKAHEAD = os.environ.get("SHARPI_SPEC_LOOKAHEAD", "1") != "0"
@@ -53,6 +54,7 @@ class DraftModelDrafter:
         self._ahead = None  # a Pending chain queued for the history self.history (see the module's doc)
         self.lookahead_hits = 0
         self._k_max = 0  # the most proposals asked for at once
+        self._grammar = None  # (grammar.TokenGrammar, its state after the history): see constrain_with
 
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
@@ -125,6 +127,27 @@ class DraftModelDrafter:
         self.history.append(guess)
         self.forwards += k + 1
 
+    def constrain_with(self, grammar, state) -> None:
+        """The next proposals follow `grammar` from `state` (the target's grammar state after the history
+        the next propose() gets): drafts the grammar forbids would be rejected for sure. The proposals'
+        q is the masked law they are drawn from, so exactness does not depend on it. (A device chain
+        proposes without it.)"""
+        self._grammar = (grammar, state)
+
+    def _masked(self, x: torch.Tensor, need) -> np.ndarray | None:
+        """Draft logits [W] (bias, penalties applied) masked by the grammar; None: nothing allowed."""
+        tg, st = self._grammar
+        xn = x.detach().to("cpu", torch.float32).numpy()
+        w = min(xn.shape[0], tg.n_vocab)
+        full = np.full(tg.n_vocab, -np.inf, dtype=np.float32)
+        full[:w] = xn[:w]
+        kept = tg.constrain(full, st, need)
+        if kept is None:
+            return None
+        out = np.full(xn.shape[0], -np.inf, dtype=np.float32)
+        out[:w] = kept[:w]
+        return out
+
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         k = min(k, self.cache.capacity - len(history))
         if k <= 0 or not history:
@@ -136,8 +159,14 @@ class DraftModelDrafter:
         logits = self._sync(history)
         tokens: list[int] = []
         qs = None
+        need = grammar_need(self.params) if self._grammar is not None else None
         for i in range(k):
             x = apply_penalties(logits, self.history, self.params)
+            if self._grammar is not None:
+                kept = self._masked(x, need)
+                if kept is None:
+                    break
+                x = torch.from_numpy(kept)
             if self.params.greedy:
                 t = int(argmax(x))
             else:
@@ -147,8 +176,12 @@ class DraftModelDrafter:
                     qs = np.zeros((k, x.shape[-1]), dtype=np.float32)
                 qs[i, idx.numpy()] = p.numpy()
             tokens.append(t)
+            if self._grammar is not None:
+                self._grammar = (self._grammar[0], self._grammar[0].advance(self._grammar[1], t))
             if i + 1 < k:
                 logits = self._feed([t])
+        if qs is not None:
+            qs = qs[: len(tokens)]
         return tokens, (torch.from_numpy(qs) if qs is not None else None)
 
     def rollback(self, n_keep: int) -> None:

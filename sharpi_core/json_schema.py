@@ -1,0 +1,326 @@
+"""JSON Schema -> GBNF grammar (`-j/--json-schema`), producing the language llama.cpp's
+json_schema_to_grammar produces for the same schema (its rules: common/json-schema-to-grammar.cpp),
+so that greedy output matches llama-cli's:
+
+- whitespace between tokens is llama.cpp's `space` (nothing, a space, or one or two newlines and up to
+  20 spaces or tabs), allowed after `{`, `[`, `:` and `,` and before `}` and `]`, not after values;
+- objects list their `properties` in schema order: required ones first, each then optional, optional
+  ones in order (any may be left out); `additionalProperties` (a schema, or true) adds keys that are
+  none of the declared names; an object schema without properties is any object;
+- arrays: `items` (a schema, or a list: a tuple), `prefixItems`, `minItems`, `maxItems`;
+- strings: `minLength`, `maxLength`, `format` date / time / date-time / uuid;
+- `enum`, `const`, `anyOf` / `oneOf`, a list of types, `allOf` of objects, `$ref` into the document
+  (recursion included).
+
+Not supported (refused with one error line, not approximated): `pattern`, integer `minimum` /
+`maximum` and their exclusive forms.
+"""
+from __future__ import annotations
+
+import json
+
+from .errors import UsageError
+
+
+class SchemaError(UsageError):
+    """A grammar or schema that cannot be used (exit 2, like a bad flag value)."""
+
+
+SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
+PRIMITIVES = {
+    "boolean": '("true" | "false")',
+    "decimal-part": "[0-9]{1,16}",
+    "integral-part": "[0] | [1-9] [0-9]{0,15}",
+    "number": '("-"? integral-part) ("." decimal-part)? ([eE] [-+]? integral-part)?',
+    "integer": '("-"? integral-part)',
+    "value": "object | array | string | number | boolean | null",
+    "object": '"{" space ( string ":" space value ("," space string ":" space value)* )? space "}"',
+    "array": '"[" space ( value ("," space value)* )? space "]"',
+    "uuid": '"\\"" [0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12} "\\""',
+    "char": '[^"\\\\\\x7F\\x00-\\x1F] | [\\\\] (["\\\\bfnrt] | "u" [0-9a-fA-F]{4})',
+    "string": '"\\"" char* "\\""',
+    "null": '"null"',
+    "date": '[0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [1-2] [0-9] | "3" [0-1] )',
+    "time": '([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{3} )? '
+            '( "Z" | ( "+" | "-" ) ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
+    "date-time": 'date "T" time',
+    "date-string": '"\\"" date "\\""',
+    "time-string": '"\\"" time "\\""',
+    "date-time-string": '"\\"" date-time "\\""',
+}
+_DEPS = {"number": ("integral-part", "decimal-part"), "integer": ("integral-part",),
+         "value": ("object", "array", "string", "number", "boolean", "null"), "object": ("string", "value"),
+         "array": ("value",), "string": ("char",), "date-time": ("date", "time"), "date-string": ("date",),
+         "time-string": ("time",), "date-time-string": ("date-time",)}
+_FORMATS = {"date": "date-string", "time": "time-string", "date-time": "date-time-string", "uuid": "uuid"}
+
+
+def literal(text: str) -> str:
+    """A GBNF literal matching `text` exactly."""
+    return '"' + "".join({"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}.get(c, c) for c in text) + '"'
+
+
+def _class_char(c: str) -> str:
+    return {"\r": "\\r", "\n": "\\n", '"': '\\"', "]": "\\]", "-": "\\-", "\\": "\\\\", "^": "\\x5E"}.get(c, c)
+
+
+def repetition(item: str, lo: int, hi: int | None, sep: str = "") -> str:
+    """item repeated lo..hi times (hi None: unbounded), `sep` between items."""
+    if hi == 0:
+        return ""
+    if lo == 0 and hi == 1:
+        return f"{item}?"
+    if not sep:
+        if hi is None:
+            return f"{item}+" if lo == 1 else f"{item}*" if lo == 0 else f"{item}{{{lo},}}"
+        return f"{item}{{{lo},{hi}}}"
+    rest = repetition(f"({sep} {item})", max(lo - 1, 0), None if hi is None else hi - 1)
+    out = f"{item} {rest}"
+    return f"({out})?" if lo == 0 else out
+
+
+class _Converter:
+    def __init__(self, root):
+        self.root = root
+        self.rules: dict[str, str] = {"space": SPACE}
+        self.refs: dict[str, str] = {}
+        self.n = 0
+
+    def add(self, body: str, name: str | None = None) -> str:
+        if name is None:
+            name = f"r{self.n}"
+            self.n += 1
+        self.rules[name] = body
+        return name
+
+    def prim(self, name: str) -> str:
+        if name not in self.rules:
+            self.rules[name] = PRIMITIVES[name]
+            for d in _DEPS.get(name, ()):
+                self.prim(d)
+        return name
+
+    def ref(self, ref: str, path: str) -> str:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise SchemaError(f"-j/--json-schema: {path}: only $ref into the same document ('#/...') is supported")
+        if ref not in self.refs:
+            self.refs[ref] = name = f"ref{len(self.refs)}"
+            node = self.root
+            for part in [p for p in ref[1:].split("/") if p]:
+                part = part.replace("~1", "/").replace("~0", "~")
+                if isinstance(node, dict) and part in node:
+                    node = node[part]
+                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                    node = node[int(part)]
+                else:
+                    raise SchemaError(f"-j/--json-schema: {path}: $ref {ref} points nowhere")
+            self.rules[name] = ""  # reserved: a recursive reference resolves to this rule
+            self.rules[name] = self.visit(node, ref)
+        return self.refs[ref]
+
+    def visit(self, s, path: str) -> str:
+        """The GBNF expression for schema s (a rule name or a parenthesized body)."""
+        if s is True or s == {}:
+            return self.prim("value")
+        if not isinstance(s, dict):
+            raise SchemaError(f"-j/--json-schema: {path}: a schema must be an object")
+        for key in ("pattern",):
+            if key in s:
+                raise SchemaError(f"-j/--json-schema: {path}: '{key}' is not supported")
+        if "$ref" in s:
+            return self.ref(s["$ref"], path)
+        for key in ("oneOf", "anyOf"):
+            if key in s:
+                alts = s[key]
+                if not isinstance(alts, list) or not alts:
+                    raise SchemaError(f"-j/--json-schema: {path}/{key}: must be a non-empty array of schemas")
+                return self.add(" | ".join(self.visit(a, f"{path}/{key}/{i}") for i, a in enumerate(alts)))
+        t = s.get("type")
+        if isinstance(t, list):
+            if not t:
+                raise SchemaError(f"-j/--json-schema: {path}: type must not be empty")
+            return self.add(" | ".join(self.visit({**s, "type": x}, f"{path}/type/{i}") for i, x in enumerate(t)))
+        if "const" in s:
+            return self.add(literal(json.dumps(s["const"], ensure_ascii=False, separators=(",", ":"))))
+        if "enum" in s:
+            vals = s["enum"]
+            if not isinstance(vals, list) or not vals:
+                raise SchemaError(f"-j/--json-schema: {path}: enum must be a non-empty array")
+            return self.add("(" + " | ".join(literal(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
+                                              for v in vals) + ")")
+        if t is not None and not isinstance(t, str):
+            raise SchemaError(f"-j/--json-schema: {path}: type must be a string or an array of strings")
+        has_props = "properties" in s or ("additionalProperties" in s and s["additionalProperties"] is not True)
+        if t is None:
+            if has_props:
+                return self.object(s, path)
+            if "allOf" in s:
+                return self.all_of(s["allOf"], path)
+            if "items" in s or "prefixItems" in s:
+                return self.array(s, path)
+            if any(k in s for k in ("minLength", "maxLength", "format")):
+                return self.string(s, path)
+            return self.prim("value")
+        if t == "object":
+            if not has_props and "allOf" in s:
+                return self.all_of(s["allOf"], path)
+            return self.object(s, path)
+        if t == "string":
+            if "allOf" in s:
+                return self.all_of(s["allOf"], path)
+            return self.string(s, path)
+        if t == "array":
+            return self.array(s, path)
+        if t == "integer":
+            for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+                if key in s:
+                    raise SchemaError(f"-j/--json-schema: {path}: '{key}' on integers is not supported")
+            return self.prim("integer")
+        if t in ("number", "boolean", "null"):
+            return self.prim(t)
+        raise SchemaError(f"-j/--json-schema: {path}: unknown type '{t}'")
+
+    @staticmethod
+    def count(s: dict, key: str, default: int, path: str) -> int:
+        v = s.get(key, default)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise SchemaError(f"-j/--json-schema: {path}: {key} must be a non-negative integer")
+        return v
+
+    def string(self, s: dict, path: str) -> str:
+        fmt = s.get("format")
+        if fmt in _FORMATS:
+            return self.prim(_FORMATS[fmt])
+        lo, hi = self.count(s, "minLength", 0, path), s.get("maxLength")
+        if lo > 0 or hi is not None:
+            hi = None if hi is None else self.count(s, "maxLength", 0, path)
+            return self.add(f'"\\"" {repetition(self.prim("char"), lo, hi)} "\\""')
+        return self.prim("string")
+
+    def array(self, s: dict, path: str) -> str:
+        key = "items" if "items" in s else "prefixItems" if "prefixItems" in s else None
+        items = s.get(key) if key else None
+        if isinstance(items, list):
+            body = ' "," space '.join(self.visit(x, f"{path}/{key}/{i}") for i, x in enumerate(items))
+            return self.add(f'"[" space {body} space "]"')
+        lo, hi = self.count(s, "minItems", 0, path), s.get("maxItems")
+        hi = None if hi is None else self.count(s, "maxItems", 0, path)
+        if (items is None or items is True or items == {}) and lo == 0 and hi is None:
+            return self.prim("array")
+        item = self.visit(items if items is not None else {}, f"{path}/{key or 'items'}")
+        return self.add(f'"[" space {repetition(item, lo, hi, chr(34) + "," + chr(34) + " space")} space "]"')
+
+    def not_strings(self, names: list[str]) -> str:
+        """A JSON string that is none of `names` (llama.cpp's _not_strings, its trie walk: a key that is a
+        proper prefix of a name is left out too)."""
+        trie: dict = {}
+        for n in names:
+            node = trie
+            for c in n:
+                node = node.setdefault(c, {})
+            node[None] = True
+        char = self.prim("char")
+
+        def walk(node: dict) -> str:
+            alts, rejects = [], ""
+            for c, child in node.items():
+                if c is None:
+                    continue
+                rejects += c
+                sub = {k: v for k, v in child.items() if k is not None}
+                alts.append(f"[{_class_char(c)}] ({walk(child)})" if sub else f"[{_class_char(c)}] {char}+")
+            if alts:
+                alts.append(f'[^"{"".join(_class_char(c) for c in rejects)}] {char}*')
+            return " | ".join(alts)
+
+        return f'["] ( {walk(trie)} ){"" if None in trie else "?"} ["]'
+
+    def object(self, s: dict, path: str, props: list | None = None, required: set | None = None) -> str:
+        if props is None:
+            p = s.get("properties", {})
+            if not isinstance(p, dict):
+                raise SchemaError(f"-j/--json-schema: {path}: properties must be an object")
+            req = s.get("required", [])
+            required = {r for r in req if isinstance(r, str)} if isinstance(req, list) else set()
+            props = list(p.items())
+            extra = s.get("additionalProperties", None if "properties" in s else True)
+            if extra is not None and extra is not False and not isinstance(extra, (bool, dict)):
+                raise SchemaError(f"-j/--json-schema: {path}: additionalProperties must be a boolean or a schema")
+            if not props and (extra is True or extra == {}):
+                return self.prim("object")
+        else:
+            extra = None
+        kv: dict[str, str] = {}
+        req, opt = [], []
+        for name, sub in props:
+            value = self.visit(sub, f"{path}/properties/{name}")
+            kv[name] = self.add(f'{literal(json.dumps(name, ensure_ascii=False))} space ":" space {value}')
+            (req if name in required else opt).append(name)
+        if extra is not None and extra is not False:
+            value = self.prim("value") if extra is True or extra == {} else self.visit(extra, f"{path}/additionalProperties")
+            key = self.prim("string") if not kv else self.add(self.not_strings(list(kv)))
+            kv["*"] = self.add(f'{key} ":" space {value}')
+            opt.append("*")
+        if not req and not opt:
+            return self.add('"{" space "}"')
+        body = '"{" space ' + ' "," space '.join(kv[n] for n in req)
+        if opt:
+            def chain(ks: list[str], first_optional: bool) -> str:
+                k = ks[0]
+                comma = f'( "," space {kv[k]} )'
+                out = comma + ("*" if k == "*" else "?") if first_optional else kv[k] + (f" {comma}*" if k == "*" else "")
+                if len(ks) > 1:
+                    out += " " + self.add(chain(ks[1:], True))
+                return out
+            alts = " | ".join(chain(opt[i:], False) for i in range(len(opt)))
+            body += f' ( "," space ( {alts} ) )?' if req else f" ( {alts} )?"
+        return self.add(body + ' space "}"')
+
+    def all_of(self, parts, path: str) -> str:
+        if not isinstance(parts, list) or not parts:
+            raise SchemaError(f"-j/--json-schema: {path}/allOf: must be a non-empty array of schemas")
+        props: list = []
+        required: set = set()
+        enums: dict[str, int] = {}
+
+        def component(c, is_required: bool) -> None:
+            if isinstance(c, dict) and "$ref" in c:
+                node = self.root
+                for part in [p for p in str(c["$ref"])[1:].split("/") if p]:
+                    node = node.get(part, {}) if isinstance(node, dict) else {}
+                component(node, is_required)
+            elif isinstance(c, dict) and "enum" in c and isinstance(c["enum"], list):
+                for v in c["enum"]:
+                    lit = literal(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
+                    enums[lit] = enums.get(lit, 0) + 1
+            elif isinstance(c, dict) and ("properties" in c or c.get("type") == "object"):
+                for name, sub in (c.get("properties") or {}).items():
+                    props.append((name, sub))
+                    if is_required:
+                        required.add(name)
+
+        for c in parts:
+            if isinstance(c, dict) and "anyOf" in c:
+                for alt in c["anyOf"]:
+                    component(alt, False)
+            else:
+                component(c, True)
+        both = [lit for lit, n in enums.items() if n == len(parts)]
+        if both:
+            return self.add("(" + " | ".join(both) + ")")
+        return self.object({}, path, props, required)
+
+
+def schema_to_grammar(schema: str | dict) -> str:
+    """GBNF text for a JSON schema (a dict, or its JSON text)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise SchemaError(f"-j/--json-schema: not JSON: {e}") from None
+    c = _Converter(schema)
+    top = c.visit(schema, "#")
+    c.rules["root"] = top
+    return "".join(f"{name} ::= {body}\n" for name, body in c.rules.items())

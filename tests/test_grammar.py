@@ -1,0 +1,302 @@
+"""Grammars (--grammar, -j/--json-schema): the parser and automaton, llama.cpp's greedy output under
+grammars on the real models (tests/data/llamacpp_grammar.json, scripts/llamacpp_grammar.py), speculative
+decoding under a grammar (greedy: the plain output; sampled: the masked target's law)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import SMOL, loaded
+from sharpi_core.errors import UsageError
+import sharpi_core.generate as generate_mod
+from sharpi_core.generate import Generator
+from sharpi_core.grammar import Grammar, GrammarError, TokenGrammar, decode_utf8, grammar_need
+from sharpi_core.json_schema import SchemaError, schema_to_grammar
+from sharpi_core.sampling import SamplingParams, apply_penalties, draw, filtered_probs
+from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
+from test_generate import (GREEDY, GREEDY_PEN, PROMPT, SAMPLED, SAMPLED_EXT, SAMPLED_PEN, V, drafter_for, make,
+                           martingale_test, target_model)
+from toy import ToyTokenizer, _next_hash
+
+CASES = json.loads((Path(__file__).parent / "data" / "llamacpp_grammar.json").read_text())
+
+
+def walk(g: Grammar, text: str) -> int:
+    """The automaton's state after `text` (-1: not a prefix of a sentence)."""
+    s = g.start
+    for c in text:
+        s = g.step(s, ord(c))
+        if s < 0:
+            break
+    return s
+
+
+def accepts(g: Grammar, text: str) -> bool:
+    """Whether `text` is a whole sentence of g."""
+    return g.complete(walk(g, text))
+
+
+def prefix_ok(g: Grammar, text: str) -> bool:
+    return walk(g, text) >= 0
+
+
+# -- the parser and the automaton --------------------------------------------------------------------------
+def test_syntax_and_language():
+    g = Grammar(r'''
+root ::= greet (", " name){1,3} "!"? end  # a comment
+greet ::= "hi" | "hello"
+name ::= [A-Z] [a-z]* | "\x41\u00e9"
+end ::= ( "\n" ( [^\n\x00-\x1F] . )* )?
+''')
+    assert accepts(g, "hi, Bob") and accepts(g, "hello, Bob, Al, Ed!") and accepts(g, "hi, Aé")
+    assert accepts(g, "hi, Bob!\nxy") and accepts(g, "hi, Bobzz")
+    assert not accepts(g, "hi") and not accepts(g, "hi, Bob, A, B, C") and not accepts(g, "hi, bob")
+    assert not accepts(g, "hi, Bob!\nx")  # pairs of characters after the newline
+    assert prefix_ok(g, "hello, B") and not prefix_ok(g, "hey")
+
+
+def test_repetition_bounds_match_their_definition():
+    g = Grammar('root ::= "a"{2,4} "b"{3} "c"{1,} "d"?')
+    for na in range(6):
+        for nc in range(3):
+            for nd in range(3):
+                text = "a" * na + "bbb" + "c" * nc + "d" * nd
+                assert accepts(g, text) == (2 <= na <= 4 and nc >= 1 and nd <= 1), text
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("root ::= foo", "undefined rule 'foo'"),
+    ("foo ::= \"a\"", "no 'root' rule"),
+    ("root ::= root \"a\" | \"b\"", "left recursion in rule 'root'"),
+    ("root ::= x \"a\"\nx ::= y? root\ny ::= \"b\"", "left recursion"),
+    ("root ::= \"a", "end of input"),
+    ("root ::= [a-", "end of input"),
+    ("root ::= \"\\q\"", "unknown escape"),
+    ("root ::= \"a\"{3,1}", "maximum is below the minimum"),
+    ("root ::= \"a\"{2001}", "exceed the limit"),
+    ("root ::= <think>", "token references"),
+    ("root := \"a\"", "expecting ::="),
+    ("root ::= \"a\" )", "expecting a newline"),
+])
+def test_bad_grammars_are_one_error(text, fragment):
+    with pytest.raises(GrammarError, match=None) as e:
+        Grammar(text)
+    assert fragment in str(e.value) and isinstance(e.value, UsageError)
+
+
+def test_decode_utf8_is_llama_cpps():
+    assert decode_utf8("é".encode()) == ([0xE9], 0xE9, 0)
+    cps, v, n = decode_utf8("aé".encode()[:2])  # ends inside é
+    assert cps == [ord("a")] and n == 1 and v == 0xC3 & 0x1F
+    assert decode_utf8(b"\xa9", v, n)[0] == [0xE9]
+    assert decode_utf8(b"\x80abc")[2] == -1  # a continuation byte first: invalid
+    assert decode_utf8(b"a", 0x3, 1)[2] == -1  # a character left unfinished
+
+
+# -- tokens -------------------------------------------------------------------------------------------------
+class ByteTok:
+    """Tokens 0..255 are single bytes, 256 is the end of generation."""
+    n_vocab = 257
+    eog_ids = frozenset({256})
+
+    def token_bytes(self, tid, special=True):
+        return bytes([tid]) if tid < 256 else b""
+
+
+def test_split_characters_and_the_end_token():
+    tg = TokenGrammar(Grammar('root ::= [ぁ-ゟ]+ "."'), ByteTok(), 257)
+    st = tg.initial()
+    assert not tg.allows(st, 256) and not tg.allows(st, ord("."))
+    b = "の".encode()
+    assert tg.allows(st, b[0]) and not tg.allows(st, 0xE4)  # a lead byte whose characters are not hiragana
+    st = tg.advance(st, b[0])
+    assert tg.allows(st, b[1]) and not tg.allows(st, ord("a"))
+    st = tg.advance_all(st, b[1:] + b".")
+    assert tg.allows(st, 256) and not tg.allows(st, ord("a"))
+    m = tg.mask(st)
+    assert m.sum() == 1 and m[256]
+
+
+@pytest.mark.parametrize("need", [1, 3, None])
+def test_constrain_keeps_the_best_allowed_tokens(need):
+    rng = np.random.default_rng(5)
+    tg = TokenGrammar(Grammar('root ::= [a-m] [0-9]'), ByteTok(), 257)
+    for st in (tg.initial(), tg.advance(tg.initial(), ord("c"))):
+        for _ in range(20):
+            x = rng.standard_normal(257).astype(np.float32)
+            x[rng.integers(0, 257, 40)] = 1.0  # ties
+            out = tg.constrain(x, st, need)
+            mask = tg.mask(st)
+            allowed = np.flatnonzero(mask)
+            order = allowed[np.lexsort((allowed, -x[allowed]))]
+            want = order if need is None else order[:need]
+            assert sorted(np.flatnonzero(out > -np.inf).tolist()) == sorted(want.tolist())
+            assert np.array_equal(out[want], x[want])
+
+
+def test_grammar_need_follows_the_chain():
+    assert grammar_need(SamplingParams(temp=0)) == 1
+    assert grammar_need(SamplingParams(temp=0.8, top_k=40)) == 40
+    assert grammar_need(SamplingParams(temp=0.8, top_k=0)) is None
+    assert grammar_need(SamplingParams(temp=0.8, top_k=40, top_n_sigma=1.0)) is None
+    assert grammar_need(SamplingParams(temp=0.8, top_k=40, samplers=("top_p", "top_k", "temperature"))) is None
+    assert grammar_need(SamplingParams(temp=0.8, mirostat=2)) is None
+
+
+# -- JSON schemas -------------------------------------------------------------------------------------------
+def test_schema_languages():
+    g = Grammar(schema_to_grammar({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", 2]},
+                                   "c": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2}},
+                                   "required": ["b"]}))
+    assert accepts(g, '{"b":"x"}') and accepts(g, '{ "b": 2, "a": -12, "c": [true, false] }')
+    assert accepts(g, '{"b":2,"c":[true]}') and accepts(g, '{\n  "b": 2\n}')
+    assert not accepts(g, '{"a":1,"b":2}')  # required properties come first, in schema order
+    assert not accepts(g, '{"b":3}') and not accepts(g, '{"b":2,"c":[]}') and not accepts(g, '{"b":2,"c":[true,true,true]}')
+    assert not accepts(g, '{"b":2 ,"a":1}') and not accepts(g, '{"b":2,"a":01}')
+    g = Grammar(schema_to_grammar({"type": "object", "properties": {"id": {"type": "integer"}},
+                                   "additionalProperties": {"type": "string"}}))
+    assert accepts(g, '{"id":1,"idx":"s","n":"t"}') and accepts(g, '{"x":"y"}') and accepts(g, "{}")
+    assert not accepts(g, '{"idx":1}') and not accepts(g, '{"x":"y","id":1}')
+    assert not accepts(g, '{"x":"y","id":"z"}')  # a declared key is not an additional one
+    g = Grammar(schema_to_grammar({"type": "string", "minLength": 2, "maxLength": 3}))
+    assert [accepts(g, '"' + "a" * n + '"') for n in range(5)] == [False, False, True, True, False]
+    g = Grammar(schema_to_grammar({"$defs": {"n": {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#/$defs/n"},
+                                                                                                     {"type": "null"}]}},
+                                               "required": ["next"]}}, "$ref": "#/$defs/n"}))
+    assert accepts(g, '{"next":{"next":null}}') and not accepts(g, '{"next":{}}')
+
+
+@pytest.mark.parametrize("schema,fragment", [
+    ('{"type": "string", "pattern": "^a+$"}', "'pattern' is not supported"),
+    ('{"type": "integer", "minimum": 3}', "'minimum' on integers is not supported"),
+    ('{"type": "frobnicate"}', "unknown type"),
+    ('{"$ref": "#/$defs/none"}', "points nowhere"),
+    ('{"type": ', "not JSON"),
+])
+def test_bad_schemas_are_one_error(schema, fragment):
+    with pytest.raises(SchemaError) as e:
+        schema_to_grammar(schema)
+    assert fragment in str(e.value)
+
+
+# -- llama.cpp's output under grammars, on the real models ---------------------------------------------------
+def _case_param(c):
+    marks = () if c["model"] == SMOL else (pytest.mark.slow,)
+    return pytest.param(c, id=c["name"], marks=marks)
+
+
+def generate(model, tok, case, drafter=None, params=SamplingParams(temp=0)):
+    text = case["grammar"] if case["grammar"] is not None else schema_to_grammar(case["schema"])
+    tg = TokenGrammar(Grammar(text), tok, int(model.config.n_vocab))
+    gen = Generator(model, model.new_cache(512), tok, params, drafter=drafter, spec_n_max=4, grammar=tg)
+    return gen.generate(tok.encode(case["prompt"]), n_predict=case["n"])
+
+
+@pytest.mark.parametrize("case", [_case_param(c) for c in sorted(CASES, key=lambda c: c["model"] != SMOL)])
+def test_greedy_output_is_llama_cpps(case):
+    model, tok = loaded(case["model"])
+    res = generate(model, tok, case)
+    assert b"".join(tok.token_bytes(t, special=False) for t in res.tokens).hex() == case["output_hex"]
+    assert (res.stop_reason == "eos") == case["eos"]
+    if not case["eos"]:
+        assert len(res.tokens) == case["n"]
+    if case["model"] == SMOL:  # speculation under the grammar: the same tokens
+        spec = generate(model, tok, case, LookupDrafter(3, 2))
+        assert spec.tokens == res.tokens
+        # the model drafting for itself, under the grammar too: every proposal is the target's pick
+        d = DraftModelDrafter(model, model.new_cache(512), SamplingParams(temp=0))
+        spec = generate(model, tok, case, d)
+        assert spec.tokens == res.tokens and spec.stop_reason == res.stop_reason
+        assert spec.spec.accepted == spec.spec.drafted > 0
+
+
+# -- the generator on toy models ------------------------------------------------------------------------------
+TOY_GRAMMAR = 'root ::= ( [abc] [defgh] | "h" [a-e] | "g" )+'
+
+
+def toy_grammar(eog=()):
+    return TokenGrammar(Grammar(TOY_GRAMMAR), ToyTokenizer(V, eog=eog), V)
+
+
+def toy_allowed(tg, prompt_free_tokens):
+    st = tg.initial()
+    for t in prompt_free_tokens:
+        assert tg.allows(st, t), prompt_free_tokens
+        st = tg.advance(st, t)
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup", "same"])
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["greedy", "penalties"])
+def test_greedy_speculation_under_a_grammar_is_plain_greedy(kind, params):
+    plain, _ = make(params, grammar=toy_grammar())
+    ref = plain.generate(PROMPT, n_predict=60)
+    gen, _ = make(params, drafter_for(kind, params, target_model()), spec_n_max=4, grammar=toy_grammar())
+    res = gen.generate(PROMPT, n_predict=60)
+    assert res.tokens == ref.tokens
+    toy_allowed(toy_grammar(), ref.tokens)
+    free, _ = make(params)
+    assert free.generate(PROMPT, n_predict=60).tokens != ref.tokens  # the grammar changes the chain
+    if kind == "same":  # a draft model proposes under the grammar too: the target itself is always right
+        assert res.spec.accepted == res.spec.drafted > 0
+
+
+@pytest.mark.parametrize("kind", [None, "model", "lookup"])
+def test_a_finished_grammar_stops_the_generation(kind):
+    tg = TokenGrammar(Grammar('root ::= "a" [b-h] [b-h]'), ToyTokenizer(V), V)
+    gen, _ = make(GREEDY, drafter_for(kind, GREEDY, target_model()) if kind else None, grammar=tg)
+    res = gen.generate(PROMPT, n_predict=20)
+    assert res.stop_reason == "grammar" and len(res.tokens) == 3 and res.tokens[0] == 0
+    tg = TokenGrammar(Grammar('root ::= "a" [b-g] [b-g]'), ToyTokenizer(V, eog=(7,)), V)
+    gen, _ = make(SAMPLED, drafter_for(kind, SAMPLED, target_model()) if kind else None, eog=(7,), grammar=tg)
+    res = gen.generate(PROMPT, n_predict=20)
+    assert res.stop_reason == "eos" and len(res.tokens) == 3  # the end token is all that is left
+
+
+def martingale_pvalue_grammar(params, tokens, tg, min_expected=5.0) -> float:
+    """test_generate.martingale_pvalue with each token's law the grammar-masked chain."""
+    model = target_model()
+    tok, pos, h = model.state_after(PROMPT)
+    ctx, st, steps = list(PROMPT), tg.initial(), []
+    need = grammar_need(params)
+    for t in tokens:
+        x = apply_penalties(model._row(tok, pos, h), ctx, params).numpy().astype(np.float32)
+        p = filtered_probs(torch.from_numpy(tg.constrain(x, st, need)), params).numpy().astype(np.float64)
+        assert p[t] > 0
+        steps.append((ctx[-1], t, p))
+        ctx.append(t)
+        st = tg.advance(st, t)
+        tok, pos, h = t, pos + 1, _next_hash(h, t)
+    return martingale_test(steps, min_expected)
+
+
+@pytest.mark.parametrize("kind,params", [(None, SAMPLED_PEN), ("model", SAMPLED_PEN), ("lookup", SAMPLED),
+                                         ("model", SAMPLED_EXT)],
+                         ids=["plain", "model-k4", "lookup-k4", "model-k4-whole-row-chain"])
+def test_sampled_generation_under_a_grammar_follows_the_masked_target(kind, params):
+    n = 2000
+    drafter = drafter_for(kind, params, target_model(), n_ctx=n + 64, seed=41) if kind else None
+    gen, _ = make(params, drafter, n_ctx=n + 64, spec_n_max=4, seed=40, grammar=toy_grammar())
+    res = gen.generate(PROMPT, n_predict=n)
+    assert len(res.tokens) == n
+    if kind:
+        assert res.spec.verify_passes > n // 10 and 0 < res.spec.accepted < res.spec.drafted
+    assert martingale_pvalue_grammar(params, res.tokens, toy_grammar()) > 0.001
+
+
+def test_wrong_acceptance_under_a_grammar_fails_the_test(monkeypatch):
+    # accepting every draft the grammar allows (p > 0) keeps the output grammatical but not the law
+    def accept_allowed(draft, q, p, g, p_min=0.0):
+        for i, d in enumerate(draft):
+            if not p[i, d] > 0:
+                return i, draw(p[i], g)
+        return len(draft), draw(p[len(draft)], g)
+    monkeypatch.setattr(generate_mod, "accept_sampled", accept_allowed)
+    n = 2000
+    gen, _ = make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN, target_model(), n_ctx=n + 64, seed=41), n_ctx=n + 64,
+                  spec_n_max=4, seed=40, grammar=toy_grammar())
+    tokens = gen.generate(PROMPT, n_predict=n).tokens
+    assert martingale_pvalue_grammar(SAMPLED_PEN, tokens, toy_grammar()) < 1e-6
