@@ -17,6 +17,10 @@ At temp <= 0 the output equals plain greedy decoding token for token (given equa
 temp > 0 it is an exact sample of the same distribution (Leviathan/Chen acceptance), unless
 spec_p_min > 0 (opt-in looser acceptance).
 
+With a grammar (grammar.TokenGrammar) every pick is masked in the grammar's state after the tokens
+before it: plain steps, and each verify row after its drafts (a draft model proposes under the grammar
+too); the law is the chain on the masked logits, so speculation stays exact with it.
+
 Environment switches: SHARPI_SPEC_BATCH_VERIFY=0 verifies the same proposals with k+1 single-token
 forwards (same output; isolates batched-forward numerics); SHARPI_SPEC_SAMPLE=0 turns speculation
 off at temp > 0 (recorded in `Generator.notes`); SHARPI_SPEC_ADAPTIVE=0 proposes n_max tokens at
