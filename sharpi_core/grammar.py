@@ -533,12 +533,6 @@ class TokenGrammar:
                 self._first.pop(next(iter(self._first)))
         return f
 
-    def best(self, x: np.ndarray, st: State) -> int | None:
-        """The arg-max of logits x [V] over the allowed tokens (lowest id on ties); None when no allowed
-        token has a finite logit."""
-        kept = self.constrain(x, st, 1)
-        return None if kept is None else int(np.argmax(kept))
-
     def constrain(self, x: np.ndarray, st: State, need: int | None) -> np.ndarray | None:
         """Logits x [V] float32 with every token the grammar does not allow at -inf; with `need`, only
         the `need` best allowed tokens (by logit, lowest ids first on ties) keep their logits, which is
