@@ -50,7 +50,7 @@ class RunOptions:
     samplers: str | None = None  # --samplers; in validate(), the order as a tuple of names
     sampling_seq: str | None = None
     ignore_eos: bool = False
-    grammar: str | None = None  # --grammar; in run(), the grammar text of whichever flag gave one
+    grammar: str | None = None
     grammar_file: str | None = None
     json_schema: str | None = None
     json_schema_file: str | None = None
@@ -332,7 +332,6 @@ def read_grammar(o: RunOptions):
         text = schema_to_grammar(schema)
     if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
         return None
-    o.grammar = text
     return Grammar(text)
 
 

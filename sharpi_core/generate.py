@@ -317,7 +317,7 @@ class Generator:
         return props[:n], nxt
 
     def _verify_grammar(self, props: list[int], q, rows: torch.Tensor) -> tuple[int, int | None]:
-        """accept_greedy / accept_sampled on the grammar-masked rows; the grammar state moves past the
+        """accept_argmax / accept_sampled on the grammar-masked rows; the grammar state moves past the
         accepted drafts and the next token. The next token is None when the grammar allows nothing
         after the accepted drafts (plain decoding would stop there too)."""
         masked, m, dead = self._grammar_rows(rows, props)
@@ -325,11 +325,8 @@ class Generator:
             return 0, None
         k = min(m, len(props))  # the drafts the masked rows can verify (a cut one is certainly rejected)
         if self.params.greedy:
-            am = np.argmax(masked, axis=1).tolist()
-            n = 0
-            while n < k and props[n] == am[n]:
-                n += 1
-            nxt = am[n] if n < m else None
+            # the None stands for the dead row: reached only when every draft before it matched
+            n, nxt = accept_argmax(props[:k], np.argmax(masked, axis=1).tolist() + [None])
         else:
             p = filtered_probs(torch.from_numpy(masked), self.params)
             if dead > 0:  # a bonus row stands in for the dead one: if every draft is accepted, nothing follows

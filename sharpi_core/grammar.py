@@ -534,23 +534,25 @@ class TokenGrammar:
         return f
 
     def constrain(self, x: np.ndarray, st: State, need: int | None) -> np.ndarray | None:
-        """Logits x [V] float32 with every token the grammar does not allow at -inf; with `need`, only
+        """Logits x [W] float32 with every token the grammar does not allow at -inf; with `need`, only
         the `need` best allowed tokens (by logit, lowest ids first on ties) keep their logits, which is
         all a greedy pick (need 1) or a chain starting with top-k (need k) looks at. None when no
-        allowed token has a finite logit."""
+        allowed token has a finite logit. W may differ from the vocabulary's size (a draft model's
+        output layer cut to its first ids, or a few ids wider): ids past the vocabulary never match."""
         from .sampling import _topk_sorted
 
         V = x.shape[0]
         out = np.full(V, -np.inf, dtype=np.float32)
         if need == 1:
             t = int(np.argmax(x))
-            if x[t] > -np.inf and self.allows(st, t):
+            if x[t] > -np.inf and t < self.n_vocab and self.allows(st, t):
                 out[t] = x[t]
                 return out
         m = max(64, 4 * need) if need is not None else V
         while need is not None and need < V and st not in self._masks and m < V:
             idx = _topk_sorted(x, m)
-            cand = idx if st[2] else idx[self._prefilter(st[0])[idx]]
+            cand = idx[idx < self.n_vocab]
+            cand = cand if st[2] else cand[self._prefilter(st[0])[cand]]
             ok = np.array([t for t in cand.tolist() if self.allows(st, t)], dtype=np.int64)
             vals = x[ok]
             if ok.shape[0] >= need and vals[np.argsort(-vals, kind="stable")[need - 1]] > x[idx[-1]]:
@@ -561,7 +563,9 @@ class TokenGrammar:
                 out[sel] = x[sel]
                 return out
             m *= 16
-        mask = self.mask(st)
+        mask = np.zeros(V, dtype=bool)
+        w = min(V, self.n_vocab)
+        mask[:w] = self.mask(st)[:w]
         if not (mask & (x > -np.inf)).any():
             return None
         if need is not None and need < int(mask.sum()):

@@ -138,6 +138,17 @@ def test_constrain_keeps_the_best_allowed_tokens(need):
             assert np.array_equal(out[want], x[want])
 
 
+@pytest.mark.parametrize("width", [100, 300])
+def test_constrain_takes_rows_narrower_or_wider_than_the_vocabulary(width):
+    # a draft model's output layer cut to its first ids, or a few ids wider than the target's vocabulary
+    tg = TokenGrammar(Grammar('root ::= [0-9a-z]'), ByteTok(), 257)
+    x = np.random.default_rng(6).standard_normal(width).astype(np.float32)
+    want = [t for t in range(min(width, 257)) if tg.allows(tg.initial(), t)]
+    assert np.flatnonzero(tg.constrain(x, tg.initial(), None) > -np.inf).tolist() == want
+    assert np.flatnonzero(tg.constrain(x, tg.initial(), 3) > -np.inf).tolist() == sorted(
+        sorted(want, key=lambda t: -x[t])[:3])
+
+
 def test_grammar_need_follows_the_chain():
     assert grammar_need(SamplingParams(temp=0)) == 1
     assert grammar_need(SamplingParams(temp=0.8, top_k=40)) == 40
@@ -229,7 +240,7 @@ def toy_allowed(tg, prompt_free_tokens):
         st = tg.advance(st, t)
 
 
-@pytest.mark.parametrize("kind", ["model", "lookup", "same"])
+@pytest.mark.parametrize("kind", ["model", "lookup", "same", "wide"])
 @pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["greedy", "penalties"])
 def test_greedy_speculation_under_a_grammar_is_plain_greedy(kind, params):
     plain, _ = make(params, grammar=toy_grammar())

@@ -54,7 +54,8 @@ class DraftModelDrafter:
         self._ahead = None  # a Pending chain queued for the history self.history (see the module's doc)
         self.lookahead_hits = 0
         self._k_max = 0  # the most proposals asked for at once
-        self._grammar = None  # (grammar.TokenGrammar, its state after the history): see constrain_with
+        self._grammar = None  # a grammar.TokenGrammar and its state after the history: see constrain_with
+        self._gstate = None
 
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
@@ -132,21 +133,7 @@ class DraftModelDrafter:
         the next propose() gets): drafts the grammar forbids would be rejected for sure. The proposals'
         q is the masked law they are drawn from, so exactness does not depend on it. (A device chain
         proposes without it.)"""
-        self._grammar = (grammar, state)
-
-    def _masked(self, x: torch.Tensor, need) -> np.ndarray | None:
-        """Draft logits [W] (bias, penalties applied) masked by the grammar; None: nothing allowed."""
-        tg, st = self._grammar
-        xn = x.detach().to("cpu", torch.float32).numpy()
-        w = min(xn.shape[0], tg.n_vocab)
-        full = np.full(tg.n_vocab, -np.inf, dtype=np.float32)
-        full[:w] = xn[:w]
-        kept = tg.constrain(full, st, need)
-        if kept is None:
-            return None
-        out = np.full(xn.shape[0], -np.inf, dtype=np.float32)
-        out[:w] = kept[:w]
-        return out
+        self._grammar, self._gstate = grammar, state
 
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         k = min(k, self.cache.capacity - len(history))
@@ -162,8 +149,8 @@ class DraftModelDrafter:
         need = grammar_need(self.params) if self._grammar is not None else None
         for i in range(k):
             x = apply_penalties(logits, self.history, self.params)
-            if self._grammar is not None:
-                kept = self._masked(x, need)
+            if self._grammar is not None:  # (the draft's row may be narrower or wider than the vocabulary)
+                kept = self._grammar.constrain(x.detach().to("cpu", torch.float32).numpy(), self._gstate, need)
                 if kept is None:
                     break
                 x = torch.from_numpy(kept)
@@ -177,7 +164,7 @@ class DraftModelDrafter:
                 qs[i, idx.numpy()] = p.numpy()
             tokens.append(t)
             if self._grammar is not None:
-                self._grammar = (self._grammar[0], self._grammar[0].advance(self._grammar[1], t))
+                self._gstate = self._grammar.advance(self._gstate, t)
             if i + 1 < k:
                 logits = self._feed([t])
         if qs is not None:
