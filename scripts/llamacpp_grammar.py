@@ -58,6 +58,10 @@ DEFS = {"$defs": {"pet": {"type": "object", "properties": {"kind": {"enum": ["ca
                                          "owner": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
         "required": ["pets", "owner"]}
 TUPLE = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}, {"const": True}]}
+USER = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]+( [A-Z][a-z]+)?$"},
+                                         "age": {"type": "integer", "minimum": 41, "maximum": 65},
+                                         "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}},
+        "required": ["name", "age", "code"]}
 
 # (name, model, prompt, n, grammar text or None, schema or None)
 CASES = [
@@ -71,6 +75,7 @@ CASES = [
     ("schema: additional properties", SMOL, "A record as JSON:", 40, None, EXTRA),
     ("schema: $defs, anyOf, format, lengths", SMOL, "My pets, as JSON:", 64, None, DEFS),
     ("schema: tuple", SMOL, "A tuple:", 24, None, TUPLE),
+    ("schema: patterns, integer range", SMOL, "A user record as JSON:", 48, None, USER),
     ("kana and kanji (split UTF-8)", QWEN05, "日本の首都について一文で説明してください:", 24, KANA, None),
     ("json grammar on gemma", GEMMA, "A JSON object describing a cat:", 40, JSON_GBNF, None),
     ("kana on gemma", GEMMA, "日本語の文:", 16, KANA, None),

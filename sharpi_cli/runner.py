@@ -329,7 +329,7 @@ def read_grammar(o: RunOptions):
         text = read_text(o.grammar_file, "grammar file ")
     schema = read_text(o.json_schema_file, "JSON schema file ") if o.json_schema_file is not None else o.json_schema
     if schema is not None:
-        text = schema_to_grammar(schema)
+        text = schema_to_grammar(schema, lambda msg: log(f"warning: -j/--json-schema: {msg}"))
     if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
         return None
     return Grammar(text)

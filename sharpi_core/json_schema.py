@@ -8,18 +8,28 @@ so that greedy output matches llama-cli's:
   ones in order (any may be left out); `additionalProperties` (a schema, or true) adds keys that are
   none of the declared names; an object schema without properties is any object;
 - arrays: `items` (a schema, or a list: a tuple), `prefixItems`, `minItems`, `maxItems`;
-- strings: `minLength`, `maxLength`, `format` date / time / date-time / uuid;
+- strings: `minLength`, `maxLength`, `format` date / time / date-time / uuid, `pattern` (an ECMA regular
+  expression, sharpi_core.pattern: where llama.cpp's converter supports one, the same language, as
+  valid JSON; more of the syntax besides: \\d \\w \\s, unanchored patterns); with a pattern, lengths and
+  formats are not checked (a warning says so; llama.cpp ignores them silently);
+- integers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers or, draft 4, booleans):
+  exactly the integers in the range, at most 16 digits where a side is open (llama.cpp's language for
+  one-sided bounds also holds some integers outside them: minimum 105 allows 15);
+- numbers: the same bounds when they are whole numbers, exactly, written without an exponent (llama.cpp
+  ignores them); other bounds are not checked (a warning);
 - `enum`, `const`, `anyOf` / `oneOf`, a list of types, `allOf` of objects, `$ref` into the document
   (recursion included).
 
-Not supported (refused with one error line, not approximated): `pattern`, integer `minimum` /
-`maximum` and their exclusive forms.
+What is not supported is refused with one error line, not approximated.
 """
 from __future__ import annotations
 
 import json
+import math
+from typing import Callable
 
 from .errors import UsageError
+from .pattern import PatternError, pattern_to_gbnf
 
 
 class SchemaError(UsageError):
@@ -52,6 +62,7 @@ _DEPS = {"number": ("integral-part", "decimal-part"), "integer": ("integral-part
          "value": ("object", "array", "string", "number", "boolean", "null"), "object": ("string", "value"),
          "array": ("value",), "string": ("char",), "date-time": ("date", "time"), "date-string": ("date",),
          "time-string": ("time",), "date-time-string": ("date-time",)}
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _FORMATS = {"date": "date-string", "time": "time-string", "date-time": "date-time-string", "uuid": "uuid"}
 
 
@@ -79,9 +90,84 @@ def repetition(item: str, lo: int, hi: int | None, sep: str = "") -> str:
     return f"({out})?" if lo == 0 else out
 
 
+def _span(lo: str, hi: str) -> str:
+    """GBNF for the digit strings of len(lo) == len(hi) between lo and hi (inclusive)."""
+    i = 0
+    while i < len(lo) and lo[i] == hi[i]:
+        i += 1
+    head = f'"{lo[:i]}"' if i else ""
+    if i == len(lo):
+        return head
+    a, b, rest = int(lo[i]), int(hi[i]), len(lo) - i - 1
+    lo_rest, hi_rest = lo[i + 1:], hi[i + 1:]
+    tail = f" [0-9]{{{rest}}}" if rest > 1 else " [0-9]" if rest == 1 else ""
+    alts = []
+    first = a if lo_rest == "0" * rest else a + 1  # digits after which any `rest` digits will do
+    last = b if hi_rest == "9" * rest else b - 1
+    if first > a:
+        alts.append(f'"{a}" ' + _span(lo_rest, "9" * rest))
+    if first <= last:
+        alts.append((f"[{first}]" if first == last else f"[{first}-{last}]") + tail)
+    if last < b:
+        alts.append(f'"{b}" ' + _span("0" * rest, hi_rest))
+    body = alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
+    return f"{head} {body}" if head else body
+
+
+def int_range(lo: int, hi: int) -> str:
+    """GBNF for the integers lo..hi written as JSON writes them (no leading zeros, no "-0")."""
+    alts = []
+    if lo < 0:
+        alts.append('"-" (' + int_range(max(1, -hi), -lo) + ")")
+    lo = max(lo, 0)
+    full: list[int] = []  # lengths (> 1) all of whose integers are in range: one repetition for them all
+    for n in range(len(str(lo)), len(str(hi)) + 1) if hi >= lo else ():
+        a, b = max(lo, 10 ** (n - 1) if n > 1 else 0), min(hi, 10 ** n - 1)
+        if n > 1 and (a, b) == (10 ** (n - 1), 10 ** n - 1):
+            full.append(n)
+        else:
+            alts.append(_span(str(a), str(b)))
+    if full:
+        m, n = full[0] - 1, full[-1] - 1
+        alts.append("[1-9] [0-9]" + ("" if n == 1 else f"{{{m}}}" if m == n else f"{{{m},{n}}}"))
+    return " | ".join(alts)
+
+
+# the open side of a one-sided range: as many digits as the `integer` rule allows
+INT_LIMIT = 10 ** 16 - 1
+# fractions (as the `number` rule's, up to 16 digits): any, one above zero, zero
+_FRACTION, _NONZERO, _ZERO = '("." [0-9]{1,16})?', '"." "0"{0,15} [1-9] [0-9]{0,15}', '("." "0"{1,16})?'
+
+
+def _magnitudes(a: int, a_strict: bool, b: int | None, b_strict: bool) -> list[str]:
+    """Alternatives for the numbers m >= 0 (no sign, no exponent) with a < m or a <= m, and m < b or
+    m <= b (0 <= a <= b; b None: up to 16 digits): the integer part says all unless it is a bound."""
+    alts = []
+    top = INT_LIMIT if b is None else b - 1
+    if a + a_strict <= top:
+        alts.append(f"({int_range(a + a_strict, top)}) {_FRACTION}")
+    if a_strict and (b is None or a < b):
+        alts.append(f'"{a}" {_NONZERO}')
+    if b is not None and not b_strict and (a < b or not a_strict):
+        alts.append(f'"{b}" {_ZERO}')
+    return alts
+
+
+def number_range(lo: int | None, lo_strict: bool, hi: int | None, hi_strict: bool) -> str:
+    """GBNF for the numbers between whole-number bounds (None: open), without an exponent or "-0"."""
+    alts = []
+    if hi is None or hi > 0 or hi == 0 and not hi_strict:
+        alts += _magnitudes(*((lo, lo_strict) if lo is not None and lo >= 0 else (0, False)), hi, hi_strict)
+    if lo is None or lo < 0:  # x = -m, m > 0
+        low = (-hi, hi_strict) if hi is not None and hi < 0 else (0, True)
+        alts += ['"-" ' + m for m in _magnitudes(*low, None if lo is None else -lo, lo_strict)]
+    return " | ".join(alts)
+
+
 class _Converter:
-    def __init__(self, root):
+    def __init__(self, root, warn: Callable[[str], None]):
         self.root = root
+        self.warn = warn
         self.rules: dict[str, str] = {"space": SPACE}
         self.refs: dict[str, str] = {}
         self.n = 0
@@ -124,9 +210,6 @@ class _Converter:
             return self.prim("value")
         if not isinstance(s, dict):
             raise SchemaError(f"-j/--json-schema: {path}: a schema must be an object")
-        for key in ("pattern",):
-            if key in s:
-                raise SchemaError(f"-j/--json-schema: {path}: '{key}' is not supported")
         if "$ref" in s:
             return self.ref(s["$ref"], path)
         for key in ("oneOf", "anyOf"):
@@ -158,7 +241,7 @@ class _Converter:
                 return self.all_of(s["allOf"], path)
             if "items" in s or "prefixItems" in s:
                 return self.array(s, path)
-            if any(k in s for k in ("minLength", "maxLength", "format")):
+            if any(k in s for k in ("pattern", "minLength", "maxLength", "format")):
                 return self.string(s, path)
             return self.prim("value")
         if t == "object":
@@ -172,11 +255,10 @@ class _Converter:
         if t == "array":
             return self.array(s, path)
         if t == "integer":
-            for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-                if key in s:
-                    raise SchemaError(f"-j/--json-schema: {path}: '{key}' on integers is not supported")
-            return self.prim("integer")
-        if t in ("number", "boolean", "null"):
+            return self.integer(s, path)
+        if t == "number":
+            return self.number(s, path)
+        if t in ("boolean", "null"):
             return self.prim(t)
         raise SchemaError(f"-j/--json-schema: {path}: unknown type '{t}'")
 
@@ -189,7 +271,64 @@ class _Converter:
             raise SchemaError(f"-j/--json-schema: {path}: {key} must be a non-negative integer")
         return v
 
+    @staticmethod
+    def bounds(s: dict, path: str) -> tuple:
+        """(lower, strict, upper, strict) of minimum / exclusiveMinimum / maximum / exclusiveMaximum, the
+        tighter where two are given (numbers, or draft 4's exclusive flags); None for an open side."""
+        def bound(k: str) -> int | float | None:
+            v = s.get(k)
+            if v is None or isinstance(v, bool) and k.startswith("exclusive"):  # draft 4: a flag, read below
+                return None
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise SchemaError(f"-j/--json-schema: {path}: {k} must be a number")
+            return v
+
+        out = []
+        for plain, excl, sign in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1)):
+            given = [(v, s.get(excl) is True) for v in [bound(plain)] if v is not None]
+            given += [(v, True) for v in [bound(excl)] if v is not None]
+            v, strict = max(given, key=lambda b: (sign * b[0], b[1])) if given else (None, False)
+            out += [v, strict]
+        return tuple(out)
+
+    def integer(self, s: dict, path: str) -> str:
+        if not any(k in s for k in _BOUNDS):
+            return self.prim("integer")
+        lo, lo_strict, hi, hi_strict = self.bounds(s, path)
+        lo = -INT_LIMIT if lo is None else math.floor(lo) + 1 if lo_strict else math.ceil(lo)
+        hi = INT_LIMIT if hi is None else math.ceil(hi) - 1 if hi_strict else math.floor(hi)
+        if lo > hi:
+            raise SchemaError(f"-j/--json-schema: {path}: no integer lies within its bounds")
+        if max(abs(lo), abs(hi)) > INT_LIMIT:
+            raise SchemaError(f"-j/--json-schema: {path}: integer bounds beyond 16 digits are not supported")
+        return self.add("(" + int_range(lo, hi) + ")")
+
+    def number(self, s: dict, path: str) -> str:
+        if not any(k in s for k in _BOUNDS):
+            return self.prim("number")
+        lo, lo_strict, hi, hi_strict = self.bounds(s, path)
+        if any(v is not None and not float(v).is_integer() for v in (lo, hi)):
+            self.warn(f"{path}: bounds on numbers are enforced only when they are whole numbers")
+            return self.prim("number")
+        lo, hi = (None if v is None else int(v) for v in (lo, hi))
+        if lo is not None and hi is not None and (lo > hi or lo == hi and (lo_strict or hi_strict)):
+            raise SchemaError(f"-j/--json-schema: {path}: no number lies within its bounds")
+        if max(abs(v) for v in (lo, hi, 0) if v is not None) > INT_LIMIT:
+            raise SchemaError(f"-j/--json-schema: {path}: number bounds beyond 16 digits are not supported")
+        return self.add("(" + number_range(lo, lo_strict, hi, hi_strict) + ")")
+
     def string(self, s: dict, path: str) -> str:
+        if "pattern" in s:
+            if not isinstance(s["pattern"], str):
+                raise SchemaError(f"-j/--json-schema: {path}: pattern must be a string")
+            ignored = [k for k in ("minLength", "maxLength", "format") if k in s]
+            if ignored:
+                self.warn(f"{path}: {', '.join(ignored)} not enforced together with a pattern")
+            try:
+                body = pattern_to_gbnf(s["pattern"], self.prim("char"))
+            except PatternError as e:
+                raise SchemaError(f"-j/--json-schema: {path}: pattern: {e}") from None
+            return self.add(f'"\\"" {body} "\\""')
         fmt = s.get("format")
         if fmt in _FORMATS:
             return self.prim(_FORMATS[fmt])
@@ -313,14 +452,14 @@ class _Converter:
         return self.object({}, path, props, required)
 
 
-def schema_to_grammar(schema: str | dict) -> str:
-    """GBNF text for a JSON schema (a dict, or its JSON text)."""
+def schema_to_grammar(schema: str | dict, warn: Callable[[str], None] = lambda msg: None) -> str:
+    """GBNF text for a JSON schema (a dict, or its JSON text); `warn` hears of what it does not enforce."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise SchemaError(f"-j/--json-schema: not JSON: {e}") from None
-    c = _Converter(schema)
+    c = _Converter(schema, warn)
     top = c.visit(schema, "#")
     c.rules["root"] = top
     return "".join(f"{name} ::= {body}\n" for name, body in c.rules.items())

@@ -300,7 +300,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--grammar", "root ::= item"), "grammar: undefined rule 'item'"),
     (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema are mutually exclusive"),
     (("--grammar-file", "/no/such/file"), "cannot read grammar file"),
-    (("-j", '{"type": "string", "pattern": "^a"}'), "'pattern' is not supported"),
+    (("-j", '{"type": "string", "pattern": "^(a)\\\\1$"}'), "pattern: backreferences are not supported"),
 ])
 def test_invalid_flags_one_line_exit_2(smol, args, fragment):
     r = sharpi("-m", smol, "-p", "hi", *args)

@@ -3,7 +3,12 @@ grammars on the real models (tests/data/llamacpp_grammar.json, scripts/llamacpp_
 decoding under a grammar (greedy: the plain output; sampled: the masked target's law)."""
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import random
+import re
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +20,7 @@ from sharpi_core.errors import UsageError
 import sharpi_core.generate as generate_mod
 from sharpi_core.generate import Generator
 from sharpi_core.grammar import Grammar, GrammarError, TokenGrammar, decode_utf8, grammar_need
-from sharpi_core.json_schema import SchemaError, schema_to_grammar
+from sharpi_core.json_schema import SchemaError, int_range, number_range, schema_to_grammar
 from sharpi_core.sampling import SamplingParams, apply_penalties, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
 from test_generate import (GREEDY, GREEDY_PEN, PROMPT, SAMPLED, SAMPLED_EXT, SAMPLED_PEN, V, drafter_for, make,
@@ -181,9 +186,122 @@ def test_schema_languages():
     assert accepts(g, '{"next":{"next":null}}') and not accepts(g, '{"next":{}}')
 
 
+def test_integer_ranges_are_exact():
+    rng = random.Random(0)
+    for lo, hi in [(0, 0), (0, 9), (-9, 9), (-1, -1), (10, 99), (105, 105), (-105, -100), (-123, 4567), (0, 10 ** 6)] + \
+            [(a, a + rng.randint(0, 2500)) for a in (rng.randint(-1500, 1500) for _ in range(40))]:
+        g = Grammar("root ::= " + int_range(lo, hi))
+        for x in range(lo - 30, hi + 31, 1 if hi - lo < 3000 else 97):
+            assert accepts(g, str(x)) == (lo <= x <= hi), (lo, hi, x)
+        assert not any(accepts(g, t) for t in ("-0", "00", "01", "-01", "", "-", "+1"))
+
+
+def test_number_ranges_are_exact():
+    texts = {f"{sign}{i}{f}" for sign in ("", "-") for i in range(13)
+             for f in ("", ".0", ".00", ".5", ".05", ".001", ".999", ".10")}
+    texts |= {"00", "01.5", "1e3", "1.", ".5", "+1", "9" * 16, "9" * 17, "-" + "9" * 16 + ".5"}
+    for lo, hi in [(None, None), (None, 0), (0, None), (None, -3), (4, None)] + [(a, b) for a in range(-5, 6, 2)
+                                                                                for b in range(a, a + 6)]:
+        for lo_strict, hi_strict in itertools.product((False, True), repeat=2):
+            if lo is None and lo_strict or hi is None and hi_strict or lo is not None and lo == hi and (lo_strict or hi_strict):
+                continue
+            g = Grammar("root ::= " + number_range(lo, lo_strict, hi, hi_strict))
+            for t in texts:
+                ok = re.fullmatch(r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?", t) is not None
+                if ok:
+                    x = Fraction(t)
+                    ok = (lo is None or (x > lo if lo_strict else x >= lo)) and not (t[0] == "-" and x == 0) \
+                        and (hi is None or (x < hi if hi_strict else x <= hi))
+                assert accepts(g, t) == ok, (lo, lo_strict, hi, hi_strict, t)
+
+
+def test_schema_integer_bounds():
+    def ints(schema):
+        g = Grammar(schema_to_grammar({"type": "integer", **schema}))
+        return [x for x in range(-30, 31) if accepts(g, str(x))]
+    assert ints({"minimum": 3, "maximum": 7}) == [3, 4, 5, 6, 7]
+    assert ints({"exclusiveMinimum": 3, "exclusiveMaximum": 7}) == [4, 5, 6]
+    assert ints({"minimum": 2.5, "maximum": 4.5}) == [3, 4] == ints({"exclusiveMinimum": 2.5, "exclusiveMaximum": 4.5})
+    assert ints({"minimum": 3, "exclusiveMinimum": True, "maximum": 7, "exclusiveMaximum": True}) == [4, 5, 6]  # draft 4
+    assert ints({"minimum": 3, "exclusiveMinimum": 5, "maximum": 9}) == [6, 7, 8, 9]  # both: the tighter
+    assert ints({"minimum": 25}) == [25, 26, 27, 28, 29, 30] and ints({"maximum": -28}) == [-30, -29, -28]
+    g = Grammar(schema_to_grammar({"type": "integer", "minimum": 105}))
+    assert accepts(g, "9" * 16) and not accepts(g, "9" * 17) and not accepts(g, "15")
+
+
+def test_schema_patterns_match_like_a_regex_search():
+    """A string's JSON text is accepted iff the pattern finds a match in the string (Python's re as the
+    reference, on patterns and strings where its syntax and ECMA-262's agree)."""
+    rng = random.Random(0)
+    alphabet = list("abcdxyz019-.@ _AB{}]\"\\") + ["\n", "\t", "é", "字", "\x01"]
+    strings = ["".join(c) for n in range(3) for c in itertools.product(alphabet, repeat=n)]
+    strings += ["".join(rng.choice(alphabet) for _ in range(rng.randint(3, 9))) for _ in range(400)]
+    strings += ["a@b.com", "555-1234", "ababcd", "aab", "aabcc", 'x"y', "x\\y"]
+    for pattern in [r"^[a-z]+$", r"^\d{3}-\d{4}$", r"ab", r"^a|b$", r"^(ab|c)*d?$", r"^[^a-c\d]{2,3}$", r"^.+$", r"^x.y$",
+                    r'^"\\$', r"^\w+@\w+\.com$", r"^[\s\S]$", r"^a{2}b{1,}c{0,2}$", r"^(?:a|bc)+?$", r"^[\]\-a]+$",
+                    r"^\x41\u0042$", r"a\.b", r"^(a(b(c)?)?)$", r"^$", r"^\t\n$", r"^[^x]$", r"^(?<n>ab)+$", r"x*",
+                    r"^a{,2}$", r"^{a}$", r"^[\W]+$"]:
+        g = Grammar(schema_to_grammar({"type": "string", "pattern": pattern}))
+        py = re.compile(re.sub(r"\$$", r"\\Z", pattern.replace("(?<", "(?P<").replace("{,", "{0,")), re.ASCII)
+        for v in strings:
+            assert accepts(g, json.dumps(v, ensure_ascii=False)) == (py.search(v) is not None), (pattern, v)
+    g = Grammar(schema_to_grammar({"type": "string", "pattern": "^x.y$"}))  # ECMA's dot: no line terminators
+    assert [accepts(g, json.dumps(f"x{c}y", ensure_ascii=False)) for c in "\n\r\u2028\u2029\"\\\t\x7f"] == [False] * 4 + [True] * 4
+    assert not accepts(g, '"x"y"') and not accepts(g, '"x\\y"')  # JSON text: a quote or backslash only escaped
+
+
+LLAMA_SCHEMAS = json.loads((Path(__file__).parent / "data" / "llamacpp_schema_gbnf.json").read_text())
+
+
+@pytest.mark.parametrize("case", LLAMA_SCHEMAS, ids=[json.dumps(c["schema"]) for c in LLAMA_SCHEMAS])
+def test_schema_languages_are_llama_cpps(case):
+    """Against the grammars llama.cpp writes (scripts/llamacpp_schema_gbnf.py): patterns, the same language
+    on strings JSON writes raw; integers, llama.cpp's less the texts it lets through in error (outside a
+    one-sided bound, leading zeros, "-0")."""
+    schema, rng = case["schema"], random.Random(1)
+    ours, theirs = Grammar(schema_to_grammar(schema)), Grammar(case["gbnf"])
+    if schema["type"] == "integer":
+        texts = [str(x) for x in range(-300, 300)] + [str(rng.randint(-10 ** 17, 10 ** 17) // 10 ** rng.randint(0, 16))
+                                                      for _ in range(2000)]
+        texts += ["-0", "05", "-05", "007", "1" + "0" * 15, "9" * 16, "-" + "9" * 16, "9" * 17]
+        big = 10 ** 20
+        lo = max(math.ceil(schema.get("minimum", -big)), math.floor(schema.get("exclusiveMinimum", -big)) + 1)
+        hi = min(math.floor(schema.get("maximum", big)), math.ceil(schema.get("exclusiveMaximum", big)) - 1)
+        for t in texts:
+            valid = re.fullmatch(r"-?(0|[1-9][0-9]{0,15})", t) is not None and t != "-0" and lo <= int(t) <= hi
+            assert accepts(ours, t) == (accepts(theirs, t) and valid), t
+        return
+    alphabet = list("abcdefoz0123456789-.()ABé") + ["xy"]
+    texts = ["".join(c) for n in range(4) for c in itertools.product(alphabet[:14], repeat=n)]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 14))) for _ in range(3000)]
+    texts += ["foo-12", "baz-123", "Aé.()", "555-123-4567", "123-4567", "aabbee", "Abcdef"]
+    for t in texts:
+        assert accepts(ours, f'"{t}"') == accepts(theirs, f'"{t}"'), t
+
+
+def test_schema_warnings_for_what_is_not_enforced():
+    said = []
+    schema_to_grammar({"type": "object", "properties": {"x": {"type": "number", "minimum": 0.5},
+                                                        "s": {"type": "string", "pattern": "^a+$", "maxLength": 3}}},
+                      said.append)
+    assert len(said) == 2 and "whole numbers" in said[0] and "maxLength" in said[1]
+    g = Grammar(schema_to_grammar({"type": "number", "exclusiveMinimum": 0, "maximum": 1}))
+    assert [accepts(g, t) for t in ("0", "0.0", "0.25", "1", "1.00", "1.5", "-0.5", "2e-1")] == [False] * 2 + [True] * 3 + [False] * 3
+
+
 @pytest.mark.parametrize("schema,fragment", [
-    ('{"type": "string", "pattern": "^a+$"}', "'pattern' is not supported"),
-    ('{"type": "integer", "minimum": 3}', "'minimum' on integers is not supported"),
+    ('{"type": "string", "pattern": "^a(?=b)$"}', "lookaround"),
+    ('{"type": "string", "pattern": "^(a)\\\\1$"}', "backreferences"),
+    ('{"type": "string", "pattern": "\\\\bword"}', "word boundaries"),
+    ('{"type": "string", "pattern": "a^b"}', "anchors"),
+    ('{"type": "string", "pattern": "^(a$"}', "missing ')'"),
+    ('{"type": "string", "pattern": "^*a"}', "nothing to repeat"),
+    ('{"type": "string", "pattern": "^[]$"}', "empty character class"),
+    ('{"type": "string", "pattern": "^a{3,1}$"}', "out of order"),
+    ('{"type": "integer", "minimum": 7, "maximum": 3}', "no integer lies within"),
+    ('{"type": "integer", "minimum": "3"}', "minimum must be a number"),
+    ('{"type": "integer", "maximum": 1e20}', "beyond 16 digits"),
+    ('{"type": "number", "minimum": 1, "exclusiveMaximum": 1}', "no number lies within"),
     ('{"type": "frobnicate"}', "unknown type"),
     ('{"$ref": "#/$defs/none"}', "points nowhere"),
     ('{"type": ', "not JSON"),
