@@ -32,7 +32,7 @@ import numpy as np
 from .errors import UsageError
 
 _END = -1                 # end of an alternative in the flattened table
-_MAX_REPETITION = 2000    # llama.cpp's MAX_REPETITION_THRESHOLD
+MAX_REPETITION = 2000    # llama.cpp's MAX_REPETITION_THRESHOLD
 _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4)  # by the lead byte's high nibble (0: continuation)
 
 
@@ -265,9 +265,9 @@ class _Parser:
                 else:
                     self.fail(f"expecting ',' at {s[pos:pos + 20]!r}", pos)
                 pos = self.space(pos + 1, nested)
-                if lo > _MAX_REPETITION:
-                    self.fail(f"{lo} repetitions exceed the limit of {_MAX_REPETITION}", pos)
-                if hi is not None and hi > _MAX_REPETITION:
+                if lo > MAX_REPETITION:
+                    self.fail(f"{lo} repetitions exceed the limit of {MAX_REPETITION}", pos)
+                if hi is not None and hi > MAX_REPETITION:
                     hi = None
                 if hi is not None and hi < lo:
                     self.fail(f"repetition {{{lo},{hi}}}: the maximum is below the minimum", pos)

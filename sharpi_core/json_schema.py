@@ -29,6 +29,7 @@ import math
 from typing import Callable
 
 from .errors import UsageError
+from .grammar import MAX_REPETITION
 from .pattern import PatternError, pattern_to_gbnf
 
 
@@ -262,13 +263,18 @@ class _Converter:
             return self.prim(t)
         raise SchemaError(f"-j/--json-schema: {path}: unknown type '{t}'")
 
-    @staticmethod
-    def count(s: dict, key: str, default: int, path: str) -> int:
+    def count(self, s: dict, key: str, default: int, path: str) -> int:
         v = s.get(key, default)
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise SchemaError(f"-j/--json-schema: {path}: {key} must be a non-negative integer")
+        # GBNF repeats at most MAX_REPETITION times (llama.cpp's limit): a longer minimum cannot be written,
+        # a longer maximum is no maximum
+        if v > MAX_REPETITION and key.startswith("min"):
+            raise SchemaError(f"-j/--json-schema: {path}: {key} above {MAX_REPETITION} is not supported")
+        if v > MAX_REPETITION:
+            self.warn(f"{path}: {key} above {MAX_REPETITION} is not enforced")
         return v
 
     @staticmethod

@@ -14,7 +14,7 @@ character sets, sequences, alternatives and repetitions, then written as GBNF:
   (lazy forms too: the language is the same), escapes \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH \\u{H...}.
 
 Refused with one error line (never approximated): lookaround, backreferences, word boundaries, anchors
-anywhere but the ends, unicode property escapes, an empty class.
+anywhere but the ends, unicode property escapes, an empty class, repetition counts above 2000.
 
 llama.cpp's converter writes the pattern's characters raw (a `"` in a pattern's class or `.` may close
 the JSON string early) and accepts any string for what it does not support (\\d, an unanchored pattern);
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import re
 from typing import NoReturn
+
+from .grammar import MAX_REPETITION
 
 MAX_CP = 0x10FFFF
 Ranges = tuple  # sorted, disjoint, non-adjacent ((lo, hi), ...) of code points
@@ -130,6 +132,8 @@ class _Parser:
             hi = int(hi_s) if hi_s else (None if comma else lo)
             if hi is not None and hi < lo:
                 self.fail(f"repetition {{{body}}} out of order")
+            if max(lo, hi or 0) > MAX_REPETITION:  # GBNF's limit: beyond it, no bound could be kept
+                self.fail(f"repetition counts above {MAX_REPETITION} are not supported")
             self.i = end + 1
             q = (lo, hi)
         else:

@@ -282,9 +282,10 @@ def test_schema_languages_are_llama_cpps(case):
 def test_schema_warnings_for_what_is_not_enforced():
     said = []
     schema_to_grammar({"type": "object", "properties": {"x": {"type": "number", "minimum": 0.5},
-                                                        "s": {"type": "string", "pattern": "^a+$", "maxLength": 3}}},
+                                                        "s": {"type": "string", "pattern": "^a+$", "maxLength": 3},
+                                                        "t": {"type": "string", "maxLength": 5000}}},
                       said.append)
-    assert len(said) == 2 and "whole numbers" in said[0] and "maxLength" in said[1]
+    assert len(said) == 3 and "whole numbers" in said[0] and "maxLength" in said[1] and "above 2000" in said[2]
     g = Grammar(schema_to_grammar({"type": "number", "exclusiveMinimum": 0, "maximum": 1}))
     assert [accepts(g, t) for t in ("0", "0.0", "0.25", "1", "1.00", "1.5", "-0.5", "2e-1")] == [False] * 2 + [True] * 3 + [False] * 3
 
@@ -302,6 +303,8 @@ def test_schema_warnings_for_what_is_not_enforced():
     ('{"type": "integer", "minimum": "3"}', "minimum must be a number"),
     ('{"type": "integer", "maximum": 1e20}', "beyond 16 digits"),
     ('{"type": "number", "minimum": 1, "exclusiveMaximum": 1}', "no number lies within"),
+    ('{"type": "string", "pattern": "^a{0,5000}$"}', "above 2000"),
+    ('{"type": "array", "minItems": 5000}', "minItems above 2000 is not supported"),
     ('{"type": "frobnicate"}', "unknown type"),
     ('{"$ref": "#/$defs/none"}', "points nowhere"),
     ('{"type": ', "not JSON"),
