@@ -38,7 +38,7 @@ SCHEMAS = [
     {"type": "string", "pattern": "^(ab|c)*d?$"},
     {"type": "string", "pattern": "^x.y$"},
     {"type": "string", "pattern": "^[^a-c]{2,3}$"},
-    {"type": "string", "pattern": "^a{2}b+c?e{,2}$"},
+    {"type": "string", "pattern": "^a{2}b+c?e{0,2}$"},
     {"type": "string", "pattern": "^(?:foo|ba[rz])-[0-9]{2,}$"},
     {"type": "string", "pattern": "^\\x41\\u00e9\\.\\(\\)$"},
     {"type": "string", "pattern": "^([0-9]{3}-)?[0-9]{3}-[0-9]{4}$"},

@@ -244,6 +244,8 @@ class _Converter:
                 return self.array(s, path)
             if any(k in s for k in ("pattern", "minLength", "maxLength", "format")):
                 return self.string(s, path)
+            if any(k in s for k in _BOUNDS):
+                self.warn(f"{path}: bounds without a type are not enforced (give type number or integer)")
             return self.prim("value")
         if t == "object":
             if not has_props and "allOf" in s:
@@ -303,10 +305,10 @@ class _Converter:
         lo, lo_strict, hi, hi_strict = self.bounds(s, path)
         lo = -INT_LIMIT if lo is None else math.floor(lo) + 1 if lo_strict else math.ceil(lo)
         hi = INT_LIMIT if hi is None else math.ceil(hi) - 1 if hi_strict else math.floor(hi)
-        if lo > hi:
-            raise SchemaError(f"-j/--json-schema: {path}: no integer lies within its bounds")
         if max(abs(lo), abs(hi)) > INT_LIMIT:
             raise SchemaError(f"-j/--json-schema: {path}: integer bounds beyond 16 digits are not supported")
+        if lo > hi:
+            raise SchemaError(f"-j/--json-schema: {path}: no integer lies within its bounds")
         return self.add("(" + int_range(lo, hi) + ")")
 
     def number(self, s: dict, path: str) -> str:
@@ -317,10 +319,10 @@ class _Converter:
             self.warn(f"{path}: bounds on numbers are enforced only when they are whole numbers")
             return self.prim("number")
         lo, hi = (None if v is None else int(v) for v in (lo, hi))
-        if lo is not None and hi is not None and (lo > hi or lo == hi and (lo_strict or hi_strict)):
-            raise SchemaError(f"-j/--json-schema: {path}: no number lies within its bounds")
         if max(abs(v) for v in (lo, hi, 0) if v is not None) > INT_LIMIT:
             raise SchemaError(f"-j/--json-schema: {path}: number bounds beyond 16 digits are not supported")
+        if lo is not None and hi is not None and (lo > hi or lo == hi and (lo_strict or hi_strict)):
+            raise SchemaError(f"-j/--json-schema: {path}: no number lies within its bounds")
         return self.add("(" + number_range(lo, lo_strict, hi, hi_strict) + ")")
 
     def string(self, s: dict, path: str) -> str:

@@ -10,16 +10,18 @@ character sets, sequences, alternatives and repetitions, then written as GBNF:
 - the pattern is a search, as JSON Schema says: unless it begins with `^` any text may come before the
   match, and after it unless it ends with `$` (per top-level alternative: `^a|b$`);
 - `.` is any character but the line terminators (\\n \\r U+2028 U+2029); \\d \\w \\s and their negations,
-  classes with ranges and negation, groups (capturing, `(?:`, named), `|`, `* + ? {n} {n,} {n,m} {,m}`
-  (lazy forms too: the language is the same), escapes \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH \\u{H...}.
+  classes with ranges and negation, groups (capturing, `(?:`, named), `|`, `* + ? {n} {n,} {n,m}`
+  (lazy forms too: the language is the same; `{,m}` is text, as ECMA-262 reads it), escapes \\t \\n
+  \\r \\f \\v \\0 \\xHH \\uHHHH (a surrogate pair: one character) \\u{H...}.
 
 Refused with one error line (never approximated): lookaround, backreferences, word boundaries, anchors
-anywhere but the ends, unicode property escapes, an empty class, repetition counts above 2000.
+anywhere but the ends, unicode property escapes, an empty class, repetition counts above 2000, lone
+surrogates, groups nested more than 100 deep.
 
 llama.cpp's converter writes the pattern's characters raw (a `"` in a pattern's class or `.` may close
 the JSON string early) and accepts any string for what it does not support (\\d, an unanchored pattern);
 on the patterns it supports, the languages are the same for every string without `"`, `\\` or control
-characters.
+characters (but for `{,m}`, a repetition to llama.cpp).
 """
 from __future__ import annotations
 
@@ -85,7 +87,7 @@ _SHORT = {0x22: '"', 0x5C: "\\", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x0
 # -- parsing: nodes are ("set", ranges) | ("seq", [node]) | ("alt", [node]) | ("rep", node, lo, hi) | ("^",) | ("$",)
 class _Parser:
     def __init__(self, src: str):
-        self.s, self.i = src, 0
+        self.s, self.i, self.depth = src, 0, 0
 
     def fail(self, what: str) -> NoReturn:
         raise PatternError(f"{what} at offset {self.i} of /{self.s}/")
@@ -125,10 +127,9 @@ class _Parser:
             end = self.s.find("}", self.i)
             body = self.s[self.i + 1:end] if end > 0 else ""
             lo_s, comma, hi_s = body.partition(",")
-            if not body or not all(p == "" or p.isdigit() and p.isascii() for p in (lo_s, hi_s)) \
-                    or (not lo_s and not comma) or (not lo_s and not hi_s):
-                return None  # not a quantifier: `{` is a literal character (ECMA-262 Annex B)
-            lo = int(lo_s or 0)
+            if not (lo_s.isdigit() and lo_s.isascii() and (hi_s == "" or hi_s.isdigit() and hi_s.isascii())):
+                return None  # not {n}, {n,} or {n,m}: `{` is a literal character (ECMA-262 Annex B)
+            lo = int(lo_s)
             hi = int(hi_s) if hi_s else (None if comma else lo)
             if hi is not None and hi < lo:
                 self.fail(f"repetition {{{body}}} out of order")
@@ -152,6 +153,9 @@ class _Parser:
         if c == "[":
             return ("set", self.char_class())
         if c == "(":
+            self.depth += 1
+            if self.depth > 100:
+                self.fail("groups nested more than 100 deep")
             if self.peek() == "?":
                 if self.s.startswith("?:", self.i):
                     self.i += 2
@@ -166,6 +170,7 @@ class _Parser:
             if self.peek() != ")":
                 self.fail("missing ')'")
             self.i += 1
+            self.depth -= 1
             return node
         if c == ")":
             self.fail("unbalanced ')'")
@@ -201,6 +206,14 @@ class _Parser:
             if not digits or any(d not in "0123456789abcdefABCDEF" for d in digits) or int(digits, 16) > MAX_CP:
                 self.fail(f"bad \\{c} escape")
             v = int(digits, 16)
+            if 0xD800 <= v <= 0xDBFF and c == "u" and self.s.startswith("\\u", self.i):  # a pair: one character
+                lo_half = self.s[self.i + 2:self.i + 6]
+                if len(lo_half) == 4 and all(d in "0123456789abcdefABCDEF" for d in lo_half) \
+                        and 0xDC00 <= int(lo_half, 16) <= 0xDFFF:
+                    self.i += 6
+                    v = 0x10000 + ((v - 0xD800) << 10) + int(lo_half, 16) - 0xDC00
+            if 0xD800 <= v <= 0xDFFF:
+                self.fail(f"a lone surrogate \\u{v:04X} matches no text")
             return ((v, v),)
         if c in "bB":
             self.fail("word boundaries (\\b, \\B) are not supported")
@@ -312,10 +325,10 @@ def charset(s: Ranges) -> str:
     esc = []
     if short:
         esc.append(_class(union(*(_one(v) for v in short))))
-    for hi in (0, 1):  # \u00XX: the control characters without a short escape, hex digits in either case
+    for hi in (0, 1):  # \u00xx: the control characters without a short escape
         digits = {"0123456789abcdef"[c & 15] for c in long_ if c >> 4 == hi}
         if digits:
-            esc.append(f'"u00{hi}" ' + _class(union(*(_one(d) for d in digits | {d.upper() for d in digits}))))
+            esc.append(f'"u00{hi}" ' + _class(union(*(_one(d) for d in digits))))
     if esc:
         alts.append('"\\\\" ' + (esc[0] if len(esc) == 1 else "( " + " | ".join(esc) + " )"))
     return alts[0] if len(alts) == 1 else "( " + " | ".join(alts) + " )"
@@ -325,12 +338,43 @@ def charset(s: Ranges) -> str:
 _ATOM = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
 
 
+def _nullable(n) -> bool:
+    kind = n[0]
+    if kind == "set":
+        return False
+    if kind == "rep":
+        return n[2] == 0 or _nullable(n[1])
+    return (all if kind == "seq" else any)(_nullable(m) for m in n[1])
+
+
+def _nonempty(n):
+    """A node for the non-empty strings of n (None: n matches only the empty string)."""
+    kind = n[0]
+    if kind == "set" or kind == "seq" and not _nullable(n):
+        return n
+    if kind == "rep":
+        _, sub, lo, hi = n
+        sub_ne = None if hi == 0 else _nonempty(sub)
+        if sub_ne is None:
+            return None
+        return ("rep", sub_ne, 1, hi) if _nullable(sub) else ("rep", sub, max(lo, 1), hi)
+    if kind == "seq":  # every item may be empty: the first non-empty one, then the rest as they are
+        alts = [("seq", [ne, *n[1][i + 1:]]) for i, m in enumerate(n[1]) if (ne := _nonempty(m)) is not None]
+    else:
+        alts = [ne for m in n[1] if (ne := _nonempty(m)) is not None]
+    return ("alt", alts) if alts else None
+
+
 def _emit(n) -> str:
     kind = n[0]
     if kind == "set":
         return charset(n[1])
     if kind == "rep":
         _, sub, lo, hi = n
+        if hi != 0 and _nullable(sub):  # B{lo,hi} is B'{0,hi}, B' the non-empty part: no empty loop in GBNF
+            sub, lo = _nonempty(sub), 0
+            if sub is None:
+                return '""'
         item = _emit(sub)
         if not _ATOM.fullmatch(item):
             item = f"({item})"
@@ -350,7 +394,8 @@ def _emit(n) -> str:
             if run:
                 parts.append(_literal(run))
                 run = ""
-            parts.append(_emit(m))
+            if (part := _emit(m)) != '""':
+                parts.append(part)
         if run:
             parts.append(_literal(run))
         return " ".join(parts) if parts else '""'

@@ -240,7 +240,8 @@ def test_schema_patterns_match_like_a_regex_search():
     for pattern in [r"^[a-z]+$", r"^\d{3}-\d{4}$", r"ab", r"^a|b$", r"^(ab|c)*d?$", r"^[^a-c\d]{2,3}$", r"^.+$", r"^x.y$",
                     r'^"\\$', r"^\w+@\w+\.com$", r"^[\s\S]$", r"^a{2}b{1,}c{0,2}$", r"^(?:a|bc)+?$", r"^[\]\-a]+$",
                     r"^\x41\u0042$", r"a\.b", r"^(a(b(c)?)?)$", r"^$", r"^\t\n$", r"^[^x]$", r"^(?<n>ab)+$", r"x*",
-                    r"^a{,2}$", r"^{a}$", r"^[\W]+$"]:
+                    r"^{a}$", r"^[\W]+$", r"^(a*)*$", r"^(a|)+b$", r"^(?:)*$", r"^(a{0})*b$", r"^([a-c]*\.?)*$",
+                    r"^(a?b?){2,}$", r"^((a|)(b|)){3}$", r"^|a$"]:
         g = Grammar(schema_to_grammar({"type": "string", "pattern": pattern}))
         py = re.compile(re.sub(r"\$$", r"\\Z", pattern.replace("(?<", "(?P<").replace("{,", "{0,")), re.ASCII)
         for v in strings:
@@ -248,6 +249,8 @@ def test_schema_patterns_match_like_a_regex_search():
     g = Grammar(schema_to_grammar({"type": "string", "pattern": "^x.y$"}))  # ECMA's dot: no line terminators
     assert [accepts(g, json.dumps(f"x{c}y", ensure_ascii=False)) for c in "\n\r\u2028\u2029\"\\\t\x7f"] == [False] * 4 + [True] * 4
     assert not accepts(g, '"x"y"') and not accepts(g, '"x\\y"')  # JSON text: a quote or backslash only escaped
+    g = Grammar(schema_to_grammar({"type": "string", "pattern": "^a{,2}\\uD83D\\uDE00$"}))  # ECMA: {,2} is text
+    assert accepts(g, '"a{,2}😀"') and not accepts(g, '"aa😀"') and not accepts(g, '"a{,2}\\ud83d\\ude00"')
 
 
 LLAMA_SCHEMAS = json.loads((Path(__file__).parent / "data" / "llamacpp_schema_gbnf.json").read_text())
@@ -304,6 +307,9 @@ def test_schema_warnings_for_what_is_not_enforced():
     ('{"type": "integer", "maximum": 1e20}', "beyond 16 digits"),
     ('{"type": "number", "minimum": 1, "exclusiveMaximum": 1}', "no number lies within"),
     ('{"type": "string", "pattern": "^a{0,5000}$"}', "above 2000"),
+    ('{"type": "string", "pattern": "^\\\\uD83D$"}', "lone surrogate"),
+    ('{"type": "string", "pattern": "' + "(" * 101 + "a" + ")" * 101 + '"}', "nested more than 100 deep"),
+    ('{"type": "integer", "minimum": 1e17}', "beyond 16 digits"),
     ('{"type": "array", "minItems": 5000}', "minItems above 2000 is not supported"),
     ('{"type": "frobnicate"}', "unknown type"),
     ('{"$ref": "#/$defs/none"}', "points nowhere"),
