@@ -20,7 +20,9 @@ so that greedy output matches llama-cli's:
 - `enum`, `const`, `anyOf` / `oneOf`, a list of types, `allOf` of objects, `$ref` into the document
   (recursion included).
 
-What is not supported is refused with one error line, not approximated.
+What cannot be written is refused with one error line, not approximated; what is accepted but not
+enforced (the cases above, bounds without a type, maxLength/maxItems above GBNF's 2000) is named in a
+warning (`warn`).
 """
 from __future__ import annotations
 
