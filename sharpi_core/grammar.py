@@ -276,6 +276,34 @@ class _Parser:
                 return pos, seq
 
 
+# -- writing GBNF (sharpi_core.json_schema, sharpi_core.pattern) --------------------------------------
+def literal(text: str) -> str:
+    """A GBNF literal matching `text` exactly."""
+    return '"' + "".join({"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}.get(c, c) for c in text) + '"'
+
+
+def class_char(c: int) -> str:
+    """Code point c inside a GBNF character class: printable ASCII as itself, the rest as hex escapes."""
+    if 0x20 < c < 0x7F and chr(c) not in '\\]-^"[':
+        return chr(c)
+    return f"\\x{c:02X}" if c <= 0xFF else f"\\u{c:04X}" if c <= 0xFFFF else f"\\U{c:08X}"
+
+
+def repetition(item: str, lo: int, hi: int | None, sep: str = "") -> str:
+    """item repeated lo..hi times (hi None: unbounded), `sep` between items."""
+    if hi == 0:
+        return ""
+    if lo == 0 and hi == 1:
+        return f"{item}?"
+    if not sep:
+        if hi is None:
+            return f"{item}+" if lo == 1 else f"{item}*" if lo == 0 else f"{item}{{{lo},}}"
+        return f"{item}{{{lo},{hi}}}"
+    rest = repetition(f"({sep} {item})", max(lo - 1, 0), None if hi is None else hi - 1)
+    out = f"{item} {rest}"
+    return f"({out})?" if lo == 0 else out
+
+
 # -- the automaton ----------------------------------------------------------------------------------
 class Grammar:
     """A parsed grammar: the rules flattened into one symbol table, and the memoized transitions of

@@ -31,7 +31,7 @@ import math
 from typing import Callable
 
 from .errors import UsageError
-from .grammar import MAX_REPETITION
+from .grammar import MAX_REPETITION, class_char, literal, repetition
 from .pattern import PatternError, pattern_to_gbnf
 
 
@@ -67,30 +67,6 @@ _DEPS = {"number": ("integral-part", "decimal-part"), "integer": ("integral-part
          "time-string": ("time",), "date-time-string": ("date-time",)}
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _FORMATS = {"date": "date-string", "time": "time-string", "date-time": "date-time-string", "uuid": "uuid"}
-
-
-def literal(text: str) -> str:
-    """A GBNF literal matching `text` exactly."""
-    return '"' + "".join({"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}.get(c, c) for c in text) + '"'
-
-
-def _class_char(c: str) -> str:
-    return {"\r": "\\r", "\n": "\\n", '"': '\\"', "]": "\\]", "-": "\\-", "\\": "\\\\", "^": "\\x5E"}.get(c, c)
-
-
-def repetition(item: str, lo: int, hi: int | None, sep: str = "") -> str:
-    """item repeated lo..hi times (hi None: unbounded), `sep` between items."""
-    if hi == 0:
-        return ""
-    if lo == 0 and hi == 1:
-        return f"{item}?"
-    if not sep:
-        if hi is None:
-            return f"{item}+" if lo == 1 else f"{item}*" if lo == 0 else f"{item}{{{lo},}}"
-        return f"{item}{{{lo},{hi}}}"
-    rest = repetition(f"({sep} {item})", max(lo - 1, 0), None if hi is None else hi - 1)
-    out = f"{item} {rest}"
-    return f"({out})?" if lo == 0 else out
 
 
 def _span(lo: str, hi: str) -> str:
@@ -379,9 +355,9 @@ class _Converter:
                     continue
                 rejects += c
                 sub = {k: v for k, v in child.items() if k is not None}
-                alts.append(f"[{_class_char(c)}] ({walk(child)})" if sub else f"[{_class_char(c)}] {char}+")
+                alts.append(f"[{class_char(ord(c))}] ({walk(child)})" if sub else f"[{class_char(ord(c))}] {char}+")
             if alts:
-                alts.append(f'[^"{"".join(_class_char(c) for c in rejects)}] {char}*')
+                alts.append(f'[^"{"".join(class_char(ord(c)) for c in rejects)}] {char}*')
             return " | ".join(alts)
 
         return f'["] ( {walk(trie)} ){"" if None in trie else "?"} ["]'

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from typing import NoReturn
 
-from .grammar import MAX_REPETITION
+from .grammar import MAX_REPETITION, class_char, literal, repetition
 
 MAX_CP = 0x10FFFF
 Ranges = tuple  # sorted, disjoint, non-adjacent ((lo, hi), ...) of code points
@@ -285,17 +285,10 @@ def parse(pattern: str) -> list[tuple[bool, list, bool]]:
 
 
 # -- writing GBNF --------------------------------------------------------------------------------------------
-def _class_char(c: int) -> str:
-    ch = chr(c)
-    if 0x20 < c < 0x7F and ch not in '\\]-^"[':
-        return ch
-    return f"\\x{c:02X}" if c <= 0xFF else f"\\u{c:04X}" if c <= 0xFFFF else f"\\U{c:08X}"
-
-
 def _class(s: Ranges) -> str:
     """The shorter of the GBNF class of s and the negated class of its complement."""
     neg = complement(s)
-    body = lambda rs: "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}" for lo, hi in rs)
+    body = lambda rs: "".join(class_char(lo) if lo == hi else f"{class_char(lo)}-{class_char(hi)}" for lo, hi in rs)
     return f"[{body(s)}]" if len(s) <= len(neg) else f"[^{body(neg)}]"
 
 
@@ -306,16 +299,12 @@ def json_char(c: int) -> str:
     return f"\\u{c:04x}" if c < 0x20 else chr(c)
 
 
-def _literal(text: str) -> str:
-    return '"' + "".join({"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}.get(c, c) for c in text) + '"'
-
-
 def charset(s: Ranges) -> str:
     """GBNF for the JSON text of one character of s: the raw ones as a class, the others escaped."""
     if not s:
         raise PatternError("an empty character class matches nothing")
     if len(s) == 1 and s[0][0] == s[0][1]:
-        return _literal(json_char(s[0][0]))
+        return literal(json_char(s[0][0]))
     alts = []
     raw = intersect(s, complement(_ESCAPED))
     if raw:
@@ -378,13 +367,7 @@ def _emit(n) -> str:
         item = _emit(sub)
         if not _ATOM.fullmatch(item):
             item = f"({item})"
-        if hi == 0:
-            return '""'
-        if (lo, hi) == (0, 1):
-            return f"{item}?"
-        if hi is None:
-            return f"{item}*" if lo == 0 else f"{item}+" if lo == 1 else f"{item}{{{lo},}}"
-        return f"{item}{{{lo}}}" if lo == hi else f"{item}{{{lo},{hi}}}"
+        return repetition(item, lo, hi) or '""'
     if kind == "seq":
         parts, run = [], ""
         for m in n[1]:
@@ -392,12 +375,12 @@ def _emit(n) -> str:
                 run += json_char(m[1][0][0])  # consecutive characters: one literal
                 continue
             if run:
-                parts.append(_literal(run))
+                parts.append(literal(run))
                 run = ""
             if (part := _emit(m)) != '""':
                 parts.append(part)
         if run:
-            parts.append(_literal(run))
+            parts.append(literal(run))
         return " ".join(parts) if parts else '""'
     if kind == "alt":
         if len(n[1]) == 1:
