@@ -19,7 +19,9 @@ spec_p_min > 0 (opt-in looser acceptance).
 
 With a grammar (grammar.TokenGrammar) every pick is masked in the grammar's state after the tokens
 before it: plain steps, and each verify row after its drafts (a draft model proposes under the grammar
-too); the law is the chain on the masked logits, so speculation stays exact with it.
+too); the law is the chain on the masked logits, so speculation stays exact with it. Mirostat's law
+depends on its state, which follows each pick: verify row i is computed in the state drafts d1..di lead
+to (sampling.Mirostat.rows), and the state moves past what the step emits.
 
 Environment switches: SHARPI_SPEC_BATCH_VERIFY=0 verifies the same proposals with k+1 single-token
 forwards (same output; isolates batched-forward numerics); SHARPI_SPEC_SAMPLE=0 turns speculation
@@ -159,12 +161,9 @@ class Generator:
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off at --temp > 0 (plain sampled decoding)")
         # mirostat's state follows every token it picks (one sampler for the generator's whole life, as
-        # llama.cpp's); sampled speculation would need it along each verify row: plain decoding instead
+        # llama.cpp's); a verify row's law is computed in the state its drafts lead to (Mirostat.rows)
         self.mirostat = (Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, self.n_vocab)
                          if params.mirostat and not params.greedy else None)
-        if self.speculate and self.mirostat is not None:
-            self.speculate = False
-            self.notes.append("--mirostat: speculation is off at --temp > 0 (plain sampled decoding)")
         # greedy steps whose arg-max the model takes where its logits are (a GPU: 4 bytes a row come
         # back instead of the logits; SHARPI_DEVICE_ARGMAX=0 turns it off there)
         self.device_argmax = argmax_on_device(model, params) and grammar is None
@@ -272,6 +271,8 @@ class Generator:
         t0 = time.perf_counter()
         if self.grammar is not None and hasattr(self.drafter, "constrain_with"):
             self.drafter.constrain_with(self.grammar, self.gstate)
+        if self.mirostat is not None and hasattr(self.drafter, "sample_like"):
+            self.drafter.sample_like(self.mirostat)
         props, q = self.drafter.propose(self.history + [t], k)
         props = [int(d) for d in props[:k]]
         stats.draft_ms += (time.perf_counter() - t0) * 1000
@@ -299,7 +300,7 @@ class Generator:
             elif self.params.greedy:
                 n, nxt = accept_greedy(props, rows)
             else:
-                n, nxt = accept_sampled(props, q, filtered_probs(rows, self.params), self.rng, self.p_min)
+                n, nxt = self._accept_sampled(props, q, rows)
         stats.verify_ms += (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         keep = len(self.history) + 1 + n
@@ -328,15 +329,32 @@ class Generator:
             # the None stands for the dead row: reached only when every draft before it matched
             n, nxt = accept_argmax(props[:k], np.argmax(masked, axis=1).tolist() + [None])
         else:
-            p = filtered_probs(torch.from_numpy(masked), self.params)
-            if dead > 0:  # a bonus row stands in for the dead one: if every draft is accepted, nothing follows
-                p = torch.cat([p, p[:1]])
-            n, nxt = accept_sampled(props[:k], q[:k] if q is not None else None, p, self.rng, self.p_min)
-            if dead > 0 and n == k:
-                nxt = None
+            # (after the dead row, if every draft before it is accepted, nothing follows)
+            n, nxt = self._accept_sampled(props[:k], q, torch.from_numpy(masked), dead_after=dead > 0)
         self.gstate = self.grammar.advance_all(self.gstate, props[:n])
         if nxt is not None:
             self.gstate = self.grammar.advance(self.gstate, nxt)
+        return n, nxt
+
+    def _accept_sampled(self, props: list[int], q, rows: torch.Tensor, dead_after: bool = False) -> tuple[int, int | None]:
+        """accept_sampled on verify rows [R, V] (bias, penalties and any grammar mask applied): each row's
+        law from the sampler chain, or mirostat's in the state the drafts before it lead to (mirostat's
+        state then moves past the accepted drafts and the next token). dead_after: every draft accepted
+        leaves nothing to draw (the grammar allows no token there), the next token is None."""
+        mus = None
+        if self.mirostat is None:
+            p = filtered_probs(rows, self.params)
+        else:
+            pn, mus = self.mirostat.rows(rows.detach().to("cpu", torch.float32).numpy(), self.params.temp, props)
+            p = torch.from_numpy(pn)
+        k = min(len(props), p.shape[0])  # mirostat's rows stop at a draft it cannot draw (certain rejection)
+        if dead_after:  # a stand-in bonus row, never drawn from
+            p = torch.cat([p, p[:1]])
+        n, nxt = accept_sampled(props[:k], q[:k] if q is not None else None, p, self.rng, self.p_min)
+        if dead_after and n == k:
+            return n, None
+        if mus is not None:
+            self.mirostat.mu = self.mirostat.after(mus[n], pn[n, nxt])
         return n, nxt
 
     # -- the loop ----------------------------------------------------------------------------------

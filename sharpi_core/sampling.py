@@ -509,14 +509,16 @@ class Mirostat:
         self.tau, self.eta = np.float32(tau), np.float32(eta)
         self.mu = np.float32(2) * self.tau
 
-    def candidates(self, x: np.ndarray, temp: float) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, float32 probabilities) the next token is drawn from, for logits x [V] after bias."""
+    def candidates(self, x: np.ndarray, temp: float, mu=None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 probabilities) the next token is drawn from, for logits x [V] after bias, in
+        the state mu (default: the current one)."""
+        mu = self.mu if mu is None else mu
         v = x / np.float32(temp)
         if self.version == 2:
             e = np.exp(v - v.max())
             p = e / np.float32(e.sum(dtype=np.float64))
             with np.errstate(divide="ignore"):
-                keep = np.flatnonzero(-np.log2(p) <= self.mu)
+                keep = np.flatnonzero(-np.log2(p) <= mu)
             if not keep.shape[0]:
                 keep = np.array([int(np.argmax(v))])
             idx, vals = _sorted(keep, v[keep])
@@ -531,7 +533,7 @@ class Mirostat:
                 b = np.log(p[:n] / p[1:n + 1])
                 s_hat = np.cumsum(t * b, dtype=np.float32)[-1] / np.cumsum(t * t, dtype=np.float32)[-1] if n else np.float32(0)
                 eps = s_hat - np.float32(1)
-                k = np.power((eps * np.power(np.float32(2), self.mu)) / (np.float32(1) - np.power(np.float32(self.n_vocab), -eps)),
+                k = np.power((eps * np.power(np.float32(2), mu)) / (np.float32(1) - np.power(np.float32(self.n_vocab), -eps)),
                              np.float32(1) / s_hat)
             # C's int(k) on x86: NaN, infinities and |k| >= 2^31 become INT_MIN, so one token
             k = int(k) if np.isfinite(k) and abs(float(k)) < 2.0 ** 31 else 1
@@ -542,8 +544,29 @@ class Mirostat:
 
     def pick(self, idx: np.ndarray, p: np.ndarray, j: int) -> int:
         """Records that position j of candidates() was drawn: mu moves toward tau. Returns the id."""
-        self.mu = self.mu - self.eta * (-np.log2(p[j]) - self.tau)
+        self.mu = self.after(self.mu, p[j])
         return int(idx[j])
+
+    def after(self, mu, p):
+        """The state after drawing, in state mu, a token of (float32) probability p."""
+        return mu - self.eta * (-np.log2(p) - self.tau)
+
+    def rows(self, x: np.ndarray, temp: float, drafts: Sequence[int]) -> tuple[np.ndarray, list]:
+        """A speculative verify pass's distributions: x [R, V] its rows after bias (row i follows
+        drafts[:i]) -> (p [m, V] float32, zero outside the candidates; the states [m] they were computed
+        in). Row i's state is the one drafting drafts[:i] leads to, so each row is the law plain
+        decoding would draw from after accepting the drafts before it. The rows stop at the first draft
+        of probability 0: its rejection is certain, and no state follows it."""
+        mu, p, mus = self.mu, np.zeros(x.shape, dtype=np.float32), []
+        for i in range(x.shape[0]):
+            idx, pr = self.candidates(x[i], temp, mu)
+            p[i, idx] = pr
+            mus.append(mu)
+            d = drafts[i] if i < len(drafts) else -1
+            if not (0 <= d < x.shape[1] and p[i, d] > 0):
+                return p[: i + 1], mus
+            mu = self.after(mu, p[i, d])
+        return p, mus
 
     def sample(self, logits: torch.Tensor, params: "SamplingParams", generator: torch.Generator | None,
                constrain=None) -> int:

@@ -9,7 +9,7 @@ import torch
 import sharpi_core.generate as generate_mod
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
-from sharpi_core.sampling import SamplingParams, apply_penalties, argmax, draw, filtered_probs
+from sharpi_core.sampling import Mirostat, SamplingParams, apply_penalties, argmax, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
 from toy import ChainToy, ToyModel, ToyTokenizer, _next_hash, chi2_sf
 
@@ -416,16 +416,64 @@ def test_thread_governor_is_stepped_per_prompt_batch_and_decoding_step():
     assert c.n == 5 + 1 + 5
 
 
-def test_mirostat_decodes_plainly_at_temp_above_0_and_keeps_its_state():
-    """--mirostat: its state follows every pick, so sampled speculation is off (same tokens as without a
-    drafter, same seed); at temp 0 it is greedy and speculation runs."""
-    p = SamplingParams(temp=0.9, mirostat=2, mirostat_tau=2.0, mirostat_eta=0.2)
-    plain, _ = make(p, None, n_ctx=256, seed=5)
-    a = plain.generate(PROMPT, n_predict=60).tokens
-    spec, _ = make(p, drafter_for("lookup", p), n_ctx=256, spec_n_max=4, seed=5)
-    assert spec.generate(PROMPT, n_predict=60).tokens == a
-    assert any("--mirostat" in n for n in spec.notes) and not spec.speculate
-    assert plain.mirostat.mu != np.float32(4.0)
+MIROSTAT = [SamplingParams(temp=0.9, mirostat=2, mirostat_tau=1.5, mirostat_eta=1.0, logit_bias=((1, 0.3),)),
+            SamplingParams(temp=0.9, mirostat=1, mirostat_tau=1.5, mirostat_eta=1.0)]
+
+
+def mirostat_pvalue(params: SamplingParams, tokens: list[int]) -> float:
+    """martingale_pvalue for mirostat, whose law at each step comes from its state mu, which follows the
+    tokens before it (recomputed here along the sequence, as plain decoding moves it)."""
+    model = target_model()
+    tok, pos, h = model.state_after(PROMPT)
+    m = Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, V)
+    ctx, steps = list(PROMPT), []
+    for t in tokens:
+        x = apply_penalties(model._row(tok, pos, h), None, params).numpy()
+        idx, pr = m.candidates(x, params.temp)
+        p = np.zeros(V)
+        p[idx] = pr
+        if not p[t] > 0:
+            return 0.0  # a token the law cannot draw
+        steps.append((ctx[-1], t, p / p.sum()))
+        m.pick(idx, pr, idx.tolist().index(t))
+        ctx.append(t)
+        tok, pos, h = t, pos + 1, _next_hash(h, t)
+    return martingale_test(steps)
+
+
+@pytest.mark.parametrize("kind,n_max", [("model", 4), ("lookup", 3), ("wide", 3)])
+@pytest.mark.parametrize("params", MIROSTAT, ids=["v2", "v1"])
+def test_sampled_mirostat_speculation_follows_the_target(kind, n_max, params):
+    """Speculating with mirostat: each verify row's law in the state its drafts lead to, the state moved
+    past what is accepted. The sequence is a sample of plain mirostat decoding (its tau is low enough here
+    that the state cuts the toy's candidates, so a wrong state would show)."""
+    res = long_run(kind, params, N_LONG, n_max, seed=41)
+    s = res.spec
+    assert s.verify_passes > N_LONG // 10 and 0 < s.accepted < s.drafted
+    assert mirostat_pvalue(params, res.tokens) > 0.001
+
+
+@pytest.mark.parametrize("params", MIROSTAT, ids=["v2", "v1"])
+def test_plain_mirostat_follows_the_target_and_a_frozen_state_does_not(monkeypatch, params):
+    gen, _ = make(params, None, n_ctx=N_LONG + 64, seed=42)
+    assert mirostat_pvalue(params, gen.generate(PROMPT, n_predict=N_LONG).tokens) > 0.001
+    # the test sees the state: speculation whose verify rows all take the state before the drafts fails it
+    def stale_rows(self, x, temp, drafts):
+        p = np.zeros(x.shape, dtype=np.float32)
+        for i in range(x.shape[0]):
+            idx, pr = self.candidates(x[i], temp)
+            p[i, idx] = pr
+            if i < len(drafts) and not p[i, drafts[i]] > 0:
+                return p[: i + 1], [self.mu] * (i + 1)
+        return p, [self.mu] * x.shape[0]
+    monkeypatch.setattr(Mirostat, "rows", stale_rows)
+    res = long_run("model", params, N_LONG, 4, seed=43)
+    monkeypatch.undo()
+    assert mirostat_pvalue(params, res.tokens) < 1e-6
+
+
+def test_mirostat_at_temp_0_is_greedy_and_speculates():
     g = SamplingParams(temp=0, mirostat=2)
     spec, _ = make(g, drafter_for("lookup", g), n_ctx=256, spec_n_max=4)
-    assert spec.speculate and spec.generate(PROMPT, n_predict=30).tokens == ref_greedy(PROMPT, 30)
+    assert spec.mirostat is None and spec.speculate
+    assert spec.generate(PROMPT, n_predict=30).tokens == ref_greedy(PROMPT, 30)

@@ -21,10 +21,10 @@ import sharpi_core.generate as generate_mod
 from sharpi_core.generate import Generator
 from sharpi_core.grammar import Grammar, GrammarError, TokenGrammar, decode_utf8, grammar_need
 from sharpi_core.json_schema import SchemaError, int_range, number_range, schema_to_grammar
-from sharpi_core.sampling import SamplingParams, apply_penalties, draw, filtered_probs
+from sharpi_core.sampling import Mirostat, SamplingParams, apply_penalties, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
-from test_generate import (GREEDY, GREEDY_PEN, PROMPT, SAMPLED, SAMPLED_EXT, SAMPLED_PEN, V, drafter_for, make,
-                           martingale_test, target_model)
+from test_generate import (GREEDY, GREEDY_PEN, MIROSTAT, PROMPT, SAMPLED, SAMPLED_EXT, SAMPLED_PEN, V, drafter_for,
+                           make, martingale_test, target_model)
 from toy import ToyTokenizer, _next_hash
 
 CASES = json.loads((Path(__file__).parent / "data" / "llamacpp_grammar.json").read_text())
@@ -388,10 +388,11 @@ def test_a_finished_grammar_stops_the_generation(kind):
     gen, _ = make(GREEDY, drafter_for(kind, GREEDY, target_model()) if kind else None, grammar=tg)
     res = gen.generate(PROMPT, n_predict=20)
     assert res.stop_reason == "grammar" and len(res.tokens) == 3 and res.tokens[0] == 0
-    tg = TokenGrammar(Grammar('root ::= "a" [b-g] [b-g]'), ToyTokenizer(V, eog=(7,)), V)
-    gen, _ = make(SAMPLED, drafter_for(kind, SAMPLED, target_model()) if kind else None, eog=(7,), grammar=tg)
-    res = gen.generate(PROMPT, n_predict=20)
-    assert res.stop_reason == "eos" and len(res.tokens) == 3  # the end token is all that is left
+    for params in (SAMPLED, MIROSTAT[0]):
+        tg = TokenGrammar(Grammar('root ::= "a" [b-g] [b-g]'), ToyTokenizer(V, eog=(7,)), V)
+        gen, _ = make(params, drafter_for(kind, params, target_model()) if kind else None, eog=(7,), grammar=tg)
+        res = gen.generate(PROMPT, n_predict=20)
+        assert res.stop_reason == "eos" and len(res.tokens) == 3  # the end token is all that is left
 
 
 def martingale_pvalue_grammar(params, tokens, tg, min_expected=5.0) -> float:
@@ -400,11 +401,20 @@ def martingale_pvalue_grammar(params, tokens, tg, min_expected=5.0) -> float:
     tok, pos, h = model.state_after(PROMPT)
     ctx, st, steps = list(PROMPT), tg.initial(), []
     need = grammar_need(params)
+    m = Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, V) if params.mirostat else None
     for t in tokens:
         x = apply_penalties(model._row(tok, pos, h), ctx, params).numpy().astype(np.float32)
-        p = filtered_probs(torch.from_numpy(tg.constrain(x, st, need)), params).numpy().astype(np.float64)
+        x = tg.constrain(x, st, need)
+        if m is None:
+            p = filtered_probs(torch.from_numpy(x), params).numpy().astype(np.float64)
+        else:  # mirostat's law in the state plain decoding reaches here
+            idx, pr = m.candidates(x, params.temp)
+            p = np.zeros(V)
+            p[idx] = pr
+            if p[t] > 0:
+                m.pick(idx, pr, idx.tolist().index(t))
         assert p[t] > 0
-        steps.append((ctx[-1], t, p))
+        steps.append((ctx[-1], t, p / p.sum()))
         ctx.append(t)
         st = tg.advance(st, t)
         tok, pos, h = t, pos + 1, _next_hash(h, t)
@@ -412,8 +422,9 @@ def martingale_pvalue_grammar(params, tokens, tg, min_expected=5.0) -> float:
 
 
 @pytest.mark.parametrize("kind,params", [(None, SAMPLED_PEN), ("model", SAMPLED_PEN), ("lookup", SAMPLED),
-                                         ("model", SAMPLED_EXT)],
-                         ids=["plain", "model-k4", "lookup-k4", "model-k4-whole-row-chain"])
+                                         ("model", SAMPLED_EXT), ("model", MIROSTAT[0]), ("lookup", MIROSTAT[0])],
+                         ids=["plain", "model-k4", "lookup-k4", "model-k4-whole-row-chain", "model-k4-mirostat2",
+                              "lookup-k4-mirostat2"])
 def test_sampled_generation_under_a_grammar_follows_the_masked_target(kind, params):
     n = 2000
     drafter = drafter_for(kind, params, target_model(), n_ctx=n + 64, seed=41) if kind else None

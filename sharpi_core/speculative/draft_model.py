@@ -26,6 +26,7 @@ target verifies; only the acceptance rate can change.
 """
 from __future__ import annotations
 
+import copy
 import os
 
 import numpy as np
@@ -56,6 +57,7 @@ class DraftModelDrafter:
         self._k_max = 0  # the most proposals asked for at once
         self._grammar = None  # a grammar.TokenGrammar and its state after the history: see constrain_with
         self._gstate = None
+        self._mirostat = None  # a copy of the target's mirostat sampler: see sample_like
 
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
@@ -135,6 +137,12 @@ class DraftModelDrafter:
         proposes without it.)"""
         self._grammar, self._gstate = grammar, state
 
+    def sample_like(self, mirostat) -> None:
+        """The next proposals are drawn as the target's mirostat sampler (sampling.Mirostat) would draw
+        them, from its current state, the state following each proposal: the law closest to the one the
+        verify rows will have. (Any law is exact, q records it; only the acceptance rate depends on it.)"""
+        self._mirostat = copy.copy(mirostat)
+
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         k = min(k, self.cache.capacity - len(history))
         if k <= 0 or not history:
@@ -157,11 +165,17 @@ class DraftModelDrafter:
             if self.params.greedy:
                 t = int(argmax(x))
             else:
-                idx, p = candidates(x, self.params)
-                t = int(idx[draw(p, self.generator)])
+                if self._mirostat is not None:
+                    idx, p = self._mirostat.candidates(x.detach().to("cpu", torch.float32).numpy(), self.params.temp)
+                    j = draw(p, self.generator)
+                    t = self._mirostat.pick(idx, p, j)
+                else:
+                    idx, p = candidates(x, self.params)
+                    idx, p = idx.numpy(), p.numpy()
+                    t = int(idx[draw(p, self.generator)])
                 if qs is None:
                     qs = np.zeros((k, x.shape[-1]), dtype=np.float32)
-                qs[i, idx.numpy()] = p.numpy()
+                qs[i, idx] = p
             tokens.append(t)
             if self._grammar is not None:
                 self._gstate = self._grammar.advance(self._gstate, t)
