@@ -160,8 +160,9 @@ class Generator:
         if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off at --temp > 0 (plain sampled decoding)")
-        # mirostat's state follows every token it picks (one sampler for the generator's whole life, as
-        # llama.cpp's); a verify row's law is computed in the state its drafts lead to (Mirostat.rows)
+        # mirostat's state follows every token it picks and starts over at each generate() call (llama.cpp's
+        # interactive mode resets its samplers at each user input); a verify row's law is computed in the
+        # state its drafts lead to (Mirostat.rows)
         self.mirostat = (Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, self.n_vocab)
                          if params.mirostat and not params.greedy else None)
         # greedy steps whose arg-max the model takes where its logits are (a GPU: 4 bytes a row come
@@ -396,6 +397,8 @@ class Generator:
         self._k = self.n_max
         if self.grammar is not None:
             self.gstate = self.grammar.initial()
+        if self.mirostat is not None:
+            self.mirostat.reset()
         logits = self._prefill(list(prompt_tokens))
         timings.prompt_ms = (time.perf_counter() - t0) * 1000
         timings.prompt_n = self._prefilled

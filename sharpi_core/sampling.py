@@ -507,6 +507,9 @@ class Mirostat:
     def __init__(self, version: int, tau: float, eta: float, n_vocab: int):
         self.version, self.n_vocab = version, n_vocab
         self.tau, self.eta = np.float32(tau), np.float32(eta)
+        self.reset()
+
+    def reset(self) -> None:
         self.mu = np.float32(2) * self.tau
 
     def candidates(self, x: np.ndarray, temp: float, mu=None) -> tuple[np.ndarray, np.ndarray]:

@@ -477,3 +477,13 @@ def test_mirostat_at_temp_0_is_greedy_and_speculates():
     spec, _ = make(g, drafter_for("lookup", g), n_ctx=256, spec_n_max=4)
     assert spec.mirostat is None and spec.speculate
     assert spec.generate(PROMPT, n_predict=30).tokens == ref_greedy(PROMPT, 30)
+
+
+def test_mirostat_state_starts_over_at_each_generation():
+    # as llama.cpp's interactive mode resets its samplers at each user input (a chat turn here)
+    p = MIROSTAT[0]
+    gen, _ = make(p, None, n_ctx=256, seed=5)
+    gen.generate(PROMPT, n_predict=40)
+    assert gen.mirostat.mu != np.float32(2 * p.mirostat_tau)
+    gen.generate(PROMPT, n_predict=0)
+    assert gen.mirostat.mu == np.float32(2 * p.mirostat_tau)
