@@ -119,6 +119,10 @@ def run(
                                 "prompt (-p, -f) and -r strings, as llama.cpp does (default: on)", show_default=False)] = True,
     n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", help="target layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N (the rest on the CPU)")] = -1,
     device: Annotated[str, Opt("--device", help="cpu or cuda")] = "cpu",
+    prompt_cache: Annotated[Optional[str], Opt("--prompt-cache", help="a file keeping the prompt's KV cache: the next run whose "
+                                               "prompt starts with the same tokens evaluates only the rest (one-shot prompts)")] = None,
+    prompt_cache_all: Annotated[bool, Opt("--prompt-cache-all", help="--prompt-cache keeps the generated tokens too")] = False,
+    prompt_cache_ro: Annotated[bool, Opt("--prompt-cache-ro", help="use --prompt-cache without updating it")] = False,
     json_out: Annotated[bool, Opt("--json", help="print one JSON object (text, tokens, stop reason, timings, spec stats)")] = False,
     verbose: Annotated[bool, Opt("--verbose", "-v", help="more detail on stderr")] = False,
     show_version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,

@@ -70,6 +70,9 @@ class RunOptions:
     show_timings: bool = True  # conversation mode: speeds after each reply
     n_gpu_layers: int = -1
     device: str = "cpu"
+    prompt_cache: str | None = None
+    prompt_cache_all: bool = False
+    prompt_cache_ro: bool = False
     json_out: bool = False
     verbose: bool = False
     model_draft: str | None = None
@@ -147,6 +150,7 @@ def validate(o: RunOptions) -> None:
     check_flash_attn(o.flash_attn)
     if o.device not in ("cpu", "cuda"):
         raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
+    check_prompt_cache(o)
     check_threads(o.threads)
     if o.prompt is not None and o.file is not None:
         raise UsageError("-p/--prompt and -f/--file are mutually exclusive")
@@ -239,6 +243,19 @@ def set_threads(n: int) -> None:
     import torch
     if n > 0:
         torch.set_num_threads(n)
+
+
+def check_prompt_cache(o: RunOptions) -> None:
+    if not o.prompt_cache:
+        if o.prompt_cache_all or o.prompt_cache_ro:
+            raise UsageError(f"{'--prompt-cache-all' if o.prompt_cache_all else '--prompt-cache-ro'} needs --prompt-cache FILE")
+        return
+    if o.prompt_cache_all and o.prompt_cache_ro:
+        raise UsageError("--prompt-cache-all saves more and --prompt-cache-ro saves nothing: choose one")
+    if o.device == "cuda":
+        raise UsageError("--prompt-cache: the CPU's KV caches only for now (not with --device cuda)")
+    from sharpi_core.prompt_cache import check_path
+    check_path(o.prompt_cache, o.prompt_cache_ro)
 
 
 def check_device(o: RunOptions) -> None:
@@ -496,6 +513,8 @@ def run(o: RunOptions) -> int:
             log(f"sharpi: draft {describe(draft, drafter.cache)}")
 
     if interactive:
+        if o.prompt_cache:
+            raise UsageError("--prompt-cache is for one-shot prompts (-p, -f, stdin, -st), not conversation mode")
         from .chat import chat_loop
         return chat_loop(o, target, gen, n_ctx, first_message=prompt)
     if o.single_turn:
@@ -512,6 +531,16 @@ def run(o: RunOptions) -> int:
         engine.check_prompt_fits(len(ids), draft_ctx(o, n_ctx), "-cd/--ctx-size-draft")
     for note in getattr(gen, "notes", []):
         log(f"note: {note}")
+    pcache, cached = None, {"target": (cache, gen.history, target.path)}
+    if draft is not None:
+        cached["draft"] = (drafter.cache, drafter.history, draft.path)
+    if o.prompt_cache:
+        from sharpi_core.prompt_cache import PromptCacheFile
+        pcache = PromptCacheFile(o.prompt_cache)
+        n = {name: pcache.restore(name, *c, ids) for name, c in cached.items()}
+        if o.verbose:
+            log(f"sharpi: prompt cache {o.prompt_cache}: " + ", ".join(f"{name} {k} of {len(ids)} prompt tokens restored"
+                                                                     for name, k in n.items()))
 
     out = sys.stdout
     if not o.json_out and not o.no_display_prompt and not o.single_turn:
@@ -537,6 +566,10 @@ def run(o: RunOptions) -> int:
         elif res.stop_reason == "grammar":
             log("sharpi: the grammar allows no further token (and no end of generation): generation stopped")
         print_report(target, res, o.verbose)
+    if pcache is not None and not o.prompt_cache_ro:
+        # the prompt's positions (with --prompt-cache-all, every token the target's cache holds)
+        if pcache.save(cached, list(gen.history if o.prompt_cache_all else ids)) and o.verbose:
+            log(f"sharpi: prompt cache {o.prompt_cache} saved")
     return 130 if res.stop_reason == "interrupted" else 0
 
 

@@ -149,6 +149,21 @@ class KVCache(CacheBase):
         self.k = _Store(type_k, n_layer, capacity, n_kv_head, head_dim_k)
         self.v = _Store(type_v, n_layer, capacity, n_kv_head, head_dim_v)
 
+    def arrays(self, n: int) -> dict[str, torch.Tensor]:
+        """The arrays at positions [0, n) (views [n_layer, n, ...]), by name: what a prompt cache file keeps."""
+        out = {}
+        for name, s in (("k", self.k), ("v", self.v)):
+            out[name] = s.q[:, :n]
+            if s.kind == "q8_0":
+                out[name + "_scale"] = s.d[:, :n]
+        return out
+
+    def put_arrays(self, arrays: dict[str, torch.Tensor], n: int) -> None:
+        """Positions [0, n) from arrays as arrays() gives them; the cache then holds n positions."""
+        for name, a in self.arrays(n).items():
+            a.copy_(arrays[name])
+        self.length = n
+
     @property
     def nbytes(self) -> int:
         total = 0

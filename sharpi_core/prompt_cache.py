@@ -1,0 +1,136 @@
+"""Prompt cache files (`--prompt-cache FILE`, llama.cpp's flag): the K/V of a prompt's tokens, saved by one
+run and restored by the next whose prompt starts with the same tokens, which then evaluates only the rest.
+
+A file holds one entry per model ("target"; "draft" for a draft model): the token ids whose K/V it carries,
+the model's fingerprint, the cache types and rotations, and the cache's arrays at those positions (f32 /
+f16 values, or q8_0 codes and scales), written by torch.save and read back with weights_only=True (no code
+runs on load). Restoring copies the arrays in and sets the cache's length: the positions read exactly as the
+earlier run wrote them. The generator evaluates the prompt's last token again in any case (its logits give
+the first new token), as llama.cpp does with a session file.
+
+The fingerprint is the model file's size and a sha256 of its first MiB (the GGUF header: metadata and tensor
+table) and of 16 pieces of 64 KiB spread over the rest (weights): cheap on a GB file, and another model,
+quantization or fine-tune differs there. A file made for another model or other cache settings is refused
+with one line, never overwritten: it may hold what the user wants to keep.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import SharpiError, UsageError
+from .speculative.util import common_prefix
+
+MAGIC = "sharpi prompt cache"
+VERSION = 1
+_HEAD = 1 << 20
+_PIECE = 1 << 16
+_PIECES = 16
+
+
+def fingerprint(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    size = os.path.getsize(path)
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_HEAD))
+        if size > _HEAD:
+            step = (size - _HEAD) // _PIECES
+            for i in range(_PIECES):
+                f.seek(_HEAD + i * step)
+                h.update(f.read(_PIECE))
+    return h.hexdigest()
+
+
+def check_path(path: str | os.PathLike, read_only: bool) -> Path:
+    """Refuse, before any model loads, a path the run could not read or (unless read_only) write."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"--prompt-cache {p}: is a directory")
+    if read_only:
+        return p
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--prompt-cache {p}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"--prompt-cache {p}: not writable")
+    return p
+
+
+class PromptCacheFile:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.entries: dict[str, dict] = self._read() if self.path.exists() else {}
+
+    def _read(self) -> dict[str, dict]:
+        try:
+            d = torch.load(self.path, map_location="cpu", weights_only=True)
+        except Exception:  # torch raises several kinds for a file that is not its zip archive
+            d = None
+        if not (isinstance(d, dict) and d.get("magic") == MAGIC and isinstance(d.get("entries"), dict)):
+            raise SharpiError(f"--prompt-cache {self.path}: not a sharpi prompt cache file (left as it is)")
+        if d.get("version") != VERSION:
+            raise SharpiError(f"--prompt-cache {self.path}: written by another version of sharpi (format "
+                              f"{d.get('version')}, this one reads {VERSION}); delete it to start over")
+        return d["entries"]
+
+    def restore(self, name: str, cache, history: list[int], model_path, prompt: list[int]) -> int:
+        """Put into `cache` (and `history`, the tokens it holds) the saved positions that `prompt` starts
+        with; -> how many. A cache must be empty, as after loading."""
+        e = self.entries.get(name)
+        if e is None:
+            return 0
+        self._check(name, e, cache, model_path)
+        n = min(common_prefix(e["tokens"], prompt), cache.capacity)
+        if n:
+            cache.put_arrays({k: a[:, :n] for k, a in e["arrays"].items()}, n)
+            history[:] = list(e["tokens"][:n])
+        return n
+
+    def _check(self, name: str, e: dict, cache, model_path) -> None:
+        what = f"--prompt-cache {self.path}"
+        if e.get("model") != fingerprint(model_path):
+            raise SharpiError(f"{what}: made with another {name} model than {model_path} (left as it is; "
+                              "delete it or name another file)")
+        mine = (cache.type_k, cache.type_v, cache.rot_k, cache.rot_v)
+        theirs = (e.get("type_k"), e.get("type_v"), e.get("rot_k"), e.get("rot_v"))
+        if mine != theirs:
+            raise SharpiError(f"{what}: the {name}'s KV cache there is K {theirs[0]} V {theirs[1]} (rotations "
+                              f"{theirs[2]}, {theirs[3]}), this run's K {mine[0]} V {mine[1]} ({mine[2]}, {mine[3]}) "
+                              "(left as it is; delete it or name another file)")
+        want = cache.arrays(0)
+        arrays = e.get("arrays")
+        if not (isinstance(arrays, dict) and set(arrays) == set(want) and all(
+                isinstance(arrays[k], torch.Tensor) and arrays[k].dtype == a.dtype and arrays[k].dim() == a.dim()
+                and arrays[k].shape[0] == a.shape[0] and arrays[k].shape[2:] == a.shape[2:]
+                and arrays[k].shape[1] == len(e["tokens"]) for k, a in want.items())):
+            raise SharpiError(f"{what}: the {name}'s saved cache does not fit this model's (left as it is)")
+
+    def save(self, models: dict[str, tuple], tokens: list[int]) -> bool:
+        """Record, per name, the positions of `tokens` that (cache, history, model_path) holds; entries of
+        other names stay. Written to a temporary file renamed over the old one (a failed write leaves the
+        old file). -> False when the file already held exactly that (nothing written)."""
+        entries, changed = dict(self.entries), False
+        for name, (cache, history, model_path) in models.items():
+            n = min(common_prefix(history, tokens), cache.length)
+            old = self.entries.get(name)
+            if not n or (old is not None and old["tokens"] == list(tokens[:n])):
+                continue
+            entries[name] = {"tokens": list(tokens[:n]), "model": fingerprint(model_path),
+                             "type_k": cache.type_k, "type_v": cache.type_v, "rot_k": cache.rot_k, "rot_v": cache.rot_v,
+                             "arrays": {k: a.clone() for k, a in cache.arrays(n).items()}}
+            changed = True
+        if not changed:
+            return False
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            torch.save({"magic": MAGIC, "version": VERSION, "entries": entries}, tmp)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise SharpiError(f"--prompt-cache {self.path}: cannot write it ({e.strerror or e})") from None
+        self.entries = entries
+        return True

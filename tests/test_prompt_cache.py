@@ -1,0 +1,89 @@
+"""--prompt-cache: the saved K/V come back bit for bit, a later run evaluates only what the file lacks and
+generates what it would have without the file, and a file made for something else is refused untouched."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import SMOL, loaded, model_path
+from sharpi_core.errors import SharpiError
+from sharpi_core.generate import Generator
+from sharpi_core.prompt_cache import PromptCacheFile
+from sharpi_core.sampling import SamplingParams
+from test_cli import one_error_line, sharpi
+
+PROMPT = "The history of the Roman Empire is long and complicated. In this essay I will describe"
+
+
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])
+def test_restored_positions_are_the_saved_bytes_and_give_the_same_logits(tmp_path, types):
+    model, tok = loaded(SMOL)
+    ids = tok.encode(PROMPT)
+    path = model_path(SMOL)
+    cache = model.new_cache(64, *types)
+    gen = Generator(model, cache, tok, SamplingParams(temp=0))
+    gen.generate(ids, n_predict=4)
+    f = tmp_path / "p.cache"
+    assert PromptCacheFile(f).save({"target": (cache, gen.history, path)}, ids)
+    assert not PromptCacheFile(f).save({"target": (cache, gen.history, path)}, ids)  # nothing new: not rewritten
+    fresh, history = model.new_cache(64, *types), []
+    n = PromptCacheFile(f).restore("target", fresh, history, path, ids + [13, 14])
+    assert n == len(ids) == fresh.length and history == ids
+    for name, a in cache.arrays(len(ids)).items():
+        assert torch.equal(fresh.arrays(len(ids))[name], a), name
+    # the next position's logits read the restored cache exactly as the one that wrote it
+    x = torch.tensor([ids[-1]])
+    cache.truncate(len(ids) - 1)
+    fresh.truncate(len(ids) - 1)
+    assert torch.equal(model.forward(x, len(ids) - 1, fresh), model.forward(x, len(ids) - 1, cache))
+    # a prompt that shares only a prefix restores that prefix
+    other, h2 = model.new_cache(64, *types), []
+    assert PromptCacheFile(f).restore("target", other, h2, path, ids[:5] + [7, 7]) == 5 and h2 == ids[:5]
+    # other cache types are refused
+    with pytest.raises(SharpiError, match="KV cache there is"):
+        PromptCacheFile(f).restore("target", model.new_cache(64, "f32", "f32"), [], path, ids)
+
+
+def test_runs_with_a_prompt_cache(tmp_path):
+    smol = str(model_path(SMOL))
+    f = tmp_path / "p.cache"
+    run = ("-m", smol, "-n", 12, "--temp", 0, "--json", "--prompt-cache", f)
+    plain = json.loads(sharpi("-m", smol, "-p", PROMPT, "-n", 12, "--temp", 0, "--json").stdout)
+    first = json.loads(sharpi(*run, "-p", PROMPT).stdout)
+    assert f.exists() and first["text"] == plain["text"] and first["timings"]["prompt_n"] == plain["timings"]["prompt_n"]
+    second = json.loads(sharpi(*run, "-p", PROMPT).stdout)
+    assert second["text"] == plain["text"] and second["timings"]["prompt_n"] == 1  # the last token, for its logits
+    # a longer prompt evaluates what the file lacks; read-only leaves the file as it is
+    before = f.read_bytes()
+    longer = json.loads(sharpi(*run, "-p", PROMPT + " the Roman roads", "--prompt-cache-ro").stdout)
+    _, tok = loaded(SMOL)
+    a, b = tok.encode(PROMPT, add_special=True), tok.encode(PROMPT + " the Roman roads", add_special=True)
+    assert b[:len(a)] == a and longer["timings"]["prompt_n"] == len(b) - len(a) > 1
+    assert f.read_bytes() == before
+    # --prompt-cache-all keeps the generated tokens: the prompt plus its continuation is then all there
+    r = sharpi(*run, "-p", PROMPT, "--prompt-cache-all", "-md", smol)
+    assert json.loads(r.stdout)["text"] == plain["text"]
+    entries = PromptCacheFile(f).entries
+    assert len(entries["target"]["tokens"]) == plain["timings"]["prompt_n"] + 11 and "draft" in entries
+    cont = json.loads(sharpi(*run, "-p", PROMPT + plain["text"]).stdout)
+    assert cont["timings"]["prompt_n"] <= 2
+
+
+def test_prompt_cache_refusals_leave_the_file(tmp_path):
+    smol = str(model_path(SMOL))
+    f = tmp_path / "p.cache"
+    assert sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, "--prompt-cache", f).returncode == 0
+    made = f.read_bytes()
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "-ctk", "q8_0", "--prompt-cache", f), 1, "KV cache there is")
+    one_error_line(sharpi("-m", "gemma3-270m-q4_k_m", "-p", "Hi", "-n", 1, "--prompt-cache", f), 1, "another target model")
+    assert f.read_bytes() == made
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes")
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--prompt-cache", mine), 1, "not a sharpi prompt cache")
+    assert mine.read_text() == "my notes"
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache-all"), 2, "needs --prompt-cache")
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache", tmp_path), 2, "is a directory")
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache", tmp_path / "no" / "p"), 2, "does not exist")
+    one_error_line(sharpi("-m", smol, "-cnv", "--prompt-cache", f), 2, "one-shot")
