@@ -532,7 +532,7 @@ class Mirostat:
             n = min(99, p.shape[0] - 1)
             i = np.arange(n, dtype=np.float32)
             t = np.log((i + np.float32(2)) / (i + np.float32(1)))
-            with np.errstate(divide="ignore", invalid="ignore"):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # C float: inf, NaN
                 b = np.log(p[:n] / p[1:n + 1])
                 s_hat = np.cumsum(t * b, dtype=np.float32)[-1] / np.cumsum(t * t, dtype=np.float32)[-1] if n else np.float32(0)
                 eps = s_hat - np.float32(1)
