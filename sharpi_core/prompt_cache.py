@@ -6,7 +6,14 @@ the model's fingerprint, the cache types and rotations, and the cache's arrays a
 f16 values, or q8_0 codes and scales), written by torch.save and read back with weights_only=True (no code
 runs on load). Restoring copies the arrays in and sets the cache's length: the positions read exactly as the
 earlier run wrote them. The generator evaluates the prompt's last token again in any case (its logits give
-the first new token), as llama.cpp does with a session file.
+the first new token), as llama.cpp does with a session file. So a run with the file computes what a run
+without it computes when its prompt batches break where the restored positions end (`-b` at that length):
+the rest of the prompt is evaluated as a batch of its own, and batched rows take llama.cpp's prompt-pass
+arithmetic, which depends on a batch's row count, so at a near-tie the output can differ from an unbroken
+prompt pass (llama.cpp's session files behave the same).
+
+Entries carry a sha256 of their tokens and arrays (torch does not check its archive's CRCs): a damaged file
+is refused like one made for something else.
 
 The fingerprint is the model file's size and a sha256 of its first MiB (the GGUF header: metadata and tensor
 table) and of 16 pieces of 64 KiB spread over the rest (weights): cheap on a GB file, and another model,
@@ -60,12 +67,34 @@ def check_path(path: str | os.PathLike, read_only: bool) -> Path:
     return p
 
 
+def _digest(tokens: list[int], arrays: dict[str, torch.Tensor]) -> str:
+    """sha256 of an entry's tokens and arrays: torch does not check its archive's CRCs on load."""
+    h = hashlib.sha256(repr(list(tokens)).encode())
+    for k in sorted(arrays):
+        h.update(k.encode())
+        h.update(arrays[k].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _entry_ok(e) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("tokens"), list) and all(type(t) is int for t in e["tokens"])
+            and isinstance(e.get("arrays"), dict) and all(isinstance(a, torch.Tensor) for a in e["arrays"].values())
+            and isinstance(e.get("digest"), str))
+
+
 class PromptCacheFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        # written through a symbolic link, as llama.cpp writes its session files
+        self._target = Path(os.path.realpath(self.path))
         self.entries: dict[str, dict] = self._read() if self.path.exists() else {}
 
     def _read(self) -> dict[str, dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.read(1)
+        except OSError as e:
+            raise SharpiError(f"--prompt-cache {self.path}: cannot read it ({e.strerror or e})") from None
         try:
             d = torch.load(self.path, map_location="cpu", weights_only=True)
         except Exception:  # torch raises several kinds for a file that is not its zip archive
@@ -75,7 +104,12 @@ class PromptCacheFile:
         if d.get("version") != VERSION:
             raise SharpiError(f"--prompt-cache {self.path}: written by another version of sharpi (format "
                               f"{d.get('version')}, this one reads {VERSION}); delete it to start over")
-        return d["entries"]
+        entries = d["entries"]
+        for name, e in entries.items():
+            if not _entry_ok(e) or _digest(e["tokens"], e["arrays"]) != e["digest"]:
+                raise SharpiError(f"--prompt-cache {self.path}: damaged (its {name} entry does not check out; "
+                                  "left as it is, delete it to start over)")
+        return entries
 
     def restore(self, name: str, cache, history: list[int], model_path, prompt: list[int]) -> int:
         """Put into `cache` (and `history`, the tokens it holds) the saved positions that `prompt` starts
@@ -102,9 +136,9 @@ class PromptCacheFile:
                               f"{theirs[2]}, {theirs[3]}), this run's K {mine[0]} V {mine[1]} ({mine[2]}, {mine[3]}) "
                               "(left as it is; delete it or name another file)")
         want = cache.arrays(0)
-        arrays = e.get("arrays")
-        if not (isinstance(arrays, dict) and set(arrays) == set(want) and all(
-                isinstance(arrays[k], torch.Tensor) and arrays[k].dtype == a.dtype and arrays[k].dim() == a.dim()
+        arrays = e["arrays"]
+        if not (set(arrays) == set(want) and all(
+                arrays[k].dtype == a.dtype and arrays[k].dim() == a.dim()
                 and arrays[k].shape[0] == a.shape[0] and arrays[k].shape[2:] == a.shape[2:]
                 and arrays[k].shape[1] == len(e["tokens"]) for k, a in want.items())):
             raise SharpiError(f"{what}: the {name}'s saved cache does not fit this model's (left as it is)")
@@ -119,18 +153,21 @@ class PromptCacheFile:
             old = self.entries.get(name)
             if not n or (old is not None and old["tokens"] == list(tokens[:n])):
                 continue
+            arrays = {k: a.clone() for k, a in cache.arrays(n).items()}
             entries[name] = {"tokens": list(tokens[:n]), "model": fingerprint(model_path),
                              "type_k": cache.type_k, "type_v": cache.type_v, "rot_k": cache.rot_k, "rot_v": cache.rot_v,
-                             "arrays": {k: a.clone() for k, a in cache.arrays(n).items()}}
+                             "arrays": arrays, "digest": _digest(tokens[:n], arrays)}
             changed = True
         if not changed:
             return False
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp = self._target.with_name(f".{self._target.name}.{os.getpid()}.tmp")
         try:
             torch.save({"magic": MAGIC, "version": VERSION, "entries": entries}, tmp)
-            os.replace(tmp, self.path)
-        except OSError as e:
+            os.replace(tmp, self._target)
+        except Exception as e:  # OSError; torch's RuntimeError on a full disk
+            raise SharpiError(f"--prompt-cache {self.path}: cannot write it "
+                              f"({getattr(e, 'strerror', None) or str(e).splitlines()[0]})") from None
+        finally:  # (an interrupt too)
             tmp.unlink(missing_ok=True)
-            raise SharpiError(f"--prompt-cache {self.path}: cannot write it ({e.strerror or e})") from None
         self.entries = entries
         return True

@@ -516,6 +516,9 @@ class Mirostat:
         """(ids, float32 probabilities) the next token is drawn from, for logits x [V] after bias, in
         the state mu (default: the current one)."""
         mu = self.mu if mu is None else mu
+        top = np.flatnonzero(x == np.inf)
+        if top.shape[0]:  # a +inf logit (bias): nothing else can be drawn (as _row_candidates)
+            return top, np.full(top.shape[0], 1 / np.float32(top.shape[0]), dtype=np.float32)
         v = x / np.float32(temp)
         if self.version == 2:
             e = np.exp(v - v.max())

@@ -487,3 +487,13 @@ def test_mirostat_state_starts_over_at_each_generation():
     assert gen.mirostat.mu != np.float32(2 * p.mirostat_tau)
     gen.generate(PROMPT, n_predict=0)
     assert gen.mirostat.mu == np.float32(2 * p.mirostat_tau)
+
+
+def test_mirostat_with_a_plus_inf_bias_draws_that_token():
+    for version in (1, 2):
+        m = Mirostat(version, 5.0, 0.1, V)
+        x = np.linspace(-1, 1, V).astype(np.float32)
+        x[3] = np.inf
+        idx, p = m.candidates(x, 0.8)
+        assert idx.tolist() == [3] and p.tolist() == [1.0]
+        assert m.pick(idx, p, 0) == 3 and np.isfinite(m.mu)

@@ -62,6 +62,10 @@ def test_runs_with_a_prompt_cache(tmp_path):
     a, b = tok.encode(PROMPT, add_special=True), tok.encode(PROMPT + " the Roman roads", add_special=True)
     assert b[:len(a)] == a and longer["timings"]["prompt_n"] == len(b) - len(a) > 1
     assert f.read_bytes() == before
+    # what a run without the file computes when its prompt batches break where the restored part ends
+    split = json.loads(sharpi("-m", smol, "-p", PROMPT + " the Roman roads", "-n", 12, "--temp", 0, "--json",
+                              "-b", len(a)).stdout)
+    assert longer["tokens"] == split["tokens"]
     # --prompt-cache-all keeps the generated tokens: the prompt plus its continuation is then all there
     r = sharpi(*run, "-p", PROMPT, "--prompt-cache-all", "-md", smol)
     assert json.loads(r.stdout)["text"] == plain["text"]
@@ -84,6 +88,40 @@ def test_prompt_cache_refusals_leave_the_file(tmp_path):
     one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--prompt-cache", mine), 1, "not a sharpi prompt cache")
     assert mine.read_text() == "my notes"
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache-all"), 2, "needs --prompt-cache")
+    # damaged: bytes inside the arrays changed (torch reads it without complaint), or an entry malformed
+    d = torch.load(f, weights_only=True)
+    d["entries"]["target"]["arrays"]["k"][0, 0, 0, 0] += 1
+    torch.save(d, tmp_path / "damaged")
+    d["entries"]["target"]["tokens"] = None
+    torch.save(d, tmp_path / "malformed")
+    for name in ("damaged", "malformed"):
+        bad = (tmp_path / name).read_bytes()
+        one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--prompt-cache", tmp_path / name), 1, "damaged")
+        assert (tmp_path / name).read_bytes() == bad
+    # a symbolic link is written through
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real")
+    assert sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, "--prompt-cache", link).returncode == 0
+    assert link.is_symlink() and PromptCacheFile(tmp_path / "real").entries["target"]["tokens"]
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache", tmp_path), 2, "is a directory")
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache", tmp_path / "no" / "p"), 2, "does not exist")
     one_error_line(sharpi("-m", smol, "-cnv", "--prompt-cache", f), 2, "one-shot")
+
+
+def test_a_failed_write_is_one_error_and_leaves_the_old_file(tmp_path, monkeypatch):
+    model, tok = loaded(SMOL)
+    ids = tok.encode(PROMPT)
+    cache = model.new_cache(32)
+    Generator(model, cache, tok, SamplingParams(temp=0)).generate(ids, n_predict=1)
+    f = tmp_path / "p.cache"
+    f.write_bytes(b"")  # (an old file: replaced only by a whole new one)
+
+    def full_disk(obj, path):
+        open(path, "wb").write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 64\nmore")
+    monkeypatch.setattr(torch, "save", full_disk)
+    pc = PromptCacheFile.__new__(PromptCacheFile)
+    pc.path, pc._target, pc.entries = f, f, {}
+    with pytest.raises(SharpiError, match="cannot write it .*unexpected pos 64"):
+        pc.save({"target": (cache, ids, model_path(SMOL))}, ids)
+    assert f.read_bytes() == b"" and [p.name for p in tmp_path.iterdir()] == ["p.cache"]
