@@ -531,12 +531,13 @@ def run(o: RunOptions) -> int:
         engine.check_prompt_fits(len(ids), draft_ctx(o, n_ctx), "-cd/--ctx-size-draft")
     for note in getattr(gen, "notes", []):
         log(f"note: {note}")
-    pcache, cached = None, {"target": (cache, gen.history, target.path)}
-    if draft is not None:
-        cached["draft"] = (drafter.cache, drafter.history, draft.path)
+    pcache = None
     if o.prompt_cache:
         from sharpi_core.prompt_cache import PromptCacheFile
         pcache = PromptCacheFile(o.prompt_cache)
+        cached = {"target": (cache, gen.history, target.path)}
+        if draft is not None:
+            cached["draft"] = (drafter.cache, drafter.history, draft.path)
         n = {name: pcache.restore(name, *c, ids) for name, c in cached.items()}
         if o.verbose:
             log(f"sharpi: prompt cache {o.prompt_cache}: " + ", ".join(f"{name} {k} of {len(ids)} prompt tokens restored"

@@ -52,19 +52,18 @@ def fingerprint(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def check_path(path: str | os.PathLike, read_only: bool) -> Path:
+def check_path(path: str | os.PathLike, read_only: bool) -> None:
     """Refuse, before any model loads, a path the run could not read or (unless read_only) write."""
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"--prompt-cache {p}: is a directory")
     if read_only:
-        return p
+        return
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"--prompt-cache {p}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UsageError(f"--prompt-cache {p}: not writable")
-    return p
 
 
 def _digest(tokens: list[int], arrays: dict[str, torch.Tensor]) -> str:
@@ -87,6 +86,7 @@ class PromptCacheFile:
         self.path = Path(path)
         # written through a symbolic link, as llama.cpp writes its session files
         self._target = Path(os.path.realpath(self.path))
+        self._fingerprints: dict[str, str] = {}  # model path -> fingerprint: restore() and save() read it once
         self.entries: dict[str, dict] = self._read() if self.path.exists() else {}
 
     def _read(self) -> dict[str, dict]:
@@ -124,9 +124,15 @@ class PromptCacheFile:
             history[:] = list(e["tokens"][:n])
         return n
 
+    def _fingerprint(self, model_path) -> str:
+        key = str(model_path)
+        if key not in self._fingerprints:
+            self._fingerprints[key] = fingerprint(model_path)
+        return self._fingerprints[key]
+
     def _check(self, name: str, e: dict, cache, model_path) -> None:
         what = f"--prompt-cache {self.path}"
-        if e.get("model") != fingerprint(model_path):
+        if e.get("model") != self._fingerprint(model_path):
             raise SharpiError(f"{what}: made with another {name} model than {model_path} (left as it is; "
                               "delete it or name another file)")
         mine = (cache.type_k, cache.type_v, cache.rot_k, cache.rot_v)
@@ -154,7 +160,7 @@ class PromptCacheFile:
             if not n or (old is not None and old["tokens"] == list(tokens[:n])):
                 continue
             arrays = {k: a.clone() for k, a in cache.arrays(n).items()}
-            entries[name] = {"tokens": list(tokens[:n]), "model": fingerprint(model_path),
+            entries[name] = {"tokens": list(tokens[:n]), "model": self._fingerprint(model_path),
                              "type_k": cache.type_k, "type_v": cache.type_v, "rot_k": cache.rot_k, "rot_v": cache.rot_v,
                              "arrays": arrays, "digest": _digest(tokens[:n], arrays)}
             changed = True

@@ -114,14 +114,13 @@ def test_a_failed_write_is_one_error_and_leaves_the_old_file(tmp_path, monkeypat
     cache = model.new_cache(32)
     Generator(model, cache, tok, SamplingParams(temp=0)).generate(ids, n_predict=1)
     f = tmp_path / "p.cache"
+    pc = PromptCacheFile(f)
     f.write_bytes(b"")  # (an old file: replaced only by a whole new one)
 
     def full_disk(obj, path):
         open(path, "wb").write(b"partial")
         raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 64\nmore")
     monkeypatch.setattr(torch, "save", full_disk)
-    pc = PromptCacheFile.__new__(PromptCacheFile)
-    pc.path, pc._target, pc.entries = f, f, {}
     with pytest.raises(SharpiError, match="cannot write it .*unexpected pos 64"):
         pc.save({"target": (cache, ids, model_path(SMOL))}, ids)
     assert f.read_bytes() == b"" and [p.name for p in tmp_path.iterdir()] == ["p.cache"]
