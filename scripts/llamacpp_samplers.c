@@ -11,6 +11,8 @@
  *   B n                  DRY sequence breakers, then n lines of hex-encoded bytes
  *   A n id bias ...      logit biases (hex floats)
  *   M tau eta            mirostat's parameters (stages mirostat, mirostat_v2; they pick the token)
+ *   D target decay       adaptive-p's parameters (stage adaptive_p: it picks the token, and the token
+ *                        it picked is accepted by the chain before the next row, which moves its state)
  *   H n id...            tokens accepted before (the prompt and what was generated)
  *   R r                  then r lines "L V x..." of logits (hex floats), applied one after the other
  * and gives, per logits row, "K n selected" then n lines "id logit" (hex float): the candidates the
@@ -68,6 +70,9 @@ int main(int argc, char **argv) {
             if (scanf(" %d %a", &bias[i].token, &bias[i].bias) != 2) return 6;
         float tau, eta;
         if (scanf(" M %a %a", &tau, &eta) != 2) return 10;
+        float ad_target, ad_decay;
+        if (scanf(" D %a %a", &ad_target, &ad_decay) != 2) return 11;
+        int adaptive = 0;
         int nh;
         if (scanf(" H %d", &nh) != 1) return 7;
         int *hist = calloc((size_t)nh + 1, sizeof *hist);
@@ -92,6 +97,7 @@ int main(int argc, char **argv) {
             else if (!strcmp(s, "temperature")) smp = llama_sampler_init_temp_ext(temp, dyn_range, dyn_exp);
             else if (!strcmp(s, "mirostat")) smp = llama_sampler_init_mirostat(nv, 1234, tau, eta, 100);
             else if (!strcmp(s, "mirostat_v2")) smp = llama_sampler_init_mirostat_v2(1234, tau, eta);
+            else if (!strcmp(s, "adaptive_p")) smp = llama_sampler_init_adaptive_p(ad_target, ad_decay, 1234), adaptive = 1;
             else return 9;
             llama_sampler_chain_add(chain, smp);
         }
@@ -108,6 +114,7 @@ int main(int argc, char **argv) {
             llama_sampler_apply(chain, &arr);
             printf("K %zu %lld\n", arr.size, (long long)arr.selected);
             for (size_t i = 0; i < arr.size; i++) printf("%d %a\n", arr.data[i].id, arr.data[i].logit);
+            if (adaptive && arr.selected >= 0) llama_sampler_accept(chain, arr.data[arr.selected].id);
         }
         fflush(stdout);
         llama_sampler_free(chain);

@@ -28,7 +28,8 @@ BASE = dict(top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, top_n_sigma=-1.0, x
             xtc_threshold=0.1, temp=0.8, dynatemp_range=0.0, dynatemp_exponent=1.0, repeat_last_n=64,
             repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, dry_multiplier=0.0, dry_base=1.75,
             dry_allowed_length=2, dry_penalty_last_n=64, dry_sequence_breakers=["\n", ":", "\"", "*"],
-            samplers=DEFAULT, logit_bias=[], history_text="", scale=0.8, mirostat_tau=5.0, mirostat_eta=0.1, rows=1)
+            samplers=DEFAULT, logit_bias=[], history_text="", scale=0.8, mirostat_tau=5.0, mirostat_eta=0.1,
+            adaptive_target=-1.0, adaptive_decay=0.9, rows=1)
 SMOL, GEMMA, QWEN = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"
 STORY = ("The cat sat on the mat. The cat sat on the mat.\nThe dog: \"sat on the mat\" * the cat sat on the "
          "rug. The cat sat on the mat. The cat sat on the")
@@ -92,6 +93,26 @@ CASES = [
     ("gemma: top-n-sigma, default chain", GEMMA, dict(top_n_sigma=1.5, scale=0.8)),
     ("qwen: dry, code breakers", QWEN, dict(dry_multiplier=0.8, dry_sequence_breakers=["\n", "def ", "(a"],
                                             samplers=["dry"], history_text=CODE)),
+    # adaptive-p (llama.cpp adds it last, in place of dist, when --samplers names it): the logits it
+    # draws from at each of several steps (its state moves with each pick) and what it picked
+    ("adaptive-p 0.5, default chain", SMOL, dict(samplers=DEFAULT + ["adaptive_p"], adaptive_target=0.5, rows=5,
+                                                 scale=1.5)),
+    ("adaptive-p 0.2, decay 0.5, min-p", SMOL, dict(samplers=["min_p", "temperature", "adaptive_p"], min_p=0.02,
+                                                    adaptive_target=0.2, adaptive_decay=0.5, rows=5, scale=2.0)),
+    ("adaptive-p 0.9, no filter, banned tokens", SMOL, dict(samplers=DEFAULT + ["adaptive_p"], temp=1.3, top_k=0,
+                                                            top_p=1.0, min_p=0.0,
+                                                            adaptive_target=0.9, adaptive_decay=0.99, rows=3,
+                                                            logit_bias=[[5, float("-inf")], [77, float("-inf")]])),
+    ("adaptive-p, target above 1, decay above 0.99", SMOL, dict(samplers=["top_k", "temperature", "adaptive_p"],
+                                                                adaptive_target=1.4, adaptive_decay=1.5, rows=4,
+                                                                scale=1.5)),
+    ("adaptive-p after xtc's cut", SMOL, dict(samplers=["top_k", "xtc", "temperature", "adaptive_p"],
+                                              xtc_probability=1.0, xtc_threshold=0.05, adaptive_target=0.3,
+                                              rows=4, scale=1.5)),
+    ("adaptive-p 0, top-n-sigma masks", SMOL, dict(samplers=["top_n_sigma", "temperature", "adaptive_p"],
+                                                   top_n_sigma=4.0, adaptive_target=0.0, rows=3, scale=1.0)),
+    ("qwen: adaptive-p 0.4, typical", QWEN, dict(samplers=["top_k", "typ_p", "temperature", "adaptive_p"],
+                                                 typical_p=0.9, adaptive_target=0.4, rows=4, scale=1.5)),
 ]
 
 
@@ -154,6 +175,7 @@ def main() -> None:
                      f"B {len(c['dry_sequence_breakers'])}"] + [s.encode().hex() for s in c["dry_sequence_breakers"]]
             lines += [f"A {len(bias)} " + " ".join(f"{t} {_hex(b)}" for t, b in bias),
                       f"M {_hex(c['mirostat_tau'])} {_hex(c['mirostat_eta'])}",
+                      f"D {_hex(c['adaptive_target'])} {_hex(c['adaptive_decay'])}",
                       f"H {len(hist)} " + " ".join(map(str, hist)), f"R {len(xs)}"]
             lines += [f"L {tok.n_vocab} " + " ".join(float(v).hex() for v in row) for row in xs]
             r = subprocess.run([str(exe), str(path)], input="\n".join(lines) + "\n", capture_output=True, text=True,
@@ -168,8 +190,24 @@ def main() -> None:
             got = [(i, v) for i, v in steps[0][0] if v != float("-inf")]  # masked (top-n-sigma, temperature 0): not candidates
             case = {"name": name, "model": model, "seed": seed,
                     **{f: c[f] for f in BASE if f not in ("history_text",)}, "logit_bias": bias, "history": hist}
-            if c["rows"] > 1:  # mirostat: each step's kept ids and the id it picked
-                case["steps"] = [{"kept": sorted(i for i, _ in st), "picked": sel} for st, sel in steps]
+            if c["rows"] > 1:  # mirostat, adaptive-p: each step's kept ids and the id it picked
+                case["steps"] = [{"kept": sorted(i for i, v in st if v != float("-inf")), "picked": sel}
+                                 for st, sel in steps]
+                if "adaptive_p" in c["samplers"]:  # and the logits it draws from
+                    for step, (st, _) in zip(case["steps"], steps):
+                        live = [[i, v] for i, v in st if v != float("-inf")]
+                        if len(live) <= 512:
+                            step["logits"] = live
+                            continue
+                        # most of the vocabulary: its count, the ids left out, the 64 highest logits and
+                        # the log of the sum of exp over all of them (what the law's normalization needs)
+                        del step["kept"]
+                        ids = {i for i, _ in live}
+                        assert tok.n_vocab - len(ids) <= 512, "a case for a few hundred candidates or most of them"
+                        v = np.array([w for _, w in live], dtype=np.float64)
+                        step.update(n=len(live), dropped=[i for i in range(tok.n_vocab) if i not in ids],
+                                    top=sorted(live, key=lambda e: -e[1])[:64],
+                                    lse=float(v.max() + np.log(np.exp(v - v.max()).sum())))
                 out.append(case)
                 print(f"{name}: " + ", ".join(f"{len(st)} kept" for st, _ in steps))
                 continue

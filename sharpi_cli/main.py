@@ -90,7 +90,9 @@ def run(
     mirostat: Annotated[int, Opt("--mirostat", help="Mirostat sampling, version 1 or 2, instead of the sampler chain (penalties, DRY, top-k/p etc. are not used; 0 = off)")] = 0,
     mirostat_lr: Annotated[float, Opt("--mirostat-lr", help="Mirostat learning rate, eta")] = 0.1,
     mirostat_ent: Annotated[float, Opt("--mirostat-ent", help="Mirostat target entropy, tau")] = 5.0,
-    samplers: Annotated[Optional[str], Opt("--samplers", help="the sampler order, ';'-separated (default: penalties;dry;top_n_sigma;"
+    adaptive_target: Annotated[float, Opt("--adaptive-target", help="adaptive-p (adaptive_p in --samplers): favour tokens near this probability, 0..1 (< 0 = off)")] = -1.0,
+    adaptive_decay: Annotated[float, Opt("--adaptive-decay", help="adaptive-p: decay of its running average of picked probabilities, 0..0.99")] = 0.9,
+    samplers: Annotated[Optional[str], Opt("--samplers", help="the sampler order, ';'-separated, adaptive_p draws last wherever named (default: penalties;dry;top_n_sigma;"
                                            "top_k;typ_p;top_p;min_p;xtc;temperature)")] = None,
     sampling_seq: Annotated[Optional[str], Opt("--sampling-seq", "--sampler-seq", help="the sampler order as letters (default: edskypmxt)")] = None,
     logit_bias: Annotated[list[str], Opt("-l", "--logit-bias", help="TOKEN_ID(+|-)BIAS, repeatable", show_default=False)] = [],

@@ -47,6 +47,8 @@ class RunOptions:
     mirostat: int = 0
     mirostat_lr: float = 0.1
     mirostat_ent: float = 5.0
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
     samplers: str | None = None  # --samplers; in validate(), the order as a tuple of names
     sampling_seq: str | None = None
     ignore_eos: bool = False
@@ -114,7 +116,8 @@ def validate(o: RunOptions) -> None:
                     ("--xtc-probability", o.xtc_probability), ("--xtc-threshold", o.xtc_threshold),
                     ("--dynatemp-range", o.dynatemp_range), ("--dynatemp-exp", o.dynatemp_exponent),
                     ("--dry-multiplier", o.dry_multiplier), ("--dry-base", o.dry_base), ("--mirostat-lr", o.mirostat_lr),
-                    ("--mirostat-ent", o.mirostat_ent)):
+                    ("--mirostat-ent", o.mirostat_ent), ("--adaptive-target", o.adaptive_target),
+                    ("--adaptive-decay", o.adaptive_decay)):
         if not math.isfinite(v) or abs(v) > FLOAT32_MAX:  # llama.cpp reads these as floats (std::stof)
             raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
     check_samplers(o)
@@ -213,10 +216,15 @@ def check_samplers(o: RunOptions) -> None:
         unused = [f for f, on in (("--repeat-penalty", o.repeat_penalty != 1), ("--presence-penalty", o.presence_penalty != 0),
                                   ("--frequency-penalty", o.frequency_penalty != 0), ("--dry-multiplier", o.dry_multiplier != 0),
                                   ("--top-nsigma", o.top_n_sigma > 0), ("--typical", o.typical_p < 1),
-                                  ("--xtc-probability", o.xtc_probability > 0), ("--dynatemp-range", o.dynatemp_range > 0))
+                                  ("--xtc-probability", o.xtc_probability > 0), ("--dynatemp-range", o.dynatemp_range > 0),
+                                  ("adaptive_p", "adaptive_p" in o.samplers))
                   if on]
         if unused:
             log(f"warning: {', '.join(unused)} not used with --mirostat (its chain: logit bias, temperature, mirostat)")
+    if o.adaptive_target >= 0 and "adaptive_p" not in o.samplers:
+        log("warning: --adaptive-target does nothing unless --samplers (or --sampling-seq) names adaptive_p (a)")
+    elif "adaptive_p" in o.samplers and o.adaptive_target < 0 and not o.mirostat:
+        log("warning: adaptive_p draws as dist with a negative --adaptive-target (the default, -1, is off)")
     if o.dry_base < 1:  # llama.cpp keeps its default then
         log(f"warning: --dry-base {o.dry_base} ignored: must be >= 1 (using 1.75)")
         o.dry_base = 1.75
@@ -468,7 +476,8 @@ def run(o: RunOptions) -> int:
                             dry_multiplier=o.dry_multiplier, dry_base=o.dry_base, dry_allowed_length=o.dry_allowed_length,
                             dry_penalty_last_n=n_ctx if o.dry_penalty_last_n == -1 else o.dry_penalty_last_n,
                             samplers=o.samplers, mirostat=o.mirostat, mirostat_tau=o.mirostat_ent,
-                            mirostat_eta=o.mirostat_lr)
+                            mirostat_eta=o.mirostat_lr, adaptive_target=o.adaptive_target,
+                            adaptive_decay=o.adaptive_decay)
     if params.has_dry:  # the breakers as llama.cpp tokenizes them (a pass over the vocabulary)
         from sharpi_core import dry
         strings = list(dry.DEFAULT_BREAKERS)

@@ -40,7 +40,7 @@ import torch
 
 from .errors import SharpiError
 from .grammar import grammar_need
-from .sampling import Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
+from .sampling import AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
 from .speculative import accept_argmax, accept_greedy, accept_sampled
 from .speculative.util import common_prefix
 from .tokenizer import StreamDecoder
@@ -160,11 +160,14 @@ class Generator:
         if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off at --temp > 0 (plain sampled decoding)")
-        # mirostat's state follows every token it picks and starts over at each generate() call (llama.cpp's
-        # interactive mode resets its samplers at each user input); a verify row's law is computed in the
-        # state its drafts lead to (Mirostat.rows)
-        self.mirostat = (Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, self.n_vocab)
-                         if params.mirostat and not params.greedy else None)
+        # mirostat or adaptive-p draws the token (sampling.Picker): its state follows every token it picks
+        # and starts over at each generate() call (llama.cpp's interactive mode resets its samplers at each
+        # user input); a verify row's law is computed in the state its drafts lead to (Picker.rows)
+        self.picker = None
+        if params.mirostat and not params.greedy:
+            self.picker = Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, self.n_vocab)
+        elif params.adaptive_on:
+            self.picker = AdaptiveP(params.adaptive_target, params.adaptive_decay)
         # greedy steps whose arg-max the model takes where its logits are (a GPU: 4 bytes a row come
         # back instead of the logits; SHARPI_DEVICE_ARGMAX=0 turns it off there)
         self.device_argmax = argmax_on_device(model, params) and grammar is None
@@ -240,8 +243,8 @@ class Generator:
                 if kept is None:
                     raise _Stop("grammar")
                 return kept
-        if self.mirostat is not None:
-            t = self.mirostat.sample(logits, self.params, self.rng, constrain)
+        if self.picker is not None:
+            t = self.picker.sample(logits, self.params, self.rng, self.history, constrain)
         else:
             t = sample(logits, self.params, self.rng, self.history, constrain)
         if self.grammar is not None:
@@ -272,8 +275,8 @@ class Generator:
         t0 = time.perf_counter()
         if self.grammar is not None and hasattr(self.drafter, "constrain_with"):
             self.drafter.constrain_with(self.grammar, self.gstate)
-        if self.mirostat is not None and hasattr(self.drafter, "sample_like"):
-            self.drafter.sample_like(self.mirostat)
+        if self.picker is not None and hasattr(self.drafter, "sample_like"):
+            self.drafter.sample_like(self.picker)
         props, q = self.drafter.propose(self.history + [t], k)
         props = [int(d) for d in props[:k]]
         stats.draft_ms += (time.perf_counter() - t0) * 1000
@@ -339,23 +342,24 @@ class Generator:
 
     def _accept_sampled(self, props: list[int], q, rows: torch.Tensor, dead_after: bool = False) -> tuple[int, int | None]:
         """accept_sampled on verify rows [R, V] (bias, penalties and any grammar mask applied): each row's
-        law from the sampler chain, or mirostat's in the state the drafts before it lead to (mirostat's
-        state then moves past the accepted drafts and the next token). dead_after: every draft accepted
-        leaves nothing to draw (the grammar allows no token there), the next token is None."""
-        mus = None
-        if self.mirostat is None:
+        law from the sampler chain, or a picker's (mirostat, adaptive-p) in the state the drafts before it
+        lead to (its state then moves past the accepted drafts and the next token). dead_after: every
+        draft accepted leaves nothing to draw (the grammar allows no token there), the next token is None."""
+        states = None
+        if self.picker is None:
             p = filtered_probs(rows, self.params)
         else:
-            pn, mus = self.mirostat.rows(rows.detach().to("cpu", torch.float32).numpy(), self.params.temp, props)
+            pn, states, sides = self.picker.rows(rows.detach().to("cpu", torch.float32).numpy(), self.params,
+                                                 props, self.rng)
             p = torch.from_numpy(pn)
-        k = min(len(props), p.shape[0])  # mirostat's rows stop at a draft it cannot draw (certain rejection)
+        k = min(len(props), p.shape[0])  # a picker's rows stop at a draft it cannot draw (certain rejection)
         if dead_after:  # a stand-in bonus row, never drawn from
             p = torch.cat([p, p[:1]])
         n, nxt = accept_sampled(props[:k], q[:k] if q is not None else None, p, self.rng, self.p_min)
         if dead_after and n == k:
             return n, None
-        if mus is not None:
-            self.mirostat.mu = self.mirostat.after(mus[n], pn[n, nxt])
+        if states is not None:
+            self.picker.state = self.picker.next_state(states[n], sides[n], nxt, self.rng)
         return n, nxt
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -397,8 +401,8 @@ class Generator:
         self._k = self.n_max
         if self.grammar is not None:
             self.gstate = self.grammar.initial()
-        if self.mirostat is not None:
-            self.mirostat.reset()
+        if self.picker is not None:
+            self.picker.reset()
         logits = self._prefill(list(prompt_tokens))
         timings.prompt_ms = (time.perf_counter() - t0) * 1000
         timings.prompt_n = self._prefilled

@@ -620,7 +620,7 @@ def grammar_need(params) -> int | None:
         return 1
     if params.mirostat:
         return None
-    for stage in params.samplers:
+    for stage in params.filters:  # (adaptive-p draws from what the filters keep)
         if stage in ("penalties", "dry"):
             continue
         if stage == "top_n_sigma" and params.top_n_sigma <= 0:

@@ -6,7 +6,9 @@
 (llama.cpp's common_sampler_init puts the logit-bias sampler first, then its sampler list, by default
 `penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature` (`--samplers` reorders it), then
 `dist`.) With `--mirostat` the chain is logit bias -> temperature -> mirostat instead (class Mirostat:
-its state follows the tokens it picks); adaptive-p is not implemented.
+its state follows the tokens it picks). `adaptive_p` in `--samplers` (with `--adaptive-target` >= 0)
+replaces `dist` at the end of the chain, wherever the list names it, as llama.cpp does (class
+AdaptiveP: it reshapes the chain's distribution around a target probability its state adapts).
 
 Semantics, each as llama.cpp's src/llama-sampler.cpp:
 - logit bias adds to the logit (several entries for one token add up; -inf bans it);
@@ -54,13 +56,13 @@ from . import dry as _dry
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 # --sampling-seq letters (llama.cpp's common_sampler_type_to_chr)
 SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-                 "m": "min_p", "x": "xtc", "t": "temperature"}
+                 "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p"}
 # the stages that change logits from the history; they come before every filter here
 HISTORY_SAMPLERS = ("penalties", "dry")
 
 
 _NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k", "typ_p": "typ_p",
-          "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature",
+          "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature", "adaptive_p": "adaptive_p",
           "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
 _NAMES.update({a: c for c in list(_NAMES) if "_" in c for a in (c.replace("_", "-"), c.replace("_", ""))})
 
@@ -68,19 +70,20 @@ _NAMES.update({a: c for c in list(_NAMES) if "_" in c for a in (c.replace("_", "
 def sampler_order(names: Sequence[str]) -> tuple[str, ...]:
     """llama.cpp's --samplers / --sampling-seq entries (its names, kebab-case and dash-less aliases,
     `nucleus`, `temp`, `typ`; any case) -> the chain's stage names. ValueError for a name llama.cpp
-    does not know, for infill / adaptive_p (not implemented), for a stage given twice, and for
-    penalties or DRY after a filter (they run on the whole vocabulary before the filters here)."""
+    does not know, for infill (not implemented), for a stage given twice, and for penalties or DRY
+    after a filter (they run on the whole vocabulary before the filters here). `adaptive_p` may stand
+    anywhere: it always picks the token at the end of the chain (llama.cpp's rule)."""
     out: list[str] = []
     for n in names:
         key = n.strip().lower()
-        if key in ("infill", "adaptive_p", "adaptive-p", "adaptivep", "i", "a"):
+        if key in ("infill", "i"):
             raise ValueError(f"the {key} sampler is not supported")
         if key not in _NAMES:
-            raise ValueError(f"unknown sampler '{n}' (known: {', '.join(DEFAULT_SAMPLERS)})")
+            raise ValueError(f"unknown sampler '{n}' (known: {', '.join(DEFAULT_SAMPLERS)}, adaptive_p)")
         if _NAMES[key] in out:
             raise ValueError(f"{_NAMES[key]} is given twice")
         out.append(_NAMES[key])
-    filters = [i for i, n in enumerate(out) if n not in HISTORY_SAMPLERS]
+    filters = [i for i, n in enumerate(out) if n not in HISTORY_SAMPLERS and n != "adaptive_p"]
     late = [n for i, n in enumerate(out) if n in HISTORY_SAMPLERS and filters and i > filters[0]]
     if late:
         raise ValueError(f"{late[0]} must come before the other samplers (it sees the whole vocabulary)")
@@ -113,6 +116,8 @@ class SamplingParams:
     mirostat: int = 0  # 1, 2: Mirostat replaces the chain (bias -> temperature -> mirostat)
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0  # adaptive-p (with "adaptive_p" in samplers): < 0 = off
+    adaptive_decay: float = 0.9
 
     @property
     def greedy(self) -> bool:
@@ -147,8 +152,19 @@ class SamplingParams:
     @property
     def plain_chain(self) -> bool:
         """The default order with top-n-sigma, typical, XTC and dynamic temperature off: the fast path."""
-        return (not self.mirostat and self.samplers == DEFAULT_SAMPLERS and self.top_n_sigma <= 0 and self.typical_p >= 1.0
-                and not self.xtc_on and self.dynatemp_range <= 0)
+        return (not self.mirostat and self.filters == DEFAULT_SAMPLERS and self.top_n_sigma <= 0
+                and self.typical_p >= 1.0 and not self.xtc_on and self.dynatemp_range <= 0)
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        """The chain's stages before the draw (samplers without adaptive_p, which is the draw)."""
+        return tuple(s for s in self.samplers if s != "adaptive_p")
+
+    @property
+    def adaptive_on(self) -> bool:
+        """Adaptive-p draws the token (llama.cpp: adaptive_p in the samplers, target >= 0, no mirostat)."""
+        return (not self.mirostat and not self.greedy and "adaptive_p" in self.samplers
+                and float(np.float32(self.adaptive_target)) >= 0)
 
     @cached_property
     def dry_heads(self) -> dict[int, list[tuple[int, ...]]]:
@@ -176,8 +192,8 @@ def describe_chain(params: SamplingParams) -> str:
     act = {"penalties": params.has_penalties, "dry": params.has_dry, "top_n_sigma": params.top_n_sigma > 0,
            "top_k": params.top_k > 0, "typ_p": params.typical_p < 1, "top_p": params.top_p < 1,
            "min_p": params.min_p > 0, "xtc": params.xtc_on, "temperature": True}
-    on = ["logit-bias"] * bool(params.logit_bias) + [s.replace("_", "-") for s in params.samplers if act[s]]
-    return " -> ".join(["logits"] + on + ["dist"])
+    on = ["logit-bias"] * bool(params.logit_bias) + [s.replace("_", "-") for s in params.filters if act[s]]
+    return " -> ".join(["logits"] + on + ["adaptive-p" if params.adaptive_on else "dist"])
 
 
 def argmax_on_device(model, params: SamplingParams) -> bool:
@@ -497,7 +513,80 @@ def _row_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, 
     return idx, p[idx]
 
 
-class Mirostat:
+class Picker:
+    """A last stage that draws the token itself and whose state follows each token it draws (mirostat,
+    adaptive-p): the law of the next token depends on the tokens before it through `state`, which
+    starts over at reset() (each generate() call: llama.cpp resets its samplers at each user input).
+
+    Subclasses give sides(x, params, state) -> [(weight, ids, law, u)]: the law of one draw as a mixture
+    (one side, or XTC's coin: its no-cut and cut sides), each side's law over `ids` and the value `u`
+    per id that after(state, u) moves the state by when that id is drawn on that side. A drawn token's
+    side is drawn from its posterior (weight * law of the token), so that (token, state) pairs keep
+    plain decoding's joint law; with one side no randomness is used for it."""
+
+    def reset(self) -> None:
+        self.state = self.initial()
+
+    def law(self, x: np.ndarray, params: SamplingParams, state=None) -> tuple[np.ndarray, np.ndarray, list]:
+        """(ids, float64 probabilities, sides) of one draw from logits x [V] (after bias, penalties and
+        any grammar mask) in `state` (default: the current one)."""
+        sides = self.sides(x, params, self.state if state is None else state)
+        if len(sides) == 1:
+            return sides[0][1], sides[0][2].astype(np.float64), sides
+        p = np.zeros(x.shape[0])
+        for w, idx, q, _ in sides:
+            p[idx] += w * q
+        idx = np.flatnonzero(p)
+        return idx, p[idx], sides
+
+    def next_state(self, state, sides: list, token: int, generator: torch.Generator | None):
+        """The state after drawing `token` from `sides` (law()'s) in `state`."""
+        if len(sides) > 1:
+            w = [float(wt * q[np.flatnonzero(idx == token)].sum()) for wt, idx, q, _ in sides]
+            sides = [sides[draw(w, generator)]]
+        _, idx, _, u = sides[0]
+        return self.after(state, u[int(np.flatnonzero(idx == token)[0])])
+
+    def draw_token(self, x: np.ndarray, params: SamplingParams, generator: torch.Generator | None) -> int:
+        """One token from logits x [V] (after bias, penalties and any grammar mask); the state follows it."""
+        idx, p, sides = self.law(x, params)
+        t = int(idx[draw(p, generator)])
+        self.state = self.next_state(self.state, sides, t, generator)
+        return t
+
+    def rows(self, x: np.ndarray, params: SamplingParams, drafts: Sequence[int],
+             generator: torch.Generator | None) -> tuple[np.ndarray, list, list]:
+        """A speculative verify pass's distributions: x [R, V] its rows after bias, penalties and any
+        grammar mask (row i follows drafts[:i]) -> (p [m, V] float32, zero outside the candidates; the
+        states [m] they were computed in; their sides [m] for next_state). Row i's state is the one
+        drawing drafts[:i] leads to, so each row is the law plain decoding would draw from after
+        accepting the drafts before it. The rows stop at the first draft of probability 0: its
+        rejection is certain, and no state follows it."""
+        state, p, states, sides_of = self.state, np.zeros(x.shape, dtype=np.float32), [], []
+        for i in range(x.shape[0]):
+            idx, pr, sides = self.law(x[i], params, state)
+            p[i, idx] = pr
+            states.append(state)
+            sides_of.append(sides)
+            d = drafts[i] if i < len(drafts) else -1
+            if not (0 <= d < x.shape[1] and p[i, d] > 0):
+                return p[: i + 1], states, sides_of
+            state = self.next_state(state, sides, d, generator)
+        return p, states, sides_of
+
+    def sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+               history: Sequence[int] | None = None, constrain=None) -> int:
+        """One token from logits [V] (bias and penalties over `history`, then `constrain`, as in
+        sample()), the state updated."""
+        x = apply_penalties(logits, history, params).detach().to("cpu", torch.float32).reshape(-1).numpy()
+        if constrain is not None:
+            x = constrain(x)
+        if params.greedy:
+            return int(np.argmax(x))
+        return self.draw_token(x, params, generator)
+
+
+class Mirostat(Picker):
     """llama.cpp's mirostat samplers (`--mirostat 1|2`), whose state `mu` (the surprise a token may
     have, in bits) follows every token it picks. Its chain is logit bias -> temperature -> mirostat:
     penalties, DRY and the filters do not apply, as in llama.cpp. Version 2 keeps the tokens whose
@@ -509,13 +598,17 @@ class Mirostat:
         self.tau, self.eta = np.float32(tau), np.float32(eta)
         self.reset()
 
-    def reset(self) -> None:
-        self.mu = np.float32(2) * self.tau
+    def initial(self):
+        return np.float32(2) * self.tau
+
+    @property
+    def mu(self):
+        return self.state
 
     def candidates(self, x: np.ndarray, temp: float, mu=None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, float32 probabilities) the next token is drawn from, for logits x [V] after bias, in
         the state mu (default: the current one)."""
-        mu = self.mu if mu is None else mu
+        mu = self.state if mu is None else mu
         top = np.flatnonzero(x == np.inf)
         if top.shape[0]:  # a +inf logit (bias): nothing else can be drawn (as _row_candidates)
             return top, np.full(top.shape[0], 1 / np.float32(top.shape[0]), dtype=np.float32)
@@ -548,42 +641,72 @@ class Mirostat:
         z = np.exp(vals - vals[0])
         return idx, z / np.cumsum(z, dtype=np.float32)[-1]
 
+    def sides(self, x: np.ndarray, params: SamplingParams, state) -> list:
+        idx, p = self.candidates(x, params.temp, state)
+        return [(1.0, idx, p, p)]
+
     def pick(self, idx: np.ndarray, p: np.ndarray, j: int) -> int:
         """Records that position j of candidates() was drawn: mu moves toward tau. Returns the id."""
-        self.mu = self.after(self.mu, p[j])
+        self.state = self.after(self.state, p[j])
         return int(idx[j])
 
     def after(self, mu, p):
         """The state after drawing, in state mu, a token of (float32) probability p."""
         return mu - self.eta * (-np.log2(p) - self.tau)
 
-    def rows(self, x: np.ndarray, temp: float, drafts: Sequence[int]) -> tuple[np.ndarray, list]:
-        """A speculative verify pass's distributions: x [R, V] its rows after bias (row i follows
-        drafts[:i]) -> (p [m, V] float32, zero outside the candidates; the states [m] they were computed
-        in). Row i's state is the one drafting drafts[:i] leads to, so each row is the law plain
-        decoding would draw from after accepting the drafts before it. The rows stop at the first draft
-        of probability 0: its rejection is certain, and no state follows it."""
-        mu, p, mus = self.mu, np.zeros(x.shape, dtype=np.float32), []
-        for i in range(x.shape[0]):
-            idx, pr = self.candidates(x[i], temp, mu)
-            p[i, idx] = pr
-            mus.append(mu)
-            d = drafts[i] if i < len(drafts) else -1
-            if not (0 <= d < x.shape[1] and p[i, d] > 0):
-                return p[: i + 1], mus
-            mu = self.after(mu, p[i, d])
-        return p, mus
 
-    def sample(self, logits: torch.Tensor, params: "SamplingParams", generator: torch.Generator | None,
-               constrain=None) -> int:
-        """One token from logits [V] (bias added here, then `constrain` as in sample()), mu updated."""
-        x = apply_penalties(logits, None, params).detach().to("cpu", torch.float32).reshape(-1).numpy()
-        if constrain is not None:
-            x = constrain(x)
-        if params.greedy:
-            return int(np.argmax(x))
-        idx, p = self.candidates(x, params.temp)
-        return self.pick(idx, p, draw(p, generator))
+class AdaptiveP(Picker):
+    """llama.cpp's adaptive-p sampler (`adaptive_p` in `--samplers`, `--adaptive-target T`,
+    `--adaptive-decay D`): it draws from the chain's distribution p reshaped around a target
+    probability, logit 5 - 10 d^2 / (1 + d) with d = |p - target'| / 0.3 for each candidate the chain
+    kept (banned and masked tokens stay out), so tokens near target' are favoured. target' = 2 T - the
+    decayed average of the chain's probabilities of the tokens drawn so far (clamped to [0, 1]): when
+    recent picks were likelier than T it aims lower, and the reverse. Its state is that average's
+    (weighted sum, total weight), float32 as llama.cpp keeps them; with XTC's coin the drawn side's
+    probability moves it (Picker's posterior side)."""
+
+    _INV_WIDTH = np.float32(1.0) / np.float32(0.3)
+
+    def __init__(self, target: float, decay: float):
+        self.target = np.float32(target)
+        self.decay = np.float32(min(max(float(np.float32(decay)), 0.0), float(np.float32(0.99))))
+        self.reset()
+
+    def initial(self):
+        one = np.float32(1)
+        return (self.target / (one - self.decay), one / (one - self.decay))
+
+    def after(self, state, u):
+        ws, tw = state
+        return (np.float32(u) + self.decay * ws, np.float32(1) + self.decay * tw)
+
+    def aim(self, state) -> np.float32:
+        """target' for the next draw in `state`."""
+        ws, tw = state
+        t = np.float32(min(max(float(self.target), 0.0), 1.0))
+        a = t if tw == 0 else np.float32(2) * t - ws / tw
+        return np.float32(min(max(float(a), 0.0), 1.0))
+
+    def reshape(self, p: np.ndarray, state) -> np.ndarray:
+        """The chain's probabilities p (float32) of its candidates -> the law drawn from (float64)."""
+        d = np.abs((p - self.aim(state)) * self._INV_WIDTH)
+        v = np.float32(5) - np.float32(10) * d * d / (np.float32(1) + d)
+        z = np.exp(v.astype(np.float64) - float(v.max()))
+        return z / z.sum()
+
+    def sides(self, x: np.ndarray, params: SamplingParams, state) -> list:
+        if params.xtc_on and not (x == np.inf).any():
+            cut = min(1.0, float(np.float32(params.xtc_probability)))
+            chains = [(1.0 - cut, _chain(x, params, False)), (cut, _chain(x, params, True))]
+            chains = [(w, c) for w, c in chains if w > 0]
+        else:
+            chains = [(1.0, _row_candidates(x, params))]
+        out = []
+        for w, (idx, p) in chains:
+            live = x[idx] > -np.inf  # (the fast path keeps banned tokens at probability 0)
+            idx, p = idx[live], p[live].astype(np.float32)
+            out.append((w, idx, self.reshape(p, state), p))
+        return out
 
 
 def candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

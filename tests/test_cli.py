@@ -507,6 +507,8 @@ def test_mismatched_draft_vocab_is_one_error(smol):
     (dict(typical_p=float("nan")), "--typical"),
     (dict(xtc_probability=float("inf")), "--xtc-probability"),
     (dict(dynatemp_exponent=1e39), "--dynatemp-exp"),
+    (dict(adaptive_target=float("nan")), "--adaptive-target"),
+    (dict(samplers="top_k;adaptive_p;Adaptive-P"), "adaptive_p is given twice"),
 ])
 def test_sampler_flags_are_checked(args, fragment):
     from sharpi_cli.runner import RunOptions, validate
@@ -523,6 +525,26 @@ def test_sampler_order_takes_llama_cpps_names_and_letters():
     o = RunOptions(sampling_seq="edskypmxt")
     validate(o)
     assert o.samplers == ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+    # adaptive-p may be named anywhere (it draws last, as llama.cpp's), so penalties may follow it
+    o = RunOptions(samplers="adaptive-p;penalties;min_p;temperature", adaptive_target=0.4)
+    validate(o)
+    assert o.samplers == ("adaptive_p", "penalties", "min_p", "temperature")
+
+
+def test_adaptive_p_flags_say_when_they_do_nothing(capsys):
+    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_core.sampling import SamplingParams, describe_chain
+    validate(RunOptions(adaptive_target=0.5))
+    assert "--adaptive-target does nothing unless --samplers" in capsys.readouterr().err
+    validate(RunOptions(sampling_seq="kmta"))
+    assert "adaptive_p draws as dist with a negative --adaptive-target" in capsys.readouterr().err
+    validate(RunOptions(sampling_seq="kmta", adaptive_target=0.5))
+    assert capsys.readouterr().err == ""
+    validate(RunOptions(sampling_seq="kta", adaptive_target=0.5, mirostat=2))
+    assert "adaptive_p not used with --mirostat" in capsys.readouterr().err
+    p = SamplingParams(samplers=("min_p", "adaptive_p", "temperature"), adaptive_target=0.5)
+    assert describe_chain(p) == "logits -> min-p -> temperature -> adaptive-p"
+    assert describe_chain(SamplingParams(samplers=p.samplers)) == "logits -> min-p -> temperature -> dist"
 
 
 def test_dry_and_the_other_samplers_through_the_cli(smol):
@@ -538,7 +560,8 @@ def test_dry_and_the_other_samplers_through_the_cli(smol):
     assert with_dry != plain
     assert json.loads(sharpi(*base, *dry, "--draft-lookup").stdout)["tokens"] == with_dry
     r = sharpi("-m", smol, "-p", "The cat sat on the mat. The cat", "-n", "16", "--temp", "0.9", "-s", "7",
-               "--samplers", "Penalties;DRY;top-k;nucleus;typ;TEMP;xtc", "--typical", "0.95", "--xtc-probability", "0.5",
+               "--samplers", "Penalties;DRY;top-k;nucleus;typ;TEMP;xtc;adaptive_p", "--adaptive-target", "0.4",
+               "--typical", "0.95", "--xtc-probability", "0.5",
                "--dry-multiplier", "0.5", "--dynatemp-range", "0.3", "--draft-lookup", "--ignore-eos", "--json")
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["tokens"]) == 16

@@ -9,7 +9,7 @@ import torch
 import sharpi_core.generate as generate_mod
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
-from sharpi_core.sampling import Mirostat, SamplingParams, apply_penalties, argmax, draw, filtered_probs
+from sharpi_core.sampling import DEFAULT_SAMPLERS, AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
 from toy import ChainToy, ToyModel, ToyTokenizer, _next_hash, chi2_sf
 
@@ -418,31 +418,46 @@ def test_thread_governor_is_stepped_per_prompt_batch_and_decoding_step():
 
 MIROSTAT = [SamplingParams(temp=0.9, mirostat=2, mirostat_tau=1.5, mirostat_eta=1.0, logit_bias=((1, 0.3),)),
             SamplingParams(temp=0.9, mirostat=1, mirostat_tau=1.5, mirostat_eta=1.0)]
+# adaptive-p: its target moves with each pick (decay 0.3: mostly the last one), so a wrong state shows;
+# after penalties (their history per verify row) and the default chain with its filters
+ADAPTIVE = [SamplingParams(temp=0.9, top_k=0, top_p=1.0, min_p=0.0, samplers=DEFAULT_SAMPLERS + ("adaptive_p",),
+                           adaptive_target=0.3, adaptive_decay=0.3),
+            SamplingParams(temp=0.9, top_k=6, top_p=0.95, min_p=0.03, repeat_penalty=1.2, repeat_last_n=16,
+                           presence_penalty=0.1, samplers=("adaptive_p",) + DEFAULT_SAMPLERS,
+                           adaptive_target=0.15, adaptive_decay=0.5)]
+
+
+def new_picker(params: SamplingParams):
+    if params.mirostat:
+        return Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, V)
+    return AdaptiveP(params.adaptive_target, params.adaptive_decay)
 
 
 def mirostat_pvalue(params: SamplingParams, tokens: list[int]) -> float:
-    """martingale_pvalue for mirostat, whose law at each step comes from its state mu, which follows the
-    tokens before it (recomputed here along the sequence, as plain decoding moves it)."""
+    """martingale_pvalue for a picker (mirostat, adaptive-p without XTC), whose law at each step comes
+    from its state, which follows the tokens before it (recomputed here along the sequence, as plain
+    decoding moves it)."""
     model = target_model()
     tok, pos, h = model.state_after(PROMPT)
-    m = Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, V)
+    m = new_picker(params)
     ctx, steps = list(PROMPT), []
     for t in tokens:
-        x = apply_penalties(model._row(tok, pos, h), None, params).numpy()
-        idx, pr = m.candidates(x, params.temp)
+        x = apply_penalties(model._row(tok, pos, h), ctx, params).numpy()
+        idx, pr, sides = m.law(x, params)
+        assert len(sides) == 1
         p = np.zeros(V)
         p[idx] = pr
         if not p[t] > 0:
             return 0.0  # a token the law cannot draw
         steps.append((ctx[-1], t, p / p.sum()))
-        m.pick(idx, pr, idx.tolist().index(t))
+        m.state = m.next_state(m.state, sides, t, None)
         ctx.append(t)
         tok, pos, h = t, pos + 1, _next_hash(h, t)
     return martingale_test(steps)
 
 
 @pytest.mark.parametrize("kind,n_max", [("model", 4), ("lookup", 3), ("wide", 3)])
-@pytest.mark.parametrize("params", MIROSTAT, ids=["v2", "v1"])
+@pytest.mark.parametrize("params", MIROSTAT + ADAPTIVE, ids=["v2", "v1", "adaptive", "adaptive-penalties"])
 def test_sampled_mirostat_speculation_follows_the_target(kind, n_max, params):
     """Speculating with mirostat: each verify row's law in the state its drafts lead to, the state moved
     past what is accepted. The sequence is a sample of plain mirostat decoding (its tau is low enough here
@@ -453,29 +468,84 @@ def test_sampled_mirostat_speculation_follows_the_target(kind, n_max, params):
     assert mirostat_pvalue(params, res.tokens) > 0.001
 
 
-@pytest.mark.parametrize("params", MIROSTAT, ids=["v2", "v1"])
+@pytest.mark.parametrize("params", MIROSTAT + ADAPTIVE, ids=["v2", "v1", "adaptive", "adaptive-penalties"])
 def test_plain_mirostat_follows_the_target_and_a_frozen_state_does_not(monkeypatch, params):
     gen, _ = make(params, None, n_ctx=N_LONG + 64, seed=42)
     assert mirostat_pvalue(params, gen.generate(PROMPT, n_predict=N_LONG).tokens) > 0.001
+    if params is ADAPTIVE[1]:
+        return  # (its drafts are rarely accepted past the first, whose row has the right state anyway)
     # the test sees the state: speculation whose verify rows all take the state before the drafts fails it
-    def stale_rows(self, x, temp, drafts):
-        p = np.zeros(x.shape, dtype=np.float32)
+    def stale_rows(self, x, params, drafts, generator):
+        p, sides = np.zeros(x.shape, dtype=np.float32), []
         for i in range(x.shape[0]):
-            idx, pr = self.candidates(x[i], temp)
+            idx, pr, sd = self.law(x[i], params)
             p[i, idx] = pr
+            sides.append(sd)
             if i < len(drafts) and not p[i, drafts[i]] > 0:
-                return p[: i + 1], [self.mu] * (i + 1)
-        return p, [self.mu] * x.shape[0]
-    monkeypatch.setattr(Mirostat, "rows", stale_rows)
+                return p[: i + 1], [self.state] * (i + 1), sides
+        return p, [self.state] * x.shape[0], sides
+    monkeypatch.setattr(type(gen.picker), "rows", stale_rows)
     res = long_run("model", params, N_LONG, 4, seed=43)
     monkeypatch.undo()
     assert mirostat_pvalue(params, res.tokens) < 1e-6
 
 
+# XTC before adaptive-p: which side of XTC's coin a token came from moves adaptive-p's state differently,
+# and the coin is not seen, so the law of a sequence is a sum over coins (no martingale test): here whole
+# sequences of 3 tokens against that sum
+XTC_ADAPTIVE = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, xtc_probability=0.5, xtc_threshold=0.12,
+                              samplers=DEFAULT_SAMPLERS + ("adaptive_p",), adaptive_target=0.5, adaptive_decay=0.0)
+
+
+def sequence_law(params: SamplingParams, n: int) -> dict[tuple, float]:
+    """The probability of each sequence of n tokens plain decoding draws after PROMPT, summed over the
+    picker's sides (XTC's coin)."""
+    model, m, law = target_model(), new_picker(params), {}
+
+    def walk(ctx, tok, pos, h, state, prob):
+        if len(ctx) == len(PROMPT) + n:
+            law[tuple(ctx[len(PROMPT):])] = law.get(tuple(ctx[len(PROMPT):]), 0.0) + prob
+            return
+        x = apply_penalties(model._row(tok, pos, h), ctx, params).numpy()
+        for w, idx, q, u in m.sides(x, params, state):
+            for j, t in enumerate(idx.tolist()):
+                walk(ctx + [t], t, pos + 1, _next_hash(h, t), m.after(state, u[j]), prob * w * float(q[j]))
+    walk(list(PROMPT), *model.state_after(PROMPT), m.initial(), 1.0)
+    return law
+
+
+def sequences_pvalue(params: SamplingParams, kind: str, runs: int, seed: int) -> float:
+    """Chi-square of `runs` generations of 3 tokens (speculating with `kind`) against sequence_law."""
+    law = sequence_law(params, 3)
+    gen, _ = make(params, drafter_for(kind, params, target_model(), n_ctx=64, seed=seed + 1), n_ctx=64,
+                  spec_n_max=3, seed=seed)
+    seen: dict[tuple, int] = {}
+    for _ in range(runs):
+        t = tuple(gen.generate(PROMPT, n_predict=3).tokens)
+        assert t in law
+        seen[t] = seen.get(t, 0) + 1
+    big = [c for c, p in law.items() if p * runs >= 5]
+    e = np.array([law[c] * runs for c in big] + [runs * (1 - sum(law[c] for c in big))])
+    o = np.array([seen.get(c, 0) for c in big] + [runs - sum(seen.get(c, 0) for c in big)])
+    return chi2_sf(float(((o - e) ** 2 / e).sum()), len(e) - 1)
+
+
+def test_xtc_then_adaptive_p_speculation_is_exact_and_a_coin_ignoring_the_token_is_not(monkeypatch):
+    assert sequences_pvalue(XTC_ADAPTIVE, "model", 3000, seed=51) > 0.001
+
+    def prior_side(self, state, sides, token, generator):  # the coin's side without looking at the token
+        side = sides[draw([w for w, *_ in sides], generator)]
+        if not (side[1] == token).any():
+            side = sides[0] if side is sides[1] else sides[1]
+        return self.after(state, side[3][int(np.flatnonzero(side[1] == token)[0])])
+    monkeypatch.setattr(AdaptiveP, "next_state", prior_side)
+    assert sequences_pvalue(XTC_ADAPTIVE, "model", 3000, seed=52) < 1e-6
+
+
 def test_mirostat_at_temp_0_is_greedy_and_speculates():
     g = SamplingParams(temp=0, mirostat=2)
     spec, _ = make(g, drafter_for("lookup", g), n_ctx=256, spec_n_max=4)
-    assert spec.mirostat is None and spec.speculate
+    assert spec.picker is None and spec.speculate
     assert spec.generate(PROMPT, n_predict=30).tokens == ref_greedy(PROMPT, 30)
 
 
@@ -484,9 +554,9 @@ def test_mirostat_state_starts_over_at_each_generation():
     p = MIROSTAT[0]
     gen, _ = make(p, None, n_ctx=256, seed=5)
     gen.generate(PROMPT, n_predict=40)
-    assert gen.mirostat.mu != np.float32(2 * p.mirostat_tau)
+    assert gen.picker.mu != np.float32(2 * p.mirostat_tau)
     gen.generate(PROMPT, n_predict=0)
-    assert gen.mirostat.mu == np.float32(2 * p.mirostat_tau)
+    assert gen.picker.mu == np.float32(2 * p.mirostat_tau)
 
 
 def test_mirostat_with_a_plus_inf_bias_draws_that_token():

@@ -21,10 +21,10 @@ import sharpi_core.generate as generate_mod
 from sharpi_core.generate import Generator
 from sharpi_core.grammar import Grammar, GrammarError, TokenGrammar, decode_utf8, grammar_need
 from sharpi_core.json_schema import SchemaError, int_range, number_range, schema_to_grammar
-from sharpi_core.sampling import Mirostat, SamplingParams, apply_penalties, draw, filtered_probs
+from sharpi_core.sampling import SamplingParams, apply_penalties, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
-from test_generate import (GREEDY, GREEDY_PEN, MIROSTAT, PROMPT, SAMPLED, SAMPLED_EXT, SAMPLED_PEN, V, drafter_for,
-                           make, martingale_test, target_model)
+from test_generate import (ADAPTIVE, GREEDY, GREEDY_PEN, MIROSTAT, PROMPT, SAMPLED, SAMPLED_EXT, SAMPLED_PEN, V,
+                           drafter_for, make, martingale_test, new_picker, target_model)
 from toy import ToyTokenizer, _next_hash
 
 CASES = json.loads((Path(__file__).parent / "data" / "llamacpp_grammar.json").read_text())
@@ -401,18 +401,18 @@ def martingale_pvalue_grammar(params, tokens, tg, min_expected=5.0) -> float:
     tok, pos, h = model.state_after(PROMPT)
     ctx, st, steps = list(PROMPT), tg.initial(), []
     need = grammar_need(params)
-    m = Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, V) if params.mirostat else None
+    m = new_picker(params) if params.mirostat or params.adaptive_on else None
     for t in tokens:
         x = apply_penalties(model._row(tok, pos, h), ctx, params).numpy().astype(np.float32)
         x = tg.constrain(x, st, need)
         if m is None:
             p = filtered_probs(torch.from_numpy(x), params).numpy().astype(np.float64)
-        else:  # mirostat's law in the state plain decoding reaches here
-            idx, pr = m.candidates(x, params.temp)
+        else:  # the picker's law in the state plain decoding reaches here
+            idx, pr, sides = m.law(x, params)
             p = np.zeros(V)
             p[idx] = pr
             if p[t] > 0:
-                m.pick(idx, pr, idx.tolist().index(t))
+                m.state = m.next_state(m.state, sides, t, None)
         assert p[t] > 0
         steps.append((ctx[-1], t, p / p.sum()))
         ctx.append(t)
@@ -422,9 +422,10 @@ def martingale_pvalue_grammar(params, tokens, tg, min_expected=5.0) -> float:
 
 
 @pytest.mark.parametrize("kind,params", [(None, SAMPLED_PEN), ("model", SAMPLED_PEN), ("lookup", SAMPLED),
-                                         ("model", SAMPLED_EXT), ("model", MIROSTAT[0]), ("lookup", MIROSTAT[0])],
+                                         ("model", SAMPLED_EXT), ("model", MIROSTAT[0]), ("lookup", MIROSTAT[0]),
+                                         ("model", ADAPTIVE[1])],
                          ids=["plain", "model-k4", "lookup-k4", "model-k4-whole-row-chain", "model-k4-mirostat2",
-                              "lookup-k4-mirostat2"])
+                              "lookup-k4-mirostat2", "model-k4-adaptive-p"])
 def test_sampled_generation_under_a_grammar_follows_the_masked_target(kind, params):
     n = 2000
     drafter = drafter_for(kind, params, target_model(), n_ctx=n + 64, seed=41) if kind else None

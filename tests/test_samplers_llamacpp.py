@@ -35,7 +35,8 @@ def _params(c: dict, tok: Tokenizer) -> SamplingParams:
         frequency_penalty=c["frequency_penalty"], presence_penalty=c["presence_penalty"],
         dry_multiplier=c["dry_multiplier"], dry_base=c["dry_base"], dry_allowed_length=c["dry_allowed_length"],
         dry_penalty_last_n=c["dry_penalty_last_n"], dry_breakers=dry.breakers(tok, c["dry_sequence_breakers"]),
-        samplers=tuple(c["samplers"]), logit_bias=tuple((int(t), float(b)) for t, b in c["logit_bias"]))
+        samplers=tuple(c["samplers"]), logit_bias=tuple((int(t), float(b)) for t, b in c["logit_bias"]),
+        adaptive_target=c["adaptive_target"], adaptive_decay=c["adaptive_decay"])
 
 
 def _needs(c: dict) -> bool:
@@ -137,7 +138,7 @@ def test_dry_changes_the_greedy_toy_chain():
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c["name"], marks=() if _needs(c) else pytest.mark.slow)
-                                  for c in CASES if "steps" in c])
+                                  for c in CASES if "steps" in c and "adaptive_p" not in c["samplers"]])
 def test_mirostat_matches_llama_cpp(case):
     """Mirostat 1 and 2: at each step the candidates llama.cpp keeps for its state mu, which then moves
     with the token llama.cpp picked (fed to ours)."""
@@ -151,6 +152,32 @@ def test_mirostat_matches_llama_cpp(case):
         assert sorted(idx.tolist()) == step["kept"], r
         assert abs(float(p.sum()) - 1) < 1e-5
         m.pick(idx, p, idx.tolist().index(step["picked"]))
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["name"], marks=() if _needs(c) else pytest.mark.slow)
+                                  for c in CASES if "adaptive_p" in c["samplers"]])
+def test_adaptive_p_matches_llama_cpp(case):
+    """Adaptive-p after the chain: at each step the law it draws from is llama.cpp's (the softmax of the
+    logits it leaves), in the state the tokens llama.cpp picked before lead to (fed to ours)."""
+    from sharpi_core.sampling import AdaptiveP
+    tok = vocab_of(case["model"])
+    p = _params(case, tok)
+    assert p.adaptive_on
+    m = AdaptiveP(p.adaptive_target, p.adaptive_decay)
+    for r, step in enumerate(case["steps"]):
+        x = torch.from_numpy(_script.synthetic_logits(case["seed"] + 1000 * r, tok.n_vocab, case["scale"]))
+        x = apply_penalties(x, case["history"], p).numpy()
+        idx, q, sides = m.law(x, p)
+        got = dict(zip(idx.tolist(), q.tolist()))
+        if "logits" in step:  # every candidate's logit
+            assert sorted(got) == step["kept"], r
+            v = np.array([w for _, w in step["logits"]], dtype=np.float64)
+            want = dict(zip([i for i, _ in step["logits"]], np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
+        else:  # most of the vocabulary: which ids are out, the highest logits and the normalization
+            assert len(got) == step["n"] and not set(step["dropped"]) & set(got), r
+            want = {i: float(np.exp(w - step["lse"])) for i, w in step["top"]}
+        assert max(abs(got[i] - want[i]) for i in want) < 1e-6, r
+        m.state = m.next_state(m.state, sides, step["picked"], None)
 
 
 def test_degenerate_values_give_a_distribution():

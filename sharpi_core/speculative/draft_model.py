@@ -57,7 +57,7 @@ class DraftModelDrafter:
         self._k_max = 0  # the most proposals asked for at once
         self._grammar = None  # a grammar.TokenGrammar and its state after the history: see constrain_with
         self._gstate = None
-        self._mirostat = None  # a copy of the target's mirostat sampler: see sample_like
+        self._picker = None  # a copy of the target's picker (mirostat, adaptive-p): see sample_like
 
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         # a target token outside the draft's vocabulary (vocabularies may differ by a few ids) is
@@ -137,11 +137,12 @@ class DraftModelDrafter:
         proposes without it.)"""
         self._grammar, self._gstate = grammar, state
 
-    def sample_like(self, mirostat) -> None:
-        """The next proposals are drawn as the target's mirostat sampler (sampling.Mirostat) would draw
-        them, from its current state, the state following each proposal: the law closest to the one the
-        verify rows will have. (Any law is exact, q records it; only the acceptance rate depends on it.)"""
-        self._mirostat = copy.copy(mirostat)
+    def sample_like(self, picker) -> None:
+        """The next proposals are drawn as the target's picker (sampling.Picker: mirostat, adaptive-p)
+        would draw them, from its current state, the state following each proposal: the law closest to
+        the one the verify rows will have. (Any law is exact, q records it; only the acceptance rate
+        depends on it.)"""
+        self._picker = copy.copy(picker)
 
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         k = min(k, self.cache.capacity - len(history))
@@ -165,10 +166,10 @@ class DraftModelDrafter:
             if self.params.greedy:
                 t = int(argmax(x))
             else:
-                if self._mirostat is not None:
-                    idx, p = self._mirostat.candidates(x.detach().to("cpu", torch.float32).numpy(), self.params.temp)
-                    j = draw(p, self.generator)
-                    t = self._mirostat.pick(idx, p, j)
+                if self._picker is not None:
+                    idx, p, sides = self._picker.law(x.detach().to("cpu", torch.float32).numpy(), self.params)
+                    t = int(idx[draw(p, self.generator)])
+                    self._picker.state = self._picker.next_state(self._picker.state, sides, t, self.generator)
                 else:
                     idx, p = candidates(x, self.params)
                     idx, p = idx.numpy(), p.numpy()
