@@ -113,6 +113,10 @@ CASES = [
                                                    top_n_sigma=4.0, adaptive_target=0.0, rows=3, scale=1.0)),
     ("qwen: adaptive-p 0.4, typical", QWEN, dict(samplers=["top_k", "typ_p", "temperature", "adaptive_p"],
                                                  typical_p=0.9, adaptive_target=0.4, rows=4, scale=1.5)),
+    # llama.cpp's temperature 0 keeps the best of what typical and XTC leave (not the arg-max of all)
+    ("typical 0.5 at temp 0", SMOL, dict(typical_p=0.5, temp=0.0, scale=1.0)),
+    ("typical 0.3 alone at temp 0", SMOL, dict(typical_p=0.3, temp=0.0, samplers=["typ_p", "temperature"], scale=1.5)),
+    ("xtc cut at temp 0", SMOL, dict(xtc_probability=1.0, xtc_threshold=0.05, temp=0.0, scale=1.0)),
 ]
 
 

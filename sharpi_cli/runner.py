@@ -233,13 +233,6 @@ def check_samplers(o: RunOptions) -> None:
             raise UsageError(f"invalid {flag} {v}: out of range (32-bit)")
     if o.dry_penalty_last_n < -1:
         raise UsageError(f"invalid --dry-penalty-last-n {o.dry_penalty_last_n}: must be >= -1 (0 = off, -1 = context)")
-    if o.temp <= 0 and o.dynatemp_range <= 0 and "temperature" in o.samplers:
-        off = [f for f, on in (("--typical", o.typical_p < 1 and "typ_p" in o.samplers),
-                               ("--xtc-probability", o.xtc_probability > 0 and o.xtc_threshold <= 0.5 and "xtc" in o.samplers))
-               if on]
-        if off:
-            log(f"warning: {' and '.join(off)} do nothing at --temp 0: greedy decoding takes the arg-max of the "
-                "logits (after bias, penalties and DRY)")
 
 
 def check_threads(n: int) -> None:

@@ -29,9 +29,10 @@ Semantics, each as llama.cpp's src/llama-sampler.cpp:
   mixture (1 - P) * chain(without the cut) + P * chain(with it), which is what a fresh coin per token
   draws from, and what speculative acceptance needs;
 - temperature divides the logits (dynamic temperature, `dynatemp_range` > 0: a temperature in
-  temp +- range from the candidates' normalized entropy); temp <= 0 is greedy: an exact argmax of
-  the biased/penalized logits (top-k/p, min-p and top-n-sigma always keep the argmax; typical and
-  XTC, which may not, do not apply to greedy decoding here);
+  temp +- range from the candidates' normalized entropy); temp <= 0 keeps the first of the highest
+  logits left: greedy, an exact argmax of the biased/penalized logits, when only top-k/p, min-p and
+  top-n-sigma (which always keep the argmax) come before it; after typical or XTC, which may not,
+  the law of that one survivor (XTC: a mixture of two), as llama.cpp's chain draws it;
 - at least one candidate is always kept (min_keep).
 
 `filtered_probs` returns the final distribution itself ([V] or batched [T, V], zeros outside the
@@ -121,7 +122,17 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temp <= 0 and (self.mirostat > 0 or (self.dynatemp_range <= 0 and "temperature" in self.samplers))
+        """An exact arg-max of the biased/penalized logits: temp <= 0, unless typical or XTC run before the
+        temperature stage (llama.cpp's temperature 0 keeps the best of what they leave: typical may leave
+        out the most likely token, XTC's coin cuts it at random) or dynamic temperature is on."""
+        if self.temp > 0:
+            return False
+        if self.mirostat:
+            return True
+        if self.dynatemp_range > 0 or "temperature" not in self.samplers:
+            return False
+        before = self.samplers[: self.samplers.index("temperature")]
+        return not (("typ_p" in before and self.typical_p < 1.0) or ("xtc" in before and self.xtc_on))
 
     @property
     def has_penalties(self) -> bool:

@@ -30,6 +30,22 @@ def test_lookup_greedy_parity_smollm(prompt, kv):
         assert spec.spec.accepted > 0 and spec.spec.target_passes < len(spec.tokens)
 
 
+def test_typical_at_temp_0_is_the_best_survivor_and_speculation_keeps_it():
+    """llama.cpp's temperature 0 keeps the best of what typical leaves (its llama-completion output here
+    is " Paris.\n\nIn other words, the sentence \"The", the survivor test being the oracle cases of
+    test_samplers_llamacpp): not the arg-max, and deterministic, so speculation gives it token for token."""
+    model, tok = loaded(SMOL)
+    typ = SamplingParams(temp=0.0, typical_p=0.5)
+    assert not typ.greedy
+    plain = run(model, tok, "The capital of France is", 12)
+    out = run(model, tok, "The capital of France is", 12, params=typ, seed=1)
+    assert out.tokens != plain.tokens
+    assert run(model, tok, "The capital of France is", 12, params=typ, seed=2).tokens == out.tokens
+    drafter = DraftModelDrafter(model, model.new_cache(1024), typ, torch.Generator().manual_seed(4))
+    spec = run(model, tok, "The capital of France is", 12, drafter, params=typ, seed=3)
+    assert spec.tokens == out.tokens and spec.spec.accepted > 0
+
+
 def test_batch_verify_switch_gives_identical_output(monkeypatch):
     model, tok = loaded(SMOL)
     a = run(model, tok, ECHO, 32, LookupDrafter(3, 2), params=SamplingParams(temp=0.8), seed=3)
