@@ -87,8 +87,9 @@ def test_prompt_cache_refusals_leave_the_file(tmp_path):
     mine.write_text("my notes")
     one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--prompt-cache", mine), 1, "not a sharpi prompt cache")
     assert mine.read_text() == "my notes"
-    one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache-all"), 2, "needs --prompt-cache")
+    one_error_line(sharpi("-m", smol, "-cnv", "--prompt-cache", f), 2, "one-shot")
     # damaged: bytes inside the arrays changed (torch reads it without complaint), or an entry malformed
+    # (in process from here on: the CLI's one line for these errors is checked above)
     d = torch.load(f, weights_only=True)
     d["entries"]["target"]["arrays"]["k"][0, 0, 0, 0] += 1
     torch.save(d, tmp_path / "damaged")
@@ -96,16 +97,20 @@ def test_prompt_cache_refusals_leave_the_file(tmp_path):
     torch.save(d, tmp_path / "malformed")
     for name in ("damaged", "malformed"):
         bad = (tmp_path / name).read_bytes()
-        one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--prompt-cache", tmp_path / name), 1, "damaged")
+        with pytest.raises(SharpiError, match="damaged"):
+            PromptCacheFile(tmp_path / name)
         assert (tmp_path / name).read_bytes() == bad
     # a symbolic link is written through
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "real")
     assert sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, "--prompt-cache", link).returncode == 0
     assert link.is_symlink() and PromptCacheFile(tmp_path / "real").entries["target"]["tokens"]
-    one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache", tmp_path), 2, "is a directory")
-    one_error_line(sharpi("-m", smol, "-p", "Hi", "--prompt-cache", tmp_path / "no" / "p"), 2, "does not exist")
-    one_error_line(sharpi("-m", smol, "-cnv", "--prompt-cache", f), 2, "one-shot")
+    from sharpi_cli.runner import RunOptions, check_prompt_cache
+    from sharpi_core.errors import UsageError
+    for opts, why in ((dict(prompt_cache_all=True), "needs --prompt-cache"), (dict(prompt_cache=str(tmp_path)), "is a directory"),
+                      (dict(prompt_cache=str(tmp_path / "no" / "p")), "does not exist")):
+        with pytest.raises(UsageError, match=why):
+            check_prompt_cache(RunOptions(**opts))
 
 
 def test_a_failed_write_is_one_error_and_leaves_the_old_file(tmp_path, monkeypatch):
