@@ -56,3 +56,14 @@ def loaded(name: str):
         gf = GGUFFile(model_path(name))
         _loaded[name] = (load_model(gf), Tokenizer.from_gguf(gf))
     return _loaded[name]
+
+
+def pytest_collection_finish(session):
+    """The emulated GPU's model tests (test_simt.py) start in the background as soon as they are
+    selected: see test_simt.start_model_groups_early."""
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if item.name == "test_model_tests_pass_on_the_emulated_gpu":
+            item.module.start_model_groups_early()
+            break

@@ -11,6 +11,7 @@ between blocks and streams, NVRTC itself) stays with a GPU machine.
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import re
@@ -332,11 +333,25 @@ MODEL_TEST_GROUPS = tuple([f"tests/test_cuda_model.py::{t}" for t in group] for 
 )))
 
 
-def start_emulated(*args: str, order: str = "forward", env: dict | None = None) -> subprocess.Popen:
+def start_emulated(*args: str, order: str = "forward", env: dict | None = None, nice: int = 0) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SIMT_DIR), os.environ.get("PYTHONPATH", "")]),
                SHARPI_SIMT_ORDER=order, **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+
+
+# The model groups started when the session has collected them (conftest.pytest_collection_finish),
+# at the lowest priority: single-threaded as the emulator is, they take the CPU the tests before them
+# leave idle (minutes of a suite that is mostly one busy core) instead of running alone at the end.
+_EARLY: list[subprocess.Popen] = []
+
+
+def start_model_groups_early() -> None:
+    if cp.compiler() is None or _EARLY:
+        return
+    _EARLY.extend(start_emulated(*g, nice=19) for g in MODEL_TEST_GROUPS)
+    atexit.register(lambda: [p.kill() for p in _EARLY if p.poll() is None])  # an interrupted session
 
 
 def finish(p: subprocess.Popen) -> subprocess.CompletedProcess:
@@ -374,6 +389,7 @@ def test_kernel_tests_pass_on_the_emulated_gpu(order):
 
 def test_model_tests_pass_on_the_emulated_gpu():
     # in two processes at once: the emulator runs on one core, and these machines have two
-    results = [finish(p) for p in [start_emulated(*g) for g in MODEL_TEST_GROUPS]]
+    procs = _EARLY or [start_emulated(*g) for g in MODEL_TEST_GROUPS]
+    results = [finish(p) for p in procs]
     for h, r in zip(MODEL_TEST_GROUPS, results):
         check_run(r, len(h))
