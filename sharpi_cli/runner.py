@@ -221,10 +221,16 @@ def check_samplers(o: RunOptions) -> None:
                   if on]
         if unused:
             log(f"warning: {', '.join(unused)} not used with --mirostat (its chain: logit bias, temperature, mirostat)")
-    if o.adaptive_target >= 0 and "adaptive_p" not in o.samplers:
-        log("warning: --adaptive-target does nothing unless --samplers (or --sampling-seq) names adaptive_p (a)")
-    elif "adaptive_p" in o.samplers and o.adaptive_target < 0 and not o.mirostat:
+    target = float(np.float32(o.adaptive_target))  # (as SamplingParams reads it: -1e-50 is -0.0, which is on)
+    if "adaptive_p" not in o.samplers:
+        given = [f for f, on in (("--adaptive-target", target >= 0), ("--adaptive-decay", o.adaptive_decay != 0.9)) if on]
+        if given:
+            log(f"warning: {' and '.join(given)} {'do' if len(given) > 1 else 'does'} nothing unless --samplers (or "
+                "--sampling-seq) names adaptive_p (a)")
+    elif target < 0 and not o.mirostat:
         log("warning: adaptive_p draws as dist with a negative --adaptive-target (the default, -1, is off)")
+    if not 0 <= o.adaptive_decay <= 0.99 and "adaptive_p" in o.samplers:  # llama.cpp clamps it
+        log(f"warning: --adaptive-decay {o.adaptive_decay:g} is taken as {min(max(o.adaptive_decay, 0), 0.99):g} (0..0.99)")
     if o.dry_base < 1:  # llama.cpp keeps its default then
         log(f"warning: --dry-base {o.dry_base} ignored: must be >= 1 (using 1.75)")
         o.dry_base = 1.75

@@ -159,7 +159,8 @@ class Generator:
         self.speculate = drafter is not None and spec_n_max >= 1
         if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
-            self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off at --temp > 0 (plain sampled decoding)")
+            self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off for sampled decoding (--temp > 0, or typical "
+                              "or XTC at --temp 0)")
         # mirostat or adaptive-p draws the token (sampling.Picker): its state follows every token it picks
         # and starts over at each generate() call (llama.cpp's interactive mode resets its samplers at each
         # user input); a verify row's law is computed in the state its drafts lead to (Picker.rows)

@@ -685,11 +685,13 @@ class AdaptiveP(Picker):
 
     def initial(self):
         one = np.float32(1)
-        return (self.target / (one - self.decay), one / (one - self.decay))
+        with np.errstate(over="ignore"):  # a huge target: inf, as C's float division gives (then it aims at 0)
+            return (self.target / (one - self.decay), one / (one - self.decay))
 
     def after(self, state, u):
         ws, tw = state
-        return (np.float32(u) + self.decay * ws, np.float32(1) + self.decay * tw)
+        with np.errstate(over="ignore"):
+            return (np.float32(u) + self.decay * ws, np.float32(1) + self.decay * tw)
 
     def aim(self, state) -> np.float32:
         """target' for the next draw in `state`."""

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -542,6 +543,18 @@ def test_adaptive_p_flags_say_when_they_do_nothing(capsys):
     assert capsys.readouterr().err == ""
     validate(RunOptions(sampling_seq="kta", adaptive_target=0.5, mirostat=2))
     assert "adaptive_p not used with --mirostat" in capsys.readouterr().err
+    validate(RunOptions(adaptive_decay=0.5))
+    assert "--adaptive-decay does nothing unless" in capsys.readouterr().err
+    validate(RunOptions(sampling_seq="kta", adaptive_target=0.5, adaptive_decay=5))
+    assert "--adaptive-decay 5 is taken as 0.99" in capsys.readouterr().err
+    validate(RunOptions(sampling_seq="kta", adaptive_target=-1e-50))  # float32 -0.0: on, as SamplingParams reads it
+    assert capsys.readouterr().err == ""
+    assert SamplingParams(samplers=("adaptive_p",), adaptive_target=-1e-50).adaptive_on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a huge target overflows to inf as in C, silently (it then aims at 0)
+        from sharpi_core.sampling import AdaptiveP
+        a = AdaptiveP(3e38, 0.99)
+        assert a.aim(a.after(a.state, 0.5)) == 0
     p = SamplingParams(samplers=("min_p", "adaptive_p", "temperature"), adaptive_target=0.5)
     assert describe_chain(p) == "logits -> min-p -> temperature -> adaptive-p"
     assert describe_chain(SamplingParams(samplers=p.samplers)) == "logits -> min-p -> temperature -> dist"
