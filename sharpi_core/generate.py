@@ -19,9 +19,9 @@ spec_p_min > 0 (opt-in looser acceptance).
 
 With a grammar (grammar.TokenGrammar) every pick is masked in the grammar's state after the tokens
 before it: plain steps, and each verify row after its drafts (a draft model proposes under the grammar
-too); the law is the chain on the masked logits, so speculation stays exact with it. Mirostat's law
-depends on its state, which follows each pick: verify row i is computed in the state drafts d1..di lead
-to (sampling.Mirostat.rows), and the state moves past what the step emits.
+too); the law is the chain on the masked logits, so speculation stays exact with it. A picker's law
+(mirostat, adaptive-p) depends on its state, which follows each pick: verify row i is computed in the
+state drafts d1..di lead to (sampling.Picker.rows), and the state moves past what the step emits.
 
 Environment switches: SHARPI_SPEC_BATCH_VERIFY=0 verifies the same proposals with k+1 single-token
 forwards (same output; isolates batched-forward numerics); SHARPI_SPEC_SAMPLE=0 turns speculation

@@ -501,27 +501,37 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
     return idx, z / z.sum()
 
 
+def _chain_sides(x: np.ndarray, params: SamplingParams) -> list[tuple[float, tuple[np.ndarray, np.ndarray]]]:
+    """One row of (penalized) float32 logits -> the chain's law as the sides of XTC's coin: [(weight,
+    (token ids, probabilities float64))], one side unless XTC may cut (its no-cut side, then its cut)."""
+    top = np.flatnonzero(x == np.inf)
+    if top.shape[0]:  # a +inf logit (bias): nothing else can be drawn (llama.cpp's softmax would be NaN)
+        return [(1.0, (top, np.full(top.shape[0], 1.0 / top.shape[0])))]
+    if params.plain_chain:
+        return [(1.0, _plain_candidates(x, params))]
+    if not params.xtc_on:
+        return [(1.0, _chain(x, params, False))]
+    cut_p = min(1.0, float(np.float32(params.xtc_probability)))
+    if cut_p >= 1.0:
+        return [(1.0, _chain(x, params, True))]
+    return [(w, c) for w, c in ((1.0 - cut_p, _chain(x, params, False)), (cut_p, _chain(x, params, True))) if w > 0]
+
+
+def _mix(sides, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """[(weight, (ids, probabilities))] over n ids -> (ids, probabilities float64) of the mixture."""
+    p = np.zeros(n)
+    for w, (idx, q) in sides:
+        p[idx] += w * q
+    idx = np.flatnonzero(p)
+    return idx, p[idx]
+
+
 def _row_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """One row of (penalized) float32 logits -> (token ids, probabilities float64) it is drawn from.
 
     Not for greedy (temp <= 0): that is an argmax. With XTC the law of one draw, coin included."""
-    top = np.flatnonzero(x == np.inf)
-    if top.shape[0]:  # a +inf logit (bias): nothing else can be drawn (llama.cpp's softmax would be NaN)
-        return top, np.full(top.shape[0], 1.0 / top.shape[0])
-    if params.plain_chain:
-        return _plain_candidates(x, params)
-    if not params.xtc_on:
-        return _chain(x, params, False)
-    cut_p = min(1.0, float(np.float32(params.xtc_probability)))
-    i1, p1 = _chain(x, params, True)
-    if cut_p >= 1.0:
-        return i1, p1
-    i0, p0 = _chain(x, params, False)
-    p = np.zeros(x.shape[0])
-    p[i0] += (1.0 - cut_p) * p0
-    p[i1] += cut_p * p1
-    idx = np.flatnonzero(p)
-    return idx, p[idx]
+    sides = _chain_sides(x, params)
+    return sides[0][1] if len(sides) == 1 else _mix(sides, x.shape[0])
 
 
 class Picker:
@@ -544,11 +554,7 @@ class Picker:
         sides = self.sides(x, params, self.state if state is None else state)
         if len(sides) == 1:
             return sides[0][1], sides[0][2].astype(np.float64), sides
-        p = np.zeros(x.shape[0])
-        for w, idx, q, _ in sides:
-            p[idx] += w * q
-        idx = np.flatnonzero(p)
-        return idx, p[idx], sides
+        return *_mix([(w, (idx, q)) for w, idx, q, _ in sides], x.shape[0]), sides
 
     def next_state(self, state, sides: list, token: int, generator: torch.Generator | None):
         """The state after drawing `token` from `sides` (law()'s) in `state`."""
@@ -558,12 +564,14 @@ class Picker:
         _, idx, _, u = sides[0]
         return self.after(state, u[int(np.flatnonzero(idx == token)[0])])
 
-    def draw_token(self, x: np.ndarray, params: SamplingParams, generator: torch.Generator | None) -> int:
-        """One token from logits x [V] (after bias, penalties and any grammar mask); the state follows it."""
+    def draw_token(self, x: np.ndarray, params: SamplingParams,
+                   generator: torch.Generator | None) -> tuple[int, np.ndarray, np.ndarray]:
+        """One token from logits x [V] (after bias, penalties and any grammar mask), the state following
+        it -> (token, the law's ids, its probabilities)."""
         idx, p, sides = self.law(x, params)
         t = int(idx[draw(p, generator)])
         self.state = self.next_state(self.state, sides, t, generator)
-        return t
+        return t, idx, p
 
     def rows(self, x: np.ndarray, params: SamplingParams, drafts: Sequence[int],
              generator: torch.Generator | None) -> tuple[np.ndarray, list, list]:
@@ -594,7 +602,7 @@ class Picker:
             x = constrain(x)
         if params.greedy:
             return int(np.argmax(x))
-        return self.draw_token(x, params, generator)
+        return self.draw_token(x, params, generator)[0]
 
 
 class Mirostat(Picker):
@@ -656,11 +664,6 @@ class Mirostat(Picker):
         idx, p = self.candidates(x, params.temp, state)
         return [(1.0, idx, p, p)]
 
-    def pick(self, idx: np.ndarray, p: np.ndarray, j: int) -> int:
-        """Records that position j of candidates() was drawn: mu moves toward tau. Returns the id."""
-        self.state = self.after(self.state, p[j])
-        return int(idx[j])
-
     def after(self, mu, p):
         """The state after drawing, in state mu, a token of (float32) probability p."""
         return mu - self.eta * (-np.log2(p) - self.tau)
@@ -708,14 +711,8 @@ class AdaptiveP(Picker):
         return z / z.sum()
 
     def sides(self, x: np.ndarray, params: SamplingParams, state) -> list:
-        if params.xtc_on and not (x == np.inf).any():
-            cut = min(1.0, float(np.float32(params.xtc_probability)))
-            chains = [(1.0 - cut, _chain(x, params, False)), (cut, _chain(x, params, True))]
-            chains = [(w, c) for w, c in chains if w > 0]
-        else:
-            chains = [(1.0, _row_candidates(x, params))]
         out = []
-        for w, (idx, p) in chains:
+        for w, (idx, p) in _chain_sides(x, params):
             live = x[idx] > -np.inf  # (the fast path keeps banned tokens at probability 0)
             idx, p = idx[live], p[live].astype(np.float32)
             out.append((w, idx, self.reshape(p, state), p))

@@ -167,9 +167,8 @@ class DraftModelDrafter:
                 t = int(argmax(x))
             else:
                 if self._picker is not None:
-                    idx, p, sides = self._picker.law(x.detach().to("cpu", torch.float32).numpy(), self.params)
-                    t = int(idx[draw(p, self.generator)])
-                    self._picker.state = self._picker.next_state(self._picker.state, sides, t, self.generator)
+                    t, idx, p = self._picker.draw_token(x.detach().to("cpu", torch.float32).numpy(), self.params,
+                                                        self.generator)
                 else:
                     idx, p = candidates(x, self.params)
                     idx, p = idx.numpy(), p.numpy()
