@@ -103,6 +103,8 @@ part2)
         | tee "$OUT/model_tests.txt" | tail -n 30
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py -k real_tensors 2>&1 \
         | tee "$OUT/real_tensors.txt" | tail -n 5
+    python3 -m pytest -q -rs -p no:cacheprovider tests/test_context_shift.py -k gpu 2>&1 \
+        | tee "$OUT/context_shift.txt" | tail -n 5
     at bench.py SmolLM2
     python3 scripts/bench.py --device cuda -m ${SMOL%.gguf} --runs 3 2>&1 | tee "$OUT/bench_smol.txt"
     at done

@@ -61,6 +61,8 @@ int main(int argc, char **argv) {
     if (fa) cp.flash_attn_type = atoi(fa) ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     const char *q8 = getenv("LCP_KV_Q8_0"); /* "1": K and V caches in q8_0 (-ctk q8_0 -ctv q8_0) */
     if (q8 && atoi(q8)) cp.type_k = cp.type_v = GGML_TYPE_Q8_0;
+    const char *swa = getenv("LCP_SWA_FULL"); /* "1": full-size sliding-window caches (--swa-full), as sharpi's */
+    if (swa && atoi(swa)) cp.swa_full = true;
     dump_dir = getenv("LCP_DUMP");
     if (dump_dir) {
         cp.cb_eval = dump_cb;
@@ -80,6 +82,11 @@ int main(int argc, char **argv) {
     }
     batch.n_tokens = n_prompt;
     int *chosen = malloc(sizeof(int) * (n_gen > 0 ? n_gen : 1));
+    /* LCP_SHIFT_KEEP=N: llama-completion's --context-shift with n_keep N (its BOS included): before a
+     * token that would fill the context, positions [N, N + n_discard) go and the rest move down */
+    const char *sk = getenv("LCP_SHIFT_KEEP");
+    const int n_ctx = (int)llama_n_ctx(ctx);
+    int n_past = n_prompt;
     for (int step = 0; step <= n_gen; step++) {
         if (llama_decode(ctx, batch)) return fprintf(stderr, "llama_decode failed\n"), 1;
         dump_on = 0;
@@ -90,8 +97,34 @@ int main(int argc, char **argv) {
         for (int v = 1; v < n_vocab; v++)
             if (lg[v] > lg[best]) best = v;
         chosen[step] = best;
+        if (sk && n_past + 1 >= n_ctx) {
+            const int n_keep = atoi(sk), n_discard = (n_past - n_keep) / 2;
+            llama_memory_t mem = llama_get_memory(ctx);
+            llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard);
+            llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard);
+            n_past -= n_discard;
+            if (getenv("LCP_SHIFT_COMPACT")) {
+                /* the cells in position order, as sharpi keeps them (llama.cpp fills the freed cells
+                 * first): decode once to apply the K-shift, drop that token, save the sequence and
+                 * load it back into an empty cache (contiguous cells) */
+                batch.token[0] = best;
+                batch.pos[0] = n_past;
+                batch.n_seq_id[0] = 1;
+                batch.seq_id[0][0] = 0;
+                batch.logits[0] = 1;
+                batch.n_tokens = 1;
+                if (llama_decode(ctx, batch)) return fprintf(stderr, "llama_decode failed\n"), 1;
+                llama_memory_seq_rm(mem, 0, n_past, -1);
+                size_t sz = llama_state_seq_get_size(ctx, 0);
+                uint8_t *buf = malloc(sz);
+                llama_state_seq_get_data(ctx, buf, sz, 0);
+                llama_memory_clear(mem, true);
+                if (!llama_state_seq_set_data(ctx, buf, sz, 0)) return fprintf(stderr, "state reload failed\n"), 1;
+                free(buf);
+            }
+        }
         batch.token[0] = best;
-        batch.pos[0] = n_prompt + step;
+        batch.pos[0] = n_past++;
         batch.n_seq_id[0] = 1;
         batch.seq_id[0][0] = 0;
         batch.logits[0] = 1;

@@ -63,8 +63,12 @@ def run(
     model: Annotated[Optional[str], Opt("-m", "--model", help="GGUF path or a known model name (default: smollm2-135m-instruct-q4_1, fetched on first use)")] = None,
     prompt: Annotated[Optional[str], Opt("-p", "--prompt", help="prompt text")] = None,
     file: Annotated[Optional[str], Opt("-f", "--file", help="read the prompt from a file ('-' = stdin)")] = None,
-    n_predict: Annotated[int, Opt("-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end of generation or a full context; -2 = the same)")] = -1,
+    n_predict: Annotated[int, Opt("-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end of generation, or a full context "
+                                  "without --context-shift; -2 = until end of generation or a full context)")] = -1,
     ctx_size: Annotated[int, Opt("-c", "--ctx-size", help="context size (0 = the model's)")] = 4096,
+    context_shift: Annotated[bool, Opt("--context-shift/--no-context-shift", help="when the context is full, drop the older half "
+                                       "of the tokens after --keep and go on generating (default: stop)", show_default=False)] = False,
+    keep: Annotated[int, Opt("--keep", help="--context-shift keeps this many prompt tokens, after its BOS (-1 = all of the prompt)")] = 0,
     batch_size: Annotated[int, Opt("-b", "--batch-size", help="prompt tokens per forward pass")] = 512,
     seed: Annotated[int, Opt("-s", "--seed", help="RNG seed (-1 = random)")] = -1,
     temp: Annotated[float, Opt("--temp", "--temperature", help="temperature (0 = greedy)")] = 0.8,

@@ -22,6 +22,8 @@ class RunOptions:
     file: str | None = None
     n_predict: int = -1
     ctx_size: int = 4096
+    context_shift: bool = False
+    keep: int = 0
     batch_size: int = 512
     seed: int = -1
     temp: float = 0.8
@@ -103,7 +105,12 @@ def validate(o: RunOptions) -> None:
     if o.n_predict < -2:
         raise UsageError(f"invalid -n/--n-predict {o.n_predict}: must be >= -2 (-1, -2 = until the end of generation "
                          "or a full context)")
-    o.n_predict = max(o.n_predict, -1)  # llama-completion's -2 (until the context is full) is -1 here: no context shift
+    if not o.context_shift:  # -2 (until the context is full) is -1 then
+        o.n_predict = max(o.n_predict, -1)
+    if o.keep < -1:
+        raise UsageError(f"invalid --keep {o.keep}: must be >= -1 (-1 = all of the prompt)")
+    if o.keep and not o.context_shift:
+        log(f"warning: --keep {o.keep} does nothing without --context-shift")
     if o.ctx_size < 0:
         raise UsageError(f"invalid -c/--ctx-size {o.ctx_size}: must be >= 0 (0 = the model's context)")
     if not -1 <= o.seed < 2**32:  # llama.cpp's seeds are 32-bit
@@ -510,7 +517,8 @@ def run(o: RunOptions) -> int:
     gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
                     spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
                     spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size,
-                    threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar)
+                    threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar,
+                    context_shift=o.context_shift, n_keep=o.keep)
     if o.spec_draft_p_min > 0 and drafter is not None:
         log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
             "the output is no longer an exact sample of the target model")
@@ -571,13 +579,17 @@ def run(o: RunOptions) -> int:
         out.write("\n")
         out.flush()
         if res.stop_reason == "ctx_full":
-            log(f"sharpi: the context ({n_ctx} tokens) is full: generation stopped; raise -c/--ctx-size for more")
+            log(f"sharpi: the context ({n_ctx} tokens) is full: generation stopped (-n -2)" if o.context_shift else
+                f"sharpi: the context ({n_ctx} tokens) is full: generation stopped; raise -c/--ctx-size for more, "
+                "or go on past it with --context-shift")
         elif res.stop_reason == "grammar":
             log("sharpi: the grammar allows no further token (and no end of generation): generation stopped")
         print_report(target, res, o.verbose)
     if pcache is not None and not o.prompt_cache_ro:
-        # the prompt's positions (with --prompt-cache-all, every token the target's cache holds)
-        if pcache.save(cached, list(gen.history if o.prompt_cache_all else ids)) and o.verbose:
+        # the prompt's positions (with --prompt-cache-all, every token the target's cache holds); after a
+        # context shift only the kept ones hold what evaluating their tokens alone gives
+        exact = {name: (c, h[:gen.exact_prefix], path) for name, (c, h, path) in cached.items()}
+        if pcache.save(exact, list(gen.history if o.prompt_cache_all else ids)) and o.verbose:
             log(f"sharpi: prompt cache {o.prompt_cache} saved")
     return 130 if res.stop_reason == "interrupted" else 0
 
@@ -650,6 +662,8 @@ def result_json(res, target, seed: int) -> dict:
     }
     if res.spec is not None:
         d["speculative"] = res.spec.as_dict()
+    if res.context_shifts:
+        d["context_shifts"] = res.context_shifts
     return d
 
 
@@ -670,6 +684,8 @@ def print_report(target, res, verbose: bool) -> None:
             log(f"sharpi: speculative detail: {json.dumps(s)}")
     if verbose:
         log(f"sharpi: stop reason: {res.stop_reason}")
+        if res.context_shifts:
+            log(f"sharpi: context shifts: {res.context_shifts}")
 
 
 # -- perplexity / tokenize ------------------------------------------------------------------

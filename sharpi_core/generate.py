@@ -119,6 +119,7 @@ class GenerationResult:
     stop_reason: str  # eos | n_predict | ctx_full | stop_string | interrupted | grammar (no token allowed)
     timings: Timings
     spec: SpecStats | None = None
+    context_shifts: int = 0  # times the context was shifted (--context-shift)
 
 
 class _Stop(Exception):
@@ -140,7 +141,7 @@ def next_proposal_len(n_max: int, proposed: int, accepted: int) -> int:
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
-                 threads=None, grammar=None):
+                 threads=None, grammar=None, context_shift: bool = False, n_keep: int = 0):
         self.model, self.cache, self.tok, self.params = model, cache, tokenizer, params
         self.threads = threads  # a threads.ThreadGovernor, stepped per decoding step / prompt batch (or None)
         self.rng = torch.Generator().manual_seed(seed)
@@ -150,6 +151,12 @@ class Generator:
         self.n_vocab = int(model.config.n_vocab)
         self.history: list[int] = []  # tokens whose K/V are in the cache
         self.notes: list[str] = []
+        # context shift (llama.cpp's --context-shift, --keep): see _shift
+        self.context_shift, self.n_keep = context_shift, n_keep
+        self.shifts = 0          # context shifts in the last generate() call
+        self._kept = 0           # positions a shift keeps in this call
+        self._dropped: list[int] = []  # the tokens this call's shifts took out of the cache, in order
+        self._exact: int | None = None  # after a shift, the positions whose K/V are those of history[:n] alone
         self.batch_verify = _env_on("SHARPI_SPEC_BATCH_VERIFY")
         # proposals per step adapt to how the last ones fared (SHARPI_SPEC_ADAPTIVE=0: always n_max):
         # a rejected proposal costs verify rows and, with a draft model, draft forwards for nothing,
@@ -188,10 +195,11 @@ class Generator:
             raise SharpiError(f"prompt is {len(prompt)} tokens, which does not fit the context of "
                               f"{self.cache.capacity}")
         # keep at least the last prompt token to evaluate: its logits give the first new token
-        n = min(common_prefix(self.history, prompt), len(prompt) - 1, self.cache.length)
+        n = min(common_prefix(self.history, prompt), len(prompt) - 1, self.cache.length, self.exact_prefix)
         if n < self.cache.length:
             self.cache.truncate(n)
         del self.history[n:]
+        self._exact = None
         self._prefilled = len(prompt) - n
         logits = None
         for s in range(n, len(prompt), self.n_batch):
@@ -202,13 +210,60 @@ class Generator:
             self.history += chunk
         return logits[-1]
 
+    # -- context shift -----------------------------------------------------------------------------
+    @property
+    def exact_prefix(self) -> int:
+        """How many leading history positions hold exactly the K/V of evaluating history[:n] alone: all of
+        them, but after a context shift only the kept ones (the later ones were computed with the
+        dropped tokens before them). A later prompt reuses, and a prompt cache saves, only those."""
+        return len(self.history) if self._exact is None else min(self._exact, len(self.history))
+
+    def _past(self) -> list[int]:
+        """The tokens penalties and DRY look back over: the history, with the tokens context shifts took
+        out of the cache back in place (llama.cpp's samplers remember every token they accepted)."""
+        if not self._dropped:
+            return self.history
+        n, k = self.params.history_window, self._kept
+        if 0 <= n <= len(self.history) - k:  # the window ends after the dropped tokens
+            return self.history
+        return self.history[:k] + self._dropped + self.history[k:]
+
+    def _shift(self) -> None:
+        """llama.cpp's context shift: keep the first _kept positions, drop half of the rest (the oldest),
+        move the others down (their K re-rotated for the new positions). The draft model's cache shifts
+        alike, so it stays in step with the target's without re-evaluating anything."""
+        n_keep = self._kept
+        n_discard = (len(self.history) - n_keep) // 2
+        if n_discard < 1:  # a context of a few tokens: nothing to drop
+            raise _Stop("ctx_full")
+        self.model.shift_cache(self.cache, n_keep, n_discard)
+        self._dropped += self.history[n_keep:n_keep + n_discard]
+        if self.params.history_window > 0:  # older ones are out of every window: an endless generation stays flat
+            del self._dropped[:-self.params.history_window]
+        del self.history[n_keep:n_keep + n_discard]
+        self._exact = n_keep if self._exact is None else min(self._exact, n_keep)
+        shift = getattr(self.drafter, "shift", None)
+        if shift is not None:
+            shift(n_keep, n_discard)
+        self.shifts += 1
+
+    def _keep_count(self, n_prompt: int, n_ctx: int) -> int:
+        """Positions a context shift keeps: --keep N of the prompt plus its BOS (llama-completion's rule:
+        -1, or more than the prompt, keeps all of it), at most n_ctx - 4 so that a shift frees room."""
+        if self.n_keep < 0 or self.n_keep > n_prompt:
+            keep = n_prompt
+        else:
+            keep = self.n_keep + int(bool(getattr(self.tok, "add_bos", False)))
+        return max(0, min(keep, n_ctx - 4))
+
     # -- one step of each kind -------------------------------------------------------------------
     def _penalty_rows(self, t: int, props: list[int], n_rows: int) -> list[list[int]] | None:
         """Per verify row, the history its penalties and DRY see: history + [t] + props[:i]."""
         n = self.params.history_window
         if n == 0:
             return None
-        base = (self.history[-n:] if n > 0 else list(self.history)) + [t]
+        past = self._past()
+        base = (past[-n:] if n > 0 else list(past)) + [t]
         return [base + props[:i] for i in range(n_rows)]
 
     def _forward(self, tokens: list[int], start: int, **kw) -> torch.Tensor:
@@ -245,9 +300,9 @@ class Generator:
                     raise _Stop("grammar")
                 return kept
         if self.picker is not None:
-            t = self.picker.sample(logits, self.params, self.rng, self.history, constrain)
+            t = self.picker.sample(logits, self.params, self.rng, self._past(), constrain)
         else:
-            t = sample(logits, self.params, self.rng, self.history, constrain)
+            t = sample(logits, self.params, self.rng, self._past(), constrain)
         if self.grammar is not None:
             self.gstate = self.grammar.advance(self.gstate, t)
         return t
@@ -400,6 +455,8 @@ class Generator:
 
         t0 = time.perf_counter()
         self._k = self.n_max
+        self.shifts, self._dropped = 0, []
+        self._kept = self._keep_count(len(prompt_tokens), n_ctx)
         if self.grammar is not None:
             self.gstate = self.grammar.initial()
         if self.picker is not None:
@@ -415,9 +472,13 @@ class Generator:
             t = self._sample(logits)
             emit(t)
             while True:
-                # like llama.cpp: stop when feeding t would fill the last context slot
+                # like llama.cpp: when feeding t would fill the last context slot, stop, or shift the
+                # context (-n -2 stops there even so); speculation below never crosses that point, so
+                # the shifts happen where plain decoding's do
                 if len(self.history) + 1 >= n_ctx:
-                    raise _Stop("ctx_full")
+                    if not self.context_shift or n_predict == -2:
+                        raise _Stop("ctx_full")
+                    self._shift()
                 if self.threads is not None:
                     self.threads.step()
                 step = None
@@ -451,4 +512,4 @@ class Generator:
                 on_text(rest)
         timings.eval_ms = (time.perf_counter() - t0) * 1000
         timings.eval_n = len(out)
-        return GenerationResult(out, "".join(text_parts), reason, timings, stats)
+        return GenerationResult(out, "".join(text_parts), reason, timings, stats, self.shifts)

@@ -75,13 +75,18 @@ class _Store:
         self.q[layer, start:end] = q.to(torch.int8).reshape(x.shape)
         self.d[layer, start:end] = d.to(torch.float16)
 
-    def read(self, layer: int, end: int) -> torch.Tensor:
-        # -> [end, n_kv, hd] fp32
-        q = self.q[layer, :end]
+    def read(self, layer: int, end: int, start: int = 0) -> torch.Tensor:
+        # -> [end - start, n_kv, hd] fp32
+        q = self.q[layer, start:end]
         if self.kind != "q8_0":
             return q.float()
         shp = q.shape
-        return (q.reshape(shp[0], shp[1], -1, _QK8_0).float() * self.d[layer, :end].float()).reshape(shp)
+        return (q.reshape(shp[0], shp[1], -1, _QK8_0).float() * self.d[layer, start:end].float()).reshape(shp)
+
+    def move(self, layer: int, start: int, end: int, to: int) -> None:
+        """Positions [start, end) to [to, to + end - start), bytes unchanged (the ranges may overlap)."""
+        for a in (self.q, self.d) if self.kind == "q8_0" else (self.q,):
+            a[layer, to:to + end - start] = a[layer, start:end].clone()
 
 
 def _rotation(kind: str, hd: int, largest: bool) -> int | None:
@@ -141,6 +146,10 @@ class CacheBase:
             raise ValueError(f"truncate({n}) outside 0..{self.length}")
         self.length = n
 
+    def check_shift(self, n_keep: int, n_discard: int) -> None:
+        if not (0 <= n_keep and 0 < n_discard and n_keep + n_discard <= self.length):
+            raise ValueError(f"shift(keep {n_keep}, discard {n_discard}) outside 0..{self.length}")
+
 
 class KVCache(CacheBase):
     def __init__(self, n_layer: int, capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int,
@@ -148,6 +157,18 @@ class KVCache(CacheBase):
         super().__init__(capacity, head_dim_k, head_dim_v, type_k, type_v)
         self.k = _Store(type_k, n_layer, capacity, n_kv_head, head_dim_k)
         self.v = _Store(type_v, n_layer, capacity, n_kv_head, head_dim_v)
+
+    def shift(self, n_keep: int, n_discard: int, shift_k) -> None:
+        """Context shift: drop positions [n_keep, n_keep + n_discard) and move the later ones down by
+        n_discard. V moves as it is; K was rotated for its old position, so each layer's K rows pass
+        through shift_k(layer, k [n, n_kv, hd] fp32, as stored) -> K for the new positions, then are
+        stored again in the cache's type (llama.cpp's K-shift: f16 rounded once more, q8_0 requantized)."""
+        self.check_shift(n_keep, n_discard)
+        src, end = n_keep + n_discard, self.length
+        for layer in range(self.k.q.shape[0]):
+            self.k.write(layer, n_keep, shift_k(layer, self.k.read(layer, end, src)))
+            self.v.move(layer, src, end, n_keep)
+        self.length = end - n_discard
 
     def arrays(self, n: int) -> dict[str, torch.Tensor]:
         """The arrays at positions [0, n) (views [n_layer, n, ...]), by name: what a prompt cache file keeps."""

@@ -85,6 +85,15 @@ class ToyModel:
         return out[-last_n:] if last_n is not None else out
 
     # reference, no cache
+    def shift_cache(self, cache: ToyCache, n_keep: int, n_discard: int) -> None:
+        """A context shift: entries [n_keep + n_discard, length) move down by n_discard, keeping their hashes
+        (the context they were computed in, like K/V) at their new positions (which the logits depend on)."""
+        cache.check_shift(n_keep, n_discard)
+        L = cache.length
+        cache.tokens[n_keep:L - n_discard] = cache.tokens[n_keep + n_discard:L]
+        cache.hashes[n_keep:L - n_discard] = cache.hashes[n_keep + n_discard:L]
+        cache.length = L - n_discard
+
     def state_after(self, context: list[int]) -> tuple[int, int, int]:
         h = 0
         for tok in context:

@@ -37,10 +37,12 @@ that runs the first layers on the CPU model and the rest on the GPU, as llama.cp
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import weakref
 
+import gguf
 import numpy as np
 import torch
 
@@ -48,7 +50,7 @@ from ..errors import SharpiError, UsageError
 from ..kv_cache import CacheBase
 from ..models.config import ROPE_NEOX
 from ..models.transformer import Transformer, _weight, attention_scales, check_pass, pass_tokens, prompt_pass
-from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector
+from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector, q8_0_blocks
 from .cuda import GPU_CACHE_TYPES
 
 MIXED = "mixed"  # a projection whose matmuls round their input differently
@@ -72,6 +74,23 @@ class CudaKVCache(CacheBase):
         super().__init__(capacity, hd_k, hd_v, type_k, type_v)
         self.k = [ops.new_kv_cache(capacity, n_kv, hd_k, type_k, stream=stream) for _ in range(n_layer)]
         self.v = [ops.new_kv_cache(capacity, n_kv, hd_v, type_v, stream=stream) for _ in range(n_layer)]
+        self.ops, self.stream = ops, stream
+
+    def shift(self, n_keep: int, n_discard: int, shift_k) -> None:
+        """As KVCache.shift, K through the host (one shift every few thousand tokens: the CPU model's
+        shift_k computes the new rows), V moved on the device."""
+        self.check_shift(n_keep, n_discard)
+        src, end = n_keep + n_discard, self.length
+        q8 = self.type_k == "q8_0"
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            rows = self.ops.to_host(k[src:end], stream=self.stream)  # waits for the stream's work on it
+            f32 = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType.Q8_0) if q8 else rows.astype(np.float32)
+            new = shift_k(layer, torch.from_numpy(np.ascontiguousarray(f32))).numpy()
+            self.ops.upload(k[n_keep:end - n_discard], q8_0_blocks(new) if q8 else new.astype(np.float16),
+                            stream=self.stream)
+            with self.stream if self.stream is not None else contextlib.nullcontext():
+                v[n_keep:end - n_discard] = v[src:end].copy()
+        self.length = end - n_discard
 
     @property
     def nbytes(self) -> int:
@@ -293,6 +312,11 @@ class CudaTransformer:
         with self.stream:
             return CudaKVCache(self.ops, len(self.layers), n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
                                type_k, type_v, stream=self.stream)
+
+    def shift_cache(self, cache: CudaKVCache, n_keep: int, n_discard: int) -> None:
+        """Transformer.shift_cache for this model's cache (its K rows have the CPU cache's layout)."""
+        first = self.first_layer
+        cache.shift(n_keep, n_discard, lambda j, k: self.cpu.shift_k(first + j, k, -n_discard, cache.rot_k))
 
     # -- pieces ------------------------------------------------------------------------------------
     def _table(self, base: float, n_pos: int):
@@ -588,6 +612,12 @@ class SplitCache:
         self.gpu.truncate(n)
         self.cpu.truncate(n)
 
+    def shift(self, n_keep: int, n_discard: int, shift_k) -> None:
+        """shift_k(layer, k) with the model's layer numbers: the GPU cache's layer j is layer n_cpu + j."""
+        n_cpu = self.cpu.k.q.shape[0]
+        self.cpu.shift(n_keep, n_discard, shift_k)
+        self.gpu.shift(n_keep, n_discard, lambda j, k: shift_k(n_cpu + j, k))
+
     @property
     def nbytes(self) -> int:
         return self.gpu.nbytes + self.cpu.nbytes
@@ -643,6 +673,10 @@ class SplitTransformer:
         c = self.config
         gpu = self.gpu.new_cache(n_ctx, type_k, type_v)  # refuses types the GPU lacks
         return SplitCache(KVCache(self.n_cpu, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v), gpu)
+
+    def shift_cache(self, cache: SplitCache, n_keep: int, n_discard: int) -> None:
+        """Transformer.shift_cache over both parts."""
+        cache.shift(n_keep, n_discard, lambda layer, k: self.cpu.shift_k(layer, k, -n_discard, cache.rot_k))
 
     def forward(self, tokens, start_pos: int, cache: SplitCache, last_n: int | None = None,
                 decode: bool = False, n_out: int | None = None) -> torch.Tensor:

@@ -165,6 +165,7 @@ class Transformer:
         # a q8_0 K cache quantizes the same blocks of 32 consecutive dims (which dims share a block
         # decides its error: Qwen2's K has large outlier dims)
         self._unperm = torch.argsort(perm) if c.rope_style == ROPE_NEOX else None
+        self._perm = perm if c.rope_style == ROPE_NEOX else None
         kern = _kernels()
         # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32
         self._attn_kernel = getattr(kern, "attention", None) if hd % 32 == 0 and c.head_dim_v % 32 == 0 else None
@@ -198,6 +199,26 @@ class Transformer:
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
         c = self.config
         return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
+
+    def shift_k(self, layer: int, k: torch.Tensor, delta: int, rot_k: int | None) -> torch.Tensor:
+        """K rows [n, n_kv, hd] fp32 as a cache stores them (GGUF head-dim order; Hadamard-rotated by rot_k)
+        for positions moved by delta: RoPE by delta, as llama.cpp's K-shift (rope with the shift as the
+        position; the rotation of delta < 0 is the conjugate of |delta|'s, as ggml's float theta and
+        libm's cosf/sinf give it)."""
+        k = rotate(k, rot_k)  # un-rotated (H @ H = I)
+        # a copy in rope-pair order (the rope kernel works in place; k may be a view of an f32 cache)
+        k = k[..., self._perm] if self._perm is not None else k.clone(memory_format=torch.contiguous_format)
+        rot = self._rope_table(self.config.layer_rope_base(layer), abs(delta) + 1)[abs(delta)]
+        rot = (rot.conj() if delta < 0 else rot).resolve_conj()
+        k = self._rope(k.contiguous(), rot.expand(k.shape[0], -1).contiguous())
+        if self._unperm is not None:
+            k = k[..., self._unperm]
+        return rotate(k.contiguous(), rot_k)
+
+    def shift_cache(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
+        """Context shift (llama.cpp's --context-shift): forget positions [n_keep, n_keep + n_discard) and
+        move the later ones down, their K re-rotated for the new positions (see KVCache.shift)."""
+        cache.shift(n_keep, n_discard, lambda layer, k: self.shift_k(layer, k, -n_discard, cache.rot_k))
 
     # -- pieces --------------------------------------------------------------------------
     def _rope_table(self, base: float, n_pos: int) -> torch.Tensor:

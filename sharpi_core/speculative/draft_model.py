@@ -185,6 +185,23 @@ class DraftModelDrafter:
             qs = qs[: len(tokens)]
         return tokens, (torch.from_numpy(qs) if qs is not None else None)
 
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        """The target's context shifted (generate.Generator._shift): positions [n_keep, n_keep + n_discard)
+        went and the later ones moved down. The same here keeps the draft's cache in step with the
+        target's history (what it holds past the target's is dropped by the next proposal's reuse)."""
+        if self._ahead is not None:  # a queued chain writes this cache: let it finish, then drop it
+            self._ahead.result()
+            self._ahead = None
+        n = min(len(self.history), self.cache.length)
+        self.cache.truncate(n)
+        del self.history[n:]
+        if n > n_keep + n_discard:
+            self.model.shift_cache(self.cache, n_keep, n_discard)
+            del self.history[n_keep:n_keep + n_discard]
+        elif n > n_keep:
+            self.cache.truncate(n_keep)
+            del self.history[n_keep:]
+
     def rollback(self, n_keep: int) -> None:
         """The target kept the first n_keep tokens of the last history + proposals: drop the rest."""
         if self._ahead is not None:
