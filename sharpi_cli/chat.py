@@ -127,7 +127,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             log("[reply stopped]")
         elif res.stop_reason == "ctx_full":
             log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
-        messages = [*turn, {"role": "assistant", "content": res.text}]
+        # (with -sp the shown text has the control tokens; the conversation keeps the reply's own text)
+        messages = [*turn, {"role": "assistant", "content": tok.decode(res.tokens, skip_special=True) if o.special else res.text}]
         if o.show_timings:  # llama-cli's line after each reply
             t = res.timings
             spec = "" if res.spec is None else f" | Accepted: {100 * (res.spec.as_dict().get('acceptance') or 0):.0f}%"

@@ -119,6 +119,8 @@ def run(
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
     reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated, repeatable", show_default=False)] = [],
     no_display_prompt: Annotated[bool, Opt("--no-display-prompt", help="don't echo the prompt")] = False,
+    special: Annotated[bool, Opt("-sp", "--special", help="show control tokens (<|im_end|>, ...) in the prompt's echo and the output")] = False,
+    verbose_prompt: Annotated[bool, Opt("--verbose-prompt", help="print the prompt's tokens (id -> piece) on stderr before generating")] = False,
     show_timings: Annotated[bool, Opt("--show-timings/--no-show-timings", help="conversation mode: prompt and generation "
                                       "speed after each reply (default: on)", show_default=False)] = True,
     escape: Annotated[bool, Opt("-e", "--escape/--no-escape", help="process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the "

@@ -70,6 +70,8 @@ class RunOptions:
     single_turn: bool = False
     reverse_prompt: list = field(default_factory=list)
     no_display_prompt: bool = False
+    special: bool = False
+    verbose_prompt: bool = False
     escape: bool = True  # -e / --no-escape: backslash escapes in the prompt and -r strings
     show_timings: bool = True  # conversation mode: speeds after each reply
     n_gpu_layers: int = -1
@@ -518,7 +520,7 @@ def run(o: RunOptions) -> int:
                     spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
                     spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size,
                     threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar,
-                    context_shift=o.context_shift, n_keep=o.keep)
+                    context_shift=o.context_shift, n_keep=o.keep, special=o.special)
     if o.spec_draft_p_min > 0 and drafter is not None:
         log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
             "the output is no longer an exact sample of the target model")
@@ -559,9 +561,12 @@ def run(o: RunOptions) -> int:
             log(f"sharpi: prompt cache {o.prompt_cache}: " + ", ".join(f"{name} {k} of {len(ids)} prompt tokens restored"
                                                                      for name, k in n.items()))
 
+    if o.verbose_prompt:
+        print_prompt_tokens(tok, prompt, ids, o, gen._keep_count(len(ids), n_ctx))
     out = sys.stdout
     if not o.json_out and not o.no_display_prompt and not o.single_turn:
-        out.write(prompt)
+        # the prompt's tokens as text, as llama-completion echoes it (control tokens only with -sp)
+        out.write(tok.decode(ids, skip_special=not o.special))
         out.flush()
 
     def on_text(s: str) -> None:
@@ -592,6 +597,22 @@ def run(o: RunOptions) -> int:
         if pcache.save(exact, list(gen.history if o.prompt_cache_all else ids)) and o.verbose:
             log(f"sharpi: prompt cache {o.prompt_cache} saved")
     return 130 if res.stop_reason == "interrupted" else 0
+
+
+def print_prompt_tokens(tok, prompt: str, ids: list[int], o: RunOptions, n_keep: int) -> None:
+    """--verbose-prompt: llama-completion's listing of the prompt's tokens (and of the -r strings')."""
+    piece = lambda t: tok.token_bytes(t).decode("utf-8", errors="replace")  # noqa: E731
+    log(f"sharpi: prompt: '{prompt}'")
+    log(f"sharpi: number of tokens in prompt = {len(ids)}")
+    for t in ids:
+        log(f"{t:6d} -> '{piece(t)}'")
+    if n_keep > int(tok.add_bos):
+        log(f"sharpi: static prompt based on n_keep: '{''.join(piece(t) for t in ids[:n_keep])}'")
+    for r in o.reverse_prompt:
+        log(f"Reverse prompt: '{r}'")
+        for t in tok.encode(r, add_special=False, parse_special=True):
+            log(f"{t:6d} -> '{piece(t)}'")
+    log("")
 
 
 def describe(m, cache) -> str:

@@ -141,7 +141,7 @@ def next_proposal_len(n_max: int, proposed: int, accepted: int) -> int:
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
-                 threads=None, grammar=None, context_shift: bool = False, n_keep: int = 0):
+                 threads=None, grammar=None, context_shift: bool = False, n_keep: int = 0, special: bool = False):
         self.model, self.cache, self.tok, self.params = model, cache, tokenizer, params
         self.threads = threads  # a threads.ThreadGovernor, stepped per decoding step / prompt batch (or None)
         self.rng = torch.Generator().manual_seed(seed)
@@ -151,6 +151,7 @@ class Generator:
         self.n_vocab = int(model.config.n_vocab)
         self.history: list[int] = []  # tokens whose K/V are in the cache
         self.notes: list[str] = []
+        self.special = special  # -sp: the text shows control tokens, the end of generation's too (llama-completion)
         # context shift (llama.cpp's --context-shift, --keep): see _shift
         self.context_shift, self.n_keep = context_shift, n_keep
         self.shifts = 0          # context shifts in the last generate() call
@@ -426,7 +427,7 @@ class Generator:
         stats = SpecStats() if self.speculate else None
         out: list[int] = []
         text_parts: list[str] = []
-        dec = StreamDecoder(self.tok)
+        dec = StreamDecoder(self.tok, self.special)
         stops = [s for s in stop_strings if s]
         longest_stop = max((len(s) for s in stops), default=0)
         tail = ""  # recent text, for stop strings spanning tokens
@@ -436,6 +437,11 @@ class Generator:
         def emit(tok: int) -> None:
             nonlocal tail
             if tok in eog:
+                s = dec.push(tok) if self.special else ""  # -sp: printed, as llama-completion prints it
+                if s:
+                    text_parts.append(s)
+                    if on_text is not None:
+                        on_text(s)
                 raise _Stop("eos")
             out.append(tok)
             s = dec.push(tok)

@@ -597,3 +597,31 @@ def test_json_schema_output_is_llama_cpps_with_speculation(smol):
     d = json.loads(r.stdout)
     assert d["text"].encode().hex() == case["output_hex"] and d["stop_reason"] == "eos"
     json.loads(d["text"])  # the schema's output is JSON
+
+
+def test_special_shows_control_tokens_in_the_echo_and_the_output(smol):
+    """-sp as llama-completion: the prompt is echoed from its tokens, control tokens only with -sp (so a
+    chat-formatted prompt echoes without them by default), and the end of generation prints its text."""
+    p = "<|im_start|>user\nWhat is 2+2? Answer with a number.<|im_end|>\n<|im_start|>assistant\n"
+    plain = sharpi("-m", smol, "-p", p, "-n", 40, "--temp", 0)
+    sp = sharpi("-m", smol, "-p", p, "-n", 40, "--temp", 0, "-sp")
+    assert plain.returncode == sp.returncode == 0, (plain.stderr, sp.stderr)
+    echo = "user\nWhat is 2+2? Answer with a number.\nassistant\n"
+    assert plain.stdout.startswith(echo) and sp.stdout.startswith(p)
+    reply = plain.stdout[len(echo):]
+    assert reply.strip() and ">" not in reply
+    assert sp.stdout[len(p):] == reply.rstrip("\n") + "<|im_end|>\n"
+    d = json.loads(sharpi("-m", smol, "-p", p, "-n", 40, "--temp", 0, "-sp", "--json").stdout)
+    assert d["stop_reason"] == "eos" and d["text"].endswith("<|im_end|>") and len(d["tokens"]) < 40
+
+
+def test_verbose_prompt_lists_the_prompt_tokens(smol):
+    r = sharpi("-m", smol, "-p", "Hello world", "-n", 1, "--temp", 0, "--verbose-prompt", "-r", "stop here",
+               "--context-shift", "--keep", 1)
+    assert r.returncode == 0, r.stderr
+    ids = [int(t) for t in sharpi("tokenize", "-m", smol, "-p", "Hello world", "--ids").stdout.strip(" []\n").split(",")]
+    lines = r.stderr.splitlines()
+    i = lines.index("sharpi: number of tokens in prompt = 2")
+    assert [int(ln.split(" -> ")[0]) for ln in lines[i + 1:i + 3]] == ids
+    assert lines[i + 1].endswith("-> 'Hello'") and lines[i + 2].endswith("-> ' world'")
+    assert "sharpi: static prompt based on n_keep: 'Hello'" in lines and "Reverse prompt: 'stop here'" in lines
