@@ -16,7 +16,6 @@ with full-size sliding-window caches (--swa-full; llama.cpp cannot shift its sli
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from compare_llamacpp_logits import build  # noqa: E402
+from compare_llamacpp_logits import build, oracle_args  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 from sharpi_core.tokenizer import Tokenizer  # noqa: E402
@@ -52,12 +51,7 @@ def keep_count(keep: int, n_prompt: int, add_bos: bool, n_ctx: int) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("src", type=Path, help="llama.cpp source tree")
-    ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
-    ap.add_argument("-o", "--out", type=Path, default=ROOT / "tests" / "data" / "llamacpp_context_shift.json")
-    ap.add_argument("-t", type=int, default=2)
-    args = ap.parse_args()
+    args = oracle_args(__doc__, "llamacpp_context_shift.json")
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(args.src, args.bin, Path(tmp))

@@ -22,6 +22,10 @@ class RunOptions:
     file: str | None = None
     n_predict: int = -1
     ctx_size: int = 4096
+    rope_scaling: str | None = None
+    rope_scale: float = 0.0
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
     context_shift: bool = False
     keep: int = 0
     batch_size: int = 512
@@ -109,6 +113,15 @@ def validate(o: RunOptions) -> None:
                          "or a full context)")
     if not o.context_shift:  # -2 (until the context is full) is -1 then
         o.n_predict = max(o.n_predict, -1)
+    for flag, v in (("--rope-freq-base", o.rope_freq_base), ("--rope-freq-scale", o.rope_freq_scale),
+                    ("--rope-scale", o.rope_scale)):
+        if not (math.isfinite(v) and 0 <= v <= FLOAT32_MAX):
+            raise UsageError(f"invalid {flag} {v}: must be a finite number >= 0 (0 = the model's)")
+    if o.rope_scale and o.rope_freq_scale:
+        raise UsageError("--rope-scale N and --rope-freq-scale 1/N are the same setting: give one")
+    if o.rope_scaling not in (None, "none", "linear"):
+        raise UsageError(f"invalid --rope-scaling '{o.rope_scaling}': choose none or linear"
+                         + (" (yarn is not supported)" if o.rope_scaling == "yarn" else ""))
     if o.keep < -1:
         raise UsageError(f"invalid --keep {o.keep}: must be >= -1 (-1 = all of the prompt)")
     if o.keep and not o.context_shift:
@@ -445,7 +458,7 @@ def run(o: RunOptions) -> int:
     from sharpi_core.generate import Generator
     from sharpi_core.sampling import SamplingParams, describe_chain
 
-    target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0)
+    target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0, rope=rope_flags(o))
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:
@@ -630,9 +643,10 @@ def draft_cache_types(o: RunOptions) -> tuple[str, str]:
     return o.cache_type_k_draft or o.cache_type_k, o.cache_type_v_draft or o.cache_type_v
 
 
-def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = True):
+def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = True, rope: tuple = ()):
     """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
-    llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl); encoder: see engine.load."""
+    llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl); encoder: see engine.load;
+    rope: Transformer.set_rope's (base, freq scale, scaling) from the --rope-* flags."""
     from sharpi_core import engine
     from sharpi_core.kernels import cpu
     path = resolve_with_progress(spec)
@@ -640,6 +654,8 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
                                    f"version, ~10 s; cached in {cpu.kernel_dir()})")
     m = engine.load(str(path), encoder=encoder)
     m.model.flash_attn = flash_attn != "off"
+    if rope:
+        m.model.set_rope(*rope)
     if gpu_layers:
         from sharpi_core.backends.cuda_model import offload
         m.model = offload(m.model, gpu_layers)
@@ -650,12 +666,21 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
     return m
 
 
+def rope_flags(o: RunOptions) -> tuple:
+    """The --rope-* flags as Transformer.set_rope's arguments, () when none is given (llama.cpp passes its
+    context parameters to the draft model too)."""
+    if not (o.rope_freq_base or o.rope_freq_scale or o.rope_scale or o.rope_scaling):
+        return ()
+    return o.rope_freq_base, o.rope_freq_scale or (1.0 / o.rope_scale if o.rope_scale else 0.0), o.rope_scaling
+
+
 def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     from sharpi_core import engine
     from sharpi_core import speculative as spec
     if o.draft_lookup:
         return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
-    draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0, encoder=False)
+    draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0, encoder=False,
+                  rope=rope_flags(o))
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
     dcache = draft.model.new_cache(n_ctx_d, *draft_cache_types(o))

@@ -15,9 +15,9 @@ from sharpi_core.models import SUPPORTED_ARCHS, load_model
 from sharpi_core import registry
 
 
-def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, meta=None, extra=()):
+def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, meta=None, extra=(), kv=None):
     """A tiny random llama-shaped GGUF (enough to load, not a real model); `meta` overrides metadata
-    values (the tensors keep their shapes)."""
+    values (the tensors keep their shapes); `kv` adds keys (str or float32 values)."""
     m = {"block_count": n_layer, "embedding_length": n_embd, "head_count": 4, "head_count_kv": 2, "eps": 1e-5, **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(m["block_count"])
@@ -27,6 +27,8 @@ def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, m
     w.add_head_count(m["head_count"])
     w.add_head_count_kv(m["head_count_kv"])
     w.add_layer_norm_rms_eps(m["eps"])
+    for k, v in (kv or {}).items():
+        w.add_string(k, v) if isinstance(v, str) else w.add_float32(k, v)
     rng = np.random.default_rng(0)
 
     def t(name, shape):

@@ -268,7 +268,7 @@ class CudaTransformer:
                     self.layers.append(ly)
         except Exception as e:  # out of device memory, unsupported type / shape
             raise SharpiError(f"cannot put {os.path.basename(gf.path)} on the GPU: {type(e).__name__}: {e}") from None
-        self._tables: dict = {}   # rope base -> device (cos, sin) table
+        self._tables: dict = {}   # (rope base, freq scale) -> device (cos, sin) table
         self._heads: dict = {}    # n -> the output layer's first n rows
         self.use_graphs = GRAPHS and hasattr(ops, "capture")
         # greedy steps take the arg-max here and bring back 4 bytes a row (forward_argmax, greedy_chain)
@@ -319,12 +319,12 @@ class CudaTransformer:
         cache.shift(n_keep, n_discard, lambda j, k: self.cpu.shift_k(first + j, k, -n_discard, cache.rot_k))
 
     # -- pieces ------------------------------------------------------------------------------------
-    def _table(self, base: float, n_pos: int):
-        """The CPU model's ggml-exact rope table for positions [0, n_pos), on the device."""
-        tab = self._tables.get(base)
+    def _table(self, rope: tuple[float, float], n_pos: int):
+        """The CPU model's ggml-exact rope table of (base, freq scale) for positions [0, n_pos), on the device."""
+        tab = self._tables.get(rope)
         if tab is None or tab.shape[0] < n_pos:
-            host = self.cpu._rope_table(base, n_pos)  # complex64 [n, n_rot/2], grown by doubling
-            tab = self._tables[base] = self.xp.asarray(torch.view_as_real(host).contiguous().numpy())
+            host = self.cpu._rope_table(rope, n_pos)  # complex64 [n, n_rot/2], grown by doubling
+            tab = self._tables[rope] = self.xp.asarray(torch.view_as_real(host).contiguous().numpy())
         return tab
 
     def _output_head(self, n: int):
@@ -501,7 +501,7 @@ class CudaTransformer:
         # llama.cpp's CPU rounding of q before q.k, and of P before P.V without flash attention
         q_round = "q8_0" if cache.type_k == "q8_0" else "f16"
         p_round = not self.flash_attn and cache.type_v == "f16"
-        tables = {base: self._table(base, cache.capacity) for base in self.cpu._rope_bases}
+        tables = {r: self._table(r, cache.capacity) for r in self.cpu._ropes}
         tr = None if self.trace is None else (lambda name, a: self.trace(name, torch.from_numpy(ops.to_host(a, stream=s))))
         if first.dtype == np.int32:
             x = self.tok_embd.rows(first, stream=s, out=b.get("x", (T, D)))  # [T, D]
@@ -533,7 +533,7 @@ class CudaTransformer:
             if ly.q_norm is not None:
                 ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
                 ops.rms_norm(k, ly.k_norm, eps, out=k, stream=s)
-            tab = tables[c.layer_rope_base(i)]
+            tab = tables[c.layer_rope(i)]
             rope = (tab, c.n_rot, neox) if fuse_rope else None
             if rope is None:
                 qk = ly.qkv.span(qkv, 0, 1)  # q and k side by side: one launch turns both

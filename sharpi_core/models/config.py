@@ -36,13 +36,18 @@ class ModelConfig:
     sliding_window: int = 0         # 0 = none
     swa_pattern: int = 0            # every swa_pattern-th layer is global; the others slide
     rope_base_swa: float = 0.0      # rope base of sliding layers (0 -> rope_base)
+    rope_freq_scale: float = 1.0    # positions times this (linear RoPE scaling: 1 / factor), sliding layers excepted
     tied_output: bool = False       # output.weight absent -> reuse token_embd
 
     def is_swa(self, layer: int) -> bool:
         return self.sliding_window > 0 and self.swa_pattern > 0 and (layer % self.swa_pattern) < self.swa_pattern - 1
 
-    def layer_rope_base(self, layer: int) -> float:
-        return self.rope_base_swa if self.is_swa(layer) and self.rope_base_swa else self.rope_base
+    def layer_rope(self, layer: int) -> tuple[float, float]:
+        """(base, frequency scale) of the layer's RoPE: llama.cpp's get_rope_freq_base / _scale, whose
+        sliding layers keep their own base and scale 1 whatever the context's settings."""
+        if self.is_swa(layer) and self.rope_base_swa:
+            return self.rope_base_swa, 1.0
+        return self.rope_base, self.rope_freq_scale
 
 
 def _common(gf: GGUFFile, n_vocab: int) -> dict:
@@ -63,9 +68,26 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         n_ff=int(gf.require(f"{gf.arch}.feed_forward_length")),
         norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_base=float(a("rope.freq_base", 10000.0)),
+        rope_freq_scale=_rope_freq_scale(gf),
         n_rot=int(a("rope.dimension_count", hd_k)),
         tied_output="output.weight" not in gf.tensors,
     )
+
+
+ROPE_SCALINGS = ("none", "linear")  # llama.cpp's yarn and longrope are not implemented
+
+
+def _rope_freq_scale(gf: GGUFFile) -> float:
+    """llama.cpp's rope_freq_scale_train: 1 / rope.scaling.factor (or the older rope.scale_linear) under
+    linear scaling, its default type; 1 for 'none'. Other scalings are refused, not run unscaled."""
+    a = gf.arch_get
+    kind = str(a("rope.scaling.type", "linear"))
+    if kind not in ROPE_SCALINGS:
+        raise SharpiError(f"{gf.path}: RoPE scaling '{kind}' is not supported (supported: {', '.join(ROPE_SCALINGS)})")
+    if float(a("rope.scaling.attn_factor", 1.0)) != 1.0:
+        raise SharpiError(f"{gf.path}: a RoPE attention factor ({a('rope.scaling.attn_factor')}) is not supported")
+    factor = float(a("rope.scaling.factor", 0.0) or a("rope.scale_linear", 0.0) or 0.0)
+    return 1.0 if kind == "none" or factor == 0 else 1.0 / factor
 
 
 # Per-architecture differences from the llama block, as llama.cpp builds each graph.
@@ -87,6 +109,7 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     kw = _common(gf, n_vocab)
     kw.update(ARCH_TABLE[arch])
     if arch == "gemma3":
+        kw["rope_base_swa"] = float(gf.arch_get("rope.freq_base_swa", kw["rope_base_swa"]))
         kw["embed_scale"] = kw["n_embd"] ** 0.5
         kw["sliding_window"] = int(gf.arch_get("attention.sliding_window", 0) or 0)
         kw["attn_scale"] = 1.0 / kw["head_dim_k"] ** 0.5
@@ -147,6 +170,7 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
         raise SharpiError(f"{gf.path}: the vocabulary has {n_tokens} tokens, the embedding {c.n_vocab} rows")
     if not 0 < c.n_rot <= c.head_dim_k or c.n_rot % 2:
         raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions")
-    for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0)):  # swa 0 = rope_base
+    for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0),  # swa 0 = rope_base
+                      ("rope_freq_scale", 1e-30)):
         if not math.isfinite(getattr(c, name)) or getattr(c, name) < low:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")

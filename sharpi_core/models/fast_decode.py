@@ -117,7 +117,7 @@ class DecodePath:
             if ly.qk_norm is not None:  # hidden's rms_norm(qk, None) * qk_norm: the same two roundings
                 rms(qk.data_ptr(), 0, T * (H + Hkv), hd, eps, qk.data_ptr())
                 qk.mul_(ly.qk_norm)
-            cs = ropes[c.layer_rope_base(i)]
+            cs = ropes[c.layer_rope(i)]
             rope(qk.data_ptr(), T, H + Hkv, hd, 2 * cs.shape[-1], cs.data_ptr())
             if unperm is not None:
                 torch.index_select(qk[:, :H], 2, unperm, out=q)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gguf
 import torch
@@ -73,7 +73,8 @@ def _fused(gf: GGUFFile, name: str, parts: list[str], row_order: list | None = N
         for a, b, wa, wb in zip(ts, ts[1:], ws, ws[1:]))
     if adjacent and row_order is None:
         start, end = ts[0].data_offset, ts[-1].data_offset + ts[-1].n_bytes
-        raw = gf.reader.data[start:end].reshape(sum(w.n for w in ws), -1)
+        # (float types are [N, K] arrays of their dtype, quantized ones [N, row bytes] of uint8)
+        raw = gf.reader.data[start:end].view(ts[0].data.dtype).reshape(sum(w.n for w in ws), -1)
         return QWeight(name, raw, ws[0].qtype, sum(w.n for w in ws), ws[0].k)
     return QWeight.concat(name, ws, row_order)
 
@@ -159,8 +160,8 @@ class Transformer:
                 post_attn_norm=opt(p + "post_attention_norm.weight"),
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             ))
-        self._rope_cache: dict[float, torch.Tensor] = {}  # base -> complex64 [n_pos, n_rot/2]
-        self._rope_bases = sorted({c.layer_rope_base(i) for i in range(c.n_layer)})
+        self._rope_cache: dict[tuple, torch.Tensor] = {}  # (base, freq scale) -> complex64 [n_pos, n_rot/2]
+        self._ropes = sorted({c.layer_rope(i) for i in range(c.n_layer)})  # the layers' (base, freq scale)
         # back to the GGUF's head-dim order: the q.k dot products sum in llama.cpp's element order, and
         # a q8_0 K cache quantizes the same blocks of 32 consecutive dims (which dims share a block
         # decides its error: Qwen2's K has large outlier dims)
@@ -200,6 +201,15 @@ class Transformer:
         c = self.config
         return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
 
+    def set_rope(self, base: float = 0.0, freq_scale: float = 0.0, scaling: str | None = None) -> None:
+        """llama.cpp's --rope-freq-base / --rope-freq-scale / --rope-scaling (0 / None: the model's): the
+        layers' RoPE from now on (sliding layers keep theirs, as llama.cpp's). Call before the first pass."""
+        c = self.config
+        scale = 1.0 if scaling == "none" else (freq_scale or c.rope_freq_scale)
+        self.config = replace(c, rope_base=base or c.rope_base, rope_freq_scale=scale)
+        self._ropes = sorted({self.config.layer_rope(i) for i in range(c.n_layer)})
+        self._rope_cache.clear()
+
     def shift_k(self, layer: int, k: torch.Tensor, delta: int, rot_k: int | None) -> torch.Tensor:
         """K rows [n, n_kv, hd] fp32 as a cache stores them (GGUF head-dim order; Hadamard-rotated by rot_k)
         for positions moved by delta: RoPE by delta, as llama.cpp's K-shift (rope with the shift as the
@@ -208,7 +218,7 @@ class Transformer:
         k = rotate(k, rot_k)  # un-rotated (H @ H = I)
         # a copy in rope-pair order (the rope kernel works in place; k may be a view of an f32 cache)
         k = k[..., self._perm] if self._perm is not None else k.clone(memory_format=torch.contiguous_format)
-        rot = self._rope_table(self.config.layer_rope_base(layer), abs(delta) + 1)[abs(delta)]
+        rot = self._rope_table(self.config.layer_rope(layer), abs(delta) + 1)[abs(delta)]
         rot = (rot.conj() if delta < 0 else rot).resolve_conj()
         k = self._rope(k.contiguous(), rot.expand(k.shape[0], -1).contiguous())
         if self._unperm is not None:
@@ -221,28 +231,29 @@ class Transformer:
         cache.shift(n_keep, n_discard, lambda layer, k: self.shift_k(layer, k, -n_discard, cache.rot_k))
 
     # -- pieces --------------------------------------------------------------------------
-    def _rope_table(self, base: float, n_pos: int) -> torch.Tensor:
+    def _rope_table(self, rope: tuple[float, float], n_pos: int) -> torch.Tensor:
         """Rotations for positions [0, n_pos) as complex64 [n_pos, n_rot/2], grown by doubling.
 
         Built the way ggml's rope cache is: theta_i = theta_{i-1} * powf(base, -2/n_rot) multiplied
-        in float32 from theta_0 = pos, then cosf / sinf (the C kernels call libm's; without them,
+        in float32 from theta_0 = pos, times the frequency scale, then cosf / sinf (the C kernels call libm's; without them,
         cos / sin in double rounded to float). The rounding of the activations makes later layers
         sensitive to differences of one ulp here."""
-        tab = self._rope_cache.get(base)
+        tab = self._rope_cache.get(rope)
         if tab is not None and tab.shape[0] >= n_pos:
             return tab
         n = max(n_pos, 2 * (tab.shape[0] if tab is not None else 256))
         if self._rope_kernel is not None:
-            tab = _kernels().rope_table(base, 1.0, n, self.config.n_rot)
+            tab = _kernels().rope_table(*rope, n, self.config.n_rot)
         else:
+            base, freq_scale = rope
             scale = torch.tensor(base, dtype=torch.float64).pow(-2.0 / self.config.n_rot).float()
             theta = torch.empty(n, self.config.n_rot // 2, dtype=torch.float32)
             theta[:, 0] = torch.arange(n, dtype=torch.float32)
             for i in range(1, theta.shape[1]):  # once per table, not per token
                 theta[:, i] = theta[:, i - 1] * scale
-            t64 = theta.double()
+            t64 = (theta * torch.tensor(freq_scale, dtype=torch.float32)).double()
             tab = torch.complex(t64.cos().float(), t64.sin().float())
-        self._rope_cache[base] = tab
+        self._rope_cache[rope] = tab
         return tab
 
     def _rope(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
@@ -345,7 +356,7 @@ class Transformer:
         x = self.tok_embd.rows(tokens)  # [T, D]
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
-        ropes = {b: self._rope_table(b, L)[start_pos:L] for b in self._rope_bases}
+        ropes = {r: self._rope_table(r, L)[start_pos:L] for r in self._ropes}
         if self._fast is None:
             self._fast = DecodePath.for_model(self) or False
         if self._fast and self._fast.applies(prompt, cache):
@@ -370,7 +381,7 @@ class Transformer:
             qk = qk.view(T, H + Hkv, hd)
             if ly.qk_norm is not None:
                 qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
-            qk = self._rope(qk, ropes[c.layer_rope_base(i)])
+            qk = self._rope(qk, ropes[c.layer_rope(i)])
             q, k = qk[:, :H], qk[:, H:]
             if self._unperm is not None:
                 q, k = q[..., self._unperm], k[..., self._unperm]
