@@ -575,7 +575,7 @@ def run(o: RunOptions) -> int:
                                                                      for name, k in n.items()))
 
     if o.verbose_prompt:
-        print_prompt_tokens(tok, prompt, ids, o, gen._keep_count(len(ids), n_ctx))
+        print_prompt_tokens(tok, prompt, ids, o, gen.keep_count(len(ids), n_ctx))
     out = sys.stdout
     if not o.json_out and not o.no_display_prompt and not o.single_turn:
         # the prompt's tokens as text, as llama-completion echoes it (control tokens only with -sp)
@@ -614,17 +614,16 @@ def run(o: RunOptions) -> int:
 
 def print_prompt_tokens(tok, prompt: str, ids: list[int], o: RunOptions, n_keep: int) -> None:
     """--verbose-prompt: llama-completion's listing of the prompt's tokens (and of the -r strings')."""
-    piece = lambda t: tok.token_bytes(t).decode("utf-8", errors="replace")  # noqa: E731
     log(f"sharpi: prompt: '{prompt}'")
     log(f"sharpi: number of tokens in prompt = {len(ids)}")
     for t in ids:
-        log(f"{t:6d} -> '{piece(t)}'")
+        log(f"{t:6d} -> '{tok.decode([t])}'")
     if n_keep > int(tok.add_bos):
-        log(f"sharpi: static prompt based on n_keep: '{''.join(piece(t) for t in ids[:n_keep])}'")
+        log(f"sharpi: static prompt based on n_keep: '{tok.decode(ids[:n_keep])}'")
     for r in o.reverse_prompt:
         log(f"Reverse prompt: '{r}'")
         for t in tok.encode(r, add_special=False, parse_special=True):
-            log(f"{t:6d} -> '{piece(t)}'")
+            log(f"{t:6d} -> '{tok.decode([t])}'")
     log("")
 
 

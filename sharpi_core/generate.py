@@ -248,7 +248,7 @@ class Generator:
             shift(n_keep, n_discard)
         self.shifts += 1
 
-    def _keep_count(self, n_prompt: int, n_ctx: int) -> int:
+    def keep_count(self, n_prompt: int, n_ctx: int) -> int:
         """Positions a context shift keeps: --keep N of the prompt plus its BOS (llama-completion's rule:
         -1, or more than the prompt, keeps all of it), at most n_ctx - 4 so that a shift frees room."""
         if self.n_keep < 0 or self.n_keep > n_prompt:
@@ -434,21 +434,22 @@ class Generator:
         n_ctx = self.cache.capacity
         eog = self.tok.eog_ids
 
+        def show(s: str) -> None:
+            text_parts.append(s)
+            if on_text is not None:
+                on_text(s)
+
         def emit(tok: int) -> None:
             nonlocal tail
             if tok in eog:
                 s = dec.push(tok) if self.special else ""  # -sp: printed, as llama-completion prints it
                 if s:
-                    text_parts.append(s)
-                    if on_text is not None:
-                        on_text(s)
+                    show(s)
                 raise _Stop("eos")
             out.append(tok)
             s = dec.push(tok)
             if s:
-                text_parts.append(s)
-                if on_text is not None:
-                    on_text(s)
+                show(s)
                 if stops:
                     tail = (tail + s)[-(longest_stop + len(s)):]
                     # a stop string anywhere in the text this token completed
@@ -462,7 +463,7 @@ class Generator:
         t0 = time.perf_counter()
         self._k = self.n_max
         self.shifts, self._dropped = 0, []
-        self._kept = self._keep_count(len(prompt_tokens), n_ctx)
+        self._kept = self.keep_count(len(prompt_tokens), n_ctx)
         if self.grammar is not None:
             self.gstate = self.grammar.initial()
         if self.picker is not None:
@@ -513,9 +514,7 @@ class Generator:
             reason = s.reason
         rest = dec.flush()
         if rest:
-            text_parts.append(rest)
-            if on_text is not None:
-                on_text(rest)
+            show(rest)
         timings.eval_ms = (time.perf_counter() - t0) * 1000
         timings.eval_n = len(out)
         return GenerationResult(out, "".join(text_parts), reason, timings, stats, self.shifts)

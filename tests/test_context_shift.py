@@ -217,13 +217,13 @@ def test_penalties_forgetting_the_dropped_tokens_fail_that_test(monkeypatch):
 def test_keep_rule_stop_at_full_context_and_reuse():
     gen = toy_gen(GREEDY, n_keep=0)
     gen.tok.add_bos = True
-    assert gen._keep_count(10, 64) == 1  # the BOS
+    assert gen.keep_count(10, 64) == 1  # the BOS
     gen.n_keep = 9
-    assert [gen._keep_count(10, 64), gen._keep_count(10, 12)] == [10, 8]  # 9 and the BOS; at most n_ctx - 4
+    assert [gen.keep_count(10, 64), gen.keep_count(10, 12)] == [10, 8]  # 9 and the BOS; at most n_ctx - 4
     gen.n_keep = -1
-    assert [gen._keep_count(10, 64), gen._keep_count(3, 64)] == [10, 3]
+    assert [gen.keep_count(10, 64), gen.keep_count(3, 64)] == [10, 3]
     gen.n_keep = 50
-    assert gen._keep_count(10, 64) == 10  # more than the prompt: all of it
+    assert gen.keep_count(10, 64) == 10  # more than the prompt: all of it
     # -n -2 stops where the context is full, with --context-shift too
     gen = toy_gen(GREEDY)
     res = gen.generate(TOY_PROMPT, n_predict=-2)

@@ -315,8 +315,7 @@ class CudaTransformer:
 
     def shift_cache(self, cache: CudaKVCache, n_keep: int, n_discard: int) -> None:
         """Transformer.shift_cache for this model's cache (its K rows have the CPU cache's layout)."""
-        first = self.first_layer
-        cache.shift(n_keep, n_discard, lambda j, k: self.cpu.shift_k(first + j, k, -n_discard, cache.rot_k))
+        self.cpu.shift_cache(cache, n_keep, n_discard, self.first_layer)
 
     # -- pieces ------------------------------------------------------------------------------------
     def _table(self, rope: tuple[float, float], n_pos: int):
@@ -675,8 +674,8 @@ class SplitTransformer:
         return SplitCache(KVCache(self.n_cpu, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v), gpu)
 
     def shift_cache(self, cache: SplitCache, n_keep: int, n_discard: int) -> None:
-        """Transformer.shift_cache over both parts."""
-        cache.shift(n_keep, n_discard, lambda layer, k: self.cpu.shift_k(layer, k, -n_discard, cache.rot_k))
+        """Transformer.shift_cache over both parts (SplitCache.shift numbers the GPU part's layers)."""
+        self.cpu.shift_cache(cache, n_keep, n_discard)
 
     def forward(self, tokens, start_pos: int, cache: SplitCache, last_n: int | None = None,
                 decode: bool = False, n_out: int | None = None) -> torch.Tensor:

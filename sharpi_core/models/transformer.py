@@ -225,10 +225,11 @@ class Transformer:
             k = k[..., self._unperm]
         return rotate(k.contiguous(), rot_k)
 
-    def shift_cache(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
+    def shift_cache(self, cache, n_keep: int, n_discard: int, first_layer: int = 0) -> None:
         """Context shift (llama.cpp's --context-shift): forget positions [n_keep, n_keep + n_discard) and
-        move the later ones down, their K re-rotated for the new positions (see KVCache.shift)."""
-        cache.shift(n_keep, n_discard, lambda layer, k: self.shift_k(layer, k, -n_discard, cache.rot_k))
+        move the later ones down, their K re-rotated for the new positions (KVCache.shift; the GPU models'
+        caches have the same shift(), cache layer j being model layer first_layer + j)."""
+        cache.shift(n_keep, n_discard, lambda j, k: self.shift_k(first_layer + j, k, -n_discard, cache.rot_k))
 
     # -- pieces --------------------------------------------------------------------------
     def _rope_table(self, rope: tuple[float, float], n_pos: int) -> torch.Tensor:
