@@ -122,7 +122,16 @@ def run(
     chat_template_file: Annotated[Optional[str], Opt("--chat-template-file", help="a file holding a Jinja chat template")] = None,
     conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
-    reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated, repeatable", show_default=False)] = [],
+    interactive: Annotated[bool, Opt("-i", "--interactive", help="interactive mode on raw text (llama-completion's): after a "
+                                     "reverse prompt (-r), an end of generation or -n tokens, your input goes on the text")] = False,
+    interactive_first: Annotated[bool, Opt("-if", "--interactive-first", help="interactive mode, waiting for your input right after the prompt")] = False,
+    in_prefix: Annotated[str, Opt("--in-prefix", help="interactive mode: text put before each of your inputs")] = "",
+    in_suffix: Annotated[str, Opt("--in-suffix", help="interactive mode: text put after each of your inputs")] = "",
+    in_prefix_bos: Annotated[bool, Opt("--in-prefix-bos", help="interactive mode: a BOS token before each input (and --in-prefix)")] = False,
+    multiline_input: Annotated[bool, Opt("-mli", "--multiline-input", help="interactive mode: your input goes on over lines "
+                                         "until one ends in '\\' (or '/')")] = False,
+    reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated (interactive mode: "
+                                             "hand control to the user), repeatable", show_default=False)] = [],
     no_display_prompt: Annotated[bool, Opt("--no-display-prompt", help="don't echo the prompt")] = False,
     special: Annotated[bool, Opt("-sp", "--special", help="show control tokens (<|im_end|>, ...) in the prompt's echo and the output")] = False,
     verbose_prompt: Annotated[bool, Opt("--verbose-prompt", help="print the prompt's tokens (id -> piece) on stderr before generating")] = False,

@@ -72,6 +72,12 @@ class RunOptions:
     chat_template_file: str | None = None
     conversation: bool | None = None
     single_turn: bool = False
+    interactive: bool = False  # -i: llama-completion's interactive mode on raw text (sharpi_cli/interactive.py)
+    interactive_first: bool = False
+    in_prefix: str = ""
+    in_suffix: str = ""
+    in_prefix_bos: bool = False
+    multiline_input: bool = False
     reverse_prompt: list = field(default_factory=list)
     no_display_prompt: bool = False
     special: bool = False
@@ -156,6 +162,7 @@ def validate(o: RunOptions) -> None:
         flag = ("-st/--single-turn" if o.single_turn else "-sys/--system-prompt" if o.system_prompt
                 else "-sysf/--system-prompt-file")
         raise UsageError(f"{flag} is for conversation mode and cannot go with -no-cnv")
+    check_interactive(o)
     if o.temp < 0:
         raise UsageError(f"invalid --temp {o.temp}: must be >= 0 (0 = greedy)")
     if not 0 < o.top_p <= 1:
@@ -203,6 +210,30 @@ def validate(o: RunOptions) -> None:
         if v < -1:
             raise UsageError(f"invalid {flag} {v}: must be >= -1 (-1 = all layers)")
     # with --device cpu the layer counts have no effect, like llama.cpp built without a GPU backend
+
+
+def check_interactive(o: RunOptions) -> None:
+    """-i/-if is llama-completion's interactive mode on raw text: not a chat, and its own input flags."""
+    if o.interactive_first:
+        o.interactive = True
+    flag = "-if/--interactive-first" if o.interactive_first else "-i/--interactive"
+    if not o.interactive:
+        for f, v in (("--in-prefix", o.in_prefix), ("--in-suffix", o.in_suffix), ("--in-prefix-bos", o.in_prefix_bos),
+                     ("-mli/--multiline-input", o.multiline_input)):
+            if v:
+                raise UsageError(f"{f} is for interactive mode: add -i (or -if)")
+        return
+    chat = [f for f, v in (("-cnv", o.conversation), ("-st/--single-turn", o.single_turn),
+                           ("-sys/--system-prompt", o.system_prompt), ("-sysf/--system-prompt-file", o.system_prompt_file),
+                           ("--chat-template", o.chat_template), ("--chat-template-file", o.chat_template_file)) if v]
+    if chat:
+        raise UsageError(f"{flag} works on raw text and cannot go with {chat[0]} (a chat: use -cnv alone)")
+    if o.json_out:
+        raise UsageError(f"--json prints one result and cannot go with {flag}")
+    if o.prompt_cache:
+        raise UsageError(f"--prompt-cache is for one-shot prompts, not {flag}")
+    if o.file == "-":
+        raise UsageError(f"-f - reads the prompt from stdin, which {flag} reads your input from")
 
 
 FLASH_ATTN_VALUES = ("on", "off", "auto")
@@ -356,7 +387,7 @@ def read_prompt(o: RunOptions) -> str | None:
         text = o.prompt
     elif o.file is not None:
         text = (sys.stdin.read() if o.file == "-" else read_text(o.file, "prompt file ")).removesuffix("\n")
-    elif not sys.stdin.isatty() and o.conversation is not True:  # -cnv reads turns from stdin instead
+    elif not sys.stdin.isatty() and o.conversation is not True and not o.interactive:  # -cnv, -i read input from stdin
         text = sys.stdin.read().removesuffix("\n")
         if not text:
             return None
@@ -453,6 +484,7 @@ def run(o: RunOptions) -> int:
     grammar = read_grammar(o)
     if o.escape:
         o.reverse_prompt = [process_escapes(r) for r in o.reverse_prompt]
+        o.in_prefix, o.in_suffix = process_escapes(o.in_prefix), process_escapes(o.in_suffix)
 
     from sharpi_core import engine
     from sharpi_core.generate import Generator
@@ -463,11 +495,13 @@ def run(o: RunOptions) -> int:
     n_ctx = engine.context_size(o.ctx_size, target.model)
     if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:
         o.single_turn = True  # a system prompt or a template asks for a chat: the prompt is one user turn
-    o.chat_template = chat_template_for(o, tok)
+    o.chat_template = None if o.interactive else chat_template_for(o, tok)
     chat = o.chat_template is not None and o.conversation is not False
     interactive = (o.conversation is True or (prompt is None and chat)) and not o.json_out
     if o.single_turn:
         interactive = prompt is None
+    if o.interactive:
+        interactive, prompt = False, prompt or ""
     if prompt is None and not interactive:
         raise UsageError("no prompt: pass -p/--prompt, -f/--file, or pipe text on stdin"
                          + ("" if o.chat_template else " (this model has no chat template: -cnv chats in chatml, "
@@ -555,11 +589,18 @@ def run(o: RunOptions) -> int:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
     if not ids:  # -p "" (a model that adds no BOS): llama.cpp refuses it too
         raise UsageError("empty prompt: nothing to generate from")
+    if o.interactive:
+        engine.check_prompt_fits(len(ids), n_ctx)
+        for note in getattr(gen, "notes", []):
+            log(f"note: {note}")
+        if o.verbose_prompt:
+            print_prompt_tokens(tok, prompt, ids, o, gen.keep_count(len(ids), n_ctx))
+        from .interactive import interactive_loop
+        return interactive_loop(o, target, gen, n_ctx, ids)
     # speculation proposes fewer tokens near the end of a context (the generator), so a prompt that
     # leaves room for one generated token runs, as it does without speculation
+    # (a draft model with a smaller context drafts from the history's tail: speculative/draft_model.py)
     engine.check_prompt_fits(len(ids), n_ctx)
-    if draft is not None:
-        engine.check_prompt_fits(len(ids), draft_ctx(o, n_ctx), "-cd/--ctx-size-draft")
     for note in getattr(gen, "notes", []):
         log(f"note: {note}")
     pcache = None

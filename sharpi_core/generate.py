@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 import torch
@@ -120,6 +120,7 @@ class GenerationResult:
     timings: Timings
     spec: SpecStats | None = None
     context_shifts: int = 0  # times the context was shifted (--context-shift)
+    eog_token: int | None = None  # the end-of-generation token that stopped it (stop_reason eos; not in tokens)
 
 
 class _Stop(Exception):
@@ -155,8 +156,12 @@ class Generator:
         # context shift (llama.cpp's --context-shift, --keep): see _shift
         self.context_shift, self.n_keep = context_shift, n_keep
         self.shifts = 0          # context shifts in the last generate() call
-        self._kept = 0           # positions a shift keeps in this call
-        self._dropped: list[int] = []  # the tokens this call's shifts took out of the cache, in order
+        self._kept = 0           # positions a shift keeps in this sequence
+        self._dropped: list[int] = []  # the tokens this sequence's shifts took out of the cache, in order
+        self._n_dropped = 0      # how many (_dropped keeps only the last history_window of them)
+        # samplers (penalties, DRY) see the tokens of the sequence from this count on: a resumed
+        # generation starts them over (llama-completion's interactive mode resets them at each input)
+        self._mark = 0
         self._exact: int | None = None  # after a shift, the positions whose K/V are those of history[:n] alone
         self.batch_verify = _env_on("SHARPI_SPEC_BATCH_VERIFY")
         # proposals per step adapt to how the last ones fared (SHARPI_SPEC_ADAPTIVE=0: always n_max):
@@ -186,6 +191,7 @@ class Generator:
         self.gstate = grammar.initial() if grammar is not None else None
         self._need = grammar_need(params) if grammar is not None else None
         self._prefilled = 0
+        self._tail = None  # (history length, logits [V] of its last token) after feed()
 
     # -- prompt --------------------------------------------------------------------------------
     def _prefill(self, prompt: list[int]) -> torch.Tensor:
@@ -209,7 +215,56 @@ class Generator:
             chunk = prompt[s:s + self.n_batch]
             logits = self.model.forward(torch.tensor(chunk, dtype=torch.long), s, self.cache, last_n=1)
             self.history += chunk
+        self._tail = (len(self.history), logits[-1])
         return logits[-1]
+
+    def _extend(self, tokens: list[int], n_predict: int = -1) -> torch.Tensor:
+        """Evaluate tokens after the history (a resumed sequence: the cache as it is, shifted or not) in
+        chunks of n_batch; logits [V] of the last. Like llama-completion, a chunk that would fill the
+        context shifts it first (--context-shift), else the generation is over (_Stop ctx_full)."""
+        logits = None
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s:s + self.n_batch]
+            if len(self.history) + len(chunk) >= self.cache.capacity:
+                if not self.context_shift or n_predict == -2:
+                    raise _Stop("ctx_full")
+                self._shift()
+                if len(self.history) + len(chunk) >= self.cache.capacity:
+                    raise _Stop("ctx_full")
+            if self.threads is not None:
+                self.threads.step()
+            logits = self.model.forward(torch.tensor(chunk, dtype=torch.long), len(self.history), self.cache, last_n=1)
+            self.history += chunk
+        self._tail = (len(self.history), logits[-1])
+        return logits[-1]
+
+    def feed(self, tokens: Sequence[int], fresh: bool = False, n_predict: int = -1) -> bool:
+        """Put tokens in the cache without generating (llama-completion's interactive mode evaluates its
+        prompt and each input before it samples, or hands control back to the user first). fresh: a new
+        sequence (the prompt: the cache's common prefix is reused); else they follow the history. False
+        when the context is full (and cannot shift) before all of them are in."""
+        if fresh:
+            self._begin(len(tokens))
+            self._prefill(list(tokens))
+            return True
+        try:
+            self.shifts = 0
+            if tokens:
+                self._extend(list(tokens), n_predict)
+        except _Stop:
+            return False
+        return True
+
+    def _unfeed(self, n: int) -> None:
+        """Take the last n tokens out of the history and the caches."""
+        del self.history[len(self.history) - n:]
+        self.cache.truncate(len(self.history))
+        self.drafter.rollback(len(self.history))
+
+    def _begin(self, n_prompt: int) -> None:
+        """A new sequence: no shifts yet, the samplers see all of it."""
+        self._dropped, self._n_dropped, self._mark = [], 0, 0
+        self._kept = self.keep_count(n_prompt, self.cache.capacity)
 
     # -- context shift -----------------------------------------------------------------------------
     @property
@@ -221,13 +276,17 @@ class Generator:
 
     def _past(self) -> list[int]:
         """The tokens penalties and DRY look back over: the history, with the tokens context shifts took
-        out of the cache back in place (llama.cpp's samplers remember every token they accepted)."""
-        if not self._dropped:
-            return self.history
+        out of the cache back in place (llama.cpp's samplers remember every token they accepted), from
+        the last sampler reset on (see generate's resume)."""
+        past = self.history
         n, k = self.params.history_window, self._kept
-        if 0 <= n <= len(self.history) - k:  # the window ends after the dropped tokens
-            return self.history
-        return self.history[:k] + self._dropped + self.history[k:]
+        if self._dropped and not 0 <= n <= len(self.history) - k:  # the window reaches the dropped tokens
+            past = self.history[:k] + self._dropped + self.history[k:]
+        if self._mark:
+            seen = max(0, len(self.history) + self._n_dropped - self._mark)
+            if seen < len(past):
+                past = past[len(past) - seen:]
+        return past
 
     def _shift(self) -> None:
         """llama.cpp's context shift: keep the first _kept positions, drop half of the rest (the oldest),
@@ -239,6 +298,7 @@ class Generator:
             raise _Stop("ctx_full")
         self.model.shift_cache(self.cache, n_keep, n_discard)
         self._dropped += self.history[n_keep:n_keep + n_discard]
+        self._n_dropped += n_discard
         if self.params.history_window > 0:  # older ones are out of every window: an endless generation stays flat
             del self._dropped[:-self.params.history_window]
         del self.history[n_keep:n_keep + n_discard]
@@ -422,7 +482,18 @@ class Generator:
     # -- the loop ----------------------------------------------------------------------------------
     def generate(self, prompt_tokens: Sequence[int], n_predict: int = -1, stop_strings: Sequence[str] = (),
                  on_text: Callable[[str], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> GenerationResult:
+                 should_stop: Callable[[], bool] | None = None, resume: bool = False,
+                 stop_tokens: Collection[int] = (), stop_at_end: bool = False) -> GenerationResult:
+        """Generate after prompt_tokens, streaming text to on_text, until an end of generation, n_predict
+        tokens, a stop string (or one of stop_tokens), should_stop(), or a full context.
+
+        resume: prompt_tokens follow the history (llama-completion's interactive mode: each input goes
+        after what was generated, the cache kept as it is even after a context shift); the samplers
+        start over there (penalties and DRY see the sequence from prompt_tokens on, mirostat and
+        adaptive-p restart), the grammar's state goes on. With no prompt_tokens the last history token is
+        evaluated again for its logits. stop_at_end: a stop string counts only at the end of the text of
+        the last 32 tokens the samplers have seen (llama-completion's interactive check), not anywhere
+        in the text a token completed."""
         timings = Timings()
         stats = SpecStats() if self.speculate else None
         out: list[int] = []
@@ -433,6 +504,7 @@ class Generator:
         tail = ""  # recent text, for stop strings spanning tokens
         n_ctx = self.cache.capacity
         eog = self.tok.eog_ids
+        end_token = None
 
         def show(s: str) -> None:
             text_parts.append(s)
@@ -440,11 +512,12 @@ class Generator:
                 on_text(s)
 
         def emit(tok: int) -> None:
-            nonlocal tail
+            nonlocal tail, end_token
             if tok in eog:
                 s = dec.push(tok) if self.special else ""  # -sp: printed, as llama-completion prints it
                 if s:
                     show(s)
+                end_token = tok
                 raise _Stop("eos")
             out.append(tok)
             s = dec.push(tok)
@@ -452,9 +525,14 @@ class Generator:
                 show(s)
                 if stops:
                     tail = (tail + s)[-(longest_stop + len(s)):]
+                    if stop_at_end:
+                        if any(tail.endswith(x) for x in stops):
+                            raise _Stop("stop_string")
                     # a stop string anywhere in the text this token completed
-                    if any(x in tail[-(len(x) + len(s) - 1):] for x in stops):
+                    elif any(x in tail[-(len(x) + len(s) - 1):] for x in stops):
                         raise _Stop("stop_string")
+            if tok in stop_tokens:  # (llama-completion: a reverse prompt that is one token is that token)
+                raise _Stop("stop_string")
             if 0 <= n_predict <= len(out):
                 raise _Stop("n_predict")
             if should_stop is not None and should_stop():
@@ -462,18 +540,42 @@ class Generator:
 
         t0 = time.perf_counter()
         self._k = self.n_max
-        self.shifts, self._dropped = 0, []
-        self._kept = self.keep_count(len(prompt_tokens), n_ctx)
-        if self.grammar is not None:
-            self.gstate = self.grammar.initial()
+        self.shifts = 0
         if self.picker is not None:
             self.picker.reset()
-        logits = self._prefill(list(prompt_tokens))
+        reason = "n_predict"
+        try:
+            if resume:
+                self._mark = len(self.history) + self._n_dropped
+                tail, self._tail = self._tail, None
+                if prompt_tokens:
+                    logits = self._extend(list(prompt_tokens), n_predict)
+                elif tail is not None and tail[0] == len(self.history):  # what feed() left
+                    logits = tail[1]
+                else:  # (evaluated again, as the one-token batch it was)
+                    if not self.history:
+                        raise SharpiError("nothing to resume from")
+                    t = self.history.pop()
+                    self.cache.truncate(len(self.history))
+                    logits = self._extend([t], n_predict)
+                self._prefilled = len(prompt_tokens)
+                if stop_at_end and stops:  # the samplers' memory: this input (llama.cpp's last 32 tokens)
+                    tail = self.tok.decode(self._past()[-32:], skip_special=not self.special)
+            else:
+                self._begin(len(prompt_tokens))
+                if self.grammar is not None:
+                    self.gstate = self.grammar.initial()
+                logits = self._prefill(list(prompt_tokens))
+                if stop_at_end and stops:
+                    tail = self.tok.decode(list(prompt_tokens[-32:]), skip_special=not self.special)
+        except _Stop as st:
+            logits, reason = None, st.reason
         timings.prompt_ms = (time.perf_counter() - t0) * 1000
         timings.prompt_n = self._prefilled
         t0 = time.perf_counter()
-        reason = "n_predict"
         try:
+            if logits is None:
+                raise _Stop(reason)
             if n_predict == 0:
                 raise _Stop("n_predict")
             t = self._sample(logits)
@@ -496,6 +598,7 @@ class Generator:
                     if n_predict >= 0:
                         k = min(k, n_predict - len(out) - 1)
                     if k >= 1:
+                        g0 = self.gstate
                         step = self._spec_step(t, k, stats)
                 if step is None:
                     t = self._plain_step(t)
@@ -505,8 +608,17 @@ class Generator:
                     emit(t)
                 else:
                     accepted, t = step
-                    for a in accepted:
-                        emit(a)
+                    for j, a in enumerate(accepted):
+                        try:
+                            emit(a)
+                        except _Stop:
+                            # the cache holds every accepted draft; what was not emitted (nor the token
+                            # that stopped it, now the pending one) goes, so the history ends where the
+                            # output does (a resumed generation, or --prompt-cache-all, goes on from there)
+                            self._unfeed(len(accepted) - j)
+                            if self.grammar is not None:  # (its state went past all of them)
+                                self.gstate = self.grammar.advance_all(g0, accepted[:j + (a not in eog)])
+                            raise
                     if t is None:  # the grammar allows nothing after these
                         raise _Stop("grammar")
                     emit(t)
@@ -517,4 +629,4 @@ class Generator:
             show(rest)
         timings.eval_ms = (time.perf_counter() - t0) * 1000
         timings.eval_n = len(out)
-        return GenerationResult(out, "".join(text_parts), reason, timings, stats, self.shifts)
+        return GenerationResult(out, "".join(text_parts), reason, timings, stats, self.shifts, end_token)

@@ -81,3 +81,23 @@ def test_line_editing_history_and_continued_lines():
     assert "[turn:" not in p.before  # "hi." was not a turn of its own
     p.close()
     assert p.exitstatus == 0
+
+
+def test_interactive_ctrl_c_hands_control_over_and_quits_at_the_input():
+    """-i: Ctrl-C while the model writes hands control to the user (--in-prefix shows it), the line goes on
+    the text (--in-suffix after it) and the model goes on; Ctrl-C at the input quits (130, as llama.cpp)."""
+    p = spawn("-i", "--temp", "0", "-n", "-1", "-c", "2048", "--in-prefix", "[you]", "--in-suffix", "[model]",
+              "-p", "Once upon a time")
+    p.expect("Once upon a time")
+    p.expect(r"\w+ \w+ \w+")  # generated
+    p.sendintr()
+    p.expect(r"\[you\]")
+    p.sendline("The dragon said")
+    p.expect(r"\[model\]")
+    p.expect(r"\w+ \w+")
+    p.sendintr()
+    p.expect(r"\[you\]")
+    p.sendintr()
+    p.expect(pexpect.EOF)
+    p.close()
+    assert p.exitstatus == 130

@@ -569,3 +569,73 @@ def test_mirostat_with_a_plus_inf_bias_draws_that_token():
         _, _, sides = m.law(x, SamplingParams(temp=0.8, mirostat=version))
         m.state = m.next_state(m.state, sides, 3, None)
         assert np.isfinite(m.mu)
+
+
+# -- resumed generation (-i: llama-completion's interactive mode) ----------------------------------------
+@pytest.mark.parametrize("kind", [None, "same", "lookup"])
+def test_a_stop_inside_accepted_drafts_leaves_the_history_at_the_output(kind):
+    """A verify pass accepts several drafts and the output stops at one of them (a one-token reverse
+    prompt here): the cache keeps the output up to the pending token, not the drafts after it, so a
+    resumed generation goes on from the output itself."""
+    ref = ref_greedy(PROMPT, 24)
+    i = 5
+    stop = ref[i]
+    i = ref.index(stop)  # (where it first comes)
+    gen, model = make(drafter=drafter_for(kind, GREEDY) if kind else None, spec_n_max=6)
+    res = gen.generate(PROMPT, n_predict=24, stop_tokens={stop})
+    assert res.tokens == ref[:i + 1] and res.stop_reason == "stop_string"
+    assert gen.history == PROMPT + ref[:i] and gen.cache.length == len(gen.history)
+    assert gen.feed([res.tokens[-1]])
+    res2 = gen.generate([], n_predict=6, resume=True)
+    assert res2.tokens == ref[i + 1:i + 7]
+
+
+@pytest.mark.parametrize("kind", [None, "same", "lookup"])
+def test_resume_starts_the_samplers_over(kind):
+    """generate(tokens, resume=True): tokens follow what was generated, and penalties look back over them
+    and what follows only (llama-completion resets its samplers at each input)."""
+    params = SamplingParams(temp=0, repeat_penalty=2.0, repeat_last_n=12, presence_penalty=1.5)
+    gen, model = make(params, drafter=drafter_for(kind, params) if kind else None, spec_n_max=4)
+    a = gen.generate(PROMPT, n_predict=5)
+    inp = [3, 4, 5]
+    assert gen.feed([a.tokens[-1]])
+    b = gen.generate(inp, n_predict=8, resume=True)
+    ctx, seen, want = PROMPT + a.tokens + inp, list(inp), []
+    for _ in range(8):
+        t = int(argmax(apply_penalties(model.logits_after(ctx), seen, params)))
+        want.append(t)
+        ctx.append(t)
+        seen.append(t)
+    assert b.tokens == want
+    # (and it is not what penalties over the whole sequence give)
+    ctx, other = PROMPT + a.tokens + inp, []
+    for _ in range(8):
+        t = int(argmax(apply_penalties(model.logits_after(ctx), ctx, params)))
+        other.append(t)
+        ctx.append(t)
+    assert other != want
+
+
+@pytest.mark.parametrize("kind", ["same", "draft"])
+def test_a_draft_context_smaller_than_the_history_slides(kind):
+    """-cd smaller than the history: the draft proposes from the history's tail (its window slides by
+    halves of its context) instead of stopping; the output stays the target's."""
+    gen, model = make(drafter=drafter_for(kind, GREEDY, target_model(), n_ctx=24), spec_n_max=4)
+    res = gen.generate(PROMPT, n_predict=150)
+    assert res.tokens == ref_greedy(PROMPT, 150)
+    assert res.spec.steps_no_proposal == 0 and gen.drafter._base > 100
+    assert gen.drafter.history == (gen.history + [res.tokens[-1]])[gen.drafter._base:][:len(gen.drafter.history)]
+
+
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN])
+def test_a_slid_draft_window_through_context_shifts(params):
+    """The target's context shifts while the draft's window has slid (in front of it, across its start, inside
+    it: keep 0 and 20 with a 24-token draft and a 64-token target): the same tokens as plain decoding."""
+    for keep in (0, 20):
+        plain, _ = make(params, n_ctx=64, context_shift=True, n_keep=keep)
+        want = plain.generate(PROMPT, n_predict=200)
+        gen, _ = make(params, drafter=drafter_for("same", params, n_ctx=24), n_ctx=64, context_shift=True,
+                      n_keep=keep, spec_n_max=4)
+        got = gen.generate(PROMPT, n_predict=200)
+        assert got.tokens == want.tokens and got.context_shifts == want.context_shifts > 2
+        assert got.spec.steps_no_proposal == 0 and got.spec.drafted > 150 and gen.drafter._base > 0

@@ -17,6 +17,11 @@ guess holds (the next call's history is exactly the assumed one), the next propo
 otherwise they are dropped with the cache rows they wrote. Proposals only: the target's verification,
 and so the output, does not depend on them (greedy: token for token the plain output).
 
+A history longer than the draft's context (-cd smaller than what the target holds) slides through it:
+the draft keeps the last half of its context and proposes from those tokens alone, their K moved down
+as a context shift moves them (positions from 0; `_base` target tokens are left out), so speculation
+goes on however long the generation (llama.cpp's speculative example drafts from the tail too).
+
 head_vocab = N computes the draft's output layer for token ids [0, N) only (a zero-copy view of its
 first N rows), like FR-Spec's frequency-ranked draft head: with a byte-level BPE vocabulary the ids
 follow merge order, so the first 64k of Qwen2's 152k ids cover ~98% of its tokens on code and prose
@@ -49,6 +54,7 @@ class DraftModelDrafter:
         # rows of the draft's output layer computed (None: all)
         self.n_out = head_vocab if head_vocab and head_vocab < self.n_vocab else None
         self.history: list[int] = []  # tokens whose K/V are in self.cache
+        self._base = 0  # the target's first _base history tokens are left out (the window slid past them)
         self.forwards = 0  # forward passes run (stats/tests)
         self.chain = argmax_on_device(model, params)
         self.lookahead = self.chain and LOOKAHEAD
@@ -144,7 +150,28 @@ class DraftModelDrafter:
         depends on it.)"""
         self._picker = copy.copy(picker)
 
+    def _window(self, history: list[int], k: int) -> list[int]:
+        """The part of the target's history the draft proposes from: all of it while it fits the draft's
+        context with k proposals, then its tail, the window sliding by whole halves of the context."""
+        if self._base:
+            history = history[self._base:]
+        cap = self.cache.capacity
+        if len(history) + k + 1 <= cap or cap < 4:
+            return history
+        drop = len(history) - cap // 2
+        self._drop_ahead()
+        self._reuse(history)  # (the cache holds a prefix of it)
+        self._shift(0, drop)
+        self._base += drop
+        return history[drop:]
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:  # a queued chain writes this cache: let it finish, then drop it
+            self._ahead.result()
+            self._ahead = None
+
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+        history = self._window(history, k)
         k = min(k, self.cache.capacity - len(history))
         if k <= 0 or not history:
             return [], None
@@ -188,10 +215,20 @@ class DraftModelDrafter:
     def shift(self, n_keep: int, n_discard: int) -> None:
         """The target's context shifted (generate.Generator._shift): positions [n_keep, n_keep + n_discard)
         went and the later ones moved down. The same here keeps the draft's cache in step with the
-        target's history (what it holds past the target's is dropped by the next proposal's reuse)."""
-        if self._ahead is not None:  # a queued chain writes this cache: let it finish, then drop it
-            self._ahead.result()
-            self._ahead = None
+        target's history (what it holds past the target's is dropped by the next proposal's reuse).
+        With a slid window, in its coordinates: what went before the window only moves it down."""
+        if self._base:
+            b = self._base
+            if n_keep + n_discard <= b:
+                self._base -= n_discard
+                return
+            self._base = min(b, n_keep)
+            n_keep, n_discard = max(0, n_keep - b), n_keep + n_discard - max(b, n_keep)
+        self._shift(n_keep, n_discard)
+
+    def _shift(self, n_keep: int, n_discard: int) -> None:
+        """Positions [n_keep, n_keep + n_discard) of the draft's own cache go, the later ones move down."""
+        self._drop_ahead()
         n = min(len(self.history), self.cache.length)
         self.cache.truncate(n)
         del self.history[n:]
@@ -204,6 +241,7 @@ class DraftModelDrafter:
 
     def rollback(self, n_keep: int) -> None:
         """The target kept the first n_keep tokens of the last history + proposals: drop the rest."""
+        n_keep = max(0, n_keep - self._base)
         if self._ahead is not None:
             if n_keep >= len(self.history) - 1:
                 return  # all accepted: whether the bonus is the guess shows in the next call's history

@@ -1,0 +1,71 @@
+"""-i/-if: llama-completion's interactive mode, checked against its transcripts (scripts/llamacpp_interactive.py ->
+tests/data/llamacpp_interactive.json: `llama-completion -no-cnv --simple-io --temp 0 ARGS` with the user's lines on
+stdin, its stdout up to "EOF by user")."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import model_path
+from test_cli import one_error_line, sharpi
+
+CASES = json.loads((Path(__file__).parent / "data" / "llamacpp_interactive.json").read_text())
+BY_NAME = {c["name"]: c for c in CASES}
+
+
+def run_case(case, *extra):
+    r = sharpi("-m", model_path(case["model"]), "--temp", 0, "-t", 2, *case["args"], *extra, input=case["input"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    return r
+
+
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_transcript_is_llama_completions(name):
+    """Byte for byte llama-completion's text: the prompt, each generated stretch, --in-prefix/--in-suffix as
+    printed, the newline after an end of generation; where control changes hands (reverse prompt at the end of
+    the text, a one-token reverse prompt, -n spent, an empty line handing it back, '\\' and '/' line endings,
+    -mli, --in-prefix-bos) and what the model then sees (the samplers start over at each input: bob-penalties;
+    the first reverse prompt queued after an end of generation; a context shift: qwen-shift; a full context
+    ends the session: gemma-full)."""
+    case = BY_NAME[name]
+    r = run_case(case)
+    assert r.stdout.removesuffix("\n") == case["transcript"]
+    assert ("context" in r.stderr and "is full" in r.stderr) == case["context_full"]
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("bob", ["--draft-lookup"]),
+    ("chatml-eog", ["--draft-lookup", "--spec-draft-n-max", "6"]),
+    ("qwen-shift", ["-md", "qwen2.5-coder-0.5b-instruct-q4_k_m"]),  # (a draft model through context shifts)
+])
+def test_speculation_gives_the_same_transcript(name, extra):
+    case = BY_NAME[name]
+    extra = [str(model_path(e)) if e.startswith("qwen") else e for e in extra]
+    r = run_case(case, *extra)
+    assert r.stdout.removesuffix("\n") == case["transcript"]
+    assert "speculative: drafted" in r.stderr
+
+
+@pytest.mark.parametrize("args,contains", [
+    (["-i", "-cnv"], "-cnv"),
+    (["-if", "-sys", "Be brief."], "-sys"),
+    (["-i", "--json"], "--json"),
+    (["-i", "--prompt-cache", "x.bin"], "--prompt-cache"),
+    (["-i", "-f", "-"], "stdin"),
+    (["--in-prefix", "Q: "], "add -i"),
+    (["-mli"], "add -i"),
+])
+def test_invalid_combinations(args, contains, tmp_path):
+    r = sharpi("-m", model_path("smollm2-135m-instruct-q4_1"), "-p", "Hi", *args)
+    one_error_line(r, contains=contains)
+
+
+def test_ctrl_d_at_once_and_the_prompt_is_not_read_from_stdin():
+    """-if with nothing on stdin: the prompt is evaluated and shown, the session ends at the first read; the
+    piped stdin is the user's input, not the prompt."""
+    r = sharpi("-m", model_path("smollm2-135m-instruct-q4_1"), "-if", "-p", "Hello", "--temp", 0, input="")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "Hello\n"
