@@ -29,13 +29,15 @@ from sharpi_core.generate import GenerationResult, SpecStats, Timings
 N_PREV = 32  # llama-completion looks for reverse prompts in the text of the last 32 tokens
 
 
-def read_input(multiline: bool) -> str | None:
+def read_input(multiline: bool, prompt: str = "") -> str | None:
     """llama.cpp's console::readline, repeated while it asks for another line: the lines with their
-    newlines, or None at end of input with nothing typed."""
+    newlines, or None at end of input with nothing typed. The prompt (--in-prefix) is input()'s, so that
+    line editing knows it is there."""
     buffer = ""
     while True:
         try:
-            line = input("")
+            line = input(prompt)
+            prompt = ""
         except EOFError:
             return buffer or None
         if line.endswith("/"):  # always returns control, without a newline of its own
@@ -149,10 +151,9 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
         if interacting:
             if o.in_prefix_bos and tok.bos_id is not None:
                 queue.append(tok.bos_id)
-            if o.in_prefix:
-                write(o.in_prefix)
+            out.flush()
             try:
-                line = read_input(o.multiline_input)
+                line = read_input(o.multiline_input, o.in_prefix)
             except KeyboardInterrupt:
                 write("\n")
                 print_report(target, total, o.verbose)

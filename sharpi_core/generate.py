@@ -490,8 +490,8 @@ class Generator:
         resume: prompt_tokens follow the history (llama-completion's interactive mode: each input goes
         after what was generated, the cache kept as it is even after a context shift); the samplers
         start over there (penalties and DRY see the sequence from prompt_tokens on, mirostat and
-        adaptive-p restart), the grammar's state goes on. With no prompt_tokens the last history token is
-        evaluated again for its logits. stop_at_end: a stop string counts only at the end of the text of
+        adaptive-p restart), the grammar's state goes on. With no prompt_tokens the model goes on from the
+        logits feed() left (or the last history token evaluated again). stop_at_end: a stop string counts only at the end of the text of
         the last 32 tokens the samplers have seen (llama-completion's interactive check), not anywhere
         in the text a token completed."""
         timings = Timings()
@@ -547,11 +547,11 @@ class Generator:
         try:
             if resume:
                 self._mark = len(self.history) + self._n_dropped
-                tail, self._tail = self._tail, None
+                fed, self._tail = self._tail, None
                 if prompt_tokens:
                     logits = self._extend(list(prompt_tokens), n_predict)
-                elif tail is not None and tail[0] == len(self.history):  # what feed() left
-                    logits = tail[1]
+                elif fed is not None and fed[0] == len(self.history):  # what feed() left
+                    logits = fed[1]
                 else:  # (evaluated again, as the one-token batch it was)
                     if not self.history:
                         raise SharpiError("nothing to resume from")

@@ -639,3 +639,17 @@ def test_a_slid_draft_window_through_context_shifts(params):
         got = gen.generate(PROMPT, n_predict=200)
         assert got.tokens == want.tokens and got.context_shifts == want.context_shifts > 2
         assert got.spec.steps_no_proposal == 0 and got.spec.drafted > 150 and gen.drafter._base > 0
+
+
+@pytest.mark.parametrize("stop_at_end", [False, True])
+def test_resume_goes_on_from_what_feed_left(stop_at_end):
+    """feed([last token]) then generate([], resume=True): the model goes on from feed's logits, with stop
+    strings looked for either way (the one-shot rule or the interactive one)."""
+    ref = ref_greedy(PROMPT, 12)
+    gen, model = make()
+    a = gen.generate(PROMPT, n_predict=4)
+    assert gen.feed([a.tokens[-1]])
+    n = model.n_tokens
+    b = gen.generate([], n_predict=6, resume=True, stop_strings=["zz"], stop_at_end=stop_at_end)
+    assert a.tokens + b.tokens == ref[:10]
+    assert model.n_tokens - n == 5  # (the last token is not evaluated again)

@@ -405,8 +405,10 @@ def test_draft_model_greedy_proposals_and_resync():
     other = (hist[10] + 1) % V
     d.propose(hist[:10] + [other, 3, 3], 1)
     assert model.batch_sizes == [3] and cache.content == hist[:10] + [other, 3, 3]
-    # no room left in the draft's context: no proposal
-    assert d.propose(list(range(8)) * 32, 4) == ([], None)
+    # no room left in the draft's context: the window slides to the history's last half-context
+    long = list(range(8)) * 32
+    props3, _ = d.propose(long, 4)
+    assert len(props3) == 4 and d._base == 128 and cache.content[:128] == long[128:]
 
 
 def test_draft_model_sampled_q_is_what_it_sampled_from():
