@@ -57,19 +57,28 @@ def record(binary: Path, model: Path, system: str | None, user: str, template: s
             "ended": ended}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def completion_args(doc: str) -> argparse.Namespace:
+    """The arguments of the scripts that record llama-completion's output: BIN_DIR [--models-dir DIR]."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("bin_dir", type=Path)
     ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache" / "sharpi" / "models")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def save(path: Path, data) -> None:
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    a = completion_args(__doc__)
     out: dict[str, list] = {}
     for model, system, user, template in CASES:
         rec = record(a.bin_dir / "llama-completion", a.models_dir / f"{model}.gguf", system, user, template)
         out.setdefault(model, []).append(rec)
         print(f"{model}: {len(rec['prompt_ids'])} prompt ids, reply {rec['reply'][:40]!r}...")
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {OUT}")
+    save(OUT, out)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ thread than its log's, so the echo lands anywhere in the text (a terminal shows 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 from pathlib import Path
+
+from llamacpp_chat_ref import completion_args, save
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "llamacpp_interactive.json"
 SMOL, GEMMA, QWEN = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m"
@@ -71,18 +71,13 @@ def record(binary: Path, model: Path, args: list[str], text: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("bin_dir", type=Path)
-    ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache" / "sharpi" / "models")
-    a = ap.parse_args()
+    a = completion_args(__doc__)
     out = []
     for name, model, args, text in CASES:
         rec = record(a.bin_dir / "llama-completion", a.models_dir / f"{model}.gguf", args, text)
         out.append({"name": name, "model": model, **rec})
         print(f"{name}: {len(rec['transcript'])} characters, eof {rec['eof']}, context full {rec['context_full']}")
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {OUT}")
+    save(OUT, out)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,7 @@ import sys
 import time
 from dataclasses import fields
 
-from sharpi_core.generate import GenerationResult, SpecStats, Timings
-
-N_PREV = 32  # llama-completion looks for reverse prompts in the text of the last 32 tokens
+from sharpi_core.generate import STOP_WINDOW, GenerationResult, SpecStats, Timings
 
 
 def read_input(multiline: bool, prompt: str = "") -> str | None:
@@ -50,20 +48,25 @@ def read_input(multiline: bool, prompt: str = "") -> str | None:
             return buffer
 
 
+def _sum_into(total, part) -> None:
+    """total's fields += part's (Timings, SpecStats; the per-position lists padded to the longer)."""
+    for f in fields(total):
+        a, b = getattr(total, f.name), getattr(part, f.name)
+        if isinstance(a, list):
+            n = max(len(a), len(b))
+            a = [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
+        else:
+            a += b
+        setattr(total, f.name, a)
+
+
 def _add(total: GenerationResult, res: GenerationResult) -> None:
-    for f in fields(Timings):
-        setattr(total.timings, f.name, getattr(total.timings, f.name) + getattr(res.timings, f.name))
+    """The session's report: one generation's timings and speculative stats added to the others'."""
+    _sum_into(total.timings, res.timings)
     if res.spec is not None:
         if total.spec is None:
             total.spec = SpecStats()
-        for f in fields(SpecStats):
-            a, b = getattr(total.spec, f.name), getattr(res.spec, f.name)
-            if isinstance(a, list):
-                a += [0] * (len(b) - len(a))
-                setattr(total.spec, f.name, [x + y for x, y in zip(a, b + [0] * (len(a) - len(b)))])
-            else:
-                setattr(total.spec, f.name, a + b)
-    total.tokens += res.tokens
+        _sum_into(total.spec, res.spec)
     total.stop_reason = res.stop_reason
     total.context_shifts += res.context_shifts
 
@@ -87,7 +90,7 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
         """Reverse prompt at the end of these tokens (the samplers' memory after they were evaluated)."""
         if not anti or not ids:
             return False
-        text = tok.decode(ids[-N_PREV:], skip_special=not o.special)
+        text = tok.decode(ids[-STOP_WINDOW:], skip_special=not o.special)
         return any(text.endswith(a) for a in anti) or ids[-1] in anti_tokens
 
     log("== interactive mode: Ctrl-C hands control to you, an empty line back to the model; a line ending in \\ "

@@ -589,20 +589,17 @@ def run(o: RunOptions) -> int:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
     if not ids:  # -p "" (a model that adds no BOS): llama.cpp refuses it too
         raise UsageError("empty prompt: nothing to generate from")
-    if o.interactive:
-        engine.check_prompt_fits(len(ids), n_ctx)
-        for note in getattr(gen, "notes", []):
-            log(f"note: {note}")
-        if o.verbose_prompt:
-            print_prompt_tokens(tok, prompt, ids, o, gen.keep_count(len(ids), n_ctx))
-        from .interactive import interactive_loop
-        return interactive_loop(o, target, gen, n_ctx, ids)
     # speculation proposes fewer tokens near the end of a context (the generator), so a prompt that
     # leaves room for one generated token runs, as it does without speculation
     # (a draft model with a smaller context drafts from the history's tail: speculative/draft_model.py)
     engine.check_prompt_fits(len(ids), n_ctx)
     for note in getattr(gen, "notes", []):
         log(f"note: {note}")
+    if o.interactive:
+        if o.verbose_prompt:
+            print_prompt_tokens(tok, prompt, ids, o, gen.keep_count(len(ids), n_ctx))
+        from .interactive import interactive_loop
+        return interactive_loop(o, target, gen, n_ctx, ids)
     pcache = None
     if o.prompt_cache:
         from sharpi_core.prompt_cache import PromptCacheFile

@@ -128,6 +128,10 @@ class _Stop(Exception):
         self.reason = reason
 
 
+# llama-completion looks for a reverse prompt in the text of the last 32 tokens its samplers saw
+STOP_WINDOW = 32
+
+
 def _env_on(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -208,30 +212,22 @@ class Generator:
         del self.history[n:]
         self._exact = None
         self._prefilled = len(prompt) - n
-        logits = None
-        for s in range(n, len(prompt), self.n_batch):
-            if self.threads is not None:  # (a long prompt is several batches)
-                self.threads.step()
-            chunk = prompt[s:s + self.n_batch]
-            logits = self.model.forward(torch.tensor(chunk, dtype=torch.long), s, self.cache, last_n=1)
-            self.history += chunk
-        self._tail = (len(self.history), logits[-1])
-        return logits[-1]
+        return self._extend(prompt[n:], fits=True)
 
-    def _extend(self, tokens: list[int], n_predict: int = -1) -> torch.Tensor:
-        """Evaluate tokens after the history (a resumed sequence: the cache as it is, shifted or not) in
-        chunks of n_batch; logits [V] of the last. Like llama-completion, a chunk that would fill the
+    def _extend(self, tokens: list[int], n_predict: int = -1, fits: bool = False) -> torch.Tensor:
+        """Evaluate tokens after the history in chunks of n_batch; logits [V] of the last. Unless they are
+        known to fit (a prompt, checked by _prefill), like llama-completion: a chunk that would fill the
         context shifts it first (--context-shift), else the generation is over (_Stop ctx_full)."""
         logits = None
         for s in range(0, len(tokens), self.n_batch):
             chunk = tokens[s:s + self.n_batch]
-            if len(self.history) + len(chunk) >= self.cache.capacity:
+            if not fits and len(self.history) + len(chunk) >= self.cache.capacity:
                 if not self.context_shift or n_predict == -2:
                     raise _Stop("ctx_full")
                 self._shift()
                 if len(self.history) + len(chunk) >= self.cache.capacity:
                     raise _Stop("ctx_full")
-            if self.threads is not None:
+            if self.threads is not None:  # (a long prompt is several batches)
                 self.threads.step()
             logits = self.model.forward(torch.tensor(chunk, dtype=torch.long), len(self.history), self.cache, last_n=1)
             self.history += chunk
@@ -492,7 +488,7 @@ class Generator:
         start over there (penalties and DRY see the sequence from prompt_tokens on, mirostat and
         adaptive-p restart), the grammar's state goes on. With no prompt_tokens the model goes on from the
         logits feed() left (or the last history token evaluated again). stop_at_end: a stop string counts only at the end of the text of
-        the last 32 tokens the samplers have seen (llama-completion's interactive check), not anywhere
+        the last STOP_WINDOW tokens the samplers have seen (llama-completion's interactive check), not anywhere
         in the text a token completed."""
         timings = Timings()
         stats = SpecStats() if self.speculate else None
@@ -559,15 +555,13 @@ class Generator:
                     self.cache.truncate(len(self.history))
                     logits = self._extend([t], n_predict)
                 self._prefilled = len(prompt_tokens)
-                if stop_at_end and stops:  # the samplers' memory: this input (llama.cpp's last 32 tokens)
-                    tail = self.tok.decode(self._past()[-32:], skip_special=not self.special)
             else:
                 self._begin(len(prompt_tokens))
                 if self.grammar is not None:
                     self.gstate = self.grammar.initial()
                 logits = self._prefill(list(prompt_tokens))
-                if stop_at_end and stops:
-                    tail = self.tok.decode(list(prompt_tokens[-32:]), skip_special=not self.special)
+            if stop_at_end and stops:  # the samplers' memory: the prompt, or the input after a resume
+                tail = self.tok.decode(self._past()[-STOP_WINDOW:], skip_special=not self.special)
         except _Stop as st:
             logits, reason = None, st.reason
         timings.prompt_ms = (time.perf_counter() - t0) * 1000

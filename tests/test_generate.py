@@ -578,8 +578,7 @@ def test_a_stop_inside_accepted_drafts_leaves_the_history_at_the_output(kind):
     prompt here): the cache keeps the output up to the pending token, not the drafts after it, so a
     resumed generation goes on from the output itself."""
     ref = ref_greedy(PROMPT, 24)
-    i = 5
-    stop = ref[i]
+    stop = ref[5]
     i = ref.index(stop)  # (where it first comes)
     gen, model = make(drafter=drafter_for(kind, GREEDY) if kind else None, spec_n_max=6)
     res = gen.generate(PROMPT, n_predict=24, stop_tokens={stop})

@@ -58,7 +58,7 @@ def test_speculation_gives_the_same_transcript(name, extra):
     (["--in-prefix", "Q: "], "add -i"),
     (["-mli"], "add -i"),
 ])
-def test_invalid_combinations(args, contains, tmp_path):
+def test_invalid_combinations(args, contains):
     r = sharpi("-m", model_path("smollm2-135m-instruct-q4_1"), "-p", "Hi", *args)
     one_error_line(r, contains=contains)
 
