@@ -82,10 +82,13 @@ def test_inconsistent_metadata_is_one_error(tmp_path, meta, message):
 
 
 def test_a_tensor_the_graph_would_not_read_is_refused(tmp_path):
-    """A variant of the architecture (Llama 3.1's rope_freqs, a fused attn_qkv) would run without the
-    tensor it needs and give wrong output: refused by name instead."""
-    with pytest.raises(SharpiError, match="tensor 'rope_freqs.weight' is not part of the llama graph"):
-        load_model(write_gguf(tmp_path / "m.gguf", extra=[("rope_freqs.weight", (4,))]))
+    """A variant of the architecture (a fused attn_qkv) would run without the tensor it needs and give
+    wrong output: refused by name instead. rope_freqs (Llama 3.1+) is read, and checked like the rest."""
+    with pytest.raises(SharpiError, match="tensor 'blk.0.attn_qkv.weight' is not part of the llama graph"):
+        load_model(write_gguf(tmp_path / "m.gguf", extra=[("blk.0.attn_qkv.weight", (4,))]))
+    with pytest.raises(SharpiError, match=r"tensor 'rope_freqs.weight' has shape \(3,\), its metadata implies \(4,\)"):
+        load_model(write_gguf(tmp_path / "m2.gguf", extra=[("rope_freqs.weight", (3,))]))
+    assert load_model(write_gguf(tmp_path / "m3.gguf", extra=[("rope_freqs.weight", (4,))])).config.rope_freqs
 
 
 def test_unknown_architecture_is_named(tmp_path):

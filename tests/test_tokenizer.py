@@ -6,19 +6,21 @@ tier; a model whose GGUF is not in the local cache is skipped (nothing is downlo
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ALL_MODELS, GEMMA, QWEN05, QWEN15, SMOL, reference
+from conftest import ALL_MODELS, GEMMA, QWEN05, QWEN15, SMOL, model_path, reference
 from sharpi_core.errors import SharpiError
 from sharpi_core.gguf_file import GGUFFile
-from sharpi_core.tokenizer import (ATTR_CONTROL, ATTR_NORMAL, ATTR_USER_DEFINED, StreamDecoder, Tokenizer,
-                                   _byte_decoder, _PyBPE)
+from sharpi_core.tokenizer import (_PRE_GROUPS, ATTR_CONTROL, ATTR_NORMAL, ATTR_USER_DEFINED, PRE_TOKENIZERS,
+                                   StreamDecoder, Tokenizer, _byte_decoder, _PyBPE)
 
 _TOKS: dict[str, Tokenizer] = {}
 
@@ -293,3 +295,37 @@ def test_bpe_matches_model_of_llama_cpp_on_random_text(name):
     for _ in range(1500):
         s = "".join(rnd.choice(_POOL) for _ in range(rnd.randint(1, 30)))
         assert t.encode(s, add_special=False, parse_special=False) == _llama_cpp_ids(t, ref, s), repr(s)
+
+
+# -- every pre-tokenizer name against libllama ------------------------------------------------------
+PRETOK = json.loads((Path(__file__).parent / "data" / "llamacpp_pretok.json").read_text())
+
+
+class _WithPre:
+    """A GGUF whose tokenizer.ggml.pre reads as `pre`."""
+
+    def __init__(self, gf, pre: str):
+        self._gf, self._pre = gf, pre
+
+    def get(self, key, default=None):
+        return self._pre if key == "tokenizer.ggml.pre" else self._gf.get(key, default)
+
+    def __getattr__(self, name):
+        return getattr(self._gf, name)
+
+
+def test_every_pre_tokenizer_name_is_recorded():
+    assert sorted(PRETOK["ids"]) == sorted(PRE_TOKENIZERS)
+
+
+@pytest.mark.parametrize("names", [names for names, _, _ in _PRE_GROUPS], ids=lambda names: names[0])
+def test_pre_tokenizers_split_as_llama_cpp(names):
+    """Each group's regexes (llama.cpp's per pre-tokenizer type: tekken's case classes, deepseek's explicit
+    letter ranges, marks in qwen35's words, ...) on Qwen2.5's BPE vocabulary give libllama's ids for
+    every text, under every name of the group (the oracle of scripts/llamacpp_pretok.py: libllama with
+    tokenizer.ggml.pre set to each name). The names of a group share one tokenizer, built once."""
+    t = Tokenizer.from_gguf(_WithPre(GGUFFile(model_path(PRETOK["vocabulary"])), names[0]))
+    got = [t.encode(text, add_special=False, parse_special=False) for text in PRETOK["texts"]]
+    for pre in names:
+        for text, ours, want in zip(PRETOK["texts"], got, PRETOK["ids"][pre]):
+            assert ours == want, (pre, text)

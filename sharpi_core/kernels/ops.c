@@ -34,7 +34,8 @@
  * probabilities are rounded to fp16 when V is f16 (ggml converts them to V's vec_dot type).
  *
  * sharpi_rope_table / sharpi_rope: ggml's rope cache (theta_scale = powf(base, -2 / n_rot), theta
- * multiplied by it in float from the position, libm cosf / sinf) and rotation of adjacent pairs
+ * multiplied by it in float from the position, divided by the pair's frequency factor when the model
+ * has them (rope_freqs, Llama 3.1+), times freq_scale, libm cosf / sinf) and rotation of adjacent pairs
  * (x0 c - x1 s, x0 s + x1 c, each as one FMA of x0's product with the other product rounded, the
  * way GCC contracts ggml's rotate_pairs).
  *
@@ -70,12 +71,12 @@ enum { ORDER_TINYBLAS = 0, ORDER_VEC_DOT = 1, FA_PROMPT = 2, FA_DECODE = 3 };
 enum { FA_TILE_Q = 64, FA_TILE_KV = 64, FA_SPLIT_MIN_KV = 512, FA_SPLIT_THREADS = 2, KV_PAD = 256 };
 
 /* cs [n, n_rot / 2, 2]: (cos, sin) of position p and frequency i */
-void sharpi_rope_table(float base, float freq_scale, long n, int n_rot, float *cs) {
+void sharpi_rope_table(float base, float freq_scale, long n, int n_rot, const float *ff, float *cs) {
     const float ts = powf(base, -2.0f / (float)n_rot);
     for (long p = 0; p < n; p++) {
         float theta = (float)p;
         for (int i = 0; i < n_rot / 2; i++) {
-            const float th = freq_scale * theta;
+            const float th = freq_scale * (ff ? theta / ff[i] : theta);
             cs[(p * (n_rot / 2) + i) * 2] = cosf(th);
             cs[(p * (n_rot / 2) + i) * 2 + 1] = sinf(th);
             theta *= ts;
@@ -636,14 +637,15 @@ PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t n
 /* rope_table(base, freq_scale, n, n_rot, cs) and rope(x, T, nh, hd, n_rot, cs) */
 PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "rope_table() takes 5 arguments (%zd given)", nargs);
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "rope_table() takes 6 arguments (%zd given)", nargs);
         return NULL;
     }
     const double base = PyFloat_AsDouble(args[0]), fs = PyFloat_AsDouble(args[1]);
-    const long n = PyLong_AsLong(args[2]), n_rot = PyLong_AsLong(args[3]), cs = PyLong_AsLong(args[4]);
+    const long n = PyLong_AsLong(args[2]), n_rot = PyLong_AsLong(args[3]), ff = PyLong_AsLong(args[4]),
+               cs = PyLong_AsLong(args[5]);
     if (PyErr_Occurred()) return NULL;
-    sharpi_rope_table((float)base, (float)fs, n, (int)n_rot, (float *)cs);
+    sharpi_rope_table((float)base, (float)fs, n, (int)n_rot, (const float *)ff, (float *)cs);
     Py_RETURN_NONE;
 }
 

@@ -1812,7 +1812,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 3; }
+int sharpi_abi_version(void) { return 4; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and

@@ -38,6 +38,7 @@ class ModelConfig:
     rope_base_swa: float = 0.0      # rope base of sliding layers (0 -> rope_base)
     rope_freq_scale: float = 1.0    # positions times this (linear RoPE scaling: 1 / factor), sliding layers excepted
     tied_output: bool = False       # output.weight absent -> reuse token_embd
+    rope_freqs: bool = False        # RoPE frequencies divided by rope_freqs.weight (Llama 3.1+ GGUFs)
 
     def is_swa(self, layer: int) -> bool:
         return self.sliding_window > 0 and self.swa_pattern > 0 and (layer % self.swa_pattern) < self.swa_pattern - 1
@@ -96,8 +97,11 @@ ARCH_TABLE = {
     "qwen2": dict(rope_style=ROPE_NEOX, qkv_bias=True),
     "gemma3": dict(rope_style=ROPE_NEOX, qk_norm=True, post_norms=True, act="gelu_tanh",
                    swa_pattern=6, rope_base_swa=10000.0, scale_q=True),
+    "qwen3": dict(rope_style=ROPE_NEOX, qk_norm=True),
 }
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
+# graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
+ROPE_FREQS_ARCHS = frozenset({"llama"})
 
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
@@ -108,6 +112,7 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     n_vocab = int(gf.arch_get("vocab_size", 0) or int(emb.shape[1]) or gf.array_len("tokenizer.ggml.tokens"))
     kw = _common(gf, n_vocab)
     kw.update(ARCH_TABLE[arch])
+    kw["rope_freqs"] = arch in ROPE_FREQS_ARCHS and "rope_freqs.weight" in gf.tensors
     if arch == "gemma3":
         kw["rope_base_swa"] = float(gf.arch_get("rope.freq_base_swa", kw["rope_base_swa"]))
         kw["embed_scale"] = kw["n_embd"] ** 0.5
@@ -126,6 +131,8 @@ def expected_shapes(c: ModelConfig):
     yield "output_norm.weight", (c.n_embd,)
     if not c.tied_output:
         yield "output.weight", (c.n_embd, c.n_vocab)
+    if c.rope_freqs:
+        yield "rope_freqs.weight", (c.n_rot // 2,)
     for i in range(c.n_layer):
         b = f"blk.{i}."
         yield from ((b + "attn_norm.weight", (c.n_embd,)), (b + "attn_q.weight", (c.n_embd, q)),

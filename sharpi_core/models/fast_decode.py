@@ -6,7 +6,7 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / gemma3 layers (q/k norms, post-norms, sliding windows, q scaling),
+It covers the llama / qwen2 / qwen3 / gemma3 layers (q/k norms, post-norms, sliding windows, q scaling),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own

@@ -1,4 +1,4 @@
-"""The decoder-only transformer shared by llama, qwen2 and gemma3 (differences come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3 and gemma3 (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -161,6 +161,8 @@ class Transformer:
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             ))
         self._rope_cache: dict[tuple, torch.Tensor] = {}  # (base, freq scale) -> complex64 [n_pos, n_rot/2]
+        # [n_rot/2] divisors of the pairs' frequencies (Llama 3.1+), in every layer's RoPE and K-shift
+        self._rope_factors = vec("rope_freqs.weight") if c.rope_freqs else None
         self._ropes = sorted({c.layer_rope(i) for i in range(c.n_layer)})  # the layers' (base, freq scale)
         # back to the GGUF's head-dim order: the q.k dot products sum in llama.cpp's element order, and
         # a q8_0 K cache quantizes the same blocks of 32 consecutive dims (which dims share a block
@@ -236,7 +238,7 @@ class Transformer:
         """Rotations for positions [0, n_pos) as complex64 [n_pos, n_rot/2], grown by doubling.
 
         Built the way ggml's rope cache is: theta_i = theta_{i-1} * powf(base, -2/n_rot) multiplied
-        in float32 from theta_0 = pos, times the frequency scale, then cosf / sinf (the C kernels call libm's; without them,
+        in float32 from theta_0 = pos, divided by rope_freqs' factor (if any), times the frequency scale, then cosf / sinf (the C kernels call libm's; without them,
         cos / sin in double rounded to float). The rounding of the activations makes later layers
         sensitive to differences of one ulp here."""
         tab = self._rope_cache.get(rope)
@@ -244,7 +246,7 @@ class Transformer:
             return tab
         n = max(n_pos, 2 * (tab.shape[0] if tab is not None else 256))
         if self._rope_kernel is not None:
-            tab = _kernels().rope_table(*rope, n, self.config.n_rot)
+            tab = _kernels().rope_table(*rope, n, self.config.n_rot, self._rope_factors)
         else:
             base, freq_scale = rope
             scale = torch.tensor(base, dtype=torch.float64).pow(-2.0 / self.config.n_rot).float()
@@ -252,6 +254,8 @@ class Transformer:
             theta[:, 0] = torch.arange(n, dtype=torch.float32)
             for i in range(1, theta.shape[1]):  # once per table, not per token
                 theta[:, i] = theta[:, i - 1] * scale
+            if self._rope_factors is not None:
+                theta = theta / self._rope_factors
             t64 = (theta * torch.tensor(freq_scale, dtype=torch.float32)).double()
             tab = torch.complex(t64.cos().float(), t64.sin().float())
         self._rope_cache[rope] = tab

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Models of other architectures made from a real GGUF's weights, for checking sharpi against llama.cpp.
+
+    python scripts/gguf_derive.py VARIANT SRC.gguf DST.gguf
+
+No model of these architectures can be downloaded here, so each variant takes a llama-architecture
+GGUF (SmolLM2) and writes what the other architecture's GGUF holds, keeping every weight as it is
+(the quantized blocks are copied byte for byte) and adding the tensors the architecture needs with
+fixed, smooth values (no random generator: the same file on every machine):
+
+  qwen3   general.architecture qwen3 (keys renamed), per-head RMSNorm weights attn_q_norm /
+          attn_k_norm of head_dim, NeoX RoPE (what llama.cpp's qwen3 graph does with them); the q and
+          k rows are reordered so that NeoX RoPE pairs the dimensions llama's RoPE paired
+  llama3  still llama, plus rope_freqs.weight: the per-dimension RoPE frequency divisors Llama 3.1
+          and 3.2 GGUFs carry (computed as convert_hf_to_gguf.py does for rope_type llama3:
+          factor 8, low / high frequency factors 1 / 4, original context 8192)
+
+The results are not good language models (the weights were trained for the llama graph), but their
+activations are a trained model's, not noise: greedy continuations compared with llama.cpp's on the
+same file check the graph, token for token (scripts/llamacpp_archs.py, tests/test_archs.py).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import gguf
+import numpy as np
+
+VT = gguf.GGUFValueType
+VARIANTS = ("qwen3", "llama3")
+
+
+def llama3_rope_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                        orig_ctx: int = 8192) -> np.ndarray:
+    """rope_freqs.weight of a Llama 3.1 conversion: [n_rot / 2] float32 divisors of each pair's frequency."""
+    freqs = base ** -(np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    wavelen = 2 * math.pi / freqs
+    smooth = (orig_ctx / wavelen - low) / (high - low)
+    out = np.where(wavelen < orig_ctx / high, 1.0,
+                   np.where(wavelen > orig_ctx / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+    return out.astype(np.float32)
+
+
+def _norm_weight(n: int, layer: int, phase: float) -> np.ndarray:
+    # different per dimension and layer, so a permuted or misplaced weight changes the logits; about 2:
+    # unit-RMS q and k heads (weights near 1) leave SmolLM2's attention nearly uniform (it then writes
+    # only newlines), at about twice that it writes text again
+    i = np.arange(n, dtype=np.float64)
+    return (2.0 * (1.0 + 0.3 * np.cos(0.37 * i + 1.3 * layer + phase))).astype(np.float32)
+
+
+def _pairs_to_halves(rows: np.ndarray, head_dim: int, n_rot: int) -> np.ndarray:
+    """q or k projection rows [n_heads * head_dim, ...] reordered within each head from llama's rope
+    pairs (2i, 2i + 1) to NeoX's (i, i + n_rot / 2): NeoX RoPE then rotates each pair as llama's did,
+    so the attention scores stay those of the trained model (q and k move alike)."""
+    half = n_rot // 2
+    order = np.concatenate((np.arange(0, n_rot, 2), np.arange(1, n_rot, 2), np.arange(n_rot, head_dim)))
+    assert order.size == head_dim and half * 2 == n_rot
+    heads = rows.reshape(-1, head_dim, *rows.shape[1:])
+    return heads[:, order].reshape(rows.shape)
+
+
+def copy_kv(r: gguf.GGUFReader, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None = None) -> dict:
+    """Every metadata key of r into w (the writer's own GGUF.* and architecture excepted), under
+    rename(key), with values[new key] instead of the value where given; returns {new key: value}."""
+    out = {}
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        types, name = list(f.types), rename(key)
+        value = out[name] = (values or {}).get(name, f.contents())
+        w.add_key_value(name, value, types[0], sub_type=types[-1] if types[0] == VT.ARRAY else None)
+    return out
+
+
+def add_tensor_as_is(w: gguf.GGUFWriter, t) -> None:
+    """A tensor of a GGUFReader into w unchanged (quantized blocks byte for byte)."""
+    if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        w.add_tensor(t.name, np.asarray(t.data).reshape([int(v) for v in t.shape[::-1]]))
+    else:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+
+
+def finish(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def derive(variant: str, src: str, dst: str) -> None:
+    if variant not in VARIANTS:
+        raise SystemExit(f"unknown variant '{variant}' (known: {', '.join(VARIANTS)})")
+    r = gguf.GGUFReader(src)
+    arch = str(r.fields["general.architecture"].contents())
+    if arch != "llama":
+        raise SystemExit(f"{src}: a llama-architecture GGUF is needed, not '{arch}'")
+    new_arch = "qwen3" if variant == "qwen3" else arch
+    w = gguf.GGUFWriter(dst, new_arch)
+    rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
+    name = f"{r.fields['general.name'].contents()} ({variant} derivative, for tests)" if "general.name" in r.fields else None
+    kv = copy_kv(r, w, rename, {"general.name": name} if name else None)
+    n_head = int(kv[f"{new_arch}.attention.head_count"])
+    head_dim = int(kv[f"{new_arch}.embedding_length"]) // n_head
+    n_rot = int(kv.get(f"{new_arch}.rope.dimension_count", head_dim))
+    for t in r.tensors:
+        if variant == "qwen3" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
+            w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
+        else:
+            add_tensor_as_is(w, t)
+        if variant == "qwen3" and t.name.endswith(".attn_norm.weight"):
+            layer = int(t.name.split(".")[1])
+            w.add_tensor(f"blk.{layer}.attn_q_norm.weight", _norm_weight(head_dim, layer, 0.0))
+            w.add_tensor(f"blk.{layer}.attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))
+    if variant == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(n_rot, float(kv[f"{arch}.rope.freq_base"])))
+    finish(w)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("variant", choices=VARIANTS)
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    args = ap.parse_args(argv)
+    derive(args.variant, args.src, args.dst)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

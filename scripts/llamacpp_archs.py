@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""llama.cpp's greedy tokens on the derived architectures: the oracle of tests/test_archs.py.
+
+    python scripts/llamacpp_archs.py LLAMA_CPP_SRC BIN_DIR [-o tests/data/llamacpp_archs.json]
+
+No Qwen3 or Llama 3.1 GGUF can be downloaded here, so scripts/gguf_derive.py makes them from SmolLM2's
+weights (qwen3: q/k norms and NeoX RoPE; llama3: rope_freqs). libllama (scripts/llamacpp_logits.c, as
+compare_llamacpp_logits.py builds it) then decodes each case greedily: the fixture prompts, a prompt of
+~300 tokens (prompt batches through llama.cpp's tiled flash attention, positions where rope_freqs'
+low-frequency factors matter), and a run through context shifts (the K-shift rotates by the same
+factors; LCP_SHIFT_COMPACT keeps the cells in position order, as sharpi does; see
+llamacpp_context_shift.py). The derivation is deterministic, so the test derives the same files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from compare_llamacpp_logits import build, oracle_args  # noqa: E402
+from gguf_derive import VARIANTS, derive  # noqa: E402
+from llamacpp_context_shift import keep_count  # noqa: E402
+from sharpi_core.gguf_file import GGUFFile  # noqa: E402
+from sharpi_core.registry import resolve_model  # noqa: E402
+from sharpi_core.tokenizer import Tokenizer  # noqa: E402
+
+SOURCE = "smollm2-135m-instruct-q4_1"
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+LONG_CHARS = 1300  # of the Apache license text: ~300 tokens
+
+
+def cases() -> list[dict]:
+    """(kind, prompt, n_ctx, tokens to generate, --keep or None: no context shift)."""
+    ref = json.loads((FIXTURES / "llamacpp_reference.json").read_text())[SOURCE]["greedy"]
+    out = [dict(kind="fixture", prompt=c["prompt"], n_ctx=512, n_gen=32, keep=None) for c in ref]
+    out.append(dict(kind="long", prompt=(FIXTURES / "apache-2.0.txt").read_text()[:LONG_CHARS], n_ctx=512,
+                    n_gen=48, keep=None))
+    out.append(dict(kind="shift", prompt="The history of the Roman Empire", n_ctx=256, n_gen=420, keep=0))
+    return out
+
+
+def main() -> None:
+    args = oracle_args(__doc__, "llamacpp_archs.json")
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build(args.src, args.bin, Path(tmp))
+        src = resolve_model(SOURCE)
+        for variant in VARIANTS:
+            path = Path(tmp) / f"{variant}.gguf"
+            derive(variant, str(src), str(path))
+            gf = GGUFFile(path)
+            tok = Tokenizer.from_gguf(gf)
+            n_vocab = len(gf.get("tokenizer.ggml.tokens"))
+            for case in cases():
+                ids = tok.encode(case["prompt"])
+                n_gen = case["n_gen"]
+                env = {**os.environ, "LCP_N_CTX": str(case["n_ctx"])}
+                if case["keep"] is not None:
+                    n_keep = keep_count(case["keep"], len(ids), tok.add_bos, case["n_ctx"])
+                    env.update(LCP_SHIFT_KEEP=str(n_keep), LCP_SHIFT_COMPACT="1")
+                raw = subprocess.run([str(exe), str(path), str(n_gen), str(args.t), *map(str, ids)],
+                                     capture_output=True, check=True, env=env).stdout
+                lg = np.frombuffer(raw[: (n_gen + 1) * n_vocab * 4], dtype=np.float32).reshape(n_gen + 1, -1)
+                chosen = np.frombuffer(raw[(n_gen + 1) * n_vocab * 4:], dtype=np.int32).tolist()
+                # the oracle is the token path while it runs: an end of generation stops sharpi there
+                eog = next((i for i, t in enumerate(chosen) if t in tok.eog_ids), None)
+                if case["keep"] is not None and eog is not None:
+                    raise SystemExit(f"{variant} {case['prompt']!r}: the shift case ends its generation: choose another prompt")
+                if eog is not None:
+                    chosen = chosen[: eog + 1]
+                top2 = np.sort(lg[: len(chosen)], axis=1)[:, -2:]
+                out.append({"variant": variant, **case, "prompt_ids": ids, "tokens": chosen,
+                            "min_top2_gap": float((top2[:, 1] - top2[:, 0]).min())})
+                print(f"{variant} {case['kind']}: {len(ids)} + {len(chosen)} tokens, min top-2 gap "
+                      f"{out[-1]['min_top2_gap']:.3g}: {tok.decode(chosen)[:60]!r}", file=sys.stderr)
+    args.out.write_text(json.dumps({"llama_cpp": "llama_cpp_python 0.3.36 vendor tree, scripts/llamacpp_logits.c",
+                                    "source": SOURCE, "cases": out}, indent=None) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

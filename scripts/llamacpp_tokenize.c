@@ -1,0 +1,64 @@
+/* llama.cpp's tokenizer on many texts at once: the oracle of scripts/llamacpp_vocab_check.py.
+ *
+ *   llamacpp_tokenize MODEL < texts > ids
+ *
+ * Loads only MODEL's vocabulary. stdin holds texts separated by "\n__ggml_vocab_test__\n" (the format
+ * of llama.cpp's models/ggml-vocab-*.gguf.inp files); each is tokenized without special tokens added
+ * or parsed (llama_tokenize(..., false, false)) and written as one line of space-separated ids.
+ * Built by the script against a llama.cpp build directory; never part of sharpi itself. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llama.h"
+
+static void quiet(enum ggml_log_level level, const char *text, void *data) {
+    (void)level, (void)text, (void)data;
+}
+
+static void emit(const struct llama_vocab *vocab, const char *text, int len) {
+    int cap = len + 16;
+    llama_token *ids = malloc(sizeof(llama_token) * cap);
+    int n = llama_tokenize(vocab, text, len, ids, cap, false, false);
+    if (n < 0) {
+        cap = -n;
+        ids = realloc(ids, sizeof(llama_token) * cap);
+        n = llama_tokenize(vocab, text, len, ids, cap, false, false);
+    }
+    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s MODEL < texts\n", argv[0]);
+        return 2;
+    }
+    llama_log_set(quiet, NULL);
+    llama_backend_init();
+    struct llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
+    if (!model) return fprintf(stderr, "cannot load %s\n", argv[1]), 1;
+    const struct llama_vocab *vocab = llama_model_get_vocab(model);
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = malloc(cap + 1);
+    while ((got = fread(buf + len, 1, cap - len, stdin)) > 0) {
+        len += got;
+        if (len == cap) buf = realloc(buf, (cap *= 2) + 1);
+    }
+    buf[len] = 0;
+    const char *sep = "\n__ggml_vocab_test__\n";
+    const size_t n_sep = strlen(sep);
+    char *p = buf, *end = buf + len;
+    while (p < end) {
+        char *q = strstr(p, sep);
+        if (!q) q = end;
+        emit(vocab, p, (int)(q - p));
+        p = q + (q < end ? n_sep : 0);
+    }
+    free(buf);
+    llama_model_free(model);
+    return 0;
+}

@@ -1,0 +1,143 @@
+"""Architectures without a downloadable model here (Qwen3, Llama 3.1's rope_freqs), against llama.cpp.
+
+scripts/gguf_derive.py makes them from SmolLM2's weights, deterministically; the oracle
+(tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
+greedily: fixture prompts, a ~300-token prompt, and a run through context shifts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, SMOL, model_path
+from sharpi_core.errors import SharpiError
+from sharpi_core.generate import Generator
+from sharpi_core.gguf_file import GGUFFile
+from sharpi_core.models import config_from_gguf, load_model
+from sharpi_core.sampling import SamplingParams
+from sharpi_core.speculative import LookupDrafter
+from sharpi_core.tokenizer import Tokenizer
+from test_cli import one_error_line, sharpi
+
+_spec = importlib.util.spec_from_file_location("gguf_derive", ROOT / "scripts" / "gguf_derive.py")
+gguf_derive = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gguf_derive)
+
+ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
+GREEDY = SamplingParams(temp=0)
+
+
+@pytest.fixture(scope="module")
+def derived(tmp_path_factory):
+    """variant -> path of its GGUF, made from the cached SmolLM2 (~100 MB each, a second or two)."""
+    d = tmp_path_factory.mktemp("archs")
+    paths = {}
+    for v in gguf_derive.VARIANTS:
+        paths[v] = d / f"{v}.gguf"
+        gguf_derive.derive(v, str(model_path(SMOL)), str(paths[v]))
+    return paths
+
+
+_models: dict = {}
+
+
+def load(path: Path):
+    if path not in _models:
+        _models.clear()  # one at a time
+        gf = GGUFFile(path)
+        _models[path] = (load_model(gf), Tokenizer.from_gguf(gf))
+    return _models[path]
+
+
+def case_id(c: dict) -> str:
+    return f"{c['variant']}-{c['kind']}-{c['prompt_ids'][1] if len(c['prompt_ids']) > 1 else 0}"
+
+
+@pytest.mark.parametrize("case", ORACLE["cases"], ids=case_id)
+def test_greedy_is_llama_cpps(derived, case):
+    """Every token of llama.cpp's greedy path (sharpi computes its arithmetic bit for bit, so no near-tie
+    allowance: the smallest top-2 gap on these paths is 1.8e-4 of a logit)."""
+    model, tok = load(derived[case["variant"]])
+    assert tok.encode(case["prompt"]) == case["prompt_ids"]
+    shift = case["keep"] is not None
+    gen = Generator(model, model.new_cache(case["n_ctx"]), tok, GREEDY, context_shift=shift, n_keep=case["keep"] or 0)
+    res = gen.generate(case["prompt_ids"], n_predict=case["n_gen"])
+    assert res.tokens == case["tokens"]
+    if shift:
+        assert res.context_shifts >= 2
+
+
+@pytest.mark.parametrize("variant", gguf_derive.VARIANTS)
+def test_greedy_lookup_speculation_gives_the_plain_tokens(derived, variant):
+    """Batched verify rows on the new graphs equal one-token passes (q/k norms per row, factors in the
+    rope table), so speculation changes nothing; the long prompt gives lookup something to copy."""
+    case = next(c for c in ORACLE["cases"] if c["variant"] == variant and c["kind"] == "long")
+    model, tok = load(derived[variant])
+    gen = Generator(model, model.new_cache(case["n_ctx"]), tok, GREEDY, drafter=LookupDrafter(), spec_n_max=4)
+    res = gen.generate(case["prompt_ids"], n_predict=case["n_gen"])
+    assert res.tokens == case["tokens"]
+    assert res.spec.accepted > 0
+
+
+def test_derived_configs(derived):
+    q = config_from_gguf(GGUFFile(derived["qwen3"]))
+    assert (q.arch, q.rope_style, q.qk_norm, q.qkv_bias, q.post_norms, q.rope_freqs) == ("qwen3", "neox", True, False, False, False)
+    ll = config_from_gguf(GGUFFile(derived["llama3"]))
+    assert (ll.arch, ll.rope_style, ll.rope_freqs) == ("llama", "norm", True)
+    model, _ = load(derived["llama3"])
+    want = gguf_derive.llama3_rope_factors(ll.n_rot, ll.rope_base)
+    assert torch.equal(model._rope_factors, torch.from_numpy(want))
+    assert model._rope_factors.min() == 1 and model._rope_factors.max() == 8  # all three regimes present
+
+
+def test_rope_table_divides_by_the_factors():
+    """The C table (libm cosf / sinf of theta / factor * freq scale) against the same float32 theta in
+    torch, cos / sin in double: equal to an ulp or two; factors of 1 change no bit."""
+    from sharpi_core.kernels import cpu
+    if not cpu.available():
+        pytest.skip("no CPU kernels")
+    n, n_rot, base, fs = 600, 64, 100000.0, 0.5
+    ff = torch.from_numpy(gguf_derive.llama3_rope_factors(n_rot, base))
+    tab = cpu.rope_table(base, fs, n, n_rot, ff)
+    assert torch.equal(cpu.rope_table(base, fs, n, n_rot, torch.ones(n_rot // 2)), cpu.rope_table(base, fs, n, n_rot))
+    theta = torch.empty(n, n_rot // 2)
+    theta[:, 0] = torch.arange(n, dtype=torch.float32)
+    ts = torch.tensor(base, dtype=torch.float64).pow(-2.0 / n_rot).float()
+    for i in range(1, n_rot // 2):
+        theta[:, i] = theta[:, i - 1] * ts
+    t = (theta / ff * torch.tensor(fs)).double()
+    torch.testing.assert_close(tab, torch.complex(t.cos().float(), t.sin().float()), rtol=0, atol=3e-7)
+    # the last pairs turn 8x slower than without factors
+    plain = cpu.rope_table(base, fs, n, n_rot)
+    assert not torch.equal(tab[:, -1], plain[:, -1]) and torch.equal(tab[:, 0], plain[:, 0])
+    with pytest.raises(ValueError):
+        cpu.rope_table(base, fs, n, n_rot, torch.ones(n_rot))
+
+
+def test_rope_freqs_outside_llama_is_refused(derived, tmp_path):
+    """llama.cpp's qwen3 graph reads no rope_freqs: a file carrying one is a variant sharpi does not run."""
+    import gguf
+    import numpy as np
+    r = gguf.GGUFReader(derived["qwen3"])
+    w = gguf.GGUFWriter(tmp_path / "bad.gguf", "qwen3")
+    gguf_derive.copy_kv(r, w)
+    for t in r.tensors:
+        gguf_derive.add_tensor_as_is(w, t)
+    w.add_tensor("rope_freqs.weight", np.ones(32, dtype=np.float32))
+    gguf_derive.finish(w)
+    with pytest.raises(SharpiError, match="rope_freqs.weight.*not part of the qwen3 graph"):
+        config_from_gguf(GGUFFile(tmp_path / "bad.gguf"))
+    r = sharpi("-m", str(tmp_path / "bad.gguf"), "-p", "Hi", "-n", "2")
+    one_error_line(r, code=1, contains="unsupported model variant")
+
+
+def test_cli_runs_a_qwen3_file(derived):
+    case = next(c for c in ORACLE["cases"] if c["variant"] == "qwen3" and c["kind"] == "fixture")
+    r = sharpi("-m", str(derived["qwen3"]), "-p", case["prompt"], "-n", "8", "--temp", "0", "--no-display-prompt")
+    assert r.returncode == 0, r.stderr
+    _, tok = load(derived["qwen3"])
+    assert r.stdout.rstrip("\n") == tok.decode(case["tokens"][:8])
