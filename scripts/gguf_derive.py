@@ -14,6 +14,8 @@ fixed, smooth values (no random generator: the same file on every machine):
   llama3  still llama, plus rope_freqs.weight: the per-dimension RoPE frequency divisors Llama 3.1
           and 3.2 GGUFs carry (computed as convert_hf_to_gguf.py does for rope_type llama3:
           factor 8, low / high frequency factors 1 / 4, original context 8192)
+  smollm3 general.architecture smollm3 (keys renamed), nothing added: its graph is llama's without
+          RoPE in every 4th layer (NoPE)
 
 The results are not good language models (the weights were trained for the llama graph), but their
 activations are a trained model's, not noise: greedy continuations compared with llama.cpp's on the
@@ -29,7 +31,7 @@ import gguf
 import numpy as np
 
 VT = gguf.GGUFValueType
-VARIANTS = ("qwen3", "llama3")
+VARIANTS = ("qwen3", "llama3", "smollm3")
 
 
 def llama3_rope_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -97,7 +99,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     arch = str(r.fields["general.architecture"].contents())
     if arch != "llama":
         raise SystemExit(f"{src}: a llama-architecture GGUF is needed, not '{arch}'")
-    new_arch = "qwen3" if variant == "qwen3" else arch
+    new_arch = {"qwen3": "qwen3", "smollm3": "smollm3"}.get(variant, arch)
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
     name = f"{r.fields['general.name'].contents()} ({variant} derivative, for tests)" if "general.name" in r.fields else None

@@ -1,8 +1,8 @@
-"""Architectures without a downloadable model here (Qwen3, Llama 3.1's rope_freqs), against llama.cpp.
+"""Architectures without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights, deterministically; the oracle
 (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
-greedily: fixture prompts, a ~300-token prompt, and a run through context shifts.
+greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3).
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import cuda_fake
 from conftest import ROOT, SMOL, model_path
+from sharpi_core.backends.cuda import cuda_available
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
 from sharpi_core.gguf_file import GGUFFile
@@ -83,6 +85,32 @@ def test_greedy_lookup_speculation_gives_the_plain_tokens(derived, variant):
     assert res.spec.accepted > 0
 
 
+@pytest.mark.parametrize("kind", ["fake", pytest.param("cuda", marks=pytest.mark.skipif(not cuda_available()[0],
+                                                                                reason="no GPU"))])
+@pytest.mark.parametrize("variant", gguf_derive.VARIANTS)
+def test_gpu_model_follows_the_cpu(derived, variant, kind):
+    """The CUDA model reads the same things (the CPU model's rope table, factors included; q/k norms by
+    presence; no RoPE where the layer has none): a fixture prompt in one pass, then 16 of llama.cpp's tokens
+    one at a time, agree with the CPU's logits as test_cuda_model's do (longer paths drift further apart
+    on the real SmolLM2 too: other summation orders, amplified by the 8-bit activation rounding)."""
+    from sharpi_core.backends.cuda_model import CudaTransformer
+    model, _ = load(derived[variant])
+    gmodel = CudaTransformer(model, ops=cuda_fake if kind == "fake" else None)
+    case = next(c for c in ORACLE["cases"] if c["variant"] == variant and c["kind"] == "fixture")
+    n = len(case["prompt_ids"])
+    ids = torch.tensor(case["prompt_ids"] + case["tokens"][:16])
+    want = model.forward(ids, 0, model.new_cache(64))
+    gcache = gmodel.new_cache(64)
+    got = torch.cat([gmodel.forward(ids[:n], 0, gcache)] + [gmodel.forward(ids[j:j + 1], j, gcache)
+                                                            for j in range(n, len(ids))])
+    # (0.04-0.07 on the real SmolLM2 over the same paths, these models alike; a missing or extra rotation fails)
+    assert (got.softmax(-1) - want.softmax(-1)).abs().max() < 0.1
+    top2 = want.topk(2).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.02 * top2[:, 0].abs()
+    assert clear.sum() >= len(clear) // 2
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
 def test_derived_configs(derived):
     q = config_from_gguf(GGUFFile(derived["qwen3"]))
     assert (q.arch, q.rope_style, q.qk_norm, q.qkv_bias, q.post_norms, q.rope_freqs) == ("qwen3", "neox", True, False, False, False)
@@ -92,6 +120,25 @@ def test_derived_configs(derived):
     want = gguf_derive.llama3_rope_factors(ll.n_rot, ll.rope_base)
     assert torch.equal(model._rope_factors, torch.from_numpy(want))
     assert model._rope_factors.min() == 1 and model._rope_factors.max() == 8  # all three regimes present
+
+
+def test_smollm3_layers_without_rope(derived):
+    """Every 4th layer (3, 7, ...) has no RoPE: a context shift moves its K as it is and re-rotates the
+    others (llama.cpp rotates those too, see scripts/llamacpp_archs.py; not followed)."""
+    c = config_from_gguf(GGUFFile(derived["smollm3"]))
+    assert (c.arch, c.rope_style, c.nope_every) == ("smollm3", "norm", 4)
+    assert [i for i in range(c.n_layer) if not c.has_rope(i)] == list(range(3, c.n_layer, 4))
+    model, tok = load(derived["smollm3"])
+    cache = model.new_cache(64, "f32", "f32")
+    model.forward(torch.tensor(tok.encode("The history of the Roman Empire is long and")), 0, cache)
+    n = cache.length
+    before = [cache.k.read(i, n).clone() for i in range(c.n_layer)]
+    model.shift_cache(cache, 1, 3)
+    assert cache.length == n - 3
+    for i in range(c.n_layer):
+        moved = cache.k.read(i, n - 3)
+        assert torch.equal(moved[:1], before[i][:1])
+        assert torch.equal(moved[1:], before[i][4:]) == (not c.has_rope(i)), i
 
 
 def test_rope_table_divides_by_the_factors():
@@ -118,21 +165,14 @@ def test_rope_table_divides_by_the_factors():
         cpu.rope_table(base, fs, n, n_rot, torch.ones(n_rot))
 
 
-def test_rope_freqs_outside_llama_is_refused(derived, tmp_path):
+def test_rope_freqs_outside_llama_is_refused(tmp_path):
     """llama.cpp's qwen3 graph reads no rope_freqs: a file carrying one is a variant sharpi does not run."""
-    import gguf
-    import numpy as np
-    r = gguf.GGUFReader(derived["qwen3"])
-    w = gguf.GGUFWriter(tmp_path / "bad.gguf", "qwen3")
-    gguf_derive.copy_kv(r, w)
-    for t in r.tensors:
-        gguf_derive.add_tensor_as_is(w, t)
-    w.add_tensor("rope_freqs.weight", np.ones(32, dtype=np.float32))
-    gguf_derive.finish(w)
+    from test_loading import write_gguf
+    p = write_gguf(tmp_path / "bad.gguf", arch="qwen3", extra=[("blk.0.attn_q_norm.weight", (8,)),
+                                                              ("blk.0.attn_k_norm.weight", (8,)), ("rope_freqs.weight", (4,))])
     with pytest.raises(SharpiError, match="rope_freqs.weight.*not part of the qwen3 graph"):
-        config_from_gguf(GGUFFile(tmp_path / "bad.gguf"))
-    r = sharpi("-m", str(tmp_path / "bad.gguf"), "-p", "Hi", "-n", "2")
-    one_error_line(r, code=1, contains="unsupported model variant")
+        config_from_gguf(GGUFFile(p))
+    one_error_line(sharpi("-m", str(p), "-p", "Hi", "-n", "2"), code=1, contains="unsupported model variant")
 
 
 def test_cli_runs_a_qwen3_file(derived):

@@ -47,8 +47,8 @@ def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, m
                      ("ffn_gate.weight", (64, n_embd)), ("ffn_up.weight", (64, n_embd)),
                      ("ffn_down.weight", (n_embd, 64))]:
             t(p + n, s)
-    for name, shape in extra:
-        t(name, shape)
+    for name, shape in extra:  # a shape (random values) or the values themselves
+        w.add_tensor(name, shape) if isinstance(shape, np.ndarray) else t(name, shape)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -88,7 +88,11 @@ def test_a_tensor_the_graph_would_not_read_is_refused(tmp_path):
         load_model(write_gguf(tmp_path / "m.gguf", extra=[("blk.0.attn_qkv.weight", (4,))]))
     with pytest.raises(SharpiError, match=r"tensor 'rope_freqs.weight' has shape \(3,\), its metadata implies \(4,\)"):
         load_model(write_gguf(tmp_path / "m2.gguf", extra=[("rope_freqs.weight", (3,))]))
-    assert load_model(write_gguf(tmp_path / "m3.gguf", extra=[("rope_freqs.weight", (4,))])).config.rope_freqs
+    ok = np.array([1, 1, 2.5, 8], dtype=np.float32)
+    assert load_model(write_gguf(tmp_path / "m3.gguf", extra=[("rope_freqs.weight", ok)])).config.rope_freqs
+    for bad in (0.0, -1.0, np.inf, np.nan):
+        with pytest.raises(SharpiError, match="rope_freqs.weight holds factors that are not positive finite"):
+            load_model(write_gguf(tmp_path / "m4.gguf", extra=[("rope_freqs.weight", np.array([1, bad, 2, 8], dtype=np.float32))]))
 
 
 def test_unknown_architecture_is_named(tmp_path):

@@ -533,8 +533,8 @@ class CudaTransformer:
                 ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
                 ops.rms_norm(k, ly.k_norm, eps, out=k, stream=s)
             tab = tables[c.layer_rope(i)]
-            rope = (tab, c.n_rot, neox) if fuse_rope else None
-            if rope is None:
+            rope = (tab, c.n_rot, neox) if fuse_rope and c.has_rope(i) else None
+            if rope is None and c.has_rope(i):
                 qk = ly.qkv.span(qkv, 0, 1)  # q and k side by side: one launch turns both
                 if qk is not None:
                     ops.rope(qk.reshape(T, H + Hkv, hd), pos, c.n_rot, neox, table=tab, stream=s)

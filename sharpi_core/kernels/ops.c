@@ -634,7 +634,7 @@ PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
-/* rope_table(base, freq_scale, n, n_rot, cs) and rope(x, T, nh, hd, n_rot, cs) */
+/* rope_table(base, freq_scale, n, n_rot, ff (0: none), cs) and rope(x, T, nh, hd, n_rot, cs) */
 PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 6) {

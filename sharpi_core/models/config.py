@@ -39,9 +39,13 @@ class ModelConfig:
     rope_freq_scale: float = 1.0    # positions times this (linear RoPE scaling: 1 / factor), sliding layers excepted
     tied_output: bool = False       # output.weight absent -> reuse token_embd
     rope_freqs: bool = False        # RoPE frequencies divided by rope_freqs.weight (Llama 3.1+ GGUFs)
+    nope_every: int = 0             # every nope_every-th layer has no RoPE at all (smollm3: 4th, 8th, ...)
 
     def is_swa(self, layer: int) -> bool:
         return self.sliding_window > 0 and self.swa_pattern > 0 and (layer % self.swa_pattern) < self.swa_pattern - 1
+
+    def has_rope(self, layer: int) -> bool:
+        return not (self.nope_every and (layer + 1) % self.nope_every == 0)
 
     def layer_rope(self, layer: int) -> tuple[float, float]:
         """(base, frequency scale) of the layer's RoPE: llama.cpp's get_rope_freq_base / _scale, whose
@@ -98,6 +102,7 @@ ARCH_TABLE = {
     "gemma3": dict(rope_style=ROPE_NEOX, qk_norm=True, post_norms=True, act="gelu_tanh",
                    swa_pattern=6, rope_base_swa=10000.0, scale_q=True),
     "qwen3": dict(rope_style=ROPE_NEOX, qk_norm=True),
+    "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
 }
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)

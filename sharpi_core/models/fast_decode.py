@@ -6,7 +6,7 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / qwen3 / gemma3 layers (q/k norms, post-norms, sliding windows, q scaling),
+It covers the llama / qwen2 / qwen3 / smollm3 / gemma3 layers (q/k norms, post-norms, sliding windows, q scaling),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -117,8 +117,9 @@ class DecodePath:
             if ly.qk_norm is not None:  # hidden's rms_norm(qk, None) * qk_norm: the same two roundings
                 rms(qk.data_ptr(), 0, T * (H + Hkv), hd, eps, qk.data_ptr())
                 qk.mul_(ly.qk_norm)
-            cs = ropes[c.layer_rope(i)]
-            rope(qk.data_ptr(), T, H + Hkv, hd, 2 * cs.shape[-1], cs.data_ptr())
+            if c.has_rope(i):
+                cs = ropes[c.layer_rope(i)]
+                rope(qk.data_ptr(), T, H + Hkv, hd, 2 * cs.shape[-1], cs.data_ptr())
             if unperm is not None:
                 torch.index_select(qk[:, :H], 2, unperm, out=q)
                 torch.index_select(qk[:, H:], 2, unperm, out=k)

@@ -1,4 +1,4 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3 and gemma3 (differences come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3 and gemma3 (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -163,6 +163,8 @@ class Transformer:
         self._rope_cache: dict[tuple, torch.Tensor] = {}  # (base, freq scale) -> complex64 [n_pos, n_rot/2]
         # [n_rot/2] divisors of the pairs' frequencies (Llama 3.1+), in every layer's RoPE and K-shift
         self._rope_factors = vec("rope_freqs.weight") if c.rope_freqs else None
+        if self._rope_factors is not None and not bool(torch.isfinite(self._rope_factors).all() and (self._rope_factors > 0).all()):
+            raise SharpiError(f"{gf.path}: rope_freqs.weight holds factors that are not positive finite numbers")
         self._ropes = sorted({c.layer_rope(i) for i in range(c.n_layer)})  # the layers' (base, freq scale)
         # back to the GGUF's head-dim order: the q.k dot products sum in llama.cpp's element order, and
         # a q8_0 K cache quantizes the same blocks of 32 consecutive dims (which dims share a block
@@ -216,7 +218,10 @@ class Transformer:
         """K rows [n, n_kv, hd] fp32 as a cache stores them (GGUF head-dim order; Hadamard-rotated by rot_k)
         for positions moved by delta: RoPE by delta, as llama.cpp's K-shift (rope with the shift as the
         position; the rotation of delta < 0 is the conjugate of |delta|'s, as ggml's float theta and
-        libm's cosf/sinf give it)."""
+        libm's cosf/sinf give it). A layer without RoPE keeps its K as it is (llama.cpp's K-shift rotates
+        smollm3's too: its rope_pattern does not know them; sharpi does not follow that)."""
+        if not self.config.has_rope(layer):
+            return k.clone()  # (k may be a view of an f32 cache's rows that are about to move)
         k = rotate(k, rot_k)  # un-rotated (H @ H = I)
         # a copy in rope-pair order (the rope kernel works in place; k may be a view of an f32 cache)
         k = k[..., self._perm] if self._perm is not None else k.clone(memory_format=torch.contiguous_format)
@@ -386,7 +391,8 @@ class Transformer:
             qk = qk.view(T, H + Hkv, hd)
             if ly.qk_norm is not None:
                 qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
-            qk = self._rope(qk, ropes[c.layer_rope(i)])
+            if c.has_rope(i):
+                qk = self._rope(qk, ropes[c.layer_rope(i)])
             q, k = qk[:, :H], qk[:, H:]
             if self._unperm is not None:
                 q, k = q[..., self._unperm], k[..., self._unperm]
