@@ -105,6 +105,9 @@ def run(
                                            "top_k;typ_p;top_p;min_p;xtc;temperature)")] = None,
     sampling_seq: Annotated[Optional[str], Opt("--sampling-seq", "--sampler-seq", help="the sampler order as letters (default: edskypmxt)")] = None,
     logit_bias: Annotated[list[str], Opt("-l", "--logit-bias", help="TOKEN_ID(+|-)BIAS, repeatable", show_default=False)] = [],
+    override_kv: Annotated[list[str], Opt("--override-kv", help="KEY=TYPE:VALUE[,...]: replace (or add) a metadata value of "
+                                          "the model and the draft (TYPE int, float, bool, str), e.g. "
+                                          "tokenizer.ggml.add_bos_token=bool:false; repeatable", show_default=False)] = [],
     ignore_eos: Annotated[bool, Opt("--ignore-eos", help="never end at an end-of-generation token (a -inf logit bias on them)")] = False,
     grammar: Annotated[Optional[str], Opt("--grammar", help="a GBNF grammar the output must follow (llama.cpp's syntax)")] = None,
     grammar_file: Annotated[Optional[str], Opt("--grammar-file", help="a file holding a GBNF grammar")] = None,
@@ -176,6 +179,8 @@ def run(
     from . import runner
     opts = runner.RunOptions(**{k: v for k, v in locals().items() if k in runner.RunOptions.__dataclass_fields__})
     opts.logit_bias = parse_logit_bias(logit_bias)
+    from sharpi_core.gguf_file import parse_kv_overrides
+    opts.kv_overrides = parse_kv_overrides(override_kv)
     drop_env_alternatives(ctx, opts)
     raise typer.Exit(runner.run(opts))
 

@@ -39,6 +39,7 @@ class RunOptions:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple = ()
+    kv_overrides: dict = field(default_factory=dict)  # --override-kv, parsed: the target's and the draft's metadata
     top_n_sigma: float = -1.0
     typical_p: float = 1.0
     xtc_probability: float = 0.0
@@ -490,7 +491,8 @@ def run(o: RunOptions) -> int:
     from sharpi_core.generate import Generator
     from sharpi_core.sampling import SamplingParams, describe_chain
 
-    target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0, rope=rope_flags(o))
+    target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0, rope=rope_flags(o),
+                   overrides=o.kv_overrides)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:
@@ -680,16 +682,17 @@ def draft_cache_types(o: RunOptions) -> tuple[str, str]:
     return o.cache_type_k_draft or o.cache_type_k, o.cache_type_v_draft or o.cache_type_v
 
 
-def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = True, rope: tuple = ()):
+def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = True, rope: tuple = (),
+          overrides: dict | None = None):
     """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
     llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl); encoder: see engine.load;
-    rope: Transformer.set_rope's (base, freq scale, scaling) from the --rope-* flags."""
+    rope: Transformer.set_rope's (base, freq scale, scaling) from the --rope-* flags; overrides: --override-kv."""
     from sharpi_core import engine
     from sharpi_core.kernels import cpu
     path = resolve_with_progress(spec)
     cpu.build_notice = lambda: log("sharpi: compiling the CPU kernels for this machine (once per CPU and sharpi "
                                    f"version, ~10 s; cached in {cpu.kernel_dir()})")
-    m = engine.load(str(path), encoder=encoder)
+    m = engine.load(str(path), encoder=encoder, overrides=overrides)
     m.model.flash_attn = flash_attn != "off"
     if rope:
         m.model.set_rope(*rope)
@@ -717,7 +720,7 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     if o.draft_lookup:
         return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
     draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0, encoder=False,
-                  rope=rope_flags(o))
+                  rope=rope_flags(o), overrides=o.kv_overrides)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
     dcache = draft.model.new_cache(n_ctx_d, *draft_cache_types(o))

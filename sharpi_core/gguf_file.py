@@ -13,7 +13,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from .errors import SharpiError
+from .errors import SharpiError, UsageError
 
 
 _ARRAY, _STRING = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING
@@ -114,8 +114,45 @@ class _Reader(gguf.GGUFReader):
         return 12 + int(arr.nbytes), [raw_itype, alen, arr], [2], [_ARRAY, itype]
 
 
+_OVERRIDE_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+_INT_TYPES = frozenset({gguf.GGUFValueType.UINT8, gguf.GGUFValueType.INT8, gguf.GGUFValueType.UINT16,
+                        gguf.GGUFValueType.INT16, gguf.GGUFValueType.UINT32, gguf.GGUFValueType.INT32,
+                        gguf.GGUFValueType.UINT64, gguf.GGUFValueType.INT64})
+_FILE_TYPE_NAME = {**{t: "int" for t in _INT_TYPES}, gguf.GGUFValueType.FLOAT32: "float",
+                   gguf.GGUFValueType.FLOAT64: "float", gguf.GGUFValueType.BOOL: "bool", _STRING: "str"}
+
+
+def parse_kv_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """llama.cpp's --override-kv KEY=TYPE:VALUE[,...] (TYPE int, float, bool (true / false), str; a str is at
+    most 127 characters) -> {key: Python value}; a later override of the same key wins."""
+    out: dict[str, Any] = {}
+    for item in (part for arg in items for part in arg.split(",")):
+        key, eq, rest = item.partition("=")
+        kind, colon, text = rest.partition(":")
+        if not eq or not key or len(key) >= 128 or not colon or kind not in _OVERRIDE_TYPES:
+            raise UsageError(f"malformed --override-kv '{item}': expected KEY=TYPE:VALUE with TYPE int, float, bool or str")
+        try:
+            if kind == "bool":
+                if text not in ("true", "false"):
+                    raise ValueError
+                value: Any = text == "true"
+            elif kind == "str":
+                if len(text) > 127:
+                    raise ValueError
+                value = text
+            else:
+                value = _OVERRIDE_TYPES[kind](text)
+        except ValueError:
+            raise UsageError(f"invalid --override-kv '{item}': '{text}' is not a {kind} value"
+                             + (" (at most 127 characters)" if kind == "str" else "")) from None
+        out[key] = value
+    return out
+
+
 class GGUFFile:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, overrides: dict[str, Any] | None = None):
+        """overrides: metadata values that replace (or add) the file's, as parse_kv_overrides gives them;
+        an override of a key the file has must have its type (llama.cpp's rule)."""
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise SharpiError(f"model file not found: {self.path}")
@@ -131,9 +168,21 @@ class GGUFFile:
         except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
             raise SharpiError(f"{self.path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
         self.tensors = {t.name: t for t in self.reader.tensors}
+        self.overrides = dict(overrides or {})
+        for key, value in self.overrides.items():
+            f = self.reader.fields.get(key)
+            if f is None:
+                continue
+            have = _FILE_TYPE_NAME.get(f.types[0]) if f.types else None
+            want = next(n for n, t in _OVERRIDE_TYPES.items() if type(value) is t)
+            if have != want:
+                raise UsageError(f"--override-kv {key}: {self.path} has it as "
+                                 f"{'an array' if f.types and f.types[0] == _ARRAY else have or 'another type'}, not {want}")
 
     def get(self, key: str, default: Any = None) -> Any:
-        """Metadata value as a Python object (str, int, float, bool, list)."""
+        """Metadata value as a Python object (str, int, float, bool, list); --override-kv's if given."""
+        if key in self.overrides:
+            return self.overrides[key]
         f = self.reader.fields.get(key)
         if f is None:
             return default

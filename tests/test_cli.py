@@ -625,3 +625,20 @@ def test_verbose_prompt_lists_the_prompt_tokens(smol):
     assert [int(ln.split(" -> ")[0]) for ln in lines[i + 1:i + 3]] == ids
     assert lines[i + 1].endswith("-> 'Hello'") and lines[i + 2].endswith("-> ' world'")
     assert "sharpi: static prompt based on n_keep: 'Hello'" in lines and "Reverse prompt: 'stop here'" in lines
+
+
+# llama-completion -m SmolLM2 -p "The capital of France is" -n 8 --temp 0 -no-cnv
+#   --override-kv tokenizer.ggml.add_bos_token=bool:true (the fixtures' build): a BOS first, then this text
+OVERRIDE_BOS_TEXT = "The capital of France is Paris.\n\nThe French language is"
+
+
+def test_override_kv(smol):
+    """--override-kv reaches what the model and tokenizer read: a BOS (SmolLM2's file says none) gives
+    llama.cpp's continuation with the same override; a wrong type or a malformed item is one error line."""
+    r = sharpi("-m", smol, "-p", "The capital of France is", "-n", "8", "--temp", "0", "--verbose-prompt",
+               "--override-kv", "tokenizer.ggml.add_bos_token=bool:true")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == OVERRIDE_BOS_TEXT + "\n"
+    assert re.search(r"^\s*1 -> '<\|im_start\|>'$", r.stderr, re.M)
+    one_error_line(sharpi("-m", smol, "-p", "x", "--override-kv", "llama.context_length=str:x"), contains="has it as int, not str")
+    one_error_line(sharpi("-m", smol, "-p", "x", "--override-kv", "llama.context_length"), contains="malformed --override-kv")

@@ -9,8 +9,8 @@ import gguf
 import numpy as np
 import pytest
 
-from sharpi_core.errors import SharpiError
-from sharpi_core.gguf_file import GGUFFile
+from sharpi_core.errors import SharpiError, UsageError
+from sharpi_core.gguf_file import GGUFFile, parse_kv_overrides
 from sharpi_core.models import SUPPORTED_ARCHS, load_model
 from sharpi_core import registry
 
@@ -201,3 +201,26 @@ def test_real_vocabulary_reads_as_field_contents():
         fast = gf.get(key)
         assert len(fast) == gf.array_len(key) > 40000
         assert fast == gf.reader.fields[key].contents(), key
+
+
+def test_parse_kv_overrides():
+    """llama.cpp's --override-kv syntax: KEY=TYPE:VALUE, comma-separated or repeated, the last one winning."""
+    got = parse_kv_overrides(["a.b=int:-3,c=float:2.5", "d=bool:false", "e=str:x=y:z", "a.b=int:7", "f=str:"])
+    assert got == {"a.b": 7, "c": 2.5, "d": False, "e": "x=y:z", "f": ""}
+    assert type(got["c"]) is float and type(got["d"]) is bool
+    for bad in ("novalue", "k=int", "k=int:x", "k=bool:yes", "k=list:1", "=int:1", "k=str:" + "x" * 128, "x" * 128 + "=int:1"):
+        with pytest.raises(UsageError, match="override-kv"):
+            parse_kv_overrides([bad])
+
+
+def test_overrides_replace_or_add_metadata_of_the_same_type(tmp_path):
+    p = write_gguf(tmp_path / "m.gguf")
+    gf = GGUFFile(p, {"llama.rope.freq_base": 500.0, "llama.attention.layer_norm_rms_epsilon": 1e-6,
+                      "tokenizer.ggml.add_bos_token": False})
+    assert gf.get("llama.rope.freq_base") == 500.0 and gf.arch_get("rope.freq_base") == 500.0  # added
+    assert gf.get("llama.attention.layer_norm_rms_epsilon") == 1e-6  # replaced
+    assert load_model(gf).config.rope_base == 500.0
+    with pytest.raises(UsageError, match="llama.block_count: .* has it as int, not float"):
+        GGUFFile(p, {"llama.block_count": 2.0})
+    with pytest.raises(UsageError, match="llama.embedding_length: .* has it as int, not bool"):
+        GGUFFile(p, {"llama.embedding_length": True})  # (bool is no int here, as in llama.cpp)
