@@ -605,7 +605,7 @@ def run(o: RunOptions) -> int:
     pcache = None
     if o.prompt_cache:
         from sharpi_core.prompt_cache import PromptCacheFile
-        pcache = PromptCacheFile(o.prompt_cache)
+        pcache = PromptCacheFile(o.prompt_cache, model_settings(o))
         cached = {"target": (cache, gen.history, target.path)}
         if draft is not None:
             cached["draft"] = (drafter.cache, drafter.history, draft.path)
@@ -704,6 +704,13 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
         m.model.pack_weights()
         m.load_ms += (time.perf_counter() - t0) * 1000
     return m
+
+
+def model_settings(o: RunOptions) -> str:
+    """The flags that change a loaded model's K and V besides the file (--rope-*, --override-kv), as text
+    for a prompt cache to compare; "" when none is given."""
+    parts = ([f"rope {rope_flags(o)}"] if rope_flags(o) else []) + [f"{k}={v!r}" for k, v in sorted(o.kv_overrides.items())]
+    return "; ".join(parts)
 
 
 def rope_flags(o: RunOptions) -> tuple:

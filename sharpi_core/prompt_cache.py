@@ -82,8 +82,11 @@ def _entry_ok(e) -> bool:
 
 
 class PromptCacheFile:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, settings: str = ""):
+        """settings: what else decides the cached K and V besides the model file and the cache types (the
+        CLI's --rope-* and --override-kv, as text; "" without them): an entry made under others is refused."""
         self.path = Path(path)
+        self.settings = settings
         # written through a symbolic link, as llama.cpp writes its session files
         self._target = Path(os.path.realpath(self.path))
         self._fingerprints: dict[str, str] = {}  # model path -> fingerprint: restore() and save() read it once
@@ -135,6 +138,9 @@ class PromptCacheFile:
         if e.get("model") != self._fingerprint(model_path):
             raise SharpiError(f"{what}: made with another {name} model than {model_path} (left as it is; "
                               "delete it or name another file)")
+        if e.get("settings", "") != self.settings:
+            raise SharpiError(f"{what}: made with other model settings ({e.get('settings') or 'none'}) than this run's "
+                              f"({self.settings or 'none'}) (left as it is; delete it or name another file)")
         mine = (cache.type_k, cache.type_v, cache.rot_k, cache.rot_v)
         theirs = (e.get("type_k"), e.get("type_v"), e.get("rot_k"), e.get("rot_v"))
         if mine != theirs:
@@ -160,7 +166,7 @@ class PromptCacheFile:
             if not n or (old is not None and old["tokens"] == list(tokens[:n])):
                 continue
             arrays = {k: a.clone() for k, a in cache.arrays(n).items()}
-            entries[name] = {"tokens": list(tokens[:n]), "model": self._fingerprint(model_path),
+            entries[name] = {"tokens": list(tokens[:n]), "model": self._fingerprint(model_path), "settings": self.settings,
                              "type_k": cache.type_k, "type_v": cache.type_v, "rot_k": cache.rot_k, "rot_v": cache.rot_v,
                              "arrays": arrays, "digest": _digest(tokens[:n], arrays)}
             changed = True

@@ -82,7 +82,16 @@ def test_prompt_cache_refusals_leave_the_file(tmp_path):
     made = f.read_bytes()
     one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "-ctk", "q8_0", "--prompt-cache", f), 1, "KV cache there is")
     one_error_line(sharpi("-m", "gemma3-270m-q4_k_m", "-p", "Hi", "-n", 1, "--prompt-cache", f), 1, "another target model")
+    # flags that change K (RoPE) make other caches of the same file: refused both ways
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--rope-freq-base", 20000, "--prompt-cache", f), 1,
+                   "made with other model settings (none) than this run's (rope (20000.0")
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--override-kv", "llama.rope.freq_base=float:2e4",
+                          "--prompt-cache", f), 1, "this run's (llama.rope.freq_base=20000.0)")
     assert f.read_bytes() == made
+    g = tmp_path / "rope.cache"
+    assert sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, "--rope-freq-base", 20000, "--prompt-cache", g).returncode == 0
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--prompt-cache", g), 1, "other model settings (rope (20000.0")
+    assert sharpi("-m", smol, "-p", "Hi", "-n", 1, "--rope-freq-base", 20000, "--prompt-cache", g).returncode == 0
     mine = tmp_path / "notes.txt"
     mine.write_text("my notes")
     one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "--prompt-cache", mine), 1, "not a sharpi prompt cache")
