@@ -34,9 +34,10 @@ from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "llamacpp_reference.json"
 
 
-def build(src: Path, bin_dir: Path, dest: Path) -> Path:
-    exe = dest / "llamacpp_logits"
-    cmd = ["cc", "-O2", "-o", str(exe), str(ROOT / "scripts" / "llamacpp_logits.c"),
+def build(src: Path, bin_dir: Path, dest: Path, program: str = "llamacpp_logits") -> Path:
+    """scripts/PROGRAM.c compiled into dest against a llama.cpp tree (its headers) and the libllama in bin_dir."""
+    exe = dest / program
+    cmd = ["cc", "-O2", "-o", str(exe), str(ROOT / "scripts" / f"{program}.c"),
            f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", f"-L{bin_dir}", "-lllama", "-lggml", "-lggml-base",
            f"-Wl,-rpath,{bin_dir}"]
     subprocess.run(cmd, check=True)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from compare_llamacpp_logits import build  # noqa: E402
 from sharpi_core.chat import BUILTIN_TEMPLATES  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "llamacpp_chat_templates.json"
@@ -44,10 +46,7 @@ def main() -> None:
     ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        exe = Path(d) / "llamacpp_chat_template"
-        subprocess.run(["cc", "-O1", "-o", str(exe), str(ROOT / "scripts" / "llamacpp_chat_template.c"),
-                        f"-I{a.src / 'include'}", f"-I{a.src / 'ggml' / 'include'}", f"-L{a.bin}", "-lllama",
-                        f"-Wl,-rpath,{a.bin}"], check=True)
+        exe = build(a.src, a.bin, Path(d), "llamacpp_chat_template")
         cases = []
         for name in BUILTIN_TEMPLATES:
             for messages, add in CONVERSATIONS:

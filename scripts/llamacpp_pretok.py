@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from llamacpp_vocab_check import EXTRA, build, llama_cpp_ids, with_pre  # noqa: E402
+from compare_llamacpp_logits import build  # noqa: E402
+from llamacpp_vocab_check import EXTRA, llama_cpp_ids, with_pre  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 from sharpi_core.tokenizer import PRE_TOKENIZERS  # noqa: E402
 
@@ -39,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     ids = {}
     with tempfile.TemporaryDirectory() as tmp:
-        exe = build(args.src, args.bin, Path(tmp))
+        exe = build(args.src, args.bin, Path(tmp), "llamacpp_tokenize")
         for pre in sorted(PRE_TOKENIZERS):
             path = Path(tmp) / "vocab.gguf"
             with_pre(resolve_model(SOURCE), path, pre)

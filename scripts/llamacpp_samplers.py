@@ -150,15 +150,14 @@ def main() -> None:
     ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compare_llamacpp_logits import build
     from sharpi_core.gguf_file import GGUFFile
     from sharpi_core.registry import pull
     from sharpi_core.tokenizer import Tokenizer
     out = []
     with tempfile.TemporaryDirectory() as d:
-        exe = Path(d) / "llamacpp_samplers"
-        subprocess.run(["cc", "-O1", "-o", str(exe), str(ROOT / "scripts" / "llamacpp_samplers.c"),
-                        f"-I{a.src / 'include'}", f"-I{a.src / 'ggml' / 'include'}", f"-L{a.bin}", "-lllama",
-                        f"-Wl,-rpath,{a.bin}"], check=True)
+        exe = build(a.src, a.bin, Path(d), "llamacpp_samplers")
         for seed, (name, model, change) in enumerate(CASES, start=1):
             c = {**BASE, **change}
             path = pull(model)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from compare_llamacpp_logits import build  # noqa: E402
 from gguf_derive import copy_kv, finish  # noqa: E402
 from sharpi_core.errors import SharpiError  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
@@ -60,15 +61,6 @@ def with_pre(src: Path, dst: Path, pre: str) -> None:
     w = gguf.GGUFWriter(dst, str(r.fields["general.architecture"].contents()))
     copy_kv(r, w, values={"tokenizer.ggml.pre": pre})
     finish(w)
-
-
-def build(src: Path, bin_dir: Path, dest: Path) -> Path:
-    """scripts/llamacpp_tokenize.c compiled against a llama.cpp tree and the libllama in bin_dir."""
-    exe = dest / "llamacpp_tokenize"
-    subprocess.run(["cc", "-O2", "-o", str(exe), str(ROOT / "scripts" / "llamacpp_tokenize.c"),
-                    f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", f"-L{bin_dir}",
-                    "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{bin_dir}"], check=True)
-    return exe
 
 
 def llama_cpp_ids(exe: Path, vocab: Path, texts: list[str]) -> list[list[int]]:
@@ -108,7 +100,7 @@ def main() -> int:
     print("\n## pre-tokenizers on the qwen2 vocabulary, against libllama")
     known = llama_cpp_pre_names(args.src)
     with tempfile.TemporaryDirectory() as tmp:
-        exe = build(args.src, args.bin, Path(tmp))
+        exe = build(args.src, args.bin, Path(tmp), "llamacpp_tokenize")
         all_texts += EXTRA
         for pre in args.pre or sorted(known | set(PRE_TOKENIZERS)):
             path = Path(tmp) / "vocab.gguf"

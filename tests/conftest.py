@@ -46,14 +46,15 @@ def model_path(name: str) -> Path:
 _loaded: dict[str, object] = {}
 
 
-def loaded(name: str):
-    """(model, tokenizer) for a registry model, one at a time (keeps memory flat across the suite)."""
+def loaded(name: str | Path):
+    """(model, tokenizer) for a registry model (or a GGUF at a Path), one at a time (keeps memory flat
+    across the suite)."""
     if name not in _loaded:
         _loaded.clear()
         from sharpi_core.gguf_file import GGUFFile
         from sharpi_core.models import load_model
         from sharpi_core.tokenizer import Tokenizer
-        gf = GGUFFile(model_path(name))
+        gf = GGUFFile(name if isinstance(name, Path) else model_path(name))
         _loaded[name] = (load_model(gf), Tokenizer.from_gguf(gf))
     return _loaded[name]
 

@@ -14,15 +14,14 @@ import pytest
 import torch
 
 import cuda_fake
-from conftest import ROOT, SMOL, model_path
+from conftest import ROOT, SMOL, loaded, model_path
 from sharpi_core.backends.cuda import cuda_available
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
 from sharpi_core.gguf_file import GGUFFile
-from sharpi_core.models import config_from_gguf, load_model
+from sharpi_core.models import config_from_gguf
 from sharpi_core.sampling import SamplingParams
 from sharpi_core.speculative import LookupDrafter
-from sharpi_core.tokenizer import Tokenizer
 from test_cli import one_error_line, sharpi
 
 _spec = importlib.util.spec_from_file_location("gguf_derive", ROOT / "scripts" / "gguf_derive.py")
@@ -44,17 +43,6 @@ def derived(tmp_path_factory):
     return paths
 
 
-_models: dict = {}
-
-
-def load(path: Path):
-    if path not in _models:
-        _models.clear()  # one at a time
-        gf = GGUFFile(path)
-        _models[path] = (load_model(gf), Tokenizer.from_gguf(gf))
-    return _models[path]
-
-
 def case_id(c: dict) -> str:
     return f"{c['variant']}-{c['kind']}-{c['prompt_ids'][1] if len(c['prompt_ids']) > 1 else 0}"
 
@@ -63,7 +51,7 @@ def case_id(c: dict) -> str:
 def test_greedy_is_llama_cpps(derived, case):
     """Every token of llama.cpp's greedy path (sharpi computes its arithmetic bit for bit, so no near-tie
     allowance: the smallest top-2 gap on these paths is 1.8e-4 of a logit)."""
-    model, tok = load(derived[case["variant"]])
+    model, tok = loaded(derived[case["variant"]])
     assert tok.encode(case["prompt"]) == case["prompt_ids"]
     shift = case["keep"] is not None
     gen = Generator(model, model.new_cache(case["n_ctx"]), tok, GREEDY, context_shift=shift, n_keep=case["keep"] or 0)
@@ -78,7 +66,7 @@ def test_greedy_lookup_speculation_gives_the_plain_tokens(derived, variant):
     """Batched verify rows on the new graphs equal one-token passes (q/k norms per row, factors in the
     rope table), so speculation changes nothing; the long prompt gives lookup something to copy."""
     case = next(c for c in ORACLE["cases"] if c["variant"] == variant and c["kind"] == "long")
-    model, tok = load(derived[variant])
+    model, tok = loaded(derived[variant])
     gen = Generator(model, model.new_cache(case["n_ctx"]), tok, GREEDY, drafter=LookupDrafter(), spec_n_max=4)
     res = gen.generate(case["prompt_ids"], n_predict=case["n_gen"])
     assert res.tokens == case["tokens"]
@@ -94,7 +82,7 @@ def test_gpu_model_follows_the_cpu(derived, variant, kind):
     one at a time, agree with the CPU's logits as test_cuda_model's do (longer paths drift further apart
     on the real SmolLM2 too: other summation orders, amplified by the 8-bit activation rounding)."""
     from sharpi_core.backends.cuda_model import CudaTransformer
-    model, _ = load(derived[variant])
+    model, _ = loaded(derived[variant])
     gmodel = CudaTransformer(model, ops=cuda_fake if kind == "fake" else None)
     case = next(c for c in ORACLE["cases"] if c["variant"] == variant and c["kind"] == "fixture")
     n = len(case["prompt_ids"])
@@ -116,7 +104,7 @@ def test_derived_configs(derived):
     assert (q.arch, q.rope_style, q.qk_norm, q.qkv_bias, q.post_norms, q.rope_freqs) == ("qwen3", "neox", True, False, False, False)
     ll = config_from_gguf(GGUFFile(derived["llama3"]))
     assert (ll.arch, ll.rope_style, ll.rope_freqs) == ("llama", "norm", True)
-    model, _ = load(derived["llama3"])
+    model, _ = loaded(derived["llama3"])
     want = gguf_derive.llama3_rope_factors(ll.n_rot, ll.rope_base)
     assert torch.equal(model._rope_factors, torch.from_numpy(want))
     assert model._rope_factors.min() == 1 and model._rope_factors.max() == 8  # all three regimes present
@@ -128,7 +116,7 @@ def test_smollm3_layers_without_rope(derived):
     c = config_from_gguf(GGUFFile(derived["smollm3"]))
     assert (c.arch, c.rope_style, c.nope_every) == ("smollm3", "norm", 4)
     assert [i for i in range(c.n_layer) if not c.has_rope(i)] == list(range(3, c.n_layer, 4))
-    model, tok = load(derived["smollm3"])
+    model, tok = loaded(derived["smollm3"])
     cache = model.new_cache(64, "f32", "f32")
     model.forward(torch.tensor(tok.encode("The history of the Roman Empire is long and")), 0, cache)
     n = cache.length
@@ -179,5 +167,5 @@ def test_cli_runs_a_qwen3_file(derived):
     case = next(c for c in ORACLE["cases"] if c["variant"] == "qwen3" and c["kind"] == "fixture")
     r = sharpi("-m", str(derived["qwen3"]), "-p", case["prompt"], "-n", "8", "--temp", "0", "--no-display-prompt")
     assert r.returncode == 0, r.stderr
-    _, tok = load(derived["qwen3"])
+    _, tok = loaded(derived["qwen3"])
     assert r.stdout.rstrip("\n") == tok.decode(case["tokens"][:8])
