@@ -149,6 +149,12 @@ QMV_TYPE(q5_1, BQ5_1)
 #if QMV_WANT(8)
 QMV_TYPE(q8_0, BQ8_0)
 #endif
+#if QMV_WANT(10)
+QMV_TYPE(q2_k, BQ2_K)
+#endif
+#if QMV_WANT(11)
+QMV_TYPE(q3_k, BQ3_K)
+#endif
 #if QMV_WANT(12)
 QMV_TYPE(q4_k, BQ4_K)
 #endif

@@ -11,7 +11,7 @@
 //
 // Row alignment: weights live in their own device allocation (256-byte aligned) and every row is
 // K/BS*TS bytes, so block starts are 16-aligned for Q4_K/Q5_K (144, 176 bytes), 4-aligned for
-// Q4_1/Q5_1, 2-aligned otherwise; the loads below never assume more than that.
+// Q4_1/Q5_1/Q2_K, 2-aligned otherwise; the loads below never assume more than that.
 #pragma once
 #include "common.cuh"
 
@@ -203,6 +203,60 @@ struct BQ6_K {
             const int q = (int)(((l >> (8 * i + sh)) & 0xFu) | (((qh >> (8 * i + 2 * g)) & 3u) << 4));
             w[i] = dsc[g] * (float)(q - 32);
         }
+    }
+};
+
+// Q3_K: hmask[32] | qs[64] | scales[12] (16 6-bit values, offset 32) | d f16. Element e = 128h + r
+// (h = 0,1; r = 32j + l): low 2 bits = bits 2j.. of qs[32h + l], 3rd bit = bit 4h + j of hmask[l],
+// w = d * (sc[e>>4] - 32) * (q - 4) (gguf.quants: the offset is 4 where the hmask bit is clear).
+// Lane t (16 per block): h = t>>3, u = t&7 owns r = 32g + 4u + i as for Q6_K.
+struct BQ3_K {
+    static constexpr int BS = 256, TS = 110, LPB = 16, NG = 4;
+    u32 qs, hm;
+    int h;
+    float dsc[4];
+    SH_HD void load(const u8* b, int t) {
+        h = t >> 3;
+        const int u = t & 7;
+        qs = ld_u32_a2(b + 32 + 32 * h + 4 * u);
+        hm = ld_u32_a2(b + 4 * u);
+        const float d = h2f(ld_u16(b + 108));
+        for (int g = 0; g < 4; g++) {
+            const int j = 8 * h + 2 * g + (u >> 2);  // sub-block
+            const int lo = j < 8 ? (ldg(b + 96 + j) & 0xF) : (ldg(b + 96 + j - 8) >> 4);
+            const int hi = (ldg(b + 104 + (j & 3)) >> (2 * (j >> 2))) & 3;
+            dsc[g] = d * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+    SH_HD static int off(int t, int g) { return 128 * (t >> 3) + 32 * g + 4 * (t & 7); }
+    SH_HD void deq(int g, float* w) const {
+        for (int i = 0; i < 4; i++) {
+            const int q = (int)((qs >> (8 * i + 2 * g)) & 3u) + 4 * (int)((hm >> (8 * i + 4 * h + g)) & 1u) - 4;
+            w[i] = dsc[g] * (float)q;
+        }
+    }
+};
+
+// Q2_K: scales[16] (low nibble: scale, high: min, per 16 weights) | qs[64] | d f16 | dmin f16.
+// Element e = 128h + 32j + l: q = bits 2j.. of qs[32h + l], w = d*sc[e>>4] * q - dmin*m[e>>4].
+// Lane t: h = t>>3, u = t&7 as for Q6_K.
+struct BQ2_K {
+    static constexpr int BS = 256, TS = 84, LPB = 16, NG = 4;
+    u32 qs;
+    float dsc[4], dmn[4];
+    SH_HD void load(const u8* b, int t) {
+        const int h = t >> 3, u = t & 7;
+        qs = ld_u32_a2(b + 16 + 32 * h + 4 * u);
+        const float d = h2f(ld_u16(b + 80)), dmin = h2f(ld_u16(b + 82));
+        for (int g = 0; g < 4; g++) {
+            const int sm = ldg(b + 8 * h + 2 * g + (u >> 2));
+            dsc[g] = d * (float)(sm & 0xF);
+            dmn[g] = dmin * (float)(sm >> 4);
+        }
+    }
+    SH_HD static int off(int t, int g) { return 128 * (t >> 3) + 32 * g + 4 * (t & 7); }
+    SH_HD void deq(int g, float* w) const {
+        for (int i = 0; i < 4; i++) w[i] = dsc[g] * (float)((qs >> (8 * i + 2 * g)) & 3u) - dmn[g];
     }
 };
 

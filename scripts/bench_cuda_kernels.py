@@ -39,8 +39,11 @@ def random_raw(qtype, n: int, k: int, rng) -> np.ndarray:
         w = rng.standard_normal((n, k)).astype(np.float32)
         return np.ascontiguousarray(gguf.quants.quantize(w, qtype)).view(np.uint8).reshape(n, -1)
     scale = np.full((raw.shape[0],), 0.01, np.float16).view(np.uint8).reshape(-1, 2)
-    if qtype == Q.Q6_K:
-        raw[:, 208:210] = scale
+    if qtype in (Q.Q6_K, Q.Q3_K):
+        o = 208 if qtype == Q.Q6_K else 108
+        raw[:, o:o + 2] = scale
+    elif qtype == Q.Q2_K:
+        raw[:, 80:82] = raw[:, 82:84] = scale
     else:
         raw[:, 0:2] = scale
         if qtype in (Q.Q4_K, Q.Q5_K, Q.Q4_1, Q.Q5_1):

@@ -5,7 +5,7 @@
 
 No model of these architectures can be downloaded here, so each variant takes a llama-architecture
 GGUF (SmolLM2) and writes what the other architecture's GGUF holds, keeping every weight as it is
-(the quantized blocks are copied byte for byte) and adding the tensors the architecture needs with
+(the quantized blocks are copied byte for byte, except in lowbit) and adding the tensors the architecture needs with
 fixed, smooth values (no random generator: the same file on every machine):
 
   qwen3   general.architecture qwen3 (keys renamed), per-head RMSNorm weights attn_q_norm /
@@ -16,6 +16,11 @@ fixed, smooth values (no random generator: the same file on every machine):
           factor 8, low / high frequency factors 1 / 4, original context 8192)
   smollm3 general.architecture smollm3 (keys renamed), nothing added: its graph is llama's without
           RoPE in every 4th layer (NoPE)
+  lowbit  still llama, the ffn_down weights requantized to Q3_K (even layers) and Q2_K (odd layers),
+          as in llama.cpp's Q3_K_S / Q2_K files (only ffn_down: SmolLM2's other matrices have rows of
+          576, not a multiple of the K-quants' 256). The quantizer is a plain one (the largest value of
+          a 16-weight sub-block on the end of the code range, rounded codes; not ggml's search), so
+          the values differ from a llama-quantize run, not the format
 
 The results are not good language models (the weights were trained for the llama graph), but their
 activations are a trained model's, not noise: greedy continuations compared with llama.cpp's on the
@@ -31,7 +36,8 @@ import gguf
 import numpy as np
 
 VT = gguf.GGUFValueType
-VARIANTS = ("qwen3", "llama3", "smollm3")
+VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit")
+Q = gguf.GGMLQuantizationType
 
 
 def llama3_rope_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -62,6 +68,63 @@ def _pairs_to_halves(rows: np.ndarray, head_dim: int, n_rot: int) -> np.ndarray:
     assert order.size == head_dim and half * 2 == n_rot
     heads = rows.reshape(-1, head_dim, *rows.shape[1:])
     return heads[:, order].reshape(rows.shape)
+
+
+def _f16(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v, np.float16)
+
+
+def _pack_2bit(codes: np.ndarray) -> np.ndarray:
+    """codes [nb, 256] (0..3) -> the 64 qs bytes of Q2_K / Q3_K: element 128h + 32j + l is bits 2j, 2j+1
+    of byte 32h + l"""
+    c = codes.reshape(-1, 2, 4, 32).astype(np.uint8)  # [nb, h, j, l]
+    return (c << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]).sum(axis=2, dtype=np.uint8).reshape(-1, 64)
+
+
+def quantize_q3_k(x: np.ndarray) -> np.ndarray:
+    """float32 [n, k] (k % 256 == 0) -> Q3_K blocks uint8 [n, k / 256 * 110] (hmask | qs | scales | d):
+    w = d * (sc - 32) * (q - 4). Per 16 weights the value of largest magnitude gets code -4 (as ggml's
+    make_q3_quants), the 16 scales of a super-block are 6-bit multiples of d (the largest at -32)."""
+    n, k = x.shape
+    xb = x.reshape(-1, 16, 16).astype(np.float32)                   # [nb, sub-block, 16]
+    big = np.take_along_axis(xb, np.abs(xb).argmax(-1)[..., None], -1)[..., 0]
+    s = -big / 4                                                     # [nb, 16]
+    smax = np.take_along_axis(s, np.abs(s).argmax(-1)[..., None], -1)  # [nb, 1]
+    d = _f16(np.where(smax != 0, -smax / 32, 0)).astype(np.float32)
+    ls = np.clip(np.round(np.divide(s, d, out=np.zeros_like(s), where=d != 0)), -32, 31).astype(np.int64)
+    sc = (d * ls)[..., None]                                         # [nb, 16, 1]
+    q = np.clip(np.round(np.divide(xb, sc, out=np.zeros_like(xb), where=sc != 0)), -4, 3).astype(np.int64) + 4
+    q = q.reshape(-1, 256)
+    e = np.arange(256)
+    hmask = np.zeros((q.shape[0], 32), np.uint8)
+    np.bitwise_or.at(hmask, (slice(None), e & 31), ((q >> 2) << (e >> 5)).astype(np.uint8))
+    u = (ls + 32).astype(np.uint8)                                   # [nb, 16] 6-bit
+    scales = np.zeros((q.shape[0], 12), np.uint8)
+    scales[:, :8] = (u[:, :8] & 15) | ((u[:, 8:] & 15) << 4)
+    for i in range(16):
+        scales[:, 8 + i % 4] |= (u[:, i] >> 4) << (2 * (i // 4))
+    out = np.concatenate([hmask, _pack_2bit(q & 3), scales, d.astype(np.float16).view(np.uint8).reshape(-1, 2)], axis=1)
+    return out.reshape(n, -1)
+
+
+def quantize_q2_k(x: np.ndarray) -> np.ndarray:
+    """float32 [n, k] (k % 256 == 0) -> Q2_K blocks uint8 [n, k / 256 * 84] (scales | qs | d | dmin):
+    w = d * sc * q - dmin * m, per 16 weights the range [min(x, 0), max(x)] over the codes 0..3, the
+    16 scales and mins 4-bit multiples of d and dmin."""
+    n, k = x.shape
+    xb = x.reshape(-1, 16, 16).astype(np.float32)
+    lo, hi = np.minimum(xb.min(-1), 0), np.maximum(xb.max(-1), 0)
+    scale, mn = (hi - lo) / 3, -lo                                   # [nb, 16], >= 0
+    d = _f16(scale.max(-1, keepdims=True) / 15).astype(np.float32)
+    dmin = _f16(mn.max(-1, keepdims=True) / 15).astype(np.float32)
+    sc = np.clip(np.round(np.divide(scale, d, out=np.zeros_like(scale), where=d != 0)), 0, 15).astype(np.int64)
+    m = np.clip(np.round(np.divide(mn, dmin, out=np.zeros_like(mn), where=dmin != 0)), 0, 15).astype(np.int64)
+    step = (d * sc)[..., None]
+    q = np.clip(np.round(np.divide(xb + (dmin * m)[..., None], step, out=np.zeros_like(xb), where=step != 0)), 0, 3)
+    out = np.concatenate([(sc | (m << 4)).astype(np.uint8), _pack_2bit(q.astype(np.int64).reshape(-1, 256)),
+                          d.astype(np.float16).view(np.uint8).reshape(-1, 2),
+                          dmin.astype(np.float16).view(np.uint8).reshape(-1, 2)], axis=1)
+    return out.reshape(n, -1)
 
 
 def copy_kv(r: gguf.GGUFReader, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None = None) -> dict:
@@ -110,6 +173,11 @@ def derive(variant: str, src: str, dst: str) -> None:
     for t in r.tensors:
         if variant == "qwen3" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
+        elif variant == "lowbit" and t.name.endswith(".ffn_down.weight"):
+            n, k = int(t.shape[1]), int(t.shape[0])
+            x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(n, k)
+            qt = Q.Q3_K if int(t.name.split(".")[1]) % 2 == 0 else Q.Q2_K
+            w.add_tensor(t.name, (quantize_q3_k if qt == Q.Q3_K else quantize_q2_k)(x), raw_dtype=qt)
         else:
             add_tensor_as_is(w, t)
         if variant == "qwen3" and t.name.endswith(".attn_norm.weight"):

@@ -1,4 +1,5 @@
-"""Architectures without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3), against llama.cpp.
+"""Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
+Q2_K / Q3_K), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights, deterministically; the oracle
 (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
@@ -18,6 +19,7 @@ from conftest import ROOT, SMOL, loaded, model_path
 from sharpi_core.backends.cuda import cuda_available
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
+from sharpi_core.kernels import cpu as cpu_kernels
 from sharpi_core.gguf_file import GGUFFile
 from sharpi_core.models import config_from_gguf
 from sharpi_core.sampling import SamplingParams
@@ -108,6 +110,10 @@ def test_derived_configs(derived):
     want = gguf_derive.llama3_rope_factors(ll.n_rot, ll.rope_base)
     assert torch.equal(model._rope_factors, torch.from_numpy(want))
     assert model._rope_factors.min() == 1 and model._rope_factors.max() == 8  # all three regimes present
+    model, _ = loaded(derived["lowbit"])
+    Q = gguf_derive.Q
+    assert [ly.w_down.qtype for ly in model.layers] == [Q.Q3_K, Q.Q2_K] * (len(model.layers) // 2)
+    assert all(ly.w_down.kernel_rounds for ly in model.layers) == cpu_kernels.available()  # the C kernels, not a fallback
 
 
 def test_smollm3_layers_without_rope(derived):

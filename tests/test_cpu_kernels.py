@@ -26,7 +26,7 @@ Q = gguf.GGMLQuantizationType
 REL_TOL = 1e-5
 TS = (1, 2, 4, 5, 8, 16, 64)
 LEGACY = (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
-KQUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+KQUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 ALL_TYPES = LEGACY + KQUANTS
 
 
@@ -78,9 +78,13 @@ def random_raw(qtype, n: int, k: int, seed: int = 0) -> np.ndarray:
             v *= rng.choice([-1.0, 1.0], blk.shape[:2])
         blk[:, :, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(*blk.shape[:2], 2)
 
-    if qtype == Q.Q6_K:
-        put_f16(208, 1e-4, 3e-2, signed=True)
-        blk[0, 0, 208:210] = 0  # zero super-block scale
+    if qtype in (Q.Q6_K, Q.Q3_K):
+        o = 208 if qtype == Q.Q6_K else 108
+        put_f16(o, 1e-4, 3e-2, signed=True)
+        blk[0, 0, o:o + 2] = 0  # zero super-block scale
+    elif qtype == Q.Q2_K:
+        put_f16(80, 1e-4, 3e-2, signed=True)
+        put_f16(82, 1e-4, 3e-2)
     else:
         put_f16(0, 1e-4, 3e-2, signed=True)
         put_f16(2, 1e-4, 3e-2)
@@ -576,7 +580,7 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
     """A build without AVX512-VNNI emulates vpdpbusd / vpdpwssd exactly: identical results."""
     if not cpu.has_vnni():
         pytest.skip("this build has no VNNI to compare with")
-    types = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+    types = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
     n, k = 37, 1280
     x = act_test_inputs(3, k, seed=9)
     torch.save(x, tmp_path / "x.pt")
@@ -735,7 +739,13 @@ def ggml_q6k_order(x, raw, n, k, tiled: bool):
     prod = np.einsum("nue,tue->ntue", q * np.repeat(sc, 16, axis=-1), c).reshape(n, t, nu, 8, 8, 4)
     bs = bsums.numpy().astype(np.int64).reshape(t, nu, 16)[None]
     lanes = prod.sum(axis=(3, 5)) - 32 * (bs[..., 0::2] * sc[:, None, :, 0::2] + bs[..., 1::2] * sc[:, None, :, 1::2])
-    dx = dx.numpy().reshape(t, nu)
+    return lanes_to_floats(lanes, d, dx.numpy().reshape(t, nu), tiled)
+
+
+def lanes_to_floats(lanes, d, dx, tiled: bool):
+    """Exact integer lanes [n, t, nu, 8] of a super-block -> y [t, n]: vec_dot's
+    acc = fma(d_x * d_w, lane, acc) then hsum_float_8, or the tiled matmul's y = fma(d_w * float(I), d_x, y)."""
+    n, t, nu, _ = lanes.shape
     if tiled:
         y = np.zeros((n, t), F32)
         for u in range(nu):
@@ -747,12 +757,60 @@ def ggml_q6k_order(x, raw, n, k, tiled: bool):
     return hsum_float_8(acc).T
 
 
+def k2bit_parts(blk, qtype):
+    """Q3_K [n, nu, 110] / Q2_K [n, nu, 84] blocks -> codes [n, nu, 256] (Q3_K: signed, q - 4;
+    Q2_K: 0..3), scales [n, nu, 16] (Q3_K: 6-bit - 32; Q2_K: low nibbles), mins (Q2_K), d, dmin"""
+    q3 = qtype == Q.Q3_K
+    qs = blk[:, :, 32:96] if q3 else blk[:, :, 16:80]
+    e = np.arange(256)
+    half, j, lane = e >> 7, (e >> 5) & 3, e & 31
+    q = (qs[..., 32 * half + lane].astype(np.int64) >> (2 * j)) & 3
+    if not q3:
+        s = blk[:, :, :16].astype(np.int64)
+        return q, s & 15, s >> 4, f16(blk, 80), f16(blk, 82)
+    q = q + 4 * ((blk[..., lane].astype(np.int64) >> (4 * half + j)) & 1) - 4
+    b = blk[:, :, 96:108].astype(np.int64)
+    i = np.arange(16)
+    lo = np.where(i < 8, b[..., i % 8] & 15, b[..., i % 8] >> 4)
+    hi = (b[..., 8 + i % 4] >> (2 * (i // 4))) & 3
+    return q, (lo | (hi << 4)) - 32, None, f16(blk, 108), None
+
+
+def ggml_k2bit_order(x, raw, qtype, n, k, mode: str):
+    """Q3_K: ggml_vec_dot_q3_K_q8_K (AVX2), 8 lanes as for Q6_K but with the -4 offset in each
+    product, acc = fma(d_x * d_w, lane, acc), hsum_float_8; its tiled matmul (mode "tiled"):
+    y = fma(d_w * float(I), d_x, y). Q2_K repacked (ggml_gemv / gemm_q2_K_8x8_q8_K, AVX-512 builds):
+    exact I = sum_j sc_j S_j and M = sum_j m_j bsum_j per super-block ("gemv") or per half of 128
+    ("gemm"), acc = fma(float(I), d_w * d_x, acc), accm = fma(float(M), dmin_w * d_x, accm); acc - accm."""
+    codes, dx, _, bsums = cpu.quantize_act(x, qtype)
+    t, nu = x.shape[0], k // 256
+    q, sc, mn, d, dmin = k2bit_parts(np.asarray(raw).reshape(n, nu, -1), qtype)
+    c = codes.numpy().astype(np.int64).reshape(t, nu, 256)
+    dx = dx.numpy().reshape(t, nu)
+    prod = np.einsum("nue,tue->ntue", q * np.repeat(sc, 16, axis=-1), c)  # [n, t, nu, 256]
+    if qtype == Q.Q3_K:
+        return lanes_to_floats(prod.reshape(n, t, nu, 8, 8, 4).sum(axis=(3, 5)), d, dx, mode == "tiled")
+    parts = 2 if mode == "gemm" else 1
+    I = prod.reshape(n, t, nu, parts, -1).sum(-1)
+    bs = bsums.numpy().astype(np.int64).reshape(t, nu, 16)
+    M = (bs[None] * mn[:, None]).reshape(n, t, nu, parts, -1).sum(-1)
+    acc, accm = np.zeros((n, t), F32), np.zeros((n, t), F32)
+    for u in range(nu):
+        dd = (d[:, u, None] * dx[None, :, u]).astype(F32)
+        dm = (dmin[:, u, None] * dx[None, :, u]).astype(F32)
+        for h in range(parts):
+            acc = fma(I[:, :, u, h].astype(F32), dd, acc)
+            accm = fma(M[:, :, u, h].astype(F32), dm, accm)
+    return (acc - accm).astype(F32).T
+
+
 @needs_kernels
-@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q6_K), ids=lambda q: q.name)
 def test_act_quant_sums_in_llama_cpp_order(qtype):
     """Bit for bit the floats of llama.cpp's AVX2 CPU backend: decoding rows (prompt=False) in its
-    one-token order, prompt=True in its prompt-processing order (Q4_K: gemm on the first T - T % 4
-    rows, gemv on the rest; Q6_K: the tiled matmul from 8 rows on; the legacy types: one order)."""
+    one-token order, prompt=True in its prompt-processing order (Q4_K, Q2_K: gemm on the first
+    T - T % 4 rows, gemv on the rest; Q6_K, Q3_K: the tiled matmul from 8 rows on; the legacy
+    types: one order)."""
     n, k = 24, 768 if qtype in KQUANTS else 544
     raw = random_raw(qtype, n, k, seed=11)
     rawt = torch_view(raw)
@@ -766,6 +824,12 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
                                        ggml_q4k_order(x[g:], raw, n, k, False) if g < t else np.zeros((0, n), F32)])
             elif qtype == Q.Q6_K:
                 want = ggml_q6k_order(x, raw, n, k, tiled=prompt and t >= 8)
+            elif qtype == Q.Q3_K:
+                want = ggml_k2bit_order(x, raw, qtype, n, k, "tiled" if prompt and t >= 8 else "vec_dot")
+            elif qtype == Q.Q2_K:
+                g = t - t % 4 if prompt else 0
+                want = np.concatenate([ggml_k2bit_order(x[:g], raw, qtype, n, k, "gemm") if g else np.zeros((0, n), F32),
+                                       ggml_k2bit_order(x[g:], raw, qtype, n, k, "gemv") if g < t else np.zeros((0, n), F32)])
             else:
                 want = ggml_legacy_order(x, raw, qtype, n, k)
             assert np.array_equal(y, want), (qtype.name, t, prompt, float(np.abs(y - want).max()))

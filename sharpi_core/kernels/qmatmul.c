@@ -44,9 +44,9 @@
 /* GGML type ids (gguf.GGMLQuantizationType values) */
 enum {
     TY_F32 = 0, TY_F16 = 1, TY_Q4_0 = 2, TY_Q4_1 = 3, TY_Q5_0 = 6, TY_Q5_1 = 7, TY_Q8_0 = 8,
-    TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_BF16 = 30,
+    TY_Q2_K = 10, TY_Q3_K = 11, TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_BF16 = 30,
     /* (names of the kernel tables of llama.cpp's prompt-processing orders) */
-    TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
+    TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
     /* Q4_K repacked in groups of 4 rows (sharpi_repack_q4k; no GGML type has this id) */
     TY_Q4_KR = 212,
     /* Q4_1 repacked in groups of 4 rows */
@@ -96,13 +96,18 @@ INL __m512 msub(const int exact, __m512 a, __m512 b, __m512 c) {
 
 typedef struct {
     __m512 t[MAXTAB];
-    float s[32];                             /* Q6_K: 16 scales d*sc, then 16 times -32*d*sc */
-    uint8_t q6[256] __attribute__((aligned(64))); /* Q6_K: the 6-bit codes, one byte per element */
+    /* Q6_K / Q3_K: 16 scales d*sc, then 16 times -32*d*sc / -4*d*sc; Q2_K: 16 d*sc, then 16 dmin*m */
+    float s[32];
+    uint8_t q6[256] __attribute__((aligned(64))); /* Q6_K / Q3_K / Q2_K: the codes, one byte per element */
+    int exact;
 } Prep;
+
+/* the K-quants with 16-element sub-blocks (codes prepared as bytes, activations in plain order) */
+INL int k16(const int ty) { return ty == TY_Q6_K || ty == TY_Q3_K || ty == TY_Q2_K; }
 
 INL int unit_elems(const int ty) {
     switch (ty) {
-    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return 256;
+    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return 256;
     default: return 32;
     }
 }
@@ -114,6 +119,8 @@ INL int unit_bytes(const int ty) {
     case TY_Q5_0: return 22;
     case TY_Q5_1: return 24;
     case TY_Q8_0: return 34;
+    case TY_Q2_K: return 84;
+    case TY_Q3_K: return 110;
     case TY_Q4_K: return 144;
     case TY_Q5_K: return 176;
     case TY_Q6_K: return 210;
@@ -122,7 +129,7 @@ INL int unit_bytes(const int ty) {
 }
 INL int n_pieces(const int ty) {
     switch (ty) {
-    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return 8;
+    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return 8;
     default: return 1;
     }
 }
@@ -133,7 +140,7 @@ INL int xoff(const int ty, const int p, const int v) {
     switch (ty) {
     case TY_Q4_K: case TY_Q5_K: /* chunk j = p/2 (32 qs bytes), half h = p%2; v=0 low nibbles, v=1 high */
         return 64 * (p >> 1) + 32 * v + 16 * (p & 1);
-    default: /* Q6_K: pieces of 32 elements in order */
+    default: /* Q6_K, Q3_K, Q2_K: pieces of 32 elements in order */
         return 32 * p + 16 * v;
     }
 }
@@ -163,7 +170,55 @@ INL void q6k_codes(const uint8_t *b, int hf, __m512i *lo, __m512i *hi) {
     *hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), H2, m0f, 0xE4);
 }
 
+/* Q3_K / Q2_K: the 2-bit codes of elements [128 hf, 128 hf + 128) from the 32 qs bytes q: element
+ * 128 hf + 32 j + l is (q[l] >> 2j) & 3; lo = j 0, 1 and hi = j 2, 3 (64 each, plain order). Q3_K
+ * (hm: its 32 hmask bytes) adds 4 where bit 4 hf + j of hm[l] is set: the code is then q + 4 with
+ * the value d * sc * q. */
+INL void k2bit_codes(const uint8_t *q, const uint8_t *hm, const int hf, __m512i *lo, __m512i *hi) {
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+    const __m512i m3 = _mm512_set1_epi8(3);
+    /* 16-bit shifts: the bits that cross into a byte from its neighbour land above the 2 kept */
+    const __m512i s01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    *lo = _mm512_and_si512(_mm512_srlv_epi16(v, s01), m3);
+    *hi = _mm512_and_si512(_mm512_srlv_epi16(v, s23), m3);
+    if (hm) {
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm));
+        const char b0 = (char)(1 << (4 * hf)), b1 = (char)(1 << (4 * hf + 1));
+        const char b2 = (char)(1 << (4 * hf + 2)), b3 = (char)(1 << (4 * hf + 3));
+        const __m512i t01 = _mm512_inserti64x4(_mm512_set1_epi8(b0), _mm256_set1_epi8(b1), 1);
+        const __m512i t23 = _mm512_inserti64x4(_mm512_set1_epi8(b2), _mm256_set1_epi8(b3), 1);
+        const __m512i four = _mm512_set1_epi8(4);
+        *lo = _mm512_mask_add_epi8(*lo, _mm512_test_epi8_mask(h, t01), *lo, four);
+        *hi = _mm512_mask_add_epi8(*hi, _mm512_test_epi8_mask(h, t23), *hi, four);
+    }
+}
+
+/* Q3_K: the 16 6-bit sub-block scales (12 bytes at b + 96) minus 32 */
+INL void q3k_scales(const uint8_t *b, int8_t sc[16]) {
+    uint32_t a[4];
+    memcpy(a, b + 96, 12);
+    const uint32_t t = a[2], m2 = 0x03030303u, m4 = 0x0f0f0f0fu;
+    a[2] = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4);
+    a[3] = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
+    a[0] = (a[0] & m4) | ((t & m2) << 4);
+    a[1] = (a[1] & m4) | (((t >> 2) & m2) << 4);
+    _mm_storeu_si128((__m128i *)sc, _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32)));
+}
+
+/* codes of a Q3_K (hmask at b, qs at b + 32) or Q2_K (qs at b + 16) super-block into q[256] */
+INL void k2bit_store(const int ty, const uint8_t *b, uint8_t *q) {
+#pragma GCC unroll 2
+    for (int hf = 0; hf < 2; hf++) {
+        __m512i lo, hi;
+        k2bit_codes(b + (ty == TY_Q3_K ? 32 : 16) + 32 * hf, ty == TY_Q3_K ? b : NULL, hf, &lo, &hi);
+        _mm512_store_si512((void *)(q + 128 * hf), lo);
+        _mm512_store_si512((void *)(q + 128 * hf + 64), hi);
+    }
+}
+
 INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
+    P->exact = exact;
     switch (ty) {
     case TY_Q4_0: {
         const __m512 d = _mm512_set1_ps(f16at(b));
@@ -226,6 +281,25 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
         _mm512_store_ps(P->s + 16, _mm512_mul_ps(D, _mm512_set1_ps(-32.f)));
         break;
     }
+    case TY_Q3_K: { /* w = d * (sc - 32) * (q - 4), q the 3-bit code: fma(q, d_s, -4 d_s) as for Q6_K */
+        k2bit_store(ty, b, P->q6);
+        int8_t sc[16];
+        q3k_scales(b, sc);
+        const __m512 D = _mm512_mul_ps(_mm512_set1_ps(f16at(b + 108)),
+                                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc))));
+        _mm512_store_ps(P->s, D);
+        _mm512_store_ps(P->s + 16, _mm512_mul_ps(D, _mm512_set1_ps(-4.f)));
+        break;
+    }
+    case TY_Q2_K: { /* w = (d * sc) * q - dmin * m, sc / m the low / high nibble of scales[j] */
+        k2bit_store(ty, b, P->q6);
+        const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15)));
+        const __m512 mn = _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4));
+        _mm512_store_ps(P->s, _mm512_mul_ps(_mm512_set1_ps(f16at(b + 80)), sc));
+        _mm512_store_ps(P->s + 16, _mm512_mul_ps(_mm512_set1_ps(f16at(b + 82)), mn));
+        break;
+    }
     default:
         break;
     }
@@ -286,11 +360,19 @@ INL void piece(const int ty, const int p, const uint8_t *b, const Prep *P, __m51
         w[1] = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q1, P->t[4 * j + 2]), k1, q1, P->t[4 * j + 3]);
         break;
     }
-    case TY_Q6_K: {
+    case TY_Q6_K: case TY_Q3_K: {
         const __m512i q0 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(P->q6 + 32 * p)));
         const __m512i q1 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(P->q6 + 32 * p + 16)));
         w[0] = q6val(q0, P->s, 2 * p);
         w[1] = q6val(q1, P->s, 2 * p + 1);
+        break;
+    }
+    case TY_Q2_K: { /* exactly numpy's (d * sc) * q - dmin * m when dequantizing */
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; v++) {
+            const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(P->q6 + 32 * p + 16 * v))));
+            w[v] = msub(P->exact, q, _mm512_set1_ps(P->s[2 * p + v]), _mm512_set1_ps(P->s[16 + 2 * p + v]));
+        }
         break;
     }
     default:
@@ -381,6 +463,8 @@ KSET(TY_Q8_0)
 KSET(TY_Q4_K)
 KSET(TY_Q5_K)
 KSET(TY_Q6_K)
+KSET(TY_Q3_K)
+KSET(TY_Q2_K)
 
 static const kern_fn *ktab_for(int ty) {
     switch (ty) {
@@ -394,13 +478,15 @@ static const kern_fn *ktab_for(int ty) {
     case TY_Q4_K: return ktab_TY_Q4_K;
     case TY_Q5_K: return ktab_TY_Q5_K;
     case TY_Q6_K: return ktab_TY_Q6_K;
+    case TY_Q3_K: return ktab_TY_Q3_K;
+    case TY_Q2_K: return ktab_TY_Q2_K;
     default: return 0;
     }
 }
 
 static int ue_of(int ty) {
     switch (ty) {
-    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return 256;
+    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return 256;
     case TY_F16: case TY_BF16: case TY_Q4_0: case TY_Q4_1: case TY_Q5_0: case TY_Q5_1: case TY_Q8_0: case TY_Q4_1R: return 32;
     default: return 0;
     }
@@ -413,6 +499,8 @@ static int ub_of(int ty) {
     case TY_Q5_0: return 22;
     case TY_Q5_1: return 24;
     case TY_Q8_0: return 34;
+    case TY_Q2_K: return 84;
+    case TY_Q3_K: return 110;
     case TY_Q4_K: return 144;
     case TY_Q5_K: return 176;
     case TY_Q6_K: return 210;
@@ -429,16 +517,17 @@ static int ub_of(int ty) {
  *   Q4_0, Q5_0, Q8_0 -> Q8_0; Q4_1, Q5_1 -> Q8_1 (ggml quantize_row_q8_0 / q8_1, AVX2 branch):
  *     amax = max |x| over 32, d = amax / 127 (stored as fp16), codes = round-half-even(x * (127 / amax));
  *     Q8_1 also s = fp16(d * sum(codes)) with the fp32 d.
- *   Q4_K, Q5_K, Q6_K -> Q8_K (quantize_row_q8_K_ref; the x86 build has no SIMD version):
+ *   Q2_K .. Q6_K -> Q8_K (quantize_row_q8_K_ref; the x86 build has no SIMD version):
  *     max = the element of largest magnitude (first one), iscale = -127 / max,
  *     codes = min(127, round-half-even(iscale * x)), d = 1 / iscale (fp32), sums of 16 codes.
  *   F16 -> activations rounded to fp16; BF16 -> bf16 (then the fp32 kernel above).
  *
  * Per block the integer sums are exact; they become floats exactly in the order of llama.cpp's
- * x86 code (its AVX2 paths for the legacy types, Q4_K and Q6_K, which its AVX-512 builds take too:
- * see their sections below), so the results are the same bits as llama.cpp's. mode 1 (decoding) gives a (row, token) the same bits for every T, tile
- * shape and thread count; mode 2 (prompt processing) follows llama.cpp where its order depends on T
- * (Q4_K repacked: groups of 4 tokens; Q6_K: the tiled matmul from 8 tokens on). Q5_K keeps an own
+ * x86 code (its AVX2 paths for the legacy types, Q3_K, Q4_K and Q6_K, which its AVX-512 builds take
+ * too, and its AVX-512 Q2_K: see their sections below), so the results are the same bits as
+ * llama.cpp's. mode 1 (decoding) gives a (row, token) the same bits for every T, tile shape and
+ * thread count; mode 2 (prompt processing) follows llama.cpp where its order depends on T (Q4_K and
+ * Q2_K repacked: groups of 4 tokens; Q6_K, Q3_K: the tiled matmul from 8 tokens on). Q5_K keeps an own
  * fixed order: (d_w * d_x) * sum_j(sc_j * sumi_j) - (dmin_w * d_x) * sum_j(m_j * bsum_j), per 16
  * lanes of one accumulator per (weight row, token), reduced in a fixed order.
  *
@@ -529,7 +618,7 @@ static int vd_kind(int ty) {
     switch (ty) {
     case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: return VD_Q8_0;
     case TY_Q4_1: case TY_Q5_1: case TY_Q4_1R: return VD_Q8_1;
-    case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return VD_Q8_K;
+    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return VD_Q8_K;
     case TY_F16: return VD_F16;
     case TY_BF16: return VD_BF16;
     default: return VD_F32;
@@ -539,7 +628,7 @@ static int vd_kind(int ty) {
 #define LCH 96 /* scratch bytes per block of 32 activations, legacy types */
 /* scratch bytes per 256 activations, K-quants: codes 256, sums 64, d_x 64, and for Q4_K / Q5_K the
  * min-term group of 4 tokens (filled in rows t % 4 == 0): their 4 x 8 sums (64), their d_x x 4 (64) */
-INL int kch(const int ty) { return ty == TY_Q6_K ? 384 : 512; }
+INL int kch(const int ty) { return k16(ty) ? 384 : 512; }
 
 static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16 : ty == TY_Q8_0 ? 128 : 0; }
 
@@ -593,7 +682,7 @@ static void act_k_row(const int ty, const float *x, const long nu, uint8_t *dst)
         q8K_quant(x + 256 * u, 256, q, &d, bs);
         int16_t *b16 = (int16_t *)(sb + 256);
         memset(b16, 0, 64);
-        if (ty == TY_Q6_K) {
+        if (k16(ty)) {
             memcpy(sb, q, 256);
             for (int j = 0; j < 16; j++) b16[j] = bs[j];
         } else {
@@ -865,71 +954,145 @@ INL void pkern_k(const int ty, const int R, const int TT, const uint8_t *prep, c
     kacc_store(ty, R, TT, acc, accm, y, ldy);
 }
 
-/* ---- Q6_K in ggml's order (ggml_vec_dot_q6_K_q8_K, AVX2) -------------------------------------
- * Per super-block, 8 integer lanes: lane j sums sc * q * x over the elements 4j..4j+3 of each 32-element
- * chunk (q the unsigned 6-bit code), minus 32 * (bsum_2j sc_2j + bsum_2j+1 sc_2j+1) (the -32 offset
- * folded in per pair of 16-element sub-blocks), then acc = fma(d_x * d_w, float(lane), acc) per
- * super-block and hsum_float_8 at the end. Two weight rows per zmm as for the legacy types.
- * llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, passes of >= 8 tokens) instead sums the
- * super-block's lanes into one integer I and accumulates y = fma(d_w * float(I), d_x, y). */
+/* ---- Q6_K, Q3_K, Q2_K in ggml's orders -------------------------------------------------------
+ * Q6_K (ggml_vec_dot_q6_K_q8_K, AVX2). Per super-block, 8 integer lanes: lane j sums sc * q * x over
+ * the elements 4j..4j+3 of each 32-element chunk (q the unsigned 6-bit code), minus
+ * 32 * (bsum_2j sc_2j + bsum_2j+1 sc_2j+1) (the -32 offset folded in per pair of 16-element
+ * sub-blocks), then acc = fma(d_x * d_w, float(lane), acc) per super-block and hsum_float_8 at the
+ * end. Two weight rows per zmm as for the legacy types.
+ * Q3_K (ggml_vec_dot_q3_K_q8_K, AVX2): the same lanes, but the -4 offset is taken out per pair of
+ * products before the scale (maddubs(q, x) - maddubs(4, x)), so it stays in each element's lane.
+ * llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, passes of >= 8 tokens: Q6_K, Q3_K) instead sums
+ * the super-block's lanes into one integer I and accumulates y = fma(d_w * float(I), d_x, y).
+ * Q2_K: llama.cpp's AVX-512 builds repack it (q2_K_8x8, rows a multiple of 8): per super-block the
+ * exact integers I = sum_j sc_j * dot_j and M = sum_j m_j * bsum_j, then (gemv, one token)
+ * acc = fma(float(I), d_w * d_x, acc), accm = fma(float(M), dmin_w * d_x, accm) and acc - accm at
+ * the end; its gemm (groups of 4 tokens: the first T - T % 4 rows of a prompt pass) does the same
+ * once per half super-block (128 elements) with the half's I and M. */
 typedef struct {
     __m512i w[8];  /* chunk c of rows A | B (unsigned codes) */
     __m512i sc[8]; /* chunk c: the int16 scale of each code pair's sub-block */
-    __m512i sc16;  /* scales A[0..15] | B[0..15] as int16 */
+    __m512i sc16;  /* scales A[0..15] | B[0..15] as int16 (Q2_K: its mins) */
     __m512 d;
+    __m512 dmin;   /* Q2_K */
 } Q6Pair;
 
-INL void q6prep(const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
+INL int k16_base(const int ty) {
+    return ty == TY_Q6_K_TILED ? TY_Q6_K : ty == TY_Q3_K_TILED ? TY_Q3_K : ty == TY_Q2_K_GEMM ? TY_Q2_K : ty;
+}
+
+INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
     __m512i qa[4], qb[4];
+    __m512i s16;
+    if (ty == TY_Q6_K) {
 #pragma GCC unroll 2
-    for (int hf = 0; hf < 2; hf++) {
-        q6k_codes(bA, hf, &qa[2 * hf], &qa[2 * hf + 1]);
-        q6k_codes(bB, hf, &qb[2 * hf], &qb[2 * hf + 1]);
+        for (int hf = 0; hf < 2; hf++) {
+            q6k_codes(bA, hf, &qa[2 * hf], &qa[2 * hf + 1]);
+            q6k_codes(bB, hf, &qb[2 * hf], &qb[2 * hf + 1]);
+        }
+        s16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bA + 192)))),
+                                 _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bB + 192))), 1);
+        P->sc16 = s16;
+        P->d = pair_ps(f16at(bA + 208), f16at(bB + 208));
+    } else {
+        const int q3 = ty == TY_Q3_K;
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; hf++) {
+            k2bit_codes(bA + (q3 ? 32 : 16) + 32 * hf, q3 ? bA : NULL, hf, &qa[2 * hf], &qa[2 * hf + 1]);
+            k2bit_codes(bB + (q3 ? 32 : 16) + 32 * hf, q3 ? bB : NULL, hf, &qb[2 * hf], &qb[2 * hf + 1]);
+        }
+        if (q3) {
+            int8_t sa[16], sb[16];
+            q3k_scales(bA, sa);
+            q3k_scales(bB, sb);
+            s16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sa))),
+                                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sb)), 1);
+            P->d = pair_ps(f16at(bA + 108), f16at(bB + 108));
+        } else {
+            const __m512i sm = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)bA))),
+                                                  _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)bB)), 1);
+            s16 = _mm512_and_si512(sm, _mm512_set1_epi16(15));
+            P->sc16 = _mm512_srli_epi16(sm, 4); /* the mins */
+            P->d = pair_ps(f16at(bA + 80), f16at(bB + 80));
+            P->dmin = pair_ps(f16at(bA + 82), f16at(bB + 82));
+        }
     }
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) P->w[c] = _mm512_shuffle_i64x2(qa[c >> 1], qb[c >> 1], (c & 1) ? 0xEE : 0x44);
-    const __m512i s16 = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bA + 192)))),
-        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bB + 192))), 1);
-    P->sc16 = s16;
     /* int16 lane l of chunk c: row l / 16, sub-block 2c + (l % 16) / 8 */
     const __m512i base = _mm512_set_epi16(17, 17, 17, 17, 17, 17, 17, 17, 16, 16, 16, 16, 16, 16, 16, 16,
                                           1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) P->sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c))), s16);
-    P->d = pair_ps(f16at(bA + 208), f16at(bB + 208));
 }
 
 INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
                    const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
-    const int RP = R / 2, tiled = ty == TY_Q6_K_TILED;
+    const int bt = k16_base(ty), UB = unit_bytes(bt), RP = R / 2;
+    const int tiled = ty == TY_Q6_K_TILED || ty == TY_Q3_K_TILED, q2 = bt == TY_Q2_K, gemm = ty == TY_Q2_K_GEMM;
     __m512 acc[MAXR / 2][MAXT];
-    float ys[MAXR][MAXT] = {{0}}; /* tiled order */
+    float ys[MAXR][MAXT] = {{0}}, yms[MAXR][MAXT] = {{0}}; /* scalar chains: tiled; Q2_K (and its mins) */
 #pragma GCC unroll 2
     for (int p = 0; p < RP; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[p][t] = _mm512_setzero_ps();
     for (long u = 0; u < nu; u++) {
-        if (pfo) kprefetch(TY_Q6_K, R, rows, u, pfo);
+        if (pfo) kprefetch(bt, R, rows, u, pfo);
         Q6Pair P[MAXR / 2];
 #pragma GCC unroll 2
-        for (int p = 0; p < RP; p++) q6prep(rows[2 * p] + u * 210, rows[2 * p + 1] + u * 210, &P[p]);
+        for (int p = 0; p < RP; p++) q6prep(bt, rows[2 * p] + u * UB, rows[2 * p + 1] + u * UB, &P[p]);
         ESCAPE(P); /* read from L1 by the token loop, not held in registers */
-        const uint8_t *au = a + u * kch(TY_Q6_K);
+        const uint8_t *au = a + u * kch(bt);
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             const uint8_t *at = au + t * lda;
             const __m512i bs = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 256)));
-            const __m512 dx = _mm512_set1_ps(*(const float *)(at + 320));
+            const float dxs = *(const float *)(at + 320);
+            const __m512 dx = _mm512_set1_ps(dxs);
 #pragma GCC unroll 2
             for (int p = 0; p < RP; p++) {
+                if (q2) { /* I per half super-block (chunks 0-3, 4-7), M per half (lanes 0-3, 4-7 of each row) */
+                    __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int c = 0; c < 4; c++) {
+                        i0 = dpwssd(i0, _mm512_maddubs_epi16(P[p].w[c], _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32 * c)))), P[p].sc[c]);
+                        i1 = dpwssd(i1, _mm512_maddubs_epi16(P[p].w[c + 4], _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32 * (c + 4))))), P[p].sc[c + 4]);
+                    }
+                    const __m512i im = _mm512_madd_epi16(bs, P[p].sc16); /* lane j: m_2j bsum_2j + m_2j+1 bsum_2j+1 */
+                    const __m512i isum = _mm512_add_epi32(i0, i1);
+#pragma GCC unroll 2
+                    for (int ab = 0; ab < 2; ab++) { /* rows A (lanes 0-7), B (8-15) */
+                        const __mmask16 rm = ab ? 0xff00 : 0x00ff;
+                        const float dd = (ab ? _mm_cvtss_f32(_mm512_extractf32x4_ps(P[p].d, 2)) : _mm512_cvtss_f32(P[p].d)) * dxs;
+                        const float dm = (ab ? _mm_cvtss_f32(_mm512_extractf32x4_ps(P[p].dmin, 2)) : _mm512_cvtss_f32(P[p].dmin)) * dxs;
+                        float *ya = &ys[2 * p + ab][t], *ym = &yms[2 * p + ab][t];
+                        if (gemm) { /* halves: sub-blocks 0-7 (lanes 0-3 of im), 8-15 (lanes 4-7) */
+                            *ya = fmaf((float)_mm512_mask_reduce_add_epi32(rm, i0), dd, *ya);
+                            *ym = fmaf((float)_mm512_mask_reduce_add_epi32(rm & 0x0f0f, im), dm, *ym);
+                            *ya = fmaf((float)_mm512_mask_reduce_add_epi32(rm, i1), dd, *ya);
+                            *ym = fmaf((float)_mm512_mask_reduce_add_epi32(rm & 0xf0f0, im), dm, *ym);
+                        } else {
+                            *ya = fmaf((float)_mm512_mask_reduce_add_epi32(rm, isum), dd, *ya);
+                            *ym = fmaf((float)_mm512_mask_reduce_add_epi32(rm, im), dm, *ym);
+                        }
+                    }
+                    continue;
+                }
                 __m512i is = _mm512_setzero_si512();
+                if (bt == TY_Q3_K) {
+                    const __m512i four = _mm512_set1_epi8(4);
 #pragma GCC unroll 8
-                for (int c = 0; c < 8; c++)
-                    is = dpwssd(is, _mm512_maddubs_epi16(P[p].w[c], _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32 * c)))), P[p].sc[c]);
-                is = _mm512_sub_epi32(is, _mm512_slli_epi32(_mm512_madd_epi16(bs, P[p].sc16), 5));
+                    for (int c = 0; c < 8; c++) {
+                        const __m512i xc = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32 * c)));
+                        is = dpwssd(is, _mm512_sub_epi16(_mm512_maddubs_epi16(P[p].w[c], xc), _mm512_maddubs_epi16(four, xc)), P[p].sc[c]);
+                    }
+                } else {
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++)
+                        is = dpwssd(is, _mm512_maddubs_epi16(P[p].w[c], _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32 * c)))), P[p].sc[c]);
+                    is = _mm512_sub_epi32(is, _mm512_slli_epi32(_mm512_madd_epi16(bs, P[p].sc16), 5));
+                }
                 if (tiled) { /* the super-block's integer per row: y = fma(d_w * float(I), d_x, y) */
-                    const float dxs = *(const float *)(at + 320);
                     const int32_t IA = _mm512_mask_reduce_add_epi32(0x00ff, is), IB = _mm512_mask_reduce_add_epi32(0xff00, is);
                     ys[2 * p][t] = fmaf(_mm512_cvtss_f32(P[p].d) * (float)IA, dxs, ys[2 * p][t]);
                     ys[2 * p + 1][t] = fmaf(_mm_cvtss_f32(_mm512_extractf32x4_ps(P[p].d, 2)) * (float)IB, dxs, ys[2 * p + 1][t]);
@@ -943,8 +1106,13 @@ INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const
     for (int p = 0; p < RP; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
-            y[t * ldy + 2 * p] = tiled ? ys[2 * p][t] : hsum8(_mm512_castps512_ps256(acc[p][t]));
-            y[t * ldy + 2 * p + 1] = tiled ? ys[2 * p + 1][t] : hsum8(_mm512_extractf32x8_ps(acc[p][t], 1));
+            if (q2) {
+                y[t * ldy + 2 * p] = ys[2 * p][t] - yms[2 * p][t];
+                y[t * ldy + 2 * p + 1] = ys[2 * p + 1][t] - yms[2 * p + 1][t];
+            } else {
+                y[t * ldy + 2 * p] = tiled ? ys[2 * p][t] : hsum8(_mm512_castps512_ps256(acc[p][t]));
+                y[t * ldy + 2 * p + 1] = tiled ? ys[2 * p + 1][t] : hsum8(_mm512_extractf32x8_ps(acc[p][t], 1));
+            }
         }
 }
 
@@ -1409,6 +1577,10 @@ IKSET(TY_Q4_K_GEMM, gkern_q4k_gemm, Q)
 IKSET(TY_Q5_K, ikern_k, K)
 IKSET(TY_Q6_K, gkern_q6k, K)
 IKSET(TY_Q6_K_TILED, gkern_q6k, K)
+IKSET(TY_Q3_K, gkern_q6k, K)
+IKSET(TY_Q3_K_TILED, gkern_q6k, K)
+IKSET(TY_Q2_K, gkern_q6k, K)
+IKSET(TY_Q2_K_GEMM, gkern_q6k, K)
 
 static const kern_fn *iktab_for(int ty) {
     switch (ty) {
@@ -1420,6 +1592,8 @@ static const kern_fn *iktab_for(int ty) {
     case TY_Q4_K: return iktab_TY_Q4_K;
     case TY_Q5_K: return iktab_TY_Q5_K;
     case TY_Q6_K: return iktab_TY_Q6_K;
+    case TY_Q3_K: return iktab_TY_Q3_K;
+    case TY_Q2_K: return iktab_TY_Q2_K;
     case TY_Q4_KR: return r4tab_gemv;
     default: return 0;
     }
@@ -1717,9 +1891,12 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             pp4 = pp;
             pp4.kt = pktab_TY_Q4_K_GEMM;
             T4 = T - T % 4;
-        } else if (mode == 2 && ty == TY_Q6_K && T >= 8) { /* the tiled matmul takes passes of >= 8 */
-            kt4 = iktab_TY_Q6_K_TILED;
+        } else if (mode == 2 && (ty == TY_Q6_K || ty == TY_Q3_K) && T >= 8) { /* the tiled matmul takes passes of >= 8 */
+            kt4 = ty == TY_Q6_K ? iktab_TY_Q6_K_TILED : iktab_TY_Q3_K_TILED;
             T4 = T;
+        } else if (mode == 2 && ty == TY_Q2_K) { /* repacked: ggml_gemm_q2_K_8x8_q8_K on groups of 4 tokens */
+            kt4 = iktab_TY_Q2_K_GEMM;
+            T4 = T - T % 4;
         }
     }
     const int nth = pick_threads(nthreads, n, n * rb * (T < 8 ? T : 8)); /* ~ work of the call */
@@ -1780,6 +1957,8 @@ DQDEF(TY_Q8_0)
 DQDEF(TY_Q4_K)
 DQDEF(TY_Q5_K)
 DQDEF(TY_Q6_K)
+DQDEF(TY_Q3_K)
+DQDEF(TY_Q2_K)
 
 static dq_fn dq_for(int ty) {
     switch (ty) {
@@ -1793,6 +1972,8 @@ static dq_fn dq_for(int ty) {
     case TY_Q4_K: return dq_TY_Q4_K;
     case TY_Q5_K: return dq_TY_Q5_K;
     case TY_Q6_K: return dq_TY_Q6_K;
+    case TY_Q3_K: return dq_TY_Q3_K;
+    case TY_Q2_K: return dq_TY_Q2_K;
     default: return 0;
     }
 }
