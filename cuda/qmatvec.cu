@@ -149,6 +149,9 @@ QMV_TYPE(q5_1, BQ5_1)
 #if QMV_WANT(8)
 QMV_TYPE(q8_0, BQ8_0)
 #endif
+#if QMV_WANT(20)
+QMV_TYPE(iq4_nl, BIQ4_NL)
+#endif
 #if QMV_WANT(10)
 QMV_TYPE(q2_k, BQ2_K)
 #endif

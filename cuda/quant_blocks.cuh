@@ -32,6 +32,18 @@ struct BQ4_0 {  // d f16 | qs[16]; w = d * (q - 8)
     }
 };
 
+// IQ4_NL: d f16 | qs[16] as Q4_0 (same lanes and loads), w = d * kvalues_iq4nl[q] (ggml's non-linear table)
+struct BIQ4_NL : BQ4_0 {
+    SH_HD void deq(int g, float* w) const {
+        // kvalues_iq4nl, four int8 per word; selects instead of an indexed array (local memory)
+        for (int i = 0; i < 4; i++) {
+            const u32 q = (qs >> (8 * i + 4 * g)) & 0xFu;
+            const u32 kv = (q & 8u) ? ((q & 4u) ? 0x71594535u : 0x26190D01u) : ((q & 4u) ? 0xF6EADDCFu : 0xBFAD9881u);
+            w[i] = d * (float)(i8)((kv >> (8 * (q & 3u))) & 0xFFu);
+        }
+    }
+};
+
 struct BQ4_1 {  // d f16 | m f16 | qs[16]; w = d * q + m
     static constexpr int BS = 32, TS = 20, LPB = 4, NG = 2;
     float d, m;

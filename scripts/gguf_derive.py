@@ -18,9 +18,10 @@ fixed, smooth values (no random generator: the same file on every machine):
           RoPE in every 4th layer (NoPE)
   lowbit  still llama, the ffn_down weights requantized to Q3_K (even layers) and Q2_K (odd layers),
           as in llama.cpp's Q3_K_S / Q2_K files (only ffn_down: SmolLM2's other matrices have rows of
-          576, not a multiple of the K-quants' 256). The quantizer is a plain one (the largest value of
-          a 16-weight sub-block on the end of the code range, rounded codes; not ggml's search), so
-          the values differ from a llama-quantize run, not the format
+          576, not a multiple of the K-quants' 256), and the attention weights to Q4_0 (even layers;
+          gguf.quants' quantizer) and IQ4_NL (odd). The Q2_K / Q3_K / IQ4_NL quantizers are plain ones
+          (the largest value of a sub-block on the end of the code range, nearest codes; not ggml's
+          search), so the values differ from a llama-quantize run, not the format
 
 The results are not good language models (the weights were trained for the llama graph), but their
 activations are a trained model's, not noise: greedy continuations compared with llama.cpp's on the
@@ -127,6 +128,22 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     return out.reshape(n, -1)
 
 
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
+    """float32 [n, k] (k % 32 == 0) -> IQ4_NL blocks uint8 [n, k / 32 * 18] (d | qs as Q4_0's nibbles):
+    w = d * KVALUES_IQ4NL[q]; the value of largest magnitude of a block gets -127, every weight the
+    nearest table value."""
+    n, k = x.shape
+    xb = x.reshape(-1, 32).astype(np.float32)
+    big = np.take_along_axis(xb, np.abs(xb).argmax(-1)[:, None], -1)
+    d = _f16(-big / 127).astype(np.float32)                         # [nb, 1]
+    q = np.abs(xb[..., None] - d[..., None] * KVALUES_IQ4NL).argmin(-1).astype(np.uint8)  # [nb, 32]
+    out = np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), q[:, :16] | (q[:, 16:] << 4)], axis=1)
+    return out.reshape(n, -1)
+
+
 def copy_kv(r: gguf.GGUFReader, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None = None) -> dict:
     """Every metadata key of r into w (the writer's own GGUF.* and architecture excepted), under
     rename(key), with values[new key] instead of the value where given; returns {new key: value}."""
@@ -173,11 +190,16 @@ def derive(variant: str, src: str, dst: str) -> None:
     for t in r.tensors:
         if variant == "qwen3" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
-        elif variant == "lowbit" and t.name.endswith(".ffn_down.weight"):
+        elif variant == "lowbit" and t.name.endswith((".ffn_down.weight", ".attn_q.weight", ".attn_k.weight",
+                                                       ".attn_v.weight", ".attn_output.weight")):
             n, k = int(t.shape[1]), int(t.shape[0])
             x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(n, k)
-            qt = Q.Q3_K if int(t.name.split(".")[1]) % 2 == 0 else Q.Q2_K
-            w.add_tensor(t.name, (quantize_q3_k if qt == Q.Q3_K else quantize_q2_k)(x), raw_dtype=qt)
+            even = int(t.name.split(".")[1]) % 2 == 0
+            if t.name.endswith(".ffn_down.weight"):
+                qt, blocks = (Q.Q3_K, quantize_q3_k(x)) if even else (Q.Q2_K, quantize_q2_k(x))
+            else:
+                qt, blocks = (Q.Q4_0, gguf.quants.quantize(x, Q.Q4_0)) if even else (Q.IQ4_NL, quantize_iq4_nl(x))
+            w.add_tensor(t.name, blocks, raw_dtype=qt)
         else:
             add_tensor_as_is(w, t)
         if variant == "qwen3" and t.name.endswith(".attn_norm.weight"):

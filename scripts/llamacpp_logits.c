@@ -50,6 +50,7 @@ int main(int argc, char **argv) {
     llama_log_set(quiet, NULL);
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
+    if (getenv("LCP_NO_REPACK")) mp.use_extra_bufts = false; /* "1": no weight repacking (-nr / --no-repack) */
     struct llama_model *model = llama_model_load_from_file(argv[1], mp);
     if (!model) return fprintf(stderr, "cannot load %s\n", argv[1]), 1;
     struct llama_context_params cp = llama_context_default_params();

@@ -25,7 +25,7 @@ from sharpi_core.kernels import cpu
 Q = gguf.GGMLQuantizationType
 REL_TOL = 1e-5
 TS = (1, 2, 4, 5, 8, 16, 64)
-LEGACY = (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+LEGACY = (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL)
 KQUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 ALL_TYPES = LEGACY + KQUANTS
 
@@ -62,6 +62,11 @@ def torch_view(a: np.ndarray) -> torch.Tensor:
 def random_raw(qtype, n: int, k: int, seed: int = 0) -> np.ndarray:
     """Random weights of type qtype as GGUF blocks [n, row_bytes] (uint8)."""
     rng = np.random.default_rng(seed)
+    if qtype == Q.IQ4_NL:  # no quantizer in gguf.quants: random codes, sane f16 scales, one zero block
+        raw = rng.integers(0, 256, (n, k // 32, 18), dtype=np.uint8)
+        raw[..., :2] = rng.uniform(1e-4, 3e-2, (n, k // 32)).astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
+        raw[0, 0, :2] = 0
+        return raw.reshape(n, -1)
     if qtype in LEGACY:
         w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 2.0, (n, 1))).astype(np.float32)
         w[0, :32] = 0.0  # an all-zero block (zero scale)
@@ -580,7 +585,7 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
     """A build without AVX512-VNNI emulates vpdpbusd / vpdpwssd exactly: identical results."""
     if not cpu.has_vnni():
         pytest.skip("this build has no VNNI to compare with")
-    types = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+    types = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
     n, k = 37, 1280
     x = act_test_inputs(3, k, seed=9)
     torch.save(x, tmp_path / "x.pt")
@@ -649,9 +654,11 @@ def legacy_codes(blk, qtype):
     d = f16(blk, 0)
     if qtype == Q.Q8_0:
         return blk[:, :, 2:34].view(np.int8).astype(np.int64), d, None
-    qo = {Q.Q4_0: 2, Q.Q4_1: 4, Q.Q5_0: 6}[qtype]
+    qo = {Q.Q4_0: 2, Q.IQ4_NL: 2, Q.Q4_1: 4, Q.Q5_0: 6}[qtype]
     qs = blk[:, :, qo:qo + 16].astype(np.int64)
     q = np.concatenate([qs & 15, qs >> 4], axis=-1)
+    if qtype == Q.IQ4_NL:
+        return IQ4NL_VALUES[q], d, None
     if qtype == Q.Q5_0:
         qh = blk[:, :, 2:6].copy().view(np.uint32).astype(np.int64)  # [n, nb, 1]
         q = q | (((qh >> np.arange(32)) & 1) << 4)
@@ -659,13 +666,24 @@ def legacy_codes(blk, qtype):
     return (q - 8, d, None) if qtype == Q.Q4_0 else (q, d, f16(blk, 2))
 
 
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
+
+
 def ggml_legacy_order(x, raw, qtype, n, k):
     """ggml_vec_dot_*_q8_0 / q8_1 (AVX2) and tinyBLAS_Q0_AVX: per block 8 lanes of 4 products,
-    acc = fma(d_w * d_x, lane, acc), hsum_float_8, + the fp32 fma sum of m_w * s_x (Q4_1)."""
+    acc = fma(d_w * d_x, lane, acc), hsum_float_8, + the fp32 fma sum of m_w * s_x (Q4_1).
+    Q4_0 / IQ4_NL with rows a multiple of 8 (repacked by llama.cpp: q4_0_8x8, iq4_nl_8x8): one chain
+    y = fma(float(I_b), d_w * d_x, y) per block, I_b the block's exact sum, for every T."""
     codes, dx, s, _ = cpu.quantize_act(x, qtype)
     t, nb = x.shape[0], k // 32
     w, dw, mw = legacy_codes(np.asarray(raw).reshape(n, nb, -1), qtype)
     c = codes.numpy().astype(np.int64).reshape(t, nb, 32)
+    if qtype in (Q.Q4_0, Q.IQ4_NL) and n % 8 == 0:
+        I = np.einsum("nbe,tbe->ntb", w, c).astype(F32)
+        y = np.zeros((n, t), F32)
+        for b in range(nb):
+            y = fma(I[:, :, b], (dw[:, b, None] * dx.numpy().reshape(t, nb)[None, :, b]).astype(F32), y)
+        return y.T
     lanes = np.einsum("nbe,tbe->ntbe", w, c).reshape(n, t, nb, 8, 4).sum(-1).astype(F32)
     dx = dx.numpy().reshape(t, nb)
     acc = np.zeros((n, t, 8), F32)
@@ -805,12 +823,13 @@ def ggml_k2bit_order(x, raw, qtype, n, k, mode: str):
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q6_K), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q6_K),
+                         ids=lambda q: q.name)
 def test_act_quant_sums_in_llama_cpp_order(qtype):
     """Bit for bit the floats of llama.cpp's AVX2 CPU backend: decoding rows (prompt=False) in its
     one-token order, prompt=True in its prompt-processing order (Q4_K, Q2_K: gemm on the first
     T - T % 4 rows, gemv on the rest; Q6_K, Q3_K: the tiled matmul from 8 rows on; the legacy
-    types: one order)."""
+    types: one order; Q4_0 / IQ4_NL: the repacked one for 24 rows, vec_dot's for 22)."""
     n, k = 24, 768 if qtype in KQUANTS else 544
     raw = random_raw(qtype, n, k, seed=11)
     rawt = torch_view(raw)
@@ -832,6 +851,9 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
                                        ggml_k2bit_order(x[g:], raw, qtype, n, k, "gemv") if g < t else np.zeros((0, n), F32)])
             else:
                 want = ggml_legacy_order(x, raw, qtype, n, k)
+                if qtype == Q.Q4_0:  # a tensor llama.cpp does not repack (rows not a multiple of 8)
+                    y22 = cpu.qmatmul(x, rawt[:22].contiguous(), qtype, 22, k, act_quant=True, prompt=prompt).numpy()
+                    assert np.array_equal(y22, ggml_legacy_order(x, raw[:22], qtype, 22, k))
             assert np.array_equal(y, want), (qtype.name, t, prompt, float(np.abs(y - want).max()))
 
 

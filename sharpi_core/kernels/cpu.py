@@ -37,7 +37,7 @@ import torch
 Q = gguf.GGMLQuantizationType
 
 SUPPORTED: frozenset = frozenset(
-    {Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+    {Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 )
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
@@ -59,7 +59,7 @@ GEMM_TILE_BYTES = 2 << 20
 
 _BLOCK = {  # type -> (elements, bytes) per block
     Q.F16: (32, 64), Q.BF16: (32, 64), Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22),
-    Q.Q5_1: (32, 24), Q.Q8_0: (32, 34), Q.Q2_K: (256, 84), Q.Q3_K: (256, 110), Q.Q4_K: (256, 144),
+    Q.Q5_1: (32, 24), Q.Q8_0: (32, 34), Q.IQ4_NL: (32, 18), Q.Q2_K: (256, 84), Q.Q3_K: (256, 110), Q.Q4_K: (256, 144),
     Q.Q5_K: (256, 176), Q.Q6_K: (256, 210),
 }
 
@@ -469,7 +469,7 @@ def _gemm_act(x, raw, code, n, k, rb, out, qtype):
 
 
 _ACT_Q8K = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
-_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q4_K_R4, Q4_1_R4}) | _ACT_Q8K
+_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q4_K_R4, Q4_1_R4}) | _ACT_Q8K
 _ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1, Q4_1_R4})
 
 

@@ -44,9 +44,9 @@
 /* GGML type ids (gguf.GGMLQuantizationType values) */
 enum {
     TY_F32 = 0, TY_F16 = 1, TY_Q4_0 = 2, TY_Q4_1 = 3, TY_Q5_0 = 6, TY_Q5_1 = 7, TY_Q8_0 = 8,
-    TY_Q2_K = 10, TY_Q3_K = 11, TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_BF16 = 30,
-    /* (names of the kernel tables of llama.cpp's prompt-processing orders) */
-    TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
+    TY_Q2_K = 10, TY_Q3_K = 11, TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_IQ4_NL = 20, TY_BF16 = 30,
+    /* (names of the kernel tables of llama.cpp's other orders: repacked weights, prompt processing) */
+    TY_Q4_0_R8 = 1002, TY_IQ4_NL_R8 = 1020, TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
     /* Q4_K repacked in groups of 4 rows (sharpi_repack_q4k; no GGML type has this id) */
     TY_Q4_KR = 212,
     /* Q4_1 repacked in groups of 4 rows */
@@ -55,6 +55,9 @@ enum {
 
 /* fp16 -> fp32 for block scales: a table lookup is a plain load (vcvtph2ps costs 2 ALU uops). */
 static float f16tab[65536];
+
+/* IQ4_NL / IQ4_XS: the 16 values a 4-bit code stands for (ggml's kvalues_iq4nl) */
+static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 __attribute__((constructor)) static void init_tables(void) {
     for (int i = 0; i < 65536; i++) f16tab[i] = _cvtsh_ss((unsigned short)i);
@@ -114,7 +117,7 @@ INL int unit_elems(const int ty) {
 INL int unit_bytes(const int ty) {
     switch (ty) {
     case TY_F16: case TY_BF16: return 64;
-    case TY_Q4_0: return 18;
+    case TY_Q4_0: case TY_IQ4_NL: return 18;
     case TY_Q4_1: return 20;
     case TY_Q5_0: return 22;
     case TY_Q5_1: return 24;
@@ -225,6 +228,9 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
         P->t[0] = _mm512_mul_ps(d, _mm512_sub_ps(IOTA, _mm512_set1_ps(8.f)));
         break;
     }
+    case TY_IQ4_NL: /* w = d * kvalues_iq4nl[q] */
+        P->t[0] = _mm512_mul_ps(_mm512_set1_ps(f16at(b)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)KVALUES_IQ4NL))));
+        break;
     case TY_Q4_1: { /* exact == 2: without the min (d * q, for the fp16 s term of Q8_1 activations) */
         const __m512 d = _mm512_set1_ps(f16at(b)), m = _mm512_set1_ps(exact == 2 ? 0.f : f16at(b + 2));
         P->t[0] = madd(exact, d, IOTA, m);
@@ -320,8 +326,8 @@ INL void piece(const int ty, const int p, const uint8_t *b, const Prep *P, __m51
         w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)b)), 16));
         w[1] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 32))), 16));
         break;
-    case TY_Q4_0: case TY_Q4_1: {
-        const __m512i q = ld16u8(b + (ty == TY_Q4_0 ? 2 : 4));
+    case TY_Q4_0: case TY_Q4_1: case TY_IQ4_NL: {
+        const __m512i q = ld16u8(b + (ty == TY_Q4_1 ? 4 : 2));
         w[0] = _mm512_permutexvar_ps(q, P->t[0]);
         w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), P->t[0]);
         break;
@@ -465,6 +471,7 @@ KSET(TY_Q5_K)
 KSET(TY_Q6_K)
 KSET(TY_Q3_K)
 KSET(TY_Q2_K)
+KSET(TY_IQ4_NL)
 
 static const kern_fn *ktab_for(int ty) {
     switch (ty) {
@@ -480,6 +487,7 @@ static const kern_fn *ktab_for(int ty) {
     case TY_Q6_K: return ktab_TY_Q6_K;
     case TY_Q3_K: return ktab_TY_Q3_K;
     case TY_Q2_K: return ktab_TY_Q2_K;
+    case TY_IQ4_NL: return ktab_TY_IQ4_NL;
     default: return 0;
     }
 }
@@ -487,14 +495,15 @@ static const kern_fn *ktab_for(int ty) {
 static int ue_of(int ty) {
     switch (ty) {
     case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return 256;
-    case TY_F16: case TY_BF16: case TY_Q4_0: case TY_Q4_1: case TY_Q5_0: case TY_Q5_1: case TY_Q8_0: case TY_Q4_1R: return 32;
+    case TY_F16: case TY_BF16: case TY_Q4_0: case TY_Q4_1: case TY_Q5_0: case TY_Q5_1: case TY_Q8_0: case TY_IQ4_NL:
+    case TY_Q4_1R: return 32;
     default: return 0;
     }
 }
 static int ub_of(int ty) {
     switch (ty) {
     case TY_F16: case TY_BF16: return 64;
-    case TY_Q4_0: return 18;
+    case TY_Q4_0: case TY_IQ4_NL: return 18;
     case TY_Q4_1: return 20;
     case TY_Q5_0: return 22;
     case TY_Q5_1: return 24;
@@ -514,7 +523,7 @@ static int ub_of(int ty) {
  * Integer path: activations quantized the way ggml's x86 CPU backend quantizes them for the
  * weight's vec_dot_type, then integer dot products per block, as llama.cpp computes them.
  *
- *   Q4_0, Q5_0, Q8_0 -> Q8_0; Q4_1, Q5_1 -> Q8_1 (ggml quantize_row_q8_0 / q8_1, AVX2 branch):
+ *   Q4_0, Q5_0, Q8_0, IQ4_NL -> Q8_0; Q4_1, Q5_1 -> Q8_1 (ggml quantize_row_q8_0 / q8_1, AVX2 branch):
  *     amax = max |x| over 32, d = amax / 127 (stored as fp16), codes = round-half-even(x * (127 / amax));
  *     Q8_1 also s = fp16(d * sum(codes)) with the fp32 d.
  *   Q2_K .. Q6_K -> Q8_K (quantize_row_q8_K_ref; the x86 build has no SIMD version):
@@ -616,7 +625,7 @@ INL void q8K_quant(const float *x, const int L, int8_t *q, float *dout, int16_t 
 enum { VD_F32 = 0, VD_Q8_0 = 1, VD_Q8_1 = 2, VD_Q8_K = 3, VD_F16 = 4, VD_BF16 = 5 };
 static int vd_kind(int ty) {
     switch (ty) {
-    case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: return VD_Q8_0;
+    case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: case TY_IQ4_NL: return VD_Q8_0;
     case TY_Q4_1: case TY_Q5_1: case TY_Q4_1R: return VD_Q8_1;
     case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return VD_Q8_K;
     case TY_F16: return VD_F16;
@@ -630,7 +639,7 @@ static int vd_kind(int ty) {
  * min-term group of 4 tokens (filled in rows t % 4 == 0): their 4 x 8 sums (64), their d_x x 4 (64) */
 INL int kch(const int ty) { return k16(ty) ? 384 : 512; }
 
-static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16 : ty == TY_Q8_0 ? 128 : 0; }
+static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16 : ty == TY_Q8_0 || ty == TY_IQ4_NL ? 128 : 0; }
 
 /* 256 codes of 8 blocks of 32 (plain order, q) -> the "octet" layout: 4 vectors of 64 bytes,
  * byte 8b + i of vector v = element 8v + i of block b. The dpbusd lanes 2b and 2b+1 of all four
@@ -734,7 +743,11 @@ static void act_row(const int ty, const float *x, const long k, uint8_t *dst) {
  * at T >= 2: the same arithmetic) sums each block's 32 products in 8 integer lanes of 4 consecutive
  * elements, converts them to float and accumulates acc_j = fma(d_w * d_x, lane_j, acc_j) block after
  * block; the row's value is hsum_float_8(acc) (+ the fp32 sum of fma(m_w, s_x, .) for Q4_1 / Q5_1).
- * A zmm holds two weight rows (lanes 0-7, 8-15) against one token's block, broadcast to both halves. */
+ * Q4_0 and IQ4_NL tensors with rows a multiple of 8 are repacked by llama.cpp on AVX2 CPUs and take
+ * another order (TY_Q4_0_R8, below); IQ4_NL's vec_dot (rows not a multiple of 8) alternates two
+ * accumulators, which sharpi does not copy (its 8-lane order is used: not bit-exact there).
+ * A zmm holds two weight rows (lanes 0-7, 8-15) against one token's block, broadcast to both halves.
+ * IQ4_NL codes are its table's values + 128, with Q8_0's offset. */
 
 INL __m512 pair_ps(const float a, const float b) { return _mm512_mask_mov_ps(_mm512_set1_ps(a), 0xff00, _mm512_set1_ps(b)); }
 
@@ -748,12 +761,15 @@ INL void gprep(const int ty, const uint8_t *bA, const uint8_t *bB, __m512i *w, _
         *w = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
         return;
     }
-    const int qo = ty == TY_Q4_0 ? 2 : ty == TY_Q4_1 ? 4 : ty == TY_Q5_0 ? 6 : 8;
+    const int qo = ty == TY_Q4_0 || ty == TY_IQ4_NL ? 2 : ty == TY_Q4_1 ? 4 : ty == TY_Q5_0 ? 6 : 8;
     /* [qs_A, qs_A, qs_B, qs_B] >> [0, 4, 0, 4]: low nibbles are elements 0-15, high ones 16-31 */
     const __m512i z = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(bA + qo)))),
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(bB + qo))), 1);
     *w = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
+    if (ty == TY_IQ4_NL) /* the table's values + 128 (unsigned, like Q8_0's codes) */
+        *w = _mm512_shuffle_epi8(_mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_IQ4NL)),
+                                                  _mm512_set1_epi8((char)0x80)), *w);
     if (ty == TY_Q5_0 || ty == TY_Q5_1) { /* bit i of qh: 5th bit of element i */
         uint32_t hA, hB;
         memcpy(&hA, bA + qo - 4, 4);
@@ -762,11 +778,17 @@ INL void gprep(const int ty, const uint8_t *bA, const uint8_t *bB, __m512i *w, _
     }
 }
 
-/* R rows (even) x TT tokens over nb blocks */
-INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb,
+/* R rows (even) x TT tokens over nb blocks. TY_Q4_0_R8 / TY_IQ4_NL_R8: the order of llama.cpp's
+ * repacked Q4_0 / IQ4_NL (q4_0_8x8 / iq4_nl_8x8 on AVX2 CPUs, for tensors whose rows are a multiple of 8:
+ * gemv_q4_b32_8x8_q8_0_lut_avx and its gemm): one float chain per row and token,
+ * y = fma(float(I_b), d_w * d_x, y) with I_b the block's exact integer dot product. */
+INL void gkern_legacy(const int tyk, const int R, const int TT, const uint8_t *const *rows, const long nb,
                       const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    const int chain = tyk == TY_Q4_0_R8 || tyk == TY_IQ4_NL_R8;
+    const int ty = tyk == TY_Q4_0_R8 ? TY_Q4_0 : tyk == TY_IQ4_NL_R8 ? TY_IQ4_NL : tyk;
     const int BB = unit_bytes(ty), RP = R / 2, off = legacy_offset(ty) != 0, has_m = vd_kind(ty) == VD_Q8_1;
     __m512 acc[MAXR / 2][MAXT], sm[MAXR / 2][MAXT];
+    float ys[MAXR][MAXT] = {{0}};
 #pragma GCC unroll 2
     for (int p = 0; p < RP; p++)
 #pragma GCC unroll 8
@@ -788,6 +810,14 @@ INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *co
             const __m512 dx = _mm512_set1_ps(*(const float *)(at + 64));
 #pragma GCC unroll 2
             for (int p = 0; p < RP; p++) {
+                if (chain) {
+                    const __m512i is = dpbusd(st, w[p], xa);
+                    const float dxs = *(const float *)(at + 64);
+                    ys[2 * p][t] = fmaf((float)_mm512_mask_reduce_add_epi32(0x00ff, is), _mm512_cvtss_f32(dw[p]) * dxs, ys[2 * p][t]);
+                    ys[2 * p + 1][t] = fmaf((float)_mm512_mask_reduce_add_epi32(0xff00, is),
+                                            _mm_cvtss_f32(_mm512_extractf32x4_ps(dw[p], 2)) * dxs, ys[2 * p + 1][t]);
+                    continue;
+                }
                 acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(dpbusd(st, w[p], xa)), acc[p][t]);
                 if (has_m) sm[p][t] = _mm512_fmadd_ps(mw[p], _mm512_set1_ps(*(const float *)(at + 68)), sm[p][t]);
             }
@@ -797,6 +827,11 @@ INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *co
     for (int p = 0; p < RP; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
+            if (chain) {
+                y[t * ldy + 2 * p] = ys[2 * p][t];
+                y[t * ldy + 2 * p + 1] = ys[2 * p + 1][t];
+                continue;
+            }
             float vA = hsum8(_mm512_castps512_ps256(acc[p][t])), vB = hsum8(_mm512_extractf32x8_ps(acc[p][t], 1));
             if (has_m) {
                 vA += _mm512_cvtss_f32(sm[p][t]);
@@ -1563,6 +1598,9 @@ IKSET(TY_Q4_1, gkern_legacy, L)
 IKSET(TY_Q5_0, gkern_legacy, L)
 IKSET(TY_Q5_1, gkern_legacy, L)
 IKSET(TY_Q8_0, gkern_legacy, L)
+IKSET(TY_IQ4_NL, gkern_legacy, L)
+IKSET(TY_Q4_0_R8, gkern_legacy, L)
+IKSET(TY_IQ4_NL_R8, gkern_legacy, L)
 /* Q4_K: 4 rows for every TT (their float chains share vector lanes) */
 #define QR1 4
 #define QR2 4
@@ -1589,6 +1627,7 @@ static const kern_fn *iktab_for(int ty) {
     case TY_Q5_0: return iktab_TY_Q5_0;
     case TY_Q5_1: return iktab_TY_Q5_1;
     case TY_Q8_0: return iktab_TY_Q8_0;
+    case TY_IQ4_NL: return iktab_TY_IQ4_NL;
     case TY_Q4_K: return iktab_TY_Q4_K;
     case TY_Q5_K: return iktab_TY_Q5_K;
     case TY_Q6_K: return iktab_TY_Q6_K;
@@ -1877,6 +1916,8 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             krows = ty == TY_Q4_K ? qkern_rows : vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
             pp = prep_path(ty, k);
         }
+        if ((ty == TY_Q4_0 || ty == TY_IQ4_NL) && n % 8 == 0) /* repacked by llama.cpp: its order, every T */
+            kt = ty == TY_Q4_0 ? iktab_TY_Q4_0_R8 : iktab_TY_IQ4_NL_R8;
         if (ty == TY_Q4_1R) {
             kt = l4tab;
             krows = r4_rows;
@@ -1959,6 +2000,7 @@ DQDEF(TY_Q5_K)
 DQDEF(TY_Q6_K)
 DQDEF(TY_Q3_K)
 DQDEF(TY_Q2_K)
+DQDEF(TY_IQ4_NL)
 
 static dq_fn dq_for(int ty) {
     switch (ty) {
@@ -1974,6 +2016,7 @@ static dq_fn dq_for(int ty) {
     case TY_Q6_K: return dq_TY_Q6_K;
     case TY_Q3_K: return dq_TY_Q3_K;
     case TY_Q2_K: return dq_TY_Q2_K;
+    case TY_IQ4_NL: return dq_TY_IQ4_NL;
     default: return 0;
     }
 }
