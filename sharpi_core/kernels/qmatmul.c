@@ -778,17 +778,11 @@ INL void gprep(const int ty, const uint8_t *bA, const uint8_t *bB, __m512i *w, _
     }
 }
 
-/* R rows (even) x TT tokens over nb blocks. TY_Q4_0_R8 / TY_IQ4_NL_R8: the order of llama.cpp's
- * repacked Q4_0 / IQ4_NL (q4_0_8x8 / iq4_nl_8x8 on AVX2 CPUs, for tensors whose rows are a multiple of 8:
- * gemv_q4_b32_8x8_q8_0_lut_avx and its gemm): one float chain per row and token,
- * y = fma(float(I_b), d_w * d_x, y) with I_b the block's exact integer dot product. */
-INL void gkern_legacy(const int tyk, const int R, const int TT, const uint8_t *const *rows, const long nb,
+/* R rows (even) x TT tokens over nb blocks */
+INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb,
                       const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
-    const int chain = tyk == TY_Q4_0_R8 || tyk == TY_IQ4_NL_R8;
-    const int ty = tyk == TY_Q4_0_R8 ? TY_Q4_0 : tyk == TY_IQ4_NL_R8 ? TY_IQ4_NL : tyk;
     const int BB = unit_bytes(ty), RP = R / 2, off = legacy_offset(ty) != 0, has_m = vd_kind(ty) == VD_Q8_1;
     __m512 acc[MAXR / 2][MAXT], sm[MAXR / 2][MAXT];
-    float ys[MAXR][MAXT] = {{0}};
 #pragma GCC unroll 2
     for (int p = 0; p < RP; p++)
 #pragma GCC unroll 8
@@ -810,14 +804,6 @@ INL void gkern_legacy(const int tyk, const int R, const int TT, const uint8_t *c
             const __m512 dx = _mm512_set1_ps(*(const float *)(at + 64));
 #pragma GCC unroll 2
             for (int p = 0; p < RP; p++) {
-                if (chain) {
-                    const __m512i is = dpbusd(st, w[p], xa);
-                    const float dxs = *(const float *)(at + 64);
-                    ys[2 * p][t] = fmaf((float)_mm512_mask_reduce_add_epi32(0x00ff, is), _mm512_cvtss_f32(dw[p]) * dxs, ys[2 * p][t]);
-                    ys[2 * p + 1][t] = fmaf((float)_mm512_mask_reduce_add_epi32(0xff00, is),
-                                            _mm_cvtss_f32(_mm512_extractf32x4_ps(dw[p], 2)) * dxs, ys[2 * p + 1][t]);
-                    continue;
-                }
                 acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(dpbusd(st, w[p], xa)), acc[p][t]);
                 if (has_m) sm[p][t] = _mm512_fmadd_ps(mw[p], _mm512_set1_ps(*(const float *)(at + 68)), sm[p][t]);
             }
@@ -827,11 +813,6 @@ INL void gkern_legacy(const int tyk, const int R, const int TT, const uint8_t *c
     for (int p = 0; p < RP; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
-            if (chain) {
-                y[t * ldy + 2 * p] = ys[2 * p][t];
-                y[t * ldy + 2 * p + 1] = ys[2 * p + 1][t];
-                continue;
-            }
             float vA = hsum8(_mm512_castps512_ps256(acc[p][t])), vB = hsum8(_mm512_extractf32x8_ps(acc[p][t], 1));
             if (has_m) {
                 vA += _mm512_cvtss_f32(sm[p][t]);
@@ -839,6 +820,143 @@ INL void gkern_legacy(const int tyk, const int R, const int TT, const uint8_t *c
             }
             y[t * ldy + 2 * p] = vA;
             y[t * ldy + 2 * p + 1] = vB;
+        }
+}
+/* TY_Q4_0_R8 / TY_IQ4_NL_R8: the order of llama.cpp's repacked Q4_0 / IQ4_NL (q4_0_8x8 / iq4_nl_8x8 on
+ * AVX2 CPUs, for tensors whose rows are a multiple of 8: gemv_q4_b32_8x8_q8_0_lut_avx and its gemm):
+ * one float chain per row and token, y = fma(float(I_b), d_w * d_x, y), I_b the block's exact integer
+ * dot product. The 8-lane sums of 4 dot products come out of one transposing reduction (chain_sums):
+ * from 4 tokens' (TT >= 2, padded to a multiple of 4; the chains of 4 tokens x 2 rows then run in the
+ * lanes 0-3 and 8-11 of one vector) or, for one token, from 4 consecutive blocks' (then 4 scalar FMAs
+ * in block order). */
+INL __m512i chain_sums(const __m512i is[4]) { /* lanes 0-3: sums of lanes 0-7 of is[0..3]; 8-11: of 8-15 */
+    const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(is[0], is[1]), _mm512_unpackhi_epi32(is[0], is[1]));
+    const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(is[2], is[3]), _mm512_unpackhi_epi32(is[2], is[3]));
+    const __m512i l4 = _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
+    return _mm512_add_epi32(l4, _mm512_shuffle_i64x2(l4, l4, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+INL void gkern_chain_blocks(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb,
+                            const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    const int BB = unit_bytes(ty), RP = R / 2;
+    float ys[MAXR][MAXT] = {{0}};
+    for (long b0 = 0; b0 < nb; b0 += 4) {
+        const int nq = nb - b0 < 4 ? (int)(nb - b0) : 4;
+        if (pfo) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)rows[r] + pfo + b0 * BB, _MM_HINT_T1);
+        }
+        __m512i w[4][MAXR / 2];
+        float dwf[MAXR][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+#pragma GCC unroll 2
+            for (int p = 0; p < RP; p++) {
+                __m512 dw, mw;
+                if (i < nq) {
+                    gprep(ty, rows[2 * p] + (b0 + i) * BB, rows[2 * p + 1] + (b0 + i) * BB, &w[i][p], &dw, &mw);
+                    dwf[2 * p][i] = _mm512_cvtss_f32(dw);
+                    dwf[2 * p + 1][i] = _mm_cvtss_f32(_mm512_extractf32x4_ps(dw, 2));
+                } else {
+                    w[i][p] = _mm512_setzero_si512();
+                    dwf[2 * p][i] = dwf[2 * p + 1][i] = 0.f;
+                }
+            }
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            __m512i xa[4], st[4];
+            float dxs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                if (i < nq) {
+                    const uint8_t *at = a + t * lda + (b0 + i) * LCH;
+                    xa[i] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)at));
+                    st[i] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32)));
+                    dxs[i] = *(const float *)(at + 64);
+                } else {
+                    xa[i] = st[i] = _mm512_setzero_si512();
+                }
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < RP; p++) {
+                __m512i is[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) is[i] = dpbusd(st[i], w[i][p], xa[i]);
+                int32_t I[16] __attribute__((aligned(64)));
+                _mm512_store_si512((void *)I, chain_sums(is));
+                for (int i = 0; i < nq; i++) {
+                    ys[2 * p][t] = fmaf((float)I[i], dwf[2 * p][i] * dxs[i], ys[2 * p][t]);
+                    ys[2 * p + 1][t] = fmaf((float)I[8 + i], dwf[2 * p + 1][i] * dxs[i], ys[2 * p + 1][t]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            y[t * ldy + 2 * p] = ys[2 * p][t];
+            y[t * ldy + 2 * p + 1] = ys[2 * p + 1][t];
+        }
+}
+
+INL void gkern_chain(const int tyk, const int R, const int TT, const uint8_t *const *rows, const long nb,
+                     const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    const int ty = tyk == TY_Q4_0_R8 ? TY_Q4_0 : TY_IQ4_NL;
+    if (TT == 1) { /* (2 or 3 tokens: padding the token group costs less than the scalar FMAs) */
+        gkern_chain_blocks(ty, R, TT, rows, nb, a, lda, y, ldy, pfo);
+        return;
+    }
+    const int BB = unit_bytes(ty), RP = R / 2, NG = (TT + 3) / 4;
+    __m512 acc[MAXR / 2][MAXT / 4];
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++)
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) acc[p][g] = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        if (pfo && !(b & 1)) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)rows[r] + pfo + b * BB, _MM_HINT_T1);
+        }
+        __m512i w[MAXR / 2];
+        __m512 dw[MAXR / 2], mw[MAXR / 2];
+#pragma GCC unroll 2
+        for (int p = 0; p < RP; p++) gprep(ty, rows[2 * p] + b * BB, rows[2 * p + 1] + b * BB, &w[p], &dw[p], &mw[p]);
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) {
+            float dxs[4] = {0.f, 0.f, 0.f, 0.f};
+            __m512i xa[4], st[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                if (4 * g + i < TT) {
+                    const uint8_t *at = a + (4 * g + i) * lda + b * LCH;
+                    xa[i] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)at));
+                    st[i] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32)));
+                    dxs[i] = *(const float *)(at + 64);
+                } else {
+                    xa[i] = st[i] = _mm512_setzero_si512();
+                }
+            }
+            const __m512 dx4 = _mm512_broadcast_f32x4(_mm_loadu_ps(dxs)); /* lane 4j + i: token 4g + i */
+#pragma GCC unroll 2
+            for (int p = 0; p < RP; p++) {
+                __m512i is[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) is[i] = dpbusd(st[i], w[p], xa[i]);
+                acc[p][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(chain_sums(is)), _mm512_mul_ps(dw[p], dx4), acc[p][g]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++)
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) {
+            float v[16] __attribute__((aligned(64)));
+            _mm512_store_ps(v, acc[p][g]);
+            for (int i = 0; i < 4 && 4 * g + i < TT; i++) {
+                y[(4 * g + i) * ldy + 2 * p] = v[i];
+                y[(4 * g + i) * ldy + 2 * p + 1] = v[8 + i];
+            }
         }
 }
 /* ---- weight side, Q4_K / Q5_K: one super-block per step, prepared into L1 (Q5_K's own order; Q4_K
@@ -1599,8 +1717,8 @@ IKSET(TY_Q5_0, gkern_legacy, L)
 IKSET(TY_Q5_1, gkern_legacy, L)
 IKSET(TY_Q8_0, gkern_legacy, L)
 IKSET(TY_IQ4_NL, gkern_legacy, L)
-IKSET(TY_Q4_0_R8, gkern_legacy, L)
-IKSET(TY_IQ4_NL_R8, gkern_legacy, L)
+IKSET(TY_Q4_0_R8, gkern_chain, L)
+IKSET(TY_IQ4_NL_R8, gkern_chain, L)
 /* Q4_K: 4 rows for every TT (their float chains share vector lanes) */
 #define QR1 4
 #define QR2 4
