@@ -778,6 +778,18 @@ INL void gprep(const int ty, const uint8_t *bA, const uint8_t *bB, __m512i *w, _
     }
 }
 
+/* block b of R rows (even): prefetch ahead (every other block), then gprep per pair of rows */
+INL void gblock(const int ty, const int R, const uint8_t *const *rows, const long b, const long pfo, __m512i *w,
+                __m512 *dw, __m512 *mw) {
+    const int BB = unit_bytes(ty);
+    if (pfo && !(b & 1)) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)rows[r] + pfo + b * BB, _MM_HINT_T1);
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < R / 2; p++) gprep(ty, rows[2 * p] + b * BB, rows[2 * p + 1] + b * BB, &w[p], &dw[p], &mw[p]);
+}
+
 /* R rows (even) x TT tokens over nb blocks */
 INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb,
                       const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
@@ -788,14 +800,9 @@ INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *co
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[p][t] = sm[p][t] = _mm512_setzero_ps();
     for (long b = 0; b < nb; b++) {
-        if (pfo && !(b & 1)) {
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)rows[r] + pfo + b * BB, _MM_HINT_T1);
-        }
         __m512i w[MAXR / 2];
         __m512 dw[MAXR / 2], mw[MAXR / 2];
-#pragma GCC unroll 2
-        for (int p = 0; p < RP; p++) gprep(ty, rows[2 * p] + b * BB, rows[2 * p + 1] + b * BB, &w[p], &dw[p], &mw[p]);
+        gblock(ty, R, rows, b, pfo, w, dw, mw);
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             const uint8_t *at = a + t * lda + b * LCH;
@@ -914,14 +921,9 @@ INL void gkern_chain(const int tyk, const int R, const int TT, const uint8_t *co
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) acc[p][g] = _mm512_setzero_ps();
     for (long b = 0; b < nb; b++) {
-        if (pfo && !(b & 1)) {
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)rows[r] + pfo + b * BB, _MM_HINT_T1);
-        }
         __m512i w[MAXR / 2];
         __m512 dw[MAXR / 2], mw[MAXR / 2];
-#pragma GCC unroll 2
-        for (int p = 0; p < RP; p++) gprep(ty, rows[2 * p] + b * BB, rows[2 * p + 1] + b * BB, &w[p], &dw[p], &mw[p]);
+        gblock(ty, R, rows, b, pfo, w, dw, mw);
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             float dxs[4] = {0.f, 0.f, 0.f, 0.f};
