@@ -793,7 +793,7 @@ INL void gblock(const int ty, const int R, const uint8_t *const *rows, const lon
 /* R rows (even) x TT tokens over nb blocks */
 INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb,
                       const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
-    const int BB = unit_bytes(ty), RP = R / 2, off = legacy_offset(ty) != 0, has_m = vd_kind(ty) == VD_Q8_1;
+    const int RP = R / 2, off = legacy_offset(ty) != 0, has_m = vd_kind(ty) == VD_Q8_1;
     __m512 acc[MAXR / 2][MAXT], sm[MAXR / 2][MAXT];
 #pragma GCC unroll 2
     for (int p = 0; p < RP; p++)
@@ -914,7 +914,7 @@ INL void gkern_chain(const int tyk, const int R, const int TT, const uint8_t *co
         gkern_chain_blocks(ty, R, TT, rows, nb, a, lda, y, ldy, pfo);
         return;
     }
-    const int BB = unit_bytes(ty), RP = R / 2, NG = (TT + 3) / 4;
+    const int RP = R / 2, NG = (TT + 3) / 4;
     __m512 acc[MAXR / 2][MAXT / 4];
 #pragma GCC unroll 2
     for (int p = 0; p < RP; p++)
