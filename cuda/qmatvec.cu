@@ -167,3 +167,6 @@ QMV_TYPE(q5_k, BQ5_K)
 #if QMV_WANT(14)
 QMV_TYPE(q6_k, BQ6_K)
 #endif
+#if QMV_WANT(23)
+QMV_TYPE(iq4_xs, BIQ4_XS)
+#endif

@@ -10,8 +10,8 @@
 //   deq(g, w)      writes the 4 dequantized weights of group g into w[0..3]
 //
 // Row alignment: weights live in their own device allocation (256-byte aligned) and every row is
-// K/BS*TS bytes, so block starts are 16-aligned for Q4_K/Q5_K (144, 176 bytes), 4-aligned for
-// Q4_1/Q5_1/Q2_K, 2-aligned otherwise; the loads below never assume more than that.
+// K/BS*TS bytes, so block starts are 16-aligned for Q4_K/Q5_K (144, 176 bytes), 8-aligned for IQ4_XS
+// (136), 4-aligned for Q4_1/Q5_1/Q2_K, 2-aligned otherwise; the loads below never assume more than that.
 #pragma once
 #include "common.cuh"
 
@@ -33,14 +33,15 @@ struct BQ4_0 {  // d f16 | qs[16]; w = d * (q - 8)
 };
 
 // IQ4_NL: d f16 | qs[16] as Q4_0 (same lanes and loads), w = d * kvalues_iq4nl[q] (ggml's non-linear table)
+// kvalues_iq4nl[q] (q < 16), four int8 per word: selects instead of an indexed array (local memory)
+SH_HD float iq4nl_value(u32 q) {
+    const u32 kv = (q & 8u) ? ((q & 4u) ? 0x71594535u : 0x26190D01u) : ((q & 4u) ? 0xF6EADDCFu : 0xBFAD9881u);
+    return (float)(i8)((kv >> (8 * (q & 3u))) & 0xFFu);
+}
+
 struct BIQ4_NL : BQ4_0 {
     SH_HD void deq(int g, float* w) const {
-        // kvalues_iq4nl, four int8 per word; selects instead of an indexed array (local memory)
-        for (int i = 0; i < 4; i++) {
-            const u32 q = (qs >> (8 * i + 4 * g)) & 0xFu;
-            const u32 kv = (q & 8u) ? ((q & 4u) ? 0x71594535u : 0x26190D01u) : ((q & 4u) ? 0xF6EADDCFu : 0xBFAD9881u);
-            w[i] = d * (float)(i8)((kv >> (8 * (q & 3u))) & 0xFFu);
-        }
+        for (int i = 0; i < 4; i++) w[i] = d * iq4nl_value((qs >> (8 * i + 4 * g)) & 0xFu);
     }
 };
 
@@ -269,6 +270,29 @@ struct BQ2_K {
     SH_HD static int off(int t, int g) { return 128 * (t >> 3) + 32 * g + 4 * (t & 7); }
     SH_HD void deq(int g, float* w) const {
         for (int i = 0; i < 4; i++) w[i] = dsc[g] * (float)((qs >> (8 * i + 2 * g)) & 3u) - dmn[g];
+    }
+};
+
+// IQ4_XS: d f16 | scales_h u16 | scales_l[4] | qs[128]. Sub-block j (32 weights): ls = nibble j&1 of
+// scales_l[j/2] | bits 2j.. of scales_h << 4, w = d * (ls - 32) * kvalues_iq4nl[q]; its codes are the low
+// nibbles (elements 32j + l) and high nibbles (32j + 16 + l) of qs[16j + l]. Lane t (16 per block):
+// sub-block j = t>>1, qs bytes [16j + 8h, +8) with h = t&1: low nibbles = elements 32j + 8h + [0, 8),
+// high ones 32j + 16 + 8h + [0, 8).
+struct BIQ4_XS {
+    static constexpr int BS = 256, TS = 136, LPB = 16, NG = 4;
+    float dsc;
+    uint2 qs;
+    SH_HD void load(const u8* b, int t) {
+        const int j = t >> 1;
+        const int ls = ((ldg(b + 4 + (j >> 1)) >> (4 * (j & 1))) & 0xF) | (((ld_u16(b + 2) >> (2 * j)) & 3) << 4);
+        dsc = h2f(ld_u16(b)) * (float)(ls - 32);
+        qs = ld_u64(b + 8 + 8 * t);
+    }
+    // g: bit 0 = which 4 of the lane's 8 bytes, bit 1 = low / high nibbles
+    SH_HD static int off(int t, int g) { return 32 * (t >> 1) + 8 * (t & 1) + 4 * (g & 1) + 16 * (g >> 1); }
+    SH_HD void deq(int g, float* w) const {
+        const u32 q = (g & 1) ? qs.y : qs.x;
+        for (int i = 0; i < 4; i++) w[i] = dsc * iq4nl_value((q >> (8 * i + 4 * (g >> 1))) & 0xFu);
     }
 };
 

@@ -39,8 +39,8 @@ def random_raw(qtype, n: int, k: int, rng) -> np.ndarray:
         w = rng.standard_normal((n, k)).astype(np.float32)
         return np.ascontiguousarray(gguf.quants.quantize(w, qtype)).view(np.uint8).reshape(n, -1)
     scale = np.full((raw.shape[0],), 0.01, np.float16).view(np.uint8).reshape(-1, 2)
-    if qtype in (Q.Q6_K, Q.Q3_K):
-        o = 208 if qtype == Q.Q6_K else 108
+    if qtype in (Q.Q6_K, Q.Q3_K, Q.IQ4_XS, Q.IQ4_NL):
+        o = {Q.Q6_K: 208, Q.Q3_K: 108}.get(qtype, 0)
         raw[:, o:o + 2] = scale
     elif qtype == Q.Q2_K:
         raw[:, 80:82] = raw[:, 82:84] = scale

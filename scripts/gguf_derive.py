@@ -16,10 +16,10 @@ fixed, smooth values (no random generator: the same file on every machine):
           factor 8, low / high frequency factors 1 / 4, original context 8192)
   smollm3 general.architecture smollm3 (keys renamed), nothing added: its graph is llama's without
           RoPE in every 4th layer (NoPE)
-  lowbit  still llama, the ffn_down weights requantized to Q3_K (even layers) and Q2_K (odd layers),
-          as in llama.cpp's Q3_K_S / Q2_K files (only ffn_down: SmolLM2's other matrices have rows of
-          576, not a multiple of the K-quants' 256), and the attention weights to Q4_0 (even layers;
-          gguf.quants' quantizer) and IQ4_NL (odd). The Q2_K / Q3_K / IQ4_NL quantizers are plain ones
+  lowbit  still llama, the ffn_down weights requantized to Q3_K, Q2_K and IQ4_XS (layer % 3 = 0, 1, 2),
+          as in llama.cpp's Q3_K_S / Q2_K / IQ4_XS files (only ffn_down: SmolLM2's other matrices have
+          rows of 576, not a multiple of the super-blocks' 256), and the attention weights to Q4_0 (even
+          layers; gguf.quants' quantizer) and IQ4_NL (odd). The other quantizers are plain ones
           (the largest value of a sub-block on the end of the code range, nearest codes; not ggml's
           search), so the values differ from a llama-quantize run, not the format
 
@@ -144,6 +144,28 @@ def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
     return out.reshape(n, -1)
 
 
+def quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
+    """float32 [n, k] (k % 256 == 0) -> IQ4_XS blocks uint8 [n, k / 256 * 136] (d | scales_h | scales_l |
+    qs): w = d * (ls - 32) * KVALUES_IQ4NL[q] with a 6-bit ls per 32 weights (the largest value of a
+    sub-block on -127, the 8 scales multiples of d with the largest at -32, nearest table values)."""
+    n, k = x.shape
+    xb = x.reshape(-1, 8, 32).astype(np.float32)                     # [nb, sub-block, 32]
+    big = np.take_along_axis(xb, np.abs(xb).argmax(-1)[..., None], -1)[..., 0]
+    s = -big / 127                                                     # [nb, 8]
+    smax = np.take_along_axis(s, np.abs(s).argmax(-1)[..., None], -1)
+    d = _f16(np.where(smax != 0, -smax / 32, 0)).astype(np.float32)  # [nb, 1]
+    ls = np.clip(np.round(np.divide(s, d, out=np.zeros_like(s), where=d != 0)), -32, 31).astype(np.int64)
+    step = (d * ls)[..., None, None]                                  # [nb, 8, 1, 1]
+    q = np.abs(xb[..., None] - step * KVALUES_IQ4NL).argmin(-1).astype(np.uint8)  # [nb, 8, 32]
+    u = (ls + 32).astype(np.uint16)
+    scales_h = ((u >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(-1, dtype=np.uint16)
+    scales_l = ((u[:, 0::2] & 15) | ((u[:, 1::2] & 15) << 4)).astype(np.uint8)
+    qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(-1, 128)
+    out = np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), scales_h[:, None].view(np.uint8),
+                          scales_l, qs], axis=1)
+    return out.reshape(n, -1)
+
+
 def copy_kv(r: gguf.GGUFReader, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None = None) -> dict:
     """Every metadata key of r into w (the writer's own GGUF.* and architecture excepted), under
     rename(key), with values[new key] instead of the value where given; returns {new key: value}."""
@@ -194,9 +216,11 @@ def derive(variant: str, src: str, dst: str) -> None:
                                                        ".attn_v.weight", ".attn_output.weight")):
             n, k = int(t.shape[1]), int(t.shape[0])
             x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(n, k)
-            even = int(t.name.split(".")[1]) % 2 == 0
+            layer = int(t.name.split(".")[1])
+            even = layer % 2 == 0
             if t.name.endswith(".ffn_down.weight"):
-                qt, blocks = (Q.Q3_K, quantize_q3_k(x)) if even else (Q.Q2_K, quantize_q2_k(x))
+                qt, quantize = [(Q.Q3_K, quantize_q3_k), (Q.Q2_K, quantize_q2_k), (Q.IQ4_XS, quantize_iq4_xs)][layer % 3]
+                blocks = quantize(x)
             else:
                 qt, blocks = (Q.Q4_0, gguf.quants.quantize(x, Q.Q4_0)) if even else (Q.IQ4_NL, quantize_iq4_nl(x))
             w.add_tensor(t.name, blocks, raw_dtype=qt)

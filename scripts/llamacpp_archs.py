@@ -5,7 +5,7 @@
 
 No Qwen3, Llama 3.1 or SmolLM3 GGUF can be downloaded here, so scripts/gguf_derive.py makes them from
 SmolLM2's weights (qwen3: q/k norms and NeoX RoPE; llama3: rope_freqs; smollm3: NoPE layers; lowbit:
-Q3_K / Q2_K ffn_down, Q4_0 / IQ4_NL attention weights). libllama (scripts/llamacpp_logits.c, as
+Q3_K / Q2_K / IQ4_XS ffn_down, Q4_0 / IQ4_NL attention weights). libllama (scripts/llamacpp_logits.c, as
 compare_llamacpp_logits.py builds it) then decodes each case greedily: the fixture prompts, a prompt of
 ~300 tokens (prompt batches through llama.cpp's tiled flash attention, positions where rope_freqs'
 low-frequency factors matter), and a run through context shifts (the K-shift rotates by the same
@@ -37,6 +37,7 @@ from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 SOURCE = "smollm2-135m-instruct-q4_1"
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 LONG_CHARS = 1300  # of the Apache license text: ~300 tokens
+SHIFT_PROMPTS = {"lowbit": "In the year 1850,"}  # (lowbit ends the Roman Empire's generation before 420 tokens)
 
 
 def cases(variant: str) -> list[dict]:
@@ -48,7 +49,8 @@ def cases(variant: str) -> list[dict]:
     out.append(dict(kind="long", prompt=(FIXTURES / "apache-2.0.txt").read_text()[:LONG_CHARS], n_ctx=512,
                     n_gen=48, keep=None))
     if variant != "smollm3":
-        out.append(dict(kind="shift", prompt="The history of the Roman Empire", n_ctx=256, n_gen=420, keep=0))
+        out.append(dict(kind="shift", prompt=SHIFT_PROMPTS.get(variant, "The history of the Roman Empire"), n_ctx=256,
+                        n_gen=420, keep=0))
     return out
 
 

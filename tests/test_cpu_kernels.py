@@ -26,7 +26,7 @@ Q = gguf.GGMLQuantizationType
 REL_TOL = 1e-5
 TS = (1, 2, 4, 5, 8, 16, 64)
 LEGACY = (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL)
-KQUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+KQUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)  # (IQ4_XS: super-blocks and Q8_K too)
 ALL_TYPES = LEGACY + KQUANTS
 
 
@@ -90,6 +90,9 @@ def random_raw(qtype, n: int, k: int, seed: int = 0) -> np.ndarray:
     elif qtype == Q.Q2_K:
         put_f16(80, 1e-4, 3e-2, signed=True)
         put_f16(82, 1e-4, 3e-2)
+    elif qtype == Q.IQ4_XS:
+        put_f16(0, 1e-4, 3e-2, signed=True)
+        blk[0, 0, 0:2] = 0
     else:
         put_f16(0, 1e-4, 3e-2, signed=True)
         put_f16(2, 1e-4, 3e-2)
@@ -585,7 +588,7 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
     """A build without AVX512-VNNI emulates vpdpbusd / vpdpwssd exactly: identical results."""
     if not cpu.has_vnni():
         pytest.skip("this build has no VNNI to compare with")
-    types = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+    types = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)
     n, k = 37, 1280
     x = act_test_inputs(3, k, seed=9)
     torch.save(x, tmp_path / "x.pt")
@@ -794,19 +797,31 @@ def k2bit_parts(blk, qtype):
     return q, (lo | (hi << 4)) - 32, None, f16(blk, 108), None
 
 
+def iq4xs_parts(blk):
+    """IQ4_XS blocks [n, nu, 136] -> table values [n, nu, 256], scales per 16 weights [n, nu, 16] (ls - 32, each
+    sub-block's twice), d"""
+    qs = blk[:, :, 8:].astype(np.int64).reshape(*blk.shape[:2], 8, 16)
+    q = IQ4NL_VALUES[np.concatenate([qs & 15, qs >> 4], axis=-1)].reshape(*blk.shape[:2], 256)
+    h = blk[:, :, 2].astype(np.int64) | (blk[:, :, 3].astype(np.int64) << 8)
+    j = np.arange(8)
+    ls = ((blk[:, :, 4 + j // 2].astype(np.int64) >> (4 * (j & 1))) & 15) | (((h[..., None] >> (2 * j)) & 3) << 4)
+    return q, np.repeat(ls - 32, 2, axis=-1), None, f16(blk, 0), None
+
+
 def ggml_k2bit_order(x, raw, qtype, n, k, mode: str):
-    """Q3_K: ggml_vec_dot_q3_K_q8_K (AVX2), 8 lanes as for Q6_K but with the -4 offset in each
-    product, acc = fma(d_x * d_w, lane, acc), hsum_float_8; its tiled matmul (mode "tiled"):
+    """Q3_K, IQ4_XS: ggml_vec_dot_q3_K_q8_K / iq4_xs_q8_K (AVX2), 8 lanes as for Q6_K but with Q3_K's
+    -4 offset in each product, acc = fma(d_x * d_w, lane, acc), hsum_float_8; the tiled matmul (mode "tiled"):
     y = fma(d_w * float(I), d_x, y). Q2_K repacked (ggml_gemv / gemm_q2_K_8x8_q8_K, AVX-512 builds):
     exact I = sum_j sc_j S_j and M = sum_j m_j bsum_j per super-block ("gemv") or per half of 128
     ("gemm"), acc = fma(float(I), d_w * d_x, acc), accm = fma(float(M), dmin_w * d_x, accm); acc - accm."""
     codes, dx, _, bsums = cpu.quantize_act(x, qtype)
     t, nu = x.shape[0], k // 256
-    q, sc, mn, d, dmin = k2bit_parts(np.asarray(raw).reshape(n, nu, -1), qtype)
+    blk = np.asarray(raw).reshape(n, nu, -1)
+    q, sc, mn, d, dmin = iq4xs_parts(blk) if qtype == Q.IQ4_XS else k2bit_parts(blk, qtype)
     c = codes.numpy().astype(np.int64).reshape(t, nu, 256)
     dx = dx.numpy().reshape(t, nu)
     prod = np.einsum("nue,tue->ntue", q * np.repeat(sc, 16, axis=-1), c)  # [n, t, nu, 256]
-    if qtype == Q.Q3_K:
+    if qtype in (Q.Q3_K, Q.IQ4_XS):
         return lanes_to_floats(prod.reshape(n, t, nu, 8, 8, 4).sum(axis=(3, 5)), d, dx, mode == "tiled")
     parts = 2 if mode == "gemm" else 1
     I = prod.reshape(n, t, nu, parts, -1).sum(-1)
@@ -823,8 +838,8 @@ def ggml_k2bit_order(x, raw, qtype, n, k, mode: str):
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q6_K),
-                         ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q6_K,
+                                   Q.IQ4_XS), ids=lambda q: q.name)
 def test_act_quant_sums_in_llama_cpp_order(qtype):
     """Bit for bit the floats of llama.cpp's AVX2 CPU backend: decoding rows (prompt=False) in its
     one-token order, prompt=True in its prompt-processing order (Q4_K, Q2_K: gemm on the first
@@ -843,7 +858,7 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
                                        ggml_q4k_order(x[g:], raw, n, k, False) if g < t else np.zeros((0, n), F32)])
             elif qtype == Q.Q6_K:
                 want = ggml_q6k_order(x, raw, n, k, tiled=prompt and t >= 8)
-            elif qtype == Q.Q3_K:
+            elif qtype in (Q.Q3_K, Q.IQ4_XS):
                 want = ggml_k2bit_order(x, raw, qtype, n, k, "tiled" if prompt and t >= 8 else "vec_dot")
             elif qtype == Q.Q2_K:
                 g = t - t % 4 if prompt else 0

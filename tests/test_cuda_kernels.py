@@ -27,21 +27,21 @@ if not _ok:
 
 pytestmark = pytest.mark.cuda
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS]
 MODELS_DIR = Path.home() / ".cache" / "sharpi" / "models"
 
 
 def random_raw(qtype, n: int, k: int, rng) -> np.ndarray:
     """Valid raw GGUF bytes uint8 [n, row_bytes] (K-quants, IQ4_NL: random bytes, sane f16 (super-)block scales)."""
     bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-    if qtype not in (Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K):
+    if qtype not in (Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS):
         w = rng.standard_normal((n, k)).astype(np.float32)
         return np.ascontiguousarray(gguf.quants.quantize(w, qtype)).view(np.uint8).reshape(n, -1)
     nb = n * k // bs
     raw = rng.integers(0, 256, (nb, ts), dtype=np.uint8)
     f16 = lambda v: np.asarray(v, np.float16).view(np.uint8).reshape(nb, 2)  # noqa: E731
-    if qtype in (Q.Q6_K, Q.Q3_K, Q.IQ4_NL):
-        o = {Q.Q6_K: 208, Q.Q3_K: 108, Q.IQ4_NL: 0}[qtype]
+    if qtype in (Q.Q6_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS):
+        o = {Q.Q6_K: 208, Q.Q3_K: 108, Q.IQ4_NL: 0, Q.IQ4_XS: 0}[qtype]
         raw[:, o:o + 2] = f16(rng.uniform(0.002, 0.02, nb))
     elif qtype == Q.Q2_K:
         raw[:, 80:82] = f16(rng.uniform(0.002, 0.02, nb))

@@ -39,7 +39,7 @@ Q = gguf.GGMLQuantizationType
 TYPE_NAMES = {
     Q.F32: "f32", Q.F16: "f16", Q.BF16: "bf16", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q5_0: "q5_0",
     Q.Q5_1: "q5_1", Q.Q8_0: "q8_0", Q.IQ4_NL: "iq4_nl", Q.Q2_K: "q2_k", Q.Q3_K: "q3_k", Q.Q4_K: "q4_k", Q.Q5_K: "q5_k",
-    Q.Q6_K: "q6_k",
+    Q.Q6_K: "q6_k", Q.IQ4_XS: "iq4_xs",
 }
 SUPPORTED = frozenset(TYPE_NAMES)
 # K must be a multiple of this: the quant block, or the per-lane vector of the float kernels.
@@ -54,7 +54,7 @@ QMV_SPLIT_WARPS = 6144  # a matrix with fewer rows than this shares its rows bet
 QMV_SPLIT = os.environ.get("SHARPI_QMV_SPLIT", "")  # 1, 2 or 4 for every matrix (benchmarks), else chosen
 # weights a lane of the qmv kernels decodes per block: the block size over its lanes per block (LPB)
 _LANE_SPAN = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, Q.Q4_0: 8, Q.Q4_1: 8, Q.Q5_0: 8, Q.Q5_1: 8, Q.Q8_0: 8, Q.IQ4_NL: 8,
-              Q.Q2_K: 16, Q.Q3_K: 16, Q.Q4_K: 16, Q.Q5_K: 16, Q.Q6_K: 16}
+              Q.Q2_K: 16, Q.Q3_K: 16, Q.Q4_K: 16, Q.Q5_K: 16, Q.Q6_K: 16, Q.IQ4_XS: 16}
 MAX_BATCH = 16         # activation rows one matvec launch handles
 GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and uses cuBLAS
 GEMM_TILE_BYTES = 64 << 20

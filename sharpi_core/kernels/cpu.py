@@ -37,7 +37,8 @@ import torch
 Q = gguf.GGMLQuantizationType
 
 SUPPORTED: frozenset = frozenset(
-    {Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+    {Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+     Q.IQ4_XS}
 )
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
@@ -60,7 +61,7 @@ GEMM_TILE_BYTES = 2 << 20
 _BLOCK = {  # type -> (elements, bytes) per block
     Q.F16: (32, 64), Q.BF16: (32, 64), Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22),
     Q.Q5_1: (32, 24), Q.Q8_0: (32, 34), Q.IQ4_NL: (32, 18), Q.Q2_K: (256, 84), Q.Q3_K: (256, 110), Q.Q4_K: (256, 144),
-    Q.Q5_K: (256, 176), Q.Q6_K: (256, 210),
+    Q.Q5_K: (256, 176), Q.Q6_K: (256, 210), Q.IQ4_XS: (256, 136),
 }
 
 _lock = threading.Lock()
@@ -391,7 +392,7 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
     the result for one (token, output) pair is bitwise the same for every T and thread count, the
     order of llama.cpp's one-token path. prompt=True (with act_quant): the order of its prompt
     processing instead, which differs for Q4_K and Q2_K (repacked by llama.cpp) in the first
-    T - T % 4 rows and for Q6_K and Q3_K (its tiled matmul) in passes of 8 rows or more.
+    T - T % 4 rows and for Q6_K, Q3_K and IQ4_XS (its tiled matmul) in passes of 8 rows or more.
     Longer inputs otherwise: tiles of weight rows are dequantized exactly and multiplied by torch's
     sgemm (F16 / BF16 weights with act_quant: against x rounded to that type)."""
     info = _INFO.get(qtype)
@@ -468,7 +469,7 @@ def _gemm_act(x, raw, code, n, k, rb, out, qtype):
     return _gemm(xa, raw, code, n, k, rb, out)
 
 
-_ACT_Q8K = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+_ACT_Q8K = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS})
 _ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q4_K_R4, Q4_1_R4}) | _ACT_Q8K
 _ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1, Q4_1_R4})
 

@@ -44,9 +44,9 @@
 /* GGML type ids (gguf.GGMLQuantizationType values) */
 enum {
     TY_F32 = 0, TY_F16 = 1, TY_Q4_0 = 2, TY_Q4_1 = 3, TY_Q5_0 = 6, TY_Q5_1 = 7, TY_Q8_0 = 8,
-    TY_Q2_K = 10, TY_Q3_K = 11, TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_IQ4_NL = 20, TY_BF16 = 30,
+    TY_Q2_K = 10, TY_Q3_K = 11, TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_IQ4_NL = 20, TY_IQ4_XS = 23, TY_BF16 = 30,
     /* (names of the kernel tables of llama.cpp's other orders: repacked weights, prompt processing) */
-    TY_Q4_0_R8 = 1002, TY_IQ4_NL_R8 = 1020, TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
+    TY_Q4_0_R8 = 1002, TY_IQ4_NL_R8 = 1020, TY_IQ4_XS_TILED = 1023, TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
     /* Q4_K repacked in groups of 4 rows (sharpi_repack_q4k; no GGML type has this id) */
     TY_Q4_KR = 212,
     /* Q4_1 repacked in groups of 4 rows */
@@ -105,12 +105,12 @@ typedef struct {
     int exact;
 } Prep;
 
-/* the K-quants with 16-element sub-blocks (codes prepared as bytes, activations in plain order) */
-INL int k16(const int ty) { return ty == TY_Q6_K || ty == TY_Q3_K || ty == TY_Q2_K; }
+/* the K-quants with 16-element sub-blocks, and IQ4_XS (codes prepared as bytes, activations in plain order) */
+INL int k16(const int ty) { return ty == TY_Q6_K || ty == TY_Q3_K || ty == TY_Q2_K || ty == TY_IQ4_XS; }
 
 INL int unit_elems(const int ty) {
     switch (ty) {
-    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return 256;
+    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_IQ4_XS: return 256;
     default: return 32;
     }
 }
@@ -127,12 +127,13 @@ INL int unit_bytes(const int ty) {
     case TY_Q4_K: return 144;
     case TY_Q5_K: return 176;
     case TY_Q6_K: return 210;
+    case TY_IQ4_XS: return 136;
     default: return 0;
     }
 }
 INL int n_pieces(const int ty) {
     switch (ty) {
-    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: return 8;
+    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_IQ4_XS: return 8;
     default: return 1;
     }
 }
@@ -143,7 +144,7 @@ INL int xoff(const int ty, const int p, const int v) {
     switch (ty) {
     case TY_Q4_K: case TY_Q5_K: /* chunk j = p/2 (32 qs bytes), half h = p%2; v=0 low nibbles, v=1 high */
         return 64 * (p >> 1) + 32 * v + 16 * (p & 1);
-    default: /* Q6_K, Q3_K, Q2_K: pieces of 32 elements in order */
+    default: /* Q6_K, Q3_K, Q2_K, IQ4_XS: pieces of 32 elements in order */
         return 32 * p + 16 * v;
     }
 }
@@ -207,6 +208,29 @@ INL void q3k_scales(const uint8_t *b, int8_t sc[16]) {
     a[0] = (a[0] & m4) | ((t & m2) << 4);
     a[1] = (a[1] & m4) | (((t >> 2) & m2) << 4);
     _mm_storeu_si128((__m128i *)sc, _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32)));
+}
+
+/* IQ4_XS super-block b: its 256 weights' table values kvalues_iq4nl[q] (signed bytes) in plain order,
+ * elements 64i .. 64i + 63 in v[i]; sub-block j (32 elements) has its low nibbles in qs[16j .. 16j + 16)
+ * (elements 32j + l) and its high nibbles there too (elements 32j + 16 + l). */
+INL void iq4xs_values(const uint8_t *b, __m512i v[4]) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_IQ4NL));
+    const __m512i i0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), i1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* sub-blocks 4h .. 4h + 3 */
+        const __m512i q = _mm512_loadu_si512((const void *)(b + 8 + 64 * h));
+        const __m512i lo = _mm512_and_si512(q, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
+        v[2 * h] = _mm512_shuffle_epi8(kv, _mm512_permutex2var_epi64(lo, i0, hi));
+        v[2 * h + 1] = _mm512_shuffle_epi8(kv, _mm512_permutex2var_epi64(lo, i1, hi));
+    }
+}
+
+/* IQ4_XS: the 6-bit scale of sub-block j (0..7) minus 32 */
+INL int iq4xs_scale(const uint8_t *b, const int j) {
+    uint16_t h;
+    memcpy(&h, b + 2, 2);
+    return (((b[4 + j / 2] >> (4 * (j & 1))) & 15) | (((h >> (2 * j)) & 3) << 4)) - 32;
 }
 
 /* codes of a Q3_K (hmask at b, qs at b + 32) or Q2_K (qs at b + 16) super-block into q[256] */
@@ -297,6 +321,19 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
         _mm512_store_ps(P->s + 16, _mm512_mul_ps(D, _mm512_set1_ps(-4.f)));
         break;
     }
+    case TY_IQ4_XS: { /* w = (d * (ls - 32)) * kv[q]: codes kv + 128, fma(code, d_s, -128 d_s) as for Q6_K */
+        __m512i v[4];
+        iq4xs_values(b, v);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) _mm512_store_si512((void *)(P->q6 + 64 * i), _mm512_xor_si512(v[i], _mm512_set1_epi8((char)0x80)));
+        const float d = f16at(b);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            P->s[2 * j] = P->s[2 * j + 1] = d * (float)iq4xs_scale(b, j);
+            P->s[16 + 2 * j] = P->s[16 + 2 * j + 1] = -128.f * P->s[2 * j];
+        }
+        break;
+    }
     case TY_Q2_K: { /* w = (d * sc) * q - dmin * m, sc / m the low / high nibble of scales[j] */
         k2bit_store(ty, b, P->q6);
         const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
@@ -366,7 +403,7 @@ INL void piece(const int ty, const int p, const uint8_t *b, const Prep *P, __m51
         w[1] = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q1, P->t[4 * j + 2]), k1, q1, P->t[4 * j + 3]);
         break;
     }
-    case TY_Q6_K: case TY_Q3_K: {
+    case TY_Q6_K: case TY_Q3_K: case TY_IQ4_XS: {
         const __m512i q0 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(P->q6 + 32 * p)));
         const __m512i q1 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(P->q6 + 32 * p + 16)));
         w[0] = q6val(q0, P->s, 2 * p);
@@ -472,6 +509,7 @@ KSET(TY_Q6_K)
 KSET(TY_Q3_K)
 KSET(TY_Q2_K)
 KSET(TY_IQ4_NL)
+KSET(TY_IQ4_XS)
 
 static const kern_fn *ktab_for(int ty) {
     switch (ty) {
@@ -488,13 +526,14 @@ static const kern_fn *ktab_for(int ty) {
     case TY_Q3_K: return ktab_TY_Q3_K;
     case TY_Q2_K: return ktab_TY_Q2_K;
     case TY_IQ4_NL: return ktab_TY_IQ4_NL;
+    case TY_IQ4_XS: return ktab_TY_IQ4_XS;
     default: return 0;
     }
 }
 
 static int ue_of(int ty) {
     switch (ty) {
-    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return 256;
+    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_IQ4_XS: case TY_Q4_KR: return 256;
     case TY_F16: case TY_BF16: case TY_Q4_0: case TY_Q4_1: case TY_Q5_0: case TY_Q5_1: case TY_Q8_0: case TY_IQ4_NL:
     case TY_Q4_1R: return 32;
     default: return 0;
@@ -513,6 +552,7 @@ static int ub_of(int ty) {
     case TY_Q4_K: return 144;
     case TY_Q5_K: return 176;
     case TY_Q6_K: return 210;
+    case TY_IQ4_XS: return 136;
     case TY_Q4_KR: return 148; /* R4B / 4 rows */
     case TY_Q4_1R: return 20; /* L4B / 4 rows */
     default: return 0;
@@ -526,7 +566,7 @@ static int ub_of(int ty) {
  *   Q4_0, Q5_0, Q8_0, IQ4_NL -> Q8_0; Q4_1, Q5_1 -> Q8_1 (ggml quantize_row_q8_0 / q8_1, AVX2 branch):
  *     amax = max |x| over 32, d = amax / 127 (stored as fp16), codes = round-half-even(x * (127 / amax));
  *     Q8_1 also s = fp16(d * sum(codes)) with the fp32 d.
- *   Q2_K .. Q6_K -> Q8_K (quantize_row_q8_K_ref; the x86 build has no SIMD version):
+ *   Q2_K .. Q6_K, IQ4_XS -> Q8_K (quantize_row_q8_K_ref; the x86 build has no SIMD version):
  *     max = the element of largest magnitude (first one), iscale = -127 / max,
  *     codes = min(127, round-half-even(iscale * x)), d = 1 / iscale (fp32), sums of 16 codes.
  *   F16 -> activations rounded to fp16; BF16 -> bf16 (then the fp32 kernel above).
@@ -536,7 +576,7 @@ static int ub_of(int ty) {
  * too, and its AVX-512 Q2_K: see their sections below), so the results are the same bits as
  * llama.cpp's. mode 1 (decoding) gives a (row, token) the same bits for every T, tile shape and
  * thread count; mode 2 (prompt processing) follows llama.cpp where its order depends on T (Q4_K and
- * Q2_K repacked: groups of 4 tokens; Q6_K, Q3_K: the tiled matmul from 8 tokens on). Q5_K keeps an own
+ * Q2_K repacked: groups of 4 tokens; Q6_K, Q3_K, IQ4_XS: the tiled matmul from 8 tokens on). Q5_K keeps an own
  * fixed order: (d_w * d_x) * sum_j(sc_j * sumi_j) - (dmin_w * d_x) * sum_j(m_j * bsum_j), per 16
  * lanes of one accumulator per (weight row, token), reduced in a fixed order.
  *
@@ -627,7 +667,7 @@ static int vd_kind(int ty) {
     switch (ty) {
     case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: case TY_IQ4_NL: return VD_Q8_0;
     case TY_Q4_1: case TY_Q5_1: case TY_Q4_1R: return VD_Q8_1;
-    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_Q4_KR: return VD_Q8_K;
+    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_IQ4_XS: case TY_Q4_KR: return VD_Q8_K;
     case TY_F16: return VD_F16;
     case TY_BF16: return VD_BF16;
     default: return VD_F32;
@@ -1117,7 +1157,9 @@ INL void pkern_k(const int ty, const int R, const int TT, const uint8_t *prep, c
  * end. Two weight rows per zmm as for the legacy types.
  * Q3_K (ggml_vec_dot_q3_K_q8_K, AVX2): the same lanes, but the -4 offset is taken out per pair of
  * products before the scale (maddubs(q, x) - maddubs(4, x)), so it stays in each element's lane.
- * llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, passes of >= 8 tokens: Q6_K, Q3_K) instead sums
+ * IQ4_XS (ggml_vec_dot_iq4_xs_q8_K, AVX2): the same lanes of signed table values times x (|w| and x
+ * with w's sign, as ggml's mul_add_epi8), one scale per 32-element chunk.
+ * llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, passes of >= 8 tokens: Q6_K, Q3_K, IQ4_XS) instead sums
  * the super-block's lanes into one integer I and accumulates y = fma(d_w * float(I), d_x, y).
  * Q2_K: llama.cpp's AVX-512 builds repack it (q2_K_8x8, rows a multiple of 8): per super-block the
  * exact integers I = sum_j sc_j * dot_j and M = sum_j m_j * bsum_j, then (gemv, one token)
@@ -1130,10 +1172,12 @@ typedef struct {
     __m512i sc16;  /* scales A[0..15] | B[0..15] as int16 (Q2_K: its mins) */
     __m512 d;
     __m512 dmin;   /* Q2_K */
+    __mmask64 neg[8]; /* IQ4_XS: w[c] holds |value|, neg[c] where the value is negative */
 } Q6Pair;
 
 INL int k16_base(const int ty) {
-    return ty == TY_Q6_K_TILED ? TY_Q6_K : ty == TY_Q3_K_TILED ? TY_Q3_K : ty == TY_Q2_K_GEMM ? TY_Q2_K : ty;
+    return ty == TY_Q6_K_TILED ? TY_Q6_K : ty == TY_Q3_K_TILED ? TY_Q3_K : ty == TY_Q2_K_GEMM ? TY_Q2_K
+         : ty == TY_IQ4_XS_TILED ? TY_IQ4_XS : ty;
 }
 
 INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
@@ -1149,6 +1193,16 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
                                  _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bB + 192))), 1);
         P->sc16 = s16;
         P->d = pair_ps(f16at(bA + 208), f16at(bB + 208));
+    } else if (ty == TY_IQ4_XS) {
+        iq4xs_values(bA, qa);
+        iq4xs_values(bB, qb);
+        int16_t sc[32];
+        for (int j = 0; j < 8; j++) { /* as 16-element scales: each sub-block's twice */
+            sc[2 * j] = sc[2 * j + 1] = (int16_t)iq4xs_scale(bA, j);
+            sc[16 + 2 * j] = sc[16 + 2 * j + 1] = (int16_t)iq4xs_scale(bB, j);
+        }
+        s16 = _mm512_loadu_si512((const void *)sc);
+        P->d = pair_ps(f16at(bA), f16at(bB));
     } else {
         const int q3 = ty == TY_Q3_K;
 #pragma GCC unroll 2
@@ -1174,6 +1228,12 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
     }
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) P->w[c] = _mm512_shuffle_i64x2(qa[c >> 1], qb[c >> 1], (c & 1) ? 0xEE : 0x44);
+    if (ty == TY_IQ4_XS) /* signed values: vpmaddubsw takes |w| and x with w's sign (ggml's mul_add_epi8) */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            P->neg[c] = _mm512_movepi8_mask(P->w[c]);
+            P->w[c] = _mm512_abs_epi8(P->w[c]);
+        }
     /* int16 lane l of chunk c: row l / 16, sub-block 2c + (l % 16) / 8 */
     const __m512i base = _mm512_set_epi16(17, 17, 17, 17, 17, 17, 17, 17, 16, 16, 16, 16, 16, 16, 16, 16,
                                           1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -1184,7 +1244,8 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
 INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
                    const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
     const int bt = k16_base(ty), UB = unit_bytes(bt), RP = R / 2;
-    const int tiled = ty == TY_Q6_K_TILED || ty == TY_Q3_K_TILED, q2 = bt == TY_Q2_K, gemm = ty == TY_Q2_K_GEMM;
+    const int tiled = ty == TY_Q6_K_TILED || ty == TY_Q3_K_TILED || ty == TY_IQ4_XS_TILED, q2 = bt == TY_Q2_K;
+    const int gemm = ty == TY_Q2_K_GEMM;
     __m512 acc[MAXR / 2][MAXT];
     float ys[MAXR][MAXT] = {{0}}, yms[MAXR][MAXT] = {{0}}; /* scalar chains: tiled; Q2_K (and its mins) */
 #pragma GCC unroll 2
@@ -1234,7 +1295,14 @@ INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const
                     continue;
                 }
                 __m512i is = _mm512_setzero_si512();
-                if (bt == TY_Q3_K) {
+                if (bt == TY_IQ4_XS) {
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++) {
+                        const __m512i xc = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32 * c)));
+                        const __m512i xs = _mm512_mask_sub_epi8(xc, P[p].neg[c], _mm512_setzero_si512(), xc);
+                        is = dpwssd(is, _mm512_maddubs_epi16(P[p].w[c], xs), P[p].sc[c]);
+                    }
+                } else if (bt == TY_Q3_K) {
                     const __m512i four = _mm512_set1_epi8(4);
 #pragma GCC unroll 8
                     for (int c = 0; c < 8; c++) {
@@ -1739,6 +1807,8 @@ IKSET(TY_Q3_K, gkern_q6k, K)
 IKSET(TY_Q3_K_TILED, gkern_q6k, K)
 IKSET(TY_Q2_K, gkern_q6k, K)
 IKSET(TY_Q2_K_GEMM, gkern_q6k, K)
+IKSET(TY_IQ4_XS, gkern_q6k, K)
+IKSET(TY_IQ4_XS_TILED, gkern_q6k, K)
 
 static const kern_fn *iktab_for(int ty) {
     switch (ty) {
@@ -1753,6 +1823,7 @@ static const kern_fn *iktab_for(int ty) {
     case TY_Q6_K: return iktab_TY_Q6_K;
     case TY_Q3_K: return iktab_TY_Q3_K;
     case TY_Q2_K: return iktab_TY_Q2_K;
+    case TY_IQ4_XS: return iktab_TY_IQ4_XS;
     case TY_Q4_KR: return r4tab_gemv;
     default: return 0;
     }
@@ -2052,8 +2123,8 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             pp4 = pp;
             pp4.kt = pktab_TY_Q4_K_GEMM;
             T4 = T - T % 4;
-        } else if (mode == 2 && (ty == TY_Q6_K || ty == TY_Q3_K) && T >= 8) { /* the tiled matmul takes passes of >= 8 */
-            kt4 = ty == TY_Q6_K ? iktab_TY_Q6_K_TILED : iktab_TY_Q3_K_TILED;
+        } else if (mode == 2 && (ty == TY_Q6_K || ty == TY_Q3_K || ty == TY_IQ4_XS) && T >= 8) { /* the tiled matmul takes passes of >= 8 */
+            kt4 = ty == TY_Q6_K ? iktab_TY_Q6_K_TILED : ty == TY_Q3_K ? iktab_TY_Q3_K_TILED : iktab_TY_IQ4_XS_TILED;
             T4 = T;
         } else if (mode == 2 && ty == TY_Q2_K) { /* repacked: ggml_gemm_q2_K_8x8_q8_K on groups of 4 tokens */
             kt4 = iktab_TY_Q2_K_GEMM;
@@ -2121,6 +2192,7 @@ DQDEF(TY_Q6_K)
 DQDEF(TY_Q3_K)
 DQDEF(TY_Q2_K)
 DQDEF(TY_IQ4_NL)
+DQDEF(TY_IQ4_XS)
 
 static dq_fn dq_for(int ty) {
     switch (ty) {
@@ -2137,6 +2209,7 @@ static dq_fn dq_for(int ty) {
     case TY_Q3_K: return dq_TY_Q3_K;
     case TY_Q2_K: return dq_TY_Q2_K;
     case TY_IQ4_NL: return dq_TY_IQ4_NL;
+    case TY_IQ4_XS: return dq_TY_IQ4_XS;
     default: return 0;
     }
 }
