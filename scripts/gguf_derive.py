@@ -16,8 +16,8 @@ fixed, smooth values (no random generator: the same file on every machine):
           factor 8, low / high frequency factors 1 / 4, original context 8192)
   smollm3 general.architecture smollm3 (keys renamed), nothing added: its graph is llama's without
           RoPE in every 4th layer (NoPE)
-  lowbit  still llama, the ffn_down weights requantized to Q3_K, Q2_K and IQ4_XS (layer % 3 = 0, 1, 2),
-          as in llama.cpp's Q3_K_S / Q2_K / IQ4_XS files (only ffn_down: SmolLM2's other matrices have
+  lowbit  still llama, the ffn_down weights requantized to Q3_K, Q2_K, IQ4_XS and Q5_K (layer % 4 = 0..3),
+          as in llama.cpp's Q3_K_S / Q2_K / IQ4_XS / Q5_K_M files (only ffn_down: SmolLM2's other matrices have
           rows of 576, not a multiple of the super-blocks' 256), and the attention weights to Q4_0 (even
           layers; gguf.quants' quantizer) and IQ4_NL (odd). The other quantizers are plain ones
           (the largest value of a sub-block on the end of the code range, nearest codes; not ggml's
@@ -108,21 +108,29 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     return out.reshape(n, -1)
 
 
+def _min_max_codes(x: np.ndarray, sub: int, qmax: int, smax: int):
+    """Weights [n, k] in super-blocks of 256 with sub-blocks of `sub` -> (d, dmin [nb, 1] fp16 values, sc, m
+    [nb, 256 / sub] integers in 0..smax, codes q [nb, 256 / sub, sub] in 0..qmax) of w = d * sc * q - dmin * m:
+    per sub-block the range [min(x, 0), max(x)] over the codes, scales and mins multiples of d and dmin."""
+    xb = x.reshape(-1, 256 // sub, sub).astype(np.float32)
+    lo, hi = np.minimum(xb.min(-1), 0), np.maximum(xb.max(-1), 0)
+    scale, mn = (hi - lo) / qmax, -lo                                # [nb, 256 / sub], >= 0
+    d = _f16(scale.max(-1, keepdims=True) / smax).astype(np.float32)
+    dmin = _f16(mn.max(-1, keepdims=True) / smax).astype(np.float32)
+    sc = np.clip(np.round(np.divide(scale, d, out=np.zeros_like(scale), where=d != 0)), 0, smax).astype(np.int64)
+    m = np.clip(np.round(np.divide(mn, dmin, out=np.zeros_like(mn), where=dmin != 0)), 0, smax).astype(np.int64)
+    step = (d * sc)[..., None]
+    q = np.clip(np.round(np.divide(xb + (dmin * m)[..., None], step, out=np.zeros_like(xb), where=step != 0)), 0, qmax)
+    return d, dmin, sc, m, q.astype(np.int64)
+
+
 def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     """float32 [n, k] (k % 256 == 0) -> Q2_K blocks uint8 [n, k / 256 * 84] (scales | qs | d | dmin):
     w = d * sc * q - dmin * m, per 16 weights the range [min(x, 0), max(x)] over the codes 0..3, the
     16 scales and mins 4-bit multiples of d and dmin."""
     n, k = x.shape
-    xb = x.reshape(-1, 16, 16).astype(np.float32)
-    lo, hi = np.minimum(xb.min(-1), 0), np.maximum(xb.max(-1), 0)
-    scale, mn = (hi - lo) / 3, -lo                                   # [nb, 16], >= 0
-    d = _f16(scale.max(-1, keepdims=True) / 15).astype(np.float32)
-    dmin = _f16(mn.max(-1, keepdims=True) / 15).astype(np.float32)
-    sc = np.clip(np.round(np.divide(scale, d, out=np.zeros_like(scale), where=d != 0)), 0, 15).astype(np.int64)
-    m = np.clip(np.round(np.divide(mn, dmin, out=np.zeros_like(mn), where=dmin != 0)), 0, 15).astype(np.int64)
-    step = (d * sc)[..., None]
-    q = np.clip(np.round(np.divide(xb + (dmin * m)[..., None], step, out=np.zeros_like(xb), where=step != 0)), 0, 3)
-    out = np.concatenate([(sc | (m << 4)).astype(np.uint8), _pack_2bit(q.astype(np.int64).reshape(-1, 256)),
+    d, dmin, sc, m, q = _min_max_codes(x, 16, 3, 15)
+    out = np.concatenate([(sc | (m << 4)).astype(np.uint8), _pack_2bit(q.reshape(-1, 256)),
                           d.astype(np.float16).view(np.uint8).reshape(-1, 2),
                           dmin.astype(np.float16).view(np.uint8).reshape(-1, 2)], axis=1)
     return out.reshape(n, -1)
@@ -141,6 +149,23 @@ def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
     d = _f16(-big / 127).astype(np.float32)                         # [nb, 1]
     q = np.abs(xb[..., None] - d[..., None] * KVALUES_IQ4NL).argmin(-1).astype(np.uint8)  # [nb, 32]
     out = np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), q[:, :16] | (q[:, 16:] << 4)], axis=1)
+    return out.reshape(n, -1)
+
+
+def quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    """float32 [n, k] (k % 256 == 0) -> Q5_K blocks uint8 [n, k / 256 * 176] (d | dmin | scales | qh | qs):
+    w = d * sc * q - dmin * m, per 32 weights the range [min(x, 0), max(x)] over the codes 0..31, the 8
+    scales and mins 6-bit multiples of d and dmin."""
+    n, k = x.shape
+    d, dmin, sc, m, q = _min_max_codes(x, 32, 31, 63)
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+    q = q.astype(np.uint8).reshape(-1, 4, 2, 32)                      # [nb, chunk i, sub-block 2i + h, l]
+    qs = (q[:, :, 0] & 15) | ((q[:, :, 1] & 15) << 4)                 # [nb, 4, 32]
+    qh = ((q >> 4).reshape(-1, 8, 32) << np.arange(8, dtype=np.uint8)[:, None]).sum(1, dtype=np.uint8)  # [nb, 32]
+    scales = np.concatenate([(sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6), (m[:, :4] & 63) | ((m[:, 4:] >> 4) << 6),
+                             (sc[:, 4:] & 15) | ((m[:, 4:] & 15) << 4)], axis=1)
+    out = np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), dmin.astype(np.float16).view(np.uint8).reshape(-1, 2),
+                          scales, qh, qs.reshape(-1, 128)], axis=1)
     return out.reshape(n, -1)
 
 
@@ -164,6 +189,9 @@ def quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
     out = np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), scales_h[:, None].view(np.uint8),
                           scales_l, qs], axis=1)
     return out.reshape(n, -1)
+
+
+LOWBIT_FFN_DOWN = [(Q.Q3_K, quantize_q3_k), (Q.Q2_K, quantize_q2_k), (Q.IQ4_XS, quantize_iq4_xs), (Q.Q5_K, quantize_q5_k)]
 
 
 def copy_kv(r: gguf.GGUFReader, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None = None) -> dict:
@@ -219,7 +247,7 @@ def derive(variant: str, src: str, dst: str) -> None:
             layer = int(t.name.split(".")[1])
             even = layer % 2 == 0
             if t.name.endswith(".ffn_down.weight"):
-                qt, quantize = [(Q.Q3_K, quantize_q3_k), (Q.Q2_K, quantize_q2_k), (Q.IQ4_XS, quantize_iq4_xs)][layer % 3]
+                qt, quantize = LOWBIT_FFN_DOWN[layer % len(LOWBIT_FFN_DOWN)]
                 blocks = quantize(x)
             else:
                 qt, blocks = (Q.Q4_0, gguf.quants.quantize(x, Q.Q4_0)) if even else (Q.IQ4_NL, quantize_iq4_nl(x))

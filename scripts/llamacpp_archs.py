@@ -5,7 +5,7 @@
 
 No Qwen3, Llama 3.1 or SmolLM3 GGUF can be downloaded here, so scripts/gguf_derive.py makes them from
 SmolLM2's weights (qwen3: q/k norms and NeoX RoPE; llama3: rope_freqs; smollm3: NoPE layers; lowbit:
-Q3_K / Q2_K / IQ4_XS ffn_down, Q4_0 / IQ4_NL attention weights). libllama (scripts/llamacpp_logits.c, as
+Q3_K / Q2_K / IQ4_XS / Q5_K ffn_down, Q4_0 / IQ4_NL attention weights). libllama (scripts/llamacpp_logits.c, as
 compare_llamacpp_logits.py builds it) then decodes each case greedily: the fixture prompts, a prompt of
 ~300 tokens (prompt batches through llama.cpp's tiled flash attention, positions where rope_freqs'
 low-frequency factors matter), and a run through context shifts (the K-shift rotates by the same
@@ -81,9 +81,9 @@ def main() -> None:
                 eog = next((i for i, t in enumerate(chosen) if t in tok.eog_ids), None)
                 if case["keep"] is not None and eog is not None:
                     raise SystemExit(f"{variant} {case['prompt']!r}: the shift case ends its generation: choose another prompt")
-                if eog is not None:
-                    chosen = chosen[: eog + 1]
-                top2 = np.sort(lg[: len(chosen)], axis=1)[:, -2:]
+                if eog is not None:  # (sharpi's result holds the tokens before it, as llama.cpp's text does)
+                    chosen = chosen[:eog]
+                top2 = np.sort(lg[: len(chosen) + (eog is not None)], axis=1)[:, -2:]
                 out.append({"variant": variant, **case, "prompt_ids": ids, "tokens": chosen,
                             "min_top2_gap": float((top2[:, 1] - top2[:, 0]).min())})
                 print(f"{variant} {case['kind']}: {len(ids)} + {len(chosen)} tokens, min top-2 gap "

@@ -1,5 +1,5 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
-Q2_K / Q3_K / Q4_0 / IQ4_NL / IQ4_XS), against llama.cpp.
+Q2_K / Q3_K / Q5_K / Q4_0 / IQ4_NL / IQ4_XS), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights, deterministically; the oracle
 (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
@@ -112,7 +112,9 @@ def test_derived_configs(derived):
     assert model._rope_factors.min() == 1 and model._rope_factors.max() == 8  # all three regimes present
     model, _ = loaded(derived["lowbit"])
     Q = gguf_derive.Q
-    assert [ly.w_down.qtype for ly in model.layers] == [Q.Q3_K, Q.Q2_K, Q.IQ4_XS] * (len(model.layers) // 3)
+    cycle = [qt for qt, _ in gguf_derive.LOWBIT_FFN_DOWN]
+    assert [ly.w_down.qtype for ly in model.layers] == [cycle[i % len(cycle)] for i in range(len(model.layers))]
+    assert set(cycle) == {Q.Q3_K, Q.Q2_K, Q.IQ4_XS, Q.Q5_K}
     assert [ly.wo.qtype for ly in model.layers] == [Q.Q4_0, Q.IQ4_NL] * (len(model.layers) // 2)
     assert all(ly.w_down.kernel_rounds and ly.wo.kernel_rounds for ly in model.layers) == cpu_kernels.available()  # not a fallback
 

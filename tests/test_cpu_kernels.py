@@ -808,6 +808,38 @@ def iq4xs_parts(blk):
     return q, np.repeat(ls - 32, 2, axis=-1), None, f16(blk, 0), None
 
 
+def q5k_parts(blk):
+    """Q5_K blocks [n, nu, 176] -> codes [n, nu, 256], scales and mins per 16 weights [n, nu, 16] (each
+    sub-block's twice), d, dmin"""
+    q4, sc, mn, d, dmin = q4k_parts(np.concatenate([blk[:, :, :16], blk[:, :, 48:]], axis=-1))
+    qh = blk[:, :, 16:48].astype(np.int64)                             # bit j of qh[l]: sub-block j
+    q = q4 + 16 * ((qh[:, :, None, :] >> np.arange(8)[:, None]) & 1).reshape(*blk.shape[:2], 256)
+    return q, np.repeat(sc, 2, axis=-1), np.repeat(mn, 2, axis=-1), d, dmin
+
+
+def ggml_q5k_order(x, raw, n, k, tiled: bool):
+    """ggml_vec_dot_q5_K_q8_K (AVX2): the 8 lanes of sc * q * x as for Q6_K, acc = fma(d_x * d_w, lane,
+    acc), summs = fma(-(d_x * dmin_w), float(M), summs) per super-block; hsum_float_8(acc) + summs. The
+    tiled matmul: y = fma(fma(-dmin_w, float(M), d_w * float(I)), d_x, y)."""
+    codes, dx, _, bsums = cpu.quantize_act(x, Q.Q5_K)
+    t, nu = x.shape[0], k // 256
+    q, sc, mn, d, dmin = q5k_parts(np.asarray(raw).reshape(n, nu, 176))
+    c = codes.numpy().astype(np.int64).reshape(t, nu, 256)
+    lanes = np.einsum("nue,tue->ntue", q * np.repeat(sc, 16, axis=-1), c).reshape(n, t, nu, 8, 8, 4).sum(axis=(3, 5))
+    M = (bsums.numpy().astype(np.int64).reshape(t, nu, 16)[None] * mn[:, None]).sum(-1).astype(F32)  # [n, t, nu]
+    dx = dx.numpy().reshape(t, nu)
+    if tiled:
+        y = np.zeros((n, t), F32)
+        for u in range(nu):
+            res = fma(-dmin[:, u, None], M[:, :, u], (d[:, u, None] * lanes[:, :, u].sum(-1).astype(F32)).astype(F32))
+            y = fma(res, dx[None, :, u], y)
+        return y.T
+    summs = np.zeros((n, t), F32)
+    for u in range(nu):
+        summs = fma(-(dx[None, :, u] * dmin[:, u, None]).astype(F32), M[:, :, u], summs)
+    return (lanes_to_floats(lanes, d, dx, False).T + summs).astype(F32).T
+
+
 def ggml_k2bit_order(x, raw, qtype, n, k, mode: str):
     """Q3_K, IQ4_XS: ggml_vec_dot_q3_K_q8_K / iq4_xs_q8_K (AVX2), 8 lanes as for Q6_K but with Q3_K's
     -4 offset in each product, acc = fma(d_x * d_w, lane, acc), hsum_float_8; the tiled matmul (mode "tiled"):
@@ -838,12 +870,12 @@ def ggml_k2bit_order(x, raw, qtype, n, k, mode: str):
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q6_K,
-                                   Q.IQ4_XS), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
+                                   Q.Q6_K, Q.IQ4_XS), ids=lambda q: q.name)
 def test_act_quant_sums_in_llama_cpp_order(qtype):
     """Bit for bit the floats of llama.cpp's AVX2 CPU backend: decoding rows (prompt=False) in its
     one-token order, prompt=True in its prompt-processing order (Q4_K, Q2_K: gemm on the first
-    T - T % 4 rows, gemv on the rest; Q6_K, Q3_K: the tiled matmul from 8 rows on; the legacy
+    T - T % 4 rows, gemv on the rest; Q6_K, Q5_K, Q3_K, IQ4_XS: the tiled matmul from 8 rows on; the legacy
     types: one order; Q4_0 / IQ4_NL: the repacked one for 24 rows, vec_dot's for 22)."""
     n, k = 24, 768 if qtype in KQUANTS else 544
     raw = random_raw(qtype, n, k, seed=11)
@@ -858,6 +890,8 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
                                        ggml_q4k_order(x[g:], raw, n, k, False) if g < t else np.zeros((0, n), F32)])
             elif qtype == Q.Q6_K:
                 want = ggml_q6k_order(x, raw, n, k, tiled=prompt and t >= 8)
+            elif qtype == Q.Q5_K:
+                want = ggml_q5k_order(x, raw, n, k, tiled=prompt and t >= 8)
             elif qtype in (Q.Q3_K, Q.IQ4_XS):
                 want = ggml_k2bit_order(x, raw, qtype, n, k, "tiled" if prompt and t >= 8 else "vec_dot")
             elif qtype == Q.Q2_K:

@@ -46,7 +46,7 @@ enum {
     TY_F32 = 0, TY_F16 = 1, TY_Q4_0 = 2, TY_Q4_1 = 3, TY_Q5_0 = 6, TY_Q5_1 = 7, TY_Q8_0 = 8,
     TY_Q2_K = 10, TY_Q3_K = 11, TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_IQ4_NL = 20, TY_IQ4_XS = 23, TY_BF16 = 30,
     /* (names of the kernel tables of llama.cpp's other orders: repacked weights, prompt processing) */
-    TY_Q4_0_R8 = 1002, TY_IQ4_NL_R8 = 1020, TY_IQ4_XS_TILED = 1023, TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
+    TY_Q4_0_R8 = 1002, TY_IQ4_NL_R8 = 1020, TY_IQ4_XS_TILED = 1023, TY_Q5_K_TILED = 1013, TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
     /* Q4_K repacked in groups of 4 rows (sharpi_repack_q4k; no GGML type has this id) */
     TY_Q4_KR = 212,
     /* Q4_1 repacked in groups of 4 rows */
@@ -105,8 +105,8 @@ typedef struct {
     int exact;
 } Prep;
 
-/* the K-quants with 16-element sub-blocks, and IQ4_XS (codes prepared as bytes, activations in plain order) */
-INL int k16(const int ty) { return ty == TY_Q6_K || ty == TY_Q3_K || ty == TY_Q2_K || ty == TY_IQ4_XS; }
+/* the K-quants with 16-element sub-blocks, IQ4_XS and Q5_K (codes prepared as bytes, activations in plain order) */
+INL int k16(const int ty) { return ty == TY_Q6_K || ty == TY_Q3_K || ty == TY_Q2_K || ty == TY_IQ4_XS || ty == TY_Q5_K; }
 
 INL int unit_elems(const int ty) {
     switch (ty) {
@@ -572,13 +572,11 @@ static int ub_of(int ty) {
  *   F16 -> activations rounded to fp16; BF16 -> bf16 (then the fp32 kernel above).
  *
  * Per block the integer sums are exact; they become floats exactly in the order of llama.cpp's
- * x86 code (its AVX2 paths for the legacy types, Q3_K, Q4_K and Q6_K, which its AVX-512 builds take
+ * x86 code (its AVX2 paths for the legacy types, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS, which its AVX-512 builds take
  * too, and its AVX-512 Q2_K: see their sections below), so the results are the same bits as
  * llama.cpp's. mode 1 (decoding) gives a (row, token) the same bits for every T, tile shape and
  * thread count; mode 2 (prompt processing) follows llama.cpp where its order depends on T (Q4_K and
- * Q2_K repacked: groups of 4 tokens; Q6_K, Q3_K, IQ4_XS: the tiled matmul from 8 tokens on). Q5_K keeps an own
- * fixed order: (d_w * d_x) * sum_j(sc_j * sumi_j) - (dmin_w * d_x) * sum_j(m_j * bsum_j), per 16
- * lanes of one accumulator per (weight row, token), reduced in a fixed order.
+ * Q2_K repacked: groups of 4 tokens; Q6_K, Q5_K, Q3_K, IQ4_XS: the tiled matmul from 8 tokens on).
  *
  * Weight codes are unsigned bytes (Q4_0 / Q5_0 codes before their -8 / -16 offset, Q8_0 codes + 128),
  * activation codes signed: vpdpbusd (AVX512-VNNI) sums 4 products per 32-bit lane. The offsets are
@@ -1001,8 +999,7 @@ INL void gkern_chain(const int tyk, const int R, const int TT, const uint8_t *co
             }
         }
 }
-/* ---- weight side, Q4_K / Q5_K: one super-block per step, prepared into L1 (Q5_K's own order; Q4_K
- * takes only the preparation, its order is below) ---- */
+/* ---- weight side, Q4_K: one super-block per step, prepared into L1 (its order is below) ---- */
 typedef struct {
     __m512i q[4];  /* codes of the four 64-byte vectors (activation layout) */
     __m512i sc[1]; /* the scale of each 32-bit lane's sub-block in its low 16 bits */
@@ -1011,7 +1008,7 @@ typedef struct {
 } KPrep;
 
 INL void kprep(const int ty, const uint8_t *b, KPrep *P) {
-    /* Q4_K / Q5_K: 6-bit scales and mins packed in 12 bytes at b + 4 */
+    /* 6-bit scales and mins packed in 12 bytes at b + 4 */
     uint32_t u[3];
     memcpy(u, b + 4, 12);
     const uint32_t sc03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
@@ -1028,7 +1025,7 @@ INL void kprep(const int ty, const uint8_t *b, KPrep *P) {
     P->d = f16at(b);
     P->dmin = f16at(b + 2);
     /* sub-block j = nibble j % 2 of the 32-byte chunk j / 2; octet v takes its bytes 8v..8v+7 */
-    const uint8_t *qs = b + (ty == TY_Q4_K ? 16 : 48);
+    const uint8_t *qs = b + 16;
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     const __m512i L0 = _mm512_loadu_si512((const void *)qs), L1 = _mm512_loadu_si512((const void *)(qs + 64));
     const __m512i sh = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
@@ -1037,80 +1034,6 @@ INL void kprep(const int ty, const uint8_t *b, KPrep *P) {
         const __m512i idx = _mm512_setr_epi64(o, o, 4 + o, 4 + o, 8 + o, 8 + o, 12 + o, 12 + o);
         P->q[o] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(L0, idx, L1), sh), m0f);
     }
-    if (ty == TY_Q5_K) { /* 5th bit of element l of sub-block j: bit j of qh[l]; octet v: l = 8v + i */
-#pragma GCC unroll 4
-        for (int o = 0; o < 4; o++) {
-            const __m512i h = _mm512_set1_epi64(*(const long long *)(b + 16 + 8 * o)); /* qh[8o .. 8o+7] */
-            const __m512i jbit = _mm512_setr_epi64(0x0101010101010101LL, 0x0202020202020202LL, 0x0404040404040404LL,
-                                                   0x0808080808080808LL, 0x1010101010101010LL, 0x2020202020202020LL,
-                                                   0x4040404040404040LL, (long long)0x8080808080808080ULL);
-            P->q[o] = _mm512_mask_add_epi8(P->q[o], _mm512_test_epi8_mask(h, jbit), P->q[o], _mm512_set1_epi8(16));
-        }
-    }
-}
-
-/* The token loop of one super-block: P[r * ps] for row r (shared by the register and prepared paths) */
-INL void ktokens(const int ty, const int R, const int TT, const KPrep *P, const long ps, const uint8_t *au,
-                 const long lda, __m512 acc[MAXR][MAXT], __m512 accm[MAXR][MAXT / 4]) {
-    const int NG = (TT + 3) / 4;
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; t++) {
-        const uint8_t *at = au + t * lda;
-        const __m512 dx = _mm512_set1_ps(*(const float *)(at + 320));
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const KPrep *pr = P + r * ps;
-            /* octets: lanes 2j, 2j+1 hold sub-block j; sums of 8 products fit int16 */
-            __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
-#pragma GCC unroll 2
-            for (int p = 0; p < 2; p++) t0 = dpbusd(t0, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
-#pragma GCC unroll 2
-            for (int p = 2; p < 4; p++) t1 = dpbusd(t1, pr->q[p], _mm512_load_si512((const void *)(at + 64 * p)));
-            const __m512i is = dpwssd(_mm512_madd_epi16(t0, pr->sc[0]), t1, pr->sc[0]);
-            acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(pr->d), dx), _mm512_cvtepi32_ps(is), acc[r][t]);
-        }
-    }
-    { /* - dmin_w * d_x * sum_j(m_j * bsum_j), 4 tokens per vector (128-bit lanes) */
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            const uint8_t *ag = au + 4 * g * lda;
-            const __m512i bs4 = _mm512_load_si512((const void *)(ag + 384));
-            const __m512 dx4 = _mm512_load_ps((const float *)(ag + 448));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const KPrep *pr = P + r * ps;
-                const __m512i im = dpwssd(_mm512_setzero_si512(), pr->mn, bs4);
-                accm[r][g] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_set1_ps(pr->dmin), dx4), _mm512_cvtepi32_ps(im), accm[r][g]);
-            }
-        }
-    }
-}
-
-INL void kacc_zero(const int R, const int TT, __m512 acc[MAXR][MAXT], __m512 accm[MAXR][MAXT / 4]) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
-#pragma GCC unroll 2
-        for (int g = 0; g < (TT + 3) / 4; g++) accm[r][g] = _mm512_setzero_ps();
-    }
-}
-
-INL void kacc_store(const int ty, const int R, const int TT, __m512 acc[MAXR][MAXT], __m512 accm[MAXR][MAXT / 4],
-                    float *y, const long ldy) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) {
-            float v = _mm512_reduce_add_ps(acc[r][t]);
-            { /* token t's 4 lanes of the min term, summed in one fixed order */
-                const __m128 m = _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_add_epi32(
-                    _mm512_set1_epi32(4 * (t & 3)), _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)), accm[r][t >> 2]));
-                const __m128 h = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                v += _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-            }
-            y[t * ldy + r] = v;
-        }
 }
 
 INL void kprefetch(const int ty, const int R, const uint8_t *const *rows, const long u, const long pfo) {
@@ -1123,33 +1046,7 @@ INL void kprefetch(const int ty, const int R, const uint8_t *const *rows, const 
     }
 }
 
-INL void ikern_k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
-                 const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
-    const int UB = unit_bytes(ty);
-    __m512 acc[MAXR][MAXT], accm[MAXR][MAXT / 4];
-    kacc_zero(R, TT, acc, accm);
-    for (long u = 0; u < nu; u++) {
-        if (pfo) kprefetch(ty, R, rows, u, pfo);
-        KPrep P[MAXR];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) kprep(ty, rows[r] + u * UB, &P[r]);
-        ESCAPE(P); /* the tables are read from L1 by the token loop, not held in registers */
-        ktokens(ty, R, TT, P, 1, a + u * kch(ty), lda, acc, accm);
-    }
-    kacc_store(ty, R, TT, acc, accm, y, ldy);
-}
-
-/* prepared path: KPrep[super-block][4 rows] (starting at this kernel's first row) */
-INL void pkern_k(const int ty, const int R, const int TT, const uint8_t *prep, const long nu,
-                 const uint8_t *a, const long lda, float *y, const long ldy) {
-    __m512 acc[MAXR][MAXT], accm[MAXR][MAXT / 4];
-    kacc_zero(R, TT, acc, accm);
-    const KPrep *P = (const KPrep *)prep;
-    for (long u = 0; u < nu; u++) ktokens(ty, R, TT, P + 4 * u, 1, a + u * kch(ty), lda, acc, accm);
-    kacc_store(ty, R, TT, acc, accm, y, ldy);
-}
-
-/* ---- Q6_K, Q3_K, Q2_K in ggml's orders -------------------------------------------------------
+/* ---- Q6_K, Q5_K, Q3_K, Q2_K, IQ4_XS in ggml's orders -------------------------
  * Q6_K (ggml_vec_dot_q6_K_q8_K, AVX2). Per super-block, 8 integer lanes: lane j sums sc * q * x over
  * the elements 4j..4j+3 of each 32-element chunk (q the unsigned 6-bit code), minus
  * 32 * (bsum_2j sc_2j + bsum_2j+1 sc_2j+1) (the -32 offset folded in per pair of 16-element
@@ -1159,6 +1056,10 @@ INL void pkern_k(const int ty, const int R, const int TT, const uint8_t *prep, c
  * products before the scale (maddubs(q, x) - maddubs(4, x)), so it stays in each element's lane.
  * IQ4_XS (ggml_vec_dot_iq4_xs_q8_K, AVX2): the same lanes of signed table values times x (|w| and x
  * with w's sign, as ggml's mul_add_epi8), one scale per 32-element chunk.
+ * Q5_K (ggml_vec_dot_q5_K_q8_K, AVX2): the lanes of sc * q * x (one scale per chunk), and apart the min
+ * term M = sum_j m_j * bsum_j: summs = fma(-(d_x * dmin_w), float(M), summs) (ggml's build contracts
+ * its summs += dmin * M), the row's value hsum_float_8(acc) + summs; tiled:
+ * y = fma(fma(-dmin_w, float(M), d_w * float(I)), d_x, y).
  * llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, passes of >= 8 tokens: Q6_K, Q3_K, IQ4_XS) instead sums
  * the super-block's lanes into one integer I and accumulates y = fma(d_w * float(I), d_x, y).
  * Q2_K: llama.cpp's AVX-512 builds repack it (q2_K_8x8, rows a multiple of 8): per super-block the
@@ -1177,7 +1078,32 @@ typedef struct {
 
 INL int k16_base(const int ty) {
     return ty == TY_Q6_K_TILED ? TY_Q6_K : ty == TY_Q3_K_TILED ? TY_Q3_K : ty == TY_Q2_K_GEMM ? TY_Q2_K
-         : ty == TY_IQ4_XS_TILED ? TY_IQ4_XS : ty;
+         : ty == TY_IQ4_XS_TILED ? TY_IQ4_XS : ty == TY_Q5_K_TILED ? TY_Q5_K : ty;
+}
+
+/* Q5_K super-block b: its 5-bit codes in plain order, elements 64i .. 64i + 63 in v[i] (chunk i of qs:
+ * low nibbles = sub-block 2i, high = 2i + 1; 5th bit of element l of sub-block j: bit j of qh[l]) */
+INL void q5k_codes(const uint8_t *b, __m512i v[4]) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f), s04 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 48 + 32 * i)));
+        const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * i))), _mm256_set1_epi8((char)(1 << (2 * i + 1))), 1);
+        v[i] = _mm512_and_si512(_mm512_srlv_epi16(q, s04), m0f);
+        v[i] = _mm512_mask_add_epi8(v[i], _mm512_test_epi8_mask(h, bits), v[i], _mm512_set1_epi8(16));
+    }
+}
+
+/* Q4_K / Q5_K: the 8 6-bit scales (sc[0..7]) and mins (sc[8..15]) from the 12 bytes at b + 4 */
+INL void k4_scales_mins(const uint8_t *b, uint8_t sc[16]) {
+    uint32_t u[3], o[4];
+    memcpy(u, b + 4, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;
+    o[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+    o[2] = u[1] & 0x3f3f3f3fu;
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+    memcpy(sc, o, 16);
 }
 
 INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
@@ -1193,6 +1119,20 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
                                  _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bB + 192))), 1);
         P->sc16 = s16;
         P->d = pair_ps(f16at(bA + 208), f16at(bB + 208));
+    } else if (ty == TY_Q5_K) {
+        q5k_codes(bA, qa);
+        q5k_codes(bB, qb);
+        uint8_t sm[32]; /* A: scales 0-7, mins 0-7; B: likewise */
+        k4_scales_mins(bA, sm);
+        k4_scales_mins(bB, sm + 16);
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)sm));
+        /* as 16-element scales and mins: each sub-block's twice */
+        const __m512i dup = _mm512_set_epi16(23, 23, 22, 22, 21, 21, 20, 20, 19, 19, 18, 18, 17, 17, 16, 16,
+                                             7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        s16 = _mm512_permutexvar_epi16(dup, v);
+        P->sc16 = _mm512_permutexvar_epi16(_mm512_add_epi16(dup, _mm512_set1_epi16(8)), v);
+        P->d = pair_ps(f16at(bA), f16at(bB));
+        P->dmin = pair_ps(f16at(bA + 2), f16at(bB + 2));
     } else if (ty == TY_IQ4_XS) {
         iq4xs_values(bA, qa);
         iq4xs_values(bB, qb);
@@ -1244,14 +1184,19 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
 INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
                    const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
     const int bt = k16_base(ty), UB = unit_bytes(bt), RP = R / 2;
-    const int tiled = ty == TY_Q6_K_TILED || ty == TY_Q3_K_TILED || ty == TY_IQ4_XS_TILED, q2 = bt == TY_Q2_K;
+    const int tiled = ty == TY_Q6_K_TILED || ty == TY_Q3_K_TILED || ty == TY_IQ4_XS_TILED || ty == TY_Q5_K_TILED;
+    const int q2 = bt == TY_Q2_K, q5 = bt == TY_Q5_K;
     const int gemm = ty == TY_Q2_K_GEMM;
     __m512 acc[MAXR / 2][MAXT];
+    __m512 accm[MAXR / 2][MAXT / 4]; /* Q5_K's summs: 4 tokens x 2 rows in lanes 0-3, 8-11 */
     float ys[MAXR][MAXT] = {{0}}, yms[MAXR][MAXT] = {{0}}; /* scalar chains: tiled; Q2_K (and its mins) */
 #pragma GCC unroll 2
-    for (int p = 0; p < RP; p++)
+    for (int p = 0; p < RP; p++) {
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[p][t] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+        for (int g = 0; g < MAXT / 4; g++) accm[p][g] = _mm512_setzero_ps();
+    }
     for (long u = 0; u < nu; u++) {
         if (pfo) kprefetch(bt, R, rows, u, pfo);
         Q6Pair P[MAXR / 2];
@@ -1295,6 +1240,25 @@ INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const
                     continue;
                 }
                 __m512i is = _mm512_setzero_si512();
+                if (q5) {
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++)
+                        is = dpwssd(is, _mm512_maddubs_epi16(P[p].w[c], _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32 * c)))), P[p].sc[c]);
+                    if (!tiled) { /* (the min term below, 4 tokens at a time) */
+                        acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, P[p].d), _mm512_cvtepi32_ps(is), acc[p][t]);
+                        continue;
+                    }
+                    const __m512i im = _mm512_madd_epi16(bs, P[p].sc16);
+#pragma GCC unroll 2
+                    for (int ab = 0; ab < 2; ab++) { /* rows A (lanes 0-7), B (8-15): y = fma(d_w * I - dmin_w * M (fused), d_x, y) */
+                        const __mmask16 rm = ab ? 0xff00 : 0x00ff;
+                        const float M = (float)_mm512_mask_reduce_add_epi32(rm, im);
+                        const float dw = ab ? _mm_cvtss_f32(_mm512_extractf32x4_ps(P[p].d, 2)) : _mm512_cvtss_f32(P[p].d);
+                        const float dm = ab ? _mm_cvtss_f32(_mm512_extractf32x4_ps(P[p].dmin, 2)) : _mm512_cvtss_f32(P[p].dmin);
+                        ys[2 * p + ab][t] = fmaf(fmaf(-dm, M, dw * (float)_mm512_mask_reduce_add_epi32(rm, is)), dxs, ys[2 * p + ab][t]);
+                    }
+                    continue;
+                }
                 if (bt == TY_IQ4_XS) {
 #pragma GCC unroll 8
                     for (int c = 0; c < 8; c++) {
@@ -1324,6 +1288,32 @@ INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const
                 }
             }
         }
+        if (q5 && !tiled) { /* summs = fma(-(d_x * dmin_w), float(M), summs): M of 4 tokens in one reduction */
+#pragma GCC unroll 2
+            for (int g = 0; g < (TT + 3) / 4; g++) {
+                float dxs[4] = {0.f, 0.f, 0.f, 0.f};
+                __m512i bs4[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    if (4 * g + i < TT) {
+                        const uint8_t *at = au + (4 * g + i) * lda;
+                        bs4[i] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 256)));
+                        dxs[i] = *(const float *)(at + 320);
+                    } else {
+                        bs4[i] = _mm512_setzero_si512();
+                    }
+                }
+                const __m512 dx4 = _mm512_broadcast_f32x4(_mm_loadu_ps(dxs));
+#pragma GCC unroll 2
+                for (int p = 0; p < RP; p++) {
+                    __m512i im[4];
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++) im[i] = _mm512_madd_epi16(bs4[i], P[p].sc16);
+                    const __m512 dm = _mm512_xor_ps(_mm512_mul_ps(dx4, P[p].dmin), _mm512_set1_ps(-0.f)); /* -(d_x * dmin_w) */
+                    accm[p][g] = _mm512_fmadd_ps(dm, _mm512_cvtepi32_ps(chain_sums(im)), accm[p][g]);
+                }
+            }
+        }
     }
 #pragma GCC unroll 2
     for (int p = 0; p < RP; p++)
@@ -1332,6 +1322,11 @@ INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const
             if (q2) {
                 y[t * ldy + 2 * p] = ys[2 * p][t] - yms[2 * p][t];
                 y[t * ldy + 2 * p + 1] = ys[2 * p + 1][t] - yms[2 * p + 1][t];
+            } else if (q5 && !tiled) { /* hsum_float_8(acc) + summs */
+                float m[16] __attribute__((aligned(64)));
+                _mm512_store_ps(m, accm[p][t >> 2]);
+                y[t * ldy + 2 * p] = hsum8(_mm512_castps512_ps256(acc[p][t])) + m[t & 3];
+                y[t * ldy + 2 * p + 1] = hsum8(_mm512_extractf32x8_ps(acc[p][t], 1)) + m[8 + (t & 3)];
             } else {
                 y[t * ldy + 2 * p] = tiled ? ys[2 * p][t] : hsum8(_mm512_castps512_ps256(acc[p][t]));
                 y[t * ldy + 2 * p + 1] = tiled ? ys[2 * p + 1][t] : hsum8(_mm512_extractf32x8_ps(acc[p][t], 1));
@@ -1800,7 +1795,8 @@ IKSET(TY_IQ4_NL_R8, gkern_chain, L)
 #define QR8 4
 IKSET(TY_Q4_K, gkern_q4k_gemv, Q)
 IKSET(TY_Q4_K_GEMM, gkern_q4k_gemm, Q)
-IKSET(TY_Q5_K, ikern_k, K)
+IKSET(TY_Q5_K, gkern_q6k, K)
+IKSET(TY_Q5_K_TILED, gkern_q6k, K)
 IKSET(TY_Q6_K, gkern_q6k, K)
 IKSET(TY_Q6_K_TILED, gkern_q6k, K)
 IKSET(TY_Q3_K, gkern_q6k, K)
@@ -1858,7 +1854,6 @@ typedef void (*prep_fn)(const uint8_t *row, long n, uint8_t *dst, long pfo); /* 
         } \
     }
 
-PKSET(TY_Q5_K, pkern_k, K) KPREPDEF(TY_Q5_K)
 PKSET(TY_Q4_K, pkern_q4k, Q) KPREPDEF(TY_Q4_K)
 PKSET(TY_Q4_K_GEMM, pkern_q4k, Q)
 
@@ -1873,7 +1868,7 @@ static PrepPath prep_path(int ty, long k) {
     PrepPath p = {0, 0, 0, 0};
     switch (ty) {
 #define PCASE(TY) case TY: p.kt = pktab_##TY; p.prep = prep_##TY; p.slot = (long)sizeof(KPrep); p.nsteps = k / 256; break;
-    PCASE(TY_Q5_K) PCASE(TY_Q4_K)
+    PCASE(TY_Q4_K)
 #undef PCASE
     default: break;
     }
@@ -1902,7 +1897,7 @@ static void quantize_rows(int ty, const float *x, long T, long k, uint8_t *dst, 
     const int nth = (T > 1 && T * k >= (1L << 16)) ? (nthreads < 1 ? 1 : nthreads) : 1;
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
     for (long t = 0; t < T; t++) act_row(ty, x + t * k, k, dst + t * rbytes);
-    if (ty == TY_Q4_K || ty == TY_Q5_K) /* min-term groups: tokens 4g..4g+3 (absent ones zero) */
+    if (ty == TY_Q4_K) /* min-term groups: tokens 4g..4g+3 (absent ones zero) */
         for (long g = 0; g < (T + 3) / 4; g++)
             for (long u = 0; u < k / 256; u++) {
                 uint8_t *gb = dst + 4 * g * rbytes + u * 512;
@@ -2123,8 +2118,9 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             pp4 = pp;
             pp4.kt = pktab_TY_Q4_K_GEMM;
             T4 = T - T % 4;
-        } else if (mode == 2 && (ty == TY_Q6_K || ty == TY_Q3_K || ty == TY_IQ4_XS) && T >= 8) { /* the tiled matmul takes passes of >= 8 */
-            kt4 = ty == TY_Q6_K ? iktab_TY_Q6_K_TILED : ty == TY_Q3_K ? iktab_TY_Q3_K_TILED : iktab_TY_IQ4_XS_TILED;
+        } else if (mode == 2 && (ty == TY_Q6_K || ty == TY_Q3_K || ty == TY_IQ4_XS || ty == TY_Q5_K) && T >= 8) { /* the tiled matmul takes passes of >= 8 */
+            kt4 = ty == TY_Q6_K ? iktab_TY_Q6_K_TILED : ty == TY_Q3_K ? iktab_TY_Q3_K_TILED
+                : ty == TY_IQ4_XS ? iktab_TY_IQ4_XS_TILED : iktab_TY_Q5_K_TILED;
             T4 = T;
         } else if (mode == 2 && ty == TY_Q2_K) { /* repacked: ggml_gemm_q2_K_8x8_q8_K on groups of 4 tokens */
             kt4 = iktab_TY_Q2_K_GEMM;
