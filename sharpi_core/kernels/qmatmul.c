@@ -226,6 +226,16 @@ INL void iq4xs_values(const uint8_t *b, __m512i v[4]) {
     }
 }
 
+/* IQ4_XS: the 8 6-bit sub-block scales minus 32 as bytes (byte j: sub-block j) */
+INL uint64_t iq4xs_scales8(const uint8_t *b) {
+    uint16_t h;
+    uint32_t l;
+    memcpy(&h, b + 2, 2);
+    memcpy(&l, b + 4, 4);
+    const uint64_t v = _pdep_u64(l, 0x0F0F0F0F0F0F0F0FULL) | (_pdep_u64(h, 0x0303030303030303ULL) << 4); /* 0..63 */
+    return ((v | 0x8080808080808080ULL) - 0x2020202020202020ULL) ^ 0x8080808080808080ULL; /* bytewise - 32 */
+}
+
 /* IQ4_XS: the 6-bit scale of sub-block j (0..7) minus 32 */
 INL int iq4xs_scale(const uint8_t *b, const int j) {
     uint16_t h;
@@ -1136,12 +1146,10 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
     } else if (ty == TY_IQ4_XS) {
         iq4xs_values(bA, qa);
         iq4xs_values(bB, qb);
-        int16_t sc[32];
-        for (int j = 0; j < 8; j++) { /* as 16-element scales: each sub-block's twice */
-            sc[2 * j] = sc[2 * j + 1] = (int16_t)iq4xs_scale(bA, j);
-            sc[16 + 2 * j] = sc[16 + 2 * j + 1] = (int16_t)iq4xs_scale(bB, j);
-        }
-        s16 = _mm512_loadu_si512((const void *)sc);
+        /* as 16-element scales: each sub-block's twice */
+        const __m512i v = _mm512_cvtepi8_epi16(_mm256_zextsi128_si256(_mm_set_epi64x((long long)iq4xs_scales8(bB), (long long)iq4xs_scales8(bA))));
+        s16 = _mm512_permutexvar_epi16(_mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8,
+                                                        7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), v);
         P->d = pair_ps(f16at(bA), f16at(bB));
     } else {
         const int q3 = ty == TY_Q3_K;
