@@ -392,7 +392,7 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
     the result for one (token, output) pair is bitwise the same for every T and thread count, the
     order of llama.cpp's one-token path. prompt=True (with act_quant): the order of its prompt
     processing instead, which differs for Q4_K and Q2_K (repacked by llama.cpp) in the first
-    T - T % 4 rows and for Q6_K, Q3_K and IQ4_XS (its tiled matmul) in passes of 8 rows or more.
+    T - T % 4 rows and for Q6_K, Q5_K, Q3_K and IQ4_XS (its tiled matmul) in passes of 8 rows or more.
     Longer inputs otherwise: tiles of weight rows are dequantized exactly and multiplied by torch's
     sgemm (F16 / BF16 weights with act_quant: against x rounded to that type)."""
     info = _INFO.get(qtype)
