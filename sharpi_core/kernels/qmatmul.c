@@ -149,14 +149,19 @@ INL int xoff(const int ty, const int p, const int v) {
     }
 }
 
-/* Q4_K / Q5_K: [d*sc_0..7, dmin*m_0..7] (6-bit scales and mins packed in 12 bytes at b+4) */
-INL __m512 kquant_scales(const uint8_t *b) {
+/* Q4_K / Q5_K: the 8 6-bit scales (bytes 0-7) and mins (bytes 8-15), packed in 12 bytes at b + 4 */
+INL __m128i k4_scales_mins(const uint8_t *b) {
     uint32_t u[3];
     memcpy(u, b + 4, 12);
     const uint32_t sc03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
     const uint32_t sc47 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
     const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_setr_epi32((int)sc03, (int)sc47, (int)m03, (int)m47)));
+    return _mm_setr_epi32((int)sc03, (int)sc47, (int)m03, (int)m47);
+}
+
+/* Q4_K / Q5_K: [d*sc_0..7, dmin*m_0..7] */
+INL __m512 kquant_scales(const uint8_t *b) {
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k4_scales_mins(b)));
     const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16at(b)), _mm512_set1_ps(f16at(b + 2)));
     return _mm512_mul_ps(f, dd);
 }
@@ -234,13 +239,6 @@ INL uint64_t iq4xs_scales8(const uint8_t *b) {
     memcpy(&l, b + 4, 4);
     const uint64_t v = _pdep_u64(l, 0x0F0F0F0F0F0F0F0FULL) | (_pdep_u64(h, 0x0303030303030303ULL) << 4); /* 0..63 */
     return ((v | 0x8080808080808080ULL) - 0x2020202020202020ULL) ^ 0x8080808080808080ULL; /* bytewise - 32 */
-}
-
-/* IQ4_XS: the 6-bit scale of sub-block j (0..7) minus 32 */
-INL int iq4xs_scale(const uint8_t *b, const int j) {
-    uint16_t h;
-    memcpy(&h, b + 2, 2);
-    return (((b[4 + j / 2] >> (4 * (j & 1))) & 15) | (((h >> (2 * j)) & 3) << 4)) - 32;
 }
 
 /* codes of a Q3_K (hmask at b, qs at b + 32) or Q2_K (qs at b + 16) super-block into q[256] */
@@ -337,9 +335,10 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) _mm512_store_si512((void *)(P->q6 + 64 * i), _mm512_xor_si512(v[i], _mm512_set1_epi8((char)0x80)));
         const float d = f16at(b);
+        const uint64_t s8 = iq4xs_scales8(b);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
-            P->s[2 * j] = P->s[2 * j + 1] = d * (float)iq4xs_scale(b, j);
+            P->s[2 * j] = P->s[2 * j + 1] = d * (float)(int8_t)(s8 >> (8 * j));
             P->s[16 + 2 * j] = P->s[16 + 2 * j + 1] = -128.f * P->s[2 * j];
         }
         break;
@@ -541,33 +540,11 @@ static const kern_fn *ktab_for(int ty) {
     }
 }
 
-static int ue_of(int ty) {
-    switch (ty) {
-    case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_IQ4_XS: case TY_Q4_KR: return 256;
-    case TY_F16: case TY_BF16: case TY_Q4_0: case TY_Q4_1: case TY_Q5_0: case TY_Q5_1: case TY_Q8_0: case TY_IQ4_NL:
-    case TY_Q4_1R: return 32;
-    default: return 0;
-    }
-}
+/* elements / bytes per unit of the types qmatmul takes (the repacked layouts included), 0 for others */
 static int ub_of(int ty) {
-    switch (ty) {
-    case TY_F16: case TY_BF16: return 64;
-    case TY_Q4_0: case TY_IQ4_NL: return 18;
-    case TY_Q4_1: return 20;
-    case TY_Q5_0: return 22;
-    case TY_Q5_1: return 24;
-    case TY_Q8_0: return 34;
-    case TY_Q2_K: return 84;
-    case TY_Q3_K: return 110;
-    case TY_Q4_K: return 144;
-    case TY_Q5_K: return 176;
-    case TY_Q6_K: return 210;
-    case TY_IQ4_XS: return 136;
-    case TY_Q4_KR: return 148; /* R4B / 4 rows */
-    case TY_Q4_1R: return 20; /* L4B / 4 rows */
-    default: return 0;
-    }
+    return ty == TY_Q4_KR ? 148 /* R4B / 4 rows */ : ty == TY_Q4_1R ? 20 /* L4B / 4 rows */ : unit_bytes(ty);
 }
+static int ue_of(int ty) { return !ub_of(ty) ? 0 : ty == TY_Q4_KR ? 256 : ty == TY_Q4_1R ? 32 : unit_elems(ty); }
 
 /* =============================================================================================
  * Integer path: activations quantized the way ggml's x86 CPU backend quantizes them for the
@@ -598,9 +575,9 @@ static int ub_of(int ty) {
  * weight type so that the weight side needs no shuffles:
  *   legacy types: per 64 elements (2 blocks, natural order) 192 bytes: codes[64], d_x per lane
  *     (16 f32: 8 x block 0, 8 x block 1), then 16 int32 offset starts or 16 f32 with s_x in lanes 0 and 8;
- *   K-quants: per 256 elements 384 bytes: codes[256] (Q4_K / Q5_K: the 32-element sub-blocks in the
+ *   K-quants, IQ4_XS: per 256 elements 384 bytes: codes[256] (Q4_K: the 32-element sub-blocks in the
  *     order 0 2 1 3 4 6 5 7, matching the nibble halves of their 64-byte code loads), 32 int16
- *     sums (Q6_K: per 16 elements; Q4_K / Q5_K: per 32, then zeros), d_x (f32).
+ *     sums (per 16 elements; Q4_K: per 32, then zeros), d_x (f32).
  * ============================================================================================= */
 #if defined(__AVX512VNNI__)
 #define SHARPI_VNNI 1
@@ -683,7 +660,7 @@ static int vd_kind(int ty) {
 }
 
 #define LCH 96 /* scratch bytes per block of 32 activations, legacy types */
-/* scratch bytes per 256 activations, K-quants: codes 256, sums 64, d_x 64, and for Q4_K / Q5_K the
+/* scratch bytes per 256 activations, K-quants: codes 256, sums 64, d_x 64, and for Q4_K the
  * min-term group of 4 tokens (filled in rows t % 4 == 0): their 4 x 8 sums (64), their d_x x 4 (64) */
 INL int kch(const int ty) { return k16(ty) ? 384 : 512; }
 
@@ -728,8 +705,8 @@ static void act_legacy_row(const int ty, const float *x, const long nb, uint8_t 
 }
 
 /* one activation row for a K-quant weight type (K = 256 * nu): per super-block the codes (Q6_K in
- * plain order, Q4_K / Q5_K in octets of their 32-element sub-blocks), 32 int16 sums (Q6_K: per 16
- * elements; Q4_K / Q5_K: per 32, then zeros), d_x (f32) */
+ * plain order, Q4_K in octets of its 32-element sub-blocks), 32 int16 sums (per 16 elements;
+ * Q4_K: per 32, then zeros), d_x (f32) */
 static void act_k_row(const int ty, const float *x, const long nu, uint8_t *dst) {
     for (long u = 0; u < nu; u++) {
         uint8_t *sb = dst + u * kch(ty);
@@ -1018,13 +995,7 @@ typedef struct {
 } KPrep;
 
 INL void kprep(const int ty, const uint8_t *b, KPrep *P) {
-    /* 6-bit scales and mins packed in 12 bytes at b + 4 */
-    uint32_t u[3];
-    memcpy(u, b + 4, 12);
-    const uint32_t sc03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
-    const uint32_t sc47 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
-    const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-    const __m512i v = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc03, (int)sc47, (int)m03, (int)m47)));
+    const __m512i v = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(k4_scales_mins(b)));
     /* 32-bit lanes 2j, 2j+1: sc_j in the low 16 bits, 0 in the high ones (vpmaddwd with int16 sums) */
     P->sc[0] = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_srli_epi16(_mm512_setr_epi64(
         0x0003000200010000LL, 0x0007000600050004LL, 0x000b000a00090008LL, 0x000f000e000d000cLL,
@@ -1105,17 +1076,6 @@ INL void q5k_codes(const uint8_t *b, __m512i v[4]) {
     }
 }
 
-/* Q4_K / Q5_K: the 8 6-bit scales (sc[0..7]) and mins (sc[8..15]) from the 12 bytes at b + 4 */
-INL void k4_scales_mins(const uint8_t *b, uint8_t sc[16]) {
-    uint32_t u[3], o[4];
-    memcpy(u, b + 4, 12);
-    o[0] = u[0] & 0x3f3f3f3fu;
-    o[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
-    o[2] = u[1] & 0x3f3f3f3fu;
-    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-    memcpy(sc, o, 16);
-}
-
 INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
     __m512i qa[4], qb[4];
     __m512i s16;
@@ -1132,10 +1092,8 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
     } else if (ty == TY_Q5_K) {
         q5k_codes(bA, qa);
         q5k_codes(bB, qb);
-        uint8_t sm[32]; /* A: scales 0-7, mins 0-7; B: likewise */
-        k4_scales_mins(bA, sm);
-        k4_scales_mins(bB, sm + 16);
-        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)sm));
+        /* int16: A's scales 0-7, mins 0-7, then B's */
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_set_m128i(k4_scales_mins(bB), k4_scales_mins(bA)));
         /* as 16-element scales and mins: each sub-block's twice */
         const __m512i dup = _mm512_set_epi16(23, 23, 22, 22, 21, 21, 20, 20, 19, 19, 18, 18, 17, 17, 16, 16,
                                              7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
