@@ -12,6 +12,8 @@
 //       none, 1 f16, 2 bf16, 3 8-bit blocks of 32 (f16 scale), 4 Q8_K blocks of 256 (n % block == 0)
 //   add_bias_f32(x, x_st, T, n, b)      x[t, i] += b[i]; T*n threads, any 1-D launch
 //   scale_f32(x, x_st, T, n, alpha)     x[t, i] *= alpha; T*n threads, any 1-D launch
+//   softcap_f32(x, x_st, T, n, inv, cap)  x[t, i] = tanhf(x[t, i] * inv) * cap (inv = 1/cap rounded to
+//       float by the caller; Gemma 2's final logit softcapping); T*n threads, any 1-D launch
 //   round_half_f32(x, x_st, T, K, bf16, y, y_st)   y = x rounded to f16 (bf16=0) or bf16 (bf16=1),
 //       to nearest even, as float; T*K threads, any 1-D launch (y may be x)
 //   hadamard_f32(x, x_st, T, n, blk, scale, y, y_st)   grid.x = T * (n / blk), block = blk / 2,
@@ -161,6 +163,15 @@ extern "C" __global__ void scale_f32(float* x, i64 x_st, int T, int n, float alp
     if (idx >= (i64)T * n) return;
     const int t = (int)(idx / n), i = (int)(idx % n);
     x[(i64)t * x_st + i] *= alpha;
+}
+
+extern "C" __global__ void softcap_f32(float* x, i64 x_st, int T, int n, float inv, float cap) {
+    KERNEL_BEGIN();
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * n) return;
+    const int t = (int)(idx / n), i = (int)(idx % n);
+    float* p = x + (i64)t * x_st + i;
+    *p = tanhf(*p * inv) * cap;
 }
 
 extern "C" __global__ void round_half_f32(const float* x, i64 x_st, int T, int K, int bf16, float* y, i64 y_st) {

@@ -4,7 +4,7 @@
     python scripts/gguf_derive.py VARIANT SRC.gguf DST.gguf
 
 No model of these architectures can be downloaded here, so each variant takes a llama-architecture
-GGUF (SmolLM2) and writes what the other architecture's GGUF holds, keeping every weight as it is
+GGUF (SmolLM2; gemma2: the Gemma 3 270M GGUF) and writes what the other architecture's GGUF holds, keeping every weight as it is
 (the quantized blocks are copied byte for byte, except in lowbit) and adding the tensors the architecture needs with
 fixed, smooth values (no random generator: the same file on every machine):
 
@@ -22,6 +22,13 @@ fixed, smooth values (no random generator: the same file on every machine):
           layers; gguf.quants' quantizer) and IQ4_NL (odd). The other quantizers are plain ones
           (the largest value of a sub-block on the end of the code range, nearest codes; not ggml's
           search), so the values differ from a llama-quantize run, not the format
+  gemma2  from gemma3 (Gemma 3 270M): general.architecture gemma2 (keys renamed), no q / k norms (Gemma 2 has
+          none: their weights and a typical per-head RMS are folded into attn_q / attn_k, requantized to
+          Q8_0), attention and final logit softcapping (GEMMA2_KV: caps low enough that tanh bends the
+          scores and logits), a sliding window of 128 tokens on every other layer (Gemma 2's default
+          pattern) so that the long prompts cross it, and rope.freq_base_swa for those layers. Without
+          per-token q / k norms these weights only repeat a few words: the oracle's logit values
+          (top_logits) carry most of its checking here
 
 The results are not good language models (the weights were trained for the llama graph), but their
 activations are a trained model's, not noise: greedy continuations compared with llama.cpp's on the
@@ -37,7 +44,13 @@ import gguf
 import numpy as np
 
 VT = gguf.GGUFValueType
-VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit")
+VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2")
+SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
+# the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
+SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
+DEFAULT_SOURCE = "smollm2-135m-instruct-q4_1"
+GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "attention.sliding_window": 128,
+             "rope.freq_base_swa": 10000.0}
 Q = gguf.GGMLQuantizationType
 
 
@@ -69,6 +82,34 @@ def _pairs_to_halves(rows: np.ndarray, head_dim: int, n_rot: int) -> np.ndarray:
     assert order.size == head_dim and half * 2 == n_rot
     heads = rows.reshape(-1, head_dim, *rows.shape[1:])
     return heads[:, order].reshape(rows.shape)
+
+
+# Gemma 3 270M's q heads' (4) and k head's RMS before their norms, per layer: medians over the tokens of
+# the first 1500 characters of the Apache license (sharpi's forward pass on the original GGUF, measured
+# once; two significant digits). Fixed numbers, so that the derived file is the same on every machine.
+GEMMA3_270M_HEAD_RMS = [
+    (33.0, 16.0, 21.0, 22.0, 20.0), (11.0, 8.1, 18.0, 8.4, 9.2), (1.8, 1.5, 4.3, 2.6, 2.2), (1.6, 1.8, 1.3, 1.1, 1.4),
+    (1.4, 1.8, 1.8, 3.1, 2.1), (1.5, 1.1, 1.3, 1.3, 1.2), (1.5, 2.3, 2.0, 1.6, 1.7), (2.6, 3.5, 2.7, 2.7, 2.6),
+    (3.0, 2.7, 2.9, 3.4, 2.5), (3.1, 3.4, 2.6, 2.7, 2.4), (3.0, 3.2, 2.6, 4.0, 2.6), (0.79, 0.7, 1.1, 0.96, 0.62),
+    (2.1, 2.2, 2.2, 2.1, 2.3), (2.5, 2.6, 2.7, 2.0, 1.9), (2.9, 2.7, 2.9, 2.8, 3.0), (2.9, 3.3, 2.7, 2.9, 3.2),
+    (4.8, 4.4, 4.7, 4.7, 4.9), (1.9, 1.4, 1.2, 1.8, 1.3)]
+
+
+def _fold_head_norm(tensors: dict, t, head_dim: int) -> np.ndarray:
+    """Gemma 3's attn_q / attn_k weight with its per-head RMSNorm folded in as a constant, as Q8_0 blocks:
+    row i of head h times norm[i % head_dim] / GEMMA3_270M_HEAD_RMS (the head's typical RMS). Without
+    the norm the trained projections give scores far off their scale (the model then repeats one
+    word); with a fixed typical RMS in place of each token's own it still writes text."""
+    layer = int(t.name.split(".")[1])
+    n, k = int(t.shape[1]), int(t.shape[0])
+    x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(n, k).astype(np.float64)
+    norm = np.asarray(tensors[t.name.replace(".weight", "_norm.weight")].data, np.float64)
+    table = GEMMA3_270M_HEAD_RMS[layer]
+    rms = np.array(table[:-1] if ".attn_q." in t.name else table[-1:])  # [heads]
+    if rms.size * head_dim != n:
+        raise SystemExit(f"{t.name}: not Gemma 3 270M's shape (the RMS table is that model's)")
+    folded = x.reshape(-1, head_dim, k) * (norm[:, None] / rms[:, None, None])
+    return gguf.quants.quantize(folded.reshape(n, k).astype(np.float32), Q.Q8_0)
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
@@ -227,17 +268,29 @@ def derive(variant: str, src: str, dst: str) -> None:
         raise SystemExit(f"unknown variant '{variant}' (known: {', '.join(VARIANTS)})")
     r = gguf.GGUFReader(src)
     arch = str(r.fields["general.architecture"].contents())
-    if arch != "llama":
-        raise SystemExit(f"{src}: a llama-architecture GGUF is needed, not '{arch}'")
-    new_arch = {"qwen3": "qwen3", "smollm3": "smollm3"}.get(variant, arch)
+    if arch != SOURCE_ARCH.get(variant, "llama"):
+        raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
+    new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2"}.get(variant, arch)
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
     name = f"{r.fields['general.name'].contents()} ({variant} derivative, for tests)" if "general.name" in r.fields else None
-    kv = copy_kv(r, w, rename, {"general.name": name} if name else None)
+    values = {"general.name": name} if name else {}
+    if variant == "gemma2":
+        values.update({f"{new_arch}.{k}": v for k, v in GEMMA2_KV.items()})
+    kv = copy_kv(r, w, rename, values)
+    for key, value in values.items():  # the ones the source does not have
+        if key not in kv:
+            w.add_key_value(key, value, VT.FLOAT32 if isinstance(value, float) else VT.UINT32)
     n_head = int(kv[f"{new_arch}.attention.head_count"])
-    head_dim = int(kv[f"{new_arch}.embedding_length"]) // n_head
+    head_dim = int(kv.get(f"{new_arch}.attention.key_length", int(kv[f"{new_arch}.embedding_length"]) // n_head))
     n_rot = int(kv.get(f"{new_arch}.rope.dimension_count", head_dim))
+    tensors = {t.name: t for t in r.tensors}
     for t in r.tensors:
+        if variant == "gemma2" and t.name.endswith((".attn_q_norm.weight", ".attn_k_norm.weight")):
+            continue
+        if variant == "gemma2" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):
+            w.add_tensor(t.name, _fold_head_norm(tensors, t, head_dim), raw_dtype=Q.Q8_0)
+            continue
         if variant == "qwen3" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
         elif variant == "lowbit" and t.name.endswith((".ffn_down.weight", ".attn_q.weight", ".attn_k.weight",

@@ -28,13 +28,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from compare_llamacpp_logits import build, oracle_args  # noqa: E402
-from gguf_derive import VARIANTS, derive  # noqa: E402
+from gguf_derive import DEFAULT_SOURCE, SOURCE_MODEL, VARIANTS, derive  # noqa: E402
 from llamacpp_context_shift import keep_count  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 
-SOURCE = "smollm2-135m-instruct-q4_1"
+SOURCE = DEFAULT_SOURCE  # the fixture prompts are its (text only: every variant takes them)
+TOP_LOGITS = 8  # logits recorded at a few steps of each case without a context shift: ids and values
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 LONG_CHARS = 1300  # of the Apache license text: ~300 tokens
 SHIFT_PROMPTS = {"lowbit": "In the year 1850,"}  # (lowbit ends the Roman Empire's generation before 420 tokens)
@@ -59,10 +60,9 @@ def main() -> None:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(args.src, args.bin, Path(tmp))
-        src = resolve_model(SOURCE)
         for variant in VARIANTS:
             path = Path(tmp) / f"{variant}.gguf"
-            derive(variant, str(src), str(path))
+            derive(variant, str(resolve_model(SOURCE_MODEL.get(variant, SOURCE))), str(path))
             gf = GGUFFile(path)
             tok = Tokenizer.from_gguf(gf)
             n_vocab = len(gf.get("tokenizer.ggml.tokens"))
@@ -86,6 +86,10 @@ def main() -> None:
                 top2 = np.sort(lg[: len(chosen) + (eog is not None)], axis=1)[:, -2:]
                 out.append({"variant": variant, **case, "prompt_ids": ids, "tokens": chosen,
                             "min_top2_gap": float((top2[:, 1] - top2[:, 0]).min())})
+                if case["keep"] is None:  # the values too (a softcap or a scale changes them, not the order)
+                    steps = sorted({0, len(chosen) // 2, len(chosen)})
+                    top = [np.argsort(-lg[s], kind="stable")[:TOP_LOGITS] for s in steps]
+                    out[-1]["top_logits"] = [[s, t.tolist(), lg[s][t].tolist()] for s, t in zip(steps, top)]
                 print(f"{variant} {case['kind']}: {len(ids)} + {len(chosen)} tokens, min top-2 gap "
                       f"{out[-1]['min_top2_gap']:.3g}: {tok.decode(chosen)[:60]!r}", file=sys.stderr)
     args.out.write_text(json.dumps({"llama_cpp": "llama_cpp_python 0.3.36 vendor tree, scripts/llamacpp_logits.c",

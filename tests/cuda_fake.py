@@ -295,6 +295,14 @@ def scale(x, alpha: float, stream=None):
     return x
 
 
+def softcap(x, cap: float, stream=None):
+    """x = tanh(x * (1 / cap)) * cap in place (float32 steps, as softcap_f32)."""
+    x *= np.float32(1) / np.float32(cap)
+    np.tanh(x, out=x)
+    x *= np.float32(cap)
+    return x
+
+
 def hadamard(x, blk: int, out=None, stream=None):
     """kv_cache.rotate (the reference the kernel hadamard_f32 follows bit for bit)."""
     from sharpi_core.kv_cache import rotate  # noqa: PLC0415

@@ -1,21 +1,23 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
-Q2_K / Q3_K / Q5_K / Q4_0 / IQ4_NL / IQ4_XS), against llama.cpp.
+Gemma 2, Q2_K / Q3_K / Q5_K / Q4_0 / IQ4_NL / IQ4_XS), against llama.cpp.
 
-scripts/gguf_derive.py makes them from SmolLM2's weights, deterministically; the oracle
-(tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
-greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3).
+scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
+the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
+greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3), with
+the top logits' values at a few steps of the runs without a shift.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 import cuda_fake
-from conftest import ROOT, SMOL, loaded, model_path
+from conftest import ROOT, loaded, model_path
 from sharpi_core.backends.cuda import cuda_available
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
@@ -36,12 +38,13 @@ GREEDY = SamplingParams(temp=0)
 
 @pytest.fixture(scope="module")
 def derived(tmp_path_factory):
-    """variant -> path of its GGUF, made from the cached SmolLM2 (~100 MB each, a second or two)."""
+    """variant -> path of its GGUF, made from the cached SmolLM2 or Gemma 3 (100-300 MB each, a few seconds)."""
     d = tmp_path_factory.mktemp("archs")
     paths = {}
     for v in gguf_derive.VARIANTS:
         paths[v] = d / f"{v}.gguf"
-        gguf_derive.derive(v, str(model_path(SMOL)), str(paths[v]))
+        src = model_path(gguf_derive.SOURCE_MODEL.get(v, gguf_derive.DEFAULT_SOURCE))
+        gguf_derive.derive(v, str(src), str(paths[v]))
     return paths
 
 
@@ -61,6 +64,26 @@ def test_greedy_is_llama_cpps(derived, case):
     assert res.tokens == case["tokens"]
     if shift:
         assert res.context_shifts >= 2
+
+
+@pytest.mark.parametrize("case", [c for c in ORACLE["cases"] if "top_logits" in c], ids=case_id)
+def test_logits_are_llama_cpps(derived, case):
+    """The values, not only the order: llama.cpp's top logits at a few steps of the greedy path (the prompt
+    pass, then one-token passes as generation runs them), bit for bit (a softcap or scale that keeps the
+    arg-max fails here)."""
+    model, _ = loaded(derived[case["variant"]])
+    cache = model.new_cache(case["n_ctx"])
+    path = case["prompt_ids"] + case["tokens"]
+    steps = {s: (ids, values) for s, ids, values in case["top_logits"]}
+    n = len(case["prompt_ids"])
+    logits = model.forward(torch.tensor(path[:n]), 0, cache, last_n=1)[-1]
+    for s in range(max(steps) + 1):
+        if s:
+            logits = model.forward(torch.tensor(path[n + s - 1:n + s]), n + s - 1, cache)[-1]
+        if s in steps:
+            ids, values = steps[s]
+            assert logits[ids].tolist() == values, s
+            assert logits.topk(len(ids)).values[-1] == values[-1], s  # and no other logit above them
 
 
 @pytest.mark.parametrize("variant", gguf_derive.VARIANTS)
@@ -96,8 +119,11 @@ def test_gpu_model_follows_the_cpu(derived, variant, kind):
     # (0.04-0.07 on the real SmolLM2 over the same paths, these models alike; a missing or extra rotation fails)
     assert (got.softmax(-1) - want.softmax(-1)).abs().max() < 0.1
     top2 = want.topk(2).values
-    clear = (top2[:, 0] - top2[:, 1]) > 0.02 * top2[:, 0].abs()
-    assert clear.sum() >= len(clear) // 2
+    # gemma2's derived weights (q / k norms folded in as constants) are touchy: fp32 activations move
+    # its logits by up to ~0.5 where the 8-bit ones decide ties; its final softcap (15) squeezes the gaps
+    margin, share = (0.03, 4) if variant == "gemma2" else (0.02, 2)
+    clear = (top2[:, 0] - top2[:, 1]) > margin * top2[:, 0].abs()
+    assert clear.sum() >= len(clear) // share
     assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
@@ -117,6 +143,50 @@ def test_derived_configs(derived):
     assert set(cycle) == {Q.Q3_K, Q.Q2_K, Q.IQ4_XS, Q.Q5_K}
     assert [ly.wo.qtype for ly in model.layers] == [Q.Q4_0, Q.IQ4_NL] * (len(model.layers) // 2)
     assert all(ly.w_down.kernel_rounds and ly.wo.kernel_rounds for ly in model.layers) == cpu_kernels.available()  # not a fallback
+
+
+class _Meta:
+    """The metadata reads of config._gemma, from a dict."""
+
+    def __init__(self, arch: str, kv: dict):
+        self.arch, self.kv, self.path = arch, kv, "test.gguf"
+
+    def arch_get(self, key, default=None):
+        return self.kv.get(key, default)
+
+
+def test_gemma_hyperparameters_as_llama_cpp_reads_them(derived):
+    from sharpi_core.models.config import ARCH_TABLE, _gemma  # noqa: PLC0415
+    c = config_from_gguf(GGUFFile(derived["gemma2"]))
+    kv = gguf_derive.GEMMA2_KV
+    assert (c.arch, c.qk_norm, c.post_norms, c.scale_q, c.act) == ("gemma2", False, True, True, "gelu_tanh")
+    assert (c.attn_softcap, c.final_softcap, c.sliding_window) == (kv["attn_logit_softcapping"],
+                                                                   kv["final_logit_softcapping"], 128)
+    assert [c.is_swa(i) for i in range(4)] == [True, False, True, False]
+    assert c.layer_rope(0) == (10000.0, 1.0) and c.layer_rope(1) == (c.rope_base, 1.0) and c.rope_base == 1e6
+
+    def gemma(arch, n_layer=26, n_embd=2304, n_head=8, head_dim=256, **meta):
+        kw = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, head_dim_k=head_dim, rope_base=10000.0,
+                  rope_freq_scale=0.5, swa_pattern=ARCH_TABLE[arch]["swa_pattern"],
+                  rope_base_swa=10000.0)
+        _gemma(_Meta(arch, meta), kw)
+        return kw
+
+    d = gemma("gemma2")  # Gemma 2 2B without the optional keys: llama.cpp's defaults
+    assert (d["sliding_window"], d["attn_softcap"], d["final_softcap"], d["attn_scale"]) == (4096, 50.0, 30.0, 1 / 16)
+    assert d["swa_layers"] == tuple(i % 2 == 0 for i in range(26))
+    assert (d["rope_base_swa"], d["rope_freq_scale_swa"]) == (10000.0, 0.5)  # the trained ones, not 1.0
+    assert gemma("gemma2", n_layer=46, n_embd=4608, n_head=32, head_dim=128)["attn_scale"] == 1 / 12  # 27B
+    assert gemma("gemma3", n_layer=62, n_embd=5376, n_head=32, head_dim=128)["attn_scale"] == 1 / math.sqrt(168)
+    g3 = gemma("gemma3", n_layer=12)
+    assert (g3["sliding_window"], g3["final_softcap"], "attn_softcap" in g3) == (0, 0.0, False)
+    assert g3["swa_layers"] == tuple(i % 6 < 5 for i in range(12))
+    assert gemma("gemma3", n_layer=4, **{"final_logit_softcapping": 30.0})["final_softcap"] == 30.0
+    assert gemma("gemma2", n_layer=3, **{"attention.sliding_window_pattern": 0})["swa_layers"] == (True,) * 3
+    flags = [True, False, False]
+    assert gemma("gemma2", n_layer=3, **{"attention.sliding_window_pattern": flags})["swa_layers"] == tuple(flags)
+    with pytest.raises(SharpiError, match="pattern of 2 layers for 3"):
+        gemma("gemma2", n_layer=3, **{"attention.sliding_window_pattern": [True, False]})
 
 
 def test_smollm3_layers_without_rope(derived):

@@ -301,6 +301,10 @@ def test_add_bias_and_scale_on_column_views():
     cb.scale(d[:, :64].reshape(5, 2, 32), 0.125)
     want[:, :64] *= np.float32(0.125)
     np.testing.assert_array_equal(cp.asnumpy(d), want)
+    cb.softcap(d[1:4, 10:250], 3.0)  # tanh(x * (1 / 3)) * 3 on a block of rows and columns
+    want[1:4, 10:250] = np.tanh(want[1:4, 10:250] * (np.float32(1) / np.float32(3))) * np.float32(3)
+    np.testing.assert_allclose(cp.asnumpy(d), want, rtol=1e-6, atol=1e-6)
+    assert np.abs(cp.asnumpy(d)[1:4, 10:250]).max() < 3 and (cp.asnumpy(d)[0] == want[0]).all()
 
 
 @pytest.mark.parametrize("n", [7, 2048, 5000, 151936])

@@ -17,7 +17,9 @@ from sharpi_core.quants import activation_for, quantize_q8_blocks
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="CPU kernels unavailable")
 
 
-def reference(q, cache, start, window, scale):
+def reference(q, cache, start, window, scale, softcap=0.0, fa=False):
+    """softcap: on the scaled scores with flash attention (llama.cpp folds 1/softcap into its scale), on the
+    raw ones without it (then the softmax's scale)."""
     T, H, D = q.shape
     L = start + T
     K, V = cache.k.read(0, L), cache.v.read(0, L)  # [L, Hkv, D]
@@ -27,7 +29,12 @@ def reference(q, cache, start, window, scale):
         pos = start + t
         lo = max(0, pos - window + 1) if window else 0
         for h in range(H):
-            p = torch.softmax(K[lo:pos + 1, h // G].double() @ q[t, h].double() * scale, 0).float()
+            sc = K[lo:pos + 1, h // G].double() @ q[t, h].double()
+            if softcap and fa:
+                sc = softcap * torch.tanh(sc * scale / softcap) / scale
+            elif softcap:
+                sc = softcap * torch.tanh(sc / softcap)
+            p = torch.softmax(sc * scale, 0).float()
             if cache.v.kind == "f16":
                 p = p.half().float()
             out[t, h] = (p.double() @ V[lo:pos + 1, h // G].double()).float()
@@ -79,6 +86,44 @@ def test_attention_matches_reference_and_rows_are_batch_invariant(mode, kind, wi
                 assert torch.equal(one[0], out[t])
     finally:
         torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+def test_attention_softcap(mode, kind):
+    """Gemma 2's attention logit softcapping, softcap * tanh(s / softcap), in every mode, including a
+    prompt pass long enough for the tiled kernel (>= 64 rows), against the reference; the cap changes
+    the result (the scores reach past it)."""
+    mode = MODES[mode]
+    g = torch.Generator().manual_seed(7)
+    H, Hkv, D, L = 4, 1, 256, 100
+    cache = KVCache(1, 128, Hkv, D, D, kind, kind)
+    cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
+    cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
+    T = 70 if mode == cpu.ATTN_FA_PROMPT else 5
+    q = q_for(torch.randn(T, H, D, generator=g) * 0.5, cache, mode)
+    fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
+    q_ref = activation_for(q, cache.k.qtype) if fa and kind == "q8_0" else q
+    tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-3, atol=1e-3)
+    for scale in (1.0, 0.0625):
+        out = cpu.attention(q, cache.k, cache.v, 0, L - T, 37, scale, mode, softcap=10.0)
+        torch.testing.assert_close(out, reference(q_ref, cache, L - T, 37, scale, softcap=10.0, fa=fa), **tol)
+        plain = cpu.attention(q, cache.k, cache.v, 0, L - T, 37, scale, mode)
+        assert (out - plain).abs().max() > 0.05
+        if mode != cpu.ATTN_FA_PROMPT:  # rows alone are the rows of the pass
+            assert torch.equal(cpu.attention(q[2:3], cache.k, cache.v, 0, L - T + 2, 37, scale, mode, softcap=10.0)[0], out[2])
+
+
+def test_softcap_is_libm_tanhf_in_float_steps():
+    """Final logit softcapping as ggml computes it: x * (1 / cap) in float, libm's tanhf, times cap."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.tanhf.restype, libm.tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(3)) * 40
+    x[:4] = torch.tensor([0.0, -0.0, 1e-30, 500.0])
+    inv = np.float32(1) / np.float32(30)
+    want = [np.float32(libm.tanhf(float(np.float32(v) * inv))) * np.float32(30) for v in x.numpy()]
+    got = cpu.softcap(x.clone(), 30.0)
+    assert got.numpy().tobytes() == np.array(want, np.float32).tobytes()
 
 
 def test_attention_rejects_bad_shapes():

@@ -555,10 +555,12 @@ class CudaTransformer:
                 _, splits = ops.attention_splits(n_kv, cache.capacity, window=window, p_round=p_round)
                 n_op, n_ml = ops.attention_work(1, H, hdv, splits)  # per query row
                 work = (b.get("att_op", (T, n_op)), b.get("att_ml", (T, n_ml)))
-            # the output rounded for wo by the launch combining the splits (not before a V rotation)
+            # the output rounded for wo by the launch combining the splits (not before a V rotation). The
+            # kernel caps q.k before its scale, llama.cpp's flash attention after it: the same with Gemma 2's
+            # kq_scale of 1 (q is scaled instead)
             f = fuse(ly.wo) and cache.rot_v is None
-            o = ops.attention(q, cache.k[j], cache.v[j], pos, n_kv, kq_scale, window=window, q_round=q_round,
-                              p_round=p_round, out=b.get("att", (T, H, hdv)), work=work, rope=rope,
+            o = ops.attention(q, cache.k[j], cache.v[j], pos, n_kv, kq_scale, window=window, softcap=c.attn_softcap,
+                              q_round=q_round, p_round=p_round, out=b.get("att", (T, H, hdv)), work=work, rope=rope,
                               rounding=ly.wo.kind if f else None, counters=counters, stream=s)
             o = o.reshape(T, H * hdv)
             if cache.rot_v is not None:
@@ -590,7 +592,10 @@ class CudaTransformer:
         xn = ops.rms_norm(x, self.output_norm, eps, out=b.get("h", (T, D)), add=pending, rounding=kind, stream=s)
         if tr is not None:
             tr(f"l_out-{c.n_layer - 1}", x)
-        return head.matmul(xn, stream=s, out=b.get("logits", (T, head.n)))
+        logits = head.matmul(xn, stream=s, out=b.get("logits", (T, head.n)))
+        if c.final_softcap:
+            ops.softcap(logits, c.final_softcap, stream=s)
+        return logits
 
 
 class SplitCache:

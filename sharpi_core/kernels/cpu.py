@@ -47,7 +47,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 4
+_ABI = 5
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -80,6 +80,7 @@ _ropetab = None
 _rpk = None
 _had = None
 _sq8 = None
+_scap = None
 build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
 
@@ -190,7 +191,7 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -203,7 +204,7 @@ def _bind_ctypes(path: Path) -> None:
     g.restype = c_int
     a = lib.sharpi_attention
     a.argtypes = [c_void_p, *[c_long] * 5, c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_int, c_long, c_long,
-                  ctypes.c_float, c_int, c_int, c_long, c_void_p, c_int]
+                  ctypes.c_float, ctypes.c_float, c_int, c_int, c_long, c_void_p, c_int]
     a.restype = c_int
     r = lib.sharpi_rms_norm
     r.argtypes = [c_void_p, c_void_p, c_long, c_long, ctypes.c_float, c_void_p]
@@ -235,14 +236,17 @@ def _bind_ctypes(path: Path) -> None:
     rp = lib.sharpi_repack
     rp.argtypes = [c_int, c_void_p, c_long, c_long, c_void_p, c_int, c_int]
     rp.restype = c_int
+    sc = lib.sharpi_softcap
+    sc.argtypes = [c_void_p, c_long, ctypes.c_float]
+    sc.restype = None
     _state["lib"] = lib
-    _glu, _rope, _ropetab, _rpk, _had, _sq8 = gl, ro, rt, rp, hd, sq
+    _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap = gl, ro, rt, rp, hd, sq, sc
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
     _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -250,6 +254,7 @@ def _bind_module(path: Path) -> None:
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
     _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
+    _scap = mod.softcap
 
 
 def _load():
@@ -618,6 +623,17 @@ def store_q8_0(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> None:
 _GLU_ACT = {"silu": 0, "gelu_tanh": 1}
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """x fp32 (contiguous) = tanh(x * (1 / cap)) * cap in place, as llama.cpp caps Gemma 2's final logits
+    (libm's tanhf, element by element: torch's vectorized tanh rounds differently)."""
+    if _scap is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    if x.dtype is not _F32 or not x.is_contiguous():
+        raise ValueError(f"softcap: x {x.dtype}, contiguous {x.is_contiguous()}")
+    _scap(x.data_ptr(), x.numel(), float(cap))
+    return x
+
+
 def glu(gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
     """gu fp32 [T, 2 * n_ff] (gate then up) -> act(gate) * up [T, n_ff], as llama.cpp's fused ops
     compute it on x86: silu through ggml's vectorized expf, gelu (tanh) through its fp16 table."""
@@ -641,9 +657,10 @@ ATTN_TINYBLAS, ATTN_VEC_DOT, ATTN_FA_PROMPT, ATTN_FA_DECODE = 0, 1, 2, 3
 
 
 def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window: int, scale: float,
-              mode: int = ATTN_FA_PROMPT) -> torch.Tensor:
+              mode: int = ATTN_FA_PROMPT, softcap: float = 0.0) -> torch.Tensor:
     """q [T, H, D] against one layer of the KV cache -> [T, H, Dv]. Row t is at position start + t and
-    sees keys [start + t - window + 1 (or 0), start + t]. k_store / v_store are kv_cache stores: `.q`
+    sees keys [start + t - window + 1 (or 0), start + t]. softcap > 0: the scores pass through
+    softcap * tanh(score / softcap) where llama.cpp applies it (Gemma 2's attention logit softcapping). k_store / v_store are kv_cache stores: `.q`
     [n_layer, capacity, Hkv, D] in f32 / f16 / int8, `.d` the q8_0 scales, `.kind`.
 
     `mode` is how llama.cpp's CPU backend would compute this pass (see ops.c): without flash
@@ -665,7 +682,7 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     vd = v_store.d[layer].data_ptr() if v_store.kind == "q8_0" else 0
     out = torch.empty((T, H, Dv), dtype=_F32)
     rc = _att(q.data_ptr(), T, H, Hkv, D, Dv, kq.data_ptr(), kd, _KV_CODE[k_store.kind], vq.data_ptr(), vd,
-              _KV_CODE[v_store.kind], start, window, float(scale), int(v_store.kind == "f16"), mode, kq.shape[0],
+              _KV_CODE[v_store.kind], start, window, float(scale), float(softcap), int(v_store.kind == "f16"), mode, kq.shape[0],
               out.data_ptr(), torch.get_num_threads())
     if rc:
         raise ValueError(f"attention: kernel rejected D={D} Dv={Dv} H={H} Hkv={Hkv} ({k_store.kind}/{v_store.kind})")

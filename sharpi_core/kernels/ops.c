@@ -6,7 +6,10 @@
  * sharpi_round_q8: activations rounded through 8-bit blocks (returned dequantized, fp32), bit for
  * bit the torch expression in quants.quantize_q8_blocks (one call instead of eight torch ops).
  *
- * sharpi_attention: out[T, H, Dv] = softmax(q K^T * scale + mask) V.
+ * sharpi_attention: out[T, H, Dv] = softmax(cap(q K^T) * scale + mask) V, cap the identity or, with a
+ * logit softcap c > 0 (Gemma 2), c * tanhf(s / c) where llama.cpp computes it: flash attention folds
+ * the 1/c into its scale (s * (scale / c), then c * tanhf, libm's), the other path scales by 1/c,
+ * tanhf, times c, then the softmax's scale.
  *
  * One (query row, head) pair is computed by one thread in a fixed order, so its result does not
  * depend on T or on the thread count: a speculative verify pass of k+1 rows reproduces k+1
@@ -42,6 +45,9 @@
  * sharpi_glu: silu(g) * u (ggml_vec_swiglu_f32: x / (1 + expf(-x)) with ggml's vectorized expf) or
  * gelu(g) * u through ggml's fp16 GELU table (GGML_GELU_FP16: g rounded to fp16, the tanh GELU of
  * that rounded to fp16), as llama.cpp's fused swiglu / geglu ops compute them.
+ *
+ * sharpi_softcap: x = tanhf(x * (1 / cap)) * cap in place, as llama.cpp's graphs cap final logits
+ * (Gemma 2: ggml_scale, ggml_tanh with libm's tanhf element by element, ggml_scale).
  *
  * sharpi_hadamard: every chunk of n floats times the orthonormal Walsh-Hadamard matrix H_n, in place,
  * bit for bit kv_cache.rotate's torch arithmetic (scale by 1/sqrtf(n) first, then butterflies of width
@@ -237,7 +243,7 @@ enum { FA_CHAINS = 4 }; /* chains run side by side by one thread */
  * core overlaps their latency-bound steps (the expf, the fp16 round trips), and each chain's
  * operations and their order are those of a chain computed alone (same bits). */
 static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, int k_type, const void *v,
-                      const uint16_t *vd, int v_type, long Hkv, long D, long Dv, float scale) {
+                      const uint16_t *vd, int v_type, long Hkv, long D, long Dv, float scale, float softcap) {
     int8_t qc[FA_CHAINS][512]; /* a q8_0 K: q in q8_0 blocks, as ggml converts it for ggml_vec_dot_q8_0_q8_0 */
     float qd[FA_CHAINS][16];
     uint16_t acc16[FA_CHAINS][512];
@@ -259,8 +265,10 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
             fa_chain *c = &ch[j];
             if (ic < c->c0 || ic >= c->c1) continue;
             const long row = ic * Hkv + c->g;
-            const float s = (k_type == KV_Q8_0 ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc[j], qd[j], D)
-                                               : dot_vec_dot(k, kd, k_type, row, D, c->q)) * scale + 0.0f; /* + the mask's 0 */
+            float s = (k_type == KV_Q8_0 ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc[j], qd[j], D)
+                                         : dot_vec_dot(k, kd, k_type, row, D, c->q)) * scale;
+            if (softcap != 0.0f) s = softcap * tanhf(s);
+            s += 0.0f; /* the mask's 0 */
             float ms = 1.0f, vs = 1.0f;
             const int new_max = s > c->m;
             if (new_max) {
@@ -304,7 +312,7 @@ typedef struct {
  * chunks' (max, sum, accumulator) merged with expf rescaling (ggml_flash_attn_ext_reduce_partials);
  * other rows are one chunk. The rows' chunks run as chains of one fa_chunks call per chunk index. */
 static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *kd, int k_type, const void *v,
-                    const uint16_t *vd, int v_type, long Hkv, long D, long Dv, float scale) {
+                    const uint16_t *vd, int v_type, long Hkv, long D, long Dv, float scale, float softcap) {
     float part[FA_SPLIT_THREADS][FA_CHAINS][512], acc[FA_CHAINS][512], m[FA_CHAINS], sum[FA_CHAINS];
     int split[FA_CHAINS], any_split = 0;
     for (int j = 0; j < nr; j++) {
@@ -333,7 +341,7 @@ static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *k
             ch[nc] = (fa_chain){r->q, r->g, a, b, 0.0f, 0.0f, split[j] ? part[c][j] : acc[j]};
             idx[nc++] = j;
         }
-        if (nc) fa_chunks(ch, nc, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, scale);
+        if (nc) fa_chunks(ch, nc, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, scale, softcap);
         for (int i = 0; i < nc; i++) {
             const int j = idx[i];
             if (!split[j]) {
@@ -362,7 +370,7 @@ static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *k
  * (fp32) gains the tile's probabilities times V, one FMA per position in order. kt: this KV head's K
  * as fp32, transposed: kt[d * ldk + position] (ggml packs each tile so too). */
 static void fa_tiled_row(const float *q, const float *kt, long ldk, const void *v, const uint16_t *vd, int v_type,
-                         long Hkv, long g, long D, long Dv, long lo, long pos, float scale, float *out) {
+                         long Hkv, long g, long D, long Dv, long lo, long pos, float scale, float softcap, float *out) {
     float acc[512], p[FA_TILE_KV];
     float m = -INFINITY, sum = 0.0f;
     for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc + d, _mm512_setzero_ps());
@@ -380,7 +388,14 @@ static void fa_tiled_row(const float *q, const float *kt, long ldk, const void *
             __m512 sc = _mm512_setzero_ps();
             for (long d = 0; d < D; d++)
                 sc = _mm512_fmadd_ps(_mm512_loadu_ps(kt + d * ldk + c0), _mm512_set1_ps(q[d]), sc);
-            sc = _mm512_add_ps(_mm512_mul_ps(sc, _mm512_set1_ps(scale)), _mm512_setzero_ps());
+            sc = _mm512_mul_ps(sc, _mm512_set1_ps(scale));
+            if (softcap != 0.0f) { /* ggml_vec_tanh_f32 (libm's tanhf, element by element), then times the cap */
+                float t[16];
+                _mm512_storeu_ps(t, sc);
+                for (int u = 0; u < 16; u++) t[u] = tanhf(t[u]);
+                sc = _mm512_mul_ps(_mm512_loadu_ps(t), _mm512_set1_ps(softcap));
+            }
+            sc = _mm512_add_ps(sc, _mm512_setzero_ps()); /* + the mask's 0 */
             sc = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sc);
             _mm512_storeu_ps(p + i, sc);
             const float mx = _mm512_reduce_max_ps(sc);
@@ -411,6 +426,11 @@ static void fa_tiled_row(const float *q, const float *kt, long ldk, const void *
     }
     const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
     for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(inv)));
+}
+
+void sharpi_softcap(float *x, long n, float cap) {
+    const float inv = 1.0f / cap;
+    for (long i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
 }
 
 static float gelu_table[65536]; /* ggml_table_gelu_f16, as fp32 values of its fp16 entries */
@@ -459,12 +479,16 @@ int sharpi_glu(const float *gu, long T, long n, int act, float *y, int nthreads)
 
 int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                      const void *k, const uint16_t *kd, int k_type, const void *v, const uint16_t *vd, int v_type,
-                     long start, long window, float scale, int round_p_f16, int order, long n_ctx, float *out,
-                     int nthreads) {
+                     long start, long window, float scale, float softcap, int round_p_f16, int order, long n_ctx,
+                     float *out, int nthreads) {
     if (T <= 0) return 0;
     if (D % 16 || Dv % 16 || H % Hkv || (k_type == KV_Q8_0 && D % 32) || (v_type == KV_Q8_0 && Dv % 32)) return 1;
     if ((order == FA_PROMPT || order == FA_DECODE) && (D > 512 || Dv > 512)) return 1;
     const long G = H / Hkv, Lmax = start + T;
+    const int fa = order == FA_PROMPT || order == FA_DECODE;
+    /* flash attention: s * (scale / cap), then cap * tanhf; otherwise s * (1 / cap), tanhf, times cap,
+     * then the softmax's s * scale */
+    const float fa_scale = fa && softcap != 0.0f ? scale / softcap : scale, inv_cap = softcap != 0.0f ? 1.0f / softcap : 0.0f;
     int bad = 0;
     /* tiled flash attention: K of every KV head transposed to fp32 [Hkv][D][positions] once per pass */
     const int tiled = order == FA_PROMPT && T >= FA_TILE_Q && k_type != KV_Q8_0 && k_type == v_type;
@@ -507,7 +531,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 rows[nr] = (fa_row){q16[nr], h / G, (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, pos,
                                     n_kv, out + (t * H + h) * Dv};
             }
-            fa_rows(rows, nr, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, scale);
+            fa_rows(rows, nr, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, fa_scale, softcap);
         }
     } else {
         float *s = malloc(sizeof(float) * (size_t)(Lmax + 16));
@@ -522,7 +546,8 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             const long lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, n = pos + 1 - lo;
             const float *qr = q + (t * H + h) * D;
             if (tiled) {
-                fa_tiled_row(qr, kt + g * D * ldk, ldk, v, vd, v_type, Hkv, g, D, Dv, lo, pos, scale, out + (t * H + h) * Dv);
+                fa_tiled_row(qr, kt + g * D * ldk, ldk, v, vd, v_type, Hkv, g, D, Dv, lo, pos, fa_scale, softcap,
+                             out + (t * H + h) * Dv);
                 continue;
             }
             /* scores: per key, the 16-lane FMA accumulators of ggml_vec_dot_f16 (4 of them, 64 dims a
@@ -553,6 +578,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                         acc = _mm512_fmadd_ps(load16(k, kd, k_type, row, D, d), _mm512_loadu_ps(qr + d), acc);
                     sc = reduce16(acc);
                 }
+                if (softcap != 0.0f) sc = tanhf(sc * inv_cap) * softcap;
                 sc *= scale;
                 s[j] = sc;
                 mx = sc > mx ? sc : mx;
@@ -608,9 +634,9 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
 }
 
 #ifdef SHARPI_PYEXT
-/* attention(q, T, H, Hkv, D, Dv, k, kd, k_type, v, vd, v_type, start, window, scale, round_p_f16, out,
- * nthreads) for the _sharpi_qmatmul module (qmatmul.c lists it): pointers as Python ints, scale a
- * float; the GIL is released meanwhile. */
+/* attention(q, T, H, Hkv, D, Dv, k, kd, k_type, v, vd, v_type, start, window, scale, softcap, round_p_f16,
+ * order, n_ctx, out, nthreads) for the _sharpi_qmatmul module (qmatmul.c lists it): pointers as Python
+ * ints, scale and softcap (0: none) floats; the GIL is released meanwhile. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -631,6 +657,20 @@ PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t n
     long a[3];
     if (sharpi_py_nlongs(args, nargs, a, 3, "hadamard")) return NULL;
     sharpi_hadamard((float *)a[0], a[1], (int)a[2]);
+    Py_RETURN_NONE;
+}
+
+/* softcap(x, n, cap) */
+PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "softcap() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    const long x = PyLong_AsLong(args[0]), n = PyLong_AsLong(args[1]);
+    const double cap = PyFloat_AsDouble(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    sharpi_softcap((float *)x, n, (float)cap);
     Py_RETURN_NONE;
 }
 
@@ -690,16 +730,16 @@ PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 20) {
-        PyErr_Format(PyExc_TypeError, "attention() takes 20 arguments (%zd given)", nargs);
+    if (nargs != 21) {
+        PyErr_Format(PyExc_TypeError, "attention() takes 21 arguments (%zd given)", nargs);
         return NULL;
     }
-    long a[20];
-    double scale = 0.0;
-    for (int i = 0; i < 20; i++) {
-        if (i == 14) {
-            scale = PyFloat_AsDouble(args[i]);
-            if (scale == -1.0 && PyErr_Occurred()) return NULL;
+    long a[21];
+    double f[2] = {0.0, 0.0}; /* scale, softcap */
+    for (int i = 0; i < 21; i++) {
+        if (i == 14 || i == 15) {
+            f[i - 14] = PyFloat_AsDouble(args[i]);
+            if (f[i - 14] == -1.0 && PyErr_Occurred()) return NULL;
             continue;
         }
         a[i] = PyLong_AsLong(args[i]);
@@ -708,8 +748,8 @@ PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = sharpi_attention((const float *)a[0], a[1], a[2], a[3], a[4], a[5], (const void *)a[6], (const uint16_t *)a[7],
-                          (int)a[8], (const void *)a[9], (const uint16_t *)a[10], (int)a[11], a[12], a[13], (float)scale,
-                          (int)a[15], (int)a[16], a[17], (float *)a[18], (int)a[19]);
+                          (int)a[8], (const void *)a[9], (const uint16_t *)a[10], (int)a[11], a[12], a[13], (float)f[0],
+                          (float)f[1], (int)a[16], (int)a[17], a[18], (float *)a[19], (int)a[20]);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc);
 }

@@ -28,21 +28,25 @@ class ModelConfig:
     rope_style: str
     qkv_bias: bool = False
     qk_norm: bool = False           # per-head RMSNorm of q and k (gemma3)
-    post_norms: bool = False        # RMSNorm after attention and after the FFN (gemma3)
+    post_norms: bool = False        # RMSNorm after attention and after the FFN (gemma2, gemma3)
     act: str = "silu"               # gated FFN activation: silu (SwiGLU) | gelu_tanh (GeGLU)
     embed_scale: float = 1.0        # gemma multiplies embeddings by sqrt(n_embd)
     attn_scale: float = 0.0         # 0 -> 1/sqrt(head_dim_k)
-    scale_q: bool = False           # the scale multiplies q before q.k (gemma3 in llama.cpp), not the scores
+    scale_q: bool = False           # the scale multiplies q before q.k (gemma2/3 in llama.cpp), not the scores
+    attn_softcap: float = 0.0       # scores through c * tanh(s / c) (gemma2's attention logit softcapping); 0 = none
+    final_softcap: float = 0.0      # the same on the output logits (gemma2; gemma3 when its GGUF says so)
     sliding_window: int = 0         # 0 = none
-    swa_pattern: int = 0            # every swa_pattern-th layer is global; the others slide
+    swa_pattern: int = 0            # every swa_pattern-th layer is global; the others slide (the arch's default)
+    swa_layers: tuple = ()          # per layer: does it slide (from swa_pattern or the GGUF's pattern)
     rope_base_swa: float = 0.0      # rope base of sliding layers (0 -> rope_base)
+    rope_freq_scale_swa: float = 1.0  # their frequency scale (whatever the context's settings)
     rope_freq_scale: float = 1.0    # positions times this (linear RoPE scaling: 1 / factor), sliding layers excepted
     tied_output: bool = False       # output.weight absent -> reuse token_embd
     rope_freqs: bool = False        # RoPE frequencies divided by rope_freqs.weight (Llama 3.1+ GGUFs)
     nope_every: int = 0             # every nope_every-th layer has no RoPE at all (smollm3: 4th, 8th, ...)
 
     def is_swa(self, layer: int) -> bool:
-        return self.sliding_window > 0 and self.swa_pattern > 0 and (layer % self.swa_pattern) < self.swa_pattern - 1
+        return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
 
     def has_rope(self, layer: int) -> bool:
         return not (self.nope_every and (layer + 1) % self.nope_every == 0)
@@ -51,7 +55,7 @@ class ModelConfig:
         """(base, frequency scale) of the layer's RoPE: llama.cpp's get_rope_freq_base / _scale, whose
         sliding layers keep their own base and scale 1 whatever the context's settings."""
         if self.is_swa(layer) and self.rope_base_swa:
-            return self.rope_base_swa, 1.0
+            return self.rope_base_swa, self.rope_freq_scale_swa
         return self.rope_base, self.rope_freq_scale
 
 
@@ -99,6 +103,7 @@ def _rope_freq_scale(gf: GGUFFile) -> float:
 ARCH_TABLE = {
     "llama": dict(rope_style=ROPE_NORM),
     "qwen2": dict(rope_style=ROPE_NEOX, qkv_bias=True),
+    "gemma2": dict(rope_style=ROPE_NEOX, post_norms=True, act="gelu_tanh", swa_pattern=2, scale_q=True),
     "gemma3": dict(rope_style=ROPE_NEOX, qk_norm=True, post_norms=True, act="gelu_tanh",
                    swa_pattern=6, rope_base_swa=10000.0, scale_q=True),
     "qwen3": dict(rope_style=ROPE_NEOX, qk_norm=True),
@@ -118,14 +123,39 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     kw = _common(gf, n_vocab)
     kw.update(ARCH_TABLE[arch])
     kw["rope_freqs"] = arch in ROPE_FREQS_ARCHS and "rope_freqs.weight" in gf.tensors
-    if arch == "gemma3":
-        kw["rope_base_swa"] = float(gf.arch_get("rope.freq_base_swa", kw["rope_base_swa"]))
-        kw["embed_scale"] = kw["n_embd"] ** 0.5
-        kw["sliding_window"] = int(gf.arch_get("attention.sliding_window", 0) or 0)
-        kw["attn_scale"] = 1.0 / kw["head_dim_k"] ** 0.5
+    if arch in ("gemma2", "gemma3"):
+        _gemma(gf, kw)
     c = ModelConfig(**kw)
     check_config(c, gf)
     return c
+
+
+def _gemma(gf: GGUFFile, kw: dict) -> None:
+    """Gemma 2 / 3 hyperparameters as llama.cpp's loaders read them (src/models/gemma2.cpp, gemma3.cpp)."""
+    a = gf.arch_get
+    kw["embed_scale"] = kw["n_embd"] ** 0.5
+    if gf.arch == "gemma2":  # always sliding (4096 by default); sliding layers keep the trained base and scale
+        kw["sliding_window"] = int(a("attention.sliding_window", 4096) or 0)
+        kw["rope_base_swa"] = float(a("rope.freq_base_swa", kw["rope_base"]))
+        kw["rope_freq_scale_swa"] = kw["rope_freq_scale"]
+        kw["attn_softcap"] = float(a("attn_logit_softcapping", 50.0))
+        kw["final_softcap"] = float(a("final_logit_softcapping", 30.0))
+        big = kw["n_layer"] == 46  # Gemma 2 27B
+    else:  # sliding only when the GGUF gives a window
+        kw["sliding_window"] = int(a("attention.sliding_window", 0) or 0)
+        kw["rope_base_swa"] = float(a("rope.freq_base_swa", kw["rope_base_swa"]))
+        kw["final_softcap"] = float(a("final_logit_softcapping", 0.0) or 0.0)
+        big = kw["n_layer"] == 62  # Gemma 3 27B
+    # the 27B models scale q by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) (gemma_pytorch's config)
+    kw["attn_scale"] = 1.0 / math.sqrt(kw["n_embd"] // kw["n_head"] if big and kw["n_head"] else kw["head_dim_k"])
+    pattern = a("attention.sliding_window_pattern", kw["swa_pattern"])
+    if isinstance(pattern, (list, tuple)):  # one flag per layer
+        if len(pattern) != kw["n_layer"]:
+            raise SharpiError(f"{gf.path}: a sliding window pattern of {len(pattern)} layers for {kw['n_layer']}")
+        kw["swa_layers"] = tuple(bool(v) for v in pattern)
+    else:  # every n-th layer is global (llama.cpp's set_swa_pattern; 0: every layer slides)
+        n = int(pattern)
+        kw["swa_layers"] = tuple(n == 0 or i % n < n - 1 for i in range(kw["n_layer"]))
 
 
 def expected_shapes(c: ModelConfig):
@@ -183,6 +213,7 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
     if not 0 < c.n_rot <= c.head_dim_k or c.n_rot % 2:
         raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions")
     for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0),  # swa 0 = rope_base
-                      ("rope_freq_scale", 1e-30)):
+                      ("rope_freq_scale", 1e-30), ("rope_freq_scale_swa", 1e-30), ("attn_softcap", 0.0),
+                      ("final_softcap", 0.0)):
         if not math.isfinite(getattr(c, name)) or getattr(c, name) < low:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")

@@ -6,7 +6,8 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / qwen3 / smollm3 / gemma3 layers (q/k norms, post-norms, sliding windows, q scaling),
+It covers the llama / qwen2 / qwen3 / smollm3 / gemma2 / gemma3 layers (q/k norms, post-norms, sliding windows, q
+scaling, attention softcapping),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -97,7 +98,7 @@ class DecodePath:
         b = self._buffers(T)
         nth = torch.get_num_threads()
         rms, att, glu, rope = self.fns["rms_norm"], self.fns["attention"], self.fns["glu"], self.fns["rope"]
-        eps = float(c.norm_eps)
+        eps, softcap = float(c.norm_eps), float(c.attn_softcap)
         had = self.fns["hadamard"]
         kcode, vcode = cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind]
         rot_k, rot_v = cache.rot_k, cache.rot_v  # Hadamard sizes (q8_0 caches), or None
@@ -137,7 +138,7 @@ class DecodePath:
             kq, vq = cache.k.q[i], cache.v.q[i]  # [capacity, Hkv, hd]
             window = c.sliding_window if c.is_swa(i) else 0
             if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos,
-                   window, float(kq_scale), round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
+                   window, float(kq_scale), softcap, round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
                 raise RuntimeError("attention: the kernel rejected the pass")
             if rot_v:
                 had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)

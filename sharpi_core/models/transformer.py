@@ -1,4 +1,4 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3 and gemma3 (differences come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, gemma2 and gemma3 (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -293,7 +293,10 @@ class Transformer:
         qh = activation_for(q, cache.k.qtype).view(T, Hkv, G, hd).permute(1, 2, 0, 3).reshape(Hkv, G * T, hd)
         K = cache.k.read(layer, L)  # [L, Hkv, hd]
         V = cache.v.read(layer, L)  # [L, Hkv, hdv]
-        s = torch.bmm(qh, K.permute(1, 2, 0)).mul_(scale)  # [Hkv, G*T, L]
+        s = torch.bmm(qh, K.permute(1, 2, 0))  # [Hkv, G*T, L]
+        if c.attn_softcap:
+            s = s.mul_(1.0 / c.attn_softcap).tanh_().mul_(c.attn_softcap)
+        s = s.mul_(scale)
         if mask is not None:
             s.view(Hkv, G, T, L).masked_fill_(~mask, float("-inf"))
         p = torch.softmax(s, dim=-1)
@@ -350,7 +353,18 @@ class Transformer:
         if last_n is not None:
             x = x[-last_n:]
         x = rms_norm(x, self.output_norm, c.norm_eps)
-        return (self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out))(x, prompt)
+        logits = (self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out))(x, prompt)
+        return self.cap_logits(logits)
+
+    def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The final logit softcapping of Gemma 2 (in place; the identity for other models)."""
+        cap = self.config.final_softcap
+        if not cap:
+            return logits
+        kern = _kernels()
+        if getattr(kern, "softcap", None) is not None and logits.is_contiguous():
+            return kern.softcap(logits, cap)  # libm's tanhf, as ggml_tanh
+        return logits.mul_(1.0 / cap).tanh_().mul_(cap)
 
     @torch.inference_mode()
     def hidden(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, prompt: bool,
@@ -406,7 +420,7 @@ class Transformer:
                 # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
                 o = self._attn_kernel(q if self.flash_attn else activation_for(q, cache.k.qtype),
                                       cache.k, cache.v, i, start_pos, window, kq_scale,
-                                      _ATTN_MODE[self.flash_attn, prompt]).view(T, H * hdv)
+                                      _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap).view(T, H * hdv)
             elif T <= EXACT_ROWS:
                 # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
                 o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
