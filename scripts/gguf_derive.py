@@ -22,6 +22,10 @@ fixed, smooth values (no random generator: the same file on every machine):
           layers; gguf.quants' quantizer) and IQ4_NL (odd). The other quantizers are plain ones
           (the largest value of a sub-block on the end of the code range, nearest codes; not ggml's
           search), so the values differ from a llama-quantize run, not the format
+  phi3    general.architecture phi3 (keys renamed): q, k and v in one attn_qkv tensor (rows reordered for
+          NeoX RoPE as in qwen3), ffn_gate and ffn_up in one ffn_up (gate rows first), blocks copied byte for
+          byte; longrope: rope_factors_long.weight (Llama 3.1's factors) and rope_factors_short.weight
+          (1 to 1.1), with PHI3_KV's original context and attention factor
   gemma2  from gemma3 (Gemma 3 270M): general.architecture gemma2 (keys renamed), no q / k norms (Gemma 2 has
           none: their weights and a typical per-head RMS are folded into attn_q / attn_k, requantized to
           Q8_0), attention and final logit softcapping (GEMMA2_KV: caps low enough that tanh bends the
@@ -44,11 +48,14 @@ import gguf
 import numpy as np
 
 VT = gguf.GGUFValueType
-VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2")
+VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
 DEFAULT_SOURCE = "smollm2-135m-instruct-q4_1"
+# phi3's longrope: the long factors past this context (the tests' 512-token contexts), the short ones up to it
+# (their 256-token shift runs); cos and sin times the attention factor
+PHI3_KV = {"rope.scaling.original_context_length": 384, "rope.scaling.attn_factor": 1.1}
 GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "attention.sliding_window": 128,
              "rope.freq_base_swa": 10000.0}
 Q = gguf.GGMLQuantizationType
@@ -263,6 +270,33 @@ def finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
+def _phi3_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, base: float) -> None:
+    """phi3's tensors from a llama GGUF's: attn_qkv (q and k rows in NeoX order) and a gate-then-up ffn_up,
+    each the parts' blocks back to back (one type), and the longrope factors."""
+    tensors = {t.name: t for t in r.tensors}
+    for t in r.tensors:
+        name = t.name
+        if name.endswith((".attn_k.weight", ".attn_v.weight", ".ffn_gate.weight")):
+            continue
+        if name.endswith((".attn_q.weight", ".ffn_up.weight")):
+            p = name.rsplit(".", 2)[0] + "."
+            if name.endswith(".attn_q.weight"):
+                parts, fused = [tensors[p + n] for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight")], p + "attn_qkv.weight"
+            else:
+                parts, fused = [tensors[p + "ffn_gate.weight"], t], p + "ffn_up.weight"
+            if len({q.tensor_type for q in parts}) != 1 or parts[0].tensor_type in (Q.F32, Q.F16):
+                raise SystemExit(f"{name}: parts of one quantized type are needed to fuse them as they are")
+            rows = [np.asarray(q.data) for q in parts]
+            if name.endswith(".attn_q.weight"):
+                rows[0], rows[1] = _pairs_to_halves(rows[0], head_dim, n_rot), _pairs_to_halves(rows[1], head_dim, n_rot)
+            w.add_tensor(fused, np.concatenate(rows), raw_dtype=parts[0].tensor_type)
+        else:
+            add_tensor_as_is(w, t)
+    long = llama3_rope_factors(n_rot, base)
+    w.add_tensor("rope_factors_long.weight", long)
+    w.add_tensor("rope_factors_short.weight", (1 + (long - 1) / 70).astype(np.float32))
+
+
 def derive(variant: str, src: str, dst: str) -> None:
     if variant not in VARIANTS:
         raise SystemExit(f"unknown variant '{variant}' (known: {', '.join(VARIANTS)})")
@@ -270,13 +304,16 @@ def derive(variant: str, src: str, dst: str) -> None:
     arch = str(r.fields["general.architecture"].contents())
     if arch != SOURCE_ARCH.get(variant, "llama"):
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
-    new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2"}.get(variant, arch)
+    new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3"}.get(variant, arch)
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
-    name = f"{r.fields['general.name'].contents()} ({variant} derivative, for tests)" if "general.name" in r.fields else None
+    # (not "phi3" in the name: llama.cpp's vocabulary would then give Phi-3's special tokens their attributes,
+    # and fail on the missing </s>)
+    label = {"phi3": "fused-qkv longrope"}.get(variant, variant)
+    name = f"{r.fields['general.name'].contents()} ({label} derivative, for tests)" if "general.name" in r.fields else None
     values = {"general.name": name} if name else {}
-    if variant == "gemma2":
-        values.update({f"{new_arch}.{k}": v for k, v in GEMMA2_KV.items()})
+    if variant in ("gemma2", "phi3"):
+        values.update({f"{new_arch}.{k}": v for k, v in (GEMMA2_KV if variant == "gemma2" else PHI3_KV).items()})
     kv = copy_kv(r, w, rename, values)
     for key, value in values.items():  # the ones the source does not have
         if key not in kv:
@@ -285,6 +322,10 @@ def derive(variant: str, src: str, dst: str) -> None:
     head_dim = int(kv.get(f"{new_arch}.attention.key_length", int(kv[f"{new_arch}.embedding_length"]) // n_head))
     n_rot = int(kv.get(f"{new_arch}.rope.dimension_count", head_dim))
     tensors = {t.name: t for t in r.tensors}
+    if variant == "phi3":
+        _phi3_tensors(w, r, head_dim, n_rot, float(kv[f"{new_arch}.rope.freq_base"]))
+        finish(w)
+        return
     for t in r.tensors:
         if variant == "gemma2" and t.name.endswith((".attn_q_norm.weight", ".attn_k_norm.weight")):
             continue

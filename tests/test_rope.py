@@ -55,9 +55,14 @@ def test_linear_rope_scaling_from_the_gguf(tmp_path):
     assert scale(**{"llama.rope.scale_linear": 8.0}) == 0.125  # the older key
     assert scale(**{"llama.rope.scaling.type": "none", "llama.rope.scaling.factor": 4.0}) == 1.0
     for kv, msg in (({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "RoPE scaling 'yarn' is not supported"),
-                    ({"llama.rope.scaling.attn_factor": 1.5}, "RoPE attention factor")):
+                    ({"llama.rope.scaling.attn_factor": 0.0}, "rope_attn_factor is 0.0")):
         with pytest.raises(SharpiError, match=msg):
             scale(**kv)
+    # an attention factor (llama.cpp: every graph's rope cache times it) scales cos and sin
+    m = load_model(write_gguf(tmp_path / "af.gguf", kv={"llama.rope.scaling.attn_factor": 1.5}))
+    assert m.config.rope_attn_factor == 1.5
+    tab = torch.view_as_real(m._rope_table(m._ropes[0], 4))
+    assert torch.equal(tab, torch.view_as_real(load_model(write_gguf(tmp_path / "af1.gguf"))._rope_table(m._ropes[0], 4)) * 1.5)
 
 
 def test_cli_rope_flags():

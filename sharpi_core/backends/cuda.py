@@ -735,26 +735,26 @@ def add_bias(x, b, stream=None):
     return x
 
 
-def _elementwise(kernel: str, x, *args, stream=None):
-    """One of ops.cu's in-place element kernels (x, x_st, T, n, *args) over x [T, ...] (each token's
+def _elementwise(fn, x, *args, stream=None):
+    """One of ops.cu's in-place element kernels fn(x, x_st, T, n, *args) over x [T, ...] (each token's
     values contiguous, any token stride)."""
     cp = _cupy()
     with _on(stream):
         x2, st = _rows_inplace(cp, x, "x")
         T, n = x2.shape
         if T * n:
-            function("ops", kernel)((-(-(T * n) // 256),), (256,), (x2, _i64(st), _i32(T), _i32(n), *args))
+            fn((-(-(T * n) // 256),), (256,), (x2, _i64(st), _i32(T), _i32(n), *args))
     return x
 
 
 def scale(x, alpha: float, stream=None):
     """x [T, ...] *= alpha in place."""
-    return _elementwise("scale_f32", x, _f32(alpha), stream=stream)
+    return _elementwise(function("ops", "scale_f32"), x, _f32(alpha), stream=stream)
 
 
 def softcap(x, cap: float, stream=None):
     """x [T, ...] = tanh(x * (1 / cap)) * cap in place (Gemma 2's final logit softcapping)."""
-    return _elementwise("softcap_f32", x, _f32(np.float32(1) / np.float32(cap)), _f32(cap), stream=stream)
+    return _elementwise(function("ops", "softcap_f32"), x, _f32(np.float32(1) / np.float32(cap)), _f32(cap), stream=stream)
 
 
 def hadamard_scale(blk: int) -> np.float32:

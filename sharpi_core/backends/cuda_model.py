@@ -49,7 +49,8 @@ import torch
 from ..errors import SharpiError, UsageError
 from ..kv_cache import CacheBase
 from ..models.config import ROPE_NEOX
-from ..models.transformer import Transformer, _weight, attention_scales, check_pass, pass_tokens, prompt_pass
+from ..models.transformer import (Transformer, _weight, attention_scales, check_pass, layer_parts, pass_tokens,
+                                  prompt_pass)
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector, q8_0_blocks
 from .cuda import GPU_CACHE_TYPES
 
@@ -254,12 +255,11 @@ class CudaTransformer:
                     # GGUF row order: the rope kernel pairs NEOX dims itself (the CPU path permutes rows)
                     host = lambda name: (load_vector(gf.tensor(name)).numpy()  # noqa: E731
                                          if name in gf.tensors else None)
-                    ly.qkv = _Proj(ops, [_weight(gf, p + n) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight")],
-                                   p + "attn_qkv", "qkv", s,
+                    parts = layer_parts(gf, c, i)  # (views of phi3's fused attn_qkv and ffn_up)
+                    ly.qkv = _Proj(ops, [parts["q"], parts["k"], parts["v"]], p + "attn_qkv", "qkv", s,
                                    biases=[host(p + n) for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias")])
                     ly.wo = _Proj(ops, [_weight(gf, p + "attn_output.weight")], p + "attn_output", "wo", s)
-                    ly.gu = _Proj(ops, [_weight(gf, p + "ffn_gate.weight"), _weight(gf, p + "ffn_up.weight")],
-                                  p + "ffn_gate_up", "gu", s)
+                    ly.gu = _Proj(ops, [parts["gate"], parts["up"]], p + "ffn_gate_up", "gu", s)
                     ly.down = _Proj(ops, [_weight(gf, p + "ffn_down.weight")], p + "ffn_down", "down", s)
                     ly.attn_norm, ly.ffn_norm = vec(p + "attn_norm.weight"), vec(p + "ffn_norm.weight")
                     ly.q_norm, ly.k_norm = vec(p + "attn_q_norm.weight"), vec(p + "attn_k_norm.weight")
@@ -309,6 +309,10 @@ class CudaTransformer:
             if n_ctx > most:
                 raise UsageError(f"-fa off on this GPU supports a context of at most {most} tokens (-c {n_ctx}); "
                                  "use -fa on (the default) or a smaller -c")
+        factors = self.cpu._rope_factors
+        self.cpu.use_context(n_ctx)  # (phi3: the RoPE factors of this context size)
+        if self.cpu._rope_factors is not factors:
+            self._tables.clear()
         with self.stream:
             return CudaKVCache(self.ops, len(self.layers), n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
                                type_k, type_v, stream=self.stream)

@@ -76,15 +76,16 @@ enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
 enum { ORDER_TINYBLAS = 0, ORDER_VEC_DOT = 1, FA_PROMPT = 2, FA_DECODE = 3 };
 enum { FA_TILE_Q = 64, FA_TILE_KV = 64, FA_SPLIT_MIN_KV = 512, FA_SPLIT_THREADS = 2, KV_PAD = 256 };
 
-/* cs [n, n_rot / 2, 2]: (cos, sin) of position p and frequency i */
-void sharpi_rope_table(float base, float freq_scale, long n, int n_rot, const float *ff, float *cs) {
+/* cs [n, n_rot / 2, 2]: (cos, sin) of position p and frequency i, times mscale (ggml's rope_yarn
+ * without extrapolation: cosf(theta) * mscale, mscale the context's attention factor) */
+void sharpi_rope_table(float base, float freq_scale, long n, int n_rot, const float *ff, float mscale, float *cs) {
     const float ts = powf(base, -2.0f / (float)n_rot);
     for (long p = 0; p < n; p++) {
         float theta = (float)p;
         for (int i = 0; i < n_rot / 2; i++) {
             const float th = freq_scale * (ff ? theta / ff[i] : theta);
-            cs[(p * (n_rot / 2) + i) * 2] = cosf(th);
-            cs[(p * (n_rot / 2) + i) * 2 + 1] = sinf(th);
+            cs[(p * (n_rot / 2) + i) * 2] = cosf(th) * mscale;
+            cs[(p * (n_rot / 2) + i) * 2 + 1] = sinf(th) * mscale;
             theta *= ts;
         }
     }
@@ -674,18 +675,18 @@ PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
-/* rope_table(base, freq_scale, n, n_rot, ff (0: none), cs) and rope(x, T, nh, hd, n_rot, cs) */
+/* rope_table(base, freq_scale, n, n_rot, ff (0: none), mscale, cs) and rope(x, T, nh, hd, n_rot, cs) */
 PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "rope_table() takes 6 arguments (%zd given)", nargs);
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "rope_table() takes 7 arguments (%zd given)", nargs);
         return NULL;
     }
-    const double base = PyFloat_AsDouble(args[0]), fs = PyFloat_AsDouble(args[1]);
+    const double base = PyFloat_AsDouble(args[0]), fs = PyFloat_AsDouble(args[1]), ms = PyFloat_AsDouble(args[5]);
     const long n = PyLong_AsLong(args[2]), n_rot = PyLong_AsLong(args[3]), ff = PyLong_AsLong(args[4]),
-               cs = PyLong_AsLong(args[5]);
+               cs = PyLong_AsLong(args[6]);
     if (PyErr_Occurred()) return NULL;
-    sharpi_rope_table((float)base, (float)fs, n, (int)n_rot, (const float *)ff, (float *)cs);
+    sharpi_rope_table((float)base, (float)fs, n, (int)n_rot, (const float *)ff, (float)ms, (float *)cs);
     Py_RETURN_NONE;
 }
 

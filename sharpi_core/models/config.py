@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import SharpiError
 from ..gguf_file import GGUFFile
 
@@ -43,6 +45,11 @@ class ModelConfig:
     rope_freq_scale: float = 1.0    # positions times this (linear RoPE scaling: 1 / factor), sliding layers excepted
     tied_output: bool = False       # output.weight absent -> reuse token_embd
     rope_freqs: bool = False        # RoPE frequencies divided by rope_freqs.weight (Llama 3.1+ GGUFs)
+    rope_long_short: bool = False   # ... or by rope_factors_long / _short.weight (phi3's longrope)
+    n_ctx_orig: int = 0             # contexts longer than this take the long factors (rope.scaling.original_context_length)
+    rope_attn_factor: float = 1.0   # cos and sin times this (rope.scaling.attn_factor: q.k times its square)
+    qkv_fused: bool = False         # q, k and v rows in one attn_qkv tensor (phi3)
+    ffn_up_gated: bool = False      # ffn_up holds the gate rows, then the up rows; no ffn_gate (phi3)
     nope_every: int = 0             # every nope_every-th layer has no RoPE at all (smollm3: 4th, 8th, ...)
 
     def is_swa(self, layer: int) -> bool:
@@ -78,23 +85,25 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_base=float(a("rope.freq_base", 10000.0)),
         rope_freq_scale=_rope_freq_scale(gf),
+        # llama.cpp multiplies every rope cache by it (yarn_attn_factor *= rope_attn_factor)
+        rope_attn_factor=float(a("rope.scaling.attn_factor", 1.0)),
+        n_ctx_orig=int(a("rope.scaling.original_context_length", 0) or a("context_length", 2048)),
         n_rot=int(a("rope.dimension_count", hd_k)),
         tied_output="output.weight" not in gf.tensors,
     )
 
 
-ROPE_SCALINGS = ("none", "linear")  # llama.cpp's yarn and longrope are not implemented
+ROPE_SCALINGS = ("none", "linear", "longrope")  # llama.cpp's yarn is not implemented
 
 
 def _rope_freq_scale(gf: GGUFFile) -> float:
     """llama.cpp's rope_freq_scale_train: 1 / rope.scaling.factor (or the older rope.scale_linear) under
-    linear scaling, its default type; 1 for 'none'. Other scalings are refused, not run unscaled."""
+    linear scaling, its default type (and longrope's, whose factors are tensors); 1 for 'none'. Other
+    scalings are refused, not run unscaled."""
     a = gf.arch_get
     kind = str(a("rope.scaling.type", "linear"))
     if kind not in ROPE_SCALINGS:
         raise SharpiError(f"{gf.path}: RoPE scaling '{kind}' is not supported (supported: {', '.join(ROPE_SCALINGS)})")
-    if float(a("rope.scaling.attn_factor", 1.0)) != 1.0:
-        raise SharpiError(f"{gf.path}: a RoPE attention factor ({a('rope.scaling.attn_factor')}) is not supported")
     factor = float(a("rope.scaling.factor", 0.0) or a("rope.scale_linear", 0.0) or 0.0)
     return 1.0 if kind == "none" or factor == 0 else 1.0 / factor
 
@@ -107,6 +116,7 @@ ARCH_TABLE = {
     "gemma3": dict(rope_style=ROPE_NEOX, qk_norm=True, post_norms=True, act="gelu_tanh",
                    swa_pattern=6, rope_base_swa=10000.0, scale_q=True),
     "qwen3": dict(rope_style=ROPE_NEOX, qk_norm=True),
+    "phi3": dict(rope_style=ROPE_NEOX, scale_q=True, qkv_fused=True, ffn_up_gated=True),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
 }
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
@@ -123,11 +133,21 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     kw = _common(gf, n_vocab)
     kw.update(ARCH_TABLE[arch])
     kw["rope_freqs"] = arch in ROPE_FREQS_ARCHS and "rope_freqs.weight" in gf.tensors
+    if arch == "phi3":
+        # q, k, v in one tensor as its converter writes them, or apart (llama.cpp's create_tensor_qkv takes both)
+        kw["qkv_fused"] = "blk.0.attn_q.weight" not in gf.tensors
+        kw["rope_long_short"] = "rope_factors_long.weight" in gf.tensors or "rope_factors_short.weight" in gf.tensors
     if arch in ("gemma2", "gemma3"):
         _gemma(gf, kw)
     c = ModelConfig(**kw)
     check_config(c, gf)
     return c
+
+
+def attn_scale_f32(n: int) -> float:
+    """1.0f / sqrtf(float(n)) as llama.cpp's graphs compute it: in float (for n = 96, say, one ulp off the
+    double 1 / sqrt(n) rounded to float)."""
+    return float(np.float32(1) / np.sqrt(np.float32(n))) if n > 0 else 0.0
 
 
 def _gemma(gf: GGUFFile, kw: dict) -> None:
@@ -147,7 +167,7 @@ def _gemma(gf: GGUFFile, kw: dict) -> None:
         kw["final_softcap"] = float(a("final_logit_softcapping", 0.0) or 0.0)
         big = kw["n_layer"] == 62  # Gemma 3 27B
     # the 27B models scale q by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) (gemma_pytorch's config)
-    kw["attn_scale"] = 1.0 / math.sqrt(kw["n_embd"] // kw["n_head"] if big and kw["n_head"] else kw["head_dim_k"])
+    kw["attn_scale"] = attn_scale_f32(kw["n_embd"] // kw["n_head"] if big and kw["n_head"] else kw["head_dim_k"])
     pattern = a("attention.sliding_window_pattern", kw["swa_pattern"])
     if isinstance(pattern, (list, tuple)):  # one flag per layer
         if len(pattern) != kw["n_layer"]:
@@ -168,13 +188,22 @@ def expected_shapes(c: ModelConfig):
         yield "output.weight", (c.n_embd, c.n_vocab)
     if c.rope_freqs:
         yield "rope_freqs.weight", (c.n_rot // 2,)
+    if c.rope_long_short:
+        yield from (("rope_factors_long.weight", (c.n_rot // 2,)), ("rope_factors_short.weight", (c.n_rot // 2,)))
     for i in range(c.n_layer):
         b = f"blk.{i}."
-        yield from ((b + "attn_norm.weight", (c.n_embd,)), (b + "attn_q.weight", (c.n_embd, q)),
-                    (b + "attn_k.weight", (c.n_embd, k)), (b + "attn_v.weight", (c.n_embd, v)),
-                    (b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)),
-                    (b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),
-                    (b + "ffn_down.weight", (c.n_ff, c.n_embd)))
+        yield b + "attn_norm.weight", (c.n_embd,)
+        if c.qkv_fused:
+            yield b + "attn_qkv.weight", (c.n_embd, q + k + v)
+        else:
+            yield from ((b + "attn_q.weight", (c.n_embd, q)), (b + "attn_k.weight", (c.n_embd, k)),
+                        (b + "attn_v.weight", (c.n_embd, v)))
+        yield from ((b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)))
+        if c.ffn_up_gated:
+            yield b + "ffn_up.weight", (c.n_embd, 2 * c.n_ff)
+        else:
+            yield from ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)))
+        yield b + "ffn_down.weight", (c.n_ff, c.n_embd)
         if c.qkv_bias:
             yield from ((b + "attn_q.bias", (q,)), (b + "attn_k.bias", (k,)), (b + "attn_v.bias", (v,)))
         if c.qk_norm:
@@ -214,6 +243,6 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
         raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions")
     for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0),  # swa 0 = rope_base
                       ("rope_freq_scale", 1e-30), ("rope_freq_scale_swa", 1e-30), ("attn_softcap", 0.0),
-                      ("final_softcap", 0.0)):
+                      ("final_softcap", 0.0), ("rope_attn_factor", 1e-30)):
         if not math.isfinite(getattr(c, name)) or getattr(c, name) < low:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")

@@ -6,7 +6,7 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / qwen3 / smollm3 / gemma2 / gemma3 layers (q/k norms, post-norms, sliding windows, q
+It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / gemma2 / gemma3 layers (q/k norms, post-norms, sliding windows, q
 scaling, attention softcapping),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.

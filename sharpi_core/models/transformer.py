@@ -1,10 +1,9 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, gemma2 and gemma3 (differences come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, gemma2 and gemma3 (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, replace
 
@@ -17,7 +16,7 @@ from ..gguf_file import GGUFFile
 from ..kernels import cpu
 from ..kv_cache import KVCache, rotate
 from ..quants import Activations, QWeight, _kernels, activation_for, load_vector
-from .config import ROPE_NEOX, ModelConfig, config_from_gguf
+from .config import ROPE_NEOX, ModelConfig, attn_scale_f32, config_from_gguf
 from .fast_decode import DecodePath
 
 Q = gguf.GGMLQuantizationType
@@ -58,6 +57,31 @@ def _weight(gf: GGUFFile, name: str) -> QWeight:
     t = gf.tensor(name)
     k, n = (int(s) for s in t.shape[:2])  # GGUF shapes are [K (fastest), N]
     return QWeight(name, t.data, t.tensor_type, n, k)
+
+
+def _row_parts(gf: GGUFFile, name: str, sizes: list[int]) -> list[QWeight]:
+    """Consecutive row ranges of one tensor (phi3's attn_qkv, its gate-then-up ffn_up), as views."""
+    w = _weight(gf, name)
+    if sum(sizes) != w.n:
+        raise SharpiError(f"{gf.path}: tensor '{name}' has {w.n} rows, not {sum(sizes)}")
+    bounds = [0, *torch.tensor(sizes).cumsum(0).tolist()]
+    return [QWeight(f"{name}[{a}:{b}]", w.raw[a:b], w.qtype, b - a, w.k) for a, b in zip(bounds, bounds[1:])]
+
+
+def layer_parts(gf: GGUFFile, c: ModelConfig, i: int) -> dict[str, QWeight]:
+    """Layer i's q, k, v, gate and up weights in GGUF row order, whether the file keeps them apart or
+    fused (phi3: attn_qkv; ffn_up = gate rows then up rows)."""
+    p = f"blk.{i}."
+    if c.qkv_fused:
+        q, k, v = _row_parts(gf, p + "attn_qkv.weight", [c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k,
+                                                         c.n_head_kv * c.head_dim_v])
+    else:
+        q, k, v = (_weight(gf, p + f"attn_{n}.weight") for n in "qkv")
+    if c.ffn_up_gated:
+        gate, up = _row_parts(gf, p + "ffn_up.weight", [c.n_ff, c.n_ff])
+    else:
+        gate, up = _weight(gf, p + "ffn_gate.weight"), _weight(gf, p + "ffn_up.weight")
+    return dict(q=q, k=k, v=v, gate=gate, up=up)
 
 
 def _fused(gf: GGUFFile, name: str, parts: list[str], row_order: list | None = None) -> QWeight:
@@ -124,7 +148,7 @@ def prompt_pass(T: int, decode: bool) -> bool:
 
 def attention_scales(c: ModelConfig) -> tuple[float, float]:
     """(the attention scale, what the q.k scores are multiplied by: 1 when q is scaled instead)."""
-    scale = c.attn_scale or 1.0 / math.sqrt(c.head_dim_k)
+    scale = c.attn_scale or attn_scale_f32(c.head_dim_k)
     return scale, 1.0 if c.scale_q else scale
 
 
@@ -142,17 +166,25 @@ class Transformer:
         vec = lambda name: load_vector(gf.tensor(name))  # noqa: E731
         opt = lambda name: vec(name) if name in gf.tensors else None  # noqa: E731
         self.layers: list[Layer] = []
+        order = [q_rows, k_rows] if c.rope_style == ROPE_NEOX else None
         for i in range(c.n_layer):
             p = f"blk.{i}."
             bq, bk = opt(p + "attn_q.bias"), opt(p + "attn_k.bias")
             qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
+            if c.qkv_fused or c.ffn_up_gated:
+                parts = layer_parts(gf, c, i)
+                wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
+                # (gate rows then up rows: w_gu's own layout)
+                w_gu = _weight(gf, p + "ffn_up.weight") if c.ffn_up_gated else QWeight.concat(
+                    p + "ffn_gate_up", [parts["gate"], parts["up"]])
+            else:
+                wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
+                wv = _weight(gf, p + "attn_v.weight")
+                w_gu = _fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
             self.layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight"),
-                wqk=_fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"],
-                           [q_rows, k_rows] if c.rope_style == ROPE_NEOX else None),
-                wv=_weight(gf, p + "attn_v.weight"), wo=_weight(gf, p + "attn_output.weight"),
-                ffn_norm=vec(p + "ffn_norm.weight"),
-                w_gu=_fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"]),
+                wqk=wqk, wv=wv, wo=_weight(gf, p + "attn_output.weight"),
+                ffn_norm=vec(p + "ffn_norm.weight"), w_gu=w_gu,
                 w_down=_weight(gf, p + "ffn_down.weight"),
                 bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
                 bv=opt(p + "attn_v.bias"),
@@ -161,10 +193,15 @@ class Transformer:
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             ))
         self._rope_cache: dict[tuple, torch.Tensor] = {}  # (base, freq scale) -> complex64 [n_pos, n_rot/2]
-        # [n_rot/2] divisors of the pairs' frequencies (Llama 3.1+), in every layer's RoPE and K-shift
-        self._rope_factors = vec("rope_freqs.weight") if c.rope_freqs else None
-        if self._rope_factors is not None and not bool(torch.isfinite(self._rope_factors).all() and (self._rope_factors > 0).all()):
-            raise SharpiError(f"{gf.path}: rope_freqs.weight holds factors that are not positive finite numbers")
+        # [n_rot/2] divisors of the pairs' frequencies (Llama 3.1+; phi3's long or short ones, by the
+        # context size: use_context), in every layer's RoPE and K-shift
+        self._factor_sets = {}
+        for name in (("rope_freqs.weight",) if c.rope_freqs else ("rope_factors_long.weight", "rope_factors_short.weight")
+                     if c.rope_long_short else ()):
+            f = self._factor_sets[name] = vec(name)
+            if not bool(torch.isfinite(f).all() and (f > 0).all()):
+                raise SharpiError(f"{gf.path}: {name} holds factors that are not positive finite numbers")
+        self._rope_factors = self._factor_sets.get("rope_freqs.weight", self._factor_sets.get("rope_factors_short.weight"))
         self._ropes = sorted({c.layer_rope(i) for i in range(c.n_layer)})  # the layers' (base, freq scale)
         # back to the GGUF's head-dim order: the q.k dot products sum in llama.cpp's element order, and
         # a q8_0 K cache quantizes the same blocks of 32 consecutive dims (which dims share a block
@@ -201,8 +238,19 @@ class Transformer:
         for w in [self.output] + [getattr(ly, f) for ly in self.layers for f in ("wqk", "wv", "wo", "w_gu", "w_down")]:
             w.pack()
 
+    def use_context(self, n_ctx: int) -> None:
+        """The RoPE factors a context of n_ctx tokens takes (llama.cpp's get_rope_factors: phi3's long
+        ones past rope.scaling.original_context_length, else the short ones); new_cache calls it."""
+        if not self.config.rope_long_short:
+            return
+        f = self._factor_sets["rope_factors_long.weight" if n_ctx > self.config.n_ctx_orig else "rope_factors_short.weight"]
+        if f is not self._rope_factors:
+            self._rope_factors = f
+            self._rope_cache.clear()
+
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
         c = self.config
+        self.use_context(n_ctx)
         return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
 
     def set_rope(self, base: float = 0.0, freq_scale: float = 0.0, scaling: str | None = None) -> None:
@@ -251,7 +299,7 @@ class Transformer:
             return tab
         n = max(n_pos, 2 * (tab.shape[0] if tab is not None else 256))
         if self._rope_kernel is not None:
-            tab = _kernels().rope_table(*rope, n, self.config.n_rot, self._rope_factors)
+            tab = _kernels().rope_table(*rope, n, self.config.n_rot, self._rope_factors, self.config.rope_attn_factor)
         else:
             base, freq_scale = rope
             scale = torch.tensor(base, dtype=torch.float64).pow(-2.0 / self.config.n_rot).float()
@@ -262,7 +310,8 @@ class Transformer:
             if self._rope_factors is not None:
                 theta = theta / self._rope_factors
             t64 = (theta * torch.tensor(freq_scale, dtype=torch.float32)).double()
-            tab = torch.complex(t64.cos().float(), t64.sin().float())
+            ms = torch.tensor(self.config.rope_attn_factor, dtype=torch.float32)
+            tab = torch.complex(t64.cos().float() * ms, t64.sin().float() * ms)
         self._rope_cache[rope] = tab
         return tab
 
