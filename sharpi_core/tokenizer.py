@@ -57,6 +57,11 @@ _QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{
 _TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
            r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
            r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o's (Phi-4-mini, Llama 4): tekken's case classes with contractions after a word, digits in threes
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS
+          + r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS
+          + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # (escaped: several of these code points change under Unicode normalization, which would break ranges)
 _DEEPSEEK_LLM_LETTERS = (
     "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
@@ -91,6 +96,7 @@ _PRE_GROUPS: list[tuple[tuple[str, ...], list[str], bool]] = [
                           r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"], False),
     (("qwen35",), [_QWEN35], False),
     (("tekken",), [_TEKKEN], True),
+    (("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), [_GPT4O], False),
 ]
 PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {n: (rx, im) for names, rx, im in _PRE_GROUPS for n in names}
 # pre-tokenizers for which llama.cpp's loader turns add_bos on by default (metadata still overrides)
