@@ -25,7 +25,8 @@ fixed, smooth values (no random generator: the same file on every machine):
   phi3    general.architecture phi3 (keys renamed): q, k and v in one attn_qkv tensor (rows reordered for
           NeoX RoPE as in qwen3), ffn_gate and ffn_up in one ffn_up (gate rows first), blocks copied byte for
           byte; longrope: rope_factors_long.weight (Llama 3.1's factors) and rope_factors_short.weight
-          (1 to 1.1), with PHI3_KV's original context and attention factor
+          (1 to 1.1), with PHI3_KV's original context and attention factor; RoPE on the first 48 of each
+          head's 64 dims (the others keep their trained values unrotated), as Phi-4-mini's partial rotation
   gemma2  from gemma3 (Gemma 3 270M): general.architecture gemma2 (keys renamed), no q / k norms (Gemma 2 has
           none: their weights and a typical per-head RMS are folded into attn_q / attn_k, requantized to
           Q8_0), attention and final logit softcapping (GEMMA2_KV: caps low enough that tanh bends the
@@ -55,7 +56,8 @@ SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
 DEFAULT_SOURCE = "smollm2-135m-instruct-q4_1"
 # phi3's longrope: the long factors past this context (the tests' 512-token contexts), the short ones up to it
 # (their 256-token shift runs); cos and sin times the attention factor
-PHI3_KV = {"rope.scaling.original_context_length": 384, "rope.scaling.attn_factor": 1.1}
+# (RoPE on 48 of the 64 head dims, as Phi-4-mini turns 96 of 128: partial NeoX rotation)
+PHI3_KV = {"rope.scaling.original_context_length": 384, "rope.scaling.attn_factor": 1.1, "rope.dimension_count": 48}
 GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "attention.sliding_window": 128,
              "rope.freq_base_swa": 10000.0}
 Q = gguf.GGMLQuantizationType
