@@ -1,5 +1,5 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
-Gemma 2, Phi-3 with longrope, Q2_K / Q3_K / Q5_K / Q4_0 / IQ4_NL / IQ4_XS), against llama.cpp.
+Gemma 2, Phi-3 with longrope, Granite, Q2_K / Q3_K / Q5_K / Q4_0 / IQ4_NL / IQ4_XS), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
 the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
@@ -177,6 +177,11 @@ class _Meta:
     def arch_get(self, key, default=None):
         return self.kv.get(key, default)
 
+    def require(self, key):
+        if key.removeprefix(self.arch + ".") not in self.kv:
+            raise SharpiError(f"{self.path}: missing GGUF metadata key '{key}'")
+        return self.kv[key.removeprefix(self.arch + ".")]
+
 
 def test_gemma_hyperparameters_as_llama_cpp_reads_them(derived):
     from sharpi_core.models.config import ARCH_TABLE, _gemma  # noqa: PLC0415
@@ -212,6 +217,25 @@ def test_gemma_hyperparameters_as_llama_cpp_reads_them(derived):
     assert gemma("gemma2", n_layer=3, **{"attention.sliding_window_pattern": flags})["swa_layers"] == tuple(flags)
     with pytest.raises(SharpiError, match="pattern of 2 layers for 3"):
         gemma("gemma2", n_layer=3, **{"attention.sliding_window_pattern": [True, False]})
+
+
+def test_granite_scales(derived):
+    """Granite's embedding, residual, attention and logit scales, read as llama.cpp reads them."""
+    from sharpi_core.models.config import _granite  # noqa: PLC0415
+    from sharpi_core.models.transformer import attention_scales  # noqa: PLC0415
+    c = config_from_gguf(GGUFFile(derived["granite"]))
+    kv = gguf_derive.GRANITE_KV
+    f32 = lambda v: float(np.float32(v))  # noqa: E731
+    assert (c.arch, c.rope_style, c.embed_scale, c.residual_scale, c.attn_scale, c.logit_scale) == (
+        "granite", "norm", *(f32(kv[k]) for k in ("embedding_scale", "residual_scale", "attention.scale", "logit_scale")))
+    assert attention_scales(c) == (c.attn_scale, c.attn_scale)  # on the scores, as llama.cpp's kq_scale
+    kw = {}
+    _granite(_Meta("granite", {"logit_scale": 8.0}), kw)  # the others optional: not applied
+    assert (kw["embed_scale"], kw["residual_scale"], kw["attn_scale"]) == (1.0, 0.0, 0.0)
+    with pytest.raises(SharpiError, match="missing GGUF metadata key 'granite.logit_scale'"):
+        _granite(_Meta("granite", {}), {})
+    with pytest.raises(SharpiError, match="without RoPE"):
+        _granite(_Meta("granite", {"logit_scale": 8.0, "rope.scaling.finetuned": False}), {})
 
 
 def test_smollm3_layers_without_rope(derived):

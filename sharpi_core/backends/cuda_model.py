@@ -574,6 +574,8 @@ class CudaTransformer:
             (o,) = ly.wo(o, b, rounded=f)
             if ly.post_attn_norm is not None:
                 ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
+            if c.residual_scale:
+                ops.scale(o, c.residual_scale, stream=s)
             if last_n is not None and i == c.n_layer - 1:  # the last FFN only where logits are wanted
                 x, o, T = x[-last_n:], o[-last_n:], last_n
             f = fuse(ly.gu)
@@ -589,6 +591,8 @@ class CudaTransformer:
             (pending,) = ly.down(a, b, rounded=f)
             if ly.post_ffn_norm is not None:
                 ops.rms_norm(pending, ly.post_ffn_norm, eps, out=pending, stream=s)
+            if c.residual_scale:
+                ops.scale(pending, c.residual_scale, stream=s)
             if tr is not None:
                 tr(f"ffn_out-{i}", pending)
         head = self.output if n_out is None else self._output_head(n_out)
@@ -597,6 +601,8 @@ class CudaTransformer:
         if tr is not None:
             tr(f"l_out-{c.n_layer - 1}", x)
         logits = head.matmul(xn, stream=s, out=b.get("logits", (T, head.n)))
+        if c.logit_scale:
+            ops.scale(logits, float(np.float32(1) / np.float32(c.logit_scale)), stream=s)
         if c.final_softcap:
             ops.softcap(logits, c.final_softcap, stream=s)
         return logits

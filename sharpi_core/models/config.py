@@ -32,7 +32,9 @@ class ModelConfig:
     qk_norm: bool = False           # per-head RMSNorm of q and k (gemma3)
     post_norms: bool = False        # RMSNorm after attention and after the FFN (gemma2, gemma3)
     act: str = "silu"               # gated FFN activation: silu (SwiGLU) | gelu_tanh (GeGLU)
-    embed_scale: float = 1.0        # gemma multiplies embeddings by sqrt(n_embd)
+    embed_scale: float = 1.0        # gemma multiplies embeddings by sqrt(n_embd), granite by its embedding_scale
+    residual_scale: float = 0.0     # granite: attention and FFN outputs times this before their residual add (0 = none)
+    logit_scale: float = 0.0        # granite: logits times 1 / this (0 = none)
     attn_scale: float = 0.0         # 0 -> 1/sqrt(head_dim_k)
     scale_q: bool = False           # the scale multiplies q before q.k (gemma2/3 in llama.cpp), not the scores
     attn_softcap: float = 0.0       # scores through c * tanh(s / c) (gemma2's attention logit softcapping); 0 = none
@@ -117,11 +119,12 @@ ARCH_TABLE = {
                    swa_pattern=6, rope_base_swa=10000.0, scale_q=True),
     "qwen3": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "phi3": dict(rope_style=ROPE_NEOX, scale_q=True, qkv_fused=True, ffn_up_gated=True),
+    "granite": dict(rope_style=ROPE_NORM),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
 }
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
-ROPE_FREQS_ARCHS = frozenset({"llama"})
+ROPE_FREQS_ARCHS = frozenset({"llama", "granite"})
 
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
@@ -136,12 +139,27 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     if arch == "phi3":
         # q, k, v in one tensor as its converter writes them, or apart (llama.cpp's create_tensor_qkv takes both)
         kw["qkv_fused"] = "blk.0.attn_q.weight" not in gf.tensors
+    if arch in ("phi3", "granite"):
         kw["rope_long_short"] = "rope_factors_long.weight" in gf.tensors or "rope_factors_short.weight" in gf.tensors
+    if arch == "granite":
+        _granite(gf, kw)
     if arch in ("gemma2", "gemma3"):
         _gemma(gf, kw)
     c = ModelConfig(**kw)
     check_config(c, gf)
     return c
+
+
+def _granite(gf: GGUFFile, kw: dict) -> None:
+    """Granite's scales as llama.cpp's loader reads them (src/models/granite.cpp): the logit scale is
+    required, the others optional (0: not applied; its attention scale replaces 1/sqrt(head_dim))."""
+    a = gf.arch_get
+    kw["logit_scale"] = float(gf.require(f"{gf.arch}.logit_scale"))
+    kw["residual_scale"] = float(a("residual_scale", 0.0) or 0.0)
+    kw["embed_scale"] = float(a("embedding_scale", 0.0) or 0.0) or 1.0
+    kw["attn_scale"] = float(a("attention.scale", 0.0) or 0.0)
+    if not a("rope.scaling.finetuned", True):  # llama.cpp then runs no layer with RoPE
+        raise SharpiError(f"{gf.path}: a granite model without RoPE (rope.scaling.finetuned false) is not supported")
 
 
 def attn_scale_f32(n: int) -> float:
@@ -243,6 +261,7 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
         raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions")
     for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0),  # swa 0 = rope_base
                       ("rope_freq_scale", 1e-30), ("rope_freq_scale_swa", 1e-30), ("attn_softcap", 0.0),
-                      ("final_softcap", 0.0), ("rope_attn_factor", 1e-30)):
+                      ("final_softcap", 0.0), ("rope_attn_factor", 1e-30), ("residual_scale", 0.0),
+                      ("logit_scale", 0.0), ("embed_scale", 1e-30)):
         if not math.isfinite(getattr(c, name)) or getattr(c, name) < low:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")

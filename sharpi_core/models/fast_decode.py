@@ -6,8 +6,8 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / gemma2 / gemma3 layers (q/k norms, post-norms, sliding windows, q
-scaling, attention softcapping),
+It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 layers (q/k norms, post-norms, sliding
+windows, q scaling, attention softcapping, residual scales),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -98,7 +98,7 @@ class DecodePath:
         b = self._buffers(T)
         nth = torch.get_num_threads()
         rms, att, glu, rope = self.fns["rms_norm"], self.fns["attention"], self.fns["glu"], self.fns["rope"]
-        eps, softcap = float(c.norm_eps), float(c.attn_softcap)
+        eps, softcap, rs = float(c.norm_eps), float(c.attn_softcap), float(c.residual_scale)
         had = self.fns["hadamard"]
         kcode, vcode = cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind]
         rot_k, rot_v = cache.rot_k, cache.rot_v  # Hadamard sizes (q8_0 caches), or None
@@ -145,6 +145,8 @@ class DecodePath:
             self._mm(w["wo"], o, ao, T, nth)
             if ly.post_attn_norm is not None:
                 rms(ao.data_ptr(), ly.post_attn_norm.data_ptr(), T, D, eps, ao.data_ptr())
+            if rs:
+                ao.mul_(rs)
             x.add_(ao)
             Tf = T
             if last_n is not None and last_n < T and i == c.n_layer - 1:
@@ -157,5 +159,7 @@ class DecodePath:
             self._mm(w["w_down"], g, f, Tf, nth)
             if ly.post_ffn_norm is not None:
                 rms(f.data_ptr(), ly.post_ffn_norm.data_ptr(), Tf, D, eps, f.data_ptr())
+            if rs:
+                f.mul_(rs)
             x.add_(f)
         return x

@@ -1,4 +1,5 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, gemma2 and gemma3 (differences come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, gemma2 and gemma3 (differences
+come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -8,6 +9,7 @@ import os
 from dataclasses import dataclass, replace
 
 import gguf
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -403,11 +405,14 @@ class Transformer:
             x = x[-last_n:]
         x = rms_norm(x, self.output_norm, c.norm_eps)
         logits = (self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out))(x, prompt)
-        return self.cap_logits(logits)
+        return self.finish_logits(logits)
 
-    def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The final logit softcapping of Gemma 2 (in place; the identity for other models)."""
-        cap = self.config.final_softcap
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Granite's logit scale and Gemma 2's final logit softcapping, in place (other models: as they are)."""
+        c = self.config
+        if c.logit_scale:  # ggml_scale by 1.0f / logit_scale, computed in float
+            logits.mul_(float(np.float32(1) / np.float32(c.logit_scale)))
+        cap = c.final_softcap
         if not cap:
             return logits
         kern = _kernels()
@@ -481,6 +486,8 @@ class Transformer:
             o = ly.wo(rotate(o, cache.rot_v), prompt)
             if ly.post_attn_norm is not None:
                 o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
+            if c.residual_scale:
+                o = o * c.residual_scale
             x = x + o
             if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
                 # like llama.cpp, the last layer's FFN runs on the output rows only (this also
@@ -496,6 +503,8 @@ class Transformer:
             f = ly.w_down(gu, prompt)
             if ly.post_ffn_norm is not None:
                 f = rms_norm(f, ly.post_ffn_norm, c.norm_eps)
+            if c.residual_scale:
+                f = f * c.residual_scale
             x = x + f
             if tr is not None:
                 tr(f"ffn_out-{i}", f)
