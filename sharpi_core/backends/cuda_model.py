@@ -309,9 +309,7 @@ class CudaTransformer:
             if n_ctx > most:
                 raise UsageError(f"-fa off on this GPU supports a context of at most {most} tokens (-c {n_ctx}); "
                                  "use -fa on (the default) or a smaller -c")
-        factors = self.cpu._rope_factors
-        self.cpu.use_context(n_ctx)  # (phi3: the RoPE factors of this context size)
-        if self.cpu._rope_factors is not factors:
+        if self.cpu.use_context(n_ctx):  # (phi3: the RoPE factors of this context size)
             self._tables.clear()
         with self.stream:
             return CudaKVCache(self.ops, len(self.layers), n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
@@ -602,7 +600,7 @@ class CudaTransformer:
             tr(f"l_out-{c.n_layer - 1}", x)
         logits = head.matmul(xn, stream=s, out=b.get("logits", (T, head.n)))
         if c.logit_scale:
-            ops.scale(logits, float(np.float32(1) / np.float32(c.logit_scale)), stream=s)
+            ops.scale(logits, c.logit_mul, stream=s)
         if c.final_softcap:
             ops.softcap(logits, c.final_softcap, stream=s)
         return logits

@@ -662,9 +662,10 @@ ATTN_TINYBLAS, ATTN_VEC_DOT, ATTN_FA_PROMPT, ATTN_FA_DECODE = 0, 1, 2, 3
 def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window: int, scale: float,
               mode: int = ATTN_FA_PROMPT, softcap: float = 0.0) -> torch.Tensor:
     """q [T, H, D] against one layer of the KV cache -> [T, H, Dv]. Row t is at position start + t and
-    sees keys [start + t - window + 1 (or 0), start + t]. softcap > 0: the scores pass through
-    softcap * tanh(score / softcap) where llama.cpp applies it (Gemma 2's attention logit softcapping). k_store / v_store are kv_cache stores: `.q`
-    [n_layer, capacity, Hkv, D] in f32 / f16 / int8, `.d` the q8_0 scales, `.kind`.
+    sees keys [start + t - window + 1 (or 0), start + t]. k_store / v_store are kv_cache stores: `.q`
+    [n_layer, capacity, Hkv, D] in f32 / f16 / int8, `.d` the q8_0 scales, `.kind`. softcap > 0: the
+    scores pass through softcap * tanh(score / softcap) where llama.cpp applies it (Gemma 2's attention
+    logit softcapping).
 
     `mode` is how llama.cpp's CPU backend would compute this pass (see ops.c): without flash
     attention, q must come rounded to the K cache's vec_dot type (ATTN_TINYBLAS for prompt passes,

@@ -57,6 +57,11 @@ class ModelConfig:
     def is_swa(self, layer: int) -> bool:
         return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
 
+    @property
+    def logit_mul(self) -> float:
+        """What granite's logits are multiplied by: 1.0f / logit_scale, computed in float (ggml_scale's factor)."""
+        return float(np.float32(1) / np.float32(self.logit_scale))
+
     def has_rope(self, layer: int) -> bool:
         return not (self.nope_every and (layer + 1) % self.nope_every == 0)
 

@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass, replace
 
 import gguf
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -240,15 +239,18 @@ class Transformer:
         for w in [self.output] + [getattr(ly, f) for ly in self.layers for f in ("wqk", "wv", "wo", "w_gu", "w_down")]:
             w.pack()
 
-    def use_context(self, n_ctx: int) -> None:
+    def use_context(self, n_ctx: int) -> bool:
         """The RoPE factors a context of n_ctx tokens takes (llama.cpp's get_rope_factors: phi3's long
-        ones past rope.scaling.original_context_length, else the short ones); new_cache calls it."""
+        ones past rope.scaling.original_context_length, else the short ones); new_cache calls it.
+        True when that changed them (rope tables made before are stale)."""
         if not self.config.rope_long_short:
-            return
+            return False
         f = self._factor_sets["rope_factors_long.weight" if n_ctx > self.config.n_ctx_orig else "rope_factors_short.weight"]
-        if f is not self._rope_factors:
-            self._rope_factors = f
-            self._rope_cache.clear()
+        if f is self._rope_factors:
+            return False
+        self._rope_factors = f
+        self._rope_cache.clear()
+        return True
 
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
         c = self.config
@@ -410,8 +412,8 @@ class Transformer:
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Granite's logit scale and Gemma 2's final logit softcapping, in place (other models: as they are)."""
         c = self.config
-        if c.logit_scale:  # ggml_scale by 1.0f / logit_scale, computed in float
-            logits.mul_(float(np.float32(1) / np.float32(c.logit_scale)))
+        if c.logit_scale:
+            logits.mul_(c.logit_mul)
         cap = c.final_softcap
         if not cap:
             return logits
