@@ -195,15 +195,23 @@ SH_D float neg_inf() { return bits_f32(0xff800000u); }
 
 // ---- warp / block reductions (blockDim.x a multiple of 32, at most 1024) -------------------------
 SH_D float warp_sum(float v) {
+#ifdef SHARPI_SIMT_WARP_REDUCE  // the CPU emulator's shortcut: these five exchanges in one (tests/simt/simt.hpp)
+    return ::simt::warp_butterfly(v, [](float a, float b) { return a + b; });
+#else
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+#endif
 }
 
 SH_D float warp_max(float v) {
+#ifdef SHARPI_SIMT_WARP_REDUCE
+    return ::simt::warp_butterfly(v, [](float a, float b) { return fmaxf(a, b); });
+#else
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+#endif
 }
 
 // Every thread of the block must call these; `red` is __shared__ float[32]. All threads get the result.

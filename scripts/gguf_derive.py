@@ -36,6 +36,15 @@ fixed, smooth values (no random generator: the same file on every machine):
           per-token q / k norms these weights only repeat a few words: the oracle's logit values
           (top_logits) carry most of its checking here
 
+  qwen3moe qwen3's changes (general.architecture qwen3moe) and its FFN cut into MOE_EXPERTS experts of
+          MOE_FF rows each, MOE_USED of them used per token: expert e is rows [e * MOE_FF, (e + 1) * MOE_FF)
+          of ffn_gate / ffn_up and those columns of ffn_down (Q4_1 blocks copied byte for byte: 192 is
+          six blocks of 32; ffn_down's scales times MOE_DOWN_SCALE, exactly), stacked into ffn_gate_exps /
+          ffn_up_exps / ffn_down_exps; the router
+          ffn_gate_inp (f32, as converters keep it) of smooth fixed values (_router_weight)
+  mixtral still llama, with the same experts (llama.expert_count: llama.cpp's llama graph then routes,
+          as for Mixtral) and feed_forward_length the experts' MOE_FF
+
 The results are not good language models (the weights were trained for the llama graph), but their
 activations are a trained model's, not noise: greedy continuations compared with llama.cpp's on the
 same file check the graph, token for token (scripts/llamacpp_archs.py, tests/test_archs.py).
@@ -54,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
-VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite")
+VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -66,6 +75,11 @@ PHI3_KV = {"rope.scaling.original_context_length": 384, "rope.scaling.attn_facto
 # granite's scales: embeddings and residual branches scaled unequally (equal scales would leave the trained
 # model's function), attention scale above 1/sqrt(64), logits divided
 GRANITE_KV = {"embedding_scale": 1.5, "residual_scale": 1.25, "attention.scale": 0.14, "logit_scale": 4.0}
+# the experts of qwen3moe / mixtral: SmolLM2's 1536 FFN rows in 8 experts of 192, 4 used per token, their
+# ffn_down times 8 (the weights of the used experts sum to 1; the trained FFN sums all 8 parts). Half of the
+# FFN missing, the model writes word salad, but words of every kind: the routing varies from token to token
+MOE_EXPERTS, MOE_USED, MOE_FF, MOE_DOWN_SCALE = 8, 4, 192, 8.0
+MOE_KV = {"expert_count": MOE_EXPERTS, "expert_used_count": MOE_USED}
 GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "attention.sliding_window": 128,
              "rope.freq_base_swa": 10000.0}
 Q = gguf.GGMLQuantizationType
@@ -127,6 +141,41 @@ def _fold_head_norm(tensors: dict, t, head_dim: int) -> np.ndarray:
         raise SystemExit(f"{t.name}: not Gemma 3 270M's shape (the RMS table is that model's)")
     folded = x.reshape(-1, head_dim, k) * (norm[:, None] / rms[:, None, None])
     return gguf.quants.quantize(folded.reshape(n, k).astype(np.float32), Q.Q8_0)
+
+
+def _router_weight(n_embd: int, layer: int) -> np.ndarray:
+    """ffn_gate_inp [MOE_EXPERTS, n_embd]: a fixed smooth pattern per expert and layer, large enough that
+    tokens prefer different experts (the logits' spread is a few units) and no two experts tie."""
+    d = np.arange(n_embd, dtype=np.float64)[None, :]
+    e = np.arange(MOE_EXPERTS, dtype=np.float64)[:, None]
+    return (0.1 * np.sin(0.173 * (e + 1) * d + 0.7 * e + 0.31 * layer)).astype(np.float32)
+
+
+def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int) -> None:
+    """Layer `layer`'s dense FFN as MOE_EXPERTS experts (rows / columns of whole blocks, bytes as they are)."""
+    p = f"blk.{layer}."
+    gate, up, down = (tensors[p + n] for n in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))
+    n_ff, n_embd = int(gate.shape[1]), int(gate.shape[0])
+    if n_ff != MOE_EXPERTS * MOE_FF:
+        raise SystemExit(f"{p}ffn_gate: {n_ff} rows, not {MOE_EXPERTS} experts of {MOE_FF}")
+    for t, name in ((gate, "ffn_gate_exps"), (up, "ffn_up_exps")):  # [E, MOE_FF, row bytes]: the rows in turn
+        raw = np.asarray(t.data)
+        w.add_tensor(p + name + ".weight", raw.reshape(MOE_EXPERTS, MOE_FF, raw.shape[-1]), raw_dtype=t.tensor_type)
+    raw = np.asarray(down.data)  # [n_embd, row bytes]: expert e's columns are a run of whole blocks of each row
+    block, size = gguf.GGML_QUANT_SIZES[down.tensor_type]
+    if MOE_FF % block:
+        raise SystemExit(f"{p}ffn_down: {MOE_FF} columns are not whole blocks of {block}")
+    per = MOE_FF // block * size
+    if down.tensor_type != Q.Q4_1:
+        raise SystemExit(f"{p}ffn_down: Q4_1 blocks are needed (their scales are rescaled in place)")
+    blocks = raw.reshape(n_embd, MOE_EXPERTS, per // size, size).transpose(1, 0, 2, 3).copy()
+    # d and m (the first two f16 of a Q4_1 block) times MOE_DOWN_SCALE: a power of two, so exactly
+    dm = blocks[..., :4].copy().view(np.float16) * np.float16(MOE_DOWN_SCALE)
+    if not np.isfinite(dm).all():
+        raise SystemExit(f"{p}ffn_down: a block scale overflows f16 times {MOE_DOWN_SCALE}")
+    blocks[..., :4] = dm.view(np.uint8)
+    w.add_tensor(p + "ffn_down_exps.weight", blocks.reshape(MOE_EXPERTS, n_embd, per), raw_dtype=down.tensor_type)
+    w.add_tensor(p + "ffn_gate_inp.weight", _router_weight(n_embd, layer))
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
@@ -319,7 +368,9 @@ def derive(variant: str, src: str, dst: str) -> None:
     arch = str(gf.get("general.architecture"))
     if arch != SOURCE_ARCH.get(variant, "llama"):
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
-    new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite"}.get(variant, arch)
+    new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
+                "qwen3moe": "qwen3moe"}.get(variant, arch)
+    moe = variant in ("qwen3moe", "mixtral")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
     # (not "phi3" in the name: llama.cpp's vocabulary would then give Phi-3's special tokens their attributes,
@@ -327,8 +378,10 @@ def derive(variant: str, src: str, dst: str) -> None:
     label = {"phi3": "fused-qkv longrope"}.get(variant, variant)
     name = f"{gf.get('general.name')} ({label} derivative, for tests)" if "general.name" in r.fields else None
     values = {"general.name": name} if name else {}
-    extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV}.get(variant, {})
+    extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV}.get(variant, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
+    if moe:  # (qwen3moe reads its own key; llama's experts have feed_forward_length rows)
+        values[f"{new_arch}.{'expert_feed_forward_length' if variant == 'qwen3moe' else 'feed_forward_length'}"] = MOE_FF
     kv = copy_kv(gf, w, rename, values)
     for key, value in values.items():  # the ones the source does not have
         if key not in kv:
@@ -347,7 +400,12 @@ def derive(variant: str, src: str, dst: str) -> None:
         if variant == "gemma2" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):
             w.add_tensor(t.name, _fold_head_norm(tensors, t, head_dim), raw_dtype=Q.Q8_0)
             continue
-        if variant == "qwen3" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
+        if moe and t.name.endswith((".ffn_gate.weight", ".ffn_up.weight")):
+            continue
+        if moe and t.name.endswith(".ffn_down.weight"):
+            _moe_tensors(w, tensors, int(t.name.split(".")[1]))
+            continue
+        if variant in ("qwen3", "qwen3moe") and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
         elif variant == "lowbit" and t.name.endswith((".ffn_down.weight", ".attn_q.weight", ".attn_k.weight",
                                                        ".attn_v.weight", ".attn_output.weight")):
@@ -363,7 +421,7 @@ def derive(variant: str, src: str, dst: str) -> None:
             w.add_tensor(t.name, blocks, raw_dtype=qt)
         else:
             add_tensor_as_is(w, t)
-        if variant == "qwen3" and t.name.endswith(".attn_norm.weight"):
+        if variant in ("qwen3", "qwen3moe") and t.name.endswith(".attn_norm.weight"):
             layer = int(t.name.split(".")[1])
             w.add_tensor(f"blk.{layer}.attn_q_norm.weight", _norm_weight(head_dim, layer, 0.0))
             w.add_tensor(f"blk.{layer}.attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))

@@ -32,6 +32,7 @@ _spec = importlib.util.spec_from_file_location("gguf_derive", ROOT / "scripts" /
 gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
+MOE_VARIANTS = ("qwen3moe", "mixtral")
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
 
@@ -122,7 +123,7 @@ def test_greedy_speculation_gives_the_plain_tokens(derived, variant):
 
 @pytest.mark.parametrize("kind", ["fake", pytest.param("cuda", marks=pytest.mark.skipif(not cuda_available()[0],
                                                                                 reason="no GPU"))])
-@pytest.mark.parametrize("variant", gguf_derive.VARIANTS)
+@pytest.mark.parametrize("variant", [v for v in gguf_derive.VARIANTS if v not in MOE_VARIANTS])
 def test_gpu_model_follows_the_cpu(derived, variant, kind):
     """The CUDA model reads the same things (the CPU model's rope table, factors included; q/k norms by
     presence; no RoPE where the layer has none): a fixture prompt in one pass, then 16 of llama.cpp's tokens
@@ -166,6 +167,44 @@ def test_derived_configs(derived):
     assert set(cycle) == {Q.Q3_K, Q.Q2_K, Q.IQ4_XS, Q.Q5_K}
     assert [ly.wo.qtype for ly in model.layers] == [Q.Q4_0, Q.IQ4_NL] * (len(model.layers) // 2)
     assert all(ly.w_down.kernel_rounds and ly.wo.kernel_rounds for ly in model.layers) == cpu_kernels.available()  # not a fallback
+
+
+def test_mixture_of_experts(derived):
+    """qwen3moe and Mixtral's llama with experts: the config as llama.cpp reads it, each expert a view of its
+    rows of the stacked tensors (ffn_down: its columns), and the GPU backend refusing them in one line."""
+    from sharpi_core.backends.cuda_model import CudaTransformer  # noqa: PLC0415
+    src = GGUFFile(model_path(gguf_derive.DEFAULT_SOURCE))
+    E, used, f = gguf_derive.MOE_EXPERTS, gguf_derive.MOE_USED, gguf_derive.MOE_FF
+    for variant, arch in (("qwen3moe", "qwen3moe"), ("mixtral", "llama")):
+        c = config_from_gguf(GGUFFile(derived[variant]))
+        assert (c.arch, c.n_expert, c.n_expert_used, c.n_ff_exp, c.qk_norm) == (arch, E, used, f, arch == "qwen3moe")
+        model, _ = loaded(derived[variant])
+        assert all(ly.w_gu is None and ly.w_down is None for ly in model.layers)
+        ex = model.layers[3].experts
+        gate = np.asarray(src.tensor("blk.3.ffn_gate.weight").data)
+        down = gguf_derive.gguf.quants.dequantize(np.asarray(src.tensor("blk.3.ffn_down.weight").data), gguf_derive.Q.Q4_1)
+        for e in (0, 5):
+            assert np.array_equal(ex.gate[e].raw, gate[e * f:(e + 1) * f])
+            got = gguf_derive.gguf.quants.dequantize(np.asarray(ex.down[e].raw), ex.down[e].qtype)
+            assert np.array_equal(got, down[:, e * f:(e + 1) * f] * gguf_derive.MOE_DOWN_SCALE)
+        assert ex.router.qtype == gguf_derive.Q.F32 and (ex.router.n, ex.router.k) == (E, c.n_embd)
+        with pytest.raises(SharpiError, match="mixture-of-experts model runs on the CPU only"):
+            CudaTransformer(model, ops=cuda_fake)
+
+
+def test_expert_metadata_is_checked():
+    from sharpi_core.models.config import _experts  # noqa: PLC0415
+    base = {"feed_forward_length": 768}
+    for kv, msg in (({"expert_count": 8, "expert_used_count": 9}, "9 of 8 experts"),
+                    ({"expert_count": 8, "expert_used_count": 0}, "0 of 8 experts"),
+                    ({"expert_count": 8, "expert_used_count": 2, "expert_shared_count": 1}, "expert_shared_count"),
+                    ({"expert_count": 8, "expert_used_count": 2, "expert_gating_func": 2}, "gating function 2"),
+                    ({"expert_count": 8}, "expert_used_count")):
+        with pytest.raises(SharpiError, match=msg):
+            _experts(_Meta("qwen3moe", {**base, **kv}), {"n_ff": 768})
+    kw = {"n_ff": 768}
+    _experts(_Meta("qwen3moe", {"expert_count": 128, "expert_used_count": 8}), kw)
+    assert (kw["n_expert"], kw["n_expert_used"], kw["n_ff_exp"]) == (128, 8, 96)  # llama.cpp's n_ff / n_expert_used
 
 
 class _Meta:

@@ -83,6 +83,14 @@ extern "C" __global__ void load4(const float* x, int off, float* out) {
     out[threadIdx.x] = ld_f4(x + off + 4 * threadIdx.x).y;
 }
 extern "C" __global__ void warp_sum_all(float* out) { out[threadIdx.x] = warp_sum(1.0f); }
+extern "C" __global__ void warp_reductions(const float* x, float* sums, float* maxes, float* block) {
+    __shared__ float red[32];
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    sums[i] = warp_sum(x[i]);
+    maxes[i] = warp_max(x[i]);
+    const float b = block_sum(x[i], red);
+    if (threadIdx.x == 0) block[blockIdx.x] = b;
+}
 extern "C" __global__ void write_n(float* out, int n) {
     if (threadIdx.x == 0) for (int i = 0; i < n; i++) out[i] = 1.0f;
 }
@@ -110,6 +118,28 @@ def test_warp_shuffles(mod, src, mask):
     lanes = np.arange(n)
     np.testing.assert_array_equal(cp.asnumpy(b), vals[(lanes // 32) * 32 + src])
     np.testing.assert_array_equal(cp.asnumpy(x), vals[(lanes // 32) * 32 + ((lanes % 32) ^ mask)])
+
+
+def test_one_exchange_warp_reductions_are_the_shuffles(mod):
+    # SHARPI_SIMT_WARP_REDUCE (the model-level tests' shortcut) must give every lane the bits of the five
+    # shuffles: values of mixed magnitude (a different order of additions rounds differently), and
+    # warps with a NaN, infinities and signed zeros
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(8 * 128) * 10.0 ** rng.integers(-6, 7, 8 * 128)).astype(np.float32)
+    x[5], x[200], x[201], x[300:310], x[700] = np.nan, np.inf, -np.inf, -0.0, -np.inf
+    fast = cp.RawModule(code=SRC, options=("--std=c++17", "-DSHARPI_SIMT_WARP_REDUCE"))
+    outs = []
+    for m in (mod, fast):
+        o = [cp.empty(8 * 128, cp.float32), cp.empty(8 * 128, cp.float32), cp.empty(8, cp.float32)]
+        m.get_function("warp_reductions")((8,), (128,), (cp.asarray(x), *o))
+        outs.append([cp.asnumpy(a).view(np.uint32) for a in o])
+    for shuffled, one_exchange in zip(*outs):
+        np.testing.assert_array_equal(one_exchange, shuffled)
+    # the data tells orders apart: a left-to-right sum differs from the butterfly's in some finite warp
+    warps, sums = x.reshape(32, 32), outs[0][0].view(np.float32).reshape(32, 32)[:, 0]
+    finite = np.isfinite(warps).all(1)
+    in_order = np.array([np.add.accumulate(w, dtype=np.float32)[-1] for w in warps[finite]])
+    assert np.any(in_order != sums[finite])
 
 
 def test_three_dimensional_grid_and_block(mod):
@@ -311,29 +341,36 @@ def test_graph_replay_into_freed_memory_is_an_error(mod):
 
 # ---- the GPU test files, emulated ---------------------------------------------------------------------
 
-# Model-level GPU tests quick enough emulated (SmolLM2: about a second a token there; the Gemma and
-# Qwen ones take 2-8 minutes each and run by hand:
+# Model-level GPU tests quick enough emulated (SmolLM2: about half a second a token there; the Gemma and
+# Qwen ones take minutes each and run by hand:
 #   PYTHONPATH=tests/simt python3 -m pytest tests/test_cuda_model.py)
 # Two groups of about equal time, run at once in two processes (seconds measured with --durations,
-# both groups running, 2 cores; re-balance when a test is added).
-# (test_device_argmax_and_greedy_chain_are_the_host_argmax[cuda], 153 s emulated, is left to a GPU: its kernel is
+# both groups running, 2 cores, MODEL_TEST_ENV; re-balance when a test is added).
+# (test_device_argmax_and_greedy_chain_are_the_host_argmax[cuda] is left to a GPU: its kernel is
 # checked emulated in test_cuda_kernels.py, its host logic by the [fake] variant, and the speculative parity
 # test below runs the device arg-max chains)
 MODEL_TEST_GROUPS = tuple([f"tests/test_cuda_model.py::{t}" for t in group] for group in ((
-    "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # 217 s: llama.cpp's fixture continuations
-    "test_graph_launches_equal_eager_passes_bit_for_bit[f16-cuda]",  # 89
-    "test_gpu_cache_truncate_last_n_and_cut_head[cuda]",  # 49
-    "test_gpu_q8_0_cache_follows_cpu[cuda]",              # 12
+    "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # 132 s: llama.cpp's fixture continuations
+    "test_graph_launches_equal_eager_passes_bit_for_bit[f16-cuda]",  # 36
+    "test_gpu_cache_truncate_last_n_and_cut_head[cuda]",  # 30
+    "test_graph_launches_equal_eager_passes_bit_for_bit[split-cuda]",  # 16
+    "test_gpu_q8_0_cache_follows_cpu[cuda]",              # 5
 ), (
-    "test_gpu_speculative_greedy_parity[cuda]",            # 175: lookup and self-draft (device arg-max, chains)
-    *(f"test_graph_launches_equal_eager_passes_bit_for_bit[{c}-cuda]" for c in ("q8_0", "split")),  # 44, 22
-    "test_fused_launches_equal_separate_ones_bit_for_bit[f16-cuda-smollm2-135m]",  # 43: RoPE, rounding in kernels
-    "test_gpu_verify_rows_equal_one_token_passes",         # 19: bit for bit, what speculation relies on
-    "test_gpu_split_model_verify_rows_and_logits",         # 17: -ngl below the layer count
-    "test_split_cache_truncate_last_n_and_cut_head[cuda]",  # 14
-    "test_logits_close_to_cpu[cuda-smollm2-135m]",         # 6
+    "test_gpu_speculative_greedy_parity[cuda]",            # 127: lookup and self-draft (device arg-max, chains)
+    "test_fused_launches_equal_separate_ones_bit_for_bit[f16-cuda-smollm2-135m]",  # 40: RoPE, rounding in kernels
+    "test_graph_launches_equal_eager_passes_bit_for_bit[q8_0-cuda]",  # 38
+    "test_gpu_verify_rows_equal_one_token_passes",         # 13: bit for bit, what speculation relies on
+    "test_gpu_split_model_verify_rows_and_logits",         # 6: -ngl below the layer count
+    "test_split_cache_truncate_last_n_and_cut_head[cuda]",  # 4
+    "test_logits_close_to_cpu[cuda-smollm2-135m]",         # 3
     "test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes[cuda]",
 )))
+
+
+# The model-level tests reduce across a warp in one exchange rather than five (simt.hpp's warp_butterfly,
+# the same bits: test_one_exchange_warp_reductions_are_the_shuffles): those exchanges were about half of
+# the emulator's time there. The kernel tests run the shuffles.
+MODEL_TEST_ENV = {"SHARPI_SIMT_WARP_REDUCE": "1"}
 
 
 def start_emulated(*args: str, order: str = "forward", env: dict | None = None, nice: int = 0) -> subprocess.Popen:
@@ -353,7 +390,7 @@ _EARLY: list[subprocess.Popen] = []
 def start_model_groups_early() -> None:
     if cp.compiler() is None or _EARLY:
         return
-    _EARLY.extend(start_emulated(*g, nice=19) for g in MODEL_TEST_GROUPS)
+    _EARLY.extend(start_emulated(*g, env=MODEL_TEST_ENV, nice=19) for g in MODEL_TEST_GROUPS)
     atexit.register(lambda: [p.kill() for p in _EARLY if p.poll() is None])  # an interrupted session
 
 
@@ -392,7 +429,7 @@ def test_kernel_tests_pass_on_the_emulated_gpu(order):
 
 def test_model_tests_pass_on_the_emulated_gpu():
     # in two processes at once: the emulator runs on one core, and these machines have two
-    procs = _EARLY or [start_emulated(*g) for g in MODEL_TEST_GROUPS]
+    procs = _EARLY or [start_emulated(*g, env=MODEL_TEST_ENV) for g in MODEL_TEST_GROUPS]
     results = [finish(p) for p in procs]
     for h, r in zip(MODEL_TEST_GROUPS, results):
         check_run(r, len(h))

@@ -234,6 +234,9 @@ class CudaTransformer:
         self.cpu = cpu_model
         self.gguf = gf = cpu_model.gguf
         self.config = c = cpu_model.config
+        if c.n_expert:
+            raise SharpiError(f"{os.path.basename(gf.path)}: a mixture-of-experts model runs on the CPU only here "
+                              f"(--device cpu or -ngl 0)")
         self.stream = stream if stream is not None else ops.new_stream()
         self.flash_attn = cpu_model.flash_attn
         self.trace = None

@@ -49,6 +49,18 @@
  * sharpi_softcap: x = tanhf(x * (1 / cap)) * cap in place, as llama.cpp's graphs cap final logits
  * (Gemma 2: ggml_scale, ggml_tanh with libm's tanhf element by element, ggml_scale).
  *
+ * sharpi_soft_max: each row of n floats -> its softmax in place, as ggml_soft_max (scale 1, no mask) computes
+ * it in an AVX-512 build: the max, then exps by groups of 16 through ggml's vectorized expf, each group
+ * reduced (_mm512_reduce_add_ps) into a double sum, the last n % 16 through libm's expf one by one;
+ * every value times (float)(1.0 / sum) (ggml_vec_soft_max_f32, ggml_vec_scale_f32). MoE routing.
+ *
+ * sharpi_matmul_f32: y[T, n] = x[T, k] w[n, k]^T for an f32 weight, as ggml's mul_mat sums it in an AVX-512
+ * build: one row (T = 1) through ggml_vec_dot_f32 (4 accumulators of 16 lanes over 64 elements a step,
+ * (a0 + a2) + (a1 + a3), _mm512_reduce_add_ps, the elements past a multiple of 64 added in double), passes
+ * of T >= 2 with `prompt` through llamafile's tinyBLAS (one 16-lane FMA accumulator per output over the whole
+ * row, then _mm512_reduce_add_ps; k a multiple of 16, else ggml's vec_dot for them too); without `prompt`
+ * every row as a one-row pass (speculative verification). MoE router logits.
+ *
  * sharpi_hadamard: every chunk of n floats times the orthonormal Walsh-Hadamard matrix H_n, in place,
  * bit for bit kv_cache.rotate's torch arithmetic (scale by 1/sqrtf(n) first, then butterflies of width
  * 1, 2, 4, ...: each an fp32 a + b / a - b, nothing to contract).
@@ -434,6 +446,54 @@ void sharpi_softcap(float *x, long n, float cap) {
     for (long i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
 }
 
+static float vec_dot_f32(const float *a, const float *b, long k) {
+    const long np = k & ~63L;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (long d = 0; d < np; d += 64)
+        for (int u = 0; u < 4; u++)
+            acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(a + d + 16 * u), _mm512_loadu_ps(b + d + 16 * u), acc[u]);
+    double s = (double)reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+    for (long d = np; d < k; d++) s += (double)(a[d] * b[d]);
+    return (float)s;
+}
+
+void sharpi_matmul_f32(const float *w, long n, long k, const float *x, long T, float *y, int prompt) {
+    const int tiny = prompt && T >= 2 && k % 16 == 0;
+    for (long t = 0; t < T; t++)
+        for (long r = 0; r < n; r++) {
+            const float *a = w + r * k, *b = x + t * k;
+            if (!tiny) {
+                y[t * n + r] = vec_dot_f32(a, b, k);
+                continue;
+            }
+            __m512 acc = _mm512_setzero_ps();
+            for (long d = 0; d < k; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+            y[t * n + r] = reduce16(acc);
+        }
+}
+
+void sharpi_soft_max(float *x, long T, long n) {
+    for (long t = 0; t < T; t++) {
+        float *r = x + t * n;
+        float mx = -INFINITY;
+        for (long i = 0; i < n; i++) mx = mx > r[i] ? mx : r[i]; /* ggml_vec_max_f32's MAX */
+        double sum = 0.0;
+        long i = 0;
+        for (; i + 15 < n; i += 16) {
+            const __m512 e = ggml_expf16(_mm512_sub_ps(_mm512_loadu_ps(r + i), _mm512_set1_ps(mx)));
+            _mm512_storeu_ps(r + i, e);
+            sum += (double)reduce16(e);
+        }
+        for (; i < n; i++) {
+            const float e = expf(r[i] - mx);
+            sum += (double)e;
+            r[i] = e;
+        }
+        const float inv = (float)(1.0 / sum);
+        for (i = 0; i < n; i++) r[i] *= inv;
+    }
+}
+
 static float gelu_table[65536]; /* ggml_table_gelu_f16, as fp32 values of its fp16 entries */
 static int gelu_ready;
 
@@ -672,6 +732,33 @@ PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t na
     const double cap = PyFloat_AsDouble(args[2]);
     if (PyErr_Occurred()) return NULL;
     sharpi_softcap((float *)x, n, (float)cap);
+    Py_RETURN_NONE;
+}
+
+/* matmul_f32(w, n, k, x, T, y, prompt) */
+PyObject *sharpi_py_matmul_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "matmul_f32() takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long a[7];
+    for (int i = 0; i < 7; i++) a[i] = PyLong_AsLong(args[i]);
+    if (PyErr_Occurred()) return NULL;
+    sharpi_matmul_f32((const float *)a[0], a[1], a[2], (const float *)a[3], a[4], (float *)a[5], (int)a[6]);
+    Py_RETURN_NONE;
+}
+
+/* soft_max(x, T, n) */
+PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "soft_max() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    const long x = PyLong_AsLong(args[0]), T = PyLong_AsLong(args[1]), n = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    sharpi_soft_max((float *)x, T, n);
     Py_RETURN_NONE;
 }
 

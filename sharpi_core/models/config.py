@@ -53,6 +53,9 @@ class ModelConfig:
     qkv_fused: bool = False         # q, k and v rows in one attn_qkv tensor (phi3)
     ffn_up_gated: bool = False      # ffn_up holds the gate rows, then the up rows; no ffn_gate (phi3)
     nope_every: int = 0             # every nope_every-th layer has no RoPE at all (smollm3: 4th, 8th, ...)
+    n_expert: int = 0               # mixture of experts (Mixtral's llama, qwen3moe): experts per layer, 0 = dense FFN
+    n_expert_used: int = 0          # experts each token is routed to
+    n_ff_exp: int = 0               # an expert's FFN width
 
     def is_swa(self, layer: int) -> bool:
         return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
@@ -126,7 +129,11 @@ ARCH_TABLE = {
     "phi3": dict(rope_style=ROPE_NEOX, scale_q=True, qkv_fused=True, ffn_up_gated=True),
     "granite": dict(rope_style=ROPE_NORM),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
+    "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
 }
+# archs whose FFN is a mixture of experts (llama: when the GGUF gives expert_count, as Mixtral's do)
+MOE_ARCHS = frozenset({"qwen3moe"})
+MOE_MAY = frozenset({"llama"})
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
 ROPE_FREQS_ARCHS = frozenset({"llama", "granite"})
@@ -150,9 +157,35 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _granite(gf, kw)
     if arch in ("gemma2", "gemma3"):
         _gemma(gf, kw)
+    if arch in MOE_ARCHS or (arch in MOE_MAY and int(gf.arch_get("expert_count", 0) or 0) > 0):
+        _experts(gf, kw)
     c = ModelConfig(**kw)
     check_config(c, gf)
     return c
+
+
+# llama.cpp's LLAMA_MAX_EXPERTS
+MAX_EXPERTS = 512
+
+
+def _experts(gf: GGUFFile, kw: dict) -> None:
+    """The mixture of experts as llama.cpp's llama (Mixtral) and qwen3moe graphs run it: softmax routing
+    over expert_count experts, the top expert_used_count per token, their weights renormalized to sum 1."""
+    a = gf.arch_get
+    kw["n_expert"] = n = int(gf.require(f"{gf.arch}.expert_count"))
+    kw["n_expert_used"] = used = int(gf.require(f"{gf.arch}.expert_used_count"))
+    if not 0 < used <= n <= MAX_EXPERTS:
+        raise SharpiError(f"{gf.path}: {used} of {n} experts used per token (at most {MAX_EXPERTS} experts)")
+    if gf.arch == "qwen3moe":  # its own width key, else feed_forward_length / experts used (llama.cpp's default)
+        kw["n_ff_exp"] = int(a("expert_feed_forward_length", 0) or 0) or kw["n_ff"] // used
+    else:
+        kw["n_ff_exp"] = kw["n_ff"]
+    for key in ("expert_shared_count", "expert_group_count"):
+        if int(a(key, 0) or 0) > 0:
+            raise SharpiError(f"{gf.path}: {gf.arch}.{key} is not supported (experts without shared experts or groups only)")
+    gating = int(a("expert_gating_func", 0) or 0)
+    if gating not in (0, 1):  # llama.cpp: 0 = none given (softmax for these graphs), 1 = softmax
+        raise SharpiError(f"{gf.path}: expert gating function {gating} is not supported (softmax only)")
 
 
 def _granite(gf: GGUFFile, kw: dict) -> None:
@@ -222,11 +255,16 @@ def expected_shapes(c: ModelConfig):
             yield from ((b + "attn_q.weight", (c.n_embd, q)), (b + "attn_k.weight", (c.n_embd, k)),
                         (b + "attn_v.weight", (c.n_embd, v)))
         yield from ((b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)))
-        if c.ffn_up_gated:
+        if c.n_expert:
+            E, f = c.n_expert, c.n_ff_exp
+            yield from ((b + "ffn_gate_inp.weight", (c.n_embd, E)), (b + "ffn_gate_exps.weight", (c.n_embd, f, E)),
+                        (b + "ffn_up_exps.weight", (c.n_embd, f, E)), (b + "ffn_down_exps.weight", (f, c.n_embd, E)))
+        elif c.ffn_up_gated:
             yield b + "ffn_up.weight", (c.n_embd, 2 * c.n_ff)
         else:
             yield from ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)))
-        yield b + "ffn_down.weight", (c.n_ff, c.n_embd)
+        if not c.n_expert:
+            yield b + "ffn_down.weight", (c.n_ff, c.n_embd)
         if c.qkv_bias:
             yield from ((b + "attn_q.bias", (q,)), (b + "attn_k.bias", (k,)), (b + "attn_v.bias", (v,)))
         if c.qk_norm:

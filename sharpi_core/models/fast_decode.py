@@ -37,7 +37,8 @@ class DecodePath:
 
     @classmethod
     def for_model(cls, model) -> "DecodePath | None":
-        if not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None:
+        if (not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None
+                or model.config.n_expert):  # (experts: the general path)
             return None
         for ly in model.layers:
             if any(getattr(ly, n)._kern is None or getattr(ly, n).act_kind is None for n in _MATMULS):

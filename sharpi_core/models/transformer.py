@@ -1,5 +1,5 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, gemma2 and gemma3 (differences
-come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3 and the
+mixture-of-experts qwen3moe and Mixtral-style llama (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -39,14 +39,28 @@ _ATTN_MODE = {(False, True): cpu.ATTN_TINYBLAS, (False, False): cpu.ATTN_VEC_DOT
 
 
 @dataclass
+class Experts:
+    """A mixture-of-experts FFN: the router and each expert's gate, up and down weights (views of the
+    GGUF's [n_expert, rows, row bytes] tensors)."""
+    router: QWeight           # ffn_gate_inp [n_expert, D]
+    gate: list[QWeight]       # [n_ff_exp, D] each
+    up: list[QWeight]
+    down: list[QWeight]       # [D, n_ff_exp] each
+
+    def weights(self) -> list[QWeight]:
+        return [self.router, *self.gate, *self.up, *self.down]
+
+
+@dataclass
 class Layer:
     attn_norm: torch.Tensor
     wqk: QWeight            # q and k projections fused: [(H + Hkv) * hd, D], rows in rope-pair order
     wv: QWeight
     wo: QWeight
     ffn_norm: torch.Tensor
-    w_gu: QWeight           # gate and up fused: [2 * n_ff, D]
-    w_down: QWeight
+    w_gu: QWeight | None    # gate and up fused: [2 * n_ff, D] (None: experts)
+    w_down: QWeight | None
+    experts: Experts | None = None
     bqk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
     qk_norm: torch.Tensor | None = None   # [H + Hkv, hd]: q_norm for q heads, k_norm for k heads
@@ -58,6 +72,13 @@ def _weight(gf: GGUFFile, name: str) -> QWeight:
     t = gf.tensor(name)
     k, n = (int(s) for s in t.shape[:2])  # GGUF shapes are [K (fastest), N]
     return QWeight(name, t.data, t.tensor_type, n, k)
+
+
+def _expert_weights(gf: GGUFFile, name: str) -> list[QWeight]:
+    """Each expert's matrix of a [n_expert, N, K] tensor, as views."""
+    t = gf.tensor(name)
+    k, n, e = (int(s) for s in t.shape[:3])
+    return [QWeight(f"{name}[{i}]", t.data[i], t.tensor_type, n, k) for i in range(e)]
 
 
 def _row_parts(gf: GGUFFile, name: str, sizes: list[int]) -> list[QWeight]:
@@ -172,7 +193,13 @@ class Transformer:
             p = f"blk.{i}."
             bq, bk = opt(p + "attn_q.bias"), opt(p + "attn_k.bias")
             qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
-            if c.qkv_fused or c.ffn_up_gated:
+            experts = None
+            if c.n_expert:
+                experts = Experts(_weight(gf, p + "ffn_gate_inp.weight"), *(
+                    _expert_weights(gf, p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")))
+                wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
+                wv, w_gu = _weight(gf, p + "attn_v.weight"), None
+            elif c.qkv_fused or c.ffn_up_gated:
                 parts = layer_parts(gf, c, i)
                 wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
                 # (gate rows then up rows: w_gu's own layout)
@@ -186,7 +213,7 @@ class Transformer:
                 attn_norm=vec(p + "attn_norm.weight"),
                 wqk=wqk, wv=wv, wo=_weight(gf, p + "attn_output.weight"),
                 ffn_norm=vec(p + "ffn_norm.weight"), w_gu=w_gu,
-                w_down=_weight(gf, p + "ffn_down.weight"),
+                w_down=None if experts else _weight(gf, p + "ffn_down.weight"), experts=experts,
                 bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
                 bv=opt(p + "attn_v.bias"),
                 qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None else None,
@@ -223,11 +250,14 @@ class Transformer:
         self.flash_attn = FLASH_ATTN
 
     # -- sizes -------------------------------------------------------------------------
+    def _layer_weights(self) -> list[QWeight]:
+        return [w for ly in self.layers for w in [ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down]
+                + (ly.experts.weights() if ly.experts else []) if w is not None]
+
     @property
     def weight_bytes(self) -> int:
         seen, total = set(), 0
-        for w in [self.tok_embd, self.output] + [getattr(ly, f) for ly in self.layers
-                                                  for f in ("wqk", "wv", "wo", "w_gu", "w_down")]:
+        for w in [self.tok_embd, self.output] + self._layer_weights():
             if id(w) not in seen:
                 seen.add(id(w))
                 total += w.nbytes
@@ -236,7 +266,7 @@ class Transformer:
     def pack_weights(self) -> None:
         """Repack the weights whose CPU kernel takes another layout (Q4_K, Q4_1) now, at load, instead of at
         their first matmul (QWeight.pack): for a model that runs on the CPU."""
-        for w in [self.output] + [getattr(ly, f) for ly in self.layers for f in ("wqk", "wv", "wo", "w_gu", "w_down")]:
+        for w in [self.output] + self._layer_weights():
             w.pack()
 
     def use_context(self, n_ctx: int) -> bool:
@@ -358,13 +388,44 @@ class Transformer:
         o = torch.bmm(p, V.permute(1, 0, 2))  # [Hkv, G*T, hdv]
         return o.view(Hkv, G, T, hdv).permute(2, 0, 1, 3).reshape(T, H * hdv)
 
-    def _glu(self, gu: torch.Tensor) -> torch.Tensor:
+    def _glu(self, gu: torch.Tensor, n_ff: int | None = None) -> torch.Tensor:
         """[T, 2 * n_ff] (gate, up) -> act(gate) * up [T, n_ff]."""
         c = self.config
-        if self._glu_kernel is not None:  # llama.cpp's rounding: ggml's expf, its fp16 GELU table
-            return self._glu_kernel(gu, c.n_ff, c.act)
-        g, u = gu.split(c.n_ff, dim=-1)
+        n_ff = n_ff or c.n_ff
+        if self._glu_kernel is not None and n_ff % 16 == 0:  # llama.cpp's rounding: ggml's expf, its fp16 GELU table
+            return self._glu_kernel(gu, n_ff, c.act)
+        g, u = gu.split(n_ff, dim=-1)
         return (F.silu(g) if c.act == "silu" else F.gelu(g, approximate="tanh")) * u
+
+    def _moe(self, ex: Experts, h: torch.Tensor, prompt: bool) -> torch.Tensor:
+        """The mixture-of-experts FFN of h [T, D] -> [T, D], as llama.cpp's build_moe_ffn computes it: router
+        logits, ggml_soft_max, the n_expert_used most probable experts (descending), their probabilities
+        over their (double) sum, each expert's SwiGLU FFN times its weight, and the experts' outputs added
+        in that order. Expert matmuls are ggml's mul_mat_id: every row in the one-token order, whatever T."""
+        c = self.config
+        T, k = h.shape[0], c.n_expert_used
+        kern = _kernels()
+        if kern is not None and ex.router.qtype == Q.F32:  # (converters keep routers in f32)
+            probs = kern.soft_max(kern.matmul_f32(h.contiguous(), ex.router.dense(), prompt))  # [T, n_expert]
+        else:
+            probs = Activations(h, prompt)(ex.router)
+            probs = kern.soft_max(probs.contiguous()) if kern is not None else torch.softmax(probs, dim=-1)
+        top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
+        w = probs.gather(1, top)  # [T, k]
+        total = w[:, 0].double()
+        for j in range(1, k):  # ggml_vec_sum_f32: in order, in double
+            total = total + w[:, j].double()
+        w = w / total.float().clamp_min(6.103515625e-5)[:, None]
+        out = torch.zeros(T, k, h.shape[1])
+        for e in torch.unique(top).tolist():
+            rows, slots = (top == e).nonzero(as_tuple=True)
+            a = Activations(h[rows], False)
+            act = self._glu(torch.cat((a(ex.gate[e]), a(ex.up[e])), dim=1), c.n_ff_exp)
+            out[rows, slots] = ex.down[e](act, False) * w[rows, slots, None]
+        y = out[:, 0]
+        for j in range(1, k):
+            y = y + out[:, j]
+        return y
 
     def _mask(self, start: int, T: int, window: int) -> torch.Tensor | None:
         """Boolean [T, start+T] (True = attend), or None when every key is visible."""
@@ -499,10 +560,13 @@ class Transformer:
             if tr is not None:
                 tr(f"ffn_inp-{i}", x)
                 tr(f"ffn_norm-{i}", h)
-            gu = self._glu(Activations(h, prompt)(ly.w_gu))  # [T, n_ff]
-            if tr is not None:
-                tr(f"ffn_swiglu-{i}", gu)
-            f = ly.w_down(gu, prompt)
+            if ly.experts is not None:
+                f = self._moe(ly.experts, h, prompt)
+            else:
+                gu = self._glu(Activations(h, prompt)(ly.w_gu))  # [T, n_ff]
+                if tr is not None:
+                    tr(f"ffn_swiglu-{i}", gu)
+                f = ly.w_down(gu, prompt)
             if ly.post_ffn_norm is not None:
                 f = rms_norm(f, ly.post_ffn_norm, c.norm_eps)
             if c.residual_scale:

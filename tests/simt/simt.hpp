@@ -267,35 +267,73 @@ inline void syncthreads() {
     yield_to_next();
 }
 
-template <class T>
-inline T warp_exchange(unsigned mask, T v, int src) {
-    static_assert(sizeof(T) <= 8, "shuffle of at most 64 bits");
-    Fiber* f = g_cur;
-    const int lane = f->linear & 31, w = f->linear >> 5;
-    if (mask != 0xffffffffu) {
-        fail("shuffle with mask %08x: the emulator supports full warps only", mask);
-        abort_thread();
-    }
+// A full warp (a lane of a warp cut short by blockDim is an error) at the exchange of parity `par`: the
+// last lane to arrive runs last(), then releases the others.
+inline Warp& full_warp(Fiber* f) {
+    const int w = f->linear >> 5;
     if ((w + 1) * 32 > g_nthreads) {
         fail("full-mask shuffle in a warp of %d threads (blockDim %u)", g_nthreads - w * 32, g_block_dim.x);
         abort_thread();
     }
-    Warp& W = g_warps[w];
-    const int par = f->shuf & 1;
-    uint64_t bits = 0;
-    memcpy(&bits, &v, sizeof(T));
-    W.slot[par][lane] = bits;
+    return g_warps[w];
+}
+
+template <class F>
+inline void warp_arrive(Fiber* f, Warp& W, int par, F last) {
     if (++W.arrived[par] == 32) {
         W.arrived[par] = 0;
-        for (int i = w * 32; i < w * 32 + 32; i++)
+        last();
+        const int w0 = f->linear & ~31;
+        for (int i = w0; i < w0 + 32; i++)
             if (g_fibers[i].state == AT_SHUFFLE && (g_fibers[i].shuf & 1) == (unsigned)par) g_fibers[i].state = RUNNABLE;
     } else {
         f->state = AT_SHUFFLE;
         yield_to_next();
     }
     f->shuf++;
+}
+
+template <class T>
+inline T warp_exchange(unsigned mask, T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffle of at most 64 bits");
+    Fiber* f = g_cur;
+    if (mask != 0xffffffffu) {
+        fail("shuffle with mask %08x: the emulator supports full warps only", mask);
+        abort_thread();
+    }
+    Warp& W = full_warp(f);
+    const int par = f->shuf & 1;
+    memcpy(&W.slot[par][f->linear & 31], &v, sizeof(T));
+    warp_arrive(f, W, par, [] {});
     T r;
     memcpy(&r, &W.slot[par][src & 31], sizeof(T));
+    return r;
+}
+
+// The five xor-shuffle steps of a warp reduction (offsets 16, 8, 4, 2, 1; v = op(v, partner's v)) in one
+// rendezvous instead of five: the last lane to arrive computes every lane's result with the same
+// operations in the same order, so each lane gets the bits the five exchanges give it. cuda/common.cuh's
+// warp_sum / warp_max use it when built with SHARPI_SIMT_WARP_REDUCE (tests/test_simt.py: for the
+// model-level tests, where those exchanges are most of the emulator's time; the kernel tests run the
+// shuffles themselves, and a test checks the two agree bit for bit).
+template <class T, class Op>
+inline T warp_butterfly(T v, Op op) {
+    static_assert(sizeof(T) <= 8, "at most 64 bits a lane");
+    Fiber* f = g_cur;
+    Warp& W = full_warp(f);
+    const int par = f->shuf & 1, lane = f->linear & 31;
+    memcpy(&W.slot[par][lane], &v, sizeof(T));
+    warp_arrive(f, W, par, [&] {
+        T cur[32], nxt[32];
+        for (int i = 0; i < 32; i++) memcpy(&cur[i], &W.slot[par][i], sizeof(T));
+        for (int o = 16; o > 0; o >>= 1) {
+            for (int i = 0; i < 32; i++) nxt[i] = op(cur[i], cur[i ^ o]);
+            memcpy(cur, nxt, sizeof cur);
+        }
+        for (int i = 0; i < 32; i++) memcpy(&W.slot[par][i], &cur[i], sizeof(T));
+    });
+    T r;
+    memcpy(&r, &W.slot[par][lane], sizeof(T));
     return r;
 }
 

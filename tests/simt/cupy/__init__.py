@@ -164,12 +164,13 @@ def _alloc(shape, dt, fill: int | None = 0xFF) -> ndarray:
     dt = _np.dtype(dt)
     shape = (int(shape),) if _np.isscalar(shape) else tuple(int(s) for s in shape)
     nbytes = int(_np.prod(shape, dtype=_np.int64)) * dt.itemsize
-    buf = _np.empty(nbytes + 2 * _GUARD + _ALIGN, dtype=_np.uint8)
+    # zeros come from calloc: pages nobody touches stay unmapped (a test's KV cache is gigabytes, mostly unused)
+    buf = (_np.zeros if fill == 0 else _np.empty)(nbytes + 2 * _GUARD + _ALIGN, dtype=_np.uint8)
     base = buf.ctypes.data
     start = -(-(base + _GUARD) // _ALIGN) * _ALIGN - base
     buf[:start] = _GUARD_BYTE
     buf[start + nbytes:] = _GUARD_BYTE
-    if fill is not None:
+    if fill is not None and fill != 0:
         buf[start:start + nbytes] = fill
     _allocations[id(buf)] = buf
     _info[id(buf)] = (start, nbytes)
@@ -515,6 +516,8 @@ def _build(code: str, options: tuple) -> tuple[Path, dict[str, int]]:
     if cxx is None:
         raise RuntimeError("simt: no C++ compiler (g++) to build the kernels")
     defines = [o for o in options if o.startswith(("-D", "-U"))]
+    if os.environ.get("SHARPI_SIMT_WARP_REDUCE") == "1":  # warp reductions in one exchange (simt.hpp's warp_butterfly)
+        defines.append("-DSHARPI_SIMT_WARP_REDUCE")
     src = host_source(code)
     key = hashlib.sha256("\0".join([src, *defines, _SIMT_HPP.read_text(), cxx]).encode()).hexdigest()[:24]
     d = _cache_dir()
