@@ -246,7 +246,7 @@ def _bind_ctypes(path: Path) -> None:
     sm.restype = None
     mf = lib.sharpi_matmul_f32
     mf.argtypes = [c_void_p, c_long, c_long, c_void_p, c_long, c_void_p, c_int]
-    mf.restype = None
+    mf.restype = c_int
     _state["lib"] = lib
     _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _mmf32 = gl, ro, rt, rp, hd, sq, sc, sm, mf
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
@@ -654,10 +654,11 @@ def matmul_f32(x: torch.Tensor, w: torch.Tensor, prompt: bool = False) -> torch.
     for name, a in (("x", x), ("w", w)):
         if a.dtype is not _F32 or not a.is_contiguous() or a.dim() != 2:
             raise ValueError(f"matmul_f32: {name} {a.dtype} {tuple(a.shape)}, contiguous {a.is_contiguous()}")
-    if x.shape[1] != w.shape[1]:
-        raise ValueError(f"matmul_f32: x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1] or x.shape[1] % 16:
+        raise ValueError(f"matmul_f32: x {tuple(x.shape)}, w {tuple(w.shape)} (k a multiple of 16)")
     y = torch.empty((x.shape[0], w.shape[0]), dtype=_F32)
-    _mmf32(w.data_ptr(), w.shape[0], w.shape[1], x.data_ptr(), x.shape[0], y.data_ptr(), int(prompt))
+    if _mmf32(w.data_ptr(), w.shape[0], w.shape[1], x.data_ptr(), x.shape[0], y.data_ptr(), int(prompt)):
+        raise RuntimeError("matmul_f32: rejected by the kernel")
     return y
 
 

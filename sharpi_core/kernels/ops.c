@@ -58,8 +58,8 @@
  * build: one row (T = 1) through ggml_vec_dot_f32 (4 accumulators of 16 lanes over 64 elements a step,
  * (a0 + a2) + (a1 + a3), _mm512_reduce_add_ps, the elements past a multiple of 64 added in double), passes
  * of T >= 2 with `prompt` through llamafile's tinyBLAS (one 16-lane FMA accumulator per output over the whole
- * row, then _mm512_reduce_add_ps; k a multiple of 16, else ggml's vec_dot for them too); without `prompt`
- * every row as a one-row pass (speculative verification). MoE router logits.
+ * row, then _mm512_reduce_add_ps); without `prompt` every row as a one-row pass (speculative verification).
+ * k a multiple of 16 (else 1 is returned). MoE router logits.
  *
  * sharpi_hadamard: every chunk of n floats times the orthonormal Walsh-Hadamard matrix H_n, in place,
  * bit for bit kv_cache.rotate's torch arithmetic (scale by 1/sqrtf(n) first, then butterflies of width
@@ -215,6 +215,14 @@ static inline float dot_vec_dot(const void *k, const uint16_t *kd, int k_type, l
         for (int i = 0; i < 16; i++) sd += (double)(kt[i] * q[d + i]);
     }
     return (float)sd;
+}
+
+/* tinyBLAS's dot product of an AVX-512 build: one 16-lane FMA accumulator over the row (D a multiple of
+ * 16), then its hsum (_mm512_reduce_add_ps) */
+static inline float dot_tinyblas(const void *k, const uint16_t *kd, int k_type, long row, long D, const float *q) {
+    __m512 acc = _mm512_setzero_ps();
+    for (long d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(load16(k, kd, k_type, row, D, d), _mm512_loadu_ps(q + d), acc);
+    return reduce16(acc);
 }
 
 /* qmatmul.c: activations quantized as ggml does for a weight type's vec_dot type (ty 8 = Q8_0:
@@ -446,30 +454,13 @@ void sharpi_softcap(float *x, long n, float cap) {
     for (long i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
 }
 
-static float vec_dot_f32(const float *a, const float *b, long k) {
-    const long np = k & ~63L;
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (long d = 0; d < np; d += 64)
-        for (int u = 0; u < 4; u++)
-            acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(a + d + 16 * u), _mm512_loadu_ps(b + d + 16 * u), acc[u]);
-    double s = (double)reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
-    for (long d = np; d < k; d++) s += (double)(a[d] * b[d]);
-    return (float)s;
-}
-
-void sharpi_matmul_f32(const float *w, long n, long k, const float *x, long T, float *y, int prompt) {
-    const int tiny = prompt && T >= 2 && k % 16 == 0;
+int sharpi_matmul_f32(const float *w, long n, long k, const float *x, long T, float *y, int prompt) {
+    if (k % 16) return 1;
+    const int tiny = prompt && T >= 2;
     for (long t = 0; t < T; t++)
-        for (long r = 0; r < n; r++) {
-            const float *a = w + r * k, *b = x + t * k;
-            if (!tiny) {
-                y[t * n + r] = vec_dot_f32(a, b, k);
-                continue;
-            }
-            __m512 acc = _mm512_setzero_ps();
-            for (long d = 0; d < k; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
-            y[t * n + r] = reduce16(acc);
-        }
+        for (long r = 0; r < n; r++)
+            y[t * n + r] = tiny ? dot_tinyblas(w, NULL, KV_F32, r, k, x + t * k) : dot_vec_dot(w, NULL, KV_F32, r, k, x + t * k);
+    return 0;
 }
 
 void sharpi_soft_max(float *x, long T, long n) {
@@ -617,28 +608,8 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             float mx = -INFINITY;
             for (long j = 0; j < n; j++) {
                 const long row = (lo + j) * Hkv + g; /* row of width D in the [capacity * Hkv, D] view */
-                float sc;
-                if (order == ORDER_VEC_DOT) {
-                    const long np = D & ~63L;
-                    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-                    for (long d = 0; d < np; d += 64)
-                        for (int u = 0; u < 4; u++)
-                            acc[u] = _mm512_fmadd_ps(load16(k, kd, k_type, row, D, d + 16 * u), _mm512_loadu_ps(qr + d + 16 * u), acc[u]);
-                    double sd = (double)reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
-                    if (np < D) {
-                        float kt[16];
-                        for (long d = np; d < D; d += 16) {
-                            _mm512_storeu_ps(kt, load16(k, kd, k_type, row, D, d));
-                            for (int i = 0; i < 16; i++) sd += (double)(kt[i] * qr[d + i]);
-                        }
-                    }
-                    sc = (float)sd;
-                } else {
-                    __m512 acc = _mm512_setzero_ps();
-                    for (long d = 0; d < D; d += 16)
-                        acc = _mm512_fmadd_ps(load16(k, kd, k_type, row, D, d), _mm512_loadu_ps(qr + d), acc);
-                    sc = reduce16(acc);
-                }
+                float sc = order == ORDER_VEC_DOT ? dot_vec_dot(k, kd, k_type, row, D, qr)
+                                                  : dot_tinyblas(k, kd, k_type, row, D, qr);
                 if (softcap != 0.0f) sc = tanhf(sc * inv_cap) * softcap;
                 sc *= scale;
                 s[j] = sc;
@@ -735,30 +706,20 @@ PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
-/* matmul_f32(w, n, k, x, T, y, prompt) */
+/* matmul_f32(w, n, k, x, T, y, prompt) -> 0, or 1 when k is not a multiple of 16 */
 PyObject *sharpi_py_matmul_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "matmul_f32() takes 7 arguments (%zd given)", nargs);
-        return NULL;
-    }
     long a[7];
-    for (int i = 0; i < 7; i++) a[i] = PyLong_AsLong(args[i]);
-    if (PyErr_Occurred()) return NULL;
-    sharpi_matmul_f32((const float *)a[0], a[1], a[2], (const float *)a[3], a[4], (float *)a[5], (int)a[6]);
-    Py_RETURN_NONE;
+    if (sharpi_py_nlongs(args, nargs, a, 7, "matmul_f32")) return NULL;
+    return PyLong_FromLong(sharpi_matmul_f32((const float *)a[0], a[1], a[2], (const float *)a[3], a[4], (float *)a[5], (int)a[6]));
 }
 
 /* soft_max(x, T, n) */
 PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "soft_max() takes 3 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    const long x = PyLong_AsLong(args[0]), T = PyLong_AsLong(args[1]), n = PyLong_AsLong(args[2]);
-    if (PyErr_Occurred()) return NULL;
-    sharpi_soft_max((float *)x, T, n);
+    long a[3];
+    if (sharpi_py_nlongs(args, nargs, a, 3, "soft_max")) return NULL;
+    sharpi_soft_max((float *)a[0], a[1], a[2]);
     Py_RETURN_NONE;
 }
 

@@ -405,7 +405,7 @@ class Transformer:
         c = self.config
         T, k = h.shape[0], c.n_expert_used
         kern = _kernels()
-        if kern is not None and ex.router.qtype == Q.F32:  # (converters keep routers in f32)
+        if kern is not None and ex.router.qtype == Q.F32 and ex.router.k % 16 == 0:  # (converters keep routers in f32)
             probs = kern.soft_max(kern.matmul_f32(h.contiguous(), ex.router.dense(), prompt))  # [T, n_expert]
         else:
             probs = Activations(h, prompt)(ex.router)
