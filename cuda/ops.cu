@@ -12,6 +12,8 @@
 //       none, 1 f16, 2 bf16, 3 8-bit blocks of 32 (f16 scale), 4 Q8_K blocks of 256 (n % block == 0)
 //   add_bias_f32(x, x_st, T, n, b)      x[t, i] += b[i]; T*n threads, any 1-D launch
 //   scale_f32(x, x_st, T, n, alpha)     x[t, i] *= alpha; T*n threads, any 1-D launch
+//   scale_rows_f32(x, x_st, T, n, table, pos)   x[t, i] *= table[pos[t]]; T*n threads, any 1-D launch
+//       (a factor per position: mistral3's attention temperatures of q)
 //   softcap_f32(x, x_st, T, n, inv, cap)  x[t, i] = tanhf(x[t, i] * inv) * cap (inv = 1/cap rounded to
 //       float by the caller; Gemma 2's final logit softcapping); T*n threads, any 1-D launch
 //   round_half_f32(x, x_st, T, K, bf16, y, y_st)   y = x rounded to f16 (bf16=0) or bf16 (bf16=1),
@@ -163,6 +165,14 @@ extern "C" __global__ void scale_f32(float* x, i64 x_st, int T, int n, float alp
     if (idx >= (i64)T * n) return;
     const int t = (int)(idx / n), i = (int)(idx % n);
     x[(i64)t * x_st + i] *= alpha;
+}
+
+extern "C" __global__ void scale_rows_f32(float* x, i64 x_st, int T, int n, const float* table, const int* pos) {
+    KERNEL_BEGIN();
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * n) return;
+    const int t = (int)(idx / n), i = (int)(idx % n);
+    x[(i64)t * x_st + i] *= table[pos[t]];
 }
 
 extern "C" __global__ void softcap_f32(float* x, i64 x_st, int T, int n, float inv, float cap) {

@@ -42,6 +42,9 @@ fixed, smooth values (no random generator: the same file on every machine):
           six blocks of 32; ffn_down's scales times MOE_DOWN_SCALE, exactly), stacked into ffn_gate_exps /
           ffn_up_exps / ffn_down_exps; the router
           ffn_gate_inp (f32, as converters keep it) of smooth fixed values (_router_weight)
+  mistral3 general.architecture mistral3 (keys renamed), weights as they are: llama's block with YaRN RoPE
+          scaling (MISTRAL3_KV: factor 4 over an original context of 128, its betas and log multiplier) and
+          attention temperature tuning (q scaled by 1 + 0.1 ln(floor(pos / 128) + 1))
   mixtral still llama, with the same experts (llama.expert_count: llama.cpp's llama graph then routes,
           as for Mixtral) and feed_forward_length the experts' MOE_FF
 
@@ -63,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
-VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral")
+VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -80,6 +83,12 @@ GRANITE_KV = {"embedding_scale": 1.5, "residual_scale": 1.25, "attention.scale":
 # FFN missing, the model writes word salad, but words of every kind: the routing varies from token to token
 MOE_EXPERTS, MOE_USED, MOE_FF, MOE_DOWN_SCALE = 8, 4, 192, 8.0
 MOE_KV = {"expert_count": MOE_EXPERTS, "expert_used_count": MOE_USED}
+# mistral3 (Ministral 3): YaRN (its log multiplier as Ministral's mscale_all_dim, betas other than the defaults, an
+# original context short enough that the tests' prompts cross it twice) and Llama 4's attention temperature
+# tuning, which scales q past that context
+MISTRAL3_KV = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 128,
+               "rope.scaling.yarn_beta_fast": 24.0, "rope.scaling.yarn_beta_slow": 2.0,
+               "rope.scaling.yarn_log_multiplier": 1.0, "attention.temperature_scale": 0.1}
 GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "attention.sliding_window": 128,
              "rope.freq_base_swa": 10000.0}
 Q = gguf.GGMLQuantizationType
@@ -369,7 +378,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     if arch != SOURCE_ARCH.get(variant, "llama"):
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
-                "qwen3moe": "qwen3moe"}.get(variant, arch)
+                "qwen3moe": "qwen3moe", "mistral3": "mistral3"}.get(variant, arch)
     moe = variant in ("qwen3moe", "mixtral")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
@@ -378,14 +387,16 @@ def derive(variant: str, src: str, dst: str) -> None:
     label = {"phi3": "fused-qkv longrope"}.get(variant, variant)
     name = f"{gf.get('general.name')} ({label} derivative, for tests)" if "general.name" in r.fields else None
     values = {"general.name": name} if name else {}
-    extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV}.get(variant, {})
+    extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV,
+             "mistral3": MISTRAL3_KV}.get(variant, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
     if moe:  # (qwen3moe reads its own key; llama's experts have feed_forward_length rows)
         values[f"{new_arch}.{'expert_feed_forward_length' if variant == 'qwen3moe' else 'feed_forward_length'}"] = MOE_FF
     kv = copy_kv(gf, w, rename, values)
     for key, value in values.items():  # the ones the source does not have
         if key not in kv:
-            w.add_key_value(key, value, VT.FLOAT32 if isinstance(value, float) else VT.UINT32)
+            w.add_key_value(key, value, VT.FLOAT32 if isinstance(value, float) else VT.STRING if isinstance(value, str)
+                            else VT.UINT32)
     n_head = int(kv[f"{new_arch}.attention.head_count"])
     head_dim = int(kv.get(f"{new_arch}.attention.key_length", int(kv[f"{new_arch}.embedding_length"]) // n_head))
     n_rot = int(kv.get(f"{new_arch}.rope.dimension_count", head_dim))

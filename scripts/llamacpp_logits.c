@@ -9,6 +9,7 @@
  * build directory; never part of sharpi itself. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ggml.h"
 #include "llama.h"
@@ -65,6 +66,16 @@ int main(int argc, char **argv) {
     const char *rb = getenv("LCP_ROPE_FREQ_BASE"), *rs = getenv("LCP_ROPE_FREQ_SCALE"); /* --rope-freq-base / -scale */
     if (rb) cp.rope_freq_base = (float)atof(rb);
     if (rs) cp.rope_freq_scale = (float)atof(rs);
+    const char *rt = getenv("LCP_ROPE_SCALING"); /* --rope-scaling none / linear / yarn */
+    if (rt) cp.rope_scaling_type = !strcmp(rt, "none") ? LLAMA_ROPE_SCALING_TYPE_NONE
+                                 : !strcmp(rt, "yarn") ? LLAMA_ROPE_SCALING_TYPE_YARN : LLAMA_ROPE_SCALING_TYPE_LINEAR;
+    const char *ye = getenv("LCP_YARN_EXT_FACTOR"), *ya = getenv("LCP_YARN_ATTN_FACTOR"); /* --yarn-* */
+    const char *yf = getenv("LCP_YARN_BETA_FAST"), *ys = getenv("LCP_YARN_BETA_SLOW"), *yo = getenv("LCP_YARN_ORIG_CTX");
+    if (ye) cp.yarn_ext_factor = (float)atof(ye);
+    if (ya) cp.yarn_attn_factor = (float)atof(ya);
+    if (yf) cp.yarn_beta_fast = (float)atof(yf);
+    if (ys) cp.yarn_beta_slow = (float)atof(ys);
+    if (yo) cp.yarn_orig_ctx = (uint32_t)atoi(yo);
     const char *swa = getenv("LCP_SWA_FULL"); /* "1": full-size sliding-window caches (--swa-full), as sharpi's */
     if (swa && atoi(swa)) cp.swa_full = true;
     dump_dir = getenv("LCP_DUMP");

@@ -66,11 +66,17 @@ def run(
     n_predict: Annotated[int, Opt("-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end of generation, or a full context "
                                   "without --context-shift; -2 = until end of generation or a full context)")] = -1,
     ctx_size: Annotated[int, Opt("-c", "--ctx-size", help="context size (0 = the model's)")] = 4096,
-    rope_scaling: Annotated[Optional[str], Opt("--rope-scaling", help="RoPE frequency scaling: none or linear (default: the model's; "
-                                               "yarn is not supported)")] = None,
+    rope_scaling: Annotated[Optional[str], Opt("--rope-scaling", help="RoPE frequency scaling: none, linear or yarn (default: "
+                                               "the model's)")] = None,
     rope_scale: Annotated[float, Opt("--rope-scale", help="RoPE context scaling factor: positions divided by N (0 = the model's)")] = 0.0,
     rope_freq_base: Annotated[float, Opt("--rope-freq-base", help="RoPE base frequency (0 = the model's)")] = 0.0,
     rope_freq_scale: Annotated[float, Opt("--rope-freq-scale", help="RoPE frequency scaling factor: positions times N (0 = the model's)")] = 0.0,
+    yarn_orig_ctx: Annotated[int, Opt("--yarn-orig-ctx", help="YaRN: the model's original context size (0 = the model's)")] = 0,
+    yarn_ext_factor: Annotated[float, Opt("--yarn-ext-factor", help="YaRN: extrapolation mix factor (0.0 = full interpolation; "
+                                          "-1 = 1 under yarn scaling, else 0)")] = -1.0,
+    yarn_attn_factor: Annotated[float, Opt("--yarn-attn-factor", help="YaRN: attention magnitude scale (-1 = the model's)")] = -1.0,
+    yarn_beta_slow: Annotated[float, Opt("--yarn-beta-slow", help="YaRN: high correction dim or alpha (-1 = the model's)")] = -1.0,
+    yarn_beta_fast: Annotated[float, Opt("--yarn-beta-fast", help="YaRN: low correction dim or beta (-1 = the model's)")] = -1.0,
     context_shift: Annotated[bool, Opt("--context-shift/--no-context-shift", help="when the context is full, drop the older half "
                                        "of the tokens after --keep and go on generating (default: stop)", show_default=False)] = False,
     keep: Annotated[int, Opt("--keep", help="--context-shift keeps this many prompt tokens, after its BOS (-1 = all of the prompt)")] = 0,

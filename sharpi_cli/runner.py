@@ -26,6 +26,11 @@ class RunOptions:
     rope_scale: float = 0.0
     rope_freq_base: float = 0.0
     rope_freq_scale: float = 0.0
+    yarn_orig_ctx: int = 0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_beta_fast: float = -1.0
     context_shift: bool = False
     keep: int = 0
     batch_size: int = 512
@@ -126,9 +131,17 @@ def validate(o: RunOptions) -> None:
             raise UsageError(f"invalid {flag} {v}: must be a finite number >= 0 (0 = the model's)")
     if o.rope_scale and o.rope_freq_scale:
         raise UsageError("--rope-scale N and --rope-freq-scale 1/N are the same setting: give one")
-    if o.rope_scaling not in (None, "none", "linear"):
-        raise UsageError(f"invalid --rope-scaling '{o.rope_scaling}': choose none or linear"
-                         + (" (yarn is not supported)" if o.rope_scaling == "yarn" else ""))
+    if o.rope_scaling not in (None, "none", "linear", "yarn"):
+        raise UsageError(f"invalid --rope-scaling '{o.rope_scaling}': choose none, linear or yarn")
+    for flag, v in (("--yarn-ext-factor", o.yarn_ext_factor), ("--yarn-attn-factor", o.yarn_attn_factor),
+                    ("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
+        if not (math.isfinite(v) and v <= FLOAT32_MAX):
+            raise UsageError(f"invalid {flag} {v}: must be a finite number (negative = the model's)")
+    for flag, v in (("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
+        if v == 0:
+            raise UsageError(f"invalid {flag} 0: must be > 0 (negative = the model's)")
+    if not 0 <= o.yarn_orig_ctx < 2**32:
+        raise UsageError(f"invalid --yarn-orig-ctx {o.yarn_orig_ctx}: must be >= 0 (0 = the model's)")
     if o.keep < -1:
         raise UsageError(f"invalid --keep {o.keep}: must be >= -1 (-1 = all of the prompt)")
     if o.keep and not o.context_shift:
@@ -716,9 +729,12 @@ def model_settings(o: RunOptions) -> str:
 def rope_flags(o: RunOptions) -> tuple:
     """The --rope-* flags as Transformer.set_rope's arguments, () when none is given (llama.cpp passes its
     context parameters to the draft model too)."""
-    if not (o.rope_freq_base or o.rope_freq_scale or o.rope_scale or o.rope_scaling):
+    yarn = {k: v for k, v in (("yarn_ext_factor", o.yarn_ext_factor), ("yarn_attn_factor", o.yarn_attn_factor),
+                              ("yarn_beta_fast", o.yarn_beta_fast), ("yarn_beta_slow", o.yarn_beta_slow),
+                              ("yarn_orig_ctx", o.yarn_orig_ctx)) if v > 0 or (v == 0 and k != "yarn_orig_ctx")}
+    if not (o.rope_freq_base or o.rope_freq_scale or o.rope_scale or o.rope_scaling or yarn):
         return ()
-    return o.rope_freq_base, o.rope_freq_scale or (1.0 / o.rope_scale if o.rope_scale else 0.0), o.rope_scaling
+    return o.rope_freq_base, o.rope_freq_scale or (1.0 / o.rope_scale if o.rope_scale else 0.0), o.rope_scaling, yarn
 
 
 def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):

@@ -295,6 +295,13 @@ def scale(x, alpha: float, stream=None):
     return x
 
 
+def scale_rows(x, table, positions, stream=None):
+    """x[t] *= table[positions[t]] in place."""
+    f = np.asarray(table, dtype=np.float32)[np.asarray(positions, dtype=np.int64).reshape(-1)]
+    x *= f.reshape((-1,) + (1,) * (x.ndim - 1))
+    return x
+
+
 def softcap(x, cap: float, stream=None):
     """x = tanh(x * (1 / cap)) * cap in place (float32 steps, as softcap_f32)."""
     x *= np.float32(1) / np.float32(cap)

@@ -24,7 +24,7 @@ from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
 from sharpi_core.kernels import cpu as cpu_kernels
 from sharpi_core.gguf_file import GGUFFile
-from sharpi_core.models import config_from_gguf
+from sharpi_core.models import config_from_gguf, load_model
 from sharpi_core.sampling import SamplingParams
 from test_cli import one_error_line, sharpi
 
@@ -167,6 +167,41 @@ def test_derived_configs(derived):
     assert set(cycle) == {Q.Q3_K, Q.Q2_K, Q.IQ4_XS, Q.Q5_K}
     assert [ly.wo.qtype for ly in model.layers] == [Q.Q4_0, Q.IQ4_NL] * (len(model.layers) // 2)
     assert all(ly.w_down.kernel_rounds and ly.wo.kernel_rounds for ly in model.layers) == cpu_kernels.available()  # not a fallback
+
+
+def test_mistral3_yarn_and_attention_temperatures(derived):
+    """mistral3 as llama.cpp reads it: YaRN's betas and log multiplier from the GGUF, q's temperature 1 below
+    the original context and 1 + 0.1 ln(k + 1) in its k-th multiple, on the CPU and the GPU models alike."""
+    from sharpi_core.backends.cuda_model import CudaTransformer  # noqa: PLC0415
+    from sharpi_core.models.config import _logf  # noqa: PLC0415
+    c = config_from_gguf(GGUFFile(derived["mistral3"]))
+    kv = gguf_derive.MISTRAL3_KV
+    f32 = lambda v: float(np.float32(v))  # noqa: E731
+    assert (c.arch, c.rope_style, c.rope_scaling, c.rope_freq_scale, c.yarn_log_mul, c.attn_temp_scale) == (
+        "mistral3", "norm", "yarn", 0.25, 1.0, f32(kv["attention.temperature_scale"]))
+    assert c.yarn == (1.0, 128, 24.0, 2.0)
+    model, _ = loaded(derived["mistral3"])
+    t = model._attn_temps(300)
+    assert (t[:128] == 1).all() and (t[128:256] == f32(1 + 0.1 * np.log(2))).all() and t[256] == f32(1 + 0.1 * np.log(3))
+    g = CudaTransformer(model, ops=cuda_fake)
+    assert np.array_equal(g._temps(300)[:300], t[:300].numpy())
+    # the long prompt's pass reaches position 280: the temperatures move its last logits' softmax by ~0.11;
+    # the GPU model's (its own rounding) stays within ~0.007 of the CPU's
+    ids = torch.tensor(next(cs for cs in ORACLE["cases"] if cs["variant"] == "mistral3" and cs["kind"] == "long")["prompt_ids"])
+    want = model.forward(ids, 0, model.new_cache(300), last_n=1).softmax(-1)
+    got = g.forward(ids, 0, g.new_cache(300), last_n=1).softmax(-1)
+    cold = load_model(GGUFFile(derived["mistral3"]))  # (its own: the config changes)
+    cold.config = replace(cold.config, attn_temp_scale=0.0)
+    off = cold.forward(ids, 0, cold.new_cache(300), last_n=1).softmax(-1)
+    assert (got - want).abs().max() < 0.03 < 0.06 < (off - want).abs().max()
+    # YaRN's tables: the first pair extrapolates (the plain angle), the last ones interpolate (a quarter of it)
+    tab = model._rope_table(c.layer_rope(0), 200)[:200]
+    # (times YaRN's magnitude: fmaf(0.1f, logf(4), 1), exact in double)
+    ms = f32(c.rope_mscale * f32(f32(0.1) * float(_logf(4.0)) + 1.0))
+    plain = cpu_kernels.rope_table(c.rope_base, 1.0, 200, c.n_rot, mscale=ms)
+    quarter = cpu_kernels.rope_table(c.rope_base, 0.25, 200, c.n_rot, mscale=ms)
+    assert torch.equal(tab[:, 0], plain[:, 0]) and torch.equal(tab[:, -8:], quarter[:, -8:])
+    assert not torch.allclose(tab[:, 3], plain[:, 3]) and not torch.allclose(tab[:, 3], quarter[:, 3])
 
 
 def test_mixture_of_experts(derived):

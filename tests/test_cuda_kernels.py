@@ -305,6 +305,14 @@ def test_add_bias_and_scale_on_column_views():
     want[1:4, 10:250] = np.tanh(want[1:4, 10:250] * (np.float32(1) / np.float32(3))) * np.float32(3)
     np.testing.assert_allclose(cp.asnumpy(d), want, rtol=1e-6, atol=1e-6)
     assert np.abs(cp.asnumpy(d)[1:4, 10:250]).max() < 3 and (cp.asnumpy(d)[0] == want[0]).all()
+    table = np.float32(1) + np.arange(16, dtype=np.float32) / np.float32(7)  # a factor per position
+    pos = np.array([3, 9, 0, 15, 9], dtype=np.int32)
+    want = cp.asnumpy(d)
+    cb.scale_rows(d[:, 200:264].reshape(5, 2, 32), cp.asarray(table), cp.asarray(pos))  # device positions
+    want[:, 200:264] *= table[pos][:, None]
+    np.testing.assert_array_equal(cp.asnumpy(d), want)
+    with pytest.raises(ValueError, match="beyond the table"):
+        cb.scale_rows(d, cp.asarray(table), [0, 1, 2, 3, 16])
 
 
 @pytest.mark.parametrize("n", [7, 2048, 5000, 151936])

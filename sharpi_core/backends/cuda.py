@@ -752,6 +752,21 @@ def scale(x, alpha: float, stream=None):
     return _elementwise(function("ops", "scale_f32"), x, _f32(alpha), stream=stream)
 
 
+def scale_rows(x, table, positions, stream=None):
+    """x [T, ...] *= table[positions[t]] row by row, in place: table float32 [n_pos] on the device,
+    positions (device or host) [T]."""
+    cp = _cupy()
+    with _on(stream):
+        pos = _dev_int32(cp, positions)
+        if table.dtype != cp.float32 or not table.flags.c_contiguous:
+            raise ValueError("table must be a contiguous float32 array")
+        if pos.size != x.shape[0]:
+            raise ValueError(f"{pos.size} positions for {x.shape[0]} rows")
+        if not isinstance(positions, cp.ndarray) and pos.size and int(np.max(positions)) >= table.size:
+            raise ValueError("position beyond the table")
+        return _elementwise(function("ops", "scale_rows_f32"), x, table, pos, stream=stream)
+
+
 def softcap(x, cap: float, stream=None):
     """x [T, ...] = tanh(x * (1 / cap)) * cap in place (Gemma 2's final logit softcapping)."""
     return _elementwise(function("ops", "softcap_f32"), x, _f32(np.float32(1) / np.float32(cap)), _f32(cap), stream=stream)

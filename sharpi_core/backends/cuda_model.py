@@ -271,7 +271,7 @@ class CudaTransformer:
                     self.layers.append(ly)
         except Exception as e:  # out of device memory, unsupported type / shape
             raise SharpiError(f"cannot put {os.path.basename(gf.path)} on the GPU: {type(e).__name__}: {e}") from None
-        self._tables: dict = {}   # (rope base, freq scale) -> device (cos, sin) table
+        self._tables: dict = {}   # (rope base, freq scale) -> device (cos, sin) table; "temps" -> q's temperatures
         self._heads: dict = {}    # n -> the output layer's first n rows
         self.use_graphs = GRAPHS and hasattr(ops, "capture")
         # greedy steps take the arg-max here and bring back 4 bytes a row (forward_argmax, greedy_chain)
@@ -329,6 +329,13 @@ class CudaTransformer:
         if tab is None or tab.shape[0] < n_pos:
             host = self.cpu._rope_table(rope, n_pos)  # complex64 [n, n_rot/2], grown by doubling
             tab = self._tables[rope] = self.xp.asarray(torch.view_as_real(host).contiguous().numpy())
+        return tab
+
+    def _temps(self, n_pos: int):
+        """The CPU model's attention temperatures (mistral3) for positions [0, n_pos), on the device."""
+        tab = self._tables.get("temps")
+        if tab is None or tab.shape[0] < n_pos:
+            tab = self._tables["temps"] = self.xp.asarray(self.cpu._attn_temps(n_pos).numpy())
         return tab
 
     def _output_head(self, n: int):
@@ -519,7 +526,8 @@ class CudaTransformer:
         fuse = lambda proj: fused and proj.kind != MIXED  # noqa: E731
         # kv_append and attention read K and q through RoPE (no launch of its own), unless q is scaled
         # or rotated after RoPE
-        fuse_rope = fused and not c.scale_q and cache.rot_k is None
+        fuse_rope = fused and not c.scale_q and not c.attn_temp_scale and cache.rot_k is None
+        temps = self._temps(cache.capacity) if c.attn_temp_scale else None
         # attention's launch combines its own splits (its last block per row): one launch a layer less
         counters = self._counters(T) if fused and self.fuse_combine and H * hdv % 32 == 0 else None
         pending = None  # the last FFN output, added to x by the norm that follows it
@@ -546,6 +554,8 @@ class CudaTransformer:
                 else:
                     ops.rope(q, pos, c.n_rot, neox, table=tab, stream=s)
                     ops.rope(k, pos, c.n_rot, neox, table=tab, stream=s)
+            if temps is not None:  # attention temperatures, after RoPE as llama.cpp's ggml_mul
+                ops.scale_rows(q, temps, pos, stream=s)
             if c.scale_q:  # before q is rounded to the K cache's type, as llama.cpp's gemma3 graph
                 ops.scale(q, scale, stream=s)
             if cache.rot_k is not None:

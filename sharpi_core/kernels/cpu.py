@@ -47,7 +47,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 7
+_ABI = 8
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -224,7 +224,8 @@ def _bind_ctypes(path: Path) -> None:
     gl.argtypes = [c_void_p, c_long, c_long, c_int, c_void_p, c_int]
     gl.restype = c_int
     rt = lib.sharpi_rope_table
-    rt.argtypes = [ctypes.c_float, ctypes.c_float, c_long, c_int, c_void_p, ctypes.c_float, c_void_p]
+    rt.argtypes = [ctypes.c_float, ctypes.c_float, c_long, c_int, c_void_p, ctypes.c_float, ctypes.c_float, c_int,
+                   ctypes.c_float, ctypes.c_float, c_void_p]
     rt.restype = None
     ro = lib.sharpi_rope
     ro.argtypes = [c_void_p, c_long, c_long, c_long, c_int, c_void_p]
@@ -576,18 +577,20 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
 
 
 def rope_table(base: float, freq_scale: float, n: int, n_rot: int, factors: torch.Tensor | None = None,
-               mscale: float = 1.0) -> torch.Tensor:
+               mscale: float = 1.0, yarn: tuple = (0.0, 0, 32.0, 1.0)) -> torch.Tensor:
     """(cos, sin) of positions [0, n) as complex64 [n, n_rot / 2], computed as ggml's rope cache
     (float theta multiplied up by powf(base, -2 / n_rot), divided by factors [n_rot / 2] fp32 (a
     model's rope_freqs) when given, times freq_scale, libm cosf / sinf, each times mscale: the
-    context's attention factor)."""
+    context's attention factor). yarn: (ext_factor, original context, beta_fast, beta_slow): with an
+    ext_factor, YaRN's ramp between extrapolated and interpolated angles and its magnitude factor."""
     if _ropetab is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     if factors is not None and (factors.dtype is not _F32 or factors.shape != (n_rot // 2,) or not factors.is_contiguous()):
         raise ValueError(f"rope_table: factors {factors.dtype} {tuple(factors.shape)}, n_rot {n_rot}")
+    ext, orig, beta_fast, beta_slow = yarn
     cs = torch.empty((n, n_rot // 2), dtype=torch.complex64)
     _ropetab(float(base), float(freq_scale), n, n_rot, 0 if factors is None else factors.data_ptr(), float(mscale),
-             cs.data_ptr())
+             float(ext), int(orig), float(beta_fast), float(beta_slow), cs.data_ptr())
     return cs
 
 

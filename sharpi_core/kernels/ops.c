@@ -88,14 +88,36 @@ enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
 enum { ORDER_TINYBLAS = 0, ORDER_VEC_DOT = 1, FA_PROMPT = 2, FA_DECODE = 3 };
 enum { FA_TILE_Q = 64, FA_TILE_KV = 64, FA_SPLIT_MIN_KV = 512, FA_SPLIT_THREADS = 2, KV_PAD = 256 };
 
-/* cs [n, n_rot / 2, 2]: (cos, sin) of position p and frequency i, times mscale (ggml's rope_yarn
- * without extrapolation: cosf(theta) * mscale, mscale the context's attention factor) */
-void sharpi_rope_table(float base, float freq_scale, long n, int n_rot, const float *ff, float mscale, float *cs) {
+/* ggml_rope_yarn_corr_dim: the pair index at which a frequency turns beta times over n_ctx_orig positions */
+static float yarn_corr_dim(int n_rot, int n_ctx_orig, float beta, float base) {
+    return (float)n_rot * logf((float)n_ctx_orig / (beta * 2 * 3.14159265358979323846f)) / (2 * logf(base));
+}
+
+/* cs [n, n_rot / 2, 2]: (cos, sin) of position p and frequency i, as ggml's rope cache (rope_yarn):
+ * theta_extrap = theta / ff[i], theta_interp = freq_scale * theta_extrap; with YaRN (ext_factor != 0)
+ * the pairs between the correction dims [low, high] (ggml_rope_yarn_corr_dims over beta_fast /
+ * beta_slow turns in n_ctx_orig positions) mix the two by a ramp, one FMA as GCC contracts ggml's
+ * theta_interp * (1 - mix) + theta_extrap * mix, and mscale grows by 1 + 0.1 ln(1 / freq_scale)
+ * (an FMA too); then cosf(theta) * mscale, sinf(theta) * mscale (mscale: the context's attention factor) */
+void sharpi_rope_table(float base, float freq_scale, long n, int n_rot, const float *ff, float mscale,
+                       float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow, float *cs) {
     const float ts = powf(base, -2.0f / (float)n_rot);
+    float low = 0.0f, high = 0.0f;
+    if (ext_factor != 0.0f) {
+        low = fmaxf(0.0f, floorf(yarn_corr_dim(n_rot, n_ctx_orig, beta_fast, base)));
+        high = fminf((float)(n_rot - 1), ceilf(yarn_corr_dim(n_rot, n_ctx_orig, beta_slow, base)));
+        mscale *= fmaf(0.1f, logf(1.0f / freq_scale), 1.0f);
+    }
     for (long p = 0; p < n; p++) {
         float theta = (float)p;
         for (int i = 0; i < n_rot / 2; i++) {
-            const float th = freq_scale * (ff ? theta / ff[i] : theta);
+            const float ex = ff ? theta / ff[i] : theta, in = freq_scale * ex;
+            float th = in;
+            if (ext_factor != 0.0f) {
+                const float y = ((float)i - low) / fmaxf(0.001f, high - low);
+                const float mix = (1 - fminf(1, fmaxf(0, y))) * ext_factor;
+                th = fmaf(in, 1 - mix, ex * mix);
+            }
             cs[(p * (n_rot / 2) + i) * 2] = cosf(th) * mscale;
             cs[(p * (n_rot / 2) + i) * 2 + 1] = sinf(th) * mscale;
             theta *= ts;
@@ -723,18 +745,21 @@ PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
-/* rope_table(base, freq_scale, n, n_rot, ff (0: none), mscale, cs) and rope(x, T, nh, hd, n_rot, cs) */
+/* rope_table(base, freq_scale, n, n_rot, ff (0: none), mscale, ext_factor, n_ctx_orig, beta_fast, beta_slow,
+ * cs) and rope(x, T, nh, hd, n_rot, cs) */
 PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "rope_table() takes 7 arguments (%zd given)", nargs);
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "rope_table() takes 11 arguments (%zd given)", nargs);
         return NULL;
     }
-    const double base = PyFloat_AsDouble(args[0]), fs = PyFloat_AsDouble(args[1]), ms = PyFloat_AsDouble(args[5]);
+    const double base = PyFloat_AsDouble(args[0]), fs = PyFloat_AsDouble(args[1]), ms = PyFloat_AsDouble(args[5]),
+                 ext = PyFloat_AsDouble(args[6]), bf = PyFloat_AsDouble(args[8]), bs = PyFloat_AsDouble(args[9]);
     const long n = PyLong_AsLong(args[2]), n_rot = PyLong_AsLong(args[3]), ff = PyLong_AsLong(args[4]),
-               cs = PyLong_AsLong(args[6]);
+               orig = PyLong_AsLong(args[7]), cs = PyLong_AsLong(args[10]);
     if (PyErr_Occurred()) return NULL;
-    sharpi_rope_table((float)base, (float)fs, n, (int)n_rot, (const float *)ff, (float)ms, (float *)cs);
+    sharpi_rope_table((float)base, (float)fs, n, (int)n_rot, (const float *)ff, (float)ms, (float)ext, (int)orig,
+                      (float)bf, (float)bs, (float *)cs);
     Py_RETURN_NONE;
 }
 

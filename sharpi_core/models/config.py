@@ -1,6 +1,8 @@
 """Model configuration: one frozen dataclass, filled from GGUF metadata by per-arch tables."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 from dataclasses import dataclass
 
@@ -50,6 +52,14 @@ class ModelConfig:
     rope_long_short: bool = False   # ... or by rope_factors_long / _short.weight (phi3's longrope)
     n_ctx_orig: int = 0             # contexts longer than this take the long factors (rope.scaling.original_context_length)
     rope_attn_factor: float = 1.0   # cos and sin times this (rope.scaling.attn_factor: q.k times its square)
+    rope_scaling: str = "linear"    # rope.scaling.type: none | linear | yarn | longrope (--rope-scaling)
+    yarn_ext_factor: float = -1.0   # YaRN's extrapolation mix (--yarn-ext-factor; < 0: 1 under yarn scaling, else 0)
+    yarn_attn_factor: float = -1.0  # --yarn-attn-factor (< 0: 1); YaRN replaces it while its mix is on (llama.cpp)
+    yarn_beta_fast: float = 32.0    # YaRN's correction dims: pairs turning more than beta_fast times in
+    yarn_beta_slow: float = 1.0     # yarn_orig_ctx positions extrapolate, fewer than beta_slow interpolate
+    yarn_log_mul: float = 0.0       # rope.scaling.yarn_log_multiplier (mistral3: mscale_all_dim)
+    yarn_orig_ctx: int = 0          # --yarn-orig-ctx: the correction dims' context (0 -> n_ctx_orig)
+    attn_temp_scale: float = 0.0    # mistral3: q times log(floor(pos / n_ctx_orig) + 1) * this + 1 (0 = none)
     qkv_fused: bool = False         # q, k and v rows in one attn_qkv tensor (phi3)
     ffn_up_gated: bool = False      # ffn_up holds the gate rows, then the up rows; no ffn_gate (phi3)
     nope_every: int = 0             # every nope_every-th layer has no RoPE at all (smollm3: 4th, 8th, ...)
@@ -68,12 +78,57 @@ class ModelConfig:
     def has_rope(self, layer: int) -> bool:
         return not (self.nope_every and (layer + 1) % self.nope_every == 0)
 
+    @property
+    def yarn(self) -> tuple[float, int, float, float]:
+        """(ext_factor, original context, beta_fast, beta_slow) of the rope tables, as llama.cpp's context
+        resolves them: the mix is 1 under yarn scaling unless given, else 0 (no YaRN)."""
+        ext = self.yarn_ext_factor if self.yarn_ext_factor >= 0 else 1.0 if self.rope_scaling == "yarn" else 0.0
+        return ext, self.yarn_orig_ctx or self.n_ctx_orig, self.yarn_beta_fast, self.yarn_beta_slow
+
+    @property
+    def rope_mscale(self) -> float:
+        """What every rope table's cos and sin are multiplied by: llama.cpp's cparams.yarn_attn_factor, in
+        float as its context computes it (with YaRN's mix on: get_mscale(factor, 1) (over get_mscale(factor,
+        log_mul) when the GGUF gives one) times 1 / (1 + 0.1 ln factor), which the rope cache's own
+        1 + 0.1 ln(1 / freq_scale) cancels), times rope.scaling.attn_factor."""
+        f = np.float32
+        attn = f(self.yarn_attn_factor if self.yarn_attn_factor >= 0 else 1.0)
+        if self.yarn[0] != 0:
+            factor = f(1) / f(self.rope_freq_scale)
+
+            def mscale(m):
+                return f(1) if factor <= 1 else f(f(f(0.1) * f(m)) * _logf(factor)) + f(1)
+            attn = mscale(1.0) / mscale(self.yarn_log_mul) if self.yarn_log_mul else mscale(1.0)
+            attn = f(attn * (f(1) / (f(1) + f(0.1) * _logf(factor))))
+        return float(f(attn * f(self.rope_attn_factor)))
+
+    def attn_temps(self, n: int) -> np.ndarray:
+        """float32 [n]: q's multiplier at positions [0, n) under attention temperature tuning (llama.cpp's
+        llm_graph_input_attn_temp: log(floor(pos / n_ctx_orig) + 1) * scale + 1, the floor of a float
+        quotient, the rest in double): 1 below the original context."""
+        k = np.floor(np.arange(n, dtype=np.float32) / np.float32(self.n_ctx_orig)).astype(np.int64)
+        scale = float(np.float32(self.attn_temp_scale))
+        per_k = np.array([math.log(j + 1.0) * scale + 1.0 for j in range(int(k[-1]) + 1 if n else 0)])
+        return per_k[k].astype(np.float32)
+
     def layer_rope(self, layer: int) -> tuple[float, float]:
         """(base, frequency scale) of the layer's RoPE: llama.cpp's get_rope_freq_base / _scale, whose
         sliding layers keep their own base and scale 1 whatever the context's settings."""
         if self.is_swa(layer) and self.rope_base_swa:
             return self.rope_base_swa, self.rope_freq_scale_swa
         return self.rope_base, self.rope_freq_scale
+
+
+def _load_logf():
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6").logf
+    except (OSError, AttributeError):
+        return lambda x: np.float32(math.log(x))
+    fn.argtypes, fn.restype = [ctypes.c_float], ctypes.c_float
+    return lambda x: np.float32(fn(float(x)))
+
+
+_logf = _load_logf()  # libm's logf, as llama.cpp's float arithmetic calls it (one ulp can decide a rope table)
 
 
 def _common(gf: GGUFFile, n_vocab: int) -> dict:
@@ -95,6 +150,7 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_base=float(a("rope.freq_base", 10000.0)),
         rope_freq_scale=_rope_freq_scale(gf),
+        rope_scaling=str(a("rope.scaling.type", "linear")),
         # llama.cpp multiplies every rope cache by it (yarn_attn_factor *= rope_attn_factor)
         rope_attn_factor=float(a("rope.scaling.attn_factor", 1.0)),
         n_ctx_orig=int(a("rope.scaling.original_context_length", 0) or a("context_length", 2048)),
@@ -103,19 +159,19 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
     )
 
 
-ROPE_SCALINGS = ("none", "linear", "longrope")  # llama.cpp's yarn is not implemented
+ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 
 
 def _rope_freq_scale(gf: GGUFFile) -> float:
-    """llama.cpp's rope_freq_scale_train: 1 / rope.scaling.factor (or the older rope.scale_linear) under
-    linear scaling, its default type (and longrope's, whose factors are tensors); 1 for 'none'. Other
-    scalings are refused, not run unscaled."""
+    """llama.cpp's rope_freq_scale_train: 1.0f / rope.scaling.factor (or the older rope.scale_linear) in
+    float, under linear scaling (its default type), yarn and longrope (whose factors are tensors); 1 for
+    'none'. Other scalings are refused, not run unscaled."""
     a = gf.arch_get
     kind = str(a("rope.scaling.type", "linear"))
     if kind not in ROPE_SCALINGS:
         raise SharpiError(f"{gf.path}: RoPE scaling '{kind}' is not supported (supported: {', '.join(ROPE_SCALINGS)})")
     factor = float(a("rope.scaling.factor", 0.0) or a("rope.scale_linear", 0.0) or 0.0)
-    return 1.0 if kind == "none" or factor == 0 else 1.0 / factor
+    return 1.0 if kind == "none" or factor == 0 else float(np.float32(1) / np.float32(factor))
 
 
 # Per-architecture differences from the llama block, as llama.cpp builds each graph.
@@ -130,13 +186,14 @@ ARCH_TABLE = {
     "granite": dict(rope_style=ROPE_NORM),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
+    "mistral3": dict(rope_style=ROPE_NORM),
 }
 # archs whose FFN is a mixture of experts (llama: when the GGUF gives expert_count, as Mixtral's do)
 MOE_ARCHS = frozenset({"qwen3moe"})
 MOE_MAY = frozenset({"llama"})
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
-ROPE_FREQS_ARCHS = frozenset({"llama", "granite"})
+ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "mistral3"})
 
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
@@ -151,12 +208,14 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     if arch == "phi3":
         # q, k, v in one tensor as its converter writes them, or apart (llama.cpp's create_tensor_qkv takes both)
         kw["qkv_fused"] = "blk.0.attn_q.weight" not in gf.tensors
-    if arch in ("phi3", "granite"):
+    if arch in ("phi3", "granite", "mistral3"):
         kw["rope_long_short"] = "rope_factors_long.weight" in gf.tensors or "rope_factors_short.weight" in gf.tensors
     if arch == "granite":
         _granite(gf, kw)
     if arch in ("gemma2", "gemma3"):
         _gemma(gf, kw)
+    if arch == "mistral3":
+        _mistral3(gf, kw)
     if arch in MOE_ARCHS or (arch in MOE_MAY and int(gf.arch_get("expert_count", 0) or 0) > 0):
         _experts(gf, kw)
     c = ModelConfig(**kw)
@@ -186,6 +245,20 @@ def _experts(gf: GGUFFile, kw: dict) -> None:
     gating = int(a("expert_gating_func", 0) or 0)
     if gating not in (0, 1):  # llama.cpp: 0 = none given (softmax for these graphs), 1 = softmax
         raise SharpiError(f"{gf.path}: expert gating function {gating} is not supported (softmax only)")
+
+
+def _mistral3(gf: GGUFFile, kw: dict) -> None:
+    """Ministral 3 (src/models/mistral3.cpp): llama's block with YaRN's betas and log multiplier read from
+    the GGUF, and Llama 4's attention temperature tuning past the original context."""
+    a = gf.arch_get
+    kw["yarn_beta_fast"] = float(a("rope.scaling.yarn_beta_fast", 32.0))
+    kw["yarn_beta_slow"] = float(a("rope.scaling.yarn_beta_slow", 1.0))
+    kw["yarn_log_mul"] = float(a("rope.scaling.yarn_log_multiplier", 0.0))
+    kw["attn_temp_scale"] = float(a("attention.temperature_scale", 0.0))
+    if kw["attn_temp_scale"] and kw["n_ctx_orig"] <= 0:
+        raise SharpiError(f"{gf.path}: attention temperature scaling without an original context length")
+    if int(a("expert_count", 0) or 0) > 0:
+        raise SharpiError(f"{gf.path}: a mistral3 mixture of experts is not supported (its dense models are)")
 
 
 def _granite(gf: GGUFFile, kw: dict) -> None:
@@ -305,6 +378,7 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
     for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0),  # swa 0 = rope_base
                       ("rope_freq_scale", 1e-30), ("rope_freq_scale_swa", 1e-30), ("attn_softcap", 0.0),
                       ("final_softcap", 0.0), ("rope_attn_factor", 1e-30), ("residual_scale", 0.0),
-                      ("logit_scale", 0.0), ("embed_scale", 1e-30)):
+                      ("logit_scale", 0.0), ("embed_scale", 1e-30), ("yarn_beta_fast", 0.0), ("yarn_beta_slow", 0.0),
+                      ("yarn_log_mul", 0.0), ("attn_temp_scale", 0.0)):
         if not math.isfinite(getattr(c, name)) or getattr(c, name) < low:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")

@@ -89,7 +89,7 @@ class DecodePath:
 
     @torch.inference_mode()
     def run(self, x: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, ropes: dict, kq_scale: float,
-            last_n: int | None, scale: float = 1.0) -> torch.Tensor:
+            last_n: int | None, scale: float = 1.0, temps: torch.Tensor | None = None) -> torch.Tensor:
         """Transformer.hidden's layer loop for decoding rows: x [T, D] (the embeddings, updated in
         place) -> the residual stream after layers [0, n_layers) ([last_n, D] if the last layer ran
         its FFN on the last rows only). Writes the K/V of the T positions into cache."""
@@ -128,6 +128,8 @@ class DecodePath:
             else:
                 q.copy_(qk[:, :H])
                 k.copy_(qk[:, H:])
+            if temps is not None:  # [T, 1, 1]: attention temperatures
+                q.mul_(temps)
             if c.scale_q:
                 q.mul_(scale)
             if rot_k:

@@ -5,6 +5,7 @@ mixture-of-experts qwen3moe and Mixtral-style llama (differences come from Model
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 
@@ -168,6 +169,14 @@ def prompt_pass(T: int, decode: bool) -> bool:
     return T > 1 and not (decode and T <= EXACT_ROWS)
 
 
+def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the pairs [low, high] over which YaRN ramps from extrapolated to
+    interpolated angles (pairs turning beta_fast / beta_slow times in n_ctx_orig positions)."""
+    def dim(beta):
+        return n_rot * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+    return max(0.0, math.floor(dim(beta_fast))), min(n_rot - 1.0, math.ceil(dim(beta_slow)))
+
+
 def attention_scales(c: ModelConfig) -> tuple[float, float]:
     """(the attention scale, what the q.k scores are multiplied by: 1 when q is scaled instead)."""
     scale = c.attn_scale or attn_scale_f32(c.head_dim_k)
@@ -221,6 +230,7 @@ class Transformer:
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             ))
         self._rope_cache: dict[tuple, torch.Tensor] = {}  # (base, freq scale) -> complex64 [n_pos, n_rot/2]
+        self._temps: torch.Tensor | None = None  # float32 [n_pos]: attention temperatures (mistral3), grown by doubling
         # [n_rot/2] divisors of the pairs' frequencies (Llama 3.1+; phi3's long or short ones, by the
         # context size: use_context), in every layer's RoPE and K-shift
         self._factor_sets = {}
@@ -287,12 +297,15 @@ class Transformer:
         self.use_context(n_ctx)
         return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
 
-    def set_rope(self, base: float = 0.0, freq_scale: float = 0.0, scaling: str | None = None) -> None:
-        """llama.cpp's --rope-freq-base / --rope-freq-scale / --rope-scaling (0 / None: the model's): the
-        layers' RoPE from now on (sliding layers keep theirs, as llama.cpp's). Call before the first pass."""
+    def set_rope(self, base: float = 0.0, freq_scale: float = 0.0, scaling: str | None = None,
+                 yarn: dict | None = None) -> None:
+        """llama.cpp's --rope-freq-base / --rope-freq-scale / --rope-scaling (0 / None: the model's) and
+        --yarn-* (yarn: ModelConfig's yarn_* fields given): the layers' RoPE from now on (sliding layers
+        keep theirs, as llama.cpp's). Call before the first pass."""
         c = self.config
-        scale = 1.0 if scaling == "none" else (freq_scale or c.rope_freq_scale)
-        self.config = replace(c, rope_base=base or c.rope_base, rope_freq_scale=scale)
+        kind = scaling or c.rope_scaling
+        scale = 1.0 if kind == "none" else (freq_scale or c.rope_freq_scale)
+        self.config = replace(c, rope_base=base or c.rope_base, rope_freq_scale=scale, rope_scaling=kind, **(yarn or {}))
         self._ropes = sorted({self.config.layer_rope(i) for i in range(c.n_layer)})
         self._rope_cache.clear()
 
@@ -332,21 +345,38 @@ class Transformer:
         if tab is not None and tab.shape[0] >= n_pos:
             return tab
         n = max(n_pos, 2 * (tab.shape[0] if tab is not None else 256))
+        c = self.config
         if self._rope_kernel is not None:
-            tab = _kernels().rope_table(*rope, n, self.config.n_rot, self._rope_factors, self.config.rope_attn_factor)
+            tab = _kernels().rope_table(*rope, n, c.n_rot, self._rope_factors, c.rope_mscale, c.yarn)
         else:
             base, freq_scale = rope
-            scale = torch.tensor(base, dtype=torch.float64).pow(-2.0 / self.config.n_rot).float()
-            theta = torch.empty(n, self.config.n_rot // 2, dtype=torch.float32)
+            scale = torch.tensor(base, dtype=torch.float64).pow(-2.0 / c.n_rot).float()
+            theta = torch.empty(n, c.n_rot // 2, dtype=torch.float32)
             theta[:, 0] = torch.arange(n, dtype=torch.float32)
             for i in range(1, theta.shape[1]):  # once per table, not per token
                 theta[:, i] = theta[:, i - 1] * scale
             if self._rope_factors is not None:
                 theta = theta / self._rope_factors
-            t64 = (theta * torch.tensor(freq_scale, dtype=torch.float32)).double()
-            ms = torch.tensor(self.config.rope_attn_factor, dtype=torch.float32)
+            th = theta * torch.tensor(freq_scale, dtype=torch.float32)
+            ms = torch.tensor(c.rope_mscale, dtype=torch.float32)
+            ext, orig, beta_fast, beta_slow = c.yarn
+            if ext:  # YaRN (the C kernel's arithmetic, without its FMAs)
+                low, high = yarn_corr_dims(c.n_rot, orig, base, beta_fast, beta_slow)
+                y = (torch.arange(c.n_rot // 2, dtype=torch.float32) - low) / max(0.001, high - low)
+                mix = (1 - y.clamp(0, 1)) * ext
+                th = th * (1 - mix) + theta * mix
+                ms = ms * (1 + 0.1 * math.log(1 / freq_scale))
+            t64 = th.double()
             tab = torch.complex(t64.cos().float() * ms, t64.sin().float() * ms)
         self._rope_cache[rope] = tab
+        return tab
+
+    def _attn_temps(self, n_pos: int) -> torch.Tensor:
+        """float32 [n] (n >= n_pos): q's attention temperature at each position (ModelConfig.attn_temps)."""
+        tab = self._temps
+        if tab is None or tab.shape[0] < n_pos:
+            n = max(n_pos, 2 * (tab.shape[0] if tab is not None else 256))
+            tab = self._temps = torch.from_numpy(self.config.attn_temps(n))
         return tab
 
     def _rope(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
@@ -498,11 +528,12 @@ class Transformer:
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
         ropes = {r: self._rope_table(r, L)[start_pos:L] for r in self._ropes}
+        temps = self._attn_temps(L)[start_pos:L, None, None] if c.attn_temp_scale else None  # [T, 1, 1]
         if self._fast is None:
             self._fast = DecodePath.for_model(self) or False
         if self._fast and self._fast.applies(prompt, cache):
             # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
-            x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, last_n, scale)
+            x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, last_n, scale, temps)
             cache.length = L
             return x
         masks = {}
@@ -527,6 +558,8 @@ class Transformer:
             q, k = qk[:, :H], qk[:, H:]
             if self._unperm is not None:
                 q, k = q[..., self._unperm], k[..., self._unperm]
+            if temps is not None:  # (llama.cpp: ggml_mul after RoPE)
+                q = q * temps
             if c.scale_q:  # before q is rounded to the K cache's type: tiny elements round differently
                 q = q * scale
             q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
