@@ -45,6 +45,9 @@ fixed, smooth values (no random generator: the same file on every machine):
   mistral3 general.architecture mistral3 (keys renamed), weights as they are: llama's block with YaRN RoPE
           scaling (MISTRAL3_KV: factor 4 over an original context of 128, its betas and log multiplier) and
           attention temperature tuning (q scaled by 1 + 0.1 ln(floor(pos / 128) + 1))
+  float   still llama, its matrices in float types as F16 / F32 GGUFs (and quantizations that keep a tensor in
+          one) carry them: the attention weights F32, the FFN's F16 (the Q4_1 values dequantized, exactly
+          representable in f32, rounded to f16); the embedding (and tied output) stays Q4_1
   mixtral still llama, with the same experts (llama.expert_count: llama.cpp's llama graph then routes,
           as for Mixtral) and feed_forward_length the experts' MOE_FF
 
@@ -66,7 +69,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
-VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3")
+VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
+            "float")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -418,6 +422,10 @@ def derive(variant: str, src: str, dst: str) -> None:
             continue
         if variant in ("qwen3", "qwen3moe") and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
+        elif variant == "float" and t.name.endswith((".weight")) and t.name.startswith("blk.") and len(t.shape) == 2:
+            n, k = int(t.shape[1]), int(t.shape[0])
+            x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(n, k).astype(np.float32)
+            w.add_tensor(t.name, x if ".attn_" in t.name else x.astype(np.float16))
         elif variant == "lowbit" and t.name.endswith((".ffn_down.weight", ".attn_q.weight", ".attn_k.weight",
                                                        ".attn_v.weight", ".attn_output.weight")):
             n, k = int(t.shape[1]), int(t.shape[0])

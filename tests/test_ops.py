@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 
 from sharpi_core.kernels import cpu
 from test_cpu_kernels import ggml_quantize_q8_0, hsum_float_8
@@ -485,3 +486,39 @@ def test_rope_is_ggml_rope_bit_for_bit():
         r1 = (x0 * s + (x1 * c).astype(f32)).astype(f32)
         assert np.array_equal(y[..., 0:n_rot:2].numpy(), r0) and np.array_equal(y[..., 1:n_rot:2].numpy(), r1)
         assert torch.equal(y[..., n_rot:], x[..., n_rot:])  # dims past n_rot untouched
+
+
+@pytest.mark.parametrize("qtype, k", [(Q.F32, 1088), (Q.F16, 1056)], ids=["F32", "F16"])
+def test_float_weights_take_ggml_orders(qtype, k):
+    """F32 / F16 weights (F16: the activations rounded to fp16 first, ggml's vec_dot type) summed as
+    ggml's mul_mat sums them: ggml_vec_dot_f32 / _f16 for one-row passes and verify rows (4 x 16 lanes
+    over 64 a step, GGML_F32x16_REDUCE, the f16 tail in double), tinyBLAS for prompt passes of >= 2
+    rows (one 16-lane accumulator, _mm512_reduce_add_ps), at any T (no sgemm for long prompts)."""
+    g = torch.Generator().manual_seed(11)
+    n = 37
+    w = (torch.randn(n, k, generator=g) * 0.05).numpy()
+    raw = w.astype(np.float16) if qtype == Q.F16 else w
+    wf = raw.astype(np.float32)
+    for T in (1, 3, 5, cpu.GEMM_MIN_ROWS + 1):
+        x = torch.randn(T, k, generator=g) * 2
+        xf = x.numpy().astype(np.float16).astype(np.float32) if qtype == Q.F16 else x.numpy()
+        for prompt in (False, True):
+            got = cpu.qmatmul(x, torch.from_numpy(raw.copy()), qtype, n, k, act_quant=qtype == Q.F16, prompt=prompt)
+            if prompt and T >= 2:
+                acc = np.zeros((T, n, 16), np.float32)
+                for d in range(0, k, 16):
+                    acc = _fma(xf[:, None, d:d + 16], wf[None, :, d:d + 16], acc)
+                want = reduce16(acc)
+            else:
+                np_ = k // 64 * 64
+                acc = np.zeros((T, n, 64), np.float32)
+                for d in range(0, np_, 64):
+                    acc = _fma(xf[:, None, d:d + 64], wf[None, :, d:d + 64], acc)
+                want = vec_dot_reduce(acc)
+                if np_ < k:  # ggml_vec_dot_f16's tail: float products added one by one in double
+                    tail = (xf[:, None, np_:] * wf[None, :, np_:]).astype(np.float32).astype(np.float64)
+                    sd = want.astype(np.float64)
+                    for i in range(k - np_):
+                        sd = sd + tail[..., i]
+                    want = sd.astype(np.float32)
+            np.testing.assert_array_equal(got.numpy(), want, err_msg=f"T={T} prompt={prompt}")

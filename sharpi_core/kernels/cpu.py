@@ -36,8 +36,8 @@ import torch
 
 Q = gguf.GGMLQuantizationType
 
-SUPPORTED: frozenset = frozenset(
-    {Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+SUPPORTED: frozenset = frozenset(  # (F32: weights whose rows are multiples of 64, see qmatmul)
+    {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
      Q.IQ4_XS}
 )
 
@@ -59,7 +59,7 @@ GEMM_MIN_ROWS = 40
 GEMM_TILE_BYTES = 2 << 20
 
 _BLOCK = {  # type -> (elements, bytes) per block
-    Q.F16: (32, 64), Q.BF16: (32, 64), Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22),
+    Q.F32: (64, 256), Q.F16: (32, 64), Q.BF16: (32, 64), Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22),
     Q.Q5_1: (32, 24), Q.Q8_0: (32, 34), Q.IQ4_NL: (32, 18), Q.Q2_K: (256, 84), Q.Q3_K: (256, 110), Q.Q4_K: (256, 144),
     Q.Q5_K: (256, 176), Q.Q6_K: (256, 210), Q.IQ4_XS: (256, 136),
 }
@@ -408,7 +408,9 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
     processing instead, which differs for Q4_K and Q2_K (repacked by llama.cpp) in the first
     T - T % 4 rows and for Q6_K, Q5_K, Q3_K and IQ4_XS (its tiled matmul) in passes of 8 rows or more.
     Longer inputs otherwise: tiles of weight rows are dequantized exactly and multiplied by torch's
-    sgemm (F16 / BF16 weights with act_quant: against x rounded to that type)."""
+    sgemm (BF16 weights with act_quant: against x rounded to that type). F16 weights, and F32 ones whose
+    rows are multiples of 64, take ggml's summation orders at every T: ggml_vec_dot_f16 / _f32 for one-row
+    passes and verify rows, tinyBLAS for prompt passes (prompt=True) of 2 rows or more."""
     info = _INFO.get(qtype)
     if info is None or _qmm is None:
         if not available():
@@ -426,11 +428,14 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
         out = torch.empty((t, n), dtype=_F32)
     elif out.dtype is not _F32 or out.shape != (t, n) or not out.is_contiguous() or not out.is_cpu:
         raise _bad_args(x, raw, qtype, n, k, out)
-    if t >= GEMM_MIN_ROWS and n and not (act_quant and qtype in _ACT_Q8):
+    # F16, and F32 of rows of 64s: ggml's own summation orders for every T (qmatmul.c, sharpi_float_rows)
+    ggml_float = qtype is Q.F16 or (qtype is Q.F32 and k % 64 == 0)
+    if t >= GEMM_MIN_ROWS and n and not (act_quant and qtype in _ACT_Q8) and not ggml_float:
         if act_quant:
             return _gemm_act(x, raw, code, n, k, rb, out, qtype)
         return _gemm(x, raw, code, n, k, rb, out)
-    rc = _qmm(code | ((512 if prompt else 256) if act_quant else 0), raw.data_ptr(), rb, n, k, x.data_ptr(), t, out.data_ptr(),
+    mode = (512 if prompt else 256) if act_quant or qtype is Q.F32 else 0  # (nothing to round for F32)
+    rc = _qmm(code | mode, raw.data_ptr(), rb, n, k, x.data_ptr(), t, out.data_ptr(),
               torch.get_num_threads()) if t and n else 0
     if rc == -2:
         raise MemoryError("qmatmul: no memory for the quantized activations")

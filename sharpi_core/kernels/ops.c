@@ -476,6 +476,59 @@ void sharpi_softcap(float *x, long n, float cap) {
     for (long i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
 }
 
+/* Rows [n0, n1) of y[T, ldy] = x[T, ldx] w[n, k]^T for an f32 (f16 = 0) or f16 weight (x then holds the
+ * activations rounded to fp16, as ggml converts them to F16's vec_dot type), k a multiple of 64, in ggml's
+ * mul_mat order: one-row passes (and verify rows) through ggml_vec_dot_f32 / _f16, prompt passes of T >= 2
+ * (tiny) through tinyBLAS. qmatmul.c calls it for its F32 / F16 weights, a chunk of rows per thread. */
+void sharpi_float_rows(const void *w, int f16, long n0, long n1, long k, const float *x, long ldx, long T, float *y,
+                       long ldy, int tiny) {
+    const int type = f16 ? KV_F16 : KV_F32;
+    long r0 = n0;
+    if (tiny) /* tiles of 4 rows x 4 tokens: 16 independent accumulators, each output in dot_tinyblas's order */
+        for (; r0 + 4 <= n1; r0 += 4) {
+            long t = 0;
+            for (; t + 4 <= T; t += 4) {
+                __m512 a[4][4];
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+                const float *x0 = x + t * ldx;
+                for (long d = 0; d < k; d += 16) {
+                    __m512 xv[4];
+                    for (int j = 0; j < 4; j++) xv[j] = _mm512_loadu_ps(x0 + j * ldx + d);
+                    for (int i = 0; i < 4; i++) {
+                        const __m512 wv = load16(w, NULL, type, r0 + i, k, d);
+                        for (int j = 0; j < 4; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
+                    }
+                }
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 4; j++) y[(t + j) * ldy + r0 + i] = reduce16(a[i][j]);
+            }
+            for (; t < T; t++)
+                for (int i = 0; i < 4; i++) y[t * ldy + r0 + i] = dot_tinyblas(w, NULL, type, r0 + i, k, x + t * ldx);
+        }
+    for (long r = r0; r < n1; r++) {
+        long t = 0;
+        if (tiny) /* 4 tokens a weight load: 4 independent accumulators, each output's own order as dot_tinyblas */
+            for (; t + 4 <= T; t += 4) {
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                const float *x0 = x + t * ldx;
+                for (long d = 0; d < k; d += 16) {
+                    const __m512 wv = load16(w, NULL, type, r, k, d);
+                    a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x0 + d), a0);
+                    a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x0 + ldx + d), a1);
+                    a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x0 + 2 * ldx + d), a2);
+                    a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x0 + 3 * ldx + d), a3);
+                }
+                y[t * ldy + r] = reduce16(a0);
+                y[(t + 1) * ldy + r] = reduce16(a1);
+                y[(t + 2) * ldy + r] = reduce16(a2);
+                y[(t + 3) * ldy + r] = reduce16(a3);
+            }
+        for (; t < T; t++)
+            y[t * ldy + r] = tiny ? dot_tinyblas(w, NULL, type, r, k, x + t * ldx) : dot_vec_dot(w, NULL, type, r, k, x + t * ldx);
+    }
+}
+
 int sharpi_matmul_f32(const float *w, long n, long k, const float *x, long T, float *y, int prompt) {
     if (k % 16) return 1;
     const int tiny = prompt && T >= 2;

@@ -2045,11 +2045,15 @@ static int pick_threads(int nthreads, long n, long bytes) {
 /* ty_mode = type | mode << 8. mode 0: x used as given (fp32); mode 1: x quantized to the weight
  * type's ggml vec_dot_type first (integer dot products for the quantized types, fp16 / bf16 rounding
  * for F16 / BF16). Returns 0, -1 for an unsupported type or shape, -2 when out of memory. */
+void sharpi_float_rows(const void *w, int f16, long n0, long n1, long k, const float *x, long ldx, long T, float *y,
+                       long ldy, int tiny); /* ops.c */
+
 int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y,
                    int nthreads) {
     const int ty = ty_mode & 0xff, mode = ty_mode >> 8;
-    const int ue = ue_of(ty);
-    if (!ue || k % ue || rb != (k / ue) * ub_of(ty) || T < 1 || n < 1 || mode < 0 || mode > 2) return -1;
+    /* F32: only in ggml's orders (sharpi_float_rows), which take rows of 64s */
+    const int ue = ty == TY_F32 ? 64 : ue_of(ty), ub = ty == TY_F32 ? 256 : ub_of(ty);
+    if (!ue || k % ue || rb != (k / ue) * ub || T < 1 || n < 1 || mode < 0 || mode > 2) return -1;
     if ((ty == TY_Q4_KR || ty == TY_Q4_1R) && (mode == 0 || n % 4)) return -1; /* integer kernels only */
     long nu = k / ue, ldx = k;
     const kern_fn *kt = ktab_for(ty), *kt4 = NULL;
@@ -2107,6 +2111,10 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
+            if (ty == TY_F32 || ty == TY_F16) { /* ggml's own summation orders (vec_dot, tinyBLAS) */
+                sharpi_float_rows(w, ty == TY_F16, n0, n1, k, x, ldx, T, y, n, mode == 2 && T >= 2);
+                continue;
+            }
             if (ty == TY_Q4_KR || ty == TY_Q4_1R) {
                 if (T4) mm_rows_r4(kt4, w, rb, n0, n1, nu, (const uint8_t *)x, 4 * ldx, T4, y, n);
                 if (T > T4) mm_rows_r4(kt, w, rb, n0, n1, nu, (const uint8_t *)(x + T4 * ldx), 4 * ldx, T - T4, y + T4 * n, n);
