@@ -47,7 +47,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 8
+_ABI = 9
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -82,7 +82,6 @@ _had = None
 _sq8 = None
 _scap = None
 _smax = None
-_mmf32 = None
 build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
 
@@ -193,7 +192,7 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _mmf32
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -245,17 +244,14 @@ def _bind_ctypes(path: Path) -> None:
     sm = lib.sharpi_soft_max
     sm.argtypes = [c_void_p, c_long, c_long]
     sm.restype = None
-    mf = lib.sharpi_matmul_f32
-    mf.argtypes = [c_void_p, c_long, c_long, c_void_p, c_long, c_void_p, c_int]
-    mf.restype = c_int
     _state["lib"] = lib
-    _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _mmf32 = gl, ro, rt, rp, hd, sq, sc, sm, mf
+    _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax = gl, ro, rt, rp, hd, sq, sc, sm
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
     _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _mmf32
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -263,7 +259,7 @@ def _bind_module(path: Path) -> None:
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
     _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
-    _scap, _smax, _mmf32 = mod.softcap, mod.soft_max, mod.matmul_f32
+    _scap, _smax = mod.softcap, mod.soft_max
 
 
 def _load():
@@ -651,23 +647,6 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
         raise ValueError(f"softcap: x {x.dtype}, contiguous {x.is_contiguous()}")
     _scap(x.data_ptr(), x.numel(), float(cap))
     return x
-
-
-def matmul_f32(x: torch.Tensor, w: torch.Tensor, prompt: bool = False) -> torch.Tensor:
-    """x fp32 [T, k] @ w fp32 [n, k]^T -> [T, n] summed in llama.cpp's order for an f32 weight: every row as its
-    one-row pass does (ggml_vec_dot_f32), or with prompt=True as its passes of several (llamafile's
-    tinyBLAS). MoE router logits."""
-    if _mmf32 is None and not available():
-        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
-    for name, a in (("x", x), ("w", w)):
-        if a.dtype is not _F32 or not a.is_contiguous() or a.dim() != 2:
-            raise ValueError(f"matmul_f32: {name} {a.dtype} {tuple(a.shape)}, contiguous {a.is_contiguous()}")
-    if x.shape[1] != w.shape[1] or x.shape[1] % 16:
-        raise ValueError(f"matmul_f32: x {tuple(x.shape)}, w {tuple(w.shape)} (k a multiple of 16)")
-    y = torch.empty((x.shape[0], w.shape[0]), dtype=_F32)
-    if _mmf32(w.data_ptr(), w.shape[0], w.shape[1], x.data_ptr(), x.shape[0], y.data_ptr(), int(prompt)):
-        raise RuntimeError("matmul_f32: rejected by the kernel")
-    return y
 
 
 def soft_max(x: torch.Tensor) -> torch.Tensor:

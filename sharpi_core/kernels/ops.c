@@ -38,7 +38,8 @@
  *
  * sharpi_rope_table / sharpi_rope: ggml's rope cache (theta_scale = powf(base, -2 / n_rot), theta
  * multiplied by it in float from the position, divided by the pair's frequency factor when the model
- * has them (rope_freqs, Llama 3.1+), times freq_scale, libm cosf / sinf) and rotation of adjacent pairs
+ * has them (rope_freqs, Llama 3.1+), times freq_scale, YaRN's ramp and magnitude when the context has its
+ * mix on, libm cosf / sinf) and rotation of adjacent pairs
  * (x0 c - x1 s, x0 s + x1 c, each as one FMA of x0's product with the other product rounded, the
  * way GCC contracts ggml's rotate_pairs).
  *
@@ -54,12 +55,11 @@
  * reduced (_mm512_reduce_add_ps) into a double sum, the last n % 16 through libm's expf one by one;
  * every value times (float)(1.0 / sum) (ggml_vec_soft_max_f32, ggml_vec_scale_f32). MoE routing.
  *
- * sharpi_matmul_f32: y[T, n] = x[T, k] w[n, k]^T for an f32 weight, as ggml's mul_mat sums it in an AVX-512
- * build: one row (T = 1) through ggml_vec_dot_f32 (4 accumulators of 16 lanes over 64 elements a step,
- * (a0 + a2) + (a1 + a3), _mm512_reduce_add_ps, the elements past a multiple of 64 added in double), passes
- * of T >= 2 with `prompt` through llamafile's tinyBLAS (one 16-lane FMA accumulator per output over the whole
- * row, then _mm512_reduce_add_ps); without `prompt` every row as a one-row pass (speculative verification).
- * k a multiple of 16 (else 1 is returned). MoE router logits.
+ * sharpi_float_rows: y = x w^T for an f32 or f16 weight (qmatmul.c's F32 / F16 types), as ggml's mul_mat sums
+ * it in an AVX-512 build: one-row passes through ggml_vec_dot_f32 / _f16 (4 accumulators of 16 lanes over 64
+ * elements a step, (a0 + a2) + (a1 + a3), _mm512_reduce_add_ps, an f16 row's elements past a multiple of 64
+ * added in double), prompt passes of T >= 2 through llamafile's tinyBLAS (one 16-lane FMA accumulator per
+ * output over the whole row, then _mm512_reduce_add_ps); verify rows as one-row passes.
  *
  * sharpi_hadamard: every chunk of n floats times the orthonormal Walsh-Hadamard matrix H_n, in place,
  * bit for bit kv_cache.rotate's torch arithmetic (scale by 1/sqrtf(n) first, then butterflies of width
@@ -529,15 +529,6 @@ void sharpi_float_rows(const void *w, int f16, long n0, long n1, long k, const f
     }
 }
 
-int sharpi_matmul_f32(const float *w, long n, long k, const float *x, long T, float *y, int prompt) {
-    if (k % 16) return 1;
-    const int tiny = prompt && T >= 2;
-    for (long t = 0; t < T; t++)
-        for (long r = 0; r < n; r++)
-            y[t * n + r] = tiny ? dot_tinyblas(w, NULL, KV_F32, r, k, x + t * k) : dot_vec_dot(w, NULL, KV_F32, r, k, x + t * k);
-    return 0;
-}
-
 void sharpi_soft_max(float *x, long T, long n) {
     for (long t = 0; t < T; t++) {
         float *r = x + t * n;
@@ -779,14 +770,6 @@ PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (PyErr_Occurred()) return NULL;
     sharpi_softcap((float *)x, n, (float)cap);
     Py_RETURN_NONE;
-}
-
-/* matmul_f32(w, n, k, x, T, y, prompt) -> 0, or 1 when k is not a multiple of 16 */
-PyObject *sharpi_py_matmul_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    long a[7];
-    if (sharpi_py_nlongs(args, nargs, a, 7, "matmul_f32")) return NULL;
-    return PyLong_FromLong(sharpi_matmul_f32((const float *)a[0], a[1], a[2], (const float *)a[3], a[4], (float *)a[5], (int)a[6]));
 }
 
 /* soft_max(x, T, n) */

@@ -2199,7 +2199,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 8; }
+int sharpi_abi_version(void) { return 9; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
@@ -2304,7 +2304,6 @@ PyObject *sharpi_py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
-PyObject *sharpi_py_matmul_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
@@ -2316,7 +2315,6 @@ static PyMethodDef py_methods[] = {
     {"hadamard", (PyCFunction)(void (*)(void))sharpi_py_hadamard, METH_FASTCALL, "Walsh-Hadamard chunks, in place"},
     {"softcap", (PyCFunction)(void (*)(void))sharpi_py_softcap, METH_FASTCALL, "tanh logit softcapping, in place"},
     {"soft_max", (PyCFunction)(void (*)(void))sharpi_py_soft_max, METH_FASTCALL, "ggml_soft_max of rows, in place"},
-    {"matmul_f32", (PyCFunction)(void (*)(void))sharpi_py_matmul_f32, METH_FASTCALL, "f32 weight matmul in ggml's order"},
     {"store_q8_0", (PyCFunction)(void (*)(void))py_store_q8_0, METH_FASTCALL, "q8_0 KV cache write"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
     {"quantize_act", (PyCFunction)(void (*)(void))py_quantize_act, METH_FASTCALL, "ggml activation quantization"},

@@ -435,11 +435,9 @@ class Transformer:
         c = self.config
         T, k = h.shape[0], c.n_expert_used
         kern = _kernels()
-        if kern is not None and ex.router.qtype == Q.F32 and ex.router.k % 16 == 0:  # (converters keep routers in f32)
-            probs = kern.soft_max(kern.matmul_f32(h.contiguous(), ex.router.dense(), prompt))  # [T, n_expert]
-        else:
-            probs = Activations(h, prompt)(ex.router)
-            probs = kern.soft_max(probs.contiguous()) if kern is not None else torch.softmax(probs, dim=-1)
+        # (converters keep routers in f32: its kernel sums in ggml's orders, vec_dot / tinyBLAS by `prompt`)
+        probs = Activations(h, prompt)(ex.router)  # [T, n_expert]
+        probs = kern.soft_max(probs.contiguous()) if kern is not None else torch.softmax(probs, dim=-1)
         top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
         w = probs.gather(1, top)  # [T, k]
         total = w[:, 0].double()
