@@ -45,9 +45,10 @@ fixed, smooth values (no random generator: the same file on every machine):
   mistral3 general.architecture mistral3 (keys renamed), weights as they are: llama's block with YaRN RoPE
           scaling (MISTRAL3_KV: factor 4 over an original context of 128, its betas and log multiplier) and
           attention temperature tuning (q scaled by 1 + 0.1 ln(floor(pos / 128) + 1))
-  float   still llama, its matrices in float types as F16 / F32 GGUFs (and quantizations that keep a tensor in
-          one) carry them: the attention weights F32, the FFN's F16 (the Q4_1 values dequantized, exactly
-          representable in f32, rounded to f16); the embedding (and tied output) stays Q4_1
+  float   still llama, its matrices in float types as F16 / BF16 / F32 GGUFs (and quantizations that keep a
+          tensor in one) carry them: the attention weights F32, ffn_gate / ffn_up F16, ffn_down BF16 (the
+          Q4_1 values dequantized, exactly representable in f32, rounded to f16 / bf16); the embedding (and
+          tied output) stays as it is
   mixtral still llama, with the same experts (llama.expert_count: llama.cpp's llama graph then routes,
           as for Mixtral) and feed_forward_length the experts' MOE_FF
 
@@ -425,7 +426,12 @@ def derive(variant: str, src: str, dst: str) -> None:
         elif variant == "float" and t.name.endswith((".weight")) and t.name.startswith("blk.") and len(t.shape) == 2:
             n, k = int(t.shape[1]), int(t.shape[0])
             x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(n, k).astype(np.float32)
-            w.add_tensor(t.name, x if ".attn_" in t.name else x.astype(np.float16))
+            if ".attn_" in t.name:
+                w.add_tensor(t.name, x)
+            elif t.name.endswith(".ffn_down.weight"):
+                w.add_tensor(t.name, gguf.quants.quantize(x, Q.BF16), raw_dtype=Q.BF16)
+            else:
+                w.add_tensor(t.name, x.astype(np.float16))
         elif variant == "lowbit" and t.name.endswith((".ffn_down.weight", ".attn_q.weight", ".attn_k.weight",
                                                        ".attn_v.weight", ".attn_output.weight")):
             n, k = int(t.shape[1]), int(t.shape[0])

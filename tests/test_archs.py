@@ -167,8 +167,8 @@ def test_derived_configs(derived):
     assert set(cycle) == {Q.Q3_K, Q.Q2_K, Q.IQ4_XS, Q.Q5_K}
     assert [ly.wo.qtype for ly in model.layers] == [Q.Q4_0, Q.IQ4_NL] * (len(model.layers) // 2)
     assert all(ly.w_down.kernel_rounds and ly.wo.kernel_rounds for ly in model.layers) == cpu_kernels.available()  # not a fallback
-    model, _ = loaded(derived["float"])  # F32 attention, F16 FFN: through the C kernel, ggml's orders (test_ops)
-    assert {(ly.wqk.qtype, ly.wo.qtype, ly.w_gu.qtype, ly.w_down.qtype) for ly in model.layers} == {(Q.F32, Q.F32, Q.F16, Q.F16)}
+    model, _ = loaded(derived["float"])  # F32 attention, F16 / BF16 FFN: the C kernel in ggml's orders (test_ops)
+    assert {(ly.wqk.qtype, ly.wo.qtype, ly.w_gu.qtype, ly.w_down.qtype) for ly in model.layers} == {(Q.F32, Q.F32, Q.F16, Q.BF16)}
     assert all(w._kern is not None for ly in model.layers for w in (ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down)) == cpu_kernels.available()
 
 

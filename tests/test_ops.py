@@ -522,3 +522,26 @@ def test_float_weights_take_ggml_orders(qtype, k):
                         sd = sd + tail[..., i]
                     want = sd.astype(np.float32)
             np.testing.assert_array_equal(got.numpy(), want, err_msg=f"T={T} prompt={prompt}")
+
+
+def test_bf16_weights_take_ggml_orders():
+    """BF16 weights: ggml_vec_dot_bf16 / tinyBLAS with the CPU's AVX512-BF16 dot products where it has them
+    (as llama.cpp built natively; the bits are that instruction's, checked against libllama in test_archs'
+    float derivative), else their AVX512F code. Here: close to the exact sums of the bf16-rounded operands,
+    verify rows equal one-row passes, and prompt rows computed in 4 x 4 tiles equal those computed alone."""
+    g = torch.Generator().manual_seed(12)
+    n, k = 37, 1056  # a tail past the 64-element steps; rows past the 4-row tiles
+    w = (torch.randn(n, k, generator=g) * 0.05).bfloat16()
+    raw = w.view(torch.int16).numpy().view(np.uint16)
+    x = torch.randn(9, k, generator=g) * 2
+    exact = x.bfloat16().double() @ w.double().T
+    rw = torch.from_numpy(raw.copy())
+    one = torch.cat([cpu.qmatmul(x[t:t + 1].contiguous(), rw, Q.BF16, n, k, act_quant=True) for t in range(9)])
+    torch.testing.assert_close(one.double(), exact, rtol=1e-4, atol=1e-4)
+    assert torch.equal(cpu.qmatmul(x, rw, Q.BF16, n, k, act_quant=True), one)  # decoding rows at any T
+    tiled = cpu.qmatmul(x, rw, Q.BF16, n, k, act_quant=True, prompt=True)
+    torch.testing.assert_close(tiled.double(), exact, rtol=1e-4, atol=1e-4)
+    alone = torch.cat([cpu.qmatmul(x[t:t + 2].contiguous(), rw, Q.BF16, n, k, act_quant=True, prompt=True)
+                       for t in (0, 2, 4, 6)] + [cpu.qmatmul(x[7:9].contiguous(), rw, Q.BF16, n, k, act_quant=True,
+                                                             prompt=True)[1:]])
+    assert torch.equal(tiled, alone)

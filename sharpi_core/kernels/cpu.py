@@ -404,9 +404,9 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
     processing instead, which differs for Q4_K and Q2_K (repacked by llama.cpp) in the first
     T - T % 4 rows and for Q6_K, Q5_K, Q3_K and IQ4_XS (its tiled matmul) in passes of 8 rows or more.
     Longer inputs otherwise: tiles of weight rows are dequantized exactly and multiplied by torch's
-    sgemm (BF16 weights with act_quant: against x rounded to that type). F16 weights, and F32 ones whose
-    rows are multiples of 64, take ggml's summation orders at every T: ggml_vec_dot_f16 / _f32 for one-row
-    passes and verify rows, tinyBLAS for prompt passes (prompt=True) of 2 rows or more."""
+    sgemm. F16 weights, BF16 ones with act_quant, and F32 ones whose rows are multiples of 64, take ggml's
+    summation orders at every T: ggml_vec_dot_f16 / _bf16 / _f32 for one-row passes and verify rows, tinyBLAS for prompt passes
+    (prompt=True) of 2 rows or more."""
     info = _INFO.get(qtype)
     if info is None or _qmm is None:
         if not available():
@@ -424,8 +424,8 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
         out = torch.empty((t, n), dtype=_F32)
     elif out.dtype is not _F32 or out.shape != (t, n) or not out.is_contiguous() or not out.is_cpu:
         raise _bad_args(x, raw, qtype, n, k, out)
-    # F16, and F32 of rows of 64s: ggml's own summation orders for every T (qmatmul.c, sharpi_float_rows)
-    ggml_float = qtype is Q.F16 or (qtype is Q.F32 and k % 64 == 0)
+    # F16, BF16, and F32 of rows of 64s: ggml's own summation orders for every T (qmatmul.c, sharpi_float_rows)
+    ggml_float = qtype is Q.F16 or (qtype is Q.BF16 and act_quant) or (qtype is Q.F32 and k % 64 == 0)
     if t >= GEMM_MIN_ROWS and n and not (act_quant and qtype in _ACT_Q8) and not ggml_float:
         if act_quant:
             return _gemm_act(x, raw, code, n, k, rb, out, qtype)

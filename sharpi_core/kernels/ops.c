@@ -55,11 +55,12 @@
  * reduced (_mm512_reduce_add_ps) into a double sum, the last n % 16 through libm's expf one by one;
  * every value times (float)(1.0 / sum) (ggml_vec_soft_max_f32, ggml_vec_scale_f32). MoE routing.
  *
- * sharpi_float_rows: y = x w^T for an f32 or f16 weight (qmatmul.c's F32 / F16 types), as ggml's mul_mat sums
- * it in an AVX-512 build: one-row passes through ggml_vec_dot_f32 / _f16 (4 accumulators of 16 lanes over 64
- * elements a step, (a0 + a2) + (a1 + a3), _mm512_reduce_add_ps, an f16 row's elements past a multiple of 64
- * added in double), prompt passes of T >= 2 through llamafile's tinyBLAS (one 16-lane FMA accumulator per
- * output over the whole row, then _mm512_reduce_add_ps); verify rows as one-row passes.
+ * sharpi_float_rows: y = x w^T for an f32, f16 or bf16 weight (qmatmul.c's F32 / F16 / BF16 types), as ggml's
+ * mul_mat sums it in an AVX-512 build: one-row passes through ggml_vec_dot_f32 / _f16 (4 accumulators of 16
+ * lanes over 64 elements a step, (a0 + a2) + (a1 + a3), _mm512_reduce_add_ps, an f16 row's elements past a
+ * multiple of 64 added in double) / _bf16 (AVX512-BF16 dot products where the CPU has them, as ggml built
+ * natively uses them), prompt passes of T >= 2 through llamafile's tinyBLAS (one accumulator per output over
+ * the whole row, then _mm512_reduce_add_ps); verify rows as one-row passes.
  *
  * sharpi_hadamard: every chunk of n floats times the orthonormal Walsh-Hadamard matrix H_n, in place,
  * bit for bit kv_cache.rotate's torch arithmetic (scale by 1/sqrtf(n) first, then butterflies of width
@@ -77,6 +78,7 @@
 #include "ggml_order.h"
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
 /* How a pass computes attention, as llama.cpp's CPU backend does it (see sharpi_attention).
@@ -476,12 +478,110 @@ void sharpi_softcap(float *x, long n, float cap) {
     for (long i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
 }
 
-/* Rows [n0, n1) of y[T, ldy] = x[T, ldx] w[n, k]^T for an f32 (f16 = 0) or f16 weight (x then holds the
- * activations rounded to fp16, as ggml converts them to F16's vec_dot type), k a multiple of 64, in ggml's
- * mul_mat order: one-row passes (and verify rows) through ggml_vec_dot_f32 / _f16, prompt passes of T >= 2
- * (tiny) through tinyBLAS. qmatmul.c calls it for its F32 / F16 weights, a chunk of rows per thread. */
-void sharpi_float_rows(const void *w, int f16, long n0, long n1, long k, const float *x, long ldx, long T, float *y,
-                       long ldy, int tiny) {
+/* 16 bf16 values as fp32 (exact: the high half of each float) */
+static inline __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* ggml_vec_dot_bf16 (w a bf16 row, xb the activations as bf16, xf the same as fp32): with AVX512-BF16 two
+ * dpbf16 accumulators over 64 a step, without it two 16-lane accumulators of mul-then-add over 32 a step;
+ * each accumulator's _mm512_reduce_add_ps added in double, then the rest one by one in double */
+static inline float dot_bf16_vec_dot(const uint16_t *w, const uint16_t *xb, const float *xf, long k) {
+    long i = 0;
+    double sd = 0;
+#if defined(__AVX512BF16__)
+    __m512 c1 = _mm512_setzero_ps(), c2 = c1;
+    for (; i + 64 <= k; i += 64) {
+        c1 = _mm512_dpbf16_ps(c1, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(xb + i));
+        c2 = _mm512_dpbf16_ps(c2, (__m512bh)_mm512_loadu_si512(w + i + 32), (__m512bh)_mm512_loadu_si512(xb + i + 32));
+    }
+#else
+    (void)xb;
+    __m512 c1 = _mm512_setzero_ps(), c2 = c1;
+    for (; i + 32 <= k; i += 32) {
+        c1 = _mm512_add_ps(_mm512_mul_ps(bf16x16(w + i), _mm512_loadu_ps(xf + i)), c1);
+        c2 = _mm512_add_ps(_mm512_mul_ps(bf16x16(w + i + 16), _mm512_loadu_ps(xf + i + 16)), c2);
+    }
+#endif
+    sd += (double)reduce16(c1);
+    sd += (double)reduce16(c2);
+    for (; i < k; i++) {
+        float wi;
+        const uint32_t b = (uint32_t)w[i] << 16;
+        memcpy(&wi, &b, 4);
+        sd += (double)(wi * xf[i]);
+    }
+    return (float)sd;
+}
+
+/* tinyBLAS's bf16 dot product: one accumulator, dpbf16 over 32 a step with AVX512-BF16, else FMAs of 16 */
+static inline float dot_bf16_tinyblas(const uint16_t *w, const uint16_t *xb, const float *xf, long k) {
+    __m512 acc = _mm512_setzero_ps();
+#if defined(__AVX512BF16__)
+    (void)xf;
+    for (long d = 0; d < k; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(w + d), (__m512bh)_mm512_loadu_si512(xb + d));
+#else
+    (void)xb;
+    for (long d = 0; d < k; d += 16) acc = _mm512_fmadd_ps(bf16x16(w + d), _mm512_loadu_ps(xf + d), acc);
+#endif
+    return reduce16(acc);
+}
+
+/* Rows [n0, n1) of y[T, ldy] = x[T, ldx] w[n, k]^T for an f32 (type 0), f16 (1) or bf16 (2) weight (x then
+ * holds the activations rounded to fp16 / bf16, as ggml converts them to the weight's vec_dot type), k a
+ * multiple of 64 for f32 and of 32 otherwise, in ggml's mul_mat order: one-row passes (and verify rows)
+ * through ggml_vec_dot_f32 / _f16 / _bf16, prompt passes of T >= 2 (tiny) through tinyBLAS. qmatmul.c calls it
+ * for its F32 / F16 / BF16 weights, a chunk of rows per thread. Returns 0, -2 out of memory. */
+int sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const float *x, long ldx, long T, float *y,
+                      long ldy, int tiny) {
+    if (wtype == 2) {
+        uint16_t *xb = malloc((size_t)(T * k) * 2); /* the activations as bf16 (exact: already rounded) */
+        if (!xb) return -2;
+        for (long t = 0; t < T; t++)
+            for (long d = 0; d < k; d++) {
+                uint32_t b;
+                memcpy(&b, x + t * ldx + d, 4);
+                xb[t * k + d] = (uint16_t)(b >> 16);
+            }
+        const uint16_t *wb = w;
+        long r0 = n0;
+        if (tiny) /* tiles of 4 rows x 4 tokens, each output in dot_bf16_tinyblas's order */
+            for (; r0 + 4 <= n1; r0 += 4)
+                for (long t = 0; t + 4 <= T; t += 4) {
+                    __m512 a[4][4];
+                    for (int i = 0; i < 4; i++)
+                        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+#if defined(__AVX512BF16__)
+                    for (long d = 0; d < k; d += 32) {
+                        __m512bh xv[4];
+                        for (int j = 0; j < 4; j++) xv[j] = (__m512bh)_mm512_loadu_si512(xb + (t + j) * k + d);
+                        for (int i = 0; i < 4; i++) {
+                            const __m512bh wv = (__m512bh)_mm512_loadu_si512(wb + (r0 + i) * k + d);
+                            for (int j = 0; j < 4; j++) a[i][j] = _mm512_dpbf16_ps(a[i][j], wv, xv[j]);
+                        }
+                    }
+#else
+                    for (long d = 0; d < k; d += 16) {
+                        __m512 xv[4];
+                        for (int j = 0; j < 4; j++) xv[j] = _mm512_loadu_ps(x + (t + j) * ldx + d);
+                        for (int i = 0; i < 4; i++) {
+                            const __m512 wv = bf16x16(wb + (r0 + i) * k + d);
+                            for (int j = 0; j < 4; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
+                        }
+                    }
+#endif
+                    for (int i = 0; i < 4; i++)
+                        for (int j = 0; j < 4; j++) y[(t + j) * ldy + r0 + i] = reduce16(a[i][j]);
+                }
+        for (long r = n0; r < n1; r++)
+            for (long t = (tiny && r < r0) ? T - T % 4 : 0; t < T; t++)
+                y[t * ldy + r] = tiny ? dot_bf16_tinyblas(wb + r * k, xb + t * k, x + t * ldx, k)
+                                      : dot_bf16_vec_dot(wb + r * k, xb + t * k, x + t * ldx, k);
+        free(xb);
+        return 0;
+    }
+    const int f16 = wtype == 1;
     const int type = f16 ? KV_F16 : KV_F32;
     long r0 = n0;
     if (tiny) /* tiles of 4 rows x 4 tokens: 16 independent accumulators, each output in dot_tinyblas's order */
@@ -527,6 +627,7 @@ void sharpi_float_rows(const void *w, int f16, long n0, long n1, long k, const f
         for (; t < T; t++)
             y[t * ldy + r] = tiny ? dot_tinyblas(w, NULL, type, r, k, x + t * ldx) : dot_vec_dot(w, NULL, type, r, k, x + t * ldx);
     }
+    return 0;
 }
 
 void sharpi_soft_max(float *x, long T, long n) {

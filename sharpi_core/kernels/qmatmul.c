@@ -2045,8 +2045,8 @@ static int pick_threads(int nthreads, long n, long bytes) {
 /* ty_mode = type | mode << 8. mode 0: x used as given (fp32); mode 1: x quantized to the weight
  * type's ggml vec_dot_type first (integer dot products for the quantized types, fp16 / bf16 rounding
  * for F16 / BF16). Returns 0, -1 for an unsupported type or shape, -2 when out of memory. */
-void sharpi_float_rows(const void *w, int f16, long n0, long n1, long k, const float *x, long ldx, long T, float *y,
-                       long ldy, int tiny); /* ops.c */
+int sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const float *x, long ldx, long T, float *y,
+                      long ldy, int tiny); /* ops.c */
 
 int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y,
                    int nthreads) {
@@ -2105,14 +2105,18 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     chunk = nth == 1 ? n : (chunk + 3) / 4 * 4;
     const long nchunks = (n + chunk - 1) / chunk;
     long next = 0;
+    int failed = 0;
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         for (;;) {
             const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
-            if (ty == TY_F32 || ty == TY_F16) { /* ggml's own summation orders (vec_dot, tinyBLAS) */
-                sharpi_float_rows(w, ty == TY_F16, n0, n1, k, x, ldx, T, y, n, mode == 2 && T >= 2);
+            /* ggml's own summation orders (vec_dot, tinyBLAS); BF16 on activations rounded to bf16 (mode >= 1) */
+            if (ty == TY_F32 || ty == TY_F16 || (ty == TY_BF16 && mode >= 1)) {
+                if (sharpi_float_rows(w, ty == TY_F32 ? 0 : ty == TY_F16 ? 1 : 2, n0, n1, k, x, ldx, T, y, n,
+                                      mode == 2 && T >= 2))
+                    __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
                 continue;
             }
             if (ty == TY_Q4_KR || ty == TY_Q4_1R) {
@@ -2124,7 +2128,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             if (T > T4) mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x + T4 * ldx, ldx, T - T4, y + T4 * n, n);
         }
     }
-    return 0;
+    return failed ? -2 : 0;
 }
 
 /* exact dequantization of one row (bit-identical to gguf.quants.dequantize); exact == 2: Q4_1 / Q5_1
