@@ -729,9 +729,11 @@ def model_settings(o: RunOptions) -> str:
 def rope_flags(o: RunOptions) -> tuple:
     """The --rope-* flags as Transformer.set_rope's arguments, () when none is given (llama.cpp passes its
     context parameters to the draft model too)."""
+    # given: the factors and betas when >= 0 (llama.cpp's test), the original context when > 0
     yarn = {k: v for k, v in (("yarn_ext_factor", o.yarn_ext_factor), ("yarn_attn_factor", o.yarn_attn_factor),
-                              ("yarn_beta_fast", o.yarn_beta_fast), ("yarn_beta_slow", o.yarn_beta_slow),
-                              ("yarn_orig_ctx", o.yarn_orig_ctx)) if v > 0 or (v == 0 and k != "yarn_orig_ctx")}
+                              ("yarn_beta_fast", o.yarn_beta_fast), ("yarn_beta_slow", o.yarn_beta_slow)) if v >= 0}
+    if o.yarn_orig_ctx > 0:
+        yarn["yarn_orig_ctx"] = o.yarn_orig_ctx
     if not (o.rope_freq_base or o.rope_freq_scale or o.rope_scale or o.rope_scaling or yarn):
         return ()
     return o.rope_freq_base, o.rope_freq_scale or (1.0 / o.rope_scale if o.rope_scale else 0.0), o.rope_scaling, yarn

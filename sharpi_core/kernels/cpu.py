@@ -424,8 +424,9 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
         out = torch.empty((t, n), dtype=_F32)
     elif out.dtype is not _F32 or out.shape != (t, n) or not out.is_contiguous() or not out.is_cpu:
         raise _bad_args(x, raw, qtype, n, k, out)
-    # F16, BF16, and F32 of rows of 64s: ggml's own summation orders for every T (qmatmul.c, sharpi_float_rows)
-    ggml_float = qtype is Q.F16 or (qtype is Q.BF16 and act_quant) or (qtype is Q.F32 and k % 64 == 0)
+    # F16, F32 (rows of 64s: _BLOCK) and BF16 on rounded activations: ggml's own summation orders at every T
+    # (qmatmul.c, sharpi_float_rows)
+    ggml_float = qtype in (Q.F16, Q.F32) or (qtype is Q.BF16 and act_quant)
     if t >= GEMM_MIN_ROWS and n and not (act_quant and qtype in _ACT_Q8) and not ggml_float:
         if act_quant:
             return _gemm_act(x, raw, code, n, k, rb, out, qtype)

@@ -529,29 +529,34 @@ static inline float dot_bf16_tinyblas(const uint16_t *w, const uint16_t *xb, con
 }
 
 /* Rows [n0, n1) of y[T, ldy] = x[T, ldx] w[n, k]^T for an f32 (type 0), f16 (1) or bf16 (2) weight (x then
- * holds the activations rounded to fp16 / bf16, as ggml converts them to the weight's vec_dot type), k a
- * multiple of 64 for f32 and of 32 otherwise, in ggml's mul_mat order: one-row passes (and verify rows)
- * through ggml_vec_dot_f32 / _f16 / _bf16, prompt passes of T >= 2 (tiny) through tinyBLAS. qmatmul.c calls it
- * for its F32 / F16 / BF16 weights, a chunk of rows per thread. Returns 0, -2 out of memory. */
-int sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const float *x, long ldx, long T, float *y,
-                      long ldy, int tiny) {
-    if (wtype == 2) {
-        uint16_t *xb = malloc((size_t)(T * k) * 2); /* the activations as bf16 (exact: already rounded) */
-        if (!xb) return -2;
-        for (long t = 0; t < T; t++)
-            for (long d = 0; d < k; d++) {
-                uint32_t b;
-                memcpy(&b, x + t * ldx + d, 4);
-                xb[t * k + d] = (uint16_t)(b >> 16);
-            }
-        const uint16_t *wb = w;
-        long r0 = n0;
-        if (tiny) /* tiles of 4 rows x 4 tokens, each output in dot_bf16_tinyblas's order */
-            for (; r0 + 4 <= n1; r0 += 4)
-                for (long t = 0; t + 4 <= T; t += 4) {
-                    __m512 a[4][4];
-                    for (int i = 0; i < 4; i++)
-                        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+ * holds the activations rounded to fp16 / bf16, as ggml converts them to the weight's vec_dot type, and for
+ * bf16 xb [T, k] the same as bf16 codes), k a multiple of 64 for f32 and of 32 otherwise, in ggml's mul_mat
+ * order: one-row passes (and verify rows) through ggml_vec_dot_f32 / _f16 / _bf16, prompt passes of T >= 2
+ * (tiny) through tinyBLAS, in tiles of 4 rows x 4 tokens (16 independent accumulators, each output in the
+ * single dot product's order; the rows and tokens past the tiles one by one). qmatmul.c calls it for its
+ * F32 / F16 / BF16 weights, a chunk of rows per thread. */
+void sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const float *x, const uint16_t *xb, long ldx,
+                       long T, float *y, long ldy, int tiny) {
+    const int type = wtype == 1 ? KV_F16 : KV_F32;
+    const uint16_t *wb = w;
+    const long T4 = tiny ? T - T % 4 : 0;
+    long r0 = n0;
+    if (tiny)
+        for (; r0 + 4 <= n1; r0 += 4)
+            for (long t = 0; t < T4; t += 4) {
+                __m512 a[4][4];
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+                if (wtype != 2)
+                    for (long d = 0; d < k; d += 16) {
+                        __m512 xv[4];
+                        for (int j = 0; j < 4; j++) xv[j] = _mm512_loadu_ps(x + (t + j) * ldx + d);
+                        for (int i = 0; i < 4; i++) {
+                            const __m512 wv = load16(w, NULL, type, r0 + i, k, d);
+                            for (int j = 0; j < 4; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
+                        }
+                    }
+                else
 #if defined(__AVX512BF16__)
                     for (long d = 0; d < k; d += 32) {
                         __m512bh xv[4];
@@ -571,63 +576,16 @@ int sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const 
                         }
                     }
 #endif
-                    for (int i = 0; i < 4; i++)
-                        for (int j = 0; j < 4; j++) y[(t + j) * ldy + r0 + i] = reduce16(a[i][j]);
-                }
-        for (long r = n0; r < n1; r++)
-            for (long t = (tiny && r < r0) ? T - T % 4 : 0; t < T; t++)
-                y[t * ldy + r] = tiny ? dot_bf16_tinyblas(wb + r * k, xb + t * k, x + t * ldx, k)
-                                      : dot_bf16_vec_dot(wb + r * k, xb + t * k, x + t * ldx, k);
-        free(xb);
-        return 0;
-    }
-    const int f16 = wtype == 1;
-    const int type = f16 ? KV_F16 : KV_F32;
-    long r0 = n0;
-    if (tiny) /* tiles of 4 rows x 4 tokens: 16 independent accumulators, each output in dot_tinyblas's order */
-        for (; r0 + 4 <= n1; r0 += 4) {
-            long t = 0;
-            for (; t + 4 <= T; t += 4) {
-                __m512 a[4][4];
-                for (int i = 0; i < 4; i++)
-                    for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
-                const float *x0 = x + t * ldx;
-                for (long d = 0; d < k; d += 16) {
-                    __m512 xv[4];
-                    for (int j = 0; j < 4; j++) xv[j] = _mm512_loadu_ps(x0 + j * ldx + d);
-                    for (int i = 0; i < 4; i++) {
-                        const __m512 wv = load16(w, NULL, type, r0 + i, k, d);
-                        for (int j = 0; j < 4; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
-                    }
-                }
                 for (int i = 0; i < 4; i++)
                     for (int j = 0; j < 4; j++) y[(t + j) * ldy + r0 + i] = reduce16(a[i][j]);
             }
-            for (; t < T; t++)
-                for (int i = 0; i < 4; i++) y[t * ldy + r0 + i] = dot_tinyblas(w, NULL, type, r0 + i, k, x + t * ldx);
+    for (long r = n0; r < n1; r++)
+        for (long t = r < r0 ? T4 : 0; t < T; t++) {
+            const float *xr = x + t * ldx;
+            y[t * ldy + r] = wtype == 2 ? (tiny ? dot_bf16_tinyblas(wb + r * k, xb + t * k, xr, k)
+                                                : dot_bf16_vec_dot(wb + r * k, xb + t * k, xr, k))
+                             : tiny ? dot_tinyblas(w, NULL, type, r, k, xr) : dot_vec_dot(w, NULL, type, r, k, xr);
         }
-    for (long r = r0; r < n1; r++) {
-        long t = 0;
-        if (tiny) /* 4 tokens a weight load: 4 independent accumulators, each output's own order as dot_tinyblas */
-            for (; t + 4 <= T; t += 4) {
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                const float *x0 = x + t * ldx;
-                for (long d = 0; d < k; d += 16) {
-                    const __m512 wv = load16(w, NULL, type, r, k, d);
-                    a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x0 + d), a0);
-                    a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x0 + ldx + d), a1);
-                    a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x0 + 2 * ldx + d), a2);
-                    a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x0 + 3 * ldx + d), a3);
-                }
-                y[t * ldy + r] = reduce16(a0);
-                y[(t + 1) * ldy + r] = reduce16(a1);
-                y[(t + 2) * ldy + r] = reduce16(a2);
-                y[(t + 3) * ldy + r] = reduce16(a3);
-            }
-        for (; t < T; t++)
-            y[t * ldy + r] = tiny ? dot_tinyblas(w, NULL, type, r, k, x + t * ldx) : dot_vec_dot(w, NULL, type, r, k, x + t * ldx);
-    }
-    return 0;
 }
 
 void sharpi_soft_max(float *x, long T, long n) {

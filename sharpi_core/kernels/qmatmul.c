@@ -2045,8 +2045,8 @@ static int pick_threads(int nthreads, long n, long bytes) {
 /* ty_mode = type | mode << 8. mode 0: x used as given (fp32); mode 1: x quantized to the weight
  * type's ggml vec_dot_type first (integer dot products for the quantized types, fp16 / bf16 rounding
  * for F16 / BF16). Returns 0, -1 for an unsupported type or shape, -2 when out of memory. */
-int sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const float *x, long ldx, long T, float *y,
-                      long ldy, int tiny); /* ops.c */
+void sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const float *x, const uint16_t *xb, long ldx,
+                       long T, float *y, long ldy, int tiny); /* ops.c */
 
 int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y,
                    int nthreads) {
@@ -2060,13 +2060,24 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     const int *krows = kern_rows;
     PrepPath pp = {0, 0, 0, 0}, pp4 = {0, 0, 0, 0};
     long T4 = 0; /* rows [0, T4) in kt4's order (prompt processing), the rest in kt's */
+    const uint16_t *xb = NULL; /* BF16: the rounded activations as bf16 codes too (ggml's bf16 dot products) */
     if (mode >= 1 && vd_kind(ty) != VD_F32) {
         const long rbytes = act_row_bytes(ty, k);
-        uint8_t *a = scratch((size_t)(T * rbytes));
+        const size_t codes = ty == TY_BF16 ? (size_t)(T * k) * 2 : 0;
+        uint8_t *a = scratch((size_t)(T * rbytes) + codes);
         if (!a) return -2;
         quantize_rows(ty, x, T, k, a, nthreads);
         x = (const float *)a;
         ldx = rbytes / 4;
+        if (codes) { /* exact: the floats are rounded to bf16 already */
+            uint16_t *b = (uint16_t *)(a + T * rbytes);
+            for (long i = 0; i < T * k; i++) {
+                uint32_t u;
+                memcpy(&u, x + i / k * ldx + i % k, 4);
+                b[i] = (uint16_t)(u >> 16);
+            }
+            xb = b;
+        }
         if (iktab_for(ty)) {
             kt = iktab_for(ty);
             krows = ty == TY_Q4_K ? qkern_rows : vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
@@ -2105,7 +2116,6 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     chunk = nth == 1 ? n : (chunk + 3) / 4 * 4;
     const long nchunks = (n + chunk - 1) / chunk;
     long next = 0;
-    int failed = 0;
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         for (;;) {
@@ -2114,9 +2124,8 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
             /* ggml's own summation orders (vec_dot, tinyBLAS); BF16 on activations rounded to bf16 (mode >= 1) */
             if (ty == TY_F32 || ty == TY_F16 || (ty == TY_BF16 && mode >= 1)) {
-                if (sharpi_float_rows(w, ty == TY_F32 ? 0 : ty == TY_F16 ? 1 : 2, n0, n1, k, x, ldx, T, y, n,
-                                      mode == 2 && T >= 2))
-                    __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+                sharpi_float_rows(w, ty == TY_F32 ? 0 : ty == TY_F16 ? 1 : 2, n0, n1, k, x, xb, ldx, T, y, n,
+                                  mode == 2 && T >= 2);
                 continue;
             }
             if (ty == TY_Q4_KR || ty == TY_Q4_1R) {
@@ -2128,7 +2137,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             if (T > T4) mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x + T4 * ldx, ldx, T - T4, y + T4 * n, n);
         }
     }
-    return failed ? -2 : 0;
+    return 0;
 }
 
 /* exact dequantization of one row (bit-identical to gguf.quants.dequantize); exact == 2: Q4_1 / Q5_1
