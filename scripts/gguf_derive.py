@@ -49,6 +49,13 @@ fixed, smooth values (no random generator: the same file on every machine):
           tensor in one) carry them: the attention weights F32, ffn_gate / ffn_up F16, ffn_down BF16 (the
           Q4_1 values dequantized, exactly representable in f32, rounded to f16 / bf16); the embedding (and
           tied output) stays as it is
+  lfm2    general.architecture lfm2 (keys renamed): a hybrid of attention and short-convolution layers (Liquid's
+          LFM2). Layers 2, 5, 8, ... (i % LFM2_CONV_EVERY == 2) are convolution blocks: shortconv.in_proj's
+          B, C and x rows are that layer's first 576 ffn_gate rows, first 576 ffn_up rows and attn_q (Q4_1
+          blocks copied byte for byte), shortconv.out_proj its attn_output, shortconv.conv fixed smooth f32
+          taps over 3 positions (_conv_taps, small: larger ones leave no text); attention.head_count_kv an array, 0 for those layers. The
+          others are qwen3's attention (q / k norms, NeoX RoPE); the output norm is named token_embd_norm
+          (as LFM2 GGUFs name it)
   mixtral still llama, with the same experts (llama.expert_count: llama.cpp's llama graph then routes,
           as for Mixtral) and feed_forward_length the experts' MOE_FF
 
@@ -71,7 +78,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float")
+            "float", "lfm2")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -96,6 +103,8 @@ MISTRAL3_KV = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.sc
                "rope.scaling.yarn_log_multiplier": 1.0, "attention.temperature_scale": 0.1}
 GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "attention.sliding_window": 128,
              "rope.freq_base_swa": 10000.0}
+# lfm2: the layers that are short-convolution blocks (i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1), the convolution's width
+LFM2_CONV_EVERY, LFM2_L_CACHE = 3, 3
 Q = gguf.GGMLQuantizationType
 
 
@@ -155,6 +164,27 @@ def _fold_head_norm(tensors: dict, t, head_dim: int) -> np.ndarray:
         raise SystemExit(f"{t.name}: not Gemma 3 270M's shape (the RMS table is that model's)")
     folded = x.reshape(-1, head_dim, k) * (norm[:, None] / rms[:, None, None])
     return gguf.quants.quantize(folded.reshape(n, k).astype(np.float32), Q.Q8_0)
+
+
+def _conv_taps(n_embd: int, layer: int) -> np.ndarray:
+    """shortconv.conv.weight [n_embd, LFM2_L_CACHE] f32: per channel, the oldest position's tap first and the
+    current token's last (about 0.2, 0.5, 1: a fading window), varied by channel and layer."""
+    i = np.arange(n_embd, dtype=np.float64)[:, None]
+    j = np.arange(LFM2_L_CACHE, dtype=np.float64)[None, :]
+    return (0.05 * 0.5 ** (LFM2_L_CACHE - 1 - j) * (1.0 + 0.4 * np.sin(0.29 * i + 0.8 * j + 1.1 * layer))).astype(np.float32)
+
+
+def _lfm2_conv_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, n_embd: int) -> None:
+    """Layer `layer`'s short-convolution block from its llama weights (see the lfm2 variant)."""
+    p = f"blk.{layer}."
+    parts = [tensors[p + "ffn_gate.weight"], tensors[p + "ffn_up.weight"], tensors[p + "attn_q.weight"]]
+    if len({t.tensor_type for t in parts}) != 1 or parts[0].tensor_type in (Q.F32, Q.F16):
+        raise SystemExit(f"{p}: parts of one quantized type are needed to make shortconv.in_proj")
+    rows = [np.asarray(t.data)[:n_embd] for t in parts]
+    w.add_tensor(p + "shortconv.in_proj.weight", np.concatenate(rows), raw_dtype=parts[0].tensor_type)
+    out = tensors[p + "attn_output.weight"]
+    w.add_tensor(p + "shortconv.out_proj.weight", np.asarray(out.data), raw_dtype=out.tensor_type)
+    w.add_tensor(p + "shortconv.conv.weight", _conv_taps(n_embd, layer))
 
 
 def _router_weight(n_embd: int, layer: int) -> np.ndarray:
@@ -328,6 +358,8 @@ def copy_kv(r, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None =
             continue
         types, name = list(f.types), rename(key)
         value = out[name] = values[name] if name in values else get(key)
+        if isinstance(value, list) and types[0] != VT.ARRAY:  # (lfm2: a per-layer array for a scalar)
+            types = [VT.ARRAY, VT.UINT32]
         w.add_key_value(name, value, types[0], sub_type=types[-1] if types[0] == VT.ARRAY else None)
     return out
 
@@ -383,7 +415,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     if arch != SOURCE_ARCH.get(variant, "llama"):
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
-                "qwen3moe": "qwen3moe", "mistral3": "mistral3"}.get(variant, arch)
+                "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2"}.get(variant, arch)
     moe = variant in ("qwen3moe", "mixtral")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
@@ -397,11 +429,16 @@ def derive(variant: str, src: str, dst: str) -> None:
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
     if moe:  # (qwen3moe reads its own key; llama's experts have feed_forward_length rows)
         values[f"{new_arch}.{'expert_feed_forward_length' if variant == 'qwen3moe' else 'feed_forward_length'}"] = MOE_FF
+    if variant == "lfm2":
+        n_layer, n_kv = int(gf.arch_get("block_count")), int(gf.arch_get("attention.head_count_kv"))
+        values["lfm2.attention.head_count_kv"] = [0 if i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1 else n_kv for i in range(n_layer)]
+        values["lfm2.shortconv.l_cache"] = LFM2_L_CACHE
     kv = copy_kv(gf, w, rename, values)
     for key, value in values.items():  # the ones the source does not have
         if key not in kv:
             w.add_key_value(key, value, VT.FLOAT32 if isinstance(value, float) else VT.STRING if isinstance(value, str)
-                            else VT.UINT32)
+                            else VT.ARRAY if isinstance(value, list) else VT.UINT32,
+                            sub_type=VT.UINT32 if isinstance(value, list) else None)
     n_head = int(kv[f"{new_arch}.attention.head_count"])
     head_dim = int(kv.get(f"{new_arch}.attention.key_length", int(kv[f"{new_arch}.embedding_length"]) // n_head))
     n_rot = int(kv.get(f"{new_arch}.rope.dimension_count", head_dim))
@@ -410,7 +447,20 @@ def derive(variant: str, src: str, dst: str) -> None:
         _phi3_tensors(w, r, head_dim, n_rot, float(kv[f"{new_arch}.rope.freq_base"]))
         finish(w)
         return
+    n_embd = int(kv[f"{new_arch}.embedding_length"])
+    conv_layer = lambda name: (variant == "lfm2" and name.startswith("blk.")  # noqa: E731
+                               and int(name.split(".")[1]) % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1)
     for t in r.tensors:
+        if conv_layer(t.name) and t.name.endswith((".attn_q.weight", ".attn_k.weight", ".attn_v.weight",
+                                                   ".attn_output.weight")):
+            continue
+        if conv_layer(t.name) and t.name.endswith(".attn_norm.weight"):
+            add_tensor_as_is(w, t)
+            _lfm2_conv_tensors(w, tensors, int(t.name.split(".")[1]), n_embd)
+            continue
+        if variant == "lfm2" and t.name == "output_norm.weight":
+            w.add_tensor("token_embd_norm.weight", np.asarray(t.data))
+            continue
         if variant == "gemma2" and t.name.endswith((".attn_q_norm.weight", ".attn_k_norm.weight")):
             continue
         if variant == "gemma2" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):
@@ -421,7 +471,7 @@ def derive(variant: str, src: str, dst: str) -> None:
         if moe and t.name.endswith(".ffn_down.weight"):
             _moe_tensors(w, tensors, int(t.name.split(".")[1]))
             continue
-        if variant in ("qwen3", "qwen3moe") and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
+        if variant in ("qwen3", "qwen3moe", "lfm2") and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
         elif variant == "float" and t.name.endswith((".weight")) and t.name.startswith("blk.") and len(t.shape) == 2:
             n, k = int(t.shape[1]), int(t.shape[0])
@@ -446,7 +496,7 @@ def derive(variant: str, src: str, dst: str) -> None:
             w.add_tensor(t.name, blocks, raw_dtype=qt)
         else:
             add_tensor_as_is(w, t)
-        if variant in ("qwen3", "qwen3moe") and t.name.endswith(".attn_norm.weight"):
+        if variant in ("qwen3", "qwen3moe", "lfm2") and t.name.endswith(".attn_norm.weight"):
             layer = int(t.name.split(".")[1])
             w.add_tensor(f"blk.{layer}.attn_q_norm.weight", _norm_weight(head_dim, layer, 0.0))
             w.add_tensor(f"blk.{layer}.attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))

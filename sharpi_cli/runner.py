@@ -617,11 +617,14 @@ def run(o: RunOptions) -> int:
         return interactive_loop(o, target, gen, n_ctx, ids)
     pcache = None
     if o.prompt_cache:
+        from sharpi_core.kv_cache import PROMPT_CACHE_RECURRENT
         from sharpi_core.prompt_cache import PromptCacheFile
-        pcache = PromptCacheFile(o.prompt_cache, model_settings(o))
         cached = {"target": (cache, gen.history, target.path)}
         if draft is not None:
             cached["draft"] = (drafter.cache, drafter.history, draft.path)
+        if any(getattr(c[0], "recurrent", False) for c in cached.values()):
+            raise UsageError(PROMPT_CACHE_RECURRENT)
+        pcache = PromptCacheFile(o.prompt_cache, model_settings(o))
         n = {name: pcache.restore(name, *c, ids) for name, c in cached.items()}
         if o.verbose:
             log(f"sharpi: prompt cache {o.prompt_cache}: " + ", ".join(f"{name} {k} of {len(ids)} prompt tokens restored"

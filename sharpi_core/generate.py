@@ -206,7 +206,8 @@ class Generator:
             raise SharpiError(f"prompt is {len(prompt)} tokens, which does not fit the context of "
                               f"{self.cache.capacity}")
         # keep at least the last prompt token to evaluate: its logits give the first new token
-        n = min(common_prefix(self.history, prompt), len(prompt) - 1, self.cache.length, self.exact_prefix)
+        n = self.cache.reach(min(common_prefix(self.history, prompt), len(prompt) - 1, self.cache.length,
+                                 self.exact_prefix))
         if n < self.cache.length:
             self.cache.truncate(n)
         del self.history[n:]

@@ -139,6 +139,11 @@ class CacheBase:
         self.rot_k = _rotation(type_k, head_dim_k, largest=True)   # size of the rotation of q and k
         self.rot_v = _rotation(type_v, head_dim_v, largest=False)  # of v, and back on the output
 
+    def reach(self, n: int) -> int:
+        """Where truncate can cut for a cache that should hold the first n positions: n (a HybridCache
+        may have to go back to 0)."""
+        return n
+
     def truncate(self, n: int) -> None:
         """Forget every position >= n (rollback after rejected drafts, or a changed prompt): attention
         reads positions below the pass's end only, and the next pass overwrites the ones it needs."""
@@ -193,3 +198,75 @@ class KVCache(CacheBase):
             if s.kind == "q8_0":
                 total += s.d.numel() * s.d.element_size()
         return total
+
+
+# how far back a short-convolution layer's state can be taken (speculative verify rollbacks, a token
+# evaluated again): its ring keeps the B*x rows of that many positions beyond the state itself
+CONV_ROLLBACK = 64
+PROMPT_CACHE_RECURRENT = ("--prompt-cache: not for models with short-convolution layers (lfm2: their state is not "
+                          "kept for every position)")
+
+
+class HybridCache(KVCache):
+    """The cache of a model with short-convolution layers (lfm2): K and V of its attention layers as
+    KVCache keeps them (cache layer j = the model's j-th attention layer), and per convolution layer the
+    B*x rows of the last positions in a ring (position p in slot p % ring), from which the state before
+    any of the last CONV_ROLLBACK positions (its width - 1 rows) is read. truncate(n) works back that far
+    (and to 0); reach(n) says where a cut at n can go. Like llama.cpp's recurrent memory, which keeps a
+    few states back for speculative rollbacks and otherwise evaluates a changed prompt again."""
+
+    recurrent = True
+
+    def __init__(self, n_attn: int, capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int,
+                 type_k: str, type_v: str, n_conv: int, d_model: int, width: int):
+        super().__init__(n_attn, capacity, n_kv_head, head_dim_k, head_dim_v, type_k, type_v)
+        self.d = width - 1  # state rows
+        self.ring = CONV_ROLLBACK + self.d
+        self.conv = torch.zeros(n_conv, self.ring, d_model)  # [n_conv, ring, D] fp32, as ggml's conv states
+        self.lo = 0  # the first position whose row the ring still holds
+
+    def reach(self, n: int) -> int:
+        """n, or 0 when the state at position n is no longer kept."""
+        return n if max(0, n - self.d) >= self.lo else 0
+
+    def truncate(self, n: int) -> None:
+        if n != self.reach(n):
+            raise ValueError(f"truncate({n}): the convolution state there is gone (positions >= {self.lo} are kept)")
+        super().truncate(n)
+        if n == 0:
+            self.lo = 0
+
+    def conv_slots(self, start: int, T: int) -> tuple[torch.Tensor, int, torch.Tensor, int]:
+        """For a pass of T positions from start: (the ring slots of the state's rows before it, how many of
+        those rows are before position 0 (zeros), the slots its last m rows go to, m); the ring then holds them."""
+        R = self.ring
+        m = min(T, R)
+        state = torch.tensor([p % R for p in range(start - self.d, start)], dtype=torch.long)
+        write = torch.tensor([p % R for p in range(start + T - m, start + T)], dtype=torch.long)
+        self.lo = max(self.lo, start + T - R)
+        return state, max(0, self.d - start), write, m
+
+    def conv_ext(self, j: int, start: int, bx: torch.Tensor) -> torch.Tensor:
+        """bx [T, D] of positions start.. after the state's rows before them (zeros before position 0)
+        -> [d + T, D], and bx's rows into the ring (conv_slots)."""
+        T = bx.shape[0]
+        state, zeros, write, m = self.conv_slots(start, T)
+        ext = torch.cat((self.conv[j, state], bx))
+        ext[:zeros] = 0
+        self.conv[j].index_copy_(0, write, bx[T - m:])
+        return ext
+
+    def shift(self, n_keep: int, n_discard: int, shift_k) -> None:
+        """KVCache.shift for the attention layers; each convolution state stays as it is (llama.cpp's
+        recurrent memory keeps it), now the state before the new last position."""
+        end = self.length
+        super().shift(n_keep, n_discard, shift_k)
+        self.conv = torch.roll(self.conv, -n_discard, dims=1)  # slot of p - n_discard <- slot of p
+        self.lo = min(max(self.lo, n_keep + n_discard) - n_discard, max(0, end - n_discard - self.d))
+
+    def arrays(self, n: int) -> dict[str, torch.Tensor]:
+        raise UsageError(PROMPT_CACHE_RECURRENT)
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self.conv.numel() * 4

@@ -1,9 +1,10 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
-Gemma 2, Phi-3 with longrope, Granite, Q2_K / Q3_K / Q5_K / Q4_0 / IQ4_NL / IQ4_XS), against llama.cpp.
+Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, two MoE graphs, Q2_K / Q3_K / Q5_K / Q4_0 / IQ4_NL /
+IQ4_XS, F32 / F16 / BF16), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
 the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
-greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3), with
+greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3, lfm2), with
 the top logits' values at a few steps of the runs without a shift.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
 MOE_VARIANTS = ("qwen3moe", "mixtral")
+CPU_ONLY = MOE_VARIANTS + ("lfm2",)  # (the GPU backend refuses them)
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
 
@@ -123,7 +125,7 @@ def test_greedy_speculation_gives_the_plain_tokens(derived, variant):
 
 @pytest.mark.parametrize("kind", ["fake", pytest.param("cuda", marks=pytest.mark.skipif(not cuda_available()[0],
                                                                                 reason="no GPU"))])
-@pytest.mark.parametrize("variant", [v for v in gguf_derive.VARIANTS if v not in MOE_VARIANTS])
+@pytest.mark.parametrize("variant", [v for v in gguf_derive.VARIANTS if v not in CPU_ONLY])
 def test_gpu_model_follows_the_cpu(derived, variant, kind):
     """The CUDA model reads the same things (the CPU model's rope table, factors included; q/k norms by
     presence; no RoPE where the layer has none): a fixture prompt in one pass, then 16 of llama.cpp's tokens
@@ -205,6 +207,77 @@ def test_mistral3_yarn_and_attention_temperatures(derived):
     quarter = cpu_kernels.rope_table(c.rope_base, 0.25, 200, c.n_rot, mscale=ms)
     assert torch.equal(tab[:, 0], plain[:, 0]) and torch.equal(tab[:, -8:], quarter[:, -8:])
     assert not torch.allclose(tab[:, 3], plain[:, 3]) and not torch.allclose(tab[:, 3], quarter[:, 3])
+
+
+def test_lfm2_convolution_state(derived, tmp_path):
+    """lfm2's convolution layers keep no K / V: the cache holds its attention layers' K and V and, per
+    convolution layer, the B*x rows of the last positions in a ring. A cut back within HybridCache's reach
+    (speculative rollbacks) goes on exactly; further back the state is gone: reach() says 0, truncate
+    refuses, and a generator evaluates such a prompt again from the start (the logits of a fresh cache).
+    A draft model's window sliding through its cache keeps it too (greedy speculation: the plain tokens)."""
+    from sharpi_core.backends.cuda_model import CudaTransformer
+    from sharpi_core.kv_cache import CONV_ROLLBACK
+    from sharpi_core.speculative import DraftModelDrafter
+    c = config_from_gguf(GGUFFile(derived["lfm2"]))
+    every = gguf_derive.LFM2_CONV_EVERY
+    assert c.recurrent == tuple(i % every == every - 1 for i in range(c.n_layer)) and c.n_head_kv == 3
+    assert c.conv_width == gguf_derive.LFM2_L_CACHE and c.attn_layers == [i for i in range(c.n_layer) if i % every < every - 1]
+    model, tok = loaded(derived["lfm2"])
+    case = next(cs for cs in ORACLE["cases"] if cs["variant"] == "lfm2" and cs["kind"] == "long")
+    ids = torch.tensor(case["prompt_ids"])
+    cache = model.new_cache(512)
+    assert cache.k.q.shape[0] == len(c.attn_layers) and cache.conv.shape[0] == sum(c.recurrent)
+    model.forward(ids[:200], 0, cache, last_n=1)
+    rows = model.forward(ids[200:210], 200, cache, decode=True)  # verify rows [10, V]
+    cache.truncate(200)
+    assert torch.equal(model.forward(ids[200:210], 200, cache, decode=True), rows)
+    assert cache.reach(210 - CONV_ROLLBACK) == 210 - CONV_ROLLBACK and cache.reach(100) == 0
+    with pytest.raises(ValueError):
+        cache.truncate(100)
+    with pytest.raises(SharpiError, match="CPU only"):
+        CudaTransformer(model, ops=cuda_fake)
+
+    def fresh(prompt):
+        return Generator(model, model.new_cache(512), tok, GREEDY).generate(prompt, n_predict=6).tokens
+    gen = Generator(model, model.new_cache(512), tok, GREEDY)
+    gen.generate(case["prompt_ids"][:200], n_predict=6)
+    other = case["prompt_ids"][:120] + case["prompt_ids"][150:200]  # shares 120 tokens, 86 back
+    assert gen.generate(other, n_predict=6).tokens == fresh(other) and gen._prefilled == len(other)
+    more = other + gen.history[len(other):] + case["prompt_ids"][200:220]  # goes on from the last: reused
+    gen.generate(more, n_predict=6)  # (its batches break elsewhere than a fresh run's: other last bits)
+    assert gen._prefilled == 20
+
+    drafter = DraftModelDrafter(model, model.new_cache(64), GREEDY)  # the target's history slides through it
+    spec = Generator(model, model.new_cache(512), tok, GREEDY, drafter=drafter, spec_n_max=4)
+    res = spec.generate(case["prompt_ids"], n_predict=case["n_gen"])
+    assert res.tokens == case["tokens"] and res.spec.accepted > 0
+    # a context shift keeps each convolution state as it is (llama.cpp's recurrent memory does): the rows
+    # before the new last position are the old last ones; generation and speculation go on through shifts
+    cache = model.new_cache(256)
+    model.forward(ids[:200], 0, cache, last_n=1)
+    none = torch.zeros(0, c.n_embd)
+    before = [cache.conv_ext(j, 200, none) for j in range(sum(c.recurrent))]
+    model.shift_cache(cache, 10, 90)
+    assert cache.length == 110 and cache.reach(100) == 100
+    assert all(torch.equal(cache.conv_ext(j, 110, none), b) for j, b in enumerate(before))
+
+    def shifting(drafter=None):
+        g = Generator(model, model.new_cache(96), tok, GREEDY, drafter=drafter, spec_n_max=4, context_shift=True)
+        return g.generate(case["prompt_ids"][:40], n_predict=150)
+    plain = shifting()
+    assert plain.context_shifts >= 2 and len(plain.tokens) == 150
+    assert shifting(DraftModelDrafter(model, model.new_cache(96), GREEDY)).tokens == plain.tokens
+
+    r = sharpi("-m", derived["lfm2"], "-p", "Hello", "-n", 2, "--prompt-cache", tmp_path / "p.bin")
+    one_error_line(r, contains="short-convolution")
+    assert not (tmp_path / "p.bin").exists()
+
+
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])
+def test_lfm2_fast_decode_is_bit_identical(derived, types, monkeypatch):
+    """lfm2's layers through models/fast_decode.py (its convolutions too) give the general loop's bits."""
+    from test_model import fast_path_is_hidden
+    fast_path_is_hidden(*loaded(derived["lfm2"]), types, monkeypatch)
 
 
 def test_mixture_of_experts(derived):

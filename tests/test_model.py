@@ -189,10 +189,16 @@ def test_fast_decode_path_is_bit_identical(name, types, monkeypatch):
     these short passes cross them)."""
     import dataclasses
 
-    from sharpi_core.models import fast_decode
     model, tok = loaded(name)
     if model.config.sliding_window:
         monkeypatch.setattr(model, "config", dataclasses.replace(model.config, sliding_window=5))
+    fast_path_is_hidden(model, tok, types, monkeypatch)
+
+
+def fast_path_is_hidden(model, tok, types, monkeypatch) -> None:
+    """The passes of test_fast_decode_path_is_bit_identical, through both paths: the same bits (logits and
+    cache bytes: K, V, q8_0 scales, lfm2's convolution rings)."""
+    from sharpi_core.models import fast_decode
     ids = torch.tensor(tok.encode("The quick brown fox jumps over the lazy dog, and then it runs away")[:16])
 
     def passes():
@@ -208,7 +214,7 @@ def test_fast_decode_path_is_bit_identical(name, types, monkeypatch):
         out.append(model.hidden(ids[12:13], 12, cache, 3, False))  # the first 3 layers only
         kv = [s.q[:, :13].clone() for s in (cache.k, cache.v)]
         kv += [s.d[:, :13].clone() for s in (cache.k, cache.v) if s.kind == "q8_0"]
-        return out + kv  # the cache bytes too
+        return out + kv + ([cache.conv.clone()] if hasattr(cache, "conv") else [])  # the cache bytes too
 
     monkeypatch.setattr(fast_decode, "ENABLED", True)
     model._fast = None

@@ -127,6 +127,32 @@ def test_softcap_is_libm_tanhf_in_float_steps():
     assert got.numpy().tobytes() == np.array(want, np.float32).tobytes()
 
 
+def test_short_conv_is_ggml_ssm_conv_with_fmas():
+    """LFM2's convolution as ggml_ssm_conv sums it in a native build (GCC contracts `sumf += s * c` into FMAs):
+    per channel, the taps times the last 3 positions, oldest first, each product added with libm's fmaf. The
+    same values with a plain multiply-then-add differ in some elements: the test tells the two apart."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+    g = torch.Generator().manual_seed(5)
+    T, D, width = 5, 48, 3
+    ext, w = torch.randn(T + width - 1, D, generator=g), torch.randn(D, width, generator=g)
+    got = cpu.short_conv(ext, w)
+    want = np.zeros((T, D), np.float32)
+    plain = np.zeros((T, D), np.float32)
+    e, ww = ext.numpy(), w.numpy()
+    for t in range(T):
+        for c in range(D):
+            s = p = np.float32(0)
+            for j in range(width):
+                s = np.float32(libm.fmaf(float(e[t + j, c]), float(ww[c, j]), float(s)))
+                p = np.float32(p + e[t + j, c] * ww[c, j])
+            want[t, c], plain[t, c] = s, p
+    assert got.numpy().tobytes() == want.tobytes()
+    assert not np.array_equal(plain, want)
+    with pytest.raises(ValueError):
+        cpu.short_conv(ext[:, :10], w)
+
+
 def test_attention_rejects_bad_shapes():
     cache = KVCache(1, 8, 1, 40, 40, "f32", "f32")  # head size not a multiple of 16
     with pytest.raises(ValueError, match="rejected"):

@@ -234,9 +234,9 @@ class CudaTransformer:
         self.cpu = cpu_model
         self.gguf = gf = cpu_model.gguf
         self.config = c = cpu_model.config
-        if c.n_expert:
-            raise SharpiError(f"{os.path.basename(gf.path)}: a mixture-of-experts model runs on the CPU only here "
-                              f"(--device cpu or -ngl 0)")
+        if c.n_expert or c.recurrent:
+            kind = "a mixture-of-experts model" if c.n_expert else f"an {c.arch} model (short-convolution layers)"
+            raise SharpiError(f"{os.path.basename(gf.path)}: {kind} runs on the CPU only here (--device cpu or -ngl 0)")
         self.stream = stream if stream is not None else ops.new_stream()
         self.flash_attn = cpu_model.flash_attn
         self.trace = None
@@ -632,6 +632,9 @@ class SplitCache:
     @property
     def length(self) -> int:
         return self.gpu.length
+
+    def reach(self, n: int) -> int:
+        return n
 
     def truncate(self, n: int) -> None:
         self.gpu.truncate(n)

@@ -47,7 +47,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 9
+_ABI = 10
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -82,6 +82,7 @@ _had = None
 _sq8 = None
 _scap = None
 _smax = None
+_sconv = None
 build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
 
@@ -192,7 +193,7 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -244,14 +245,17 @@ def _bind_ctypes(path: Path) -> None:
     sm = lib.sharpi_soft_max
     sm.argtypes = [c_void_p, c_long, c_long]
     sm.restype = None
+    cv = lib.sharpi_short_conv
+    cv.argtypes = [c_void_p, c_void_p, c_void_p, c_long, c_long, c_int]
+    cv.restype = None
     _state["lib"] = lib
-    _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax = gl, ro, rt, rp, hd, sq, sc, sm
+    _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv = gl, ro, rt, rp, hd, sq, sc, sm, cv
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
     _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -259,7 +263,7 @@ def _bind_module(path: Path) -> None:
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
     _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
-    _scap, _smax = mod.softcap, mod.soft_max
+    _scap, _smax, _sconv = mod.softcap, mod.soft_max, mod.short_conv
 
 
 def _load():
@@ -461,7 +465,7 @@ def kernel_fns() -> dict:
     if not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope, "hadamard": _had,
-            "store_q8_0": _sq8}
+            "store_q8_0": _sq8, "short_conv": _sconv}
 
 
 def _gemm(x, raw, code, n, k, rb, out):
@@ -659,6 +663,22 @@ def soft_max(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"soft_max: x {x.dtype} {tuple(x.shape)}, contiguous {x.is_contiguous()}")
     _smax(x.data_ptr(), x.shape[0], x.shape[1])
     return x
+
+
+def short_conv(ext: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """ext fp32 [T + width - 1, D] (a convolution's state rows, then the pass's), w fp32 [D, width] (taps, the
+    oldest position's first) -> [T, D]: LFM2's causal depthwise convolution as ggml_ssm_conv sums it (in
+    float, oldest first, each product added with an FMA)."""
+    if _sconv is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    D, width = w.shape
+    T = ext.shape[0] - width + 1
+    if (ext.dtype is not _F32 or w.dtype is not _F32 or not ext.is_contiguous() or not w.is_contiguous()
+            or ext.dim() != 2 or ext.shape[1] != D or T < 0):
+        raise ValueError(f"short_conv: ext {ext.dtype} {tuple(ext.shape)}, w {w.dtype} {tuple(w.shape)}")
+    out = torch.empty(T, D)
+    _sconv(ext.data_ptr(), w.data_ptr(), out.data_ptr(), T, D, width)
+    return out
 
 
 def glu(gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:

@@ -55,6 +55,11 @@
  * reduced (_mm512_reduce_add_ps) into a double sum, the last n % 16 through libm's expf one by one;
  * every value times (float)(1.0 / sum) (ggml_vec_soft_max_f32, ggml_vec_scale_f32). MoE routing.
  *
+ * sharpi_short_conv: LFM2's causal depthwise convolution, as ggml_ssm_conv computes it: out[t, c] = the taps
+ * w[c, 0..width) times positions t .. t + width - 1 of ext [T + width - 1, D] (the state's width - 1 rows,
+ * then the pass's), summed oldest first in float, each product added with an FMA (GCC contracts ggml's
+ * `sumf += s * c` loop so; its vectorized branches are for widths of 8 and more).
+ *
  * sharpi_float_rows: y = x w^T for an f32, f16 or bf16 weight (qmatmul.c's F32 / F16 / BF16 types), as ggml's
  * mul_mat sums it in an AVX-512 build: one-row passes through ggml_vec_dot_f32 / _f16 (4 accumulators of 16
  * lanes over 64 elements a step, (a0 + a2) + (a1 + a3), _mm512_reduce_add_ps, an f16 row's elements past a
@@ -588,6 +593,15 @@ void sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const
         }
 }
 
+void sharpi_short_conv(const float *ext, const float *w, float *out, long T, long D, int width) {
+    for (long t = 0; t < T; t++)
+        for (long c = 0; c < D; c++) {
+            float sum = 0.0f;
+            for (int j = 0; j < width; j++) sum = fmaf(ext[(t + j) * D + c], w[c * width + j], sum);
+            out[t * D + c] = sum;
+        }
+}
+
 void sharpi_soft_max(float *x, long T, long n) {
     for (long t = 0; t < T; t++) {
         float *r = x + t * n;
@@ -828,6 +842,15 @@ PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t na
     const double cap = PyFloat_AsDouble(args[2]);
     if (PyErr_Occurred()) return NULL;
     sharpi_softcap((float *)x, n, (float)cap);
+    Py_RETURN_NONE;
+}
+
+/* short_conv(ext, w, out, T, D, width) */
+PyObject *sharpi_py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[6];
+    if (sharpi_py_nlongs(args, nargs, a, 6, "short_conv")) return NULL;
+    sharpi_short_conv((const float *)a[0], (const float *)a[1], (float *)a[2], a[3], a[4], (int)a[5]);
     Py_RETURN_NONE;
 }
 

@@ -2212,7 +2212,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 9; }
+int sharpi_abi_version(void) { return 10; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
@@ -2317,6 +2317,7 @@ PyObject *sharpi_py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
+PyObject *sharpi_py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
@@ -2328,6 +2329,7 @@ static PyMethodDef py_methods[] = {
     {"hadamard", (PyCFunction)(void (*)(void))sharpi_py_hadamard, METH_FASTCALL, "Walsh-Hadamard chunks, in place"},
     {"softcap", (PyCFunction)(void (*)(void))sharpi_py_softcap, METH_FASTCALL, "tanh logit softcapping, in place"},
     {"soft_max", (PyCFunction)(void (*)(void))sharpi_py_soft_max, METH_FASTCALL, "ggml_soft_max of rows, in place"},
+    {"short_conv", (PyCFunction)(void (*)(void))sharpi_py_short_conv, METH_FASTCALL, "ggml_ssm_conv (LFM2)"},
     {"store_q8_0", (PyCFunction)(void (*)(void))py_store_q8_0, METH_FASTCALL, "q8_0 KV cache write"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
     {"quantize_act", (PyCFunction)(void (*)(void))py_quantize_act, METH_FASTCALL, "ggml activation quantization"},

@@ -66,6 +66,8 @@ class ModelConfig:
     n_expert: int = 0               # mixture of experts (Mixtral's llama, qwen3moe): experts per layer, 0 = dense FFN
     n_expert_used: int = 0          # experts each token is routed to
     n_ff_exp: int = 0               # an expert's FFN width
+    recurrent: tuple = ()           # per layer: a short-convolution block instead of attention (lfm2)
+    conv_width: int = 0             # those blocks' convolution width (shortconv.l_cache: the state holds width - 1 rows)
 
     def is_swa(self, layer: int) -> bool:
         return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
@@ -74,6 +76,18 @@ class ModelConfig:
     def logit_mul(self) -> float:
         """What granite's logits are multiplied by: 1.0f / logit_scale, computed in float (ggml_scale's factor)."""
         return float(np.float32(1) / np.float32(self.logit_scale))
+
+    def is_recurrent(self, layer: int) -> bool:
+        return layer < len(self.recurrent) and self.recurrent[layer]
+
+    @property
+    def attn_layers(self) -> list[int]:
+        """The layers with attention (all but lfm2's convolution blocks): KV cache layer j is layer attn_layers[j]."""
+        return [i for i in range(self.n_layer) if not self.is_recurrent(i)]
+
+    @property
+    def output_norm_name(self) -> str:
+        return "token_embd_norm.weight" if self.arch == "lfm2" else "output_norm.weight"  # (LFM2 GGUFs' name)
 
     def has_rope(self, layer: int) -> bool:
         return not (self.nope_every and (layer + 1) % self.nope_every == 0)
@@ -143,7 +157,7 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         n_embd=n_embd,
         n_layer=int(gf.require(f"{gf.arch}.block_count")),
         n_head=n_head,
-        n_head_kv=int(a("attention.head_count_kv", n_head)),
+        n_head_kv=_head_count_kv(gf, n_head),
         head_dim_k=hd_k,
         head_dim_v=int(a("attention.value_length", hd_k)),
         n_ff=int(gf.require(f"{gf.arch}.feed_forward_length")),
@@ -157,6 +171,18 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         n_rot=int(a("rope.dimension_count", hd_k)),
         tied_output="output.weight" not in gf.tensors,
     )
+
+
+def _head_count_kv(gf: GGUFFile, n_head: int) -> int:
+    """attention.head_count_kv: one number, or one per layer (llama.cpp's get_key_or_arr): lfm2's 0 for its
+    convolution layers (_lfm2); other graphs here take one count for every layer."""
+    v = gf.arch_get("attention.head_count_kv", n_head)
+    if not isinstance(v, (list, tuple)):
+        return int(v)
+    counts = {int(n) for n in v} - ({0} if gf.arch == "lfm2" else set())
+    if len(counts) > 1:
+        raise SharpiError(f"{gf.path}: KV head counts that differ between layers ({sorted(counts)}) are not supported")
+    return counts.pop() if counts else 0
 
 
 ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
@@ -187,6 +213,7 @@ ARCH_TABLE = {
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "mistral3": dict(rope_style=ROPE_NORM),
+    "lfm2": dict(rope_style=ROPE_NEOX, qk_norm=True),
 }
 # archs whose FFN is a mixture of experts (llama: when the GGUF gives expert_count, as Mixtral's do)
 MOE_ARCHS = frozenset({"qwen3moe"})
@@ -216,6 +243,8 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _gemma(gf, kw)
     if arch == "mistral3":
         _mistral3(gf, kw)
+    if arch == "lfm2":
+        _lfm2(gf, kw)
     if arch in MOE_ARCHS or (arch in MOE_MAY and int(gf.arch_get("expert_count", 0) or 0) > 0):
         _experts(gf, kw)
     c = ModelConfig(**kw)
@@ -259,6 +288,26 @@ def _mistral3(gf: GGUFFile, kw: dict) -> None:
         raise SharpiError(f"{gf.path}: attention temperature scaling without an original context length")
     if int(a("expert_count", 0) or 0) > 0:
         raise SharpiError(f"{gf.path}: a mistral3 mixture of experts is not supported (its dense models are)")
+
+
+def _lfm2(gf: GGUFFile, kw: dict) -> None:
+    """Liquid's LFM2 (src/models/lfm2.cpp): layers whose attention.head_count_kv is 0 are short-convolution
+    blocks (in_proj -> B, C, x; C * conv(B * x) over the last shortconv.l_cache positions -> out_proj), the
+    others attention with q / k norms; sliding attention when the GGUF gives a window."""
+    a = gf.arch_get
+    v = a("attention.head_count_kv", kw["n_head"])
+    kw["recurrent"] = tuple(int(n) == 0 for n in v) if isinstance(v, (list, tuple)) else (int(v) == 0,) * kw["n_layer"]
+    if len(kw["recurrent"]) != kw["n_layer"]:
+        raise SharpiError(f"{gf.path}: attention.head_count_kv has {len(kw['recurrent'])} layers, not {kw['n_layer']}")
+    kw["conv_width"] = int(gf.require(f"{gf.arch}.shortconv.l_cache"))
+    if not 1 < kw["conv_width"] <= 64:
+        raise SharpiError(f"{gf.path}: a short convolution over {kw['conv_width']} positions")
+    if int(a("expert_count", 0) or 0) > 0:
+        raise SharpiError(f"{gf.path}: an lfm2 mixture of experts is not supported (its dense models are)")
+    if all(kw["recurrent"]):  # (no attention layer: its KV head count is not there to check)
+        kw["n_head_kv"] = kw["n_head"]
+    kw["sliding_window"] = int(a("attention.sliding_window", 0) or 0)
+    kw["swa_layers"] = tuple(not r for r in kw["recurrent"])
 
 
 def _granite(gf: GGUFFile, kw: dict) -> None:
@@ -312,7 +361,7 @@ def expected_shapes(c: ModelConfig):
     (a generator: a damaged block count of billions fails at its first missing layer, not in memory)."""
     q, k, v = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
     yield "token_embd.weight", (c.n_embd, c.n_vocab)
-    yield "output_norm.weight", (c.n_embd,)
+    yield c.output_norm_name, (c.n_embd,)
     if not c.tied_output:
         yield "output.weight", (c.n_embd, c.n_vocab)
     if c.rope_freqs:
@@ -322,6 +371,13 @@ def expected_shapes(c: ModelConfig):
     for i in range(c.n_layer):
         b = f"blk.{i}."
         yield b + "attn_norm.weight", (c.n_embd,)
+        if c.is_recurrent(i):
+            yield from ((b + "shortconv.in_proj.weight", (c.n_embd, 3 * c.n_embd)),
+                        (b + "shortconv.out_proj.weight", (c.n_embd, c.n_embd)),
+                        (b + "shortconv.conv.weight", (c.conv_width, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)),
+                        (b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),
+                        (b + "ffn_down.weight", (c.n_ff, c.n_embd)))
+            continue
         if c.qkv_fused:
             yield b + "attn_qkv.weight", (c.n_embd, q + k + v)
         else:

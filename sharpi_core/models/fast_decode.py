@@ -6,8 +6,8 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 layers (q/k norms, post-norms, sliding
-windows, q scaling, attention softcapping, residual scales),
+It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
+post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -26,6 +26,14 @@ ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
 
 
 _MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down")
+_CONV_MATMULS = ("in_proj", "out_proj", "w_gu", "w_down")  # (lfm2's convolution layers; the first two of ly.conv)
+
+
+def _matmuls(ly) -> dict:
+    """A layer's weights by name in run()'s terms."""
+    if ly.conv is not None:
+        return {"in_proj": ly.conv.in_proj, "out_proj": ly.conv.out_proj, "w_gu": ly.w_gu, "w_down": ly.w_down}
+    return {n: getattr(ly, n) for n in _MATMULS}
 
 
 class DecodePath:
@@ -41,7 +49,7 @@ class DecodePath:
                 or model.config.n_expert):  # (experts: the general path)
             return None
         for ly in model.layers:
-            if any(getattr(ly, n)._kern is None or getattr(ly, n).act_kind is None for n in _MATMULS):
+            if any(w._kern is None or w.act_kind is None for w in _matmuls(ly).values()):
                 return None
         return cls(model)
 
@@ -49,7 +57,7 @@ class DecodePath:
         # resolved lazily: the layers a CPU/GPU split keeps on the GPU are never repacked for the CPU
         while len(self.weights) < n_layers:
             ly = self.model.layers[len(self.weights)]
-            self.weights.append({n: (*getattr(ly, n).kernel_args(), getattr(ly, n).n, getattr(ly, n).k) for n in _MATMULS})
+            self.weights.append({n: (*w.kernel_args(), w.n, w.k) for n, w in _matmuls(ly).items()})
         return self.weights
 
     def applies(self, prompt: bool, cache: KVCache) -> bool:
@@ -67,7 +75,10 @@ class DecodePath:
                 "h": e(T, c.n_embd), "qk": e(T, H + Hkv, hd), "v": e(T, Hkv * hdv), "q": e(T, H, hd),
                 "k": e(T, Hkv, hd), "o": e(T, H * hdv), "ao": e(T, c.n_embd), "gu": e(T, 2 * c.n_ff),
                 "g": e(T, c.n_ff), "f": e(T, c.n_embd)}
-        return {name: buf[:T] for name, buf in self._bufs.items()}  # leading rows: contiguous
+            if c.recurrent:  # B, C, x rows; the convolution's input (state rows, then B * x) and output
+                self._bufs.update(bcx=e(T, 3 * c.n_embd), ext=e(T + c.conv_width - 1, c.n_embd), y=e(T, c.n_embd))
+        d = self.model.config.conv_width - 1
+        return {name: buf[:T + d if name == "ext" else T] for name, buf in self._bufs.items()}  # leading rows: contiguous
 
     def _mm(self, w, x: torch.Tensor, y: torch.Tensor, T: int, nth: int) -> None:
         code, ptr, rb, n, k = w
@@ -94,63 +105,30 @@ class DecodePath:
         place) -> the residual stream after layers [0, n_layers) ([last_n, D] if the last layer ran
         its FFN on the last rows only). Writes the K/V of the T positions into cache."""
         m, c = self.model, self.model.config
-        T = x.shape[0]
-        H, Hkv, hd, hdv, D = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v, c.n_embd
+        T, D = x.shape[0], c.n_embd
         b = self._buffers(T)
         nth = torch.get_num_threads()
-        rms, att, glu, rope = self.fns["rms_norm"], self.fns["attention"], self.fns["glu"], self.fns["rope"]
-        eps, softcap, rs = float(c.norm_eps), float(c.attn_softcap), float(c.residual_scale)
-        had = self.fns["hadamard"]
-        kcode, vcode = cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind]
-        rot_k, rot_v = cache.rot_k, cache.rot_v  # Hadamard sizes (q8_0 caches), or None
-        round_p = int(cache.v.kind == "f16")
+        rms, glu = self.fns["rms_norm"], self.fns["glu"]
+        eps, rs = float(c.norm_eps), float(c.residual_scale)
         glu_act = cpu._GLU_ACT[c.act]
-        unperm = m._unperm
         weights = self._layer_weights(n_layers)
-        h, qk, v, q, k, o, ao = b["h"], b["qk"], b["v"], b["q"], b["k"], b["o"], b["ao"]
+        h, ao = b["h"], b["ao"]
+        conv = None
+        if c.recurrent:
+            conv = cache.conv_slots(start_pos, T)
         for i in range(n_layers):
             ly, w = m.layers[i], weights[i]
             rms(x.data_ptr(), ly.attn_norm.data_ptr(), T, D, eps, h.data_ptr())
-            self._mm(w["wqk"], h, qk, T, nth)
-            self._mm(w["wv"], h, v, T, nth)
-            if ly.bqk is not None:
-                qk.view(T, -1).add_(ly.bqk)
-                v.add_(ly.bv)
-            if ly.qk_norm is not None:  # hidden's rms_norm(qk, None) * qk_norm: the same two roundings
-                rms(qk.data_ptr(), 0, T * (H + Hkv), hd, eps, qk.data_ptr())
-                qk.mul_(ly.qk_norm)
-            if c.has_rope(i):
-                cs = ropes[c.layer_rope(i)]
-                rope(qk.data_ptr(), T, H + Hkv, hd, 2 * cs.shape[-1], cs.data_ptr())
-            if unperm is not None:
-                torch.index_select(qk[:, :H], 2, unperm, out=q)
-                torch.index_select(qk[:, H:], 2, unperm, out=k)
+            if ly.conv is not None:
+                self._short_conv(ly.conv, w, cache, conv, b, h, ao, T, nth)
+                x.add_(ao)
             else:
-                q.copy_(qk[:, :H])
-                k.copy_(qk[:, H:])
-            if temps is not None:  # [T, 1, 1]: attention temperatures
-                q.mul_(temps)
-            if c.scale_q:
-                q.mul_(scale)
-            if rot_k:
-                had(q.data_ptr(), T * H * hd // rot_k, rot_k)
-                had(k.data_ptr(), T * Hkv * hd // rot_k, rot_k)
-            if rot_v:
-                had(v.data_ptr(), T * Hkv * hdv // rot_v, rot_v)
-            kd, vd = self._write(cache.k, i, start_pos, k, T), self._write(cache.v, i, start_pos, v, T)
-            kq, vq = cache.k.q[i], cache.v.q[i]  # [capacity, Hkv, hd]
-            window = c.sliding_window if c.is_swa(i) else 0
-            if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos,
-                   window, float(kq_scale), softcap, round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
-                raise RuntimeError("attention: the kernel rejected the pass")
-            if rot_v:
-                had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)
-            self._mm(w["wo"], o, ao, T, nth)
-            if ly.post_attn_norm is not None:
-                rms(ao.data_ptr(), ly.post_attn_norm.data_ptr(), T, D, eps, ao.data_ptr())
-            if rs:
-                ao.mul_(rs)
-            x.add_(ao)
+                self._attention(i, ly, w, cache, start_pos, ropes, kq_scale, scale, temps, b, h, ao, T, nth)
+                if ly.post_attn_norm is not None:
+                    rms(ao.data_ptr(), ly.post_attn_norm.data_ptr(), T, D, eps, ao.data_ptr())
+                if rs:
+                    ao.mul_(rs)
+                x.add_(ao)
             Tf = T
             if last_n is not None and last_n < T and i == c.n_layer - 1:
                 x, Tf = x[-last_n:], last_n  # like hidden: the last FFN on the output rows only
@@ -166,3 +144,71 @@ class DecodePath:
                 f.mul_(rs)
             x.add_(f)
         return x
+
+    def _short_conv(self, sc, w: dict, cache, slots, b: dict, h: torch.Tensor, out: torch.Tensor, T: int,
+                    nth: int) -> None:
+        """Transformer._short_conv's steps on h [T, D] -> out [T, D]: in_proj, B * x after the state's rows,
+        the convolution, times C, out_proj; the pass's B * x rows into the cache's ring."""
+        D = h.shape[1]
+        bcx, ext, y = b["bcx"], b["ext"], b["y"]
+        state, zeros, write, m = slots
+        d = ext.shape[0] - T
+        self._mm(w["in_proj"], h, bcx, T, nth)
+        ring = cache.conv[sc.index]  # [ring, D]
+        torch.index_select(ring, 0, state, out=ext[:d])
+        ext[:zeros] = 0
+        torch.mul(bcx[:, :D], bcx[:, 2 * D:], out=ext[d:])
+        ring.index_copy_(0, write, ext[d + T - m:])
+        self.fns["short_conv"](ext.data_ptr(), sc.taps.data_ptr(), y.data_ptr(), T, D, d + 1)
+        y.mul_(bcx[:, D:2 * D])
+        self._mm(w["out_proj"], y, out, T, nth)
+
+    def _attention(self, i: int, ly, w: dict, cache, start_pos: int, ropes: dict, kq_scale: float, scale: float,
+                   temps, b: dict, h: torch.Tensor, ao: torch.Tensor, T: int, nth: int) -> None:
+        """Layer i's attention on h [T, D] -> ao [T, D] (before its post-norm and residual scale): K and V into
+        its KV cache layer."""
+        m, c = self.model, self.model.config
+        H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
+        rms, att, rope, had = self.fns["rms_norm"], self.fns["attention"], self.fns["rope"], self.fns["hadamard"]
+        eps, softcap = float(c.norm_eps), float(c.attn_softcap)
+        kcode, vcode = cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind]
+        rot_k, rot_v = cache.rot_k, cache.rot_v  # Hadamard sizes (q8_0 caches), or None
+        round_p = int(cache.v.kind == "f16")
+        unperm = m._unperm
+        qk, v, q, k, o = b["qk"], b["v"], b["q"], b["k"], b["o"]
+        kv = m._kv_layer[i]
+        self._mm(w["wqk"], h, qk, T, nth)
+        self._mm(w["wv"], h, v, T, nth)
+        if ly.bqk is not None:
+            qk.view(T, -1).add_(ly.bqk)
+            v.add_(ly.bv)
+        if ly.qk_norm is not None:  # hidden's rms_norm(qk, None) * qk_norm: the same two roundings
+            rms(qk.data_ptr(), 0, T * (H + Hkv), hd, eps, qk.data_ptr())
+            qk.mul_(ly.qk_norm)
+        if c.has_rope(i):
+            cs = ropes[c.layer_rope(i)]
+            rope(qk.data_ptr(), T, H + Hkv, hd, 2 * cs.shape[-1], cs.data_ptr())
+        if unperm is not None:
+            torch.index_select(qk[:, :H], 2, unperm, out=q)
+            torch.index_select(qk[:, H:], 2, unperm, out=k)
+        else:
+            q.copy_(qk[:, :H])
+            k.copy_(qk[:, H:])
+        if temps is not None:  # [T, 1, 1]: attention temperatures
+            q.mul_(temps)
+        if c.scale_q:
+            q.mul_(scale)
+        if rot_k:
+            had(q.data_ptr(), T * H * hd // rot_k, rot_k)
+            had(k.data_ptr(), T * Hkv * hd // rot_k, rot_k)
+        if rot_v:
+            had(v.data_ptr(), T * Hkv * hdv // rot_v, rot_v)
+        kd, vd = self._write(cache.k, kv, start_pos, k, T), self._write(cache.v, kv, start_pos, v, T)
+        kq, vq = cache.k.q[kv], cache.v.q[kv]  # [capacity, Hkv, hd]
+        window = c.sliding_window if c.is_swa(i) else 0
+        if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos,
+               window, float(kq_scale), softcap, round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
+            raise RuntimeError("attention: the kernel rejected the pass")
+        if rot_v:
+            had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)
+        self._mm(w["wo"], o, ao, T, nth)

@@ -1,5 +1,6 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3 and the
-mixture-of-experts qwen3moe and Mixtral-style llama (differences come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3, mistral3,
+the mixture-of-experts qwen3moe and Mixtral-style llama, and lfm2's hybrid of attention and short-convolution
+layers (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from ..errors import SharpiError
 from ..gguf_file import GGUFFile
 from ..kernels import cpu
-from ..kv_cache import KVCache, rotate
+from ..kv_cache import HybridCache, KVCache, rotate
 from ..quants import Activations, QWeight, _kernels, activation_for, load_vector
 from .config import ROPE_NEOX, ModelConfig, attn_scale_f32, config_from_gguf
 from .fast_decode import DecodePath
@@ -53,11 +54,20 @@ class Experts:
 
 
 @dataclass
+class ShortConv:
+    """lfm2's short-convolution block, in place of attention: in_proj -> B, C, x; C * conv(B * x) -> out_proj."""
+    in_proj: QWeight        # [3 * D, D]: B rows, C rows, x rows
+    out_proj: QWeight       # [D, D]
+    taps: torch.Tensor      # fp32 [D, width]: the oldest position's tap first
+    index: int              # its convolution layer (HybridCache.conv)
+
+
+@dataclass
 class Layer:
     attn_norm: torch.Tensor
-    wqk: QWeight            # q and k projections fused: [(H + Hkv) * hd, D], rows in rope-pair order
-    wv: QWeight
-    wo: QWeight
+    wqk: QWeight | None     # q and k projections fused: [(H + Hkv) * hd, D], rows in rope-pair order (None: conv)
+    wv: QWeight | None
+    wo: QWeight | None
     ffn_norm: torch.Tensor
     w_gu: QWeight | None    # gate and up fused: [2 * n_ff, D] (None: experts)
     w_down: QWeight | None
@@ -67,6 +77,7 @@ class Layer:
     qk_norm: torch.Tensor | None = None   # [H + Hkv, hd]: q_norm for q heads, k_norm for k heads
     post_attn_norm: torch.Tensor | None = None
     post_ffn_norm: torch.Tensor | None = None
+    conv: ShortConv | None = None  # (lfm2) instead of attention
 
 
 def _weight(gf: GGUFFile, name: str) -> QWeight:
@@ -189,7 +200,7 @@ class Transformer:
         self.config = c = config or config_from_gguf(gf)
         self.tok_embd = _weight(gf, "token_embd.weight")
         self.output = self.tok_embd if c.tied_output else _weight(gf, "output.weight")
-        self.output_norm = load_vector(gf.tensor("output_norm.weight"))
+        self.output_norm = load_vector(gf.tensor(c.output_norm_name))
         H, Hkv, hd = c.n_head, c.n_head_kv, c.head_dim_k
         perm = neox_to_pairs(hd, c.n_rot) if c.rope_style == ROPE_NEOX else torch.arange(hd)
         q_rows = (torch.arange(H)[:, None] * hd + perm[None, :]).flatten().numpy()
@@ -200,6 +211,16 @@ class Transformer:
         order = [q_rows, k_rows] if c.rope_style == ROPE_NEOX else None
         for i in range(c.n_layer):
             p = f"blk.{i}."
+            if c.is_recurrent(i):
+                taps = vec(p + "shortconv.conv.weight").reshape(c.n_embd, c.conv_width).contiguous()
+                conv = ShortConv(_weight(gf, p + "shortconv.in_proj.weight"), _weight(gf, p + "shortconv.out_proj.weight"),
+                                 taps, sum(c.recurrent[:i]))
+                self.layers.append(Layer(
+                    attn_norm=vec(p + "attn_norm.weight"), wqk=None, wv=None, wo=None,
+                    ffn_norm=vec(p + "ffn_norm.weight"),
+                    w_gu=_fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"]),
+                    w_down=_weight(gf, p + "ffn_down.weight"), conv=conv))
+                continue
             bq, bk = opt(p + "attn_q.bias"), opt(p + "attn_k.bias")
             qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
             experts = None
@@ -241,6 +262,7 @@ class Transformer:
                 raise SharpiError(f"{gf.path}: {name} holds factors that are not positive finite numbers")
         self._rope_factors = self._factor_sets.get("rope_freqs.weight", self._factor_sets.get("rope_factors_short.weight"))
         self._ropes = sorted({c.layer_rope(i) for i in range(c.n_layer)})  # the layers' (base, freq scale)
+        self._kv_layer = {layer: j for j, layer in enumerate(c.attn_layers)}  # model layer -> KV cache layer
         # back to the GGUF's head-dim order: the q.k dot products sum in llama.cpp's element order, and
         # a q8_0 K cache quantizes the same blocks of 32 consecutive dims (which dims share a block
         # decides its error: Qwen2's K has large outlier dims)
@@ -262,7 +284,8 @@ class Transformer:
     # -- sizes -------------------------------------------------------------------------
     def _layer_weights(self) -> list[QWeight]:
         return [w for ly in self.layers for w in [ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down]
-                + (ly.experts.weights() if ly.experts else []) if w is not None]
+                + (ly.experts.weights() if ly.experts else []) + ([ly.conv.in_proj, ly.conv.out_proj] if ly.conv else [])
+                if w is not None]
 
     @property
     def weight_bytes(self) -> int:
@@ -295,6 +318,10 @@ class Transformer:
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
         c = self.config
         self.use_context(n_ctx)
+        if c.recurrent:
+            n_conv = sum(c.recurrent)
+            return HybridCache(c.n_layer - n_conv, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v,
+                               n_conv, c.n_embd, c.conv_width)
         return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
 
     def set_rope(self, base: float = 0.0, freq_scale: float = 0.0, scaling: str | None = None,
@@ -331,7 +358,8 @@ class Transformer:
         """Context shift (llama.cpp's --context-shift): forget positions [n_keep, n_keep + n_discard) and
         move the later ones down, their K re-rotated for the new positions (KVCache.shift; the GPU models'
         caches have the same shift(), cache layer j being model layer first_layer + j)."""
-        cache.shift(n_keep, n_discard, lambda j, k: self.shift_k(first_layer + j, k, -n_discard, cache.rot_k))
+        layers = self.config.attn_layers  # (cache layer j: the j-th layer with attention)
+        cache.shift(n_keep, n_discard, lambda j, k: self.shift_k(layers[first_layer + j], k, -n_discard, cache.rot_k))
 
     # -- pieces --------------------------------------------------------------------------
     def _rope_table(self, rope: tuple[float, float], n_pos: int) -> torch.Tensor:
@@ -455,6 +483,23 @@ class Transformer:
             y = y + out[:, j]
         return y
 
+    def _short_conv(self, sc: ShortConv, h: torch.Tensor, start_pos: int, cache: HybridCache, prompt: bool) -> torch.Tensor:
+        """lfm2's convolution block on h [T, D] -> [T, D], as llama.cpp's build_shortconv_block: B * x, the
+        causal convolution over the state's rows and the pass's (ggml_ssm_conv), times C, out_proj."""
+        D = self.config.n_embd
+        bcx = Activations(h, prompt)(sc.in_proj)  # [T, 3 * D]
+        b, cg, xx = bcx[:, :D], bcx[:, D:2 * D], bcx[:, 2 * D:]
+        ext = cache.conv_ext(sc.index, start_pos, b * xx)  # [d + T, D]
+        kern = _kernels()
+        if kern is not None:
+            y = kern.short_conv(ext, sc.taps)
+        else:  # the FMAs in double (each product exact, the sum rounded twice: a last-bit difference at most, rarely)
+            e64, w64 = ext.double(), sc.taps.double()
+            y = torch.zeros(h.shape[0], D)
+            for j in range(sc.taps.shape[1]):  # (the width: 3)
+                y = (e64[j:j + h.shape[0]] * w64[:, j] + y.double()).float()
+        return sc.out_proj(cg * y, prompt)
+
     def _mask(self, start: int, T: int, window: int) -> torch.Tensor | None:
         """Boolean [T, start+T] (True = attend), or None when every key is visible."""
         L = start + T
@@ -543,45 +588,49 @@ class Transformer:
             tr = self.trace
             if tr is not None:
                 tr(f"attn_norm-{i}", h)
-            a = Activations(h, prompt)
-            qk, v = a(ly.wqk), a(ly.wv)  # [T, (H + Hkv) * hd], [T, Hkv * hdv]
-            if ly.bqk is not None:
-                qk = qk + ly.bqk
-                v = v + ly.bv
-            qk = qk.view(T, H + Hkv, hd)
-            if ly.qk_norm is not None:
-                qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
-            if c.has_rope(i):
-                qk = self._rope(qk, ropes[c.layer_rope(i)])
-            q, k = qk[:, :H], qk[:, H:]
-            if self._unperm is not None:
-                q, k = q[..., self._unperm], k[..., self._unperm]
-            if temps is not None:  # (llama.cpp: ggml_mul after RoPE)
-                q = q * temps
-            if c.scale_q:  # before q is rounded to the K cache's type: tiny elements round differently
-                q = q * scale
-            q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
-            cache.k.write(i, start_pos, k)
-            cache.v.write(i, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
-            if self._attn_kernel is not None:
-                # every (row, head) as llama.cpp computes it: one-token passes and verify rows like its
-                # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
-                o = self._attn_kernel(q if self.flash_attn else activation_for(q, cache.k.qtype),
-                                      cache.k, cache.v, i, start_pos, window, kq_scale,
-                                      _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap).view(T, H * hdv)
-            elif T <= EXACT_ROWS:
-                # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
-                o = torch.cat([self._attention(q[r:r + 1], cache, i, start_pos + r + 1,
-                                               self._mask(start_pos + r, 1, window), kq_scale) for r in range(T)])
+            if ly.conv is not None:
+                o = self._short_conv(ly.conv, h, start_pos, cache, prompt)
             else:
-                o = self._attention(q, cache, i, L, masks[window], kq_scale)  # [T, H * hdv]
-            if tr is not None:
-                tr(f"kqv_out-{i}", o)
-            o = ly.wo(rotate(o, cache.rot_v), prompt)
-            if ly.post_attn_norm is not None:
-                o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
-            if c.residual_scale:
-                o = o * c.residual_scale
+                kv = self._kv_layer[i]
+                a = Activations(h, prompt)
+                qk, v = a(ly.wqk), a(ly.wv)  # [T, (H + Hkv) * hd], [T, Hkv * hdv]
+                if ly.bqk is not None:
+                    qk = qk + ly.bqk
+                    v = v + ly.bv
+                qk = qk.view(T, H + Hkv, hd)
+                if ly.qk_norm is not None:
+                    qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
+                if c.has_rope(i):
+                    qk = self._rope(qk, ropes[c.layer_rope(i)])
+                q, k = qk[:, :H], qk[:, H:]
+                if self._unperm is not None:
+                    q, k = q[..., self._unperm], k[..., self._unperm]
+                if temps is not None:  # (llama.cpp: ggml_mul after RoPE)
+                    q = q * temps
+                if c.scale_q:  # before q is rounded to the K cache's type: tiny elements round differently
+                    q = q * scale
+                q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
+                cache.k.write(kv, start_pos, k)
+                cache.v.write(kv, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
+                if self._attn_kernel is not None:
+                    # every (row, head) as llama.cpp computes it: one-token passes and verify rows like its
+                    # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
+                    o = self._attn_kernel(q if self.flash_attn else activation_for(q, cache.k.qtype),
+                                          cache.k, cache.v, kv, start_pos, window, kq_scale,
+                                          _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap).view(T, H * hdv)
+                elif T <= EXACT_ROWS:
+                    # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
+                    o = torch.cat([self._attention(q[r:r + 1], cache, kv, start_pos + r + 1,
+                                                   self._mask(start_pos + r, 1, window), kq_scale) for r in range(T)])
+                else:
+                    o = self._attention(q, cache, kv, L, masks[window], kq_scale)  # [T, H * hdv]
+                if tr is not None:
+                    tr(f"kqv_out-{i}", o)
+                o = ly.wo(rotate(o, cache.rot_v), prompt)
+                if ly.post_attn_norm is not None:
+                    o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
+                if c.residual_scale:
+                    o = o * c.residual_scale
             x = x + o
             if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
                 # like llama.cpp, the last layer's FFN runs on the output rows only (this also

@@ -86,7 +86,7 @@ class DraftModelDrafter:
 
     def _reuse(self, history: list[int]) -> int:
         """Cut the cache to the longest common prefix with `history` (all but its last token at most)."""
-        n = min(common_prefix(self.history, history), len(history) - 1, self.cache.length)
+        n = self.cache.reach(min(common_prefix(self.history, history), len(history) - 1, self.cache.length))
         if n < self.cache.length:
             self.cache.truncate(n)
         del self.history[n:]
@@ -236,6 +236,7 @@ class DraftModelDrafter:
             self.model.shift_cache(self.cache, n_keep, n_discard)
             del self.history[n_keep:n_keep + n_discard]
         elif n > n_keep:
+            n_keep = self.cache.reach(n_keep)  # (a convolution state further back is gone: from the start)
             self.cache.truncate(n_keep)
             del self.history[n_keep:]
 
