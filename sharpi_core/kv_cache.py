@@ -237,8 +237,9 @@ class HybridCache(KVCache):
             self.lo = 0
 
     def conv_slots(self, start: int, T: int) -> tuple[torch.Tensor, int, torch.Tensor, int]:
-        """For a pass of T positions from start: (the ring slots of the state's rows before it, how many of
-        those rows are before position 0 (zeros), the slots its last m rows go to, m); the ring then holds them."""
+        """Once per pass of T positions from start, for conv_fill: (the ring slots of the state's rows before
+        it, how many of those rows are before position 0 (zeros), the slots its last m rows go to, m); the
+        ring then holds them."""
         R = self.ring
         m = min(T, R)
         state = torch.tensor([p % R for p in range(start - self.d, start)], dtype=torch.long)
@@ -246,15 +247,15 @@ class HybridCache(KVCache):
         self.lo = max(self.lo, start + T - R)
         return state, max(0, self.d - start), write, m
 
-    def conv_ext(self, j: int, start: int, bx: torch.Tensor) -> torch.Tensor:
-        """bx [T, D] of positions start.. after the state's rows before them (zeros before position 0)
-        -> [d + T, D], and bx's rows into the ring (conv_slots)."""
-        T = bx.shape[0]
-        state, zeros, write, m = self.conv_slots(start, T)
-        ext = torch.cat((self.conv[j, state], bx))
+    def conv_fill(self, j: int, slots: tuple, ext: torch.Tensor) -> None:
+        """ext [d + T, D], whose last T rows hold the pass's B*x (conv_slots' pass): its first d rows become
+        convolution layer j's state before the pass (zeros before position 0), and the pass's rows go into
+        the layer's ring."""
+        state, zeros, write, m = slots
+        ring = self.conv[j]  # [ring, D]
+        torch.index_select(ring, 0, state, out=ext[:self.d])
         ext[:zeros] = 0
-        self.conv[j].index_copy_(0, write, bx[T - m:])
-        return ext
+        ring.index_copy_(0, write, ext[ext.shape[0] - m:])
 
     def shift(self, n_keep: int, n_discard: int, shift_k) -> None:
         """KVCache.shift for the attention layers; each convolution state stays as it is (llama.cpp's

@@ -255,11 +255,16 @@ def test_lfm2_convolution_state(derived, tmp_path):
     # before the new last position are the old last ones; generation and speculation go on through shifts
     cache = model.new_cache(256)
     model.forward(ids[:200], 0, cache, last_n=1)
-    none = torch.zeros(0, c.n_embd)
-    before = [cache.conv_ext(j, 200, none) for j in range(sum(c.recurrent))]
+
+    def states(pos):  # each convolution layer's state rows before position pos
+        out = [torch.empty(cache.d, c.n_embd) for _ in range(sum(c.recurrent))]
+        for j, ext in enumerate(out):
+            cache.conv_fill(j, cache.conv_slots(pos, 0), ext)
+        return out
+    before = states(200)
     model.shift_cache(cache, 10, 90)
     assert cache.length == 110 and cache.reach(100) == 100
-    assert all(torch.equal(cache.conv_ext(j, 110, none), b) for j, b in enumerate(before))
+    assert all(torch.equal(a, b) for a, b in zip(states(110), before))
 
     def shifting(drafter=None):
         g = Generator(model, model.new_cache(96), tok, GREEDY, drafter=drafter, spec_n_max=4, context_shift=True)

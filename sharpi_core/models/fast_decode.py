@@ -26,7 +26,6 @@ ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
 
 
 _MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down")
-_CONV_MATMULS = ("in_proj", "out_proj", "w_gu", "w_down")  # (lfm2's convolution layers; the first two of ly.conv)
 
 
 def _matmuls(ly) -> dict:
@@ -113,6 +112,9 @@ class DecodePath:
         glu_act = cpu._GLU_ACT[c.act]
         weights = self._layer_weights(n_layers)
         h, ao = b["h"], b["ao"]
+        # the cache's codes, Hadamard sizes (q8_0 caches, or None) and whether V rounds p to f16: per pass
+        kv_args = (cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind], cache.rot_k, cache.rot_v,
+                   int(cache.v.kind == "f16"))
         conv = None
         if c.recurrent:
             conv = cache.conv_slots(start_pos, T)
@@ -123,7 +125,7 @@ class DecodePath:
                 self._short_conv(ly.conv, w, cache, conv, b, h, ao, T, nth)
                 x.add_(ao)
             else:
-                self._attention(i, ly, w, cache, start_pos, ropes, kq_scale, scale, temps, b, h, ao, T, nth)
+                self._attention(i, ly, w, cache, kv_args, start_pos, ropes, kq_scale, scale, temps, b, h, ao, T, nth)
                 if ly.post_attn_norm is not None:
                     rms(ao.data_ptr(), ly.post_attn_norm.data_ptr(), T, D, eps, ao.data_ptr())
                 if rs:
@@ -151,29 +153,23 @@ class DecodePath:
         the convolution, times C, out_proj; the pass's B * x rows into the cache's ring."""
         D = h.shape[1]
         bcx, ext, y = b["bcx"], b["ext"], b["y"]
-        state, zeros, write, m = slots
         d = ext.shape[0] - T
         self._mm(w["in_proj"], h, bcx, T, nth)
-        ring = cache.conv[sc.index]  # [ring, D]
-        torch.index_select(ring, 0, state, out=ext[:d])
-        ext[:zeros] = 0
         torch.mul(bcx[:, :D], bcx[:, 2 * D:], out=ext[d:])
-        ring.index_copy_(0, write, ext[d + T - m:])
+        cache.conv_fill(sc.index, slots, ext)
         self.fns["short_conv"](ext.data_ptr(), sc.taps.data_ptr(), y.data_ptr(), T, D, d + 1)
         y.mul_(bcx[:, D:2 * D])
         self._mm(w["out_proj"], y, out, T, nth)
 
-    def _attention(self, i: int, ly, w: dict, cache, start_pos: int, ropes: dict, kq_scale: float, scale: float,
-                   temps, b: dict, h: torch.Tensor, ao: torch.Tensor, T: int, nth: int) -> None:
+    def _attention(self, i: int, ly, w: dict, cache, kv_args: tuple, start_pos: int, ropes: dict, kq_scale: float,
+                   scale: float, temps, b: dict, h: torch.Tensor, ao: torch.Tensor, T: int, nth: int) -> None:
         """Layer i's attention on h [T, D] -> ao [T, D] (before its post-norm and residual scale): K and V into
         its KV cache layer."""
         m, c = self.model, self.model.config
         H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
         rms, att, rope, had = self.fns["rms_norm"], self.fns["attention"], self.fns["rope"], self.fns["hadamard"]
         eps, softcap = float(c.norm_eps), float(c.attn_softcap)
-        kcode, vcode = cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind]
-        rot_k, rot_v = cache.rot_k, cache.rot_v  # Hadamard sizes (q8_0 caches), or None
-        round_p = int(cache.v.kind == "f16")
+        kcode, vcode, rot_k, rot_v, round_p = kv_args
         unperm = m._unperm
         qk, v, q, k, o = b["qk"], b["v"], b["q"], b["k"], b["o"]
         kv = m._kv_layer[i]

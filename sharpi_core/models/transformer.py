@@ -483,21 +483,24 @@ class Transformer:
             y = y + out[:, j]
         return y
 
-    def _short_conv(self, sc: ShortConv, h: torch.Tensor, start_pos: int, cache: HybridCache, prompt: bool) -> torch.Tensor:
+    def _short_conv(self, sc: ShortConv, h: torch.Tensor, cache: HybridCache, slots: tuple, prompt: bool) -> torch.Tensor:
         """lfm2's convolution block on h [T, D] -> [T, D], as llama.cpp's build_shortconv_block: B * x, the
-        causal convolution over the state's rows and the pass's (ggml_ssm_conv), times C, out_proj."""
-        D = self.config.n_embd
+        causal convolution over the state's rows and the pass's (ggml_ssm_conv), times C, out_proj (slots:
+        the pass's HybridCache.conv_slots)."""
+        T, D = h.shape[0], self.config.n_embd
         bcx = Activations(h, prompt)(sc.in_proj)  # [T, 3 * D]
-        b, cg, xx = bcx[:, :D], bcx[:, D:2 * D], bcx[:, 2 * D:]
-        ext = cache.conv_ext(sc.index, start_pos, b * xx)  # [d + T, D]
+        ext = torch.empty(self.config.conv_width - 1 + T, D)  # [d + T, D]: the state's rows, then B * x
+        torch.mul(bcx[:, :D], bcx[:, 2 * D:], out=ext[ext.shape[0] - T:])
+        cache.conv_fill(sc.index, slots, ext)
+        cg = bcx[:, D:2 * D]
         kern = _kernels()
         if kern is not None:
             y = kern.short_conv(ext, sc.taps)
         else:  # the FMAs in double (each product exact, the sum rounded twice: a last-bit difference at most, rarely)
             e64, w64 = ext.double(), sc.taps.double()
-            y = torch.zeros(h.shape[0], D)
+            y = torch.zeros(T, D)
             for j in range(sc.taps.shape[1]):  # (the width: 3)
-                y = (e64[j:j + h.shape[0]] * w64[:, j] + y.double()).float()
+                y = (e64[j:j + T] * w64[:, j] + y.double()).float()
         return sc.out_proj(cg * y, prompt)
 
     def _mask(self, start: int, T: int, window: int) -> torch.Tensor | None:
@@ -580,6 +583,7 @@ class Transformer:
             cache.length = L
             return x
         masks = {}
+        slots = cache.conv_slots(start_pos, T) if c.recurrent else None  # (lfm2: its convolution rings)
         for i, ly in enumerate(self.layers[:n_layers]):
             window = c.sliding_window if c.is_swa(i) else 0
             if window not in masks:
@@ -589,7 +593,7 @@ class Transformer:
             if tr is not None:
                 tr(f"attn_norm-{i}", h)
             if ly.conv is not None:
-                o = self._short_conv(ly.conv, h, start_pos, cache, prompt)
+                o = self._short_conv(ly.conv, h, cache, slots, prompt)
             else:
                 kv = self._kv_layer[i]
                 a = Activations(h, prompt)
