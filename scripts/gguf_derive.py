@@ -58,6 +58,12 @@ fixed, smooth values (no random generator: the same file on every machine):
           (as LFM2 GGUFs name it)
   mixtral still llama, with the same experts (llama.expert_count: llama.cpp's llama graph then routes,
           as for Mixtral) and feed_forward_length the experts' MOE_FF
+  gpt-oss general.architecture gpt-oss (keys renamed; OpenAI's gpt-oss): NeoX RoPE (q / k rows reordered as in
+          qwen3) with YaRN (GPT_OSS_KV), small fixed biases on q, k, v and attn_output, a sink logit per head
+          (attn_sinks), a 128-token window on the even layers; ffn_norm renamed post_attention_norm (gpt-oss
+          GGUFs' name); qwen3moe's experts, their weights requantized to MXFP4 (as gpt-oss files hold them;
+          gguf.quants' quantizer), with biases: the up bias near -1, so that SwiGLU-OAI's (up + 1) gives back
+          about the trained up, and a router bias; output.weight a copy of the tied embedding (the graph needs one)
 
 The results are not good language models (the weights were trained for the llama graph), but their
 activations are a trained model's, not noise: greedy continuations compared with llama.cpp's on the
@@ -78,7 +84,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float", "lfm2")
+            "float", "lfm2", "gpt-oss")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -103,6 +109,9 @@ MISTRAL3_KV = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.sc
                "rope.scaling.yarn_log_multiplier": 1.0, "attention.temperature_scale": 0.1}
 GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "attention.sliding_window": 128,
              "rope.freq_base_swa": 10000.0}
+# gpt-oss: YaRN over a short original context (the tests' prompts reach past it), a window on every other layer
+GPT_OSS_KV = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 256,
+              "attention.sliding_window": 128, "expert_feed_forward_length": 192}
 # lfm2: the layers that are short-convolution blocks (i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1), the convolution's width
 LFM2_CONV_EVERY, LFM2_L_CACHE = 3, 3
 Q = gguf.GGMLQuantizationType
@@ -220,6 +229,38 @@ def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int) -> None:
     blocks[..., :4] = dm.view(np.uint8)
     w.add_tensor(p + "ffn_down_exps.weight", blocks.reshape(MOE_EXPERTS, n_embd, per), raw_dtype=down.tensor_type)
     w.add_tensor(p + "ffn_gate_inp.weight", _router_weight(n_embd, layer))
+
+
+def _smooth(n: int, layer: int, phase: float, amp: float, offset: float = 0.0) -> np.ndarray:
+    """f32 [n]: offset + amp * a fixed smooth pattern varied by index and layer (biases, sinks)."""
+    i = np.arange(n, dtype=np.float64)
+    return (offset + amp * np.sin(0.71 * i + 0.53 * layer + phase)).astype(np.float32)
+
+
+def _gpt_oss_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, n_embd: int, n_head: int, head_dim: int,
+                     n_head_kv: int) -> None:
+    """gpt-oss's additions to layer `layer` (see the variant): biases, sinks, MXFP4 experts and their biases."""
+    p = f"blk.{layer}."
+    w.add_tensor(p + "attn_q.bias", _smooth(n_head * head_dim, layer, 0.0, 0.05))
+    w.add_tensor(p + "attn_k.bias", _smooth(n_head_kv * head_dim, layer, 1.0, 0.05))
+    w.add_tensor(p + "attn_v.bias", _smooth(n_head_kv * head_dim, layer, 2.0, 0.02))
+    w.add_tensor(p + "attn_output.bias", _smooth(n_embd, layer, 3.0, 0.02))
+    w.add_tensor(p + "attn_sinks.weight", _smooth(n_head, layer, 4.0, 1.5, 0.5))  # about the scores' range
+    gate, up, down = (tensors[p + n] for n in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))
+    dense = lambda t: gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(  # noqa: E731
+        int(t.shape[1]), int(t.shape[0])).astype(np.float32)
+    for t, name in ((gate, "ffn_gate_exps"), (up, "ffn_up_exps")):  # expert e: rows [e * MOE_FF, (e + 1) * MOE_FF)
+        blocks = gguf.quants.quantize(dense(t), Q.MXFP4)
+        w.add_tensor(p + name + ".weight", blocks.reshape(MOE_EXPERTS, MOE_FF, -1), raw_dtype=Q.MXFP4)
+    d = dense(down) * MOE_DOWN_SCALE  # [n_embd, n_ff]: expert e's columns [e * MOE_FF, (e + 1) * MOE_FF)
+    cols = d.reshape(n_embd, MOE_EXPERTS, MOE_FF).transpose(1, 0, 2).reshape(MOE_EXPERTS * n_embd, MOE_FF)
+    w.add_tensor(p + "ffn_down_exps.weight", gguf.quants.quantize(np.ascontiguousarray(cols), Q.MXFP4).reshape(
+        MOE_EXPERTS, n_embd, -1), raw_dtype=Q.MXFP4)
+    w.add_tensor(p + "ffn_gate_inp.weight", _router_weight(n_embd, layer))
+    w.add_tensor(p + "ffn_gate_inp.bias", _smooth(MOE_EXPERTS, layer, 5.0, 0.3))
+    w.add_tensor(p + "ffn_gate_exps.bias", _smooth(MOE_EXPERTS * MOE_FF, layer, 6.0, 0.05).reshape(MOE_EXPERTS, MOE_FF))
+    w.add_tensor(p + "ffn_up_exps.bias", _smooth(MOE_EXPERTS * MOE_FF, layer, 7.0, 0.05, -1.0).reshape(MOE_EXPERTS, MOE_FF))
+    w.add_tensor(p + "ffn_down_exps.bias", _smooth(MOE_EXPERTS * n_embd, layer, 8.0, 0.02).reshape(MOE_EXPERTS, n_embd))
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
@@ -415,7 +456,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     if arch != SOURCE_ARCH.get(variant, "llama"):
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
-                "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2"}.get(variant, arch)
+                "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss"}.get(variant, arch)
     moe = variant in ("qwen3moe", "mixtral")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
@@ -425,7 +466,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     name = f"{gf.get('general.name')} ({label} derivative, for tests)" if "general.name" in r.fields else None
     values = {"general.name": name} if name else {}
     extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV,
-             "mistral3": MISTRAL3_KV}.get(variant, {})
+             "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}}.get(variant, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
     if moe:  # (qwen3moe reads its own key; llama's experts have feed_forward_length rows)
         values[f"{new_arch}.{'expert_feed_forward_length' if variant == 'qwen3moe' else 'feed_forward_length'}"] = MOE_FF
@@ -448,6 +489,24 @@ def derive(variant: str, src: str, dst: str) -> None:
         finish(w)
         return
     n_embd = int(kv[f"{new_arch}.embedding_length"])
+    if variant == "gpt-oss":
+        n_kv = int(kv[f"{new_arch}.attention.head_count_kv"])
+        for t in r.tensors:
+            if t.name.endswith((".ffn_gate.weight", ".ffn_up.weight")):
+                continue
+            if t.name.endswith(".ffn_down.weight"):
+                _gpt_oss_tensors(w, tensors, int(t.name.split(".")[1]), n_embd, n_head, head_dim, n_kv)
+            elif t.name.endswith(".ffn_norm.weight"):
+                w.add_tensor(t.name.replace(".ffn_norm.", ".post_attention_norm."), np.asarray(t.data))
+            elif t.name.endswith((".attn_q.weight", ".attn_k.weight")):
+                w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
+            else:
+                add_tensor_as_is(w, t)
+        if "output.weight" not in tensors:  # (llama.cpp's gpt-oss graph has no tied output: a copy of the embedding)
+            emb = tensors["token_embd.weight"]
+            w.add_tensor("output.weight", np.asarray(emb.data), raw_dtype=emb.tensor_type)
+        finish(w)
+        return
     conv_layer = lambda name: (variant == "lfm2" and name.startswith("blk.")  # noqa: E731
                                and int(name.split(".")[1]) % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1)
     for t in r.tensors:

@@ -21,7 +21,7 @@ Q = gguf.GGMLQuantizationType
 # Every type the four known models use, plus the neighbours llama.cpp users expect.
 SUPPORTED_TYPES = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
-     Q.Q6_K, Q.IQ4_XS}
+     Q.Q6_K, Q.IQ4_XS, Q.MXFP4}
 )
 
 
@@ -41,7 +41,7 @@ def _kernels():
 # 256 with an f32 scale (Q8_K) for the K-quants, and fp16 activations for F16 weights. Rounding
 # the activations the same way is what makes greedy output match llama.cpp token for token on
 # these small 4-bit models, whose top logits are often within 1-2% of each other.
-_ACT_Q8_32 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL})
+_ACT_Q8_32 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4})
 _ACT_Q8_K = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS})
 MATCH_LLAMA_CPP = os.environ.get("SHARPI_ACT_QUANT", "1") != "0"
 

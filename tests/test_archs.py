@@ -1,6 +1,6 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
-Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, two MoE graphs, Q2_K / Q3_K / Q5_K / Q4_0 / IQ4_NL /
-IQ4_XS, F32 / F16 / BF16), against llama.cpp.
+Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, three MoE graphs (gpt-oss among them), Q2_K / Q3_K / Q5_K /
+Q4_0 / IQ4_NL / IQ4_XS / MXFP4, F32 / F16 / BF16), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
 the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
@@ -33,7 +33,7 @@ _spec = importlib.util.spec_from_file_location("gguf_derive", ROOT / "scripts" /
 gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
-MOE_VARIANTS = ("qwen3moe", "mixtral")
+MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss")
 CPU_ONLY = MOE_VARIANTS + ("lfm2",)  # (the GPU backend refuses them)
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
@@ -306,6 +306,40 @@ def test_mixture_of_experts(derived):
         assert ex.router.qtype == gguf_derive.Q.F32 and (ex.router.n, ex.router.k) == (E, c.n_embd)
         with pytest.raises(SharpiError, match="mixture-of-experts model runs on the CPU only"):
             CudaTransformer(model, ops=cuda_fake)
+
+
+def test_gpt_oss(derived):
+    """gpt-oss as llama.cpp's openai-moe loader reads it: the even layers slide, YaRN on every layer, biases and
+    sinks where its graph adds them, the FFN norm from post_attention_norm, MXFP4 experts with their biases
+    (rows of the stacked tensors), softmax_weight gating and SwiGLU-OAI; a file without its window refused."""
+    Q = gguf_derive.Q
+    c = config_from_gguf(GGUFFile(derived["gpt-oss"]))
+    kv = gguf_derive.GPT_OSS_KV
+    assert (c.arch, c.rope_style, c.qkv_bias, c.attn_out_bias, c.attn_sinks, c.post_norms) == ("gpt-oss", "neox", True, True, True, False)
+    assert (c.act, c.expert_gating, c.moe_bias, c.n_expert, c.n_expert_used, c.n_ff_exp) == (
+        "swiglu_oai", "softmax_weight", True, gguf_derive.MOE_EXPERTS, gguf_derive.MOE_USED, gguf_derive.MOE_FF)
+    assert c.sliding_window == kv["attention.sliding_window"] and c.swa_layers == tuple(i % 2 == 0 for i in range(c.n_layer))
+    assert c.rope_scaling == "yarn" and c.yarn[0] == 1.0 and c.layer_rope(0) == c.layer_rope(1) == (c.rope_base, 0.25)
+    model, _ = loaded(derived["gpt-oss"])
+    gf = GGUFFile(derived["gpt-oss"])
+    ly, ex = model.layers[3], model.layers[3].experts
+    assert torch.equal(ly.ffn_norm, torch.from_numpy(np.asarray(gf.tensor("blk.3.post_attention_norm.weight").data)))
+    assert ly.post_attn_norm is None and ly.sinks.shape == (c.n_head,) and ly.bo.shape == (c.n_embd,)
+    assert {w.qtype for w in ex.gate + ex.up + ex.down} == {Q.MXFP4} and ex.router.qtype == Q.F32
+    up_b = np.asarray(gf.tensor("blk.3.ffn_up_exps.bias").data).reshape(c.n_expert, c.n_ff_exp)
+    assert torch.equal(ex.up_b[5], torch.from_numpy(up_b[5])) and ex.down_b.shape == (c.n_expert, c.n_embd)
+    assert np.array_equal(ex.down[2].raw, np.asarray(gf.tensor("blk.3.ffn_down_exps.weight").data)[2])
+    # SwiGLU-OAI: x = min(g, 7), x * sigmoid(1.702 x) * (clamp(u, -7, 7) + 1), with or without the kernel
+    gu = torch.tensor([[9.0, -3.0, 0.5, 2.0, 8.0, -9.0]])
+    x, u = torch.tensor([7.0, -3.0, 0.5]), torch.tensor([2.0, 7.0, -7.0])
+    want = x * torch.sigmoid(1.702 * x) * (u + 1)
+    torch.testing.assert_close(model._glu(gu, 3), want[None])  # (3 columns: the torch path; test_ops: the kernel)
+    from sharpi_core.models.config import _gpt_oss  # noqa: PLC0415
+    with pytest.raises(SharpiError, match="attention.sliding_window"):
+        _gpt_oss(_Meta("gpt-oss", {}), {"n_layer": 2, "rope_base": 1e4, "rope_freq_scale": 1.0, "swa_pattern": 2,
+                                        "tied_output": False})
+    with pytest.raises(SharpiError, match="output.weight. is missing"):
+        _gpt_oss(_Meta("gpt-oss", {"attention.sliding_window": 128}), {"tied_output": True})
 
 
 def test_expert_metadata_is_checked():

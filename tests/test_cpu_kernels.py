@@ -25,7 +25,7 @@ from sharpi_core.kernels import cpu
 Q = gguf.GGMLQuantizationType
 REL_TOL = 1e-5
 TS = (1, 2, 4, 5, 8, 16, 64)
-LEGACY = (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL)
+LEGACY = (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4)
 KQUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)  # (IQ4_XS: super-blocks and Q8_K too)
 ALL_TYPES = LEGACY + KQUANTS
 
@@ -66,6 +66,13 @@ def random_raw(qtype, n: int, k: int, seed: int = 0) -> np.ndarray:
         raw = rng.integers(0, 256, (n, k // 32, 18), dtype=np.uint8)
         raw[..., :2] = rng.uniform(1e-4, 3e-2, (n, k // 32)).astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
         raw[0, 0, :2] = 0
+        return raw.reshape(n, -1)
+    if qtype == Q.MXFP4:  # gguf's quantizer, then every exponent (2^-128 .. 2^127 times the codes) somewhere
+        w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 2.0, (n, 1))).astype(np.float32)
+        raw = gguf.quants.quantize(w, qtype).view(np.uint8).reshape(n, k // 32, 17)
+        raw[0, 0, 0] = 0  # 2^-128: a denormal scale
+        raw[1, 0, 0] = 1
+        raw[2, 0, 0] = 140  # large, finite products
         return raw.reshape(n, -1)
     if qtype in LEGACY:
         w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 2.0, (n, 1))).astype(np.float32)
@@ -652,8 +659,16 @@ def f16(raw, off):
     return raw[..., off:off + 2].copy().view(np.float16)[..., 0].astype(F32)
 
 
+def e8m0_half(e):
+    """MXFP4's block scale 2^(e - 128) (exact in fp32, denormal for e < 2)"""
+    return np.ldexp(np.float64(1.0), e.astype(np.int64) - 128).astype(F32)
+
+
 def legacy_codes(blk, qtype):
     """[n, nb, bytes] blocks -> (signed weight codes [n, nb, 32] (int64), d_w, m_w or None)"""
+    if qtype == Q.MXFP4:
+        qs = blk[:, :, 1:17].astype(np.int64)
+        return MXFP4_VALUES[np.concatenate([qs & 15, qs >> 4], axis=-1)], e8m0_half(blk[:, :, 0]), None
     d = f16(blk, 0)
     if qtype == Q.Q8_0:
         return blk[:, :, 2:34].view(np.int8).astype(np.int64), d, None
@@ -670,6 +685,7 @@ def legacy_codes(blk, qtype):
 
 
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)  # twice E2M1's values
 
 
 def ggml_legacy_order(x, raw, qtype, n, k):
@@ -681,7 +697,7 @@ def ggml_legacy_order(x, raw, qtype, n, k):
     t, nb = x.shape[0], k // 32
     w, dw, mw = legacy_codes(np.asarray(raw).reshape(n, nb, -1), qtype)
     c = codes.numpy().astype(np.int64).reshape(t, nb, 32)
-    if qtype in (Q.Q4_0, Q.IQ4_NL) and n % 8 == 0:
+    if qtype in (Q.Q4_0, Q.IQ4_NL, Q.MXFP4) and n % 8 == 0:
         I = np.einsum("nbe,tbe->ntb", w, c).astype(F32)
         y = np.zeros((n, t), F32)
         for b in range(nb):
@@ -870,13 +886,13 @@ def ggml_k2bit_order(x, raw, qtype, n, k, mode: str):
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.IQ4_NL, Q.MXFP4, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
                                    Q.Q6_K, Q.IQ4_XS), ids=lambda q: q.name)
 def test_act_quant_sums_in_llama_cpp_order(qtype):
     """Bit for bit the floats of llama.cpp's AVX2 CPU backend: decoding rows (prompt=False) in its
     one-token order, prompt=True in its prompt-processing order (Q4_K, Q2_K: gemm on the first
     T - T % 4 rows, gemv on the rest; Q6_K, Q5_K, Q3_K, IQ4_XS: the tiled matmul from 8 rows on; the legacy
-    types: one order; Q4_0 / IQ4_NL: the repacked one for 24 rows, vec_dot's for 22)."""
+    types: one order; Q4_0 / IQ4_NL / MXFP4: the repacked one for 24 rows, vec_dot's for 22)."""
     n, k = 24, 768 if qtype in KQUANTS else 544
     raw = random_raw(qtype, n, k, seed=11)
     rawt = torch_view(raw)

@@ -18,9 +18,10 @@ from sharpi_core.quants import activation_for, quantize_q8_blocks
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="CPU kernels unavailable")
 
 
-def reference(q, cache, start, window, scale, softcap=0.0, fa=False):
+def reference(q, cache, start, window, scale, softcap=0.0, fa=False, sinks=None):
     """softcap: on the scaled scores with flash attention (llama.cpp folds 1/softcap into its scale), on the
-    raw ones without it (then the softmax's scale)."""
+    raw ones without it (then the softmax's scale). sinks [H]: one more logit per head in the softmax, with
+    no value (gpt-oss)."""
     T, H, D = q.shape
     L = start + T
     K, V = cache.k.read(0, L), cache.v.read(0, L)  # [L, Hkv, D]
@@ -35,7 +36,8 @@ def reference(q, cache, start, window, scale, softcap=0.0, fa=False):
                 sc = softcap * torch.tanh(sc * scale / softcap) / scale
             elif softcap:
                 sc = softcap * torch.tanh(sc / softcap)
-            p = torch.softmax(sc * scale, 0).float()
+            p = torch.softmax(sc * scale if sinks is None else torch.cat((sc * scale, sinks[h:h + 1].double())), 0)
+            p = p[:pos + 1 - lo].float()
             if cache.v.kind == "f16":
                 p = p.half().float()
             out[t, h] = (p.double() @ V[lo:pos + 1, h // G].double()).float()
@@ -89,6 +91,22 @@ def test_attention_matches_reference_and_rows_are_batch_invariant(mode, kind, wi
         torch.set_num_threads(n)
 
 
+def pass_case(mode, kind, seed, H, Hkv, D, q_scale):
+    """A 100-position cache of `kind` and a pass's q for `mode` (70 rows for a prompt pass: the tiled kernel,
+    else 5), the q the reference takes, its tolerance -> (cache, q, q_ref, tol, T, L, fa, generator)."""
+    g = torch.Generator().manual_seed(seed)
+    L = 100
+    cache = KVCache(1, 128, Hkv, D, D, kind, kind)
+    cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
+    cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
+    T = 70 if mode == cpu.ATTN_FA_PROMPT else 5
+    q = q_for(torch.randn(T, H, D, generator=g) * q_scale, cache, mode)
+    fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
+    q_ref = activation_for(q, cache.k.qtype) if fa and kind == "q8_0" else q
+    tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-3, atol=1e-3)
+    return cache, q, q_ref, tol, T, L, fa, g
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
 def test_attention_softcap(mode, kind):
@@ -96,16 +114,7 @@ def test_attention_softcap(mode, kind):
     prompt pass long enough for the tiled kernel (>= 64 rows), against the reference; the cap changes
     the result (the scores reach past it)."""
     mode = MODES[mode]
-    g = torch.Generator().manual_seed(7)
-    H, Hkv, D, L = 4, 1, 256, 100
-    cache = KVCache(1, 128, Hkv, D, D, kind, kind)
-    cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
-    cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
-    T = 70 if mode == cpu.ATTN_FA_PROMPT else 5
-    q = q_for(torch.randn(T, H, D, generator=g) * 0.5, cache, mode)
-    fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
-    q_ref = activation_for(q, cache.k.qtype) if fa and kind == "q8_0" else q
-    tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-3, atol=1e-3)
+    cache, q, q_ref, tol, T, L, fa, _ = pass_case(mode, kind, 7, 4, 1, 256, 0.5)
     for scale in (1.0, 0.0625):
         out = cpu.attention(q, cache.k, cache.v, 0, L - T, 37, scale, mode, softcap=10.0)
         torch.testing.assert_close(out, reference(q_ref, cache, L - T, 37, scale, softcap=10.0, fa=fa), **tol)
@@ -113,6 +122,24 @@ def test_attention_softcap(mode, kind):
         assert (out - plain).abs().max() > 0.05
         if mode != cpu.ATTN_FA_PROMPT:  # rows alone are the rows of the pass
             assert torch.equal(cpu.attention(q[2:3], cache.k, cache.v, 0, L - T + 2, 37, scale, mode, softcap=10.0)[0], out[2])
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+def test_attention_sinks(mode, kind):
+    """gpt-oss's attention sinks (one logit per head in the softmax's denominator) in every mode and cache
+    type, a tiled prompt pass (>= 64 rows) included, against the reference; rows alone are the pass's."""
+    mode = MODES[mode]
+    H = 8
+    cache, q, q_ref, tol, T, L, fa, g = pass_case(mode, kind, 17, H, 2, 64, 1.0)
+    sk = sink_logits(H, g)
+    out = cpu.attention(q, cache.k, cache.v, 0, L - T, 37, 0.125, mode, sinks=sk)
+    torch.testing.assert_close(out, reference(q_ref, cache, L - T, 37, 0.125, sinks=sk), **tol)
+    assert (out - cpu.attention(q, cache.k, cache.v, 0, L - T, 37, 0.125, mode)).abs().max() > 0.05
+    if mode != cpu.ATTN_FA_PROMPT:
+        assert torch.equal(cpu.attention(q[2:3], cache.k, cache.v, 0, L - T + 2, 37, 0.125, mode, sinks=sk)[0], out[2])
+    with pytest.raises(ValueError):
+        cpu.attention(q, cache.k, cache.v, 0, L - T, 37, 0.125, mode, sinks=sk[:4])
 
 
 def test_softcap_is_libm_tanhf_in_float_steps():
@@ -243,6 +270,21 @@ def test_glu_silu_is_ggml_swiglu_bit_for_bit():
                                rtol=2e-6, atol=1e-6)
 
 
+def test_glu_swiglu_oai_is_ggml_bit_for_bit():
+    """gpt-oss's activation as ggml_swiglu_oai computes it: x = min(g, 7), x / (1 + expf(1.702f * -x)) with
+    libm's expf, times clamp(u, -7, 7) + 1, each in float; the clamps bite (values past +-7 on both sides)."""
+    g = torch.Generator().manual_seed(5)
+    n = 96
+    gu = torch.randn(3, 2 * n, generator=g) * 5
+    gu[0, :4] = torch.tensor([7.0, 9.5, -60.0, 0.0])
+    got = cpu.glu(gu, n, "swiglu_oai").numpy()
+    x, u = np.minimum(gu[:, :n].numpy(), np.float32(7)), np.clip(gu[:, n:].numpy(), np.float32(-7), np.float32(7))
+    e = np.array([libm_expf(np.float32(1.702) * np.float32(-v)) for v in x.ravel()], np.float32).reshape(x.shape)
+    want = ((x / (np.float32(1) + e)).astype(np.float32) * (u + np.float32(1))).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert (np.abs(gu[:, n:].numpy()) > 7).any() and (gu[:, :n].numpy() > 7).any()
+
+
 def test_glu_gelu_uses_ggml_fp16_table():
     g = torch.Generator().manual_seed(4)
     n = 2048
@@ -275,10 +317,11 @@ def each_row_head(q, cache, start, window):
             yield t, h, lo, pos, K[:, h // G], V[:, h // G], q[t, h].numpy()
 
 
-def attention_ggml_non_fa(q, cache, start, window, scale, decode_order):
+def attention_ggml_non_fa(q, cache, start, window, scale, decode_order, sinks=None):
     """llama.cpp's non-flash-attention CPU path (-fa off) on an AVX-512 build, emulated in numpy for an
     f16 cache: KQ and KQV by tinyBLAS (16 lanes, passes of >= 2 rows) or by ggml_vec_dot_f16 (4 x 16
-    lanes, one row), softmax by ggml_vec_soft_max_f32 (groups of 16 counted from position 0)."""
+    lanes, one row), softmax by ggml_vec_soft_max_f32 (groups of 16 counted from position 0); with sinks,
+    ggml_soft_max_ext's: the head's sink joins the max, libm's expf of it the double sum."""
     nl = 64 if decode_order else 16
     reduce = vec_dot_reduce if decode_order else reduce16
     out = np.empty((*q.shape[:2], cache.v.q.shape[-1]), np.float32)
@@ -288,10 +331,13 @@ def attention_ggml_non_fa(q, cache, start, window, scale, decode_order):
         for d in range(0, len(qh), nl):
             acc = _fma(Kh[:, d:d + nl], qh[d:d + nl], acc)
         s = (reduce(acc) * np.float32(scale)).astype(np.float32)
-        e = ggml_expf_avx512((s - s.max()).astype(np.float32))
+        mx = s.max() if sinks is None else max(s.max(), sinks[h])
+        e = ggml_expf_avx512((s - mx).astype(np.float32))
         grp = np.zeros(((lo % 16) + len(e) + 15) // 16 * 16, np.float32)
         grp[lo % 16:lo % 16 + len(e)] = e
         total = sum(float(v) for v in reduce16(grp.reshape(-1, 16)))
+        if sinks is not None:
+            total += float(libm_expf(np.float32(sinks[h]) - mx))
         p = (e * np.float32(1.0 / total)).astype(np.float32).astype(np.float16).astype(np.float32)
         lanes = np.zeros((nl, Vh.shape[1]), np.float32)
         for j in range(len(p)):
@@ -301,19 +347,23 @@ def attention_ggml_non_fa(q, cache, start, window, scale, decode_order):
     return torch.from_numpy(out)
 
 
+@pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("decode_order", [False, True])
 @pytest.mark.parametrize("window", [0, 37])
-def test_attention_is_llamacpp_non_fa_bit_for_bit(window, decode_order):
+def test_attention_is_llamacpp_non_fa_bit_for_bit(window, decode_order, sinks):
     g = torch.Generator().manual_seed(7 + window)
     H, Hkv, D, L, T = 6, 2, 64, 83, 3
     cache = KVCache(1, 128, Hkv, D, D, "f16", "f16")
     cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
     cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
     q = activation_for(torch.randn(T, H, D, generator=g), cache.k.qtype)
+    sk = sink_logits(H, g) if sinks else None
     modes = (cpu.ATTN_TINYBLAS, cpu.ATTN_VEC_DOT)
-    got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, modes[decode_order])
-    assert torch.equal(got, attention_ggml_non_fa(q, cache, L - T, window, 0.125, decode_order))
-    assert not torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, modes[not decode_order]))
+    got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, modes[decode_order], sinks=sk)
+    assert torch.equal(got, attention_ggml_non_fa(q, cache, L - T, window, 0.125, decode_order,
+                                                  None if sk is None else sk.numpy()))
+    assert not torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, modes[not decode_order],
+                                              sinks=sk))
 
 
 def fa_chunk_ggml(qh, Kh, Vh, scale):
@@ -395,7 +445,20 @@ def _dot_vec_dot(k, q):
     return vec_dot_reduce(acc)
 
 
-def fa_tiled_ggml(qh, K, V, lo, pos, scale):
+def fa_sink_ggml(s, M, S, acc, fused):
+    """ggml's attention sink after a row's first KV chunk (fp32 accumulator): a new max rescales, else the
+    sum gains expf(s - M); S * ms + vs one FMA in the tiled kernel (fused), a multiply and an add in the
+    one-chunk kernel, as GCC compiled the fixtures' build."""
+    s, ms, vs = np.float32(s), np.float32(1), np.float32(1)
+    if s > M:
+        ms, M = libm_expf(M - s), s
+        acc = (acc * ms).astype(np.float32)
+    else:
+        vs = libm_expf(s - M)
+    return M, _fma(S, ms, vs) if fused else np.float32(np.float32(S * ms) + vs), acc
+
+
+def fa_tiled_ggml(qh, K, V, lo, pos, scale, sink=None):
     """ggml_compute_forward_flash_attn_ext_tiled for one row: KV tiles of 64 from position 0, scores as
     one fp32 FMA chain over the head dims (q in fp32), per tile max / expf rescale / the tile's exps
     (ggml_v_expf) summed in groups of 16 into the float S, V accumulated in fp32 position by position."""
@@ -419,19 +482,23 @@ def fa_tiled_ggml(qh, K, V, lo, pos, scale):
         S = np.float32(float(S) + sum(float(v) for v in reduce16(e.reshape(4, 16))))
         for i in idx:
             acc = _fma(V[i], e[i - t0], acc)
+    if sink is not None:
+        M, S, acc = fa_sink_ggml(sink, M, S, acc, True)
     return (acc * np.float32(0 if S == 0 else np.float32(1) / S)).astype(np.float32)
 
 
-def attention_ggml_fa(q, cache, start, window, scale, mode, n_ctx):
+def attention_ggml_fa(q, cache, start, window, scale, mode, n_ctx, sinks=None):
     """llama.cpp's flash attention on an AVX-512 build with 2 threads (the fixtures' build), f16 cache:
     a prompt pass of >= 64 rows tiled, shorter passes one chunk per row; a decoding row one chunk, or
     two (the KV range padded to 256 positions split in halves) merged as ggml_flash_attn_ext_reduce_
-    partials does once that padded length reaches 512."""
+    partials does once that padded length reaches 512. sinks [H]: each head's sink, added to the state of
+    the first chunk (computed even when none of its positions is visible)."""
     T = q.shape[0]
     out = np.empty((*q.shape[:2], cache.v.q.shape[-1]), np.float32)
     for t, h, lo, pos, Kh, Vh, qh in each_row_head(q, cache, start, window):
+        sink = None if sinks is None else sinks[h]
         if mode == cpu.ATTN_FA_PROMPT and T >= 64:
-            out[t, h] = fa_tiled_ggml(qh, Kh, Vh, lo, pos, scale)
+            out[t, h] = fa_tiled_ggml(qh, Kh, Vh, lo, pos, scale, sink)
             continue
         n_kv = min(n_ctx, (pos + 1 + 255) // 256 * 256)
         chunks = [(lo, pos + 1)]
@@ -439,10 +506,12 @@ def attention_ggml_fa(q, cache, start, window, scale, mode, n_ctx):
             cs = n_kv // 2
             chunks = [(max(lo, c * cs), min((c + 1) * cs, pos + 1)) for c in range(2)]
         M, S, acc = np.float32(-np.inf), np.float32(0), np.zeros(Vh.shape[1], np.float32)
-        for a, b in chunks:
-            if a >= b:
+        for c, (a, b) in enumerate(chunks):
+            if a >= b and not (c == 0 and sink is not None):
                 continue
             mc, sc, part = fa_chunk_ggml(qh, Kh[a:b], Vh[a:b], scale)
+            if c == 0 and sink is not None:
+                mc, sc, part = fa_sink_ggml(sink, mc, sc, part, False)
             if len(chunks) == 1:
                 M, S, acc = mc, sc, part
                 continue
@@ -468,8 +537,16 @@ FA_CASES = {  # L, T, mode, window, H, Hkv
 }
 
 
+def sink_logits(H, g):
+    """Sink logits [H] around the scaled scores' range (some above every score of a row, some far below)."""
+    s = torch.randn(H, generator=g) * 2
+    s[0], s[-1] = 8.0, -30.0
+    return s
+
+
+@pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("case", list(FA_CASES))
-def test_attention_is_llamacpp_flash_attention_bit_for_bit(case):
+def test_attention_is_llamacpp_flash_attention_bit_for_bit(case, sinks):
     g = torch.Generator().manual_seed(11)
     D = 64
     L, T, mode, window, H, Hkv = FA_CASES[case]
@@ -477,8 +554,11 @@ def test_attention_is_llamacpp_flash_attention_bit_for_bit(case):
     cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
     cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
     q = torch.randn(T, H, D, generator=g)
-    got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, mode)
-    assert torch.equal(got, attention_ggml_fa(q, cache, L - T, window, 0.125, mode, 1024))
+    sk = sink_logits(H, g) if sinks else None
+    got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, mode, sinks=sk)
+    assert torch.equal(got, attention_ggml_fa(q, cache, L - T, window, 0.125, mode, 1024, None if sk is None else sk.numpy()))
+    if sinks:  # (they take weight from every row)
+        assert not torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, mode))
 
 
 def test_rope_is_ggml_rope_bit_for_bit():

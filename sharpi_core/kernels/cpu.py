@@ -38,7 +38,7 @@ Q = gguf.GGMLQuantizationType
 
 SUPPORTED: frozenset = frozenset(  # (F32: weights whose rows are multiples of 64, see qmatmul)
     {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-     Q.IQ4_XS}
+     Q.IQ4_XS, Q.MXFP4}
 )
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
@@ -47,7 +47,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 10
+_ABI = 11
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -61,7 +61,7 @@ GEMM_TILE_BYTES = 2 << 20
 _BLOCK = {  # type -> (elements, bytes) per block
     Q.F32: (64, 256), Q.F16: (32, 64), Q.BF16: (32, 64), Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22),
     Q.Q5_1: (32, 24), Q.Q8_0: (32, 34), Q.IQ4_NL: (32, 18), Q.Q2_K: (256, 84), Q.Q3_K: (256, 110), Q.Q4_K: (256, 144),
-    Q.Q5_K: (256, 176), Q.Q6_K: (256, 210), Q.IQ4_XS: (256, 136),
+    Q.Q5_K: (256, 176), Q.Q6_K: (256, 210), Q.IQ4_XS: (256, 136), Q.MXFP4: (32, 17),
 }
 
 _lock = threading.Lock()
@@ -206,7 +206,7 @@ def _bind_ctypes(path: Path) -> None:
     g.restype = c_int
     a = lib.sharpi_attention
     a.argtypes = [c_void_p, *[c_long] * 5, c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_int, c_long, c_long,
-                  ctypes.c_float, ctypes.c_float, c_int, c_int, c_long, c_void_p, c_int]
+                  ctypes.c_float, ctypes.c_float, c_int, c_int, c_long, c_void_p, c_void_p, c_int]
     a.restype = c_int
     r = lib.sharpi_rms_norm
     r.argtypes = [c_void_p, c_void_p, c_long, c_long, ctypes.c_float, c_void_p]
@@ -490,7 +490,7 @@ def _gemm_act(x, raw, code, n, k, rb, out, qtype):
 
 
 _ACT_Q8K = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS})
-_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q4_K_R4, Q4_1_R4}) | _ACT_Q8K
+_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4, Q4_K_R4, Q4_1_R4}) | _ACT_Q8K
 _ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1, Q4_1_R4})
 
 
@@ -640,7 +640,7 @@ def store_q8_0(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> None:
     _sq8(x.data_ptr(), nb, codes.data_ptr(), d.data_ptr())
 
 
-_GLU_ACT = {"silu": 0, "gelu_tanh": 1}
+_GLU_ACT = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
@@ -683,7 +683,8 @@ def short_conv(ext: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def glu(gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
     """gu fp32 [T, 2 * n_ff] (gate then up) -> act(gate) * up [T, n_ff], as llama.cpp's fused ops
-    compute it on x86: silu through ggml's vectorized expf, gelu (tanh) through its fp16 table."""
+    compute it on x86: silu through ggml's vectorized expf, gelu (tanh) through its fp16 table, swiglu_oai
+    (gpt-oss) element by element with libm's expf."""
     if _glu is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     gu = gu.contiguous()
@@ -704,12 +705,13 @@ ATTN_TINYBLAS, ATTN_VEC_DOT, ATTN_FA_PROMPT, ATTN_FA_DECODE = 0, 1, 2, 3
 
 
 def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window: int, scale: float,
-              mode: int = ATTN_FA_PROMPT, softcap: float = 0.0) -> torch.Tensor:
+              mode: int = ATTN_FA_PROMPT, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D] against one layer of the KV cache -> [T, H, Dv]. Row t is at position start + t and
     sees keys [start + t - window + 1 (or 0), start + t]. k_store / v_store are kv_cache stores: `.q`
     [n_layer, capacity, Hkv, D] in f32 / f16 / int8, `.d` the q8_0 scales, `.kind`. softcap > 0: the
     scores pass through softcap * tanh(score / softcap) where llama.cpp applies it (Gemma 2's attention
-    logit softcapping).
+    logit softcapping). sinks: fp32 [H], each head's attention sink logit (gpt-oss; one more term in the
+    softmax's denominator, with no value), as ggml adds it.
 
     `mode` is how llama.cpp's CPU backend would compute this pass (see ops.c): without flash
     attention, q must come rounded to the K cache's vec_dot type (ATTN_TINYBLAS for prompt passes,
@@ -729,9 +731,11 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     kd = k_store.d[layer].data_ptr() if k_store.kind == "q8_0" else 0
     vd = v_store.d[layer].data_ptr() if v_store.kind == "q8_0" else 0
     out = torch.empty((T, H, Dv), dtype=_F32)
+    if sinks is not None and (sinks.dtype is not _F32 or sinks.shape != (H,) or not sinks.is_contiguous()):
+        raise ValueError(f"attention: sinks must be contiguous fp32 [{H}]")
     rc = _att(q.data_ptr(), T, H, Hkv, D, Dv, kq.data_ptr(), kd, _KV_CODE[k_store.kind], vq.data_ptr(), vd,
               _KV_CODE[v_store.kind], start, window, float(scale), float(softcap), int(v_store.kind == "f16"), mode, kq.shape[0],
-              out.data_ptr(), torch.get_num_threads())
+              0 if sinks is None else sinks.data_ptr(), out.data_ptr(), torch.get_num_threads())
     if rc:
         raise ValueError(f"attention: kernel rejected D={D} Dv={Dv} H={H} Hkv={Hkv} ({k_store.kind}/{v_store.kind})")
     return out

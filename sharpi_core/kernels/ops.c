@@ -9,7 +9,10 @@
  * sharpi_attention: out[T, H, Dv] = softmax(cap(q K^T) * scale + mask) V, cap the identity or, with a
  * logit softcap c > 0 (Gemma 2), c * tanhf(s / c) where llama.cpp computes it: flash attention folds
  * the 1/c into its scale (s * (scale / c), then c * tanhf, libm's), the other path scales by 1/c,
- * tanhf, times c, then the softmax's scale.
+ * tanhf, times c, then the softmax's scale. With sinks (gpt-oss: one logit per head, NULL for none) the
+ * softmax's denominator has one more term, exp(sink - max), as ggml adds it: flash attention folds it into
+ * the first KV chunk's state at that chunk's end (fa_sink), the other path puts the sink into the max and
+ * its exp into the double sum.
  *
  * One (query row, head) pair is computed by one thread in a fixed order, so its result does not
  * depend on T or on the thread count: a speculative verify pass of k+1 rows reproduces k+1
@@ -349,12 +352,31 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
 }
 
 /* A flash-attention row task: query row q (K's vec_dot type), KV head g, visible positions [lo, pos],
- * n_kv llama.cpp's KV length for it (FA_DECODE; 0: one chunk, FA_PROMPT), output row out[Dv]. */
+ * n_kv llama.cpp's KV length for it (FA_DECODE; 0: one chunk, FA_PROMPT), output row out[Dv], sink its
+ * head's attention sink logit (NULL: none). */
 typedef struct {
     const float *q;
     long g, lo, pos, n_kv;
     float *out;
+    const float *sink;
 } fa_row;
+
+/* An attention sink (gpt-oss): one more logit s in the softmax's denominator, with no value. ggml adds it
+ * to the first KV chunk's state once its positions are done (the accumulator in fp32 then): a new max
+ * rescales the accumulator and the sum by expf(m - s), else the sum gains expf(s - m). S * ms + vs: a
+ * multiply, then an add in the one-chunk kernel, one FMA in the tiled one (fused), as GCC compiled them
+ * (read from the fixtures' build: libllama's logits match so, bit for bit). */
+static void fa_sink(float s, float *m, float *sum, float *acc, long Dv, int fused) {
+    float ms = 1.0f, vs = 1.0f;
+    if (s > *m) {
+        ms = expf(*m - s);
+        *m = s;
+        for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(ms)));
+    } else {
+        vs = expf(s - *m);
+    }
+    *sum = fused ? fmaf(*sum, ms, vs) : *sum * ms + vs;
+}
 
 /* Flash attention of nr <= FA_CHAINS rows, each as llama.cpp computes it alone. A decoding row (its
  * one-row pass) whose KV length n_kv (positions padded to 256, at most the cache size) reaches 512
@@ -384,7 +406,8 @@ static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *k
                 const long cs = (r->n_kv + FA_SPLIT_THREADS - 1) / FA_SPLIT_THREADS;
                 a = c * cs > r->lo ? c * cs : r->lo;
                 b = (c + 1) * cs < r->pos + 1 ? (c + 1) * cs : r->pos + 1;
-                if (a >= b) continue; /* no visible position: S = 0, skipped */
+                if (a >= b && !(c == 0 && r->sink)) continue; /* no visible position: S = 0, skipped */
+                if (a > b) a = b; /* (the first chunk with a sink: empty, then the sink alone) */
             } else if (c > 0) {
                 continue;
             }
@@ -394,6 +417,7 @@ static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *k
         if (nc) fa_chunks(ch, nc, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, scale, softcap);
         for (int i = 0; i < nc; i++) {
             const int j = idx[i];
+            if (c == 0 && rows[j].sink) fa_sink(*rows[j].sink, &ch[i].m, &ch[i].sum, ch[i].acc, Dv, 0);
             if (!split[j]) {
                 m[j] = ch[i].m;
                 sum[j] = ch[i].sum;
@@ -420,7 +444,8 @@ static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *k
  * (fp32) gains the tile's probabilities times V, one FMA per position in order. kt: this KV head's K
  * as fp32, transposed: kt[d * ldk + position] (ggml packs each tile so too). */
 static void fa_tiled_row(const float *q, const float *kt, long ldk, const void *v, const uint16_t *vd, int v_type,
-                         long Hkv, long g, long D, long Dv, long lo, long pos, float scale, float softcap, float *out) {
+                         long Hkv, long g, long D, long Dv, long lo, long pos, float scale, float softcap, const float *sink,
+                         float *out) {
     float acc[512], p[FA_TILE_KV];
     float m = -INFINITY, sum = 0.0f;
     for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc + d, _mm512_setzero_ps());
@@ -474,6 +499,7 @@ static void fa_tiled_row(const float *q, const float *kt, long ldk, const void *
                 _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(p[i]), _mm512_loadu_ps(acc + d)));
         }
     }
+    if (sink) fa_sink(*sink, &m, &sum, acc, Dv, 1);
     const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
     for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(inv)));
 }
@@ -637,8 +663,10 @@ static void gelu_init(void) {
     __atomic_store_n(&gelu_ready, 1, __ATOMIC_RELEASE);
 }
 
-/* y[t, i] = act(gu[t, i]) * gu[t, n + i] for T rows of gu [T, 2n]; act 0: silu, 1: gelu (tanh).
- * Returns 1 when n is not a multiple of 16. */
+/* y[t, i] = act(gu[t, i]) * gu[t, n + i] for T rows of gu [T, 2n]; act 0: silu, 1: gelu (tanh), 2: gpt-oss's
+ * SwiGLU-OAI as ggml_swiglu_oai computes it (alpha 1.702, limit 7: x = min(g, 7), element by element
+ * x / (1 + expf(alpha * -x)) with libm's expf, times clamp(u, -7, 7) + 1). Returns 1 when n is not a
+ * multiple of 16. */
 int sharpi_glu(const float *gu, long T, long n, int act, float *y, int nthreads) {
     if (n % 16) return 1;
     if (act == 1 && !__atomic_load_n(&gelu_ready, __ATOMIC_ACQUIRE)) {
@@ -649,7 +677,13 @@ int sharpi_glu(const float *gu, long T, long n, int act, float *y, int nthreads)
     for (long t = 0; t < T; t++) {
         const float *g = gu + t * 2 * n, *u = g + n;
         float *yr = y + t * n;
-        if (act == 0) {
+        if (act == 2) {
+            const float alpha = 1.702f, limit = 7.0f;
+            for (long i = 0; i < n; i++) {
+                const float x = fminf(g[i], limit), y = fminf(fmaxf(u[i], -limit), limit);
+                yr[i] = x / (1.0f + expf(alpha * (-x))) * (y + 1.0f);
+            }
+        } else if (act == 0) {
             for (long i = 0; i < n; i += 16) {
                 const __m512 x = _mm512_loadu_ps(g + i);
                 const __m512 e = ggml_expf16(_mm512_sub_ps(_mm512_setzero_ps(), x));
@@ -671,7 +705,7 @@ int sharpi_glu(const float *gu, long T, long n, int act, float *y, int nthreads)
 int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                      const void *k, const uint16_t *kd, int k_type, const void *v, const uint16_t *vd, int v_type,
                      long start, long window, float scale, float softcap, int round_p_f16, int order, long n_ctx,
-                     float *out, int nthreads) {
+                     const float *sinks, float *out, int nthreads) {
     if (T <= 0) return 0;
     if (D % 16 || Dv % 16 || H % Hkv || (k_type == KV_Q8_0 && D % 32) || (v_type == KV_Q8_0 && Dv % 32)) return 1;
     if ((order == FA_PROMPT || order == FA_DECODE) && (D > 512 || Dv > 512)) return 1;
@@ -720,7 +754,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                     n_kv = n_kv > n_ctx ? n_ctx : n_kv;
                 }
                 rows[nr] = (fa_row){q16[nr], h / G, (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, pos,
-                                    n_kv, out + (t * H + h) * Dv};
+                                    n_kv, out + (t * H + h) * Dv, sinks ? sinks + h : NULL};
             }
             fa_rows(rows, nr, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, fa_scale, softcap);
         }
@@ -738,7 +772,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             const float *qr = q + (t * H + h) * D;
             if (tiled) {
                 fa_tiled_row(qr, kt + g * D * ldk, ldk, v, vd, v_type, Hkv, g, D, Dv, lo, pos, fa_scale, softcap,
-                             out + (t * H + h) * Dv);
+                             sinks ? sinks + h : NULL, out + (t * H + h) * Dv);
                 continue;
             }
             /* scores: per key, the 16-lane FMA accumulators of ggml_vec_dot_f16 (4 of them, 64 dims a
@@ -754,6 +788,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 s[j] = sc;
                 mx = sc > mx ? sc : mx;
             }
+            if (sinks) mx = sinks[h] > mx ? sinks[h] : mx; /* ggml_soft_max_ext: the sink joins the max */
             /* softmax over groups of 16 cache positions counted from 0 (masked ones are exp(-inf) = 0),
              * each group reduced as _mm512_reduce_add_ps into a double */
             const long pad = lo & 15; /* group slot of position lo */
@@ -768,6 +803,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 for (int i = 0; i < 16; i++) grp[i] = (a + i >= pad && a + i < pad + n) ? s[a + i - pad] : 0.0f;
                 sum += (double)reduce16(_mm512_loadu_ps(grp));
             }
+            if (sinks) sum += (double)expf(sinks[h] - mx); /* and its exp the sum */
             const float inv = (float)(1.0 / sum);
             for (long j = 0; j < n; j++) {
                 float p = s[j] * inv;
@@ -922,13 +958,13 @@ PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 21) {
-        PyErr_Format(PyExc_TypeError, "attention() takes 21 arguments (%zd given)", nargs);
+    if (nargs != 22) {
+        PyErr_Format(PyExc_TypeError, "attention() takes 22 arguments (%zd given)", nargs);
         return NULL;
     }
-    long a[21];
+    long a[22];
     double f[2] = {0.0, 0.0}; /* scale, softcap */
-    for (int i = 0; i < 21; i++) {
+    for (int i = 0; i < 22; i++) {
         if (i == 14 || i == 15) {
             f[i - 14] = PyFloat_AsDouble(args[i]);
             if (f[i - 14] == -1.0 && PyErr_Occurred()) return NULL;
@@ -941,7 +977,7 @@ PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_BEGIN_ALLOW_THREADS
     rc = sharpi_attention((const float *)a[0], a[1], a[2], a[3], a[4], a[5], (const void *)a[6], (const uint16_t *)a[7],
                           (int)a[8], (const void *)a[9], (const uint16_t *)a[10], (int)a[11], a[12], a[13], (float)f[0],
-                          (float)f[1], (int)a[16], (int)a[17], a[18], (float *)a[19], (int)a[20]);
+                          (float)f[1], (int)a[16], (int)a[17], a[18], (const float *)a[19], (float *)a[20], (int)a[21]);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc);
 }

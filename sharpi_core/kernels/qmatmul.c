@@ -44,9 +44,9 @@
 /* GGML type ids (gguf.GGMLQuantizationType values) */
 enum {
     TY_F32 = 0, TY_F16 = 1, TY_Q4_0 = 2, TY_Q4_1 = 3, TY_Q5_0 = 6, TY_Q5_1 = 7, TY_Q8_0 = 8,
-    TY_Q2_K = 10, TY_Q3_K = 11, TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_IQ4_NL = 20, TY_IQ4_XS = 23, TY_BF16 = 30,
+    TY_Q2_K = 10, TY_Q3_K = 11, TY_Q4_K = 12, TY_Q5_K = 13, TY_Q6_K = 14, TY_IQ4_NL = 20, TY_IQ4_XS = 23, TY_BF16 = 30, TY_MXFP4 = 39,
     /* (names of the kernel tables of llama.cpp's other orders: repacked weights, prompt processing) */
-    TY_Q4_0_R8 = 1002, TY_IQ4_NL_R8 = 1020, TY_IQ4_XS_TILED = 1023, TY_Q5_K_TILED = 1013, TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
+    TY_Q4_0_R8 = 1002, TY_IQ4_NL_R8 = 1020, TY_MXFP4_R8 = 1039, TY_IQ4_XS_TILED = 1023, TY_Q5_K_TILED = 1013, TY_Q2_K_GEMM = 1010, TY_Q3_K_TILED = 1011, TY_Q4_K_GEMM = 1012, TY_Q6_K_TILED = 1014,
     /* Q4_K repacked in groups of 4 rows (sharpi_repack_q4k; no GGML type has this id) */
     TY_Q4_KR = 212,
     /* Q4_1 repacked in groups of 4 rows */
@@ -58,6 +58,9 @@ static float f16tab[65536];
 
 /* IQ4_NL / IQ4_XS: the 16 values a 4-bit code stands for (ggml's kvalues_iq4nl) */
 static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* MXFP4: twice the E2M1 value of each 4-bit code (ggml's kvalues_mxfp4); the block's E8M0 exponent e scales
+ * them by 2^(e - 128) (GGML_E8M0_TO_FP32_HALF: the half makes up for the doubling) */
+static const int8_t KVALUES_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 __attribute__((constructor)) static void init_tables(void) {
     for (int i = 0; i < 65536; i++) f16tab[i] = _cvtsh_ss((unsigned short)i);
@@ -68,6 +71,17 @@ INL float f16at(const uint8_t *p) {
     memcpy(&h, p, 2);
     return f16tab[h];
 }
+
+/* an MXFP4 block's scale: 2^(e - 128), exact in fp32 (the denormal 2^-128 and 2^-127 for e < 2) */
+INL float e8m0_half(const uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* the scale of a 32-element legacy-layout block (d in fp16, or MXFP4's exponent byte) */
+INL float block_d(const int ty, const uint8_t *b) { return ty == TY_MXFP4 ? e8m0_half(b[0]) : f16at(b); }
 
 INL __m512i ld16u8(const uint8_t *p) { /* 16 bytes -> 16 x u32 */
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -118,6 +132,7 @@ INL int unit_bytes(const int ty) {
     switch (ty) {
     case TY_F16: case TY_BF16: return 64;
     case TY_Q4_0: case TY_IQ4_NL: return 18;
+    case TY_MXFP4: return 17;
     case TY_Q4_1: return 20;
     case TY_Q5_0: return 22;
     case TY_Q5_1: return 24;
@@ -260,8 +275,9 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
         P->t[0] = _mm512_mul_ps(d, _mm512_sub_ps(IOTA, _mm512_set1_ps(8.f)));
         break;
     }
-    case TY_IQ4_NL: /* w = d * kvalues_iq4nl[q] */
-        P->t[0] = _mm512_mul_ps(_mm512_set1_ps(f16at(b)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)KVALUES_IQ4NL))));
+    case TY_IQ4_NL: case TY_MXFP4: /* w = d * kvalues[q] */
+        P->t[0] = _mm512_mul_ps(_mm512_set1_ps(block_d(ty, b)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(ty == TY_MXFP4 ? KVALUES_MXFP4 : KVALUES_IQ4NL)))));
         break;
     case TY_Q4_1: { /* exact == 2: without the min (d * q, for the fp16 s term of Q8_1 activations) */
         const __m512 d = _mm512_set1_ps(f16at(b)), m = _mm512_set1_ps(exact == 2 ? 0.f : f16at(b + 2));
@@ -372,8 +388,8 @@ INL void piece(const int ty, const int p, const uint8_t *b, const Prep *P, __m51
         w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)b)), 16));
         w[1] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 32))), 16));
         break;
-    case TY_Q4_0: case TY_Q4_1: case TY_IQ4_NL: {
-        const __m512i q = ld16u8(b + (ty == TY_Q4_1 ? 4 : 2));
+    case TY_Q4_0: case TY_Q4_1: case TY_IQ4_NL: case TY_MXFP4: {
+        const __m512i q = ld16u8(b + (ty == TY_Q4_1 ? 4 : ty == TY_MXFP4 ? 1 : 2));
         w[0] = _mm512_permutexvar_ps(q, P->t[0]);
         w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), P->t[0]);
         break;
@@ -519,6 +535,7 @@ KSET(TY_Q3_K)
 KSET(TY_Q2_K)
 KSET(TY_IQ4_NL)
 KSET(TY_IQ4_XS)
+KSET(TY_MXFP4)
 
 static const kern_fn *ktab_for(int ty) {
     switch (ty) {
@@ -536,6 +553,7 @@ static const kern_fn *ktab_for(int ty) {
     case TY_Q2_K: return ktab_TY_Q2_K;
     case TY_IQ4_NL: return ktab_TY_IQ4_NL;
     case TY_IQ4_XS: return ktab_TY_IQ4_XS;
+    case TY_MXFP4: return ktab_TY_MXFP4;
     default: return 0;
     }
 }
@@ -650,7 +668,7 @@ INL void q8K_quant(const float *x, const int L, int8_t *q, float *dout, int16_t 
 enum { VD_F32 = 0, VD_Q8_0 = 1, VD_Q8_1 = 2, VD_Q8_K = 3, VD_F16 = 4, VD_BF16 = 5 };
 static int vd_kind(int ty) {
     switch (ty) {
-    case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: case TY_IQ4_NL: return VD_Q8_0;
+    case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: case TY_IQ4_NL: case TY_MXFP4: return VD_Q8_0;
     case TY_Q4_1: case TY_Q5_1: case TY_Q4_1R: return VD_Q8_1;
     case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_IQ4_XS: case TY_Q4_KR: return VD_Q8_K;
     case TY_F16: return VD_F16;
@@ -664,7 +682,7 @@ static int vd_kind(int ty) {
  * min-term group of 4 tokens (filled in rows t % 4 == 0): their 4 x 8 sums (64), their d_x x 4 (64) */
 INL int kch(const int ty) { return k16(ty) ? 384 : 512; }
 
-static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16 : ty == TY_Q8_0 || ty == TY_IQ4_NL ? 128 : 0; }
+static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16 : ty == TY_Q8_0 || ty == TY_IQ4_NL || ty == TY_MXFP4 ? 128 : 0; }
 
 /* 256 codes of 8 blocks of 32 (plain order, q) -> the "octet" layout: 4 vectors of 64 bytes,
  * byte 8b + i of vector v = element 8v + i of block b. The dpbusd lanes 2b and 2b+1 of all four
@@ -778,7 +796,7 @@ INL __m512 pair_ps(const float a, const float b) { return _mm512_mask_mov_ps(_mm
 
 /* weight codes of one block of rows A (bytes 0-31) and B (32-63) as unsigned bytes; d_w (and m_w) per half */
 INL void gprep(const int ty, const uint8_t *bA, const uint8_t *bB, __m512i *w, __m512 *dw, __m512 *mw) {
-    *dw = pair_ps(f16at(bA), f16at(bB));
+    *dw = pair_ps(block_d(ty, bA), block_d(ty, bB));
     if (ty == TY_Q4_1 || ty == TY_Q5_1) *mw = pair_ps(f16at(bA + 2), f16at(bB + 2));
     if (ty == TY_Q8_0) {
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bA + 2))),
@@ -786,15 +804,16 @@ INL void gprep(const int ty, const uint8_t *bA, const uint8_t *bB, __m512i *w, _
         *w = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
         return;
     }
-    const int qo = ty == TY_Q4_0 || ty == TY_IQ4_NL ? 2 : ty == TY_Q4_1 ? 4 : ty == TY_Q5_0 ? 6 : 8;
+    const int qo = ty == TY_MXFP4 ? 1 : ty == TY_Q4_0 || ty == TY_IQ4_NL ? 2 : ty == TY_Q4_1 ? 4 : ty == TY_Q5_0 ? 6 : 8;
     /* [qs_A, qs_A, qs_B, qs_B] >> [0, 4, 0, 4]: low nibbles are elements 0-15, high ones 16-31 */
     const __m512i z = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(bA + qo)))),
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(bB + qo))), 1);
     *w = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
-    if (ty == TY_IQ4_NL) /* the table's values + 128 (unsigned, like Q8_0's codes) */
-        *w = _mm512_shuffle_epi8(_mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_IQ4NL)),
-                                                  _mm512_set1_epi8((char)0x80)), *w);
+    if (ty == TY_IQ4_NL || ty == TY_MXFP4) /* the table's values + 128 (unsigned, like Q8_0's codes) */
+        *w = _mm512_shuffle_epi8(_mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(
+                                     (const __m128i *)(ty == TY_MXFP4 ? KVALUES_MXFP4 : KVALUES_IQ4NL))),
+                                 _mm512_set1_epi8((char)0x80)), *w);
     if (ty == TY_Q5_0 || ty == TY_Q5_1) { /* bit i of qh: 5th bit of element i */
         uint32_t hA, hB;
         memcpy(&hA, bA + qo - 4, 4);
@@ -934,7 +953,7 @@ INL void gkern_chain_blocks(const int ty, const int R, const int TT, const uint8
 
 INL void gkern_chain(const int tyk, const int R, const int TT, const uint8_t *const *rows, const long nb,
                      const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
-    const int ty = tyk == TY_Q4_0_R8 ? TY_Q4_0 : TY_IQ4_NL;
+    const int ty = tyk == TY_Q4_0_R8 ? TY_Q4_0 : tyk == TY_MXFP4_R8 ? TY_MXFP4 : TY_IQ4_NL;
     if (TT == 1) { /* (2 or 3 tokens: padding the token group costs less than the scalar FMAs) */
         gkern_chain_blocks(ty, R, TT, rows, nb, a, lda, y, ldy, pfo);
         return;
@@ -1750,6 +1769,8 @@ IKSET(TY_Q8_0, gkern_legacy, L)
 IKSET(TY_IQ4_NL, gkern_legacy, L)
 IKSET(TY_Q4_0_R8, gkern_chain, L)
 IKSET(TY_IQ4_NL_R8, gkern_chain, L)
+IKSET(TY_MXFP4, gkern_legacy, L)
+IKSET(TY_MXFP4_R8, gkern_chain, L)
 /* Q4_K: 4 rows for every TT (their float chains share vector lanes) */
 #define QR1 4
 #define QR2 4
@@ -1780,6 +1801,7 @@ static const kern_fn *iktab_for(int ty) {
     case TY_Q5_1: return iktab_TY_Q5_1;
     case TY_Q8_0: return iktab_TY_Q8_0;
     case TY_IQ4_NL: return iktab_TY_IQ4_NL;
+    case TY_MXFP4: return iktab_TY_MXFP4;
     case TY_Q4_K: return iktab_TY_Q4_K;
     case TY_Q5_K: return iktab_TY_Q5_K;
     case TY_Q6_K: return iktab_TY_Q6_K;
@@ -2083,8 +2105,8 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             krows = ty == TY_Q4_K ? qkern_rows : vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
             pp = prep_path(ty, k);
         }
-        if ((ty == TY_Q4_0 || ty == TY_IQ4_NL) && n % 8 == 0) /* repacked by llama.cpp: its order, every T */
-            kt = ty == TY_Q4_0 ? iktab_TY_Q4_0_R8 : iktab_TY_IQ4_NL_R8;
+        if ((ty == TY_Q4_0 || ty == TY_IQ4_NL || ty == TY_MXFP4) && n % 8 == 0) /* repacked by llama.cpp: its order, every T */
+            kt = ty == TY_Q4_0 ? iktab_TY_Q4_0_R8 : ty == TY_MXFP4 ? iktab_TY_MXFP4_R8 : iktab_TY_IQ4_NL_R8;
         if (ty == TY_Q4_1R) {
             kt = l4tab;
             krows = r4_rows;
@@ -2176,6 +2198,7 @@ DQDEF(TY_Q3_K)
 DQDEF(TY_Q2_K)
 DQDEF(TY_IQ4_NL)
 DQDEF(TY_IQ4_XS)
+DQDEF(TY_MXFP4)
 
 static dq_fn dq_for(int ty) {
     switch (ty) {
@@ -2193,6 +2216,7 @@ static dq_fn dq_for(int ty) {
     case TY_Q2_K: return dq_TY_Q2_K;
     case TY_IQ4_NL: return dq_TY_IQ4_NL;
     case TY_IQ4_XS: return dq_TY_IQ4_XS;
+    case TY_MXFP4: return dq_TY_MXFP4;
     default: return 0;
     }
 }
@@ -2212,7 +2236,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 10; }
+int sharpi_abi_version(void) { return 11; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and

@@ -33,7 +33,7 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False           # per-head RMSNorm of q and k (gemma3)
     post_norms: bool = False        # RMSNorm after attention and after the FFN (gemma2, gemma3)
-    act: str = "silu"               # gated FFN activation: silu (SwiGLU) | gelu_tanh (GeGLU)
+    act: str = "silu"               # gated FFN activation: silu (SwiGLU) | gelu_tanh (GeGLU) | swiglu_oai (gpt-oss)
     embed_scale: float = 1.0        # gemma multiplies embeddings by sqrt(n_embd), granite by its embedding_scale
     residual_scale: float = 0.0     # granite: attention and FFN outputs times this before their residual add (0 = none)
     logit_scale: float = 0.0        # granite: logits times 1 / this (0 = none)
@@ -66,6 +66,11 @@ class ModelConfig:
     n_expert: int = 0               # mixture of experts (Mixtral's llama, qwen3moe): experts per layer, 0 = dense FFN
     n_expert_used: int = 0          # experts each token is routed to
     n_ff_exp: int = 0               # an expert's FFN width
+    expert_gating: str = "softmax"  # softmax: the top experts by probability, renormalized; softmax_weight (gpt-oss):
+                                    # the top experts by router logit, softmax over theirs
+    moe_bias: bool = False          # biases on the router's logits and on each expert's gate, up and down (gpt-oss)
+    attn_out_bias: bool = False     # attn_output.bias (gpt-oss)
+    attn_sinks: bool = False        # a learned sink logit per head in the attention softmax (gpt-oss)
     recurrent: tuple = ()           # per layer: a short-convolution block instead of attention (lfm2)
     conv_width: int = 0             # those blocks' convolution width (shortconv.l_cache: the state holds width - 1 rows)
 
@@ -88,6 +93,11 @@ class ModelConfig:
     @property
     def output_norm_name(self) -> str:
         return "token_embd_norm.weight" if self.arch == "lfm2" else "output_norm.weight"  # (LFM2 GGUFs' name)
+
+    @property
+    def ffn_norm_name(self) -> str:
+        # (gpt-oss GGUFs name the norm before the FFN post_attention_norm)
+        return "post_attention_norm.weight" if self.arch == "gpt-oss" else "ffn_norm.weight"
 
     def has_rope(self, layer: int) -> bool:
         return not (self.nope_every and (layer + 1) % self.nope_every == 0)
@@ -214,9 +224,11 @@ ARCH_TABLE = {
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "mistral3": dict(rope_style=ROPE_NORM),
     "lfm2": dict(rope_style=ROPE_NEOX, qk_norm=True),
+    "gpt-oss": dict(rope_style=ROPE_NEOX, qkv_bias=True, attn_out_bias=True, attn_sinks=True, swa_pattern=2,
+                    act="swiglu_oai", expert_gating="softmax_weight", moe_bias=True),
 }
 # archs whose FFN is a mixture of experts (llama: when the GGUF gives expert_count, as Mixtral's do)
-MOE_ARCHS = frozenset({"qwen3moe"})
+MOE_ARCHS = frozenset({"qwen3moe", "gpt-oss"})
 MOE_MAY = frozenset({"llama"})
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
@@ -245,6 +257,8 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _mistral3(gf, kw)
     if arch == "lfm2":
         _lfm2(gf, kw)
+    if arch == "gpt-oss":
+        _gpt_oss(gf, kw)
     if arch in MOE_ARCHS or (arch in MOE_MAY and int(gf.arch_get("expert_count", 0) or 0) > 0):
         _experts(gf, kw)
     c = ModelConfig(**kw)
@@ -266,14 +280,42 @@ def _experts(gf: GGUFFile, kw: dict) -> None:
         raise SharpiError(f"{gf.path}: {used} of {n} experts used per token (at most {MAX_EXPERTS} experts)")
     if gf.arch == "qwen3moe":  # its own width key, else feed_forward_length / experts used (llama.cpp's default)
         kw["n_ff_exp"] = int(a("expert_feed_forward_length", 0) or 0) or kw["n_ff"] // used
+    elif gf.arch == "gpt-oss":  # required (its graph's gating is its own: expert_gating_func is not read)
+        kw["n_ff_exp"] = int(gf.require(f"{gf.arch}.expert_feed_forward_length"))
     else:
         kw["n_ff_exp"] = kw["n_ff"]
     for key in ("expert_shared_count", "expert_group_count"):
         if int(a(key, 0) or 0) > 0:
             raise SharpiError(f"{gf.path}: {gf.arch}.{key} is not supported (experts without shared experts or groups only)")
     gating = int(a("expert_gating_func", 0) or 0)
-    if gating not in (0, 1):  # llama.cpp: 0 = none given (softmax for these graphs), 1 = softmax
+    if gf.arch != "gpt-oss" and gating not in (0, 1):  # llama.cpp: 0 = none given (softmax for these graphs), 1 = softmax
         raise SharpiError(f"{gf.path}: expert gating function {gating} is not supported (softmax only)")
+
+
+def _gpt_oss(gf: GGUFFile, kw: dict) -> None:
+    """OpenAI's gpt-oss (src/models/openai-moe.cpp): attention with q / k / v / output biases and a sink logit
+    per head, a sliding window on every other layer (the first slides), the same RoPE (YaRN) on every layer
+    unless the GGUF gives the sliding layers a base of their own; experts routed by softmax_weight gating with
+    biases, SwiGLU-OAI (clamped at 7, sigmoid(1.702 x), up + 1); an output layer of its own (not tied)."""
+    if kw["tied_output"]:  # (its loader requires the output layer)
+        raise SharpiError(f"{gf.path}: tensor 'output.weight' is missing")
+    kw["sliding_window"] = int(gf.require(f"{gf.arch}.attention.sliding_window"))
+    kw["rope_base_swa"] = float(gf.arch_get("rope.freq_base_swa", kw["rope_base"]))
+    kw["rope_freq_scale_swa"] = kw["rope_freq_scale"]
+    _swa_layers(gf, kw)
+
+
+def _swa_layers(gf: GGUFFile, kw: dict) -> None:
+    """Which layers slide, as llama.cpp's load_swa_pattern reads attention.sliding_window_pattern: one flag
+    per layer, or n (every n-th layer is global; 0: every layer slides), else the arch's default n."""
+    pattern = gf.arch_get("attention.sliding_window_pattern", kw["swa_pattern"])
+    if isinstance(pattern, (list, tuple)):  # one flag per layer
+        if len(pattern) != kw["n_layer"]:
+            raise SharpiError(f"{gf.path}: a sliding window pattern of {len(pattern)} layers for {kw['n_layer']}")
+        kw["swa_layers"] = tuple(bool(v) for v in pattern)
+    else:  # every n-th layer is global (llama.cpp's set_swa_pattern; 0: every layer slides)
+        n = int(pattern)
+        kw["swa_layers"] = tuple(n == 0 or i % n < n - 1 for i in range(kw["n_layer"]))
 
 
 def _mistral3(gf: GGUFFile, kw: dict) -> None:
@@ -346,14 +388,7 @@ def _gemma(gf: GGUFFile, kw: dict) -> None:
         big = kw["n_layer"] == 62  # Gemma 3 27B
     # the 27B models scale q by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) (gemma_pytorch's config)
     kw["attn_scale"] = attn_scale_f32(kw["n_embd"] // kw["n_head"] if big and kw["n_head"] else kw["head_dim_k"])
-    pattern = a("attention.sliding_window_pattern", kw["swa_pattern"])
-    if isinstance(pattern, (list, tuple)):  # one flag per layer
-        if len(pattern) != kw["n_layer"]:
-            raise SharpiError(f"{gf.path}: a sliding window pattern of {len(pattern)} layers for {kw['n_layer']}")
-        kw["swa_layers"] = tuple(bool(v) for v in pattern)
-    else:  # every n-th layer is global (llama.cpp's set_swa_pattern; 0: every layer slides)
-        n = int(pattern)
-        kw["swa_layers"] = tuple(n == 0 or i % n < n - 1 for i in range(kw["n_layer"]))
+    _swa_layers(gf, kw)
 
 
 def expected_shapes(c: ModelConfig):
@@ -383,11 +418,18 @@ def expected_shapes(c: ModelConfig):
         else:
             yield from ((b + "attn_q.weight", (c.n_embd, q)), (b + "attn_k.weight", (c.n_embd, k)),
                         (b + "attn_v.weight", (c.n_embd, v)))
-        yield from ((b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)))
+        yield from ((b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)), (b + c.ffn_norm_name, (c.n_embd,)))
+        if c.attn_out_bias:
+            yield b + "attn_output.bias", (c.n_embd,)
+        if c.attn_sinks:
+            yield b + "attn_sinks.weight", (c.n_head,)
         if c.n_expert:
             E, f = c.n_expert, c.n_ff_exp
             yield from ((b + "ffn_gate_inp.weight", (c.n_embd, E)), (b + "ffn_gate_exps.weight", (c.n_embd, f, E)),
                         (b + "ffn_up_exps.weight", (c.n_embd, f, E)), (b + "ffn_down_exps.weight", (f, c.n_embd, E)))
+            if c.moe_bias:
+                yield from ((b + "ffn_gate_inp.bias", (E,)), (b + "ffn_gate_exps.bias", (f, E)),
+                            (b + "ffn_up_exps.bias", (f, E)), (b + "ffn_down_exps.bias", (c.n_embd, E)))
         elif c.ffn_up_gated:
             yield b + "ffn_up.weight", (c.n_embd, 2 * c.n_ff)
         else:

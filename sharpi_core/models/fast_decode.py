@@ -203,7 +203,7 @@ class DecodePath:
         kq, vq = cache.k.q[kv], cache.v.q[kv]  # [capacity, Hkv, hd]
         window = c.sliding_window if c.is_swa(i) else 0
         if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos,
-               window, float(kq_scale), softcap, round_p, cpu.ATTN_FA_DECODE, kq.shape[0], o.data_ptr(), nth):
+               window, float(kq_scale), softcap, round_p, cpu.ATTN_FA_DECODE, kq.shape[0], 0, o.data_ptr(), nth):
             raise RuntimeError("attention: the kernel rejected the pass")
         if rot_v:
             had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)

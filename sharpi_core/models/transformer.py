@@ -48,6 +48,11 @@ class Experts:
     gate: list[QWeight]       # [n_ff_exp, D] each
     up: list[QWeight]
     down: list[QWeight]       # [D, n_ff_exp] each
+    # (gpt-oss) fp32 biases: the router's [n_expert], each expert's gate / up [n_expert, n_ff_exp], down [n_expert, D]
+    router_b: torch.Tensor | None = None
+    gate_b: torch.Tensor | None = None
+    up_b: torch.Tensor | None = None
+    down_b: torch.Tensor | None = None
 
     def weights(self) -> list[QWeight]:
         return [self.router, *self.gate, *self.up, *self.down]
@@ -78,6 +83,8 @@ class Layer:
     post_attn_norm: torch.Tensor | None = None
     post_ffn_norm: torch.Tensor | None = None
     conv: ShortConv | None = None  # (lfm2) instead of attention
+    bo: torch.Tensor | None = None     # attn_output's bias [D] (gpt-oss)
+    sinks: torch.Tensor | None = None  # fp32 [H]: each head's attention sink logit (gpt-oss)
 
 
 def _weight(gf: GGUFFile, name: str) -> QWeight:
@@ -227,6 +234,10 @@ class Transformer:
             if c.n_expert:
                 experts = Experts(_weight(gf, p + "ffn_gate_inp.weight"), *(
                     _expert_weights(gf, p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")))
+                if c.moe_bias:  # (GGUF [n_ff_exp, n_expert] -> one row per expert)
+                    experts.router_b = vec(p + "ffn_gate_inp.bias")
+                    experts.gate_b, experts.up_b, experts.down_b = (
+                        vec(p + f"ffn_{n}_exps.bias").view(c.n_expert, -1) for n in ("gate", "up", "down"))
                 wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
                 wv, w_gu = _weight(gf, p + "attn_v.weight"), None
             elif c.qkv_fused or c.ffn_up_gated:
@@ -242,13 +253,14 @@ class Transformer:
             self.layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 wqk=wqk, wv=wv, wo=_weight(gf, p + "attn_output.weight"),
-                ffn_norm=vec(p + "ffn_norm.weight"), w_gu=w_gu,
+                ffn_norm=vec(p + c.ffn_norm_name), w_gu=w_gu,
                 w_down=None if experts else _weight(gf, p + "ffn_down.weight"), experts=experts,
                 bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
                 bv=opt(p + "attn_v.bias"),
                 qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None else None,
-                post_attn_norm=opt(p + "post_attention_norm.weight"),
+                post_attn_norm=opt(p + "post_attention_norm.weight") if c.post_norms else None,
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
+                bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"),
             ))
         self._rope_cache: dict[tuple, torch.Tensor] = {}  # (base, freq scale) -> complex64 [n_pos, n_rot/2]
         self._temps: torch.Tensor | None = None  # float32 [n_pos]: attention temperatures (mistral3), grown by doubling
@@ -272,7 +284,7 @@ class Transformer:
         # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32
         self._attn_kernel = getattr(kern, "attention", None) if hd % 32 == 0 and c.head_dim_v % 32 == 0 else None
         self._rope_kernel = getattr(kern, "rope", None)
-        self._glu_kernel = getattr(kern, "glu", None) if c.n_ff % 16 == 0 and c.act in ("silu", "gelu_tanh") else None
+        self._glu_kernel = getattr(kern, "glu", None) if (c.n_ff_exp or c.n_ff) % 16 == 0 else None
         # trace(name, tensor) with llama.cpp's graph names ("attn_norm-3", ...): None except when a
         # script compares intermediate values with llama.cpp's (scripts/compare_llamacpp_logits.py)
         self.trace = None
@@ -421,7 +433,7 @@ class Transformer:
         return torch.cat((xr.reshape(T, nh, n_rot), x[..., n_rot:]), dim=-1)
 
     def _attention(self, q: torch.Tensor, cache: KVCache, layer: int, L: int, mask: torch.Tensor | None,
-                   scale: float) -> torch.Tensor:
+                   scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, H, hd] against the cache's first L positions -> [T, H * hdv].
 
         Computed the way llama.cpp's CPU backend does without flash attention: q is rounded to
@@ -440,44 +452,67 @@ class Transformer:
         s = s.mul_(scale)
         if mask is not None:
             s.view(Hkv, G, T, L).masked_fill_(~mask, float("-inf"))
-        p = torch.softmax(s, dim=-1)
+        if sinks is not None:  # one more logit per head, with no value (gpt-oss)
+            sk = sinks.view(Hkv, G, 1, 1).expand(Hkv, G, T, 1).reshape(Hkv, G * T, 1)
+            p = torch.softmax(torch.cat((s, sk), dim=-1), dim=-1)[..., :L]
+        else:
+            p = torch.softmax(s, dim=-1)
         if cache.v.qtype == Q.F16:
             p = p.half().float()
         o = torch.bmm(p, V.permute(1, 0, 2))  # [Hkv, G*T, hdv]
         return o.view(Hkv, G, T, hdv).permute(2, 0, 1, 3).reshape(T, H * hdv)
 
     def _glu(self, gu: torch.Tensor, n_ff: int | None = None) -> torch.Tensor:
-        """[T, 2 * n_ff] (gate, up) -> act(gate) * up [T, n_ff]."""
+        """[T, 2 * n_ff] (gate, up) -> act(gate) * up [T, n_ff]; swiglu_oai (gpt-oss): gate clamped above at
+        7 times sigmoid(1.702 gate), times up clamped to [-7, 7] plus 1 (ggml_swiglu_oai)."""
         c = self.config
         n_ff = n_ff or c.n_ff
-        if self._glu_kernel is not None and n_ff % 16 == 0:  # llama.cpp's rounding: ggml's expf, its fp16 GELU table
+        if self._glu_kernel is not None and n_ff % 16 == 0:  # llama.cpp's rounding: ggml's / libm's expf, its fp16 GELU table
             return self._glu_kernel(gu, n_ff, c.act)
         g, u = gu.split(n_ff, dim=-1)
+        if c.act == "swiglu_oai":
+            x = g.clamp(max=7.0)
+            return x / (1 + torch.exp(x * -1.702)) * (u.clamp(-7.0, 7.0) + 1)
         return (F.silu(g) if c.act == "silu" else F.gelu(g, approximate="tanh")) * u
 
     def _moe(self, ex: Experts, h: torch.Tensor, prompt: bool) -> torch.Tensor:
         """The mixture-of-experts FFN of h [T, D] -> [T, D], as llama.cpp's build_moe_ffn computes it: router
         logits, ggml_soft_max, the n_expert_used most probable experts (descending), their probabilities
         over their (double) sum, each expert's SwiGLU FFN times its weight, and the experts' outputs added
-        in that order. Expert matmuls are ggml's mul_mat_id: every row in the one-token order, whatever T."""
+        in that order. gpt-oss (softmax_weight gating, biases): the router's bias added to its logits, the
+        experts with the largest logits, ggml_soft_max over those; each expert's gate, up and down matmuls
+        plus that expert's biases. Expert matmuls are ggml's mul_mat_id: every row in the one-token order,
+        whatever T."""
         c = self.config
         T, k = h.shape[0], c.n_expert_used
         kern = _kernels()
+        soft_max = (lambda x: kern.soft_max(x.contiguous())) if kern is not None else (lambda x: torch.softmax(x, dim=-1))
         # (converters keep routers in f32: its kernel sums in ggml's orders, vec_dot / tinyBLAS by `prompt`)
-        probs = Activations(h, prompt)(ex.router)  # [T, n_expert]
-        probs = kern.soft_max(probs.contiguous()) if kern is not None else torch.softmax(probs, dim=-1)
-        top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
-        w = probs.gather(1, top)  # [T, k]
-        total = w[:, 0].double()
-        for j in range(1, k):  # ggml_vec_sum_f32: in order, in double
-            total = total + w[:, j].double()
-        w = w / total.float().clamp_min(6.103515625e-5)[:, None]
+        logits = Activations(h, prompt)(ex.router)  # [T, n_expert]
+        if ex.router_b is not None:
+            logits = logits + ex.router_b
+        if c.expert_gating == "softmax_weight":
+            top = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
+            w = soft_max(logits.gather(1, top))  # [T, k]
+        else:
+            probs = soft_max(logits)
+            top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
+            w = probs.gather(1, top)  # [T, k]
+            total = w[:, 0].double()
+            for j in range(1, k):  # ggml_vec_sum_f32: in order, in double
+                total = total + w[:, j].double()
+            w = w / total.float().clamp_min(6.103515625e-5)[:, None]
         out = torch.zeros(T, k, h.shape[1])
         for e in torch.unique(top).tolist():
             rows, slots = (top == e).nonzero(as_tuple=True)
             a = Activations(h[rows], False)
-            act = self._glu(torch.cat((a(ex.gate[e]), a(ex.up[e])), dim=1), c.n_ff_exp)
-            out[rows, slots] = ex.down[e](act, False) * w[rows, slots, None]
+            g, u = a(ex.gate[e]), a(ex.up[e])  # [n, n_ff_exp] each
+            if ex.gate_b is not None:
+                g, u = g + ex.gate_b[e], u + ex.up_b[e]
+            d = ex.down[e](self._glu(torch.cat((g, u), dim=1), c.n_ff_exp), False)
+            if ex.down_b is not None:
+                d = d + ex.down_b[e]
+            out[rows, slots] = d * w[rows, slots, None]
         y = out[:, 0]
         for j in range(1, k):
             y = y + out[:, j]
@@ -621,16 +656,19 @@ class Transformer:
                     # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
                     o = self._attn_kernel(q if self.flash_attn else activation_for(q, cache.k.qtype),
                                           cache.k, cache.v, kv, start_pos, window, kq_scale,
-                                          _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap).view(T, H * hdv)
+                                          _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap, ly.sinks).view(T, H * hdv)
                 elif T <= EXACT_ROWS:
                     # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
                     o = torch.cat([self._attention(q[r:r + 1], cache, kv, start_pos + r + 1,
-                                                   self._mask(start_pos + r, 1, window), kq_scale) for r in range(T)])
+                                                   self._mask(start_pos + r, 1, window), kq_scale, ly.sinks)
+                                   for r in range(T)])
                 else:
-                    o = self._attention(q, cache, kv, L, masks[window], kq_scale)  # [T, H * hdv]
+                    o = self._attention(q, cache, kv, L, masks[window], kq_scale, ly.sinks)  # [T, H * hdv]
                 if tr is not None:
                     tr(f"kqv_out-{i}", o)
                 o = ly.wo(rotate(o, cache.rot_v), prompt)
+                if ly.bo is not None:
+                    o = o + ly.bo
                 if ly.post_attn_norm is not None:
                     o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
                 if c.residual_scale:
