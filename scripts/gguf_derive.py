@@ -111,7 +111,7 @@ GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "a
              "rope.freq_base_swa": 10000.0}
 # gpt-oss: YaRN over a short original context (the tests' prompts reach past it), a window on every other layer
 GPT_OSS_KV = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 256,
-              "attention.sliding_window": 128, "expert_feed_forward_length": 192}
+              "attention.sliding_window": 128}
 # lfm2: the layers that are short-convolution blocks (i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1), the convolution's width
 LFM2_CONV_EVERY, LFM2_L_CACHE = 3, 3
 Q = gguf.GGMLQuantizationType
@@ -457,7 +457,7 @@ def derive(variant: str, src: str, dst: str) -> None:
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
                 "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss"}.get(variant, arch)
-    moe = variant in ("qwen3moe", "mixtral")
+    moe = variant in ("qwen3moe", "mixtral", "gpt-oss")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
     # (not "phi3" in the name: llama.cpp's vocabulary would then give Phi-3's special tokens their attributes,
@@ -468,8 +468,9 @@ def derive(variant: str, src: str, dst: str) -> None:
     extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV,
              "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}}.get(variant, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
-    if moe:  # (qwen3moe reads its own key; llama's experts have feed_forward_length rows)
-        values[f"{new_arch}.{'expert_feed_forward_length' if variant == 'qwen3moe' else 'feed_forward_length'}"] = MOE_FF
+    if moe:  # (qwen3moe and gpt-oss read their own key; llama's experts have feed_forward_length rows)
+        key = "expert_feed_forward_length" if variant in ("qwen3moe", "gpt-oss") else "feed_forward_length"
+        values[f"{new_arch}.{key}"] = MOE_FF
     if variant == "lfm2":
         n_layer, n_kv = int(gf.arch_get("block_count")), int(gf.arch_get("attention.head_count_kv"))
         values["lfm2.attention.head_count_kv"] = [0 if i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1 else n_kv for i in range(n_layer)]
@@ -489,24 +490,6 @@ def derive(variant: str, src: str, dst: str) -> None:
         finish(w)
         return
     n_embd = int(kv[f"{new_arch}.embedding_length"])
-    if variant == "gpt-oss":
-        n_kv = int(kv[f"{new_arch}.attention.head_count_kv"])
-        for t in r.tensors:
-            if t.name.endswith((".ffn_gate.weight", ".ffn_up.weight")):
-                continue
-            if t.name.endswith(".ffn_down.weight"):
-                _gpt_oss_tensors(w, tensors, int(t.name.split(".")[1]), n_embd, n_head, head_dim, n_kv)
-            elif t.name.endswith(".ffn_norm.weight"):
-                w.add_tensor(t.name.replace(".ffn_norm.", ".post_attention_norm."), np.asarray(t.data))
-            elif t.name.endswith((".attn_q.weight", ".attn_k.weight")):
-                w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
-            else:
-                add_tensor_as_is(w, t)
-        if "output.weight" not in tensors:  # (llama.cpp's gpt-oss graph has no tied output: a copy of the embedding)
-            emb = tensors["token_embd.weight"]
-            w.add_tensor("output.weight", np.asarray(emb.data), raw_dtype=emb.tensor_type)
-        finish(w)
-        return
     conv_layer = lambda name: (variant == "lfm2" and name.startswith("blk.")  # noqa: E731
                                and int(name.split(".")[1]) % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1)
     for t in r.tensors:
@@ -528,9 +511,16 @@ def derive(variant: str, src: str, dst: str) -> None:
         if moe and t.name.endswith((".ffn_gate.weight", ".ffn_up.weight")):
             continue
         if moe and t.name.endswith(".ffn_down.weight"):
-            _moe_tensors(w, tensors, int(t.name.split(".")[1]))
+            layer = int(t.name.split(".")[1])
+            if variant == "gpt-oss":
+                _gpt_oss_tensors(w, tensors, layer, n_embd, n_head, head_dim, int(kv[f"{new_arch}.attention.head_count_kv"]))
+            else:
+                _moe_tensors(w, tensors, layer)
             continue
-        if variant in ("qwen3", "qwen3moe", "lfm2") and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
+        if variant == "gpt-oss" and t.name.endswith(".ffn_norm.weight"):
+            w.add_tensor(t.name.replace(".ffn_norm.", ".post_attention_norm."), np.asarray(t.data))
+            continue
+        if variant in ("qwen3", "qwen3moe", "lfm2", "gpt-oss") and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
         elif variant == "float" and t.name.endswith((".weight")) and t.name.startswith("blk.") and len(t.shape) == 2:
             n, k = int(t.shape[1]), int(t.shape[0])
@@ -561,6 +551,9 @@ def derive(variant: str, src: str, dst: str) -> None:
             w.add_tensor(f"blk.{layer}.attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))
     if variant == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(n_rot, float(kv[f"{arch}.rope.freq_base"])))
+    if variant == "gpt-oss" and "output.weight" not in tensors:  # (its graph has no tied output: the embedding's copy)
+        emb = tensors["token_embd.weight"]
+        w.add_tensor("output.weight", np.asarray(emb.data), raw_dtype=emb.tensor_type)
     finish(w)
 
 

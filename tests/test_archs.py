@@ -285,6 +285,24 @@ def test_lfm2_fast_decode_is_bit_identical(derived, types, monkeypatch):
     fast_path_is_hidden(*loaded(derived["lfm2"]), types, monkeypatch)
 
 
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])
+def test_fast_decode_with_sinks_and_output_biases(derived, types, monkeypatch):
+    """Attention sinks and attn_output biases (gpt-oss's; its experts keep it off the decoding fast path) on a
+    dense model's layers: models/fast_decode.py gives the general loop's bits, and they change the logits."""
+    from test_model import fast_path_is_hidden
+    from sharpi_core.tokenizer import Tokenizer  # noqa: PLC0415
+    gf = GGUFFile(derived["qwen3"])
+    model, tok = load_model(gf), Tokenizer.from_gguf(gf)  # (its own copy: the layers are changed below)
+    ids = torch.tensor(tok.encode("The quick brown fox")[:4])
+    plain = model.forward(ids, 0, model.new_cache(16))
+    g = torch.Generator().manual_seed(3)
+    for ly in model.layers:
+        ly.sinks = torch.randn(model.config.n_head, generator=g) * 2
+        ly.bo = torch.randn(model.config.n_embd, generator=g) * 0.02
+    assert (model.forward(ids, 0, model.new_cache(16)) - plain).abs().max() > 0.1
+    fast_path_is_hidden(model, tok, types, monkeypatch)
+
+
 def test_mixture_of_experts(derived):
     """qwen3moe and Mixtral's llama with experts: the config as llama.cpp reads it, each expert a view of its
     rows of the stacked tensors (ffn_down: its columns), and the GPU backend refusing them in one line."""

@@ -82,6 +82,8 @@ INL float e8m0_half(const uint8_t e) {
 
 /* the scale of a 32-element legacy-layout block (d in fp16, or MXFP4's exponent byte) */
 INL float block_d(const int ty, const uint8_t *b) { return ty == TY_MXFP4 ? e8m0_half(b[0]) : f16at(b); }
+/* IQ4_NL / MXFP4: the table a 4-bit code indexes */
+INL const __m128i *nl_values(const int ty) { return (const __m128i *)(ty == TY_MXFP4 ? KVALUES_MXFP4 : KVALUES_IQ4NL); }
 
 INL __m512i ld16u8(const uint8_t *p) { /* 16 bytes -> 16 x u32 */
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -276,8 +278,7 @@ INL void prep(const int ty, const int exact, const uint8_t *b, Prep *P) {
         break;
     }
     case TY_IQ4_NL: case TY_MXFP4: /* w = d * kvalues[q] */
-        P->t[0] = _mm512_mul_ps(_mm512_set1_ps(block_d(ty, b)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(ty == TY_MXFP4 ? KVALUES_MXFP4 : KVALUES_IQ4NL)))));
+        P->t[0] = _mm512_mul_ps(_mm512_set1_ps(block_d(ty, b)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(nl_values(ty)))));
         break;
     case TY_Q4_1: { /* exact == 2: without the min (d * q, for the fp16 s term of Q8_1 activations) */
         const __m512 d = _mm512_set1_ps(f16at(b)), m = _mm512_set1_ps(exact == 2 ? 0.f : f16at(b + 2));
@@ -787,8 +788,9 @@ static void act_row(const int ty, const float *x, const long k, uint8_t *dst) {
  * elements, converts them to float and accumulates acc_j = fma(d_w * d_x, lane_j, acc_j) block after
  * block; the row's value is hsum_float_8(acc) (+ the fp32 sum of fma(m_w, s_x, .) for Q4_1 / Q5_1).
  * Q4_0 and IQ4_NL tensors with rows a multiple of 8 are repacked by llama.cpp on AVX2 CPUs and take
- * another order (TY_Q4_0_R8, below); IQ4_NL's vec_dot (rows not a multiple of 8) alternates two
- * accumulators, which sharpi does not copy (its 8-lane order is used: not bit-exact there).
+ * another order (TY_Q4_0_R8, below), and so are MXFP4's (TY_MXFP4_R8); IQ4_NL's and MXFP4's vec_dot (rows
+ * not a multiple of 8) alternate two accumulators, which sharpi does not copy (its 8-lane order is used:
+ * not bit-exact there).
  * A zmm holds two weight rows (lanes 0-7, 8-15) against one token's block, broadcast to both halves.
  * IQ4_NL codes are its table's values + 128, with Q8_0's offset. */
 
@@ -811,9 +813,8 @@ INL void gprep(const int ty, const uint8_t *bA, const uint8_t *bB, __m512i *w, _
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(bB + qo))), 1);
     *w = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
     if (ty == TY_IQ4_NL || ty == TY_MXFP4) /* the table's values + 128 (unsigned, like Q8_0's codes) */
-        *w = _mm512_shuffle_epi8(_mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(
-                                     (const __m128i *)(ty == TY_MXFP4 ? KVALUES_MXFP4 : KVALUES_IQ4NL))),
-                                 _mm512_set1_epi8((char)0x80)), *w);
+        *w = _mm512_shuffle_epi8(_mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(nl_values(ty))),
+                                                  _mm512_set1_epi8((char)0x80)), *w);
     if (ty == TY_Q5_0 || ty == TY_Q5_1) { /* bit i of qh: 5th bit of element i */
         uint32_t hA, hB;
         memcpy(&hA, bA + qo - 4, 4);

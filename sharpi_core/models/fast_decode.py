@@ -7,7 +7,8 @@ pointer resolved once: the same C functions with the same arguments in the same 
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
 It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
-post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions),
+post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions, attention
+sinks and output biases),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -203,8 +204,11 @@ class DecodePath:
         kq, vq = cache.k.q[kv], cache.v.q[kv]  # [capacity, Hkv, hd]
         window = c.sliding_window if c.is_swa(i) else 0
         if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos,
-               window, float(kq_scale), softcap, round_p, cpu.ATTN_FA_DECODE, kq.shape[0], 0, o.data_ptr(), nth):
+               window, float(kq_scale), softcap, round_p, cpu.ATTN_FA_DECODE, kq.shape[0],
+               0 if ly.sinks is None else ly.sinks.data_ptr(), o.data_ptr(), nth):
             raise RuntimeError("attention: the kernel rejected the pass")
         if rot_v:
             had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)
         self._mm(w["wo"], o, ao, T, nth)
+        if ly.bo is not None:
+            ao.add_(ly.bo)
