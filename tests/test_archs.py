@@ -287,8 +287,8 @@ def test_lfm2_fast_decode_is_bit_identical(derived, types, monkeypatch):
 
 @pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])
 def test_fast_decode_with_sinks_and_output_biases(derived, types, monkeypatch):
-    """Attention sinks and attn_output biases (gpt-oss's; its experts keep it off the decoding fast path) on a
-    dense model's layers: models/fast_decode.py gives the general loop's bits, and they change the logits."""
+    """Attention sinks and attn_output biases (gpt-oss's) on a dense model's layers: models/fast_decode.py gives the
+    general loop's bits, and they change the logits."""
     from test_model import fast_path_is_hidden
     from sharpi_core.tokenizer import Tokenizer  # noqa: PLC0415
     gf = GGUFFile(derived["qwen3"])
@@ -301,6 +301,14 @@ def test_fast_decode_with_sinks_and_output_biases(derived, types, monkeypatch):
         ly.bo = torch.randn(model.config.n_embd, generator=g) * 0.02
     assert (model.forward(ids, 0, model.new_cache(16)) - plain).abs().max() > 0.1
     fast_path_is_hidden(model, tok, types, monkeypatch)
+
+
+@pytest.mark.parametrize("variant", MOE_VARIANTS)
+def test_moe_fast_decode_is_bit_identical(derived, variant, monkeypatch):
+    """The mixture-of-experts layers through models/fast_decode.py (routing, mul_mat_id, the weighted sum on
+    fixed buffers; verify rows and last_n too) give the general loop's bits."""
+    from test_model import fast_path_is_hidden
+    fast_path_is_hidden(*loaded(derived[variant]), ("f16", "f16"), monkeypatch)
 
 
 def test_mixture_of_experts(derived):

@@ -47,7 +47,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 11
+_ABI = 12
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -83,6 +83,7 @@ _sq8 = None
 _scap = None
 _smax = None
 _sconv = None
+_qid = _mroute = _msum = None  # mixture-of-experts entry points
 build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
 
@@ -193,7 +194,8 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 
 def _bind_ctypes(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
+    global _sconv, _qid, _mroute, _msum
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -248,6 +250,17 @@ def _bind_ctypes(path: Path) -> None:
     cv = lib.sharpi_short_conv
     cv.argtypes = [c_void_p, c_void_p, c_void_p, c_long, c_long, c_int]
     cv.restype = None
+    qi = lib.sharpi_qmatmul_id
+    qi.argtypes = [c_int, c_void_p, *[c_long] * 4, c_void_p, c_long, c_long, c_void_p, c_void_p, c_void_p, c_void_p,
+                   c_long, c_int]
+    qi.restype = c_int
+    mr = lib.sharpi_moe_route
+    mr.argtypes = [c_void_p, c_long, c_long, c_int, c_int, c_void_p, c_void_p, c_void_p]
+    mr.restype = None
+    ms = lib.sharpi_moe_sum
+    ms.argtypes = [c_void_p, c_void_p, c_long, c_int, c_long, c_void_p]
+    ms.restype = None
+    _qid, _mroute, _msum = qi, mr, ms
     _state["lib"] = lib
     _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv = gl, ro, rt, rp, hd, sq, sc, sm, cv
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
@@ -255,7 +268,8 @@ def _bind_ctypes(path: Path) -> None:
 
 
 def _bind_module(path: Path) -> None:
-    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv
+    global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
+    global _sconv, _qid, _mroute, _msum
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -264,6 +278,7 @@ def _bind_module(path: Path) -> None:
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
     _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
     _scap, _smax, _sconv = mod.softcap, mod.soft_max, mod.short_conv
+    _qid, _mroute, _msum = mod.qmatmul_id, mod.moe_route, mod.moe_sum
 
 
 def _load():
@@ -465,7 +480,7 @@ def kernel_fns() -> dict:
     if not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope, "hadamard": _had,
-            "store_q8_0": _sq8, "short_conv": _sconv}
+            "store_q8_0": _sq8, "short_conv": _sconv, "qmatmul_id": _qid, "moe_route": _mroute, "moe_sum": _msum}
 
 
 def _gemm(x, raw, code, n, k, rb, out):
@@ -663,6 +678,67 @@ def soft_max(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"soft_max: x {x.dtype} {tuple(x.shape)}, contiguous {x.is_contiguous()}")
     _smax(x.data_ptr(), x.shape[0], x.shape[1])
     return x
+
+
+_I32 = torch.int32
+MOE_GATING = {"softmax": 0, "softmax_weight": 1}
+
+
+def moe_route(logits: torch.Tensor, k: int, gating: str, bias: torch.Tensor | None = None):
+    """A router's logits fp32 [T, n_expert] (+ bias [n_expert]) -> (the chosen experts int32 [T, k], their
+    weights fp32 [T, k]) as llama.cpp's build_moe_ffn picks them (ops.c sharpi_moe_route; logits is overwritten)."""
+    if _mroute is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    T, E = logits.shape
+    if (logits.dtype is not _F32 or not logits.is_contiguous() or not 0 < k <= E or gating not in MOE_GATING
+            or (bias is not None and (bias.dtype is not _F32 or bias.numel() != E or not bias.is_contiguous()))):
+        raise ValueError(f"moe_route: logits {logits.dtype} {tuple(logits.shape)}, k {k}, gating {gating}")
+    ids, w = torch.empty((T, k), dtype=_I32), torch.empty((T, k), dtype=_F32)
+    _mroute(logits.data_ptr(), T, E, k, MOE_GATING[gating], 0 if bias is None else bias.data_ptr(), ids.data_ptr(),
+            w.data_ptr())
+    return ids, w
+
+
+def qmatmul_id(x: torch.Tensor, code: int, ptrs: torch.Tensor, rb: int, n: int, k: int, ids: torch.Tensor,
+               xrow: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml's mul_mat_id in the decoding order: row p of the result [P, n] is row xrow[p] of x fp32 [*, k] times
+    expert ids[p]'s weight (ptrs int64 [n_expert]: each expert's [n, k] blocks of type `code`, rows of rb bytes;
+    QWeight.kernel_args), plus bias[ids[p]] (fp32 [n_expert, n]) when given; out may be a view with a row
+    stride (the gate and up halves of one buffer). Each row has the bits of a one-token qmatmul."""
+    if _qid is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    P = ids.numel()
+    if out is None:
+        out = torch.empty((P, n), dtype=_F32)
+    if (x.dtype is not _F32 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or ids.dtype is not _I32
+            or xrow.dtype is not _I32 or xrow.numel() != P or not ids.is_contiguous() or not xrow.is_contiguous()
+            or ptrs.dtype is not torch.int64 or not ptrs.is_contiguous() or out.dtype is not _F32
+            or out.shape != (P, n) or out.stride(1) != 1 or (P and int(xrow.max()) >= x.shape[0])
+            or (bias is not None and (bias.dtype is not _F32 or bias.shape != (ptrs.numel(), n) or not bias.is_contiguous()))):
+        raise ValueError(f"qmatmul_id: x {x.dtype} {tuple(x.shape)}, ids {ids.dtype} {tuple(ids.shape)}, "
+                         f"out {out.dtype} {tuple(out.shape)}")
+    rc = _qid(code & 0xFF, ptrs.data_ptr(), ptrs.numel(), rb, n, k, x.data_ptr(), x.stride(0), P, ids.data_ptr(),
+              xrow.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
+              torch.get_num_threads())
+    if rc == -2:
+        raise MemoryError("qmatmul_id: no memory for the quantized activations")
+    if rc:
+        raise ValueError("qmatmul_id: the kernel rejected the weights or an expert id")
+    return out
+
+
+def moe_sum(d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The experts' outputs d fp32 [T * k, D] (token t's k rows in turn) and weights w [T, k] -> [T, D]: each
+    output times its weight, added in order (build_moe_ffn)."""
+    if _msum is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    T, k = w.shape
+    if (d.dtype is not _F32 or w.dtype is not _F32 or not d.is_contiguous() or not w.is_contiguous() or d.dim() != 2
+            or d.shape[0] != T * k):
+        raise ValueError(f"moe_sum: d {d.dtype} {tuple(d.shape)}, w {w.dtype} {tuple(w.shape)}")
+    y = torch.empty((T, d.shape[1]), dtype=_F32)
+    _msum(d.data_ptr(), w.data_ptr(), T, k, d.shape[1], y.data_ptr())
+    return y
 
 
 def short_conv(ext: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -650,6 +650,54 @@ void sharpi_soft_max(float *x, long T, long n) {
     }
 }
 
+/* Mixture-of-experts routing as llama.cpp's build_moe_ffn: logits [T, n_exp] (the router's; plus bias [n_exp]
+ * when given, ggml_add) -> ids [T, k] and weights w [T, k]. gating 0 (softmax): sharpi_soft_max over all experts,
+ * the k most probable in descending order (ties: the lower index first, as a stable sort), each over their sum
+ * (added in order in double, ggml_vec_sum_f32) clamped below at 2^-14; gating 1 (softmax_weight, gpt-oss): the k
+ * largest logits, sharpi_soft_max over those. logits is overwritten. */
+void sharpi_moe_route(float *logits, long T, long n_exp, int k, int gating, const float *bias, int32_t *ids, float *w) {
+    for (long t = 0; t < T; t++) {
+        float *r = logits + t * n_exp, *wt = w + t * k;
+        int32_t *it = ids + t * k;
+        if (bias)
+            for (long e = 0; e < n_exp; e++) r[e] += bias[e];
+        if (gating == 0) sharpi_soft_max(r, 1, n_exp);
+        for (int j = 0; j < k; j++) {
+            long best = -1;
+            for (long e = 0; e < n_exp; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= it[i] == e;
+                if (!taken && (best < 0 || r[e] > r[best])) best = e;
+            }
+            it[j] = (int32_t)best;
+            wt[j] = r[best];
+        }
+        if (gating == 0) {
+            double sum = wt[0];
+            for (int j = 1; j < k; j++) sum += (double)wt[j];
+            float s = (float)sum;
+            s = s < 6.103515625e-5f ? 6.103515625e-5f : s;
+            for (int j = 0; j < k; j++) wt[j] = wt[j] / s;
+        } else {
+            sharpi_soft_max(wt, 1, k);
+        }
+    }
+}
+
+/* y [T, D] = the sum over j of d[t, j] * w[t, j] for d [T, k, D]: each product rounded, then added in j order
+ * (build_moe_ffn: ggml_mul by the weights, the experts' views added one by one) */
+void sharpi_moe_sum(const float *d, const float *w, long T, int k, long D, float *y) {
+    for (long t = 0; t < T; t++)
+        for (long i = 0; i < D; i++) {
+            float acc = d[(t * k) * D + i] * w[t * k];
+            for (int j = 1; j < k; j++) {
+                const float pj = d[(t * k + j) * D + i] * w[t * k + j];
+                acc = acc + pj;
+            }
+            y[t * D + i] = acc;
+        }
+}
+
 static float gelu_table[65536]; /* ggml_table_gelu_f16, as fp32 values of its fp16 entries */
 static int gelu_ready;
 
@@ -896,6 +944,23 @@ PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t n
     long a[3];
     if (sharpi_py_nlongs(args, nargs, a, 3, "soft_max")) return NULL;
     sharpi_soft_max((float *)a[0], a[1], a[2]);
+    Py_RETURN_NONE;
+}
+
+/* moe_route(logits, T, n_exp, k, gating, bias (0: none), ids, w) and moe_sum(d, w, T, k, D, y) */
+PyObject *sharpi_py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[8];
+    if (sharpi_py_nlongs(args, nargs, a, 8, "moe_route")) return NULL;
+    sharpi_moe_route((float *)a[0], a[1], a[2], (int)a[3], (int)a[4], (const float *)a[5], (int32_t *)a[6], (float *)a[7]);
+    Py_RETURN_NONE;
+}
+
+PyObject *sharpi_py_moe_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[6];
+    if (sharpi_py_nlongs(args, nargs, a, 6, "moe_sum")) return NULL;
+    sharpi_moe_sum((const float *)a[0], (const float *)a[1], a[2], (int)a[3], a[4], (float *)a[5]);
     Py_RETURN_NONE;
 }
 

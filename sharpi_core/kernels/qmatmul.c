@@ -1880,27 +1880,34 @@ static uint8_t *scratch(size_t bytes) {
     return scratch_p;
 }
 
+static void q4k_groups(uint8_t *dst, long T, long k);
+
 /* x [T, k] -> scratch rows (stride act_row_bytes) in the layout of weight type ty */
 static void quantize_rows(int ty, const float *x, long T, long k, uint8_t *dst, int nthreads) {
     const long rbytes = act_row_bytes(ty, k);
     const int nth = (T > 1 && T * k >= (1L << 16)) ? (nthreads < 1 ? 1 : nthreads) : 1;
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
     for (long t = 0; t < T; t++) act_row(ty, x + t * k, k, dst + t * rbytes);
-    if (ty == TY_Q4_K) /* min-term groups: tokens 4g..4g+3 (absent ones zero) */
-        for (long g = 0; g < (T + 3) / 4; g++)
-            for (long u = 0; u < k / 256; u++) {
-                uint8_t *gb = dst + 4 * g * rbytes + u * 512;
-                float dx4[16] = {0};
-                memset(gb + 384, 0, 64);
-                for (int j = 0; j < 4 && 4 * g + j < T; j++) {
-                    const uint8_t *tb = dst + (4 * g + j) * rbytes + u * 512;
-                    memcpy(gb + 384 + 16 * j, tb + 256, 16); /* its 8 int16 sums */
-                    float d;
-                    memcpy(&d, tb + 320, 4);
-                    for (int i = 0; i < 4; i++) dx4[4 * j + i] = d;
-                }
-                memcpy(gb + 448, dx4, 64);
+    if (ty == TY_Q4_K) q4k_groups(dst, T, k);
+}
+
+/* Q4_K's min-term groups of activation rows dst [T] (stride act_row_bytes): tokens 4g..4g+3 (absent ones zero) */
+static void q4k_groups(uint8_t *dst, long T, long k) {
+    const long rbytes = act_row_bytes(TY_Q4_K, k);
+    for (long g = 0; g < (T + 3) / 4; g++)
+        for (long u = 0; u < k / 256; u++) {
+            uint8_t *gb = dst + 4 * g * rbytes + u * 512;
+            float dx4[16] = {0};
+            memset(gb + 384, 0, 64);
+            for (int j = 0; j < 4 && 4 * g + j < T; j++) {
+                const uint8_t *tb = dst + (4 * g + j) * rbytes + u * 512;
+                memcpy(gb + 384 + 16 * j, tb + 256, 16); /* its 8 int16 sums */
+                float d;
+                memcpy(&d, tb + 320, 4);
+                for (int i = 0; i < 4; i++) dx4[4 * j + i] = d;
             }
+            memcpy(gb + 448, dx4, 64);
+        }
 }
 
 /* Test / reference export: the activation codes and scales in plain order.
@@ -2055,6 +2062,24 @@ static void mm_rows_r4(const kern_fn *kt, const uint8_t *w, long rb, long n0, lo
     }
 }
 
+/* The kernels of a quantized weight type in the decoding order (on quantized activations: mode 1): the
+ * register kernels kt, the rows they take per call for each token count, the prepared path (if any). */
+static void decode_kernels(int ty, long n, long k, const kern_fn **kt, const int **krows, PrepPath *pp) {
+    if (iktab_for(ty)) {
+        *kt = iktab_for(ty);
+        *krows = ty == TY_Q4_K ? qkern_rows : vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
+        *pp = prep_path(ty, k);
+    }
+    if ((ty == TY_Q4_0 || ty == TY_IQ4_NL || ty == TY_MXFP4) && n % 8 == 0) /* repacked by llama.cpp: its order, every T */
+        *kt = ty == TY_Q4_0 ? iktab_TY_Q4_0_R8 : ty == TY_MXFP4 ? iktab_TY_MXFP4_R8 : iktab_TY_IQ4_NL_R8;
+    if (ty == TY_Q4_1R) {
+        *kt = l4tab;
+        *krows = r4_rows;
+    } else if (ty == TY_Q4_KR) {
+        *krows = r4_rows;
+    }
+}
+
 static int pick_threads(int nthreads, long n, long bytes) {
     if (nthreads < 1) nthreads = 1;
     if (bytes < (48 << 10)) return 1; /* a tiny matrix costs less than waking a thread */
@@ -2101,22 +2126,10 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             }
             xb = b;
         }
-        if (iktab_for(ty)) {
-            kt = iktab_for(ty);
-            krows = ty == TY_Q4_K ? qkern_rows : vd_kind(ty) == VD_Q8_K ? kkern_rows : lkern_rows;
-            pp = prep_path(ty, k);
-        }
-        if ((ty == TY_Q4_0 || ty == TY_IQ4_NL || ty == TY_MXFP4) && n % 8 == 0) /* repacked by llama.cpp: its order, every T */
-            kt = ty == TY_Q4_0 ? iktab_TY_Q4_0_R8 : ty == TY_MXFP4 ? iktab_TY_MXFP4_R8 : iktab_TY_IQ4_NL_R8;
-        if (ty == TY_Q4_1R) {
-            kt = l4tab;
-            krows = r4_rows;
-        } else if (ty == TY_Q4_KR) {
-            krows = r4_rows;
-            if (mode == 2) { /* ggml_gemm_q4_K_8x8_q8_K's order on groups of 4 tokens */
-                kt4 = r4tab_gemm;
-                T4 = T - T % 4;
-            }
+        decode_kernels(ty, n, k, &kt, &krows, &pp);
+        if (mode == 2 && ty == TY_Q4_KR) { /* ggml_gemm_q4_K_8x8_q8_K's order on groups of 4 tokens */
+            kt4 = r4tab_gemm;
+            T4 = T - T % 4;
         } else if (mode == 2 && ty == TY_Q4_K) { /* repacked: ggml_gemm_q4_K_8x8_q8_K on groups of 4 tokens */
             kt4 = iktab_TY_Q4_K_GEMM;
             pp4 = pp;
@@ -2160,6 +2173,102 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             if (T > T4) mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x + T4 * ldx, ldx, T - T4, y + T4 * n, n);
         }
     }
+    return 0;
+}
+
+/* ggml's mul_mat_id (mixture-of-experts matmuls) in the decoding order: pair p of np multiplies activation
+ * row xrow[p] of x (row stride ldx floats) by expert ids[p]'s weight [n, k] (a quantized type ty, at wptrs[e],
+ * rows of rb bytes) into row p of y (stride ldy), plus bias[ids[p] * n ..] when bias is given (ggml_add_id).
+ * Each expert's pairs are one pass of the mode-1 kernels over those rows (so every row has the bits of a
+ * one-token qmatmul); the activations are quantized once per pair and all experts' row chunks run in one
+ * parallel region. Returns 0, -1 for an unsupported type, shape or expert id, -2 when out of memory. */
+int sharpi_qmatmul_id(int ty, const int64_t *wptrs, long n_exp, long rb, long n, long k, const float *x, long ldx,
+                      long np, const int32_t *ids, const int32_t *xrow, const float *bias, float *y, long ldy,
+                      int nthreads) {
+    const int ue = ue_of(ty), ub = ub_of(ty);
+    if (!ue || k % ue || rb != (k / ue) * ub || n < 1 || np < 0 || n_exp < 1 || ldy < n
+        || ty == TY_F32 || ty == TY_F16 || ty == TY_BF16 || vd_kind(ty) == VD_F32)
+        return -1;
+    if ((ty == TY_Q4_KR || ty == TY_Q4_1R) && n % 4) return -1;
+    for (long p = 0; p < np; p++)
+        if (ids[p] < 0 || ids[p] >= n_exp || xrow[p] < 0) return -1;
+    if (np == 0) return 0;
+    const kern_fn *kt = ktab_for(ty);
+    const int *krows = kern_rows;
+    PrepPath pp = {0, 0, 0, 0};
+    decode_kernels(ty, n, k, &kt, &krows, &pp);
+    const int r4 = ty == TY_Q4_KR || ty == TY_Q4_1R;
+    const long nu = k / ue, rbytes = act_row_bytes(ty, k);
+    /* the pairs by expert (stable): order[start[e] .. start[e + 1]) */
+    long *start = calloc((size_t)n_exp + 1, sizeof(long)), *order = malloc((size_t)np * sizeof(long));
+    uint8_t *a = scratch((size_t)(np * rbytes) + (size_t)(np * n) * 4);
+    if (!start || !order || !a) {
+        free(start);
+        free(order);
+        return -2;
+    }
+    float *ys = (float *)(a + np * rbytes); /* [np, n]: results in `order`'s order */
+    for (long p = 0; p < np; p++) start[ids[p] + 1]++;
+    long na = 0, most = 0;
+    for (long e = 0; e < n_exp; e++) {
+        na += start[e + 1] > 0;
+        most = start[e + 1] > most ? start[e + 1] : most;
+        start[e + 1] += start[e];
+    }
+    long *act = malloc((size_t)na * sizeof(long)), *fill = malloc((size_t)n_exp * sizeof(long));
+    if (!act || !fill) {
+        free(start);
+        free(order);
+        free(act);
+        free(fill);
+        return -2;
+    }
+    for (long e = 0, j = 0; e < n_exp; e++) {
+        fill[e] = start[e];
+        if (start[e + 1] > start[e]) act[j++] = e;
+    }
+    for (long p = 0; p < np; p++) order[fill[ids[p]]++] = p;
+    const int nth = pick_threads(nthreads, n * na, n * rb * na * (most < 8 ? most : 8));
+    long chunk = (n * na + nth * 8 - 1) / (nth * 8);
+    chunk = nth == 1 ? n : (chunk + 3) / 4 * 4;
+    chunk = chunk > n ? n : chunk;
+    const long per = (n + chunk - 1) / chunk, ntasks = na * per;
+    long next = 0;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+#pragma omp for schedule(static)
+        for (long s = 0; s < np; s++) act_row(ty, x + xrow[order[s]] * ldx, k, a + s * rbytes);
+        if (ty == TY_Q4_K) {
+#pragma omp for schedule(static)
+            for (long j = 0; j < na; j++) q4k_groups(a + start[act[j]] * rbytes, start[act[j] + 1] - start[act[j]], k);
+        }
+        for (;;) {
+            const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (c >= ntasks) break;
+            const long e = act[c / per], s0 = start[e], T = start[e + 1] - s0;
+            const long n0 = (c % per) * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
+            const uint8_t *w = (const uint8_t *)(intptr_t)wptrs[e];
+            if (r4) mm_rows_r4(kt, w, rb, n0, n1, nu, a + s0 * rbytes, rbytes, T, ys + s0 * n, n);
+            else mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, (const float *)(a + s0 * rbytes), rbytes / 4, T, ys + s0 * n, n);
+        }
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (long s = 0; s < np; s++) {
+            const long p = order[s];
+            float *yp = y + p * ldy;
+            const float *src = ys + s * n;
+            if (bias) {
+                const float *b = bias + (long)ids[p] * n;
+                for (long j = 0; j < n; j++) yp[j] = src[j] + b[j];
+            } else {
+                memcpy(yp, src, (size_t)n * 4);
+            }
+        }
+    }
+    free(start);
+    free(order);
+    free(act);
+    free(fill);
     return 0;
 }
 
@@ -2237,7 +2346,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 11; }
+int sharpi_abi_version(void) { return 12; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
@@ -2268,6 +2377,20 @@ static PyObject *py_qmatmul(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_BEGIN_ALLOW_THREADS
     rc = sharpi_qmatmul((int)a[0], (const uint8_t *)a[1], a[2], a[3], a[4], (const float *)a[5], a[6], (float *)a[7],
                         (int)a[8]);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+/* qmatmul_id(type, wptrs, n_exp, rb, n, k, x, ldx, np, ids, xrow, bias (0: none), y, ldy, nthreads) */
+static PyObject *py_qmatmul_id(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[15];
+    int rc;
+    if (sharpi_py_nlongs(args, nargs, a, 15, "qmatmul_id")) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sharpi_qmatmul_id((int)a[0], (const int64_t *)a[1], a[2], a[3], a[4], a[5], (const float *)a[6], a[7], a[8],
+                           (const int32_t *)a[9], (const int32_t *)a[10], (const float *)a[11], (float *)a[12], a[13],
+                           (int)a[14]);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc);
 }
@@ -2343,6 +2466,8 @@ PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
+PyObject *sharpi_py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
+PyObject *sharpi_py_moe_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
@@ -2355,6 +2480,9 @@ static PyMethodDef py_methods[] = {
     {"softcap", (PyCFunction)(void (*)(void))sharpi_py_softcap, METH_FASTCALL, "tanh logit softcapping, in place"},
     {"soft_max", (PyCFunction)(void (*)(void))sharpi_py_soft_max, METH_FASTCALL, "ggml_soft_max of rows, in place"},
     {"short_conv", (PyCFunction)(void (*)(void))sharpi_py_short_conv, METH_FASTCALL, "ggml_ssm_conv (LFM2)"},
+    {"moe_route", (PyCFunction)(void (*)(void))sharpi_py_moe_route, METH_FASTCALL, "MoE expert choice and weights"},
+    {"moe_sum", (PyCFunction)(void (*)(void))sharpi_py_moe_sum, METH_FASTCALL, "MoE experts' weighted sum"},
+    {"qmatmul_id", (PyCFunction)(void (*)(void))py_qmatmul_id, METH_FASTCALL, "mul_mat_id: one expert per row"},
     {"store_q8_0", (PyCFunction)(void (*)(void))py_store_q8_0, METH_FASTCALL, "q8_0 KV cache write"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
     {"quantize_act", (PyCFunction)(void (*)(void))py_quantize_act, METH_FASTCALL, "ggml activation quantization"},

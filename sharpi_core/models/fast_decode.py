@@ -8,7 +8,8 @@ allocated once per pass length, so the results are bit-identical to `hidden`'s (
 
 It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
 post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions, attention
-sinks and output biases),
+sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral and gpt-oss (routing, one mul_mat_id
+call per expert matrix kind, the weighted sum: Transformer._experts_c's calls),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -27,6 +28,17 @@ ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
 
 
 _MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down")
+_PAIR_BUFS = ("ids", "tok", "pair", "mgu", "mg", "md")  # one row per (token, chosen expert)
+
+
+def _router_args(w) -> tuple | None:
+    """A router's (code, pointer, row bytes) for the kernel's decoding order: its kernel_args, or for an F32 router
+    (as converters keep them) the F32 kernel's (ggml's vec_dot_f32 order: what its QWeight call runs)."""
+    if w.kernel_args() is not None:
+        return w.kernel_args()
+    if w._kern is not None and w.qtype == cpu.Q.F32:
+        return cpu.direct_args(w._raw_t, w.qtype, w.n, w.k)
+    return None
 
 
 def _matmuls(ly) -> dict:
@@ -45,11 +57,13 @@ class DecodePath:
 
     @classmethod
     def for_model(cls, model) -> "DecodePath | None":
-        if (not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None
-                or model.config.n_expert):  # (experts: the general path)
+        if not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None:
             return None
         for ly in model.layers:
-            if any(w._kern is None or w.act_kind is None for w in _matmuls(ly).values()):
+            if any(w is not None and (w._kern is None or w.act_kind is None) for w in _matmuls(ly).values()):
+                return None
+            if ly.experts is not None and (_router_args(ly.experts.router) is None or ly.experts.id_args() is None
+                                           or model.config.n_ff_exp % 16):
                 return None
         return cls(model)
 
@@ -57,7 +71,10 @@ class DecodePath:
         # resolved lazily: the layers a CPU/GPU split keeps on the GPU are never repacked for the CPU
         while len(self.weights) < n_layers:
             ly = self.model.layers[len(self.weights)]
-            self.weights.append({n: (*w.kernel_args(), w.n, w.k) for n, w in _matmuls(ly).items()})
+            w = {n: (*w.kernel_args(), w.n, w.k) for n, w in _matmuls(ly).items() if w is not None}
+            if ly.experts is not None:
+                w["router"] = (*_router_args(ly.experts.router), ly.experts.router.n, ly.experts.router.k)
+            self.weights.append(w)
         return self.weights
 
     def applies(self, prompt: bool, cache: KVCache) -> bool:
@@ -77,8 +94,15 @@ class DecodePath:
                 "g": e(T, c.n_ff), "f": e(T, c.n_embd)}
             if c.recurrent:  # B, C, x rows; the convolution's input (state rows, then B * x) and output
                 self._bufs.update(bcx=e(T, 3 * c.n_embd), ext=e(T + c.conv_width - 1, c.n_embd), y=e(T, c.n_embd))
-        d = self.model.config.conv_width - 1
-        return {name: buf[:T + d if name == "ext" else T] for name, buf in self._bufs.items()}  # leading rows: contiguous
+            if c.n_expert:  # router logits, expert weights; per (token, expert) pair: ids, token, index, FFN rows
+                P, i32 = T * c.n_expert_used, torch.int32
+                self._bufs.update(
+                    logits=e(T, c.n_expert), mw=e(T, c.n_expert_used), ids=torch.empty(P, dtype=i32),
+                    tok=torch.arange(T, dtype=i32).repeat_interleave(c.n_expert_used), pair=torch.arange(P, dtype=i32),
+                    mgu=e(P, 2 * c.n_ff_exp), mg=e(P, c.n_ff_exp), md=e(P, c.n_embd))
+        c = self.model.config
+        rows = {"ext": T + c.conv_width - 1, **{n: T * c.n_expert_used for n in _PAIR_BUFS}}
+        return {name: buf[:rows.get(name, T)] for name, buf in self._bufs.items()}  # leading rows: contiguous
 
     def _mm(self, w, x: torch.Tensor, y: torch.Tensor, T: int, nth: int) -> None:
         code, ptr, rb, n, k = w
@@ -137,16 +161,45 @@ class DecodePath:
                 x, Tf = x[-last_n:], last_n  # like hidden: the last FFN on the output rows only
             hf, gu, g, f = h[:Tf], b["gu"][:Tf], b["g"][:Tf], b["f"][:Tf]
             rms(x.data_ptr(), ly.ffn_norm.data_ptr(), Tf, D, eps, hf.data_ptr())
-            self._mm(w["w_gu"], hf, gu, Tf, nth)
-            if glu(gu.data_ptr(), Tf, c.n_ff, glu_act, g.data_ptr(), nth):
-                raise RuntimeError("glu: the kernel rejected the pass")
-            self._mm(w["w_down"], g, f, Tf, nth)
+            if ly.experts is not None:
+                self._moe(ly.experts, w["router"], b, hf, f, Tf, glu_act, nth)
+            else:
+                self._mm(w["w_gu"], hf, gu, Tf, nth)
+                if glu(gu.data_ptr(), Tf, c.n_ff, glu_act, g.data_ptr(), nth):
+                    raise RuntimeError("glu: the kernel rejected the pass")
+                self._mm(w["w_down"], g, f, Tf, nth)
             if ly.post_ffn_norm is not None:
                 rms(f.data_ptr(), ly.post_ffn_norm.data_ptr(), Tf, D, eps, f.data_ptr())
             if rs:
                 f.mul_(rs)
             x.add_(f)
         return x
+
+    def _moe(self, ex, router: tuple, b: dict, h: torch.Tensor, out: torch.Tensor, T: int, glu_act: int, nth: int) -> None:
+        """Transformer._moe's kernel calls on h [T, D] -> out [T, D]: router logits, moe_route, the gate and up
+        mul_mat_id into the halves of one buffer, the GLU, the down mul_mat_id, the weighted sum."""
+        c = self.model.config
+        fns, k, D, nff = self.fns, c.n_expert_used, c.n_embd, c.n_ff_exp
+        P = T * k
+        logits, mw, ids, gu, g, d = b["logits"][:T], b["mw"][:T], b["ids"][:P], b["mgu"][:P], b["mg"][:P], b["md"][:P]
+        tok, pair = b["tok"][:P].data_ptr(), b["pair"][:P].data_ptr()
+        bias = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        self._mm(router, h, logits, T, nth)
+        fns["moe_route"](logits.data_ptr(), T, c.n_expert, k, cpu.MOE_GATING[c.expert_gating], bias(ex.router_b),
+                         ids.data_ptr(), mw.data_ptr())
+        (gcode, gptr, grb, _, _), (ucode, uptr, urb, _, _), (dcode, dptr, drb, _, _) = ex.id_args()
+        qid = fns["qmatmul_id"]
+        for code, ptrs, rb, bb, y in ((gcode, gptr, grb, ex.gate_b, gu.data_ptr()),
+                                      (ucode, uptr, urb, ex.up_b, gu.data_ptr() + 4 * nff)):
+            if qid(code & 0xFF, ptrs.data_ptr(), c.n_expert, rb, nff, D, h.data_ptr(), D, P, ids.data_ptr(), tok,
+                   bias(bb), y, 2 * nff, nth):
+                raise RuntimeError("qmatmul_id: the kernel rejected a weight it had accepted")
+        if fns["glu"](gu.data_ptr(), P, nff, glu_act, g.data_ptr(), nth):
+            raise RuntimeError("glu: the kernel rejected the pass")
+        if qid(dcode & 0xFF, dptr.data_ptr(), c.n_expert, drb, D, nff, g.data_ptr(), nff, P, ids.data_ptr(), pair,
+               bias(ex.down_b), d.data_ptr(), D, nth):
+            raise RuntimeError("qmatmul_id: the kernel rejected a weight it had accepted")
+        fns["moe_sum"](d.data_ptr(), mw.data_ptr(), T, k, D, out.data_ptr())
 
     def _short_conv(self, sc, w: dict, cache, slots, b: dict, h: torch.Tensor, out: torch.Tensor, T: int,
                     nth: int) -> None:

@@ -23,6 +23,7 @@ from .config import ROPE_NEOX, ModelConfig, attn_scale_f32, config_from_gguf
 from .fast_decode import DecodePath
 
 Q = gguf.GGMLQuantizationType
+_FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 
 # Like llama.cpp, a pass of several tokens sums some products in another order than a one-token
 # pass (Q4_K and Q6_K matmuls, attention; see qmatmul and ops.c). forward(decode=True) on up to this
@@ -56,6 +57,22 @@ class Experts:
 
     def weights(self) -> list[QWeight]:
         return [self.router, *self.gate, *self.up, *self.down]
+
+    def id_args(self) -> tuple | None:
+        """(gate, up, down) as the C mul_mat_id takes them (kernels.cpu.qmatmul_id): each (type code, the experts'
+        weight pointers int64 [n_expert], row bytes, n, k); None when the experts' type has no quantized
+        kernel there (float types) or there are no C kernels. Made once (repacking the weights first)."""
+        if not hasattr(self, "_id_args"):
+            self._id_args = None
+            if all(w._kern is not None and w.qtype not in _FLOAT_TYPES for w in self.gate + self.up + self.down):
+                kinds = []
+                for ws in (self.gate, self.up, self.down):
+                    ka = [w.kernel_args() for w in ws]
+                    if any(a is None or a[0] != ka[0][0] or a[2] != ka[0][2] for a in ka):
+                        return None
+                    kinds.append((ka[0][0], torch.tensor([a[1] for a in ka], dtype=torch.int64), ka[0][2], ws[0].n, ws[0].k))
+                self._id_args = tuple(kinds)
+        return self._id_args
 
 
 @dataclass
@@ -486,22 +503,16 @@ class Transformer:
         c = self.config
         T, k = h.shape[0], c.n_expert_used
         kern = _kernels()
-        soft_max = (lambda x: kern.soft_max(x.contiguous())) if kern is not None else (lambda x: torch.softmax(x, dim=-1))
         # (converters keep routers in f32: its kernel sums in ggml's orders, vec_dot / tinyBLAS by `prompt`)
         logits = Activations(h, prompt)(ex.router)  # [T, n_expert]
-        if ex.router_b is not None:
-            logits = logits + ex.router_b
-        if c.expert_gating == "softmax_weight":
-            top = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
-            w = soft_max(logits.gather(1, top))  # [T, k]
+        if kern is not None:
+            ids, w = kern.moe_route(logits.contiguous(), k, c.expert_gating, ex.router_b)  # [T, k] each
+            args = ex.id_args()
+            if args is not None:  # every expert matmul of the pass in one C call per matrix kind
+                return self._experts_c(ex, args, h, ids, w)
+            top = ids.long()
         else:
-            probs = soft_max(logits)
-            top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
-            w = probs.gather(1, top)  # [T, k]
-            total = w[:, 0].double()
-            for j in range(1, k):  # ggml_vec_sum_f32: in order, in double
-                total = total + w[:, j].double()
-            w = w / total.float().clamp_min(6.103515625e-5)[:, None]
+            top, w = self._route(ex, logits)
         out = torch.zeros(T, k, h.shape[1])
         for e in torch.unique(top).tolist():
             rows, slots = (top == e).nonzero(as_tuple=True)
@@ -517,6 +528,37 @@ class Transformer:
         for j in range(1, k):
             y = y + out[:, j]
         return y
+
+    def _route(self, ex: Experts, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Without the C kernels: the experts [T, k] and their weights [T, k], as kernels.cpu.moe_route picks them."""
+        c = self.config
+        k = c.n_expert_used
+        if ex.router_b is not None:
+            logits = logits + ex.router_b
+        if c.expert_gating == "softmax_weight":
+            top = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
+            return top, torch.softmax(logits.gather(1, top), dim=-1)
+        probs = torch.softmax(logits, dim=-1)
+        top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
+        w = probs.gather(1, top)  # [T, k]
+        total = w[:, 0].double()
+        for j in range(1, k):  # ggml_vec_sum_f32: in order, in double
+            total = total + w[:, j].double()
+        return top, w / total.float().clamp_min(6.103515625e-5)[:, None]
+
+    def _experts_c(self, ex: Experts, args: tuple, h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The chosen experts' FFNs on h [T, D] (ids, w [T, k]: moe_route's) through the C mul_mat_id, summed."""
+        kern = _kernels()
+        T, k = ids.shape
+        (gcode, gptr, grb, nff, D), (ucode, uptr, urb, _, _), (dcode, dptr, drb, _, _) = args
+        ids = ids.view(-1)  # [T * k]: token t's experts in turn
+        tok = torch.arange(T, dtype=torch.int32).repeat_interleave(k)
+        gu = torch.empty(T * k, 2 * nff)
+        kern.qmatmul_id(h, gcode, gptr, grb, nff, D, ids, tok, ex.gate_b, gu[:, :nff])
+        kern.qmatmul_id(h, ucode, uptr, urb, nff, D, ids, tok, ex.up_b, gu[:, nff:])
+        g = self._glu(gu, nff)  # [T * k, n_ff_exp]
+        d = kern.qmatmul_id(g, dcode, dptr, drb, D, nff, ids, torch.arange(T * k, dtype=torch.int32), ex.down_b)
+        return kern.moe_sum(d, w)
 
     def _short_conv(self, sc: ShortConv, h: torch.Tensor, cache: HybridCache, slots: tuple, prompt: bool) -> torch.Tensor:
         """lfm2's convolution block on h [T, D] -> [T, D], as llama.cpp's build_shortconv_block: B * x, the
