@@ -64,6 +64,9 @@ fixed, smooth values (no random generator: the same file on every machine):
           GGUFs' name); qwen3moe's experts, their weights requantized to MXFP4 (as gpt-oss files hold them;
           gguf.quants' quantizer), with biases: the up bias near -1, so that SwiGLU-OAI's (up + 1) gives back
           about the trained up, and a router bias; output.weight a copy of the tied embedding (the graph needs one)
+  fused-qkv still llama, as `convert_hf_to_gguf.py --fuse-qkv` writes a model: each layer's attn_q, attn_k and
+          attn_v in one attn_qkv (blocks copied byte for byte, back to back) with small fixed biases in one
+          attn_qkv.bias (the converter fuses the biases of models that have them, such as Qwen2's)
 
 The results are not good language models (the weights were trained for the llama graph), but their
 activations are a trained model's, not noise: greedy continuations compared with llama.cpp's on the
@@ -84,7 +87,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float", "lfm2", "gpt-oss")
+            "float", "lfm2", "gpt-oss", "fused-qkv")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -516,6 +519,16 @@ def derive(variant: str, src: str, dst: str) -> None:
                 _gpt_oss_tensors(w, tensors, layer, n_embd, n_head, head_dim, int(kv[f"{new_arch}.attention.head_count_kv"]))
             else:
                 _moe_tensors(w, tensors, layer)
+            continue
+        if variant == "fused-qkv" and t.name.endswith((".attn_q.weight", ".attn_k.weight", ".attn_v.weight")):
+            if t.name.endswith(".attn_q.weight"):
+                p, layer = t.name[:-len("attn_q.weight")], int(t.name.split(".")[1])
+                parts = [tensors[p + f"attn_{n}.weight"] for n in "qkv"]
+                if len({q.tensor_type for q in parts}) != 1 or parts[0].tensor_type in (Q.F32, Q.F16):
+                    raise SystemExit(f"{t.name}: parts of one quantized type are needed to fuse them as they are")
+                rows = [np.asarray(q.data) for q in parts]
+                w.add_tensor(p + "attn_qkv.weight", np.concatenate(rows), raw_dtype=t.tensor_type)
+                w.add_tensor(p + "attn_qkv.bias", _smooth(sum(len(r) for r in rows), layer, 0.5, 0.05))
             continue
         if variant == "gpt-oss" and t.name.endswith(".ffn_norm.weight"):
             w.add_tensor(t.name.replace(".ffn_norm.", ".post_attention_norm."), np.asarray(t.data))

@@ -311,6 +311,28 @@ def test_moe_fast_decode_is_bit_identical(derived, variant, monkeypatch):
     fast_path_is_hidden(*loaded(derived[variant]), ("f16", "f16"), monkeypatch)
 
 
+def test_fused_qkv_is_the_separate_weights(derived):
+    """A `--fuse-qkv` file (attn_qkv, attn_qkv.bias) is cut back into q, k and v: without its biases the derivative
+    is SmolLM2 with its own weights, so the logits are SmolLM2's bit for bit; the biases are added where
+    llama.cpp's build_qkv adds them (its oracle paths check that)."""
+    c = config_from_gguf(GGUFFile(derived["fused-qkv"]))
+    assert (c.arch, c.qkv_fused, c.qkv_bias_fused, c.qkv_bias) == ("llama", True, True, False)
+    src, _ = loaded(gguf_derive.DEFAULT_SOURCE)
+    gf = GGUFFile(derived["fused-qkv"])
+    model = load_model(gf)  # (its own copy: its biases are removed below)
+    bias = np.asarray(gf.tensor("blk.4.attn_qkv.bias").data)
+    q, k = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k
+    assert torch.equal(model.layers[4].bv, torch.from_numpy(bias[q + k:]))
+    assert torch.equal(model.layers[4].bqk, torch.from_numpy(bias[:q + k]))  # (llama's RoPE: rows in GGUF order)
+    ids = torch.tensor([1, 504, 3458, 282, 4649, 314, 253, 2])
+    biased = model.forward(ids, 0, model.new_cache(16))
+    for ly in model.layers:
+        ly.bqk = ly.bv = None
+    plain = model.forward(ids, 0, model.new_cache(16))
+    assert torch.equal(plain, src.forward(ids, 0, src.new_cache(16)))
+    assert (biased - plain).abs().max() > 0.1
+
+
 def test_mixture_of_experts(derived):
     """qwen3moe and Mixtral's llama with experts: the config as llama.cpp reads it, each expert a view of its
     rows of the stacked tensors (ffn_down: its columns), and the GPU backend refusing them in one line."""

@@ -50,7 +50,7 @@ from ..errors import SharpiError, UsageError
 from ..kv_cache import CacheBase
 from ..models.config import ROPE_NEOX
 from ..models.transformer import (Transformer, _weight, attention_scales, check_pass, layer_parts, pass_tokens,
-                                  prompt_pass)
+                                  prompt_pass, qkv_biases)
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector, q8_0_blocks
 from .cuda import GPU_CACHE_TYPES
 
@@ -256,11 +256,9 @@ class CudaTransformer:
                     p = f"blk.{i}."
                     ly = _Layer()
                     # GGUF row order: the rope kernel pairs NEOX dims itself (the CPU path permutes rows)
-                    host = lambda name: (load_vector(gf.tensor(name)).numpy()  # noqa: E731
-                                         if name in gf.tensors else None)
                     parts = layer_parts(gf, c, i)  # (views of phi3's fused attn_qkv and ffn_up)
                     ly.qkv = _Proj(ops, [parts["q"], parts["k"], parts["v"]], p + "attn_qkv", "qkv", s,
-                                   biases=[host(p + n) for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias")])
+                                   biases=[None if b is None else b.numpy() for b in qkv_biases(gf, c, i)])
                     ly.wo = _Proj(ops, [_weight(gf, p + "attn_output.weight")], p + "attn_output", "wo", s)
                     ly.gu = _Proj(ops, [parts["gate"], parts["up"]], p + "ffn_gate_up", "gu", s)
                     ly.down = _Proj(ops, [_weight(gf, p + "ffn_down.weight")], p + "ffn_down", "down", s)

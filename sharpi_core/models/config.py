@@ -60,7 +60,8 @@ class ModelConfig:
     yarn_log_mul: float = 0.0       # rope.scaling.yarn_log_multiplier (mistral3: mscale_all_dim)
     yarn_orig_ctx: int = 0          # --yarn-orig-ctx: the correction dims' context (0 -> n_ctx_orig)
     attn_temp_scale: float = 0.0    # mistral3: q times log(floor(pos / n_ctx_orig) + 1) * this + 1 (0 = none)
-    qkv_fused: bool = False         # q, k and v rows in one attn_qkv tensor (phi3)
+    qkv_fused: bool = False         # q, k and v rows in one attn_qkv tensor (phi3; any arch's `convert_hf_to_gguf --fuse-qkv`)
+    qkv_bias_fused: bool = False    # ... their biases in one attn_qkv.bias
     ffn_up_gated: bool = False      # ffn_up holds the gate rows, then the up rows; no ffn_gate (phi3)
     nope_every: int = 0             # every nope_every-th layer has no RoPE at all (smollm3: 4th, 8th, ...)
     n_expert: int = 0               # mixture of experts (Mixtral's llama, qwen3moe): experts per layer, 0 = dense FFN
@@ -218,7 +219,7 @@ ARCH_TABLE = {
     "gemma3": dict(rope_style=ROPE_NEOX, qk_norm=True, post_norms=True, act="gelu_tanh",
                    swa_pattern=6, rope_base_swa=10000.0, scale_q=True),
     "qwen3": dict(rope_style=ROPE_NEOX, qk_norm=True),
-    "phi3": dict(rope_style=ROPE_NEOX, scale_q=True, qkv_fused=True, ffn_up_gated=True),
+    "phi3": dict(rope_style=ROPE_NEOX, scale_q=True, ffn_up_gated=True),
     "granite": dict(rope_style=ROPE_NORM),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
@@ -244,9 +245,9 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     kw = _common(gf, n_vocab)
     kw.update(ARCH_TABLE[arch])
     kw["rope_freqs"] = arch in ROPE_FREQS_ARCHS and "rope_freqs.weight" in gf.tensors
-    if arch == "phi3":
-        # q, k, v in one tensor as its converter writes them, or apart (llama.cpp's create_tensor_qkv takes both)
-        kw["qkv_fused"] = "blk.0.attn_q.weight" not in gf.tensors
+    # q, k, v in one tensor (phi3's converter; others' with --fuse-qkv) or apart: llama.cpp's create_tensor_qkv takes both
+    kw["qkv_fused"] = any(n.startswith("blk.") and n.endswith(".attn_qkv.weight") for n in gf.tensors)
+    kw["qkv_bias_fused"] = kw["qkv_fused"] and any(n.startswith("blk.") and n.endswith(".attn_qkv.bias") for n in gf.tensors)
     if arch in ("phi3", "granite", "mistral3"):
         kw["rope_long_short"] = "rope_factors_long.weight" in gf.tensors or "rope_factors_short.weight" in gf.tensors
     if arch == "granite":
@@ -436,7 +437,9 @@ def expected_shapes(c: ModelConfig):
             yield from ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)))
         if not c.n_expert:
             yield b + "ffn_down.weight", (c.n_ff, c.n_embd)
-        if c.qkv_bias:
+        if c.qkv_bias_fused:  # (whatever the arch: llama.cpp's build_qkv adds it where it is)
+            yield b + "attn_qkv.bias", (q + k + v,)
+        elif c.qkv_bias:
             yield from ((b + "attn_q.bias", (q,)), (b + "attn_k.bias", (k,)), (b + "attn_v.bias", (v,)))
         if c.qk_norm:
             yield from ((b + "attn_q_norm.weight", (c.head_dim_k,)), (b + "attn_k_norm.weight", (c.head_dim_k,)))

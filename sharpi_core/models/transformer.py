@@ -142,6 +142,18 @@ def layer_parts(gf: GGUFFile, c: ModelConfig, i: int) -> dict[str, QWeight]:
     return dict(q=q, k=k, v=v, gate=gate, up=up)
 
 
+def qkv_biases(gf: GGUFFile, c: ModelConfig, i: int) -> tuple:
+    """Layer i's q, k and v biases (fp32 tensors; None where absent): attn_q / _k / _v.bias, or attn_qkv.bias cut
+    into them (a fused file's, llama.cpp's create_tensor_qkv)."""
+    p = f"blk.{i}."
+    if c.qkv_bias_fused and p + "attn_qkv.bias" in gf.tensors:
+        b = load_vector(gf.tensor(p + "attn_qkv.bias"))
+        q, k = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k
+        return b[:q], b[q:q + k], b[q + k:]
+    return tuple(load_vector(gf.tensor(p + n)) if p + n in gf.tensors else None
+                 for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias"))
+
+
 def _fused(gf: GGUFFile, name: str, parts: list[str], row_order: list | None = None) -> QWeight:
     """One weight whose rows are the parts' rows in turn (one matmul instead of several).
 
@@ -245,7 +257,7 @@ class Transformer:
                     w_gu=_fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"]),
                     w_down=_weight(gf, p + "ffn_down.weight"), conv=conv))
                 continue
-            bq, bk = opt(p + "attn_q.bias"), opt(p + "attn_k.bias")
+            bq, bk, bv = qkv_biases(gf, c, i)
             qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
             experts = None
             if c.n_expert:
@@ -255,8 +267,13 @@ class Transformer:
                     experts.router_b = vec(p + "ffn_gate_inp.bias")
                     experts.gate_b, experts.up_b, experts.down_b = (
                         vec(p + f"ffn_{n}_exps.bias").view(c.n_expert, -1) for n in ("gate", "up", "down"))
-                wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
-                wv, w_gu = _weight(gf, p + "attn_v.weight"), None
+                if c.qkv_fused:
+                    parts = layer_parts(gf, c, i)
+                    wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
+                else:
+                    wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
+                    wv = _weight(gf, p + "attn_v.weight")
+                w_gu = None
             elif c.qkv_fused or c.ffn_up_gated:
                 parts = layer_parts(gf, c, i)
                 wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
@@ -273,7 +290,7 @@ class Transformer:
                 ffn_norm=vec(p + c.ffn_norm_name), w_gu=w_gu,
                 w_down=None if experts else _weight(gf, p + "ffn_down.weight"), experts=experts,
                 bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
-                bv=opt(p + "attn_v.bias"),
+                bv=bv,
                 qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None else None,
                 post_attn_norm=opt(p + "post_attention_norm.weight") if c.post_norms else None,
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
