@@ -82,10 +82,16 @@ def test_inconsistent_metadata_is_one_error(tmp_path, meta, message):
 
 
 def test_a_tensor_the_graph_would_not_read_is_refused(tmp_path):
-    """A variant of the architecture (a fused attn_qkv) would run without the tensor it needs and give
-    wrong output: refused by name instead. rope_freqs (Llama 3.1+) is read, and checked like the rest."""
-    with pytest.raises(SharpiError, match="tensor 'blk.0.attn_qkv.weight' is not part of the llama graph"):
-        load_model(write_gguf(tmp_path / "m.gguf", extra=[("blk.0.attn_qkv.weight", (4,))]))
+    """A variant of the architecture (a shared expert's gate) would run without the tensor it needs and give
+    wrong output: refused by name instead. A fused attn_qkv is read in place of attn_q / _k / _v, so a file with
+    both is refused by one of those names (llama.cpp's loader, too, finds tensors it does not use). rope_freqs
+    (Llama 3.1+) is read, and checked like the rest."""
+    with pytest.raises(SharpiError, match="tensor 'blk.0.ffn_gate_inp_shexp.weight' is not part of the llama graph"):
+        load_model(write_gguf(tmp_path / "m.gguf", extra=[("blk.0.ffn_gate_inp_shexp.weight", (32,))]))
+    with pytest.raises(SharpiError, match=r"tensor 'blk.0.attn_[qkv].weight' is not part of the llama graph"):
+        load_model(write_gguf(tmp_path / "m1.gguf", extra=[("blk.0.attn_qkv.weight", (64, 32))]))
+    with pytest.raises(SharpiError, match=r"tensor 'blk.0.attn_qkv.weight' has shape \(4,\), its metadata implies \(32, 64\)"):
+        load_model(write_gguf(tmp_path / "m0.gguf", extra=[("blk.0.attn_qkv.weight", (4,))]))
     with pytest.raises(SharpiError, match=r"tensor 'rope_freqs.weight' has shape \(3,\), its metadata implies \(4,\)"):
         load_model(write_gguf(tmp_path / "m2.gguf", extra=[("rope_freqs.weight", (3,))]))
     ok = np.array([1, 1, 2.5, 8], dtype=np.float32)

@@ -97,12 +97,15 @@ def test_perplexity_equals_llama_cpp(name, attn, kv):
         model.flash_attn = prev
     want = (ref["ppl"], ref["err"]) if (attn, kv) == ("fa", "f16") else LLAMA_CPP_PPL[attn, kv][name]
     assert (round(r.ppl, 4), round(r.err, 5)) == want, (r.ppl, r.err)
+    if kv == "q8_0":  # and the 8-bit cache costs little against llama.cpp's f16-cache perplexity (the fixture's)
+        assert abs(r.ppl - ref["ppl"]) / ref["ppl"] < 0.015, (r.ppl, ref["ppl"])
 
 
 # Quantized caches hold Hadamard-rotated q/k and v like llama.cpp's (kv_cache.py): without the
-# rotation Qwen2.5-Coder-0.5B's K outliers cost +12% ppl with q8_0 K (llama.cpp here: +0.8%).
+# rotation Qwen2.5-Coder-0.5B's K outliers cost +12% ppl with q8_0 K (llama.cpp here: +0.8%). (The q8_0 cache's
+# 1.5% bound is checked in test_perplexity_equals_llama_cpp, on the same computation.)
 @pytest.mark.parametrize("name", MODEL_PARAMS)
-@pytest.mark.parametrize("cache_type,tol", [("f32", 0.01), ("q8_0", 0.015)])
+@pytest.mark.parametrize("cache_type,tol", [("f32", 0.01)])
 def test_perplexity_matches_llama_cpp(name, cache_type, tol):
     model, tok = loaded(name)
     ref = reference()[name]["perplexity"]
