@@ -1880,17 +1880,6 @@ static uint8_t *scratch(size_t bytes) {
     return scratch_p;
 }
 
-static void q4k_groups(uint8_t *dst, long T, long k);
-
-/* x [T, k] -> scratch rows (stride act_row_bytes) in the layout of weight type ty */
-static void quantize_rows(int ty, const float *x, long T, long k, uint8_t *dst, int nthreads) {
-    const long rbytes = act_row_bytes(ty, k);
-    const int nth = (T > 1 && T * k >= (1L << 16)) ? (nthreads < 1 ? 1 : nthreads) : 1;
-#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
-    for (long t = 0; t < T; t++) act_row(ty, x + t * k, k, dst + t * rbytes);
-    if (ty == TY_Q4_K) q4k_groups(dst, T, k);
-}
-
 /* Q4_K's min-term groups of activation rows dst [T] (stride act_row_bytes): tokens 4g..4g+3 (absent ones zero) */
 static void q4k_groups(uint8_t *dst, long T, long k) {
     const long rbytes = act_row_bytes(TY_Q4_K, k);
@@ -1908,6 +1897,15 @@ static void q4k_groups(uint8_t *dst, long T, long k) {
             }
             memcpy(gb + 448, dx4, 64);
         }
+}
+
+/* x [T, k] -> scratch rows (stride act_row_bytes) in the layout of weight type ty */
+static void quantize_rows(int ty, const float *x, long T, long k, uint8_t *dst, int nthreads) {
+    const long rbytes = act_row_bytes(ty, k);
+    const int nth = (T > 1 && T * k >= (1L << 16)) ? (nthreads < 1 ? 1 : nthreads) : 1;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (long t = 0; t < T; t++) act_row(ty, x + t * k, k, dst + t * rbytes);
+    if (ty == TY_Q4_K) q4k_groups(dst, T, k);
 }
 
 /* Test / reference export: the activation codes and scales in plain order.

@@ -60,7 +60,7 @@ class ModelConfig:
     yarn_log_mul: float = 0.0       # rope.scaling.yarn_log_multiplier (mistral3: mscale_all_dim)
     yarn_orig_ctx: int = 0          # --yarn-orig-ctx: the correction dims' context (0 -> n_ctx_orig)
     attn_temp_scale: float = 0.0    # mistral3: q times log(floor(pos / n_ctx_orig) + 1) * this + 1 (0 = none)
-    qkv_fused: bool = False         # q, k and v rows in one attn_qkv tensor (phi3; any arch's `convert_hf_to_gguf --fuse-qkv`)
+    qkv_fused: bool = False         # q, k and v rows in one attn_qkv tensor (phi3; any arch with `--fuse-qkv`)
     qkv_bias_fused: bool = False    # ... their biases in one attn_qkv.bias
     ffn_up_gated: bool = False      # ffn_up holds the gate rows, then the up rows; no ffn_gate (phi3)
     nope_every: int = 0             # every nope_every-th layer has no RoPE at all (smollm3: 4th, 8th, ...)
