@@ -259,7 +259,13 @@ class Transformer:
                 continue
             bq, bk, bv = qkv_biases(gf, c, i)
             qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
-            experts = None
+            if c.qkv_fused:  # (views of one attn_qkv; q and k rows copied into rope-pair order)
+                parts = layer_parts(gf, c, i)
+                wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
+            else:
+                wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
+                wv = _weight(gf, p + "attn_v.weight")
+            experts, w_gu = None, None
             if c.n_expert:
                 experts = Experts(_weight(gf, p + "ffn_gate_inp.weight"), *(
                     _expert_weights(gf, p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")))
@@ -267,22 +273,9 @@ class Transformer:
                     experts.router_b = vec(p + "ffn_gate_inp.bias")
                     experts.gate_b, experts.up_b, experts.down_b = (
                         vec(p + f"ffn_{n}_exps.bias").view(c.n_expert, -1) for n in ("gate", "up", "down"))
-                if c.qkv_fused:
-                    parts = layer_parts(gf, c, i)
-                    wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
-                else:
-                    wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
-                    wv = _weight(gf, p + "attn_v.weight")
-                w_gu = None
-            elif c.qkv_fused or c.ffn_up_gated:
-                parts = layer_parts(gf, c, i)
-                wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
-                # (gate rows then up rows: w_gu's own layout)
-                w_gu = _weight(gf, p + "ffn_up.weight") if c.ffn_up_gated else QWeight.concat(
-                    p + "ffn_gate_up", [parts["gate"], parts["up"]])
+            elif c.ffn_up_gated:  # (gate rows then up rows: w_gu's own layout)
+                w_gu = _weight(gf, p + "ffn_up.weight")
             else:
-                wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
-                wv = _weight(gf, p + "attn_v.weight")
                 w_gu = _fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
             self.layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight"),
