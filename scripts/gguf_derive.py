@@ -64,6 +64,12 @@ fixed, smooth values (no random generator: the same file on every machine):
           GGUFs' name); qwen3moe's experts, their weights requantized to MXFP4 (as gpt-oss files hold them;
           gguf.quants' quantizer), with biases: the up bias near -1, so that SwiGLU-OAI's (up + 1) gives back
           about the trained up, and a router bias; output.weight a copy of the tied embedding (the graph needs one)
+  qwen2moe general.architecture qwen2moe (keys renamed; Qwen1.5-MoE, Qwen2-57B-A14B): NeoX RoPE (q / k rows
+          reordered as in qwen3), small fixed q / k / v biases (as Qwen2's attention has), qwen3moe's experts
+          (their weights not renormalized in this graph; ffn_down times QWEN2MOE_DOWN_SCALE) and a shared
+          expert, the dense FFN as it is, under a sigmoid gate whose logit is a fixed smooth f32 row
+          (ffn_gate_inp_shexp, one-dimensional as converters write it); see QWEN2MOE_KV; output.weight a copy
+          of the tied embedding (the graph needs one)
   fused-qkv still llama, as `convert_hf_to_gguf.py --fuse-qkv` writes a model: each layer's attn_q, attn_k and
           attn_v in one attn_qkv (blocks copied byte for byte, back to back) with small fixed biases in one
           attn_qkv.bias (the converter fuses the biases of models that have them, such as Qwen2's)
@@ -87,7 +93,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float", "lfm2", "gpt-oss", "fused-qkv")
+            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -104,6 +110,12 @@ GRANITE_KV = {"embedding_scale": 1.5, "residual_scale": 1.25, "attention.scale":
 # FFN missing, the model writes word salad, but words of every kind: the routing varies from token to token
 MOE_EXPERTS, MOE_USED, MOE_FF, MOE_DOWN_SCALE = 8, 4, 192, 8.0
 MOE_KV = {"expert_count": MOE_EXPERTS, "expert_used_count": MOE_USED}
+# qwen2moe: the shared expert is SmolLM2's whole FFN, its sigmoid gate's logits spread about +-0.5 (so the gate
+# moves between ~0.3 and ~0.7), and the experts' ffn_down times QWEN2MOE_DOWN_SCALE only (they add to the shared
+# expert): a model that still writes sentences. feed_forward_length is given a width no tensor has, so that
+# llama.cpp's n_ff_shexp comes from expert_shared_feed_forward_length, not from its default n_ff
+QWEN2MOE_DOWN_SCALE, QWEN2MOE_GATE_AMP, QWEN2MOE_SHEXP_FF = 2.0, 0.2, 1536
+QWEN2MOE_KV = {**MOE_KV, "expert_shared_feed_forward_length": QWEN2MOE_SHEXP_FF, "feed_forward_length": 768}
 # mistral3 (Ministral 3): YaRN (its log multiplier as Ministral's mscale_all_dim, betas other than the defaults, an
 # original context short enough that the tests' prompts cross it twice) and Llama 4's attention temperature
 # tuning, which scales q past that context
@@ -207,8 +219,9 @@ def _router_weight(n_embd: int, layer: int) -> np.ndarray:
     return (0.1 * np.sin(0.173 * (e + 1) * d + 0.7 * e + 0.31 * layer)).astype(np.float32)
 
 
-def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int) -> None:
-    """Layer `layer`'s dense FFN as MOE_EXPERTS experts (rows / columns of whole blocks, bytes as they are)."""
+def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, down_scale: float = MOE_DOWN_SCALE) -> None:
+    """Layer `layer`'s dense FFN as MOE_EXPERTS experts (rows / columns of whole blocks, bytes as they are;
+    ffn_down's block scales times down_scale, a power of two)."""
     p = f"blk.{layer}."
     gate, up, down = (tensors[p + n] for n in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))
     n_ff, n_embd = int(gate.shape[1]), int(gate.shape[0])
@@ -225,13 +238,24 @@ def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int) -> None:
     if down.tensor_type != Q.Q4_1:
         raise SystemExit(f"{p}ffn_down: Q4_1 blocks are needed (their scales are rescaled in place)")
     blocks = raw.reshape(n_embd, MOE_EXPERTS, per // size, size).transpose(1, 0, 2, 3).copy()
-    # d and m (the first two f16 of a Q4_1 block) times MOE_DOWN_SCALE: a power of two, so exactly
-    dm = blocks[..., :4].copy().view(np.float16) * np.float16(MOE_DOWN_SCALE)
+    # d and m (the first two f16 of a Q4_1 block) times down_scale: a power of two, so exactly
+    dm = blocks[..., :4].copy().view(np.float16) * np.float16(down_scale)
     if not np.isfinite(dm).all():
-        raise SystemExit(f"{p}ffn_down: a block scale overflows f16 times {MOE_DOWN_SCALE}")
+        raise SystemExit(f"{p}ffn_down: a block scale overflows f16 times {down_scale}")
     blocks[..., :4] = dm.view(np.uint8)
     w.add_tensor(p + "ffn_down_exps.weight", blocks.reshape(MOE_EXPERTS, n_embd, per), raw_dtype=down.tensor_type)
     w.add_tensor(p + "ffn_gate_inp.weight", _router_weight(n_embd, layer))
+
+
+def _shared_expert_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int) -> None:
+    """qwen2moe's shared expert for layer `layer` (see the variant): the dense FFN's tensors as they are, and
+    its gate's logit row."""
+    p = f"blk.{layer}."
+    for name in ("ffn_gate", "ffn_up", "ffn_down"):
+        t = tensors[p + name + ".weight"]
+        w.add_tensor(p + name + "_shexp.weight", np.asarray(t.data), raw_dtype=t.tensor_type)
+    n_embd = int(tensors[p + "ffn_gate.weight"].shape[0])
+    w.add_tensor(p + "ffn_gate_inp_shexp.weight", _smooth(n_embd, layer, 9.0, QWEN2MOE_GATE_AMP))
 
 
 def _smooth(n: int, layer: int, phase: float, amp: float, offset: float = 0.0) -> np.ndarray:
@@ -459,8 +483,9 @@ def derive(variant: str, src: str, dst: str) -> None:
     if arch != SOURCE_ARCH.get(variant, "llama"):
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
-                "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss"}.get(variant, arch)
-    moe = variant in ("qwen3moe", "mixtral", "gpt-oss")
+                "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss",
+                "qwen2moe": "qwen2moe"}.get(variant, arch)
+    moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
     # (not "phi3" in the name: llama.cpp's vocabulary would then give Phi-3's special tokens their attributes,
@@ -469,10 +494,10 @@ def derive(variant: str, src: str, dst: str) -> None:
     name = f"{gf.get('general.name')} ({label} derivative, for tests)" if "general.name" in r.fields else None
     values = {"general.name": name} if name else {}
     extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV,
-             "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}}.get(variant, {})
+             "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}, "qwen2moe": QWEN2MOE_KV}.get(variant, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
     if moe:  # (qwen3moe and gpt-oss read their own key; llama's experts have feed_forward_length rows)
-        key = "expert_feed_forward_length" if variant in ("qwen3moe", "gpt-oss") else "feed_forward_length"
+        key = "expert_feed_forward_length" if variant in ("qwen3moe", "gpt-oss", "qwen2moe") else "feed_forward_length"
         values[f"{new_arch}.{key}"] = MOE_FF
     if variant == "lfm2":
         n_layer, n_kv = int(gf.arch_get("block_count")), int(gf.arch_get("attention.head_count_kv"))
@@ -517,6 +542,9 @@ def derive(variant: str, src: str, dst: str) -> None:
             layer = int(t.name.split(".")[1])
             if variant == "gpt-oss":
                 _gpt_oss_tensors(w, tensors, layer, n_embd, n_head, head_dim, int(kv[f"{new_arch}.attention.head_count_kv"]))
+            elif variant == "qwen2moe":
+                _moe_tensors(w, tensors, layer, QWEN2MOE_DOWN_SCALE)
+                _shared_expert_tensors(w, tensors, layer)
             else:
                 _moe_tensors(w, tensors, layer)
             continue
@@ -533,7 +561,8 @@ def derive(variant: str, src: str, dst: str) -> None:
         if variant == "gpt-oss" and t.name.endswith(".ffn_norm.weight"):
             w.add_tensor(t.name.replace(".ffn_norm.", ".post_attention_norm."), np.asarray(t.data))
             continue
-        if variant in ("qwen3", "qwen3moe", "lfm2", "gpt-oss") and t.name.endswith((".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
+        if variant in ("qwen3", "qwen3moe", "lfm2", "gpt-oss", "qwen2moe") and t.name.endswith(
+                (".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
         elif variant == "float" and t.name.endswith((".weight")) and t.name.startswith("blk.") and len(t.shape) == 2:
             n, k = int(t.shape[1]), int(t.shape[0])
@@ -558,13 +587,19 @@ def derive(variant: str, src: str, dst: str) -> None:
             w.add_tensor(t.name, blocks, raw_dtype=qt)
         else:
             add_tensor_as_is(w, t)
+        if variant == "qwen2moe" and t.name.endswith(".attn_norm.weight"):  # (q / k biases in the halves' order too)
+            layer = int(t.name.split(".")[1])
+            n_kv = int(kv[f"{new_arch}.attention.head_count_kv"])
+            w.add_tensor(f"blk.{layer}.attn_q.bias", _smooth(n_head * head_dim, layer, 0.0, 0.05))
+            w.add_tensor(f"blk.{layer}.attn_k.bias", _smooth(n_kv * head_dim, layer, 1.0, 0.05))
+            w.add_tensor(f"blk.{layer}.attn_v.bias", _smooth(n_kv * head_dim, layer, 2.0, 0.02))
         if variant in ("qwen3", "qwen3moe", "lfm2") and t.name.endswith(".attn_norm.weight"):
             layer = int(t.name.split(".")[1])
             w.add_tensor(f"blk.{layer}.attn_q_norm.weight", _norm_weight(head_dim, layer, 0.0))
             w.add_tensor(f"blk.{layer}.attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))
     if variant == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(n_rot, float(kv[f"{arch}.rope.freq_base"])))
-    if variant == "gpt-oss" and "output.weight" not in tensors:  # (its graph has no tied output: the embedding's copy)
+    if variant in ("gpt-oss", "qwen2moe") and "output.weight" not in tensors:  # (no tied output in their graphs: a copy)
         emb = tensors["token_embd.weight"]
         w.add_tensor("output.weight", np.asarray(emb.data), raw_dtype=emb.tensor_type)
     finish(w)

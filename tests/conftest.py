@@ -43,14 +43,18 @@ def model_path(name: str) -> Path:
     return pull(name)
 
 
-_loaded: dict[str, object] = {}
+_loaded: dict[str, object] = {}  # least recently used first
+LOADED_MAX = 4  # the four real models at once (~2 GB): the suite alternates between them; derived files come and go
 
 
 def loaded(name: str | Path):
-    """(model, tokenizer) for a registry model (or a GGUF at a Path), one at a time (keeps memory flat
-    across the suite)."""
-    if name not in _loaded:
-        _loaded.clear()
+    """(model, tokenizer) for a registry model (or a GGUF at a Path), the LOADED_MAX most recently used
+    kept (Qwen 1.5B takes 3-5 s to load and repack). Tests that change a model load their own copy."""
+    if name in _loaded:
+        _loaded[name] = _loaded.pop(name)
+    else:
+        while len(_loaded) >= LOADED_MAX:
+            _loaded.pop(next(iter(_loaded)))
         from sharpi_core.gguf_file import GGUFFile
         from sharpi_core.models import load_model
         from sharpi_core.tokenizer import Tokenizer

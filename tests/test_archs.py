@@ -27,13 +27,14 @@ from sharpi_core.kernels import cpu as cpu_kernels
 from sharpi_core.gguf_file import GGUFFile
 from sharpi_core.models import config_from_gguf, load_model
 from sharpi_core.sampling import SamplingParams
+from sharpi_core.quants import Activations
 from test_cli import one_error_line, sharpi
 
 _spec = importlib.util.spec_from_file_location("gguf_derive", ROOT / "scripts" / "gguf_derive.py")
 gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
-MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss")
+MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe")
 CPU_ONLY = MOE_VARIANTS + ("lfm2",)  # (the GPU backend refuses them)
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
@@ -388,6 +389,42 @@ def test_gpt_oss(derived):
                                         "tied_output": False})
     with pytest.raises(SharpiError, match="output.weight. is missing"):
         _gpt_oss(_Meta("gpt-oss", {"attention.sliding_window": 128}), {"tied_output": True})
+
+
+def test_qwen2moe(derived):
+    """qwen2moe as llama.cpp's loader reads it: the experts' width and the shared expert's from their own keys
+    (not feed_forward_length), q / k / v biases, the experts' weights not renormalized; the shared expert's
+    gate, up and down as the file holds them, its gate's logit row f32 [1, D], its sigmoid gate ggml's
+    silu(x) / x; a file without output.weight refused (its loader requires one)."""
+    Q = gguf_derive.Q
+    c = config_from_gguf(GGUFFile(derived["qwen2moe"]))
+    assert (c.arch, c.rope_style, c.qkv_bias, c.expert_gating, c.expert_weights_norm) == (
+        "qwen2moe", "neox", True, "softmax", False)
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_ff_shexp, c.n_ff) == (
+        gguf_derive.MOE_EXPERTS, gguf_derive.MOE_USED, gguf_derive.MOE_FF, gguf_derive.QWEN2MOE_SHEXP_FF, 768)
+    model, _ = loaded(derived["qwen2moe"])
+    gf = GGUFFile(derived["qwen2moe"])
+    ex = model.layers[3].experts
+    dense = lambda n: np.asarray(gf.tensor(f"blk.3.ffn_{n}_shexp.weight").data)  # noqa: E731
+    assert np.array_equal(np.asarray(ex.sh_gu.raw), np.concatenate((dense("gate"), dense("up"))))
+    assert np.array_equal(np.asarray(ex.sh_down.raw), dense("down"))
+    assert ex.sh_gate.qtype == Q.F32 and (ex.sh_gate.n, ex.sh_gate.k) == (1, c.n_embd)
+    g = torch.Generator().manual_seed(0)
+    T, D = 5, c.n_embd
+    h, y = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    a = Activations(h, False)
+    got = model._shared_expert(ex, a, y.clone())
+    x = a(ex.sh_gate)  # [T, 1]
+    sh = ex.sh_down(model._glu(a(ex.sh_gu), c.n_ff_shexp))
+    torch.testing.assert_close(got, y + sh * torch.sigmoid(x), rtol=1e-6, atol=1e-6)
+    assert (got - y).abs().max() > 0.1
+    from sharpi_core.models.config import _experts  # noqa: PLC0415
+    meta = _Meta("qwen2moe", {"expert_count": 8, "expert_used_count": 2, "expert_shared_count": 1})
+    kw = {"n_ff": 768, "tied_output": False}
+    _experts(meta, kw)  # (the one shared expert its graph always has: expert_shared_count is not read)
+    assert (kw["n_ff_exp"], kw["n_ff_shexp"]) == (384, 768)  # llama.cpp's defaults: n_ff / n_expert_used, n_ff
+    with pytest.raises(SharpiError, match="output.weight. is missing"):
+        _experts(meta, {"n_ff": 768, "tied_output": True})
 
 
 def test_expert_metadata_is_checked():

@@ -73,7 +73,7 @@ def test_qmatmul_id_refuses_bad_arguments():
     assert cpu.qmatmul_id(x, code, ptrs, 68, 8, 64, tok[:0], tok[:0]).shape == (0, 8)
 
 
-def route_reference(logits: torch.Tensor, k: int, gating: str, bias):
+def route_reference(logits: torch.Tensor, k: int, gating: str, bias, norm: bool = True):
     """The torch routing moe_route replaced (ggml_soft_max through cpu.soft_max, a stable descending sort)."""
     if bias is not None:
         logits = logits + bias
@@ -83,6 +83,8 @@ def route_reference(logits: torch.Tensor, k: int, gating: str, bias):
     probs = cpu.soft_max(logits.clone())
     top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
     w = probs.gather(1, top)
+    if not norm:  # (qwen2moe: the probabilities as they are)
+        return top, w
     total = w[:, 0].double()
     for j in range(1, k):
         total = total + w[:, j].double()
@@ -90,8 +92,8 @@ def route_reference(logits: torch.Tensor, k: int, gating: str, bias):
 
 
 @needs_kernels
-@pytest.mark.parametrize("gating", ["softmax", "softmax_weight"])
-def test_moe_route_is_the_stable_sort_over_ggml_soft_max(gating):
+@pytest.mark.parametrize("gating,norm", [("softmax", True), ("softmax", False), ("softmax_weight", True)])
+def test_moe_route_is_the_stable_sort_over_ggml_soft_max(gating, norm):
     g = torch.Generator().manual_seed(1)
     for (n_exp, k), biased in zip(((8, 2), (32, 4), (128, 8), (4, 4), (64, 4)), (False, True) * 3):
         logits = torch.randn(9, n_exp, generator=g) * 3
@@ -99,12 +101,33 @@ def test_moe_route_is_the_stable_sort_over_ggml_soft_max(gating):
         logits[1, 3::2] = logits[1, 1]  # some ties
         logits[2] = -30.0 + torch.arange(n_exp) * 1e-7  # tiny probabilities (the clamped sum)
         bias = torch.randn(n_exp, generator=g) if biased else None
-        want_ids, want_w = route_reference(logits, k, gating, bias)
-        ids, w = cpu.moe_route(logits.clone(), k, gating, bias)
+        want_ids, want_w = route_reference(logits, k, gating, bias, norm)
+        ids, w = cpu.moe_route(logits.clone(), k, gating, bias, norm)
         assert ids.dtype == torch.int32 and torch.equal(ids.long(), want_ids), (n_exp, k)
         assert torch.equal(w, want_w), (n_exp, k)
         if not biased:
             assert torch.equal(ids[0].long(), torch.arange(k))
+        if gating == "softmax" and k < n_exp:  # the weights sum to 1 only when renormalized
+            assert (w.sum(-1) - 1).abs().max() < 1e-6 if norm else w.sum(-1).min() < 0.9
+
+
+@needs_kernels
+def test_shexp_add_is_qwen2moes_gated_sum():
+    """y + sh * (silu(x) / x): ggml_silu's x / (1 + expf(-x)) one element per row, divided by x, the product
+    rounded, then added (checked in float64 to the last bit's neighbourhood; the bits against llama.cpp by
+    test_archs' qwen2moe oracle)."""
+    g = torch.Generator().manual_seed(3)
+    T, D = 6, 40
+    gx, sh, y = torch.randn(T, 1, generator=g) * 3, torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    gx[0] = 30.0  # (sigmoid 1 in float)
+    gx[1] = -30.0
+    x = gx.double()
+    want = (y.double() + (sh.double() * ((x / (1 + torch.exp(-x))) / x)).float().double()).float()
+    got = cpu.shexp_add(gx, sh, y.clone())
+    torch.testing.assert_close(got, want, rtol=3e-7, atol=1e-7)
+    assert torch.equal(got[0], y[0] + sh[0])
+    with pytest.raises(ValueError):
+        cpu.shexp_add(gx[:3], sh, y)
 
 
 @needs_kernels

@@ -47,7 +47,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 12
+_ABI = 13
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -83,7 +83,7 @@ _sq8 = None
 _scap = None
 _smax = None
 _sconv = None
-_qid = _mroute = _msum = None  # mixture-of-experts entry points
+_qid = _mroute = _msum = _shexp = None  # mixture-of-experts entry points
 build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
 
@@ -195,7 +195,7 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 def _bind_ctypes(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum
+    global _sconv, _qid, _mroute, _msum, _shexp
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -255,12 +255,15 @@ def _bind_ctypes(path: Path) -> None:
                    c_long, c_int]
     qi.restype = c_int
     mr = lib.sharpi_moe_route
-    mr.argtypes = [c_void_p, c_long, c_long, c_int, c_int, c_void_p, c_void_p, c_void_p]
+    mr.argtypes = [c_void_p, c_long, c_long, c_int, c_int, c_int, c_void_p, c_void_p, c_void_p]
     mr.restype = None
     ms = lib.sharpi_moe_sum
     ms.argtypes = [c_void_p, c_void_p, c_long, c_int, c_long, c_void_p]
     ms.restype = None
-    _qid, _mroute, _msum = qi, mr, ms
+    sx = lib.sharpi_shexp_add
+    sx.argtypes = [c_void_p, c_void_p, c_long, c_long, c_void_p]
+    sx.restype = None
+    _qid, _mroute, _msum, _shexp = qi, mr, ms, sx
     _state["lib"] = lib
     _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv = gl, ro, rt, rp, hd, sq, sc, sm, cv
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
@@ -269,7 +272,7 @@ def _bind_ctypes(path: Path) -> None:
 
 def _bind_module(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum
+    global _sconv, _qid, _mroute, _msum, _shexp
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -278,7 +281,7 @@ def _bind_module(path: Path) -> None:
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
     _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
     _scap, _smax, _sconv = mod.softcap, mod.soft_max, mod.short_conv
-    _qid, _mroute, _msum = mod.qmatmul_id, mod.moe_route, mod.moe_sum
+    _qid, _mroute, _msum, _shexp = mod.qmatmul_id, mod.moe_route, mod.moe_sum, mod.shexp_add
 
 
 def _load():
@@ -425,7 +428,7 @@ def qmatmul(x: torch.Tensor, raw: torch.Tensor, qtype, n: int, k: int,
     Longer inputs otherwise: tiles of weight rows are dequantized exactly and multiplied by torch's
     sgemm. F16 weights, BF16 ones with act_quant, and F32 ones whose rows are multiples of 64, take ggml's
     summation orders at every T: ggml_vec_dot_f16 / _bf16 / _f32 for one-row passes and verify rows, tinyBLAS for prompt passes
-    (prompt=True) of 2 rows or more."""
+    (prompt=True) of 2 rows or more on weights of a multiple of 4 rows (tinyBLAS's tiles; vec_dot for the others)."""
     info = _INFO.get(qtype)
     if info is None or _qmm is None:
         if not available():
@@ -480,7 +483,8 @@ def kernel_fns() -> dict:
     if not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope, "hadamard": _had,
-            "store_q8_0": _sq8, "short_conv": _sconv, "qmatmul_id": _qid, "moe_route": _mroute, "moe_sum": _msum}
+            "store_q8_0": _sq8, "short_conv": _sconv, "qmatmul_id": _qid, "moe_route": _mroute, "moe_sum": _msum,
+            "shexp_add": _shexp}
 
 
 def _gemm(x, raw, code, n, k, rb, out):
@@ -684,9 +688,10 @@ _I32 = torch.int32
 MOE_GATING = {"softmax": 0, "softmax_weight": 1}
 
 
-def moe_route(logits: torch.Tensor, k: int, gating: str, bias: torch.Tensor | None = None):
+def moe_route(logits: torch.Tensor, k: int, gating: str, bias: torch.Tensor | None = None, norm: bool = True):
     """A router's logits fp32 [T, n_expert] (+ bias [n_expert]) -> (the chosen experts int32 [T, k], their
-    weights fp32 [T, k]) as llama.cpp's build_moe_ffn picks them (ops.c sharpi_moe_route; logits is overwritten)."""
+    weights fp32 [T, k]) as llama.cpp's build_moe_ffn picks them (ops.c sharpi_moe_route; logits is overwritten);
+    norm: softmax gating's weights over their sum (build_moe_ffn's norm_w)."""
     if _mroute is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     T, E = logits.shape
@@ -694,8 +699,8 @@ def moe_route(logits: torch.Tensor, k: int, gating: str, bias: torch.Tensor | No
             or (bias is not None and (bias.dtype is not _F32 or bias.numel() != E or not bias.is_contiguous()))):
         raise ValueError(f"moe_route: logits {logits.dtype} {tuple(logits.shape)}, k {k}, gating {gating}")
     ids, w = torch.empty((T, k), dtype=_I32), torch.empty((T, k), dtype=_F32)
-    _mroute(logits.data_ptr(), T, E, k, MOE_GATING[gating], 0 if bias is None else bias.data_ptr(), ids.data_ptr(),
-            w.data_ptr())
+    _mroute(logits.data_ptr(), T, E, k, MOE_GATING[gating], int(norm), 0 if bias is None else bias.data_ptr(),
+            ids.data_ptr(), w.data_ptr())
     return ids, w
 
 
@@ -738,6 +743,19 @@ def moe_sum(d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"moe_sum: d {d.dtype} {tuple(d.shape)}, w {w.dtype} {tuple(w.shape)}")
     y = torch.empty((T, d.shape[1]), dtype=_F32)
     _msum(d.data_ptr(), w.data_ptr(), T, k, d.shape[1], y.data_ptr())
+    return y
+
+
+def shexp_add(gx: torch.Tensor, sh: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y fp32 [T, D] += sh [T, D] * sigmoid(gx [T]) in place, as qwen2moe's graph gates its shared expert
+    (ops.c sharpi_shexp_add: silu(x) / x with libm's expf, the product rounded, then added). Returns y."""
+    if _shexp is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    T = y.shape[0]
+    if (any(t.dtype is not _F32 or not t.is_contiguous() for t in (gx, sh, y)) or y.dim() != 2 or sh.shape != y.shape
+            or gx.numel() != T):
+        raise ValueError(f"shexp_add: gx {tuple(gx.shape)}, sh {tuple(sh.shape)}, y {tuple(y.shape)}")
+    _shexp(gx.data_ptr(), sh.data_ptr(), T, y.shape[1], y.data_ptr())
     return y
 
 

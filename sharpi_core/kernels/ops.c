@@ -655,7 +655,8 @@ void sharpi_soft_max(float *x, long T, long n) {
  * the k most probable in descending order (ties: the lower index first, as a stable sort), each over their sum
  * (added in order in double, ggml_vec_sum_f32) clamped below at 2^-14; gating 1 (softmax_weight, gpt-oss): the k
  * largest logits, sharpi_soft_max over those. logits is overwritten. */
-void sharpi_moe_route(float *logits, long T, long n_exp, int k, int gating, const float *bias, int32_t *ids, float *w) {
+void sharpi_moe_route(float *logits, long T, long n_exp, int k, int gating, int norm, const float *bias, int32_t *ids,
+                      float *w) {
     for (long t = 0; t < T; t++) {
         float *r = logits + t * n_exp, *wt = w + t * k;
         int32_t *it = ids + t * k;
@@ -672,13 +673,13 @@ void sharpi_moe_route(float *logits, long T, long n_exp, int k, int gating, cons
             it[j] = (int32_t)best;
             wt[j] = r[best];
         }
-        if (gating == 0) {
+        if (gating == 0 && norm) {
             double sum = wt[0];
             for (int j = 1; j < k; j++) sum += (double)wt[j];
             float s = (float)sum;
             s = s < 6.103515625e-5f ? 6.103515625e-5f : s;
             for (int j = 0; j < k; j++) wt[j] = wt[j] / s;
-        } else {
+        } else if (gating == 1) {
             sharpi_soft_max(wt, 1, k);
         }
     }
@@ -696,6 +697,19 @@ void sharpi_moe_sum(const float *d, const float *w, long T, int k, long D, float
             }
             y[t * D + i] = acc;
         }
+}
+
+/* y[t, :] += sh[t, :] * sigmoid(gx[t]) for y, sh [T, D]: qwen2moe's shared expert, its gate as that graph computes
+ * it on a [1, T] tensor: ggml_silu one element per row (ggml_silu_f32, libm's expf), divided by gx; the product
+ * rounded, then added */
+void sharpi_shexp_add(const float *gx, const float *sh, long T, long D, float *y) {
+    for (long t = 0; t < T; t++) {
+        const float x = gx[t], gate = x / (1.0f + expf(-x)) / x;
+        for (long i = 0; i < D; i++) {
+            const float p = sh[t * D + i] * gate;
+            y[t * D + i] = y[t * D + i] + p;
+        }
+    }
 }
 
 static float gelu_table[65536]; /* ggml_table_gelu_f16, as fp32 values of its fp16 entries */
@@ -947,12 +961,22 @@ PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
-/* moe_route(logits, T, n_exp, k, gating, bias (0: none), ids, w) and moe_sum(d, w, T, k, D, y) */
+/* moe_route(logits, T, n_exp, k, gating, norm, bias (0: none), ids, w), moe_sum(d, w, T, k, D, y) and
+ * shexp_add(gx, sh, T, D, y) */
 PyObject *sharpi_py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    long a[8];
-    if (sharpi_py_nlongs(args, nargs, a, 8, "moe_route")) return NULL;
-    sharpi_moe_route((float *)a[0], a[1], a[2], (int)a[3], (int)a[4], (const float *)a[5], (int32_t *)a[6], (float *)a[7]);
+    long a[9];
+    if (sharpi_py_nlongs(args, nargs, a, 9, "moe_route")) return NULL;
+    sharpi_moe_route((float *)a[0], a[1], a[2], (int)a[3], (int)a[4], (int)a[5], (const float *)a[6], (int32_t *)a[7],
+                     (float *)a[8]);
+    Py_RETURN_NONE;
+}
+
+PyObject *sharpi_py_shexp_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[5];
+    if (sharpi_py_nlongs(args, nargs, a, 5, "shexp_add")) return NULL;
+    sharpi_shexp_add((const float *)a[0], (const float *)a[1], a[2], a[3], (float *)a[4]);
     Py_RETURN_NONE;
 }
 

@@ -2156,10 +2156,12 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
             const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const long n0 = c * chunk, n1 = (n0 + chunk < n) ? n0 + chunk : n;
-            /* ggml's own summation orders (vec_dot, tinyBLAS); BF16 on activations rounded to bf16 (mode >= 1) */
+            /* ggml's own summation orders (vec_dot, tinyBLAS); BF16 on activations rounded to bf16 (mode >= 1).
+             * llamafile's tinyBLAS takes a prompt pass only when the weight's rows are a multiple of 4 (its
+             * tiles); ggml's mul_mat runs the others (qwen2moe's one-row shared-expert gate) by vec_dot */
             if (ty == TY_F32 || ty == TY_F16 || (ty == TY_BF16 && mode >= 1)) {
                 sharpi_float_rows(w, ty == TY_F32 ? 0 : ty == TY_F16 ? 1 : 2, n0, n1, k, x, xb, ldx, T, y, n,
-                                  mode == 2 && T >= 2);
+                                  mode == 2 && T >= 2 && n % 4 == 0);
                 continue;
             }
             if (ty == TY_Q4_KR || ty == TY_Q4_1R) {
@@ -2344,7 +2346,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 12; }
+int sharpi_abi_version(void) { return 13; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
@@ -2466,6 +2468,7 @@ PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *sharpi_py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
 PyObject *sharpi_py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
 PyObject *sharpi_py_moe_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
+PyObject *sharpi_py_shexp_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
@@ -2480,6 +2483,7 @@ static PyMethodDef py_methods[] = {
     {"short_conv", (PyCFunction)(void (*)(void))sharpi_py_short_conv, METH_FASTCALL, "ggml_ssm_conv (LFM2)"},
     {"moe_route", (PyCFunction)(void (*)(void))sharpi_py_moe_route, METH_FASTCALL, "MoE expert choice and weights"},
     {"moe_sum", (PyCFunction)(void (*)(void))sharpi_py_moe_sum, METH_FASTCALL, "MoE experts' weighted sum"},
+    {"shexp_add", (PyCFunction)(void (*)(void))sharpi_py_shexp_add, METH_FASTCALL, "gated shared expert, added"},
     {"qmatmul_id", (PyCFunction)(void (*)(void))py_qmatmul_id, METH_FASTCALL, "mul_mat_id: one expert per row"},
     {"store_q8_0", (PyCFunction)(void (*)(void))py_store_q8_0, METH_FASTCALL, "q8_0 KV cache write"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},

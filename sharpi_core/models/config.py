@@ -70,6 +70,9 @@ class ModelConfig:
     expert_gating: str = "softmax"  # softmax: the top experts by probability, renormalized; softmax_weight (gpt-oss):
                                     # the top experts by router logit, softmax over theirs
     moe_bias: bool = False          # biases on the router's logits and on each expert's gate, up and down (gpt-oss)
+    expert_weights_norm: bool = True  # softmax gating: the used experts' probabilities over their sum (qwen2moe: as they are)
+    n_ff_shexp: int = 0             # (qwen2moe) the shared expert's FFN width, added to the routed experts' sum under a
+                                    # sigmoid gate per token; 0 = no shared expert
     attn_out_bias: bool = False     # attn_output.bias (gpt-oss)
     attn_sinks: bool = False        # a learned sink logit per head in the attention softmax (gpt-oss)
     recurrent: tuple = ()           # per layer: a short-convolution block instead of attention (lfm2)
@@ -223,13 +226,14 @@ ARCH_TABLE = {
     "granite": dict(rope_style=ROPE_NORM),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
+    "qwen2moe": dict(rope_style=ROPE_NEOX, qkv_bias=True, expert_weights_norm=False),
     "mistral3": dict(rope_style=ROPE_NORM),
     "lfm2": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "gpt-oss": dict(rope_style=ROPE_NEOX, qkv_bias=True, attn_out_bias=True, attn_sinks=True, swa_pattern=2,
                     act="swiglu_oai", expert_gating="softmax_weight", moe_bias=True),
 }
 # archs whose FFN is a mixture of experts (llama: when the GGUF gives expert_count, as Mixtral's do)
-MOE_ARCHS = frozenset({"qwen3moe", "gpt-oss"})
+MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss"})
 MOE_MAY = frozenset({"llama"})
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
@@ -272,21 +276,26 @@ MAX_EXPERTS = 512
 
 
 def _experts(gf: GGUFFile, kw: dict) -> None:
-    """The mixture of experts as llama.cpp's llama (Mixtral) and qwen3moe graphs run it: softmax routing
-    over expert_count experts, the top expert_used_count per token, their weights renormalized to sum 1."""
+    """The mixture of experts as llama.cpp's llama (Mixtral), qwen3moe and qwen2moe graphs run it: softmax routing
+    over expert_count experts, the top expert_used_count per token, their weights renormalized to sum 1 (qwen2moe:
+    not renormalized, and one shared expert for every token)."""
     a = gf.arch_get
     kw["n_expert"] = n = int(gf.require(f"{gf.arch}.expert_count"))
     kw["n_expert_used"] = used = int(gf.require(f"{gf.arch}.expert_used_count"))
     if not 0 < used <= n <= MAX_EXPERTS:
         raise SharpiError(f"{gf.path}: {used} of {n} experts used per token (at most {MAX_EXPERTS} experts)")
-    if gf.arch == "qwen3moe":  # its own width key, else feed_forward_length / experts used (llama.cpp's default)
+    if gf.arch in ("qwen3moe", "qwen2moe"):  # its own width key, else feed_forward_length / experts used (llama.cpp's)
         kw["n_ff_exp"] = int(a("expert_feed_forward_length", 0) or 0) or kw["n_ff"] // used
     elif gf.arch == "gpt-oss":  # required (its graph's gating is its own: expert_gating_func is not read)
         kw["n_ff_exp"] = int(gf.require(f"{gf.arch}.expert_feed_forward_length"))
     else:
         kw["n_ff_exp"] = kw["n_ff"]
+    if gf.arch == "qwen2moe":  # (its graph always has the one shared expert: expert_shared_count is not read)
+        kw["n_ff_shexp"] = int(a("expert_shared_feed_forward_length", 0) or 0) or kw["n_ff"]
+        if kw["tied_output"]:  # (its loader requires the output layer)
+            raise SharpiError(f"{gf.path}: tensor 'output.weight' is missing")
     for key in ("expert_shared_count", "expert_group_count"):
-        if int(a(key, 0) or 0) > 0:
+        if int(a(key, 0) or 0) > 0 and not (key == "expert_shared_count" and gf.arch == "qwen2moe"):
             raise SharpiError(f"{gf.path}: {gf.arch}.{key} is not supported (experts without shared experts or groups only)")
     gating = int(a("expert_gating_func", 0) or 0)
     if gf.arch != "gpt-oss" and gating not in (0, 1):  # llama.cpp: 0 = none given (softmax for these graphs), 1 = softmax
@@ -431,6 +440,10 @@ def expected_shapes(c: ModelConfig):
             if c.moe_bias:
                 yield from ((b + "ffn_gate_inp.bias", (E,)), (b + "ffn_gate_exps.bias", (f, E)),
                             (b + "ffn_up_exps.bias", (f, E)), (b + "ffn_down_exps.bias", (c.n_embd, E)))
+            if c.n_ff_shexp:
+                s = c.n_ff_shexp
+                yield from ((b + "ffn_gate_inp_shexp.weight", (c.n_embd,)), (b + "ffn_gate_shexp.weight", (c.n_embd, s)),
+                            (b + "ffn_up_shexp.weight", (c.n_embd, s)), (b + "ffn_down_shexp.weight", (s, c.n_embd)))
         elif c.ffn_up_gated:
             yield b + "ffn_up.weight", (c.n_embd, 2 * c.n_ff)
         else:

@@ -8,8 +8,8 @@ allocated once per pass length, so the results are bit-identical to `hidden`'s (
 
 It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
 post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions, attention
-sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral and gpt-oss (routing, one mul_mat_id
-call per expert matrix kind, the weighted sum: Transformer._experts_c's calls),
+sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss and qwen2moe (routing, one
+mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; qwen2moe's gated shared expert),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -62,8 +62,12 @@ class DecodePath:
         for ly in model.layers:
             if any(w is not None and (w._kern is None or w.act_kind is None) for w in _matmuls(ly).values()):
                 return None
-            if ly.experts is not None and (_router_args(ly.experts.router) is None or ly.experts.id_args() is None
-                                           or model.config.n_ff_exp % 16):
+            ex = ly.experts
+            if ex is not None and (_router_args(ex.router) is None or ex.id_args() is None or model.config.n_ff_exp % 16):
+                return None
+            if ex is not None and ex.sh_gu is not None and (
+                    any(w._kern is None or w.act_kind is None for w in (ex.sh_gu, ex.sh_down))
+                    or _router_args(ex.sh_gate) is None or model.config.n_ff_shexp % 16):
                 return None
         return cls(model)
 
@@ -72,8 +76,12 @@ class DecodePath:
         while len(self.weights) < n_layers:
             ly = self.model.layers[len(self.weights)]
             w = {n: (*w.kernel_args(), w.n, w.k) for n, w in _matmuls(ly).items() if w is not None}
-            if ly.experts is not None:
-                w["router"] = (*_router_args(ly.experts.router), ly.experts.router.n, ly.experts.router.k)
+            ex = ly.experts
+            if ex is not None:
+                w["router"] = (*_router_args(ex.router), ex.router.n, ex.router.k)
+            if ex is not None and ex.sh_gu is not None:
+                w["sh_gu"], w["sh_down"] = ((*x.kernel_args(), x.n, x.k) for x in (ex.sh_gu, ex.sh_down))
+                w["sh_gate"] = (*_router_args(ex.sh_gate), 1, ex.sh_gate.k)
             self.weights.append(w)
         return self.weights
 
@@ -100,6 +108,8 @@ class DecodePath:
                     logits=e(T, c.n_expert), mw=e(T, c.n_expert_used), ids=torch.empty(P, dtype=i32),
                     tok=torch.arange(T, dtype=i32).repeat_interleave(c.n_expert_used), pair=torch.arange(P, dtype=i32),
                     mgu=e(P, 2 * c.n_ff_exp), mg=e(P, c.n_ff_exp), md=e(P, c.n_embd))
+            if c.n_ff_shexp:  # the shared expert's gate and up, its GLU, its down rows, its gate's logits
+                self._bufs.update(sgu=e(T, 2 * c.n_ff_shexp), sg=e(T, c.n_ff_shexp), sd=e(T, c.n_embd), sx=e(T, 1))
         c = self.model.config
         rows = {"ext": T + c.conv_width - 1, **{n: T * c.n_expert_used for n in _PAIR_BUFS}}
         return {name: buf[:rows.get(name, T)] for name, buf in self._bufs.items()}  # leading rows: contiguous
@@ -162,7 +172,7 @@ class DecodePath:
             hf, gu, g, f = h[:Tf], b["gu"][:Tf], b["g"][:Tf], b["f"][:Tf]
             rms(x.data_ptr(), ly.ffn_norm.data_ptr(), Tf, D, eps, hf.data_ptr())
             if ly.experts is not None:
-                self._moe(ly.experts, w["router"], b, hf, f, Tf, glu_act, nth)
+                self._moe(ly.experts, w, b, hf, f, Tf, glu_act, nth)
             else:
                 self._mm(w["w_gu"], hf, gu, Tf, nth)
                 if glu(gu.data_ptr(), Tf, c.n_ff, glu_act, g.data_ptr(), nth):
@@ -175,18 +185,19 @@ class DecodePath:
             x.add_(f)
         return x
 
-    def _moe(self, ex, router: tuple, b: dict, h: torch.Tensor, out: torch.Tensor, T: int, glu_act: int, nth: int) -> None:
+    def _moe(self, ex, w: dict, b: dict, h: torch.Tensor, out: torch.Tensor, T: int, glu_act: int, nth: int) -> None:
         """Transformer._moe's kernel calls on h [T, D] -> out [T, D]: router logits, moe_route, the gate and up
-        mul_mat_id into the halves of one buffer, the GLU, the down mul_mat_id, the weighted sum."""
+        mul_mat_id into the halves of one buffer, the GLU, the down mul_mat_id, the weighted sum; then the
+        shared expert's matmuls and its gated sum (qwen2moe)."""
         c = self.model.config
         fns, k, D, nff = self.fns, c.n_expert_used, c.n_embd, c.n_ff_exp
         P = T * k
         logits, mw, ids, gu, g, d = b["logits"][:T], b["mw"][:T], b["ids"][:P], b["mgu"][:P], b["mg"][:P], b["md"][:P]
         tok, pair = b["tok"][:P].data_ptr(), b["pair"][:P].data_ptr()
         bias = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-        self._mm(router, h, logits, T, nth)
-        fns["moe_route"](logits.data_ptr(), T, c.n_expert, k, cpu.MOE_GATING[c.expert_gating], bias(ex.router_b),
-                         ids.data_ptr(), mw.data_ptr())
+        self._mm(w["router"], h, logits, T, nth)
+        fns["moe_route"](logits.data_ptr(), T, c.n_expert, k, cpu.MOE_GATING[c.expert_gating], int(c.expert_weights_norm),
+                         bias(ex.router_b), ids.data_ptr(), mw.data_ptr())
         (gcode, gptr, grb, _, _), (ucode, uptr, urb, _, _), (dcode, dptr, drb, _, _) = ex.id_args()
         qid = fns["qmatmul_id"]
         for code, ptrs, rb, bb, y in ((gcode, gptr, grb, ex.gate_b, gu.data_ptr()),
@@ -200,6 +211,15 @@ class DecodePath:
                bias(ex.down_b), d.data_ptr(), D, nth):
             raise RuntimeError("qmatmul_id: the kernel rejected a weight it had accepted")
         fns["moe_sum"](d.data_ptr(), mw.data_ptr(), T, k, D, out.data_ptr())
+        if ex.sh_gu is None:
+            return
+        sgu, sg, sd, sx = b["sgu"][:T], b["sg"][:T], b["sd"][:T], b["sx"][:T]
+        self._mm(w["sh_gu"], h, sgu, T, nth)
+        if fns["glu"](sgu.data_ptr(), T, c.n_ff_shexp, glu_act, sg.data_ptr(), nth):
+            raise RuntimeError("glu: the kernel rejected the pass")
+        self._mm(w["sh_down"], sg, sd, T, nth)
+        self._mm(w["sh_gate"], h, sx, T, nth)
+        fns["shexp_add"](sx.data_ptr(), sd.data_ptr(), T, D, out.data_ptr())
 
     def _short_conv(self, sc, w: dict, cache, slots, b: dict, h: torch.Tensor, out: torch.Tensor, T: int,
                     nth: int) -> None:

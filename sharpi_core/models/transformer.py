@@ -1,5 +1,5 @@
 """The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3, mistral3,
-the mixture-of-experts qwen3moe and Mixtral-style llama, and lfm2's hybrid of attention and short-convolution
+the mixtures of experts qwen3moe, qwen2moe, gpt-oss and Mixtral-style llama, and lfm2's hybrid of attention and short-convolution
 layers (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
@@ -54,9 +54,15 @@ class Experts:
     gate_b: torch.Tensor | None = None
     up_b: torch.Tensor | None = None
     down_b: torch.Tensor | None = None
+    # (qwen2moe) the shared expert every token runs: its gate and up fused [2 * n_ff_shexp, D], its down
+    # [D, n_ff_shexp], and the [1, D] row of its sigmoid gate's logit (ffn_gate_inp_shexp)
+    sh_gu: QWeight | None = None
+    sh_down: QWeight | None = None
+    sh_gate: QWeight | None = None
 
     def weights(self) -> list[QWeight]:
-        return [self.router, *self.gate, *self.up, *self.down]
+        shared = [w for w in (self.sh_gu, self.sh_down, self.sh_gate) if w is not None]
+        return [self.router, *self.gate, *self.up, *self.down, *shared]
 
     def id_args(self) -> tuple | None:
         """(gate, up, down) as the C mul_mat_id takes them (kernels.cpu.qmatmul_id): each (type code, the experts'
@@ -108,6 +114,12 @@ def _weight(gf: GGUFFile, name: str) -> QWeight:
     t = gf.tensor(name)
     k, n = (int(s) for s in t.shape[:2])  # GGUF shapes are [K (fastest), N]
     return QWeight(name, t.data, t.tensor_type, n, k)
+
+
+def _row_weight(gf: GGUFFile, name: str) -> QWeight:
+    """A one-dimensional tensor [K] as a weight of one row [1, K] (qwen2moe's ffn_gate_inp_shexp)."""
+    t = gf.tensor(name)
+    return QWeight(name, t.data.reshape(1, -1), t.tensor_type, 1, int(t.shape[0]))
 
 
 def _expert_weights(gf: GGUFFile, name: str) -> list[QWeight]:
@@ -273,6 +285,10 @@ class Transformer:
                     experts.router_b = vec(p + "ffn_gate_inp.bias")
                     experts.gate_b, experts.up_b, experts.down_b = (
                         vec(p + f"ffn_{n}_exps.bias").view(c.n_expert, -1) for n in ("gate", "up", "down"))
+                if c.n_ff_shexp:
+                    experts.sh_gu = _fused(gf, p + "ffn_gate_up_shexp", [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])
+                    experts.sh_down = _weight(gf, p + "ffn_down_shexp.weight")
+                    experts.sh_gate = _row_weight(gf, p + "ffn_gate_inp_shexp.weight")
             elif c.ffn_up_gated:  # (gate rows then up rows: w_gu's own layout)
                 w_gu = _weight(gf, p + "ffn_up.weight")
             else:
@@ -509,17 +525,19 @@ class Transformer:
         in that order. gpt-oss (softmax_weight gating, biases): the router's bias added to its logits, the
         experts with the largest logits, ggml_soft_max over those; each expert's gate, up and down matmuls
         plus that expert's biases. Expert matmuls are ggml's mul_mat_id: every row in the one-token order,
-        whatever T."""
+        whatever T. qwen2moe: the top experts' probabilities as they are (no renormalization), and the shared
+        expert's SwiGLU FFN times sigmoid(its gate's logit) added to the experts' sum."""
         c = self.config
         T, k = h.shape[0], c.n_expert_used
         kern = _kernels()
         # (converters keep routers in f32: its kernel sums in ggml's orders, vec_dot / tinyBLAS by `prompt`)
-        logits = Activations(h, prompt)(ex.router)  # [T, n_expert]
+        a = Activations(h, prompt)
+        logits = a(ex.router)  # [T, n_expert]
         if kern is not None:
-            ids, w = kern.moe_route(logits.contiguous(), k, c.expert_gating, ex.router_b)  # [T, k] each
+            ids, w = kern.moe_route(logits.contiguous(), k, c.expert_gating, ex.router_b, c.expert_weights_norm)  # [T, k]
             args = ex.id_args()
             if args is not None:  # every expert matmul of the pass in one C call per matrix kind
-                return self._experts_c(ex, args, h, ids, w)
+                return self._shared_expert(ex, a, self._experts_c(ex, args, h, ids, w))
             top = ids.long()
         else:
             top, w = self._route(ex, logits)
@@ -537,7 +555,19 @@ class Transformer:
         y = out[:, 0]
         for j in range(1, k):
             y = y + out[:, j]
-        return y
+        return self._shared_expert(ex, a, y)
+
+    def _shared_expert(self, ex: Experts, a: Activations, y: torch.Tensor) -> torch.Tensor:
+        """y [T, D] (the routed experts' sum) plus the shared expert's FFN of a's rows times its sigmoid gate
+        (qwen2moe's graph: ggml_silu(x) / x of the gate's logit x); y itself without a shared expert."""
+        if ex.sh_gu is None:
+            return y
+        sh = ex.sh_down(self._glu(a(ex.sh_gu), self.config.n_ff_shexp), a.prompt)  # [T, D]
+        gx = a(ex.sh_gate)  # [T, 1]
+        kern = _kernels()
+        if kern is not None:
+            return kern.shexp_add(gx.contiguous(), sh.contiguous(), y.contiguous())
+        return y + sh * (F.silu(gx) / gx)
 
     def _route(self, ex: Experts, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Without the C kernels: the experts [T, k] and their weights [T, k], as kernels.cpu.moe_route picks them."""
@@ -551,6 +581,8 @@ class Transformer:
         probs = torch.softmax(logits, dim=-1)
         top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
         w = probs.gather(1, top)  # [T, k]
+        if not c.expert_weights_norm:
+            return top, w
         total = w[:, 0].double()
         for j in range(1, k):  # ggml_vec_sum_f32: in order, in double
             total = total + w[:, j].double()
