@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sharpi_core.errors import SharpiError, UsageError
-from sharpi_core.kv_cache import CACHE_TYPES
+from sharpi_core.choices import CACHE_TYPES, DEFAULT_SAMPLERS, SAMPLER_CHARS, sampler_order
 
 
 @dataclass
@@ -261,7 +261,6 @@ def check_flash_attn(v: str) -> None:
 def check_samplers(o: RunOptions) -> None:
     """--samplers / --sampling-seq into the chain's order (RunOptions.samplers becomes a tuple); DRY's
     and the filters' values as llama.cpp takes them."""
-    from sharpi_core.sampling import DEFAULT_SAMPLERS, SAMPLER_CHARS, sampler_order
     if o.samplers is not None and o.sampling_seq is not None:
         raise UsageError("--samplers and --sampling-seq are mutually exclusive")
     if isinstance(o.samplers, str) or o.sampling_seq is not None:
@@ -492,10 +491,10 @@ def process_escapes(text: str) -> str:
 def run(o: RunOptions) -> int:
     validate(o)
     check_device(o)
-    set_threads(o.threads)
     prompt = read_prompt(o)
     read_chat_options(o)
     grammar = read_grammar(o)
+    set_threads(o.threads)  # (torch's first import: a bad command line is refused without it)
     if o.escape:
         o.reverse_prompt = [process_escapes(r) for r in o.reverse_prompt]
         o.in_prefix, o.in_suffix = process_escapes(o.in_prefix), process_escapes(o.in_suffix)

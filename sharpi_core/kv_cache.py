@@ -18,11 +18,11 @@ import os
 import gguf
 import torch
 
+from .choices import CACHE_TYPES
 from .errors import UsageError
 from .kernels import cpu
 from .quants import q8_parts
 
-CACHE_TYPES = ("f32", "f16", "q8_0")
 _QK8_0 = 32
 Q = gguf.GGMLQuantizationType
 

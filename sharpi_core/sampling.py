@@ -53,43 +53,7 @@ import numpy as np
 import torch
 
 from . import dry as _dry
-
-DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-# --sampling-seq letters (llama.cpp's common_sampler_type_to_chr)
-SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-                 "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p"}
-# the stages that change logits from the history; they come before every filter here
-HISTORY_SAMPLERS = ("penalties", "dry")
-
-
-_NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k", "typ_p": "typ_p",
-          "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature", "adaptive_p": "adaptive_p",
-          "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
-_NAMES.update({a: c for c in list(_NAMES) if "_" in c for a in (c.replace("_", "-"), c.replace("_", ""))})
-
-
-def sampler_order(names: Sequence[str]) -> tuple[str, ...]:
-    """llama.cpp's --samplers / --sampling-seq entries (its names, kebab-case and dash-less aliases,
-    `nucleus`, `temp`, `typ`; any case) -> the chain's stage names. ValueError for a name llama.cpp
-    does not know, for infill (not implemented), for a stage given twice, and for penalties or DRY
-    after a filter (they run on the whole vocabulary before the filters here). `adaptive_p` may stand
-    anywhere: it always picks the token at the end of the chain (llama.cpp's rule)."""
-    out: list[str] = []
-    for n in names:
-        key = n.strip().lower()
-        if key in ("infill", "i"):
-            raise ValueError(f"the {key} sampler is not supported")
-        if key not in _NAMES:
-            raise ValueError(f"unknown sampler '{n}' (known: {', '.join(DEFAULT_SAMPLERS)}, adaptive_p)")
-        if _NAMES[key] in out:
-            raise ValueError(f"{_NAMES[key]} is given twice")
-        out.append(_NAMES[key])
-    filters = [i for i, n in enumerate(out) if n not in HISTORY_SAMPLERS and n != "adaptive_p"]
-    late = [n for i, n in enumerate(out) if n in HISTORY_SAMPLERS and filters and i > filters[0]]
-    if late:
-        raise ValueError(f"{late[0]} must come before the other samplers (it sees the whole vocabulary)")
-    return tuple(out)
-
+from .choices import DEFAULT_SAMPLERS
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -1,4 +1,5 @@
-"""The real `sharpi` console script in a subprocess, on SmolLM2."""
+"""The `sharpi` console script on SmolLM2: its main() in this process (`sharpi`), or the real script in a
+subprocess where the process itself is what is checked (`sharpi(..., process=True)`)."""
 from __future__ import annotations
 
 import json
@@ -17,11 +18,40 @@ from conftest import FIXTURES_DIR, SMOL, model_path, reference
 SHARPI = shutil.which("sharpi") or f"{sys.executable} -m sharpi_cli.main"
 
 
-def sharpi(*args, input=None, env=None, timeout=300):
-    cmd = SHARPI.split() + [str(a) for a in args]
-    e = dict(os.environ, **(env or {}))
-    return subprocess.run(cmd, input=input, capture_output=True, text=True, env=e, timeout=timeout,
-                          stdin=None if input is not None else subprocess.DEVNULL)
+def sharpi(*args, input=None, env=None, timeout=300, process=False):
+    """The console script on a command line: its entry point's main() in this process by default, with
+    sys.argv, stdin (input, else empty as /dev/null is), stdout, stderr and the environment swapped in and
+    then restored (a run without the interpreter's start and torch's import: ~2 s less); process=True runs
+    the real `sharpi` in a subprocess (signals, exits that end the interpreter, a first use, the imports)."""
+    argv = [str(a) for a in args]
+    if process:
+        e = dict(os.environ, **(env or {}))
+        return subprocess.run(SHARPI.split() + argv, input=input, capture_output=True, text=True, env=e,
+                              timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
+    import io
+
+    import torch
+
+    from sharpi_cli.entry import main
+    saved = (sys.argv, sys.stdin, sys.stdout, sys.stderr, torch.get_num_threads())
+    old_env = {k: os.environ.get(k) for k in env or {}}
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv, sys.stdin, sys.stdout, sys.stderr = ["sharpi", *argv], io.StringIO(input or ""), out, err
+    os.environ.update(env or {})
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    finally:
+        sys.argv, sys.stdin, sys.stdout, sys.stderr, threads = saved
+        torch.set_num_threads(threads)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["sharpi", *argv], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +78,7 @@ def test_one_shot_greedy_is_the_engine_greedy(smol):
     prompt = reference()[SMOL]["greedy"][1]["prompt"]
     model, tok = loaded(SMOL)
     want = Generator(model, model.new_cache(512), tok, SamplingParams(temp=0)).generate(tok.encode(prompt), 16)
-    r = sharpi("-m", smol, "-p", prompt, "-n", 16, "--temp", 0, "--no-display-prompt")
+    r = sharpi("-m", smol, "-p", prompt, "-n", 16, "--temp", 0, "--no-display-prompt", process=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip("\n") == want.text and len(want.tokens) == 16
     assert "eval time" in r.stderr and "prompt eval time" in r.stderr
@@ -103,11 +133,19 @@ def test_reverse_prompt_stops(smol):
 
 
 def test_first_use_says_it_compiles_the_kernels(smol, tmp_path):
-    env = {"SHARPI_KERNEL_DIR": str(tmp_path / "kernels")}
-    r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, env=env)
+    # the compiler (SHARPI_CC) a stand-in that copies the library this process built: the notice and the cache
+    # are what is checked here, not gcc's 20 s (every fresh install, CI's included, compiles for real)
+    from sharpi_core.kernels import cpu
+    built = cpu.build_info()
+    assert built["binding"] == "extension", built
+    cc = tmp_path / "cc"
+    cc.write_text(f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && exec cp {built["path"]} "$2"; shift; done\nexit 1\n')
+    cc.chmod(0o755)
+    env = {"SHARPI_KERNEL_DIR": str(tmp_path / "kernels"), "SHARPI_CC": str(cc)}
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, env=env, process=True)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("compiling the CPU kernels") == 1 and any((tmp_path / "kernels").glob("*.so"))
-    r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, env=env)  # built: nothing said
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, env=env, process=True)  # built: nothing said
     assert r.returncode == 0 and "compiling" not in r.stderr
 
 
@@ -308,6 +346,16 @@ def test_invalid_flags_one_line_exit_2(smol, args, fragment):
     one_error_line(r, 2, fragment)
 
 
+def test_a_bad_command_line_is_refused_before_anything_loads(smol):
+    """Flag errors come before torch is imported (1-2 s) or the model read: at once, as llama-cli's do."""
+    for args in (("--top-p", "0"), ("-ctk", "q4_0"), ("--samplers", "top_k;penalties"), ("--grammar", "root ::= item")):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "sharpi_cli.main", "-m", smol, "-p", "hi", *args],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+        assert r.returncode == 2 and [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")], r.stderr
+        imported = {ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+        assert "sharpi_cli.runner" in imported and not imported & {"torch", "sharpi_core.models"}, args
+
+
 def test_missing_and_corrupt_model(tmp_path):
     one_error_line(sharpi("-m", tmp_path / "nope.gguf", "-p", "hi"), 2, "not found")
     bad = tmp_path / "bad.gguf"
@@ -417,7 +465,7 @@ def test_models_pull_and_cache_errors(tmp_path):
 
 
 def test_version():
-    r = sharpi("--version")
+    r = sharpi("--version", process=True)
     assert r.returncode == 0 and r.stdout.startswith("sharpi ")
 
 
