@@ -70,6 +70,10 @@ fixed, smooth values (no random generator: the same file on every machine):
           expert, the dense FFN as it is, under a sigmoid gate whose logit is a fixed smooth f32 row
           (ffn_gate_inp_shexp, one-dimensional as converters write it); see QWEN2MOE_KV; output.weight a copy
           of the tied embedding (the graph needs one)
+  granitemoe general.architecture granitemoe (keys renamed; Granite 3.x MoE, granitemoeshared as newer converters
+          write it): granite's graph and scales (GRANITE_KV) with qwen3moe's experts (their width in
+          feed_forward_length, as granite reads it; renormalized weights) and an ungated shared expert; see
+          GRANITEMOE_KV
   fused-qkv still llama, as `convert_hf_to_gguf.py --fuse-qkv` writes a model: each layer's attn_q, attn_k and
           attn_v in one attn_qkv (blocks copied byte for byte, back to back) with small fixed biases in one
           attn_qkv.bias (the converter fuses the biases of models that have them, such as Qwen2's)
@@ -93,7 +97,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe")
+            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -116,6 +120,11 @@ MOE_KV = {"expert_count": MOE_EXPERTS, "expert_used_count": MOE_USED}
 # llama.cpp's n_ff_shexp comes from expert_shared_feed_forward_length, not from its default n_ff
 QWEN2MOE_DOWN_SCALE, QWEN2MOE_GATE_AMP, QWEN2MOE_SHEXP_FF = 2.0, 0.2, 1536
 QWEN2MOE_KV = {**MOE_KV, "expert_shared_feed_forward_length": QWEN2MOE_SHEXP_FF, "feed_forward_length": 768}
+# granitemoe (granitemoeshared's converter writes the same arch with expert_shared_feed_forward_length): granite's
+# scales, the experts' width as feed_forward_length, their ffn_down times 2 and the (ungated) shared expert's, the
+# whole dense FFN, times 1/2: it still writes sentences (x4 / x8 for the experts: word salad)
+GRANITEMOE_DOWN_SCALE, GRANITEMOE_SHEXP_DOWN_SCALE = 2.0, 0.5
+GRANITEMOE_KV = {**GRANITE_KV, **MOE_KV, "expert_shared_feed_forward_length": 1536}
 # mistral3 (Ministral 3): YaRN (its log multiplier as Ministral's mscale_all_dim, betas other than the defaults, an
 # original context short enough that the tests' prompts cross it twice) and Llama 4's attention temperature
 # tuning, which scales q past that context
@@ -237,25 +246,38 @@ def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, down_scale: floa
     per = MOE_FF // block * size
     if down.tensor_type != Q.Q4_1:
         raise SystemExit(f"{p}ffn_down: Q4_1 blocks are needed (their scales are rescaled in place)")
-    blocks = raw.reshape(n_embd, MOE_EXPERTS, per // size, size).transpose(1, 0, 2, 3).copy()
-    # d and m (the first two f16 of a Q4_1 block) times down_scale: a power of two, so exactly
-    dm = blocks[..., :4].copy().view(np.float16) * np.float16(down_scale)
-    if not np.isfinite(dm).all():
-        raise SystemExit(f"{p}ffn_down: a block scale overflows f16 times {down_scale}")
-    blocks[..., :4] = dm.view(np.uint8)
-    w.add_tensor(p + "ffn_down_exps.weight", blocks.reshape(MOE_EXPERTS, n_embd, per), raw_dtype=down.tensor_type)
+    blocks = raw.reshape(n_embd, MOE_EXPERTS, per // size, size).transpose(1, 0, 2, 3)
+    w.add_tensor(p + "ffn_down_exps.weight", _scale_q4_1(blocks, down_scale, p + "ffn_down").reshape(
+        MOE_EXPERTS, n_embd, per), raw_dtype=down.tensor_type)
     w.add_tensor(p + "ffn_gate_inp.weight", _router_weight(n_embd, layer))
 
 
-def _shared_expert_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int) -> None:
-    """qwen2moe's shared expert for layer `layer` (see the variant): the dense FFN's tensors as they are, and
-    its gate's logit row."""
+def _scale_q4_1(blocks: np.ndarray, scale: float, name: str) -> np.ndarray:
+    """Q4_1 blocks [..., 20 bytes] with d and m (their first two f16) times scale, a power of two: exactly."""
+    blocks = blocks.copy()
+    dm = blocks[..., :4].copy().view(np.float16) * np.float16(scale)
+    if not np.isfinite(dm).all():
+        raise SystemExit(f"{name}: a block scale overflows f16 times {scale}")
+    blocks[..., :4] = dm.view(np.uint8)
+    return blocks
+
+
+def _shared_expert_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, down_scale: float = 1.0,
+                           gate_amp: float | None = None) -> None:
+    """A shared expert for layer `layer` (see the qwen2moe and granitemoe variants): the dense FFN's tensors
+    (ffn_down's Q4_1 block scales times down_scale), and the logit row of its sigmoid gate when gate_amp is given."""
     p = f"blk.{layer}."
     for name in ("ffn_gate", "ffn_up", "ffn_down"):
         t = tensors[p + name + ".weight"]
-        w.add_tensor(p + name + "_shexp.weight", np.asarray(t.data), raw_dtype=t.tensor_type)
-    n_embd = int(tensors[p + "ffn_gate.weight"].shape[0])
-    w.add_tensor(p + "ffn_gate_inp_shexp.weight", _smooth(n_embd, layer, 9.0, QWEN2MOE_GATE_AMP))
+        raw = np.asarray(t.data)
+        if name == "ffn_down" and down_scale != 1.0:
+            if t.tensor_type != Q.Q4_1:
+                raise SystemExit(f"{p}ffn_down: Q4_1 blocks are needed (their scales are rescaled in place)")
+            raw = _scale_q4_1(raw.reshape(raw.shape[0], -1, 20), down_scale, p + name).reshape(raw.shape)
+        w.add_tensor(p + name + "_shexp.weight", raw, raw_dtype=t.tensor_type)
+    if gate_amp is not None:
+        n_embd = int(tensors[p + "ffn_gate.weight"].shape[0])
+        w.add_tensor(p + "ffn_gate_inp_shexp.weight", _smooth(n_embd, layer, 9.0, gate_amp))
 
 
 def _smooth(n: int, layer: int, phase: float, amp: float, offset: float = 0.0) -> np.ndarray:
@@ -483,9 +505,10 @@ def derive(variant: str, src: str, dst: str) -> None:
     if arch != SOURCE_ARCH.get(variant, "llama"):
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
+                "granitemoe": "granitemoe",
                 "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss",
                 "qwen2moe": "qwen2moe"}.get(variant, arch)
-    moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe")
+    moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
     # (not "phi3" in the name: llama.cpp's vocabulary would then give Phi-3's special tokens their attributes,
@@ -494,7 +517,8 @@ def derive(variant: str, src: str, dst: str) -> None:
     name = f"{gf.get('general.name')} ({label} derivative, for tests)" if "general.name" in r.fields else None
     values = {"general.name": name} if name else {}
     extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV,
-             "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}, "qwen2moe": QWEN2MOE_KV}.get(variant, {})
+             "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}, "qwen2moe": QWEN2MOE_KV,
+             "granitemoe": GRANITEMOE_KV}.get(variant, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
     if moe:  # (qwen3moe and gpt-oss read their own key; llama's experts have feed_forward_length rows)
         key = "expert_feed_forward_length" if variant in ("qwen3moe", "gpt-oss", "qwen2moe") else "feed_forward_length"
@@ -544,7 +568,10 @@ def derive(variant: str, src: str, dst: str) -> None:
                 _gpt_oss_tensors(w, tensors, layer, n_embd, n_head, head_dim, int(kv[f"{new_arch}.attention.head_count_kv"]))
             elif variant == "qwen2moe":
                 _moe_tensors(w, tensors, layer, QWEN2MOE_DOWN_SCALE)
-                _shared_expert_tensors(w, tensors, layer)
+                _shared_expert_tensors(w, tensors, layer, gate_amp=QWEN2MOE_GATE_AMP)
+            elif variant == "granitemoe":
+                _moe_tensors(w, tensors, layer, GRANITEMOE_DOWN_SCALE)
+                _shared_expert_tensors(w, tensors, layer, down_scale=GRANITEMOE_SHEXP_DOWN_SCALE)
             else:
                 _moe_tensors(w, tensors, layer)
             continue

@@ -34,7 +34,7 @@ _spec = importlib.util.spec_from_file_location("gguf_derive", ROOT / "scripts" /
 gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
-MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe")
+MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
 CPU_ONLY = MOE_VARIANTS + ("lfm2",)  # (the GPU backend refuses them)
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
@@ -425,6 +425,34 @@ def test_qwen2moe(derived):
     assert (kw["n_ff_exp"], kw["n_ff_shexp"]) == (384, 768)  # llama.cpp's defaults: n_ff / n_expert_used, n_ff
     with pytest.raises(SharpiError, match="output.weight. is missing"):
         _experts(meta, {"n_ff": 768, "tied_output": True})
+
+
+def test_granitemoe(derived):
+    """granitemoe as llama.cpp's granite graph reads it: granite's scales, the experts' width from
+    feed_forward_length, renormalized weights, a shared expert (granitemoeshared's) added without a gate
+    when expert_shared_feed_forward_length is given, none without it; granite with expert_count routes too."""
+    kv = gguf_derive.GRANITEMOE_KV
+    c = config_from_gguf(GGUFFile(derived["granitemoe"]))
+    assert (c.arch, c.rope_style, c.expert_gating, c.expert_weights_norm, c.shexp_gated) == (
+        "granitemoe", "norm", "softmax", True, False)
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_ff, c.n_ff_shexp) == (
+        gguf_derive.MOE_EXPERTS, gguf_derive.MOE_USED, gguf_derive.MOE_FF, gguf_derive.MOE_FF,
+        kv["expert_shared_feed_forward_length"])
+    assert (c.logit_scale, c.residual_scale, c.embed_scale, c.attn_scale) == tuple(
+        pytest.approx(kv[k]) for k in ("logit_scale", "residual_scale", "embedding_scale", "attention.scale"))
+    model, _ = loaded(derived["granitemoe"])
+    ex = model.layers[3].experts
+    assert ex.sh_gate is None and (ex.sh_gu.n, ex.sh_down.k) == (2 * c.n_ff_shexp, c.n_ff_shexp)
+    g = torch.Generator().manual_seed(0)
+    h, y = torch.randn(5, c.n_embd, generator=g), torch.randn(5, c.n_embd, generator=g)
+    a = Activations(h, False)
+    sh = ex.sh_down(model._glu(a(ex.sh_gu), c.n_ff_shexp))
+    assert torch.equal(model._shared_expert(ex, a, y.clone()), y + sh)
+    from sharpi_core.models.config import _experts  # noqa: PLC0415
+    for arch in ("granite", "granitemoe"):
+        kw = {"n_ff": 512}
+        _experts(_Meta(arch, {"expert_count": 8, "expert_used_count": 2}), kw)
+        assert (kw["n_ff_exp"], kw["n_ff_shexp"]) == (512, 0)
 
 
 def test_expert_metadata_is_checked():

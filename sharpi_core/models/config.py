@@ -71,8 +71,9 @@ class ModelConfig:
                                     # the top experts by router logit, softmax over theirs
     moe_bias: bool = False          # biases on the router's logits and on each expert's gate, up and down (gpt-oss)
     expert_weights_norm: bool = True  # softmax gating: the used experts' probabilities over their sum (qwen2moe: as they are)
-    n_ff_shexp: int = 0             # (qwen2moe) the shared expert's FFN width, added to the routed experts' sum under a
-                                    # sigmoid gate per token; 0 = no shared expert
+    n_ff_shexp: int = 0             # a shared expert's FFN width (qwen2moe, granitemoe), added to the routed experts'
+                                    # sum; 0 = no shared expert
+    shexp_gated: bool = False       # (qwen2moe) the shared expert's output times a sigmoid gate per token
     attn_out_bias: bool = False     # attn_output.bias (gpt-oss)
     attn_sinks: bool = False        # a learned sink logit per head in the attention softmax (gpt-oss)
     recurrent: tuple = ()           # per layer: a short-convolution block instead of attention (lfm2)
@@ -224,20 +225,21 @@ ARCH_TABLE = {
     "qwen3": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "phi3": dict(rope_style=ROPE_NEOX, scale_q=True, ffn_up_gated=True),
     "granite": dict(rope_style=ROPE_NORM),
+    "granitemoe": dict(rope_style=ROPE_NORM),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
-    "qwen2moe": dict(rope_style=ROPE_NEOX, qkv_bias=True, expert_weights_norm=False),
+    "qwen2moe": dict(rope_style=ROPE_NEOX, qkv_bias=True, expert_weights_norm=False, shexp_gated=True),
     "mistral3": dict(rope_style=ROPE_NORM),
     "lfm2": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "gpt-oss": dict(rope_style=ROPE_NEOX, qkv_bias=True, attn_out_bias=True, attn_sinks=True, swa_pattern=2,
                     act="swiglu_oai", expert_gating="softmax_weight", moe_bias=True),
 }
 # archs whose FFN is a mixture of experts (llama: when the GGUF gives expert_count, as Mixtral's do)
-MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss"})
-MOE_MAY = frozenset({"llama"})
+MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss", "granitemoe"})
+MOE_MAY = frozenset({"llama", "granite"})  # (granite's graph routes too when its GGUF gives expert_count)
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
-ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "mistral3"})
+ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "granitemoe", "mistral3"})
 
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
@@ -252,9 +254,9 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     # q, k, v in one tensor (phi3's converter; others' with --fuse-qkv) or apart: llama.cpp's create_tensor_qkv takes both
     kw["qkv_fused"] = any(n.startswith("blk.") and n.endswith(".attn_qkv.weight") for n in gf.tensors)
     kw["qkv_bias_fused"] = kw["qkv_fused"] and any(n.startswith("blk.") and n.endswith(".attn_qkv.bias") for n in gf.tensors)
-    if arch in ("phi3", "granite", "mistral3"):
+    if arch in ("phi3", "granite", "granitemoe", "mistral3"):
         kw["rope_long_short"] = "rope_factors_long.weight" in gf.tensors or "rope_factors_short.weight" in gf.tensors
-    if arch == "granite":
+    if arch in ("granite", "granitemoe"):
         _granite(gf, kw)
     if arch in ("gemma2", "gemma3"):
         _gemma(gf, kw)
@@ -276,9 +278,10 @@ MAX_EXPERTS = 512
 
 
 def _experts(gf: GGUFFile, kw: dict) -> None:
-    """The mixture of experts as llama.cpp's llama (Mixtral), qwen3moe and qwen2moe graphs run it: softmax routing
-    over expert_count experts, the top expert_used_count per token, their weights renormalized to sum 1 (qwen2moe:
-    not renormalized, and one shared expert for every token)."""
+    """The mixture of experts as llama.cpp's llama (Mixtral), qwen3moe, qwen2moe and granite graphs run it: softmax
+    routing over expert_count experts, the top expert_used_count per token, their weights renormalized to sum 1
+    (qwen2moe: not renormalized, and one shared expert for every token under a sigmoid gate; granite: a shared
+    expert, ungated, when expert_shared_feed_forward_length is given)."""
     a = gf.arch_get
     kw["n_expert"] = n = int(gf.require(f"{gf.arch}.expert_count"))
     kw["n_expert_used"] = used = int(gf.require(f"{gf.arch}.expert_used_count"))
@@ -294,6 +297,8 @@ def _experts(gf: GGUFFile, kw: dict) -> None:
         kw["n_ff_shexp"] = int(a("expert_shared_feed_forward_length", 0) or 0) or kw["n_ff"]
         if kw["tied_output"]:  # (its loader requires the output layer)
             raise SharpiError(f"{gf.path}: tensor 'output.weight' is missing")
+    elif gf.arch in ("granite", "granitemoe"):  # (granitemoeshared's converter: the key, or no shared expert)
+        kw["n_ff_shexp"] = int(a("expert_shared_feed_forward_length", 0) or 0)
     for key in ("expert_shared_count", "expert_group_count"):
         if int(a(key, 0) or 0) > 0 and not (key == "expert_shared_count" and gf.arch == "qwen2moe"):
             raise SharpiError(f"{gf.path}: {gf.arch}.{key} is not supported (experts without shared experts or groups only)")
@@ -370,7 +375,7 @@ def _granite(gf: GGUFFile, kw: dict) -> None:
     kw["residual_scale"] = float(a("residual_scale", 0.0) or 0.0)
     kw["embed_scale"] = float(a("embedding_scale", 0.0) or 0.0) or 1.0
     kw["attn_scale"] = float(a("attention.scale", 0.0) or 0.0)
-    if not a("rope.scaling.finetuned", True):  # llama.cpp then runs no layer with RoPE
+    if gf.arch == "granite" and not a("rope.scaling.finetuned", True):  # llama.cpp then runs no layer with RoPE
         raise SharpiError(f"{gf.path}: a granite model without RoPE (rope.scaling.finetuned false) is not supported")
 
 
@@ -442,8 +447,10 @@ def expected_shapes(c: ModelConfig):
                             (b + "ffn_up_exps.bias", (f, E)), (b + "ffn_down_exps.bias", (c.n_embd, E)))
             if c.n_ff_shexp:
                 s = c.n_ff_shexp
-                yield from ((b + "ffn_gate_inp_shexp.weight", (c.n_embd,)), (b + "ffn_gate_shexp.weight", (c.n_embd, s)),
-                            (b + "ffn_up_shexp.weight", (c.n_embd, s)), (b + "ffn_down_shexp.weight", (s, c.n_embd)))
+                yield from ((b + "ffn_gate_shexp.weight", (c.n_embd, s)), (b + "ffn_up_shexp.weight", (c.n_embd, s)),
+                            (b + "ffn_down_shexp.weight", (s, c.n_embd)))
+                if c.shexp_gated:
+                    yield b + "ffn_gate_inp_shexp.weight", (c.n_embd,)
         elif c.ffn_up_gated:
             yield b + "ffn_up.weight", (c.n_embd, 2 * c.n_ff)
         else:

@@ -9,7 +9,7 @@ allocated once per pass length, so the results are bit-identical to `hidden`'s (
 It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
 post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions, attention
 sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss and qwen2moe (routing, one
-mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; qwen2moe's gated shared expert),
+mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; qwen2moe's and granitemoe's shared experts),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -67,7 +67,7 @@ class DecodePath:
                 return None
             if ex is not None and ex.sh_gu is not None and (
                     any(w._kern is None or w.act_kind is None for w in (ex.sh_gu, ex.sh_down))
-                    or _router_args(ex.sh_gate) is None or model.config.n_ff_shexp % 16):
+                    or (ex.sh_gate is not None and _router_args(ex.sh_gate) is None) or model.config.n_ff_shexp % 16):
                 return None
         return cls(model)
 
@@ -81,7 +81,8 @@ class DecodePath:
                 w["router"] = (*_router_args(ex.router), ex.router.n, ex.router.k)
             if ex is not None and ex.sh_gu is not None:
                 w["sh_gu"], w["sh_down"] = ((*x.kernel_args(), x.n, x.k) for x in (ex.sh_gu, ex.sh_down))
-                w["sh_gate"] = (*_router_args(ex.sh_gate), 1, ex.sh_gate.k)
+                if ex.sh_gate is not None:
+                    w["sh_gate"] = (*_router_args(ex.sh_gate), 1, ex.sh_gate.k)
             self.weights.append(w)
         return self.weights
 
@@ -218,6 +219,9 @@ class DecodePath:
         if fns["glu"](sgu.data_ptr(), T, c.n_ff_shexp, glu_act, sg.data_ptr(), nth):
             raise RuntimeError("glu: the kernel rejected the pass")
         self._mm(w["sh_down"], sg, sd, T, nth)
+        if ex.sh_gate is None:  # (granitemoe: added as it is)
+            out.add_(sd)
+            return
         self._mm(w["sh_gate"], h, sx, T, nth)
         fns["shexp_add"](sx.data_ptr(), sd.data_ptr(), T, D, out.data_ptr())
 

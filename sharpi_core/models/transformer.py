@@ -54,8 +54,8 @@ class Experts:
     gate_b: torch.Tensor | None = None
     up_b: torch.Tensor | None = None
     down_b: torch.Tensor | None = None
-    # (qwen2moe) the shared expert every token runs: its gate and up fused [2 * n_ff_shexp, D], its down
-    # [D, n_ff_shexp], and the [1, D] row of its sigmoid gate's logit (ffn_gate_inp_shexp)
+    # a shared expert every token runs (qwen2moe, granitemoe): its gate and up fused [2 * n_ff_shexp, D], its down
+    # [D, n_ff_shexp], and (qwen2moe) the [1, D] row of its sigmoid gate's logit (ffn_gate_inp_shexp)
     sh_gu: QWeight | None = None
     sh_down: QWeight | None = None
     sh_gate: QWeight | None = None
@@ -288,7 +288,8 @@ class Transformer:
                 if c.n_ff_shexp:
                     experts.sh_gu = _fused(gf, p + "ffn_gate_up_shexp", [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])
                     experts.sh_down = _weight(gf, p + "ffn_down_shexp.weight")
-                    experts.sh_gate = _row_weight(gf, p + "ffn_gate_inp_shexp.weight")
+                    if c.shexp_gated:
+                        experts.sh_gate = _row_weight(gf, p + "ffn_gate_inp_shexp.weight")
             elif c.ffn_up_gated:  # (gate rows then up rows: w_gu's own layout)
                 w_gu = _weight(gf, p + "ffn_up.weight")
             else:
@@ -526,7 +527,8 @@ class Transformer:
         experts with the largest logits, ggml_soft_max over those; each expert's gate, up and down matmuls
         plus that expert's biases. Expert matmuls are ggml's mul_mat_id: every row in the one-token order,
         whatever T. qwen2moe: the top experts' probabilities as they are (no renormalization), and the shared
-        expert's SwiGLU FFN times sigmoid(its gate's logit) added to the experts' sum."""
+        expert's SwiGLU FFN times sigmoid(its gate's logit) added to the experts' sum; granitemoe's shared expert
+        is added as it is."""
         c = self.config
         T, k = h.shape[0], c.n_expert_used
         kern = _kernels()
@@ -558,11 +560,13 @@ class Transformer:
         return self._shared_expert(ex, a, y)
 
     def _shared_expert(self, ex: Experts, a: Activations, y: torch.Tensor) -> torch.Tensor:
-        """y [T, D] (the routed experts' sum) plus the shared expert's FFN of a's rows times its sigmoid gate
-        (qwen2moe's graph: ggml_silu(x) / x of the gate's logit x); y itself without a shared expert."""
+        """y [T, D] (the routed experts' sum) plus the shared expert's FFN of a's rows, times its sigmoid gate
+        where it has one (qwen2moe's graph: ggml_silu(x) / x of the gate's logit x); y itself without a shared expert."""
         if ex.sh_gu is None:
             return y
         sh = ex.sh_down(self._glu(a(ex.sh_gu), self.config.n_ff_shexp), a.prompt)  # [T, D]
+        if ex.sh_gate is None:
+            return y + sh
         gx = a(ex.sh_gate)  # [T, 1]
         kern = _kernels()
         if kern is not None:
