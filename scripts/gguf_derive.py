@@ -74,6 +74,14 @@ fixed, smooth values (no random generator: the same file on every machine):
           write it): granite's graph and scales (GRANITE_KV) with qwen3moe's experts (their width in
           feed_forward_length, as granite reads it; renormalized weights) and an ungated shared expert; see
           GRANITEMOE_KV
+  exaone  general.architecture exaone (keys renamed; LG's EXAONE 3.0 / 3.5): llama's block with NeoX RoPE (q / k rows
+          reordered as in qwen3) and llama3's rope_freqs (EXAONE 3.5's llama3 RoPE scaling)
+  olmo2   general.architecture olmo2 (keys renamed; AI2's OLMo 2): no pre-norms, the attention and FFN outputs
+          RMS-normed before their residual adds (post_attention_norm / post_ffw_norm: the pre-norms' weights times
+          OLMO2_POST_NORM), q and k RMS-normed over all their heads (attn_q_norm [n_embd] / attn_k_norm, fixed
+          smooth weights), NeoX RoPE (q / k rows reordered as in qwen3), output.weight copied
+  exaone4 general.architecture exaone4 (keys renamed; EXAONE 4.0 1.2B): olmo2's post-norms-only layers with per-head
+          q / k norms (as qwen3's), llama3's rope_freqs, the tied output kept
   fused-qkv still llama, as `convert_hf_to_gguf.py --fuse-qkv` writes a model: each layer's attn_q, attn_k and
           attn_v in one attn_qkv (blocks copied byte for byte, back to back) with small fixed biases in one
           attn_qkv.bias (the converter fuses the biases of models that have them, such as Qwen2's)
@@ -97,7 +105,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe")
+            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -120,6 +128,9 @@ MOE_KV = {"expert_count": MOE_EXPERTS, "expert_used_count": MOE_USED}
 # llama.cpp's n_ff_shexp comes from expert_shared_feed_forward_length, not from its default n_ff
 QWEN2MOE_DOWN_SCALE, QWEN2MOE_GATE_AMP, QWEN2MOE_SHEXP_FF = 2.0, 0.2, 1536
 QWEN2MOE_KV = {**MOE_KV, "expert_shared_feed_forward_length": QWEN2MOE_SHEXP_FF, "feed_forward_length": 768}
+# olmo2 / exaone4: their post-norms' weights are SmolLM2's pre-norm weights times these (without pre-norms these
+# models only repeat words; at these scales they do not end at once: exaone4 at 0.5 writes its end token first)
+OLMO2_POST_NORM, EXAONE4_POST_NORM = 0.5, 0.25
 # granitemoe (granitemoeshared's converter writes the same arch with expert_shared_feed_forward_length): granite's
 # scales, the experts' width as feed_forward_length, their ffn_down times 2 and the (ungated) shared expert's, the
 # whole dense FFN, times 1/2: it still writes sentences (x4 / x8 for the experts: word salad)
@@ -505,7 +516,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     if arch != SOURCE_ARCH.get(variant, "llama"):
         raise SystemExit(f"{src}: a {SOURCE_ARCH.get(variant, 'llama')}-architecture GGUF is needed, not '{arch}'")
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
-                "granitemoe": "granitemoe",
+                "granitemoe": "granitemoe", "exaone": "exaone", "olmo2": "olmo2", "exaone4": "exaone4",
                 "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss",
                 "qwen2moe": "qwen2moe"}.get(variant, arch)
     moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
@@ -585,10 +596,21 @@ def derive(variant: str, src: str, dst: str) -> None:
                 w.add_tensor(p + "attn_qkv.weight", np.concatenate(rows), raw_dtype=t.tensor_type)
                 w.add_tensor(p + "attn_qkv.bias", _smooth(sum(len(r) for r in rows), layer, 0.5, 0.05))
             continue
+        if variant in ("olmo2", "exaone4") and t.name.endswith((".attn_norm.weight", ".ffn_norm.weight")):  # post-norms
+            layer = int(t.name.split(".")[1])
+            if t.name.endswith(".attn_norm.weight"):  # (olmo2's over all heads, exaone4's per head)
+                n_q, n_k = ((n_head * head_dim, int(kv[f"{new_arch}.attention.head_count_kv"]) * head_dim)
+                            if variant == "olmo2" else (head_dim, head_dim))
+                w.add_tensor(f"blk.{layer}.attn_q_norm.weight", _norm_weight(n_q, layer, 0.0))
+                w.add_tensor(f"blk.{layer}.attn_k_norm.weight", _norm_weight(n_k, layer, 2.0))
+            name = "post_attention_norm" if t.name.endswith(".attn_norm.weight") else "post_ffw_norm"
+            scale = OLMO2_POST_NORM if variant == "olmo2" else EXAONE4_POST_NORM
+            w.add_tensor(f"blk.{layer}.{name}.weight", (np.asarray(t.data) * scale).astype(np.float32))
+            continue
         if variant == "gpt-oss" and t.name.endswith(".ffn_norm.weight"):
             w.add_tensor(t.name.replace(".ffn_norm.", ".post_attention_norm."), np.asarray(t.data))
             continue
-        if variant in ("qwen3", "qwen3moe", "lfm2", "gpt-oss", "qwen2moe") and t.name.endswith(
+        if variant in ("qwen3", "qwen3moe", "lfm2", "gpt-oss", "qwen2moe", "exaone", "olmo2", "exaone4") and t.name.endswith(
                 (".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
         elif variant == "float" and t.name.endswith((".weight")) and t.name.startswith("blk.") and len(t.shape) == 2:
@@ -624,9 +646,9 @@ def derive(variant: str, src: str, dst: str) -> None:
             layer = int(t.name.split(".")[1])
             w.add_tensor(f"blk.{layer}.attn_q_norm.weight", _norm_weight(head_dim, layer, 0.0))
             w.add_tensor(f"blk.{layer}.attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))
-    if variant == "llama3":
-        w.add_tensor("rope_freqs.weight", llama3_rope_factors(n_rot, float(kv[f"{arch}.rope.freq_base"])))
-    if variant in ("gpt-oss", "qwen2moe") and "output.weight" not in tensors:  # (no tied output in their graphs: a copy)
+    if variant in ("llama3", "exaone", "exaone4"):
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(n_rot, float(kv[f"{new_arch}.rope.freq_base"])))
+    if variant in ("gpt-oss", "qwen2moe", "olmo2") and "output.weight" not in tensors:  # (no tied output in their graphs: a copy)
         emb = tensors["token_embd.weight"]
         w.add_tensor("output.weight", np.asarray(emb.data), raw_dtype=emb.tensor_type)
     finish(w)

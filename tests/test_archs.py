@@ -35,7 +35,7 @@ gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
 MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
-CPU_ONLY = MOE_VARIANTS + ("lfm2",)  # (the GPU backend refuses them)
+CPU_ONLY = MOE_VARIANTS + ("lfm2", "olmo2", "exaone4")  # (the GPU backend refuses them)
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
 
@@ -157,6 +157,8 @@ def test_gpu_model_follows_the_cpu(derived, variant, kind):
 def test_derived_configs(derived):
     q = config_from_gguf(GGUFFile(derived["qwen3"]))
     assert (q.arch, q.rope_style, q.qk_norm, q.qkv_bias, q.post_norms, q.rope_freqs) == ("qwen3", "neox", True, False, False, False)
+    ex = config_from_gguf(GGUFFile(derived["exaone"]))
+    assert (ex.arch, ex.rope_style, ex.rope_freqs, ex.qk_norm, ex.qkv_bias) == ("exaone", "neox", True, False, False)
     ll = config_from_gguf(GGUFFile(derived["llama3"]))
     assert (ll.arch, ll.rope_style, ll.rope_freqs) == ("llama", "norm", True)
     model, _ = loaded(derived["llama3"])
@@ -453,6 +455,43 @@ def test_granitemoe(derived):
         kw = {"n_ff": 512}
         _experts(_Meta(arch, {"expert_count": 8, "expert_used_count": 2}), kw)
         assert (kw["n_ff_exp"], kw["n_ff_shexp"]) == (512, 0)
+
+
+def test_olmo2(derived):
+    """olmo2 as llama.cpp's loader reads it: no pre-norms, post-norms on the attention and FFN outputs, q and k
+    RMS-normed over all their heads (summed in the GGUF's element order, though sharpi keeps NeoX heads' dims in
+    rope-pair order), its own output layer; OLMo 3's sliding windows and the GPU backend refused in one line."""
+    from sharpi_core.backends.cuda_model import CudaTransformer  # noqa: PLC0415
+    c = config_from_gguf(GGUFFile(derived["olmo2"]))
+    assert (c.arch, c.rope_style, c.pre_norms, c.post_norms, c.qk_norm, c.qk_norm_full) == (
+        "olmo2", "neox", False, True, False, True)
+    model, _ = loaded(derived["olmo2"])
+    ly = model.layers[2]
+    H, Hkv, hd = c.n_head, c.n_head_kv, c.head_dim_k
+    assert ly.attn_norm is None and ly.ffn_norm is None and ly.post_attn_norm is not None
+    wq, wk = ly.qk_norm_full
+    assert wq.shape == (H * hd,) and wk.shape == (Hkv * hd,)
+    qk = torch.randn(3, H + Hkv, hd, generator=torch.Generator().manual_seed(0))  # heads' dims in rope-pair order
+    got = model._qk_norm_full(qk, ly.qk_norm_full)
+    for part, w, rows in ((qk[:, :H], wq, slice(0, H)), (qk[:, H:], wk, slice(H, H + Hkv))):
+        flat = part[..., model._unperm].reshape(3, -1).double()  # GGUF order
+        want = (flat / (flat.pow(2).mean(-1, keepdim=True) + c.norm_eps).sqrt() * w.double()).view(3, -1, hd)
+        torch.testing.assert_close(got[:, rows].double(), want[..., model._perm], rtol=1e-6, atol=1e-6)
+    with pytest.raises(SharpiError, match="post-norms only.* runs on the CPU only"):
+        CudaTransformer(model, ops=cuda_fake)
+    from sharpi_core.models.config import config_from_gguf as cfg  # noqa: PLC0415
+
+    class Swa(GGUFFile):
+        def arch_get(self, key, default=None):
+            return 4096 if key == "attention.sliding_window" else super().arch_get(key, default)
+    with pytest.raises(SharpiError, match="sliding-window layers .OLMo 3. is not supported"):
+        cfg(Swa(derived["olmo2"]))
+    # exaone4: the same post-norms-only layer with per-head q / k norms; the 32B's sliding windows refused
+    e = config_from_gguf(GGUFFile(derived["exaone4"]))
+    assert (e.arch, e.pre_norms, e.post_norms, e.qk_norm, e.qk_norm_full, e.rope_freqs, e.tied_output) == (
+        "exaone4", False, True, True, False, True, True)
+    with pytest.raises(SharpiError, match="exaone4 with sliding-window layers"):
+        cfg(Swa(derived["exaone4"]))
 
 
 def test_expert_metadata_is_checked():

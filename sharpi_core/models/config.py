@@ -32,7 +32,9 @@ class ModelConfig:
     rope_style: str
     qkv_bias: bool = False
     qk_norm: bool = False           # per-head RMSNorm of q and k (gemma3)
-    post_norms: bool = False        # RMSNorm after attention and after the FFN (gemma2, gemma3)
+    post_norms: bool = False        # RMSNorm after attention and after the FFN (gemma2, gemma3, olmo2)
+    pre_norms: bool = True          # RMSNorm before attention and before the FFN (olmo2: none, only the post-norms)
+    qk_norm_full: bool = False      # (olmo2) q and k RMS-normed over all their heads at once, weights [H * hd] / [Hkv * hd]
     act: str = "silu"               # gated FFN activation: silu (SwiGLU) | gelu_tanh (GeGLU) | swiglu_oai (gpt-oss)
     embed_scale: float = 1.0        # gemma multiplies embeddings by sqrt(n_embd), granite by its embedding_scale
     residual_scale: float = 0.0     # granite: attention and FFN outputs times this before their residual add (0 = none)
@@ -226,6 +228,9 @@ ARCH_TABLE = {
     "phi3": dict(rope_style=ROPE_NEOX, scale_q=True, ffn_up_gated=True),
     "granite": dict(rope_style=ROPE_NORM),
     "granitemoe": dict(rope_style=ROPE_NORM),
+    "exaone": dict(rope_style=ROPE_NEOX),
+    "olmo2": dict(rope_style=ROPE_NEOX, post_norms=True, pre_norms=False, qk_norm_full=True),
+    "exaone4": dict(rope_style=ROPE_NEOX, post_norms=True, pre_norms=False, qk_norm=True),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "qwen2moe": dict(rope_style=ROPE_NEOX, qkv_bias=True, expert_weights_norm=False, shexp_gated=True),
@@ -239,7 +244,7 @@ MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss", "granitemoe"})
 MOE_MAY = frozenset({"llama", "granite"})  # (granite's graph routes too when its GGUF gives expert_count)
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
-ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "granitemoe", "mistral3"})
+ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "granitemoe", "mistral3", "exaone", "exaone4"})
 
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
@@ -266,6 +271,16 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _lfm2(gf, kw)
     if arch == "gpt-oss":
         _gpt_oss(gf, kw)
+    if arch == "olmo2":  # (AI2's OLMo 2; OLMo 3's sliding-window layers are another graph)
+        if int(gf.arch_get("attention.sliding_window", 0) or 0) > 0:
+            raise SharpiError(f"{gf.path}: olmo2 with sliding-window layers (OLMo 3) is not supported")
+        if kw["tied_output"]:  # (its loader requires the output layer)
+            raise SharpiError(f"{gf.path}: tensor 'output.weight' is missing")
+    if arch == "exaone4":  # (EXAONE 4.0 1.2B; the 32B's 64 layers slide, their global layers without RoPE)
+        if kw["n_layer"] == 64 or int(gf.arch_get("attention.sliding_window", 0) or 0) > 0:
+            raise SharpiError(f"{gf.path}: exaone4 with sliding-window layers (EXAONE 4.0 32B) is not supported")
+        if int(gf.arch_get("nextn_predict_layers", 0) or 0) > 0:
+            raise SharpiError(f"{gf.path}: exaone4 with next-token-prediction layers is not supported")
     if arch in MOE_ARCHS or (arch in MOE_MAY and int(gf.arch_get("expert_count", 0) or 0) > 0):
         _experts(gf, kw)
     c = ModelConfig(**kw)
@@ -420,7 +435,8 @@ def expected_shapes(c: ModelConfig):
         yield from (("rope_factors_long.weight", (c.n_rot // 2,)), ("rope_factors_short.weight", (c.n_rot // 2,)))
     for i in range(c.n_layer):
         b = f"blk.{i}."
-        yield b + "attn_norm.weight", (c.n_embd,)
+        if c.pre_norms:
+            yield b + "attn_norm.weight", (c.n_embd,)
         if c.is_recurrent(i):
             yield from ((b + "shortconv.in_proj.weight", (c.n_embd, 3 * c.n_embd)),
                         (b + "shortconv.out_proj.weight", (c.n_embd, c.n_embd)),
@@ -433,7 +449,9 @@ def expected_shapes(c: ModelConfig):
         else:
             yield from ((b + "attn_q.weight", (c.n_embd, q)), (b + "attn_k.weight", (c.n_embd, k)),
                         (b + "attn_v.weight", (c.n_embd, v)))
-        yield from ((b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)), (b + c.ffn_norm_name, (c.n_embd,)))
+        yield b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)
+        if c.pre_norms:
+            yield b + c.ffn_norm_name, (c.n_embd,)
         if c.attn_out_bias:
             yield b + "attn_output.bias", (c.n_embd,)
         if c.attn_sinks:
@@ -463,6 +481,8 @@ def expected_shapes(c: ModelConfig):
             yield from ((b + "attn_q.bias", (q,)), (b + "attn_k.bias", (k,)), (b + "attn_v.bias", (v,)))
         if c.qk_norm:
             yield from ((b + "attn_q_norm.weight", (c.head_dim_k,)), (b + "attn_k_norm.weight", (c.head_dim_k,)))
+        if c.qk_norm_full:
+            yield from ((b + "attn_q_norm.weight", (q,)), (b + "attn_k_norm.weight", (k,)))
         if c.post_norms:
             yield from ((b + "post_attention_norm.weight", (c.n_embd,)), (b + "post_ffw_norm.weight", (c.n_embd,)))
 

@@ -8,8 +8,8 @@ allocated once per pass length, so the results are bit-identical to `hidden`'s (
 
 It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
 post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions, attention
-sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss and qwen2moe (routing, one
-mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; qwen2moe's and granitemoe's shared experts),
+sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe and granitemoe
+(routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -57,7 +57,9 @@ class DecodePath:
 
     @classmethod
     def for_model(cls, model) -> "DecodePath | None":
-        if not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None:
+        c = model.config
+        if (not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None
+                or not c.pre_norms or c.qk_norm_full):  # (olmo2's layers: the general loop)
             return None
         for ly in model.layers:
             if any(w is not None and (w._kern is None or w.act_kind is None) for w in _matmuls(ly).values()):
@@ -188,8 +190,8 @@ class DecodePath:
 
     def _moe(self, ex, w: dict, b: dict, h: torch.Tensor, out: torch.Tensor, T: int, glu_act: int, nth: int) -> None:
         """Transformer._moe's kernel calls on h [T, D] -> out [T, D]: router logits, moe_route, the gate and up
-        mul_mat_id into the halves of one buffer, the GLU, the down mul_mat_id, the weighted sum; then the
-        shared expert's matmuls and its gated sum (qwen2moe)."""
+        mul_mat_id into the halves of one buffer, the GLU, the down mul_mat_id, the weighted sum; then a shared
+        expert's matmuls, added under its sigmoid gate (qwen2moe) or as they are (granitemoe)."""
         c = self.model.config
         fns, k, D, nff = self.fns, c.n_expert_used, c.n_embd, c.n_ff_exp
         P = T * k

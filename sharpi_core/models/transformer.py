@@ -1,6 +1,6 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3, mistral3,
-the mixtures of experts qwen3moe, qwen2moe, gpt-oss and Mixtral-style llama, and lfm2's hybrid of attention and short-convolution
-layers (differences come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, exaone, olmo2 (post-norms
+only), gemma2, gemma3, mistral3, the mixtures of experts qwen3moe, qwen2moe, granitemoe, gpt-oss and Mixtral-style llama, and lfm2's hybrid of
+attention and short-convolution layers (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -92,11 +92,11 @@ class ShortConv:
 
 @dataclass
 class Layer:
-    attn_norm: torch.Tensor
+    attn_norm: torch.Tensor | None  # (None: no pre-norm, olmo2)
     wqk: QWeight | None     # q and k projections fused: [(H + Hkv) * hd, D], rows in rope-pair order (None: conv)
     wv: QWeight | None
     wo: QWeight | None
-    ffn_norm: torch.Tensor
+    ffn_norm: torch.Tensor | None
     w_gu: QWeight | None    # gate and up fused: [2 * n_ff, D] (None: experts)
     w_down: QWeight | None
     experts: Experts | None = None
@@ -108,6 +108,7 @@ class Layer:
     conv: ShortConv | None = None  # (lfm2) instead of attention
     bo: torch.Tensor | None = None     # attn_output's bias [D] (gpt-oss)
     sinks: torch.Tensor | None = None  # fp32 [H]: each head's attention sink logit (gpt-oss)
+    qk_norm_full: tuple | None = None  # (olmo2) fp32 [H * hd], [Hkv * hd]: q's and k's norm weights in GGUF order
 
 
 def _weight(gf: GGUFFile, name: str) -> QWeight:
@@ -295,13 +296,14 @@ class Transformer:
             else:
                 w_gu = _fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
             self.layers.append(Layer(
-                attn_norm=vec(p + "attn_norm.weight"),
+                attn_norm=vec(p + "attn_norm.weight") if c.pre_norms else None,
                 wqk=wqk, wv=wv, wo=_weight(gf, p + "attn_output.weight"),
-                ffn_norm=vec(p + c.ffn_norm_name), w_gu=w_gu,
+                ffn_norm=vec(p + c.ffn_norm_name) if c.pre_norms else None, w_gu=w_gu,
                 w_down=None if experts else _weight(gf, p + "ffn_down.weight"), experts=experts,
                 bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
                 bv=bv,
-                qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None else None,
+                qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None and c.qk_norm else None,
+                qk_norm_full=(qn, kn) if c.qk_norm_full else None,
                 post_attn_norm=opt(p + "post_attention_norm.weight") if c.post_norms else None,
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
                 bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"),
@@ -505,6 +507,18 @@ class Transformer:
             p = p.half().float()
         o = torch.bmm(p, V.permute(1, 0, 2))  # [Hkv, G*T, hdv]
         return o.view(Hkv, G, T, hdv).permute(2, 0, 1, 3).reshape(T, H * hdv)
+
+    def _qk_norm_full(self, qk: torch.Tensor, weights: tuple) -> torch.Tensor:
+        """olmo2's q / k norms on qk [T, H + Hkv, hd] (heads' dims in rope-pair order): q's RMS over all its heads,
+        k's over all of its, summed in the GGUF's element order as ggml_rms_norm sums them, times the weights."""
+        H, T = self.config.n_head, qk.shape[0]
+        out = []
+        for part, w in ((qk[:, :H], weights[0]), (qk[:, H:], weights[1])):
+            if self._unperm is not None:
+                part = part[..., self._unperm]
+            part = rms_norm(part.reshape(T, -1).contiguous(), w, self.config.norm_eps).view(T, -1, qk.shape[2])
+            out.append(part[..., self._perm] if self._perm is not None else part)
+        return torch.cat(out, dim=1)
 
     def _glu(self, gu: torch.Tensor, n_ff: int | None = None) -> torch.Tensor:
         """[T, 2 * n_ff] (gate, up) -> act(gate) * up [T, n_ff]; swiglu_oai (gpt-oss): gate clamped above at
@@ -711,7 +725,7 @@ class Transformer:
             window = c.sliding_window if c.is_swa(i) else 0
             if window not in masks:
                 masks[window] = self._mask(start_pos, T, window)
-            h = rms_norm(x, ly.attn_norm, c.norm_eps)
+            h = rms_norm(x, ly.attn_norm, c.norm_eps) if ly.attn_norm is not None else x
             tr = self.trace
             if tr is not None:
                 tr(f"attn_norm-{i}", h)
@@ -727,6 +741,8 @@ class Transformer:
                 qk = qk.view(T, H + Hkv, hd)
                 if ly.qk_norm is not None:
                     qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
+                if ly.qk_norm_full is not None:
+                    qk = self._qk_norm_full(qk, ly.qk_norm_full)
                 if c.has_rope(i):
                     qk = self._rope(qk, ropes[c.layer_rope(i)])
                 q, k = qk[:, :H], qk[:, H:]
@@ -766,7 +782,7 @@ class Transformer:
                 # like llama.cpp, the last layer's FFN runs on the output rows only (this also
                 # decides its matmuls' summation order)
                 x = x[-last_n:]
-            h = rms_norm(x, ly.ffn_norm, c.norm_eps)
+            h = rms_norm(x, ly.ffn_norm, c.norm_eps) if ly.ffn_norm is not None else x
             if tr is not None:
                 tr(f"ffn_inp-{i}", x)
                 tr(f"ffn_norm-{i}", h)
