@@ -652,9 +652,9 @@ void sharpi_soft_max(float *x, long T, long n) {
 
 /* Mixture-of-experts routing as llama.cpp's build_moe_ffn: logits [T, n_exp] (the router's; plus bias [n_exp]
  * when given, ggml_add) -> ids [T, k] and weights w [T, k]. gating 0 (softmax): sharpi_soft_max over all experts,
- * the k most probable in descending order (ties: the lower index first, as a stable sort), each over their sum
- * (added in order in double, ggml_vec_sum_f32) clamped below at 2^-14; gating 1 (softmax_weight, gpt-oss): the k
- * largest logits, sharpi_soft_max over those. logits is overwritten. */
+ * the k most probable in descending order (ties: the lower index first, as a stable sort), with norm (norm_w) each
+ * over their sum (added in order in double, ggml_vec_sum_f32) clamped below at 2^-14, without it (qwen2moe) as they
+ * are; gating 1 (softmax_weight, gpt-oss): the k largest logits, sharpi_soft_max over those. logits is overwritten. */
 void sharpi_moe_route(float *logits, long T, long n_exp, int k, int gating, int norm, const float *bias, int32_t *ids,
                       float *w) {
     for (long t = 0; t < T; t++) {
