@@ -6,7 +6,7 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
+It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / exaone / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
 post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions, attention
 sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe and granitemoe
 (routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
