@@ -387,10 +387,10 @@ def test_gpt_oss(derived):
     torch.testing.assert_close(model._glu(gu, 3), want[None])  # (3 columns: the torch path; test_ops: the kernel)
     from sharpi_core.models.config import _gpt_oss  # noqa: PLC0415
     with pytest.raises(SharpiError, match="attention.sliding_window"):
-        _gpt_oss(_Meta("gpt-oss", {}), {"n_layer": 2, "rope_base": 1e4, "rope_freq_scale": 1.0, "swa_pattern": 2,
-                                        "tied_output": False})
+        _gpt_oss(_Meta("gpt-oss", {}), {"n_layer": 2, "rope_base": 1e4, "rope_freq_scale": 1.0, "swa_pattern": 2})
+    from sharpi_core.models.config import _tied_output  # noqa: PLC0415
     with pytest.raises(SharpiError, match="output.weight. is missing"):
-        _gpt_oss(_Meta("gpt-oss", {"attention.sliding_window": 128}), {"tied_output": True})
+        _tied_output(_Meta("gpt-oss", {"attention.sliding_window": 128}))
 
 
 def test_qwen2moe(derived):
@@ -422,11 +422,14 @@ def test_qwen2moe(derived):
     assert (got - y).abs().max() > 0.1
     from sharpi_core.models.config import _experts  # noqa: PLC0415
     meta = _Meta("qwen2moe", {"expert_count": 8, "expert_used_count": 2, "expert_shared_count": 1})
-    kw = {"n_ff": 768, "tied_output": False}
+    kw = {"n_ff": 768}
     _experts(meta, kw)  # (the one shared expert its graph always has: expert_shared_count is not read)
     assert (kw["n_ff_exp"], kw["n_ff_shexp"]) == (384, 768)  # llama.cpp's defaults: n_ff / n_expert_used, n_ff
-    with pytest.raises(SharpiError, match="output.weight. is missing"):
-        _experts(meta, {"n_ff": 768, "tied_output": True})
+    from sharpi_core.models.config import _tied_output  # noqa: PLC0415
+    for arch in ("qwen2moe", "olmo2"):
+        with pytest.raises(SharpiError, match="output.weight. is missing"):
+            _tied_output(_Meta(arch, {}))
+    assert _tied_output(_Meta("qwen3moe", {}))  # (llama.cpp's other loaders take the embedding)
 
 
 def test_granitemoe(derived):
@@ -514,6 +517,7 @@ class _Meta:
 
     def __init__(self, arch: str, kv: dict):
         self.arch, self.kv, self.path = arch, kv, "test.gguf"
+        self.tensors = {}
 
     def arch_get(self, key, default=None):
         return self.kv.get(key, default)

@@ -186,8 +186,20 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         rope_attn_factor=float(a("rope.scaling.attn_factor", 1.0)),
         n_ctx_orig=int(a("rope.scaling.original_context_length", 0) or a("context_length", 2048)),
         n_rot=int(a("rope.dimension_count", hd_k)),
-        tied_output="output.weight" not in gf.tensors,
+        tied_output=_tied_output(gf),
     )
+
+
+# graphs whose loaders require output.weight (no fallback to the token embedding)
+OWN_OUTPUT_ARCHS = frozenset({"gpt-oss", "qwen2moe", "olmo2"})
+
+
+def _tied_output(gf: GGUFFile) -> bool:
+    """Whether the logits reuse token_embd (output.weight absent); an error where the arch's loader requires it."""
+    tied = "output.weight" not in gf.tensors
+    if tied and gf.arch in OWN_OUTPUT_ARCHS:
+        raise SharpiError(f"{gf.path}: tensor 'output.weight' is missing")
+    return tied
 
 
 def _head_count_kv(gf: GGUFFile, n_head: int) -> int:
@@ -274,8 +286,6 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     if arch == "olmo2":  # (AI2's OLMo 2; OLMo 3's sliding-window layers are another graph)
         if int(gf.arch_get("attention.sliding_window", 0) or 0) > 0:
             raise SharpiError(f"{gf.path}: olmo2 with sliding-window layers (OLMo 3) is not supported")
-        if kw["tied_output"]:  # (its loader requires the output layer)
-            raise SharpiError(f"{gf.path}: tensor 'output.weight' is missing")
     if arch == "exaone4":  # (EXAONE 4.0 1.2B; the 32B's 64 layers slide, their global layers without RoPE)
         if kw["n_layer"] == 64 or int(gf.arch_get("attention.sliding_window", 0) or 0) > 0:
             raise SharpiError(f"{gf.path}: exaone4 with sliding-window layers (EXAONE 4.0 32B) is not supported")
@@ -310,8 +320,6 @@ def _experts(gf: GGUFFile, kw: dict) -> None:
         kw["n_ff_exp"] = kw["n_ff"]
     if gf.arch == "qwen2moe":  # (its graph always has the one shared expert: expert_shared_count is not read)
         kw["n_ff_shexp"] = int(a("expert_shared_feed_forward_length", 0) or 0) or kw["n_ff"]
-        if kw["tied_output"]:  # (its loader requires the output layer)
-            raise SharpiError(f"{gf.path}: tensor 'output.weight' is missing")
     elif gf.arch in ("granite", "granitemoe"):  # (granitemoeshared's converter: the key, or no shared expert)
         kw["n_ff_shexp"] = int(a("expert_shared_feed_forward_length", 0) or 0)
     for key in ("expert_shared_count", "expert_group_count"):
@@ -326,9 +334,7 @@ def _gpt_oss(gf: GGUFFile, kw: dict) -> None:
     """OpenAI's gpt-oss (src/models/openai-moe.cpp): attention with q / k / v / output biases and a sink logit
     per head, a sliding window on every other layer (the first slides), the same RoPE (YaRN) on every layer
     unless the GGUF gives the sliding layers a base of their own; experts routed by softmax_weight gating with
-    biases, SwiGLU-OAI (clamped at 7, sigmoid(1.702 x), up + 1); an output layer of its own (not tied)."""
-    if kw["tied_output"]:  # (its loader requires the output layer)
-        raise SharpiError(f"{gf.path}: tensor 'output.weight' is missing")
+    biases, SwiGLU-OAI (clamped at 7, sigmoid(1.702 x), up + 1); an output layer of its own (OWN_OUTPUT_ARCHS)."""
     kw["sliding_window"] = int(gf.require(f"{gf.arch}.attention.sliding_window"))
     kw["rope_base_swa"] = float(gf.arch_get("rope.freq_base_swa", kw["rope_base"]))
     kw["rope_freq_scale_swa"] = kw["rope_freq_scale"]

@@ -1,6 +1,6 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, exaone, olmo2 (post-norms
-only), gemma2, gemma3, mistral3, the mixtures of experts qwen3moe, qwen2moe, granitemoe, gpt-oss and Mixtral-style llama, and lfm2's hybrid of
-attention and short-convolution layers (differences come from ModelConfig).
+"""The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, exaone, olmo2 and exaone4
+(post-norms only), gemma2, gemma3, mistral3, the mixtures of experts qwen3moe, qwen2moe, granitemoe, gpt-oss and
+Mixtral-style llama, and lfm2's hybrid of attention and short-convolution layers (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
