@@ -82,6 +82,13 @@ fixed, smooth values (no random generator: the same file on every machine):
           smooth weights), NeoX RoPE (q / k rows reordered as in qwen3), output.weight copied
   exaone4 general.architecture exaone4 (keys renamed; EXAONE 4.0 1.2B): olmo2's post-norms-only layers with per-head
           q / k norms (as qwen3's), llama3's rope_freqs, the tied output kept
+  qwen35  general.architecture qwen35 (keys renamed; Qwen3.5 / 3.6 dense): every QWEN35_ATTN_EVERY-th layer gated
+          attention (attn_q holds each head's q rows, then as many gate rows: another head's q rows; per-head q / k
+          norms; NeoX RoPE on QWEN35_KV's 32 of 64 dims in interleaved M-RoPE sections), the others Gated DeltaNet
+          layers (_qwen35_linear_tensors: attn_qkv = attn_k, attn_v, attn_q rows as q, k, v; attn_gate the first
+          ffn_gate rows; ssm_out = attn_output, Q4_1 blocks copied; fixed smooth f32 convolution taps, beta / alpha
+          projections, dt bias, A and norm); 3 key heads shared by 9 value heads; ffn_norm renamed
+          post_attention_norm (Qwen3.5 GGUFs' name)
   fused-qkv still llama, as `convert_hf_to_gguf.py --fuse-qkv` writes a model: each layer's attn_q, attn_k and
           attn_v in one attn_qkv (blocks copied byte for byte, back to back) with small fixed biases in one
           attn_qkv.bias (the converter fuses the biases of models that have them, such as Qwen2's)
@@ -105,7 +112,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4")
+            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4", "qwen35")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -147,6 +154,13 @@ GEMMA2_KV = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0, "a
 # gpt-oss: YaRN over a short original context (the tests' prompts reach past it), a window on every other layer
 GPT_OSS_KV = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 256,
               "attention.sliding_window": 128}
+# qwen35: attention on layers 3, 7, ... (the others Gated DeltaNet), RoPE on 32 of 64 dims in M-RoPE sections (text:
+# every section at the token's position), the DeltaNet's 3 key heads of 64 (SmolLM2's KV heads' rows) and 9 value
+# heads (its q heads' rows) over a 4-tap convolution
+QWEN35_ATTN_EVERY = 4
+QWEN35_KV = {"full_attention_interval": QWEN35_ATTN_EVERY, "rope.dimension_count": 32, "ssm.conv_kernel": 4,
+             "ssm.state_size": 64, "ssm.group_count": 3, "ssm.time_step_rank": 9, "ssm.inner_size": 576}
+QWEN35_SECTIONS = [6, 5, 5, 0]
 # lfm2: the layers that are short-convolution blocks (i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1), the convolution's width
 LFM2_CONV_EVERY, LFM2_L_CACHE = 3, 3
 Q = gguf.GGMLQuantizationType
@@ -480,6 +494,63 @@ def finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
+def _qwen35_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, n_head: int) -> None:
+    """qwen35's tensors from a llama GGUF's (see the qwen35 variant)."""
+    tensors = {t.name: t for t in r.tensors}
+    for t in r.tensors:
+        if not t.name.startswith("blk."):
+            add_tensor_as_is(w, t)
+            continue
+        layer, kind = int(t.name.split(".")[1]), t.name.split(".", 2)[2]
+        p = f"blk.{layer}."
+        if kind == "ffn_norm.weight":
+            w.add_tensor(p + "post_attention_norm.weight", np.asarray(t.data))
+        elif kind.startswith(("ffn_", "attn_norm.")):
+            add_tensor_as_is(w, t)
+        elif layer % QWEN35_ATTN_EVERY != QWEN35_ATTN_EVERY - 1:
+            if kind == "attn_q.weight":
+                _qwen35_linear_tensors(w, tensors, layer)
+        elif kind == "attn_q.weight":  # each head's q rows, then its gate's (the next head's q rows)
+            q = _pairs_to_halves(np.asarray(t.data), head_dim, n_rot).reshape(n_head, head_dim, -1)
+            gate = np.roll(np.asarray(t.data).reshape(n_head, head_dim, -1), -1, axis=0)
+            w.add_tensor(t.name, np.concatenate((q, gate), axis=1).reshape(2 * n_head * head_dim, -1),
+                         raw_dtype=t.tensor_type)
+            w.add_tensor(p + "attn_q_norm.weight", _norm_weight(head_dim, layer, 0.0))
+            w.add_tensor(p + "attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))
+        elif kind == "attn_k.weight":
+            w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
+        else:
+            add_tensor_as_is(w, t)
+
+
+def _qwen35_linear_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int) -> None:
+    """Layer `layer`'s Gated DeltaNet tensors from its llama weights (see the qwen35 variant)."""
+    p = f"blk.{layer}."
+    parts = [tensors[p + n] for n in ("attn_k.weight", "attn_v.weight", "attn_q.weight")]
+    if len({t.tensor_type for t in parts}) != 1 or parts[0].tensor_type in (Q.F32, Q.F16):
+        raise SystemExit(f"{p}: parts of one quantized type are needed to make attn_qkv")
+    w.add_tensor(p + "attn_qkv.weight", np.concatenate([np.asarray(t.data) for t in parts]), raw_dtype=parts[0].tensor_type)
+    n_embd = int(parts[2].shape[0])
+    gate = tensors[p + "ffn_gate.weight"]
+    w.add_tensor(p + "attn_gate.weight", np.asarray(gate.data)[:int(QWEN35_KV["ssm.inner_size"])], raw_dtype=gate.tensor_type)
+    out = tensors[p + "attn_output.weight"]
+    w.add_tensor(p + "ssm_out.weight", np.asarray(out.data), raw_dtype=out.tensor_type)
+    n_conv = sum(int(t.shape[1]) for t in parts)
+    width = int(QWEN35_KV["ssm.conv_kernel"])
+    i = np.arange(n_conv, dtype=np.float64)[:, None]
+    j = np.arange(width, dtype=np.float64)[None, :]
+    taps = 0.5 ** (2 * (width - 1 - j)) * (1.0 + 0.4 * np.sin(0.29 * i + 0.8 * j + 1.1 * layer))  # the current token's last
+    w.add_tensor(p + "ssm_conv1d.weight", taps.astype(np.float32))
+    n_v = int(QWEN35_KV["ssm.time_step_rank"])
+    w.add_tensor(p + "ssm_dt.bias", _smooth(n_v, layer, 0.3, 0.5))
+    w.add_tensor(p + "ssm_a", _smooth(n_v, layer, 1.7, 0.6, -1.2))  # (-exp(A_log): negative)
+    rows = np.arange(n_v, dtype=np.float64)[:, None] + 1.0
+    cols = np.arange(n_embd, dtype=np.float64)[None, :]
+    w.add_tensor(p + "ssm_beta.weight", (0.03 * np.sin(0.61 * rows * cols + 0.3 * layer)).astype(np.float32))
+    w.add_tensor(p + "ssm_alpha.weight", (0.03 * np.cos(0.43 * rows * cols + 0.7 * layer)).astype(np.float32))
+    w.add_tensor(p + "ssm_norm.weight", _norm_weight(int(QWEN35_KV["ssm.state_size"]), layer, 1.0) / 2)
+
+
 def _phi3_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, base: float) -> None:
     """phi3's tensors from a llama GGUF's: attn_qkv (q and k rows in NeoX order) and a gate-then-up ffn_up,
     each the parts' blocks back to back (one type), and the longrope factors."""
@@ -518,7 +589,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
                 "granitemoe": "granitemoe", "exaone": "exaone", "olmo2": "olmo2", "exaone4": "exaone4",
                 "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss",
-                "qwen2moe": "qwen2moe"}.get(variant, arch)
+                "qwen2moe": "qwen2moe", "qwen35": "qwen35"}.get(variant, arch)
     moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
@@ -529,7 +600,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     values = {"general.name": name} if name else {}
     extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV,
              "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}, "qwen2moe": QWEN2MOE_KV,
-             "granitemoe": GRANITEMOE_KV}.get(variant, {})
+             "granitemoe": GRANITEMOE_KV, "qwen35": QWEN35_KV}.get(variant, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
     if moe:  # (qwen3moe and gpt-oss read their own key; llama's experts have feed_forward_length rows)
         key = "expert_feed_forward_length" if variant in ("qwen3moe", "gpt-oss", "qwen2moe") else "feed_forward_length"
@@ -539,6 +610,8 @@ def derive(variant: str, src: str, dst: str) -> None:
         values["lfm2.attention.head_count_kv"] = [0 if i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1 else n_kv for i in range(n_layer)]
         values["lfm2.shortconv.l_cache"] = LFM2_L_CACHE
     kv = copy_kv(gf, w, rename, values)
+    if variant == "qwen35":
+        w.add_key_value("qwen35.rope.dimension_sections", QWEN35_SECTIONS, VT.ARRAY, sub_type=VT.INT32)
     for key, value in values.items():  # the ones the source does not have
         if key not in kv:
             w.add_key_value(key, value, VT.FLOAT32 if isinstance(value, float) else VT.STRING if isinstance(value, str)
@@ -550,6 +623,10 @@ def derive(variant: str, src: str, dst: str) -> None:
     tensors = {t.name: t for t in r.tensors}
     if variant == "phi3":
         _phi3_tensors(w, r, head_dim, n_rot, float(kv[f"{new_arch}.rope.freq_base"]))
+        finish(w)
+        return
+    if variant == "qwen35":
+        _qwen35_tensors(w, r, head_dim, n_rot, n_head)
         finish(w)
         return
     n_embd = int(kv[f"{new_arch}.embedding_length"])

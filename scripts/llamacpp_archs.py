@@ -7,7 +7,7 @@ No Qwen3, Llama 3.1 or SmolLM3 GGUF can be downloaded here, so scripts/gguf_deri
 SmolLM2's weights (qwen3: q/k norms and NeoX RoPE; llama3: rope_freqs; smollm3: NoPE layers; lowbit:
 Q3_K / Q2_K / IQ4_XS / Q5_K ffn_down, Q4_0 / IQ4_NL attention weights; phi3: fused attn_qkv and ffn_up,
 longrope factors and attention factor; granite: its four scales; mistral3, float, five MoE graphs (gpt-oss: sinks, biases, MXFP4 experts; qwen2moe: a gated shared expert; granitemoe), fused-qkv, exaone; lfm2: short
-convolutions between attention layers) and Gemma 3's (gemma2: softcaps, its sliding-window pattern). libllama (scripts/llamacpp_logits.c, as
+convolutions between attention layers; qwen35: Gated DeltaNet layers between gated attention layers) and Gemma 3's (gemma2: softcaps, its sliding-window pattern). libllama (scripts/llamacpp_logits.c, as
 compare_llamacpp_logits.py builds it) then decodes each case greedily: the fixture prompts, a prompt of
 ~300 tokens (prompt batches through llama.cpp's tiled flash attention, positions where rope_freqs'
 low-frequency factors matter), and a run through context shifts (the K-shift rotates by the same
@@ -47,15 +47,15 @@ def cases(variant: str) -> list[dict]:
     """(kind, prompt, n_ctx, tokens to generate, --keep or None: no context shift). No shift for smollm3:
     llama.cpp's K-shift rotates the K of its NoPE layers too (hparams.has_rope reads a rope_pattern that
     smollm3's loader leaves all ones), which sharpi does not copy (tests/test_archs.py checks its own). Nor
-    for lfm2: LCP_SHIFT_COMPACT's decode-then-take-back goes through a recurrent-state rollback that
-    llama.cpp's sequence state does not carry (its convolution state then holds that token twice), and
+    for lfm2 and qwen35 (recurrent): LCP_SHIFT_COMPACT's decode-then-take-back goes through a recurrent-state
+    rollback that llama.cpp's sequence state does not carry (its convolution state then holds that token twice), and
     without it the tokens after a shift land in the freed cells (another attention order: the logits move
     by ~0.7 on qwen3's derivative too); tests/test_archs.py checks the shift's convolution state."""
     ref = json.loads((FIXTURES / "llamacpp_reference.json").read_text())[SOURCE]["greedy"]
     out = [dict(kind="fixture", prompt=c["prompt"], n_ctx=512, n_gen=32, keep=None) for c in ref]
     out.append(dict(kind="long", prompt=(FIXTURES / "apache-2.0.txt").read_text()[:LONG_CHARS], n_ctx=512,
                     n_gen=48, keep=None))
-    if variant not in ("smollm3", "lfm2"):
+    if variant not in ("smollm3", "lfm2", "qwen35"):
         out.append(dict(kind="shift", prompt=SHIFT_PROMPTS.get(variant, "The history of the Roman Empire"), n_ctx=256,
                         n_gen=420, keep=0))
     return out

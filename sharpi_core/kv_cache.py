@@ -201,40 +201,66 @@ class KVCache(CacheBase):
 
 
 # how far back a short-convolution layer's state can be taken (speculative verify rollbacks, a token
-# evaluated again): its ring keeps the B*x rows of that many positions beyond the state itself
+# evaluated again): its ring keeps the rows of that many positions beyond the state itself
 CONV_ROLLBACK = 64
-PROMPT_CACHE_RECURRENT = ("--prompt-cache: not for models with short-convolution layers (lfm2: their state is not "
+PROMPT_CACHE_RECURRENT = ("--prompt-cache: not for models with recurrent layers (lfm2, qwen35: their state is not "
                           "kept for every position)")
 
 
 class HybridCache(KVCache):
-    """The cache of a model with short-convolution layers (lfm2): K and V of its attention layers as
-    KVCache keeps them (cache layer j = the model's j-th attention layer), and per convolution layer the
-    B*x rows of the last positions in a ring (position p in slot p % ring), from which the state before
-    any of the last CONV_ROLLBACK positions (its width - 1 rows) is read. truncate(n) works back that far
-    (and to 0); reach(n) says where a cut at n can go. Like llama.cpp's recurrent memory, which keeps a
-    few states back for speculative rollbacks and otherwise evaluates a changed prompt again."""
+    """The cache of a model with recurrent layers (lfm2's short convolutions, qwen35's Gated DeltaNet): K and V of
+    its attention layers as KVCache keeps them (cache layer j = the model's j-th attention layer), and per recurrent
+    layer the convolution's input rows of the last positions in a ring (position p in slot p % ring), from which
+    the state before any of the last CONV_ROLLBACK positions (its width - 1 rows) is read; qwen35's layers also
+    keep their DeltaNet state [Hv, S, S] after each of the last few positions (the state after n tokens in slot
+    n % R; keep_states(n) makes R > n, 1 by default: speculation asks for more). truncate(n) works back that far
+    (and to 0); reach(n) says where a cut at n can go. Like llama.cpp's recurrent memory, which keeps a few states
+    back for speculative rollbacks and otherwise evaluates a changed prompt again."""
 
     recurrent = True
 
     def __init__(self, n_attn: int, capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int,
-                 type_k: str, type_v: str, n_conv: int, d_model: int, width: int):
+                 type_k: str, type_v: str, n_conv: int, d_model: int, width: int, ssm: tuple | None = None):
         super().__init__(n_attn, capacity, n_kv_head, head_dim_k, head_dim_v, type_k, type_v)
         self.d = width - 1  # state rows
         self.ring = CONV_ROLLBACK + self.d
         self.conv = torch.zeros(n_conv, self.ring, d_model)  # [n_conv, ring, D] fp32, as ggml's conv states
         self.lo = 0  # the first position whose row the ring still holds
+        # (qwen35) [n_conv, R, Hv, S, S] fp32: the DeltaNet states, from position ssm_lo on
+        self.ssm = torch.zeros(n_conv, 2, ssm[0], ssm[1], ssm[1]) if ssm else None
+        self.ssm_lo = 0
 
     def reach(self, n: int) -> int:
         """n, or 0 when the state at position n is no longer kept."""
-        return n if max(0, n - self.d) >= self.lo else 0
+        ok = max(0, n - self.d) >= self.lo and (self.ssm is None or n >= self.ssm_lo)
+        return n if ok else 0
 
     def truncate(self, n: int) -> None:
         if n != self.reach(n):
-            raise ValueError(f"truncate({n}): the convolution state there is gone (positions >= {self.lo} are kept)")
+            raise ValueError(f"truncate({n}): the recurrent state there is gone (positions >= "
+                             f"{max(self.lo + self.d, self.ssm_lo)} are kept)")
         super().truncate(n)
         if n == 0:
-            self.lo = 0
+            self.lo = self.ssm_lo = 0
+
+    def keep_states(self, n: int) -> None:
+        """From now on keep the DeltaNet states of the last n positions too (truncate(length - n) stays possible)."""
+        if self.ssm is None or self.ssm.shape[1] > n:
+            return
+        old, R, L = self.ssm, n + 1, self.length
+        self.ssm = torch.zeros(old.shape[0], R, *old.shape[2:])
+        for p in range(max(self.ssm_lo, L - old.shape[1] + 1), L + 1):
+            self.ssm[:, p % R] = old[:, p % old.shape[1]]
+        self.ssm_lo = max(self.ssm_lo, L - old.shape[1] + 1)
+
+    def ssm_pass(self, start: int, T: int) -> int:
+        """Once per pass of T positions from start: the ring slot of the DeltaNet states before it (zeros at
+        position 0); the pass writes the next T slots."""
+        R = self.ssm.shape[1]
+        if start == 0:
+            self.ssm[:, 0].zero_()
+        self.ssm_lo = max(self.ssm_lo, start + T - R + 1)
+        return start % R
 
     def conv_slots(self, start: int, T: int) -> tuple[torch.Tensor, int, torch.Tensor, int]:
         """Once per pass of T positions from start, for conv_fill: (the ring slots of the state's rows before
@@ -248,8 +274,8 @@ class HybridCache(KVCache):
         return state, max(0, self.d - start), write, m
 
     def conv_fill(self, j: int, slots: tuple, ext: torch.Tensor) -> None:
-        """ext [d + T, D], whose last T rows hold the pass's B*x (conv_slots' pass): its first d rows become
-        convolution layer j's state before the pass (zeros before position 0), and the pass's rows go into
+        """ext [d + T, D], whose last T rows hold the pass's convolution input (conv_slots' pass): its first d rows
+        become recurrent layer j's state before the pass (zeros before position 0), and the pass's rows go into
         the layer's ring."""
         state, zeros, write, m = slots
         ring = self.conv[j]  # [ring, D]
@@ -258,16 +284,19 @@ class HybridCache(KVCache):
         ring.index_copy_(0, write, ext[ext.shape[0] - m:])
 
     def shift(self, n_keep: int, n_discard: int, shift_k) -> None:
-        """KVCache.shift for the attention layers; each convolution state stays as it is (llama.cpp's
-        recurrent memory keeps it), now the state before the new last position."""
+        """KVCache.shift for the attention layers; each recurrent state stays as it is (llama.cpp's recurrent
+        memory keeps it), now the state before the new last position."""
         end = self.length
         super().shift(n_keep, n_discard, shift_k)
         self.conv = torch.roll(self.conv, -n_discard, dims=1)  # slot of p - n_discard <- slot of p
         self.lo = min(max(self.lo, n_keep + n_discard) - n_discard, max(0, end - n_discard - self.d))
+        if self.ssm is not None:
+            self.ssm = torch.roll(self.ssm, -n_discard, dims=1)
+            self.ssm_lo = min(max(self.ssm_lo, n_keep + n_discard) - n_discard, end - n_discard)
 
     def arrays(self, n: int) -> dict[str, torch.Tensor]:
         raise UsageError(PROMPT_CACHE_RECURRENT)
 
     @property
     def nbytes(self) -> int:
-        return super().nbytes + self.conv.numel() * 4
+        return super().nbytes + self.conv.numel() * 4 + (self.ssm.numel() * 4 if self.ssm is not None else 0)

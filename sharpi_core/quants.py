@@ -229,7 +229,7 @@ class QWeight:
         assert all(p.qtype == qt and p.k == k for p in parts)
         order = row_order or [None] * len(parts)
         raw = np.concatenate([p.raw if o is None else p.raw[o] for p, o in zip(parts, order)])
-        return cls(name, raw, qt, sum(p.n for p in parts), k)
+        return cls(name, raw, qt, raw.shape[0], k)  # (an order may take some of a part's rows)
 
     def head(self, n: int) -> "QWeight":
         """The first n output rows: a view of the same blocks, no copy."""

@@ -1,10 +1,10 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
-Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, three MoE graphs (gpt-oss among them), Q2_K / Q3_K / Q5_K /
+Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, Qwen3.5's Gated DeltaNet, MoE graphs (gpt-oss among them), Q2_K / Q3_K / Q5_K /
 Q4_0 / IQ4_NL / IQ4_XS / MXFP4, F32 / F16 / BF16), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
 the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
-greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3, lfm2), with
+greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3, lfm2, qwen35), with
 the top logits' values at a few steps of the runs without a shift.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
 MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
-CPU_ONLY = MOE_VARIANTS + ("lfm2", "olmo2", "exaone4")  # (the GPU backend refuses them)
+CPU_ONLY = MOE_VARIANTS + ("lfm2", "olmo2", "exaone4", "qwen35")  # (the GPU backend refuses them)
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
 
@@ -212,13 +212,44 @@ def test_mistral3_yarn_and_attention_temperatures(derived):
     assert not torch.allclose(tab[:, 3], plain[:, 3]) and not torch.allclose(tab[:, 3], quarter[:, 3])
 
 
+def _recurrent_model_checks(path, case, other: list[int]) -> Generator:
+    """A model with recurrent layers runs on the CPU only; a generator that ran the long case's first 200 tokens
+    evaluates `other`, whose common prefix with them ends further back than the states kept, again from the start
+    (a fresh run's tokens); that generator is returned."""
+    from sharpi_core.backends.cuda_model import CudaTransformer
+    model, tok = loaded(path)
+    with pytest.raises(SharpiError, match="CPU only"):
+        CudaTransformer(model, ops=cuda_fake)
+    gen = Generator(model, model.new_cache(512), tok, GREEDY)
+    gen.generate(case["prompt_ids"][:200], n_predict=6)
+    fresh = Generator(model, model.new_cache(512), tok, GREEDY).generate(other, n_predict=6).tokens
+    assert gen.generate(other, n_predict=6).tokens == fresh and gen._prefilled == len(other)
+    return gen
+
+
+def _recurrent_shifts_and_prompt_cache(path, case, tmp_path) -> None:
+    """A model with recurrent layers generates and speculates (its own draft) through context shifts alike;
+    --prompt-cache refuses it in one line, writing nothing."""
+    from sharpi_core.speculative import DraftModelDrafter
+    model, tok = loaded(path)
+
+    def shifting(drafter=None):
+        g = Generator(model, model.new_cache(96), tok, GREEDY, drafter=drafter, spec_n_max=4, context_shift=True)
+        return g.generate(case["prompt_ids"][:40], n_predict=150)
+    plain = shifting()
+    assert plain.context_shifts >= 2 and len(plain.tokens) == 150
+    assert shifting(DraftModelDrafter(model, model.new_cache(96), GREEDY)).tokens == plain.tokens
+    r = sharpi("-m", path, "-p", "Hello", "-n", 2, "--prompt-cache", tmp_path / "p.bin")
+    one_error_line(r, contains="recurrent layers")
+    assert not (tmp_path / "p.bin").exists()
+
+
 def test_lfm2_convolution_state(derived, tmp_path):
     """lfm2's convolution layers keep no K / V: the cache holds its attention layers' K and V and, per
     convolution layer, the B*x rows of the last positions in a ring. A cut back within HybridCache's reach
     (speculative rollbacks) goes on exactly; further back the state is gone: reach() says 0, truncate
     refuses, and a generator evaluates such a prompt again from the start (the logits of a fresh cache).
     A draft model's window sliding through its cache keeps it too (greedy speculation: the plain tokens)."""
-    from sharpi_core.backends.cuda_model import CudaTransformer
     from sharpi_core.kv_cache import CONV_ROLLBACK
     from sharpi_core.speculative import DraftModelDrafter
     c = config_from_gguf(GGUFFile(derived["lfm2"]))
@@ -237,15 +268,8 @@ def test_lfm2_convolution_state(derived, tmp_path):
     assert cache.reach(210 - CONV_ROLLBACK) == 210 - CONV_ROLLBACK and cache.reach(100) == 0
     with pytest.raises(ValueError):
         cache.truncate(100)
-    with pytest.raises(SharpiError, match="CPU only"):
-        CudaTransformer(model, ops=cuda_fake)
-
-    def fresh(prompt):
-        return Generator(model, model.new_cache(512), tok, GREEDY).generate(prompt, n_predict=6).tokens
-    gen = Generator(model, model.new_cache(512), tok, GREEDY)
-    gen.generate(case["prompt_ids"][:200], n_predict=6)
     other = case["prompt_ids"][:120] + case["prompt_ids"][150:200]  # shares 120 tokens, 86 back
-    assert gen.generate(other, n_predict=6).tokens == fresh(other) and gen._prefilled == len(other)
+    gen = _recurrent_model_checks(derived["lfm2"], case, other)
     more = other + gen.history[len(other):] + case["prompt_ids"][200:220]  # goes on from the last: reused
     gen.generate(more, n_predict=6)  # (its batches break elsewhere than a fresh run's: other last bits)
     assert gen._prefilled == 20
@@ -269,16 +293,63 @@ def test_lfm2_convolution_state(derived, tmp_path):
     assert cache.length == 110 and cache.reach(100) == 100
     assert all(torch.equal(a, b) for a, b in zip(states(110), before))
 
-    def shifting(drafter=None):
-        g = Generator(model, model.new_cache(96), tok, GREEDY, drafter=drafter, spec_n_max=4, context_shift=True)
-        return g.generate(case["prompt_ids"][:40], n_predict=150)
-    plain = shifting()
-    assert plain.context_shifts >= 2 and len(plain.tokens) == 150
-    assert shifting(DraftModelDrafter(model, model.new_cache(96), GREEDY)).tokens == plain.tokens
+    _recurrent_shifts_and_prompt_cache(derived["lfm2"], case, tmp_path)
 
-    r = sharpi("-m", derived["lfm2"], "-p", "Hello", "-n", 2, "--prompt-cache", tmp_path / "p.bin")
-    one_error_line(r, contains="short-convolution")
-    assert not (tmp_path / "p.bin").exists()
+
+def test_qwen35_gated_deltanet(derived, tmp_path):
+    """qwen35's Gated DeltaNet layers keep no K / V: the cache holds its attention layers' K and V, per DeltaNet
+    layer the convolution's input rows (the lfm2 ring) and its state [Hv, S, S] after each of the last positions
+    (keep_states(n): n back; a speculating generator and draft model ask for their k). A verify pass's rows cut
+    anywhere within that go on exactly; further back reach() says 0 and a generator evaluates the prompt again.
+    Greedy speculation with the model as its own draft (DraftModelDrafter: truncations, reach) gives the plain
+    tokens, through context shifts too (each state stays as it is). Metadata as llama.cpp's loader reads it."""
+    from sharpi_core.models.config import _qwen35
+    from sharpi_core.speculative import DraftModelDrafter
+    c = config_from_gguf(GGUFFile(derived["qwen35"]))
+    every = gguf_derive.QWEN35_ATTN_EVERY
+    assert c.recurrent == tuple(i % every != every - 1 for i in range(c.n_layer))
+    assert (c.ssm_d_state, c.ssm_n_group, c.ssm_dt_rank, c.conv_width, c.ssm_conv_dim, c.n_rot) == (64, 3, 9, 4, 960, 32)
+    assert c.attn_gate and c.qk_norm and c.ffn_norm_name == "post_attention_norm.weight" and not c.qkv_fused
+    model, tok = loaded(derived["qwen35"])
+    case = next(cs for cs in ORACLE["cases"] if cs["variant"] == "qwen35" and cs["kind"] == "long")
+    ids = torch.tensor(case["prompt_ids"])
+    cache = model.new_cache(512)
+    assert cache.ssm.shape == (sum(c.recurrent), 2, 9, 64, 64) and cache.k.q.shape[0] == len(c.attn_layers)
+    model.forward(ids[:200], 0, cache, last_n=1)
+    cache.keep_states(10)
+    rows = model.forward(ids[200:210], 200, cache, decode=True)  # verify rows [10, V]
+    cache.truncate(203)  # three accepted
+    assert torch.equal(model.forward(ids[203:210], 203, cache, decode=True), rows[3:])
+    cache.truncate(200)
+    assert torch.equal(model.forward(ids[200:210], 200, cache, decode=True), rows)
+    assert cache.reach(200) == 200 and cache.reach(199) == 0  # (11 states: after 200 .. 210)
+    with pytest.raises(ValueError):
+        cache.truncate(199)
+    _recurrent_model_checks(derived["qwen35"], case, case["prompt_ids"][:190] + case["prompt_ids"][195:200])  # 16 back
+
+    drafter = DraftModelDrafter(model, model.new_cache(512), GREEDY)
+    spec = Generator(model, model.new_cache(512), tok, GREEDY, drafter=drafter, spec_n_max=6)
+    res = spec.generate(case["prompt_ids"], n_predict=case["n_gen"])
+    assert res.tokens == case["tokens"] and res.spec.accepted > 0
+
+    cache = model.new_cache(256)  # a context shift keeps each state as it is (llama.cpp's recurrent memory)
+    model.forward(ids[:200], 0, cache, last_n=1)
+    before = cache.ssm[:, 200 % cache.ssm.shape[1]].clone()
+    model.shift_cache(cache, 10, 90)
+    assert cache.length == 110 and torch.equal(cache.ssm[:, 110 % cache.ssm.shape[1]], before)
+
+    _recurrent_shifts_and_prompt_cache(derived["qwen35"], case, tmp_path)
+
+    meta = {"block_count": 8, "ssm.conv_kernel": 4, "ssm.state_size": 128, "ssm.group_count": 16,
+            "ssm.time_step_rank": 32, "ssm.inner_size": 4096, "rope.dimension_sections": [11, 11, 10, 0]}
+    kw = {"n_layer": 8, "n_rot": 64, "n_head": 16}
+    _qwen35(_Meta("qwen35", {**meta, "nextn_predict_layers": 1, "full_attention_interval": 2}), kw)
+    assert kw["n_layer"] == 7 and kw["recurrent"] == (True, False) * 3 + (True,)  # (the MTP layer not run)
+    for bad, msg in (({"rope.dimension_sections": [11, 11, 0, 10]}, "M-RoPE sections"),
+                     ({"ssm.inner_size": 4000}, "not supported"), ({"ssm.state_size": 96, "ssm.inner_size": 3072}, "not supported"),
+                     ({"ssm.group_count": 12}, "not supported"), ({"expert_count": 8}, "mixture of experts")):
+        with pytest.raises(SharpiError, match=msg):
+            _qwen35(_Meta("qwen35", {**meta, **bad}), {"n_layer": 8, "n_rot": 64, "n_head": 16})
 
 
 @pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])

@@ -180,6 +180,53 @@ def test_short_conv_is_ggml_ssm_conv_with_fmas():
         cpu.short_conv(ext[:, :10], w)
 
 
+def test_gated_delta_net_recurrence():
+    """sharpi_gdn is the gated delta rule (ggml_gated_delta_net): per value head, S <- S * exp(g), S += k outer
+    (v - S^T k) * beta, out = S^T q / sqrt(S) (a float64 reference within float error), value head h on key head
+    h % Hk; each token's state lands in the next ring slot, so running a pass token by token from the same ring gives
+    the same bits and the same states. gdn_gates: softplus(alpha + dt) * a (x itself above 20) and sigmoid(beta) with
+    libm's expf / logf, as ggml's scalar ops."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.expf.restype, libm.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    libm.logf.restype, libm.logf.argtypes = ctypes.c_float, [ctypes.c_float]
+    g = torch.Generator().manual_seed(7)
+    T, Hk, Hv, S, R = 5, 2, 4, 64, 8
+    q, k = torch.randn(T, Hk, S, generator=g) / 8, torch.randn(T, Hk, S, generator=g) / 8
+    v = torch.randn(T, Hv, S, generator=g)
+    decay, beta = -torch.rand(T, Hv, generator=g), torch.rand(T, Hv, generator=g)
+    ring = torch.zeros(R, Hv, S, S)
+    ring[6] = torch.randn(Hv, S, S, generator=g) / 4  # the state before the pass, in slot 6
+    out = cpu.gdn(q, k, v, decay, beta, ring, 6)
+    st = ring[6].double().transpose(1, 2)  # [Hv, S (k), S (v)]: the kernel's rows are the columns
+    for t in range(T):
+        kk, qq = k[t].double()[torch.arange(Hv) % Hk], q[t].double()[torch.arange(Hv) % Hk]  # [Hv, S]
+        st = st * decay[t].double().exp()[:, None, None]
+        delta = (v[t].double() - torch.einsum("hij,hi->hj", st, kk)) * beta[t].double()[:, None]
+        st = st + kk[:, :, None] * delta[:, None, :]
+        want = torch.einsum("hij,hi->hj", st, qq) / math.sqrt(S)
+        assert torch.allclose(out[t].double(), want, rtol=1e-4, atol=1e-5), t
+        assert torch.allclose(ring[(6 + t + 1) % R].double().transpose(1, 2), st, rtol=1e-4, atol=1e-5), t
+    ring2 = ring.clone()
+    ring2[(6 + 1) % R:].zero_()
+    ring2[:(6 + T + 1) % R].zero_()
+    steps = torch.cat([cpu.gdn(q[t:t + 1], k[t:t + 1], v[t:t + 1], decay[t:t + 1].contiguous(),
+                               beta[t:t + 1].contiguous(), ring2, 6 + t) for t in range(T)])
+    assert torch.equal(steps, out) and torch.equal(ring2, ring)
+    with pytest.raises(ValueError):
+        cpu.gdn(q, k, v[:, :3].contiguous(), decay, beta, ring, 0)  # 3 value heads on 2 key heads
+
+    alpha = torch.tensor([[-3.0, 0.5, 19.0, 25.0]])
+    b = torch.tensor([[-2.0, 0.0, 1.5, 30.0]])
+    dt, a = torch.tensor([0.25, -0.5, 1.5, 0.0]), torch.tensor([-1.0, -2.5, -0.75, -4.0])
+    want_g = [np.float32((x if x > 20 else libm.logf(float(np.float32(1) + np.float32(libm.expf(float(x)))))) * aa)
+              for x, aa in zip((alpha[0] + dt).numpy(), a.numpy())]
+    want_b = [np.float32(1) / (np.float32(1) + np.float32(libm.expf(float(-x)))) for x in b[0].numpy()]
+    cpu.gdn_gates(alpha, b, dt, a)
+    assert alpha[0].numpy().tobytes() == np.array(want_g, np.float32).tobytes()
+    assert b[0].numpy().tobytes() == np.array(want_b, np.float32).tobytes()
+    assert cpu.sigmoid(torch.tensor([-2.0, 0.0, 1.5, 30.0])).numpy().tobytes() == np.array(want_b, np.float32).tobytes()
+
+
 def test_attention_rejects_bad_shapes():
     cache = KVCache(1, 8, 1, 40, 40, "f32", "f32")  # head size not a multiple of 16
     with pytest.raises(ValueError, match="rejected"):

@@ -235,7 +235,7 @@ class CudaTransformer:
         self.gguf = gf = cpu_model.gguf
         self.config = c = cpu_model.config
         if c.n_expert or c.recurrent or not c.pre_norms:
-            kind = ("a mixture-of-experts model" if c.n_expert else f"an {c.arch} model (short-convolution layers)"
+            kind = ("a mixture-of-experts model" if c.n_expert else f"an {c.arch} model (recurrent layers)"
                     if c.recurrent else f"an {c.arch} model (post-norms only)")
             raise SharpiError(f"{os.path.basename(gf.path)}: {kind} runs on the CPU only here (--device cpu or -ngl 0)")
         self.stream = stream if stream is not None else ops.new_stream()

@@ -47,7 +47,7 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-_ABI = 13
+_ABI = 14
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
@@ -84,6 +84,7 @@ _scap = None
 _smax = None
 _sconv = None
 _qid = _mroute = _msum = _shexp = None  # mixture-of-experts entry points
+_gdn = _gdng = _sigm = None  # Gated DeltaNet (qwen35)
 build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
 
@@ -195,7 +196,7 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 def _bind_ctypes(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum, _shexp
+    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -263,7 +264,16 @@ def _bind_ctypes(path: Path) -> None:
     sx = lib.sharpi_shexp_add
     sx.argtypes = [c_void_p, c_void_p, c_long, c_long, c_void_p]
     sx.restype = None
-    _qid, _mroute, _msum, _shexp = qi, mr, ms, sx
+    gd = lib.sharpi_gdn
+    gd.argtypes = [*[c_void_p] * 6, c_long, c_long, c_void_p, *[c_long] * 4, c_int]
+    gd.restype = None
+    gg = lib.sharpi_gdn_gates
+    gg.argtypes = [*[c_void_p] * 4, c_long, c_long]
+    gg.restype = None
+    sg = lib.sharpi_sigmoid
+    sg.argtypes = [c_void_p, c_long]
+    sg.restype = None
+    _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm = qi, mr, ms, sx, gd, gg, sg
     _state["lib"] = lib
     _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv = gl, ro, rt, rp, hd, sq, sc, sm, cv
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
@@ -272,7 +282,7 @@ def _bind_ctypes(path: Path) -> None:
 
 def _bind_module(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum, _shexp
+    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -282,6 +292,7 @@ def _bind_module(path: Path) -> None:
     _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
     _scap, _smax, _sconv = mod.softcap, mod.soft_max, mod.short_conv
     _qid, _mroute, _msum, _shexp = mod.qmatmul_id, mod.moe_route, mod.moe_sum, mod.shexp_add
+    _gdn, _gdng, _sigm = mod.gdn, mod.gdn_gates, mod.sigmoid
 
 
 def _load():
@@ -484,7 +495,7 @@ def kernel_fns() -> dict:
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope, "hadamard": _had,
             "store_q8_0": _sq8, "short_conv": _sconv, "qmatmul_id": _qid, "moe_route": _mroute, "moe_sum": _msum,
-            "shexp_add": _shexp}
+            "shexp_add": _shexp, "gdn": _gdn, "gdn_gates": _gdng, "sigmoid": _sigm}
 
 
 def _gemm(x, raw, code, n, k, rb, out):
@@ -833,3 +844,44 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     if rc:
         raise ValueError(f"attention: kernel rejected D={D} Dv={Dv} H={H} Hkv={Hkv} ({k_store.kind}/{v_store.kind})")
     return out
+
+
+def _ready(fn) -> None:
+    if fn is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+
+
+def gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ring: torch.Tensor,
+        slot0: int) -> torch.Tensor:
+    """The Gated DeltaNet recurrence of one layer over a pass (ggml_gated_delta_net): q, k fp32 [T, Hk, S], v [T, Hv, S],
+    g, beta [T, Hv] (decay exponent, sigmoid beta), ring [R, Hv, S, S] (the layer's states: the one before the pass in
+    slot slot0, the one after token t written to slot (slot0 + t + 1) % R) -> out [T, Hv, S]."""
+    _ready(_gdn)
+    T, Hk, S = q.shape
+    Hv, R = v.shape[1], ring.shape[0]
+    ts = (q, k, v, g, beta, ring)
+    if (any(t.dtype is not _F32 or not t.is_contiguous() for t in ts) or k.shape != q.shape or v.shape != (T, Hv, S)
+            or g.shape != (T, Hv) or beta.shape != (T, Hv) or ring.shape[1:] != (Hv, S, S) or Hv % Hk or S % 64):
+        raise ValueError("gdn: " + ", ".join(f"{t.dtype} {tuple(t.shape)}" for t in ts))
+    out = torch.empty(T, Hv, S)
+    _gdn(*(t.data_ptr() for t in ts), R, slot0 % R, out.data_ptr(), T, Hv, Hk, S, torch.get_num_threads())
+    return out
+
+
+def gdn_gates(alpha: torch.Tensor, beta: torch.Tensor, dt: torch.Tensor, a: torch.Tensor) -> None:
+    """In place on alpha, beta fp32 [T, Hv]: alpha -> softplus(alpha + dt) * a, beta -> sigmoid(beta) (dt, a [Hv])."""
+    _ready(_gdng)
+    T, Hv = alpha.shape
+    if (any(t.dtype is not _F32 or not t.is_contiguous() for t in (alpha, beta, dt, a)) or beta.shape != alpha.shape
+            or dt.shape != (Hv,) or a.shape != (Hv,)):
+        raise ValueError(f"gdn_gates: alpha {tuple(alpha.shape)}, beta {tuple(beta.shape)}, dt {tuple(dt.shape)}")
+    _gdng(alpha.data_ptr(), beta.data_ptr(), dt.data_ptr(), a.data_ptr(), T, Hv)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """x fp32, contiguous -> 1 / (1 + expf(-x)) in place (ggml_sigmoid: libm's expf)."""
+    _ready(_sigm)
+    if x.dtype is not _F32 or not x.is_contiguous():
+        raise ValueError(f"sigmoid: x {x.dtype} {tuple(x.shape)}")
+    _sigm(x.data_ptr(), x.numel())
+    return x

@@ -63,6 +63,14 @@
  * then the pass's), summed oldest first in float, each product added with an FMA (GCC contracts ggml's
  * `sumf += s * c` loop so; its vectorized branches are for widths of 8 and more).
  *
+ * sharpi_gdn: the Gated DeltaNet recurrence (Qwen3.5's linear attention) as ggml_gated_delta_net computes it on the
+ * CPU: per value head and token, the state S [S, S] (row j = column j of the paper's S) times expf(g), delta[j] =
+ * (v[j] - S_j . k) * beta, S_j += k * delta[j] (FMAs), out[j] = (S_j . q) * (1 / sqrtf(S)), the dots as
+ * ggml_vec_dot_f32; value head h reads key head h % Hk (ggml's broadcast). States live in a ring of R slots, the
+ * state after n tokens in slot n % R: a pass reads slot0 and writes the next T slots, so the states before each of
+ * its tokens stay there for speculative rollbacks. sharpi_gdn_gates: softplus(alpha + dt) * a (libm's expf and
+ * logf; x itself above 20) and sigmoid(beta), in place; sharpi_sigmoid: 1 / (1 + expf(-x)) in place (ggml_sigmoid).
+ *
  * sharpi_float_rows: y = x w^T for an f32, f16 or bf16 weight (qmatmul.c's F32 / F16 / BF16 types), as ggml's
  * mul_mat sums it in an AVX-512 build: one-row passes through ggml_vec_dot_f32 / _f16 (4 accumulators of 16
  * lanes over 64 elements a step, (a0 + a2) + (a1 + a3), _mm512_reduce_add_ps, an f16 row's elements past a
@@ -712,6 +720,51 @@ void sharpi_shexp_add(const float *gx, const float *sh, long T, long D, float *y
     }
 }
 
+/* ggml_vec_dot_f32 of an AVX-512 build on two float rows (dot_vec_dot's float case; n % 64 == 0 past the
+ * vectors: the rest added in double, which only float rows of other lengths reach) */
+static inline float vec_dot_f32(const float *a, const float *b, long n) {
+    return dot_vec_dot(a, NULL, KV_F32, 0, n, b);
+}
+
+void sharpi_gdn(const float *q, const float *k, const float *v, const float *g, const float *beta, float *ring,
+                long R, long slot0, float *out, long T, long Hv, long Hk, long S, int nthreads) {
+    const float scale = 1.0f / sqrtf((float)S);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && Hv > 1)
+    for (long h = 0; h < Hv; h++) {
+        float *delta = malloc(S * sizeof(float));
+        const long hk = h % Hk;
+        for (long t = 0; t < T; t++) {
+            const float *src = ring + (((slot0 + t) % R) * Hv + h) * S * S;
+            float *st = ring + (((slot0 + t + 1) % R) * Hv + h) * S * S;
+            const float eg = expf(g[t * Hv + h]), b = beta[t * Hv + h];
+            const float *kt = k + (t * Hk + hk) * S, *qt = q + (t * Hk + hk) * S, *vt = v + (t * Hv + h) * S;
+            for (long i = 0; i < S * S; i++) st[i] = src[i] * eg; /* ggml_vec_scale_f32 */
+            for (long j = 0; j < S; j++) delta[j] = (vt[j] - vec_dot_f32(st + j * S, kt, S)) * b;
+            for (long j = 0; j < S; j++) { /* ggml_vec_mad_f32: y = fma(x, v, y) */
+                float *row = st + j * S;
+                const float dj = delta[j];
+                for (long i = 0; i < S; i++) row[i] = fmaf(kt[i], dj, row[i]);
+            }
+            for (long j = 0; j < S; j++) out[(t * Hv + h) * S + j] = vec_dot_f32(st + j * S, qt, S) * scale;
+        }
+        free(delta);
+    }
+}
+
+void sharpi_gdn_gates(float *alpha, float *beta, const float *dt, const float *a, long T, long Hv) {
+    for (long t = 0; t < T; t++)
+        for (long h = 0; h < Hv; h++) {
+            const float x = alpha[t * Hv + h] + dt[h];
+            const float sp = x > 20.0f ? x : logf(1.0f + expf(x));
+            alpha[t * Hv + h] = sp * a[h];
+            beta[t * Hv + h] = 1.0f / (1.0f + expf(-beta[t * Hv + h]));
+        }
+}
+
+void sharpi_sigmoid(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
 static float gelu_table[65536]; /* ggml_table_gelu_f16, as fp32 values of its fp16 entries */
 static int gelu_ready;
 
@@ -940,6 +993,36 @@ PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t na
     const double cap = PyFloat_AsDouble(args[2]);
     if (PyErr_Occurred()) return NULL;
     sharpi_softcap((float *)x, n, (float)cap);
+    Py_RETURN_NONE;
+}
+
+/* gdn(q, k, v, g, beta, ring, R, slot0, out, T, Hv, Hk, S, nthreads); the GIL is released meanwhile */
+PyObject *sharpi_py_gdn(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[14];
+    if (sharpi_py_nlongs(args, nargs, a, 14, "gdn")) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    sharpi_gdn((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (const float *)a[4],
+               (float *)a[5], a[6], a[7], (float *)a[8], a[9], a[10], a[11], a[12], (int)a[13]);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* gdn_gates(alpha, beta, dt, a, T, Hv) */
+PyObject *sharpi_py_gdn_gates(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[6];
+    if (sharpi_py_nlongs(args, nargs, a, 6, "gdn_gates")) return NULL;
+    sharpi_gdn_gates((float *)a[0], (float *)a[1], (const float *)a[2], (const float *)a[3], a[4], a[5]);
+    Py_RETURN_NONE;
+}
+
+/* sigmoid(x, n) */
+PyObject *sharpi_py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[2];
+    if (sharpi_py_nlongs(args, nargs, a, 2, "sigmoid")) return NULL;
+    sharpi_sigmoid((float *)a[0], a[1]);
     Py_RETURN_NONE;
 }
 

@@ -2346,7 +2346,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 13; }
+int sharpi_abi_version(void) { return 14; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
@@ -2469,6 +2469,9 @@ PyObject *sharpi_py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t
 PyObject *sharpi_py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
 PyObject *sharpi_py_moe_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 PyObject *sharpi_py_shexp_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
+PyObject *sharpi_py_gdn(PyObject *self, PyObject *const *args, Py_ssize_t nargs);        /* ops.c */
+PyObject *sharpi_py_gdn_gates(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
+PyObject *sharpi_py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
@@ -2484,6 +2487,9 @@ static PyMethodDef py_methods[] = {
     {"moe_route", (PyCFunction)(void (*)(void))sharpi_py_moe_route, METH_FASTCALL, "MoE expert choice and weights"},
     {"moe_sum", (PyCFunction)(void (*)(void))sharpi_py_moe_sum, METH_FASTCALL, "MoE experts' weighted sum"},
     {"shexp_add", (PyCFunction)(void (*)(void))sharpi_py_shexp_add, METH_FASTCALL, "gated shared expert, added"},
+    {"gdn", (PyCFunction)(void (*)(void))sharpi_py_gdn, METH_FASTCALL, "Gated DeltaNet recurrence (Qwen3.5)"},
+    {"gdn_gates", (PyCFunction)(void (*)(void))sharpi_py_gdn_gates, METH_FASTCALL, "Gated DeltaNet decay and beta"},
+    {"sigmoid", (PyCFunction)(void (*)(void))sharpi_py_sigmoid, METH_FASTCALL, "ggml_sigmoid, in place"},
     {"qmatmul_id", (PyCFunction)(void (*)(void))py_qmatmul_id, METH_FASTCALL, "mul_mat_id: one expert per row"},
     {"store_q8_0", (PyCFunction)(void (*)(void))py_store_q8_0, METH_FASTCALL, "q8_0 KV cache write"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},

@@ -78,8 +78,15 @@ class ModelConfig:
     shexp_gated: bool = False       # (qwen2moe) the shared expert's output times a sigmoid gate per token
     attn_out_bias: bool = False     # attn_output.bias (gpt-oss)
     attn_sinks: bool = False        # a learned sink logit per head in the attention softmax (gpt-oss)
-    recurrent: tuple = ()           # per layer: a short-convolution block instead of attention (lfm2)
-    conv_width: int = 0             # those blocks' convolution width (shortconv.l_cache: the state holds width - 1 rows)
+    recurrent: tuple = ()           # per layer: a recurrent block instead of attention (lfm2: short convolution;
+                                    # qwen35: Gated DeltaNet)
+    conv_width: int = 0             # those blocks' convolution width (shortconv.l_cache, ssm.conv_kernel: the state
+                                    # holds width - 1 rows)
+    attn_gate: bool = False         # (qwen35) attn_q holds each head's q rows then a gate's: output times sigmoid(gate)
+    ssm_d_state: int = 0            # (qwen35) Gated DeltaNet head size S (keys and values), 0 = none
+    ssm_n_group: int = 0            # its key heads (q and k), shared by
+    ssm_dt_rank: int = 0            # its value heads (ssm.time_step_rank)
+    n_layer_nextn: int = 0          # next-token-prediction layers after the n_layer the graph runs (not run)
 
     def is_swa(self, layer: int) -> bool:
         return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
@@ -98,13 +105,18 @@ class ModelConfig:
         return [i for i in range(self.n_layer) if not self.is_recurrent(i)]
 
     @property
+    def ssm_conv_dim(self) -> int:
+        """(qwen35) the channels of a Gated DeltaNet layer's convolution: q, k (key heads) and v (value heads)."""
+        return (2 * self.ssm_n_group + self.ssm_dt_rank) * self.ssm_d_state
+
+    @property
     def output_norm_name(self) -> str:
         return "token_embd_norm.weight" if self.arch == "lfm2" else "output_norm.weight"  # (LFM2 GGUFs' name)
 
     @property
     def ffn_norm_name(self) -> str:
-        # (gpt-oss GGUFs name the norm before the FFN post_attention_norm)
-        return "post_attention_norm.weight" if self.arch == "gpt-oss" else "ffn_norm.weight"
+        # (gpt-oss and Qwen3.5 GGUFs name the norm before the FFN post_attention_norm)
+        return "post_attention_norm.weight" if self.arch in ("gpt-oss", "qwen35") else "ffn_norm.weight"
 
     def has_rope(self, layer: int) -> bool:
         return not (self.nope_every and (layer + 1) % self.nope_every == 0)
@@ -208,7 +220,7 @@ def _head_count_kv(gf: GGUFFile, n_head: int) -> int:
     v = gf.arch_get("attention.head_count_kv", n_head)
     if not isinstance(v, (list, tuple)):
         return int(v)
-    counts = {int(n) for n in v} - ({0} if gf.arch == "lfm2" else set())
+    counts = {int(n) for n in v} - ({0} if gf.arch in ("lfm2", "qwen35") else set())
     if len(counts) > 1:
         raise SharpiError(f"{gf.path}: KV head counts that differ between layers ({sorted(counts)}) are not supported")
     return counts.pop() if counts else 0
@@ -248,6 +260,7 @@ ARCH_TABLE = {
     "qwen2moe": dict(rope_style=ROPE_NEOX, qkv_bias=True, expert_weights_norm=False, shexp_gated=True),
     "mistral3": dict(rope_style=ROPE_NORM),
     "lfm2": dict(rope_style=ROPE_NEOX, qk_norm=True),
+    "qwen35": dict(rope_style=ROPE_NEOX, qk_norm=True, attn_gate=True),
     "gpt-oss": dict(rope_style=ROPE_NEOX, qkv_bias=True, attn_out_bias=True, attn_sinks=True, swa_pattern=2,
                     act="swiglu_oai", expert_gating="softmax_weight", moe_bias=True),
 }
@@ -281,6 +294,8 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _mistral3(gf, kw)
     if arch == "lfm2":
         _lfm2(gf, kw)
+    if arch == "qwen35":
+        _qwen35(gf, kw)
     if arch == "gpt-oss":
         _gpt_oss(gf, kw)
     if arch == "olmo2":  # (AI2's OLMo 2; OLMo 3's sliding-window layers are another graph)
@@ -388,6 +403,47 @@ def _lfm2(gf: GGUFFile, kw: dict) -> None:
     kw["swa_layers"] = tuple(not r for r in kw["recurrent"])
 
 
+def _qwen35(gf: GGUFFile, kw: dict) -> None:
+    """Qwen3.5 / 3.6 dense (src/models/qwen35.cpp): Gated DeltaNet layers (attention.recurrent_layers, else all but
+    every full_attention_interval-th), the others gated attention with q / k norms and M-RoPE over rope.dimension_count
+    dims, whose sections must give text tokens plain NeoX RoPE (every rotated pair in the t, h or w section: llama.cpp
+    gives those the token's position, the fourth section position 0). Next-token-prediction layers are not run (as
+    llama.cpp's main graph)."""
+    a, path = gf.arch_get, gf.path
+    kw["n_layer_nextn"] = nextn = int(a("nextn_predict_layers", 0) or 0)
+    if not 0 <= nextn < kw["n_layer"]:
+        raise SharpiError(f"{path}: {nextn} next-token-prediction layers of {kw['n_layer']}")
+    n = kw["n_layer"] = kw["n_layer"] - nextn
+    rec = a("attention.recurrent_layers", None)
+    if isinstance(rec, (list, tuple)):
+        if len(rec) < n:
+            raise SharpiError(f"{path}: attention.recurrent_layers has {len(rec)} layers, not {n}")
+        kw["recurrent"] = tuple(bool(v) for v in rec[:n])
+    else:
+        every = int(a("full_attention_interval", 4) or 0)
+        if every < 1:
+            raise SharpiError(f"{path}: full_attention_interval is {every}")
+        kw["recurrent"] = tuple((i + 1) % every != 0 for i in range(n))
+    kw["conv_width"] = int(gf.require(f"{gf.arch}.ssm.conv_kernel"))
+    S, Hk, Hv = (int(gf.require(f"{gf.arch}.ssm.{k}")) for k in ("state_size", "group_count", "time_step_rank"))
+    inner = int(gf.require(f"{gf.arch}.ssm.inner_size"))
+    if not (S > 0 and S % 64 == 0 and 0 < Hk and Hv % Hk == 0 and inner == Hv * S and 1 < kw["conv_width"] <= 64):
+        raise SharpiError(f"{path}: a Gated DeltaNet of {Hk} key and {Hv} value heads of {S} (inner size {inner}, "
+                          f"convolution over {kw['conv_width']}) is not supported (heads of a multiple of 64)")
+    kw.update(ssm_d_state=S, ssm_n_group=Hk, ssm_dt_rank=Hv, qkv_fused=False, qkv_bias_fused=False)
+    sections = [int(v) for v in (a("rope.dimension_sections", None) or [])][:4]
+    sections += [0] * (4 - len(sections))
+    total = sum(sections)
+    for i in range(kw["n_rot"] // 2):  # ggml's interleaved M-RoPE: the section of each rotated pair
+        sec = i % total if total > 0 else -1
+        if not any(sec % 3 == j and sec < 3 * sections[j] for j in range(3)):
+            raise SharpiError(f"{path}: M-RoPE sections {sections} leave rotated pairs without a text position")
+    if all(kw["recurrent"]):
+        kw["n_head_kv"] = kw["n_head"]
+    if int(a("expert_count", 0) or 0) > 0:
+        raise SharpiError(f"{path}: a qwen35 mixture of experts is not supported (its dense models are)")
+
+
 def _granite(gf: GGUFFile, kw: dict) -> None:
     """Granite's scales as llama.cpp's loader reads them (src/models/granite.cpp): the logit scale is
     required, the others optional (0: not applied; its attention scale replaces 1/sqrt(head_dim))."""
@@ -431,6 +487,8 @@ def expected_shapes(c: ModelConfig):
     """Every tensor the graph reads, with its GGUF shape (ne0 = the input dimension first), layer by layer
     (a generator: a damaged block count of billions fails at its first missing layer, not in memory)."""
     q, k, v = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
+    ffn = lambda b: ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),  # noqa: E731
+                     (b + "ffn_down.weight", (c.n_ff, c.n_embd)))
     yield "token_embd.weight", (c.n_embd, c.n_vocab)
     yield c.output_norm_name, (c.n_embd,)
     if not c.tied_output:
@@ -443,17 +501,24 @@ def expected_shapes(c: ModelConfig):
         b = f"blk.{i}."
         if c.pre_norms:
             yield b + "attn_norm.weight", (c.n_embd,)
+        if c.is_recurrent(i) and c.ssm_d_state:  # (qwen35's Gated DeltaNet)
+            Hv, inner = c.ssm_dt_rank, c.ssm_dt_rank * c.ssm_d_state
+            yield from ((b + "attn_qkv.weight", (c.n_embd, c.ssm_conv_dim)), (b + "attn_gate.weight", (c.n_embd, inner)),
+                        (b + "ssm_conv1d.weight", (c.conv_width, c.ssm_conv_dim)), (b + "ssm_dt.bias", (Hv,)),
+                        (b + "ssm_a", (Hv,)), (b + "ssm_beta.weight", (c.n_embd, Hv)),
+                        (b + "ssm_alpha.weight", (c.n_embd, Hv)), (b + "ssm_norm.weight", (c.ssm_d_state,)),
+                        (b + "ssm_out.weight", (inner, c.n_embd)), (b + c.ffn_norm_name, (c.n_embd,)), *ffn(b))
+            continue
         if c.is_recurrent(i):
             yield from ((b + "shortconv.in_proj.weight", (c.n_embd, 3 * c.n_embd)),
                         (b + "shortconv.out_proj.weight", (c.n_embd, c.n_embd)),
                         (b + "shortconv.conv.weight", (c.conv_width, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)),
-                        (b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),
-                        (b + "ffn_down.weight", (c.n_ff, c.n_embd)))
+                        *ffn(b))
             continue
         if c.qkv_fused:
             yield b + "attn_qkv.weight", (c.n_embd, q + k + v)
         else:
-            yield from ((b + "attn_q.weight", (c.n_embd, q)), (b + "attn_k.weight", (c.n_embd, k)),
+            yield from ((b + "attn_q.weight", (c.n_embd, 2 * q if c.attn_gate else q)), (b + "attn_k.weight", (c.n_embd, k)),
                         (b + "attn_v.weight", (c.n_embd, v)))
         yield b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)
         if c.pre_norms:
@@ -493,6 +558,12 @@ def expected_shapes(c: ModelConfig):
             yield from ((b + "post_attention_norm.weight", (c.n_embd,)), (b + "post_ffw_norm.weight", (c.n_embd,)))
 
 
+def _nextn_tensor(c: ModelConfig, name: str) -> bool:
+    """Whether name is a tensor of the next-token-prediction layers after the graph's (not read)."""
+    parts = name.split(".")
+    return bool(c.n_layer_nextn) and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) >= c.n_layer
+
+
 def check_config(c: ModelConfig, gf: GGUFFile) -> None:
     """Hyperparameters that the kernels can run and tensors of the shapes they imply, checked before any
     weight is read (llama.cpp refuses such a file with "wrong shape" too): a damaged or hand-edited
@@ -513,7 +584,7 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
         read.add(name)
     # a tensor the graph would not read (rope_freqs, a fused attn_qkv, biases this arch has none of) is a
     # variant of the architecture sharpi does not compute: refused rather than run without it
-    unknown = sorted(set(gf.tensors) - read)
+    unknown = sorted(n for n in set(gf.tensors) - read if not _nextn_tensor(c, n))
     if unknown:
         raise SharpiError(f"{gf.path}: tensor '{unknown[0]}' is not part of the {c.arch} graph sharpi runs"
                           + (f" ({len(unknown) - 1} more)" if len(unknown) > 1 else "") + ": unsupported model variant")

@@ -59,7 +59,7 @@ class DecodePath:
     def for_model(cls, model) -> "DecodePath | None":
         c = model.config
         if (not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None
-                or not c.pre_norms or c.qk_norm_full):  # (olmo2's layers: the general loop)
+                or not c.pre_norms or c.qk_norm_full or c.ssm_d_state):  # (olmo2's, qwen35's layers: the general loop)
             return None
         for ly in model.layers:
             if any(w is not None and (w._kern is None or w.act_kind is None) for w in _matmuls(ly).values()):

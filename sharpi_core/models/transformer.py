@@ -1,6 +1,7 @@
 """The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, exaone, olmo2 and exaone4
 (post-norms only), gemma2, gemma3, mistral3, the mixtures of experts qwen3moe, qwen2moe, granitemoe, gpt-oss and
-Mixtral-style llama, and lfm2's hybrid of attention and short-convolution layers (differences come from ModelConfig).
+Mixtral-style llama, lfm2's hybrid of attention and short-convolution layers, and qwen35's of gated attention and
+Gated DeltaNet layers (differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -11,6 +12,7 @@ import os
 from dataclasses import dataclass, replace
 
 import gguf
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -91,6 +93,22 @@ class ShortConv:
 
 
 @dataclass
+class DeltaNet:
+    """qwen35's Gated DeltaNet block, in place of attention: q, k, v through a short convolution and SiLU, q and k
+    L2-normed, the gated delta rule over a state per value head, RMS-normed per head times SiLU(z), out-projected."""
+    w_qkv: QWeight          # attn_qkv [conv_dim, D]: q rows (key heads), k rows, v rows (value heads)
+    w_z: QWeight            # attn_gate [Hv * S, D]
+    w_beta: QWeight         # ssm_beta [Hv, D]
+    w_alpha: QWeight        # ssm_alpha [Hv, D]
+    taps: torch.Tensor      # fp32 [conv_dim, width]: the oldest position's tap first
+    dt: torch.Tensor        # fp32 [Hv]: ssm_dt.bias
+    a: torch.Tensor         # fp32 [Hv]: ssm_a (-exp(A_log))
+    norm: torch.Tensor      # fp32 [S]
+    out: QWeight            # ssm_out [D, Hv * S]
+    index: int              # its recurrent layer (HybridCache)
+
+
+@dataclass
 class Layer:
     attn_norm: torch.Tensor | None  # (None: no pre-norm, olmo2)
     wqk: QWeight | None     # q and k projections fused: [(H + Hkv) * hd, D], rows in rope-pair order (None: conv)
@@ -109,6 +127,8 @@ class Layer:
     bo: torch.Tensor | None = None     # attn_output's bias [D] (gpt-oss)
     sinks: torch.Tensor | None = None  # fp32 [H]: each head's attention sink logit (gpt-oss)
     qk_norm_full: tuple | None = None  # (olmo2) fp32 [H * hd], [Hkv * hd]: q's and k's norm weights in GGUF order
+    wgate: QWeight | None = None  # (qwen35) the attention output's gate [H * hdv, D]: output times sigmoid(gate)
+    delta: DeltaNet | None = None  # (qwen35) instead of attention
 
 
 def _weight(gf: GGUFFile, name: str) -> QWeight:
@@ -260,6 +280,16 @@ class Transformer:
         order = [q_rows, k_rows] if c.rope_style == ROPE_NEOX else None
         for i in range(c.n_layer):
             p = f"blk.{i}."
+            if c.is_recurrent(i) and c.ssm_d_state:
+                dn = DeltaNet(*(_weight(gf, p + n + ".weight") for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")),
+                              vec(p + "ssm_conv1d.weight").reshape(c.ssm_conv_dim, c.conv_width).contiguous(),
+                              vec(p + "ssm_dt.bias"), vec(p + "ssm_a"), vec(p + "ssm_norm.weight"),
+                              _weight(gf, p + "ssm_out.weight"), sum(c.recurrent[:i]))
+                self.layers.append(Layer(
+                    attn_norm=vec(p + "attn_norm.weight"), wqk=None, wv=None, wo=None, ffn_norm=vec(p + c.ffn_norm_name),
+                    w_gu=_fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"]),
+                    w_down=_weight(gf, p + "ffn_down.weight"), delta=dn))
+                continue
             if c.is_recurrent(i):
                 taps = vec(p + "shortconv.conv.weight").reshape(c.n_embd, c.conv_width).contiguous()
                 conv = ShortConv(_weight(gf, p + "shortconv.in_proj.weight"), _weight(gf, p + "shortconv.out_proj.weight"),
@@ -272,9 +302,17 @@ class Transformer:
                 continue
             bq, bk, bv = qkv_biases(gf, c, i)
             qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
+            wgate = None
             if c.qkv_fused:  # (views of one attn_qkv; q and k rows copied into rope-pair order)
                 parts = layer_parts(gf, c, i)
                 wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
+            elif c.attn_gate:  # (each head's q rows, then its gate's: copied apart)
+                wq = _weight(gf, p + "attn_q.weight")
+                head0 = torch.arange(H)[:, None] * 2 * hd
+                wqk = QWeight.concat(p + "attn_qk", [wq, _weight(gf, p + "attn_k.weight")],
+                                     [(head0 + perm[None, :]).flatten().numpy(), k_rows])
+                wgate = QWeight.concat(p + "attn_q_gate", [wq], [(head0 + hd + torch.arange(hd)).flatten().numpy()])
+                wv = _weight(gf, p + "attn_v.weight")
             else:
                 wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
                 wv = _weight(gf, p + "attn_v.weight")
@@ -306,7 +344,7 @@ class Transformer:
                 qk_norm_full=(qn, kn) if c.qk_norm_full else None,
                 post_attn_norm=opt(p + "post_attention_norm.weight") if c.post_norms else None,
                 post_ffn_norm=opt(p + "post_ffw_norm.weight"),
-                bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"),
+                bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"), wgate=wgate,
             ))
         self._rope_cache: dict[tuple, torch.Tensor] = {}  # (base, freq scale) -> complex64 [n_pos, n_rot/2]
         self._temps: torch.Tensor | None = None  # float32 [n_pos]: attention temperatures (mistral3), grown by doubling
@@ -341,8 +379,9 @@ class Transformer:
 
     # -- sizes -------------------------------------------------------------------------
     def _layer_weights(self) -> list[QWeight]:
-        return [w for ly in self.layers for w in [ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down]
+        return [w for ly in self.layers for w in [ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down, ly.wgate]
                 + (ly.experts.weights() if ly.experts else []) + ([ly.conv.in_proj, ly.conv.out_proj] if ly.conv else [])
+                + ([ly.delta.w_qkv, ly.delta.w_z, ly.delta.w_beta, ly.delta.w_alpha, ly.delta.out] if ly.delta else [])
                 if w is not None]
 
     @property
@@ -378,8 +417,9 @@ class Transformer:
         self.use_context(n_ctx)
         if c.recurrent:
             n_conv = sum(c.recurrent)
+            ssm = (c.ssm_dt_rank, c.ssm_d_state) if c.ssm_d_state else None
             return HybridCache(c.n_layer - n_conv, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v,
-                               n_conv, c.n_embd, c.conv_width)
+                               n_conv, c.ssm_conv_dim if ssm else c.n_embd, c.conv_width, ssm)
         return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
 
     def set_rope(self, base: float = 0.0, freq_scale: float = 0.0, scaling: str | None = None,
@@ -640,6 +680,32 @@ class Transformer:
                 y = (e64[j:j + T] * w64[:, j] + y.double()).float()
         return sc.out_proj(cg * y, prompt)
 
+    def _delta_net(self, dn: DeltaNet, h: torch.Tensor, cache: HybridCache, slots: tuple, slot0: int,
+                   prompt: bool) -> torch.Tensor:
+        """qwen35's Gated DeltaNet block on h [T, D] -> [T, D], as llama.cpp's build_layer_attn_linear with its fused
+        ggml_gated_delta_net: q, k, v rows convolved over the state's rows and the pass's (ggml_ssm_conv), SiLU, q and
+        k L2-normed (ggml_rms_norm with eps / S, times 1 / sqrt(S)), the delta rule with decay exp(softplus(alpha +
+        dt) * a) and sigmoid(beta) over the states in the cache's ring (from slot slot0), each head's output
+        RMS-normed times the norm weight times SiLU(z), ssm_out. The C kernels only (CPU)."""
+        c, kern = self.config, _kernels()
+        T, S, Hk, Hv = h.shape[0], c.ssm_d_state, c.ssm_n_group, c.ssm_dt_rank
+        a = Activations(h, prompt)
+        z, beta, alpha = a(dn.w_z), a(dn.w_beta).contiguous(), a(dn.w_alpha).contiguous()  # [T, Hv * S], [T, Hv] x2
+        kern.gdn_gates(alpha, beta, dn.dt, dn.a)
+        ext = torch.empty(c.conv_width - 1 + T, c.ssm_conv_dim)  # [d + T, conv_dim]: the state's rows, then the pass's
+        ext[c.conv_width - 1:] = a(dn.w_qkv)
+        cache.conv_fill(dn.index, slots, ext)
+        conv = kern.short_conv(ext, dn.taps)  # [T, conv_dim]
+        y = kern.glu(torch.cat((conv, torch.ones_like(conv)), dim=1), c.ssm_conv_dim, "silu")  # SiLU (ggml's)
+        eps = float(np.float32(c.norm_eps) / np.float32(S))  # (llama.cpp's build_gdn_l2_norm, in float)
+        inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(float(S), dtype=torch.float32).sqrt()
+        q = rms_norm(y[:, :Hk * S].reshape(T, Hk, S), None, eps) * inv
+        k = rms_norm(y[:, Hk * S:2 * Hk * S].reshape(T, Hk, S), None, eps) * inv
+        v = y[:, 2 * Hk * S:].reshape(T, Hv, S).contiguous()
+        o = kern.gdn(q.contiguous(), k.contiguous(), v, alpha, beta, cache.ssm[dn.index], slot0)  # [T, Hv, S]
+        o = rms_norm(o, dn.norm, c.norm_eps).view(T, Hv * S)
+        return dn.out(kern.glu(torch.cat((z, o), dim=1), Hv * S, "silu"), prompt)  # SiLU(z) * o
+
     def _mask(self, start: int, T: int, window: int) -> torch.Tensor | None:
         """Boolean [T, start+T] (True = attend), or None when every key is visible."""
         L = start + T
@@ -720,7 +786,8 @@ class Transformer:
             cache.length = L
             return x
         masks = {}
-        slots = cache.conv_slots(start_pos, T) if c.recurrent else None  # (lfm2: its convolution rings)
+        slots = cache.conv_slots(start_pos, T) if c.recurrent else None  # (lfm2, qwen35: their convolution rings)
+        slot0 = cache.ssm_pass(start_pos, T) if c.ssm_d_state else None  # (qwen35: its DeltaNet states)
         for i, ly in enumerate(self.layers[:n_layers]):
             window = c.sliding_window if c.is_swa(i) else 0
             if window not in masks:
@@ -731,6 +798,8 @@ class Transformer:
                 tr(f"attn_norm-{i}", h)
             if ly.conv is not None:
                 o = self._short_conv(ly.conv, h, cache, slots, prompt)
+            elif ly.delta is not None:
+                o = self._delta_net(ly.delta, h, cache, slots, slot0, prompt)
             else:
                 kv = self._kv_layer[i]
                 a = Activations(h, prompt)
@@ -770,7 +839,10 @@ class Transformer:
                     o = self._attention(q, cache, kv, L, masks[window], kq_scale, ly.sinks)  # [T, H * hdv]
                 if tr is not None:
                     tr(f"kqv_out-{i}", o)
-                o = ly.wo(rotate(o, cache.rot_v), prompt)
+                o = rotate(o, cache.rot_v)
+                if ly.wgate is not None:  # (qwen35: ggml_sigmoid, then ggml_mul)
+                    o = o * _kernels().sigmoid(a(ly.wgate).contiguous())
+                o = ly.wo(o, prompt)
                 if ly.bo is not None:
                     o = o + ly.bo
                 if ly.post_attn_norm is not None:

@@ -175,6 +175,9 @@ class DraftModelDrafter:
         k = min(k, self.cache.capacity - len(history))
         if k <= 0 or not history:
             return [], None
+        keep_states = getattr(self.cache, "keep_states", None)
+        if keep_states is not None:  # (recurrent layers: the rollback after the target's verdict goes k + 1 back)
+            keep_states(k + 1)
         if self.chain:
             self._k_max = max(self._k_max, k)
             return self._propose_chain(history, k), None
@@ -248,5 +251,6 @@ class DraftModelDrafter:
                 return  # all accepted: whether the bonus is the guess shows in the next call's history
             self._ahead = None
         if len(self.history) > n_keep:
-            self.cache.truncate(min(n_keep, self.cache.length))
+            n_keep = self.cache.reach(min(n_keep, self.cache.length))  # (a recurrent state further back: from the start)
+            self.cache.truncate(n_keep)
             del self.history[n_keep:]
