@@ -296,7 +296,7 @@ def test_lfm2_convolution_state(derived, tmp_path):
     _recurrent_shifts_and_prompt_cache(derived["lfm2"], case, tmp_path)
 
 
-def test_qwen35_gated_deltanet(derived, tmp_path):
+def test_qwen35_gated_deltanet(derived, tmp_path, monkeypatch):
     """qwen35's Gated DeltaNet layers keep no K / V: the cache holds its attention layers' K and V, per DeltaNet
     layer the convolution's input rows (the lfm2 ring) and its state [Hv, S, S] after each of the last positions
     (keep_states(n): n back; a speculating generator and draft model ask for their k). A verify pass's rows cut
@@ -326,6 +326,10 @@ def test_qwen35_gated_deltanet(derived, tmp_path):
     with pytest.raises(ValueError):
         cache.truncate(199)
     _recurrent_model_checks(derived["qwen35"], case, case["prompt_ids"][:190] + case["prompt_ids"][195:200])  # 16 back
+    with monkeypatch.context() as m:  # (no torch reference of its recurrence: one clear line without the C kernels)
+        m.setenv("SHARPI_CPU_KERNEL", "0")
+        with pytest.raises(SharpiError, match="needs sharpi's C kernels"):
+            load_model(GGUFFile(derived["qwen35"]))
 
     drafter = DraftModelDrafter(model, model.new_cache(512), GREEDY)
     spec = Generator(model, model.new_cache(512), tok, GREEDY, drafter=drafter, spec_n_max=6)

@@ -278,6 +278,9 @@ class Transformer:
         opt = lambda name: vec(name) if name in gf.tensors else None  # noqa: E731
         self.layers: list[Layer] = []
         order = [q_rows, k_rows] if c.rope_style == ROPE_NEOX else None
+        if c.ssm_d_state and _kernels() is None:  # (no reference path for the Gated DeltaNet in torch)
+            why = "SHARPI_CPU_KERNEL=0" if os.environ.get("SHARPI_CPU_KERNEL", "1") == "0" else cpu.unavailable_reason()
+            raise SharpiError(f"{gf.path}: a {c.arch} model needs sharpi's C kernels, which are unavailable here ({why})")
         for i in range(c.n_layer):
             p = f"blk.{i}."
             if c.is_recurrent(i) and c.ssm_d_state:
