@@ -88,7 +88,9 @@ fixed, smooth values (no random generator: the same file on every machine):
           layers (_qwen35_linear_tensors: attn_qkv = attn_k, attn_v, attn_q rows as q, k, v; attn_gate the first
           ffn_gate rows; ssm_out = attn_output, Q4_1 blocks copied; fixed smooth f32 convolution taps, beta / alpha
           projections, dt bias, A and norm); 3 key heads shared by 9 value heads; ffn_norm renamed
-          post_attention_norm (Qwen3.5 GGUFs' name)
+          post_attention_norm (Qwen3.5 GGUFs' name); one more block, the MTP layer (_qwen35_mtp_tensors,
+          nextn_predict_layers 1): the source's last layer as a gated attention layer, a fixed Q8_0 eh_proj mixing
+          the normed embedding (0.4) and hidden row (0.8), enorm, hnorm, shared_head_norm
   fused-qkv still llama, as `convert_hf_to_gguf.py --fuse-qkv` writes a model: each layer's attn_q, attn_k and
           attn_v in one attn_qkv (blocks copied byte for byte, back to back) with small fixed biases in one
           attn_qkv.bias (the converter fuses the biases of models that have them, such as Qwen2's)
@@ -523,6 +525,41 @@ def _qwen35_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot
             add_tensor_as_is(w, t)
 
 
+def _qwen35_mtp_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, n_head: int) -> None:
+    """The MTP block after the qwen35 derivative's layers (see the qwen35 variant): the source's last layer as a gated
+    attention layer, eh_proj mixing the normed embedding and hidden row (Q8_0), enorm, hnorm, shared_head_norm."""
+    tensors = {t.name: t for t in r.tensors}
+    last = max(int(t.name.split(".")[1]) for t in r.tensors if t.name.startswith("blk."))
+    p, b = f"blk.{last}.", f"blk.{last + 1}."
+    t = tensors[p + "attn_q.weight"]
+    q = _pairs_to_halves(np.asarray(t.data), head_dim, n_rot).reshape(n_head, head_dim, -1)
+    gate = np.roll(np.asarray(t.data).reshape(n_head, head_dim, -1), -1, axis=0)
+    w.add_tensor(b + "attn_q.weight", np.concatenate((q, gate), axis=1).reshape(2 * n_head * head_dim, -1),
+                 raw_dtype=t.tensor_type)
+    t = tensors[p + "attn_k.weight"]
+    w.add_tensor(b + "attn_k.weight", _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
+    for src, dst in (("attn_v", "attn_v"), ("attn_output", "attn_output"), ("ffn_gate", "ffn_gate"),
+                     ("ffn_up", "ffn_up"), ("ffn_down", "ffn_down"), ("attn_norm", "attn_norm"),
+                     ("ffn_norm", "post_attention_norm")):
+        t = tensors[p + src + ".weight"]
+        if t.tensor_type == Q.F32:
+            w.add_tensor(b + dst + ".weight", np.asarray(t.data))
+        else:
+            w.add_tensor(b + dst + ".weight", np.asarray(t.data), raw_dtype=t.tensor_type)
+    n_embd = int(tensors[p + "attn_norm.weight"].shape[0])
+    w.add_tensor(b + "attn_q_norm.weight", _norm_weight(head_dim, last + 1, 0.0))
+    w.add_tensor(b + "attn_k_norm.weight", _norm_weight(head_dim, last + 1, 2.0))
+    i = np.arange(n_embd, dtype=np.float64)[:, None]
+    j = np.arange(2 * n_embd, dtype=np.float64)[None, :]
+    eh = 0.02 * np.sin(0.37 * i + 0.11 * j)
+    eh[:, :n_embd] += 0.4 * np.eye(n_embd)  # (the embedding's share, then the hidden row's)
+    eh[:, n_embd:] += 0.8 * np.eye(n_embd)
+    w.add_tensor(b + "nextn.eh_proj.weight", gguf.quants.quantize(eh.astype(np.float32), Q.Q8_0), raw_dtype=Q.Q8_0)
+    w.add_tensor(b + "nextn.enorm.weight", _norm_weight(n_embd, last + 1, 1.0))
+    w.add_tensor(b + "nextn.hnorm.weight", _norm_weight(n_embd, last + 1, 3.0))
+    w.add_tensor(b + "nextn.shared_head_norm.weight", np.asarray(tensors["output_norm.weight"].data) * np.float32(0.9))
+
+
 def _qwen35_linear_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int) -> None:
     """Layer `layer`'s Gated DeltaNet tensors from its llama weights (see the qwen35 variant)."""
     p = f"blk.{layer}."
@@ -605,6 +642,9 @@ def derive(variant: str, src: str, dst: str) -> None:
     if moe:  # (qwen3moe and gpt-oss read their own key; llama's experts have feed_forward_length rows)
         key = "expert_feed_forward_length" if variant in ("qwen3moe", "gpt-oss", "qwen2moe") else "feed_forward_length"
         values[f"{new_arch}.{key}"] = MOE_FF
+    if variant == "qwen35":  # (one more block: the MTP layer, _qwen35_mtp_tensors)
+        values["qwen35.block_count"] = int(gf.arch_get("block_count")) + 1
+        values["qwen35.nextn_predict_layers"] = 1
     if variant == "lfm2":
         n_layer, n_kv = int(gf.arch_get("block_count")), int(gf.arch_get("attention.head_count_kv"))
         values["lfm2.attention.head_count_kv"] = [0 if i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1 else n_kv for i in range(n_layer)]
@@ -627,6 +667,7 @@ def derive(variant: str, src: str, dst: str) -> None:
         return
     if variant == "qwen35":
         _qwen35_tensors(w, r, head_dim, n_rot, n_head)
+        _qwen35_mtp_tensors(w, r, head_dim, n_rot, n_head)
         finish(w)
         return
     n_embd = int(kv[f"{new_arch}.embedding_length"])

@@ -160,6 +160,8 @@ def run(
     # speculative decoding
     model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", help="draft model (path or known name) for speculative decoding")] = None,
     draft_lookup: Annotated[bool, Opt("--draft-lookup", help="speculate with prompt-lookup n-grams (no draft model)")] = False,
+    spec_type: Annotated[Optional[str], Opt("--spec-type", help="draft-mtp: speculate with the model's own "
+                                            "next-token-prediction (MTP) layer (Qwen3.5 / 3.6; no draft model)")] = None,
     spec_draft_n_max: Annotated[int, Opt("--spec-draft-n-max", "--draft-max", help="tokens proposed per step")] = 4,
     spec_draft_n_min: Annotated[int, Opt("--spec-draft-n-min", "--draft-min", help="shorter proposals are dropped (plain step)")] = 0,
     spec_draft_p_min: Annotated[float, Opt("--spec-draft-p-min", help="also accept a draft token when the target gives it probability >= P. "
@@ -193,7 +195,8 @@ def run(
 
 # flags that exclude each other: one given on the command line wins over the other from SHARPI_ARG_*
 ALTERNATIVES = (("prompt", "file"), ("system_prompt", "system_prompt_file"), ("chat_template", "chat_template_file"),
-                ("model_draft", "draft_lookup"), ("samplers", "sampling_seq"), ("grammar", "grammar_file"),
+                ("model_draft", "draft_lookup"), ("model_draft", "spec_type"), ("draft_lookup", "spec_type"),
+                ("samplers", "sampling_seq"), ("grammar", "grammar_file"),
                 ("json_schema", "json_schema_file"))
 
 

@@ -99,6 +99,7 @@ class RunOptions:
     verbose: bool = False
     model_draft: str | None = None
     draft_lookup: bool = False
+    spec_type: str | None = None  # draft-mtp: the target's MTP layer drafts
     spec_draft_n_max: int = 4
     spec_draft_n_min: int = 0
     spec_draft_p_min: float = 0.0
@@ -204,8 +205,15 @@ def validate(o: RunOptions) -> None:
                             ("-jf/--json-schema-file", o.json_schema_file)) if v is not None]
     if len(given) > 1:
         raise UsageError(f"{given[0]} and {given[1]} are mutually exclusive: one grammar at a time")
-    if o.model_draft and o.draft_lookup:
-        raise UsageError("-md/--model-draft and --draft-lookup are mutually exclusive: pick one draft source")
+    if o.spec_type is not None:
+        if o.spec_type not in SPEC_TYPES:
+            raise UsageError(f"invalid --spec-type '{o.spec_type}': choose {' or '.join(SPEC_TYPES)} (a draft model: -md; "
+                             f"prompt lookup: --draft-lookup)")
+        o.spec_type = "draft-mtp"
+    sources = [f for f, v in (("-md/--model-draft", o.model_draft), ("--draft-lookup", o.draft_lookup),
+                              ("--spec-type", o.spec_type)) if v]
+    if len(sources) > 1:
+        raise UsageError(f"{sources[0]} and {sources[1]} are mutually exclusive: pick one draft source")
     if o.spec_draft_n_max < 1:
         raise UsageError(f"invalid --spec-draft-n-max {o.spec_draft_n_max}: must be >= 1")
     if o.spec_draft_n_min < 0 or o.spec_draft_n_min > o.spec_draft_n_max:
@@ -251,6 +259,7 @@ def check_interactive(o: RunOptions) -> None:
 
 
 FLASH_ATTN_VALUES = ("on", "off", "auto")
+SPEC_TYPES = ("draft-mtp", "mtp")  # --spec-type (llama.cpp's name, and a short one)
 
 
 def check_flash_attn(v: str) -> None:
@@ -557,7 +566,7 @@ def run(o: RunOptions) -> int:
         params = replace(params, dry_breakers=dry.breakers(tok, strings))
 
     drafter, draft = None, None
-    if o.model_draft or o.draft_lookup:
+    if o.model_draft or o.draft_lookup or o.spec_type:
         n_ctx_d = draft_ctx(o, n_ctx) if o.model_draft else n_ctx
         window = min(n_ctx, n_ctx_d)
         if window < 2:
@@ -746,6 +755,12 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     from sharpi_core import speculative as spec
     if o.draft_lookup:
         return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
+    if o.spec_type:  # (the target's own MTP layer)
+        import torch
+        head = engine.mtp_head(target.model)
+        g = torch.Generator().manual_seed(seed + 1)
+        cut = engine.draft_head_vocab(o.spec_draft_vocab, target.tokenizer)
+        return spec.MtpDrafter(head, head.new_cache(n_ctx, *draft_cache_types(o)), params, g, head_vocab=cut), None
     draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0, encoder=False,
                   rope=rope_flags(o), overrides=o.kv_overrides)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)

@@ -77,6 +77,15 @@ def draft_head_vocab(requested: int, draft: Tokenizer) -> int | None:
     return requested if 0 < requested < draft.n_vocab else None
 
 
+def mtp_head(model):
+    """The target's MTP layer as a draft head (models/mtp.py); one error line when it has none sharpi runs, or the
+    model is not a CPU one (a GPU model's hidden rows stay on the device)."""
+    from .models.mtp import MtpHead
+    if not isinstance(model, Transformer):
+        raise UsageError("--spec-type draft-mtp runs on the CPU: drop --device cuda / -ngl for it")
+    return MtpHead(model)
+
+
 def context_size(requested: int, model: Transformer) -> int:
     """-c: 0 means the model's training context."""
     if requested < 0:

@@ -189,6 +189,10 @@ class Generator:
         # greedy steps whose arg-max the model takes where its logits are (a GPU: 4 bytes a row come
         # back instead of the logits; SHARPI_DEVICE_ARGMAX=0 turns it off there)
         self.device_argmax = argmax_on_device(model, params) and grammar is None
+        # a drafter that reads the target's hidden rows (speculative.MtpDrafter) sees every target pass's
+        self._observe = getattr(drafter, "observe", None) if self.speculate else None
+        if self._observe is not None:
+            self.device_argmax = False
         # a grammar (grammar.TokenGrammar) masks what the chain sees after bias, penalties and DRY; its
         # state follows the picked tokens and starts over at each generate() call
         self.grammar = grammar
@@ -230,7 +234,12 @@ class Generator:
                     raise _Stop("ctx_full")
             if self.threads is not None:  # (a long prompt is several batches)
                 self.threads.step()
-            logits = self.model.forward(torch.tensor(chunk, dtype=torch.long), len(self.history), self.cache, last_n=1)
+            x = torch.tensor(chunk, dtype=torch.long)
+            if self._observe is not None:
+                logits, h = self.model.forward(x, len(self.history), self.cache, last_n=1, hidden=True)
+                self._observe(len(self.history), chunk, h)
+            else:
+                logits = self.model.forward(x, len(self.history), self.cache, last_n=1)
             self.history += chunk
         self._tail = (len(self.history), logits[-1])
         return logits[-1]
@@ -330,6 +339,10 @@ class Generator:
         x = torch.tensor(tokens, dtype=torch.long)
         if self.device_argmax:
             return self.model.forward_argmax(x, start, self.cache, self.params.logit_bias, **kw)
+        if self._observe is not None:
+            logits, h = self.model.forward(x, start, self.cache, hidden=True, **kw)
+            self._observe(start, tokens, h)
+            return logits
         return self.model.forward(x, start, self.cache, **kw)
 
     def _forward_rows(self, tokens: list[int]) -> torch.Tensor:

@@ -486,9 +486,6 @@ def _gemma(gf: GGUFFile, kw: dict) -> None:
 def expected_shapes(c: ModelConfig):
     """Every tensor the graph reads, with its GGUF shape (ne0 = the input dimension first), layer by layer
     (a generator: a damaged block count of billions fails at its first missing layer, not in memory)."""
-    q, k, v = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
-    ffn = lambda b: ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),  # noqa: E731
-                     (b + "ffn_down.weight", (c.n_ff, c.n_embd)))
     yield "token_embd.weight", (c.n_embd, c.n_vocab)
     yield c.output_norm_name, (c.n_embd,)
     if not c.tied_output:
@@ -498,64 +495,72 @@ def expected_shapes(c: ModelConfig):
     if c.rope_long_short:
         yield from (("rope_factors_long.weight", (c.n_rot // 2,)), ("rope_factors_short.weight", (c.n_rot // 2,)))
     for i in range(c.n_layer):
-        b = f"blk.{i}."
-        if c.pre_norms:
-            yield b + "attn_norm.weight", (c.n_embd,)
-        if c.is_recurrent(i) and c.ssm_d_state:  # (qwen35's Gated DeltaNet)
-            Hv, inner = c.ssm_dt_rank, c.ssm_dt_rank * c.ssm_d_state
-            yield from ((b + "attn_qkv.weight", (c.n_embd, c.ssm_conv_dim)), (b + "attn_gate.weight", (c.n_embd, inner)),
-                        (b + "ssm_conv1d.weight", (c.conv_width, c.ssm_conv_dim)), (b + "ssm_dt.bias", (Hv,)),
-                        (b + "ssm_a", (Hv,)), (b + "ssm_beta.weight", (c.n_embd, Hv)),
-                        (b + "ssm_alpha.weight", (c.n_embd, Hv)), (b + "ssm_norm.weight", (c.ssm_d_state,)),
-                        (b + "ssm_out.weight", (inner, c.n_embd)), (b + c.ffn_norm_name, (c.n_embd,)), *ffn(b))
-            continue
-        if c.is_recurrent(i):
-            yield from ((b + "shortconv.in_proj.weight", (c.n_embd, 3 * c.n_embd)),
-                        (b + "shortconv.out_proj.weight", (c.n_embd, c.n_embd)),
-                        (b + "shortconv.conv.weight", (c.conv_width, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)),
-                        *ffn(b))
-            continue
-        if c.qkv_fused:
-            yield b + "attn_qkv.weight", (c.n_embd, q + k + v)
-        else:
-            yield from ((b + "attn_q.weight", (c.n_embd, 2 * q if c.attn_gate else q)), (b + "attn_k.weight", (c.n_embd, k)),
-                        (b + "attn_v.weight", (c.n_embd, v)))
-        yield b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)
-        if c.pre_norms:
-            yield b + c.ffn_norm_name, (c.n_embd,)
-        if c.attn_out_bias:
-            yield b + "attn_output.bias", (c.n_embd,)
-        if c.attn_sinks:
-            yield b + "attn_sinks.weight", (c.n_head,)
-        if c.n_expert:
-            E, f = c.n_expert, c.n_ff_exp
-            yield from ((b + "ffn_gate_inp.weight", (c.n_embd, E)), (b + "ffn_gate_exps.weight", (c.n_embd, f, E)),
-                        (b + "ffn_up_exps.weight", (c.n_embd, f, E)), (b + "ffn_down_exps.weight", (f, c.n_embd, E)))
-            if c.moe_bias:
-                yield from ((b + "ffn_gate_inp.bias", (E,)), (b + "ffn_gate_exps.bias", (f, E)),
-                            (b + "ffn_up_exps.bias", (f, E)), (b + "ffn_down_exps.bias", (c.n_embd, E)))
-            if c.n_ff_shexp:
-                s = c.n_ff_shexp
-                yield from ((b + "ffn_gate_shexp.weight", (c.n_embd, s)), (b + "ffn_up_shexp.weight", (c.n_embd, s)),
-                            (b + "ffn_down_shexp.weight", (s, c.n_embd)))
-                if c.shexp_gated:
-                    yield b + "ffn_gate_inp_shexp.weight", (c.n_embd,)
-        elif c.ffn_up_gated:
-            yield b + "ffn_up.weight", (c.n_embd, 2 * c.n_ff)
-        else:
-            yield from ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)))
-        if not c.n_expert:
-            yield b + "ffn_down.weight", (c.n_ff, c.n_embd)
-        if c.qkv_bias_fused:  # (whatever the arch: llama.cpp's build_qkv adds it where it is)
-            yield b + "attn_qkv.bias", (q + k + v,)
-        elif c.qkv_bias:
-            yield from ((b + "attn_q.bias", (q,)), (b + "attn_k.bias", (k,)), (b + "attn_v.bias", (v,)))
-        if c.qk_norm:
-            yield from ((b + "attn_q_norm.weight", (c.head_dim_k,)), (b + "attn_k_norm.weight", (c.head_dim_k,)))
-        if c.qk_norm_full:
-            yield from ((b + "attn_q_norm.weight", (q,)), (b + "attn_k_norm.weight", (k,)))
-        if c.post_norms:
-            yield from ((b + "post_attention_norm.weight", (c.n_embd,)), (b + "post_ffw_norm.weight", (c.n_embd,)))
+        yield from layer_shapes(c, i)
+
+
+def layer_shapes(c: ModelConfig, i: int):
+    """Layer i's tensors with their GGUF shapes (expected_shapes'; i = n_layer: a next-token-prediction block's)."""
+    b = f"blk.{i}."
+    q, k, v = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
+    ffn = lambda b: ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),  # noqa: E731
+                     (b + "ffn_down.weight", (c.n_ff, c.n_embd)))
+    if c.pre_norms:
+        yield b + "attn_norm.weight", (c.n_embd,)
+    if c.is_recurrent(i) and c.ssm_d_state:  # (qwen35's Gated DeltaNet)
+        Hv, inner = c.ssm_dt_rank, c.ssm_dt_rank * c.ssm_d_state
+        yield from ((b + "attn_qkv.weight", (c.n_embd, c.ssm_conv_dim)), (b + "attn_gate.weight", (c.n_embd, inner)),
+                    (b + "ssm_conv1d.weight", (c.conv_width, c.ssm_conv_dim)), (b + "ssm_dt.bias", (Hv,)),
+                    (b + "ssm_a", (Hv,)), (b + "ssm_beta.weight", (c.n_embd, Hv)),
+                    (b + "ssm_alpha.weight", (c.n_embd, Hv)), (b + "ssm_norm.weight", (c.ssm_d_state,)),
+                    (b + "ssm_out.weight", (inner, c.n_embd)), (b + c.ffn_norm_name, (c.n_embd,)), *ffn(b))
+        return
+    if c.is_recurrent(i):
+        yield from ((b + "shortconv.in_proj.weight", (c.n_embd, 3 * c.n_embd)),
+                    (b + "shortconv.out_proj.weight", (c.n_embd, c.n_embd)),
+                    (b + "shortconv.conv.weight", (c.conv_width, c.n_embd)), (b + "ffn_norm.weight", (c.n_embd,)),
+                    *ffn(b))
+        return
+    if c.qkv_fused:
+        yield b + "attn_qkv.weight", (c.n_embd, q + k + v)
+    else:
+        yield from ((b + "attn_q.weight", (c.n_embd, 2 * q if c.attn_gate else q)), (b + "attn_k.weight", (c.n_embd, k)),
+                    (b + "attn_v.weight", (c.n_embd, v)))
+    yield b + "attn_output.weight", (c.n_head * c.head_dim_v, c.n_embd)
+    if c.pre_norms:
+        yield b + c.ffn_norm_name, (c.n_embd,)
+    if c.attn_out_bias:
+        yield b + "attn_output.bias", (c.n_embd,)
+    if c.attn_sinks:
+        yield b + "attn_sinks.weight", (c.n_head,)
+    if c.n_expert:
+        E, f = c.n_expert, c.n_ff_exp
+        yield from ((b + "ffn_gate_inp.weight", (c.n_embd, E)), (b + "ffn_gate_exps.weight", (c.n_embd, f, E)),
+                    (b + "ffn_up_exps.weight", (c.n_embd, f, E)), (b + "ffn_down_exps.weight", (f, c.n_embd, E)))
+        if c.moe_bias:
+            yield from ((b + "ffn_gate_inp.bias", (E,)), (b + "ffn_gate_exps.bias", (f, E)),
+                        (b + "ffn_up_exps.bias", (f, E)), (b + "ffn_down_exps.bias", (c.n_embd, E)))
+        if c.n_ff_shexp:
+            s = c.n_ff_shexp
+            yield from ((b + "ffn_gate_shexp.weight", (c.n_embd, s)), (b + "ffn_up_shexp.weight", (c.n_embd, s)),
+                        (b + "ffn_down_shexp.weight", (s, c.n_embd)))
+            if c.shexp_gated:
+                yield b + "ffn_gate_inp_shexp.weight", (c.n_embd,)
+    elif c.ffn_up_gated:
+        yield b + "ffn_up.weight", (c.n_embd, 2 * c.n_ff)
+    else:
+        yield from ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)))
+    if not c.n_expert:
+        yield b + "ffn_down.weight", (c.n_ff, c.n_embd)
+    if c.qkv_bias_fused:  # (whatever the arch: llama.cpp's build_qkv adds it where it is)
+        yield b + "attn_qkv.bias", (q + k + v,)
+    elif c.qkv_bias:
+        yield from ((b + "attn_q.bias", (q,)), (b + "attn_k.bias", (k,)), (b + "attn_v.bias", (v,)))
+    if c.qk_norm:
+        yield from ((b + "attn_q_norm.weight", (c.head_dim_k,)), (b + "attn_k_norm.weight", (c.head_dim_k,)))
+    if c.qk_norm_full:
+        yield from ((b + "attn_q_norm.weight", (q,)), (b + "attn_k_norm.weight", (k,)))
+    if c.post_norms:
+        yield from ((b + "post_attention_norm.weight", (c.n_embd,)), (b + "post_ffw_norm.weight", (c.n_embd,)))
 
 
 def _nextn_tensor(c: ModelConfig, name: str) -> bool:

@@ -270,14 +270,10 @@ class Transformer:
         self.tok_embd = _weight(gf, "token_embd.weight")
         self.output = self.tok_embd if c.tied_output else _weight(gf, "output.weight")
         self.output_norm = load_vector(gf.tensor(c.output_norm_name))
-        H, Hkv, hd = c.n_head, c.n_head_kv, c.head_dim_k
+        hd = c.head_dim_k
         perm = neox_to_pairs(hd, c.n_rot) if c.rope_style == ROPE_NEOX else torch.arange(hd)
-        q_rows = (torch.arange(H)[:, None] * hd + perm[None, :]).flatten().numpy()
-        k_rows = (torch.arange(Hkv)[:, None] * hd + perm[None, :]).flatten().numpy()
         vec = lambda name: load_vector(gf.tensor(name))  # noqa: E731
-        opt = lambda name: vec(name) if name in gf.tensors else None  # noqa: E731
         self.layers: list[Layer] = []
-        order = [q_rows, k_rows] if c.rope_style == ROPE_NEOX else None
         if c.ssm_d_state and _kernels() is None:  # (no reference path for the Gated DeltaNet in torch)
             why = "SHARPI_CPU_KERNEL=0" if os.environ.get("SHARPI_CPU_KERNEL", "1") == "0" else cpu.unavailable_reason()
             raise SharpiError(f"{gf.path}: a {c.arch} model needs sharpi's C kernels, which are unavailable here ({why})")
@@ -303,52 +299,7 @@ class Transformer:
                     w_gu=_fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"]),
                     w_down=_weight(gf, p + "ffn_down.weight"), conv=conv))
                 continue
-            bq, bk, bv = qkv_biases(gf, c, i)
-            qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
-            wgate = None
-            if c.qkv_fused:  # (views of one attn_qkv; q and k rows copied into rope-pair order)
-                parts = layer_parts(gf, c, i)
-                wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
-            elif c.attn_gate:  # (each head's q rows, then its gate's: copied apart)
-                wq = _weight(gf, p + "attn_q.weight")
-                head0 = torch.arange(H)[:, None] * 2 * hd
-                wqk = QWeight.concat(p + "attn_qk", [wq, _weight(gf, p + "attn_k.weight")],
-                                     [(head0 + perm[None, :]).flatten().numpy(), k_rows])
-                wgate = QWeight.concat(p + "attn_q_gate", [wq], [(head0 + hd + torch.arange(hd)).flatten().numpy()])
-                wv = _weight(gf, p + "attn_v.weight")
-            else:
-                wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
-                wv = _weight(gf, p + "attn_v.weight")
-            experts, w_gu = None, None
-            if c.n_expert:
-                experts = Experts(_weight(gf, p + "ffn_gate_inp.weight"), *(
-                    _expert_weights(gf, p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")))
-                if c.moe_bias:  # (GGUF [n_ff_exp, n_expert] -> one row per expert)
-                    experts.router_b = vec(p + "ffn_gate_inp.bias")
-                    experts.gate_b, experts.up_b, experts.down_b = (
-                        vec(p + f"ffn_{n}_exps.bias").view(c.n_expert, -1) for n in ("gate", "up", "down"))
-                if c.n_ff_shexp:
-                    experts.sh_gu = _fused(gf, p + "ffn_gate_up_shexp", [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])
-                    experts.sh_down = _weight(gf, p + "ffn_down_shexp.weight")
-                    if c.shexp_gated:
-                        experts.sh_gate = _row_weight(gf, p + "ffn_gate_inp_shexp.weight")
-            elif c.ffn_up_gated:  # (gate rows then up rows: w_gu's own layout)
-                w_gu = _weight(gf, p + "ffn_up.weight")
-            else:
-                w_gu = _fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
-            self.layers.append(Layer(
-                attn_norm=vec(p + "attn_norm.weight") if c.pre_norms else None,
-                wqk=wqk, wv=wv, wo=_weight(gf, p + "attn_output.weight"),
-                ffn_norm=vec(p + c.ffn_norm_name) if c.pre_norms else None, w_gu=w_gu,
-                w_down=None if experts else _weight(gf, p + "ffn_down.weight"), experts=experts,
-                bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
-                bv=bv,
-                qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None and c.qk_norm else None,
-                qk_norm_full=(qn, kn) if c.qk_norm_full else None,
-                post_attn_norm=opt(p + "post_attention_norm.weight") if c.post_norms else None,
-                post_ffn_norm=opt(p + "post_ffw_norm.weight"),
-                bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"), wgate=wgate,
-            ))
+            self.layers.append(self.attention_layer(gf, i))
         self._rope_cache: dict[tuple, torch.Tensor] = {}  # (base, freq scale) -> complex64 [n_pos, n_rot/2]
         self._temps: torch.Tensor | None = None  # float32 [n_pos]: attention temperatures (mistral3), grown by doubling
         # [n_rot/2] divisors of the pairs' frequencies (Llama 3.1+; phi3's long or short ones, by the
@@ -379,6 +330,64 @@ class Transformer:
         self._fast: DecodePath | bool | None = None  # the decoding fast path (False: not for this model)
         # flash attention as llama.cpp computes it on the CPU (its default, -fa auto); False: its -fa off path
         self.flash_attn = FLASH_ATTN
+
+    def attention_layer(self, gf: GGUFFile, i: int) -> Layer:
+        """Layer i's weights as an attention layer (a next-token-prediction block's at i = n_layer: qwen35's MTP)."""
+        c = self.config
+        p = f"blk.{i}."
+        H, Hkv, hd = c.n_head, c.n_head_kv, c.head_dim_k
+        perm = neox_to_pairs(hd, c.n_rot) if c.rope_style == ROPE_NEOX else torch.arange(hd)
+        q_rows = (torch.arange(H)[:, None] * hd + perm[None, :]).flatten().numpy()
+        k_rows = (torch.arange(Hkv)[:, None] * hd + perm[None, :]).flatten().numpy()
+        vec = lambda name: load_vector(gf.tensor(name))  # noqa: E731
+        opt = lambda name: vec(name) if name in gf.tensors else None  # noqa: E731
+        order = [q_rows, k_rows] if c.rope_style == ROPE_NEOX else None
+        bq, bk, bv = qkv_biases(gf, c, i)
+        qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
+        wgate = None
+        if c.qkv_fused:  # (views of one attn_qkv; q and k rows copied into rope-pair order)
+            parts = layer_parts(gf, c, i)
+            wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
+        elif c.attn_gate:  # (each head's q rows, then its gate's: copied apart)
+            wq = _weight(gf, p + "attn_q.weight")
+            head0 = torch.arange(H)[:, None] * 2 * hd
+            wqk = QWeight.concat(p + "attn_qk", [wq, _weight(gf, p + "attn_k.weight")],
+                                 [(head0 + perm[None, :]).flatten().numpy(), k_rows])
+            wgate = QWeight.concat(p + "attn_q_gate", [wq], [(head0 + hd + torch.arange(hd)).flatten().numpy()])
+            wv = _weight(gf, p + "attn_v.weight")
+        else:
+            wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
+            wv = _weight(gf, p + "attn_v.weight")
+        experts, w_gu = None, None
+        if c.n_expert:
+            experts = Experts(_weight(gf, p + "ffn_gate_inp.weight"), *(
+                _expert_weights(gf, p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")))
+            if c.moe_bias:  # (GGUF [n_ff_exp, n_expert] -> one row per expert)
+                experts.router_b = vec(p + "ffn_gate_inp.bias")
+                experts.gate_b, experts.up_b, experts.down_b = (
+                    vec(p + f"ffn_{n}_exps.bias").view(c.n_expert, -1) for n in ("gate", "up", "down"))
+            if c.n_ff_shexp:
+                experts.sh_gu = _fused(gf, p + "ffn_gate_up_shexp", [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])
+                experts.sh_down = _weight(gf, p + "ffn_down_shexp.weight")
+                if c.shexp_gated:
+                    experts.sh_gate = _row_weight(gf, p + "ffn_gate_inp_shexp.weight")
+        elif c.ffn_up_gated:  # (gate rows then up rows: w_gu's own layout)
+            w_gu = _weight(gf, p + "ffn_up.weight")
+        else:
+            w_gu = _fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
+        return Layer(
+            attn_norm=vec(p + "attn_norm.weight") if c.pre_norms else None,
+            wqk=wqk, wv=wv, wo=_weight(gf, p + "attn_output.weight"),
+            ffn_norm=vec(p + c.ffn_norm_name) if c.pre_norms else None, w_gu=w_gu,
+            w_down=None if experts else _weight(gf, p + "ffn_down.weight"), experts=experts,
+            bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
+            bv=bv,
+            qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None and c.qk_norm else None,
+            qk_norm_full=(qn, kn) if c.qk_norm_full else None,
+            post_attn_norm=opt(p + "post_attention_norm.weight") if c.post_norms else None,
+            post_ffn_norm=opt(p + "post_ffw_norm.weight"),
+            bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"), wgate=wgate,
+        )
 
     # -- sizes -------------------------------------------------------------------------
     def _layer_weights(self) -> list[QWeight]:
@@ -709,6 +718,91 @@ class Transformer:
         o = rms_norm(o, dn.norm, c.norm_eps).view(T, Hv * S)
         return dn.out(kern.glu(torch.cat((z, o), dim=1), Hv * S, "silu"), prompt)  # SiLU(z) * o
 
+    def _attention_block(self, ly: Layer, i: int, kv: int, h: torch.Tensor, start_pos: int, cache, ropes: dict,
+                         temps: torch.Tensor | None, window: int, mask: torch.Tensor | None, prompt: bool,
+                         kv_only: bool = False) -> torch.Tensor | None:
+        """Layer i's attention on h [T, D] (normed) -> [T, D], its K / V written to cache layer kv (kv_only: only
+        that, None back: a draft head catching up on the positions it will attend to)."""
+        c, tr = self.config, self.trace
+        T = h.shape[0]
+        L = start_pos + T
+        H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
+        scale, kq_scale = attention_scales(c)
+        a = Activations(h, prompt)
+        qk, v = a(ly.wqk), a(ly.wv)  # [T, (H + Hkv) * hd], [T, Hkv * hdv]
+        if ly.bqk is not None:
+            qk = qk + ly.bqk
+            v = v + ly.bv
+        qk = qk.view(T, H + Hkv, hd)
+        if ly.qk_norm is not None:
+            qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
+        if ly.qk_norm_full is not None:
+            qk = self._qk_norm_full(qk, ly.qk_norm_full)
+        if c.has_rope(i):
+            qk = self._rope(qk, ropes[c.layer_rope(i)])
+        q, k = qk[:, :H], qk[:, H:]
+        if self._unperm is not None:
+            q, k = q[..., self._unperm], k[..., self._unperm]
+        if temps is not None:  # (llama.cpp: ggml_mul after RoPE)
+            q = q * temps
+        if c.scale_q:  # before q is rounded to the K cache's type: tiny elements round differently
+            q = q * scale
+        q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
+        cache.k.write(kv, start_pos, k)
+        cache.v.write(kv, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
+        if kv_only:
+            return None
+        if self._attn_kernel is not None:
+            # every (row, head) as llama.cpp computes it: one-token passes and verify rows like its
+            # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
+            o = self._attn_kernel(q if self.flash_attn else activation_for(q, cache.k.qtype),
+                                  cache.k, cache.v, kv, start_pos, window, kq_scale,
+                                  _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap, ly.sinks).view(T, H * hdv)
+        elif T <= EXACT_ROWS:
+            # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
+            o = torch.cat([self._attention(q[r:r + 1], cache, kv, start_pos + r + 1,
+                                           self._mask(start_pos + r, 1, window), kq_scale, ly.sinks)
+                           for r in range(T)])
+        else:
+            o = self._attention(q, cache, kv, L, mask, kq_scale, ly.sinks)  # [T, H * hdv]
+        if tr is not None:
+            tr(f"kqv_out-{i}", o)
+        o = rotate(o, cache.rot_v)
+        if ly.wgate is not None:  # (qwen35: ggml_sigmoid, then ggml_mul)
+            o = o * _kernels().sigmoid(a(ly.wgate).contiguous())
+        o = ly.wo(o, prompt)
+        if ly.bo is not None:
+            o = o + ly.bo
+        if ly.post_attn_norm is not None:
+            o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
+        if c.residual_scale:
+            o = o * c.residual_scale
+        return o
+
+    def _ffn_block(self, ly: Layer, i: int, x: torch.Tensor, prompt: bool) -> torch.Tensor:
+        """The residual stream x [T, D] after layer i's FFN (its norms, experts or SwiGLU / GELU, residual add)."""
+        c, tr = self.config, self.trace
+        h = rms_norm(x, ly.ffn_norm, c.norm_eps) if ly.ffn_norm is not None else x
+        if tr is not None:
+            tr(f"ffn_inp-{i}", x)
+            tr(f"ffn_norm-{i}", h)
+        if ly.experts is not None:
+            f = self._moe(ly.experts, h, prompt)
+        else:
+            gu = self._glu(Activations(h, prompt)(ly.w_gu))  # [T, n_ff]
+            if tr is not None:
+                tr(f"ffn_swiglu-{i}", gu)
+            f = ly.w_down(gu, prompt)
+        if ly.post_ffn_norm is not None:
+            f = rms_norm(f, ly.post_ffn_norm, c.norm_eps)
+        if c.residual_scale:
+            f = f * c.residual_scale
+        x = x + f
+        if tr is not None:
+            tr(f"ffn_out-{i}", f)
+            tr(f"l_out-{i}", x)
+        return x
+
     def _mask(self, start: int, T: int, window: int) -> torch.Tensor | None:
         """Boolean [T, start+T] (True = attend), or None when every key is visible."""
         L = start + T
@@ -731,7 +825,7 @@ class Transformer:
     # -- forward ---------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, last_n: int | None = None,
-                decode: bool = False, n_out: int | None = None) -> torch.Tensor:
+                decode: bool = False, n_out: int | None = None, hidden: bool = False):
         """tokens [T] at positions start_pos.. -> logits [T, n_vocab] (only the last `last_n` rows if given).
 
         Appends the T new K/V entries to `cache` (start_pos must equal cache.length). Like llama.cpp,
@@ -739,18 +833,22 @@ class Transformer:
         one-token pass in its decoding order; decode=True makes every row of a short pass
         (T <= EXACT_ROWS) a decoding row, bit for bit what T one-token passes give (speculative
         verification). With last_n, the last layer's FFN runs on those rows only, as in llama.cpp.
-        n_out: logits of token ids [0, n_out) only, [T, n_out] (a draft model's cut output layer)."""
+        n_out: logits of token ids [0, n_out) only, [T, n_out] (a draft model's cut output layer).
+        hidden: (logits, the final-normed stream of all T rows [T, D]) back, what a next-token-prediction head
+        reads (models/mtp.py); the logits' bits are those of the same pass without it."""
         c = self.config
         tokens = pass_tokens(tokens, start_pos, cache)
         if tokens.shape[0] == 0:
-            return torch.zeros(0, c.n_vocab)
+            return (torch.zeros(0, c.n_vocab), torch.zeros(0, c.n_embd)) if hidden else torch.zeros(0, c.n_vocab)
         prompt = prompt_pass(tokens.shape[0], decode)
-        x = self.hidden(tokens, start_pos, cache, c.n_layer, prompt, last_n)
+        x = self.hidden(tokens, start_pos, cache, c.n_layer, prompt, last_n, all_rows=hidden)
+        h = rms_norm(x, self.output_norm, c.norm_eps) if hidden else None  # (row by row: the same bits as x's last rows')
         if last_n is not None:
             x = x[-last_n:]
-        x = rms_norm(x, self.output_norm, c.norm_eps)
+        x = h[h.shape[0] - x.shape[0]:] if hidden else rms_norm(x, self.output_norm, c.norm_eps)
         logits = (self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out))(x, prompt)
-        return self.finish_logits(logits)
+        logits = self.finish_logits(logits)
+        return (logits, h) if hidden else logits
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Granite's logit scale and Gemma 2's final logit softcapping, in place (other models: as they are)."""
@@ -767,14 +865,15 @@ class Transformer:
 
     @torch.inference_mode()
     def hidden(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, prompt: bool,
-               last_n: int | None = None) -> torch.Tensor:
+               last_n: int | None = None, all_rows: bool = False) -> torch.Tensor:
         """The residual stream [T, D] after layers [0, n_layers) (cache layer i = layer i); advances
         cache.length past the T tokens. forward's body, and the CPU part of a model split between CPU
-        and GPU (backends/cuda_model.py)."""
+        and GPU (backends/cuda_model.py). With last_n, the last layer's FFN runs on those rows (their
+        stream [last_n, D] back), unless all_rows: then the other rows' too, apart (the rows are all back,
+        the last ones' bits unchanged)."""
         c = self.config
         T = tokens.shape[0]
         L = start_pos + T
-        H, Hkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v
         scale, kq_scale = attention_scales(c)
         x = self.tok_embd.rows(tokens)  # [T, D]
         if c.embed_scale != 1.0:
@@ -785,7 +884,7 @@ class Transformer:
             self._fast = DecodePath.for_model(self) or False
         if self._fast and self._fast.applies(prompt, cache):
             # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
-            x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, last_n, scale, temps)
+            x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, None if all_rows else last_n, scale, temps)
             cache.length = L
             return x
         masks = {}
@@ -804,77 +903,16 @@ class Transformer:
             elif ly.delta is not None:
                 o = self._delta_net(ly.delta, h, cache, slots, slot0, prompt)
             else:
-                kv = self._kv_layer[i]
-                a = Activations(h, prompt)
-                qk, v = a(ly.wqk), a(ly.wv)  # [T, (H + Hkv) * hd], [T, Hkv * hdv]
-                if ly.bqk is not None:
-                    qk = qk + ly.bqk
-                    v = v + ly.bv
-                qk = qk.view(T, H + Hkv, hd)
-                if ly.qk_norm is not None:
-                    qk = rms_norm(qk, None, c.norm_eps) * ly.qk_norm
-                if ly.qk_norm_full is not None:
-                    qk = self._qk_norm_full(qk, ly.qk_norm_full)
-                if c.has_rope(i):
-                    qk = self._rope(qk, ropes[c.layer_rope(i)])
-                q, k = qk[:, :H], qk[:, H:]
-                if self._unperm is not None:
-                    q, k = q[..., self._unperm], k[..., self._unperm]
-                if temps is not None:  # (llama.cpp: ggml_mul after RoPE)
-                    q = q * temps
-                if c.scale_q:  # before q is rounded to the K cache's type: tiny elements round differently
-                    q = q * scale
-                q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
-                cache.k.write(kv, start_pos, k)
-                cache.v.write(kv, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
-                if self._attn_kernel is not None:
-                    # every (row, head) as llama.cpp computes it: one-token passes and verify rows like its
-                    # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
-                    o = self._attn_kernel(q if self.flash_attn else activation_for(q, cache.k.qtype),
-                                          cache.k, cache.v, kv, start_pos, window, kq_scale,
-                                          _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap, ly.sinks).view(T, H * hdv)
-                elif T <= EXACT_ROWS:
-                    # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
-                    o = torch.cat([self._attention(q[r:r + 1], cache, kv, start_pos + r + 1,
-                                                   self._mask(start_pos + r, 1, window), kq_scale, ly.sinks)
-                                   for r in range(T)])
-                else:
-                    o = self._attention(q, cache, kv, L, masks[window], kq_scale, ly.sinks)  # [T, H * hdv]
-                if tr is not None:
-                    tr(f"kqv_out-{i}", o)
-                o = rotate(o, cache.rot_v)
-                if ly.wgate is not None:  # (qwen35: ggml_sigmoid, then ggml_mul)
-                    o = o * _kernels().sigmoid(a(ly.wgate).contiguous())
-                o = ly.wo(o, prompt)
-                if ly.bo is not None:
-                    o = o + ly.bo
-                if ly.post_attn_norm is not None:
-                    o = rms_norm(o, ly.post_attn_norm, c.norm_eps)
-                if c.residual_scale:
-                    o = o * c.residual_scale
+                o = self._attention_block(ly, i, self._kv_layer[i], h, start_pos, cache, ropes, temps,
+                                          window, masks[window], prompt)
             x = x + o
+            rest = None
             if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
                 # like llama.cpp, the last layer's FFN runs on the output rows only (this also
-                # decides its matmuls' summation order)
-                x = x[-last_n:]
-            h = rms_norm(x, ly.ffn_norm, c.norm_eps) if ly.ffn_norm is not None else x
-            if tr is not None:
-                tr(f"ffn_inp-{i}", x)
-                tr(f"ffn_norm-{i}", h)
-            if ly.experts is not None:
-                f = self._moe(ly.experts, h, prompt)
-            else:
-                gu = self._glu(Activations(h, prompt)(ly.w_gu))  # [T, n_ff]
-                if tr is not None:
-                    tr(f"ffn_swiglu-{i}", gu)
-                f = ly.w_down(gu, prompt)
-            if ly.post_ffn_norm is not None:
-                f = rms_norm(f, ly.post_ffn_norm, c.norm_eps)
-            if c.residual_scale:
-                f = f * c.residual_scale
-            x = x + f
-            if tr is not None:
-                tr(f"ffn_out-{i}", f)
-                tr(f"l_out-{i}", x)
+                # decides its matmuls' summation order); all_rows: the other rows' FFN runs apart
+                rest, x = (x[:-last_n] if all_rows else None), x[-last_n:]
+            x = self._ffn_block(ly, i, x, prompt)
+            if rest is not None:
+                x = torch.cat((self._ffn_block(ly, i, rest, prompt), x))
         cache.length = L
         return x

@@ -14,6 +14,7 @@ import torch
 from .accept import accept_argmax, accept_greedy, accept_sampled
 from .draft_model import DraftModelDrafter
 from .lookup import LookupDrafter
+from .mtp import MtpDrafter
 from .util import common_prefix
 
 # Penalties and logit bias are applied row by row with each verify row's own history, and the
@@ -28,5 +29,5 @@ class Drafter(Protocol):
     def rollback(self, n_keep: int) -> None: ...
 
 
-__all__ = ["Drafter", "accept_argmax", "accept_greedy", "accept_sampled", "DraftModelDrafter", "LookupDrafter",
+__all__ = ["Drafter", "accept_argmax", "accept_greedy", "accept_sampled", "DraftModelDrafter", "LookupDrafter", "MtpDrafter",
            "SUPPORTS_PENALTIES", "common_prefix"]
