@@ -348,9 +348,7 @@ class Generator:
     def _forward_rows(self, tokens: list[int]) -> torch.Tensor:
         """_forward of tokens after the history, in one pass or (SHARPI_SPEC_BATCH_VERIFY=0) one by one."""
         start = len(self.history)
-        keep_states = getattr(self.cache, "keep_states", None)
-        if keep_states is not None:  # (recurrent layers: their states before each row stay, for the rollback)
-            keep_states(len(tokens))
+        self.cache.keep_states(len(tokens))  # (recurrent layers: their states before each row stay, for the rollback)
         if self.batch_verify or len(tokens) == 1:
             return self._forward(tokens, start, decode=True)
         return torch.cat([self._forward([tok], start + i) for i, tok in enumerate(tokens)])

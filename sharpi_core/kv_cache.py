@@ -144,6 +144,10 @@ class CacheBase:
         may have to go back to 0)."""
         return n
 
+    def keep_states(self, n: int) -> None:
+        """Keep what truncate needs to cut up to n positions back after the next pass (a HybridCache's recurrent
+        states; attention's K / V stay anyway): a verify pass of n rows, a draft's k + 1."""
+
     def truncate(self, n: int) -> None:
         """Forget every position >= n (rollback after rejected drafts, or a changed prompt): attention
         reads positions below the pass's end only, and the next pass overwrites the ones it needs."""

@@ -356,11 +356,13 @@ def test_qwen35_gated_deltanet(derived, tmp_path, monkeypatch):
             _qwen35(_Meta("qwen35", {**meta, **bad}), {"n_layer": 8, "n_rot": 64, "n_head": 16})
 
 
-@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])
-def test_lfm2_fast_decode_is_bit_identical(derived, types, monkeypatch):
-    """lfm2's layers through models/fast_decode.py (its convolutions too) give the general loop's bits."""
+@pytest.mark.parametrize("variant,types", [("lfm2", ("f16", "f16")), ("lfm2", ("q8_0", "q8_0")),
+                                           ("qwen35", ("f16", "f16")), ("qwen35", ("q8_0", "q8_0"))])
+def test_recurrent_fast_decode_is_bit_identical(derived, variant, types, monkeypatch):
+    """lfm2's and qwen35's layers through models/fast_decode.py (the short convolutions, the Gated DeltaNet's
+    gates, convolution, norms and recurrence, the gated attention) give the general loop's bits."""
     from test_model import fast_path_is_hidden
-    fast_path_is_hidden(*loaded(derived["lfm2"]), types, monkeypatch)
+    fast_path_is_hidden(*loaded(derived[variant]), types, monkeypatch)
 
 
 @pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])

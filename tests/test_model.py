@@ -207,12 +207,13 @@ def test_fast_decode_path_is_bit_identical(name, types, monkeypatch):
 
 def fast_path_is_hidden(model, tok, types, monkeypatch) -> None:
     """The passes of test_fast_decode_path_is_bit_identical, through both paths: the same bits (logits and
-    cache bytes: K, V, q8_0 scales, lfm2's convolution rings)."""
+    cache bytes: K, V, q8_0 scales, lfm2's and qwen35's convolution rings, qwen35's DeltaNet states)."""
     from sharpi_core.models import fast_decode
     ids = torch.tensor(tok.encode("The quick brown fox jumps over the lazy dog, and then it runs away")[:16])
 
     def passes():
         cache = model.new_cache(64, *types)
+        cache.keep_states(8)  # (qwen35's DeltaNet states: the verify passes below are cut back up to 5 rows)
         out = [model.forward(ids[:8], 0, cache)]
         for T in (1, 2, 3, 5):
             for last_n in (None, 1):
@@ -224,7 +225,8 @@ def fast_path_is_hidden(model, tok, types, monkeypatch) -> None:
         out.append(model.hidden(ids[12:13], 12, cache, 3, False))  # the first 3 layers only
         kv = [s.q[:, :13].clone() for s in (cache.k, cache.v)]
         kv += [s.d[:, :13].clone() for s in (cache.k, cache.v) if s.kind == "q8_0"]
-        return out + kv + ([cache.conv.clone()] if hasattr(cache, "conv") else [])  # the cache bytes too
+        rings = [r.clone() for r in (getattr(cache, "conv", None), getattr(cache, "ssm", None)) if r is not None]
+        return out + kv + rings  # the cache bytes too
 
     monkeypatch.setattr(fast_decode, "ENABLED", True)
     model._fast = None

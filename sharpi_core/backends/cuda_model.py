@@ -635,6 +635,9 @@ class SplitCache:
     def reach(self, n: int) -> int:
         return n
 
+    def keep_states(self, n: int) -> None:
+        pass  # (no recurrent layers on the GPU)
+
     def truncate(self, n: int) -> None:
         self.gpu.truncate(n)
         self.cpu.truncate(n)

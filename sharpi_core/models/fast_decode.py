@@ -6,9 +6,9 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / exaone / gemma2 / gemma3 / mistral3 / lfm2 layers (q/k norms,
-post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions, attention
-sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe and granitemoe
+It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / exaone / gemma2 / gemma3 / mistral3 / lfm2 / qwen35 layers
+(q/k norms, post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions,
+qwen35's Gated DeltaNet and gated attention, attention sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe and granitemoe
 (routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
 flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
 every matmul in the C kernel with quantized activations.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from ..kernels import cpu
@@ -27,7 +28,7 @@ from ..kv_cache import KVCache
 ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
 
 
-_MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down")
+_MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down", "wgate")
 _PAIR_BUFS = ("ids", "tok", "pair", "mgu", "mg", "md")  # one row per (token, chosen expert)
 
 
@@ -45,6 +46,9 @@ def _matmuls(ly) -> dict:
     """A layer's weights by name in run()'s terms."""
     if ly.conv is not None:
         return {"in_proj": ly.conv.in_proj, "out_proj": ly.conv.out_proj, "w_gu": ly.w_gu, "w_down": ly.w_down}
+    if ly.delta is not None:  # (its beta / alpha projections: _router_args')
+        dn = ly.delta
+        return {"w_qkv": dn.w_qkv, "w_z": dn.w_z, "out": dn.out, "w_gu": ly.w_gu, "w_down": ly.w_down}
     return {n: getattr(ly, n) for n in _MATMULS}
 
 
@@ -59,10 +63,13 @@ class DecodePath:
     def for_model(cls, model) -> "DecodePath | None":
         c = model.config
         if (not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None
-                or not c.pre_norms or c.qk_norm_full or c.ssm_d_state):  # (olmo2's, qwen35's layers: the general loop)
+                or not c.pre_norms or c.qk_norm_full):  # (olmo2's layers: the general loop)
             return None
         for ly in model.layers:
             if any(w is not None and (w._kern is None or w.act_kind is None) for w in _matmuls(ly).values()):
+                return None
+            if ly.delta is not None and (_router_args(ly.delta.w_beta) is None or _router_args(ly.delta.w_alpha) is None
+                                         or c.ssm_conv_dim % 16 or (c.ssm_dt_rank * c.ssm_d_state) % 16):
                 return None
             ex = ly.experts
             if ex is not None and (_router_args(ex.router) is None or ex.id_args() is None or model.config.n_ff_exp % 16):
@@ -78,6 +85,8 @@ class DecodePath:
         while len(self.weights) < n_layers:
             ly = self.model.layers[len(self.weights)]
             w = {n: (*w.kernel_args(), w.n, w.k) for n, w in _matmuls(ly).items() if w is not None}
+            if ly.delta is not None:
+                w["beta"], w["alpha"] = ((*_router_args(x), x.n, x.k) for x in (ly.delta.w_beta, ly.delta.w_alpha))
             ex = ly.experts
             if ex is not None:
                 w["router"] = (*_router_args(ex.router), ex.router.n, ex.router.k)
@@ -103,8 +112,16 @@ class DecodePath:
                 "h": e(T, c.n_embd), "qk": e(T, H + Hkv, hd), "v": e(T, Hkv * hdv), "q": e(T, H, hd),
                 "k": e(T, Hkv, hd), "o": e(T, H * hdv), "ao": e(T, c.n_embd), "gu": e(T, 2 * c.n_ff),
                 "g": e(T, c.n_ff), "f": e(T, c.n_embd)}
-            if c.recurrent:  # B, C, x rows; the convolution's input (state rows, then B * x) and output
+            if c.ssm_d_state:  # (qwen35) the DeltaNet's: see _delta_net
+                S, Hk, Hv, n = c.ssm_d_state, c.ssm_n_group, c.ssm_dt_rank, c.ssm_conv_dim
+                self._bufs.update(ext=e(T + c.conv_width - 1, n), y=e(T, n), sin=e(T, 2 * n), dq=e(T, Hk, S),
+                                  dk=e(T, Hk, S), dv=e(T, Hv, S), beta=e(T, Hv), alpha=e(T, Hv), zo=e(T, 2 * Hv * S),
+                                  gz=e(T, Hv * S), gate=e(T, H * hdv))
+                self._bufs["sin"][:, n:] = 1.0  # (SiLU as the GLU of x and ones: its second half stays ones)
+            elif c.recurrent:  # B, C, x rows; the convolution's input (state rows, then B * x) and output
                 self._bufs.update(bcx=e(T, 3 * c.n_embd), ext=e(T + c.conv_width - 1, c.n_embd), y=e(T, c.n_embd))
+            elif c.attn_gate:
+                self._bufs["gate"] = e(T, H * hdv)
             if c.n_expert:  # router logits, expert weights; per (token, expert) pair: ids, token, index, FFN rows
                 P, i32 = T * c.n_expert_used, torch.int32
                 self._bufs.update(
@@ -153,14 +170,19 @@ class DecodePath:
         # the cache's codes, Hadamard sizes (q8_0 caches, or None) and whether V rounds p to f16: per pass
         kv_args = (cpu._KV_CODE[cache.k.kind], cpu._KV_CODE[cache.v.kind], cache.rot_k, cache.rot_v,
                    int(cache.v.kind == "f16"))
-        conv = None
+        conv = slot0 = None
         if c.recurrent:
             conv = cache.conv_slots(start_pos, T)
+        if c.ssm_d_state:
+            slot0 = cache.ssm_pass(start_pos, T)
         for i in range(n_layers):
             ly, w = m.layers[i], weights[i]
             rms(x.data_ptr(), ly.attn_norm.data_ptr(), T, D, eps, h.data_ptr())
             if ly.conv is not None:
                 self._short_conv(ly.conv, w, cache, conv, b, h, ao, T, nth)
+                x.add_(ao)
+            elif ly.delta is not None:
+                self._delta_net(ly.delta, w, cache, conv, slot0, b, h, ao, T, nth)
                 x.add_(ao)
             else:
                 self._attention(i, ly, w, cache, kv_args, start_pos, ropes, kq_scale, scale, temps, b, h, ao, T, nth)
@@ -241,6 +263,49 @@ class DecodePath:
         y.mul_(bcx[:, D:2 * D])
         self._mm(w["out_proj"], y, out, T, nth)
 
+    def _delta_net(self, dn, w: dict, cache, slots, slot0: int, b: dict, h: torch.Tensor, out: torch.Tensor, T: int,
+                   nth: int) -> None:
+        """Transformer._delta_net's steps on h [T, D] -> out [T, D]: the z, beta, alpha and q / k / v projections (the
+        last into the convolution's input after the state's rows), the gates, the convolution, SiLU, the q / k
+        norms, the recurrence over the cache's ring, the per-head norm, SiLU(z) * o, the out-projection."""
+        c, fns = self.model.config, self.fns
+        S, Hk, Hv, n = c.ssm_d_state, c.ssm_n_group, c.ssm_dt_rank, c.ssm_conv_dim
+        ext, y, sin, q, k, v = b["ext"], b["y"], b["sin"], b["dq"], b["dk"], b["dv"]
+        beta, alpha, zo, gz = b["beta"], b["alpha"], b["zo"], b["gz"]
+        inner, d = Hv * S, ext.shape[0] - T
+        self._mm(w["w_z"], h, gz, T, nth)
+        zo[:, :inner].copy_(gz)
+        self._mm(w["beta"], h, beta, T, nth)
+        self._mm(w["alpha"], h, alpha, T, nth)
+        fns["gdn_gates"](alpha.data_ptr(), beta.data_ptr(), dn.dt.data_ptr(), dn.a.data_ptr(), T, Hv)
+        self._mm(w["w_qkv"], h, ext[d:], T, nth)
+        cache.conv_fill(dn.index, slots, ext)
+        fns["short_conv"](ext.data_ptr(), dn.taps.data_ptr(), y.data_ptr(), T, n, d + 1)
+        sin[:, :n].copy_(y)
+        if fns["glu"](sin.data_ptr(), T, n, cpu._GLU_ACT["silu"], y.data_ptr(), nth):
+            raise RuntimeError("glu: the kernel rejected the pass")
+        eps = float(np.float32(c.norm_eps) / np.float32(S))  # (as _delta_net: build_gdn_l2_norm's, in float)
+        for dst, lo in ((q, 0), (k, Hk * S)):
+            dst.view(T, -1).copy_(y[:, lo:lo + Hk * S])
+            fns["rms_norm"](dst.data_ptr(), 0, T * Hk, S, eps, dst.data_ptr())
+            dst.mul_(self._inv_sqrt(S))
+        v.view(T, -1).copy_(y[:, 2 * Hk * S:])
+        ring = cache.ssm[dn.index]
+        o = zo[:, inner:]
+        fns["gdn"](q.data_ptr(), k.data_ptr(), v.data_ptr(), alpha.data_ptr(), beta.data_ptr(), ring.data_ptr(),
+                   ring.shape[0], slot0 % ring.shape[0], gz.data_ptr(), T, Hv, Hk, S, nth)
+        fns["rms_norm"](gz.data_ptr(), dn.norm.data_ptr(), T * Hv, S, float(c.norm_eps), gz.data_ptr())
+        o.copy_(gz)
+        if fns["glu"](zo.data_ptr(), T, inner, cpu._GLU_ACT["silu"], gz.data_ptr(), nth):
+            raise RuntimeError("glu: the kernel rejected the pass")
+        self._mm(w["out"], gz, out, T, nth)
+
+    def _inv_sqrt(self, S: int) -> torch.Tensor:
+        """1 / sqrt(S) as _delta_net computes it (float tensors)."""
+        if not hasattr(self, "_inv"):
+            self._inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(float(S), dtype=torch.float32).sqrt()
+        return self._inv
+
     def _attention(self, i: int, ly, w: dict, cache, kv_args: tuple, start_pos: int, ropes: dict, kq_scale: float,
                    scale: float, temps, b: dict, h: torch.Tensor, ao: torch.Tensor, T: int, nth: int) -> None:
         """Layer i's attention on h [T, D] -> ao [T, D] (before its post-norm and residual scale): K and V into
@@ -288,6 +353,11 @@ class DecodePath:
             raise RuntimeError("attention: the kernel rejected the pass")
         if rot_v:
             had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)
+        if ly.wgate is not None:  # (qwen35: the output times sigmoid(its gate), ggml_sigmoid's libm expf)
+            gate = b["gate"]
+            self._mm(w["wgate"], h, gate, T, nth)
+            self.fns["sigmoid"](gate.data_ptr(), gate.numel())
+            o.mul_(gate)
         self._mm(w["wo"], o, ao, T, nth)
         if ly.bo is not None:
             ao.add_(ly.bo)

@@ -175,9 +175,7 @@ class DraftModelDrafter:
         k = min(k, self.cache.capacity - len(history))
         if k <= 0 or not history:
             return [], None
-        keep_states = getattr(self.cache, "keep_states", None)
-        if keep_states is not None:  # (recurrent layers: the rollback after the target's verdict goes k + 1 back)
-            keep_states(k + 1)
+        self.cache.keep_states(k + 1)  # (recurrent layers: the rollback after the target's verdict goes k + 1 back)
         if self.chain:
             self._k_max = max(self._k_max, k)
             return self._propose_chain(history, k), None
