@@ -7,6 +7,27 @@ import sys
 from sharpi_core.errors import SharpiError
 
 
+_early = [False]  # a Ctrl-C before the first reply, under startup_handler
+
+
+def startup_handler(signum, frame):
+    """Python's own handler (KeyboardInterrupt) from the start of main until the first reply, remembering the signal:
+    Python swallows a KeyboardInterrupt raised inside a callback (importing torch runs importlib's module-lock
+    weakref callbacks) and prints it with a traceback as "ignored"; the run would go on as if never interrupted.
+    Here the first Interrupt then stops at once, and the swallowed one is not printed."""
+    _early[0] = True
+    raise KeyboardInterrupt
+
+
+def install_startup_handler() -> None:
+    signal.signal(signal.SIGINT, startup_handler)
+
+    def unraisable(u):
+        if not isinstance(u.exc_value, KeyboardInterrupt):
+            sys.__unraisablehook__(u)
+    sys.unraisablehook = unraisable
+
+
 class Interrupt:
     """Ctrl-C stops the current reply (not the session); a second Ctrl-C in the same reply quits."""
 
@@ -15,7 +36,7 @@ class Interrupt:
         self._prev = None
 
     def __enter__(self):
-        self.flag = False
+        self.flag, _early[0] = _early[0], False  # (one lost before: this reply stops at its first step)
 
         def handler(signum, frame):
             if self.flag:

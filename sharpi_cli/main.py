@@ -268,7 +268,8 @@ def main() -> None:
         _err("standard output is closed: nowhere to write the output")
         sys.exit(1)
     if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # Python's handler again (see sharpi_cli/entry.py)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from .chat import install_startup_handler
+        install_startup_handler()  # Python's, remembering a Ctrl-C an import's callback swallows
     try:
         code = app(standalone_mode=False)  # a command's typer.Exit(code) comes back as the return value
         sys.exit(code if isinstance(code, int) else 0)

@@ -189,6 +189,32 @@ def test_ctrl_c_stops_with_exit_130(smol):
     assert p.returncode in (130, -signal.SIGINT) and b"Traceback" not in err, err
 
 
+def test_ctrl_c_swallowed_by_an_import_callback_still_stops(smol):
+    """A Ctrl-C whose KeyboardInterrupt Python swallows (raised inside a callback: importing torch runs importlib's
+    module-lock weakref callbacks) is remembered: the run stops at its first step with status 130, and the
+    swallowed exception is not printed with a traceback. Forced here by raising it from a weakref callback."""
+    code = f"""
+import signal, sys, weakref
+sys.argv = ["sharpi", "-m", {smol!r}, "-p", "Once", "-n", "50", "--temp", "0"]
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # (as the console script leaves it)
+import sharpi_cli.chat as chat
+from sharpi_cli.main import main
+install = chat.install_startup_handler
+class A:
+    pass
+def installed():
+    install()
+    a = A()
+    r = weakref.ref(a, lambda ref: chat.startup_handler(signal.SIGINT, None))
+    del a
+chat.install_startup_handler = installed
+main()
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 130 and "Traceback" not in r.stderr and "eval time" in r.stderr, r.stderr
+    assert len(r.stdout) < 20  # (the prompt, and at most a token)
+
+
 def test_command_line_wins_over_the_environment_for_exclusive_flags(smol, tmp_path):
     (tmp_path / "p.txt").write_text("From the file")
     r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, env={"SHARPI_ARG_FILE": str(tmp_path / "p.txt")})

@@ -111,8 +111,8 @@ class MtpHead:
         ropes = {rope: t._rope_table(rope, L)[start_pos:L]}
         window = c.sliding_window if c.is_swa(i) else 0
         a = rms_norm(x, ly.attn_norm, c.norm_eps)
-        o = t._attention_block(ly, i, 0, a, start_pos, cache, ropes, None, window, t._mask(start_pos, T, window),
-                               prompt, kv_only=kv_only)
+        mask = None if kv_only else t._mask(start_pos, T, window)  # (a catch-up over a prompt attends to nothing)
+        o = t._attention_block(ly, i, 0, a, start_pos, cache, ropes, None, window, mask, prompt, kv_only=kv_only)
         cache.length = L
         if kv_only:
             return None
