@@ -481,12 +481,12 @@ def copy_kv(r, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None =
     return out
 
 
-def add_tensor_as_is(w: gguf.GGUFWriter, t) -> None:
-    """A tensor of a GGUFReader into w unchanged (quantized blocks byte for byte)."""
+def add_tensor_as_is(w: gguf.GGUFWriter, t, name: str | None = None) -> None:
+    """A tensor of a GGUFReader into w unchanged (quantized blocks byte for byte), under its name or `name`."""
     if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-        w.add_tensor(t.name, np.asarray(t.data).reshape([int(v) for v in t.shape[::-1]]))
+        w.add_tensor(name or t.name, np.asarray(t.data).reshape([int(v) for v in t.shape[::-1]]))
     else:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        w.add_tensor(name or t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
 
 
 def finish(w: gguf.GGUFWriter) -> None:
@@ -512,17 +512,23 @@ def _qwen35_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot
         elif layer % QWEN35_ATTN_EVERY != QWEN35_ATTN_EVERY - 1:
             if kind == "attn_q.weight":
                 _qwen35_linear_tensors(w, tensors, layer)
-        elif kind == "attn_q.weight":  # each head's q rows, then its gate's (the next head's q rows)
-            q = _pairs_to_halves(np.asarray(t.data), head_dim, n_rot).reshape(n_head, head_dim, -1)
-            gate = np.roll(np.asarray(t.data).reshape(n_head, head_dim, -1), -1, axis=0)
-            w.add_tensor(t.name, np.concatenate((q, gate), axis=1).reshape(2 * n_head * head_dim, -1),
-                         raw_dtype=t.tensor_type)
-            w.add_tensor(p + "attn_q_norm.weight", _norm_weight(head_dim, layer, 0.0))
-            w.add_tensor(p + "attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))
+        elif kind == "attn_q.weight":
+            _gated_q(w, p, t, layer, head_dim, n_rot, n_head)
         elif kind == "attn_k.weight":
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
         else:
             add_tensor_as_is(w, t)
+
+
+def _gated_q(w: gguf.GGUFWriter, p: str, t, layer: int, head_dim: int, n_rot: int, n_head: int) -> None:
+    """A gated attention layer's attn_q under prefix p from a llama attn_q t (each head's q rows in NeoX order, then
+    its gate's: the next head's q rows), and its per-head q / k norms."""
+    q = _pairs_to_halves(np.asarray(t.data), head_dim, n_rot).reshape(n_head, head_dim, -1)
+    gate = np.roll(np.asarray(t.data).reshape(n_head, head_dim, -1), -1, axis=0)
+    w.add_tensor(p + "attn_q.weight", np.concatenate((q, gate), axis=1).reshape(2 * n_head * head_dim, -1),
+                 raw_dtype=t.tensor_type)
+    w.add_tensor(p + "attn_q_norm.weight", _norm_weight(head_dim, layer, 0.0))
+    w.add_tensor(p + "attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))
 
 
 def _qwen35_mtp_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, n_head: int) -> None:
@@ -531,24 +537,14 @@ def _qwen35_mtp_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n
     tensors = {t.name: t for t in r.tensors}
     last = max(int(t.name.split(".")[1]) for t in r.tensors if t.name.startswith("blk."))
     p, b = f"blk.{last}.", f"blk.{last + 1}."
-    t = tensors[p + "attn_q.weight"]
-    q = _pairs_to_halves(np.asarray(t.data), head_dim, n_rot).reshape(n_head, head_dim, -1)
-    gate = np.roll(np.asarray(t.data).reshape(n_head, head_dim, -1), -1, axis=0)
-    w.add_tensor(b + "attn_q.weight", np.concatenate((q, gate), axis=1).reshape(2 * n_head * head_dim, -1),
-                 raw_dtype=t.tensor_type)
+    _gated_q(w, b, tensors[p + "attn_q.weight"], last + 1, head_dim, n_rot, n_head)
     t = tensors[p + "attn_k.weight"]
     w.add_tensor(b + "attn_k.weight", _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
     for src, dst in (("attn_v", "attn_v"), ("attn_output", "attn_output"), ("ffn_gate", "ffn_gate"),
                      ("ffn_up", "ffn_up"), ("ffn_down", "ffn_down"), ("attn_norm", "attn_norm"),
                      ("ffn_norm", "post_attention_norm")):
-        t = tensors[p + src + ".weight"]
-        if t.tensor_type == Q.F32:
-            w.add_tensor(b + dst + ".weight", np.asarray(t.data))
-        else:
-            w.add_tensor(b + dst + ".weight", np.asarray(t.data), raw_dtype=t.tensor_type)
+        add_tensor_as_is(w, tensors[p + src + ".weight"], b + dst + ".weight")
     n_embd = int(tensors[p + "attn_norm.weight"].shape[0])
-    w.add_tensor(b + "attn_q_norm.weight", _norm_weight(head_dim, last + 1, 0.0))
-    w.add_tensor(b + "attn_k_norm.weight", _norm_weight(head_dim, last + 1, 2.0))
     i = np.arange(n_embd, dtype=np.float64)[:, None]
     j = np.arange(2 * n_embd, dtype=np.float64)[None, :]
     eh = 0.02 * np.sin(0.37 * i + 0.11 * j)

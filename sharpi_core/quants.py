@@ -214,6 +214,7 @@ class QWeight:
         self._packable = (self._kern is not None and qtype in self._kern.PACKED and n % 4 == 0
                           and self.act_kind is not None and os.environ.get("SHARPI_CPU_REPACK", "1") != "0")
         self._packed: torch.Tensor | None = None
+        self._heads: dict[int, QWeight] = {}  # n -> head(n), made once
         self._dense: torch.Tensor | None = None
         self._dense_nomin: tuple | None = None
         if qtype == Q.F32:
@@ -232,15 +233,20 @@ class QWeight:
         return cls(name, raw, qt, raw.shape[0], k)  # (an order may take some of a part's rows)
 
     def head(self, n: int) -> "QWeight":
-        """The first n output rows: a view of the same blocks, no copy."""
+        """The first n output rows: a view of the same blocks, no copy; made once per n (a draft model's cut output
+        layer, an MTP head sharing the target's)."""
+        w = self._heads.get(n)
+        if w is not None:
+            return w
         if self._raw is None and n % 4 == 0:  # only the repacked rows exist: share them
             w = QWeight(f"{self.name}[:{n}]", self._kern.repack(self._packed[:n], self.qtype, n, self.k, inverse=True).numpy(),
                         self.qtype, n, self.k)
             w._packed, w._raw, w._raw_t = self._packed[:n], None, None
-            return w
-        w = QWeight(f"{self.name}[:{n}]", self.raw[:n], self.qtype, n, self.k)
-        if self._packed is not None and w._packable:
-            w._packed = self._packed[:n]
+        else:
+            w = QWeight(f"{self.name}[:{n}]", self.raw[:n], self.qtype, n, self.k)
+            if self._packed is not None and w._packable:
+                w._packed = self._packed[:n]
+        self._heads[n] = w
         return w
 
     @property

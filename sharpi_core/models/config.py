@@ -110,6 +110,13 @@ class ModelConfig:
         return (2 * self.ssm_n_group + self.ssm_dt_rank) * self.ssm_d_state
 
     @property
+    def gdn_l2_norm(self) -> tuple[float, float]:
+        """(qwen35) (eps, scale) of the Gated DeltaNet's q / k L2 norm, as llama.cpp's build_gdn_l2_norm computes them
+        in float: rms_norm with eps / S, times 1 / sqrt(S)."""
+        S = np.float32(self.ssm_d_state)
+        return float(np.float32(self.norm_eps) / S), float(np.float32(1) / np.sqrt(S))
+
+    @property
     def output_norm_name(self) -> str:
         return "token_embd_norm.weight" if self.arch == "lfm2" else "output_norm.weight"  # (LFM2 GGUFs' name)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 
 from ..kernels import cpu
@@ -284,11 +283,11 @@ class DecodePath:
         sin[:, :n].copy_(y)
         if fns["glu"](sin.data_ptr(), T, n, cpu._GLU_ACT["silu"], y.data_ptr(), nth):
             raise RuntimeError("glu: the kernel rejected the pass")
-        eps = float(np.float32(c.norm_eps) / np.float32(S))  # (as _delta_net: build_gdn_l2_norm's, in float)
+        eps, inv = c.gdn_l2_norm
         for dst, lo in ((q, 0), (k, Hk * S)):
             dst.view(T, -1).copy_(y[:, lo:lo + Hk * S])
             fns["rms_norm"](dst.data_ptr(), 0, T * Hk, S, eps, dst.data_ptr())
-            dst.mul_(self._inv_sqrt(S))
+            dst.mul_(inv)
         v.view(T, -1).copy_(y[:, 2 * Hk * S:])
         ring = cache.ssm[dn.index]
         o = zo[:, inner:]
@@ -299,12 +298,6 @@ class DecodePath:
         if fns["glu"](zo.data_ptr(), T, inner, cpu._GLU_ACT["silu"], gz.data_ptr(), nth):
             raise RuntimeError("glu: the kernel rejected the pass")
         self._mm(w["out"], gz, out, T, nth)
-
-    def _inv_sqrt(self, S: int) -> torch.Tensor:
-        """1 / sqrt(S) as _delta_net computes it (float tensors)."""
-        if not hasattr(self, "_inv"):
-            self._inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(float(S), dtype=torch.float32).sqrt()
-        return self._inv
 
     def _attention(self, i: int, ly, w: dict, cache, kv_args: tuple, start_pos: int, ropes: dict, kq_scale: float,
                    scale: float, temps, b: dict, h: torch.Tensor, ao: torch.Tensor, T: int, nth: int) -> None:

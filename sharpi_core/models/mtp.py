@@ -73,7 +73,6 @@ class MtpHead:
             else target.output_norm
         self.embd = _weight(gf, b + "embed_tokens.weight") if opt(b + "embed_tokens.weight") else target.tok_embd
         self.output = _weight(gf, b + "shared_head_head.weight") if opt(b + "shared_head_head.weight") else target.output
-        self._heads: dict[int, object] = {}
 
     @property
     def weight_bytes(self) -> int:
@@ -119,11 +118,5 @@ class MtpHead:
         x = t._ffn_block(ly, i, x + o, prompt)  # (every row, as graph_mtp: its rows are cut after the head norm)
         hout = rms_norm(x, self.head_norm, c.norm_eps)  # [T, D]
         rows = hout if last_n is None else hout[-last_n:]
-        head = self.output if n_out is None or n_out >= c.n_vocab else self._head(n_out)
+        head = self.output if n_out is None or n_out >= c.n_vocab else self.output.head(n_out)
         return t.finish_logits(head(rows, prompt)), hout
-
-    def _head(self, n: int):
-        w = self._heads.get(n)
-        if w is None:
-            w = self._heads[n] = self.output.head(n)
-        return w

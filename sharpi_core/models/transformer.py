@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass, replace
 
 import gguf
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -326,7 +325,6 @@ class Transformer:
         # trace(name, tensor) with llama.cpp's graph names ("attn_norm-3", ...): None except when a
         # script compares intermediate values with llama.cpp's (scripts/compare_llamacpp_logits.py)
         self.trace = None
-        self._heads: dict[int, QWeight] = {}
         self._fast: DecodePath | bool | None = None  # the decoding fast path (False: not for this model)
         # flash attention as llama.cpp computes it on the CPU (its default, -fa auto); False: its -fa off path
         self.flash_attn = FLASH_ATTN
@@ -709,8 +707,7 @@ class Transformer:
         cache.conv_fill(dn.index, slots, ext)
         conv = kern.short_conv(ext, dn.taps)  # [T, conv_dim]
         y = kern.glu(torch.cat((conv, torch.ones_like(conv)), dim=1), c.ssm_conv_dim, "silu")  # SiLU (ggml's)
-        eps = float(np.float32(c.norm_eps) / np.float32(S))  # (llama.cpp's build_gdn_l2_norm, in float)
-        inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(float(S), dtype=torch.float32).sqrt()
+        eps, inv = c.gdn_l2_norm
         q = rms_norm(y[:, :Hk * S].reshape(T, Hk, S), None, eps) * inv
         k = rms_norm(y[:, Hk * S:2 * Hk * S].reshape(T, Hk, S), None, eps) * inv
         v = y[:, 2 * Hk * S:].reshape(T, Hv, S).contiguous()
@@ -815,13 +812,6 @@ class Transformer:
             m &= (qpos - kpos) < window  # llama.cpp's standard SWA: masked when q - k >= window
         return m
 
-    def _output_head(self, n: int) -> QWeight:
-        """The output layer's first n rows (a view), made once per n."""
-        w = self._heads.get(n)
-        if w is None:
-            w = self._heads[n] = self.output.head(n)
-        return w
-
     # -- forward ---------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, last_n: int | None = None,
@@ -846,7 +836,7 @@ class Transformer:
         if last_n is not None:
             x = x[-last_n:]
         x = h[h.shape[0] - x.shape[0]:] if hidden else rms_norm(x, self.output_norm, c.norm_eps)
-        logits = (self.output if n_out is None or n_out >= c.n_vocab else self._output_head(n_out))(x, prompt)
+        logits = (self.output if n_out is None or n_out >= c.n_vocab else self.output.head(n_out))(x, prompt)
         logits = self.finish_logits(logits)
         return (logits, h) if hidden else logits
 
