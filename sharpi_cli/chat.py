@@ -60,7 +60,8 @@ def render_messages(o, tok, messages: list[dict], add_generation_prompt: bool = 
     msgs = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else []) + messages
     bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
     eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-    return render_chat(o.chat_template, msgs, add_generation_prompt, bos_token=bos, eos_token=eos)
+    # (--chat-template-kwargs may set any other variable, bos_token and eos_token too, as llama.cpp's may)
+    return render_chat(o.chat_template, msgs, add_generation_prompt, **{"bos_token": bos, "eos_token": eos, **o.template_vars})
 
 
 def encode_chat(tok, text: str) -> list[int]:

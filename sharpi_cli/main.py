@@ -129,6 +129,19 @@ def run(
     chat_template: Annotated[Optional[str], Opt("--chat-template", help=f"the chat template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) "
                                                 "or a Jinja template (default: the model's; chatml when it has none)")] = None,
     chat_template_file: Annotated[Optional[str], Opt("--chat-template-file", help="a file holding a Jinja chat template")] = None,
+    chat_template_kwargs: Annotated[Optional[str], Opt("--chat-template-kwargs", help="a JSON object of further variables for "
+                                                       "the chat template, e.g. '{\"enable_thinking\": false}'")] = None,
+    jinja: Annotated[Optional[bool], Opt("--jinja/--no-jinja", help="render chat templates with Jinja (always; --no-jinja "
+                                         "only with a built-in --chat-template, which is llama.cpp's non-Jinja one)",
+                                         show_default=False)] = None,
+    reasoning: Annotated[str, Opt("-rea", "--reasoning", help="thinking in a chat: on or off (the template's enable_thinking), "
+                                  "auto = the template's default")] = "auto",
+    reasoning_effort: Annotated[str, Opt("--reasoning-effort", help="the template's reasoning_effort (low, medium, high, ...; "
+                                         "default = the template's own)")] = "default",
+    reasoning_budget: Annotated[int, Opt("--reasoning-budget", help="tokens a reasoning block (<think> ... </think>) may take, "
+                                         "then its end is forced: -1 = no limit, 0 = end it at once")] = -1,
+    reasoning_budget_message: Annotated[str, Opt("--reasoning-budget-message", help="text forced before the end tag when "
+                                                 "the reasoning budget is spent")] = "",
     conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
     interactive: Annotated[bool, Opt("-i", "--interactive", help="interactive mode on raw text (llama-completion's): after a "

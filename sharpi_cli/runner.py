@@ -76,6 +76,13 @@ class RunOptions:
     system_prompt_file: str | None = None
     chat_template: str | None = None  # --chat-template: a built-in's name or Jinja; in run(), the template used
     chat_template_file: str | None = None
+    chat_template_kwargs: str | None = None  # in read_chat_options, with -rea and --reasoning-effort: template_vars
+    template_vars: dict = field(default_factory=dict)  # further variables the chat template renders with
+    jinja: bool | None = None
+    reasoning: str = "auto"
+    reasoning_effort: str = "default"
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
     conversation: bool | None = None
     single_turn: bool = False
     interactive: bool = False  # -i: llama-completion's interactive mode on raw text (sharpi_cli/interactive.py)
@@ -178,6 +185,11 @@ def validate(o: RunOptions) -> None:
                 else "-sysf/--system-prompt-file")
         raise UsageError(f"{flag} is for conversation mode and cannot go with -no-cnv")
     check_interactive(o)
+    if o.reasoning not in REASONING_VALUES:
+        raise UsageError(f"invalid -rea/--reasoning '{o.reasoning}': choose on, off or auto")
+    if o.reasoning_budget < -1:
+        raise UsageError(f"invalid --reasoning-budget {o.reasoning_budget}: must be >= -1 (-1 = no limit, 0 = end the "
+                         "reasoning at once)")
     if o.temp < 0:
         raise UsageError(f"invalid --temp {o.temp}: must be >= 0 (0 = greedy)")
     if not 0 < o.top_p <= 1:
@@ -259,6 +271,9 @@ def check_interactive(o: RunOptions) -> None:
 
 
 FLASH_ATTN_VALUES = ("on", "off", "auto")
+# -rea/--reasoning, llama.cpp's words for each
+REASONING_VALUES = {"on": True, "enabled": True, "true": True, "1": True,
+                    "off": False, "disabled": False, "false": False, "0": False, "auto": None, "-1": None}
 SPEC_TYPES = ("draft-mtp", "mtp")  # --spec-type (llama.cpp's name, and a short one)
 
 
@@ -435,9 +450,10 @@ def read_grammar(o: RunOptions):
 
 
 def read_chat_options(o: RunOptions) -> None:
-    """-sysf's file becomes the system prompt (one trailing newline dropped, as llama.cpp does), and
-    --chat-template(-file) the template itself, checked before any model loads."""
-    from sharpi_core.chat import ChatTemplateError, chat_template_option
+    """-sysf's file becomes the system prompt (one trailing newline dropped, as llama.cpp does),
+    --chat-template(-file) the template itself, checked before any model loads, and the template's further
+    variables (template_vars)."""
+    from sharpi_core.chat import BUILTIN_TEMPLATES, ChatTemplateError, chat_template_option
     if o.system_prompt_file is not None:
         o.system_prompt = read_text(o.system_prompt_file, "system prompt file ").removesuffix("\n")
         o.system_prompt_file = None
@@ -447,11 +463,56 @@ def read_chat_options(o: RunOptions) -> None:
         o.chat_template_file = None
     if o.chat_template is not None and not o.chat_template.strip():
         o.chat_template = None  # an empty override is no override (llama.cpp: the model's template)
+    if o.jinja is False and (o.chat_template is None or o.chat_template.strip() not in BUILTIN_TEMPLATES):
+        raise UsageError("--no-jinja: sharpi renders chat templates with Jinja only; llama.cpp's non-Jinja templates "
+                         f"are the built-in ones, by name: --chat-template NAME ({', '.join(BUILTIN_TEMPLATES)})")
     if o.chat_template is not None:
         try:
             o.chat_template = chat_template_option(o.chat_template)
         except ChatTemplateError as e:
             raise UsageError(f"{flag}: {e}") from None
+    o.template_vars = template_vars(o)
+
+
+def template_vars(o: RunOptions) -> dict:
+    """The chat template's further variables: --chat-template-kwargs, then -rea's enable_thinking and
+    --reasoning-effort's reasoning_effort (as llama.cpp sets them)."""
+    out = {}
+    if o.chat_template_kwargs is not None:
+        try:
+            out = json.loads(o.chat_template_kwargs)
+        except ValueError:
+            out = None
+        if not isinstance(out, dict):
+            raise UsageError(f"--chat-template-kwargs: not a JSON object: {o.chat_template_kwargs}")
+        taken = [k for k in ("messages", "add_generation_prompt") if k in out]
+        if taken:
+            raise UsageError(f"--chat-template-kwargs: '{taken[0]}' is set by sharpi (the conversation), not a kwarg")
+    if REASONING_VALUES[o.reasoning] is not None:
+        out["enable_thinking"] = REASONING_VALUES[o.reasoning]
+    if o.reasoning_effort != "default":
+        out["reasoning_effort"] = o.reasoning_effort
+    return out
+
+
+def reasoning_budget(o: RunOptions, tok, template: str | None):
+    """--reasoning-budget's constraint (sharpi_core.reasoning.ReasoningBudget) on the template's reasoning
+    block, or None: no budget, or no block to hold it to (a warning)."""
+    from sharpi_core.reasoning import ReasoningBudget, thinking_tags
+    if o.reasoning_budget < 0:
+        return None
+    tags = thinking_tags(template)
+    if tags is None:
+        log(f"warning: --reasoning-budget {o.reasoning_budget}: the chat template has no reasoning block "
+            "(<think> ... </think>): no budget")
+        return None
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special=False, parse_special=True)
+    end = enc(tags[1])  # (llama.cpp forces the message's tokens, then the end tag's)
+    forced = (enc(o.reasoning_budget_message) if o.reasoning_budget_message else []) + end
+    return ReasoningBudget(enc(tags[0]), [end], forced, o.reasoning_budget,
+                           pieces=lambda t: tok.token_bytes(t, special=False))
 
 
 def chat_template_for(o: RunOptions, tok) -> str | None:
@@ -586,6 +647,10 @@ def run(o: RunOptions) -> int:
     if grammar is not None:
         from sharpi_core.grammar import TokenGrammar
         grammar = TokenGrammar(grammar, tok, int(target.model.config.n_vocab))
+    budget = reasoning_budget(o, tok, o.chat_template or tok.chat_template)
+    if budget is not None:  # (both constrain each token: the budget's forcing, then the grammar)
+        from sharpi_core.reasoning import Both
+        grammar = budget if grammar is None else Both(budget, grammar)
     gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
                     spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
                     spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size,

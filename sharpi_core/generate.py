@@ -19,7 +19,8 @@ spec_p_min > 0 (opt-in looser acceptance).
 
 With a grammar (grammar.TokenGrammar) every pick is masked in the grammar's state after the tokens
 before it: plain steps, and each verify row after its drafts (a draft model proposes under the grammar
-too); the law is the chain on the masked logits, so speculation stays exact with it. A picker's law
+too); the law is the chain on the masked logits, so speculation stays exact with it. A reasoning budget
+(reasoning.ReasoningBudget, alone or with a grammar: reasoning.Both) is such a constraint too. A picker's law
 (mirostat, adaptive-p) depends on its state, which follows each pick: verify row i is computed in the
 state drafts d1..di lead to (sampling.Picker.rows), and the state moves past what the step emits.
 
@@ -573,7 +574,7 @@ class Generator:
             else:
                 self._begin(len(prompt_tokens))
                 if self.grammar is not None:
-                    self.gstate = self.grammar.initial()
+                    self.gstate = self.grammar.initial(prompt_tokens)
                 logits = self._prefill(list(prompt_tokens))
             if stop_at_end and stops:  # the samplers' memory: the prompt, or the input after a resume
                 tail = self.tok.decode(self._past()[-STOP_WINDOW:], skip_special=not self.special)

@@ -498,7 +498,8 @@ class TokenGrammar:
         self._masks: OrderedDict[State, np.ndarray] = OrderedDict()
         self._first: dict[int, np.ndarray] = {}
 
-    def initial(self) -> State:
+    def initial(self, prompt: Sequence[int] = ()) -> State:
+        """The state a generation starts in (the prompt does not move a grammar)."""
         return (self.g.start, 0, 0)
 
     def _decode(self, tid: int) -> tuple[list[int], int, int]:

@@ -399,7 +399,7 @@ def martingale_pvalue_grammar(params, tokens, tg, min_expected=5.0) -> float:
     """test_generate.martingale_pvalue with each token's law the grammar-masked chain."""
     model = target_model()
     tok, pos, h = model.state_after(PROMPT)
-    ctx, st, steps = list(PROMPT), tg.initial(), []
+    ctx, st, steps = list(PROMPT), tg.initial(PROMPT), []
     need = grammar_need(params)
     m = new_picker(params) if params.mirostat or params.adaptive_on else None
     for t in tokens:

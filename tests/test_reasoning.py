@@ -1,0 +1,251 @@
+"""Reasoning blocks: the chat template's tags, llama.cpp's reasoning budget (a constraint the generator, a draft
+model's proposals and the verify rows all follow), and the chat flags around them (--reasoning,
+--chat-template-kwargs, --reasoning-effort, --jinja)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import SMOL, loaded, model_path
+from sharpi_core.chat import BUILTIN_TEMPLATES
+from sharpi_core.reasoning import (COUNTING, DONE, FORCING, IDLE, WAITING_UTF8, Both, ReasoningBudget, thinking_tags,
+                                   utf8_complete)
+from test_cli import sharpi
+from test_generate import GREEDY, GREEDY_PEN, PROMPT, SAMPLED, SAMPLED_PEN, drafter_for, make
+from test_grammar import martingale_pvalue_grammar, toy_grammar
+
+# chatml whose generation prompt opens a reasoning block, as Qwen3.5's does (closed at once when thinking is off)
+THINK_TEMPLATE = (
+    "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}{%- endif -%}")
+
+
+def test_thinking_tags_come_from_the_template():
+    assert thinking_tags(THINK_TEMPLATE) == ("<think>", "</think>")
+    assert thinking_tags("{{ '<seed:think>' }}x{{ '</seed:think>' }}") == ("<seed:think>", "</seed:think>")
+    assert thinking_tags("{{ m.content.split('</think>')[-1] }}") is None  # an end tag alone is no block
+    assert thinking_tags(BUILTIN_TEMPLATES["chatml"]) is None
+    assert thinking_tags(loaded(SMOL)[1].chat_template) is None
+    assert thinking_tags(None) is None
+
+
+def test_utf8_complete_is_llama_cpps_rule():
+    for piece, whole in ((b"", True), (b"a", True), (b" caf\xc3\xa9", True), (b"\xc3", False), (b"ab\xe2\x82", False),
+                         (b"\xe2\x82\xac", True), (b"\x80", False), (b"\x80\x80\x80\x80", False),
+                         (b"\xf0\x9f\x98\x80", True), (b"x\xf0\x9f\x98", False)):
+        assert utf8_complete(piece) == whole, piece
+
+
+def run(rb: ReasoningBudget, tokens, st=None):
+    """The state after each token, and which token each state forced before it came."""
+    st = rb.initial() if st is None else st
+    forced = []
+    for t in tokens:
+        forced.append(rb.forcing(st))
+        st = rb.advance(st, t)
+    return st, forced
+
+
+def test_budget_states_follow_llama_cpps_sampler():
+    # start 100, end 101, forced: the message 102 and the end tag 101 (llama.cpp's test vocabulary)
+    rb = ReasoningBudget([100], [[101]], [102, 101], 2)
+    st, forced = run(rb, [7, 100, 50, 51, 102, 101, 60])
+    assert forced == [None, None, None, None, 102, 101, None] and st[0] == DONE
+    st, forced = run(rb, [100, 50, 101, 60, 61, 62])  # a natural end within the budget: nothing forced
+    assert set(forced) == {None} and st[0] == DONE
+    st, forced = run(rb, [100, 50, 101, 60, 100, 70, 71, 102, 101])  # a new block, a new budget
+    assert forced == [None] * 7 + [102, 101] and st[0] == DONE
+    st, forced = run(ReasoningBudget([100], [[101]], [102, 101], 0), [100, 102, 101, 5])  # budget 0: at once
+    assert forced == [None, 102, 101, None]
+    # the forced end is seen by the end matcher too, and a forced message may hold the start tag
+    assert rb.initial()[0] == IDLE and rb.initial([3, 100])[0] == COUNTING  # a prompt that opens the block
+    assert rb.initial([100, 50, 101])[0] == DONE
+    # a prompt that spends the budget: forcing starts after it (its own tokens are not forced ones)...
+    zero = ReasoningBudget([100], [[101]], [102, 101], 0)
+    assert zero.initial([100, 7, 8])[0] == FORCING and zero.forcing(zero.initial([100, 7, 8])) == 102
+    assert zero.initial([100, 7, 101])[0] == DONE  # ...unless it ends the block itself
+
+
+def test_budget_matches_tags_of_several_tokens():
+    rb = ReasoningBudget([7, 8], [[9, 10], [11]], [12, 9, 10], 3)
+    st, forced = run(rb, [7, 7, 8, 1, 9, 2, 12, 9, 10])  # 7 7 8 opens; 9 alone ends nothing
+    assert forced == [None] * 6 + [12, 9, 10] and st[0] == DONE
+    st, _ = run(rb, [7, 8, 1, 11])  # the other end sequence
+    assert st[0] == DONE
+    st, _ = run(rb, [7, 1, 8, 2])  # interrupted: no block
+    assert st[0] == IDLE
+
+
+def test_budget_waits_for_a_whole_utf8_character():
+    pieces = {1: b"a", 2: b"\xe2", 3: b"\x82", 4: b"\xac", 100: b"<t>", 101: b"</t>", 102: b"!"}
+    rb = ReasoningBudget([100], [[101]], [102, 101], 2, pieces=pieces.__getitem__)
+    # spent on an open character: forced after the next token whose own bytes end on a whole one (a piece of
+    # continuation bytes alone never does, as in llama.cpp)
+    st, forced = run(rb, [100, 1, 2, 3, 4, 1, 102, 101])
+    assert forced == [None] * 6 + [102, 101] and st[0] == DONE
+    st, _ = run(rb, [100, 1, 2])
+    assert st[0] == WAITING_UTF8
+    st, _ = run(rb, [101], st)  # the end tag still ends it naturally while waiting
+    assert st[0] == DONE
+
+
+def test_constrain_forces_one_token():
+    rb = ReasoningBudget([100], [[101]], [102, 101], 0)
+    st = rb.initial([100])
+    x = np.arange(200, dtype=np.float32)
+    y = rb.constrain(x, st)
+    assert np.isfinite(y).sum() == 1 and y[102] == 102
+    assert rb.constrain(x[:100], st) is None  # a draft's row cut before the forced id
+    x[102] = -np.inf
+    assert rb.constrain(x, st) is None
+    assert rb.constrain(x, rb.initial()) is x  # not forcing: the row as it is
+
+
+# -- the generator: toy models --------------------------------------------------------------------------------
+# the toy's text often holds 3 (a start) and 5 (an end): blocks of both endings come up
+def toy_budget(budget=2):
+    return ReasoningBudget([3], [[5]], [1, 2, 5], budget)
+
+
+def check_blocks(tokens, prompt, budget, forced=(1, 2, 5)):
+    """An independent reading of the rule for one-token tags over prompt + tokens: inside a block (3 ... 5) at
+    most `budget` tokens, then `forced` (whatever the prompt holds there: only generated tokens are checked);
+    returns (blocks ended naturally, blocks forced) in the generated part."""
+    inside, n, natural, cut, i = False, 0, 0, 0, 0
+    seq, p = list(prompt) + list(tokens), len(prompt)
+    while i < len(seq):
+        if inside and n == budget:
+            for j, f in enumerate(forced):
+                if p <= i + j < len(seq):
+                    assert seq[i + j] == f, (i + j, seq)
+            i, inside, cut = i + len(forced), False, cut + (i >= p)
+            continue
+        t = seq[i]
+        if not inside and t == 3:
+            inside, n = True, 0
+        elif inside and t == 5:
+            inside, natural = False, natural + (i >= p)
+        elif inside:
+            n += 1
+        i += 1
+    return natural, cut
+
+
+@pytest.mark.parametrize("kind", [None, "model", "lookup", "same"])
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["greedy", "penalties"])
+def test_greedy_speculation_under_a_budget_is_plain_greedy(kind, params):
+    plain, _ = make(params, grammar=toy_budget())
+    ref = plain.generate(PROMPT, n_predict=200)
+    natural, cut = check_blocks(ref.tokens, PROMPT, 2)
+    assert natural >= 3 and cut >= 10
+    free, _ = make(params)
+    assert free.generate(PROMPT, n_predict=200).tokens != ref.tokens
+    if kind is None:
+        return
+    gen, _ = make(params, drafter_for(kind, params, make()[1]), spec_n_max=4, grammar=toy_budget())
+    res = gen.generate(PROMPT, n_predict=200)
+    assert res.tokens == ref.tokens
+    if kind == "same":
+        assert res.spec.accepted == res.spec.drafted > 0
+
+
+@pytest.mark.parametrize("kind", [None, "model", "lookup"])
+def test_budget_and_grammar_together(kind):
+    def both():
+        return Both(ReasoningBudget([6], [[3]], [0, 3], 2), toy_grammar())
+    plain, _ = make(GREEDY, grammar=both())
+    ref = plain.generate(PROMPT, n_predict=80)
+    b = both()
+    st = b.initial(PROMPT)
+    for t in ref.tokens:  # every token passes both
+        assert b.constrain(np.zeros(8, dtype=np.float32), st)[t] == 0
+        st = b.advance(st, t)
+    alone, _ = make(GREEDY, grammar=toy_grammar())
+    assert alone.generate(PROMPT, n_predict=80).tokens != ref.tokens
+    if kind is not None:
+        gen, _ = make(GREEDY, drafter_for(kind, GREEDY, make()[1]), spec_n_max=4, grammar=both())
+        res = gen.generate(PROMPT, n_predict=80)
+        assert res.tokens == ref.tokens and res.stop_reason == ref.stop_reason
+
+
+@pytest.mark.parametrize("kind,params", [(None, SAMPLED_PEN), ("model", SAMPLED_PEN), ("lookup", SAMPLED)],
+                         ids=["plain", "model-k4", "lookup-k4"])
+def test_sampled_speculation_under_a_budget_follows_the_target(kind, params):
+    n = 2000
+    drafter = drafter_for(kind, params, make()[1], n_ctx=n + 64, seed=41) if kind else None
+    gen, _ = make(params, drafter, n_ctx=n + 64, spec_n_max=4, seed=40, grammar=toy_budget())
+    res = gen.generate(PROMPT, n_predict=n)
+    assert len(res.tokens) == n
+    natural, cut = check_blocks(res.tokens, PROMPT, 2)
+    assert natural > 10 and cut > 10
+    assert martingale_pvalue_grammar(params, res.tokens, toy_budget()) > 0.001
+
+
+# -- the command line on SmolLM2 ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def think_template(tmp_path_factory):
+    p = tmp_path_factory.mktemp("think") / "think.jinja"
+    p.write_text(THINK_TEMPLATE)
+    return str(p)
+
+
+def run_json(*args):
+    r = sharpi("-m", model_path(SMOL), "--json", "--temp", "0", "-n", "40", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_cli_budget_ends_the_thinking(think_template):
+    _, tok = loaded(SMOL)
+    base = ["-p", "What is the capital of France?", "--chat-template-file", think_template]
+    free = run_json(*base)["tokens"]
+    msg = " Time to answer."
+    forced = tok.encode(msg, add_special=False) + tok.encode("</think>", add_special=False)
+    out = run_json(*base, "--reasoning-budget", "6", "--reasoning-budget-message", msg)
+    # the generation prompt's "\n" after <think> is the block's first token (llama.cpp counts it too)
+    assert out["tokens"][:5] == free[:5] and out["tokens"][5:5 + len(forced)] == forced
+    assert out["tokens"] != free[:len(out["tokens"])]
+    zero = run_json(*base, "--reasoning-budget", "0")["tokens"]
+    assert zero[:3] == tok.encode("</think>", add_special=False) != free[:3]
+    for spec in (["--draft-lookup"], ["-md", model_path(SMOL)]):  # speculation: the same tokens
+        r = run_json(*base, "--reasoning-budget", "6", "--reasoning-budget-message", msg, *spec)
+        assert r["tokens"] == out["tokens"] and r["speculative"]["drafted"] > 0
+
+
+def test_cli_reasoning_flags_reach_the_template(think_template):
+    base = ["-p", "Hi", "--chat-template-file", think_template, "-n", "1", "--verbose-prompt"]
+    on = sharpi("-m", model_path(SMOL), *base, "--temp", "0")
+    off = sharpi("-m", model_path(SMOL), *base, "--temp", "0", "-rea", "off")
+    kw = sharpi("-m", model_path(SMOL), *base, "--temp", "0", "--chat-template-kwargs", '{"enable_thinking": false}')
+    assert on.returncode == off.returncode == kw.returncode == 0
+    end = "9617 -> '</'"  # (SmolLM2 spells </think> in three tokens)
+    listing = [r.stderr.split("load time")[0] for r in (on, off, kw)]
+    assert end not in listing[0] and end in listing[1] and listing[1] == listing[2]
+    eff = sharpi("-m", model_path(SMOL), "-p", "Hi", "-n", "1", "--temp", "0", "--verbose-prompt", "--reasoning-effort",
+                 "high", "--chat-template", "{{ messages[0].content }} effort={{ reasoning_effort }}")
+    assert eff.returncode == 0 and "-> '='\n" in eff.stderr and "-> 'high'\n" in eff.stderr
+    ok = sharpi("-m", model_path(SMOL), "--jinja", "-p", "Hi", "-n", "1", "--temp", "0")
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--chat-template-kwargs", "{not json"], "--chat-template-kwargs: not a JSON object"),
+    (["--chat-template-kwargs", "[1, 2]"], "--chat-template-kwargs: not a JSON object"),
+    (["--chat-template-kwargs", '{"messages": []}'], "'messages'"),
+    (["-rea", "maybe"], "invalid -rea/--reasoning 'maybe'"),
+    (["--reasoning-budget", "-2"], "invalid --reasoning-budget -2"),
+    (["--no-jinja"], "--no-jinja"),
+])
+def test_cli_reasoning_flag_errors(args, fragment):
+    r = sharpi("-m", model_path(SMOL), "-p", "Hi", "-n", "1", *args)
+    assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_budget_without_a_block_warns(think_template):
+    r = sharpi("-m", model_path(SMOL), "-p", "Hi", "-n", "2", "--temp", "0", "--reasoning-budget", "4")
+    assert r.returncode == 0 and "--reasoning-budget" in r.stderr and "no reasoning block" in r.stderr
