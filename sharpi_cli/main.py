@@ -208,7 +208,7 @@ def run(
 
 # flags that exclude each other: one given on the command line wins over the other from SHARPI_ARG_*
 ALTERNATIVES = (("prompt", "file"), ("system_prompt", "system_prompt_file"), ("chat_template", "chat_template_file"),
-                ("model_draft", "draft_lookup"), ("model_draft", "spec_type"), ("draft_lookup", "spec_type"),
+                ("model_draft", "spec_type"),
                 ("samplers", "sampling_seq"), ("grammar", "grammar_file"),
                 ("json_schema", "json_schema_file"))
 

@@ -222,10 +222,8 @@ def validate(o: RunOptions) -> None:
             raise UsageError(f"invalid --spec-type '{o.spec_type}': choose {' or '.join(SPEC_TYPES)} (a draft model: -md; "
                              f"prompt lookup: --draft-lookup)")
         o.spec_type = "draft-mtp"
-    sources = [f for f, v in (("-md/--model-draft", o.model_draft), ("--draft-lookup", o.draft_lookup),
-                              ("--spec-type", o.spec_type)) if v]
-    if len(sources) > 1:
-        raise UsageError(f"{sources[0]} and {sources[1]} are mutually exclusive: pick one draft source")
+    if o.model_draft and o.spec_type:  # (--draft-lookup goes with either: lookup first, as llama.cpp's n-gram types)
+        raise UsageError("-md/--model-draft and --spec-type are mutually exclusive: pick one draft model")
     if o.spec_draft_n_max < 1:
         raise UsageError(f"invalid --spec-draft-n-max {o.spec_draft_n_max}: must be >= 1")
     if o.spec_draft_n_min < 0 or o.spec_draft_n_min > o.spec_draft_n_max:
@@ -816,10 +814,24 @@ def rope_flags(o: RunOptions) -> tuple:
 
 
 def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
+    """The drafter of -md / --draft-lookup / --spec-type, and the draft model (or None); --draft-lookup with one of
+    the others: lookup first, the model where lookup finds nothing (speculative.HybridDrafter)."""
+    from sharpi_core import speculative as spec
+    lookup = spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min) if o.draft_lookup else None
+    if not (o.model_draft or o.spec_type):
+        return lookup, None
+    model, draft = _model_drafter(o, target, params, seed, n_ctx)
+    if lookup is None:
+        return model, draft
+    # a model's cost per proposed token, relative to a target pass: decoding reads the weights once a token
+    cost = (draft.model if draft is not None else model.model).weight_bytes / target.model.weight_bytes
+    return spec.HybridDrafter(lookup, model, o.spec_draft_n_max, o.spec_draft_n_min, cost=cost,
+                              names=("lookup", "mtp" if o.spec_type else "draft")), draft
+
+
+def _model_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     from sharpi_core import engine
     from sharpi_core import speculative as spec
-    if o.draft_lookup:
-        return spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min), None
     if o.spec_type:  # (the target's own MTP layer)
         import torch
         head = engine.mtp_head(target.model)
@@ -873,6 +885,9 @@ def print_report(target, res, verbose: bool) -> None:
         log(f"sharpi: speculative: drafted {s.get('drafted')}, accepted {s.get('accepted')} "
             f"({100 * (s.get('acceptance') or 0):.1f}%), {s.get('tokens_per_pass', 0):.2f} tokens per target pass, "
             f"{s.get('steps_no_proposal', 0)} steps without a proposal")
+        for name, v in s.get("sources", {}).items():
+            log(f"sharpi: speculative, {name}: {v['steps']} steps, drafted {v['drafted']}, accepted {v['accepted']}"
+                f" ({100 * v['accepted'] / max(1, v['drafted']):.1f}%)")
         if verbose:
             log(f"sharpi: speculative detail: {json.dumps(s)}")
     if verbose:

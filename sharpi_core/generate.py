@@ -43,7 +43,7 @@ from .errors import SharpiError
 from .grammar import grammar_need
 from .sampling import AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
 from .speculative import accept_argmax, accept_greedy, accept_sampled
-from .speculative.util import common_prefix
+from .speculative.util import common_prefix, next_proposal_len
 from .tokenizer import StreamDecoder
 
 
@@ -74,11 +74,17 @@ class SpecStats:
     full_accepts: int = 0       # verify passes that accepted every proposal
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
+    sources: dict = field(default_factory=dict)  # per draft source of a HybridDrafter: drafted, accepted, steps
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     commit_ms: float = 0.0
 
-    def record(self, k: int, n: int) -> None:
+    def record(self, k: int, n: int, source: str | None = None) -> None:
+        if source is not None:
+            s = self.sources.setdefault(source, {"drafted": 0, "accepted": 0, "steps": 0})
+            s["drafted"] += k
+            s["accepted"] += n
+            s["steps"] += 1
         while len(self.per_position_drafted) < k:
             self.per_position_drafted.append(0)
             self.per_position_accepted.append(0)
@@ -107,6 +113,7 @@ class SpecStats:
             "per_position_accepted": list(self.per_position_accepted),
             "per_position_acceptance": [a / d if d else 0.0 for a, d in
                                         zip(self.per_position_accepted, self.per_position_drafted)],
+            **({"sources": {k: dict(v) for k, v in self.sources.items()}} if self.sources else {}),
             "steps_no_proposal": self.steps_no_proposal, "full_accepts": self.full_accepts,
             "draft_ms": round(self.draft_ms, 2), "verify_ms": round(self.verify_ms, 2),
             "commit_ms": round(self.commit_ms, 2),
@@ -135,13 +142,6 @@ STOP_WINDOW = 32
 
 def _env_on(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def next_proposal_len(n_max: int, proposed: int, accepted: int) -> int:
-    """How many tokens to propose next after `accepted` of `proposed` were taken: one more than were
-    accepted after a rejection, twice as many after a full accept, within [1, n_max]. Chosen from
-    the past only, so the emitted tokens keep their exact law (greedy chain / target samples)."""
-    return min(n_max, 2 * proposed) if accepted == proposed else max(1, min(n_max, accepted + 1))
 
 
 class Generator:
@@ -174,6 +174,10 @@ class Generator:
         # which is what pulls speculation below plain decoding on text the drafter cannot predict
         self.adaptive = _env_on("SHARPI_SPEC_ADAPTIVE")
         self._k = spec_n_max
+        # a drafter of several sources adapts each source's count itself (speculative.HybridDrafter): asked for n_max
+        self._own_k = getattr(drafter, "adapts", None) is not None
+        if self._own_k:
+            drafter.adapts = self.adaptive
         self.speculate = drafter is not None and spec_n_max >= 1
         if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
@@ -218,7 +222,11 @@ class Generator:
         del self.history[n:]
         self._exact = None
         self._prefilled = len(prompt) - n
-        return self._extend(prompt[n:], fits=True)
+        logits = self._extend(prompt[n:], fits=True)
+        prefill = getattr(self.drafter, "prefill", None) if self.speculate else None
+        if prefill is not None:  # (a draft model evaluates the prompt too: prompt time, not decoding time)
+            prefill(self.history)
+        return logits
 
     def _extend(self, tokens: list[int], n_predict: int = -1, fits: bool = False) -> torch.Tensor:
         """Evaluate tokens after the history in chunks of n_batch; logits [V] of the last. Unless they are
@@ -442,7 +450,7 @@ class Generator:
         self.history += props[:n]
         self.drafter.rollback(keep)
         stats.commit_ms += (time.perf_counter() - t0) * 1000
-        stats.record(len(props), n)
+        stats.record(len(props), n, getattr(self.drafter, "source", None))
         if self.adaptive:
             self._k = next_proposal_len(self.n_max, len(props), n)
         stats.target_passes += 1
@@ -603,7 +611,7 @@ class Generator:
                 step = None
                 if self.speculate:
                     # [t, d1..dk] must leave the last slot free; a step emits up to k+1 tokens
-                    k = max(self._k, self.n_min) if self.adaptive else self.n_max
+                    k = max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max
                     k = min(k, n_ctx - len(self.history) - 2)
                     if n_predict >= 0:
                         k = min(k, n_predict - len(out) - 1)

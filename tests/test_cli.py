@@ -346,7 +346,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--temp", "1e308"), "--temp 1e+308: must be a finite number within float range"),
     (("-ctk", "q4_0"), "cache-type-k"),
     (("-ctvd", "q4_1"), "-ctvd/--spec-draft-type-v"),
-    (("--draft-lookup", "-md", "whatever.gguf"), "mutually exclusive"),
+    (("--spec-type", "mtp", "-md", "whatever.gguf"), "mutually exclusive"),
     (("--spec-ngram-min", "1", "--draft-lookup"), "--spec-ngram-min"),
     (("--spec-draft-vocab", "-2"), "--spec-draft-vocab"),
     (("-fa", "maybe"), "-fa/--flash-attn"),

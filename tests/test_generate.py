@@ -10,7 +10,7 @@ import sharpi_core.generate as generate_mod
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
 from sharpi_core.sampling import DEFAULT_SAMPLERS, AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax, draw, filtered_probs
-from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
+from sharpi_core.speculative import DraftModelDrafter, HybridDrafter, LookupDrafter
 from toy import ChainToy, ToyModel, ToyTokenizer, _next_hash, chi2_sf
 
 V = 8
@@ -42,6 +42,8 @@ def drafter_for(kind: str, params: SamplingParams, target: ToyModel | None = Non
         return LookupDrafter(3, 2)
     if kind == "lookup22":
         return LookupDrafter(2, 2)
+    if kind == "hybrid":  # lookup first, the related model where lookup finds nothing
+        return HybridDrafter(LookupDrafter(3, 2), drafter_for("model", params, target, n_ctx, seed), n_max=8, cost=0.3)
     if kind == "same":  # the target itself, on its own cache
         m = ToyModel(V, seed=21)
     elif kind == "wide":  # a larger vocabulary: its extra ids are sometimes proposed
@@ -114,7 +116,7 @@ def test_plain_greedy_matches_cache_free_reference(params):
     assert model.batch_sizes == [len(PROMPT)] + [1] * 49  # prefill, then one forward per token
 
 
-@pytest.mark.parametrize("kind", ["lookup", "lookup22", "model", "same", "wide"])
+@pytest.mark.parametrize("kind", ["lookup", "lookup22", "model", "same", "wide", "hybrid"])
 @pytest.mark.parametrize("n_max", [1, 3, 8])
 @pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN, GREEDY_DRY], ids=["plain", "penalties", "dry"])
 def test_greedy_speculative_equals_plain_greedy(kind, n_max, params):
@@ -128,6 +130,11 @@ def test_greedy_speculative_equals_plain_greedy(kind, n_max, params):
     if kind == "same":  # draft == target at temp 0: every proposal is accepted
         assert s.accepted == s.drafted and s.steps_no_proposal == 0
         assert s.tokens_per_pass > min(n_max, 3)
+    if kind == "hybrid":  # both sources proposed; the stats per source add up
+        assert set(s.sources) == {"lookup", "draft"} and all(v["steps"] > 0 for v in s.sources.values())
+        assert sum(v["drafted"] for v in s.sources.values()) == s.drafted
+        assert sum(v["accepted"] for v in s.sources.values()) == s.accepted
+        assert s.steps_no_proposal == 0
 
 
 def test_verify_is_one_forward_over_certain_token_and_drafts():
@@ -376,9 +383,10 @@ N_LONG = 3000
 
 @pytest.mark.parametrize("kind,params,n_max", [("model", SAMPLED_PEN, 4), ("lookup", SAMPLED_PEN, 3),
                                                ("wide", SAMPLED, 3), ("model", SAMPLED, 8),
-                                               ("model", SAMPLED_EXT, 4), ("lookup", SAMPLED_EXT, 3)],
+                                               ("model", SAMPLED_EXT, 4), ("lookup", SAMPLED_EXT, 3),
+                                               ("hybrid", SAMPLED_PEN, 4)],
                          ids=["model-penalties-k4", "lookup-penalties-k3", "wide-vocab-k3", "model-k8",
-                              "model-dry-xtc-typical-k4", "lookup-dry-xtc-typical-k3"])
+                              "model-dry-xtc-typical-k4", "lookup-dry-xtc-typical-k3", "hybrid-penalties-k4"])
 def test_sampled_generation_follows_the_target(kind, params, n_max):
     res = long_run(kind, params, N_LONG, n_max, seed=31)
     s = res.spec

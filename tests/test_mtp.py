@@ -205,9 +205,13 @@ def test_models_without_a_head_are_refused(qwen35, tmp_path):
     assert "no next-token-prediction" in mtp_unavailable(c)
     one_error_line(sharpi("--spec-type", "draft-mtp", "-p", "hi", "-n", "2"), code=1, contains="no next-token-prediction")
     one_error_line(sharpi("-m", qwen35, "--spec-type", "medusa", "-p", "hi"), contains="--spec-type")
-    one_error_line(sharpi("-m", qwen35, "--spec-type", "draft-mtp", "--draft-lookup", "-p", "hi"), contains="exclusive")
-    r = sharpi("-m", qwen35, "--spec-type", "mtp", "-p", "The capital of France is", "-n", "12", "--temp", "0",
-               "-c", "256", "--json")
-    plain = sharpi("-m", qwen35, "-p", "The capital of France is", "-n", "12", "--temp", "0", "-c", "256", "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
+    one_error_line(sharpi("-m", qwen35, "--spec-type", "draft-mtp", "-md", qwen35, "-p", "hi"), contains="exclusive")
+    run = ("-m", qwen35, "-p", "The capital of France is", "-n", "24", "--temp", "0", "-c", "256", "--json")
+    plain = json.loads(sharpi(*run).stdout)
+    r = sharpi(*run, "--spec-type", "mtp")
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == plain["tokens"]
     assert json.loads(r.stdout)["speculative"]["drafted"] > 0
+    # with lookup first (the head then proposes where lookup finds nothing, having seen every target pass)
+    r = sharpi(*run, "--spec-type", "mtp", "--draft-lookup")
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == plain["tokens"]
+    assert json.loads(r.stdout)["speculative"]["sources"]["mtp"]["steps"] > 0

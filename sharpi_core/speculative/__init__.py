@@ -13,6 +13,7 @@ import torch
 
 from .accept import accept_argmax, accept_greedy, accept_sampled
 from .draft_model import DraftModelDrafter
+from .hybrid import HybridDrafter
 from .lookup import LookupDrafter
 from .mtp import MtpDrafter
 from .util import common_prefix
@@ -29,5 +30,6 @@ class Drafter(Protocol):
     def rollback(self, n_keep: int) -> None: ...
 
 
-__all__ = ["Drafter", "accept_argmax", "accept_greedy", "accept_sampled", "DraftModelDrafter", "LookupDrafter", "MtpDrafter",
+__all__ = ["Drafter", "accept_argmax", "accept_greedy", "accept_sampled", "DraftModelDrafter", "HybridDrafter", "LookupDrafter",
+           "MtpDrafter",
            "SUPPORTS_PENALTIES", "common_prefix"]

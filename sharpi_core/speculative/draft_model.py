@@ -101,6 +101,16 @@ class DraftModelDrafter:
             logits = self._feed(list(history[s:s + self.n_batch]), last_n=1, decode=n > 0)
         return logits
 
+    def prefill(self, tokens: list[int]) -> None:
+        """Evaluate tokens (the prompt, right after the target evaluated it) now: the first proposal then feeds
+        only what follows, and the draft's prompt counts as prompt time, not as decoding time. A prompt the
+        draft's context cannot hold with proposals is left to the first proposal (its window)."""
+        if self._base or len(tokens) + 2 > self.cache.capacity or not tokens:
+            return
+        self._drop_ahead()
+        self._reuse(list(tokens) + [-1])  # (all of tokens may be reused)
+        self._sync(list(tokens))
+
     def _propose_chain(self, history: list[int], k: int) -> list[int]:
         ahead, self._ahead = self._ahead, None
         m = k + 1 if self.lookahead else k  # the chain's length: with look-ahead, the bonus guess too

@@ -29,6 +29,9 @@ class MtpDrafter(DraftModelDrafter):
         self._obs: tuple[int, torch.Tensor] | None = None  # (start, h [T, D]): the last observed pass's rows
         self._h: torch.Tensor | None = None  # [1, D]: the head's row after the last token it drafted from
 
+    def prefill(self, tokens: list[int]) -> None:
+        """Nothing: the head's cache follows the target's passes (observe), the prompt's too."""
+
     def _row(self, pos: int) -> torch.Tensor:
         """h_pos [1, D]: the target's final-normed row at pos, when the last observed pass has it; else zeros."""
         if self._obs is not None:

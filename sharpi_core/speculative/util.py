@@ -20,3 +20,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid
     return lo
+
+
+def next_proposal_len(n_max: int, proposed: int, accepted: int) -> int:
+    """How many tokens to propose next after `accepted` of `proposed` were taken: one more than were
+    accepted after a rejection, twice as many after a full accept, within [1, n_max]. Chosen from
+    the past only, so the emitted tokens keep their exact law (greedy chain / target samples)."""
+    return min(n_max, 2 * proposed) if accepted == proposed else max(1, min(n_max, accepted + 1))

@@ -1,0 +1,114 @@
+"""Prompt lookup and a draft model (or MTP head) together (`--draft-lookup` with `-md` / `--spec-type`, as llama.cpp
+lists its n-gram types before a draft model): each step one of them proposes.
+
+Lookup costs nothing; where the text copies itself its proposals are as good as a model's, elsewhere its short
+n-gram matches are mostly wrong and would take the step from a model that is usually right. So the step goes to
+the source with the most tokens per unit of cost expected: (1 + E) / (V(k) + c k), E the source's running average
+of accepted proposals, k its count of proposals, c its cost per proposed token relative to a target pass (0 for
+lookup; the draft's weight bytes over the target's for a model, decoding being bound by memory), V(k) a verify
+pass of 1 + k rows. Lookup's proposal is computed at every step, so its average follows the text even at the steps
+the model takes (scored against the tokens that came). The draft model catches up on the tokens it did not see
+in one batched pass at its next proposal.
+
+Exactness: the choice depends on the history and past verdicts only (no clock: a fixed seed gives the same
+output), and each proposal's q is its own source's (None for lookup: deterministic), so acceptance stays exact.
+Each source keeps its own count of proposals, adapted from its own verdicts as generate.next_proposal_len adapts
+the generator's; the generator then asks for up to n_max (see `adapts`). `source` names the last proposal's source
+(the generator's stats per source).
+"""
+from __future__ import annotations
+
+from .util import common_prefix, next_proposal_len
+
+DECAY = 0.25  # weight of the newest outcome in a source's running average
+VERIFY_ROW = 0.09  # a verify pass's cost per extra row, relative to a one-row pass (Qwen 1.5B on the CPU: 5 rows 1.36)
+
+
+class HybridDrafter:
+    # the generator leaves the count of proposals to this drafter (and sets it False with
+    # SHARPI_SPEC_ADAPTIVE=0: every source then proposes what it is asked)
+    adapts = True
+
+    def __init__(self, lookup, model, n_max: int, n_min: int = 0, cost: float = 0.4, names=("lookup", "draft")):
+        self.lookup, self.model = lookup, model
+        self.names = names
+        self.n_max, self.n_min = n_max, n_min
+        self.cost = cost
+        self._k = {n: n_max for n in names}
+        # running averages of accepted proposals per step: lookup optimistic enough to be tried first
+        self._avg = {names[0]: 1.0, names[1]: 0.8 * n_max}
+        self.source: str | None = None  # the last proposal's source
+        self._last: tuple[str, int, int] | None = None  # (source, history length, proposals) of the last step
+        self._shadow: tuple[int, list[int]] | None = None  # lookup's last proposal (history length, tokens)
+        observe = getattr(model, "observe", None)
+        if observe is not None:  # (the MTP head sees every target pass, whichever source proposed)
+            self.observe = observe
+
+    @property
+    def cache(self):
+        return self.model.cache
+
+    @property
+    def history(self) -> list[int]:
+        return self.model.history
+
+    def _count(self, name: str, k: int) -> int:
+        return min(k, max(self._k[name], self.n_min)) if self.adapts else k
+
+    def _value(self, name: str, k: int, cost: float) -> float:
+        return (1 + min(self._avg[name], k)) / (1 + VERIFY_ROW * k + cost * k)
+
+    def _learn(self, name: str, accepted: float) -> None:
+        self._avg[name] += DECAY * (accepted - self._avg[name])
+
+    def propose(self, history: list[int], k: int):
+        self.source = self._last = None
+        lookup, model = self.names
+        if self._shadow is not None:  # lookup's last proposal against what came after it
+            n, props = self._shadow
+            self._shadow = None
+            if len(history) > n:
+                self._learn(lookup, common_prefix(props, history[n:]))
+        kl, km = self._count(lookup, k), self._count(model, k)
+        props, q = self.lookup.propose(history, kl)
+        if props:
+            self._shadow = (len(history), list(props))
+            if self._value(lookup, len(props), 0.0) >= self._value(model, km, self.cost):
+                self.source, self._last = lookup, (lookup, len(history), len(props))
+                return props, q
+        mprops, mq = self.model.propose(history, km)
+        if mprops:
+            self.source, self._last = model, (model, len(history), len(mprops))
+            return mprops, mq
+        if props:
+            self.source, self._last = lookup, (lookup, len(history), len(props))
+        return props, q
+
+    def rollback(self, n_keep: int) -> None:
+        if self._last is not None:  # (the verdict on the last proposals: how many the target kept)
+            name, n_hist, n_props = self._last
+            self._last = None
+            accepted = max(0, min(n_props, n_keep - n_hist))
+            self._k[name] = next_proposal_len(self.n_max, n_props, accepted)
+            if name == self.names[1]:
+                self._learn(name, accepted)
+        self.lookup.rollback(n_keep)
+        self.model.rollback(n_keep)
+
+    def prefill(self, tokens: list[int]) -> None:
+        prefill = getattr(self.model, "prefill", None)
+        if prefill is not None:
+            prefill(tokens)
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        self._shadow = None
+        shift = getattr(self.model, "shift", None)
+        if shift is not None:
+            shift(n_keep, n_discard)
+
+    def constrain_with(self, grammar, state) -> None:
+        self.model.constrain_with(grammar, state)
+
+    def sample_like(self, picker) -> None:
+        if hasattr(self.model, "sample_like"):
+            self.model.sample_like(picker)
