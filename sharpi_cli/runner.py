@@ -815,7 +815,7 @@ def rope_flags(o: RunOptions) -> tuple:
 
 def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     """The drafter of -md / --draft-lookup / --spec-type, and the draft model (or None); --draft-lookup with one of
-    the others: lookup first, the model where lookup finds nothing (speculative.HybridDrafter)."""
+    the others: both, each step to the one expected to bring more tokens per cost (speculative.HybridDrafter)."""
     from sharpi_core import speculative as spec
     lookup = spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min) if o.draft_lookup else None
     if not (o.model_draft or o.spec_type):
