@@ -83,6 +83,7 @@ class RunOptions:
     reasoning_effort: str = "default"
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
+    reasoning_format: str = "auto"
     conversation: bool | None = None
     single_turn: bool = False
     interactive: bool = False  # -i: llama-completion's interactive mode on raw text (sharpi_cli/interactive.py)
@@ -187,6 +188,10 @@ def validate(o: RunOptions) -> None:
     check_interactive(o)
     if o.reasoning not in REASONING_VALUES:
         raise UsageError(f"invalid -rea/--reasoning '{o.reasoning}': choose on, off or auto")
+    if o.reasoning_format not in REASONING_FORMATS:
+        raise UsageError(f"invalid --reasoning-format '{o.reasoning_format}': choose {', '.join(REASONING_FORMATS)}")
+    if o.reasoning_format == "auto":
+        o.reasoning_format = "deepseek"
     if o.reasoning_budget < -1:
         raise UsageError(f"invalid --reasoning-budget {o.reasoning_budget}: must be >= -1 (-1 = no limit, 0 = end the "
                          "reasoning at once)")
@@ -272,6 +277,7 @@ FLASH_ATTN_VALUES = ("on", "off", "auto")
 # -rea/--reasoning, llama.cpp's words for each
 REASONING_VALUES = {"on": True, "enabled": True, "true": True, "1": True,
                     "off": False, "disabled": False, "false": False, "0": False, "auto": None, "-1": None}
+REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")  # --reasoning-format (llama.cpp's)
 SPEC_TYPES = ("draft-mtp", "mtp")  # --spec-type (llama.cpp's name, and a short one)
 
 
@@ -719,7 +725,9 @@ def run(o: RunOptions) -> int:
         res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt), on_text=on_text,
                            should_stop=stop)
     if o.json_out:
-        print(json.dumps(result_json(res, target, seed), ensure_ascii=False))
+        d = result_json(res, target, seed)
+        d.update(reasoning_fields(o, tok, ids, res.text))
+        print(json.dumps(d, ensure_ascii=False))
     else:
         out.write("\n")
         out.flush()
@@ -870,6 +878,19 @@ def result_json(res, target, seed: int) -> dict:
     if res.context_shifts:
         d["context_shifts"] = res.context_shifts
     return d
+
+
+def reasoning_fields(o: RunOptions, tok, ids: list[int], text: str) -> dict:
+    """--json: the reply's reasoning block apart from the rest (--reasoning-format deepseek, the default), or as
+    well as in it (deepseek-legacy); nothing with none, or when the reply has no block."""
+    from sharpi_core.reasoning import opens_block, split_reasoning, thinking_tags
+    tags = thinking_tags(o.chat_template or tok.chat_template) if o.reasoning_format != "none" else None
+    if tags is None:
+        return {}
+    parts = split_reasoning(text, tags, opens_block(tok.decode(ids[-64:], skip_special=False), tags))
+    if parts is None:
+        return {}
+    return {"reasoning": parts[0], "content": text if o.reasoning_format == "deepseek-legacy" else parts[1]}
 
 
 def print_report(target, res, verbose: bool) -> None:

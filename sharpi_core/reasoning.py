@@ -37,6 +37,27 @@ def thinking_tags(template: str | None) -> tuple[str, str] | None:
     return None
 
 
+def split_reasoning(text: str, tags: tuple[str, str], opened: bool) -> tuple[str, str] | None:
+    """(reasoning, content) of a reply that starts with a reasoning block (or, `opened`, inside one its prompt
+    opened), as llama.cpp's "deepseek" reasoning format returns them: the block's text without its tags, and
+    what follows it; a reply cut inside the block is reasoning only. None when the reply has no block."""
+    start, end = tags
+    if not opened:
+        body = text.lstrip()
+        if not body.startswith(start):
+            return None
+        text = body[len(start):]
+    i = text.find(end)
+    if i < 0:
+        return text.strip(), ""
+    return text[:i].strip(), text[i + len(end):].lstrip()
+
+
+def opens_block(prompt: str, tags: tuple[str, str]) -> bool:
+    """Whether a prompt's text ends inside a reasoning block (a generation prompt ending in `<think>\n`)."""
+    return prompt.rfind(tags[0]) > prompt.rfind(tags[1])
+
+
 def utf8_complete(piece: bytes) -> bool:
     """Whether a token's bytes end on a whole UTF-8 character (llama.cpp's common_utf8_is_complete: the
     last lead byte within 4 bytes of the end has its continuation bytes)."""

@@ -20,7 +20,7 @@ from sharpi_core.generate import Generator
 from sharpi_core.kv_cache import KVCache
 from sharpi_core.quants import q8_0_blocks
 from sharpi_core.sampling import SamplingParams, apply_penalties, filtered_probs
-from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
+from sharpi_core.speculative import DraftModelDrafter, HybridDrafter, LookupDrafter
 from test_cli import one_error_line, sharpi
 from test_cuda_model import KINDS, on
 from test_generate import GREEDY_PEN, V, drafter_for, martingale_test, target_model
@@ -69,7 +69,7 @@ def test_greedy_through_context_shifts_is_llama_cpps(case):
     assert res.tokens == case["tokens"]
 
 
-@pytest.mark.parametrize("kind", ["lookup", "self-draft"])
+@pytest.mark.parametrize("kind", ["lookup", "self-draft", "lookup+self-draft"])
 def test_speculation_through_context_shifts_gives_the_plain_tokens(kind):
     """Proposals never cross a shift point (the verify pass must leave the last slot free), so the shifts
     happen where plain decoding's do; the draft model's cache shifts alike: a draft that is the target
@@ -78,13 +78,18 @@ def test_speculation_through_context_shifts_gives_the_plain_tokens(kind):
     model, tok = loaded(case["model"])
     drafter = (LookupDrafter(3, 2) if kind == "lookup" else
                DraftModelDrafter(model, model.new_cache(case["n_ctx"]), GREEDY))
+    if kind == "lookup+self-draft":  # (the model's cache shifts at steps lookup takes too)
+        drafter = HybridDrafter(LookupDrafter(3, 2), drafter, 4, cost=0.3)
     gen, res = run_greedy(model, tok, case, drafter)
     assert res.tokens == case["tokens"] and res.context_shifts >= 2
     s = res.spec
     assert s.verify_passes > 20
     if kind == "self-draft":
         assert s.accepted == s.drafted
+    if kind != "lookup":
         assert drafter.history == gen.history[: len(drafter.history)]
+    if kind == "lookup+self-draft":
+        assert s.sources["draft"]["accepted"] == s.sources["draft"]["drafted"] > 0 and s.sources["lookup"]["steps"] > 0
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "q8_0"])

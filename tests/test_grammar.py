@@ -367,7 +367,7 @@ def toy_allowed(tg, prompt_free_tokens):
         st = tg.advance(st, t)
 
 
-@pytest.mark.parametrize("kind", ["model", "lookup", "same", "wide"])
+@pytest.mark.parametrize("kind", ["model", "lookup", "same", "wide", "hybrid"])
 @pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["greedy", "penalties"])
 def test_greedy_speculation_under_a_grammar_is_plain_greedy(kind, params):
     plain, _ = make(params, grammar=toy_grammar())

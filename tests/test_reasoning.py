@@ -10,8 +10,8 @@ import pytest
 
 from conftest import SMOL, loaded, model_path
 from sharpi_core.chat import BUILTIN_TEMPLATES
-from sharpi_core.reasoning import (COUNTING, DONE, FORCING, IDLE, WAITING_UTF8, Both, ReasoningBudget, thinking_tags,
-                                   utf8_complete)
+from sharpi_core.reasoning import (COUNTING, DONE, FORCING, IDLE, WAITING_UTF8, Both, ReasoningBudget, opens_block,
+                                   split_reasoning, thinking_tags, utf8_complete)
 from test_cli import sharpi
 from test_generate import GREEDY, GREEDY_PEN, PROMPT, SAMPLED, SAMPLED_PEN, drafter_for, make
 from test_grammar import martingale_pvalue_grammar, toy_grammar
@@ -91,6 +91,16 @@ def test_budget_waits_for_a_whole_utf8_character():
     assert st[0] == WAITING_UTF8
     st, _ = run(rb, [101], st)  # the end tag still ends it naturally while waiting
     assert st[0] == DONE
+
+
+def test_split_reasoning():
+    tags = ("<think>", "</think>")
+    assert split_reasoning(" <think>\nhm, 4.\n</think>\n\nIt is 4.", tags, False) == ("hm, 4.", "It is 4.")
+    assert split_reasoning("hm, 4.\n</think>\n\nIt is 4.", tags, True) == ("hm, 4.", "It is 4.")
+    assert split_reasoning("still thinking", tags, True) == ("still thinking", "")  # (cut by -n)
+    assert split_reasoning("It is 4.", tags, False) is None
+    assert opens_block("<|im_start|>assistant\n<think>\n", tags)
+    assert not opens_block("<think>a</think><|im_start|>assistant\n", tags) and not opens_block("user: hi", tags)
 
 
 def test_constrain_forces_one_token():
@@ -209,6 +219,14 @@ def test_cli_budget_ends_the_thinking(think_template):
     # the generation prompt's "\n" after <think> is the block's first token (llama.cpp counts it too)
     assert out["tokens"][:5] == free[:5] and out["tokens"][5:5 + len(forced)] == forced
     assert out["tokens"] != free[:len(out["tokens"])]
+    # --json: the block's text apart (the prompt opened it), and the rest
+    text = out["text"]
+    assert "</think>" in text and out["reasoning"] == text.split("</think>")[0].strip() != ""
+    assert out["content"] == text.split("</think>", 1)[1].lstrip()
+    legacy = run_json(*base, "--reasoning-budget", "6", "--reasoning-budget-message", msg, "--reasoning-format",
+                      "deepseek-legacy")
+    assert legacy["content"] == text and legacy["reasoning"] == out["reasoning"]
+    assert "reasoning" not in run_json(*base, "--reasoning-format", "none") and "reasoning" not in run_json("-p", "Hi")
     zero = run_json(*base, "--reasoning-budget", "0")["tokens"]
     assert zero[:3] == tok.encode("</think>", add_special=False) != free[:3]
     for spec in (["--draft-lookup"], ["-md", model_path(SMOL)]):  # speculation: the same tokens
@@ -239,6 +257,7 @@ def test_cli_reasoning_flags_reach_the_template(think_template):
     (["-rea", "maybe"], "invalid -rea/--reasoning 'maybe'"),
     (["--reasoning-budget", "-2"], "invalid --reasoning-budget -2"),
     (["--no-jinja"], "--no-jinja"),
+    (["--reasoning-format", "xml"], "invalid --reasoning-format 'xml'"),
 ])
 def test_cli_reasoning_flag_errors(args, fragment):
     r = sharpi("-m", model_path(SMOL), "-p", "Hi", "-n", "1", *args)
