@@ -260,6 +260,8 @@ class Generator:
         when the context is full (and cannot shift) before all of them are in."""
         if fresh:
             self._begin(len(tokens))
+            if self.grammar is not None:  # (a reasoning budget reads the prompt: it may open a block)
+                self.gstate = self.grammar.initial(tokens)
             self._prefill(list(tokens))
             return True
         try:

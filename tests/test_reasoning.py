@@ -163,6 +163,20 @@ def test_greedy_speculation_under_a_budget_is_plain_greedy(kind, params):
         assert res.spec.accepted == res.spec.drafted > 0
 
 
+def test_interactive_feed_reads_the_prompt():
+    # llama-completion's interactive mode evaluates the prompt (feed) and then generates (resume): a prompt that
+    # opens a block starts it there too
+    for resume in (False, True):
+        gen, _ = make(GREEDY, grammar=toy_budget(0))
+        prompt = [0, 1, 2, 3]
+        if resume:
+            gen.feed(prompt, fresh=True)
+            res = gen.generate([], n_predict=5, resume=True)
+        else:
+            res = gen.generate(prompt, n_predict=5)
+        assert res.tokens[:3] == [1, 2, 5]
+
+
 @pytest.mark.parametrize("kind", [None, "model", "lookup"])
 def test_budget_and_grammar_together(kind):
     def both():
