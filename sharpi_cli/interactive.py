@@ -56,7 +56,7 @@ def _sum_into(total, part) -> None:
             n = max(len(a), len(b))
             a = [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
         elif isinstance(a, dict):  # (SpecStats.sources: per draft source, its counts)
-            a = {name: {c: a.get(name, {}).get(c, 0) + b.get(name, {}).get(c, 0) for c in ("drafted", "accepted", "steps")}
+            a = {name: {c: a.get(name, {}).get(c, 0) + b.get(name, {}).get(c, 0) for c in {**a.get(name, {}), **b.get(name, {})}}
                  for name in {**a, **b}}
         else:
             a += b

@@ -832,7 +832,7 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     if lookup is None:
         return model, draft
     # a model's cost per proposed token, relative to a target pass: decoding reads the weights once a token
-    cost = (draft.model if draft is not None else model.model).weight_bytes / target.model.weight_bytes
+    cost = model.model.weight_bytes / target.model.weight_bytes  # (the draft model's, or the MTP head's)
     return spec.HybridDrafter(lookup, model, o.spec_draft_n_max, o.spec_draft_n_min, cost=cost,
                               names=("lookup", "mtp" if o.spec_type else "draft")), draft
 
