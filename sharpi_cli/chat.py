@@ -28,6 +28,30 @@ def install_startup_handler() -> None:
     sys.unraisablehook = unraisable
 
 
+class signals_seen:
+    """While waiting at input(): a Ctrl-C is acted on even when it came between the prompt and the wait.
+
+    CPython's readline shows the prompt, then waits in select() with no timeout and runs Python's signal handlers
+    only when that select() is interrupted: a SIGINT that lands after the prompt is out but before select() starts
+    (a loaded machine, the process preempted there) only marks the handler as pending, and nothing runs it until a
+    key is pressed. A no-op SIGALRM every 0.1 s interrupts the wait, and the pending handler runs then."""
+
+    PERIOD = 0.1
+
+    def __enter__(self):
+        self._prev = None
+        if hasattr(signal, "setitimer") and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0):
+            self._prev = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+            signal.setitimer(signal.ITIMER_REAL, self.PERIOD, self.PERIOD)
+        return self
+
+    def __exit__(self, *exc):
+        if self._prev is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+            signal.signal(signal.SIGALRM, self._prev)
+        return False
+
+
 class Interrupt:
     """Ctrl-C stops the current reply (not the session); a second Ctrl-C in the same reply quits."""
 
@@ -96,9 +120,10 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             line, pending = pending, None
         else:
             try:
-                line = input("> ")
-                while line.endswith("\\"):  # llama-cli: a trailing backslash continues the message
-                    line = line[:-1] + "\n" + input("")
+                with signals_seen():
+                    line = input("> ")
+                    while line.endswith("\\"):  # llama-cli: a trailing backslash continues the message
+                        line = line[:-1] + "\n" + input("")
             except (EOFError, KeyboardInterrupt):
                 print(file=sys.stderr)
                 break

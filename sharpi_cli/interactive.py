@@ -31,10 +31,12 @@ def read_input(multiline: bool, prompt: str = "") -> str | None:
     """llama.cpp's console::readline, repeated while it asks for another line: the lines with their
     newlines, or None at end of input with nothing typed. The prompt (--in-prefix) is input()'s, so that
     line editing knows it is there."""
+    from .chat import signals_seen
     buffer = ""
     while True:
         try:
-            line = input(prompt)
+            with signals_seen():
+                line = input(prompt)
             prompt = ""
         except EOFError:
             return buffer or None

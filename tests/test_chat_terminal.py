@@ -101,3 +101,30 @@ def test_interactive_ctrl_c_hands_control_over_and_quits_at_the_input():
     p.expect(pexpect.EOF)
     p.close()
     assert p.exitstatus == 130
+
+
+@pytest.mark.parametrize("line_editing", [True, False])
+def test_ctrl_c_pending_before_the_input_wait_is_not_lost(line_editing):
+    """A Ctrl-C whose handler is pending when the input wait starts (here: taken by another thread, so the main
+    thread's select() is never interrupted by it; in a run, one that lands between the prompt and the wait) still
+    stops the input, within a fraction of a second: not only when a key is pressed."""
+    script = f"""
+import signal, sys, threading, time
+{"import readline" if line_editing else ""}
+from sharpi_cli.interactive import read_input
+def handler(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGINT, handler)
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # SIGINT unblocked here
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])  # ... not in the main thread
+try:
+    read_input(False, "[you]")
+    print("READ")
+except KeyboardInterrupt:
+    print("STOPPED")
+"""
+    p = pexpect.spawn(sys.executable, ["-c", script], encoding="utf-8", timeout=20)
+    p.expect(r"\[you\]")
+    p.sendintr()
+    assert p.expect(["STOPPED", pexpect.TIMEOUT], timeout=5) == 0, "the Ctrl-C waited for a key"
+    p.expect(pexpect.EOF)
