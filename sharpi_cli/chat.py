@@ -78,6 +78,69 @@ class Interrupt:
         return self.flag
 
 
+def use_color(setting: str) -> bool:
+    """-co/--color: on, off, or auto = llama.cpp's rule (NO_COLOR unset or empty, TERM not dumb) with stdout a
+    terminal (llama.cpp's takes stderr's too, for its colored logs; colors here go to stdout only, and a reply
+    redirected to a file keeps no escape codes)."""
+    import os
+    from .runner import ON_OFF_AUTO
+    on = ON_OFF_AUTO[setting]
+    if on is not None:
+        return on
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return sys.stdout is not None and sys.stdout.isatty()
+
+
+def reply_tags(o) -> tuple[str, str] | None:
+    """The tags of the reasoning block a chat reply may have (None with --reasoning-format none: shown as it is)."""
+    from sharpi_core.reasoning import thinking_tags
+    return thinking_tags(o.chat_template) if o.reasoning_format != "none" else None
+
+
+GRAY, RESET = "\x1b[90m", "\x1b[0m"
+
+
+class ReplyView:
+    """A chat reply on the terminal: its reasoning block apart, between [Start thinking] and [End thinking] (gray
+    with colors), as llama-cli shows it; the tags themselves not shown. Without tags (a template with no block,
+    --reasoning-format none) the reply as it comes."""
+
+    def __init__(self, out, tags: tuple[str, str] | None, opened: bool, color: bool):
+        from sharpi_core.reasoning import ReasoningStream
+        self.out, self.color = out, color
+        self.stream = ReasoningStream(tags, opened) if tags else None
+        self.kind = "content"
+        self.newline = True  # whether what is shown ends a line
+
+    def write(self, piece: str) -> None:
+        self._show(self.stream.feed(piece) if self.stream else [("content", piece)])
+
+    def close(self) -> None:
+        """The reply's end (or its interruption): what was held back, and the colors reset."""
+        if self.stream:
+            self._show(self.stream.finish())
+        if self.kind == "reasoning" and self.color:
+            self.out.write(RESET)
+            self.out.flush()
+
+    def _show(self, parts) -> None:
+        for kind, text in parts:
+            if kind != self.kind:
+                if not self.newline:
+                    self.out.write("\n")
+                if kind == "reasoning":
+                    self.out.write((GRAY if self.color else "") + "[Start thinking]\n")
+                else:
+                    self.out.write("[End thinking]" + (RESET if self.color else "") + "\n\n")
+                self.kind, self.newline = kind, True
+            if text:
+                self.out.write(text)
+                self.newline = text.endswith("\n")
+        if parts:
+            self.out.flush()
+
+
 def render_messages(o, tok, messages: list[dict], add_generation_prompt: bool = True) -> str:
     """The conversation (after -sys's system message) in the template run() chose: o.chat_template."""
     from sharpi_core.chat import render_chat
@@ -104,7 +167,10 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     """llama-cli's conversation loop and commands; a turn that does not fit the context is refused
     with one line and the session goes on (only -st, one turn, exits on it)."""
     from .runner import log, print_report
+    from sharpi_core.reasoning import opens_block
     tok = target.tokenizer
+    tags = reply_tags(o)
+    color = use_color(o.color)
     messages: list[dict] = []
     log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS}; a line ending in \\ continues on the next ==")
     if sys.stdin.isatty():
@@ -159,15 +225,20 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             files = ""
         # Ctrl-C from here on stops this reply (rendering and prefill included), not the session
         with Interrupt() as stop:
-            ids = encode_chat(tok, render_messages(o, tok, turn))
+            text = render_messages(o, tok, turn)
+            ids = encode_chat(tok, text)
             if len(ids) + 1 > n_ctx:
                 msg = f"the conversation is {len(ids)} tokens, which does not fit the context of {n_ctx}"
                 if o.single_turn:
                     raise SharpiError(f"{msg}; raise -c/--ctx-size")
                 log(f"error: {msg}: not sent; /clear starts over (or raise -c/--ctx-size)")
                 continue
-            res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
-                               on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()), should_stop=stop)
+            view = ReplyView(sys.stdout, tags, tags is not None and opens_block(text, tags), color)
+            try:
+                res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
+                                   on_text=view.write, should_stop=stop)
+            finally:
+                view.close()
         sys.stdout.write("\n")
         sys.stdout.flush()
         if res.stop_reason == "interrupted":

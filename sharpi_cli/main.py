@@ -142,9 +142,12 @@ def run(
                                          "then its end is forced: -1 = no limit, 0 = end it at once")] = -1,
     reasoning_budget_message: Annotated[str, Opt("--reasoning-budget-message", help="text forced before the end tag when "
                                                  "the reasoning budget is spent")] = "",
-    reasoning_format: Annotated[str, Opt("--reasoning-format", help="--json: the reply's reasoning block as 'reasoning' and the "
-                                         "rest as 'content' (deepseek; auto = deepseek), content with the block too "
-                                         "(deepseek-legacy), or neither (none)")] = "auto",
+    reasoning_format: Annotated[str, Opt("--reasoning-format", help="a reply's reasoning block apart: a chat shows it "
+                                         "between [Start thinking] and [End thinking], --json has it as 'reasoning' and "
+                                         "the rest as 'content' (deepseek; auto = deepseek), content with the block "
+                                         "too (deepseek-legacy); none: the reply as it is")] = "auto",
+    color: Annotated[str, Opt("-co", "--color", help="colors in the terminal (a chat's reasoning in gray): on, off, or auto "
+                              "= when writing to a terminal (and NO_COLOR is not set)")] = "auto",
     conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
     single_turn: Annotated[bool, Opt("-st", "--single-turn", help="conversation mode, one turn, then exit")] = False,
     interactive: Annotated[bool, Opt("-i", "--interactive", help="interactive mode on raw text (llama-completion's): after a "

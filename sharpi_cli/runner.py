@@ -84,6 +84,7 @@ class RunOptions:
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
     reasoning_format: str = "auto"
+    color: str = "auto"
     conversation: bool | None = None
     single_turn: bool = False
     interactive: bool = False  # -i: llama-completion's interactive mode on raw text (sharpi_cli/interactive.py)
@@ -186,8 +187,10 @@ def validate(o: RunOptions) -> None:
                 else "-sysf/--system-prompt-file")
         raise UsageError(f"{flag} is for conversation mode and cannot go with -no-cnv")
     check_interactive(o)
-    if o.reasoning not in REASONING_VALUES:
+    if o.reasoning not in ON_OFF_AUTO:
         raise UsageError(f"invalid -rea/--reasoning '{o.reasoning}': choose on, off or auto")
+    if o.color not in ON_OFF_AUTO:
+        raise UsageError(f"invalid -co/--color '{o.color}': choose on, off or auto")
     if o.reasoning_format not in REASONING_FORMATS:
         raise UsageError(f"invalid --reasoning-format '{o.reasoning_format}': choose {', '.join(REASONING_FORMATS)}")
     if o.reasoning_format == "auto":
@@ -274,9 +277,9 @@ def check_interactive(o: RunOptions) -> None:
 
 
 FLASH_ATTN_VALUES = ("on", "off", "auto")
-# -rea/--reasoning, llama.cpp's words for each
-REASONING_VALUES = {"on": True, "enabled": True, "true": True, "1": True,
-                    "off": False, "disabled": False, "false": False, "0": False, "auto": None, "-1": None}
+# -rea/--reasoning and -co/--color: llama.cpp's words for on, off and auto
+ON_OFF_AUTO = {"on": True, "enabled": True, "true": True, "1": True,
+               "off": False, "disabled": False, "false": False, "0": False, "auto": None, "-1": None}
 REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")  # --reasoning-format (llama.cpp's)
 SPEC_TYPES = ("draft-mtp", "mtp")  # --spec-type (llama.cpp's name, and a short one)
 
@@ -492,8 +495,8 @@ def template_vars(o: RunOptions) -> dict:
         taken = [k for k in ("messages", "add_generation_prompt") if k in out]
         if taken:
             raise UsageError(f"--chat-template-kwargs: '{taken[0]}' is set by sharpi (the conversation), not a kwarg")
-    if REASONING_VALUES[o.reasoning] is not None:
-        out["enable_thinking"] = REASONING_VALUES[o.reasoning]
+    if ON_OFF_AUTO[o.reasoning] is not None:
+        out["enable_thinking"] = ON_OFF_AUTO[o.reasoning]
     if o.reasoning_effort != "default":
         out["reasoning_effort"] = o.reasoning_effort
     return out
@@ -674,9 +677,16 @@ def run(o: RunOptions) -> int:
             raise UsageError("--prompt-cache is for one-shot prompts (-p, -f, stdin, -st), not conversation mode")
         from .chat import chat_loop
         return chat_loop(o, target, gen, n_ctx, first_message=prompt)
+    view = None  # a chat's reply is shown as the terminal chat shows it (a reasoning block apart)
     if o.single_turn:
-        from .chat import encode_chat, render_messages
-        ids = encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": prompt}]))
+        from sharpi_core.reasoning import opens_block
+
+        from .chat import ReplyView, encode_chat, render_messages, reply_tags, use_color
+        text = render_messages(o, tok, [{"role": "user", "content": prompt}])
+        ids = encode_chat(tok, text)
+        if not o.json_out:
+            tags = reply_tags(o)
+            view = ReplyView(sys.stdout, tags, tags is not None and opens_block(text, tags), use_color(o.color))
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
     if not ids:  # -p "" (a model that adds no BOS): llama.cpp refuses it too
@@ -716,14 +726,20 @@ def run(o: RunOptions) -> int:
         out.flush()
 
     def on_text(s: str) -> None:
-        if not o.json_out:
+        if view is not None:
+            view.write(s)
+        elif not o.json_out:
             out.write(s)
             out.flush()
 
     from .chat import Interrupt
     with Interrupt() as stop:
-        res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt), on_text=on_text,
-                           should_stop=stop)
+        try:
+            res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt), on_text=on_text,
+                               should_stop=stop)
+        finally:
+            if view is not None:
+                view.close()
     if o.json_out:
         d = result_json(res, target, seed)
         d.update(reasoning_fields(o, tok, ids, res.text))

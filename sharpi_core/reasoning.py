@@ -58,6 +58,77 @@ def opens_block(prompt: str, tags: tuple[str, str]) -> bool:
     return prompt.rfind(tags[0]) > prompt.rfind(tags[1])
 
 
+def _partial_tail(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `tag` (a tag cut between two pieces)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ReasoningStream:
+    """split_reasoning for a reply that arrives in pieces (the terminal chat shows the block apart, as llama-cli
+    does): feed(piece) and finish() return [(kind, text)], kind "reasoning" or "content", joined in order they
+    are split_reasoning's two parts; the first content part comes as the end tag does (empty if nothing follows). Text that may still turn out to be a tag, or whitespace split_reasoning
+    would strip, waits for the next piece."""
+
+    def __init__(self, tags: tuple[str, str], opened: bool):
+        self.start, self.end = tags
+        self.mode = "reasoning" if opened else "opening"  # opening: the reply's start, which may open a block
+        self._buf = ""
+        self._fresh = True  # at the start of the current part: its leading whitespace goes
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        self._buf += piece
+        out: list[tuple[str, str]] = []
+        while True:
+            if self.mode == "opening":
+                body = self._buf.lstrip()
+                if body.startswith(self.start):
+                    self.mode, self._buf, self._fresh = "reasoning", body[len(self.start):], True
+                    continue
+                if self.start.startswith(body):  # (all whitespace, or a start tag in the making)
+                    return out
+                self.mode, self._fresh = "content", False  # no block: the reply as it is
+            if self._fresh:
+                self._buf = self._buf.lstrip()
+                if not self._buf:
+                    return out
+                self._fresh = False
+            if self.mode == "reasoning":
+                i = self._buf.find(self.end)
+                if i >= 0:
+                    self._emit(out, "reasoning", self._buf[:i].rstrip())
+                    out.append(("content", ""))  # (the block ends here, whether or not a text follows)
+                    self.mode, self._buf, self._fresh = "content", self._buf[i + len(self.end):], True
+                    continue
+                keep = _partial_tail(self._buf, self.end)
+                head = self._buf[:len(self._buf) - keep]
+                text = head.rstrip()  # (whitespace before the end tag goes: it waits)
+                self._emit(out, "reasoning", text)
+                self._buf = head[len(text):] + self._buf[len(head):]
+                return out
+            self._emit(out, "content", self._buf)
+            self._buf = ""
+            return out
+
+    def finish(self) -> list[tuple[str, str]]:
+        """The text still waiting, at the reply's end: a cut tag stays text, trailing whitespace goes."""
+        out: list[tuple[str, str]] = []
+        if self.mode == "opening":
+            self.mode = "content"
+            self._emit(out, "content", self._buf)  # (no block after all: the reply as it is)
+        else:
+            self._emit(out, self.mode, self._buf.strip() if self._fresh else self._buf.rstrip())
+        self._buf = ""
+        return out
+
+    @staticmethod
+    def _emit(out: list, kind: str, text: str) -> None:
+        if text:
+            out.append((kind, text))
+
+
 def utf8_complete(piece: bytes) -> bool:
     """Whether a token's bytes end on a whole UTF-8 character (llama.cpp's common_utf8_is_complete: the
     last lead byte within 4 bytes of the end has its continuation bytes)."""

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import SMOL, loaded, model_path
 from sharpi_core.chat import BUILTIN_TEMPLATES
-from sharpi_core.reasoning import (COUNTING, DONE, FORCING, IDLE, WAITING_UTF8, Both, ReasoningBudget, opens_block,
-                                   split_reasoning, thinking_tags, utf8_complete)
+from sharpi_core.reasoning import (COUNTING, DONE, FORCING, IDLE, WAITING_UTF8, Both, ReasoningBudget, ReasoningStream,
+                                   opens_block, split_reasoning, thinking_tags, utf8_complete)
 from test_cli import sharpi
 from test_generate import GREEDY, GREEDY_PEN, PROMPT, SAMPLED, SAMPLED_PEN, drafter_for, make
 from test_grammar import martingale_pvalue_grammar, toy_grammar
@@ -101,6 +101,32 @@ def test_split_reasoning():
     assert split_reasoning("It is 4.", tags, False) is None
     assert opens_block("<|im_start|>assistant\n<think>\n", tags)
     assert not opens_block("<think>a</think><|im_start|>assistant\n", tags) and not opens_block("user: hi", tags)
+
+
+@pytest.mark.parametrize("tags", [("<think>", "</think>"), ("<seed:think>", "</seed:think>")])
+def test_reasoning_stream_splits_as_split_reasoning(tags):
+    """The terminal chat's view: a reply fed in random pieces comes out as split_reasoning's two parts (or, with no
+    block, as the reply itself), in order, a part never before the one it follows; cut tags and whitespace at
+    the parts' edges included."""
+    rng = np.random.default_rng(0)
+    start, end = tags
+    atoms = [start, end, start[:3], end[:4], end[:-1], " ", "\n", "\n\n", "hm", "4.", "<", "</", "x y", "é"]
+    for _ in range(3000):
+        text = "".join(atoms[i] for i in rng.integers(0, len(atoms), rng.integers(0, 12)))
+        if rng.random() < 0.3:
+            text = " \n" + start + text
+        for opened in (False, True):
+            cuts = sorted(rng.choice(len(text) + 1, min(len(text) + 1, rng.integers(0, 6)), replace=False))
+            pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+            st = ReasoningStream(tags, opened)
+            parts = [p for piece in pieces for p in st.feed(piece)] + st.finish()
+            kinds = [k for k, _ in parts]
+            assert kinds == sorted(kinds, key=lambda k: k == "content"), (text, pieces, parts)
+            got = ("".join(t for k, t in parts if k == "reasoning"), "".join(t for k, t in parts if k == "content"))
+            want = split_reasoning(text, tags, opened)
+            if want is None:
+                want = ("", text)
+            assert got == want, (text, opened, pieces, parts)
 
 
 def test_constrain_forces_one_token():
@@ -282,3 +308,49 @@ def test_cli_reasoning_flag_errors(args, fragment):
 def test_cli_budget_without_a_block_warns(think_template):
     r = sharpi("-m", model_path(SMOL), "-p", "Hi", "-n", "2", "--temp", "0", "--reasoning-budget", "4")
     assert r.returncode == 0 and "--reasoning-budget" in r.stderr and "no reasoning block" in r.stderr
+
+
+def test_cli_chat_shows_the_reasoning_apart(think_template):
+    """Conversation mode shows the block between [Start thinking] and [End thinking] (gray with -co on), without
+    its tags, as llama-cli does; the parts are --json's reasoning and content; --reasoning-format none shows the
+    reply as it is."""
+    args = ["-p", "What is the capital of France?", "--chat-template-file", think_template, "--temp", "0", "-n", "40",
+            "--reasoning-budget", "6", "--reasoning-budget-message", " Time to answer."]
+    parts = run_json(*args)
+    chat = sharpi("-m", model_path(SMOL), "-cnv", "-st", *args)
+    assert chat.returncode == 0, chat.stderr
+    out = chat.stdout
+    assert "<think>" not in out and "</think>" not in out and "\x1b[" not in out  # (-co auto: not a terminal)
+    assert f"[Start thinking]\n{parts['reasoning']}\n[End thinking]\n\n{parts['content']}" in out
+    turns = sharpi("-m", model_path(SMOL), "-cnv", *args[2:], input="What is the capital of France?\n")
+    assert turns.returncode == 0 and f"[Start thinking]\n{parts['reasoning']}\n[End thinking]\n\n" in turns.stdout
+    gray = sharpi("-m", model_path(SMOL), "-cnv", "-st", *args, "-co", "on").stdout
+    assert gray.replace("\x1b[90m", "").replace("\x1b[0m", "") == out
+    assert gray.index("\x1b[90m") < gray.index("[Start thinking]") < gray.index("[End thinking]\x1b[0m")
+    raw = sharpi("-m", model_path(SMOL), "-cnv", "-st", *args, "--reasoning-format", "none").stdout
+    assert "[Start thinking]" not in raw and "</think>" in raw
+    bad = sharpi("-m", model_path(SMOL), "-p", "Hi", "-co", "rainbow")
+    assert bad.returncode == 2 and "invalid -co/--color 'rainbow'" in bad.stderr
+
+
+def test_color_auto_is_a_terminal_on_stdout(monkeypatch):
+    import io
+    import sys
+
+    from sharpi_cli.chat import use_color
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setattr(sys, "stdout", Tty())
+    assert use_color("auto") and use_color("on") and not use_color("off")
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_color("auto") and use_color("on")
+    monkeypatch.setenv("NO_COLOR", "")
+    monkeypatch.setenv("TERM", "dumb")
+    assert not use_color("auto")
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # a pipe or a file: no escape codes in it
+    assert not use_color("auto")
