@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Draft sources side by side (a benchmark, not a test): Qwen2.5-Coder 1.5B decoding plainly, with the 0.5B draft,
-with prompt lookup, and with lookup first and the draft where lookup finds nothing (`-md ... --draft-lookup`).
+with prompt lookup, and with both, each step going to the source expected to bring more tokens per cost
+(`-md ... --draft-lookup`, speculative/hybrid.py).
 
     python scripts/bench_hybrid.py [-n 128] [-k 4] [--temps 0,0.7] [--reps 3]
 

@@ -474,3 +474,41 @@ def test_draft_model_feeds_foreign_ids_safely():
     props, _ = d.propose([1, 7, 2, 6], 3)
     assert len(props) == 3 and all(0 <= t < 6 for t in props)
     assert d.history[:4] == [1, 7, 2, 6]
+
+
+class _Scripted:
+    """A drafter that proposes what it is told (a stand-in for lookup or a draft model in HybridDrafter)."""
+
+    def __init__(self):
+        self.next: list[int] = []
+        self.cache, self.history = None, []
+
+    def propose(self, history, k):
+        return list(self.next[:k]), None
+
+    def rollback(self, n_keep):
+        pass
+
+
+def test_hybrid_values_proposals_per_token():
+    """HybridDrafter weighs a proposal by the tokens it is expected to bring per cost: a lookup match that can
+    offer one token does not take the step from a draft model whose proposals hold, and lookup matches that keep
+    proving right (text copied) take the steps from the model, which costs a pass per token."""
+    from sharpi_core.speculative import HybridDrafter
+    lookup, model = _Scripted(), _Scripted()
+    h = HybridDrafter(lookup, model, n_max=4, cost=0.4)
+    hist = list(range(100))
+    model.next = [1, 2, 3, 4]
+    for _ in range(6):  # the model's record: its proposals accepted, step after step
+        assert h.propose(hist, 4)[0] == [1, 2, 3, 4] and h.source == "draft"
+        h.rollback(len(hist) + 4)
+        hist += [1, 2, 3, 4, 9]
+    lookup.next = [7]  # a match at the end of the history: one token to offer
+    assert h.propose(hist, 4)[0] == [1, 2, 3, 4] and h.source == "draft"
+    h.rollback(len(hist))
+    for _ in range(8):  # lookup's four-token matches come true at the steps the model takes, then it takes them
+        lookup.next = [5, 6, 7, 8]
+        props = h.propose(hist, 4)[0]
+        h.rollback(len(hist) + 4 if props == [5, 6, 7, 8] else len(hist))
+        hist += [5, 6, 7, 8, 0]
+    assert h.source == "lookup"

@@ -3,12 +3,15 @@ lists its n-gram types before a draft model): each step one of them proposes.
 
 Lookup costs nothing; where the text copies itself its proposals are as good as a model's, elsewhere its short
 n-gram matches are mostly wrong and would take the step from a model that is usually right. So the step goes to
-the source with the most tokens per unit of cost expected: (1 + E) / (V(k) + c k), E the source's running average
-of accepted proposals, k its count of proposals, c its cost per proposed token relative to a target pass (0 for
-lookup; the draft's weight bytes over the target's for a model, decoding being bound by memory), V(k) a verify
-pass of 1 + k rows. Lookup's proposal is computed at every step, so its average follows the text even at the steps
-the model takes (scored against the tokens that came). The draft model catches up on the tokens it did not see
-in one batched pass at its next proposal.
+the source with the most tokens per unit of cost expected: (1 + E(a, k)) / (V(k) + c k), where a is the source's
+running estimate of the chance that a proposal is accepted once the ones before it were, E(a, k) = a + a^2 + ... +
+a^k the tokens k proposals are then expected to bring, c the source's cost per proposed token relative to a target
+pass (0 for lookup; the draft's weight bytes over the target's for a model, decoding being bound by memory) and
+V(k) a verify pass of 1 + k rows. Per token, not per step: a lookup match that can offer one token is worth at
+most a, not a whole step's average. (Estimates per proposal position instead, tried on scripts/bench_hybrid.py's
+requests, gave lookup worse steps on the edit request: 40 against 46 t/s.) Lookup's proposal is computed at every
+step, so its estimate follows the text even at the steps the model takes (scored against the tokens that came).
+The draft model catches up on the tokens it did not see in one batched pass at its next proposal.
 
 Exactness: the choice depends on the history and past verdicts only (no clock: a fixed seed gives the same
 output), and each proposal's q is its own source's (None for lookup: deterministic), so acceptance stays exact.
@@ -20,8 +23,30 @@ from __future__ import annotations
 
 from .util import common_prefix, next_proposal_len
 
-DECAY = 0.25  # weight of the newest outcome in a source's running average
+DECAY = 0.25  # weight of the newest step's verdict in a source's running estimate
 VERIFY_ROW = 0.09  # a verify pass's cost per extra row, relative to a one-row pass (Qwen 1.5B on the CPU: 5 rows 1.36)
+# prior estimates (chance a proposal is accepted after its prefix was, weight in verdicts): lookup's low, as its
+# short matches in new text mostly are, a model's as a related draft's usually is
+PRIOR_LOOKUP, PRIOR_MODEL = (0.4, 2.0), (0.75, 4.0)
+
+
+class _Record:
+    """A source's verdicts: decayed counts of proposals accepted and proposals judged."""
+
+    def __init__(self, prior: tuple[float, float]):
+        a, w = prior
+        self.hits, self.judged = a * w, w
+
+    def expected(self, k: int) -> float:
+        """a + a^2 + ... + a^k."""
+        a = self.hits / self.judged
+        return float(k) if a >= 1 else a * (1 - a ** k) / (1 - a)
+
+    def learn(self, accepted: int, judged: int) -> None:
+        """A step's verdict on its first `judged` proposals: the first `accepted` of them taken (the next one,
+        if judged, rejected)."""
+        self.hits = (1 - DECAY) * self.hits + accepted
+        self.judged = (1 - DECAY) * self.judged + judged
 
 
 class HybridDrafter:
@@ -35,8 +60,7 @@ class HybridDrafter:
         self.n_max, self.n_min = n_max, n_min
         self.cost = cost
         self._k = {n: n_max for n in names}
-        # running averages of accepted proposals per step: lookup optimistic enough to be tried first
-        self._avg = {names[0]: 1.0, names[1]: 0.8 * n_max}
+        self._seen = {names[0]: _Record(PRIOR_LOOKUP), names[1]: _Record(PRIOR_MODEL)}
         self.source: str | None = None  # the last proposal's source
         self._last: tuple[str, int, int] | None = None  # (source, history length, proposals) of the last step
         self._shadow: tuple[int, list[int]] | None = None  # lookup's last proposal (history length, tokens)
@@ -56,10 +80,7 @@ class HybridDrafter:
         return min(k, max(self._k[name], self.n_min)) if self.adapts else k
 
     def _value(self, name: str, k: int, cost: float) -> float:
-        return (1 + min(self._avg[name], k)) / (1 + VERIFY_ROW * k + cost * k)
-
-    def _learn(self, name: str, accepted: float) -> None:
-        self._avg[name] += DECAY * (accepted - self._avg[name])
+        return (1 + self._seen[name].expected(k)) / (1 + VERIFY_ROW * k + cost * k)
 
     def propose(self, history: list[int], k: int):
         self.source = self._last = None
@@ -67,8 +88,10 @@ class HybridDrafter:
         if self._shadow is not None:  # lookup's last proposal against what came after it
             n, props = self._shadow
             self._shadow = None
-            if len(history) > n:
-                self._learn(lookup, common_prefix(props, history[n:]))
+            came = history[n:]
+            if came:
+                a = common_prefix(props, came)
+                self._seen[lookup].learn(a, min(len(props), len(came), a + 1))
         kl, km = self._count(lookup, k), self._count(model, k)
         props, q = self.lookup.propose(history, kl)
         if props:
@@ -91,7 +114,7 @@ class HybridDrafter:
             accepted = max(0, min(n_props, n_keep - n_hist))
             self._k[name] = next_proposal_len(self.n_max, n_props, accepted)
             if name == self.names[1]:
-                self._learn(name, accepted)
+                self._seen[name].learn(accepted, min(n_props, accepted + 1))
         self.lookup.rollback(n_keep)
         self.model.rollback(n_keep)
 
