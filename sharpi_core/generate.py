@@ -409,17 +409,26 @@ class Generator:
             st = self.grammar.advance(st, props[i])
         return (np.stack(out) if out else np.zeros((0, x.shape[1]), dtype=np.float32)), len(out), dead
 
-    def _spec_step(self, t: int, k: int, stats: SpecStats) -> tuple[list[int], int] | None:
-        """Draft, verify [t, d1..dk] in one pass, roll back. None = no usable proposal."""
+    def _spec_step(self, t: int, k: int, stats: SpecStats, room: int | None = None) -> tuple[list[int], int] | None:
+        """Draft, verify [t, d1..dk] in one pass, roll back. None = no usable proposal. Where the constraint
+        forces its next tokens (a spent reasoning budget: its message and end tag) they are the proposals, up to
+        `room` (k's bound before adaptation) and n_max, instead of the drafter's: the target's law there is each
+        token alone, so all are accepted in one pass (verification still decides)."""
         t0 = time.perf_counter()
-        if self.grammar is not None and hasattr(self.drafter, "constrain_with"):
-            self.drafter.constrain_with(self.grammar, self.gstate)
-        if self.picker is not None and hasattr(self.drafter, "sample_like"):
-            self.drafter.sample_like(self.picker)
-        props, q = self.drafter.propose(self.history + [t], k)
-        props = [int(d) for d in props[:k]]
+        forced = []
+        if self.grammar is not None and hasattr(self.grammar, "forced_run"):
+            forced = self.grammar.forced_run(self.gstate)[:min(self.n_max, k if room is None else room)]
+        if forced:
+            props, q = forced, None
+        else:
+            if self.grammar is not None and hasattr(self.drafter, "constrain_with"):
+                self.drafter.constrain_with(self.grammar, self.gstate)
+            if self.picker is not None and hasattr(self.drafter, "sample_like"):
+                self.drafter.sample_like(self.picker)
+            props, q = self.drafter.propose(self.history + [t], k)
+            props = [int(d) for d in props[:k]]
         stats.draft_ms += (time.perf_counter() - t0) * 1000
-        if not props or len(props) < max(1, self.n_min):
+        if not props or (not forced and len(props) < max(1, self.n_min)):
             stats.steps_no_proposal += 1
             return None
         if q is not None:
@@ -452,8 +461,8 @@ class Generator:
         self.history += props[:n]
         self.drafter.rollback(keep)
         stats.commit_ms += (time.perf_counter() - t0) * 1000
-        stats.record(len(props), n, getattr(self.drafter, "source", None))
-        if self.adaptive:
+        stats.record(len(props), n, None if forced else getattr(self.drafter, "source", None))
+        if self.adaptive and not forced:  # (the drafter's record, not the constraint's)
             self._k = next_proposal_len(self.n_max, len(props), n)
         stats.target_passes += 1
         stats.verify_passes += 1
@@ -613,13 +622,13 @@ class Generator:
                 step = None
                 if self.speculate:
                     # [t, d1..dk] must leave the last slot free; a step emits up to k+1 tokens
-                    k = max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max
-                    k = min(k, n_ctx - len(self.history) - 2)
+                    room = n_ctx - len(self.history) - 2
                     if n_predict >= 0:
-                        k = min(k, n_predict - len(out) - 1)
+                        room = min(room, n_predict - len(out) - 1)
+                    k = min(max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max, room)
                     if k >= 1:
                         g0 = self.gstate
-                        step = self._spec_step(t, k, stats)
+                        step = self._spec_step(t, k, stats, room)
                 if step is None:
                     t = self._plain_step(t)
                     if stats is not None:

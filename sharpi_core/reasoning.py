@@ -216,6 +216,10 @@ class ReasoningBudget:
         """The token state st forces, or None."""
         return self.forced[st[2]] if st[0] == FORCING else None
 
+    def forced_run(self, st: State) -> list[int]:
+        """The tokens state st forces one after another (the rest of the message and the end tag), or []."""
+        return list(self.forced[st[2]:]) if st[0] == FORCING else []
+
     def constrain(self, x: np.ndarray, st: State, need: int | None = None) -> np.ndarray | None:
         """Logits x [W]: unchanged, or while forcing every token but the forced one at -inf (None when that
         one cannot be picked: outside the row, or at -inf itself)."""
@@ -244,6 +248,9 @@ class Both:
 
     def advance_all(self, st, toks: Sequence[int]):
         return self.first.advance_all(st[0], toks), self.second.advance_all(st[1], toks)
+
+    def forced_run(self, st) -> list[int]:
+        return self.first.forced_run(st[0])
 
     def constrain(self, x: np.ndarray, st, need: int | None = None) -> np.ndarray | None:
         y = self.first.constrain(x, st[0], None)

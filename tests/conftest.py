@@ -63,6 +63,13 @@ def loaded(name: str | Path):
     return _loaded[name]
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The emulated GPU's model tests (in the background, at the lowest priority: they take the CPU the others
+    leave) are waited for last, after every other test, not in the middle of the run."""
+    last = [i for i in items if i.name == "test_model_tests_pass_on_the_emulated_gpu"]
+    items[:] = [i for i in items if i not in last] + last
+
+
 def pytest_collection_finish(session):
     """The emulated GPU's model tests (test_simt.py) start in the background as soon as they are
     selected: see test_simt.start_model_groups_early."""

@@ -189,6 +189,27 @@ def test_greedy_speculation_under_a_budget_is_plain_greedy(kind, params):
         assert res.spec.accepted == res.spec.drafted > 0
 
 
+def test_forced_tokens_are_proposed_and_taken_in_one_pass():
+    """Where the budget forces its message and end tag, the speculative step proposes them itself (a drafter that
+    proposes nothing is not needed there): one verify pass takes the whole run, and the output stays plain's."""
+    class Silent:
+        def propose(self, history, k):
+            return [], None
+
+        def rollback(self, n_keep):
+            pass
+    plain, _ = make(GREEDY, grammar=toy_budget())
+    ref = plain.generate(PROMPT, n_predict=200)
+    _, cut = check_blocks(ref.tokens, PROMPT, 2)
+    gen, _ = make(GREEDY, Silent(), spec_n_max=4, grammar=toy_budget())
+    res = gen.generate(PROMPT, n_predict=200)
+    assert res.tokens == ref.tokens
+    s = res.spec
+    # (a run cut by the end of the generation may be shorter)
+    assert s.accepted == s.drafted and 3 * (cut - 1) <= s.drafted <= 3 * cut and s.verify_passes <= cut
+    assert s.target_passes == s.emitted - s.accepted  # (each forced token one pass fewer)
+
+
 def test_interactive_feed_reads_the_prompt():
     # llama-completion's interactive mode evaluates the prompt (feed) and then generates (resume): a prompt that
     # opens a block starts it there too
