@@ -173,7 +173,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     color = use_color(o.color)
     messages: list[dict] = []
     log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS}; a line ending in \\ continues on the next ==")
-    if sys.stdin.isatty():
+    if sys.stdin.isatty() and not o.simple_io:
         try:  # input() then edits lines and keeps a history (arrow keys), as llama-cli's console does
             import readline  # noqa: F401
         except ImportError:
@@ -258,7 +258,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         if o.single_turn:
             break
     if last is not None:
-        print_report(target, last, o.verbose)
+        print_report(target, last, o)
     return 0
 
 

@@ -100,7 +100,7 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
 
     log("== interactive mode: Ctrl-C hands control to you, an empty line back to the model; a line ending in \\ "
         "goes on, one ending in / ends your input; Ctrl-D quits ==")
-    if sys.stdin.isatty():
+    if sys.stdin.isatty() and not o.simple_io:
         try:
             import readline  # noqa: F401  (line editing and history, as llama.cpp's console)
         except ImportError:
@@ -164,7 +164,7 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
                 line = read_input(o.multiline_input, o.in_prefix)
             except KeyboardInterrupt:
                 write("\n")
-                print_report(target, total, o.verbose)
+                print_report(target, total, o)
                 return 130
             if line is None:  # Ctrl-D
                 break
@@ -182,5 +182,5 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
     if full:
         log(f"sharpi: the context ({n_ctx} tokens) is full: stopped" + ("" if o.context_shift else
             "; raise -c/--ctx-size, or go on past it with --context-shift"))
-    print_report(target, total, o.verbose)
+    print_report(target, total, o)
     return 0

@@ -124,6 +124,8 @@ def run(
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="attention computed like llama.cpp's flash attention: on, off, "
                                    "or auto (= on, llama.cpp's CPU default)")] = "auto",
     threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores, fewer while other processes keep cores busy)")] = -1,
+    threads_batch: Annotated[int, Opt("-tb", "--threads-batch", help="CPU threads for the prompt's batches (-1 = as -t)")] = -1,
+    mlock: Annotated[bool, Opt("--mlock", help="keep the model's weights locked in memory (never paged out)")] = False,
     system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode; with a prompt and no -cnv: one chat turn, like -st)")] = None,
     system_prompt_file: Annotated[Optional[str], Opt("-sysf", "--system-prompt-file", help="a file holding the system prompt (-sys from a file)")] = None,
     chat_template: Annotated[Optional[str], Opt("--chat-template", help=f"the chat template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) "
@@ -160,7 +162,14 @@ def run(
                                          "until one ends in '\\' (or '/')")] = False,
     reverse_prompt: Annotated[list[str], Opt("-r", "--reverse-prompt", help="stop when this text is generated (interactive mode: "
                                              "hand control to the user), repeatable", show_default=False)] = [],
-    no_display_prompt: Annotated[bool, Opt("--no-display-prompt", help="don't echo the prompt")] = False,
+    no_display_prompt: Annotated[bool, Opt("--no-display-prompt/--display-prompt", help="don't echo the prompt (default: "
+                                           "echo it)", show_default=False)] = False,
+    simple_io: Annotated[bool, Opt("--simple-io", help="read input without line editing (no arrow keys, no history), "
+                                   "for subprocesses and limited consoles")] = False,
+    log_disable: Annotated[bool, Opt("--log-disable", help="no information, warnings or timings on stderr (errors "
+                                     "still)")] = False,
+    perf: Annotated[bool, Opt("--perf/--no-perf", help="the timings at the end of a run (default: on)",
+                              show_default=False)] = True,
     special: Annotated[bool, Opt("-sp", "--special", help="show control tokens (<|im_end|>, ...) in the prompt's echo and the output")] = False,
     verbose_prompt: Annotated[bool, Opt("--verbose-prompt", help="print the prompt's tokens (id -> piece) on stderr before generating")] = False,
     show_timings: Annotated[bool, Opt("--show-timings/--no-show-timings", help="conversation mode: prompt and generation "

@@ -72,6 +72,11 @@ class RunOptions:
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
     threads: int = -1
+    threads_batch: int = -1  # -tb: threads for the prompt's batches (-1 = as -t)
+    mlock: bool = False
+    log_disable: bool = False
+    perf: bool = True  # the timings report at the end (--no-perf: none)
+    simple_io: bool = False  # no line editing at the input
     system_prompt: str | None = None
     system_prompt_file: str | None = None
     chat_template: str | None = None  # --chat-template: a built-in's name or Jinja; in run(), the template used
@@ -124,8 +129,12 @@ class RunOptions:
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+_LOG_ON = [True]  # --log-disable: no information or warnings on stderr (errors still)
+
+
 def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    if _LOG_ON[0]:
+        print(msg, file=sys.stderr, flush=True)
 
 
 # -- validation (before anything is loaded) -------------------------------------------------
@@ -219,6 +228,8 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
     check_prompt_cache(o)
     check_threads(o.threads)
+    if o.threads_batch == 0 or o.threads_batch < -1:
+        raise UsageError(f"invalid -tb/--threads-batch {o.threads_batch}: must be >= 1 (-1 = as -t/--threads)")
     if o.prompt is not None and o.file is not None:
         raise UsageError("-p/--prompt and -f/--file are mutually exclusive")
     given = [f for f, v in (("--grammar", o.grammar), ("--grammar-file", o.grammar_file), ("-j/--json-schema", o.json_schema),
@@ -566,6 +577,28 @@ def process_escapes(text: str) -> str:
 
 # -- the generation command -------------------------------------------------------------------
 def run(o: RunOptions) -> int:
+    _LOG_ON[0] = not o.log_disable
+    try:
+        return _run(o)
+    finally:
+        _LOG_ON[0] = True
+
+
+def lock_memory() -> str | None:
+    """--mlock: every page the process has mapped (the models' weights: the GGUF's mapping and the repacked
+    ones) locked in memory, so none is paged out (llama.cpp's --mlock). None, or why it could not be done."""
+    import ctypes
+    import os
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mlockall(1) == 0:  # MCL_CURRENT
+            return None
+        return os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as e:  # (no mlockall on this system)
+        return str(e)
+
+
+def _run(o: RunOptions) -> int:
     validate(o)
     check_device(o)
     prompt = read_prompt(o)
@@ -648,6 +681,9 @@ def run(o: RunOptions) -> int:
         drafter, draft = _make_drafter(o, target, params, seed, n_ctx)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
+    if o.mlock and (why := lock_memory()) is not None:
+        log(f"warning: --mlock: the model could not be locked in memory ({why}); raise the limit (ulimit -l) or "
+            "run without --mlock")
     if n_ctx > target.model.config.n_ctx_train > 0:  # llama.cpp says so too; positions past it are untrained
         log(f"warning: the model was trained on only {target.model.config.n_ctx_train} context tokens ({n_ctx} asked for)")
     from sharpi_core.threads import ThreadGovernor
@@ -661,6 +697,7 @@ def run(o: RunOptions) -> int:
     gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
                     spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
                     spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size,
+                    batch_threads=o.threads_batch if o.threads_batch > 0 else None,
                     threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar,
                     context_shift=o.context_shift, n_keep=o.keep, special=o.special)
     if o.spec_draft_p_min > 0 and drafter is not None:
@@ -753,7 +790,7 @@ def run(o: RunOptions) -> int:
                 "or go on past it with --context-shift")
         elif res.stop_reason == "grammar":
             log("sharpi: the grammar allows no further token (and no end of generation): generation stopped")
-        print_report(target, res, o.verbose)
+        print_report(target, res, o)
     if pcache is not None and not o.prompt_cache_ro:
         # the prompt's positions (with --prompt-cache-all, every token the target's cache holds); after a
         # context shift only the kept ones hold what evaluating their tokens alone gives
@@ -909,7 +946,11 @@ def reasoning_fields(o: RunOptions, tok, ids: list[int], text: str) -> dict:
     return {"reasoning": parts[0], "content": text if o.reasoning_format == "deepseek-legacy" else parts[1]}
 
 
-def print_report(target, res, verbose: bool) -> None:
+def print_report(target, res, o: RunOptions) -> None:
+    """llama.cpp's timings at the end of a run (none with --no-perf)."""
+    if not o.perf:
+        return
+    verbose = o.verbose
     t = res.timings
     per = lambda ms, n: f"{ms / n:8.2f} ms per token, {n / ms * 1000:8.2f} tokens per second" if n and ms else ""  # noqa: E731
     log("")

@@ -147,9 +147,13 @@ def _env_on(name: str) -> bool:
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
-                 threads=None, grammar=None, context_shift: bool = False, n_keep: int = 0, special: bool = False):
+                 threads=None, grammar=None, context_shift: bool = False, n_keep: int = 0, special: bool = False,
+                 batch_threads: int | None = None):
         self.model, self.cache, self.tok, self.params = model, cache, tokenizer, params
         self.threads = threads  # a threads.ThreadGovernor, stepped per decoding step / prompt batch (or None)
+        # -tb: threads for the prompt's batches of more than one token (evaluating them is bound by compute, where
+        # decoding is bound by memory); verify passes are decoding (-t)
+        self.batch_threads = batch_threads
         self.rng = torch.Generator().manual_seed(seed)
         self.drafter = drafter
         self.n_max, self.n_min, self.p_min = spec_n_max, spec_n_min, spec_p_min
@@ -244,11 +248,18 @@ class Generator:
             if self.threads is not None:  # (a long prompt is several batches)
                 self.threads.step()
             x = torch.tensor(chunk, dtype=torch.long)
-            if self._observe is not None:
-                logits, h = self.model.forward(x, len(self.history), self.cache, last_n=1, hidden=True)
-                self._observe(len(self.history), chunk, h)
-            else:
-                logits = self.model.forward(x, len(self.history), self.cache, last_n=1)
+            n_threads = torch.get_num_threads()
+            if self.batch_threads is not None and len(chunk) > 1:
+                torch.set_num_threads(self.batch_threads)
+            try:
+                if self._observe is not None:
+                    logits, h = self.model.forward(x, len(self.history), self.cache, last_n=1, hidden=True)
+                    self._observe(len(self.history), chunk, h)
+                else:
+                    logits = self.model.forward(x, len(self.history), self.cache, last_n=1)
+            finally:
+                if torch.get_num_threads() != n_threads:
+                    torch.set_num_threads(n_threads)
             self.history += chunk
         self._tail = (len(self.history), logits[-1])
         return logits[-1]

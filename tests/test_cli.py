@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES_DIR, SMOL, model_path, reference
+from conftest import FIXTURES_DIR, SMOL, loaded, model_path, reference
 
 SHARPI = shutil.which("sharpi") or f"{sys.executable} -m sharpi_cli.main"
 
@@ -716,3 +716,64 @@ def test_override_kv(smol):
     assert re.search(r"^\s*1 -> '<\|im_start\|>'$", r.stderr, re.M)
     one_error_line(sharpi("-m", smol, "-p", "x", "--override-kv", "llama.context_length=str:x"), contains="has it as int, not str")
     one_error_line(sharpi("-m", smol, "-p", "x", "--override-kv", "llama.context_length"), contains="malformed --override-kv")
+
+
+def test_log_disable_perf_and_display_prompt(smol):
+    """llama-cli's --log-disable (nothing on stderr but errors), --no-perf (no timings at the end) and the
+    --display-prompt / --no-display-prompt pair."""
+    base = ["-m", smol, "-p", "The capital of France is", "-n", "4", "--temp", "0", "--reasoning-budget", "4"]  # (a warning)
+    plain = sharpi(*base)
+    assert plain.returncode == 0 and "eval time" in plain.stderr and "warning" in plain.stderr
+    quiet = sharpi(*base, "--log-disable")
+    assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout == plain.stdout
+    noperf = sharpi(*base, "--no-perf")
+    assert "eval time" not in noperf.stderr and "warning" in noperf.stderr and noperf.stdout == plain.stdout
+    assert "eval time" in sharpi(*base, "--no-perf", "--perf").stderr
+    shown = sharpi(*base, "--no-display-prompt", "--display-prompt").stdout
+    hidden = sharpi(*base, "--no-display-prompt").stdout
+    assert shown == plain.stdout and shown.startswith("The capital of France is") and shown.endswith(hidden)
+    bad = sharpi("-m", smol, "-p", "Hi", "--log-disable", "-n", "-7")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: invalid -n")  # (errors still)
+    assert "eval time" in sharpi(*base).stderr  # (the next run logs again)
+
+
+def test_threads_batch_evaluates_the_prompt_with_its_threads(smol):
+    import torch
+
+    from sharpi_core.generate import Generator
+    from sharpi_core.sampling import SamplingParams
+    model, tok = loaded(SMOL)
+    seen = []
+    forward = model.forward
+
+    def spy(tokens, *a, **kw):
+        seen.append((len(tokens), torch.get_num_threads()))
+        return forward(tokens, *a, **kw)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model.forward = spy
+        g = Generator(model, model.new_cache(64), tok, SamplingParams(temp=0), batch_threads=1, n_batch=8)
+        res = g.generate(tok.encode("The quick brown fox jumps over the lazy dog and then"), n_predict=3)
+    finally:
+        del model.forward
+        torch.set_num_threads(before)
+    assert [n for n, t in seen if n > 1] and all(t == 1 for n, t in seen if n > 1)  # the prompt's batches
+    assert all(t == 2 for n, t in seen if n == 1) and len(res.tokens) == 3  # decoding: -t's
+    r = sharpi("-m", smol, "-p", "Hi", "-n", "1", "-tb", "0")
+    assert r.returncode == 2 and "invalid -tb/--threads-batch 0" in r.stderr
+    a = sharpi("-m", smol, "-p", "The capital of France is", "-n", "6", "--temp", "0", "-tb", "1", "--json")
+    b = sharpi("-m", smol, "-p", "The capital of France is", "-n", "6", "--temp", "0", "--json")
+    assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
+
+
+def test_mlock_locks_the_process_memory(smol):
+    # in a process of its own (locking the test process's memory would lock every model it holds)
+    code = ("from sharpi_cli.runner import lock_memory\nwhy = lock_memory()\n"
+            "print(why if why else [l for l in open('/proc/self/status') if l.startswith('VmLck')][0])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip()
+    if r.stdout.startswith("VmLck"):
+        assert int(r.stdout.split()[1]) > 0  # kB locked
+    run = sharpi("-m", smol, "-p", "Hi", "-n", "2", "--temp", "0", "--mlock", process=True)
+    assert run.returncode == 0 and "Traceback" not in run.stderr
