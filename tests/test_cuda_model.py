@@ -10,6 +10,7 @@ kernels in the CPU emulator of tests/simt.
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 
@@ -57,6 +58,11 @@ def on(kind: str, name: str):
 # multiply-adds) diverge 5 times in 20 prompts: margins 8.2e-5 (SmolLM2), 3.9e-4, 1.0e-4, 1.6e-3
 # (Gemma 3), 2.3e-4 (Qwen 0.5B); Qwen 1.5B follows all of its fixtures.
 GPU_NEAR_TIE = 1e-2
+
+# Set by tests/test_simt.py for the model tests it runs emulated in the background (a SmolLM2 token is about half
+# a second there): the longest two do less (3 of the 5 fixture prompts, 16 tokens of speculation), so the run
+# does not wait for them at its end; on a GPU they run whole.
+EMULATED_QUICK = os.environ.get("SHARPI_SIMT_QUICK") == "1"
 
 
 
@@ -166,13 +172,14 @@ def test_gpu_speculative_greedy_parity(kind):
     gmodel, _, tok = on(kind, SMOL)
     prompt = tok.encode("Repeat after me: the red fox, the red fox, the red fox, the red fox,")
     greedy = SamplingParams(temp=0.0)
-    plain = Generator(gmodel, gmodel.new_cache(256), tok, greedy).generate(prompt, n_predict=24)
-    spec = Generator(gmodel, gmodel.new_cache(256), tok, greedy, drafter=LookupDrafter(3, 2)).generate(prompt, n_predict=24)
+    n = 16 if EMULATED_QUICK and kind == "cuda" else 24
+    plain = Generator(gmodel, gmodel.new_cache(256), tok, greedy).generate(prompt, n_predict=n)
+    spec = Generator(gmodel, gmodel.new_cache(256), tok, greedy, drafter=LookupDrafter(3, 2)).generate(prompt, n_predict=n)
     assert spec.tokens == plain.tokens
     assert spec.spec.accepted > 0
     # the model drafting for itself (its own cache): every proposal is accepted
     self_draft = DraftModelDrafter(gmodel, gmodel.new_cache(256), greedy)
-    same = Generator(gmodel, gmodel.new_cache(256), tok, greedy, drafter=self_draft).generate(prompt, n_predict=24)
+    same = Generator(gmodel, gmodel.new_cache(256), tok, greedy, drafter=self_draft).generate(prompt, n_predict=n)
     assert same.tokens == plain.tokens
     assert same.spec.accepted == same.spec.drafted > 0
 
@@ -288,7 +295,7 @@ GPU_PARAMS = [model_param(n) for n in (SMOL, GEMMA, QWEN05, QWEN15)]
 @pytest.mark.parametrize("name", GPU_PARAMS)
 def test_gpu_greedy_matches_llama_cpp(name):
     gmodel, _, tok = on("cuda", name)
-    check_greedy_against_fixtures(gmodel, tok, name, near_tie=GPU_NEAR_TIE)
+    check_greedy_against_fixtures(gmodel, tok, name, near_tie=GPU_NEAR_TIE, limit=3 if EMULATED_QUICK else None)
 
 
 def _graph_script(model, cache, ids):

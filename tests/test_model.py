@@ -34,11 +34,11 @@ def greedy(model, tok, prompt: str, n: int):
     return out, steps
 
 
-def check_greedy_against_fixtures(model, tok, name: str, near_tie: float = STRICT) -> None:
-    """llama.cpp's first N_COMPARE tokens for every fixture prompt; a divergence is allowed only at a
-    top-two margin < near_tie (relative) with llama.cpp's token as our runner-up, and is printed."""
+def check_greedy_against_fixtures(model, tok, name: str, near_tie: float = STRICT, limit: int | None = None) -> None:
+    """llama.cpp's first N_COMPARE tokens for every fixture prompt (the first `limit` ones); a divergence is
+    allowed only at a top-two margin < near_tie (relative) with llama.cpp's token as our runner-up, and is printed."""
     failures = []
-    for case in reference()[name]["greedy"]:
+    for case in reference()[name]["greedy"][:limit]:
         ids, steps = greedy(model, tok, case["prompt"], N_COMPARE)
         ours, want = tok.decode(ids), case["text"]
         if want.startswith(ours):

@@ -351,12 +351,12 @@ def test_graph_replay_into_freed_memory_is_an_error(mod):
 # test below runs the device arg-max chains; so is test_graph_launches_equal_eager_passes_bit_for_bit[q8_0-cuda]
 # (38 s here): graph replays run emulated with f16 caches and split, the q8_0 cache's kernels in the q8_0 tests)
 MODEL_TEST_GROUPS = tuple([f"tests/test_cuda_model.py::{t}" for t in group] for group in ((
-    "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # 132 s: llama.cpp's fixture continuations
+    "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # 132 s (3 of 5 prompts: ~80): llama.cpp's fixtures
     "test_graph_launches_equal_eager_passes_bit_for_bit[f16-cuda]",  # 36
     "test_gpu_cache_truncate_last_n_and_cut_head[cuda]",  # 30
     "test_gpu_q8_0_cache_follows_cpu[cuda]",              # 5
 ), (
-    "test_gpu_speculative_greedy_parity[cuda]",            # 127: lookup and self-draft (device arg-max, chains)
+    "test_gpu_speculative_greedy_parity[cuda]",            # 127 (16 tokens: ~85): lookup, self-draft (device arg-max)
     "test_fused_launches_equal_separate_ones_bit_for_bit[f16-cuda-smollm2-135m]",  # 40: RoPE, rounding in kernels
     "test_graph_launches_equal_eager_passes_bit_for_bit[split-cuda]",  # 16
     "test_gpu_verify_rows_equal_one_token_passes",         # 13: bit for bit, what speculation relies on
@@ -370,7 +370,7 @@ MODEL_TEST_GROUPS = tuple([f"tests/test_cuda_model.py::{t}" for t in group] for 
 # The model-level tests reduce across a warp in one exchange rather than five (simt.hpp's warp_butterfly,
 # the same bits: test_one_exchange_warp_reductions_are_the_shuffles): those exchanges were about half of
 # the emulator's time there. The kernel tests run the shuffles.
-MODEL_TEST_ENV = {"SHARPI_SIMT_WARP_REDUCE": "1"}
+MODEL_TEST_ENV = {"SHARPI_SIMT_WARP_REDUCE": "1", "SHARPI_SIMT_QUICK": "1"}  # (QUICK: see test_cuda_model.py)
 
 
 def start_emulated(*args: str, order: str = "forward", env: dict | None = None, nice: int = 0) -> subprocess.Popen:
