@@ -287,7 +287,8 @@ class Generator:
         """Take the last n tokens out of the history and the caches."""
         del self.history[len(self.history) - n:]
         self.cache.truncate(len(self.history))
-        self.drafter.rollback(len(self.history))
+        if self.drafter is not None:
+            self.drafter.rollback(len(self.history))
 
     def _begin(self, n_prompt: int) -> None:
         """A new sequence: no shifts yet, the samplers see all of it."""
@@ -420,6 +421,10 @@ class Generator:
             st = self.grammar.advance(st, props[i])
         return (np.stack(out) if out else np.zeros((0, x.shape[1]), dtype=np.float32)), len(out), dead
 
+    def _forcing(self) -> bool:
+        """Whether the constraint forces the next tokens (a spent reasoning budget)."""
+        return self.grammar is not None and bool(getattr(self.grammar, "forced_run", lambda st: ())(self.gstate))
+
     def _spec_step(self, t: int, k: int, stats: SpecStats, room: int | None = None) -> tuple[list[int], int] | None:
         """Draft, verify [t, d1..dk] in one pass, roll back. None = no usable proposal. Where the constraint
         forces its next tokens (a spent reasoning budget: its message and end tag) they are the proposals, up to
@@ -470,7 +475,8 @@ class Generator:
         self.cache.truncate(keep)
         self.history.append(t)
         self.history += props[:n]
-        self.drafter.rollback(keep)
+        if self.drafter is not None:
+            self.drafter.rollback(keep)
         stats.commit_ms += (time.perf_counter() - t0) * 1000
         stats.record(len(props), n, None if forced else getattr(self.drafter, "source", None))
         if self.adaptive and not forced:  # (the drafter's record, not the constraint's)
@@ -631,7 +637,7 @@ class Generator:
                 if self.threads is not None:
                     self.threads.step()
                 step = None
-                if self.speculate:
+                if self.speculate or self._forcing():  # (forced tokens go in one pass without a drafter too)
                     # [t, d1..dk] must leave the last slot free; a step emits up to k+1 tokens
                     room = n_ctx - len(self.history) - 2
                     if n_predict >= 0:
@@ -639,7 +645,7 @@ class Generator:
                     k = min(max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max, room)
                     if k >= 1:
                         g0 = self.gstate
-                        step = self._spec_step(t, k, stats, room)
+                        step = self._spec_step(t, k, stats if stats is not None else SpecStats(), room)
                 if step is None:
                     t = self._plain_step(t)
                     if stats is not None:

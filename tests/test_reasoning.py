@@ -210,6 +210,31 @@ def test_forced_tokens_are_proposed_and_taken_in_one_pass():
     assert s.target_passes == s.emitted - s.accepted  # (each forced token one pass fewer)
 
 
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_plain_decoding_takes_forced_tokens_in_one_pass(params):
+    """No drafter: the forced run still goes in one verify pass (the same tokens as one pass a token, which
+    SHARPI_SPEC_BATCH_VERIFY=0's row-by-row verification gives), and no speculative stats appear."""
+    runs = []
+    for batch in (True, False):
+        gen, model = make(params, grammar=toy_budget())
+        gen.batch_verify = batch
+        calls = []
+        forward = model.forward
+
+        def spy(tokens, *a, **kw):
+            calls.append(len(tokens))
+            return forward(tokens, *a, **kw)
+        model.forward = spy
+        res = gen.generate(PROMPT, n_predict=200)
+        runs.append((res.tokens, calls))
+        assert res.spec is None
+    (tokens, calls), (ref, one_by_one) = runs
+    assert tokens == ref and max(one_by_one[1:]) == 1
+    _, cut = check_blocks(ref, PROMPT, 2)
+    assert cut >= 10 and calls.count(4) >= cut - 1  # [t, forced 1, 2, 5] in one pass
+    assert len(calls) <= len(one_by_one) - 3 * (cut - 1)
+
+
 def test_interactive_feed_reads_the_prompt():
     # llama-completion's interactive mode evaluates the prompt (feed) and then generates (resume): a prompt that
     # opens a block starts it there too
