@@ -74,6 +74,7 @@ class RunOptions:
     threads: int = -1
     threads_batch: int = -1  # -tb: threads for the prompt's batches (-1 = as -t)
     mlock: bool = False
+    mmap: bool = True  # --no-mmap: the GGUF read into memory
     log_disable: bool = False
     perf: bool = True  # the timings report at the end (--no-perf: none)
     simple_io: bool = False  # no line editing at the input
@@ -614,7 +615,7 @@ def _run(o: RunOptions) -> int:
     from sharpi_core.sampling import SamplingParams, describe_chain
 
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0, rope=rope_flags(o),
-                   overrides=o.kv_overrides)
+                   overrides=o.kv_overrides, mmap=o.mmap)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:
@@ -831,16 +832,17 @@ def draft_cache_types(o: RunOptions) -> tuple[str, str]:
 
 
 def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = True, rope: tuple = (),
-          overrides: dict | None = None):
+          overrides: dict | None = None, mmap: bool = True):
     """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
     llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl); encoder: see engine.load;
-    rope: Transformer.set_rope's (base, freq scale, scaling) from the --rope-* flags; overrides: --override-kv."""
+    rope: Transformer.set_rope's (base, freq scale, scaling) from the --rope-* flags; overrides: --override-kv;
+    mmap=False: --no-mmap."""
     from sharpi_core import engine
     from sharpi_core.kernels import cpu
     path = resolve_with_progress(spec)
     cpu.build_notice = lambda: log("sharpi: compiling the CPU kernels for this machine (once per CPU and sharpi "
                                    f"version, ~10 s; cached in {cpu.kernel_dir()})")
-    m = engine.load(str(path), encoder=encoder, overrides=overrides)
+    m = engine.load(str(path), encoder=encoder, overrides=overrides, mmap=mmap)
     m.model.flash_attn = flash_attn != "off"
     if rope:
         m.model.set_rope(*rope)
@@ -900,7 +902,7 @@ def _model_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
         cut = engine.draft_head_vocab(o.spec_draft_vocab, target.tokenizer)
         return spec.MtpDrafter(head, head.new_cache(n_ctx, *draft_cache_types(o)), params, g, head_vocab=cut), None
     draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0, encoder=False,
-                  rope=rope_flags(o), overrides=o.kv_overrides)
+                  rope=rope_flags(o), overrides=o.kv_overrides, mmap=o.mmap)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
     dcache = draft.model.new_cache(n_ctx_d, *draft_cache_types(o))

@@ -36,13 +36,13 @@ class Loaded:
 
 
 def load(spec: str | None, progress: Progress | None = None, encoder: bool = True,
-         overrides: dict | None = None) -> Loaded:
+         overrides: dict | None = None, mmap: bool = True) -> Loaded:
     """encoder=False: the tokenizer's encoding tables are built on first use only (a draft model's
     tokenizer is compared with the target's, never asked to encode: ~0.25 s less for a Qwen draft);
-    overrides: metadata values (--override-kv, gguf_file.parse_kv_overrides)."""
+    overrides: metadata values (--override-kv, gguf_file.parse_kv_overrides); mmap=False: --no-mmap."""
     path = resolve_model(spec, progress)
     t0 = time.perf_counter()
-    gf = GGUFFile(path, overrides)
+    gf = GGUFFile(path, overrides, mmap=mmap)
     model = load_model(gf)
     tok = Tokenizer.from_gguf(gf, lazy=not encoder)
     return Loaded(Path(path), gf, model, tok, (time.perf_counter() - t0) * 1000)

@@ -150,9 +150,10 @@ def parse_kv_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 
 class GGUFFile:
-    def __init__(self, path: str | os.PathLike, overrides: dict[str, Any] | None = None):
+    def __init__(self, path: str | os.PathLike, overrides: dict[str, Any] | None = None, mmap: bool = True):
         """overrides: metadata values that replace (or add) the file's, as parse_kv_overrides gives them;
-        an override of a key the file has must have its type (llama.cpp's rule)."""
+        an override of a key the file has must have its type (llama.cpp's rule). mmap=False (--no-mmap): the
+        file is read into memory and the tensors are views of that copy, not of the file's mapping."""
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise SharpiError(f"model file not found: {self.path}")
@@ -167,6 +168,8 @@ class GGUFFile:
             self.reader = _Reader(self.path, "r")
         except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
             raise SharpiError(f"{self.path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+        if not mmap:
+            self._read_into_memory()
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.overrides = dict(overrides or {})
         for key, value in self.overrides.items():
@@ -219,6 +222,21 @@ class GGUFFile:
         f = self.reader.fields.get(key)
         # parts: key length, key, value type, element type, element count, ...
         return int(f.parts[4][0]) if f is not None and f.types and f.types[0] == _ARRAY else 0
+
+    def _read_into_memory(self) -> None:
+        """The whole file in memory (the metadata's small views stay on the mapping); every tensor and the
+        reader's data (transformer.py takes fused weights from it) point into the copy."""
+        mapped = self.reader.data
+        try:
+            copy = np.fromfile(self.path, dtype=np.uint8)
+        except OSError as e:
+            raise SharpiError(f"cannot read model file {self.path}: {e.strerror}") from None
+        base = mapped.ctypes.data
+        tensors = []
+        for t in self.reader.tensors:
+            off = t.data.ctypes.data - base
+            tensors.append(t._replace(data=copy[off:off + t.data.nbytes].view(t.data.dtype).reshape(t.data.shape)))
+        self.reader.tensors, self.reader.data = tensors, copy
 
     def tensor(self, name: str):
         t = self.tensors.get(name)

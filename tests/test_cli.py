@@ -11,6 +11,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import FIXTURES_DIR, SMOL, loaded, model_path, reference
@@ -777,3 +778,17 @@ def test_mlock_locks_the_process_memory(smol):
         assert int(r.stdout.split()[1]) > 0  # kB locked
     run = sharpi("-m", smol, "-p", "Hi", "-n", "2", "--temp", "0", "--mlock", process=True)
     assert run.returncode == 0 and "Traceback" not in run.stderr
+
+
+def test_no_mmap_reads_the_file_into_memory(smol):
+    from sharpi_core.gguf_file import GGUFFile
+    from sharpi_core.quants import _is_file_view
+    mapped, read = GGUFFile(smol), GGUFFile(smol, mmap=False)
+    assert all(_is_file_view(t.data) for t in mapped.tensors.values())
+    assert not any(_is_file_view(t.data) for t in read.tensors.values()) and not _is_file_view(read.reader.data)
+    for name, t in mapped.tensors.items():
+        u = read.tensors[name]
+        assert u.data.dtype == t.data.dtype and u.data.shape == t.data.shape and np.array_equal(u.data, t.data)
+    args = ["-m", smol, "-p", "The capital of France is", "-n", "8", "--temp", "0", "--json"]
+    a, b = sharpi(*args), sharpi(*args, "--no-mmap")
+    assert b.returncode == 0 and json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
