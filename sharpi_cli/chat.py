@@ -92,10 +92,11 @@ def use_color(setting: str) -> bool:
     return sys.stdout is not None and sys.stdout.isatty()
 
 
-def reply_tags(o) -> tuple[str, str] | None:
-    """The tags of the reasoning block a chat reply may have (None with --reasoning-format none: shown as it is)."""
+def reply_tags(o, tok) -> tuple[str, str] | None:
+    """The tags of the reasoning block a reply may have, from the template used (or the model's): None with
+    --reasoning-format none (the reply as it is)."""
     from sharpi_core.reasoning import thinking_tags
-    return thinking_tags(o.chat_template) if o.reasoning_format != "none" else None
+    return thinking_tags(o.chat_template or tok.chat_template) if o.reasoning_format != "none" else None
 
 
 GRAY, RESET = "\x1b[90m", "\x1b[0m"
@@ -106,10 +107,11 @@ class ReplyView:
     with colors), as llama-cli shows it; the tags themselves not shown. Without tags (a template with no block,
     --reasoning-format none) the reply as it comes."""
 
-    def __init__(self, out, tags: tuple[str, str] | None, opened: bool, color: bool):
-        from sharpi_core.reasoning import ReasoningStream
+    def __init__(self, out, tags: tuple[str, str] | None, prompt: str, color: bool):
+        """prompt: the rendered conversation the reply follows (its generation prompt may open the block)."""
+        from sharpi_core.reasoning import ReasoningStream, opens_block
         self.out, self.color = out, color
-        self.stream = ReasoningStream(tags, opened) if tags else None
+        self.stream = ReasoningStream(tags, opens_block(prompt, tags)) if tags else None
         self.kind = "content"
         self.newline = True  # whether what is shown ends a line
 
@@ -167,9 +169,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     """llama-cli's conversation loop and commands; a turn that does not fit the context is refused
     with one line and the session goes on (only -st, one turn, exits on it)."""
     from .runner import log, print_report
-    from sharpi_core.reasoning import opens_block
     tok = target.tokenizer
-    tags = reply_tags(o)
+    tags = reply_tags(o, tok)
     color = use_color(o.color)
     messages: list[dict] = []
     log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS}; a line ending in \\ continues on the next ==")
@@ -233,7 +234,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                     raise SharpiError(f"{msg}; raise -c/--ctx-size")
                 log(f"error: {msg}: not sent; /clear starts over (or raise -c/--ctx-size)")
                 continue
-            view = ReplyView(sys.stdout, tags, tags is not None and opens_block(text, tags), color)
+            view = ReplyView(sys.stdout, tags, text, color)
             try:
                 res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
                                    on_text=view.write, should_stop=stop)

@@ -717,14 +717,11 @@ def _run(o: RunOptions) -> int:
         return chat_loop(o, target, gen, n_ctx, first_message=prompt)
     view = None  # a chat's reply is shown as the terminal chat shows it (a reasoning block apart)
     if o.single_turn:
-        from sharpi_core.reasoning import opens_block
-
         from .chat import ReplyView, encode_chat, render_messages, reply_tags, use_color
         text = render_messages(o, tok, [{"role": "user", "content": prompt}])
         ids = encode_chat(tok, text)
         if not o.json_out:
-            tags = reply_tags(o)
-            view = ReplyView(sys.stdout, tags, tags is not None and opens_block(text, tags), use_color(o.color))
+            view = ReplyView(sys.stdout, reply_tags(o, tok), text, use_color(o.color))
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
     if not ids:  # -p "" (a model that adds no BOS): llama.cpp refuses it too
@@ -938,8 +935,10 @@ def result_json(res, target, seed: int) -> dict:
 def reasoning_fields(o: RunOptions, tok, ids: list[int], text: str) -> dict:
     """--json: the reply's reasoning block apart from the rest (--reasoning-format deepseek, the default), or as
     well as in it (deepseek-legacy); nothing with none, or when the reply has no block."""
-    from sharpi_core.reasoning import opens_block, split_reasoning, thinking_tags
-    tags = thinking_tags(o.chat_template or tok.chat_template) if o.reasoning_format != "none" else None
+    from sharpi_core.reasoning import opens_block, split_reasoning
+
+    from .chat import reply_tags
+    tags = reply_tags(o, tok)
     if tags is None:
         return {}
     parts = split_reasoning(text, tags, opens_block(tok.decode(ids[-64:], skip_special=False), tags))

@@ -421,19 +421,19 @@ class Generator:
             st = self.grammar.advance(st, props[i])
         return (np.stack(out) if out else np.zeros((0, x.shape[1]), dtype=np.float32)), len(out), dead
 
-    def _forcing(self) -> bool:
-        """Whether the constraint forces the next tokens (a spent reasoning budget)."""
-        return self.grammar is not None and bool(getattr(self.grammar, "forced_run", lambda st: ())(self.gstate))
+    def _forced_run(self) -> list[int]:
+        """The tokens the constraint forces next (a spent reasoning budget: its message and end tag), or []."""
+        run = getattr(self.grammar, "forced_run", None)
+        return run(self.gstate) if run is not None else []
 
-    def _spec_step(self, t: int, k: int, stats: SpecStats, room: int | None = None) -> tuple[list[int], int] | None:
+    def _spec_step(self, t: int, k: int, stats: SpecStats, room: int,
+                   forced: list[int]) -> tuple[list[int], int] | None:
         """Draft, verify [t, d1..dk] in one pass, roll back. None = no usable proposal. Where the constraint
-        forces its next tokens (a spent reasoning budget: its message and end tag) they are the proposals, up to
-        `room` (k's bound before adaptation) and n_max, instead of the drafter's: the target's law there is each
-        token alone, so all are accepted in one pass (verification still decides)."""
+        forces its next tokens (`forced`, from _forced_run) they are the proposals, up to `room` (k's bound before
+        adaptation) and n_max, instead of the drafter's: the target's law there is each token alone, so all are
+        accepted in one pass (verification still decides)."""
         t0 = time.perf_counter()
-        forced = []
-        if self.grammar is not None and hasattr(self.grammar, "forced_run"):
-            forced = self.grammar.forced_run(self.gstate)[:min(self.n_max, k if room is None else room)]
+        forced = forced[:min(self.n_max, room)]
         if forced:
             props, q = forced, None
         else:
@@ -637,7 +637,8 @@ class Generator:
                 if self.threads is not None:
                     self.threads.step()
                 step = None
-                if self.speculate or self._forcing():  # (forced tokens go in one pass without a drafter too)
+                forced = self._forced_run()
+                if self.speculate or forced:  # (forced tokens go in one pass without a drafter too)
                     # [t, d1..dk] must leave the last slot free; a step emits up to k+1 tokens
                     room = n_ctx - len(self.history) - 2
                     if n_predict >= 0:
@@ -645,7 +646,7 @@ class Generator:
                     k = min(max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max, room)
                     if k >= 1:
                         g0 = self.gstate
-                        step = self._spec_step(t, k, stats if stats is not None else SpecStats(), room)
+                        step = self._spec_step(t, k, stats if stats is not None else SpecStats(), room, forced)
                 if step is None:
                     t = self._plain_step(t)
                     if stats is not None:

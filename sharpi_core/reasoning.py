@@ -69,8 +69,8 @@ def _partial_tail(text: str, tag: str) -> int:
 class ReasoningStream:
     """split_reasoning for a reply that arrives in pieces (the terminal chat shows the block apart, as llama-cli
     does): feed(piece) and finish() return [(kind, text)], kind "reasoning" or "content", joined in order they
-    are split_reasoning's two parts; the first content part comes as the end tag does (empty if nothing follows). Text that may still turn out to be a tag, or whitespace split_reasoning
-    would strip, waits for the next piece."""
+    are split_reasoning's two parts; the first content part comes as the end tag does (empty if nothing follows).
+    Text that may still turn out to be a tag, or whitespace split_reasoning would strip, waits for the next piece."""
 
     def __init__(self, tags: tuple[str, str], opened: bool):
         self.start, self.end = tags
