@@ -69,6 +69,13 @@ SH_D void grid_dep_launch_dependents() {
 // Ask the L2 for bytes [p, p + n) (a hint, no data dependence): what a kernel may do before
 // KERNEL_BEGIN with memory no kernel writes (weights), so their DRAM latency overlaps the previous
 // kernel's tail.
+SH_D void prefetch_line(const void* p) {  // the 128-byte line holding p into the L2
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
 SH_D void prefetch_l2(const void* p, i64 n) {
 #if defined(__CUDA_ARCH__)
     for (i64 off = (i64)threadIdx.x * 128; off < n; off += (i64)blockDim.x * 128)

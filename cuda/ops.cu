@@ -74,6 +74,7 @@ SH_D float round_half(float v, int bf16) {
 // f16_scale=1 (Q8_0 / Q8_1): q = rint(x * (127 / amax)), x = q * f16(amax / 127);
 // f16_scale=0 (Q8_K): m = the first element of largest magnitude, iscale = -127 / m,
 // q = min(127, rint(iscale * x)), x = q * (1 / iscale).
+// (Inlined with a constant per, as glu_q8_block and rms_norm_f32 call it, v stays in registers.)
 SH_D void round_q8_regs(float* v, int per, int f16_scale) {
     const int lane = threadIdx.x & 31;
     float am = 0.0f;   // largest magnitude seen by this lane
@@ -115,36 +116,102 @@ SH_D void round_q8_block(const float* xb, float* yb, int per, int f16_scale) {
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------
+// A row of n <= 8 * blockDim.x values in registers: thread i holds elements i + blockDim.x * k (k < 8),
+// loaded all at once (one wait on memory, where a loop that writes x back between its loads waits once
+// an element), summed in the order the strided loop sums them (so the same bits). The 8-bit roundings
+// then run in registers (32-blocks: with 256 threads a warp holds whole blocks) or through shared
+// memory (Q8_K's 256-blocks span warps), not by reading y back from global memory.
+#define RMS_REG_MAX 8
+#define RMS_SMEM 2048
 extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float* __restrict__ a, i64 a_st,
                                         int has_a, const float* __restrict__ w, int w_rows, int has_w, float* y,
                                         i64 y_st, int n, float eps, int rmode) {
     KERNEL_BEGIN();
     __shared__ float red[32];
+    __shared__ float row[RMS_SMEM];
     const int r = blockIdx.x, t = r / nh, hh = r % nh;
+    const int nt = blockDim.x;
     float* xr = x + (i64)t * x_st + (i64)hh * n;
+    float* yr = y + (i64)t * y_st + (i64)hh * n;
+    const float* wr = has_w ? w + (i64)(r % w_rows) * n : w;
     float ss = 0.0f;
+    if (n <= RMS_REG_MAX * nt && (rmode != 4 || n <= RMS_SMEM) && (rmode != 3 || nt % 32 == 0)) {
+        float v[RMS_REG_MAX];
+#pragma unroll
+        for (int k = 0; k < RMS_REG_MAX; k++) {
+            const int i = threadIdx.x + nt * k;
+            v[k] = i < n ? xr[i] : 0.0f;
+        }
+        if (has_a) {
+            const float* ar = a + (i64)t * a_st + (i64)hh * n;
+            float u[RMS_REG_MAX];
+#pragma unroll
+            for (int k = 0; k < RMS_REG_MAX; k++) {
+                const int i = threadIdx.x + nt * k;
+                u[k] = i < n ? ar[i] : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < RMS_REG_MAX; k++) {
+                const int i = threadIdx.x + nt * k;
+                if (i < n) {
+                    v[k] = v[k] + u[k];
+                    xr[i] = v[k];
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < RMS_REG_MAX; k++)
+            if (threadIdx.x + nt * k < n) ss = sh_fma(v[k], v[k], ss);
+        ss = block_sum(ss, red);  // synchronises: every read of x happens before any write of y
+        const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+        for (int k = 0; k < RMS_REG_MAX; k++) {
+            const int i = threadIdx.x + nt * k;
+            if (i < n) {
+                const float o = v[k] * scale;
+                v[k] = has_w ? o * wr[i] : o;
+                if (rmode == 1 || rmode == 2) v[k] = round_half(v[k], rmode == 2);
+            }
+        }
+        if (rmode == 3) {  // a 32-block is a warp's k-th values (n % 32 == 0, nt % 32 == 0)
+#pragma unroll
+            for (int k = 0; k < RMS_REG_MAX; k++)
+                if ((threadIdx.x & ~31) + nt * k < n) round_q8_regs(&v[k], 1, 1);
+        }
+        if (rmode == 4) {  // Q8_K blocks of 256 span warps: each warp rounds whole blocks from shared memory
+#pragma unroll
+            for (int k = 0; k < RMS_REG_MAX; k++)
+                if (threadIdx.x + nt * k < n) row[threadIdx.x + nt * k] = v[k];
+            __syncthreads();
+            for (int c = threadIdx.x >> 5; c < n / 256; c += nt >> 5) round_q8_block(row + c * 256, yr + c * 256, 8, 0);
+            return;
+        }
+#pragma unroll
+        for (int k = 0; k < RMS_REG_MAX; k++)
+            if (threadIdx.x + nt * k < n) yr[threadIdx.x + nt * k] = v[k];
+        return;
+    }
+    // longer rows: through memory
     if (has_a) {
         const float* ar = a + (i64)t * a_st + (i64)hh * n;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        for (int i = threadIdx.x; i < n; i += nt) {
             const float v = xr[i] + ar[i];
             xr[i] = v;  // read back below by this same thread only
             ss = sh_fma(v, v, ss);
         }
     } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) ss = sh_fma(xr[i], xr[i], ss);
+        for (int i = threadIdx.x; i < n; i += nt) ss = sh_fma(xr[i], xr[i], ss);
     }
     ss = block_sum(ss, red);  // synchronises: every read of x happens before any write of y
     const float scale = 1.0f / sqrtf(ss / (float)n + eps);
-    float* yr = y + (i64)t * y_st + (i64)hh * n;
-    const float* wr = has_w ? w + (i64)(r % w_rows) * n : w;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n; i += nt) {
         const float v = xr[i] * scale;
         const float o = has_w ? v * wr[i] : v;
         yr[i] = rmode == 1 || rmode == 2 ? round_half(o, rmode == 2) : o;
     }
     if (rmode >= 3) {  // 8-bit blocks across the row: each warp rounds whole blocks, after every write
         __syncthreads();
-        const int block = rmode == 3 ? 32 : 256, nw = blockDim.x >> 5;
+        const int block = rmode == 3 ? 32 : 256, nw = nt >> 5;
         for (int c = threadIdx.x >> 5; c < n / block; c += nw)
             round_q8_block(yr + c * block, yr + c * block, block / 32, rmode == 3);
     }
@@ -277,22 +344,37 @@ extern "C" __global__ void glu_f32(const float* g, i64 g_st, const float* u, i64
     out[(i64)t * o_st + i] = act_fn(g[(i64)t * g_st + i], act) * u[(i64)t * u_st + i];
 }
 
+// one warp: a block of 32 * PER gated values, lane l holding elements l + 32 j, rounded (loads first)
+template <int PER>
+SH_D void glu_q8_block(const float* g, const float* u, float* out, int act, int f16_scale) {
+    const int lane = threadIdx.x & 31;
+    float gv[PER], uv[PER], v[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        gv[j] = g[lane + 32 * j];
+        uv[j] = u[lane + 32 * j];
+    }
+#pragma unroll
+    for (int j = 0; j < PER; j++) v[j] = act_fn(gv[j], act) * uv[j];
+    round_q8_regs(v, PER, f16_scale);
+#pragma unroll
+    for (int j = 0; j < PER; j++) out[lane + 32 * j] = v[j];
+}
+
 extern "C" __global__ void glu_q8_f32(const float* g, i64 g_st, const float* u, i64 u_st, float* out, i64 o_st,
                                       int T, int F, int act, int block, int f16_scale) {
     KERNEL_BEGIN();
-    const int lane = threadIdx.x & 31;
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nb = F / block, per = block / 32;
     if (gw >= (i64)T * nb) return;  // uniform over the warp
     const int t = (int)(gw / nb);
     const i64 i0 = (gw % nb) * block;
-    float v[8];
-    for (int j = 0; j < per; j++) {
-        const i64 i = i0 + lane + 32 * j;
-        v[j] = act_fn(g[(i64)t * g_st + i], act) * u[(i64)t * u_st + i];
-    }
-    round_q8_regs(v, per, f16_scale);
-    for (int j = 0; j < per; j++) out[(i64)t * o_st + i0 + lane + 32 * j] = v[j];
+    if (per == 8)
+        glu_q8_block<8>(g + (i64)t * g_st + i0, u + (i64)t * u_st + i0, out + (i64)t * o_st + i0, act, f16_scale);
+    else
+        for (int j = 0; j < per; j++)  // (blocks of 32 the warp rounds one by one)
+            glu_q8_block<1>(g + (i64)t * g_st + i0 + 32 * j, u + (i64)t * u_st + i0 + 32 * j,
+                            out + (i64)t * o_st + i0 + 32 * j, act, f16_scale);
 }
 
 // ---- KV cache append -------------------------------------------------------------------------------
@@ -418,7 +500,7 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 // Score = scale * (softcap > 0 ? softcap*tanh(q.k/softcap) : q.k); softmax over visible keys; out = P V.
 //
 // attn_partial_<k>_<v> (k, v in f16, q8_0: the K and V cache types): grid (H, T, S), block ATT_THREADS; dynamic shared memory
-//     (Dk + chunk + ATT_THREADS + 32) floats. Split s covers the visible keys lo + s*chunk ..
+//     (Dk + chunk + 8*ATT_THREADS + 32) floats. Split s covers the visible keys lo + s*chunk ..
 //     + chunk - 1 (lo = first visible key) and writes its unnormalised output Op[(t*H+h)*S + s][Dv]
 //     and (max, sum of exp) ML[...][2] (an empty split writes -inf, 0).
 //     q_round: 0 = q in fp32; 1 = q rounded to f16; 2 = q rounded through q8_0 blocks of 32 as
@@ -427,10 +509,11 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 //     p_round (only with S == 1): probabilities normalised in this kernel and rounded to f16 before
 //     multiplying by V (llama.cpp CPU, f16 V); then ML = (max, 1).
 //     n_rot > 0: q is read through RoPE at qpos[t] with the (cos, sin) table rcs (as kv_append's K).
-//     cnt, O, o_st, rmode: with rmode >= 0 the launch also combines: the last block of row t to finish
-//     (of its H*S) writes O[t*o_st ...] as attn_combine (rmode 0) / attn_combine_r (rmode 1..4) would,
-//     bit for bit; cnt[t] (int32, 0 before the launch) counts the row's finished blocks and is 0 again
-//     after it. rmode = -1: partials only (cnt and O unused).
+//     cnt, O, o_st, rmode: with rmode >= 0 the launch also combines: the last block of each unit of heads
+//     of row t to finish (attn_finish) writes the unit's O[t*o_st ...] as attn_combine (rmode 0) /
+//     attn_combine_r (rmode 1..4) would, bit for bit; cnt[t*H + unit] (int32, 0 before the launch)
+//     counts the unit's finished blocks and is 0 again after it. rmode = -1: partials only (cnt and O
+//     unused).
 // attn_combine(Op, ML, S, H, Dv, O, o_st, qpos, n_kv, window, chunk): grid (H, T), any block (multiple of
 //     32): O[t*o_st + h*Dv + d] = sum_s Op*e^(m_s-M) / sum_s l_s*e^(m_s-M)  (0 where no key is visible),
 //     over the splits that hold keys (the partials' qpos, n_kv, window, chunk tell which).
@@ -503,58 +586,83 @@ SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, in
     attn_round_store(v, per, rmode, O, o_st, t, e0);
 }
 
-// The fused launch's end (rmode >= 0): every block counts itself done for its row t once its partial
-// is visible to the device; the row's last block (of H*S) combines the row into O (rounded by rmode)
-// and sets the count back to 0 for the next launch. Nothing waits on another block.
-// That block is alone with the whole row, so it first puts each head's 1/L and split weights
-// e^(m_s - M) in shared memory (sh: `room` floats; -1 marks an empty split) and then reads one partial
-// value per split and element: attn_out's products and sums in its order, so the same bits.
-// sh[room] holds the block's "last one" flag.
+// The fused launch's end (rmode >= 0): every block counts itself done for its unit once its partial is
+// visible to the device; the unit's last block (of its heads' hpu*S) combines the unit into O (rounded by
+// rmode) and sets the count back to 0 for the next launch. Nothing waits on another block. A unit is the
+// fewest whole heads that hold whole rounding blocks (32 values; 256 for Q8_K, which can span heads):
+// hpu = block / gcd(Dv, block) heads (all H where that does not divide H), so that the combines of a
+// row's units run side by side (one block combining a whole row was a decoding step's slowest part).
+// The combining block first puts each head's 1/L and split weights e^(m_s - M) in shared memory (sh:
+// `room` floats; -1 marks an empty split) and then reads one partial value per split and element:
+// attn_out's products and sums in its order, so the same bits. sh[room] holds the block's "last" flag.
 SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, float* __restrict__ O, i64 o_st,
                       int rmode, int* cnt, float* sh, int room, const int* __restrict__ qpos, int n_kv,
                       int window, int chunk) {
     const int t = blockIdx.y;
+    const int block = rmode == 4 ? 256 : 32, per = block / 32, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
+    int gd = block, b2 = Dv;  // gcd(Dv, block)
+    while (b2) {
+        const int r = gd % b2;
+        gd = b2;
+        b2 = r;
+    }
+    int hpu = block / gd;
+    if (H % hpu) hpu = H;
+    const int h0 = blockIdx.x / hpu * hpu;  // the unit's first head
+    int* c = cnt + (i64)t * H + h0 / hpu;
     float* flag = sh + room;
     __threadfence();  // this thread's partial values, device-wide, before the count below
     __syncthreads();
-    if (threadIdx.x == 0) flag[0] = atomicAdd(cnt + t, 1) == H * S - 1 ? 1.0f : 0.0f;
+    if (threadIdx.x == 0) flag[0] = atomicAdd(c, 1) == hpu * S - 1 ? 1.0f : 0.0f;
     __syncthreads();
     if (flag[0] == 0.0f) return;  // uniform over the block
     __threadfence();
-    const int block = rmode == 4 ? 256 : 32, per = block / 32, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
     const int ns = attn_nsplits(qpos, t, n_kv, window, chunk, S);
-    if (H * (ns + 1) > room) {  // (a long context in few-key chunks) element by element
-        for (int b = threadIdx.x >> 5; b < H * Dv / block; b += nw)
-            attn_combine_block(Op, ML, S, ns, H, Dv, O, o_st, t, b * block, rmode);
+    const int e_lo = h0 * Dv, nb = hpu * Dv / block;  // the unit's elements of the row, in blocks
+    if (hpu * (ns + 1) > room) {  // (a long context in few-key chunks) element by element
+        for (int b = threadIdx.x >> 5; b < nb; b += nw)
+            attn_combine_block(Op, ML, S, ns, H, Dv, O, o_st, t, e_lo + b * block, rmode);
     } else {
-        float* inv_h = sh;     // [H]
-        float* w = sh + H;     // [H][ns]
-        for (int h = threadIdx.x; h < H; h += blockDim.x) {
-            const i64 part0 = ((i64)t * H + h) * S;
+        float* inv_h = sh;       // [hpu]
+        float* w = sh + hpu;     // [hpu][ns]
+        for (int i = threadIdx.x; i < hpu; i += blockDim.x) {
+            const i64 part0 = ((i64)t * H + h0 + i) * S;
             float M, inv;
             attn_norm(ML, part0, ns, M, inv);
-            inv_h[h] = inv;
+            inv_h[i] = inv;
             for (int s = 0; s < ns; s++)
-                w[h * ns + s] = ld_cg(ML + (part0 + s) * 2 + 1) > 0.0f ? expf(ld_cg(ML + (part0 + s) * 2) - M) : -1.0f;
+                w[i * ns + s] = ld_cg(ML + (part0 + s) * 2 + 1) > 0.0f ? expf(ld_cg(ML + (part0 + s) * 2) - M) : -1.0f;
         }
         __syncthreads();
-        for (int b = threadIdx.x >> 5; b < H * Dv / block; b += nw) {
+        for (int b = threadIdx.x >> 5; b < nb; b += nw) {
             float v[8];
             for (int j = 0; j < per; j++) {
-                const int e = b * block + lane + 32 * j, h = e / Dv;
+                const int e = e_lo + b * block + lane + 32 * j, h = e / Dv, i = h - h0;
                 const float* op = Op + ((i64)t * H + h) * S * Dv + e % Dv;
                 float o = 0.0f;
                 for (int s = 0; s < ns; s++) {
-                    const float ws = w[h * ns + s];
+                    const float ws = w[i * ns + s];
                     if (ws >= 0.0f) o += ld_cg(op + (i64)s * Dv) * ws;
                 }
-                v[j] = o * inv_h[h];
+                v[j] = o * inv_h[i];
             }
-            attn_round_store(v, per, rmode, O, o_st, t, b * block);
+            attn_round_store(v, per, rmode, O, o_st, t, e_lo + b * block);
         }
     }
-    if (threadIdx.x == 0) cnt[t] = 0;
+    if (threadIdx.x == 0) *c = 0;
 }
+
+// the 8 halves of a 16-byte load, as floats, in memory order
+SH_D void halves8(uint4 v, float* f) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = h2f((u16)(w[i] & 0xFFFFu));
+        f[2 * i + 1] = h2f((u16)(w[i] >> 16));
+    }
+}
+// p and the stride st both 16-byte aligned (a cache's rows can be read with 16-byte loads)
+SH_D bool aligned16(const u8* p, i64 st) { return (((unsigned long long)p | (unsigned long long)st) & 15u) == 0; }
 
 template <int KT>
 SH_D float kv_elem(const u8* row, int d) {
@@ -573,8 +681,8 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     extern __shared__ float smem[];
     float* qs = smem;              // [Dk]
     float* sc = qs + Dk;           // [chunk]
-    float* red2 = sc + chunk;      // [ATT_THREADS]
-    float* red = red2 + ATT_THREADS;  // [32]
+    float* red2 = sc + chunk;      // [8 * ATT_THREADS]
+    float* red = red2 + 8 * ATT_THREADS;  // [32]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int g = h / (H / Hkv);
@@ -607,16 +715,42 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         }
         __syncthreads();
     }
-    // scores: one warp per key
     const u8* kbase = Kc + (i64)g * k_sh_b;
-    for (int j = warp; j < n; j += nw) {
-        const u8* kr = kbase + (i64)(a + j) * k_sp_b;
-        float acc = 0.0f;
-        for (int d = lane; d < Dk; d += 32) acc = sh_fma(qs[d], kv_elem<KT>(kr, d), acc);
-        acc = warp_sum(acc);
-        if (lane == 0) {
+    if (KT == 0 && Dk % 8 == 0 && aligned16(kbase, k_sp_b)) {
+        // scores, f16 K: a thread a key, its row in 16-byte loads (all in flight at once), q from shared
+        // memory, d in order (a warp per key, summing 2-byte loads, waited on memory once a key)
+        for (int j = tid; j < n; j += blockDim.x) {
+            const u8* kr = kbase + (i64)(a + j) * k_sp_b;
+            float acc = 0.0f;
+            for (int d0 = 0; d0 < Dk; d0 += 64) {  // 8 loads issued, then their products in d order
+                const int m = imin(8, (Dk - d0) / 8);
+                uint4 v[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (u < m) v[u] = ld_u128(kr + 2 * (d0 + 8 * u));
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (u < m) {
+                        float kv[8];
+                        halves8(v[u], kv);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc = sh_fma(qs[d0 + 8 * u + i], kv[i], acc);
+                    }
+            }
             if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
             sc[j] = acc * scale;
+        }
+    } else {
+        // scores: one warp per key
+        for (int j = warp; j < n; j += nw) {
+            const u8* kr = kbase + (i64)(a + j) * k_sp_b;
+            float acc = 0.0f;
+            for (int d = lane; d < Dk; d += 32) acc = sh_fma(qs[d], kv_elem<KT>(kr, d), acc);
+            acc = warp_sum(acc);
+            if (lane == 0) {
+                if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
+                sc[j] = acc * scale;
+            }
         }
     }
     __syncthreads();
@@ -639,7 +773,39 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     // out = P V: thread group gi (of ng) sums keys gi, gi+ng, ... for dimension d
     const u8* vbase = Vc + (i64)g * v_sh_b;
     const int ng = imax(1, (int)blockDim.x / Dv);
-    if (ng == 1) {
+    if (VT == 0 && Dv % 8 == 0 && Dv <= 8 * (int)blockDim.x && aligned16(vbase, v_sp_b)) {
+        // f16 V: a thread 8 dimensions (one 16-byte load a key); groups of Dv/8 threads take every ng8-th
+        // key, then their sums are added up in group order
+        const int per = Dv / 8, ng8 = blockDim.x / per, gi = tid / per, d0 = 8 * (tid % per);
+        float acc[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+        if (gi < ng8)
+            for (int j0 = gi; j0 < n; j0 += 4 * ng8) {  // 4 keys' loads issued, then their sums in key order
+                uint4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (j0 + u * ng8 < n) v[u] = ld_u128(vbase + (i64)(a + j0 + u * ng8) * v_sp_b + 2 * d0);
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (j0 + u * ng8 < n) {
+                        float vv[8];
+                        halves8(v[u], vv);
+                        const float pj = sc[j0 + u * ng8];
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[i] = sh_fma(pj, vv[i], acc[i]);
+                    }
+            }
+        if (gi < ng8)
+#pragma unroll
+            for (int i = 0; i < 8; i++) red2[gi * Dv + d0 + i] = acc[i];
+        __syncthreads();
+        for (int d = tid; d < Dv; d += blockDim.x) {
+            float o = 0.0f;
+            for (int k = 0; k < ng8; k++) o += red2[k * Dv + d];
+            Op[part * Dv + d] = o;
+        }
+    } else if (ng == 1) {
         for (int d = tid; d < Dv; d += blockDim.x) {
             float acc = 0.0f;
             for (int j = 0; j < n; j++) acc = sh_fma(sc[j], kv_elem<VT>(vbase + (i64)(a + j) * v_sp_b, d), acc);
@@ -673,8 +839,29 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
 #define ATTN_PASS Q, q_st, Kc, k_sp_b, k_sh_b, Vc, v_sp_b, v_sh_b, qpos, n_kv, H, Hkv, Dk, Dv, scale, softcap, \
                   window, chunk, q_round, p_round, Op, ML, rcs, n_rot, neox
 
+// Before KERNEL_BEGIN: the split's K and V rows (of its kv head) asked of the L2 while the kernels before
+// run. Earlier passes wrote them; kv_append may still be writing the newest row, which is harmless for a
+// prefetch (the L2 is where writes land; nothing is read into the SM). qpos is the pass's input, which
+// no kernel writes.
+SH_D void attn_prefetch(const u8* Kc, i64 k_sp_b, i64 k_sh_b, int Dk, int kt, const u8* Vc, i64 v_sp_b,
+                        i64 v_sh_b, int Dv, int vt, const int* qpos, int n_kv, int H, int Hkv, int window,
+                        int chunk) {
+    const int g = blockIdx.x / (H / Hkv);
+    int lo, hi;
+    attn_keys(qpos[blockIdx.y], n_kv, window, lo, hi);
+    const int a = lo + blockIdx.z * chunk, n = imin(a + chunk, hi + 1) - a;
+    const int kb = kt ? Dk / 32 * 34 : 2 * Dk, vb = vt ? Dv / 32 * 34 : 2 * Dv;  // bytes of a row
+    const int kl = (kb + 127) / 128, vl = (vb + 127) / 128;                      // 128-byte lines a row
+    for (int i = threadIdx.x; i < n * (kl + vl); i += blockDim.x) {
+        const int j = i / (kl + vl), l = i % (kl + vl);
+        prefetch_line(l < kl ? Kc + (i64)(a + j) * k_sp_b + (i64)g * k_sh_b + 128 * l
+                             : Vc + (i64)(a + j) * v_sp_b + (i64)g * v_sh_b + 128 * (l - kl));
+    }
+}
+
 #define ATTN_KERNEL(name, KT, VT)                                                          \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(ATTN_ARGS) {        \
+        attn_prefetch(Kc, k_sp_b, k_sh_b, Dk, KT, Vc, v_sp_b, v_sh_b, Dv, VT, qpos, n_kv, H, Hkv, window, chunk); \
         KERNEL_BEGIN();                                                                \
         attn_split<KT, VT>(ATTN_PASS);                                                 \
         if (rmode >= 0) {                                                              \

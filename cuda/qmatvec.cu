@@ -5,7 +5,7 @@
 //   qmv_<t>_q<NQ>_r<R>(const u8* W, i64 row_bytes, int N, int K,
 //                      const float* X, i64 ldx, float* Y, i64 ldy, int nq, const float* bias, int has_bias,
 //                      int ws)
-//       (NQ, R) in {(1,1), (2,2), (4,2), (8,2), (16,4)}; 1 <= nq <= NQ rows of X are used.
+//       (NQ, R) in {(1,1), (1,4), (2,2), (4,2), (8,2), (8,4), (16,4)}; 1 <= nq <= NQ rows of X are used.
 //       block = 128 threads (4 warps), grid.x = ceil(N / (4/ws * R)). ws (1, 2 or 4) warps share a
 //       group of R rows, each taking every ws-th slice of K (more loads in flight for a matrix of few
 //       long rows: one warp per row leaves a GPU mostly waiting on memory there); the group's warps
@@ -31,7 +31,15 @@
 #define QMV_WARPS 4
 // Blocks per SM to reserve registers for: the many-row variants would otherwise take up to 254
 // registers (2 blocks = 8 warps per SM); 3 caps them at 168 (tiny or no spills, per ptxas -v).
-#define QMV_MINB(NQ) ((NQ) >= 8 ? 3 : 1)
+// QMV_MINB_HI / QMV_MINB_MID: the same for 8..16 / 2..4 rows (-D overrides build the variants
+// scripts/bench_cuda_kernels.py --defs compares).
+#ifndef QMV_MINB_HI
+#define QMV_MINB_HI 3
+#endif
+#ifndef QMV_MINB_MID
+#define QMV_MINB_MID 1
+#endif
+#define QMV_MINB(NQ) ((NQ) >= 8 ? QMV_MINB_HI : (NQ) >= 2 ? QMV_MINB_MID : 1)
 
 template <class B, int NQ, int R>
 __device__ __forceinline__ void qmv_kernel(const u8* __restrict__ W, i64 row_bytes, int N, int K,
@@ -107,9 +115,11 @@ __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 ro
 
 #define QMV_TYPE(tname, B)                                                                             \
     QMV(tname, B, 1, 1)                                                                                \
+    QMV(tname, B, 1, 4)                                                                                \
     QMV(tname, B, 2, 2)                                                                                \
     QMV(tname, B, 4, 2)                                                                                \
     QMV(tname, B, 8, 2)                                                                                \
+    QMV(tname, B, 8, 4)                                                                                \
     QMV(tname, B, 16, 4)                                                                               \
     extern "C" __global__ void __launch_bounds__(128)                                                  \
         deq_rows_##tname(const u8* __restrict__ W, i64 row_bytes, const int* __restrict__ ids, int K,  \

@@ -15,6 +15,22 @@
 #pragma once
 #include "common.cuh"
 
+// ---- small integers to float without a conversion instruction -----------------------------------------
+// I2F issues at a quarter of the FP32 rate on sm_80 / sm_90, and one a weight was most of a matvec's issue
+// slots. Byte i of w put under the exponent bits of 2^23 is the float 2^23 + byte, exactly (one PRMT);
+// then f - (2^23 + o) = byte - o exactly (o small), and fma(a, f, -a 2^23) = round(a * byte) (the product
+// is exact inside the FMA and a 2^23 is exact): the bits of the conversion and product they replace.
+#define MAGIC 8388608.0f
+SH_HD float byte_magic(u32 w, int i) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (u32)i));
+#else
+    return bits_f32(0x4B000000u | ((w >> (8 * i)) & 0xFFu));
+#endif
+}
+// bits 0..3 of v spread to bit 0 of bytes 0..3
+SH_HD u32 spread4(u32 v) { return ((v & 0xFu) * 0x00204081u) & 0x01010101u; }
+
 // ---- legacy 32-weight blocks: lane t owns qs bytes [4t, 4t+4): elements 4t+i (low nibbles) and
 // 16+4t+i (high nibbles) ------------------------------------------------------------------------------
 
@@ -28,7 +44,8 @@ struct BQ4_0 {  // d f16 | qs[16]; w = d * (q - 8)
     }
     SH_HD static int off(int t, int g) { return 4 * t + 16 * g; }
     SH_HD void deq(int g, float* w) const {
-        for (int i = 0; i < 4; i++) w[i] = d * (float)((int)((qs >> (8 * i + 4 * g)) & 0xFu) - 8);
+        const u32 v = (qs >> (4 * g)) & 0x0F0F0F0Fu;
+        for (int i = 0; i < 4; i++) w[i] = d * (byte_magic(v, i) - (MAGIC + 8.0f));
     }
 };
 
@@ -56,7 +73,9 @@ struct BQ4_1 {  // d f16 | m f16 | qs[16]; w = d * q + m
     }
     SH_HD static int off(int t, int g) { return 4 * t + 16 * g; }
     SH_HD void deq(int g, float* w) const {
-        for (int i = 0; i < 4; i++) w[i] = d * (float)((qs >> (8 * i + 4 * g)) & 0xFu) + m;
+        const u32 v = (qs >> (4 * g)) & 0x0F0F0F0Fu;
+        const float dm = -d * MAGIC;
+        for (int i = 0; i < 4; i++) w[i] = sh_fma(d, byte_magic(v, i), dm) + m;
     }
 };
 
@@ -71,10 +90,8 @@ struct BQ5_0 {  // d f16 | qh u32 (bit j = 5th bit of element j) | qs[16]; w = d
     }
     SH_HD static int off(int t, int g) { return 4 * t + 16 * g; }
     SH_HD void deq(int g, float* w) const {
-        for (int i = 0; i < 4; i++) {
-            const int q = (int)(((qs >> (8 * i + 4 * g)) & 0xFu) | (((qh >> (16 * g + i)) & 1u) << 4));
-            w[i] = d * (float)(q - 16);
-        }
+        const u32 v = ((qs >> (4 * g)) & 0x0F0F0F0Fu) | (spread4(qh >> (16 * g)) << 4);
+        for (int i = 0; i < 4; i++) w[i] = d * (byte_magic(v, i) - (MAGIC + 16.0f));
     }
 };
 
@@ -90,10 +107,9 @@ struct BQ5_1 {  // d f16 | m f16 | qh u32 | qs[16]; w = d * q + m
     }
     SH_HD static int off(int t, int g) { return 4 * t + 16 * g; }
     SH_HD void deq(int g, float* w) const {
-        for (int i = 0; i < 4; i++) {
-            const u32 q = ((qs >> (8 * i + 4 * g)) & 0xFu) | (((qh >> (16 * g + i)) & 1u) << 4);
-            w[i] = d * (float)q + m;
-        }
+        const u32 v = ((qs >> (4 * g)) & 0x0F0F0F0Fu) | (spread4(qh >> (16 * g)) << 4);
+        const float dm = -d * MAGIC;
+        for (int i = 0; i < 4; i++) w[i] = sh_fma(d, byte_magic(v, i), dm) + m;
     }
 };
 
@@ -108,22 +124,25 @@ struct BQ8_0 {  // d f16 | qs int8[32]; lane t owns elements [8t, 8t+8)
     }
     SH_HD static int off(int t, int g) { return 8 * t + 4 * g; }
     SH_HD void deq(int g, float* w) const {
-        const u32 q = g ? q1 : q0;
-        for (int i = 0; i < 4; i++) w[i] = d * (float)(int)(i8)(u8)(q >> (8 * i));
+        const u32 v = (g ? q1 : q0) ^ 0x80808080u;  // byte + 128: 0..255
+        for (int i = 0; i < 4; i++) w[i] = d * (byte_magic(v, i) - (MAGIC + 128.0f));
     }
 };
 
 // ---- K-quants: 256-weight super-blocks --------------------------------------------------------------
 
 // Q4_K / Q5_K 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes s
-// (gguf.quants.Q4_K.get_scale_min; ggml's get_scale_min_k4).
+// (gguf.quants.Q4_K.get_scale_min; ggml's get_scale_min_k4), read as three 4-byte loads (s is 4-byte
+// aligned: the blocks start 16-byte aligned) rather than up to eight byte loads a lane.
+SH_HD u32 byte_of(u32 w, int i) { return (w >> (8 * i)) & 0xFFu; }
 SH_HD void k4_scale_min(const u8* s, int j, int& sc, int& mn) {
+    const u32 s0 = ld_u32(s), s1 = ld_u32(s + 4), s2 = ld_u32(s + 8);
     if (j < 4) {
-        sc = ldg(s + j) & 63;
-        mn = ldg(s + j + 4) & 63;
+        sc = (int)(byte_of(s0, j) & 63);
+        mn = (int)(byte_of(s1, j) & 63);
     } else {
-        sc = (ldg(s + j + 4) & 0xF) | ((ldg(s + j - 4) >> 6) << 4);
-        mn = (ldg(s + j + 4) >> 4) | ((ldg(s + j) >> 6) << 4);
+        sc = (int)((byte_of(s2, j - 4) & 0xF) | ((byte_of(s0, j - 4) >> 6) << 4));
+        mn = (int)((byte_of(s2, j - 4) >> 4) | ((byte_of(s1, j - 4) >> 6) << 4));
     }
 }
 
@@ -151,10 +170,10 @@ struct BQ4_K {
     // g: bit 0 = which 4 of the lane's 8 bytes, bit 1 = low/high nibble (sub-block 2G / 2G+1)
     SH_HD static int off(int t, int g) { return 64 * (t >> 2) + 32 * (g >> 1) + 8 * (t & 3) + 4 * (g & 1); }
     SH_HD void deq(int g, float* w) const {
-        const u32 q = (g & 1) ? qs.y : qs.x;
-        const int sh = 4 * (g >> 1);
+        const u32 v = (((g & 1) ? qs.y : qs.x) >> (4 * (g >> 1))) & 0x0F0F0F0Fu;
         const float a = (g >> 1) ? dsc1 : dsc0, c = (g >> 1) ? dmn1 : dmn0;
-        for (int i = 0; i < 4; i++) w[i] = a * (float)((q >> (8 * i + sh)) & 0xFu) - c;
+        const float am = -a * MAGIC;
+        for (int i = 0; i < 4; i++) w[i] = sh_fma(a, byte_magic(v, i), am) - c;
     }
 };
 
@@ -183,12 +202,11 @@ struct BQ5_K {
     SH_HD void deq(int g, float* w) const {
         const u32 q = (g & 1) ? qs.y : qs.x;
         const u32 h = (g & 1) ? qh.y : qh.x;
-        const int sh = 4 * (g >> 1), hb = 2 * G + (g >> 1);
+        const int hb = 2 * G + (g >> 1);
+        const u32 v = ((q >> (4 * (g >> 1))) & 0x0F0F0F0Fu) | (((h >> hb) & 0x01010101u) << 4);
         const float a = (g >> 1) ? dsc1 : dsc0, c = (g >> 1) ? dmn1 : dmn0;
-        for (int i = 0; i < 4; i++) {
-            const u32 v = ((q >> (8 * i + sh)) & 0xFu) | (((h >> (8 * i + hb)) & 1u) << 4);
-            w[i] = a * (float)v - c;
-        }
+        const float am = -a * MAGIC;
+        for (int i = 0; i < 4; i++) w[i] = sh_fma(a, byte_magic(v, i), am) - c;
     }
 };
 
@@ -211,11 +229,8 @@ struct BQ6_K {
     SH_HD static int off(int t, int g) { return 128 * (t >> 3) + 32 * g + 4 * (t & 7); }
     SH_HD void deq(int g, float* w) const {
         const u32 l = (g & 1) ? qlb : qla;
-        const int sh = 4 * (g >> 1);
-        for (int i = 0; i < 4; i++) {
-            const int q = (int)(((l >> (8 * i + sh)) & 0xFu) | (((qh >> (8 * i + 2 * g)) & 3u) << 4));
-            w[i] = dsc[g] * (float)(q - 32);
-        }
+        const u32 v = ((l >> (4 * (g >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * g)) & 0x03030303u) << 4);
+        for (int i = 0; i < 4; i++) w[i] = dsc[g] * (byte_magic(v, i) - (MAGIC + 32.0f));
     }
 };
 
@@ -243,10 +258,8 @@ struct BQ3_K {
     }
     SH_HD static int off(int t, int g) { return 128 * (t >> 3) + 32 * g + 4 * (t & 7); }
     SH_HD void deq(int g, float* w) const {
-        for (int i = 0; i < 4; i++) {
-            const int q = (int)((qs >> (8 * i + 2 * g)) & 3u) + 4 * (int)((hm >> (8 * i + 4 * h + g)) & 1u) - 4;
-            w[i] = dsc[g] * (float)q;
-        }
+        const u32 v = ((qs >> (2 * g)) & 0x03030303u) | (((hm >> (4 * h + g)) & 0x01010101u) << 2);
+        for (int i = 0; i < 4; i++) w[i] = dsc[g] * (byte_magic(v, i) - (MAGIC + 4.0f));
     }
 };
 
@@ -269,7 +282,9 @@ struct BQ2_K {
     }
     SH_HD static int off(int t, int g) { return 128 * (t >> 3) + 32 * g + 4 * (t & 7); }
     SH_HD void deq(int g, float* w) const {
-        for (int i = 0; i < 4; i++) w[i] = dsc[g] * (float)((qs >> (8 * i + 2 * g)) & 3u) - dmn[g];
+        const u32 v = (qs >> (2 * g)) & 0x03030303u;
+        const float am = -dsc[g] * MAGIC;
+        for (int i = 0; i < 4; i++) w[i] = sh_fma(dsc[g], byte_magic(v, i), am) - dmn[g];
     }
 };
 
@@ -355,9 +370,10 @@ SH_HD void qmv_lane(const u8* W, i64 row_bytes, int row0, int N, int K, const fl
     const u8* rp[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rp[r] = W + (i64)imin(row0 + r, N - 1) * row_bytes;
-    // U blocks' loads are issued before any is used (more bytes in flight per lane; the few-row
-    // variants have the registers for it); the sums still run block after block, in walk order
-    constexpr int U = NQ <= 4 ? 2 : 1;
+    // U blocks' loads are issued before any is used (more bytes in flight per lane; the variants of
+    // few activation rows and at most 2 weight rows have the registers for it, 4 weight rows are 4
+    // loads in flight already); the sums still run block after block, in walk order
+    constexpr int U = NQ <= 4 && R <= 2 ? 2 : 1;
     for (int ib0 = lane / B::LPB; ib0 < nb; ib0 += U * BPI) {
         B blk[U][R];
 #pragma unroll

@@ -57,11 +57,10 @@ DEFAULT_MATS = ("q4_k:1792:1536,q4_k:1536:1536,q4_k:17920:1536,q4_k:1536:8960,q6
                 "q5_0:1152:896,q5_0:9728:896,q8_0:896:4864")
 
 
-def time_calls(cp, ws, x, out, reps: int) -> float:
-    """Seconds per call of `reps` passes over the weights ws (one call each), replayed as a CUDA graph."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    run = lambda: [w.matmul(x, stream=stream, out=out) for w in ws]  # noqa: E731
-    run()  # compiles, sizes nothing (out is given)
+def replayed(cp, run, stream, reps: int) -> float:
+    """Seconds of one replay of run's launches on `stream` (run once eagerly first: compiles, sizes
+    nothing), captured as a CUDA graph and replayed `reps` times."""
+    run()
     graph = cb.capture(run, stream)
     graph.launch(stream=stream)  # warm-up
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -70,7 +69,45 @@ def time_calls(cp, ws, x, out, reps: int) -> float:
         graph.launch(stream=stream)
     end.record(stream)
     end.synchronize()
-    return cp.cuda.get_elapsed_time(start, end) / 1e3 / (reps * len(ws))
+    return cp.cuda.get_elapsed_time(start, end) / 1e3 / reps
+
+
+def time_calls(cp, ws, x, out, reps: int) -> float:
+    """Seconds per call of `reps` passes over the weights ws (one call each), replayed as a CUDA graph."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    return replayed(cp, lambda: [w.matmul(x, stream=stream, out=out) for w in ws], stream, reps) / len(ws)
+
+
+def time_attention(cp, spec: str, reps: int, layers: int = 28) -> None:
+    """Attention as a decoding step runs it (f16 caches, the splits combined by the launch itself, its
+    output rounded for a Q4_K attn_output), per chunk size: `layers` caches in turn (the L2 holds no
+    layer's keys when its turn comes), replayed from a CUDA graph."""
+    H, Hkv, D, ctx, T = (int(v) for v in spec.split(":"))
+    rng = np.random.default_rng(1)
+    cap = ctx + 64
+    caches = []
+    for _ in range(layers):
+        kc, vc = cb.new_kv_cache(cap, Hkv, D), cb.new_kv_cache(cap, Hkv, D)
+        kv = cp.asarray(rng.standard_normal((ctx + T, Hkv, D)).astype(np.float32))
+        cb.kv_append(kv, kc, np.arange(ctx + T, dtype=np.int32), src2=kv, cache2=vc)
+        caches.append((kc, vc))
+    q = cp.asarray(rng.standard_normal((T, H, D)).astype(np.float32))
+    pos = cp.asarray(np.arange(ctx, ctx + T, dtype=np.int32))
+    out = cp.empty((T, H, D), cp.float32)
+    cnt = cp.zeros(T * H, cp.int32)
+    for chunk in (None, 32, 64, 128, 256):
+        ch, S = cb.attention_splits(cap, cap, chunk=chunk)
+        work = tuple(cp.empty(n, cp.float32) for n in cb.attention_work(T, H, D, S))
+        stream = cp.cuda.Stream(non_blocking=True)
+        for fused in (True, False):
+            run = lambda: [cb.attention(q, kc, vc, pos, cap, 0.1, chunk=chunk, out=out, work=work,  # noqa: E731
+                                        rounding="q8_k", counters=cnt if fused else None, stream=stream)
+                           for kc, vc in caches]
+            us = replayed(cp, run, stream, reps) * 1e6 / layers
+            label = f"{ch}{'*' if chunk is None else ''}"
+            print(f"attention H={H} Hkv={Hkv} D={D} context {ctx} (cache {cap}) T={T}: chunk {label:>5s} "
+                  f"({S} splits), {'combined in the launch' if fused else 'combined by a second launch'}: "
+                  f"{us:6.1f} us")
 
 
 def main() -> int:
@@ -80,6 +117,11 @@ def main() -> int:
     ap.add_argument("--splits", default="auto,1,2,4", help="warps per row: auto (the model's choice) or 1, 2, 4")
     ap.add_argument("--reps", type=int, default=20, help="graph replays timed")
     ap.add_argument("--l2-mb", type=float, default=240, help="copies of a weight fill at least this many MB")
+    ap.add_argument("--attn", default="", help="H:Hkv:D:context:T,... time attention instead (e.g. "
+                                               "12:2:128:128:1 for Qwen 1.5B at 128 tokens; * = the default chunk)")
+    ap.add_argument("--defs", default="",
+                    help="builds of qmatvec.cu to compare, ';'-separated, each space-separated -D options "
+                         "(-DQMV_MINB_MID=4 ...); the default build first")
     a = ap.parse_args()
     ok, why = cb.cuda_available()
     if not ok:
@@ -88,9 +130,14 @@ def main() -> int:
     import cupy as cp  # noqa: PLC0415
     peak = cb.peak_bandwidth()
     print(f"device: {why}; peak {peak / 1e9:.0f} GB/s")
+    if a.attn:
+        for spec in a.attn.split(","):
+            time_attention(cp, spec, a.reps)
+        return 0
     ts = [int(t) for t in a.ts.split(",")]
     print(f"{'type':6s} {'N x K':>12s} {'MB':>6s} {'ws':>6s} " + " ".join(f"{'T=' + str(t):>26s}" for t in ts))
     rng = np.random.default_rng(0)
+    builds = [""] + [d.strip() for d in a.defs.split(";") if d.strip()]
     for spec in a.mats.split(","):
         name, n, k = spec.split(":")
         qtype, n, k = Q[name.upper()], int(n), int(k)
@@ -98,20 +145,22 @@ def main() -> int:
         nbytes = raw.nbytes
         copies = max(1, min(64, int(np.ceil(a.l2_mb * 1e6 / nbytes))))
         ws = [cb.CudaQWeight(raw, qtype, n, k) for _ in range(copies)]
-        auto = ws[0].split
+        auto, opts = ws[0].split, ws[0]._opts
         for split in a.splits.split(","):
             v = auto if split == "auto" else int(split)
-            for w in ws:
-                w.split = v
-            cells = []
-            for T in ts:
-                x = cp.asarray(rng.standard_normal((T, k)).astype(np.float32))
-                out = cp.empty((T, n), cp.float32)
-                sec = time_calls(cp, ws, x, out, a.reps)
-                gbs = nbytes / sec
-                cells.append(f"{sec * 1e6:8.1f} us {gbs / 1e9:6.0f} GB/s {100 * gbs / peak:3.0f}%")
-            label = f"{v}" + ("*" if split == "auto" else "")
-            print(f"{qtype.name:6s} {f'{n}x{k}':>12s} {nbytes / 1e6:6.1f} {label:>6s} " + " ".join(f"{c:>26s}" for c in cells))
+            for defs in builds:
+                for w in ws:
+                    w.split, w._opts = v, opts + tuple(defs.split())
+                cells = []
+                for T in ts:
+                    x = cp.asarray(rng.standard_normal((T, k)).astype(np.float32))
+                    out = cp.empty((T, n), cp.float32)
+                    sec = time_calls(cp, ws, x, out, a.reps)
+                    gbs = nbytes / sec
+                    cells.append(f"{sec * 1e6:8.1f} us {gbs / 1e9:6.0f} GB/s {100 * gbs / peak:3.0f}%")
+                label = f"{v}" + ("*" if split == "auto" else "")
+                print(f"{qtype.name:6s} {f'{n}x{k}':>12s} {nbytes / 1e6:6.1f} {label:>6s} "
+                      + " ".join(f"{c:>26s}" for c in cells) + (f"  {defs}" if defs else ""))
         del ws
     print("ws: warps sharing a row (* the model's choice); copies of each weight exceed --l2-mb")
     return 0

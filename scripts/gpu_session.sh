@@ -9,13 +9,16 @@
 #                                          models (scripts/gguf_synth.py), SmolLM2 in two halves
 #   device run, carry [".gpu/a"], command "bash scripts/gpu_session.sh part1"
 #       kernels against gguf.quants (tests/test_cuda_kernels.py), then speed on random-weight stand-ins
-#       of Qwen 1.5B / 0.5B built there: scripts/bench.py, scripts/bench_spec_cost.py. Results in $OUT.
+#       of Qwen 1.5B / 0.5B built there: the matvec kernels per Qwen matrix (bench_cuda_kernels.py;
+#       QMV_DEFS="-DQMV_MINB_MID=4;..." compares builds) and attention per split size, a decoding step's
+#       kernels (profile_cuda.py),
+#       scripts/bench.py, scripts/bench_spec_cost.py. Results in $OUT.
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part2"   (at once: within 30 s)
 #       SmolLM2 complete: the model-level GPU tests (tests/test_cuda_model.py: llama.cpp's greedy
 #       continuations, graph replays, verify rows, speculative parity) and its real-tensor kernel tests.
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part3"   (at once again)
 #       the matvec kernels per Qwen matrix and warp split (bench_cuda_kernels.py), and whole decodes
-#       with one warp per row (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
+#       as the defaults have them, with one warp per row (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
 #       attention's splits combined by a launch of their own (SHARPI_CUDA_FUSE_COMBINE=0), and without
 #       programmatic dependent launch (SHARPI_CUDA_PDL=0).
 set -uo pipefail
@@ -63,18 +66,39 @@ part1)
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py tests/test_cuda_compile.py 2>&1 \
         | tee "$OUT/kernels.txt" | tail -n 15
     export SHARPI_MODELS_DIR=/tmp/sharpi/synth
+    at bench_cuda_kernels.py
+    python3 scripts/bench_cuda_kernels.py --ts 1,2,5,16 --splits auto --defs "${QMV_DEFS:-}" 2>&1 \
+        | tee "$OUT/kernels_bench.txt"
+    at attention
+    python3 scripts/bench_cuda_kernels.py --attn 12:2:128:128:1,12:2:128:128:5,12:2:128:1000:1 2>&1 \
+        | tee "$OUT/attn_bench.txt"
+    at profile_cuda.py
+    # without programmatic launch: each kernel's time is its own (with it, a kernel starts while the one
+    # before runs, and its time includes that wait)
+    SHARPI_CUDA_PDL=0 python3 scripts/profile_cuda.py -m ${Q15%.gguf} -p 128 --rows 1,5 2>&1 | tee "$OUT/profile.txt"
     at bench.py
     python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
     at bench_spec_cost.py
     python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
     at done
     ;;
+quick)  # (carry .gpu/a) the stand-ins built, then only the decode speeds: plain, and what speculation costs
+    install .gpu/a
+    mkdir -p /tmp/sharpi/synth
+    python3 scripts/gguf_synth.py build .gpu/a/q15.json.gz /tmp/sharpi/synth/$Q15
+    python3 scripts/gguf_synth.py build .gpu/a/q05.json.gz /tmp/sharpi/synth/$Q05
+    export SHARPI_MODELS_DIR=/tmp/sharpi/synth
+    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
+    python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
+    ;;
 part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sharpi/synth
     [ -d /tmp/sharpi/synth ] || { echo "part3 needs part1's machine (still warm)" >&2; exit 1; }
     install .gpu/b
     export SHARPI_MODELS_DIR=/tmp/sharpi/synth
-    at bench_cuda_kernels.py
-    python3 scripts/bench_cuda_kernels.py --ts 1,2,5,16 2>&1 | tee "$OUT/kernels_bench.txt"
+    at bench_cuda_kernels.py, every warp split
+    python3 scripts/bench_cuda_kernels.py --ts 1,2,5,16 2>&1 | tee "$OUT/kernels_splits.txt"
+    at bench.py, the default
+    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 | tee "$OUT/bench_default.txt"
     # what the choices are worth in a whole decode: one warp per matrix row; every step its own launch
     at bench.py, one warp per matrix row
     SHARPI_QMV_SPLIT=1 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \

@@ -473,8 +473,9 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     'q8_0' through q8_0 blocks of 32. p_round: probabilities e_j * (1/sum e) rounded to fp16, and
     P V not renormalised. The key split (`chunk`) changes only float rounding, so it is checked
     and otherwise ignored, and so are the `work` buffers."""
-    if counters is not None and (counters.dtype != np.int32 or counters.size < q.shape[0] or counters.any()):
-        raise ValueError("counters must be an int32 array of zeros, one per query row at least")
+    if counters is not None and (counters.dtype != np.int32 or counters.size < q.shape[0] * q.shape[1]
+                                 or counters.any()):
+        raise ValueError("counters must be an int32 array of zeros, n_head per query row at least")
     if rounding is not None:
         out = attention(q, k_cache, v_cache, positions, n_kv, scale, window=window, softcap=softcap,
                         q_round=q_round, p_round=p_round, chunk=chunk, out=out, rope=rope)

@@ -116,6 +116,26 @@ def test_matvec_rows_do_not_depend_on_the_batch_for_every_split(ws):
                                           err_msg=f"{qtype.name} ws={ws} T={T}")
 
 
+def test_matvec_rows_per_warp_do_not_change_a_row(monkeypatch):
+    """A matrix of many rows (one warp a row group, ws = 1) takes the 4-row variants (QMV_TALL): each
+    row the one-row, one-weight-row product's bits, for every type, with a partial group at the end."""
+    rng = np.random.default_rng(11)
+    for qtype in TYPES:
+        n, k = 39, _k_for(qtype)
+        raw = random_raw(qtype, n, k, rng)
+        cw = cb.CudaQWeight(raw, qtype, n, k)
+        cw.split = 1
+        x = rng.standard_normal((8, k)).astype(np.float32)
+        monkeypatch.setattr(cb, "QMV_TALL_ROWS", 10**9)  # one-row products: one weight row a warp
+        one = np.stack([cp.asnumpy(cw.matmul(cp.asarray(x[t:t + 1])))[0] for t in range(8)])
+        monkeypatch.setattr(cb, "QMV_TALL_ROWS", 0)  # ... four
+        for T in (1, 5, 8):
+            got = np.concatenate([cp.asnumpy(cw.matmul(cp.asarray(x[t:t + T]))) for t in range(0, 8, T)])
+            np.testing.assert_array_equal(got[:8], one, err_msg=f"{qtype.name} T={T}")
+        w = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+        check_matmul(one, x, w)
+
+
 def test_matvec_split_is_a_property_of_the_matrix():
     assert cb.qmv_split(Q.Q4_K, 1536, 8960) == 4     # Qwen 1.5B ffn_down: few long rows
     assert cb.qmv_split(Q.Q4_K, 1536, 1536) == 2     # attn_output: 6 blocks a row, 4 lane groups
@@ -595,7 +615,7 @@ def test_attention(T, H, Hkv, Dk, Dv, start, window, chunk, kinds):
     ref = _attn_ref(q, _cache_values(kc), _cache_values(vc), pos, n_kv, scale, window)
     np.testing.assert_allclose(cp.asnumpy(got), ref, rtol=1e-4, atol=1e-5)
     if (H * Dv) % 32 == 0:  # the splits combined by the partials' own launch: the same bits
-        cnt = cp.zeros(T, dtype=cp.int32)
+        cnt = cp.zeros(T * H, dtype=cp.int32)
         fused = cb.attention(cp.asarray(q), kc, vc, pos, n_kv, scale, window=window, chunk=chunk, counters=cnt)
         np.testing.assert_array_equal(cp.asnumpy(fused), cp.asnumpy(got))
         assert not cp.asnumpy(cnt).any()  # set back to zero for the next launch
@@ -654,7 +674,7 @@ def test_attention_in_row_groups(monkeypatch):
     whole = cp.asnumpy(cb.attention(q, kc, vc, pos, 594, 0.125, chunk=64))
     monkeypatch.setattr(cb, "ATT_PARTIALS_BYTES", 2 * H * 10 * (D + 2) * 4)  # 2 rows a launch
     np.testing.assert_array_equal(cp.asnumpy(cb.attention(q, kc, vc, pos, 594, 0.125, chunk=64)), whole)
-    cnt = cp.zeros(T, dtype=cp.int32)  # each group's launch combines its rows, counters reused
+    cnt = cp.zeros(T * H, dtype=cp.int32)  # each group's launch combines its rows, counters reused
     for rounding in (None, "q8_k"):
         want = whole if rounding is None else cp.asnumpy(cb.round_act(cp.asarray(whole).reshape(T, -1), rounding))
         got = cb.attention(q, kc, vc, pos, 594, 0.125, chunk=64, counters=cnt, rounding=rounding)
@@ -734,5 +754,5 @@ def test_norm_and_glu_with_rounding_fused_are_the_two_steps(kind):
         got = cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk, rounding=kind)
         np.testing.assert_array_equal(cp.asnumpy(got).reshape(T, H * D), cp.asnumpy(want), err_msg=f"chunk {chunk}")
         assert not np.array_equal(cp.asnumpy(got), cp.asnumpy(plain))
-        got = cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk, rounding=kind, counters=cp.zeros(T, cp.int32))
+        got = cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk, rounding=kind, counters=cp.zeros(T * H, cp.int32))
         np.testing.assert_array_equal(cp.asnumpy(got).reshape(T, H * D), cp.asnumpy(want), err_msg=f"fused, {chunk}")

@@ -48,6 +48,11 @@ K_MULTIPLE = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, **{t: gguf.GGML_QUANT_SIZES[t][0] f
 
 GPU_CACHE_TYPES = ("f16", "q8_0")  # the KV cache types the device kernels read and write
 QMV_VARIANTS = ((1, 1), (2, 2), (4, 2), (8, 2), (16, 4))  # (NQ, rows per warp R) in qmatvec.cu
+# R instead for a matrix whose rows are not split between warps (ws = 1): 4 rows' loads in flight a warp
+# (H200: Qwen 1.5B's ffn gate+up 16.4 -> 14.0 us, its output layer 125 -> 107 us a token; 5 rows 39 -> 35,
+# 299 -> 252 us); the one-row product only from QMV_TALL_ROWS rows (Qwen 0.5B's 9728: 7.0 -> 7.7 us)
+QMV_TALL = {1: 4, 8: 4}
+QMV_TALL_ROWS = 16384
 QMV_WARPS = 4          # warps per block of the matvec kernels
 QMV_SPLITS = (1, 2, 4)  # warps sharing a row group (each a slice of K): `ws` of the qmv kernels
 QMV_SPLIT_WARPS = 6144  # a matrix with fewer rows than this shares its rows between warps (qmv_split)
@@ -60,6 +65,10 @@ GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and us
 GEMM_TILE_BYTES = 64 << 20
 ATT_THREADS = 128      # must match ops.cu
 ATT_MAX_SPLITS = 64
+# keys a split at least: fewer splits cost less to combine than more blocks save (H200, Qwen 1.5B's heads,
+# one layer: 14.7 / 16.3 / 18.0 / 17.4 us at 128 keys in chunks of 256 / 128 / 64 / 32; 19.3 / 21.0 /
+# 30.0 / 48.6 us at 1000 keys; bench_cuda_kernels.py --attn)
+ATT_MIN_CHUNK = 256
 ATT_MAX_ROWS = 65535   # attention puts query rows in grid.y
 ATT_PARTIALS_BYTES = 256 << 20  # split-attention partials of one launch, at most
 ARGMAX_MIN_CHUNK = 2048  # values one block of argmax_part_f32 scans, at least
@@ -192,13 +201,13 @@ def peak_bandwidth() -> float:
 
 def attention_smem(head_dim_k: int, chunk: int) -> int:
     """Dynamic shared memory (bytes) of one attn_partial block: q, a chunk of scores, reductions."""
-    return 4 * (head_dim_k + chunk + ATT_THREADS + 32)
+    return 4 * (head_dim_k + chunk + 8 * ATT_THREADS + 32)
 
 
 def p_round_keys_within(smem_bytes: int, head_dim_k: int) -> int:
     """Most keys a query may see in attention with p_round (llama.cpp's -fa off arithmetic) when a
     block may use smem_bytes of shared memory: its one split keeps all of the row's scores there."""
-    return (smem_bytes // 4 - head_dim_k - ATT_THREADS - 32) // 32 * 32
+    return (smem_bytes // 4 - head_dim_k - 8 * ATT_THREADS - 32) // 32 * 32
 
 
 def p_round_max_keys(head_dim_k: int) -> int:
@@ -591,10 +600,12 @@ class CudaQWeight(WeightBase):
     def _matvec(self, x, out, bias=None) -> None:
         nq = x.shape[0]
         NQ, R = next(v for v in QMV_VARIANTS if v[0] >= nq)
-        fn = function("qmatvec", f"qmv_{self._tname}_q{NQ}_r{R}", self._opts)
         ws = self.split
         if ws not in QMV_SPLITS:
             raise ValueError(f"split must be one of {QMV_SPLITS}, got {ws}")
+        if ws == 1 and NQ in QMV_TALL and (NQ > 1 or self.n >= QMV_TALL_ROWS):
+            R = QMV_TALL[NQ]  # (R never changes a row's sums)
+        fn = function("qmatvec", f"qmv_{self._tname}_q{NQ}_r{R}", self._opts)
         grid = (-(-self.n // (QMV_WARPS // ws * R)),)
         fn(grid, (QMV_WARPS * 32,), (self.data, _i64(self.row_bytes), _i32(self.n), _i32(self.k),
                                      x, _i64(self.k), out, _i64(self.n), _i32(nq),
@@ -1039,7 +1050,7 @@ def attention_splits(n_kv: int, capacity: int, *, window: int = 0, p_round: bool
         chunk = _ceil_div(maxlen, 32) * 32
     elif chunk is None:
         cap = _keys_seen(capacity, window)  # ... of any pass
-        chunk = max(256, _ceil_div(_ceil_div(cap, ATT_MAX_SPLITS), 32) * 32)
+        chunk = max(ATT_MIN_CHUNK, _ceil_div(_ceil_div(cap, ATT_MAX_SPLITS), 32) * 32)
     if chunk < 1:
         raise ValueError(f"chunk={chunk}")
     return chunk, _ceil_div(maxlen, chunk)
@@ -1058,7 +1069,7 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     rope=(table, n_rot, neox): q is not roped yet, the kernel reads it through RoPE (as kv_append).
     rounding: an activation kind (round_act's): the output rounded as the next matmul's input, by the
     launch that combines the splits.
-    counters: an int32 device array of zeros, one per query row at least, owned by one stream: the
+    counters: an int32 device array of zeros, n_head per query row at least, owned by one stream: the
     splits are then combined by the partials' launch itself (its last block per row; one launch
     instead of two, the same bits), which leaves the counters at zero again.
 
@@ -1068,8 +1079,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     q_round ('f32'|'f16'|'q8_0') rounds q the way llama.cpp's CPU backend does before the KQ
     product; p_round rounds the normalised probabilities to f16 before PV (CPU backend with an f16
     V cache) and forces a single split. Keys are split into chunks of `chunk` processed in parallel,
-    then combined; the default depends on the cache's capacity, not on n_kv (at least 256 keys, at
-    most ATT_MAX_SPLITS splits of a full cache), so that a query's splits, and so its result bit for
+    then combined; the default depends on the cache's capacity, not on n_kv (at least ATT_MIN_CHUNK keys,
+    at most ATT_MAX_SPLITS splits of a full cache), so that a query's splits, and so its result bit for
     bit, do not depend on how many other rows its pass holds (speculative verification relies on it).
     Rows go in groups of at most ATT_MAX_ROWS (grid.y's limit) and ATT_PARTIALS_BYTES of partials.
     work: (partial outputs, (max, sum) pairs), flat float32 device arrays of at least
@@ -1112,8 +1123,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             if op.dtype != cp.float32 or ml.dtype != cp.float32 or op.size < need[0] or ml.size < need[1]:
                 raise ValueError(f"attention work buffers must hold {need} float32 values")
             op, ml = op[:need[0]].reshape(-1, Dv), ml[:need[1]].reshape(-1, 2)
-        if counters is not None and (counters.dtype != cp.int32 or counters.size < rows or (H * Dv) % 32):
-            raise ValueError(f"counters must be an int32 device array of at least {rows} zeros "
+        if counters is not None and (counters.dtype != cp.int32 or counters.size < rows * H or (H * Dv) % 32):
+            raise ValueError(f"counters must be an int32 device array of at least {rows * H} zeros "
                              f"(and H*Dv={H * Dv} a multiple of 32)")
         combine, combine_r = function("ops", "attn_combine"), function("ops", "attn_combine_r")
         for t0 in range(0, T, rows):

@@ -468,9 +468,11 @@ class CudaTransformer:
         return b
 
     def _counters(self, T: int):
-        """Zeroed int32 counters for T query rows (made in an eager pass, so never inside a capture)."""
-        if self._att_cnt is None or self._att_cnt.size < T:
-            self._att_cnt = self.xp.zeros(max(T, self.ops.MAX_BATCH), dtype=np.int32)
+        """Zeroed int32 counters for T query rows, a head each (made in an eager pass, so never inside a
+        capture)."""
+        H = self.config.n_head
+        if self._att_cnt is None or self._att_cnt.size < T * H:
+            self._att_cnt = self.xp.zeros(max(T, self.ops.MAX_BATCH) * H, dtype=np.int32)
         return self._att_cnt
 
     def _run(self, b: _Buffers, inputs: tuple, cache: _CacheArrays, n_kv: int, last_n: int | None,
