@@ -16,6 +16,9 @@
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part2"   (at once: within 30 s)
 #       SmolLM2 complete: the model-level GPU tests (tests/test_cuda_model.py: llama.cpp's greedy
 #       continuations, graph replays, verify rows, speculative parity) and its real-tensor kernel tests.
+#   The real Qwen pair end to end (1.6 GB: ~26 calls, ~10 minutes of device time): `ship-prepare` here,
+#   then `ship NN` there once per piece (carry [".gpu/ship/pNN"]), then `real` (carry [".gpu/ship/w"]):
+#   bench.py on the real 1.5B and bench_spec.py --which qwen (plain against -md, measured).
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part3"   (at once again)
 #       the matvec kernels per Qwen matrix and warp split (bench_cuda_kernels.py), and whole decodes
 #       as the defaults have them, with one warp per row (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
@@ -81,6 +84,41 @@ part1)
     at bench_spec_cost.py
     python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
     at done
+    ;;
+ship-prepare)  # here: the real Qwen pair (1.6 GB) in 62 MB pieces .gpu/ship/pNN, a call's carry each
+    models=${SHARPI_MODELS_DIR:-$HOME/.cache/sharpi/models}
+    rm -rf .gpu/ship && mkdir -p .gpu/ship
+    (cd "$models" && sha256sum $Q15 $Q05 && stat -c '%n %s' $Q15 $Q05) > .gpu/ship/manifest
+    cat "$models/$Q15" "$models/$Q05" | split -b ${SHIP_PIECE:-62M} -d -a 2 - .gpu/ship/piece
+    for f in .gpu/ship/piece*; do n=${f##*piece}; mkdir -p .gpu/ship/p$n; mv "$f" .gpu/ship/p$n/piece; done
+    mkdir -p .gpu/ship/w && mv .gpu/ship/manifest .gpu/ship/w/
+    ver=$(python3 -c "import importlib.metadata as m; print(m.version('gguf'))")
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform any -d .gpu/ship/w "gguf==$ver" || exit 1
+    echo "$(ls .gpu/ship | grep -c '^p') pieces"
+    ;;
+ship)  # there: `ship NN`, carry [".gpu/ship/pNN"], NN = 00, 01, ... in order, each within 30 s of the last
+    # (pieces carried before may still lie in the tree: only piece NN is read; one appended already is skipped)
+    mkdir -p /tmp/sharpi
+    next=$(cat /tmp/sharpi/ship.next 2>/dev/null || echo 00)
+    if [ "$2" != "$next" ]; then
+        echo "piece $2 not appended: the machine expects piece $next (a fresh machine starts at 00)"
+        [ "$((10#$2))" -lt "$((10#$next))" ] && exit 0 || exit 1
+    fi
+    cat ".gpu/ship/p$2/piece" >> /tmp/sharpi/ship.bin || exit 1
+    printf '%02d\n' $((10#$2 + 1)) > /tmp/sharpi/ship.next
+    stat -c '%s bytes so far' /tmp/sharpi/ship.bin
+    ;;
+real)  # (carry [".gpu/ship/w"]) after the last piece: the real pair end to end, plain against speculative
+    install .gpu/ship/w
+    m=.gpu/ship/w/manifest
+    d="$HOME/.cache/sharpi/models" && mkdir -p "$d"
+    s15=$(awk -v f=$Q15 '$1 == f {print $2}' "$m")
+    head -c "$s15" /tmp/sharpi/ship.bin > "$d/$Q15"
+    tail -c +"$((s15 + 1))" /tmp/sharpi/ship.bin > "$d/$Q05"
+    (cd "$d" && head -2 "$OLDPWD/$m" | sha256sum -c -) || exit 1
+    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench_real.txt"
+    python3 scripts/bench_spec.py --device cuda --which qwen -n 128 --ks 2,4,6 2>&1 | tee "$OUT/spec_real.txt"
     ;;
 quick)  # (carry .gpu/a) the stand-ins built, then only the decode speeds: plain, and what speculation costs
     install .gpu/a

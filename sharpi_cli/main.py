@@ -129,6 +129,14 @@ def run(
     mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF file into memory (default), or read it in "
                               "(--no-mmap: slower to load, no file pages shared with other processes)",
                               show_default=False)] = True,
+    control_vector: Annotated[list[str], Opt("--control-vector", help="add a control vector (a GGUF of direction.<layer> "
+                                             "vectors added to the layers' outputs); comma-separated or repeated: "
+                                             "they add up", show_default=False)] = [],
+    control_vector_scaled: Annotated[list[str], Opt("--control-vector-scaled", help="FNAME:SCALE,...: a control vector "
+                                                    "times SCALE", show_default=False)] = [],
+    control_vector_layer_range: Annotated[Optional[tuple[int, int]], Opt("--control-vector-layer-range", help="START END: "
+                                          "the layers (inclusive) control vectors apply to (default: all from 1)",
+                                          show_default=False)] = None,
     system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode; with a prompt and no -cnv: one chat turn, like -st)")] = None,
     system_prompt_file: Annotated[Optional[str], Opt("-sysf", "--system-prompt-file", help="a file holding the system prompt (-sys from a file)")] = None,
     chat_template: Annotated[Optional[str], Opt("--chat-template", help=f"the chat template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -75,6 +76,9 @@ class RunOptions:
     threads_batch: int = -1  # -tb: threads for the prompt's batches (-1 = as -t)
     mlock: bool = False
     mmap: bool = True  # --no-mmap: the GGUF read into memory
+    control_vector: list = field(default_factory=list)  # --control-vector FNAME[,...] (repeatable)
+    control_vector_scaled: list = field(default_factory=list)  # --control-vector-scaled FNAME:SCALE[,...]
+    control_vector_layer_range: tuple | None = None  # (START, END)
     log_disable: bool = False
     perf: bool = True  # the timings report at the end (--no-perf: none)
     simple_io: bool = False  # no line editing at the input
@@ -227,6 +231,10 @@ def validate(o: RunOptions) -> None:
     check_flash_attn(o.flash_attn)
     if o.device not in ("cpu", "cuda"):
         raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
+    from sharpi_core.control_vector import parse_scaled
+    o.control_vector_scaled = parse_scaled(o.control_vector_scaled)  # -> [(path, scale)]: a bad format before loading
+    if control_files(o) and o.device == "cuda" and o.n_gpu_layers != 0:
+        raise UsageError("--control-vector: control vectors are applied on the CPU only (-ngl 0 with --device cuda)")
     check_prompt_cache(o)
     check_threads(o.threads)
     if o.threads_batch == 0 or o.threads_batch < -1:
@@ -616,6 +624,7 @@ def _run(o: RunOptions) -> int:
 
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0, rope=rope_flags(o),
                    overrides=o.kv_overrides, mmap=o.mmap)
+    apply_control_vectors(o, target.model)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:
@@ -854,10 +863,27 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
 
 
 def model_settings(o: RunOptions) -> str:
-    """The flags that change a loaded model's K and V besides the file (--rope-*, --override-kv), as text
-    for a prompt cache to compare; "" when none is given."""
+    """The flags that change a loaded model's K and V besides the file (--rope-*, --override-kv, control
+    vectors), as text for a prompt cache to compare; "" when none is given."""
     parts = ([f"rope {rope_flags(o)}"] if rope_flags(o) else []) + [f"{k}={v!r}" for k, v in sorted(o.kv_overrides.items())]
+    if control_files(o):
+        parts.append(f"control vectors {[(os.path.abspath(p), s) for p, s in control_files(o)]} "
+                     f"layers {o.control_vector_layer_range}")
     return "; ".join(parts)
+
+
+def control_files(o: RunOptions) -> list[tuple[str, float]]:
+    """(path, strength) of every control vector given, in order (--control-vector's at 1)."""
+    return [(p, 1.0) for v in o.control_vector for p in v.split(",")] + list(o.control_vector_scaled)
+
+
+def apply_control_vectors(o: RunOptions, model) -> None:
+    """The control vectors given, loaded into the (CPU) model: llama.cpp's --control-vector."""
+    if control_files(o):
+        from sharpi_core import control_vector
+        c = model.config
+        model.control = control_vector.load(control_files(o), c.n_embd, c.n_layer,
+                                            o.control_vector_layer_range or (-1, -1))
 
 
 def rope_flags(o: RunOptions) -> tuple:

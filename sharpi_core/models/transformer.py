@@ -328,6 +328,8 @@ class Transformer:
         self._fast: DecodePath | bool | None = None  # the decoding fast path (False: not for this model)
         # flash attention as llama.cpp computes it on the CPU (its default, -fa auto); False: its -fa off path
         self.flash_attn = FLASH_ATTN
+        # control vectors (control_vector.load): {layer i: float32 [D] added to its output}
+        self.control: dict[int, torch.Tensor] = {}
 
     def attention_layer(self, gf: GGUFFile, i: int) -> Layer:
         """Layer i's weights as an attention layer (a next-token-prediction block's at i = n_layer: qwen35's MTP)."""
@@ -872,7 +874,7 @@ class Transformer:
         temps = self._attn_temps(L)[start_pos:L, None, None] if c.attn_temp_scale else None  # [T, 1, 1]
         if self._fast is None:
             self._fast = DecodePath.for_model(self) or False
-        if self._fast and self._fast.applies(prompt, cache):
+        if self._fast and not self.control and self._fast.applies(prompt, cache):
             # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
             x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, None if all_rows else last_n, scale, temps)
             cache.length = L
@@ -904,5 +906,8 @@ class Transformer:
             x = self._ffn_block(ly, i, x, prompt)
             if rest is not None:
                 x = torch.cat((self._ffn_block(ly, i, rest, prompt), x))
+            cv = self.control.get(i)
+            if cv is not None:  # (llama.cpp: after the FFN's residual add, before the next layer's norm)
+                x = x + cv
         cache.length = L
         return x

@@ -1,0 +1,86 @@
+"""Control vectors (llama.cpp's --control-vector): a direction added to the residual stream after layers.
+
+A control-vector GGUF holds F32 vectors `direction.N` of n_embd values, N >= 1 the layer whose output
+they are added to. Several files (each with its strength) add up, as do several tensors of one layer
+in one file; llama.cpp's rules (common_control_vector_load, llama_adapter_cvec): every value is
+`src * strength` added in float32, files in the order given; layer 0 never takes one; the layers
+applied are those in [start, end] (start <= 0: 1, end <= 0: the model's layer count) that the files
+reach, below the layer count.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import gguf
+import numpy as np
+import torch
+
+from sharpi_core.errors import UsageError
+
+_NAME = re.compile(r"direction\.(-?\d+)")
+
+
+def _read_one(path: str, strength: float) -> tuple[int, dict[int, np.ndarray]]:
+    """(n_embd, {layer: strength * its directions summed}) of one file."""
+    try:
+        reader = gguf.GGUFReader(path)
+    except FileNotFoundError:
+        raise UsageError(f"control vector {path}: no such file") from None
+    except Exception as e:  # noqa: BLE001 (a corrupt file: gguf raises whatever its parser meets)
+        raise UsageError(f"control vector {path}: not a readable GGUF file ({e})") from None
+    n_embd, layers = -1, {}
+    s = np.float32(strength)
+    for t in reader.tensors:
+        m = _NAME.fullmatch(t.name)
+        if m is None:
+            raise UsageError(f"control vector {path}: tensor '{t.name}' is not direction.<layer>")
+        il = int(m[1])
+        if il <= 0:
+            raise UsageError(f"control vector {path}: '{t.name}': layer indices start at 1")
+        if t.tensor_type != gguf.GGMLQuantizationType.F32:
+            raise UsageError(f"control vector {path}: '{t.name}' is {t.tensor_type.name}, not F32")
+        if any(int(d) != 1 for d in t.shape[1:]):
+            raise UsageError(f"control vector {path}: '{t.name}' is not one-dimensional")
+        v = np.asarray(t.data, dtype=np.float32).reshape(-1)
+        if n_embd == -1:
+            n_embd = v.size
+        elif v.size != n_embd:
+            raise UsageError(f"control vector {path}: '{t.name}' has {v.size} values, the others {n_embd}")
+        prev = layers.get(il)
+        layers[il] = v * s if prev is None else prev + v * s
+    if n_embd == -1:
+        raise UsageError(f"control vector {path}: no direction tensors")
+    return n_embd, layers
+
+
+def load(files: Sequence[tuple[str, float]], n_embd: int, n_layer: int,
+         layer_range: tuple[int, int] = (-1, -1)) -> dict[int, torch.Tensor]:
+    """{layer index: float32 [n_embd]} to add to that layer's output, from (path, strength) pairs."""
+    total: dict[int, np.ndarray] = {}
+    for path, strength in files:
+        n, layers = _read_one(path, strength)
+        if n != n_embd:
+            raise UsageError(f"control vector {path}: {n} values a direction, the model's embedding has {n_embd}")
+        for il, v in layers.items():
+            total[il] = v if il not in total else total[il] + v
+    start, end = layer_range
+    start = 1 if start <= 0 else start
+    end = n_layer if end <= 0 else end
+    return {il: torch.from_numpy(np.ascontiguousarray(v)) for il, v in sorted(total.items())
+            if start <= il <= end and il < n_layer}
+
+
+def parse_scaled(values: Sequence[str]) -> list[tuple[str, float]]:
+    """--control-vector-scaled FNAME:SCALE,... (the flag may repeat) -> [(path, scale)]."""
+    out = []
+    for value in values:
+        for item in value.split(","):
+            path, sep, scale = item.rpartition(":")
+            try:
+                out.append((path, float(scale)))
+            except ValueError:
+                sep = ""
+            if not sep or not path:
+                raise UsageError(f"invalid --control-vector-scaled '{item}': the format is FNAME:SCALE")
+    return out
