@@ -231,8 +231,9 @@ def validate(o: RunOptions) -> None:
     check_flash_attn(o.flash_attn)
     if o.device not in ("cpu", "cuda"):
         raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
-    from sharpi_core.control_vector import parse_scaled
-    o.control_vector_scaled = parse_scaled(o.control_vector_scaled)  # -> [(path, scale)]: a bad format before loading
+    if o.control_vector_scaled:
+        from sharpi_core.control_vector import parse_scaled
+        o.control_vector_scaled = parse_scaled(o.control_vector_scaled)  # -> [(path, scale)]: bad ones before loading
     if control_files(o) and o.device == "cuda" and o.n_gpu_layers != 0:
         raise UsageError("--control-vector: control vectors are applied on the CPU only (-ngl 0 with --device cuda)")
     check_prompt_cache(o)

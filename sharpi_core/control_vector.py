@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import gguf
 import numpy as np
-import torch
 
 from sharpi_core.errors import UsageError
 
@@ -55,8 +54,9 @@ def _read_one(path: str, strength: float) -> tuple[int, dict[int, np.ndarray]]:
 
 
 def load(files: Sequence[tuple[str, float]], n_embd: int, n_layer: int,
-         layer_range: tuple[int, int] = (-1, -1)) -> dict[int, torch.Tensor]:
-    """{layer index: float32 [n_embd]} to add to that layer's output, from (path, strength) pairs."""
+         layer_range: tuple[int, int] = (-1, -1)) -> dict:
+    """{layer index: float32 tensor [n_embd]} to add to that layer's output, from (path, strength) pairs."""
+    import torch  # (parse_scaled runs while the command line is checked, before torch is imported)
     total: dict[int, np.ndarray] = {}
     for path, strength in files:
         n, layers = _read_one(path, strength)
