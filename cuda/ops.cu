@@ -50,7 +50,7 @@
 //       iscale = -127 / m, q = min(127, rint(iscale * x)), y = q * (1 / iscale).
 //   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below;
 //       the partial kernels can read q through RoPE as kv_append reads K (rcs, n_rot, neox), and
-//       combine the splits themselves (cnt, O, o_st, rmode: the last block of a row does it).
+//       combine the splits themselves (cnt, O, o_st, rmode: the last block of each group of heads does it).
 //   argmax_part_f32(x, x_st, n, bias, has_bias, chunk, pv, pi)   grid = (S, rows), block 32..1024 (x32):
 //       block (b, r) writes the arg-max of x[r, i] (+ bias[i] with has_bias) over its chunk
 //       [b*chunk, min(n, (b+1)*chunk)) to pv[r*S + b] (value) and pi[r*S + b] (index; n when empty)

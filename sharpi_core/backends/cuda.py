@@ -1070,8 +1070,9 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     rounding: an activation kind (round_act's): the output rounded as the next matmul's input, by the
     launch that combines the splits.
     counters: an int32 device array of zeros, n_head per query row at least, owned by one stream: the
-    splits are then combined by the partials' launch itself (its last block per row; one launch
-    instead of two, the same bits), which leaves the counters at zero again.
+    splits are then combined by the partials' launch itself (the last block of each group of heads that
+    holds whole rounding blocks; one launch instead of two, the same bits), which leaves the counters at
+    zero again.
 
     Query t is at positions[t] and sees keys j <= positions[t] (j < n_kv), within `window` if > 0
     (masked when pos - j >= window, llama.cpp's standard SWA); query head h uses kv head
