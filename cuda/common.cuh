@@ -66,24 +66,18 @@ SH_D void grid_dep_launch_dependents() {
         grid_dep_launch_dependents();   \
     } while (0)
 
-// Ask the L2 for bytes [p, p + n) (a hint, no data dependence): what a kernel may do before
-// KERNEL_BEGIN with memory no kernel writes (weights), so their DRAM latency overlaps the previous
-// kernel's tail.
-SH_D void prefetch_line(const void* p) {  // the 128-byte line holding p into the L2
+// the 128-byte line holding p into the L2 (a hint, no data dependence)
+SH_D void prefetch_line(const void* p) {
 #if defined(__CUDA_ARCH__)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #else
     (void)p;
 #endif
 }
+// Ask the L2 for bytes [p, p + n): what a kernel may do before KERNEL_BEGIN with memory no kernel
+// writes (weights), so their DRAM latency overlaps the previous kernel's tail.
 SH_D void prefetch_l2(const void* p, i64 n) {
-#if defined(__CUDA_ARCH__)
-    for (i64 off = (i64)threadIdx.x * 128; off < n; off += (i64)blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + off));
-#else
-    (void)p;
-    (void)n;
-#endif
+    for (i64 off = (i64)threadIdx.x * 128; off < n; off += (i64)blockDim.x * 128) prefetch_line((const char*)p + off);
 }
 
 // ---- loads (read-only path on the device) ------------------------------------------------------

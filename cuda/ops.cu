@@ -58,6 +58,8 @@
 //       S partials. Together numpy.argmax's answer: the largest value, the lowest index on ties (-0 == +0),
 //       a NaN above every number (the first NaN); all -inf gives 0.
 #include "common.cuh"
+// (quant_blocks.cuh: BF16x8, f16 cache rows decode as F16 weight blocks do)
+#include "quant_blocks.cuh"
 
 // ---- shared pieces ---------------------------------------------------------------------------------
 // f16 (bf16 = 0) or bf16 (bf16 = 1) rounding to nearest even, as float
@@ -652,14 +654,12 @@ SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, fl
     if (threadIdx.x == 0) *c = 0;
 }
 
-// the 8 halves of a 16-byte load, as floats, in memory order
+// the 8 halves of a 16-byte load, as floats, in memory order (an F16 weight block's decoding)
 SH_D void halves8(uint4 v, float* f) {
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = h2f((u16)(w[i] & 0xFFFFu));
-        f[2 * i + 1] = h2f((u16)(w[i] >> 16));
-    }
+    BF16x8 b;
+    b.v = v;
+    b.deq(0, f);
+    b.deq(1, f + 4);
 }
 // p and the stride st both 16-byte aligned (a cache's rows can be read with 16-byte loads)
 SH_D bool aligned16(const u8* p, i64 st) { return (((unsigned long long)p | (unsigned long long)st) & 15u) == 0; }

@@ -39,13 +39,18 @@ install() {  # gguf (pure Python) from the carried wheel; everything else is on 
     export PYTHONPATH=/tmp/site:$PWD
 }
 
+gguf_wheel() {  # here: the wheel of this machine's gguf version into $1 (the device has no gguf package)
+    local ver
+    ver=$(python3 -c "import importlib.metadata as m; print(m.version('gguf'))")
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform any -d "$1" "gguf==$ver" || exit 1
+}
+
 case "${1:-}" in
 prepare)
     models=${SHARPI_MODELS_DIR:-$HOME/.cache/sharpi/models}
     rm -rf .gpu && mkdir -p .gpu/a .gpu/b
-    ver=$(python3 -c "import importlib.metadata as m; print(m.version('gguf'))")
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform any -d .gpu/a "gguf==$ver" || exit 1
+    gguf_wheel .gpu/a
     cp .gpu/a/*.whl .gpu/b/
     cp ../shared/fixtures/llamacpp_reference.json .gpu/a/
     python3 scripts/gguf_synth.py skeleton "$models/$Q15" .gpu/a/q15.json.gz || exit 1
@@ -92,9 +97,7 @@ ship-prepare)  # here: the real Qwen pair (1.6 GB) in 62 MB pieces .gpu/ship/pNN
     cat "$models/$Q15" "$models/$Q05" | split -b ${SHIP_PIECE:-62M} -d -a 2 - .gpu/ship/piece
     for f in .gpu/ship/piece*; do n=${f##*piece}; mkdir -p .gpu/ship/p$n; mv "$f" .gpu/ship/p$n/piece; done
     mkdir -p .gpu/ship/w && mv .gpu/ship/manifest .gpu/ship/w/
-    ver=$(python3 -c "import importlib.metadata as m; print(m.version('gguf'))")
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform any -d .gpu/ship/w "gguf==$ver" || exit 1
+    gguf_wheel .gpu/ship/w
     echo "$(ls .gpu/ship | grep -c '^p') pieces"
     ;;
 ship)  # there: `ship NN`, carry [".gpu/ship/pNN"], NN = 00, 01, ... in order, each within 30 s of the last

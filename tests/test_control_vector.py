@@ -57,7 +57,7 @@ def test_speculative_greedy_keeps_the_target_with_its_vectors(vectors):
     assert plain != _text(sharpi(*args[:-2]))
 
 
-def test_vectors_add_up_in_float32(vectors, tmp_path):
+def test_vectors_add_up_in_float32(vectors):
     a = gguf.GGUFReader(vectors["a"])
     b = gguf.GGUFReader(vectors["b"])
     da = {int(t.name.split(".")[1]): np.asarray(t.data, np.float32) for t in a.tensors}
