@@ -23,6 +23,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from gguf_derive import finish  # noqa: E402
 
 MODEL = "smollm2-135m-instruct-q4_1"
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,"]
@@ -47,10 +49,7 @@ def write_vector(path: Path, name: str, n_embd: int = 576) -> None:
     w.add_uint32("controlvector.layer_count", len(layers))
     for il in layers:
         w.add_tensor(f"direction.{il}", (rng.standard_normal(n_embd) * scale).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def main() -> None:

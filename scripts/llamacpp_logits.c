@@ -86,6 +86,17 @@ int main(int argc, char **argv) {
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) return fprintf(stderr, "cannot create a context\n"), 1;
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    const char *lora = getenv("LCP_LORA"); /* "FILE:SCALE": a LoRA adapter (--lora-scaled FILE:SCALE) */
+    if (lora) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s", lora);
+        char *colon = strrchr(path, ':');
+        if (!colon) return fprintf(stderr, "LCP_LORA: FILE:SCALE\n"), 2;
+        *colon = 0;
+        float scale = (float)atof(colon + 1);
+        struct llama_adapter_lora *ad = llama_adapter_lora_init(model, path);
+        if (!ad || llama_set_adapters_lora(ctx, &ad, 1, &scale)) return fprintf(stderr, "cannot apply %s\n", lora), 1;
+    }
 
     struct llama_batch batch = llama_batch_init(n_prompt, 0, 1);
     for (int i = 0; i < n_prompt; i++) {

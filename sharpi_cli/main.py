@@ -129,6 +129,10 @@ def run(
     mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF file into memory (default), or read it in "
                               "(--no-mmap: slower to load, no file pages shared with other processes)",
                               show_default=False)] = True,
+    lora: Annotated[list[str], Opt("--lora", help="apply a LoRA adapter (a GGUF of <weight>.lora_a / .lora_b pairs for "
+                                   "this model); comma-separated or repeated: applied in order", show_default=False)] = [],
+    lora_scaled: Annotated[list[str], Opt("--lora-scaled", help="FNAME:SCALE,...: a LoRA adapter with its update times "
+                                          "SCALE", show_default=False)] = [],
     control_vector: Annotated[list[str], Opt("--control-vector", help="add a control vector (a GGUF of direction.<layer> "
                                              "vectors added to the layers' outputs); comma-separated or repeated: "
                                              "they add up", show_default=False)] = [],
@@ -257,10 +261,23 @@ def perplexity(
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
     threads: Annotated[int, Opt("-t", "--threads")] = -1,
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="on, off or auto (= on)")] = "auto",
+    lora: Annotated[list[str], Opt("--lora", help="apply a LoRA adapter (as in a run)", show_default=False)] = [],
+    lora_scaled: Annotated[list[str], Opt("--lora-scaled", help="FNAME:SCALE,...: a LoRA adapter times SCALE",
+                                          show_default=False)] = [],
+    control_vector: Annotated[list[str], Opt("--control-vector", help="add a control vector (as in a run)",
+                                             show_default=False)] = [],
+    control_vector_scaled: Annotated[list[str], Opt("--control-vector-scaled", help="FNAME:SCALE,...: a control "
+                                                    "vector times SCALE", show_default=False)] = [],
+    control_vector_layer_range: Annotated[Optional[tuple[int, int]], Opt("--control-vector-layer-range", help="START END",
+                                          show_default=False)] = None,
 ):
     """Perplexity of a text, computed like llama-perplexity."""
     from . import runner
-    raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn))
+    adapters = runner.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
+                                 control_vector_scaled=control_vector_scaled,
+                                 control_vector_layer_range=control_vector_layer_range)
+    raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
+                                           adapters))
 
 
 @app.command()

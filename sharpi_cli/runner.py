@@ -76,6 +76,8 @@ class RunOptions:
     threads_batch: int = -1  # -tb: threads for the prompt's batches (-1 = as -t)
     mlock: bool = False
     mmap: bool = True  # --no-mmap: the GGUF read into memory
+    lora: list = field(default_factory=list)  # --lora FNAME[,...] (repeatable)
+    lora_scaled: list = field(default_factory=list)  # --lora-scaled FNAME:SCALE[,...]
     control_vector: list = field(default_factory=list)  # --control-vector FNAME[,...] (repeatable)
     control_vector_scaled: list = field(default_factory=list)  # --control-vector-scaled FNAME:SCALE[,...]
     control_vector_layer_range: tuple | None = None  # (START, END)
@@ -231,11 +233,7 @@ def validate(o: RunOptions) -> None:
     check_flash_attn(o.flash_attn)
     if o.device not in ("cpu", "cuda"):
         raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
-    if o.control_vector_scaled:
-        from sharpi_core.control_vector import parse_scaled
-        o.control_vector_scaled = parse_scaled(o.control_vector_scaled)  # -> [(path, scale)]: bad ones before loading
-    if control_files(o) and o.device == "cuda" and o.n_gpu_layers != 0:
-        raise UsageError("--control-vector: control vectors are applied on the CPU only (-ngl 0 with --device cuda)")
+    check_adapters(o)
     check_prompt_cache(o)
     check_threads(o.threads)
     if o.threads_batch == 0 or o.threads_batch < -1:
@@ -625,7 +623,7 @@ def _run(o: RunOptions) -> int:
 
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0, rope=rope_flags(o),
                    overrides=o.kv_overrides, mmap=o.mmap)
-    apply_control_vectors(o, target.model)
+    apply_adapters(o, target.model)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:
@@ -865,12 +863,19 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
 
 def model_settings(o: RunOptions) -> str:
     """The flags that change a loaded model's K and V besides the file (--rope-*, --override-kv, control
-    vectors), as text for a prompt cache to compare; "" when none is given."""
+    vectors, LoRA adapters), as text for a prompt cache to compare; "" when none is given."""
     parts = ([f"rope {rope_flags(o)}"] if rope_flags(o) else []) + [f"{k}={v!r}" for k, v in sorted(o.kv_overrides.items())]
     if control_files(o):
         parts.append(f"control vectors {[(os.path.abspath(p), s) for p, s in control_files(o)]} "
                      f"layers {o.control_vector_layer_range}")
+    if lora_files(o):
+        parts.append(f"LoRA {[(os.path.abspath(p), s) for p, s in lora_files(o)]}")
     return "; ".join(parts)
+
+
+def lora_files(o: RunOptions) -> list[tuple[str, float]]:
+    """(path, scale) of every LoRA adapter given, in order (--lora's at 1)."""
+    return [(p, 1.0) for v in o.lora for p in v.split(",")] + list(o.lora_scaled)
 
 
 def control_files(o: RunOptions) -> list[tuple[str, float]]:
@@ -878,13 +883,33 @@ def control_files(o: RunOptions) -> list[tuple[str, float]]:
     return [(p, 1.0) for v in o.control_vector for p in v.split(",")] + list(o.control_vector_scaled)
 
 
-def apply_control_vectors(o: RunOptions, model) -> None:
-    """The control vectors given, loaded into the (CPU) model: llama.cpp's --control-vector."""
+def check_adapters(o: RunOptions) -> None:
+    """The --control-vector* and --lora* flags' own errors, before anything loads (their -scaled FNAME:SCALE
+    lists parsed into (path, scale) pairs)."""
+    if o.control_vector_scaled:
+        from sharpi_core.control_vector import parse_scaled
+        o.control_vector_scaled = parse_scaled(o.control_vector_scaled)
+    if o.lora_scaled:
+        from sharpi_core.lora import parse_scaled as lora_scaled
+        o.lora_scaled = lora_scaled(o.lora_scaled)
+    on_gpu = o.device == "cuda" and o.n_gpu_layers != 0
+    if control_files(o) and on_gpu:
+        raise UsageError("--control-vector: control vectors are applied on the CPU only (-ngl 0 with --device cuda)")
+    if lora_files(o) and on_gpu:
+        raise UsageError("--lora: LoRA adapters are applied on the CPU only (-ngl 0 with --device cuda)")
+
+
+def apply_adapters(o: RunOptions, model) -> None:
+    """The control vectors and LoRA adapters given, loaded into the (CPU) model: llama.cpp's --control-vector
+    and --lora."""
     if control_files(o):
         from sharpi_core import control_vector
         c = model.config
         model.control = control_vector.load(control_files(o), c.n_embd, c.n_layer,
                                             o.control_vector_layer_range or (-1, -1))
+    if lora_files(o):
+        from sharpi_core import lora
+        lora.load(lora_files(o), model)
 
 
 def rope_flags(o: RunOptions) -> tuple:
@@ -1003,7 +1028,9 @@ def print_report(target, res, o: RunOptions) -> None:
 
 
 # -- perplexity / tokenize ------------------------------------------------------------------
-def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto") -> int:
+def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
+                   adapters: RunOptions | None = None) -> int:
+    """adapters: the --lora* and --control-vector* flags (RunOptions' fields)."""
     from sharpi_core.perplexity import chunk_count, perplexity
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
@@ -1016,7 +1043,10 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     check_threads(threads)
     set_threads(threads)
     text = read_text(file)
+    o = adapters or RunOptions(model=model)
+    check_adapters(o)
     m = _load(model, flash_attn)
+    apply_adapters(o, m.model)
     t0 = time.perf_counter()
     ids = m.tokenizer.encode(text, add_special=True, parse_special=False)
     n_chunks = chunk_count(len(ids), ctx_size, chunks)

@@ -20,14 +20,19 @@ from sharpi_core.errors import UsageError
 _NAME = re.compile(r"direction\.(-?\d+)")
 
 
+def open_gguf(path: str, what: str) -> gguf.GGUFReader:
+    """A control vector's or adapter's file (what: "control vector", "LoRA"), or one error line saying why not."""
+    try:
+        return gguf.GGUFReader(path)
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path}: no such file") from None
+    except Exception as e:  # noqa: BLE001 (a corrupt file: gguf raises whatever its parser meets)
+        raise UsageError(f"{what} {path}: not a readable GGUF file ({e})") from None
+
+
 def _read_one(path: str, strength: float) -> tuple[int, dict[int, np.ndarray]]:
     """(n_embd, {layer: strength * its directions summed}) of one file."""
-    try:
-        reader = gguf.GGUFReader(path)
-    except FileNotFoundError:
-        raise UsageError(f"control vector {path}: no such file") from None
-    except Exception as e:  # noqa: BLE001 (a corrupt file: gguf raises whatever its parser meets)
-        raise UsageError(f"control vector {path}: not a readable GGUF file ({e})") from None
+    reader = open_gguf(path, "control vector")
     n_embd, layers = -1, {}
     s = np.float32(strength)
     for t in reader.tensors:
@@ -71,8 +76,8 @@ def load(files: Sequence[tuple[str, float]], n_embd: int, n_layer: int,
             if start <= il <= end and il < n_layer}
 
 
-def parse_scaled(values: Sequence[str]) -> list[tuple[str, float]]:
-    """--control-vector-scaled FNAME:SCALE,... (the flag may repeat) -> [(path, scale)]."""
+def parse_scaled(values: Sequence[str], flag: str = "--control-vector-scaled") -> list[tuple[str, float]]:
+    """--control-vector-scaled FNAME:SCALE,... (the flag may repeat; --lora-scaled's format too) -> [(path, scale)]."""
     out = []
     for value in values:
         for item in value.split(","):
@@ -82,5 +87,5 @@ def parse_scaled(values: Sequence[str]) -> list[tuple[str, float]]:
             except ValueError:
                 sep = ""
             if not sep or not path:
-                raise UsageError(f"invalid --control-vector-scaled '{item}': the format is FNAME:SCALE")
+                raise UsageError(f"invalid {flag} '{item}': the format is FNAME:SCALE")
     return out

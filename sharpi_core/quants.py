@@ -146,7 +146,7 @@ class Activations:
         xa = self._by_kind.get(key)
         if xa is None:
             xa = self._by_kind[key] = w.reference_activations(self.x)
-        return w.reference_matmul(*xa)
+        return w.add_loras(self.x, w.reference_matmul(*xa), self.prompt)
 
 
 def torch_view(a: np.ndarray) -> torch.Tensor:
@@ -217,6 +217,7 @@ class QWeight:
         self._heads: dict[int, QWeight] = {}  # n -> head(n), made once
         self._dense: torch.Tensor | None = None
         self._dense_nomin: tuple | None = None
+        self.loras: list = []  # LoRA adapters' updates of its rows (lora.LoraTerm), added after each product
         if qtype == Q.F32:
             self._dense = torch_view(raw).view(n, k)
 
@@ -246,8 +247,20 @@ class QWeight:
             w = QWeight(f"{self.name}[:{n}]", self.raw[:n], self.qtype, n, self.k)
             if self._packed is not None and w._packable:
                 w._packed = self._packed[:n]
+        w.loras = [h for h in (t.head(n) for t in self.loras) if h is not None]
         self._heads[n] = w
         return w
+
+    def set_loras(self, terms: list) -> None:
+        """The LoRA updates (lora.LoraTerm) every product with this weight gets from now on (its heads too)."""
+        self.loras = list(terms)
+        self._heads.clear()
+
+    def add_loras(self, x: torch.Tensor, y: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        """y = x's product with this weight, plus the LoRA updates (llama.cpp's build_lora_mm)."""
+        for t in self.loras:
+            y = t.add(x, y, prompt)
+        return y
 
     @property
     def raw(self) -> np.ndarray:
@@ -309,11 +322,14 @@ class QWeight:
             if self._packable:
                 if self._packed is None:
                     self.pack()
-                return self._kern.qmatmul(x.contiguous(), self._packed, self._kern.PACKED[self.qtype], self.n, self.k,
-                                          act_quant=True, prompt=prompt)
-            return self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k,
-                                      act_quant=self.act_kind is not None, prompt=prompt)
-        return self.reference_matmul(*self.reference_activations(x))
+                y = self._kern.qmatmul(x.contiguous(), self._packed, self._kern.PACKED[self.qtype], self.n, self.k,
+                                       act_quant=True, prompt=prompt)
+                return self.add_loras(x, y, prompt) if self.loras else y
+            y = self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k,
+                                   act_quant=self.act_kind is not None, prompt=prompt)
+        else:
+            y = self.reference_matmul(*self.reference_activations(x))
+        return self.add_loras(x, y, prompt) if self.loras else y
 
     def reference_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(x rounded as llama.cpp rounds it for this weight (fp32), Q8_1's s [T, K/32] or None)."""

@@ -376,7 +376,7 @@ def test_invalid_flags_one_line_exit_2(smol, args, fragment):
 def test_a_bad_command_line_is_refused_before_anything_loads(smol):
     """Flag errors come before torch is imported (1-2 s) or the model read: at once, as llama-cli's do."""
     for args in (("--top-p", "0"), ("-ctk", "q4_0"), ("--samplers", "top_k;penalties"), ("--grammar", "root ::= item"),
-                 ("--control-vector-scaled", "v.gguf")):
+                 ("--control-vector-scaled", "v.gguf"), ("--lora-scaled", "a.gguf")):
         r = subprocess.run([sys.executable, "-X", "importtime", "-m", "sharpi_cli.main", "-m", smol, "-p", "hi", *args],
                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
         assert r.returncode == 2 and [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")], r.stderr

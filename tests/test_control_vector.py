@@ -14,6 +14,7 @@ from conftest import SMOL, model_path
 from test_cli import sharpi
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from gguf_derive import finish  # noqa: E402
 from llamacpp_control_vector import VECTORS, write_vector  # noqa: E402
 
 from sharpi_core import control_vector  # noqa: E402
@@ -77,10 +78,7 @@ def _write(path: Path, tensors: dict[str, np.ndarray]) -> str:
     w = gguf.GGUFWriter(str(path), "controlvector")
     for name, v in tensors.items():
         w.add_tensor(name, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return str(path)
 
 

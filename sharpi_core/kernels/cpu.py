@@ -85,6 +85,7 @@ _smax = None
 _sconv = None
 _qid = _mroute = _msum = _shexp = None  # mixture-of-experts entry points
 _gdn = _gdng = _sigm = None  # Gated DeltaNet (qwen35)
+_f16mm = None  # f16 matmuls of any width (LoRA adapters)
 build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
 
@@ -196,7 +197,7 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 def _bind_ctypes(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm
+    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -251,6 +252,9 @@ def _bind_ctypes(path: Path) -> None:
     cv = lib.sharpi_short_conv
     cv.argtypes = [c_void_p, c_void_p, c_void_p, c_long, c_long, c_int]
     cv.restype = None
+    fm = lib.sharpi_f16_mm
+    fm.argtypes = [c_void_p, c_long, c_long, c_void_p, c_long, c_void_p, c_int]
+    fm.restype = None
     qi = lib.sharpi_qmatmul_id
     qi.argtypes = [c_int, c_void_p, *[c_long] * 4, c_void_p, c_long, c_long, c_void_p, c_void_p, c_void_p, c_void_p,
                    c_long, c_int]
@@ -273,7 +277,7 @@ def _bind_ctypes(path: Path) -> None:
     sg = lib.sharpi_sigmoid
     sg.argtypes = [c_void_p, c_long]
     sg.restype = None
-    _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm = qi, mr, ms, sx, gd, gg, sg
+    _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm = qi, mr, ms, sx, gd, gg, sg, fm
     _state["lib"] = lib
     _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv = gl, ro, rt, rp, hd, sq, sc, sm, cv
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
@@ -282,7 +286,7 @@ def _bind_ctypes(path: Path) -> None:
 
 def _bind_module(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm
+    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -292,7 +296,7 @@ def _bind_module(path: Path) -> None:
     _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
     _scap, _smax, _sconv = mod.softcap, mod.soft_max, mod.short_conv
     _qid, _mroute, _msum, _shexp = mod.qmatmul_id, mod.moe_route, mod.moe_sum, mod.shexp_add
-    _gdn, _gdng, _sigm = mod.gdn, mod.gdn_gates, mod.sigmoid
+    _gdn, _gdng, _sigm, _f16mm = mod.gdn, mod.gdn_gates, mod.sigmoid, mod.f16_mm
 
 
 def _load():
@@ -767,6 +771,20 @@ def shexp_add(gx: torch.Tensor, sh: torch.Tensor, y: torch.Tensor) -> torch.Tens
             or gx.numel() != T):
         raise ValueError(f"shexp_add: gx {tuple(gx.shape)}, sh {tuple(sh.shape)}, y {tuple(y.shape)}")
     _shexp(gx.data_ptr(), sh.data_ptr(), T, y.shape[1], y.data_ptr())
+    return y
+
+
+def f16_mm(x: torch.Tensor, w: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+    """x fp32 [T, k] @ w.T for w float16 [n, k] of any k (a LoRA adapter's factors), x rounded to fp16 first,
+    in ggml's mul_mat order: tinyBLAS for prompt passes it takes, else ggml_vec_dot_f16 row by row."""
+    if _f16mm is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    n, k = w.shape
+    if x.dtype is not _F32 or x.dim() != 2 or x.shape[1] != k or w.dtype is not torch.float16 or not w.is_contiguous():
+        raise ValueError(f"f16_mm: x {x.dtype} {tuple(x.shape)}, w {w.dtype} {tuple(w.shape)}")
+    x16 = x.half().float().contiguous()
+    y = torch.empty(x.shape[0], n)
+    _f16mm(w.data_ptr(), n, k, x16.data_ptr(), x.shape[0], y.data_ptr(), int(prompt))
     return y
 
 

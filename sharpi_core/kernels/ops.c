@@ -627,6 +627,36 @@ void sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const
         }
 }
 
+/* y[T, n] = x[T, k] w[n, k]^T for an f16 weight of any width k (a LoRA adapter's small factors), x already
+ * rounded to fp16 (as floats), in ggml's mul_mat order: llamafile's tinyBLAS where it takes the pass (tiny:
+ * a prompt pass of T >= 2; and k % 16 == 0, n % 4 == 0), else ggml_vec_dot_f16 (4 accumulators over 64
+ * elements a step, reduced, then the elements past the multiple of 64 added one by one in double). */
+void sharpi_f16_mm(const uint16_t *w, long n, long k, const float *x, long T, float *y, int tiny) {
+    const long np = k & ~63L;
+    tiny = tiny && T >= 2 && k % 16 == 0 && n % 4 == 0;
+    for (long t = 0; t < T; t++)
+        for (long r = 0; r < n; r++) {
+            const uint16_t *wr = w + r * k;
+            const float *xr = x + t * k;
+            if (tiny) {
+                __m512 acc = _mm512_setzero_ps();
+                for (long d = 0; d < k; d += 16)
+                    acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wr + d))),
+                                          _mm512_loadu_ps(xr + d), acc);
+                y[t * n + r] = reduce16(acc);
+                continue;
+            }
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (long d = 0; d < np; d += 64)
+                for (int u = 0; u < 4; u++)
+                    acc[u] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wr + d + 16 * u))),
+                                             _mm512_loadu_ps(xr + d + 16 * u), acc[u]);
+            double sd = reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+            for (long d = np; d < k; d++) sd += (double)(_cvtsh_ss(wr[d]) * xr[d]);
+            y[t * n + r] = (float)sd;
+        }
+}
+
 void sharpi_short_conv(const float *ext, const float *w, float *out, long T, long D, int width) {
     for (long t = 0; t < T; t++)
         for (long c = 0; c < D; c++) {
@@ -1032,6 +1062,15 @@ PyObject *sharpi_py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t
     long a[6];
     if (sharpi_py_nlongs(args, nargs, a, 6, "short_conv")) return NULL;
     sharpi_short_conv((const float *)a[0], (const float *)a[1], (float *)a[2], a[3], a[4], (int)a[5]);
+    Py_RETURN_NONE;
+}
+
+/* f16_mm(w, n, k, x, T, y, tiny) */
+PyObject *sharpi_py_f16_mm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[7];
+    if (sharpi_py_nlongs(args, nargs, a, 7, "f16_mm")) return NULL;
+    sharpi_f16_mm((const uint16_t *)a[0], a[1], a[2], (const float *)a[3], a[4], (float *)a[5], (int)a[6]);
     Py_RETURN_NONE;
 }
 

@@ -2466,6 +2466,7 @@ PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
+PyObject *sharpi_py_f16_mm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     /* ops.c */
 PyObject *sharpi_py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
 PyObject *sharpi_py_moe_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 PyObject *sharpi_py_shexp_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
@@ -2484,6 +2485,7 @@ static PyMethodDef py_methods[] = {
     {"softcap", (PyCFunction)(void (*)(void))sharpi_py_softcap, METH_FASTCALL, "tanh logit softcapping, in place"},
     {"soft_max", (PyCFunction)(void (*)(void))sharpi_py_soft_max, METH_FASTCALL, "ggml_soft_max of rows, in place"},
     {"short_conv", (PyCFunction)(void (*)(void))sharpi_py_short_conv, METH_FASTCALL, "ggml_ssm_conv (LFM2)"},
+    {"f16_mm", (PyCFunction)(void (*)(void))sharpi_py_f16_mm, METH_FASTCALL, "f16 matmul of any width (LoRA)"},
     {"moe_route", (PyCFunction)(void (*)(void))sharpi_py_moe_route, METH_FASTCALL, "MoE expert choice and weights"},
     {"moe_sum", (PyCFunction)(void (*)(void))sharpi_py_moe_sum, METH_FASTCALL, "MoE experts' weighted sum"},
     {"shexp_add", (PyCFunction)(void (*)(void))sharpi_py_shexp_add, METH_FASTCALL, "gated shared expert, added"},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import gguf
 import torch
@@ -128,6 +128,9 @@ class Layer:
     qk_norm_full: tuple | None = None  # (olmo2) fp32 [H * hd], [Hkv * hd]: q's and k's norm weights in GGUF order
     wgate: QWeight | None = None  # (qwen35) the attention output's gate [H * hdv, D]: output times sigmoid(gate)
     delta: DeltaNet | None = None  # (qwen35) instead of attention
+    # GGUF weight name -> (attribute, first row, row order or None): where a LoRA adapter's update of that
+    # tensor goes (lora.py); only weights multiplied as they are, or as whole parts of a fused one
+    lora_rows: dict = field(default_factory=dict)
 
 
 def _weight(gf: GGUFFile, name: str) -> QWeight:
@@ -330,6 +333,8 @@ class Transformer:
         self.flash_attn = FLASH_ATTN
         # control vectors (control_vector.load): {layer i: float32 [D] added to its output}
         self.control: dict[int, torch.Tensor] = {}
+        self.embd_loras: list = []  # LoRA updates of the token embedding (lora.load; the weights hold theirs)
+        self.has_loras = False      # (lora.load: the decoding fast path does not apply them)
 
     def attention_layer(self, gf: GGUFFile, i: int) -> Layer:
         """Layer i's weights as an attention layer (a next-token-prediction block's at i = n_layer: qwen35's MTP)."""
@@ -345,6 +350,7 @@ class Transformer:
         bq, bk, bv = qkv_biases(gf, c, i)
         qn, kn = opt(p + "attn_q_norm.weight"), opt(p + "attn_k_norm.weight")
         wgate = None
+        lora_rows = {}
         if c.qkv_fused:  # (views of one attn_qkv; q and k rows copied into rope-pair order)
             parts = layer_parts(gf, c, i)
             wqk, wv = QWeight.concat(p + "attn_qk", [parts["q"], parts["k"]], order), parts["v"]
@@ -358,6 +364,9 @@ class Transformer:
         else:
             wqk = _fused(gf, p + "attn_qk", [p + "attn_q.weight", p + "attn_k.weight"], order)
             wv = _weight(gf, p + "attn_v.weight")
+            lora_rows.update({p + "attn_q.weight": ("wqk", 0, order and order[0]),
+                              p + "attn_k.weight": ("wqk", H * hd, order and order[1]),
+                              p + "attn_v.weight": ("wv", 0, None)})
         experts, w_gu = None, None
         if c.n_expert:
             experts = Experts(_weight(gf, p + "ffn_gate_inp.weight"), *(
@@ -375,6 +384,9 @@ class Transformer:
             w_gu = _weight(gf, p + "ffn_up.weight")
         else:
             w_gu = _fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
+            lora_rows.update({p + "ffn_gate.weight": ("w_gu", 0, None),
+                              p + "ffn_up.weight": ("w_gu", w_gu.n // 2, None), p + "ffn_down.weight": ("w_down", 0, None)})
+        lora_rows[p + "attn_output.weight"] = ("wo", 0, None)
         return Layer(
             attn_norm=vec(p + "attn_norm.weight") if c.pre_norms else None,
             wqk=wqk, wv=wv, wo=_weight(gf, p + "attn_output.weight"),
@@ -386,7 +398,7 @@ class Transformer:
             qk_norm_full=(qn, kn) if c.qk_norm_full else None,
             post_attn_norm=opt(p + "post_attention_norm.weight") if c.post_norms else None,
             post_ffn_norm=opt(p + "post_ffw_norm.weight"),
-            bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"), wgate=wgate,
+            bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"), wgate=wgate, lora_rows=lora_rows,
         )
 
     # -- sizes -------------------------------------------------------------------------
@@ -410,6 +422,15 @@ class Transformer:
         their first matmul (QWeight.pack): for a model that runs on the CPU."""
         for w in [self.output] + self._layer_weights():
             w.pack()
+
+    def lora_targets(self) -> dict:
+        """{GGUF weight name: (QWeight, first output row, row order or None)}: the weights a LoRA adapter
+        may update (lora.py), and where their rows went in the fused weights."""
+        out = {} if self.config.tied_output else {"output.weight": (self.output, 0, None)}
+        for ly in self.layers:
+            for name, (attr, off, order) in ly.lora_rows.items():
+                out[name] = (getattr(ly, attr), off, order)
+        return out
 
     def use_context(self, n_ctx: int) -> bool:
         """The RoPE factors a context of n_ctx tokens takes (llama.cpp's get_rope_factors: phi3's long
@@ -868,13 +889,15 @@ class Transformer:
         L = start_pos + T
         scale, kq_scale = attention_scales(c)
         x = self.tok_embd.rows(tokens)  # [T, D]
+        for t in self.embd_loras:
+            x = t.add_rows(tokens, x, prompt)
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
         ropes = {r: self._rope_table(r, L)[start_pos:L] for r in self._ropes}
         temps = self._attn_temps(L)[start_pos:L, None, None] if c.attn_temp_scale else None  # [T, 1, 1]
         if self._fast is None:
             self._fast = DecodePath.for_model(self) or False
-        if self._fast and not self.control and self._fast.applies(prompt, cache):
+        if self._fast and not self.control and not self.has_loras and self._fast.applies(prompt, cache):
             # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
             x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, None if all_rows else last_n, scale, temps)
             cache.length = L
