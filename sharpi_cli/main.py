@@ -80,7 +80,9 @@ def run(
     context_shift: Annotated[bool, Opt("--context-shift/--no-context-shift", help="when the context is full, drop the older half "
                                        "of the tokens after --keep and go on generating (default: stop)", show_default=False)] = False,
     keep: Annotated[int, Opt("--keep", help="--context-shift keeps this many prompt tokens, after its BOS (-1 = all of the prompt)")] = 0,
-    batch_size: Annotated[int, Opt("-b", "--batch-size", help="prompt tokens per forward pass")] = 512,
+    batch_size: Annotated[int, Opt("-b", "--batch-size", help="logical batch: prompt tokens handed over at once "
+                                   "(run in passes of at most -ub)")] = 2048,
+    ubatch_size: Annotated[int, Opt("-ub", "--ubatch-size", help="physical batch: prompt tokens per forward pass")] = 512,
     seed: Annotated[int, Opt("-s", "--seed", help="RNG seed (-1 = random)")] = -1,
     temp: Annotated[float, Opt("--temp", "--temperature", help="temperature (0 = greedy)")] = 0.8,
     top_k: Annotated[int, Opt("--top-k", help="top-k (0 = off)")] = 40,
@@ -125,6 +127,8 @@ def run(
                                    "or auto (= on, llama.cpp's CPU default)")] = "auto",
     threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores, fewer while other processes keep cores busy)")] = -1,
     threads_batch: Annotated[int, Opt("-tb", "--threads-batch", help="CPU threads for the prompt's batches (-1 = as -t)")] = -1,
+    no_warmup: Annotated[bool, Opt("--no-warmup", help="accepted as llama-cli takes it (sharpi runs no warm-up "
+                                    "pass, so there is nothing to skip)")] = False,
     mlock: Annotated[bool, Opt("--mlock", help="keep the model's weights locked in memory (never paged out)")] = False,
     mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF file into memory (default), or read it in "
                               "(--no-mmap: slower to load, no file pages shared with other processes)",

@@ -34,7 +34,8 @@ class RunOptions:
     yarn_beta_fast: float = -1.0
     context_shift: bool = False
     keep: int = 0
-    batch_size: int = 512
+    batch_size: int = 2048  # -b: llama.cpp's logical batch
+    ubatch_size: int = 512  # -ub: its physical batch (passes of min(-b, -ub) tokens, as llama_decode splits them)
     seed: int = -1
     temp: float = 0.8
     top_k: int = 40
@@ -178,6 +179,8 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid -s/--seed {o.seed}: must be -1 (random) or 0..{2**32 - 1}")
     if o.batch_size < 1:
         raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
+    if o.ubatch_size < 1:
+        raise UsageError(f"invalid -ub/--ubatch-size {o.ubatch_size}: must be >= 1")
     for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
                     ("--presence-penalty", o.presence_penalty), ("--frequency-penalty", o.frequency_penalty),
                     ("--spec-draft-p-min", o.spec_draft_p_min), ("--top-nsigma", o.top_n_sigma), ("--typical", o.typical_p),
@@ -705,7 +708,7 @@ def _run(o: RunOptions) -> int:
         grammar = budget if grammar is None else Both(budget, grammar)
     gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
                     spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
-                    spec_p_min=o.spec_draft_p_min, n_batch=o.batch_size,
+                    spec_p_min=o.spec_draft_p_min, n_batch=min(o.batch_size, o.ubatch_size),
                     batch_threads=o.threads_batch if o.threads_batch > 0 else None,
                     threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar,
                     context_shift=o.context_shift, n_keep=o.keep, special=o.special)

@@ -332,6 +332,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("-s", "-2"), "-s/--seed"),
     (("-c", "99999999"), "cannot allocate 1152.0 GB of f16 KV cache for a context of 99999999 tokens"),
     (("-c", "-1"), "-c/--ctx-size"),
+    (("-ub", "0"), "-ub/--ubatch-size"),
     (("--temp", "-0.5"), "--temp"),
     (("--temp", "nan"), "--temp"),
     (("--repeat-penalty", "inf"), "--repeat-penalty"),
@@ -767,6 +768,24 @@ def test_threads_batch_evaluates_the_prompt_with_its_threads(smol):
     a = sharpi("-m", smol, "-p", "The capital of France is", "-n", "6", "--temp", "0", "-tb", "1", "--json")
     b = sharpi("-m", smol, "-p", "The capital of France is", "-n", "6", "--temp", "0", "--json")
     assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
+
+
+def test_prompt_passes_are_min_of_batch_and_ubatch(smol, monkeypatch):
+    # llama.cpp runs a logical batch (-b) in passes of at most -ub tokens (batched rows' arithmetic depends on
+    # the pass): the generator's prompt passes are min(-b, -ub) tokens; --no-warmup is accepted as llama-cli's
+    from sharpi_cli import main as cli
+    from sharpi_core import generate
+    seen = []
+    real = generate.Generator.__init__
+
+    def spy(self, *a, **kw):
+        seen.append(kw["n_batch"])
+        real(self, *a, **kw)
+    monkeypatch.setattr(generate.Generator, "__init__", spy)
+    for args, want in ((("-b", "2048", "-ub", "8", "--no-warmup"), 8), (("-b", "6"), 6), ((), 512)):
+        with pytest.raises(SystemExit) as e:
+            cli.app(["-m", str(smol), "-p", "Hi", "-n", "1", "--temp", "0", *args], standalone_mode=True)
+        assert e.value.code == 0 and seen[-1] == want, args
 
 
 def test_mlock_locks_the_process_memory(smol):
