@@ -39,6 +39,7 @@ ADAPTERS = {
     "a": ("llama", 1, "F16", 8, 16.0, ALL, range(30), 0.05, ()),
     "b": ("llama", 2, "F32", 4, 0.0, ("attn_q", "attn_v"), range(0, 30, 3), 0.08, ("blk.0.attn_norm.weight",)),
     "c": ("llama", 3, "Q8_0", 32, 32.0, ("attn_output", "ffn_down"), range(5, 25), 0.02, ()),
+    "f": ("llama", 9, "BF16", 8, 16.0, ("attn_q", "ffn_down"), range(30), 0.05, ()),
     "q": ("qwen2", 4, "F16", 8, 8.0, ("attn_q", "attn_k", "attn_v"), range(24), 0.1, ()),
     # (token_embd and output: whole-model pairs; the embedding's flipped, A [n_vocab, r] and B [n_embd, r])
     "e": ("olmo2", 5, "F16", 16, 16.0, ("attn_v", "ffn_up"), range(0, 30, 2), 0.05, ("token_embd", "output")),
@@ -51,6 +52,7 @@ CASES = [
     (SMOL, ["--lora-scaled", "{a}:0.5"]),
     (SMOL, ["--lora", "{a},{b}"]),
     (SMOL, ["--lora", "{b}", "--lora-scaled", "{c}:-1.5"]),
+    (SMOL, ["--lora", "{f}"]),
     (QWEN, ["--lora", "{q}"]),
     (OLMO2, ["--lora-scaled", "{e}:0.75"]),
 ]

@@ -48,7 +48,7 @@ class Factor:
         raw = np.ascontiguousarray(raw)
         self.qtype, self.n = qtype, int(raw.shape[0])
         bs, bb = gguf.GGML_QUANT_SIZES[qtype]
-        self.k = int(raw.shape[1]) // bb * bs if qtype == Q.Q8_0 else int(raw.shape[1])
+        self.k = int(raw.shape[1]) // bb * bs if raw.dtype == np.uint8 else int(raw.shape[1])  # (blocks as bytes)
         if qtype == Q.F16:
             import torch
             self.w16, self.qw = torch.from_numpy(raw.view(np.float16)), None  # [n, k]

@@ -204,8 +204,9 @@ class QWeight:
         self.needs_s = self.act_kind == "q8_32" and qtype in (Q.Q4_1, Q.Q5_1)
         self._raw = raw  # uint8 [N, row_bytes] (or [N, K] for float types), a view of the mmap
         self._kern = _kernels()
-        if self._kern is not None and (qtype not in self._kern.SUPPORTED or (qtype == Q.F32 and k % 64)):
-            self._kern = None  # (F32: the kernel takes rows of 64s, in ggml's orders)
+        if self._kern is not None and (qtype not in self._kern.SUPPORTED or (qtype == Q.F32 and k % 64)
+                                       or not self._kern.takes(qtype, k)):
+            self._kern = None  # (F32: the kernel takes rows of 64s, in ggml's orders; a LoRA factor's width may be any)
         self.kernel_rounds = self._kern is not None  # the kernel takes raw fp32 activations
         self._raw_t = torch_view(raw) if self._kern is not None else None
         # Q4_K and Q4_1 go to the kernel repacked in groups of 4 rows (kernels.cpu.PACKED: less work

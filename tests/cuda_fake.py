@@ -12,8 +12,9 @@ What it reproduces, and what it does not:
     kernel rounds (f16 / q8_0 KV caches, q_round, p_round), the order softcap and scale are applied
     in, and the masks. Summation order is numpy's/BLAS's, so results agree with the GPU to float32
     rounding, not bit for bit.
-  * Weights are dequantized once (gguf.quants, the reference) and multiplied in float32; the GPU
-    matvec uses fp32 activations too, so no activation quantization happens on either side.
+  * Weights are multiplied in float32 (sharpi's CPU kernels on fp32 activations, or their dequantization by
+    gguf.quants, the reference, for a GEMM or where the kernels are missing); the GPU matvec uses fp32
+    activations too, so no activation quantization happens on either side.
   * Batch invariance, which speculative verification relies on: like the GPU's matvec (T < 64) and
     attention kernels, every output row here is computed by the same operations in the same order
     whatever else is in the batch, so a row of a T-token pass equals a one-token pass bit for bit.
@@ -54,6 +55,7 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     q8_0_row_bytes,
     row_bytes,
 )
+from sharpi_core.kernels import cpu
 from sharpi_core.quants import q8_0_blocks, quantize_q8_blocks
 
 Q = gguf.GGMLQuantizationType
@@ -190,10 +192,17 @@ class CudaQWeight(WeightBase):
         T = _matmul_rows(x, out, self.n, self.k, self.name)
         if out is None:
             out = np.empty((T, self.n), dtype=np.float32)
-        W, xt, ot = self._weights(), torch.from_numpy(x), torch.from_numpy(out)
+        xt, ot = torch.from_numpy(x), torch.from_numpy(out)
         if T >= GEMM_MIN_ROWS:
-            torch.matmul(xt, W.T, out=ot)
+            torch.matmul(xt, self._weights().T, out=ot)
+        elif cpu.available() and cpu.takes(self.qtype, self.k) and out.flags.c_contiguous:
+            # sharpi's CPU kernels on fp32 activations (no rounding: mode 0): the dequantized weights times x
+            # with one FMA chain per (row, token), so a row's result does not depend on the others; reading
+            # the blocks, ~6x less memory than the fp32 copy
+            cpu.qmatmul(xt, torch.from_numpy(self.data.reshape(self.n, self.row_bytes)), self.qtype, self.n,
+                        self.k, out=ot)
         else:
+            W = self._weights()
             # One matvec per row, each on a fresh (64-byte aligned) copy: MKL's result for a row
             # then depends on nothing but that row, as with the GPU's batched matvec.
             for t in range(T):

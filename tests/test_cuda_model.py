@@ -73,10 +73,8 @@ FAKE_PARAMS = [model_param(n) for n in (SMOL, GEMMA, QWEN05)]  # llama, gemma3, 
 
 @pytest.mark.parametrize("name", FAKE_PARAMS)
 def test_fake_gpu_greedy_matches_llama_cpp(name):
-    # (Qwen: its first two prompts; the stand-in's dense fp32 0.5B takes ~2 s a prompt, and the other three
-    # add no path of the orchestration)
     gmodel, _, tok = on("fake", name)
-    check_greedy_against_fixtures(gmodel, tok, name, near_tie=GPU_NEAR_TIE, limit=2 if name == QWEN05 else None)
+    check_greedy_against_fixtures(gmodel, tok, name, near_tie=GPU_NEAR_TIE)
 
 
 def on_params(kind: str, names, *marks):

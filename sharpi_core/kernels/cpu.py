@@ -409,6 +409,11 @@ def repack(raw: torch.Tensor, qtype, n: int, k: int, inverse: bool = False) -> t
     return out
 
 
+def takes(qtype, k: int) -> bool:
+    """Whether qmatmul takes rows of k elements of qtype (whole blocks of its kernel)."""
+    return qtype in _INFO and k % _INFO[qtype][1] == 0
+
+
 def _bad_args(x, raw, qtype, n, k, out):
     """The ValueError that explains why qmatmul's arguments were rejected."""
     if qtype not in _INFO:
