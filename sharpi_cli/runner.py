@@ -895,21 +895,18 @@ def check_adapters(o: RunOptions) -> None:
     if o.lora_scaled:
         from sharpi_core.lora import parse_scaled as lora_scaled
         o.lora_scaled = lora_scaled(o.lora_scaled)
-    on_gpu = o.device == "cuda" and o.n_gpu_layers != 0
-    if control_files(o) and on_gpu:
-        raise UsageError("--control-vector: control vectors are applied on the CPU only (-ngl 0 with --device cuda)")
-    if lora_files(o) and on_gpu:
+    if lora_files(o) and o.device == "cuda" and o.n_gpu_layers != 0:
         raise UsageError("--lora: LoRA adapters are applied on the CPU only (-ngl 0 with --device cuda)")
 
 
 def apply_adapters(o: RunOptions, model) -> None:
-    """The control vectors and LoRA adapters given, loaded into the (CPU) model: llama.cpp's --control-vector
-    and --lora."""
+    """The control vectors and LoRA adapters given, loaded into the model (control vectors into a GPU model's
+    CPU model, which it reads them from; LoRA adapters only on the CPU): llama.cpp's --control-vector and --lora."""
     if control_files(o):
         from sharpi_core import control_vector
         c = model.config
-        model.control = control_vector.load(control_files(o), c.n_embd, c.n_layer,
-                                            o.control_vector_layer_range or (-1, -1))
+        cpu = getattr(model, "cpu", model)  # (a model on the GPU reads its CPU model's vectors)
+        cpu.control = control_vector.load(control_files(o), c.n_embd, c.n_layer, o.control_vector_layer_range or (-1, -1))
     if lora_files(o):
         from sharpi_core import lora
         lora.load(lora_files(o), model)

@@ -101,7 +101,6 @@ def test_bad_files_are_refused(tmp_path, tensors, message):
     (["--control-vector", "/nonexistent/v.gguf"], "no such file"),
     (["--control-vector-scaled", "v.gguf"], "the format is FNAME:SCALE"),
     (["--control-vector-scaled", "v.gguf:x"], "the format is FNAME:SCALE"),
-    (["--control-vector", "v.gguf", "--device", "cuda", "-ngl", "-1"], "applied on the CPU only"),
 ])
 def test_bad_flags_are_one_line_errors(flags, message):
     r = sharpi("-m", model_path(SMOL), "-p", "Hi", "-n", 1, *flags)

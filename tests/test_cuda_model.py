@@ -524,3 +524,45 @@ def test_gpu_speculative_greedy_parity_qwen():
     spec = Generator(target, target.new_cache(512), tok, greedy, drafter=drafter, spec_n_max=4).generate(prompt, n_predict=48)
     assert spec.tokens == plain.tokens
     assert spec.spec.acceptance > 0.5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_control_vectors_on_the_gpu_follow_the_cpu(kind, tmp_path):
+    # llama.cpp's (x + ffn) + c after the layers the vectors name: what the vectors change in the GPU model's
+    # logits is what they change in the CPU model's (other summation orders: ~10% of the change; ignored
+    # vectors or a wrong layer: ~100%), eagerly and as graph launches, whole and split (-ngl below the layer
+    # count); vectors dropped later are dropped there too (the graphs captured with them with them)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    from llamacpp_control_vector import write_vector  # noqa: PLC0415
+
+    from sharpi_core import control_vector  # noqa: PLC0415
+    model, tok = loaded(SMOL)
+    write_vector(tmp_path / "a.gguf", "a")
+    ids = torch.tensor(tok.encode("The capital of France is"))
+    path = [7042, 30, 198]  # (the greedy path with the vectors: " Paris", ".", "\n")
+
+    def steps(m):  # logits of the prompt's last row, then of 3 one-token passes (graph launches on the GPU)
+        cache = m.new_cache(64)
+        out = [m.forward(ids, 0, cache, last_n=1)[-1]]
+        out += [m.forward(torch.tensor([t]), cache.length, cache)[-1] for t in path]
+        return torch.stack(out)
+    gpus = [CudaTransformer(model, ops=ops_of(kind)), SplitTransformer(model, 15, ops=ops_of(kind))]
+    plain_cpu, plain_gpu = steps(model), [steps(m) for m in gpus]
+    try:
+        model.control = control_vector.load([(str(tmp_path / "a.gguf"), 1.0)], 576, 30)
+        change = steps(model) - plain_cpu  # [4, V]
+        for m, before in zip(gpus, plain_gpu):
+            rel = ((steps(m) - before) - change).norm(dim=1) / change.norm(dim=1)
+            assert (rel < 0.3).all(), rel
+        assert gpus[0].graph_launches > 0 or not gpus[0].use_graphs
+    finally:
+        model.control = {}
+    for m, before in zip(gpus, plain_gpu):
+        assert ((steps(m) - before).norm(dim=1) / change.norm(dim=1) < 0.01).all()
+    # the command line puts them where the GPU model reads them
+    from sharpi_cli import runner  # noqa: PLC0415
+    try:
+        runner.apply_adapters(runner.RunOptions(model="m", control_vector=[str(tmp_path / "a.gguf")]), gpus[1])
+        assert sorted(model.control) == list(range(1, 30))
+    finally:
+        model.control = {}

@@ -281,6 +281,7 @@ class CudaTransformer:
         self.fuse = FUSE
         self.fuse_combine = FUSE_COMBINE
         self._att_cnt = None  # attention's per-row counters (zeros between launches), for this stream only
+        self._cv, self._cv_key = {}, ()  # _controls
         self._ws = _Buffers(self.xp, True, ops.MAX_BATCH)
         self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {shape key: _Graph}
         # llama.cpp's CPU GELU goes through an fp16 table (~1e-3 off the exact one, enough to move
@@ -405,6 +406,7 @@ class CudaTransformer:
         positions = np.arange(start_pos, end, dtype=np.int32)
         ca = _CacheArrays(cache)
         with s:
+            self._controls()
             if T > self.ops.MAX_BATCH or self.trace is not None or not self.use_graphs:
                 bufs = _Buffers(self.xp, False)
                 inputs = self._inputs(bufs, ids, hidden, positions)
@@ -428,7 +430,7 @@ class CudaTransformer:
                         self.use_graphs = False
                     else:
                         keep = [*bufs.arrays.values(), *self._tables.values(), *self._heads.values(),
-                                *self._biases.values(), self._att_cnt]
+                                *self._biases.values(), *self._cv.values(), self._att_cnt]
                         graphs[key] = _Graph(graph, inputs, out, keep)
                 else:
                     self._upload(g.inputs, ids, hidden, positions)
@@ -466,6 +468,17 @@ class CudaTransformer:
                     host[i] = np.float32(v)
             b = self._biases[key] = self.xp.asarray(host)
         return b
+
+    def _controls(self) -> dict:
+        """The CPU model's control vectors ({layer: [D]}, control_vector.load) as device arrays (self._cv), made
+        again when they change, which drops the graphs captured before (before a pass, never inside a capture)."""
+        key = tuple((i, id(v)) for i, v in sorted(self.cpu.control.items()))
+        if self._cv_key != key:
+            self._cv = {i: self.xp.asarray(np.ascontiguousarray(v.numpy(), dtype=np.float32))
+                        for i, v in self.cpu.control.items()}
+            self._cv_key = key
+            self._graphs = weakref.WeakKeyDictionary()  # (graphs captured with other vectors, or none)
+        return self._cv
 
     def _counters(self, T: int):
         """Zeroed int32 counters for T query rows, a head each (made in an eager pass, so never inside a
@@ -531,6 +544,7 @@ class CudaTransformer:
         temps = self._temps(cache.capacity) if c.attn_temp_scale else None
         # attention's launch combines its own splits (its last block per row): one launch a layer less
         counters = self._counters(T) if fused and self.fuse_combine and H * hdv % 32 == 0 else None
+        controls = self._cv  # layer -> control vector (the CPU model's, on the device: _controls)
         pending = None  # the last FFN output, added to x by the norm that follows it
         for j, ly in enumerate(self.layers):
             i = self.first_layer + j
@@ -607,6 +621,13 @@ class CudaTransformer:
                 ops.scale(pending, c.residual_scale, stream=s)
             if tr is not None:
                 tr(f"ffn_out-{i}", pending)
+            cv = controls.get(i)
+            if cv is not None:  # llama.cpp's (x + ffn) + c: the residual add launched alone, then c (not fused)
+                ops.rms_norm(x, None, eps, out=b.get("cv_norm", x.shape), add=pending, stream=s)  # (its norm unused)
+                ops.add_bias(x, cv, stream=s)
+                pending = None
+                if tr is not None:
+                    tr(f"l_out-{i}", x)
         head = self.output if n_out is None else self._output_head(n_out)
         kind = act_kind(head.qtype)
         xn = ops.rms_norm(x, self.output_norm, eps, out=b.get("h", (T, D)), add=pending, rounding=kind, stream=s)
