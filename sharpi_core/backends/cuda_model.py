@@ -476,7 +476,8 @@ class CudaTransformer:
         if self._cv_key != key:
             self._cv = {i: self.xp.asarray(np.ascontiguousarray(v.numpy(), dtype=np.float32))
                         for i, v in self.cpu.control.items()}
-            self._cv_key = key
+            # (the source tensors held too: their ids in the key cannot go to new ones while they live)
+            self._cv_key, self._cv_src = key, list(self.cpu.control.values())
             self._graphs = weakref.WeakKeyDictionary()  # (graphs captured with other vectors, or none)
         return self._cv
 
