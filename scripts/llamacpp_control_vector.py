@@ -52,34 +52,50 @@ def write_vector(path: Path, name: str, n_embd: int = 576) -> None:
     finish(w)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def bin_args(doc: str, out_name: str) -> argparse.Namespace:
+    """BIN [-o OUT]: these oracle scripts' arguments (the llama.cpp build dir, the JSON in tests/data)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bin", type=Path, help="llama.cpp build dir holding llama-completion")
-    ap.add_argument("-o", "--out", type=Path, default=ROOT / "tests" / "data" / "llamacpp_control_vector.json")
-    a = ap.parse_args()
+    ap.add_argument("-o", "--out", type=Path, default=ROOT / "tests" / "data" / out_name)
+    return ap.parse_args()
+
+
+def fill(flags: list[str], files: dict) -> list[str]:
+    """The flags with {name} put in for the files written (name -> path)."""
+    return [f.format(**{n: str(p) for n, p in files.items()}) for f in flags]
+
+
+def run(bin_dir: Path, tool: str, args: list) -> subprocess.CompletedProcess:
+    """llama.cpp's `tool` from bin_dir (its libraries there too); its exit status not 0: the script stops."""
+    cmd = [str(bin_dir / tool), *map(str, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, LD_LIBRARY_PATH=str(bin_dir)),
+                       stdin=subprocess.DEVNULL)
+    if r.returncode:
+        raise SystemExit(f"{' '.join(cmd)}\n{r.stderr[-2000:]}")
+    return r
+
+
+def complete(bin_dir: Path, model, prompt: str, flags: list[str]) -> str:
+    """llama-completion's greedy text (N_PREDICT tokens) after the prompt, with flags."""
+    return run(bin_dir, "llama-completion", ["-m", model, "-p", prompt, "-n", N_PREDICT, "--temp", "0", "-t", "2",
+                                             "--no-warmup", "--no-display-prompt", "-no-cnv", "-c", "256", "-s", "1",
+                                             *flags]).stdout
+
+
+def main() -> None:
+    a = bin_args(__doc__, "llamacpp_control_vector.json")
     from sharpi_core.registry import resolve_model
     model = resolve_model(MODEL)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(a.bin))
     out = {"llama_cpp": "llama_cpp_python 0.3.36 vendor tree, llama-completion", "model": MODEL,
            "n_predict": N_PREDICT, "cases": []}
     with tempfile.TemporaryDirectory() as tmp:
         files = {n: Path(tmp) / f"{n}.gguf" for n in VECTORS}
         for n, p in files.items():
             write_vector(p, n)
-
-        def complete(prompt: str, flags: list[str]) -> str:
-            cmd = [str(a.bin / "llama-completion"), "-m", str(model), "-p", prompt, "-n", str(N_PREDICT),
-                   "--temp", "0", "-t", "2", "--no-warmup", "--no-display-prompt", "-no-cnv", "-c", "256", "-s", "1",
-                   *[f.format(**{n: str(p) for n, p in files.items()}) for f in flags]]
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
-            if r.returncode:
-                raise SystemExit(f"{' '.join(cmd)}\n{r.stderr[-2000:]}")
-            return r.stdout
-
         for prompt in PROMPTS:
-            plain = complete(prompt, [])
+            plain = complete(a.bin, model, prompt, [])
             for flags in CASES:
-                text = complete(prompt, flags)
+                text = complete(a.bin, model, prompt, fill(flags, files))
                 print(f"{prompt!r} {' '.join(flags)}: {text!r}")
                 assert text != plain, f"{flags}: the same text as without control vectors"
                 out["cases"].append({"prompt": prompt, "flags": flags, "text": text, "plain": plain})

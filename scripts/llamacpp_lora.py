@@ -12,10 +12,7 @@ llama-perplexity's result with adapters on the fixtures' text (sharpi perplexity
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,12 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from gguf_derive import finish  # noqa: E402
-from llamacpp_control_vector import write_vector  # noqa: E402
+from llamacpp_control_vector import N_PREDICT, bin_args, complete, fill, run, write_vector  # noqa: E402
 
 SMOL, QWEN, OLMO2 = "smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct-q4_k_m", "olmo2"
 PROMPTS = {SMOL: ["The capital of France is", "Once upon a time, in a small village by the sea,"],
            QWEN: ["def fibonacci(n):"], OLMO2: ["The capital of France is"]}
-N_PREDICT = 24
 ALL = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # name -> (arch, seed, GGUF type of A and B, rank, alpha (0: none), weights, layers, std of B, extra tensors)
 ADAPTERS = {
@@ -108,14 +104,10 @@ def write_adapter(path: Path, name: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bin", type=Path, help="llama.cpp build dir holding llama-completion")
-    ap.add_argument("-o", "--out", type=Path, default=ROOT / "tests" / "data" / "llamacpp_lora.json")
-    a = ap.parse_args()
+    a = bin_args(__doc__, "llamacpp_lora.json")
     from gguf_derive import derive
 
     from sharpi_core.registry import resolve_model
-    env = dict(os.environ, LD_LIBRARY_PATH=str(a.bin))
     out = {"llama_cpp": "llama_cpp_python 0.3.36 vendor tree, llama-completion", "n_predict": N_PREDICT, "cases": []}
     with tempfile.TemporaryDirectory() as tmp:
         models = {SMOL: resolve_model(SMOL), QWEN: resolve_model(QWEN), OLMO2: Path(tmp) / "olmo2.gguf"}
@@ -125,31 +117,20 @@ def main() -> None:
             write_adapter(p, n)
         files["v"] = Path(tmp) / "v.gguf"
         write_vector(files["v"], "a")
-
-        def complete(model: str, prompt: str, flags: list[str]) -> str:
-            cmd = [str(a.bin / "llama-completion"), "-m", str(models[model]), "-p", prompt, "-n", str(N_PREDICT),
-                   "--temp", "0", "-t", "2", "--no-warmup", "--no-display-prompt", "-no-cnv", "-c", "256", "-s", "1",
-                   *[f.format(**{n: str(p) for n, p in files.items()}) for f in flags]]
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
-            if r.returncode:
-                raise SystemExit(f"{' '.join(cmd)}\n{r.stderr[-2000:]}")
-            return r.stdout
-
         for model, flags in CASES:
             for prompt in PROMPTS[model]:
-                plain = complete(model, prompt, [])
-                text = complete(model, prompt, flags)
+                plain = complete(a.bin, models[model], prompt, [])
+                text = complete(a.bin, models[model], prompt, fill(flags, files))
                 print(f"{model} {prompt!r} {' '.join(flags)}: {text!r}")
                 assert text != plain, f"{flags}: the same text as without adapters"
                 out["cases"].append({"model": model, "prompt": prompt, "flags": flags, "text": text, "plain": plain})
         out["perplexity"] = []
         for flags in PPL_CASES:
-            cmd = [str(a.bin / "llama-perplexity"), "-m", str(models[SMOL]), "-f", str(PPL_TEXT), "-c", "128",
-                   "--chunks", "8", "-b", "128", "-t", "2", *[f.format(**{n: str(p) for n, p in files.items()}) for f in flags]]
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+            r = run(a.bin, "llama-perplexity", ["-m", models[SMOL], "-f", PPL_TEXT, "-c", "128", "--chunks", "8",
+                                                "-b", "128", "-t", "2", *fill(flags, files)])
             line = [ln for ln in r.stderr.splitlines() + r.stdout.splitlines() if "Final estimate: PPL = " in ln]
-            if r.returncode or not line:
-                raise SystemExit(f"{' '.join(cmd)}\n{r.stderr[-2000:]}")
+            if not line:
+                raise SystemExit(f"llama-perplexity {' '.join(flags)}: no final estimate\n{r.stderr[-2000:]}")
             ppl, err = line[-1].split("PPL = ")[1].split(" +/- ")
             print(f"perplexity {' '.join(flags)}: {ppl} +/- {err}")
             out["perplexity"].append({"flags": flags, "ppl": float(ppl), "err": float(err)})
