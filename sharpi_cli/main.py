@@ -42,6 +42,19 @@ def _err(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr, flush=True)
 
 
+# the model adapters' options, the same in `run` and `perplexity`
+LoraOpt = Annotated[list[str], Opt("--lora", help="apply a LoRA adapter (a GGUF of <weight>.lora_a / .lora_b pairs for "
+                                   "this model); comma-separated or repeated: applied in order", show_default=False)]
+LoraScaledOpt = Annotated[list[str], Opt("--lora-scaled", help="FNAME:SCALE,...: a LoRA adapter with its update times "
+                                         "SCALE", show_default=False)]
+ControlVectorOpt = Annotated[list[str], Opt("--control-vector", help="add a control vector (a GGUF of direction.<layer> "
+                                            "vectors added to the layers' outputs); comma-separated or repeated: "
+                                            "they add up", show_default=False)]
+ControlVectorScaledOpt = Annotated[list[str], Opt("--control-vector-scaled", help="FNAME:SCALE,...: a control vector "
+                                                  "times SCALE", show_default=False)]
+ControlVectorRangeOpt = Annotated[Optional[tuple[int, int]], Opt("--control-vector-layer-range", help="START END: the "
+                                  "layers (inclusive) control vectors apply to (default: all from 1)", show_default=False)]
+
 LOGIT_BIAS_RE = re.compile(r"^\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?|\.\d+)\s*$", re.I)
 
 
@@ -133,18 +146,11 @@ def run(
     mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF file into memory (default), or read it in "
                               "(--no-mmap: slower to load, no file pages shared with other processes)",
                               show_default=False)] = True,
-    lora: Annotated[list[str], Opt("--lora", help="apply a LoRA adapter (a GGUF of <weight>.lora_a / .lora_b pairs for "
-                                   "this model); comma-separated or repeated: applied in order", show_default=False)] = [],
-    lora_scaled: Annotated[list[str], Opt("--lora-scaled", help="FNAME:SCALE,...: a LoRA adapter with its update times "
-                                          "SCALE", show_default=False)] = [],
-    control_vector: Annotated[list[str], Opt("--control-vector", help="add a control vector (a GGUF of direction.<layer> "
-                                             "vectors added to the layers' outputs); comma-separated or repeated: "
-                                             "they add up", show_default=False)] = [],
-    control_vector_scaled: Annotated[list[str], Opt("--control-vector-scaled", help="FNAME:SCALE,...: a control vector "
-                                                    "times SCALE", show_default=False)] = [],
-    control_vector_layer_range: Annotated[Optional[tuple[int, int]], Opt("--control-vector-layer-range", help="START END: "
-                                          "the layers (inclusive) control vectors apply to (default: all from 1)",
-                                          show_default=False)] = None,
+    lora: LoraOpt = [],
+    lora_scaled: LoraScaledOpt = [],
+    control_vector: ControlVectorOpt = [],
+    control_vector_scaled: ControlVectorScaledOpt = [],
+    control_vector_layer_range: ControlVectorRangeOpt = None,
     system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode; with a prompt and no -cnv: one chat turn, like -st)")] = None,
     system_prompt_file: Annotated[Optional[str], Opt("-sysf", "--system-prompt-file", help="a file holding the system prompt (-sys from a file)")] = None,
     chat_template: Annotated[Optional[str], Opt("--chat-template", help=f"the chat template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) "
@@ -265,15 +271,11 @@ def perplexity(
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
     threads: Annotated[int, Opt("-t", "--threads")] = -1,
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="on, off or auto (= on)")] = "auto",
-    lora: Annotated[list[str], Opt("--lora", help="apply a LoRA adapter (as in a run)", show_default=False)] = [],
-    lora_scaled: Annotated[list[str], Opt("--lora-scaled", help="FNAME:SCALE,...: a LoRA adapter times SCALE",
-                                          show_default=False)] = [],
-    control_vector: Annotated[list[str], Opt("--control-vector", help="add a control vector (as in a run)",
-                                             show_default=False)] = [],
-    control_vector_scaled: Annotated[list[str], Opt("--control-vector-scaled", help="FNAME:SCALE,...: a control "
-                                                    "vector times SCALE", show_default=False)] = [],
-    control_vector_layer_range: Annotated[Optional[tuple[int, int]], Opt("--control-vector-layer-range", help="START END",
-                                          show_default=False)] = None,
+    lora: LoraOpt = [],
+    lora_scaled: LoraScaledOpt = [],
+    control_vector: ControlVectorOpt = [],
+    control_vector_scaled: ControlVectorScaledOpt = [],
+    control_vector_layer_range: ControlVectorRangeOpt = None,
 ):
     """Perplexity of a text, computed like llama-perplexity."""
     from . import runner

@@ -876,14 +876,19 @@ def model_settings(o: RunOptions) -> str:
     return "; ".join(parts)
 
 
+def _files(plain: list[str], scaled: list) -> list[tuple[str, float]]:
+    """(path, scale) of FNAME[,...] flags (scale 1) then of their -scaled flags' (path, scale) pairs."""
+    return [(p, 1.0) for v in plain for p in v.split(",")] + list(scaled)
+
+
 def lora_files(o: RunOptions) -> list[tuple[str, float]]:
     """(path, scale) of every LoRA adapter given, in order (--lora's at 1)."""
-    return [(p, 1.0) for v in o.lora for p in v.split(",")] + list(o.lora_scaled)
+    return _files(o.lora, o.lora_scaled)
 
 
 def control_files(o: RunOptions) -> list[tuple[str, float]]:
     """(path, strength) of every control vector given, in order (--control-vector's at 1)."""
-    return [(p, 1.0) for v in o.control_vector for p in v.split(",")] + list(o.control_vector_scaled)
+    return _files(o.control_vector, o.control_vector_scaled)
 
 
 def check_adapters(o: RunOptions) -> None:
