@@ -117,6 +117,20 @@ SH_HD uint2 ld_u64(const u8* p) { return ldg((const uint2*)p); }   // p 8-byte a
 SH_HD uint4 ld_u128(const u8* p) { return ldg((const uint4*)p); }  // p 16-byte aligned
 SH_HD float4 ld_f4(const float* p) { return ldg((const float4*)p); }  // p 16-byte aligned
 
+// ---- 8-bit integer dot products -----------------------------------------------------------------
+// c + the dot product of the four signed bytes of a and of b (one DP4A instruction on sm_61 and later)
+SH_HD int dp4a(u32 a, u32 b, int c) {
+#if defined(__CUDA_ARCH__)
+    return __dp4a((int)a, (int)b, c);
+#else
+    for (int i = 0; i < 4; i++) c += (int)(i8)(u8)(a >> (8 * i)) * (int)(i8)(u8)(b >> (8 * i));
+    return c;
+#endif
+}
+// each byte of v (0..127) minus o (0..128) as signed bytes, with no borrow between bytes: the byte's
+// top bit set first keeps it >= o, and flipping it back gives v - o mod 256 (3 operations a word)
+SH_HD u32 bytes_sub(u32 v, u32 o4) { return ((v | 0x80808080u) - o4) ^ 0x80808080u; }
+
 // ---- float conversions ---------------------------------------------------------------------------
 SH_HD float bits_f32(u32 u) {
 #if defined(__CUDA_ARCH__)
@@ -213,6 +227,12 @@ SH_D float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 #endif
+}
+
+SH_D int warp_isum(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 // Every thread of the block must call these; `red` is __shared__ float[32]. All threads get the result.

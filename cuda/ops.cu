@@ -3,13 +3,14 @@
 // All extern "C"; fp32 activations; strides in elements unless named *_b (bytes). Every kernel begins
 // with KERNEL_BEGIN() (common.cuh: it may be launched before the kernel it depends on has finished).
 //
-//   rms_norm_f32(x, x_st, nh, a, a_st, has_a, w, w_rows, has_w, y, y_st, n, eps, rmode)
+//   rms_norm_f32(x, x_st, nh, a, a_st, has_a, w, w_rows, has_w, y, y_st, n, eps, rmode, q, q_st)
 //       grid.x = rows, block = 32..1024 (x32). Row r of x is x + (r / nh)*x_st + (r % nh)*n: nh rows
 //       of n per token (heads, for per-head q/k norms; 1 otherwise), token stride x_st; same for a, y.
 //       With has_a, first x[r, i] += a[r, i] (the residual add, written back to x), then
 //       y[r, i] = x[r, i] / sqrt(mean_i x[r, i]^2 + eps) * w[(r % w_rows), i]   (y may be x),
 //       rounded as the next matmul's activations (act_round_q8 / round_half_f32 fused in): rmode 0
-//       none, 1 f16, 2 bf16, 3 8-bit blocks of 32 (f16 scale), 4 Q8_K blocks of 256 (n % block == 0)
+//       none, 1 f16, 2 bf16, 3 8-bit blocks of 32 (f16 scale), 4 Q8_K blocks of 256 (n % block == 0);
+//       with rmode 3 / 4 and q_st != 0 (nh == 1) also the q8 rows of y at q + r * q_st (see "q8 rows")
 //   add_bias_f32(x, x_st, T, n, b)      x[t, i] += b[i]; T*n threads, any 1-D launch
 //   scale_f32(x, x_st, T, n, alpha)     x[t, i] *= alpha; T*n threads, any 1-D launch
 //   scale_rows_f32(x, x_st, T, n, table, pos)   x[t, i] *= table[pos[t]]; T*n threads, any 1-D launch
@@ -32,8 +33,9 @@
 //       out[t, i] = act(g[t, i]) * u[t, i]; act 0 = silu, 1 = gelu (tanh approximation), 2 = that gelu
 //       through ggml's fp16 table (llama.cpp's CPU GELU: g rounded to f16, the result rounded to f16,
 //       0 for g <= -10 and g for g >= 10)
-//   glu_q8_f32(g, g_st, u, u_st, out, o_st, T, F, act, block, f16_scale)   one warp per block of the
-//       output: T*(F/block)*32 threads, block a multiple of 32; glu_f32's values, rounded as act_round_q8
+//   glu_q8_f32(g, g_st, u, u_st, out, o_st, T, F, act, block, f16_scale, q, q_st)   one warp per block of
+//       the output: T*(F/block)*32 threads, block a multiple of 32; glu_f32's values, rounded as
+//       act_round_q8 (with their q8 rows when q_st != 0)
 //   kv_append_f16(T, nkv, pos, src0, s_st0, D0, dst0, d_sp_b0, d_sh_b0, <the same for set 1>, rcs, n_rot, neox)
 //       grid.x * block.x >= T*nkv*D threads (D the larger of D0, D1), grid.y = 1 or 2: set y (the K
 //       and the V of a layer in one launch): dst + pos[t]*d_sp_b + h*d_sh_b holds D halves =
@@ -42,15 +44,21 @@
 //   kv_append_q8_0(same arguments)   one warp per 32 values, block a multiple of 32; D % 32 == 0; writes
 //       D/32 ggml q8_0 blocks (f16 d | int8 qs[32]) exactly as ggml's x86 quantize_row_q8_0
 //       (sharpi_core.quants.q8_0_blocks, the CPU cache's) does.
-//   act_round_q8(x, x_st, T, K, block, f16_scale, y, y_st)      one warp per block: T*(K/block)*32
+//   act_round_q8(x, x_st, T, K, block, f16_scale, y, y_st, q, q_st)   one warp per block: T*(K/block)*32
 //       threads, block a multiple of 32; block = 32 or 256, K % block == 0. y (may be x) = x rounded
 //       through llama.cpp's 8-bit activation blocks, dequantized (sharpi_core.quants.q8_parts):
 //       f16_scale=1 (Q8_0 / Q8_1, block 32): q = rint(x * (127 / amax)), y = q * f16(amax / 127);
 //       f16_scale=0 (Q8_K, block 256): m = the first element of largest magnitude,
 //       iscale = -127 / m, q = min(127, rint(iscale * x)), y = q * (1 / iscale).
+//       y_st == 0: no y written; q_st != 0: the q8 rows of y written at q + t * q_st.
+//   q8 rows (the integer matvecs' activations, qmatvec.cu's qmvi_*): row t of K values (K % 32 == 0) at
+//       q + t * q_st bytes, 16-byte aligned: int8 codes [K] | float d [K/32] | int32 sums [K/32], block b
+//       of 32 values being codes * d[b] (a Q8_K scale repeated for its 8 blocks of 32) and sums[b] the sum
+//       of its codes: the codes and scales of the rounding above, for the values y holds.
 //   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below;
 //       the partial kernels can read q through RoPE as kv_append reads K (rcs, n_rot, neox), and
-//       combine the splits themselves (cnt, O, o_st, rmode: the last block of each group of heads does it).
+//       combine the splits themselves (cnt, O, o_st, rmode: the last block of each group of heads does it;
+//       q8, q8_st: with rmode 3 / 4 and q8_st != 0 the output's q8 rows too; attn_combine_r's q, q_st too).
 //   argmax_part_f32(x, x_st, n, bias, has_bias, chunk, pv, pi)   grid = (S, rows), block 32..1024 (x32):
 //       block (b, r) writes the arg-max of x[r, i] (+ bias[i] with has_bias) over its chunk
 //       [b*chunk, min(n, (b+1)*chunk)) to pv[r*S + b] (value) and pi[r*S + b] (index; n when empty)
@@ -71,13 +79,16 @@ SH_D float round_half(float v, int bf16) {
     return h2f(f2h(v));
 }
 
-// llama.cpp's 8-bit rounding of one block of 32 * per values (per <= 8) held by a warp, lane l
-// holding elements l + 32 j in v[j], in place (sharpi_core.quants.q8_parts):
-// f16_scale=1 (Q8_0 / Q8_1): q = rint(x * (127 / amax)), x = q * f16(amax / 127);
+// (q8 rows: see the top; q8row_d / q8row_s are in quant_blocks.cuh)
+
+// llama.cpp's 8-bit codes of one block of 32 * per values (per <= 8) held by a warp, lane l holding
+// elements l + 32 j in v[j] (sharpi_core.quants.q8_parts): c[j] the codes (small integers as floats),
+// returned the scale d, the rounded values being c * d:
+// f16_scale=1 (Q8_0 / Q8_1): c = rint(x * (127 / amax)), d = f16(amax / 127);
 // f16_scale=0 (Q8_K): m = the first element of largest magnitude, iscale = -127 / m,
-// q = min(127, rint(iscale * x)), x = q * (1 / iscale).
+// c = min(127, rint(iscale * x)), d = 1 / iscale.  (c may be v.)
 // (Inlined with a constant per, as glu_q8_block and rms_norm_f32 call it, v stays in registers.)
-SH_D void round_q8_regs(float* v, int per, int f16_scale) {
+SH_D float q8_codes_regs(const float* v, float* c, int per, int f16_scale) {
     const int lane = threadIdx.x & 31;
     float am = 0.0f;   // largest magnitude seen by this lane
     int ai = 32 * per; // its index (the first one on ties)
@@ -93,28 +104,54 @@ SH_D void round_q8_regs(float* v, int per, int f16_scale) {
         if (am2 > am || (am2 == am && ai2 < ai)) am = am2, ai = ai2;
     }
     if (am == 0.0f) {
-        for (int j = 0; j < per; j++) v[j] = 0.0f;
-        return;
+        for (int j = 0; j < per; j++) c[j] = 0.0f;
+        return 0.0f;
     }
     if (f16_scale) {
         const float iscale = 127.0f / am;
-        const float d = h2f(f2h(am / 127.0f));
-        for (int j = 0; j < per; j++) v[j] = rintf(v[j] * iscale) * d;
-    } else {
-        const float m = __shfl_sync(0xffffffffu, v[(ai / 32) < per ? ai / 32 : 0], ai % 32);
-        const float iscale = -127.0f / m;
-        const float d = 1.0f / iscale;
-        for (int j = 0; j < per; j++) v[j] = fminf(127.0f, rintf(iscale * v[j])) * d;
+        for (int j = 0; j < per; j++) c[j] = rintf(v[j] * iscale);
+        return h2f(f2h(am / 127.0f));
+    }
+    const float m = __shfl_sync(0xffffffffu, v[(ai / 32) < per ? ai / 32 : 0], ai % 32);
+    const float iscale = -127.0f / m;
+    for (int j = 0; j < per; j++) c[j] = fminf(127.0f, rintf(iscale * v[j]));
+    return 1.0f / iscale;
+}
+
+// one warp writes the codes c (lane l: element e0 + l + 32 j, j < per) and the scale d of a block into
+// the q8 row q of K values (e0 % 32 == 0)
+SH_D void q8_store(const float* c, int per, float d, u8* q, int K, int e0) {
+    const int lane = threadIdx.x & 31;
+    for (int j = 0; j < per; j++) {
+        const int code = (int)c[j];
+        q[e0 + lane + 32 * j] = (u8)(i8)code;
+        const int sum = warp_isum(code);
+        if (lane == 0) {
+            q8row_d(q, K)[e0 / 32 + j] = d;
+            q8row_s(q, K)[e0 / 32 + j] = sum;
+        }
     }
 }
 
-// one warp rounds the block of 32 * per values at xb into yb (may be xb)
-SH_D void round_q8_block(const float* xb, float* yb, int per, int f16_scale) {
+// v rounded in place through llama.cpp's 8-bit blocks (q8_codes_regs); with q, its codes into the q8 row
+// q of K values too (v holding elements e0 + lane + 32 j)
+SH_D void round_q8_regs(float* v, int per, int f16_scale, u8* q = nullptr, int K = 0, int e0 = 0) {
+    float c[8];
+    const float d = q8_codes_regs(v, c, per, f16_scale);
+    for (int j = 0; j < per; j++) v[j] = c[j] * d;
+    if (q) q8_store(c, per, d, q, K, e0);
+}
+
+// one warp rounds the block of 32 * per values at xb into yb (may be xb; none if null), its codes into
+// the q8 row q (if any) of K values at element e0
+SH_D void round_q8_block(const float* xb, float* yb, int per, int f16_scale, u8* q = nullptr, int K = 0,
+                         int e0 = 0) {
     const int lane = threadIdx.x & 31;
     float v[8];
     for (int j = 0; j < per; j++) v[j] = xb[lane + 32 * j];  // coalesced, increasing index within the lane
-    round_q8_regs(v, per, f16_scale);
-    for (int j = 0; j < per; j++) yb[lane + 32 * j] = v[j];
+    round_q8_regs(v, per, f16_scale, q, K, e0);
+    if (yb)
+        for (int j = 0; j < per; j++) yb[lane + 32 * j] = v[j];
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------
@@ -127,7 +164,7 @@ SH_D void round_q8_block(const float* xb, float* yb, int per, int f16_scale) {
 #define RMS_SMEM 2048
 extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float* __restrict__ a, i64 a_st,
                                         int has_a, const float* __restrict__ w, int w_rows, int has_w, float* y,
-                                        i64 y_st, int n, float eps, int rmode) {
+                                        i64 y_st, int n, float eps, int rmode, u8* q, i64 q_st) {
     KERNEL_BEGIN();
     __shared__ float red[32];
     __shared__ float row[RMS_SMEM];
@@ -136,6 +173,7 @@ extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float*
     float* xr = x + (i64)t * x_st + (i64)hh * n;
     float* yr = y + (i64)t * y_st + (i64)hh * n;
     const float* wr = has_w ? w + (i64)(r % w_rows) * n : w;
+    u8* qr = q_st ? q + (i64)t * q_st : nullptr;  // the row's q8 row, if wanted (rounded rows have nh == 1)
     float ss = 0.0f;
     if (n <= RMS_REG_MAX * nt && (rmode != 4 || n <= RMS_SMEM) && (rmode != 3 || nt % 32 == 0)) {
         float v[RMS_REG_MAX];
@@ -178,14 +216,15 @@ extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float*
         if (rmode == 3) {  // a 32-block is a warp's k-th values (n % 32 == 0, nt % 32 == 0)
 #pragma unroll
             for (int k = 0; k < RMS_REG_MAX; k++)
-                if ((threadIdx.x & ~31) + nt * k < n) round_q8_regs(&v[k], 1, 1);
+                if ((threadIdx.x & ~31) + nt * k < n) round_q8_regs(&v[k], 1, 1, qr, n, (threadIdx.x & ~31) + nt * k);
         }
         if (rmode == 4) {  // Q8_K blocks of 256 span warps: each warp rounds whole blocks from shared memory
 #pragma unroll
             for (int k = 0; k < RMS_REG_MAX; k++)
                 if (threadIdx.x + nt * k < n) row[threadIdx.x + nt * k] = v[k];
             __syncthreads();
-            for (int c = threadIdx.x >> 5; c < n / 256; c += nt >> 5) round_q8_block(row + c * 256, yr + c * 256, 8, 0);
+            for (int c = threadIdx.x >> 5; c < n / 256; c += nt >> 5)
+                round_q8_block(row + c * 256, yr + c * 256, 8, 0, qr, n, c * 256);
             return;
         }
 #pragma unroll
@@ -215,7 +254,7 @@ extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float*
         __syncthreads();
         const int block = rmode == 3 ? 32 : 256, nw = nt >> 5;
         for (int c = threadIdx.x >> 5; c < n / block; c += nw)
-            round_q8_block(yr + c * block, yr + c * block, block / 32, rmode == 3);
+            round_q8_block(yr + c * block, yr + c * block, block / 32, rmode == 3, qr, n, c * block);
     }
 }
 
@@ -348,7 +387,7 @@ extern "C" __global__ void glu_f32(const float* g, i64 g_st, const float* u, i64
 
 // one warp: a block of 32 * PER gated values, lane l holding elements l + 32 j, rounded (loads first)
 template <int PER>
-SH_D void glu_q8_block(const float* g, const float* u, float* out, int act, int f16_scale) {
+SH_D void glu_q8_block(const float* g, const float* u, float* out, int act, int f16_scale, u8* q, int K, int e0) {
     const int lane = threadIdx.x & 31;
     float gv[PER], uv[PER], v[PER];
 #pragma unroll
@@ -358,25 +397,27 @@ SH_D void glu_q8_block(const float* g, const float* u, float* out, int act, int 
     }
 #pragma unroll
     for (int j = 0; j < PER; j++) v[j] = act_fn(gv[j], act) * uv[j];
-    round_q8_regs(v, PER, f16_scale);
+    round_q8_regs(v, PER, f16_scale, q, K, e0);
 #pragma unroll
     for (int j = 0; j < PER; j++) out[lane + 32 * j] = v[j];
 }
 
 extern "C" __global__ void glu_q8_f32(const float* g, i64 g_st, const float* u, i64 u_st, float* out, i64 o_st,
-                                      int T, int F, int act, int block, int f16_scale) {
+                                      int T, int F, int act, int block, int f16_scale, u8* q, i64 q_st) {
     KERNEL_BEGIN();
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nb = F / block, per = block / 32;
     if (gw >= (i64)T * nb) return;  // uniform over the warp
     const int t = (int)(gw / nb);
-    const i64 i0 = (gw % nb) * block;
+    const int i0 = (int)(gw % nb) * block;
+    u8* qr = q_st ? q + (i64)t * q_st : nullptr;
     if (per == 8)
-        glu_q8_block<8>(g + (i64)t * g_st + i0, u + (i64)t * u_st + i0, out + (i64)t * o_st + i0, act, f16_scale);
+        glu_q8_block<8>(g + (i64)t * g_st + i0, u + (i64)t * u_st + i0, out + (i64)t * o_st + i0, act, f16_scale,
+                        qr, F, i0);
     else
         for (int j = 0; j < per; j++)  // (blocks of 32 the warp rounds one by one)
             glu_q8_block<1>(g + (i64)t * g_st + i0 + 32 * j, u + (i64)t * u_st + i0 + 32 * j,
-                            out + (i64)t * o_st + i0 + 32 * j, act, f16_scale);
+                            out + (i64)t * o_st + i0 + 32 * j, act, f16_scale, qr, F, i0 + 32 * j);
 }
 
 // ---- KV cache append -------------------------------------------------------------------------------
@@ -429,13 +470,14 @@ extern "C" __global__ void kv_append_q8_0(KV_APPEND_ARGS) {
 // What llama.cpp's CPU backend does to the activations before a quantized matmul (their vec_dot_type):
 // the GPU matvecs then multiply the same values in fp32, so greedy output follows the CPU path's.
 extern "C" __global__ void act_round_q8(const float* x, i64 x_st, int T, int K, int block, int f16_scale,
-                                        float* y, i64 y_st) {
+                                        float* y, i64 y_st, u8* q, i64 q_st) {
     KERNEL_BEGIN();
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nb = K / block, per = block / 32;
     if (gw >= (i64)T * nb) return;  // uniform over the warp
     const int t = (int)(gw / nb), b = (int)(gw % nb);
-    round_q8_block(x + (i64)t * x_st + (i64)b * block, y + (i64)t * y_st + (i64)b * block, per, f16_scale);
+    round_q8_block(x + (i64)t * x_st + (i64)b * block, y_st ? y + (i64)t * y_st + (i64)b * block : nullptr, per,
+                   f16_scale, q_st ? q + (i64)t * q_st : nullptr, K, b * block);
 }
 
 // ---- arg-max (greedy decoding on the device: 4 bytes a row go back to the host, not the logits) ----
@@ -562,9 +604,10 @@ SH_D float attn_out(const float* Op, const float* ML, i64 part0, int S, int Dv, 
 
 // one warp's `block` values v[per] of row t from e0 (lane + 32 j), rounded by rmode (rms_norm's; 0 = not
 // rounded) and stored
-SH_D void attn_round_store(float* v, int per, int rmode, float* __restrict__ O, i64 o_st, int t, int e0) {
+SH_D void attn_round_store(float* v, int per, int rmode, float* __restrict__ O, i64 o_st, int t, int e0, u8* q,
+                            i64 q_st, int K) {
     if (rmode >= 3)
-        round_q8_regs(v, per, rmode == 3);
+        round_q8_regs(v, per, rmode == 3, q_st ? q + (i64)t * q_st : nullptr, K, e0);
     else if (rmode >= 1)
         for (int j = 0; j < per; j++) v[j] = round_half(v[j], rmode == 2);
     for (int j = 0; j < per; j++) O[(i64)t * o_st + e0 + (threadIdx.x & 31) + 32 * j] = v[j];
@@ -574,7 +617,7 @@ SH_D void attn_round_store(float* v, int per, int rmode, float* __restrict__ O, 
 // spans heads), combined from their splits and rounded by rmode
 // (ns: the row's splits that hold keys, attn_nsplits)
 SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, int H, int Dv, float* __restrict__ O,
-                             i64 o_st, int t, int e0, int rmode) {
+                             i64 o_st, int t, int e0, int rmode, u8* q, i64 q_st) {
     const int lane = threadIdx.x & 31;
     const int per = (rmode == 4 ? 256 : 32) / 32;
     float v[8];
@@ -585,7 +628,7 @@ SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, in
         attn_norm(ML, part0, ns, M, inv);
         v[j] = attn_out(Op, ML, part0, ns, Dv, e % Dv, M, inv);
     }
-    attn_round_store(v, per, rmode, O, o_st, t, e0);
+    attn_round_store(v, per, rmode, O, o_st, t, e0, q, q_st, H * Dv);
 }
 
 // The fused launch's end (rmode >= 0): every block counts itself done for its unit once its partial is
@@ -599,7 +642,7 @@ SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, in
 // attn_out's products and sums in its order, so the same bits. sh[room] holds the block's "last" flag.
 SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, float* __restrict__ O, i64 o_st,
                       int rmode, int* cnt, float* sh, int room, const int* __restrict__ qpos, int n_kv,
-                      int window, int chunk) {
+                      int window, int chunk, u8* q, i64 q_st) {
     const int t = blockIdx.y;
     const int block = rmode == 4 ? 256 : 32, per = block / 32, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
     int gd = block, b2 = Dv;  // gcd(Dv, block)
@@ -623,7 +666,7 @@ SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, fl
     const int e_lo = h0 * Dv, nb = hpu * Dv / block;  // the unit's elements of the row, in blocks
     if (hpu * (ns + 1) > room) {  // (a long context in few-key chunks) element by element
         for (int b = threadIdx.x >> 5; b < nb; b += nw)
-            attn_combine_block(Op, ML, S, ns, H, Dv, O, o_st, t, e_lo + b * block, rmode);
+            attn_combine_block(Op, ML, S, ns, H, Dv, O, o_st, t, e_lo + b * block, rmode, q, q_st);
     } else {
         float* inv_h = sh;       // [hpu]
         float* w = sh + hpu;     // [hpu][ns]
@@ -648,7 +691,7 @@ SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, fl
                 }
                 v[j] = o * inv_h[i];
             }
-            attn_round_store(v, per, rmode, O, o_st, t, e_lo + b * block);
+            attn_round_store(v, per, rmode, O, o_st, t, e_lo + b * block, q, q_st, H * Dv);
         }
     }
     if (threadIdx.x == 0) *c = 0;
@@ -835,7 +878,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         const u8 *__restrict__ Vc, i64 v_sp_b, i64 v_sh_b, const int *__restrict__ qpos, int n_kv, int H,  \
         int Hkv, int Dk, int Dv, float scale, float softcap, int window, int chunk, int q_round,          \
         int p_round, float *Op, float *ML, const float *__restrict__ rcs, int n_rot, int neox, int *cnt,     \
-        float *__restrict__ O, i64 o_st, int rmode
+        float *__restrict__ O, i64 o_st, int rmode, u8 *q8, i64 q8_st
 #define ATTN_PASS Q, q_st, Kc, k_sp_b, k_sh_b, Vc, v_sp_b, v_sh_b, qpos, n_kv, H, Hkv, Dk, Dv, scale, softcap, \
                   window, chunk, q_round, p_round, Op, ML, rcs, n_rot, neox
 
@@ -867,7 +910,7 @@ SH_D void attn_prefetch(const u8* Kc, i64 k_sp_b, i64 k_sh_b, int Dk, int kt, co
         if (rmode >= 0) {                                                              \
             extern __shared__ float att_smem[];                                        \
             attn_finish(Op, ML, gridDim.z, H, Dv, O, o_st, rmode, cnt, att_smem, Dk + chunk, \
-                        qpos, n_kv, window, chunk);                                    \
+                        qpos, n_kv, window, chunk, q8, q8_st);                         \
         }                                                                              \
     }
 ATTN_KERNEL(attn_partial_f16_f16, 0, 0)
@@ -893,12 +936,13 @@ extern "C" __global__ void attn_combine(const float* __restrict__ Op, const floa
 // threads, H*Dv % block == 0; the values are attn_combine's bit for bit before the rounding
 extern "C" __global__ void attn_combine_r(const float* __restrict__ Op, const float* __restrict__ ML, int S, int H,
                                           int Dv, float* __restrict__ O, i64 o_st, int T, int rmode,
-                                          const int* __restrict__ qpos, int n_kv, int window, int chunk) {
+                                          const int* __restrict__ qpos, int n_kv, int window, int chunk, u8* q,
+                                          i64 q_st) {
     KERNEL_BEGIN();
     const int block = rmode == 4 ? 256 : 32, nb = H * Dv / block;
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (gw >= (i64)T * nb) return;  // uniform over the warp
     const int t = (int)(gw / nb);
     attn_combine_block(Op, ML, S, attn_nsplits(qpos, t, n_kv, window, chunk, S), H, Dv, O, o_st, t,
-                       (int)(gw % nb) * block, rmode);
+                       (int)(gw % nb) * block, rmode, q, q_st);
 }

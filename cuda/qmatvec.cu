@@ -19,6 +19,15 @@
 //       Y[q*ldy + n] is written for q < nq, n < N; with has_bias, the sum + bias[n] (one rounding, as a
 //       separate add would give).
 //
+//   qmvi_<t>_q<NQ>_r<R>(const u8* W, i64 row_bytes, int N, int K,
+//                       const u8* XQ, i64 qst, float* Y, i64 ldy, int nq, const float* bias, int has_bias, int ws)
+//       (<t> in q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k) the integer matvecs: qmv's launch, rows and
+//       batch invariance, with the activations as q8 rows XQ + q*qst (bytes; 16-byte aligned: int8 codes
+//       [K] | float d [K/32] | int32 sums [K/32], cuda/ops.cu writes them) instead of X: weight codes
+//       times activation codes by DP4A, each (sub-)block's integer sum scaled once (quant_blocks.cuh's
+//       IQ* blocks). For a weight type's 8-bit activation kind (Q8_0 / Q8_1 for the legacy types, Q8_K
+//       for the K-quants) the product of the rounded activations, exact up to fp32 rounding.
+//
 //   Before KERNEL_BEGIN (common.cuh) a block asks the L2 for its weight rows: the launch may come while the
 //   kernel before is still running, and weights are the one input no kernel writes.
 //
@@ -41,9 +50,9 @@
 #endif
 #define QMV_MINB(NQ) ((NQ) >= 8 ? QMV_MINB_HI : (NQ) >= 2 ? QMV_MINB_MID : 1)
 
-template <class B, int NQ, int R>
+template <class B, int NQ, int R, bool INT>
 __device__ __forceinline__ void qmv_kernel(const u8* __restrict__ W, i64 row_bytes, int N, int K,
-                                           const float* __restrict__ X, i64 ldx, float* __restrict__ Y,
+                                           const void* __restrict__ X, i64 ldx, float* __restrict__ Y,
                                            i64 ldy, int nq, const float* __restrict__ bias, int has_bias,
                                            int ws) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -56,7 +65,12 @@ __device__ __forceinline__ void qmv_kernel(const u8* __restrict__ W, i64 row_byt
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < NQ; q++) acc[r][q] = 0.0f;
-    if (row0 < N) qmv_lane<B, NQ, R>(W, row_bytes, row0, N, K, X, ldx, nq, 32 * sub + lane, 32 * ws, acc);
+    if (row0 < N) {
+        if constexpr (INT)
+            qmvi_lane<B, NQ, R>(W, row_bytes, row0, N, K, (const u8*)X, ldx, nq, 32 * sub + lane, 32 * ws, acc);
+        else
+            qmv_lane<B, NQ, R>(W, row_bytes, row0, N, K, (const float*)X, ldx, nq, 32 * sub + lane, 32 * ws, acc);
+    }
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -110,17 +124,34 @@ __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 ro
     extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) qmv_##tname##_q##NQ##_r##R(QMV_ARGS) { \
         qmv_prefetch(W, row_bytes, N, QMV_WARPS / ws * R);                                            \
         KERNEL_BEGIN();                                                                                \
-        qmv_kernel<B, NQ, R>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias, ws);                                  \
+        qmv_kernel<B, NQ, R, false>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias, ws);      \
     }
 
+#define QMVI_ARGS                                                                                      \
+    const u8 *__restrict__ W, i64 row_bytes, int N, int K, const u8 *__restrict__ XQ, i64 qst,       \
+        float *__restrict__ Y, i64 ldy, int nq, const float *__restrict__ bias, int has_bias, int ws
+
+#define QMVI(tname, B, NQ, R)                                                                          \
+    extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) qmvi_##tname##_q##NQ##_r##R(QMVI_ARGS) { \
+        qmv_prefetch(W, row_bytes, N, QMV_WARPS / ws * R);                                            \
+        KERNEL_BEGIN();                                                                                \
+        qmv_kernel<B, NQ, R, true>(W, row_bytes, N, K, XQ, qst, Y, ldy, nq, bias, has_bias, ws);      \
+    }
+
+// every (NQ, R) variant of one weight type's kernels (M = QMV or QMVI)
+#define QMV_VARIANTS(M, tname, B)                                                                      \
+    M(tname, B, 1, 1)                                                                                  \
+    M(tname, B, 1, 4)                                                                                  \
+    M(tname, B, 2, 2)                                                                                  \
+    M(tname, B, 4, 2)                                                                                  \
+    M(tname, B, 8, 2)                                                                                  \
+    M(tname, B, 8, 4)                                                                                  \
+    M(tname, B, 16, 4)
+
+#define QMVI_TYPE(tname, B) QMV_VARIANTS(QMVI, tname, B)
+
 #define QMV_TYPE(tname, B)                                                                             \
-    QMV(tname, B, 1, 1)                                                                                \
-    QMV(tname, B, 1, 4)                                                                                \
-    QMV(tname, B, 2, 2)                                                                                \
-    QMV(tname, B, 4, 2)                                                                                \
-    QMV(tname, B, 8, 2)                                                                                \
-    QMV(tname, B, 8, 4)                                                                                \
-    QMV(tname, B, 16, 4)                                                                               \
+    QMV_VARIANTS(QMV, tname, B)                                                                        \
     extern "C" __global__ void __launch_bounds__(128)                                                  \
         deq_rows_##tname(const u8* __restrict__ W, i64 row_bytes, const int* __restrict__ ids, int K,  \
                          float* __restrict__ out, i64 ldo) {                                           \
@@ -146,18 +177,23 @@ QMV_TYPE(bf16, BBF16x8)
 #endif
 #if QMV_WANT(2)
 QMV_TYPE(q4_0, BQ4_0)
+QMVI_TYPE(q4_0, IQ4_0)
 #endif
 #if QMV_WANT(3)
 QMV_TYPE(q4_1, BQ4_1)
+QMVI_TYPE(q4_1, IQ4_1)
 #endif
 #if QMV_WANT(6)
 QMV_TYPE(q5_0, BQ5_0)
+QMVI_TYPE(q5_0, IQ5_0)
 #endif
 #if QMV_WANT(7)
 QMV_TYPE(q5_1, BQ5_1)
+QMVI_TYPE(q5_1, IQ5_1)
 #endif
 #if QMV_WANT(8)
 QMV_TYPE(q8_0, BQ8_0)
+QMVI_TYPE(q8_0, IQ8_0)
 #endif
 #if QMV_WANT(20)
 QMV_TYPE(iq4_nl, BIQ4_NL)
@@ -170,12 +206,15 @@ QMV_TYPE(q3_k, BQ3_K)
 #endif
 #if QMV_WANT(12)
 QMV_TYPE(q4_k, BQ4_K)
+QMVI_TYPE(q4_k, IQ4_K)
 #endif
 #if QMV_WANT(13)
 QMV_TYPE(q5_k, BQ5_K)
+QMVI_TYPE(q5_k, IQ5_K)
 #endif
 #if QMV_WANT(14)
 QMV_TYPE(q6_k, BQ6_K)
+QMVI_TYPE(q6_k, IQ6_K)
 #endif
 #if QMV_WANT(23)
 QMV_TYPE(iq4_xs, BIQ4_XS)

@@ -354,26 +354,242 @@ struct BF32x4 {
     }
 };
 
-// ---- the per-lane part of the matvec -----------------------------------------------------------------
+// ---- integer blocks: weight codes against the activations' 8-bit codes (DP4A) --------------------------
 //
-// Rows row0 .. row0+R-1 (rows >= N are clamped to N-1: read, never written) of W [N, K] (row_bytes
-// per row) against activation rows X[q*ldx .. +K) for q < nq <= NQ. acc[r][q] receives this lane's
-// partial sums; the caller adds them up over the `width` lanes (a multiple of 32) sharing the rows.
-// Lane `lane` of them walks blocks lane/LPB, lane/LPB + width/LPB, ... and reads each of its weight
-// bytes once for all nq rows of X.
-template <class B, int NQ, int R>
-SH_HD void qmv_lane(const u8* W, i64 row_bytes, int row0, int N, int K, const float* X, i64 ldx,
-                    int nq, int lane, int width, float (&acc)[R][NQ]) {
+// The matvec's activations are llama.cpp's 8-bit blocks (the model rounds them so before every quantized
+// matmul), so a block's product is an exact integer sum of weight codes times activation codes, scaled
+// once: d_w * d_x * sum(q_w * q_x) (+ the weight block's min times d_x * sum(q_x)). The activations come
+// as a q8 row (written by the kernel that rounds them, cuda/ops.cu): int8 codes [K] | float d [K/32] |
+// int32 sums [K/32], d and the sums per 32 values (a Q8_K scale repeated for its 8 blocks of 32).
+// A block of BS weights is split over LPB lanes (lane t < LPB); each lane owns BS / LPB weights:
+//   load(b, t)         its weight codes as signed-byte words (offsets applied: 4 codes a dp4a), scales
+//   A::load(xq, K, ib, t)   the matching activation codes of q8 row xq for block ib, with its d / sums
+//   dot(a)             the lane's part of the block's product with that row, a float
+// Where a weight block has a min (Q4_1, Q5_1, Q4_K, Q5_K), one lane per sub-block adds min * d_x * sum(q_x).
+SH_HD const float* q8row_d(const u8* q, int K) { return (const float*)(q + K); }
+SH_HD const int* q8row_s(const u8* q, int K) { return (const int*)(q + K + 4 * (K / 32)); }
+SH_HD float* q8row_d(u8* q, int K) { return (float*)(q + K); }
+SH_HD int* q8row_s(u8* q, int K) { return (int*)(q + K + 4 * (K / 32)); }
+
+SH_HD int dp4a_x2(const u32* w, uint2 a, int c) { return dp4a(w[1], a.y, dp4a(w[0], a.x, c)); }
+SH_HD int dp4a_x4(const u32* w, uint4 a, int c) {
+    return dp4a(w[3], a.w, dp4a(w[2], a.z, dp4a(w[1], a.y, dp4a(w[0], a.x, c))));
+}
+
+// legacy 32-blocks, lane t of 2: qs bytes [8t, 8t+8): low nibbles = elements 8t..8t+7, high ones 16+8t..
+// w[0], w[1]: elements 8t + [0,4), [4,8); w[2], w[3]: 16 + 8t + [0,4), [4,8)
+struct QA32 {  // a lane's activations of a 32-block
+    uint2 lo, hi;
+    float d;
+    int s;
+    SH_HD void load(const u8* xq, int K, int ib, int t) {
+        lo = ld_u64(xq + 32 * ib + 8 * t);
+        hi = ld_u64(xq + 32 * ib + 16 + 8 * t);
+        d = q8row_d(xq, K)[ib];
+        s = q8row_s(xq, K)[ib];
+    }
+};
+SH_HD void nibble_words(u32 x, u32 y, u32* w) {
+    w[0] = x & 0x0F0F0F0Fu;
+    w[1] = y & 0x0F0F0F0Fu;
+    w[2] = (x >> 4) & 0x0F0F0F0Fu;
+    w[3] = (y >> 4) & 0x0F0F0F0Fu;
+}
+SH_HD int qa32_dot(const u32* w, const QA32& a) { return dp4a_x2(w + 2, a.hi, dp4a_x2(w, a.lo, 0)); }
+
+// a legacy block's lane part: 16 codes and the scale d (IQ32), plus the min m (IQ32M; lane 0's only, the
+// block's min then counted once)
+struct IQ32 {
+    static constexpr int BS = 32, LPB = 2;
+    using A = QA32;
+    float d;
+    u32 w[4];
+    SH_HD float dot(const A& a) const { return a.d * (d * (float)qa32_dot(w, a)); }
+};
+struct IQ32M : IQ32 {
+    float m;
+    SH_HD float dot(const A& a) const { return a.d * sh_fma(d, (float)qa32_dot(w, a), m * (float)a.s); }
+};
+
+struct IQ4_0 : IQ32 {  // d f16 | qs[16]; w = d * (q - 8)
+    static constexpr int TS = 18;
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        nibble_words(ld_u32_a2(b + 2 + 8 * t), ld_u32_a2(b + 6 + 8 * t), w);
+        for (int i = 0; i < 4; i++) w[i] = bytes_sub(w[i], 0x08080808u);
+    }
+};
+
+struct IQ4_1 : IQ32M {  // d f16 | m f16 | qs[16]; w = d * q + m
+    static constexpr int TS = 20;
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        m = t == 0 ? h2f(ld_u16(b + 2)) : 0.0f;
+        nibble_words(ld_u32(b + 4 + 8 * t), ld_u32(b + 8 + 8 * t), w);
+    }
+};
+
+// the 5th bits of the lane's word i (elements 16 (i >> 1) + 8t + 4 (i & 1) + [0, 4): bits of qh) as bit 4
+// of its four bytes
+SH_HD u32 high_bits4(u32 qh, int t, int i) { return spread4(qh >> (16 * (i >> 1) + 8 * t + 4 * (i & 1))) << 4; }
+
+struct IQ5_0 : IQ32 {  // d f16 | qh u32 | qs[16]; w = d * (q - 16)
+    static constexpr int TS = 22;
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        const u32 qh = ld_u32_a2(b + 2);
+        nibble_words(ld_u32_a2(b + 6 + 8 * t), ld_u32_a2(b + 10 + 8 * t), w);
+        for (int i = 0; i < 4; i++) w[i] = bytes_sub(w[i] | high_bits4(qh, t, i), 0x10101010u);
+    }
+};
+
+struct IQ5_1 : IQ32M {  // d f16 | m f16 | qh u32 | qs[16]; w = d * q + m
+    static constexpr int TS = 24;
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        m = t == 0 ? h2f(ld_u16(b + 2)) : 0.0f;
+        const u32 qh = ld_u32(b + 4);
+        nibble_words(ld_u32(b + 8 + 8 * t), ld_u32(b + 12 + 8 * t), w);
+        for (int i = 0; i < 4; i++) w[i] |= high_bits4(qh, t, i);
+    }
+};
+
+struct IQ8_0 {  // d f16 | qs int8[32]; lane t of 2 owns elements [16t, 16t+16)
+    static constexpr int BS = 32, TS = 34, LPB = 2;
+    struct A {
+        uint4 q;
+        float d;
+        SH_HD void load(const u8* xq, int K, int ib, int t) {
+            q = ld_u128(xq + 32 * ib + 16 * t);
+            d = q8row_d(xq, K)[ib];
+        }
+    };
+    float d;
+    u32 w[4];
+    SH_HD void load(const u8* b, int t) {
+        d = h2f(ld_u16(b));
+        for (int i = 0; i < 4; i++) w[i] = ld_u32_a2(b + 2 + 16 * t + 4 * i);
+    }
+    SH_HD float dot(const A& a) const { return a.d * (d * (float)dp4a_x4(w, a.q, 0)); }
+};
+
+// Q4_K / Q5_K, lane t of 8: G = t >> 1 (sub-blocks 2G and 2G+1), h = t & 1: qs bytes [32G + 16h, +16),
+// whose low nibbles are elements 64G + 16h + [0,16) (sub-block 2G), high ones 64G + 32 + 16h + [0,16).
+// sum = d * sum_j sc_j * (q . x)_j - dmin * sum_j m_j * sum(x)_j over the lane's two sub-blocks j (the
+// mins from lane h == 0 only), times the row's d_x.
+struct QAK4 {
+    uint4 lo, hi;
+    float d;
+    int s0, s1;
+    SH_HD void load(const u8* xq, int K, int ib, int t) {
+        const int G = t >> 1, e = 256 * ib + 64 * G + 16 * (t & 1);
+        lo = ld_u128(xq + e);
+        hi = ld_u128(xq + e + 32);
+        d = q8row_d(xq, K)[8 * ib];
+        const int* s = q8row_s(xq, K) + 8 * ib + 2 * G;
+        s0 = s[0];
+        s1 = s[1];
+    }
+};
+
+struct IQ4_K {  // d f16 | dmin f16 | scales[12] | qs[128]
+    static constexpr int BS = 256, TS = 144, LPB = 8;
+    using A = QAK4;
+    float d, dmin;
+    int sc0, sc1, mn0, mn1;
+    u32 w[8];  // sub-block 2G's 16 codes, then 2G+1's
+    SH_HD void scales(const u8* b, int t) {
+        const u32 dd = ld_u32(b);
+        d = h2f((u16)(dd & 0xFFFFu));
+        dmin = h2f((u16)(dd >> 16));
+        const int G = t >> 1;
+        k4_scale_min(b + 4, 2 * G, sc0, mn0);
+        k4_scale_min(b + 4, 2 * G + 1, sc1, mn1);
+        if (t & 1) mn0 = mn1 = 0;
+    }
+    SH_HD void load(const u8* b, int t) {
+        scales(b, t);
+        const uint4 q = ld_u128(b + 16 + 32 * (t >> 1) + 16 * (t & 1));
+        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+        for (int i = 0; i < 4; i++) {
+            w[i] = qw[i] & 0x0F0F0F0Fu;
+            w[4 + i] = (qw[i] >> 4) & 0x0F0F0F0Fu;
+        }
+    }
+    SH_HD float dot(const A& a) const {
+        const int isum = sc0 * dp4a_x4(w, a.lo, 0) + sc1 * dp4a_x4(w + 4, a.hi, 0);
+        const int msum = mn0 * a.s0 + mn1 * a.s1;
+        return a.d * (d * (float)isum - dmin * (float)msum);
+    }
+};
+
+struct IQ5_K : IQ4_K {  // d f16 | dmin f16 | scales[12] | qh[32] | qs[128]; 5th bit of element l of sub-block j: bit j of qh[l]
+    static constexpr int TS = 176;
+    SH_HD void load(const u8* b, int t) {
+        scales(b, t);
+        const int G = t >> 1;
+        const uint4 q = ld_u128(b + 48 + 32 * G + 16 * (t & 1));
+        const uint4 h = ld_u128(b + 16 + 16 * (t & 1));
+        const u32 qw[4] = {q.x, q.y, q.z, q.w}, hw[4] = {h.x, h.y, h.z, h.w};
+        for (int i = 0; i < 4; i++) {
+            w[i] = (qw[i] & 0x0F0F0F0Fu) | (((hw[i] >> (2 * G)) & 0x01010101u) << 4);
+            w[4 + i] = ((qw[i] >> 4) & 0x0F0F0F0Fu) | (((hw[i] >> (2 * G + 1)) & 0x01010101u) << 4);
+        }
+    }
+};
+
+// Q6_K, lane t of 8: h = t >> 2, l0 = 8 (t & 3): elements 128h + 32s + l0 + [0,8) for s = 0..3, whose
+// scale is scales[8h + 2s + (l0 >> 4)]; low 4 bits: nibble s >> 1 of ql[64h + 32(s & 1) + l], high 2
+// bits: bits 2s.. of qh[32h + l] (l = l0 + [0,8)); w = d * sc * (q - 32).
+struct IQ6_K {  // ql[128] | qh[64] | scales int8[16] | d f16
+    static constexpr int BS = 256, TS = 210, LPB = 8;
+    struct A {
+        uint2 x[4];
+        float d;
+        SH_HD void load(const u8* xq, int K, int ib, int t) {
+            const u8* p = xq + 256 * ib + 128 * (t >> 2) + 8 * (t & 3);
+            for (int s = 0; s < 4; s++) x[s] = ld_u64(p + 32 * s);
+            d = q8row_d(xq, K)[8 * ib];
+        }
+    };
+    float d;
+    int sc[4];
+    u32 w[8];  // [s][2]
+    SH_HD void load(const u8* b, int t) {
+        const int h = t >> 2, l0 = 8 * (t & 3);
+        for (int k = 0; k < 2; k++) {
+            const u32 A = ld_u32_a2(b + 64 * h + l0 + 4 * k), B = ld_u32_a2(b + 64 * h + 32 + l0 + 4 * k);
+            const u32 C = ld_u32_a2(b + 128 + 32 * h + l0 + 4 * k);
+            w[0 + k] = (A & 0x0F0F0F0Fu) | ((C & 0x03030303u) << 4);
+            w[2 + k] = (B & 0x0F0F0F0Fu) | (((C >> 2) & 0x03030303u) << 4);
+            w[4 + k] = ((A >> 4) & 0x0F0F0F0Fu) | (((C >> 4) & 0x03030303u) << 4);
+            w[6 + k] = ((B >> 4) & 0x0F0F0F0Fu) | (((C >> 6) & 0x03030303u) << 4);
+        }
+        for (int i = 0; i < 8; i++) w[i] = bytes_sub(w[i], 0x20202020u);
+        for (int s = 0; s < 4; s++) sc[s] = (int)(i8)ldg(b + 192 + 8 * h + 2 * s + ((t & 3) >> 1));
+        d = h2f(ld_u16(b + 208));
+    }
+    SH_HD float dot(const A& a) const {
+        int isum = 0;
+        for (int s = 0; s < 4; s++) isum += sc[s] * dp4a_x2(w + 2 * s, a.x[s], 0);
+        return a.d * (d * (float)isum);
+    }
+};
+
+// ---- the per-lane part of the matvecs ----------------------------------------------------------------
+//
+// The walk both kinds of matvec share: lane `lane` of the `width` sharing rows row0 .. row0+R-1 loads
+// its part (B::load) of blocks lane/LPB, lane/LPB + width/LPB, ..., of every row, U blocks' loads issued
+// before any is used (more bytes in flight per lane), and hands each block's R row parts to
+// use(blk, ib, t) in walk order.
+template <class B, int R, int U, class F>
+SH_HD void qmv_walk(const u8* W, i64 row_bytes, int row0, int N, int K, int lane, int width, F use) {
     const int BPI = width / B::LPB;  // blocks per iteration of the lanes sharing the rows
     const int nb = K / B::BS;
     const int t = lane % B::LPB;
     const u8* rp[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rp[r] = W + (i64)imin(row0 + r, N - 1) * row_bytes;
-    // U blocks' loads are issued before any is used (more bytes in flight per lane; the variants of
-    // few activation rows and at most 2 weight rows have the registers for it, 4 weight rows are 4
-    // loads in flight already); the sums still run block after block, in walk order
-    constexpr int U = NQ <= 4 && R <= 2 ? 2 : 1;
     for (int ib0 = lane / B::LPB; ib0 < nb; ib0 += U * BPI) {
         B blk[U][R];
 #pragma unroll
@@ -385,30 +601,67 @@ SH_HD void qmv_lane(const u8* W, i64 row_bytes, int row0, int N, int K, const fl
         for (int u = 0; u < U; u++) {
             const int ib = ib0 + u * BPI;
             if (ib >= nb) break;
+            use(blk[u], ib, t);
+        }
+    }
+}
+
+// 2 blocks' loads in flight where the variant has the registers (few activation rows, at most 2 weight
+// rows; 4 weight rows are 4 loads in flight already)
+template <int NQ, int R>
+struct QmvUnroll {
+    static constexpr int U = NQ <= 4 && R <= 2 ? 2 : 1;
+};
+
+// Rows row0 .. row0+R-1 (rows >= N are clamped to N-1: read, never written) of W [N, K] (row_bytes
+// per row) against activation rows X[q*ldx .. +K) for q < nq <= NQ. acc[r][q] receives this lane's
+// partial sums; the caller adds them up over the `width` lanes (a multiple of 32) sharing the rows.
+// Each weight byte is read once for all nq rows of X; a row's sums run block after block in walk order.
+template <class B, int NQ, int R>
+SH_HD void qmv_lane(const u8* W, i64 row_bytes, int row0, int N, int K, const float* X, i64 ldx,
+                    int nq, int lane, int width, float (&acc)[R][NQ]) {
+    qmv_walk<B, R, QmvUnroll<NQ, R>::U>(W, row_bytes, row0, N, K, lane, width, [&](const B (&blk)[R], int ib, int t) {
 #pragma unroll
-            for (int g = 0; g < B::NG; g++) {
-                float w[R][4];
+        for (int g = 0; g < B::NG; g++) {
+            float w[R][4];
 #pragma unroll
-                for (int r = 0; r < R; r++) blk[u][r].deq(g, w[r]);
-                const float* xp = X + (i64)ib * B::BS + B::off(t, g);
+            for (int r = 0; r < R; r++) blk[r].deq(g, w[r]);
+            const float* xp = X + (i64)ib * B::BS + B::off(t, g);
 #pragma unroll
-                for (int q = 0; q < NQ; q++) {
-                    if (q < nq) {
-                        const float4 x = ld_f4(xp + q * ldx);
+            for (int q = 0; q < NQ; q++) {
+                if (q < nq) {
+                    const float4 x = ld_f4(xp + q * ldx);
 #pragma unroll
-                        for (int r = 0; r < R; r++) {
-                            float a = acc[r][q];
-                            a = sh_fma(w[r][0], x.x, a);
-                            a = sh_fma(w[r][1], x.y, a);
-                            a = sh_fma(w[r][2], x.z, a);
-                            a = sh_fma(w[r][3], x.w, a);
-                            acc[r][q] = a;
-                        }
+                    for (int r = 0; r < R; r++) {
+                        float a = acc[r][q];
+                        a = sh_fma(w[r][0], x.x, a);
+                        a = sh_fma(w[r][1], x.y, a);
+                        a = sh_fma(w[r][2], x.z, a);
+                        a = sh_fma(w[r][3], x.w, a);
+                        acc[r][q] = a;
                     }
                 }
             }
         }
-    }
+    });
+}
+
+// The integer matvec's lane part (integer blocks IQ*): as qmv_lane over q8 rows XQ + q * qst (bytes) of
+// K values; a block's activations are loaded once for the R weight rows.
+template <class B, int NQ, int R>
+SH_HD void qmvi_lane(const u8* W, i64 row_bytes, int row0, int N, int K, const u8* XQ, i64 qst, int nq, int lane,
+                     int width, float (&acc)[R][NQ]) {
+    qmv_walk<B, R, QmvUnroll<NQ, R>::U>(W, row_bytes, row0, N, K, lane, width, [&](const B (&blk)[R], int ib, int t) {
+#pragma unroll
+        for (int q = 0; q < NQ; q++) {
+            if (q < nq) {
+                typename B::A a;
+                a.load(XQ + q * qst, K, ib, t);
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][q] += blk[r].dot(a);
+            }
+        }
+    });
 }
 
 // The per-thread part of dequantizing one row: thread `tid` of `nthreads` (a multiple of LPB) writes

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Benchmark the CUDA quantized matvec kernels (sharpi_core.backends.cuda.CudaQWeight.matmul) on a GPU:
 time per call and weight bandwidth (weight bytes / time) against the GPU's peak, for 1..16 activation
-rows (the batched variants read each weight block once for all rows, so their GB/s should hold), and
-for each way of sharing a row between warps (`--splits`; `auto` is what the model uses, qmv_split).
+rows (the batched variants read each weight block once for all rows, so their GB/s should hold), for
+each way of sharing a row between warps (`--splits`; `auto` is what the model uses, qmv_split), and for
+the integer (DP4A, q8 rows) and float matvecs of the types that have both (`--kernels int,float`).
 
 Calls are timed as they run in a decoding pass: replayed from a CUDA graph (no Python launch cost in
 the time), each on another copy of the weight, enough copies to be several times the GPU's L2 (a
@@ -72,10 +73,11 @@ def replayed(cp, run, stream, reps: int) -> float:
     return cp.cuda.get_elapsed_time(start, end) / 1e3 / reps
 
 
-def time_calls(cp, ws, x, out, reps: int) -> float:
-    """Seconds per call of `reps` passes over the weights ws (one call each), replayed as a CUDA graph."""
+def time_calls(cp, ws, x, out, reps: int, xq=None) -> float:
+    """Seconds per call of `reps` passes over the weights ws (one call each), replayed as a CUDA graph
+    (xq: the q8 rows of x, for the integer matvecs)."""
     stream = cp.cuda.Stream(non_blocking=True)
-    return replayed(cp, lambda: [w.matmul(x, stream=stream, out=out) for w in ws], stream, reps) / len(ws)
+    return replayed(cp, lambda: [w.matmul(x, stream=stream, out=out, xq=xq) for w in ws], stream, reps) / len(ws)
 
 
 def time_attention(cp, spec: str, reps: int, layers: int = 28) -> None:
@@ -115,6 +117,8 @@ def main() -> int:
     ap.add_argument("--mats", default=DEFAULT_MATS, help="type:N:K,... (N rows of K weights)")
     ap.add_argument("--ts", default="1,5,16", help="activation rows")
     ap.add_argument("--splits", default="auto,1,2,4", help="warps per row: auto (the model's choice) or 1, 2, 4")
+    ap.add_argument("--kernels", default="int,float",
+                    help="int (DP4A on q8 rows, the default where a type has them) and / or float matvecs")
     ap.add_argument("--reps", type=int, default=20, help="graph replays timed")
     ap.add_argument("--l2-mb", type=float, default=240, help="copies of a weight fill at least this many MB")
     ap.add_argument("--attn", default="", help="H:Hkv:D:context:T,... time attention instead (e.g. "
@@ -135,7 +139,8 @@ def main() -> int:
             time_attention(cp, spec, a.reps)
         return 0
     ts = [int(t) for t in a.ts.split(",")]
-    print(f"{'type':6s} {'N x K':>12s} {'MB':>6s} {'ws':>6s} " + " ".join(f"{'T=' + str(t):>26s}" for t in ts))
+    print(f"{'type':6s} {'N x K':>12s} {'MB':>6s} {'kern':>5s} {'ws':>6s} "
+          + " ".join(f"{'T=' + str(t):>26s}" for t in ts))
     rng = np.random.default_rng(0)
     builds = [""] + [d.strip() for d in a.defs.split(";") if d.strip()]
     for spec in a.mats.split(","):
@@ -145,22 +150,28 @@ def main() -> int:
         nbytes = raw.nbytes
         copies = max(1, min(64, int(np.ceil(a.l2_mb * 1e6 / nbytes))))
         ws = [cb.CudaQWeight(raw, qtype, n, k) for _ in range(copies)]
-        auto, opts = ws[0].split, ws[0]._opts
-        for split in a.splits.split(","):
-            v = auto if split == "auto" else int(split)
-            for defs in builds:
-                for w in ws:
-                    w.split, w._opts = v, opts + tuple(defs.split())
-                cells = []
-                for T in ts:
-                    x = cp.asarray(rng.standard_normal((T, k)).astype(np.float32))
-                    out = cp.empty((T, n), cp.float32)
-                    sec = time_calls(cp, ws, x, out, a.reps)
-                    gbs = nbytes / sec
-                    cells.append(f"{sec * 1e6:8.1f} us {gbs / 1e9:6.0f} GB/s {100 * gbs / peak:3.0f}%")
-                label = f"{v}" + ("*" if split == "auto" else "")
-                print(f"{qtype.name:6s} {f'{n}x{k}':>12s} {nbytes / 1e6:6.1f} {label:>6s} "
-                      + " ".join(f"{c:>26s}" for c in cells) + (f"  {defs}" if defs else ""))
+        opts, ikind = ws[0]._opts, cb.int_act_kind(qtype)
+        for kern in a.kernels.split(","):
+            if kern == "int" and ikind is None:
+                continue  # no integer matvecs for this type
+            xk = ikind if kern == "int" else None
+            auto = cb.qmv_split(qtype, n, k, xk is not None)
+            for split in a.splits.split(","):
+                v = auto if split == "auto" else int(split)
+                for defs in builds:
+                    for w in ws:
+                        w.split, w._opts, w.xq_kind = v, opts + tuple(defs.split()), xk
+                    cells = []
+                    for T in ts:
+                        x = cp.asarray(cb.round_act(cp.asarray(rng.standard_normal((T, k)).astype(np.float32)), xk)
+                                       if xk else rng.standard_normal((T, k)).astype(np.float32))
+                        out = cp.empty((T, n), cp.float32)
+                        sec = time_calls(cp, ws, x, out, a.reps, cb.quantize_act(x, xk) if xk else None)
+                        gbs = nbytes / sec
+                        cells.append(f"{sec * 1e6:8.1f} us {gbs / 1e9:6.0f} GB/s {100 * gbs / peak:3.0f}%")
+                    label = f"{v}" + ("*" if split == "auto" else "")
+                    print(f"{qtype.name:6s} {f'{n}x{k}':>12s} {nbytes / 1e6:6.1f} {kern:>5s} {label:>6s} "
+                          + " ".join(f"{c:>26s}" for c in cells) + (f"  {defs}" if defs else ""))
         del ws
     print("ws: warps sharing a row (* the model's choice); copies of each weight exceed --l2-mb")
     return 0

@@ -21,7 +21,8 @@
 #   bench.py on the real 1.5B and bench_spec.py --which qwen (plain against -md, measured).
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part3"   (at once again)
 #       the matvec kernels per Qwen matrix and warp split (bench_cuda_kernels.py), and whole decodes
-#       as the defaults have them, with one warp per row (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
+#       as the defaults have them, with the float matvecs (SHARPI_CUDA_DP4A=0), with one warp per row
+#       (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
 #       attention's splits combined by a launch of their own (SHARPI_CUDA_FUSE_COMBINE=0), and without
 #       programmatic dependent launch (SHARPI_CUDA_PDL=0).
 set -uo pipefail
@@ -86,6 +87,9 @@ part1)
     SHARPI_CUDA_PDL=0 python3 scripts/profile_cuda.py -m ${Q15%.gguf} -p 128 --rows 1,5 2>&1 | tee "$OUT/profile.txt"
     at bench.py
     python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
+    at bench.py, float matvecs
+    SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 128 -n 128 2>&1 \
+        | tee "$OUT/bench_float.txt"
     at bench_spec_cost.py
     python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
     at done
@@ -130,6 +134,8 @@ quick)  # (carry .gpu/a) the stand-ins built, then only the decode speeds: plain
     python3 scripts/gguf_synth.py build .gpu/a/q05.json.gz /tmp/sharpi/synth/$Q05
     export SHARPI_MODELS_DIR=/tmp/sharpi/synth
     python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
+    SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 128 -n 128 2>&1 \
+        | tee "$OUT/bench_float.txt"
     python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
     ;;
 part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sharpi/synth
@@ -141,6 +147,9 @@ part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sh
     at bench.py, the default
     python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 | tee "$OUT/bench_default.txt"
     # what the choices are worth in a whole decode: one warp per matrix row; every step its own launch
+    at bench.py, float matvecs
+    SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
+        | tee "$OUT/bench_float.txt"
     at bench.py, one warp per matrix row
     SHARPI_QMV_SPLIT=1 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
         | tee "$OUT/bench_split1.txt"

@@ -53,10 +53,11 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     hadamard_scale,
     p_round_keys_within,
     q8_0_row_bytes,
+    q8_row_bytes,
     row_bytes,
 )
 from sharpi_core.kernels import cpu
-from sharpi_core.quants import q8_0_blocks, quantize_q8_blocks
+from sharpi_core.quants import q8_0_blocks, q8_parts, quantize_q8_blocks
 
 Q = gguf.GGMLQuantizationType
 xp = np  # the array module "device" arrays come from
@@ -173,6 +174,10 @@ class CudaQWeight(WeightBase):
         # No copy: a numpy input is already a "device" array, which the real module keeps as is too.
         self._keep(np.ascontiguousarray(raw).view(np.uint8).reshape(-1))
         self._dense: torch.Tensor | None = None
+        self.xq_kind = None  # no integer matvecs here: fp32 activations, as the float kernels
+
+    def wants_xq(self, T: int) -> bool:
+        return False
 
     def _deq(self, blocks: np.ndarray) -> np.ndarray:
         """Raw rows uint8 [m, row_bytes] -> float32 [m, K] (gguf.quants, the reference)."""
@@ -184,8 +189,9 @@ class CudaQWeight(WeightBase):
             self._dense = torch.from_numpy(self._deq(self.data.reshape(self.n, self.row_bytes)))
         return self._dense
 
-    def matmul(self, x, stream=None, out=None, bias=None):
-        """x float32 [T, K] (or [K]) -> x @ W.T (+ bias [N]), float32 [T, N] (or [N])."""
+    def matmul(self, x, stream=None, out=None, bias=None, xq=None):
+        """x float32 [T, K] (or [K]) -> x @ W.T (+ bias [N]), float32 [T, N] (or [N]) (xq: unused, as
+        the real one's float matvecs)."""
         x = np.asarray(x, dtype=np.float32)
         squeeze = x.ndim == 1
         x = np.ascontiguousarray(x.reshape(1, -1) if squeeze else x)
@@ -234,8 +240,35 @@ class CudaQWeight(WeightBase):
         return self._weights().numpy().copy()
 
 
-def round_act(x, kind, out=None, stream=None):
-    """The reference for the kernel act_round_q8 and its f16 / bf16 siblings: quants.round_activations."""
+def quantize_act(x, kind, out=None, stream=None):
+    """The reference for the q8 rows of x float32 [T, K] (cuda/ops.cu's layout: int8 codes [K] | float d
+    [K/32] | int32 sums [K/32], a Q8_K scale repeated for its blocks of 32) from quants.q8_parts."""
+    if kind not in ("q8_32", "q8_k"):
+        raise ValueError(f"quantize_act: {kind!r} is not an 8-bit activation kind")
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    T, K = x2.shape
+    block, f16_scale = (32, True) if kind == "q8_32" else (256, False)
+    if K % block:
+        raise ValueError(f"{kind} rounding needs K % {block} == 0 (K={K})")
+    q, d, _ = q8_parts(torch.from_numpy(x2), block, f16_scale)  # [T, K/block, block], [T, K/block, 1]
+    codes = q.numpy().astype(np.int8).reshape(T, K)
+    d32 = np.repeat(d.numpy().reshape(T, -1), block // 32, axis=1).astype(np.float32)
+    sums = codes.reshape(T, K // 32, 32).astype(np.int32).sum(axis=2, dtype=np.int32)
+    if out is None:
+        out = np.zeros((T, q8_row_bytes(K)), dtype=np.uint8)
+    elif out.dtype != np.uint8 or out.ndim != 2 or out.shape[0] != T or out.shape[1] < q8_row_bytes(K):
+        raise ValueError(f"q8 rows must be a uint8 [{T}, >= {q8_row_bytes(K)}] array")
+    out[:, :K] = codes.view(np.uint8)
+    out[:, K:K + 4 * (K // 32)] = d32.view(np.uint8)
+    out[:, K + 4 * (K // 32):K + 8 * (K // 32)] = sums.view(np.uint8)
+    return out
+
+
+def round_act(x, kind, out=None, q8=None, stream=None):
+    """The reference for the kernel act_round_q8 and its f16 / bf16 siblings: quants.round_activations
+    (q8: the q8 rows too, quantize_act's)."""
+    if q8 is not None:
+        quantize_act(x, kind, out=q8)
     if kind is None:
         return x
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
@@ -258,7 +291,7 @@ def round_act(x, kind, out=None, stream=None):
 
 # ---- decode helpers -------------------------------------------------------------------------------
 
-def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, rounding=None, stream=None):
+def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, rounding=None, q8=None, stream=None):
     """RMSNorm over the last dimension: x [..., n] -> same shape. w: None, [n], or [w_rows, n]
     (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x.
     add: first x += add in place (x must be writable in place). rounding: then round_act's."""
@@ -285,7 +318,7 @@ def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, rounding=None, st
         y *= wd[np.arange(x2.shape[0]) % wd.shape[0]]
     out[...] = y.reshape(out.shape)  # into out itself (any view), as the kernel writes
     if rounding is not None:
-        round_act(out, rounding, out=out)
+        round_act(out, rounding, out=out, q8=q8)
     return out
 
 
@@ -372,7 +405,7 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
     return x
 
 
-def glu(gate, up, act: str = "silu", out=None, rounding=None, stream=None):
+def glu(gate, up, act: str = "silu", out=None, rounding=None, q8=None, stream=None):
     """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output),
     then round_act's `rounding`."""
     F = gate.shape[-1]
@@ -402,7 +435,7 @@ def glu(gate, up, act: str = "silu", out=None, rounding=None, stream=None):
                     np.float32(0.7978845608028654) * (g2 + np.float32(0.044715) * g2 * g2 * g2)))
         o2[...] = g * u2
         if rounding is not None:
-            round_act(o2, rounding, out=o2)
+            round_act(o2, rounding, out=o2, q8=q8)
     return out
 
 
@@ -470,9 +503,10 @@ def kv_append(src, cache, positions, src2=None, cache2=None, rope=None, stream=N
 
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
-              out=None, work=None, rope=None, rounding=None, counters=None, stream=None):
+              out=None, work=None, rope=None, rounding=None, counters=None, q8=None, stream=None):
     """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
-    rope=(table, n_rot, neox): q is turned first (a copy). rounding: the output then round_act's.
+    rope=(table, n_rot, neox): q is turned first (a copy). rounding: the output then round_act's (q8: its
+    q8 rows too).
     counters (the kernel's combine in the partials' launch) change nothing in the values: checked only.
 
     As cuda/ops.cu's attn_partial + attn_combine: query t at p = positions[t] sees keys
@@ -489,7 +523,7 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         out = attention(q, k_cache, v_cache, positions, n_kv, scale, window=window, softcap=softcap,
                         q_round=q_round, p_round=p_round, chunk=chunk, out=out, rope=rope)
         T, H, Dv = out.shape
-        round_act(out.reshape(T, H * Dv), rounding, out=out.reshape(T, H * Dv))
+        round_act(out.reshape(T, H * Dv), rounding, out=out.reshape(T, H * Dv), q8=q8)
         return out
     pos = _positions(positions)
     T, H, Dk, Hkv, kk, vk, Dv, qr = _attention_shapes(q, k_cache, v_cache, q_round, pos.size)

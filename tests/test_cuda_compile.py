@@ -131,7 +131,8 @@ def _launched_kernels(module_options: tuple) -> set[str]:
         t = Q(int(module_options[0].split("=")[1]))
         tn = cb.TYPE_NAMES[t]
         variants = set(cb.QMV_VARIANTS) | set(cb.QMV_TALL.items())
-        return {f"deq_rows_{tn}"} | {f"qmv_{tn}_q{nq}_r{r}" for nq, r in variants}
+        kinds = ("qmv", "qmvi") if t in cb.INT_LANE_SPAN else ("qmv",)  # the integer matvecs too
+        return {f"deq_rows_{tn}"} | {f"{kind}_{tn}_q{nq}_r{r}" for kind in kinds for nq, r in variants}
     text = Path(cb.__file__).read_text()
     names = set(re.findall(r'function\("ops", "(\w+)"\)', text))
     # the two names built at run time: kv_append's cache type, attention's (K, V) cache types
@@ -214,7 +215,7 @@ def test_every_kernel_waits_for_the_one_before_first():
         text = re.sub(r"//[^\n]*", "", src.read_text()).replace("\\\n", "\n")
         for m in _KERNEL_DEF.finditer(text):
             body = re.sub(r"\s+", " ", _body_start(text, text.index("(", m.end() - 1))).lstrip()
-            body = re.sub(r"^qmv_prefetch\([^;]*\); ", "", body) if m[1].startswith("qmv_") else body
+            body = re.sub(r"^qmv_prefetch\([^;]*\); ", "", body) if m[1].startswith(("qmv_", "qmvi_")) else body
             body = re.sub(r"^attn_prefetch\([^;]*\); ", "", body)
             assert body.startswith("KERNEL_BEGIN();"), f"{src.name}: {m[1]} starts with {body[:60]!r}"
             seen.append(m[1])

@@ -19,7 +19,7 @@ cp = pytest.importorskip("cupy")
 import torch  # noqa: E402
 
 from sharpi_core.backends import cuda as cb  # noqa: E402
-from sharpi_core.quants import q8_0_blocks, quantize_q8_blocks  # noqa: E402
+from sharpi_core.quants import q8_0_blocks, quantize_q8_blocks, round_activations  # noqa: E402
 
 _ok, _why = cb.cuda_available()
 if not _ok:
@@ -72,6 +72,12 @@ def check_matmul(y, x, w, tol=1e-3):
     return rel
 
 
+def act(cw, x: np.ndarray) -> np.ndarray:
+    """x as a matmul of weight cw takes it: rounded through its 8-bit activation blocks where it runs the
+    integer matvecs (whose product is then exact up to fp32 rounding), else as is (fp32 products)."""
+    return round_activations(torch.from_numpy(x), cw.xq_kind).numpy() if cw.xq_kind else x
+
+
 def test_cuda_available_reports_device():
     ok, why = cb.cuda_available()
     assert ok and why
@@ -79,20 +85,30 @@ def test_cuda_available_reports_device():
 
 # ---- matvec -------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=TYPES, ids=lambda t: t.name)
+# every type, and the float matvecs of the types that have integer ones (SHARPI_CUDA_DP4A=0's)
+WEIGHT_CASES = [(t, True) for t in TYPES] + [(t, False) for t in TYPES if t in cb.INT_LANE_SPAN]
+
+
+@pytest.fixture(scope="module", params=WEIGHT_CASES, ids=lambda c: c[0].name + ("" if c[1] else "-float"))
 def random_weight(request):
-    qtype = request.param
+    qtype, dp4a = request.param
     rng = np.random.default_rng(int(qtype))
     n, k = 300, _k_for(qtype)
     raw = random_raw(qtype, n, k, rng)
     w = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
-    return qtype, raw, w, cb.CudaQWeight(raw, qtype, n, k, name=f"rand_{qtype.name}")
+    keep, cb.DP4A = cb.DP4A, dp4a  # (a weight picks its kernels when made)
+    try:
+        cw = cb.CudaQWeight(raw, qtype, n, k, name=f"rand_{qtype.name}")
+    finally:
+        cb.DP4A = keep
+    assert (cw.xq_kind is not None) == (dp4a and qtype in cb.INT_LANE_SPAN)
+    return qtype, raw, w, cw
 
 
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 8, 13, 16])
 def test_matvec_random(random_weight, T):
     qtype, raw, w, cw = random_weight
-    x = np.random.default_rng(T).standard_normal((T, cw.k)).astype(np.float32)
+    x = act(cw, np.random.default_rng(T).standard_normal((T, cw.k)).astype(np.float32))
     y = cw.matmul(cp.asarray(x))
     check_matmul(cp.asnumpy(y), x, w)
 
@@ -108,7 +124,7 @@ def test_matvec_rows_do_not_depend_on_the_batch_for_every_split(ws):
         w = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
         cw = cb.CudaQWeight(raw, qtype, n, k)
         cw.split = ws
-        x = rng.standard_normal((16, k)).astype(np.float32)
+        x = act(cw, rng.standard_normal((16, k)).astype(np.float32))
         one = np.stack([cp.asnumpy(cw.matmul(cp.asarray(x[t:t + 1])))[0] for t in range(16)])
         check_matmul(one, x, w)
         for T in (2, 5, 16):
@@ -125,7 +141,7 @@ def test_matvec_rows_per_warp_do_not_change_a_row(monkeypatch):
         raw = random_raw(qtype, n, k, rng)
         cw = cb.CudaQWeight(raw, qtype, n, k)
         cw.split = 1
-        x = rng.standard_normal((8, k)).astype(np.float32)
+        x = act(cw, rng.standard_normal((8, k)).astype(np.float32))
         monkeypatch.setattr(cb, "QMV_TALL_ROWS", 10**9)  # one-row products: one weight row a warp
         one = np.stack([cp.asnumpy(cw.matmul(cp.asarray(x[t:t + 1])))[0] for t in range(8)])
         monkeypatch.setattr(cb, "QMV_TALL_ROWS", 0)  # ... four
@@ -147,12 +163,12 @@ def test_matvec_split_is_a_property_of_the_matrix():
 
 def test_matvec_1d_and_out(random_weight):
     qtype, raw, w, cw = random_weight
-    x = np.random.default_rng(7).standard_normal(cw.k).astype(np.float32)
+    x = act(cw, np.random.default_rng(7).standard_normal((1, cw.k)).astype(np.float32))[0]
     y = cw.matmul(cp.asarray(x))
     assert y.shape == (cw.n,)
     check_matmul(cp.asnumpy(y)[None], x[None], w)
     out = cp.full((3, cw.n), cp.nan, dtype=cp.float32)
-    x3 = np.random.default_rng(8).standard_normal((3, cw.k)).astype(np.float32)
+    x3 = act(cw, np.random.default_rng(8).standard_normal((3, cw.k)).astype(np.float32))
     assert cw.matmul(cp.asarray(x3), out=out) is out
     check_matmul(cp.asnumpy(out), x3, w)
 
@@ -172,7 +188,7 @@ def test_matmul_bias_is_the_separate_add(random_weight, T):
 @pytest.mark.parametrize("T", [17, 37, 70])  # chunks of 16 (17, 37) and the dequantize + cuBLAS path (70)
 def test_matmul_long(random_weight, T):
     qtype, raw, w, cw = random_weight
-    x = np.random.default_rng(T).standard_normal((T, cw.k)).astype(np.float32)
+    x = act(cw, np.random.default_rng(T).standard_normal((T, cw.k)).astype(np.float32))
     check_matmul(cp.asnumpy(cw.matmul(cp.asarray(x))), x, w)
 
 
@@ -191,7 +207,7 @@ def test_matvec_large_k():
         w = gguf.quants.dequantize(raw, qtype).reshape(64, k)
         cw = cb.CudaQWeight(raw, qtype, 64, k)
         for T in (1, 16):
-            x = rng.standard_normal((T, k)).astype(np.float32)
+            x = act(cw, rng.standard_normal((T, k)).astype(np.float32))
             check_matmul(cp.asnumpy(cw.matmul(cp.asarray(x))), x, w)
 
 
@@ -203,10 +219,11 @@ def test_streams():
     cp.cuda.Device().synchronize()  # the uploads above went on the default stream
     s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     x = rng.standard_normal((4, 1024)).astype(np.float32)
+    x_a, x_b = act(a, x), act(b, x)  # (each weight's activation rounding)
     with s1:
-        xa = cp.asarray(x)
+        xa = cp.asarray(x_a)
     with s2:
-        xb = cp.asarray(x)
+        xb = cp.asarray(x_b)
     ya = [a.matmul(xa, stream=s1) for _ in range(3)]
     yb = [b.matmul(xb, stream=s2) for _ in range(3)]
     s1.synchronize()
@@ -214,9 +231,9 @@ def test_streams():
     wa = gguf.quants.dequantize(a_raw, Q.Q4_K).reshape(512, 1024)
     wb = gguf.quants.dequantize(b_raw, Q.Q8_0).reshape(256, 1024)
     for y in ya:
-        check_matmul(cp.asnumpy(y), x, wa)
+        check_matmul(cp.asnumpy(y), x_a, wa)
     for y in yb:
-        check_matmul(cp.asnumpy(y), x, wb)
+        check_matmul(cp.asnumpy(y), x_b, wb)
 
 
 # ---- real model tensors ------------------------------------------------------------------------
@@ -245,7 +262,7 @@ def test_matvec_real_tensors(path):
         cw = cb.CudaQWeight(raw, qt, rows, k, name=name)
         rng = np.random.default_rng(0)
         for T in (1, 2, 16):
-            x = rng.standard_normal((T, k)).astype(np.float32)
+            x = act(cw, rng.standard_normal((T, k)).astype(np.float32))
             check_matmul(cp.asnumpy(cw.matmul(cp.asarray(x))), x, w)
         ids = np.array([0, rows - 1, rows // 2], np.int32)
         np.testing.assert_array_equal(cp.asnumpy(cw.rows(ids)), w[ids], err_msg=f"{name} {qt.name}")
@@ -756,3 +773,102 @@ def test_norm_and_glu_with_rounding_fused_are_the_two_steps(kind):
         assert not np.array_equal(cp.asnumpy(got), cp.asnumpy(plain))
         got = cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk, rounding=kind, counters=cp.zeros(T * H, cp.int32))
         np.testing.assert_array_equal(cp.asnumpy(got).reshape(T, H * D), cp.asnumpy(want), err_msg=f"fused, {chunk}")
+
+
+# ---- q8 rows: the integer matvecs' activations ----------------------------------------------------
+
+def _q8_split(rows: np.ndarray, K: int):
+    """q8 rows uint8 [T, >= q8_row_bytes(K)] -> (codes int8 [T, K], d float32 [T, K/32], sums int32 [T, K/32])."""
+    rows = np.ascontiguousarray(rows)
+    nb = K // 32
+    return (rows[:, :K].view(np.int8), np.ascontiguousarray(rows[:, K:K + 4 * nb]).view(np.float32),
+            np.ascontiguousarray(rows[:, K + 4 * nb:K + 8 * nb]).view(np.int32))
+
+
+@pytest.mark.parametrize("kind", ["q8_32", "q8_k"])
+def test_q8_rows_are_the_cpu_codes(kind):
+    """quantize_act's q8 rows hold quants.q8_parts' codes and scales (the CPU path's rounding, so codes *
+    d are round_act's values) and the codes' sums per 32; x already rounded gives the same codes."""
+    import cuda_fake
+    rng = np.random.default_rng(21)
+    K = 1536
+    x = (rng.standard_normal((5, K)) * rng.uniform(0.01, 30, (5, 1))).astype(np.float32)
+    x[1, :256] = 0.0                   # an all-zero block
+    x[2, 7], x[2, 100] = 9.0, -9.0     # Q8_K: the first element of largest magnitude sets the sign
+    x[3, 32:64] = np.linspace(-127, 127, 32)  # codes on halves
+    got = cp.asnumpy(cb.quantize_act(cp.asarray(x), kind))
+    assert got.shape == (5, cb.q8_row_bytes(K)) and cb.q8_row_bytes(K) % 16 == 0
+    want = cuda_fake.quantize_act(x, kind)
+    c, d, s = _q8_split(got, K)
+    cw, dw, sw = _q8_split(want, K)
+    np.testing.assert_array_equal(c, cw)
+    np.testing.assert_array_equal(d, dw)
+    np.testing.assert_array_equal(s, sw)
+    np.testing.assert_array_equal(s, c.reshape(5, -1, 32).astype(np.int32).sum(axis=2))
+    np.testing.assert_array_equal(np.repeat(d, 32, axis=1) * c, cp.asnumpy(cb.round_act(cp.asarray(x), kind)))
+    again = cp.asnumpy(cb.quantize_act(cb.round_act(cp.asarray(x), kind), kind))
+    c2, d2, s2 = _q8_split(again, K)
+    np.testing.assert_array_equal(c2, c)
+    np.testing.assert_array_equal(s2, s)
+    np.testing.assert_allclose(d2, d, rtol=2e-7, atol=0)  # (Q8_K's 1 / iscale may move by an ulp)
+    with pytest.raises(ValueError, match="uint8"):
+        cb.quantize_act(cp.asarray(x), kind, out=cp.zeros((5, 100), cp.uint8))
+
+
+@pytest.mark.parametrize("kind", ["q8_32", "q8_k"])
+def test_rounding_kernels_write_the_q8_rows_of_their_output(kind):
+    """rms_norm / glu / attention / round_act with `rounding` and q8 rows: those rows are quantize_act's
+    of their unrounded output, byte for byte (in rows of a wider buffer too)."""
+    rng = np.random.default_rng(22)
+    T, K = 3, 1536
+    x = (rng.standard_normal((T, K)) * rng.uniform(0.1, 30, (T, 1))).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, K).astype(np.float32)
+    rb = cb.q8_row_bytes(K)
+    plain = cb.rms_norm(cp.asarray(x), cp.asarray(w), 1e-6)
+    q8 = cp.zeros((T, rb + 32), cp.uint8)[:, :rb]  # rows of a wider buffer
+    cb.rms_norm(cp.asarray(x), cp.asarray(w), 1e-6, rounding=kind, q8=q8)
+    np.testing.assert_array_equal(cp.asnumpy(q8), cp.asnumpy(cb.quantize_act(plain, kind)))
+    q8 = cp.zeros((T, rb), cp.uint8)
+    cb.round_act(plain, kind, q8=q8)
+    np.testing.assert_array_equal(cp.asnumpy(q8), cp.asnumpy(cb.quantize_act(plain, kind)))
+    g = (rng.standard_normal((T, 2 * 1280)) * 4).astype(np.float32)
+    gd = cp.asarray(g)
+    q8 = cp.zeros((T, cb.q8_row_bytes(1280)), cp.uint8)
+    cb.glu(gd[:, :1280], gd[:, 1280:], "silu", rounding=kind, q8=q8)
+    np.testing.assert_array_equal(cp.asnumpy(q8), cp.asnumpy(cb.quantize_act(cb.glu(gd[:, :1280], gd[:, 1280:]), kind)))
+    with pytest.raises(ValueError, match="8-bit"):
+        cb.glu(gd[:, :1280], gd[:, 1280:], "silu", rounding="f16", q8=q8)
+    H, Hkv, D = 8, 2, 64
+    kc, vc = _fill(rng, 700, Hkv, D, "f16", 700), _fill(rng, 700, Hkv, D, "f16", 700)
+    q = cp.asarray((rng.standard_normal((T, H, D)) * 3).astype(np.float32))
+    pos = np.array([5, 400, 699], np.int32)
+    for chunk in (64, None):
+        want = cp.asnumpy(cb.quantize_act(cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk).reshape(T, H * D), kind))
+        for counters in (None, cp.zeros(T * H, cp.int32)):
+            q8 = cp.zeros((T, cb.q8_row_bytes(H * D)), cp.uint8)
+            cb.attention(q, kc, vc, pos, 700, 0.125, chunk=chunk, rounding=kind, counters=counters, q8=q8)
+            np.testing.assert_array_equal(cp.asnumpy(q8), want, err_msg=f"chunk {chunk}, counters {counters is not None}")
+
+
+def test_integer_and_float_matvecs_agree(monkeypatch):
+    """The integer matvecs (the default for their types) and the float ones (SHARPI_CUDA_DP4A=0) give the
+    same products of rounded activations to fp32 rounding; matmul quantizes x itself when no q8 rows
+    come with it, and reads only the q8 rows when they do."""
+    rng = np.random.default_rng(23)
+    for qtype in cb.INT_LANE_SPAN:
+        n, k = 45, 2 * _k_for(qtype)
+        raw = random_raw(qtype, n, k, rng)
+        w = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+        ci = cb.CudaQWeight(raw, qtype, n, k)
+        monkeypatch.setattr(cb, "DP4A", False)
+        cf = cb.CudaQWeight(raw, qtype, n, k)
+        monkeypatch.setattr(cb, "DP4A", True)
+        assert ci.xq_kind == ("q8_k" if cb.K_MULTIPLE[qtype] == 256 else "q8_32") and cf.xq_kind is None
+        assert ci.wants_xq(16) and not ci.wants_xq(cb.GEMM_MIN_ROWS) and not cf.wants_xq(1)
+        x = act(ci, rng.standard_normal((5, k)).astype(np.float32))
+        yi, yf = cp.asnumpy(ci.matmul(cp.asarray(x))), cp.asnumpy(cf.matmul(cp.asarray(x)))
+        check_matmul(yi, x, w, tol=2e-6)  # exact integer sums: fp32 rounding only
+        check_matmul(yf, x, w, tol=2e-6)
+        xq = cb.quantize_act(cp.asarray(x), ci.xq_kind)
+        np.testing.assert_array_equal(cp.asnumpy(ci.matmul(cp.asarray(x), xq=xq)), yi)
+        np.testing.assert_array_equal(cp.asnumpy(ci.matmul(cp.zeros((5, k), cp.float32), xq=xq)), yi, err_msg=qtype.name)

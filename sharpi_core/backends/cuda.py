@@ -60,6 +60,13 @@ QMV_SPLIT = os.environ.get("SHARPI_QMV_SPLIT", "")  # 1, 2 or 4 for every matrix
 # weights a lane of the qmv kernels decodes per block: the block size over its lanes per block (LPB)
 _LANE_SPAN = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, Q.Q4_0: 8, Q.Q4_1: 8, Q.Q5_0: 8, Q.Q5_1: 8, Q.Q8_0: 8, Q.IQ4_NL: 8,
               Q.Q2_K: 16, Q.Q3_K: 16, Q.Q4_K: 16, Q.Q5_K: 16, Q.Q6_K: 16, Q.IQ4_XS: 16}
+# Weight types with integer matvecs (qmvi_*: weight codes times the activations' 8-bit codes with DP4A,
+# the sums exact, scaled once a block; cuda/quant_blocks.cuh) and the weights a lane of them owns per
+# block. They take the activations as q8 rows (quantize_act, or the q8 rows the rounding kernels write
+# beside their output); the float matvecs (qmv_*) multiply the rounded activations in fp32 instead.
+# SHARPI_CUDA_DP4A=0 uses the float ones for every type (benchmarks, bisecting).
+INT_LANE_SPAN = {Q.Q4_0: 16, Q.Q4_1: 16, Q.Q5_0: 16, Q.Q5_1: 16, Q.Q8_0: 16, Q.Q4_K: 32, Q.Q5_K: 32, Q.Q6_K: 32}
+DP4A = os.environ.get("SHARPI_CUDA_DP4A", "1") != "0"
 MAX_BATCH = 16         # activation rows one matvec launch handles
 GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and uses cuBLAS
 GEMM_TILE_BYTES = 64 << 20
@@ -439,7 +446,7 @@ def qmv_options(qtype) -> tuple:
     return (f"-DQMV_ONLY={int(Q(qtype))}",)
 
 
-def qmv_split(qtype, n: int, k: int) -> int:
+def qmv_split(qtype, n: int, k: int, integer: bool = False) -> int:
     """Warps sharing each row of W [n, k] in the qmv kernels (`ws`: 1, 2 or 4), from the matrix alone,
     so that a verify pass's rows equal one-token passes. A warp per row keeps few loads in flight when
     the rows are few (Qwen 1.5B's ffn_down: 1536 rows of 8960, ~12 warps per SM of an H100), so rows
@@ -451,7 +458,7 @@ def qmv_split(qtype, n: int, k: int) -> int:
         if ws not in QMV_SPLITS:
             raise ValueError(f"SHARPI_QMV_SPLIT={QMV_SPLIT}: must be one of {', '.join(map(str, QMV_SPLITS))}")
         return ws
-    per_iter = 32 * _LANE_SPAN[Q(qtype)]  # weights of a row one warp iteration covers
+    per_iter = 32 * (INT_LANE_SPAN if integer else _LANE_SPAN)[Q(qtype)]  # weights of a row one warp iteration covers
     ws = 1
     while 2 * ws <= QMV_SPLITS[-1] and n * ws < QMV_SPLIT_WARPS and k >= per_iter * 2 * ws:
         ws *= 2
@@ -571,11 +578,18 @@ class CudaQWeight(WeightBase):
         self._keep(data)  # its own allocation: 256-byte aligned, as the kernels' vector loads need
         self._tname = TYPE_NAMES[self.qtype]
         self._opts = qmv_options(self.qtype)
-        self.split = qmv_split(self.qtype, self.n, self.k)  # the same for every batch size
+        self.xq_kind = int_act_kind(self.qtype)  # the integer matvecs' activation rounding, or None
+        self.split = qmv_split(self.qtype, self.n, self.k, self.xq_kind is not None)  # the same for every batch size
 
-    def matmul(self, x, stream=None, out=None, bias=None):
+    def wants_xq(self, T: int) -> bool:
+        """Whether a matmul of T rows runs the integer matvecs (which read q8 rows: matmul's xq)."""
+        return self.xq_kind is not None and 0 < T < GEMM_MIN_ROWS
+
+    def matmul(self, x, stream=None, out=None, bias=None, xq=None):
         """x float32 [T, K] (or [K]) -> x @ W.T (+ bias, a float32 [N] device array), float32 [T, N]
-        (or [N]); the bias is added in the matvec's own launch."""
+        (or [N]); the bias is added in the matvec's own launch. With the integer matvecs (wants_xq) x
+        must be rounded as xq_kind says, and xq may give its q8 rows (uint8 [T, q8_row_bytes(K)], as
+        quantize_act or a rounding kernel's q8 output writes them; else made here): then only xq is read."""
         cp = _cupy()
         with _on(stream):
             x = cp.asarray(x, dtype=cp.float32)
@@ -593,11 +607,18 @@ class CudaQWeight(WeightBase):
                 if bias is not None:
                     add_bias(out, bias)
             else:
+                if self.wants_xq(T):
+                    if xq is None:
+                        xq = quantize_act(x, self.xq_kind)
+                    xq, _ = _q8_rows(cp, xq, T, self.k)
+                else:
+                    xq = None
                 for t0 in range(0, T, MAX_BATCH):
-                    self._matvec(x[t0:t0 + MAX_BATCH], out[t0:t0 + MAX_BATCH], bias)
+                    self._matvec(x[t0:t0 + MAX_BATCH], out[t0:t0 + MAX_BATCH], bias,
+                                 None if xq is None else xq[t0:t0 + MAX_BATCH])
         return out[0] if squeeze else out
 
-    def _matvec(self, x, out, bias=None) -> None:
+    def _matvec(self, x, out, bias=None, xq=None) -> None:
         nq = x.shape[0]
         NQ, R = next(v for v in QMV_VARIANTS if v[0] >= nq)
         ws = self.split
@@ -605,10 +626,11 @@ class CudaQWeight(WeightBase):
             raise ValueError(f"split must be one of {QMV_SPLITS}, got {ws}")
         if ws == 1 and NQ in QMV_TALL and (NQ > 1 or self.n >= QMV_TALL_ROWS):
             R = QMV_TALL[NQ]  # (R never changes a row's sums)
-        fn = function("qmatvec", f"qmv_{self._tname}_q{NQ}_r{R}", self._opts)
+        fn = function("qmatvec", f"qmv{'i' if xq is not None else ''}_{self._tname}_q{NQ}_r{R}", self._opts)
         grid = (-(-self.n // (QMV_WARPS // ws * R)),)
+        xs = (x, _i64(self.k)) if xq is None else (xq, _i64(xq.strides[0]))
         fn(grid, (QMV_WARPS * 32,), (self.data, _i64(self.row_bytes), _i32(self.n), _i32(self.k),
-                                     x, _i64(self.k), out, _i64(self.n), _i32(nq),
+                                     *xs, out, _i64(self.n), _i32(nq),
                                      _dummy(_cupy()) if bias is None else bias, _i32(bias is not None), _i32(ws)))
 
     def _gemm(self, cp, x, out) -> None:
@@ -671,17 +693,73 @@ def _round_mode(kind, n: int) -> int:
     return ACT_ROUND[kind]
 
 
-def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, rounding=None, stream=None):
+def int_act_kind(qtype) -> str | None:
+    """The 8-bit activation kind the integer matvecs of a `qtype` weight read (its act_kind, when that is
+    one of llama.cpp's 8-bit blocks and the type has integer kernels; None: the float matvecs)."""
+    from ..quants import act_kind
+
+    kind = act_kind(Q(qtype))
+    return kind if DP4A and Q(qtype) in INT_LANE_SPAN and kind in Q8_BLOCKS else None
+
+
+def q8_row_bytes(k: int) -> int:
+    """Bytes of a q8 row of K activations (int8 codes [K] | float d [K/32] | int32 sums [K/32]), rounded
+    up to 16 so that rows one after another stay 16-byte aligned."""
+    if k % 32:
+        raise ValueError(f"q8 rows need a multiple of 32 values (got {k})")
+    return -(-(k + 8 * (k // 32)) // 16) * 16
+
+
+def _q8_rows(cp, q8, T: int, K: int):
+    """(q8 rows, row stride in bytes) for a kernel's q8 output / input of T rows of K values; a dummy and
+    stride 0 (none) for q8=None."""
+    if q8 is None:
+        return _dummy(cp, np.uint8), _i64(0)
+    rb = q8_row_bytes(K)
+    if (q8.dtype != cp.uint8 or q8.ndim != 2 or q8.shape[0] != T or q8.shape[1] < rb or q8.strides[1] != 1
+            or q8.strides[0] % 16 or q8.data.ptr % 16):
+        raise ValueError(f"q8 rows must be a uint8 [{T}, >= {rb}] array, 16-byte aligned rows")
+    return q8, _i64(q8.strides[0])
+
+
+def quantize_act(x, kind: str, out=None, stream=None):
+    """The q8 rows (uint8 [T, q8_row_bytes(K)]) of x float32 [T, K] rounded through `kind`'s 8-bit blocks
+    ('q8_32' / 'q8_k'): the codes and scales round_act's rounding gives (also those of x already rounded
+    so), what the integer matvecs read."""
+    cp = _cupy()
+    if kind not in Q8_BLOCKS:
+        raise ValueError(f"quantize_act: {kind!r} is not an 8-bit activation kind")
+    with _on(stream):
+        K = x.shape[-1]
+        x2, x_st = _rows2d(cp, x, K, "x")
+        T = x2.shape[0]
+        if out is None:
+            out = cp.empty((T, q8_row_bytes(K)), dtype=cp.uint8)
+        q8, q_st = _q8_rows(cp, out, T, K)
+        block, f16_scale = Q8_BLOCKS[kind]
+        if K % block:
+            raise ValueError(f"{kind} rounding needs K % {block} == 0 (K={K})")
+        warps = T * (K // block)
+        if warps:
+            function("ops", "act_round_q8")((-(-warps // 4),), (128,), (
+                x2, _i64(x_st), _i32(T), _i32(K), _i32(block), _i32(f16_scale), _dummy(cp), _i64(0), q8, q_st))
+    return out
+
+
+def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, rounding=None, q8=None, stream=None):
     """RMSNorm over the last dimension: x [..., n] -> same shape. w: None, [n], or [w_rows, n]
     (row r of x, flattened to 2-D, uses w[r % w_rows]: per-head q/k norms). out may be x.
     add (x's shape): first x += add in place (the residual add fused into the norm that follows it);
     x must then be writable in place. x [T, nh, n] may have any token stride (a column view of a fused
     projection): the kernel addresses rows as token * stride + head * n. rounding: an activation kind
-    (round_act's): the output rounded as the next matmul's input, in the same launch."""
+    (round_act's): the output rounded as the next matmul's input, in the same launch; with an 8-bit kind,
+    q8 (uint8 [T, >= q8_row_bytes(n)]) receives its q8 rows too (quantize_act's, for the integer matvecs)."""
     cp = _cupy()
     with _on(stream):
         n = x.shape[-1]
         rmode = _round_mode(rounding, n)
+        if q8 is not None and rounding not in Q8_BLOCKS:
+            raise ValueError("q8 rows come with an 8-bit rounding")
         x2, x_st, nh = _token_rows(cp, x, n, "x")
         if rmode and nh > 1:
             raise ValueError("rounding is for whole rows (nh == 1)")
@@ -709,11 +787,12 @@ def rms_norm(x, w=None, eps: float = 1e-6, out=None, add=None, rounding=None, st
             if a_nh != nh:
                 raise ValueError("add must have x's layout")
             has_a = 1
+        q8, q_st = _q8_rows(cp, q8, rows, n)
         if rows:
             threads = 256 if n >= 256 else max(32, -(-n // 32) * 32)
             function("ops", "rms_norm_f32")((rows,), (threads,), (
                 x2, _i64(x_st), _i32(nh), a2, _i64(a_st), _i32(has_a), wd, _i32(w_rows), _i32(has_w),
-                y2, _i64(y_st), _i32(n), _f32(eps), _i32(rmode)))
+                y2, _i64(y_st), _i32(n), _f32(eps), _i32(rmode), q8, q_st))
     return out
 
 
@@ -878,12 +957,14 @@ def rope(x, positions, n_rot: int, neox: bool, theta_base: float = 10000.0, freq
     return x
 
 
-def glu(gate, up, act: str = "silu", out=None, rounding=None, stream=None):
+def glu(gate, up, act: str = "silu", out=None, rounding=None, q8=None, stream=None):
     """act(gate) * up for gate, up float32 [T, F] (row strides free: e.g. halves of a fused output).
     act: silu, gelu_tanh (= gelu), or gelu_tanh_f16 (through ggml's fp16 GELU table, like llama.cpp's CPU).
     rounding: an activation kind (round_act's): the output rounded as the next matmul's input (the 8-bit
-    kinds in the same launch)."""
+    kinds in the same launch, with their q8 rows into q8 if given, as rms_norm)."""
     cp = _cupy()
+    if q8 is not None and rounding not in Q8_BLOCKS:
+        raise ValueError("q8 rows come with an 8-bit rounding")
     with _on(stream):
         F = gate.shape[-1]
         g2, g_st = _rows2d(cp, gate, F, "gate")
@@ -901,9 +982,10 @@ def glu(gate, up, act: str = "silu", out=None, rounding=None, stream=None):
         if T * F and rounding in Q8_BLOCKS:
             block, f16_scale = Q8_BLOCKS[rounding]
             warps = T * (F // block)
+            q8, q_st = _q8_rows(cp, q8, T, F)
             function("ops", "glu_q8_f32")((-(-warps // 4),), (128,), (
                 g2, _i64(g_st), u2, _i64(u_st), o2, _i64(o_st), _i32(T), _i32(F), _i32(a), _i32(block),
-                _i32(f16_scale)))
+                _i32(f16_scale), q8, q_st))
         elif T * F:
             function("ops", "glu_f32")((-(-(T * F) // 256),), (256,), (
                 g2, _i64(g_st), u2, _i64(u_st), o2, _i64(o_st), _i32(T), _i32(F), _i32(a)))
@@ -912,12 +994,15 @@ def glu(gate, up, act: str = "silu", out=None, rounding=None, stream=None):
     return out
 
 
-def round_act(x, kind: str | None, out=None, stream=None):
+def round_act(x, kind: str | None, out=None, q8=None, stream=None):
     """x float32 [T, K] as llama.cpp's CPU backend rounds activations before multiplying them by a
     weight of activation kind `kind` (sharpi_core.quants.act_kind): 'q8_32' / 'q8_k' through 8-bit
     blocks of 32 / 256 (kernel act_round_q8, the rules of quants.q8_parts), 'f16' / 'bf16' through
-    those types, None unchanged. A new array unless `out` is given (out may be x)."""
+    those types, None unchanged. A new array unless `out` is given (out may be x). q8: with an 8-bit
+    kind, the q8 rows too (quantize_act's), in the same launch."""
     cp = _cupy()
+    if q8 is not None and kind not in Q8_BLOCKS:
+        raise ValueError("q8 rows come with an 8-bit rounding")
     if kind is None:
         return x
     with _on(stream):
@@ -939,9 +1024,11 @@ def round_act(x, kind: str | None, out=None, stream=None):
                 raise ValueError(f"{kind} rounding needs K % {block} == 0 (K={K})")
             T = x2.shape[0]
             warps = T * (K // block)
+            q8, q_st = _q8_rows(cp, q8, T, K)
             if warps:
                 function("ops", "act_round_q8")((-(-warps // 4),), (128,), (
-                    x2, _i64(x_st), _i32(T), _i32(K), _i32(block), _i32(f16_scale), o2, _i64(o_st)))
+                    x2, _i64(x_st), _i32(T), _i32(K), _i32(block), _i32(f16_scale), o2, _i64(max(o_st, 1)),
+                    q8, q_st))
     return out.reshape(x.shape) if out.shape != x.shape else out
 
 
@@ -1064,11 +1151,11 @@ def attention_work(rows: int, n_head: int, head_dim_v: int, splits: int) -> tupl
 
 def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window: int = 0,
               softcap: float = 0.0, q_round="f32", p_round: bool = False, chunk: int | None = None,
-              out=None, work=None, rope=None, rounding=None, counters=None, stream=None):
+              out=None, work=None, rope=None, rounding=None, counters=None, q8=None, stream=None):
     """Attention of q float32 [T, H, Dk] (roped) over the first n_kv cache rows -> float32 [T, H, Dv].
     rope=(table, n_rot, neox): q is not roped yet, the kernel reads it through RoPE (as kv_append).
     rounding: an activation kind (round_act's): the output rounded as the next matmul's input, by the
-    launch that combines the splits.
+    launch that combines the splits; with an 8-bit kind, q8 receives its q8 rows too (as rms_norm).
     counters: an int32 device array of zeros, n_head per query row at least, owned by one stream: the
     splits are then combined by the partials' launch itself (the last block of each group of heads that
     holds whole rounding blocks; one launch instead of two, the same bits), which leaves the counters at
@@ -1105,6 +1192,9 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             raise ValueError(f"n_kv={n_kv} outside the caches' 1..{min(k_cache.shape[0], v_cache.shape[0])} rows")
         rargs = _rope_args(cp, rope, positions, T, Dk)
         rmode = _round_mode(rounding, H * Dv)
+        if q8 is not None and rounding not in Q8_BLOCKS:
+            raise ValueError("q8 rows come with an 8-bit rounding")
+        q8, q_st = _q8_rows(cp, q8, T, H * Dv)
         chunk, S = attention_splits(n_kv, min(k_cache.shape[0], v_cache.shape[0]), window=window,
                                     p_round=p_round, chunk=chunk)
         if p_round and S != 1:
@@ -1130,8 +1220,9 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         combine, combine_r = function("ops", "attn_combine"), function("ops", "attn_combine_r")
         for t0 in range(0, T, rows):
             n = min(rows, T - t0)
-            fused = (counters, out[t0:], _i64(H * Dv), _i32(rmode)) if counters is not None else (
-                _dummy(cp, np.int32), _dummy(cp), _i64(0), _i32(-1))
+            qt = (q8[t0:], q_st) if q_st else (q8, q_st)  # this group's q8 rows
+            fused = (counters, out[t0:], _i64(H * Dv), _i32(rmode), *qt) if counters is not None else (
+                _dummy(cp, np.int32), _dummy(cp), _i64(0), _i32(-1), _dummy(cp, np.uint8), _i64(0))
             fn((H, n, S), (ATT_THREADS,), (
                 q[t0:], _i64(q.strides[0] // 4), k_cache, _i64(k_cache.strides[0]), _i64(k_cache.strides[1]),
                 v_cache, _i64(v_cache.strides[0]), _i64(v_cache.strides[1]), pos[t0:], _i32(n_kv), _i32(H),
@@ -1144,7 +1235,7 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
                 block = Q8_BLOCKS["q8_k"][0] if rounding == "q8_k" else 32
                 threads = n * (H * Dv // block) * 32
                 combine_r((-(-threads // 256),), (256,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:],
-                                                          _i64(H * Dv), _i32(n), _i32(rmode), *splits))
+                                                          _i64(H * Dv), _i32(n), _i32(rmode), *splits, *qt))
             else:
                 combine((H, n), (128,), (op, ml, _i32(S), _i32(H), _i32(Dv), out[t0:], _i64(H * Dv), *splits))
     return out

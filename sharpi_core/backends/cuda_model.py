@@ -136,18 +136,37 @@ class _Proj:
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self.mats)
 
-    def __call__(self, x, bufs, rounded: bool = False) -> list:
+    def wants_xq(self, T: int) -> bool:
+        """Whether the step that rounds this projection's input should write its q8 rows too (its
+        matmuls of T rows all run the integer matvecs on one kind of rounding)."""
+        return self.kind != MIXED and all(m.wants_xq(T) and m.xq_kind == self.kind for m in self.mats)
+
+    def q8_buf(self, bufs, T: int, K: int):
+        """The workspace's q8 rows for this projection's input of T rows, when wants_xq, else None."""
+        return bufs.get(f"q8:{self.role}", (T, self.ops.q8_row_bytes(K)), np.uint8) if self.wants_xq(T) else None
+
+    def __call__(self, x, bufs, rounded: bool = False, xq=None) -> list:
         """x [T, K] -> one [T, n] view per part (outputs in bufs). rounded: x is already rounded as
-        self.kind says (by the norm or activation that made it)."""
+        self.kind says (by the norm or activation that made it), which also wrote its q8 rows into xq
+        if given (q8_buf)."""
         T = x.shape[0]
         res, rounded = _Views(), ({self.kind: x} if rounded else {})
+        q8 = {self.kind: xq} if xq is not None and rounded else {}
         for gi, (m, sizes) in enumerate(zip(self.mats, self.group_sizes)):
             kind = act_kind(m.qtype)
+            want = m.wants_xq(T)
             if kind not in rounded:
                 dst = None if kind is None else bufs.get(f"act:{kind}", x.shape)
-                rounded[kind] = self.ops.round_act(x, kind, out=dst, stream=self.stream)
+                q = bufs.get(f"q8:{kind}", (T, self.ops.q8_row_bytes(x.shape[1])), np.uint8) if want else None
+                rounded[kind] = self.ops.round_act(x, kind, out=dst, q8=q, stream=self.stream)
+                if q is not None:
+                    q8[kind] = q
+            if want and kind not in q8:  # rounded by a step that wrote no q8 rows
+                q8[kind] = self.ops.quantize_act(rounded[kind], m.xq_kind, stream=self.stream,
+                                                 out=bufs.get(f"q8:{kind}", (T, self.ops.q8_row_bytes(x.shape[1])),
+                                                              np.uint8))
             y = m.matmul(rounded[kind], stream=self.stream, out=bufs.get(f"{self.role}:{gi}", (T, m.n)),
-                         bias=self.biases[gi])
+                         bias=self.biases[gi], xq=q8.get(kind) if want else None)
             res.groups.append(y)
             off = 0
             for n in sizes:
@@ -550,13 +569,14 @@ class CudaTransformer:
         for j, ly in enumerate(self.layers):
             i = self.first_layer + j
             f = fuse(ly.qkv)
+            hq = ly.qkv.q8_buf(b, T, D) if f else None  # its q8 rows, for integer matvecs
             h = ops.rms_norm(x, ly.attn_norm, eps, out=b.get("h", (T, D)), add=pending,
-                             rounding=ly.qkv.kind if f else None, stream=s)
+                             rounding=ly.qkv.kind if f else None, q8=hq, stream=s)
             if tr is not None:
                 if pending is not None:
                     tr(f"l_out-{i - 1}", x)
                 tr(f"attn_norm-{i}", h)
-            qkv = ly.qkv(h, b, rounded=f)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv]: column views, biases added
+            qkv = ly.qkv(h, b, rounded=f, xq=hq)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hdv]: column views, biases added
             q, k, v = qkv[0].reshape(T, H, hd), qkv[1].reshape(T, Hkv, hd), qkv[2].reshape(T, Hkv, hdv)
             if ly.q_norm is not None:
                 ops.rms_norm(q, ly.q_norm, eps, out=q, stream=s)
@@ -590,15 +610,16 @@ class CudaTransformer:
             # kernel caps q.k before its scale, llama.cpp's flash attention after it: the same with Gemma 2's
             # kq_scale of 1 (q is scaled instead)
             f = fuse(ly.wo) and cache.rot_v is None
+            oq = ly.wo.q8_buf(b, T, H * hdv) if f else None
             o = ops.attention(q, cache.k[j], cache.v[j], pos, n_kv, kq_scale, window=window, softcap=c.attn_softcap,
                               q_round=q_round, p_round=p_round, out=b.get("att", (T, H, hdv)), work=work, rope=rope,
-                              rounding=ly.wo.kind if f else None, counters=counters, stream=s)
+                              rounding=ly.wo.kind if f else None, counters=counters, q8=oq, stream=s)
             o = o.reshape(T, H * hdv)
             if cache.rot_v is not None:
                 o = ops.hadamard(o, cache.rot_v, out=b.get("att_rot", o.shape), stream=s)
             if tr is not None:
                 tr(f"kqv_out-{i}", o)
-            (o,) = ly.wo(o, b, rounded=f)
+            (o,) = ly.wo(o, b, rounded=f, xq=oq)
             if ly.post_attn_norm is not None:
                 ops.rms_norm(o, ly.post_attn_norm, eps, out=o, stream=s)
             if c.residual_scale:
@@ -606,16 +627,19 @@ class CudaTransformer:
             if last_n is not None and i == c.n_layer - 1:  # the last FFN only where logits are wanted
                 x, o, T = x[-last_n:], o[-last_n:], last_n
             f = fuse(ly.gu)
+            hq = ly.gu.q8_buf(b, T, D) if f else None
             h = ops.rms_norm(x, ly.ffn_norm, eps, out=b.get("h", (T, D)), add=o, rounding=ly.gu.kind if f else None,
-                             stream=s)
-            g, u = ly.gu(h, b, rounded=f)  # [T, n_ff] each
+                             q8=hq, stream=s)
+            g, u = ly.gu(h, b, rounded=f, xq=hq)  # [T, n_ff] each
             f = fuse(ly.down)
-            a = ops.glu(g, u, self._act, out=b.get("glu", g.shape), rounding=ly.down.kind if f else None, stream=s)
+            aq = ly.down.q8_buf(b, T, g.shape[1]) if f else None
+            a = ops.glu(g, u, self._act, out=b.get("glu", g.shape), rounding=ly.down.kind if f else None, q8=aq,
+                        stream=s)
             if tr is not None:
                 tr(f"ffn_inp-{i}", x)
                 tr(f"ffn_norm-{i}", h)
                 tr(f"ffn_swiglu-{i}", a)
-            (pending,) = ly.down(a, b, rounded=f)
+            (pending,) = ly.down(a, b, rounded=f, xq=aq)
             if ly.post_ffn_norm is not None:
                 ops.rms_norm(pending, ly.post_ffn_norm, eps, out=pending, stream=s)
             if c.residual_scale:
@@ -631,10 +655,12 @@ class CudaTransformer:
                     tr(f"l_out-{i}", x)
         head = self.output if n_out is None else self._output_head(n_out)
         kind = act_kind(head.qtype)
-        xn = ops.rms_norm(x, self.output_norm, eps, out=b.get("h", (T, D)), add=pending, rounding=kind, stream=s)
+        xq = b.get("q8:head", (T, ops.q8_row_bytes(D)), np.uint8) if head.wants_xq(T) else None
+        xn = ops.rms_norm(x, self.output_norm, eps, out=b.get("h", (T, D)), add=pending, rounding=kind, q8=xq,
+                          stream=s)
         if tr is not None:
             tr(f"l_out-{c.n_layer - 1}", x)
-        logits = head.matmul(xn, stream=s, out=b.get("logits", (T, head.n)))
+        logits = head.matmul(xn, stream=s, out=b.get("logits", (T, head.n)), xq=xq)
         if c.logit_scale:
             ops.scale(logits, c.logit_mul, stream=s)
         if c.final_softcap:
