@@ -563,6 +563,15 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 //     over the splits that hold keys (the partials' qpos, n_kv, window, chunk tell which).
 // attn_combine_r(..., T, rmode): the same values rounded for the next matmul (rms_norm's rmode), see below.
 #define ATT_THREADS 128
+// 16-byte loads a thread has in flight at once: of its key's K row (16: a whole row of 128 halves, one wait
+// on memory a key where 8 were two), of V rows (8 keys). The sums keep their order, so the bits do not
+// depend on these; SHARPI_CUDA_OPS_DEFS="-DATT_K_LOADS=8 -DATT_V_LOADS=4" builds the earlier ones (benchmarks).
+#ifndef ATT_K_LOADS
+#define ATT_K_LOADS 16
+#endif
+#ifndef ATT_V_LOADS
+#define ATT_V_LOADS 8
+#endif
 
 // the first (lo) and last (hi) key a query at position p sees among n_kv cache rows
 SH_D void attn_keys(int p, int n_kv, int window, int& lo, int& hi) {
@@ -765,14 +774,14 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         for (int j = tid; j < n; j += blockDim.x) {
             const u8* kr = kbase + (i64)(a + j) * k_sp_b;
             float acc = 0.0f;
-            for (int d0 = 0; d0 < Dk; d0 += 64) {  // 8 loads issued, then their products in d order
-                const int m = imin(8, (Dk - d0) / 8);
-                uint4 v[8];
+            for (int d0 = 0; d0 < Dk; d0 += 8 * ATT_K_LOADS) {  // the loads issued, then their products in d order
+                const int m = imin(ATT_K_LOADS, (Dk - d0) / 8);
+                uint4 v[ATT_K_LOADS];
 #pragma unroll
-                for (int u = 0; u < 8; u++)
+                for (int u = 0; u < ATT_K_LOADS; u++)
                     if (u < m) v[u] = ld_u128(kr + 2 * (d0 + 8 * u));
 #pragma unroll
-                for (int u = 0; u < 8; u++)
+                for (int u = 0; u < ATT_K_LOADS; u++)
                     if (u < m) {
                         float kv[8];
                         halves8(v[u], kv);
@@ -824,13 +833,13 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[i] = 0.0f;
         if (gi < ng8)
-            for (int j0 = gi; j0 < n; j0 += 4 * ng8) {  // 4 keys' loads issued, then their sums in key order
-                uint4 v[4];
+            for (int j0 = gi; j0 < n; j0 += ATT_V_LOADS * ng8) {  // the keys' loads issued, then their sums in key order
+                uint4 v[ATT_V_LOADS];
 #pragma unroll
-                for (int u = 0; u < 4; u++)
+                for (int u = 0; u < ATT_V_LOADS; u++)
                     if (j0 + u * ng8 < n) v[u] = ld_u128(vbase + (i64)(a + j0 + u * ng8) * v_sp_b + 2 * d0);
 #pragma unroll
-                for (int u = 0; u < 4; u++)
+                for (int u = 0; u < ATT_V_LOADS; u++)
                     if (j0 + u * ng8 < n) {
                         float vv[8];
                         halves8(v[u], vv);

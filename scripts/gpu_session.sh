@@ -81,6 +81,9 @@ part1)
     at attention
     python3 scripts/bench_cuda_kernels.py --attn 12:2:128:128:1,12:2:128:128:5,12:2:128:1000:1 2>&1 \
         | tee "$OUT/attn_bench.txt"
+    # the loads in flight before (K: 8 a thread, V: 4 keys), the same bits
+    SHARPI_CUDA_OPS_DEFS="-DATT_K_LOADS=8 -DATT_V_LOADS=4" python3 scripts/bench_cuda_kernels.py \
+        --attn 12:2:128:128:1,12:2:128:1000:1 2>&1 | tee "$OUT/attn_bench_k8v4.txt"
     at profile_cuda.py
     # without programmatic launch: each kernel's time is its own (with it, a kernel starts while the one
     # before runs, and its time includes that wait)

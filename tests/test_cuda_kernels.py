@@ -872,3 +872,20 @@ def test_integer_and_float_matvecs_agree(monkeypatch):
         xq = cb.quantize_act(cp.asarray(x), ci.xq_kind)
         np.testing.assert_array_equal(cp.asnumpy(ci.matmul(cp.asarray(x), xq=xq)), yi)
         np.testing.assert_array_equal(cp.asnumpy(ci.matmul(cp.zeros((5, k), cp.float32), xq=xq)), yi, err_msg=qtype.name)
+
+
+def test_attention_loads_in_flight_do_not_change_the_bits(monkeypatch):
+    """ops.cu built with the earlier loads in flight (ATT_K_LOADS=8, ATT_V_LOADS=4; benchmarks compare
+    them) gives the same attention bits: the sums keep their order."""
+    rng = np.random.default_rng(24)
+    H, Hkv, D = 8, 2, 128
+    kc, vc = _fill(rng, 300, Hkv, D, "f16", 300), _fill(rng, 300, Hkv, D, "f16", 300)
+    q = cp.asarray(rng.standard_normal((3, H, D)).astype(np.float32))
+    pos = np.array([3, 150, 299], np.int32)
+    run = lambda: [cp.asnumpy(cb.attention(q, kc, vc, pos, 300, 0.125, chunk=c)) for c in (None, 64)]  # noqa: E731
+    want = run()
+    monkeypatch.setattr(cb, "OPS_DEFS", "-DATT_K_LOADS=8 -DATT_V_LOADS=4")
+    monkeypatch.setattr(cb, "_modules", {})
+    monkeypatch.setattr(cb, "_functions", {})
+    for got, w in zip(run(), want):
+        np.testing.assert_array_equal(got, w)

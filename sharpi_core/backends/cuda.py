@@ -84,6 +84,8 @@ ARGMAX_MAX_SPLITS = 64
 # arithmetic is then the one tests/simt's emulator (and the host compiler) does, up to the math
 # library's expf / tanhf / sincosf, so emulated results predict the GPU's.
 NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
+# -D options for ops.cu's build (benchmarks: e.g. SHARPI_CUDA_OPS_DEFS="-DATT_K_LOADS=8 -DATT_V_LOADS=4")
+OPS_DEFS = os.environ.get("SHARPI_CUDA_OPS_DEFS", "")
 SOURCES = ("qmatvec", "ops")
 
 ACT_SILU, ACT_GELU_TANH, ACT_GELU_F16 = 0, 1, 2
@@ -271,7 +273,8 @@ def module(name: str, options: tuple = ()):
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            mod = cp.RawModule(code=kernel_source(name), options=NVRTC_OPTIONS + tuple(options))
+            extra = tuple(OPS_DEFS.split()) if name == "ops" else ()
+            mod = cp.RawModule(code=kernel_source(name), options=NVRTC_OPTIONS + tuple(options) + extra)
             mod.compile()
             _modules[key] = mod
         return mod
