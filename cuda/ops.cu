@@ -723,13 +723,24 @@ SH_D float kv_elem(const u8* row, int d) {
     return h2f(ld_u16(blk)) * (float)(int)(i8)ldg(blk + 2 + (d & 31));
 }
 
+// Whether a fused launch (rmode >= 0) finishes row t's output in the block of its one split that holds
+// keys (the others, empty, write nothing), without partials, counters or a combining block: where a head
+// holds whole rounding blocks (none, f16, bf16, 8-bit blocks of 32; not Q8_K's 256, which a block's warps
+// would have to share). Every block of the row decides the same.
+SH_D bool attn_direct(int rmode, int Dv, const int* __restrict__ qpos, int n_kv, int window, int chunk) {
+    return rmode >= 0 && rmode <= 3 && Dv % 32 == 0 &&
+           attn_nsplits(qpos, blockIdx.y, n_kv, window, chunk, gridDim.z) == 1;
+}
+
 template <int KT, int VT>
 __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st, const u8* __restrict__ Kc,
                                            i64 k_sp_b, i64 k_sh_b, const u8* __restrict__ Vc, i64 v_sp_b,
                                            i64 v_sh_b, const int* __restrict__ qpos, int n_kv, int H, int Hkv,
                                            int Dk, int Dv, float scale, float softcap, int window, int chunk,
                                            int q_round, int p_round, float* Op, float* ML,
-                                           const float* __restrict__ rcs, int n_rot, int neox) {
+                                           const float* __restrict__ rcs, int n_rot, int neox,
+                                           float* __restrict__ O, i64 o_st, int rmode, u8* q8, i64 q8_st,
+                                           bool direct) {
     extern __shared__ float smem[];
     float* qs = smem;              // [Dk]
     float* sc = qs + Dk;           // [chunk]
@@ -744,7 +755,19 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     const int a = lo + s * chunk;
     const int n = imin(a + chunk, hi + 1) - a;            // keys of this split (may be <= 0)
     const i64 part = ((i64)t * H + h) * S + s;
+    // the split's unnormalised output o of element d (d % 32 == lane; whole warps call it): into the
+    // partials, or (direct: attn_direct) finished as the combine would finish it, (0 + o * e^0) * (1 / sum),
+    // the same bits, rounded and stored by rmode
+    auto emit = [&](int d, float o, float inv) {
+        if (direct) {
+            float v = o * inv;
+            attn_round_store(&v, 1, rmode, O, o_st, t, h * Dv + (d & ~31), q8, q8_st, H * Dv);
+        } else {
+            Op[part * Dv + d] = o;
+        }
+    };
     if (n <= 0) {  // uniform over the block, before any barrier
+        if (direct) return;  // another split of the row holds its keys and writes its output
         for (int d = tid; d < Dv; d += blockDim.x) Op[part * Dv + d] = 0.0f;
         if (tid == 0) {
             ML[part * 2] = neg_inf();
@@ -822,6 +845,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         sum = 1.0f;
         __syncthreads();
     }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // the combine's 1 / L (direct)
     // out = P V: thread group gi (of ng) sums keys gi, gi+ng, ... for dimension d
     const u8* vbase = Vc + (i64)g * v_sh_b;
     const int ng = imax(1, (int)blockDim.x / Dv);
@@ -855,13 +879,13 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         for (int d = tid; d < Dv; d += blockDim.x) {
             float o = 0.0f;
             for (int k = 0; k < ng8; k++) o += red2[k * Dv + d];
-            Op[part * Dv + d] = o;
+            emit(d, o, inv);
         }
     } else if (ng == 1) {
         for (int d = tid; d < Dv; d += blockDim.x) {
             float acc = 0.0f;
             for (int j = 0; j < n; j++) acc = sh_fma(sc[j], kv_elem<VT>(vbase + (i64)(a + j) * v_sp_b, d), acc);
-            Op[part * Dv + d] = acc;
+            emit(d, acc, inv);
         }
     } else {
         const int gi = tid / Dv, d = tid % Dv;
@@ -873,10 +897,10 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         if (tid < Dv) {
             float o = 0.0f;
             for (int k = 0; k < ng; k++) o += red2[k * Dv + tid];
-            Op[part * Dv + tid] = o;
+            emit(tid, o, inv);
         }
     }
-    if (tid == 0) {
+    if (tid == 0 && !direct) {
         ML[part * 2] = mx;
         ML[part * 2 + 1] = sum;
     }
@@ -889,7 +913,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         int p_round, float *Op, float *ML, const float *__restrict__ rcs, int n_rot, int neox, int *cnt,     \
         float *__restrict__ O, i64 o_st, int rmode, u8 *q8, i64 q8_st
 #define ATTN_PASS Q, q_st, Kc, k_sp_b, k_sh_b, Vc, v_sp_b, v_sh_b, qpos, n_kv, H, Hkv, Dk, Dv, scale, softcap, \
-                  window, chunk, q_round, p_round, Op, ML, rcs, n_rot, neox
+                  window, chunk, q_round, p_round, Op, ML, rcs, n_rot, neox, O, o_st, rmode, q8, q8_st
 
 // Before KERNEL_BEGIN: the split's K and V rows (of its kv head) asked of the L2 while the kernels before
 // run. Earlier passes wrote them; kv_append may still be writing the newest row, which is harmless for a
@@ -915,8 +939,9 @@ SH_D void attn_prefetch(const u8* Kc, i64 k_sp_b, i64 k_sh_b, int Dk, int kt, co
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(ATTN_ARGS) {        \
         attn_prefetch(Kc, k_sp_b, k_sh_b, Dk, KT, Vc, v_sp_b, v_sh_b, Dv, VT, qpos, n_kv, H, Hkv, window, chunk); \
         KERNEL_BEGIN();                                                                \
-        attn_split<KT, VT>(ATTN_PASS);                                                 \
-        if (rmode >= 0) {                                                              \
+        const bool direct = attn_direct(rmode, Dv, qpos, n_kv, window, chunk);          \
+        attn_split<KT, VT>(ATTN_PASS, direct);                                         \
+        if (rmode >= 0 && !direct) {                                                   \
             extern __shared__ float att_smem[];                                        \
             attn_finish(Op, ML, gridDim.z, H, Dv, O, o_st, rmode, cnt, att_smem, Dk + chunk, \
                         qpos, n_kv, window, chunk, q8, q8_st);                         \

@@ -889,3 +889,31 @@ def test_attention_loads_in_flight_do_not_change_the_bits(monkeypatch):
     monkeypatch.setattr(cb, "_functions", {})
     for got, w in zip(run(), want):
         np.testing.assert_array_equal(got, w)
+
+
+@pytest.mark.parametrize("D,vkind", [(64, "f16"), (128, "f16"), (256, "f16"), (64, "q8_0"), (128, "q8_0")])
+def test_attention_of_one_split_finishes_in_its_own_block(D, vkind):
+    """A fused launch (counters) whose row has its keys in one split (the others empty), with whole 32-blocks
+    per head, writes that row's output from the split's block (no partials, no counter): the bits of the
+    launch that combines separately, for every rounding (Q8_K's 256-blocks spanning heads still go through
+    the counters), q8 rows included, beside rows of several splits and within a sliding window."""
+    rng = np.random.default_rng(25)
+    T, H, Hkv, cap = 5, 4, 2, 700  # 3 splits of 256 keys: rows 0, 77, 255 see one, 256 two, 699 three
+    assert cb.attention_splits(cap, cap)[1] == 3
+    kc, vc = _fill(rng, cap, Hkv, D, "f16", cap), _fill(rng, cap, Hkv, D, vkind, cap)
+    q = cp.asarray((rng.standard_normal((T, H, D)) * 2).astype(np.float32))
+    pos = np.array([0, 77, 255, 256, 699], np.int32)
+    for rounding in (None, "f16", "bf16", "q8_32", "q8_k"):
+        for kw in (dict(), dict(window=100), dict(p_round=True)):
+            if kw.get("p_round") and vkind != "f16":
+                continue
+            kw = dict(kw, rounding=rounding)
+            want = cp.asnumpy(cb.attention(q, kc, vc, pos, cap, 0.125, **kw))
+            cnt = cp.zeros(T * H, cp.int32)
+            q8 = cp.zeros((T, cb.q8_row_bytes(H * D)), cp.uint8) if rounding in ("q8_32", "q8_k") else None
+            got = cp.asnumpy(cb.attention(q, kc, vc, pos, cap, 0.125, counters=cnt, q8=q8, **kw))
+            np.testing.assert_array_equal(got, want, err_msg=f"{rounding} {kw}")
+            assert not cp.asnumpy(cnt).any()
+            if q8 is not None:
+                plain = cb.attention(q, kc, vc, pos, cap, 0.125, **dict(kw, rounding=None)).reshape(T, H * D)
+                np.testing.assert_array_equal(cp.asnumpy(q8), cp.asnumpy(cb.quantize_act(plain, rounding)))

@@ -150,8 +150,8 @@ class _Proj:
         self.kind says (by the norm or activation that made it), which also wrote its q8 rows into xq
         if given (q8_buf)."""
         T = x.shape[0]
+        q8 = {self.kind: xq} if rounded and xq is not None else {}  # kind -> its q8 rows
         res, rounded = _Views(), ({self.kind: x} if rounded else {})
-        q8 = {self.kind: xq} if xq is not None and rounded else {}
         for gi, (m, sizes) in enumerate(zip(self.mats, self.group_sizes)):
             kind = act_kind(m.qtype)
             want = m.wants_xq(T)
