@@ -140,8 +140,19 @@ def run(
                                    "or auto (= on, llama.cpp's CPU default)")] = "auto",
     threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores, fewer while other processes keep cores busy)")] = -1,
     threads_batch: Annotated[int, Opt("-tb", "--threads-batch", help="CPU threads for the prompt's batches (-1 = as -t)")] = -1,
-    no_warmup: Annotated[bool, Opt("--no-warmup", help="accepted as llama-cli takes it (sharpi runs no warm-up "
-                                    "pass, so there is nothing to skip)")] = False,
+    warmup: Annotated[bool, Opt("--warmup/--no-warmup", help="accepted as llama-cli takes them (sharpi runs no warm-up "
+                                "pass, so there is nothing to skip)", show_default=False)] = True,
+    cpu_mask: Annotated[Optional[str], Opt("-C", "--cpu-mask", help="CPU affinity: a hex mask of the CPUs to run on "
+                                           "(0x3 = CPUs 0 and 1; with -Cr their union); -t -1 then takes that many threads")] = None,
+    cpu_range: Annotated[Optional[str], Opt("-Cr", "--cpu-range", help="CPU affinity: the CPUs lo-hi (either end may be "
+                                            "left out; with -C their union)")] = None,
+    prio: Annotated[int, Opt("--prio", help="process priority: -1 low, 0 normal, 1 medium, 2 high, 3 realtime (nice 5, 0, "
+                             "-5, -10, -20; raising it needs the privilege, else a warning)")] = 0,
+    swa_full: Annotated[bool, Opt("--swa-full", help="full-size KV caches for sliding-window layers: what sharpi "
+                                  "always keeps (accepted as llama-cli takes it)")] = False,
+    check_tensors: Annotated[bool, Opt("--check-tensors", help="check every tensor's data (float values, quantized "
+                                       "blocks' scales) for inf and nan before loading, as llama.cpp's loader does")] = False,
+    list_devices: Annotated[bool, Opt("--list-devices", help="print the devices sharpi can run on and exit")] = False,
     mlock: Annotated[bool, Opt("--mlock", help="keep the model's weights locked in memory (never paged out)")] = False,
     mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF file into memory (default), or read it in "
                               "(--no-mmap: slower to load, no file pages shared with other processes)",
@@ -234,6 +245,10 @@ def run(
 ):
     if show_version:
         print(f"sharpi {_version()}")
+        raise typer.Exit(0)
+    if list_devices:
+        from . import runner
+        print(runner.devices_text())
         raise typer.Exit(0)
     if ctx.invoked_subcommand is not None:
         return

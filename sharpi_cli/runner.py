@@ -75,6 +75,10 @@ class RunOptions:
     flash_attn: str = "auto"
     threads: int = -1
     threads_batch: int = -1  # -tb: threads for the prompt's batches (-1 = as -t)
+    cpu_mask: str | None = None  # -C: CPU affinity, hex
+    cpu_range: str | None = None  # -Cr: CPU affinity, lo-hi
+    prio: int = 0  # --prio: -1 low .. 3 realtime
+    check_tensors: bool = False  # --check-tensors
     mlock: bool = False
     mmap: bool = True  # --no-mmap: the GGUF read into memory
     lora: list = field(default_factory=list)  # --lora FNAME[,...] (repeatable)
@@ -239,6 +243,7 @@ def validate(o: RunOptions) -> None:
     check_adapters(o)
     check_prompt_cache(o)
     check_threads(o.threads)
+    check_cpu_params(o)
     if o.threads_batch == 0 or o.threads_batch < -1:
         raise UsageError(f"invalid -tb/--threads-batch {o.threads_batch}: must be >= 1 (-1 = as -t/--threads)")
     if o.prompt is not None and o.file is not None:
@@ -363,6 +368,98 @@ def check_samplers(o: RunOptions) -> None:
 def check_threads(n: int) -> None:
     if n == 0 or n < -1:
         raise UsageError(f"invalid -t/--threads {n}: must be >= 1 (-1 = all cores)")
+
+
+# --prio's levels (llama.cpp's ggml_sched_priority) -> the nice value it sets on POSIX systems
+PRIO_NICE = {-1: 5, 0: 0, 1: -5, 2: -10, 3: -20}
+MAX_CPUS = 512  # llama.cpp's GGML_MAX_N_THREADS: the CPUs a mask or range can name
+
+
+def parse_cpu_mask(mask: str) -> set[int]:
+    """-C: llama.cpp's hex CPU mask (optional 0x; the last digit is CPUs 0-3; at most 128 digits read)."""
+    digits = mask[2:] if mask.startswith("0x") else mask
+    if not digits or any(c not in "0123456789abcdefABCDEF" for c in digits[:128]):
+        raise UsageError(f"invalid -C/--cpu-mask '{mask}': a hex mask of CPUs is expected (0x3 = CPUs 0 and 1)")
+    value = int(digits[:128], 16)
+    return {i for i in range(min(MAX_CPUS, 4 * len(digits[:128]))) if value >> i & 1}
+
+
+def parse_cpu_range(r: str) -> set[int]:
+    """-Cr: llama.cpp's [lo]-[hi] (a missing end: 0 / the last CPU it can name)."""
+    lo, dash, hi = r.partition("-")
+    try:
+        if not dash:
+            raise ValueError
+        a = int(lo) if lo else 0
+        b = int(hi) if hi else MAX_CPUS - 1
+    except ValueError:
+        raise UsageError(f"invalid -Cr/--cpu-range '{r}': expected [lo]-[hi], e.g. 0-3") from None
+    if not (0 <= a < MAX_CPUS and 0 <= b < MAX_CPUS):
+        raise UsageError(f"invalid -Cr/--cpu-range '{r}': CPUs are numbered 0..{MAX_CPUS - 1}")
+    return set(range(a, b + 1))
+
+
+def cpu_set(o: RunOptions) -> set[int] | None:
+    """The CPUs -C and -Cr name (their union), or None when neither is given."""
+    if o.cpu_mask is None and o.cpu_range is None:
+        return None
+    return (parse_cpu_mask(o.cpu_mask) if o.cpu_mask is not None else set()) | (
+        parse_cpu_range(o.cpu_range) if o.cpu_range is not None else set())
+
+
+def check_cpu_params(o: RunOptions) -> None:
+    if o.prio not in PRIO_NICE:
+        raise UsageError(f"invalid --prio {o.prio}: choose -1 (low), 0 (normal), 1 (medium), 2 (high) or 3 (realtime)")
+    cpu_set(o)
+
+
+def apply_cpu_params(o: RunOptions) -> int:
+    """--prio and -C / -Cr for this process (before its worker threads exist: they inherit both) -> the
+    threads -t -1 means (the CPUs of the mask; -1 without one)."""
+    threads = o.threads
+    if o.prio != 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, PRIO_NICE[o.prio])
+        except OSError as e:
+            log(f"warning: --prio {o.prio}: the process priority could not be set ({e.strerror}); running at the "
+                "normal one")
+    cpus = cpu_set(o)
+    if cpus is not None:
+        have = os.sched_getaffinity(0)
+        use = cpus & have
+        if not use:
+            raise UsageError(f"-C/-Cr name CPUs {_cpu_list(cpus)}, none of which this process may run on "
+                             f"({_cpu_list(have)})")
+        os.sched_setaffinity(0, use)
+        if threads == -1:
+            threads = len(use)
+        elif threads > len(use):
+            log(f"warning: -t {threads} threads on the {len(use)} CPUs of -C/-Cr: they will share CPUs")
+    return threads
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    """CPUs as 0-3,8"""
+    from itertools import groupby
+    runs = [[c for _, c in g] for _, g in groupby(enumerate(sorted(cpus)), lambda p: p[1] - p[0])]
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def devices_text() -> str:
+    """--list-devices: the CPU (its model and the cores this process may use) and the GPU, or why not."""
+    name = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    import platform
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = ["Available devices:", f"  cpu: {name or platform.processor() or platform.machine()} ({cores} cores)"]
+    from sharpi_core.backends.cuda import cuda_available
+    ok, why = cuda_available()
+    lines.append(f"  cuda: {why}" if ok else f"  cuda: not available ({why})")
+    return "\n".join(lines)
 
 
 def set_threads(n: int) -> None:
@@ -615,7 +712,7 @@ def _run(o: RunOptions) -> int:
     prompt = read_prompt(o)
     read_chat_options(o)
     grammar = read_grammar(o)
-    set_threads(o.threads)  # (torch's first import: a bad command line is refused without it)
+    set_threads(apply_cpu_params(o))  # (torch's first import: a bad command line is refused without it)
     if o.escape:
         o.reverse_prompt = [process_escapes(r) for r in o.reverse_prompt]
         o.in_prefix, o.in_suffix = process_escapes(o.in_prefix), process_escapes(o.in_suffix)
@@ -625,7 +722,7 @@ def _run(o: RunOptions) -> int:
     from sharpi_core.sampling import SamplingParams, describe_chain
 
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0, rope=rope_flags(o),
-                   overrides=o.kv_overrides, mmap=o.mmap)
+                   overrides=o.kv_overrides, mmap=o.mmap, check=o.check_tensors)
     apply_adapters(o, target.model)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
@@ -840,14 +937,17 @@ def draft_cache_types(o: RunOptions) -> tuple[str, str]:
 
 
 def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = True, rope: tuple = (),
-          overrides: dict | None = None, mmap: bool = True):
+          overrides: dict | None = None, mmap: bool = True, check: bool = False):
     """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
     llama.cpp resolves it on the CPU); gpu_layers != 0 moves it to the GPU (-ngl); encoder: see engine.load;
     rope: Transformer.set_rope's (base, freq scale, scaling) from the --rope-* flags; overrides: --override-kv;
-    mmap=False: --no-mmap."""
+    mmap=False: --no-mmap; check: --check-tensors."""
     from sharpi_core import engine
     from sharpi_core.kernels import cpu
     path = resolve_with_progress(spec)
+    if check:
+        from sharpi_core.gguf_file import GGUFFile, check_tensors
+        check_tensors(GGUFFile(path))
     cpu.build_notice = lambda: log("sharpi: compiling the CPU kernels for this machine (once per CPU and sharpi "
                                    f"version, ~10 s; cached in {cpu.kernel_dir()})")
     m = engine.load(str(path), encoder=encoder, overrides=overrides, mmap=mmap)
@@ -956,7 +1056,7 @@ def _model_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
         cut = engine.draft_head_vocab(o.spec_draft_vocab, target.tokenizer)
         return spec.MtpDrafter(head, head.new_cache(n_ctx, *draft_cache_types(o)), params, g, head_vocab=cut), None
     draft = _load(o.model_draft, o.flash_attn, o.spec_draft_ngl if o.device == "cuda" else 0, encoder=False,
-                  rope=rope_flags(o), overrides=o.kv_overrides, mmap=o.mmap)
+                  rope=rope_flags(o), overrides=o.kv_overrides, mmap=o.mmap, check=o.check_tensors)
     engine.check_draft_compatible(target.tokenizer, draft.tokenizer)
     n_ctx_d = draft_ctx(o, n_ctx)
     dcache = draft.model.new_cache(n_ctx_d, *draft_cache_types(o))

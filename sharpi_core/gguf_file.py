@@ -243,3 +243,67 @@ class GGUFFile:
         if t is None:
             raise SharpiError(f"{self.path}: tensor '{name}' missing (arch {self.arch})")
         return t
+
+
+# ---- --check-tensors: llama.cpp's ggml_validate_row_data --------------------------------------------
+# What it checks of each type's blocks: float tensors' values, and quantized blocks' scales: the byte
+# offsets of their f16 scales (d, and the min / dmin where the type has one) in a block.
+_Q = gguf.GGMLQuantizationType
+_F16_SCALES = {
+    _Q.Q4_0: (0,), _Q.Q4_1: (0, 2), _Q.Q5_0: (0,), _Q.Q5_1: (0, 2), _Q.Q8_0: (0,), _Q.Q2_K: (80, 82),
+    _Q.Q3_K: (108,), _Q.Q4_K: (0, 2), _Q.Q5_K: (0, 2), _Q.Q6_K: (208,), _Q.TQ1_0: (52,), _Q.TQ2_0: (64,),
+    _Q.IQ1_S: (0,), _Q.IQ2_XXS: (0,), _Q.IQ2_XS: (0,), _Q.IQ2_S: (0,), _Q.IQ3_XXS: (0,), _Q.IQ3_S: (0,),
+    _Q.IQ4_NL: (0,), _Q.IQ4_XS: (0,),
+}
+# (unsigned view, exponent mask, mantissa mask) of the float types: all exponent bits set = inf or nan
+_FLOAT_BITS = {_Q.F32: (np.uint32, 0x7F800000, 0x007FFFFF), _Q.F16: (np.uint16, 0x7C00, 0x03FF),
+               _Q.BF16: (np.uint16, 0x7F80, 0x007F), _Q.F64: (np.uint64, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF)}
+
+
+def _first_nonfinite(bits: np.ndarray, exp: int, mant: int) -> tuple[int, str] | None:
+    """(index, 'inf value' / 'nan value') of the first inf or nan among IEEE values given as their bits."""
+    special = (bits & exp) == exp
+    if not special.any():
+        return None
+    i = int(np.argmax(special))
+    return i, "nan value" if int(bits[i]) & mant else "inf value"
+
+
+def tensor_data_error(name: str, qtype, data: np.ndarray) -> str | None:
+    """Why llama.cpp's --check-tensors refuses this tensor's data (its first inf or nan value or scale, or
+    an MXFP4 scale of 0xFF, by block), or None."""
+    qtype = _Q(qtype)
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if qtype in _FLOAT_BITS:
+        dt, exp, mant = _FLOAT_BITS[qtype]
+        found = [_first_nonfinite(raw.view(dt), exp, mant)]
+    elif qtype in _F16_SCALES or qtype in (_Q.MXFP4, _Q.IQ1_M, _Q.Q8_K):
+        ts = gguf.GGML_QUANT_SIZES[qtype][1]
+        if qtype == _Q.MXFP4:  # e8m0 exponent: 0xFF is no value
+            e = raw.reshape(-1, ts)[:, 0] == 0xFF
+            found = [(int(np.argmax(e)), "invalid e value 255") if e.any() else None]
+        elif qtype == _Q.Q8_K:  # float d
+            found = [_first_nonfinite(raw.view(np.uint32).reshape(-1, ts // 4)[:, 0], 0x7F800000, 0x007FFFFF)]
+        elif qtype == _Q.IQ1_M:  # the f16 scale spread over the top nibbles of its 4 scale words
+            sc = raw.view(np.uint16).reshape(-1, ts // 2)[:, 24:28]
+            f = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00) | (sc[:, 3] & 0xF000)
+            found = [_first_nonfinite(f, 0x7C00, 0x03FF)]
+        else:  # (every scale offset is even, every block size too: one 16-bit column each)
+            words = raw.view(np.uint16).reshape(-1, ts // 2)
+            found = [_first_nonfinite(words[:, o // 2], 0x7C00, 0x03FF) for o in _F16_SCALES[qtype]]
+    else:
+        return None  # integer tensors: nothing to check (and types sharpi does not load)
+    found = [f for f in found if f is not None]
+    if not found:
+        return None
+    block, what = min(found)
+    return f"tensor '{name}' has invalid data (found {what} at block {block})"
+
+
+def check_tensors(gf: GGUFFile) -> None:
+    """--check-tensors: every tensor's data as llama.cpp's loader validates it; raises SharpiError at the
+    first tensor it refuses."""
+    for t in gf.reader.tensors:
+        why = tensor_data_error(t.name, t.tensor_type, t.data)
+        if why:
+            raise SharpiError(f"{gf.path}: {why}")

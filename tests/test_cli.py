@@ -338,6 +338,9 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--repeat-penalty", "inf"), "--repeat-penalty"),
     (("--presence-penalty", "nan"), "--presence-penalty"),
     (("--top-p", "0"), "--top-p"),
+    (("--prio", "4"), "invalid --prio 4"), (("-C", "0xz1"), "-C/--cpu-mask"), (("-C", "0x"), "-C/--cpu-mask"),
+    (("-Cr", "3"), "expected [lo]-[hi]"), (("-Cr", "0-512"), "numbered 0..511"),
+    (("-C", "0x8" + "0" * 127), "none of which this process may run on"),  # CPU 511
     (("--top-p", "1.5"), "--top-p"),
     (("-l", "abc"), "logit-bias"),
     (("-l", "15+x"), "logit-bias"),
@@ -383,6 +386,49 @@ def test_a_bad_command_line_is_refused_before_anything_loads(smol):
         assert r.returncode == 2 and [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")], r.stderr
         imported = {ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
         assert "sharpi_cli.runner" in imported and not imported & {"torch", "sharpi_core.models"}, args
+
+
+def test_cpu_masks_and_ranges_are_llama_cpps():
+    from sharpi_cli.runner import RunOptions, cpu_set, parse_cpu_mask, parse_cpu_range
+    assert parse_cpu_mask("0x3") == {0, 1} and parse_cpu_mask("F0") == {4, 5, 6, 7} and parse_cpu_mask("0") == set()
+    assert parse_cpu_mask("1" + "0" * 127) == {508} and parse_cpu_mask("1" + "0" * 130) == {508}  # 128 digits read
+    assert parse_cpu_range("2-4") == {2, 3, 4} and parse_cpu_range("-1") == {0, 1} and parse_cpu_range("510-") == {510, 511}
+    assert parse_cpu_range("3-1") == set()
+    assert cpu_set(RunOptions(cpu_mask="0x1", cpu_range="4-5")) == {0, 4, 5} and cpu_set(RunOptions()) is None
+
+
+def test_affinity_and_priority_are_the_process_s():
+    """-C / -Cr pin the process (its threads, made later, inherit it) and -t -1 becomes their count;
+    --prio -1 is llama.cpp's nice 5. In a child process: they would stay with the test's."""
+    code = ("import os; from sharpi_cli.runner import RunOptions, apply_cpu_params; n0 = os.getpriority(os.PRIO_PROCESS, 0); "
+            "t = apply_cpu_params(RunOptions(cpu_range='0-0', prio=-1)); "
+            "print(t, sorted(os.sched_getaffinity(0)), os.getpriority(os.PRIO_PROCESS, 0) - n0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "[0]", "5"], r.stdout
+
+
+def test_list_devices():
+    r = sharpi("--list-devices")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "Available devices:" and lines[1].startswith("  cpu: ") and lines[2].startswith("  cuda: ")
+    assert f"({len(os.sched_getaffinity(0))} cores)" in lines[1]
+
+
+def test_check_tensors_refuses_a_bad_scale_before_loading(tmp_path):
+    """--check-tensors: a NaN block scale (which loads, and makes NaN logits) is one error line naming the
+    tensor and block, as llama.cpp's loader refuses it; the file is left as it was."""
+    import gguf
+    from test_loading import write_gguf
+    path = write_gguf(tmp_path / "w.gguf", qtype=gguf.GGMLQuantizationType.Q8_0)
+    t = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.0.ffn_up.weight")
+    data = bytearray(path.read_bytes())
+    data[t.data_offset + 3 * 34:t.data_offset + 3 * 34 + 2] = np.array([np.nan], np.float16).tobytes()  # block 3's d
+    path.write_bytes(bytes(data))
+    one_error_line(sharpi("-m", path, "-p", "hi", "--check-tensors"), 1,
+                   "tensor 'blk.0.ffn_up.weight' has invalid data (found nan value at block 3)")
+    assert path.read_bytes() == bytes(data)
 
 
 def test_missing_and_corrupt_model(tmp_path):

@@ -230,3 +230,51 @@ def test_overrides_replace_or_add_metadata_of_the_same_type(tmp_path):
         GGUFFile(p, {"llama.block_count": 2.0})
     with pytest.raises(UsageError, match="llama.embedding_length: .* has it as int, not bool"):
         GGUFFile(p, {"llama.embedding_length": True})  # (bool is no int here, as in llama.cpp)
+
+
+def test_check_tensors_refuses_what_llama_cpps_loader_refuses():
+    """tensor_data_error (--check-tensors) as ggml_validate_row_data: float values, the f16 scales of
+    quantized blocks (d, and m / dmin where the type has one, wherever the type keeps them), Q8_K's float
+    d, MXFP4's e8m0 exponent, IQ1_M's scale spread over its scale words; the first bad block is named."""
+    from sharpi_core.gguf_file import tensor_data_error
+    Q = gguf.GGMLQuantizationType
+    nan16, inf16 = np.float16("nan").view(np.uint16), np.float16("inf").view(np.uint16)
+    f = np.ones(100, np.float32)
+    assert tensor_data_error("t", Q.F32, f) is None
+    f[37], f[60] = np.inf, np.nan
+    assert tensor_data_error("t", Q.F32, f) == "tensor 't' has invalid data (found inf value at block 37)"
+    h = np.ones(100, np.float16)
+    h[5] = np.nan
+    assert "nan value at block 5" in tensor_data_error("t", Q.F16, h)
+    b = np.full(100, 0x3F80, np.uint16)  # bf16 1.0
+    b[9] = 0x7F80  # +inf
+    assert "inf value at block 9" in tensor_data_error("t", Q.BF16, b)
+    rng = np.random.default_rng(0)
+    for qtype, offs in [(Q.Q8_0, (0,)), (Q.Q4_1, (0, 2)), (Q.Q5_0, (0,)), (Q.Q4_K, (0, 2)), (Q.Q6_K, (208,)),
+                        (Q.Q2_K, (80, 82)), (Q.Q3_K, (108,)), (Q.IQ4_XS, (0,)), (Q.TQ2_0, (64,))]:
+        ts = gguf.GGML_QUANT_SIZES[qtype][1]
+        blocks = rng.integers(0, 256, (50, ts), dtype=np.uint8)
+        for o in offs:
+            blocks[:, o:o + 2] = np.full((50, 1), 0x3C00, np.uint16).view(np.uint8)  # 1.0
+        assert tensor_data_error("w", qtype, blocks) is None, qtype.name
+        for o in offs:
+            bad = blocks.copy()
+            bad[12, o:o + 2] = np.array([nan16], np.uint16).view(np.uint8)
+            bad[30, o:o + 2] = np.array([inf16], np.uint16).view(np.uint8)
+            assert tensor_data_error("w", qtype, bad) == "tensor 'w' has invalid data (found nan value at block 12)", (qtype.name, o)
+    # the other bytes of a block are never read as floats
+    blocks = np.full((4, 34), 0xFF, np.uint8)
+    blocks[:, 0:2] = np.full((4, 1), 0x3C00, np.uint16).view(np.uint8)
+    assert tensor_data_error("w", Q.Q8_0, blocks) is None
+    mx = np.zeros((8, 17), np.uint8)
+    mx[6, 0] = 0xFF
+    assert "invalid e value 255 at block 6" in tensor_data_error("w", Q.MXFP4, mx)
+    q8k = np.zeros((3, 292), np.uint8)
+    q8k[2, :4] = np.array([np.nan], np.float32).view(np.uint8)
+    assert "nan value at block 2" in tensor_data_error("w", Q.Q8_K, q8k)
+    iq1m = np.zeros((3, 56), np.uint8)
+    sc = np.zeros((3, 4), np.uint16)
+    sc[1] = [0x0000, 0x0000, 0xC000, 0x7000]  # the 4 words' top nibbles, first word lowest: 0x7C00 = f16 inf
+    iq1m[:, 48:56] = sc.view(np.uint8)
+    assert "inf value at block 1" in tensor_data_error("w", Q.IQ1_M, iq1m)
+    assert tensor_data_error("i", Q.I32, np.full(4, -1, np.int32)) is None
