@@ -238,6 +238,10 @@ def run(
     cache_type_v_draft: Annotated[Optional[str], Opt("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft",
                                                      help="the draft's KV cache type for V (default: as -ctv)")] = None,
     ctx_size_draft: Annotated[int, Opt("-cd", "--ctx-size-draft", help="draft context (0 = min(target ctx, 4096))")] = 0,
+    threads_draft: Annotated[int, Opt("-td", "--threads-draft", "--spec-draft-threads", help="CPU threads of the draft "
+                                      "model's passes of one token (-1 = as the target's)")] = -1,
+    threads_batch_draft: Annotated[int, Opt("-tbd", "--threads-batch-draft", "--spec-draft-threads-batch",
+                                            help="CPU threads of the draft's passes of more tokens (-1 = as -td)")] = -1,
     spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", help="draft layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N")] = -1,
     spec_draft_vocab: Annotated[int, Opt("--spec-draft-vocab", help="the draft's output layer computes token ids [0, N) only "
                                          "(-1 = auto: 65536 for byte-level BPE vocabularies, else all; 0 = all). "

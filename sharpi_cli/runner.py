@@ -75,6 +75,8 @@ class RunOptions:
     flash_attn: str = "auto"
     threads: int = -1
     threads_batch: int = -1  # -tb: threads for the prompt's batches (-1 = as -t)
+    threads_draft: int = -1  # -td: the draft model's threads (-1 = the target's)
+    threads_batch_draft: int = -1  # -tbd: ... for its passes of several tokens (-1 = as -td)
     cpu_mask: str | None = None  # -C: CPU affinity, hex
     cpu_range: str | None = None  # -Cr: CPU affinity, lo-hi
     prio: int = 0  # --prio: -1 low .. 3 realtime
@@ -244,8 +246,11 @@ def validate(o: RunOptions) -> None:
     check_prompt_cache(o)
     check_threads(o.threads)
     check_cpu_params(o)
-    if o.threads_batch == 0 or o.threads_batch < -1:
-        raise UsageError(f"invalid -tb/--threads-batch {o.threads_batch}: must be >= 1 (-1 = as -t/--threads)")
+    for flag, n, default in (("-tb/--threads-batch", o.threads_batch, "-t/--threads"),
+                             ("-td/--threads-draft", o.threads_draft, "the target's"),
+                             ("-tbd/--threads-batch-draft", o.threads_batch_draft, "-td/--threads-draft")):
+        if n == 0 or n < -1:
+            raise UsageError(f"invalid {flag} {n}: must be >= 1 (-1 = as {default})")
     if o.prompt is not None and o.file is not None:
         raise UsageError("-p/--prompt and -f/--file are mutually exclusive")
     given = [f for f, v in (("--grammar", o.grammar), ("--grammar-file", o.grammar_file), ("-j/--json-schema", o.json_schema),
@@ -1063,7 +1068,9 @@ def _model_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     import torch
     g = torch.Generator().manual_seed(seed + 1)
     head = engine.draft_head_vocab(o.spec_draft_vocab, draft.tokenizer)
-    return spec.DraftModelDrafter(draft.model, dcache, params, g, head_vocab=head), draft
+    td = o.threads_draft if o.threads_draft > 0 else None
+    tbd = o.threads_batch_draft if o.threads_batch_draft > 0 else td
+    return spec.DraftModelDrafter(draft.model, dcache, params, g, head_vocab=head, threads=(td, tbd)), draft
 
 
 def result_json(res, target, seed: int) -> dict:

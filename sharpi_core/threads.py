@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
@@ -89,3 +90,18 @@ class ThreadGovernor:
         if self.n < self.max and now - self.last_change >= self.probe:
             self.probing = True
             self._use(self.n + 1, now)
+
+
+@contextmanager
+def using_threads(n: int | None) -> Iterator[None]:
+    """torch's thread count, which the CPU kernels read at each call, set to n inside the block and put
+    back after it (None: left as it is): a draft model's own -td / -tbd."""
+    was = torch.get_num_threads()
+    if n is None or n == was:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)

@@ -816,6 +816,45 @@ def test_threads_batch_evaluates_the_prompt_with_its_threads(smol):
     assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
 
 
+def test_draft_threads_run_the_draft_s_passes(smol):
+    """-td / -tbd: the draft model's passes of one token / of more run with their threads, the target's with
+    its own; the tokens stay the plain ones (threads never change a result)."""
+    import torch
+
+    from sharpi_core.generate import Generator
+    from sharpi_core.sampling import SamplingParams
+    from sharpi_core.speculative import DraftModelDrafter
+    model, tok = loaded(SMOL)
+    draft = loaded(SMOL)[0]  # (the same model as its own draft: every proposal accepted)
+    seen = []
+
+    class Spy:  # the draft, recording the threads of each pass
+        def __getattr__(self, name):
+            return getattr(draft, name)
+
+        def forward(self, tokens, *a, **kw):
+            seen.append((len(tokens), torch.get_num_threads()))
+            return draft.forward(tokens, *a, **kw)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        params = SamplingParams(temp=0)
+        prompt = tok.encode("The quick brown fox jumps over the lazy dog and then")
+        drafter = DraftModelDrafter(Spy(), draft.new_cache(64), params, threads=(1, 2))
+        g = Generator(model, model.new_cache(64), tok, params, drafter=drafter, spec_n_max=3)
+        res = g.generate(prompt, n_predict=8)
+        plain = Generator(model, model.new_cache(64), tok, params).generate(prompt, n_predict=8)
+        assert torch.get_num_threads() == 2  # put back after each draft pass
+    finally:
+        torch.set_num_threads(before)
+    assert res.tokens == plain.tokens
+    assert [t for n, t in seen if n == 1] and all(t == 1 for n, t in seen if n == 1)
+    assert [t for n, t in seen if n > 1] and all(t == 2 for n, t in seen if n > 1)
+    for flag in ("-td", "-tbd"):
+        r = sharpi("-m", smol, "-p", "Hi", "-n", "1", flag, "0")
+        assert r.returncode == 2 and f"invalid {flag}/" in r.stderr
+
+
 def test_prompt_passes_are_min_of_batch_and_ubatch(smol, monkeypatch):
     # llama.cpp runs a logical batch (-b) in passes of at most -ub tokens (batched rows' arithmetic depends on
     # the pass): the generator's prompt passes are min(-b, -ub) tokens; --no-warmup is accepted as llama-cli's

@@ -39,6 +39,7 @@ import torch
 
 from ..sampling import SamplingParams, apply_penalties, argmax, argmax_on_device, candidates, draw
 from ..grammar import grammar_need
+from ..threads import using_threads
 from .util import common_prefix
 
 LOOKAHEAD = os.environ.get("SHARPI_SPEC_LOOKAHEAD", "1") != "0"
@@ -46,8 +47,10 @@ LOOKAHEAD = os.environ.get("SHARPI_SPEC_LOOKAHEAD", "1") != "0"
 
 class DraftModelDrafter:
     def __init__(self, model, cache, params: SamplingParams, generator: torch.Generator | None = None,
-                 n_batch: int = 512, head_vocab: int | None = None):
+                 n_batch: int = 512, head_vocab: int | None = None, threads: tuple = (None, None)):
         self.model, self.cache, self.params = model, cache, params
+        # the CPU threads of its passes of one token and of more (-td, -tbd; None: the target's)
+        self.threads = threads
         self.generator = generator
         self.n_batch = max(1, n_batch)
         self.n_vocab = int(model.config.n_vocab)
@@ -76,10 +79,11 @@ class DraftModelDrafter:
         # decode=True: a short catch-up (the last proposal and the bonus token) runs as decoding rows,
         # the cheaper order for a few rows (the prompt is prefilled in prompt order, as llama.cpp does);
         # the draft's numerics only change its proposals' q
-        if self.n_out is None:
-            logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=decode)
-        else:
-            logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=decode, n_out=self.n_out)
+        with using_threads(self.threads[len(tokens) > 1]):
+            if self.n_out is None:
+                logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=decode)
+            else:
+                logits = self.model.forward(x, start, self.cache, last_n=last_n, decode=decode, n_out=self.n_out)
         self.history += tokens
         self.forwards += 1
         return logits[-1]
