@@ -204,6 +204,8 @@ def run(
                                    "for subprocesses and limited consoles")] = False,
     log_disable: Annotated[bool, Opt("--log-disable", help="no information, warnings or timings on stderr (errors "
                                      "still)")] = False,
+    log_file: Annotated[Optional[str], Opt("--log-file", help="the log (information, warnings, timings, an error) "
+                                           "written to this file too (anew)")] = None,
     perf: Annotated[bool, Opt("--perf/--no-perf", help="the timings at the end of a run (default: on)",
                               show_default=False)] = True,
     special: Annotated[bool, Opt("-sp", "--special", help="show control tokens (<|im_end|>, ...) in the prompt's echo and the output")] = False,

@@ -81,6 +81,7 @@ class RunOptions:
     cpu_range: str | None = None  # -Cr: CPU affinity, lo-hi
     prio: int = 0  # --prio: -1 low .. 3 realtime
     check_tensors: bool = False  # --check-tensors
+    log_file: str | None = None  # --log-file: the log written there too
     mlock: bool = False
     mmap: bool = True  # --no-mmap: the GGUF read into memory
     lora: list = field(default_factory=list)  # --lora FNAME[,...] (repeatable)
@@ -144,11 +145,14 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 
 _LOG_ON = [True]  # --log-disable: no information or warnings on stderr (errors still)
+_LOG_FILE: list = [None]  # --log-file: the open file the log also goes to
 
 
 def log(msg: str) -> None:
     if _LOG_ON[0]:
         print(msg, file=sys.stderr, flush=True)
+        if _LOG_FILE[0] is not None:
+            _LOG_FILE[0].write(msg + "\n")
 
 
 # -- validation (before anything is loaded) -------------------------------------------------
@@ -691,10 +695,22 @@ def process_escapes(text: str) -> str:
 # -- the generation command -------------------------------------------------------------------
 def run(o: RunOptions) -> int:
     _LOG_ON[0] = not o.log_disable
+    if o.log_file is not None:  # (llama.cpp's --log-file: the log also goes there, the file written anew)
+        try:
+            _LOG_FILE[0] = open(o.log_file, "w", encoding="utf-8", buffering=1)
+        except OSError as e:
+            raise SharpiError(f"cannot write the log file {o.log_file}: {e.strerror}") from None
     try:
         return _run(o)
+    except SharpiError as e:
+        if _LOG_FILE[0] is not None:
+            _LOG_FILE[0].write(f"error: {e}\n")
+        raise
     finally:
         _LOG_ON[0] = True
+        if _LOG_FILE[0] is not None:
+            _LOG_FILE[0].close()
+            _LOG_FILE[0] = None
 
 
 def lock_memory() -> str | None:

@@ -408,6 +408,20 @@ def test_affinity_and_priority_are_the_process_s():
     assert r.stdout.split() == ["1", "[0]", "5"], r.stdout
 
 
+def test_log_file_gets_the_log_too(smol, tmp_path):
+    """--log-file: the log lines of stderr (and an error line) written to the file as well, anew each run."""
+    f = tmp_path / "log.txt"
+    f.write_text("old\n")
+    r = sharpi("-m", smol, "-p", "Hi", "-n", "2", "--temp", "0", "--log-file", str(f))
+    assert r.returncode == 0, r.stderr
+    logged = f.read_text().splitlines()
+    assert "old" not in logged and any("eval time" in ln for ln in logged)
+    assert set(logged) <= set(r.stderr.splitlines())
+    r = sharpi("-m", smol, "-p", "Hi", "--top-k", "-3", "--log-file", str(f))
+    assert f.read_text() == one_error_line(r, 2, "--top-k") + "\n"
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "--log-file", str(tmp_path / "no" / "dir.txt")), 1, "cannot write the log file")
+
+
 def test_list_devices():
     r = sharpi("--list-devices")
     assert r.returncode == 0, r.stderr
