@@ -434,6 +434,8 @@ def apply_cpu_params(o: RunOptions) -> int:
                 "normal one")
     cpus = cpu_set(o)
     if cpus is not None:
+        if not hasattr(os, "sched_setaffinity"):
+            raise UsageError("-C/-Cr: setting CPU affinity is not supported on this system")
         have = os.sched_getaffinity(0)
         use = cpus & have
         if not use:
