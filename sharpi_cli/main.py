@@ -221,7 +221,10 @@ def run(
     prompt_cache_all: Annotated[bool, Opt("--prompt-cache-all", help="--prompt-cache keeps the generated tokens too")] = False,
     prompt_cache_ro: Annotated[bool, Opt("--prompt-cache-ro", help="use --prompt-cache without updating it")] = False,
     json_out: Annotated[bool, Opt("--json", help="print one JSON object (text, tokens, stop reason, timings, spec stats)")] = False,
-    verbose: Annotated[bool, Opt("--verbose", "-v", help="more detail on stderr")] = False,
+    verbose: Annotated[bool, Opt("--verbose", "-v", "--log-verbose", help="more detail on stderr")] = False,
+    verbosity: Annotated[int, Opt("-lv", "--verbosity", "--log-verbosity", help="llama.cpp's log threshold: 3 "
+                                  "information, warnings and timings; 2 warnings only; 1 or less none (as "
+                                  "--log-disable; an error is always shown); 4 or more as --verbose")] = 3,
     show_version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
     # speculative decoding
     model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", help="draft model (path or known name) for speculative decoding")] = None,

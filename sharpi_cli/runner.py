@@ -82,6 +82,7 @@ class RunOptions:
     prio: int = 0  # --prio: -1 low .. 3 realtime
     check_tensors: bool = False  # --check-tensors
     log_file: str | None = None  # --log-file: the log written there too
+    verbosity: int = 3  # -lv: llama.cpp's log threshold
     mlock: bool = False
     mmap: bool = True  # --no-mmap: the GGUF read into memory
     lora: list = field(default_factory=list)  # --lora FNAME[,...] (repeatable)
@@ -146,10 +147,11 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 _LOG_ON = [True]  # --log-disable: no information or warnings on stderr (errors still)
 _LOG_FILE: list = [None]  # --log-file: the open file the log also goes to
+_LOG_LEVEL = [3]  # -lv: llama.cpp's threshold (2: warnings only, 3: information too)
 
 
 def log(msg: str) -> None:
-    if _LOG_ON[0]:
+    if _LOG_ON[0] and (2 if msg.startswith("warning:") else 3) <= _LOG_LEVEL[0]:
         print(msg, file=sys.stderr, flush=True)
         if _LOG_FILE[0] is not None:
             _LOG_FILE[0].write(msg + "\n")
@@ -696,7 +698,10 @@ def process_escapes(text: str) -> str:
 
 # -- the generation command -------------------------------------------------------------------
 def run(o: RunOptions) -> int:
-    _LOG_ON[0] = not o.log_disable
+    _LOG_ON[0] = not o.log_disable and o.verbosity >= 2
+    _LOG_LEVEL[0] = o.verbosity
+    if o.verbosity >= 4:
+        o.verbose = True
     if o.log_file is not None:  # (llama.cpp's --log-file: the log also goes there, the file written anew)
         try:
             _LOG_FILE[0] = open(o.log_file, "w", encoding="utf-8", buffering=1)
@@ -709,7 +714,7 @@ def run(o: RunOptions) -> int:
             _LOG_FILE[0].write(f"error: {e}\n")
         raise
     finally:
-        _LOG_ON[0] = True
+        _LOG_ON[0], _LOG_LEVEL[0] = True, 3
         if _LOG_FILE[0] is not None:
             _LOG_FILE[0].close()
             _LOG_FILE[0] = None

@@ -422,6 +422,23 @@ def test_log_file_gets_the_log_too(smol, tmp_path):
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--log-file", str(tmp_path / "no" / "dir.txt")), 1, "cannot write the log file")
 
 
+def test_verbosity_threshold_is_llama_cpps(smol):
+    """-lv: 3 (the default) information, warnings and timings; 2 warnings only; 1 nothing but an error;
+    4 as --verbose (--log-verbose too)."""
+    base = ("-m", smol, "-p", "Hi", "-n", "2", "--temp", "0", "--keep", "3")  # (--keep without a shift: a warning)
+    lines = lambda r: [ln for ln in r.stderr.splitlines() if ln.strip()]  # noqa: E731
+    r3 = sharpi(*base)
+    assert any(ln.startswith("warning: --keep") for ln in lines(r3)) and any("eval time" in ln for ln in lines(r3))
+    r2 = sharpi(*base, "-lv", "2")
+    assert r2.returncode == 0 and lines(r2) == [ln for ln in lines(r3) if ln.startswith("warning:")]
+    assert r2.stdout == r3.stdout
+    assert lines(sharpi(*base, "-lv", "1")) == [] and lines(sharpi(*base, "-lv", "-5")) == []
+    one_error_line(sharpi(*base, "-lv", "0", "--top-k", "-1"), 2, "--top-k")  # (errors always)
+    for flag in (("-lv", "4"), ("--log-verbose",)):
+        assert any(ln.startswith("sharpi: sampler chain:") for ln in lines(sharpi(*base, *flag))), flag
+    assert not any(ln.startswith("sharpi: sampler chain:") for ln in lines(r3))
+
+
 def test_list_devices():
     r = sharpi("--list-devices")
     assert r.returncode == 0, r.stderr
