@@ -20,10 +20,10 @@
 //       separate add would give).
 //
 //   qmvi_<t>_q<NQ>_r<R>(const u8* W, i64 row_bytes, int N, int K,
-//                       const u8* XQ, i64 qst, float* Y, i64 ldy, int nq, const float* bias, int has_bias, int ws)
+//                       const u8* X, i64 ldx, float* Y, i64 ldy, int nq, const float* bias, int has_bias, int ws)
 //       (<t> in q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k) the integer matvecs: qmv's launch, rows and
-//       batch invariance, with the activations as q8 rows XQ + q*qst (bytes; 16-byte aligned: int8 codes
-//       [K] | float d [K/32] | int32 sums [K/32], cuda/ops.cu writes them) instead of X: weight codes
+//       batch invariance, with the activations as q8 rows X + q*ldx (bytes; 16-byte aligned: int8 codes
+//       [K] | float d [K/32] | int32 sums [K/32], cuda/ops.cu writes them) instead of floats: weight codes
 //       times activation codes by DP4A, each (sub-)block's integer sum scaled once (quant_blocks.cuh's
 //       IQ* blocks). For a weight type's 8-bit activation kind (Q8_0 / Q8_1 for the legacy types, Q8_K
 //       for the K-quants) the product of the rounded activations, exact up to fp32 rounding.
@@ -116,27 +116,20 @@ __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 ro
     deq_row_thread<B>(W + row * row_bytes, K, out + (i64)blockIdx.x * ldo, threadIdx.x, blockDim.x);
 }
 
-#define QMV_ARGS                                                                                       \
-    const u8 *__restrict__ W, i64 row_bytes, int N, int K, const float *__restrict__ X, i64 ldx,      \
+// the matvec kernels' parameters: X of type XT (float activations, or u8 q8 rows with ldx in bytes)
+#define QMV_ARGS(XT)                                                                                   \
+    const u8 *__restrict__ W, i64 row_bytes, int N, int K, const XT *__restrict__ X, i64 ldx,         \
         float *__restrict__ Y, i64 ldy, int nq, const float *__restrict__ bias, int has_bias, int ws
 
-#define QMV(tname, B, NQ, R)                                                                           \
-    extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) qmv_##tname##_q##NQ##_r##R(QMV_ARGS) { \
+// kernel kind_<tname>_q<NQ>_r<R>: kind qmv (float activations, INT false) or qmvi (q8 rows, INT true)
+#define QMV_KERNEL(kind, XT, INT, tname, B, NQ, R)                                                     \
+    extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) kind##_##tname##_q##NQ##_r##R(QMV_ARGS(XT)) { \
         qmv_prefetch(W, row_bytes, N, QMV_WARPS / ws * R);                                            \
         KERNEL_BEGIN();                                                                                \
-        qmv_kernel<B, NQ, R, false>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias, ws);      \
+        qmv_kernel<B, NQ, R, INT>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias, ws);        \
     }
-
-#define QMVI_ARGS                                                                                      \
-    const u8 *__restrict__ W, i64 row_bytes, int N, int K, const u8 *__restrict__ XQ, i64 qst,       \
-        float *__restrict__ Y, i64 ldy, int nq, const float *__restrict__ bias, int has_bias, int ws
-
-#define QMVI(tname, B, NQ, R)                                                                          \
-    extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) qmvi_##tname##_q##NQ##_r##R(QMVI_ARGS) { \
-        qmv_prefetch(W, row_bytes, N, QMV_WARPS / ws * R);                                            \
-        KERNEL_BEGIN();                                                                                \
-        qmv_kernel<B, NQ, R, true>(W, row_bytes, N, K, XQ, qst, Y, ldy, nq, bias, has_bias, ws);      \
-    }
+#define QMV(tname, B, NQ, R) QMV_KERNEL(qmv, float, false, tname, B, NQ, R)
+#define QMVI(tname, B, NQ, R) QMV_KERNEL(qmvi, u8, true, tname, B, NQ, R)
 
 // every (NQ, R) variant of one weight type's kernels (M = QMV or QMVI)
 #define QMV_VARIANTS(M, tname, B)                                                                      \

@@ -163,8 +163,7 @@ def main() -> int:
                         w.split, w._opts, w.xq_kind = v, opts + tuple(defs.split()), xk
                     cells = []
                     for T in ts:
-                        x = cp.asarray(cb.round_act(cp.asarray(rng.standard_normal((T, k)).astype(np.float32)), xk)
-                                       if xk else rng.standard_normal((T, k)).astype(np.float32))
+                        x = cb.round_act(cp.asarray(rng.standard_normal((T, k)).astype(np.float32)), xk)  # (None: as is)
                         out = cp.empty((T, n), cp.float32)
                         sec = time_calls(cp, ws, x, out, a.reps, cb.quantize_act(x, xk) if xk else None)
                         gbs = nbytes / sec

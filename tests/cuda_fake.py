@@ -38,6 +38,7 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     GEMM_MIN_ROWS,
     K_MULTIPLE,
     MAX_BATCH,
+    Q8_BLOCKS,
     Q_ROUND,
     SUPPORTED,
     TYPE_NAMES,
@@ -243,11 +244,11 @@ class CudaQWeight(WeightBase):
 def quantize_act(x, kind, out=None, stream=None):
     """The reference for the q8 rows of x float32 [T, K] (cuda/ops.cu's layout: int8 codes [K] | float d
     [K/32] | int32 sums [K/32], a Q8_K scale repeated for its blocks of 32) from quants.q8_parts."""
-    if kind not in ("q8_32", "q8_k"):
+    if kind not in Q8_BLOCKS:
         raise ValueError(f"quantize_act: {kind!r} is not an 8-bit activation kind")
     x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
     T, K = x2.shape
-    block, f16_scale = (32, True) if kind == "q8_32" else (256, False)
+    block, f16_scale = Q8_BLOCKS[kind]
     if K % block:
         raise ValueError(f"{kind} rounding needs K % {block} == 0 (K={K})")
     q, d, _ = q8_parts(torch.from_numpy(x2), block, f16_scale)  # [T, K/block, block], [T, K/block, 1]

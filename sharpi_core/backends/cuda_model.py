@@ -152,19 +152,18 @@ class _Proj:
         T = x.shape[0]
         q8 = {self.kind: xq} if rounded and xq is not None else {}  # kind -> its q8 rows
         res, rounded = _Views(), ({self.kind: x} if rounded else {})
+        q8_rows = lambda kind: bufs.get(f"q8:{kind}", (T, self.ops.q8_row_bytes(x.shape[1])), np.uint8)  # noqa: E731
         for gi, (m, sizes) in enumerate(zip(self.mats, self.group_sizes)):
             kind = act_kind(m.qtype)
             want = m.wants_xq(T)
             if kind not in rounded:
                 dst = None if kind is None else bufs.get(f"act:{kind}", x.shape)
-                q = bufs.get(f"q8:{kind}", (T, self.ops.q8_row_bytes(x.shape[1])), np.uint8) if want else None
+                q = q8_rows(kind) if want else None
                 rounded[kind] = self.ops.round_act(x, kind, out=dst, q8=q, stream=self.stream)
                 if q is not None:
                     q8[kind] = q
             if want and kind not in q8:  # rounded by a step that wrote no q8 rows
-                q8[kind] = self.ops.quantize_act(rounded[kind], m.xq_kind, stream=self.stream,
-                                                 out=bufs.get(f"q8:{kind}", (T, self.ops.q8_row_bytes(x.shape[1])),
-                                                              np.uint8))
+                q8[kind] = self.ops.quantize_act(rounded[kind], m.xq_kind, out=q8_rows(kind), stream=self.stream)
             y = m.matmul(rounded[kind], stream=self.stream, out=bufs.get(f"{self.role}:{gi}", (T, m.n)),
                          bias=self.biases[gi], xq=q8.get(kind) if want else None)
             res.groups.append(y)
