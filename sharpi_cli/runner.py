@@ -468,7 +468,9 @@ def devices_text() -> str:
         pass
     import platform
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    lines = ["Available devices:", f"  cpu: {name or platform.processor() or platform.machine()} ({cores} cores)"]
+    from sharpi_core.kernels import cpu
+    simd = cpu.simd_level() or "no AVX2: dequantized torch matmuls"
+    lines = ["Available devices:", f"  cpu: {name or platform.processor() or platform.machine()} ({cores} cores, {simd})"]
     from sharpi_core.backends.cuda import cuda_available
     ok, why = cuda_available()
     lines.append(f"  cuda: {why}" if ok else f"  cuda: not available ({why})")
@@ -977,7 +979,8 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
         from sharpi_core.gguf_file import GGUFFile, check_tensors
         check_tensors(GGUFFile(path))
     cpu.build_notice = lambda: log("sharpi: compiling the CPU kernels for this machine (once per CPU and sharpi "
-                                   f"version, ~10 s; cached in {cpu.kernel_dir()})")
+                                   f"version, {'~2 min on AVX2' if cpu.avx512_emulated() else '~10-30 s'}; "
+                                   f"cached in {cpu.kernel_dir()})")
     m = engine.load(str(path), encoder=encoder, overrides=overrides, mmap=mmap)
     m.model.flash_attn = flash_attn != "off"
     if rope:

@@ -565,7 +565,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     sc_cap, sc_scale = np.float32(softcap), np.float32(scale)
     for t in np.flatnonzero(seen):
         a, b = int(lo[t]) - k0, int(hi[t]) + 1 - k0
-        s = np.matmul(qf[t], np.ascontiguousarray(K[:, :, a:b]))  # [Hkv, G, n]
+        # products summed in float64, then rounded: the same fp32 scores whatever BLAS kernel this CPU gets
+        s = np.matmul(qf[t].astype(np.float64), K[:, :, a:b].astype(np.float64)).astype(np.float32)  # [Hkv, G, n]
         if softcap > 0.0:
             s = sc_cap * np.tanh(s / sc_cap)
         s *= sc_scale
@@ -573,9 +574,9 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         inv = np.float32(1.0) / e.sum(axis=-1, keepdims=True, dtype=np.float32)
         Vt = np.ascontiguousarray(V[:, a:b])  # [Hkv, n, Dv]
         if p_round:
-            o = np.matmul((e * inv).astype(np.float16).astype(np.float32), Vt)
+            o = np.matmul((e * inv).astype(np.float16).astype(np.float64), Vt.astype(np.float64)).astype(np.float32)
         else:
-            o = np.matmul(e, Vt) * inv
+            o = np.matmul(e.astype(np.float64), Vt.astype(np.float64)).astype(np.float32) * inv
         out[t] = o.reshape(H, Dv)
     return out
 

@@ -444,7 +444,8 @@ def test_list_devices():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "Available devices:" and lines[1].startswith("  cpu: ") and lines[2].startswith("  cuda: ")
-    assert f"({len(os.sched_getaffinity(0))} cores)" in lines[1]
+    from sharpi_core.kernels import cpu
+    assert f"({len(os.sched_getaffinity(0))} cores, {cpu.simd_level()})" in lines[1]  # what the kernels run on
 
 
 def test_check_tensors_refuses_a_bad_scale_before_loading(tmp_path):

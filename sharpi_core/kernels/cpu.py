@@ -12,8 +12,10 @@ torch's sgemm.
 The library is built with `gcc -O3 -march=native -fopenmp` into
 `~/.cache/sharpi/kernels/qmatmul-<hash>.so` (hash of source, flags, compiler and CPU; written to a
 temporary name and renamed into place, so concurrent processes never load half a file). Without a
-compiler, or on a CPU without AVX-512, `available()` is False and `unavailable_reason()` says why;
-callers then dequantize and use torch.
+compiler, or on a CPU without AVX2 (with FMA, F16C, BMI2), `available()` is False and
+`unavailable_reason()` says why; callers then dequantize and use torch. The kernels are written with
+AVX-512 intrinsics; on an AVX2 CPU x86simd.h computes each of them on two 256-bit halves with the same
+result, so every machine computes the same bits (llama.cpp's AVX-512 arithmetic).
 """
 from __future__ import annotations
 
@@ -43,12 +45,17 @@ SUPPORTED: frozenset = frozenset(  # (F32: weights whose rows are multiples of 6
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
 SOURCES = (SOURCE, Path(__file__).with_name("ops.c"))  # compiled into one library
-HEADERS = (Path(__file__).with_name("ggml_order.h"),)  # included by both
+HEADERS = (Path(__file__).with_name("ggml_order.h"), Path(__file__).with_name("x86simd.h"))  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
+if os.environ.get("SHARPI_KERNEL_AVX2") == "1":  # testing: an AVX-512 CPU builds what an AVX2 CPU builds
+    CFLAGS += ("-mno-avx512f",)
 _ABI = 14
-_REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
+_REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2")
+# With these the 512-bit intrinsics are the CPU's own; without, x86simd.h computes each on two 256-bit halves
+# (the same bits, slower).
+_AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl")
 
 # Rows of x at or above which qmatmul dequantizes tiles of rows and uses torch's sgemm (prefill).
 # Measured crossover on Qwen2.5-1.5B shapes (2 threads): the register kernel wins up to T ~ 40.
@@ -306,11 +313,11 @@ def _load():
         _state["tried"] = True
         try:
             if platform.machine().lower() not in ("x86_64", "amd64"):
-                raise RuntimeError(f"the C kernels need an x86-64 CPU with AVX-512 (this is {platform.machine()})")
+                raise RuntimeError(f"the C kernels need an x86-64 CPU with AVX2 (this is {platform.machine()})")
             flags = _cpu_info()[1]
             missing = [f for f in _REQUIRED_CPU_FLAGS if f not in flags]
             if not flags or missing:
-                raise RuntimeError("the C kernels need AVX-512 (CPU lacks "
+                raise RuntimeError("the C kernels need AVX2, FMA, F16C and BMI2 (CPU lacks "
                                    + (", ".join(missing) or "a readable /proc/cpuinfo") + ")")
             cc = _compiler()
             if cc is None:
@@ -352,13 +359,29 @@ def unavailable_reason() -> str | None:
     return _state["reason"]
 
 
+def avx512_emulated() -> bool:
+    """Whether this machine's build computes the 512-bit intrinsics on 256-bit halves (x86simd.h: an AVX2
+    CPU, or SHARPI_KERNEL_AVX2=1): the same results as the AVX-512 build, more instructions."""
+    return "-mno-avx512f" in CFLAGS or not all(f in _cpu_info()[1] for f in _AVX512_FLAGS)
+
+
+def simd_level() -> str | None:
+    """What the kernels run on here (read from the CPU's flags, nothing is built): "AVX-512", "AVX2,
+    AVX-512 emulated", or None on a CPU they do not run on."""
+    flags = _cpu_info()[1]
+    if platform.machine().lower() not in ("x86_64", "amd64") or not all(f in flags for f in _REQUIRED_CPU_FLAGS):
+        return None
+    return "AVX2, AVX-512 emulated" if avx512_emulated() else "AVX-512"
+
+
 def build_info() -> dict:
     """Path of the loaded library, seconds this process spent compiling it (None: it was cached),
     whether calls go through the CPython extension or ctypes, and why it is unavailable if so."""
     available()
     lib = _state["lib"]
     return {"path": _state["path"], "build_s": _state["build_s"], "reason": _state["reason"],
-            "binding": None if lib is None else ("ctypes" if isinstance(lib, ctypes.CDLL) else "extension")}
+            "binding": None if lib is None else ("ctypes" if isinstance(lib, ctypes.CDLL) else "extension"),
+            "simd": None if lib is None else simd_level()}
 
 
 _F32 = torch.float32

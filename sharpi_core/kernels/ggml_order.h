@@ -1,7 +1,7 @@
 /* Pieces of llama.cpp's (ggml's x86) float arithmetic shared by qmatmul.c and ops.c. */
 #ifndef SHARPI_GGML_ORDER_H
 #define SHARPI_GGML_ORDER_H
-#include <immintrin.h>
+#include "x86simd.h"
 
 /* ggml's hsum_float_8 / llamafile's hsum(__m256) (also in ggml_vec_soft_max_f32):
  * ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)) */

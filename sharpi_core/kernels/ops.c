@@ -87,7 +87,7 @@
  * start + t and sees keys [lo, start + t], lo = start + t - window + 1 with a sliding window.
  * Needs AVX-512F (D and Dv multiples of 16, of 32 for q8_0).
  */
-#include <immintrin.h>
+#include "x86simd.h"
 #include <math.h>
 #include <omp.h>
 
@@ -522,13 +522,14 @@ static inline __m512 bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
-/* ggml_vec_dot_bf16 (w a bf16 row, xb the activations as bf16, xf the same as fp32): with AVX512-BF16 two
- * dpbf16 accumulators over 64 a step, without it two 16-lane accumulators of mul-then-add over 32 a step;
+/* ggml_vec_dot_bf16 (w a bf16 row, xb the activations as bf16, xf the same as fp32): with AVX512-BF16 (and
+ * on AVX2, whose x86simd.h computes vdpbf16ps exactly: the fixtures' build had it) two dpbf16 accumulators
+ * over 64 a step, without it two 16-lane accumulators of mul-then-add over 32 a step;
  * each accumulator's _mm512_reduce_add_ps added in double, then the rest one by one in double */
 static inline float dot_bf16_vec_dot(const uint16_t *w, const uint16_t *xb, const float *xf, long k) {
     long i = 0;
     double sd = 0;
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || defined(SHARPI_AVX512_EMULATED)
     __m512 c1 = _mm512_setzero_ps(), c2 = c1;
     for (; i + 64 <= k; i += 64) {
         c1 = _mm512_dpbf16_ps(c1, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(xb + i));
@@ -556,7 +557,7 @@ static inline float dot_bf16_vec_dot(const uint16_t *w, const uint16_t *xb, cons
 /* tinyBLAS's bf16 dot product: one accumulator, dpbf16 over 32 a step with AVX512-BF16, else FMAs of 16 */
 static inline float dot_bf16_tinyblas(const uint16_t *w, const uint16_t *xb, const float *xf, long k) {
     __m512 acc = _mm512_setzero_ps();
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || defined(SHARPI_AVX512_EMULATED)
     (void)xf;
     for (long d = 0; d < k; d += 32)
         acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(w + d), (__m512bh)_mm512_loadu_si512(xb + d));
@@ -596,7 +597,7 @@ void sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const
                         }
                     }
                 else
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || defined(SHARPI_AVX512_EMULATED)
                     for (long d = 0; d < k; d += 32) {
                         __m512bh xv[4];
                         for (int j = 0; j < 4; j++) xv[j] = (__m512bh)_mm512_loadu_si512(xb + (t + j) * k + d);

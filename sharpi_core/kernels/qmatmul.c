@@ -21,7 +21,8 @@
  * dequant_rows() dequantizes bit-exactly (embedding lookups, and the tiles that cpu.py hands to
  * torch's sgemm for long inputs).
  *
- * Built with -O3 -march=native -fopenmp -ffp-contract=off (needs AVX-512F/BW/VL; cpu.py checks).
+ * Built with -O3 -march=native -fopenmp -ffp-contract=off: AVX-512F/BW/VL, or AVX2 + FMA + F16C + BMI2, where
+ * x86simd.h computes the 512-bit intrinsics on 256-bit halves with the same results (cpu.py checks).
  * When torch is loaded first, the libgomp torch bundles has the soname libgomp.so.1, so this
  * library shares torch's OpenMP thread pool instead of starting a second one.
  */
@@ -29,7 +30,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #endif
-#include <immintrin.h>
+#include "x86simd.h"
 #include <math.h>
 #include <omp.h>
 #include <stddef.h>
