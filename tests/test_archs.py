@@ -204,14 +204,15 @@ def test_mistral3_yarn_and_attention_temperatures(derived):
     g = CudaTransformer(model, ops=cuda_fake)
     assert np.array_equal(g._temps(300)[:300], t[:300].numpy())
     # the long prompt's pass reaches position 280: the temperatures move its last logits' softmax by ~0.11;
-    # the GPU model's (its own rounding) stays within ~0.007 of the CPU's
+    # the GPU stand-in's (its own rounding) stays within 0.044 of the CPU's (the same on every CPU since its
+    # attention sums in float64; through numpy's fp32 BLAS it was 0.007 or 0.054 by the CPU's BLAS kernel)
     ids = torch.tensor(next(cs for cs in ORACLE["cases"] if cs["variant"] == "mistral3" and cs["kind"] == "long")["prompt_ids"])
     want = model.forward(ids, 0, model.new_cache(300), last_n=1).softmax(-1)
     got = g.forward(ids, 0, g.new_cache(300), last_n=1).softmax(-1)
     cold = load_model(GGUFFile(derived["mistral3"]))  # (its own: the config changes)
     cold.config = replace(cold.config, attn_temp_scale=0.0)
     off = cold.forward(ids, 0, cold.new_cache(300), last_n=1).softmax(-1)
-    assert (got - want).abs().max() < 0.03 < 0.06 < (off - want).abs().max()
+    assert (got - want).abs().max() < 0.05 < 0.08 < (off - want).abs().max()
     # YaRN's tables: the first pair extrapolates (the plain angle), the last ones interpolate (a quarter of it)
     tab = model._rope_table(c.layer_rope(0), 200)[:200]
     # (times YaRN's magnitude: fmaf(0.1f, logf(4), 1), exact in double)
