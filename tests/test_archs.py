@@ -204,8 +204,8 @@ def test_mistral3_yarn_and_attention_temperatures(derived):
     g = CudaTransformer(model, ops=cuda_fake)
     assert np.array_equal(g._temps(300)[:300], t[:300].numpy())
     # the long prompt's pass reaches position 280: the temperatures move its last logits' softmax by ~0.11;
-    # the GPU stand-in's (its own rounding) stays within 0.044 of the CPU's (the same on every CPU since its
-    # attention sums in float64; through numpy's fp32 BLAS it was 0.007 or 0.054 by the CPU's BLAS kernel)
+    # the GPU stand-in's (its own rounding) stays within 0.044 of the CPU's (its attention sums in float64,
+    # whatever numpy's BLAS kernel; through fp32 BLAS it was 0.007 or 0.054, by the kernel the CPU got)
     ids = torch.tensor(next(cs for cs in ORACLE["cases"] if cs["variant"] == "mistral3" and cs["kind"] == "long")["prompt_ids"])
     want = model.forward(ids, 0, model.new_cache(300), last_n=1).softmax(-1)
     got = g.forward(ids, 0, g.new_cache(300), last_n=1).softmax(-1)
