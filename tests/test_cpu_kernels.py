@@ -588,25 +588,31 @@ def test_qweight_repacks_and_lets_the_blocks_go(monkeypatch):
 
 @needs_kernels
 def test_non_vnni_build_gives_the_same_bits(tmp_path):
-    """A build without AVX512-VNNI emulates vpdpbusd / vpdpwssd exactly: identical results."""
+    """A build without AVX512-VNNI computes vpdpbusd / vpdpwssd's integers otherwise (vpmaddubsw where the
+    codes cannot saturate it, an exact emulation elsewhere): identical results, one-token rows and prompt passes."""
     if not cpu.has_vnni():
         pytest.skip("this build has no VNNI to compare with")
     types = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)
     n, k = 37, 1280
-    x = act_test_inputs(3, k, seed=9)
+    x = act_test_inputs(9, k, seed=9)
     torch.save(x, tmp_path / "x.pt")
     want = {}
     for qt in types:
         raw = random_raw(qt, n, k, seed=10)
         np.save(tmp_path / f"{qt.name}.npy", raw)
-        want[qt.name] = cpu.qmatmul(x, torch_view(raw), qt, n, k, act_quant=True)
+        want[qt.name] = cpu.qmatmul(x[:3], torch_view(raw), qt, n, k, act_quant=True)
+        want[qt.name + "_pp"] = cpu.qmatmul(x, torch_view(raw), qt, n, k, act_quant=True, prompt=True)
     code = ("import sys, numpy as np, torch, gguf; from sharpi_core.kernels import cpu; d = sys.argv[1]; "
             "assert cpu.available() and not cpu.has_vnni(), cpu.unavailable_reason(); x = torch.load(d + '/x.pt'); "
-            f"out = {{t: cpu.qmatmul(x, torch.from_numpy(np.load(d + '/' + t + '.npy')), gguf.GGMLQuantizationType[t], {n}, {k}, "
-            f"act_quant=True) for t in {[q.name for q in types]!r}}}; "
-            f"out.update({{t + '_R4': cpu.qmatmul(x, cpu.repack(torch.from_numpy(np.load(d + '/' + t + '.npy'))[:36].contiguous(), "
-            f"gguf.GGMLQuantizationType[t], 36, {k}), cpu.PACKED[gguf.GGMLQuantizationType[t]], 36, {k}, act_quant=True) "
-            f"for t in ('Q4_K', 'Q4_1')}}); torch.save(out, d + '/y.pt')")
+            "W = lambda t: torch.from_numpy(np.load(d + '/' + t + '.npy')); Q = gguf.GGMLQuantizationType; out = {}\n"
+            f"for t in {[q.name for q in types]!r}:\n"
+            f" out[t] = cpu.qmatmul(x[:3], W(t), Q[t], {n}, {k}, act_quant=True)\n"
+            f" out[t + '_pp'] = cpu.qmatmul(x, W(t), Q[t], {n}, {k}, act_quant=True, prompt=True)\n"
+            "for t in ('Q4_K', 'Q4_1'):\n"
+            f" w4 = cpu.repack(W(t)[:36].contiguous(), Q[t], 36, {k})\n"
+            f" out[t + '_R4'] = cpu.qmatmul(x[:3], w4, cpu.PACKED[Q[t]], 36, {k}, act_quant=True)\n"
+            f" out[t + '_R4_pp'] = cpu.qmatmul(x, w4, cpu.PACKED[Q[t]], 36, {k}, act_quant=True, prompt=True)\n"
+            "torch.save(out, d + '/y.pt')")
     env = dict(os.environ, SHARPI_KERNEL_NO_VNNI="1")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=900)
@@ -616,6 +622,7 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
         assert torch.equal(got[name], y), name
     for name in ("Q4_K", "Q4_1"):  # the repacked layouts' kernels
         assert torch.equal(got[name + "_R4"], want[name][:, :36]), name
+        assert torch.equal(got[name + "_R4_pp"], want[name + "_pp"][:, :36]), name
 
 
 @needs_kernels

@@ -184,14 +184,18 @@ INL __m512 kquant_scales(const uint8_t *b) {
     return _mm512_mul_ps(f, dd);
 }
 
+/* [a >> s0 | a >> s1] per 16-bit lane: 32 bytes shifted into the two halves of a zmm (two uniform
+ * shifts: also cheap where vpsrlvw is emulated) */
+INL __m512i srli2_epi16(const __m256i a, const int s0, const int s1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(a, s0)), _mm256_srli_epi16(a, s1), 1);
+}
+
 /* Q6_K super-block b, half hf: its 128 6-bit codes as bytes, elements [128 hf, 128 hf + 64) in lo
  * and the next 64 in hi (see prep()). */
 INL void q6k_codes(const uint8_t *b, int hf, __m512i *lo, __m512i *hi) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33);
-    const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     const __m512i L = _mm512_loadu_si512((const void *)(b + 64 * hf));
-    const __m512i Hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hf)));
-    const __m512i H2 = _mm512_and_si512(_mm512_srlv_epi16(Hb, sh), m33); /* bits 0-1 and 4-5 */
+    const __m512i H2 = _mm512_and_si512(srli2_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hf)), 0, 2), m33); /* bits 0-1 and 4-5 */
     /* vpternlogd imm 0xE4 = (a & c) | (b & ~c): low nibble from a, bits 4-7 from b */
     *lo = _mm512_ternarylogic_epi32(L, _mm512_slli_epi16(H2, 4), m0f, 0xE4);
     *hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), H2, m0f, 0xE4);
@@ -202,13 +206,11 @@ INL void q6k_codes(const uint8_t *b, int hf, __m512i *lo, __m512i *hi) {
  * (hm: its 32 hmask bytes) adds 4 where bit 4 hf + j of hm[l] is set: the code is then q + 4 with
  * the value d * sc * q. */
 INL void k2bit_codes(const uint8_t *q, const uint8_t *hm, const int hf, __m512i *lo, __m512i *hi) {
-    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+    const __m256i v = _mm256_loadu_si256((const __m256i *)q);
     const __m512i m3 = _mm512_set1_epi8(3);
     /* 16-bit shifts: the bits that cross into a byte from its neighbour land above the 2 kept */
-    const __m512i s01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-    *lo = _mm512_and_si512(_mm512_srlv_epi16(v, s01), m3);
-    *hi = _mm512_and_si512(_mm512_srlv_epi16(v, s23), m3);
+    *lo = _mm512_and_si512(srli2_epi16(v, 0, 2), m3);
+    *hi = _mm512_and_si512(srli2_epi16(v, 4, 6), m3);
     if (hm) {
         const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm));
         const char b0 = (char)(1 << (4 * hf)), b1 = (char)(1 << (4 * hf + 1));
@@ -589,7 +591,9 @@ static int ue_of(int ty) { return !ub_of(ty) ? 0 : ty == TY_Q4_KR ? 256 : ty == 
  * activation codes signed: vpdpbusd (AVX512-VNNI) sums 4 products per 32-bit lane. The offsets are
  * taken out exactly by starting each lane's sum at -offset * (sum of its 4 activation codes),
  * precomputed with the activations. K-quants: vpmaddubsw (pairs, no saturation: codes <= 63) then
- * vpdpwssd with the 16-bit sub-block scales. Without VNNI both are emulated exactly with vpmaddwd.
+ * vpdpwssd with the 16-bit sub-block scales. Without VNNI (AVX2 CPUs among them) the same integers come
+ * from vpmaddubsw + vpmaddwd where the codes cannot saturate it (dpbusd_u7, dpbusd_legacy, r4_tokens),
+ * else from an exact emulation with vpmaddwd.
  *
  * The activations are quantized once per call into a per-thread scratch buffer, laid out per
  * weight type so that the weight side needs no shuffles:
@@ -613,6 +617,16 @@ INL __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
 }
 INL __m512i dpwssd(__m512i acc, __m512i a, __m512i b) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)); }
 #endif
+
+/* dpbusd for weight codes u <= 127 (the 4- and 5-bit types): without VNNI vpmaddubsw, which cannot
+ * saturate here (2 * 127 * 128 < 2^15), then vpmaddwd with ones: the same integers in 2 instructions. */
+INL __m512i dpbusd_u7(__m512i acc, __m512i u, __m512i s) {
+#if SHARPI_VNNI
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
 
 int sharpi_has_vnni(void) { return SHARPI_VNNI; }
 
@@ -685,6 +699,21 @@ static int vd_kind(int ty) {
 INL int kch(const int ty) { return k16(ty) ? 384 : 512; }
 
 static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16 : ty == TY_Q8_0 || ty == TY_IQ4_NL || ty == TY_MXFP4 ? 128 : 0; }
+
+/* dpbusd(st, u, s) of a legacy type's block: st is the lanes' offset start (act_legacy_row). With
+ * Q8_0's offset (codes u = w + 128, st = -128 * the lane's 4 activation codes) the result is w.s, which
+ * an AVX2 CPU gets as ggml's mul_sum_i8_pairs does: |w| times s with w's sign (2 * 128 * 127 < 2^15). */
+INL __m512i dpbusd_legacy(const int ty, __m512i st, __m512i u, __m512i s) {
+    if (legacy_offset(ty) != 128) return dpbusd_u7(st, u, s);
+#if defined(SHARPI_AVX512_EMULATED)
+    const __m256i one = _mm256_set1_epi16(1), m80 = _mm256_set1_epi8((char)0x80);
+    const __m256i wl = _mm256_xor_si256(u.lo, m80), wh = _mm256_xor_si256(u.hi, m80);
+    return sx_si(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wl), _mm256_sign_epi8(s.lo, wl)), one),
+                 _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wh), _mm256_sign_epi8(s.hi, wh)), one));
+#else
+    return dpbusd(st, u, s);
+#endif
+}
 
 /* 256 codes of 8 blocks of 32 (plain order, q) -> the "octet" layout: 4 vectors of 64 bytes,
  * byte 8b + i of vector v = element 8v + i of block b. The dpbusd lanes 2b and 2b+1 of all four
@@ -857,7 +886,7 @@ INL void gkern_legacy(const int ty, const int R, const int TT, const uint8_t *co
             const __m512 dx = _mm512_set1_ps(*(const float *)(at + 64));
 #pragma GCC unroll 2
             for (int p = 0; p < RP; p++) {
-                acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(dpbusd(st, w[p], xa)), acc[p][t]);
+                acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(dpbusd_legacy(ty, st, w[p], xa)), acc[p][t]);
                 if (has_m) sm[p][t] = _mm512_fmadd_ps(mw[p], _mm512_set1_ps(*(const float *)(at + 68)), sm[p][t]);
             }
         }
@@ -934,7 +963,7 @@ INL void gkern_chain_blocks(const int ty, const int R, const int TT, const uint8
             for (int p = 0; p < RP; p++) {
                 __m512i is[4];
 #pragma GCC unroll 4
-                for (int i = 0; i < 4; i++) is[i] = dpbusd(st[i], w[i][p], xa[i]);
+                for (int i = 0; i < 4; i++) is[i] = dpbusd_legacy(ty, st[i], w[i][p], xa[i]);
                 int32_t I[16] __attribute__((aligned(64)));
                 _mm512_store_si512((void *)I, chain_sums(is));
                 for (int i = 0; i < nq; i++) {
@@ -990,7 +1019,7 @@ INL void gkern_chain(const int tyk, const int R, const int TT, const uint8_t *co
             for (int p = 0; p < RP; p++) {
                 __m512i is[4];
 #pragma GCC unroll 4
-                for (int i = 0; i < 4; i++) is[i] = dpbusd(st[i], w[p], xa[i]);
+                for (int i = 0; i < 4; i++) is[i] = dpbusd_legacy(ty, st[i], w[p], xa[i]);
                 acc[p][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(chain_sums(is)), _mm512_mul_ps(dw[p], dx4), acc[p][g]);
             }
         }
@@ -1086,13 +1115,12 @@ INL int k16_base(const int ty) {
 /* Q5_K super-block b: its 5-bit codes in plain order, elements 64i .. 64i + 63 in v[i] (chunk i of qs:
  * low nibbles = sub-block 2i, high = 2i + 1; 5th bit of element l of sub-block j: bit j of qh[l]) */
 INL void q5k_codes(const uint8_t *b, __m512i v[4]) {
-    const __m512i m0f = _mm512_set1_epi8(0x0f), s04 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
     const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
-        const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 48 + 32 * i)));
         const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * i))), _mm256_set1_epi8((char)(1 << (2 * i + 1))), 1);
-        v[i] = _mm512_and_si512(_mm512_srlv_epi16(q, s04), m0f);
+        v[i] = _mm512_and_si512(srli2_epi16(_mm256_loadu_si256((const __m256i *)(b + 48 + 32 * i)), 0, 4), m0f);
         v[i] = _mm512_mask_add_epi8(v[i], _mm512_test_epi8_mask(h, bits), v[i], _mm512_set1_epi8(16));
     }
 }
@@ -1161,11 +1189,15 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
             P->neg[c] = _mm512_movepi8_mask(P->w[c]);
             P->w[c] = _mm512_abs_epi8(P->w[c]);
         }
-    /* int16 lane l of chunk c: row l / 16, sub-block 2c + (l % 16) / 8 */
-    const __m512i base = _mm512_set_epi16(17, 17, 17, 17, 17, 17, 17, 17, 16, 16, 16, 16, 16, 16, 16, 16,
-                                          1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    /* int16 lane l of chunk c: row l / 16, sub-block 2c + (l % 16) / 8: from s16's 128-bit lanes [0, 0, 2, 2]
+     * (chunks 0-3) or [1, 1, 3, 3], the scale's two bytes in every int16 (vpshufb, within each lane) */
+    const __m512i s16h[2] = {_mm512_shuffle_i64x2(s16, s16, 0xA0), _mm512_shuffle_i64x2(s16, s16, 0xF5)};
 #pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) P->sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c))), s16);
+    for (int c = 0; c < 8; c++) {
+        const long long e0 = (4 * c) % 16, e1 = (4 * c + 2) % 16; /* bytes of sub-blocks 2c, 2c + 1 in their lane */
+        const long long q0 = (e0 | (e0 + 1) << 8) * 0x0001000100010001LL, q1 = (e1 | (e1 + 1) << 8) * 0x0001000100010001LL;
+        P->sc[c] = _mm512_shuffle_epi8(s16h[c >> 2], _mm512_set_epi64(q1, q1, q0, q0, q1, q1, q0, q0));
+    }
 }
 
 INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
@@ -1350,7 +1382,7 @@ INL void q4k_tokens(const int R, const int TT, const int gemm, const KPrep *P, c
             }
             __m512i t0 = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int p = 0; p < 4; p++) t0 = dpbusd(t0, P[r].q[p], _mm512_load_si512((const void *)(at + 64 * p)));
+            for (int p = 0; p < 4; p++) t0 = dpbusd_u7(t0, P[r].q[p], _mm512_load_si512((const void *)(at + 64 * p)));
             is[r] = _mm512_madd_epi16(t0, P[r].sc[0]); /* lanes 2j, 2j+1: sub-block j */
             im[r] = _mm_madd_epi16(bs, _mm512_castsi512_si128(P[r].mn)); /* lane i: M of sub-block pair i */
         }
@@ -1524,10 +1556,18 @@ INL void r4_tokens(const int TT, const int gemm, const __m512i *W, const __m512i
         __m512i tp[4];
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
+#if SHARPI_VNNI
             tp[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int p = 0; p < 4; p++)
                 tp[i] = dpbusd(tp[i], W[4 * i + p], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i + 16 * p))));
+#else       /* int16 pair sums over p (|sum| <= 4 * 2 * 15 * 128 < 2^15): the two halves of each dword add up to
+             * the VNNI dword, and SC holds the scale in both, so vpmaddwd gives the same integers */
+            tp[i] = _mm512_maddubs_epi16(W[4 * i], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i))));
+#pragma GCC unroll 3
+            for (int p = 1; p < 4; p++)
+                tp[i] = _mm512_add_epi16(tp[i], _mm512_maddubs_epi16(W[4 * i + p], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i + 16 * p)))));
+#endif
         }
         /* lane r, dword l: M of sub-block pair l of row r */
         const __m512i M = _mm512_madd_epi16(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 256))), MN);
@@ -1548,6 +1588,17 @@ INL void r4_tokens(const int TT, const int gemm, const __m512i *W, const __m512i
             const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[2], P[3]), _mm512_unpackhi_epi32(P[2], P[3]));
             /* lane r: I of the pairs 0..3 of row r */
             const __m512i X = _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
+#if defined(SHARPI_AVX512_EMULATED)
+            /* per pair j: [I_j of rows 0-3, M_j of rows 0-3] (as below) from 256-bit unpacks, rows 0 2 0 2 1 3 1 3,
+             * put in order by one vpermd (an emulated vpermt2d costs ~20 instructions) */
+            const __m256i i02 = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            const __m256i a = _mm256_unpacklo_epi32(X.lo, X.hi), b = _mm256_unpacklo_epi32(M.lo, M.hi);
+            const __m256i c = _mm256_unpackhi_epi32(X.lo, X.hi), d = _mm256_unpackhi_epi32(M.lo, M.hi);
+            const __m256i pj[4] = {_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b), _mm256_unpacklo_epi64(c, d),
+                                   _mm256_unpackhi_epi64(c, d)};
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(pj[j], i02)), dd, acc[t]);
+#else
             /* [I_0 of rows 0-3, M_0 of rows 0-3, I_1 .., M_1 ..] and the same for pairs 2, 3 */
             const __m512 f01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(X, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29), M));
             const __m512 f23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(X, _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31), M));
@@ -1555,6 +1606,7 @@ INL void r4_tokens(const int TT, const int gemm, const __m512i *W, const __m512i
             acc[t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f01, 1), dd, acc[t]);
             acc[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f23), dd, acc[t]);
             acc[t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f23, 1), dd, acc[t]);
+#endif
         }
     }
 }
@@ -1566,8 +1618,13 @@ INL void r4kern(const int TT, const int gemm, const uint8_t *const *rows, const 
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     const __m512i m0f = _mm512_set1_epi8(0x0f);
-    const __m512i i0 = _mm512_setr_epi64(0x0000000000000000LL, 0x0000000100000001LL, 0x0000000800000008LL, 0x0000000900000009LL,
-                                         0x0000001000000010LL, 0x0000001100000011LL, 0x0000001800000018LL, 0x0000001900000019LL);
+    __m512i sc_sel[4]; /* the bytes of sc_{2i}, sc_{2i + 1} for SC[i] (vpshufb: within each 128-bit lane) */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const long long lo = (4 * i) | (4 * i + 1) << 8, hi = SHARPI_VNNI ? 0x8080 : lo;
+        const long long a = lo | hi << 16, c = a + 0x02020202LL;
+        sc_sel[i] = _mm512_set_epi64(c | c << 32, a | a << 32, c | c << 32, a | a << 32, c | c << 32, a | a << 32, c | c << 32, a | a << 32);
+    }
     for (long u = 0; u < nu; u++) {
         const uint8_t *b = rows[0] + u * R4B;
         if (pfo) {
@@ -1581,11 +1638,11 @@ INL void r4kern(const int TT, const int gemm, const uint8_t *const *rows, const 
             W[m] = _mm512_and_si512(s, m0f);
             W[m + 8] = _mm512_and_si512(_mm512_srli_epi16(s, 4), m0f);
         }
-        /* int16 element 8r + j: sc_j of row r; SC[i] dword (lane r, l): sc_{2i + l / 2} of row r */
+        /* int16 element 8r + j (128-bit lane r): sc_j of row r; SC[i] dword (lane r, l): sc_{2i + l / 2} of
+         * row r in its low 16 bits, and in its high ones 0 (VNNI: tp holds dwords) or the same scale */
         const __m512i s16 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 528)));
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++)
-            SC[i] = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_add_epi16(i0, _mm512_set1_epi16((short)(2 * i))), s16);
+        for (int i = 0; i < 4; i++) SC[i] = _mm512_shuffle_epi8(s16, sc_sel[i]);
         const __m512i MN = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 560)));
         const __m256 dm8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 512)));
         r4_tokens(TT, gemm, W, SC, MN, dm8, a + u * 512, lda, acc);
@@ -1681,8 +1738,8 @@ INL void l4kern(const int TT, const uint8_t *const *rows, const long nb, const u
             const uint8_t *at = a + t * lda + b * LCH;
             const __m512i xa = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)at));
             const __m512 dx = _mm512_set1_ps(*(const float *)(at + 64));
-            accA[t] = _mm512_fmadd_ps(_mm512_mul_ps(dwA, dx), _mm512_cvtepi32_ps(dpbusd(_mm512_setzero_si512(), wA, xa)), accA[t]);
-            accB[t] = _mm512_fmadd_ps(_mm512_mul_ps(dwB, dx), _mm512_cvtepi32_ps(dpbusd(_mm512_setzero_si512(), wB, xa)), accB[t]);
+            accA[t] = _mm512_fmadd_ps(_mm512_mul_ps(dwA, dx), _mm512_cvtepi32_ps(dpbusd_u7(_mm512_setzero_si512(), wA, xa)), accA[t]);
+            accB[t] = _mm512_fmadd_ps(_mm512_mul_ps(dwB, dx), _mm512_cvtepi32_ps(dpbusd_u7(_mm512_setzero_si512(), wB, xa)), accB[t]);
             sm[t] = _mm_fmadd_ps(m4, _mm_set1_ps(*(const float *)(at + 68)), sm[t]);
         }
     }

@@ -374,6 +374,7 @@ EI __m256i sx_srlv16(__m256i a, __m256i s) {
 }
 SX_SI2(_mm512_srlv_epi16, sx_srlv16)
 EI __m256i sx_ternary(__m256i a, __m256i b, __m256i c, const int imm) {
+    if (imm == 0xE4) return _mm256_or_si256(_mm256_and_si256(a, c), _mm256_andnot_si256(c, b)); /* c ? a : b, bitwise */
     const __m256i ones = _mm256_set1_epi32(-1);
     __m256i r = _mm256_setzero_si256();
     for (int i = 0; i < 8; i++)
@@ -500,9 +501,10 @@ EI __m128i sx_lane128(sx_m512i a, const int i) {
     const __m256i h = i >> 1 ? a.hi : a.lo;
     return i & 1 ? _mm256_extracti128_si256(h, 1) : _mm256_castsi256_si128(h);
 }
+/* vperm2i128's selector 0-3 is the 128-bit lane of (lo, hi): one instruction per half */
 EI sx_m512i _mm512_shuffle_i64x2(sx_m512i a, sx_m512i b, const int imm) {
-    return sx_si(_mm256_set_m128i(sx_lane128(a, imm >> 2 & 3), sx_lane128(a, imm & 3)),
-                 _mm256_set_m128i(sx_lane128(b, imm >> 6 & 3), sx_lane128(b, imm >> 4 & 3)));
+    return sx_si(_mm256_permute2x128_si256(a.lo, a.hi, (imm & 3) | (imm >> 2 & 3) << 4),
+                 _mm256_permute2x128_si256(b.lo, b.hi, (imm >> 4 & 3) | (imm >> 6 & 3) << 4));
 }
 #undef _mm512_extracti32x4_epi32
 #define _mm512_extracti32x4_epi32(a, i) sx_lane128((a), (i))
