@@ -1621,9 +1621,10 @@ INL void r4kern(const int TT, const int gemm, const uint8_t *const *rows, const 
     __m512i sc_sel[4]; /* the bytes of sc_{2i}, sc_{2i + 1} for SC[i] (vpshufb: within each 128-bit lane) */
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
-        const long long lo = (4 * i) | (4 * i + 1) << 8, hi = SHARPI_VNNI ? 0x8080 : lo;
-        const long long a = lo | hi << 16, c = a + 0x02020202LL;
-        sc_sel[i] = _mm512_set_epi64(c | c << 32, a | a << 32, c | c << 32, a | a << 32, c | c << 32, a | a << 32, c | c << 32, a | a << 32);
+        const unsigned long long lo = (4 * i) | (4 * i + 1) << 8, hi = SHARPI_VNNI ? 0x8080 : lo;
+        const unsigned long long a = lo | hi << 16, c = a + 0x02020202u;
+        const long long A = (long long)(a | a << 32), C = (long long)(c | c << 32);
+        sc_sel[i] = _mm512_set_epi64(C, A, C, A, C, A, C, A);
     }
     for (long u = 0; u < nu; u++) {
         const uint8_t *b = rows[0] + u * R4B;
