@@ -180,8 +180,6 @@ typedef struct { __m256i lo, hi; } sx_m512i;
 #define _mm512_shuffle_epi8 sx_mm512_shuffle_epi8
 #undef _mm512_shuffle_i64x2
 #define _mm512_shuffle_i64x2 sx_mm512_shuffle_i64x2
-#undef _mm512_srlv_epi16
-#define _mm512_srlv_epi16 sx_mm512_srlv_epi16
 #undef _mm512_srlv_epi64
 #define _mm512_srlv_epi64 sx_mm512_srlv_epi64
 #undef _mm512_store_ps
@@ -364,15 +362,6 @@ EI sx_m512i _mm512_abs_epi8(sx_m512i a) { return sx_si(_mm256_abs_epi8(a.lo), _m
 #define _mm512_srai_epi16(a, n) sx_si(_mm256_srai_epi16((a).lo, (n)), _mm256_srai_epi16((a).hi, (n)))
 #undef _mm512_shuffle_epi32
 #define _mm512_shuffle_epi32(a, imm) sx_si(_mm256_shuffle_epi32((a).lo, (imm)), _mm256_shuffle_epi32((a).hi, (imm)))
-/* per 16-bit lane a >> s (0 for s > 15), through the 32-bit shifts: the low halves alone, the high halves
- * in place with what they shift into the low half cut off */
-EI __m256i sx_srlv16(__m256i a, __m256i s) {
-    const __m256i lo16 = _mm256_set1_epi32(0xffff);
-    const __m256i even = _mm256_srlv_epi32(_mm256_and_si256(a, lo16), _mm256_and_si256(s, lo16));
-    const __m256i odd = _mm256_andnot_si256(lo16, _mm256_srlv_epi32(_mm256_andnot_si256(lo16, a), _mm256_srli_epi32(s, 16)));
-    return _mm256_or_si256(even, odd);
-}
-SX_SI2(_mm512_srlv_epi16, sx_srlv16)
 EI __m256i sx_ternary(__m256i a, __m256i b, __m256i c, const int imm) {
     if (imm == 0xE4) return _mm256_or_si256(_mm256_and_si256(a, c), _mm256_andnot_si256(c, b)); /* c ? a : b, bitwise */
     const __m256i ones = _mm256_set1_epi32(-1);
