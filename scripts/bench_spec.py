@@ -2,9 +2,10 @@
 """Plain vs speculative decoding, side by side in one run (a benchmark, not a test).
 
     python scripts/bench_spec.py [--which all|qwen|lookup] [-n 128] [--ks 2,4,6] [--temps 0,0.7]
-                                 [--vs-llama-cpp BIN_DIR] [--device cpu|cuda]
+                                 [--vs-llama-cpp BIN_DIR] [--device cpu|cuda] [--cost off|on|both]
+                                 [--qwen-prompts code,prose]
 
-(a) Qwen2.5-Coder-1.5B target + 0.5B draft, k in --ks, greedy and sampled;
+(a) Qwen2.5-Coder-1.5B target + 0.5B draft, k in --ks, greedy and sampled, on a code prompt (and prose);
 (b) SmolLM2 with --draft-lookup on echo-heavy prompts and on a no-copy prompt: "echo-heavy" asks
 to copy a passage longer than the generation (-n 128 at most: every generated token can be copied), "partial echo"
 a passage two thirds as long (the model goes on with text of its own after copying it).
@@ -12,11 +13,17 @@ Each configuration runs after a warm-up; plain and speculative alternate (ABBA) 
 table reports medians and their ratio, plus acceptance and tokens per target pass. With
 --vs-llama-cpp, llama.cpp's plain decode (`llama-bench -p 0 -n N`) of the same target runs in
 the same repetitions, and the last columns compare sharpi's speculative speed with it.
+
+--cost: the speculative runs speculate at every step (off, the mechanism alone), or where the measured
+costs say it pays (on: speculative.SpecCost, what greedy sharpi does by default), or both side by side
+(the cost-aware runs in the last columns, with the plain steps they chose and whether they turned
+speculation off).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import replace
 import statistics
 import subprocess
@@ -52,6 +59,10 @@ PARTIAL_ECHO_PROMPT = ("Copy the following text exactly.\n\nText: The committee 
                "Tuesday to review the budget. After a long discussion, the members agreed to fund the new "
                "library, repair the bridge on Main Street, and hire two more teachers for the primary school."
                "\n\nCopy:")
+# prose from a code model: its draft agrees less often than on code
+PROSE_PROMPT = ("<|im_start|>user\nWrite a short story about a lighthouse keeper who finds a letter in a bottle."
+                "<|im_end|>\n<|im_start|>assistant\n")
+QWEN_PROMPTS = {"code": CODE_PROMPT, "prose": PROSE_PROMPT}
 NOCOPY_PROMPT = "Once upon a time, in a kingdom far away, there lived a"
 
 
@@ -71,9 +82,18 @@ def ignore_eos(params: SamplingParams, tok) -> SamplingParams:
     return replace(params, logit_bias=tuple(params.logit_bias) + tuple((t, float("-inf")) for t in sorted(tok.eog_ids)))
 
 
-def decode_tps(model, tok, prompt, n, params, drafter=None, k=4, seed=0):
-    g = Generator(model, model.new_cache(2048), tok, ignore_eos(params, tok), seed=seed, drafter=drafter,
-                  spec_n_max=k)
+def decode_tps(model, tok, prompt, n, params, drafter=None, k=4, seed=0, cost=False):
+    """cost: speculation by measured cost (SHARPI_SPEC_COST, read when the Generator is made)."""
+    saved = os.environ.get("SHARPI_SPEC_COST")
+    os.environ["SHARPI_SPEC_COST"] = "1" if cost else "0"
+    try:
+        g = Generator(model, model.new_cache(2048), tok, ignore_eos(params, tok), seed=seed, drafter=drafter,
+                      spec_n_max=k)
+    finally:
+        if saved is None:
+            del os.environ["SHARPI_SPEC_COST"]
+        else:
+            os.environ["SHARPI_SPEC_COST"] = saved
     r = g.generate(tok.encode(prompt), n_predict=n)
     return r.timings.eval_tps, r
 
@@ -93,29 +113,41 @@ def llama_bench_tg(bin_dir: str | None, model_name: str, n: int, threads: int) -
     return rows[0]["avg_ts"] if rows else None
 
 
-def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=None):
-    """peer: () -> llama.cpp plain t/s or None, run between sharpi's runs."""
+def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=None, cost="off"):
+    """peer: () -> llama.cpp plain t/s or None, run between sharpi's runs. cost: speculation always ("off"), by
+    measured cost ("on"), or both side by side ("both": the last columns)."""
     decode_tps(model, tok, prompt, 8, params)  # warm-up
-    plain, spec, ref, last = [], [], [], None
+    sides = ["plain"] + (["spec"] if cost != "on" else []) + (["cost"] if cost != "off" else [])
+    tps = {side: [] for side in sides}
+    last = {}
+    ref = []
     load = Load()
     for rep in range(reps):
-        # plain, spec in even repetitions and spec, plain in odd ones: a machine whose speed drifts
-        # during a repetition favours neither side
-        for side in (("plain", "spec") if rep % 2 == 0 else ("spec", "plain")):
+        # the sides in turn, the order reversed in odd repetitions: a machine whose speed drifts during a
+        # repetition favours none of them
+        for side in (sides if rep % 2 == 0 else sides[::-1]):
             if side == "plain":
-                plain.append(decode_tps(model, tok, prompt, n, params, seed=rep)[0])
+                tps[side].append(decode_tps(model, tok, prompt, n, params, seed=rep)[0])
             else:
-                tps, last = decode_tps(model, tok, prompt, n, params, make_drafter(), k, seed=rep)
-                spec.append(tps)
+                v, last[side] = decode_tps(model, tok, prompt, n, params, make_drafter(), k, seed=rep,
+                                           cost=side == "cost")
+                tps[side].append(v)
         if peer is not None:
             ref.append(peer())
-    p, s = statistics.median(plain), statistics.median(spec)
-    st = last.spec.as_dict()
+    med = {side: statistics.median(v) for side, v in tps.items()}
+    p = med["plain"]
+    first = sides[1]
+    s = med[first]
+    st = last[first].spec.as_dict()
     ref = [r for r in ref if r]
     lc = statistics.median(ref) if ref else None
     peer_cols = f" {lc:.1f} | {s / lc:.2f}x |" if lc else " n/a | n/a |"
     steal, others = load.report()
     peer_cols += f" {steal:.2f}, {others:.2f} |"
+    if cost == "both":
+        c = last["cost"].spec.as_dict()
+        peer_cols += (f" {med['cost']:.1f} | {med['cost'] / p:.2f}x | {c['plain_by_cost']}"
+                      f"{' (off)' if c['cost_off'] else ''} |")
     print(f"| {label} | {k} | {params.temp:g} | {p:.1f} | {s:.1f} | {s / p:.2f}x | {100 * st['acceptance']:.0f}% | "
           f"{st['tokens_per_pass']:.2f} |{peer_cols}", flush=True)
 
@@ -132,24 +164,29 @@ def main():
                     help="token ids the draft's output layer computes, as sharpi's --spec-draft-vocab (-1 = auto, 0 = all)")
     ap.add_argument("--vs-llama-cpp", metavar="BIN_DIR", help="directory holding llama.cpp's llama-bench")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models run")
+    ap.add_argument("--cost", default="off", choices=["off", "on", "both"],
+                    help="speculate at every step (off), by measured cost (on: the spec columns; greedy sharpi's "
+                         "default), or both, the cost-aware runs in the last columns")
+    ap.add_argument("--qwen-prompts", default="code", help="the Qwen pair's prompts: code, prose or both (code,prose)")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
     ks = [int(x) for x in a.ks.split(",")]
     temps = [float(x) for x in a.temps.split(",")]
     print("| configuration | k | temp | plain t/s | spec t/s | spec/plain | accepted | tokens/pass | "
-          "llama.cpp plain t/s | spec/llama.cpp | lost CPU (steal, others) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "llama.cpp plain t/s | spec/llama.cpp | lost CPU (steal, others) |"
+          + (" by cost t/s | by cost/plain | plain steps by cost |" if a.cost == "both" else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if a.cost == "both" else ""))
     peer_of = lambda name: (lambda: llama_bench_tg(a.vs_llama_cpp, name, a.n, a.t)) if a.vs_llama_cpp else None  # noqa: E731
     if a.which in ("all", "lookup"):
         model, tok = load("smollm2-135m-instruct-q4_1", a.device)
         for temp in temps:
             params = SamplingParams(temp=temp)
             compare("SmolLM2 lookup, echo-heavy", model, tok, ECHO_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps,
-                    peer_of("smollm2-135m-instruct-q4_1"))
+                    peer_of("smollm2-135m-instruct-q4_1"), a.cost)
             compare("SmolLM2 lookup, partial echo", model, tok, PARTIAL_ECHO_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4,
-                    a.reps, peer_of("smollm2-135m-instruct-q4_1"))
+                    a.reps, peer_of("smollm2-135m-instruct-q4_1"), a.cost)
             compare("SmolLM2 lookup, no-copy", model, tok, NOCOPY_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps,
-                    peer_of("smollm2-135m-instruct-q4_1"))
+                    peer_of("smollm2-135m-instruct-q4_1"), a.cost)
         del model
     if a.which in ("all", "qwen"):
         target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m", a.device)
@@ -158,10 +195,11 @@ def main():
         for temp in temps:
             params = SamplingParams(temp=temp)
             for k in ks:
-                compare("Qwen 1.5B + 0.5B draft", target, tok, CODE_PROMPT, a.n, params,
-                        lambda: DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),
-                                                  torch.Generator().manual_seed(1), head_vocab=head), k, a.reps,
-                        peer_of("qwen2.5-coder-1.5b-instruct-q4_k_m"))
+                for which in a.qwen_prompts.split(","):
+                    compare(f"Qwen 1.5B + 0.5B draft, {which}", target, tok, QWEN_PROMPTS[which], a.n, params,
+                            lambda: DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),
+                                                      torch.Generator().manual_seed(1), head_vocab=head), k, a.reps,
+                            peer_of("qwen2.5-coder-1.5b-instruct-q4_k_m"), a.cost)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ state drafts d1..di lead to (sampling.Picker.rows), and the state moves past wha
 Environment switches: SHARPI_SPEC_BATCH_VERIFY=0 verifies the same proposals with k+1 single-token
 forwards (same output; isolates batched-forward numerics); SHARPI_SPEC_SAMPLE=0 turns speculation
 off at temp > 0 (recorded in `Generator.notes`); SHARPI_SPEC_ADAPTIVE=0 proposes n_max tokens at
-every step instead of adapting the count to the last step's acceptance.
+every step instead of adapting the count to the last step's acceptance; SHARPI_SPEC_COST=0 speculates at
+every step instead of where the measured costs say it pays (speculative.SpecCost: greedy decoding only by
+default, =1 sampled decoding too).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ import torch
 from .errors import SharpiError
 from .grammar import grammar_need
 from .sampling import AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
-from .speculative import accept_argmax, accept_greedy, accept_sampled
+from .speculative import SpecCost, accept_argmax, accept_greedy, accept_sampled
 from .speculative.util import common_prefix, next_proposal_len
 from .tokenizer import StreamDecoder
 
@@ -78,6 +80,8 @@ class SpecStats:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     commit_ms: float = 0.0
+    plain_by_cost: int = 0      # plain steps taken because the measured costs favoured them (speculative.SpecCost)
+    cost_off: bool = False      # speculation went off for the rest of the call (a draft model that did not pay)
 
     def record(self, k: int, n: int, source: str | None = None) -> None:
         if source is not None:
@@ -115,6 +119,7 @@ class SpecStats:
                                         zip(self.per_position_accepted, self.per_position_drafted)],
             **({"sources": {k: dict(v) for k, v in self.sources.items()}} if self.sources else {}),
             "steps_no_proposal": self.steps_no_proposal, "full_accepts": self.full_accepts,
+            "plain_by_cost": self.plain_by_cost, "cost_off": self.cost_off,
             "draft_ms": round(self.draft_ms, 2), "verify_ms": round(self.verify_ms, 2),
             "commit_ms": round(self.commit_ms, 2),
         }
@@ -187,6 +192,14 @@ class Generator:
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off for sampled decoding (--temp > 0, or typical "
                               "or XTC at --temp 0)")
+        # speculate only where the measured costs say it pays (speculative.SpecCost): greedy decoding only unless
+        # SHARPI_SPEC_COST=1 (a sampled output keeps its law, but a seed's draws would depend on timing), never
+        # with SHARPI_SPEC_COST=0; not for a drafter that picks its counts itself (HybridDrafter)
+        mode = os.environ.get("SHARPI_SPEC_COST", "").strip().lower()
+        on = _env_on("SHARPI_SPEC_COST") and (params.greedy or mode in ("1", "true", "yes", "on"))
+        warm_up = any(getattr(m, "use_graphs", False) for m in (model, getattr(drafter, "model", None)))
+        self.cost = SpecCost(drafter, spec_n_max, warm_up) if self.speculate and on and not self._own_k else None
+        self._after_plain = False  # the last step was a plain one (a draft model catches up at its next proposal)
         # mirostat or adaptive-p draws the token (sampling.Picker): its state follows every token it picks
         # and starts over at each generate() call (llama.cpp's interactive mode resets its samplers at each
         # user input); a verify row's law is computed in the state its drafts lead to (Picker.rows)
@@ -432,7 +445,7 @@ class Generator:
         forces its next tokens (`forced`, from _forced_run) they are the proposals, up to `room` (k's bound before
         adaptation) and n_max, instead of the drafter's: the target's law there is each token alone, so all are
         accepted in one pass (verification still decides)."""
-        t0 = time.perf_counter()
+        t_start = time.perf_counter()
         forced = forced[:min(self.n_max, room)]
         if forced:
             props, q = forced, None
@@ -443,13 +456,13 @@ class Generator:
                 self.drafter.sample_like(self.picker)
             props, q = self.drafter.propose(self.history + [t], k)
             props = [int(d) for d in props[:k]]
-        stats.draft_ms += (time.perf_counter() - t0) * 1000
+        t_drafted = time.perf_counter()
+        stats.draft_ms += (t_drafted - t_start) * 1000
         if not props or (not forced and len(props) < max(1, self.n_min)):
             stats.steps_no_proposal += 1
             return None
         if q is not None:
             q = q[: len(props)]
-        t0 = time.perf_counter()
         # a draft token outside the target's vocabulary is rejected for sure (p = 0): verify up to
         # it without feeding it (its row is the one before it), nothing after it matters
         fed = props
@@ -469,15 +482,20 @@ class Generator:
                 n, nxt = accept_greedy(props, rows)
             else:
                 n, nxt = self._accept_sampled(props, q, rows)
-        stats.verify_ms += (time.perf_counter() - t0) * 1000
-        t0 = time.perf_counter()
+        t_verified = time.perf_counter()
+        stats.verify_ms += (t_verified - t_drafted) * 1000
         keep = len(self.history) + 1 + n
         self.cache.truncate(keep)
         self.history.append(t)
         self.history += props[:n]
         if self.drafter is not None:
             self.drafter.rollback(keep)
-        stats.commit_ms += (time.perf_counter() - t0) * 1000
+        t_end = time.perf_counter()
+        stats.commit_ms += (t_end - t_verified) * 1000
+        if self.cost is not None and not forced:
+            # (a draft model's proposal after plain steps includes catching up on them: not a measure of drafting)
+            draft_s = None if self._after_plain and not self.cost.free else t_drafted - t_start
+            self.cost.spec(len(fed) + 1, t_end - t_drafted, len(props), draft_s, n, n + (nxt is not None))
         stats.record(len(props), n, None if forced else getattr(self.drafter, "source", None))
         if self.adaptive and not forced:  # (the drafter's record, not the constraint's)
             self._k = next_proposal_len(self.n_max, len(props), n)
@@ -588,6 +606,9 @@ class Generator:
 
         t0 = time.perf_counter()
         self._k = self.n_max
+        if self.cost is not None:
+            self.cost.begin()
+        self._after_plain = False
         self.shifts = 0
         if self.picker is not None:
             self.picker.reset()
@@ -644,16 +665,23 @@ class Generator:
                     if n_predict >= 0:
                         room = min(room, n_predict - len(out) - 1)
                     k = min(max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max, room)
+                    if k >= 1 and self.cost is not None and not forced:
+                        k = self.cost.plan(self.history, t, k)
                     if k >= 1:
                         g0 = self.gstate
                         step = self._spec_step(t, k, stats if stats is not None else SpecStats(), room, forced)
                 if step is None:
+                    t_start = time.perf_counter()
                     t = self._plain_step(t)
+                    if self.cost is not None:
+                        self.cost.plain(time.perf_counter() - t_start)
+                    self._after_plain = True
                     if stats is not None:
                         stats.target_passes += 1
                         stats.emitted += 1
                     emit(t)
                 else:
+                    self._after_plain = False
                     accepted, t = step
                     for j, a in enumerate(accepted):
                         try:
@@ -671,6 +699,9 @@ class Generator:
                     emit(t)
         except _Stop as s:
             reason = s.reason
+        if stats is not None and self.cost is not None:
+            stats.plain_by_cost = self.cost.chosen_plain
+            stats.cost_off = self.cost.off
         rest = dec.flush()
         if rest:
             show(rest)

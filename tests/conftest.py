@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# speculation by measured cost (speculative.SpecCost) makes which steps speculate depend on timing: the tests that
+# count passes and proposals (and the CLI runs they start) run without it; tests/test_spec_cost.py turns it on
+os.environ["SHARPI_SPEC_COST"] = "0"
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES_DIR = Path(os.environ.get("SHARPI_FIXTURES", ROOT.parent / "shared" / "fixtures"))
 

@@ -587,6 +587,20 @@ def test_draft_lookup_greedy_equals_plain_and_reports_stats(smol):
     assert s["drafted"] > 0 and 0 <= s["acceptance"] <= 1 and s["tokens_per_pass"] >= 1
 
 
+def test_speculation_by_measured_cost_keeps_the_greedy_text(smol):
+    # greedy sharpi's default (the suite turns it off): plain steps measured, then as the costs say
+    args = ("-m", smol, "-p", "Once upon a time", "-n", 40, "--temp", 0, "--json")
+    plain = json.loads(sharpi(*args).stdout)
+    for draft in (("-md", smol), ("--draft-lookup",)):
+        r = sharpi(*args, *draft, env={"SHARPI_SPEC_COST": "1"})
+        assert r.returncode == 0, r.stderr
+        spec = json.loads(r.stdout)
+        assert spec["tokens"] == plain["tokens"]
+        assert spec["speculative"]["plain_by_cost"] >= 2 and isinstance(spec["speculative"]["cost_off"], bool)
+    r = sharpi(*args[:-1], "-md", smol, env={"SHARPI_SPEC_COST": "1"})
+    assert r.returncode == 0 and "plain steps by measured cost" in r.stderr
+
+
 def test_self_draft_accepts_everything_and_p_min_warns(smol):
     r = sharpi("-m", smol, "-md", smol, "-p", "Once upon a time", "-n", 16, "--temp", 0, "--json",
                "--spec-draft-n-max", 3)

@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 
 from .accept import accept_argmax, accept_greedy, accept_sampled
+from .cost import SpecCost
 from .draft_model import DraftModelDrafter
 from .hybrid import HybridDrafter
 from .lookup import LookupDrafter
@@ -31,5 +32,5 @@ class Drafter(Protocol):
 
 
 __all__ = ["Drafter", "accept_argmax", "accept_greedy", "accept_sampled", "DraftModelDrafter", "HybridDrafter", "LookupDrafter",
-           "MtpDrafter",
+           "MtpDrafter", "SpecCost",
            "SUPPORTS_PENALTIES", "common_prefix"]

@@ -14,6 +14,10 @@ from .util import common_prefix
 
 
 class LookupDrafter:
+    # proposing costs microseconds and keeps no state a skipped step would leave behind: a generator that takes
+    # plain steps by cost (speculative.SpecCost) can still ask for proposals and score them against what came
+    free = True
+
     def __init__(self, ngram_max: int = 3, ngram_min: int = 2):
         if ngram_min < 2:
             raise UsageError(f"--spec-ngram-min must be >= 2 (got {ngram_min})")

@@ -1,0 +1,235 @@
+"""Speculate only where it pays, by the costs measured on this machine.
+
+A speculative step of k proposals costs the drafter's k proposals and a verify pass of k + 1 rows and yields
+E(a, k) = 1 + a + ... + a^k tokens, a being the chance that a proposal is accepted once the ones before it were;
+a plain step costs one pass of one row and yields one token. Which is faster depends on the machine as much as
+on the text: on a GPU, or a CPU with AVX-512 VNNI, an extra verify row costs a fraction of a token; on an AVX2
+CPU decoding Qwen 1.5B is bound by compute, a 5-row verify pass costs 2.2-3x a token and a 0.5B draft's token
+half the target's, so speculating with that pair goes from ~1.05x plain on code (95% accepted) to 0.68x on prose
+(48% accepted).
+
+- A draft model (or an MTP head: any drafter that is not `free`) is judged by what it did: the tokens its last
+  WINDOW steps in this call emitted per second of proposing and verifying, against the plain steps' tokens per
+  second (the last SAMPLES of them: a call starts with 2 plain steps, and one more comes every REFRESH verify
+  steps, so that the two are measured close in time on a machine whose speed drifts; the step after a plain
+  one is not a measure, the draft catching up on the token it missed), the steps' tokens shrunk toward a prior
+  (PRIOR_STEPS). Once a call has WARM such steps and they
+  are MARGIN or more slower than plain steps, speculation stays off until the call ends: a draft model that
+  skipped tokens would have to catch up on all of them (a batched pass costing about a third of its one-token
+  pass per token) to try again; a clear loss (CLEAR) turns it off sooner, the steps before the decision being
+  the price of measuring. The next call (a chat turn) starts over. The count of proposals stays the generator's
+  (adapted to the verdicts).
+- Prompt lookup (`free`: its proposals cost microseconds and keep no state) is asked each step, and the step
+  goes to the choice with the most tokens expected per second: k in [1, cap] maximising E(a, k) / verify(k + 1)
+  (verify times per row count measured, interpolated between them and the plain pass) against 1 / plain, or a
+  plain step. Where the plain step wins, lookup's proposal is still scored against the tokens that come (a
+  "shadow"), so that a text that starts copying itself brings speculation back at once. Plain steps are
+  measured where nothing matched, and forced only every 4 REFRESH verify steps.
+
+On a GPU the first pass of each shape is not taken as a measure (it captures a CUDA graph). Greedy output does
+not depend on any of it (every k gives the plain chain). A sampled output keeps its law (the choice depends on the
+past only), but which draws a seed gives would depend on timing: the generator uses this for greedy decoding
+only unless SHARPI_SPEC_COST=1 (SHARPI_SPEC_COST=0: never).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .util import common_prefix
+
+SAMPLES = 5      # plain step and verify pass times kept per shape
+WINDOW = 16      # a draft model's last verify steps, judged together
+DECAY = 0.2      # weight of the newest verdict in the acceptance estimate (lookup)
+PRIOR = (0.6, 2.0)  # prior acceptance and its weight in verdicts
+WARM = 6         # measured verify steps a call makes before a draft model may be turned off
+MARGIN = 0.05    # a draft model goes off when its steps are this much slower than plain steps
+CLEAR = (4, 0.3)  # or after this many steps, when they are this much slower
+# a draft model's judgement starts from PRIOR_STEPS steps of average cost that each gave the tokens k = n_max
+# proposals accepted with chance PRIOR_ACCEPT give: a few unlucky first steps (the start of an answer is where
+# drafts agree least) do not turn off speculation that pays
+PRIOR_STEPS, PRIOR_ACCEPT = 2.0, 0.75
+REFRESH = 16     # measured verify steps between forced plain steps (lookup: 4x as many, its plain steps come
+                 # by themselves where nothing matches, and in a copied text each forced one loses a whole step)
+
+
+class _Times:
+    """The last SAMPLES times of something: their lower median (lookup's estimates; robust to a slow pass) and
+    mean (a draft model's judgement, against the mean of its steps)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self):
+        self.last: deque[float] = deque(maxlen=SAMPLES)
+
+    def add(self, s: float) -> None:
+        self.last.append(s)
+
+    @property
+    def value(self) -> float:
+        v = sorted(self.last)
+        return v[(len(v) - 1) // 2]
+
+    @property
+    def mean(self) -> float:
+        return sum(self.last) / len(self.last)
+
+
+def _estimate(points: dict[int, float], n: int) -> float:
+    """The cost at n from the costs measured at other counts: linear between the nearest on either side, else
+    along the line through the two nearest on one side (never below 0 nor falling toward more), or in
+    proportion to the only one."""
+    if n in points:
+        return points[n]
+    xs = sorted(points)
+    lo, hi = [x for x in xs if x < n], [x for x in xs if x > n]
+    if lo and hi:
+        a, b = lo[-1], hi[0]
+        return points[a] + (points[b] - points[a]) * (n - a) / (b - a)
+    if len(xs) == 1:
+        return points[xs[0]] * n / xs[0]
+    a, b = (lo[-2], lo[-1]) if lo else (hi[0], hi[1])
+    slope = max(0.0, (points[b] - points[a]) / (b - a))
+    near = b if lo else a
+    return max(0.0, points[near] + slope * (n - near))
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """1 + a + ... + a^k: the tokens a step of k proposals yields when each is accepted with chance a after the
+    ones before it were."""
+    return k + 1.0 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+class SpecCost:
+    def __init__(self, drafter, n_max: int, warm_up: bool = False):
+        self.drafter = drafter
+        # the first pass of each shape is not a measure (a GPU model captures a CUDA graph there)
+        self.warm_up = warm_up
+        self.free = bool(getattr(drafter, "free", False))
+        self.n_max = n_max
+        self._plain = _Times()
+        self._verify: dict[int, _Times] = {}  # rows -> times (lookup)
+        self._steps: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (tokens, seconds) of recent verify steps
+        self._seen: set = set()  # shapes measured once (the first pass of a shape is not a measure)
+        self.hits, self.judged = PRIOR[0] * PRIOR[1], PRIOR[1]
+        self._shadow: tuple[int, list[int]] | None = None  # lookup's unverified proposal (at, tokens)
+        self._since = 0        # measured verify steps since the last plain sample
+        self.begin()
+
+    def begin(self) -> None:
+        """A new generate call."""
+        self.off = False       # speculation is off until this call ends (not free drafters)
+        self.chosen_plain = 0  # plain steps this call took by choice (stats)
+        self._plains = 0       # plain samples in this call
+        self._steps.clear()
+        self._shadow = None
+
+    # -- estimates ----------------------------------------------------------------------------------
+    @property
+    def acceptance(self) -> float:
+        return self.hits / self.judged
+
+    def verify_time(self, rows: int) -> float:
+        """A verify pass of `rows` rows: measured, else interpolated between the row counts measured, the plain
+        pass being one row."""
+        points = {r: v.value for r, v in self._verify.items()}
+        points[1] = self._plain.value
+        return _estimate(points, rows)
+
+    def rate(self, k: int) -> float:
+        """Lookup: expected tokens per second of a step of k proposals (k = 0: a plain step)."""
+        if k == 0:
+            return 1.0 / max(self._plain.value, 1e-9)
+        return expected_tokens(self.acceptance, k) / max(self.verify_time(k + 1), 1e-9)
+
+    def best(self, cap: int) -> tuple[int, float]:
+        """Lookup: (k in [1, cap] with the highest rate, that rate)."""
+        return max(((k, self.rate(k)) for k in range(1, cap + 1)), key=lambda kv: kv[1])
+
+    def spec_rate(self) -> float:
+        """A draft model: tokens per second of its last WINDOW steps (proposing and verifying), with the prior's."""
+        n, secs = len(self._steps), sum(s for _, s in self._steps)
+        tokens = sum(t for t, _ in self._steps) + PRIOR_STEPS * expected_tokens(PRIOR_ACCEPT, self.n_max)
+        return tokens / max(secs * (1 + PRIOR_STEPS / n), 1e-9) if n else 0.0
+
+    def plain_rate(self) -> float:
+        return 1.0 / max(self._plain.mean, 1e-9)
+
+    # -- the choice -----------------------------------------------------------------------------------
+    def plan(self, history: list[int], t: int, cap: int) -> int:
+        """Proposals to ask for at the step after history + [t], at most cap; 0 = a plain step."""
+        self._judge_shadow(history, t)
+        if self.off:
+            self.chosen_plain += 1
+            return 0
+        if (not self._plain.last or self._since >= REFRESH * (4 if self.free else 1)
+                or (not self.free and self._plains < 2)):
+            return self._choose_plain(history, t, cap)
+        if not self.free:
+            n, loss = len(self._steps), 1 - self.spec_rate() / self.plain_rate() if self._steps else 0.0
+            if (n >= WARM and loss > MARGIN) or (n >= CLEAR[0] and loss > CLEAR[1]):
+                self.off = True
+                return self._choose_plain(history, t, cap)
+            return cap
+        if not self._verify:  # (nothing to compare with yet)
+            return cap
+        k, r = self.best(cap)
+        return self._choose_plain(history, t, cap) if r < self.rate(0) else k
+
+    def _choose_plain(self, history: list[int], t: int, cap: int) -> int:
+        self.chosen_plain += 1
+        if self.free and self._shadow is None:
+            props, _ = self.drafter.propose(history + [t], cap)
+            if props:
+                self._shadow = (len(history) + 1, [int(d) for d in props])
+        return 0
+
+    def _judge_shadow(self, history: list[int], t: int) -> None:
+        """A shadow proposal against the tokens that came after it, once they decide it."""
+        if self._shadow is None:
+            return
+        at, props = self._shadow
+        came = history[at:] + [t] if at <= len(history) else []
+        if not came:
+            return
+        n = common_prefix(props, came)
+        if n < len(props) and n == len(came):  # (its next proposal is not judged yet)
+            return
+        self._shadow = None
+        self.verdict(len(props), n)
+
+    # -- measurements -------------------------------------------------------------------------------------
+    def _first(self, shape) -> bool:
+        if not self.warm_up or shape in self._seen:
+            return False
+        self._seen.add(shape)
+        return True
+
+    def verdict(self, proposed: int, accepted: int) -> None:
+        """The target kept the first `accepted` of `proposed` proposals (the next one, if any, it rejected)."""
+        self.hits = (1 - DECAY) * self.hits + accepted
+        self.judged = (1 - DECAY) * self.judged + min(proposed, accepted + 1)
+
+    def plain(self, seconds: float) -> None:
+        """A plain step (forward of one token and its pick) took `seconds`."""
+        if self._first(1):
+            return
+        self._plain.add(seconds)
+        self._plains += 1
+        self._since = 0
+
+    def spec(self, rows: int, verify_s: float, proposed: int, draft_s: float | None, accepted: int,
+             emitted: int) -> None:
+        """A verify pass of `rows` rows took verify_s (its pass and verdict) and gave `emitted` tokens, after
+        `proposed` proposals that took draft_s (None: not a measure of proposing alone, e.g. a draft model catching
+        up after plain steps)."""
+        self.verdict(proposed, accepted)
+        self._shadow = None
+        if self._first((rows, proposed)):
+            return
+        if self.free:
+            self._verify.setdefault(rows, _Times()).add(verify_s)
+        elif draft_s is None:
+            return
+        else:
+            self._steps.append((emitted, draft_s + verify_s))
+        self._since += 1

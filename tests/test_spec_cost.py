@@ -1,0 +1,289 @@
+"""Speculation by measured cost (speculative.SpecCost): the choice each step, and that it keeps the output.
+
+The suite runs with SHARPI_SPEC_COST=0 (conftest: the other tests count passes and proposals); these tests turn
+it on. Costs are synthetic where a test needs a given machine (a SpecCost whose measurements are replaced by a
+cost model's), so the choices are deterministic; the greedy output must be the plain one whatever they are, and
+sampled generations under changing choices must still follow the target's law.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from sharpi_core.generate import Generator
+from sharpi_core.sampling import SamplingParams
+from sharpi_core.speculative import LookupDrafter, SpecCost
+from sharpi_core.speculative import cost as cost_mod
+from test_generate import (GREEDY, GREEDY_PEN, PROMPT, SAMPLED_PEN, V, drafter_for, make, martingale_pvalue,
+                           ref_greedy, target_model)
+from toy import ToyTokenizer
+
+
+class Synthetic(SpecCost):
+    """SpecCost on a machine with these costs, in units of a plain step: a verify pass of r rows costs
+    1 + row (r - 1), a proposal of k tokens draft k."""
+
+    def __init__(self, drafter, n_max, row: float, draft: float):
+        super().__init__(drafter, n_max)
+        self.row, self.per = row, draft
+
+    def plain(self, seconds):
+        super().plain(1.0)
+
+    def spec(self, rows, verify_s, proposed, draft_s, accepted, emitted):
+        super().spec(rows, 1.0 + self.row * (rows - 1), proposed, None if draft_s is None else self.per * proposed,
+                     accepted, emitted)
+
+
+class _Props:
+    """A drafter proposing fixed tokens (for SpecCost's own calls)."""
+
+    def __init__(self, props, free=True):
+        self.props, self.free, self.calls = props, free, 0
+
+    def propose(self, history, k):
+        self.calls += 1
+        return self.props[:k], None
+
+
+def test_expected_tokens():
+    assert cost_mod.expected_tokens(0.0, 4) == 1.0
+    assert cost_mod.expected_tokens(1.0, 4) == 5.0
+    assert cost_mod.expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_estimates_between_and_beyond_the_measured_counts():
+    e = cost_mod._estimate
+    assert e({1: 1.0, 5: 3.0}, 2) == pytest.approx(1.5)  # between
+    assert e({1: 1.0, 5: 3.0}, 7) == pytest.approx(4.0)  # beyond: the line through the nearest two
+    assert e({2: 1.4, 4: 2.4}, 1) == pytest.approx(0.9)  # below
+    assert e({4: 2.0}, 1) == pytest.approx(0.5)  # one count: in proportion
+    assert e({3: 1.0, 4: 0.5}, 1) == pytest.approx(1.0)  # never cheaper toward fewer than the nearest
+
+
+def test_lower_median_ignores_a_slow_pass():
+    t = cost_mod._Times()
+    for s in (50.0, 1.0):
+        t.add(s)
+    assert t.value == 1.0
+    for s in (1.2, 0.9, 1.1, 30.0):  # the oldest go; one slow pass among five does not move it
+        t.add(s)
+    assert list(t.last) == [1.0, 1.2, 0.9, 1.1, 30.0] and t.value == 1.1
+
+
+def run_steps(c, n, tokens, seconds, cap=4, proposed=4, after_plain=None):
+    """n steps of SpecCost c: a plain one takes 1.0, a verify step `seconds` for `tokens` tokens (a step after a
+    plain one is not a measure of drafting where after_plain says so: the generator's rule for a draft model)."""
+    kinds = []
+    for _ in range(n):
+        k = c.plan([], 0, cap)
+        if k == 0:
+            c.plain(1.0)
+        else:
+            catch_up = kinds[-1:] == [0] if after_plain is None else after_plain
+            c.spec(proposed + 1, seconds / 2, proposed, None if catch_up else seconds / 2, min(tokens - 1, proposed),
+                   tokens)
+        kinds.append(k)
+    return kinds
+
+
+def test_a_draft_model_is_measured_against_plain_steps_close_in_time():
+    c = SpecCost(_Props([1], free=False), 4)
+    kinds = run_steps(c, 12, 4, 2.0)  # 2 tokens per plain-step time: speculation pays
+    # a call starts with 2 plain steps; the step after a plain one is the draft catching up: not a measure
+    assert kinds[:3] == [0, 0, 4] and kinds.count(0) == 2
+    assert not c.off and c.plain_rate() == 1.0 and len(c._steps) == 9
+    prior = cost_mod.PRIOR_STEPS
+    assert c.spec_rate() == pytest.approx((9 * 4 + prior * cost_mod.expected_tokens(cost_mod.PRIOR_ACCEPT, 4))
+                                          / ((9 + prior) * 2.0))  # (the prior's steps at the steps' mean cost)
+    kinds = run_steps(c, 40, 4, 2.0)
+    assert not c.off and 2 <= kinds.count(0) <= 3  # then one every REFRESH measured verify steps
+
+
+def test_on_a_gpu_the_first_pass_of_a_shape_is_not_a_measure():
+    c = SpecCost(_Props([1], free=False), 4, warm_up=True)
+    kinds = run_steps(c, 4, 4, 2.0, after_plain=False)
+    assert kinds == [0, 0, 0, 4] and c._plain.last == deque([1.0, 1.0]) and not c._steps  # (a graph captured)
+    run_steps(c, 1, 4, 2.0, after_plain=False)
+    assert len(c._steps) == 1
+
+
+def test_a_draft_model_that_does_not_pay_goes_off_until_the_call_ends():
+    c = SpecCost(_Props([1], free=False), 4)
+    kinds = run_steps(c, 30, 4, 4.4)  # 4 tokens in 4.4 plain steps' time
+    assert c.off and kinds[-1] == 0
+    assert sum(k > 0 for k in kinds) == cost_mod.WARM + 1  # (the step after the plain ones is not a measure)
+    assert run_steps(c, 100, 4, 4.4) == [0] * 100  # no probing: it would have to catch up on every token
+    c.begin()  # the next call (a chat turn) starts over: 2 plain steps, the verify steps, off
+    kinds = run_steps(c, 30, 4, 4.4)
+    assert kinds[:3] == [0, 0, 4] and c.off and sum(k > 0 for k in kinds) == cost_mod.WARM + 1
+
+
+def test_a_few_unlucky_first_steps_do_not_turn_it_off():
+    # a machine where speculation pays (4 tokens in 2 plain steps' time), but the answer starts with rejections
+    c = SpecCost(_Props([1], free=False), 4)
+    run_steps(c, 3, 4, 2.0)
+    for tokens in (1, 2, 2, 2):  # (adaptive counts would make these steps cheaper: not here)
+        run_steps(c, 1, tokens, 3.0)
+    assert not c.off and c.plan([], 0, 4) == 4
+    run_steps(c, 20, 4, 2.0)
+    assert not c.off
+
+
+def test_a_clear_loss_turns_it_off_sooner():
+    c = SpecCost(_Props([1], free=False), 4)
+    kinds = run_steps(c, 30, 2, 4.0)  # 2 tokens in 4 plain steps' time: half as fast
+    assert c.off and sum(k > 0 for k in kinds) == cost_mod.CLEAR[0] + 1
+
+
+def test_within_the_margin_a_draft_model_stays_on():
+    c = SpecCost(_Props([1], free=False), 4)
+    run_steps(c, 60, 3, 3.0 * (1 + cost_mod.MARGIN / 2))
+    assert not c.off
+
+
+def test_lookup_picks_the_count_with_the_most_tokens_per_second():
+    c = SpecCost(_Props([1, 2, 3, 4, 5, 6, 7, 8]), 8)
+    c.plain(1.0)
+    for k in (2, 4, 8):
+        c.spec(k + 1, 1.0 + 0.3 * k, k, 0.0, 1, 2)
+    c.hits, c.judged = 0.5, 1.0
+    k, r = c.best(8)
+    rates = [c.rate(j) for j in range(1, 9)]
+    assert rates.index(max(rates)) + 1 == k and 1 <= k <= 2 and r > c.rate(0)
+    assert c.plan([], 0, 8) == k
+    c.hits = 0.05  # hardly ever right: a plain step
+    assert c.plan([], 0, 8) == 0
+
+
+def test_a_free_drafter_shadows_plain_steps_and_comes_back_when_the_text_copies():
+    # lookup whose matches were all wrong: plain steps; its proposals are still scored (shadow)
+    d = _Props([7, 7, 7])
+    c = SpecCost(d, 3)
+    c.plain(1.0)
+    for _ in range(4):
+        c.spec(4, 1.6, 3, 0.0, 0, 1)
+    assert c.plan([1, 2], 3, 3) == 0 and c._shadow == (3, [7, 7, 7]) and d.calls == 1
+    # the text now goes on as proposed
+    assert c.plan([1, 2, 3], 7, 3) == 0 and d.calls == 1  # (the shadow waits for its verdict)
+    assert c.plan([1, 2, 3, 7], 7, 3) == 0
+    assert c.plan([1, 2, 3, 7, 7], 7, 3) >= 1 and c._shadow is None  # 3 of 3 would have been accepted
+    assert c.acceptance > 0.5
+
+
+def test_shadow_waits_for_the_tokens_that_judge_it():
+    c = SpecCost(_Props([5, 6, 7]), 3)
+    c._shadow = (3, [5, 6, 7])
+    hits = c.hits
+    c._judge_shadow([1, 2, 3], 5)  # one token came, it matches: not judged yet
+    assert c._shadow is not None
+    c._judge_shadow([1, 2, 3, 5], 6)
+    assert c._shadow is not None
+    c._judge_shadow([1, 2, 3, 5, 6], 0)  # the third is wrong: 2 of 3 accepted
+    assert c._shadow is None and c.hits == pytest.approx((1 - cost_mod.DECAY) * hits + 2)
+
+
+# -- in the generator -----------------------------------------------------------------------------------------
+@pytest.fixture
+def cost_on(monkeypatch):
+    monkeypatch.delenv("SHARPI_SPEC_COST", raising=False)
+
+
+def with_cost(gen, row, draft):
+    gen.cost = Synthetic(gen.drafter, gen.n_max, row, draft)
+    return gen
+
+
+def test_greedy_uses_it_by_default_and_sampling_only_when_asked(monkeypatch):
+    monkeypatch.delenv("SHARPI_SPEC_COST", raising=False)
+    assert make(GREEDY, drafter_for("model", GREEDY), spec_n_max=3)[0].cost is not None
+    assert make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost is None
+    assert make(GREEDY, drafter_for("hybrid", GREEDY), spec_n_max=3)[0].cost is None  # (it picks its own counts)
+    monkeypatch.setenv("SHARPI_SPEC_COST", "1")
+    assert make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost is not None
+    monkeypatch.setenv("SHARPI_SPEC_COST", "0")
+    assert make(GREEDY, drafter_for("model", GREEDY), spec_n_max=3)[0].cost is None
+
+
+@pytest.mark.parametrize("kind", ["lookup", "model", "same", "wide"])
+@pytest.mark.parametrize("row,draft", [(0.05, 0.1), (0.6, 0.6), (1.0, 0.0), (0.2, 0.2)],
+                         ids=["gpu", "avx2", "rows-dear", "edge"])
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["plain", "penalties"])
+def test_greedy_output_is_the_plain_output_whatever_is_chosen(cost_on, kind, row, draft, params):
+    want = ref_greedy(PROMPT, 80, params)
+    gen, model = make(params, drafter_for(kind, params), spec_n_max=4)
+    with_cost(gen, row, draft)
+    res = gen.generate(PROMPT, n_predict=80)
+    assert res.tokens == want
+    s = res.spec
+    assert s.target_passes == model.n_forward - 1 and s.emitted >= 79
+    assert s.plain_by_cost == gen.cost.chosen_plain >= 1  # (at least the first step: measuring a plain pass)
+    if row + draft > 1 and kind in ("model", "wide"):
+        assert s.cost_off  # a draft that costs this much does not pay (the target itself drafting might)
+        assert s.verify_passes <= 2 * cost_mod.WARM
+    if row <= 0.05 and kind == "same":
+        assert not s.cost_off and s.accepted == s.drafted and s.tokens_per_pass > 3
+    # a second call (a chat turn, the prompt extended) starts over and keeps the output exact
+    res2 = gen.generate(PROMPT + res.tokens[:5], n_predict=20)
+    assert res2.tokens == ref_greedy(PROMPT + res.tokens[:5], 20, params)
+
+
+def test_measured_costs_keep_the_greedy_output(cost_on):
+    # real timings on the toys (whatever the machine makes of them)
+    for kind in ("lookup", "model"):
+        gen, _ = make(GREEDY, drafter_for(kind, GREEDY), spec_n_max=4)
+        assert isinstance(gen.cost, SpecCost) and not isinstance(gen.cost, Synthetic)
+        assert gen.generate(PROMPT, n_predict=60).tokens == ref_greedy(PROMPT, 60)
+
+
+def test_a_draft_model_catching_up_is_not_taken_for_its_drafting_cost(cost_on):
+    seen = []
+
+    class Spy(Synthetic):
+        def spec(self, rows, verify_s, proposed, draft_s, accepted, emitted):
+            seen.append(draft_s)
+            super().spec(rows, verify_s, proposed, draft_s, accepted, emitted)
+
+    gen, _ = make(GREEDY, drafter_for("model", GREEDY), spec_n_max=4)
+    gen.cost = Spy(gen.drafter, 4, 0.05, 0.1)
+    gen.generate(PROMPT, n_predict=60)
+    assert seen[0] is None  # after the first (plain) step the draft catches up on two tokens
+    assert any(s is not None for s in seen)
+
+
+def test_sampled_generation_under_changing_choices_follows_the_target(monkeypatch):
+    # SHARPI_SPEC_COST=1 at temp > 0: lookup's proposals taken or shadowed as its acceptance moves, the rows
+    # dear enough that the choice flips often; k comes from the past only, so the law stays the target's
+    monkeypatch.setenv("SHARPI_SPEC_COST", "1")
+    n = 3000
+    gen, _ = make(SAMPLED_PEN, drafter_for("lookup", SAMPLED_PEN), n_ctx=n + 64, spec_n_max=3, seed=41)
+    with_cost(gen, 0.3, 0.0)
+    res = gen.generate(PROMPT, n_predict=n)
+    s = res.spec
+    assert len(res.tokens) == n
+    assert s.verify_passes > 100 and s.plain_by_cost > 100 and 0 < s.accepted < s.drafted  # both kinds of step
+    assert martingale_pvalue(SAMPLED_PEN, PROMPT, res.tokens) > 0.001
+
+
+def test_json_stats_say_what_the_cost_model_did(cost_on):
+    gen, _ = make(GREEDY, drafter_for("model", GREEDY), spec_n_max=4)
+    with_cost(gen, 0.6, 0.6)
+    d = gen.generate(PROMPT, n_predict=40).spec.as_dict()
+    assert d["cost_off"] is True and d["plain_by_cost"] > 20
+
+
+def test_lookup_is_free():
+    assert LookupDrafter.free and not getattr(drafter_for("model", GREEDY), "free", False)
+
+
+def test_generator_without_a_drafter_has_no_cost_model(cost_on):
+    gen = Generator(target_model(), target_model().new_cache(64), ToyTokenizer(V), GREEDY)
+    assert gen.cost is None
+    assert gen.generate(PROMPT, n_predict=5).tokens == ref_greedy(PROMPT, 5)
+
+
+def test_params_sampled_at_temp_0_with_xtc_is_not_greedy(cost_on):
+    p = SamplingParams(temp=0, xtc_probability=0.5, xtc_threshold=0.1)
+    assert not p.greedy
+    assert make(p, drafter_for("lookup", p), spec_n_max=3)[0].cost is None
