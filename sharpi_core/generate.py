@@ -199,7 +199,6 @@ class Generator:
         on = _env_on("SHARPI_SPEC_COST") and (params.greedy or mode in ("1", "true", "yes", "on"))
         warm_up = any(getattr(m, "use_graphs", False) for m in (model, getattr(drafter, "model", None)))
         self.cost = SpecCost(drafter, spec_n_max, warm_up) if self.speculate and on and not self._own_k else None
-        self._after_plain = False  # the last step was a plain one (a draft model catches up at its next proposal)
         # mirostat or adaptive-p draws the token (sampling.Picker): its state follows every token it picks
         # and starts over at each generate() call (llama.cpp's interactive mode resets its samplers at each
         # user input); a verify row's law is computed in the state its drafts lead to (Picker.rows)
@@ -493,9 +492,7 @@ class Generator:
         t_end = time.perf_counter()
         stats.commit_ms += (t_end - t_verified) * 1000
         if self.cost is not None and not forced:
-            # (a draft model's proposal after plain steps includes catching up on them: not a measure of drafting)
-            draft_s = None if self._after_plain and not self.cost.free else t_drafted - t_start
-            self.cost.spec(len(fed) + 1, t_end - t_drafted, len(props), draft_s, n, n + (nxt is not None))
+            self.cost.spec(len(fed) + 1, t_end - t_drafted, len(props), t_drafted - t_start, n, n + (nxt is not None))
         stats.record(len(props), n, None if forced else getattr(self.drafter, "source", None))
         if self.adaptive and not forced:  # (the drafter's record, not the constraint's)
             self._k = next_proposal_len(self.n_max, len(props), n)
@@ -608,7 +605,6 @@ class Generator:
         self._k = self.n_max
         if self.cost is not None:
             self.cost.begin()
-        self._after_plain = False
         self.shifts = 0
         if self.picker is not None:
             self.picker.reset()
@@ -675,13 +671,11 @@ class Generator:
                     t = self._plain_step(t)
                     if self.cost is not None:
                         self.cost.plain(time.perf_counter() - t_start)
-                    self._after_plain = True
                     if stats is not None:
                         stats.target_passes += 1
                         stats.emitted += 1
                     emit(t)
                 else:
-                    self._after_plain = False
                     accepted, t = step
                     for j, a in enumerate(accepted):
                         try:

@@ -32,8 +32,7 @@ class Synthetic(SpecCost):
         super().plain(1.0)
 
     def spec(self, rows, verify_s, proposed, draft_s, accepted, emitted):
-        super().spec(rows, 1.0 + self.row * (rows - 1), proposed, None if draft_s is None else self.per * proposed,
-                     accepted, emitted)
+        super().spec(rows, 1.0 + self.row * (rows - 1), proposed, self.per * proposed, accepted, emitted)
 
 
 class _Props:
@@ -72,18 +71,15 @@ def test_lower_median_ignores_a_slow_pass():
     assert list(t.last) == [1.0, 1.2, 0.9, 1.1, 30.0] and t.value == 1.1
 
 
-def run_steps(c, n, tokens, seconds, cap=4, proposed=4, after_plain=None):
-    """n steps of SpecCost c: a plain one takes 1.0, a verify step `seconds` for `tokens` tokens (a step after a
-    plain one is not a measure of drafting where after_plain says so: the generator's rule for a draft model)."""
+def run_steps(c, n, tokens, seconds, cap=4, proposed=4):
+    """n steps of SpecCost c: a plain one takes 1.0, a verify step `seconds` for `tokens` tokens."""
     kinds = []
     for _ in range(n):
         k = c.plan([], 0, cap)
         if k == 0:
             c.plain(1.0)
         else:
-            catch_up = kinds[-1:] == [0] if after_plain is None else after_plain
-            c.spec(proposed + 1, seconds / 2, proposed, None if catch_up else seconds / 2, min(tokens - 1, proposed),
-                   tokens)
+            c.spec(proposed + 1, seconds / 2, proposed, seconds / 2, min(tokens - 1, proposed), tokens)
         kinds.append(k)
     return kinds
 
@@ -103,10 +99,14 @@ def test_a_draft_model_is_measured_against_plain_steps_close_in_time():
 
 def test_on_a_gpu_the_first_pass_of_a_shape_is_not_a_measure():
     c = SpecCost(_Props([1], free=False), 4, warm_up=True)
-    kinds = run_steps(c, 4, 4, 2.0, after_plain=False)
+    kinds = run_steps(c, 4, 4, 2.0)
     assert kinds == [0, 0, 0, 4] and c._plain.last == deque([1.0, 1.0]) and not c._steps  # (a graph captured)
-    run_steps(c, 1, 4, 2.0, after_plain=False)
+    run_steps(c, 1, 4, 2.0)
     assert len(c._steps) == 1
+    c.plain(1.0)
+    c.spec(3, 1.0, 2, 1.0, 2, 3)  # a new shape after a plain step: neither measure counts
+    c.spec(3, 1.0, 2, 1.0, 2, 3)
+    assert len(c._steps) == 2
 
 
 def test_a_draft_model_that_does_not_pay_goes_off_until_the_call_ends():
@@ -148,12 +148,12 @@ def test_lookup_picks_the_count_with_the_most_tokens_per_second():
     c.plain(1.0)
     for k in (2, 4, 8):
         c.spec(k + 1, 1.0 + 0.3 * k, k, 0.0, 1, 2)
-    c.hits, c.judged = 0.5, 1.0
+    c.verdicts.hits, c.verdicts.judged = 0.5, 1.0
     k, r = c.best(8)
     rates = [c.rate(j) for j in range(1, 9)]
     assert rates.index(max(rates)) + 1 == k and 1 <= k <= 2 and r > c.rate(0)
     assert c.plan([], 0, 8) == k
-    c.hits = 0.05  # hardly ever right: a plain step
+    c.verdicts.hits = 0.05  # hardly ever right: a plain step
     assert c.plan([], 0, 8) == 0
 
 
@@ -175,13 +175,13 @@ def test_a_free_drafter_shadows_plain_steps_and_comes_back_when_the_text_copies(
 def test_shadow_waits_for_the_tokens_that_judge_it():
     c = SpecCost(_Props([5, 6, 7]), 3)
     c._shadow = (3, [5, 6, 7])
-    hits = c.hits
+    hits = c.verdicts.hits
     c._judge_shadow([1, 2, 3], 5)  # one token came, it matches: not judged yet
     assert c._shadow is not None
     c._judge_shadow([1, 2, 3, 5], 6)
     assert c._shadow is not None
     c._judge_shadow([1, 2, 3, 5, 6], 0)  # the third is wrong: 2 of 3 accepted
-    assert c._shadow is None and c.hits == pytest.approx((1 - cost_mod.DECAY) * hits + 2)
+    assert c._shadow is None and c.verdicts.hits == pytest.approx((1 - cost_mod.DECAY) * hits + 2)
 
 
 # -- in the generator -----------------------------------------------------------------------------------------
@@ -237,19 +237,21 @@ def test_measured_costs_keep_the_greedy_output(cost_on):
         assert gen.generate(PROMPT, n_predict=60).tokens == ref_greedy(PROMPT, 60)
 
 
-def test_a_draft_model_catching_up_is_not_taken_for_its_drafting_cost(cost_on):
-    seen = []
+def test_a_draft_model_catching_up_is_not_taken_for_its_drafting_cost(cost_on, monkeypatch):
+    monkeypatch.setattr(cost_mod, "WINDOW", 1000)  # (every measured step stays in the window)
+    seen = []  # per verify step: (after a plain step, taken as a measure)
 
     class Spy(Synthetic):
         def spec(self, rows, verify_s, proposed, draft_s, accepted, emitted):
-            seen.append(draft_s)
+            after, n = self._after_plain, len(self._steps)
             super().spec(rows, verify_s, proposed, draft_s, accepted, emitted)
+            seen.append((after, len(self._steps) > n))
 
     gen, _ = make(GREEDY, drafter_for("model", GREEDY), spec_n_max=4)
     gen.cost = Spy(gen.drafter, 4, 0.05, 0.1)
     gen.generate(PROMPT, n_predict=60)
-    assert seen[0] is None  # after the first (plain) step the draft catches up on two tokens
-    assert any(s is not None for s in seen)
+    assert seen[0] == (True, False)  # after the first (plain) steps the draft catches up on them
+    assert all(not taken for after, taken in seen if after) and any(taken for _, taken in seen)
 
 
 def test_sampled_generation_under_changing_choices_follows_the_target(monkeypatch):

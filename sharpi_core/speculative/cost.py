@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .util import common_prefix
+from .util import Verdicts, common_prefix
 
 SAMPLES = 5      # plain step and verify pass times kept per shape
 WINDOW = 16      # a draft model's last verify steps, judged together
@@ -110,7 +110,7 @@ class SpecCost:
         self._verify: dict[int, _Times] = {}  # rows -> times (lookup)
         self._steps: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (tokens, seconds) of recent verify steps
         self._seen: set = set()  # shapes measured once (the first pass of a shape is not a measure)
-        self.hits, self.judged = PRIOR[0] * PRIOR[1], PRIOR[1]
+        self.verdicts = Verdicts(PRIOR, DECAY)
         self._shadow: tuple[int, list[int]] | None = None  # lookup's unverified proposal (at, tokens)
         self._since = 0        # measured verify steps since the last plain sample
         self.begin()
@@ -122,11 +122,12 @@ class SpecCost:
         self._plains = 0       # plain samples in this call
         self._steps.clear()
         self._shadow = None
+        self._after_plain = False  # the last step was a plain one (a draft model catches up at its next proposal)
 
     # -- estimates ----------------------------------------------------------------------------------
     @property
     def acceptance(self) -> float:
-        return self.hits / self.judged
+        return self.verdicts.acceptance
 
     def verify_time(self, rows: int) -> float:
         """A verify pass of `rows` rows: measured, else interpolated between the row counts measured, the plain
@@ -206,29 +207,29 @@ class SpecCost:
 
     def verdict(self, proposed: int, accepted: int) -> None:
         """The target kept the first `accepted` of `proposed` proposals (the next one, if any, it rejected)."""
-        self.hits = (1 - DECAY) * self.hits + accepted
-        self.judged = (1 - DECAY) * self.judged + min(proposed, accepted + 1)
+        self.verdicts.learn(accepted, min(proposed, accepted + 1))
 
     def plain(self, seconds: float) -> None:
         """A plain step (forward of one token and its pick) took `seconds`."""
+        self._after_plain = True
         if self._first(1):
             return
         self._plain.add(seconds)
         self._plains += 1
         self._since = 0
 
-    def spec(self, rows: int, verify_s: float, proposed: int, draft_s: float | None, accepted: int,
+    def spec(self, rows: int, verify_s: float, proposed: int, draft_s: float, accepted: int,
              emitted: int) -> None:
         """A verify pass of `rows` rows took verify_s (its pass and verdict) and gave `emitted` tokens, after
-        `proposed` proposals that took draft_s (None: not a measure of proposing alone, e.g. a draft model catching
-        up after plain steps)."""
+        `proposed` proposals that took draft_s."""
         self.verdict(proposed, accepted)
         self._shadow = None
+        after_plain, self._after_plain = self._after_plain, False
         if self._first((rows, proposed)):
             return
         if self.free:
             self._verify.setdefault(rows, _Times()).add(verify_s)
-        elif draft_s is None:
+        elif after_plain:  # (a draft model's proposal then includes catching up: not a measure of drafting)
             return
         else:
             self._steps.append((emitted, draft_s + verify_s))

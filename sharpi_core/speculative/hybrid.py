@@ -21,32 +21,13 @@ the generator's; the generator then asks for up to n_max (see `adapts`). `source
 """
 from __future__ import annotations
 
-from .util import common_prefix, next_proposal_len
+from .util import Verdicts, common_prefix, next_proposal_len
 
 DECAY = 0.25  # weight of the newest step's verdict in a source's running estimate
 VERIFY_ROW = 0.09  # a verify pass's cost per extra row, relative to a one-row pass (Qwen 1.5B on the CPU: 5 rows 1.36)
 # prior estimates (chance a proposal is accepted after its prefix was, weight in verdicts): lookup's low, as its
 # short matches in new text mostly are, a model's as a related draft's usually is
 PRIOR_LOOKUP, PRIOR_MODEL = (0.4, 2.0), (0.75, 4.0)
-
-
-class _Record:
-    """A source's verdicts: decayed counts of proposals accepted and proposals judged."""
-
-    def __init__(self, prior: tuple[float, float]):
-        a, w = prior
-        self.hits, self.judged = a * w, w
-
-    def expected(self, k: int) -> float:
-        """a + a^2 + ... + a^k."""
-        a = self.hits / self.judged
-        return float(k) if a >= 1 else a * (1 - a ** k) / (1 - a)
-
-    def learn(self, accepted: int, judged: int) -> None:
-        """A step's verdict on its first `judged` proposals: the first `accepted` of them taken (the next one,
-        if judged, rejected)."""
-        self.hits = (1 - DECAY) * self.hits + accepted
-        self.judged = (1 - DECAY) * self.judged + judged
 
 
 class HybridDrafter:
@@ -60,7 +41,7 @@ class HybridDrafter:
         self.n_max, self.n_min = n_max, n_min
         self.cost = cost
         self._k = {n: n_max for n in names}
-        self._seen = {names[0]: _Record(PRIOR_LOOKUP), names[1]: _Record(PRIOR_MODEL)}
+        self._seen = {names[0]: Verdicts(PRIOR_LOOKUP, DECAY), names[1]: Verdicts(PRIOR_MODEL, DECAY)}
         self.source: str | None = None  # the last proposal's source
         self._last: tuple[str, int, int] | None = None  # (source, history length, proposals) of the last step
         self._shadow: tuple[int, list[int]] | None = None  # lookup's last proposal (history length, tokens)

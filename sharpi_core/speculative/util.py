@@ -27,3 +27,29 @@ def next_proposal_len(n_max: int, proposed: int, accepted: int) -> int:
     accepted after a rejection, twice as many after a full accept, within [1, n_max]. Chosen from
     the past only, so the emitted tokens keep their exact law (greedy chain / target samples)."""
     return min(n_max, 2 * proposed) if accepted == proposed else max(1, min(n_max, accepted + 1))
+
+
+class Verdicts:
+    """A drafter's verdicts: decayed counts of proposals accepted and proposals judged, from a prior (the chance a
+    proposal is accepted once the ones before it were, its weight in verdicts); `decay` is the weight of the newest
+    step's verdict."""
+
+    def __init__(self, prior: tuple[float, float], decay: float):
+        a, w = prior
+        self.hits, self.judged = a * w, w
+        self.decay = decay
+
+    @property
+    def acceptance(self) -> float:
+        return self.hits / self.judged
+
+    def expected(self, k: int) -> float:
+        """a + a^2 + ... + a^k."""
+        a = self.acceptance
+        return float(k) if a >= 1 else a * (1 - a ** k) / (1 - a)
+
+    def learn(self, accepted: int, judged: int) -> None:
+        """A step's verdict on its first `judged` proposals: the first `accepted` of them taken (the next one,
+        if judged, rejected)."""
+        self.hits = (1 - self.decay) * self.hits + accepted
+        self.judged = (1 - self.decay) * self.judged + judged
