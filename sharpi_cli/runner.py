@@ -1155,7 +1155,8 @@ def print_report(target, res, o: RunOptions) -> None:
             f"({100 * (s.get('acceptance') or 0):.1f}%), {s.get('tokens_per_pass', 0):.2f} tokens per target pass, "
             f"{s.get('steps_no_proposal', 0)} steps without a proposal"
             + (f", {s['plain_by_cost']} plain steps by measured cost" if s.get("plain_by_cost") else "")
-            + (" (speculation off: slower than plain decoding here)" if s.get("cost_off") else ""))
+            + ((" (the draft model off: slower than plain decoding here; lookup goes on)" if s.get("sources")
+                else " (speculation off: slower than plain decoding here)") if s.get("cost_off") else ""))
         for name, v in s.get("sources", {}).items():
             log(f"sharpi: speculative, {name}: {v['steps']} steps, drafted {v['drafted']}, accepted {v['accepted']}"
                 f" ({100 * v['accepted'] / max(1, v['drafted']):.1f}%)")

@@ -81,7 +81,8 @@ class SpecStats:
     verify_ms: float = 0.0
     commit_ms: float = 0.0
     plain_by_cost: int = 0      # plain steps taken because the measured costs favoured them (speculative.SpecCost)
-    cost_off: bool = False      # speculation went off for the rest of the call (a draft model that did not pay)
+    cost_off: bool = False      # the draft model went off for the rest of the call (it did not pay; with
+                                # --draft-lookup, lookup goes on alone)
 
     def record(self, k: int, n: int, source: str | None = None) -> None:
         if source is not None:
@@ -194,11 +195,11 @@ class Generator:
                               "or XTC at --temp 0)")
         # speculate only where the measured costs say it pays (speculative.SpecCost): greedy decoding only unless
         # SHARPI_SPEC_COST=1 (a sampled output keeps its law, but a seed's draws would depend on timing), never
-        # with SHARPI_SPEC_COST=0; not for a drafter that picks its counts itself (HybridDrafter)
+        # with SHARPI_SPEC_COST=0
         mode = os.environ.get("SHARPI_SPEC_COST", "").strip().lower()
         on = _env_on("SHARPI_SPEC_COST") and (params.greedy or mode in ("1", "true", "yes", "on"))
         warm_up = any(getattr(m, "use_graphs", False) for m in (model, getattr(drafter, "model", None)))
-        self.cost = SpecCost(drafter, spec_n_max, warm_up) if self.speculate and on and not self._own_k else None
+        self.cost = SpecCost(drafter, warm_up) if self.speculate and on else None
         # mirostat or adaptive-p draws the token (sampling.Picker): its state follows every token it picks
         # and starts over at each generate() call (llama.cpp's interactive mode resets its samplers at each
         # user input); a verify row's law is computed in the state its drafts lead to (Picker.rows)
@@ -695,7 +696,7 @@ class Generator:
             reason = s.reason
         if stats is not None and self.cost is not None:
             stats.plain_by_cost = self.cost.chosen_plain
-            stats.cost_off = self.cost.off
+            stats.cost_off = self.cost.off or self.cost.model_off
         rest = dec.flush()
         if rest:
             show(rest)

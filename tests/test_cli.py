@@ -591,8 +591,9 @@ def test_speculation_by_measured_cost_keeps_the_greedy_text(smol):
     # greedy sharpi's default (the suite turns it off): plain steps measured, then as the costs say
     args = ("-m", smol, "-p", "Once upon a time", "-n", 40, "--temp", 0, "--json")
     plain = json.loads(sharpi(*args).stdout)
-    # (a draft model: 2 plain steps measured at the start of a call; lookup: 1, then others where they pay)
-    for draft, n_plain in ((("-md", smol), 2), (("--draft-lookup",), 1)):
+    # (a draft model, alone or with lookup: 2 plain steps measured at the start of a call; lookup: 1, then others
+    # where they pay)
+    for draft, n_plain in ((("-md", smol), 2), (("--draft-lookup",), 1), (("-md", smol, "--draft-lookup"), 2)):
         r = sharpi(*args, *draft, env={"SHARPI_SPEC_COST": "1"})
         assert r.returncode == 0, r.stderr
         spec = json.loads(r.stdout)

@@ -24,15 +24,16 @@ class Synthetic(SpecCost):
     """SpecCost on a machine with these costs, in units of a plain step: a verify pass of r rows costs
     1 + row (r - 1), a proposal of k tokens draft k."""
 
-    def __init__(self, drafter, n_max, row: float, draft: float):
-        super().__init__(drafter, n_max)
+    def __init__(self, drafter, row: float, draft: float):
+        super().__init__(drafter)
         self.row, self.per = row, draft
 
     def plain(self, seconds):
         super().plain(1.0)
 
     def spec(self, rows, verify_s, proposed, draft_s, accepted, emitted):
-        super().spec(rows, 1.0 + self.row * (rows - 1), proposed, self.per * proposed, accepted, emitted)
+        per = 0.0 if getattr(self.drafter, "source", None) == "lookup" else self.per  # (lookup costs nothing)
+        super().spec(rows, 1.0 + self.row * (rows - 1), proposed, per * proposed, accepted, emitted)
 
 
 class _Props:
@@ -85,7 +86,7 @@ def run_steps(c, n, tokens, seconds, cap=4, proposed=4):
 
 
 def test_a_draft_model_is_measured_against_plain_steps_close_in_time():
-    c = SpecCost(_Props([1], free=False), 4)
+    c = SpecCost(_Props([1], free=False))
     kinds = run_steps(c, 12, 4, 2.0)  # 2 tokens per plain-step time: speculation pays
     # a call starts with 2 plain steps; the step after a plain one is the draft catching up: not a measure
     assert kinds[:3] == [0, 0, 4] and kinds.count(0) == 2
@@ -98,7 +99,7 @@ def test_a_draft_model_is_measured_against_plain_steps_close_in_time():
 
 
 def test_on_a_gpu_the_first_pass_of_a_shape_is_not_a_measure():
-    c = SpecCost(_Props([1], free=False), 4, warm_up=True)
+    c = SpecCost(_Props([1], free=False), warm_up=True)
     kinds = run_steps(c, 4, 4, 2.0)
     assert kinds == [0, 0, 0, 4] and c._plain.last == deque([1.0, 1.0]) and not c._steps  # (a graph captured)
     run_steps(c, 1, 4, 2.0)
@@ -110,7 +111,7 @@ def test_on_a_gpu_the_first_pass_of_a_shape_is_not_a_measure():
 
 
 def test_a_draft_model_that_does_not_pay_goes_off_until_the_call_ends():
-    c = SpecCost(_Props([1], free=False), 4)
+    c = SpecCost(_Props([1], free=False))
     kinds = run_steps(c, 30, 4, 4.4)  # 4 tokens in 4.4 plain steps' time
     assert c.off and kinds[-1] == 0
     assert sum(k > 0 for k in kinds) == cost_mod.WARM + 1  # (the step after the plain ones is not a measure)
@@ -122,7 +123,7 @@ def test_a_draft_model_that_does_not_pay_goes_off_until_the_call_ends():
 
 def test_a_few_unlucky_first_steps_do_not_turn_it_off():
     # a machine where speculation pays (4 tokens in 2 plain steps' time), but the answer starts with rejections
-    c = SpecCost(_Props([1], free=False), 4)
+    c = SpecCost(_Props([1], free=False))
     run_steps(c, 3, 4, 2.0)
     for tokens in (1, 2, 2, 2):  # (adaptive counts would make these steps cheaper: not here)
         run_steps(c, 1, tokens, 3.0)
@@ -132,19 +133,68 @@ def test_a_few_unlucky_first_steps_do_not_turn_it_off():
 
 
 def test_a_clear_loss_turns_it_off_sooner():
-    c = SpecCost(_Props([1], free=False), 4)
+    c = SpecCost(_Props([1], free=False))
     kinds = run_steps(c, 30, 2, 4.0)  # 2 tokens in 4 plain steps' time: half as fast
     assert c.off and sum(k > 0 for k in kinds) == cost_mod.CLEAR[0] + 1
 
 
+def test_the_prior_is_for_the_count_the_steps_propose():
+    # a useless draft (an MTP head that is never right): the generator proposes 1 token a step, each step costs
+    # 1.15 plain steps for its 1 token; a prior of n_max = 16 proposals' tokens would keep it on for good
+    c = SpecCost(_Props([1], free=False))
+    run_steps(c, 40, 1, 1.15, cap=16, proposed=1)
+    assert c.off
+    c = SpecCost(_Props([1], free=False))  # the prior still carries steps that propose many
+    run_steps(c, 3, 4, 2.0, cap=16, proposed=8)
+    for tokens in (1, 2, 2, 2):
+        run_steps(c, 1, tokens, 3.0, cap=16, proposed=8)
+    assert not c.off
+
+
 def test_within_the_margin_a_draft_model_stays_on():
-    c = SpecCost(_Props([1], free=False), 4)
+    c = SpecCost(_Props([1], free=False))
     run_steps(c, 60, 3, 3.0 * (1 + cost_mod.MARGIN / 2))
     assert not c.off
 
 
+class _Hybrid:
+    """A drafter of two sources (as HybridDrafter): the model's proposals unless set aside."""
+
+    def __init__(self, model_props, lookup_props):
+        self.model, self.lookup = _Props(model_props, free=False), _Props(lookup_props)
+        self.use_model = True
+
+    def propose(self, history, k):
+        return (self.model if self.use_model else self.lookup).propose(history, k)
+
+
+def test_a_hybrid_that_does_not_pay_sets_its_model_aside_and_lookup_goes_on():
+    d = _Hybrid([1], [7, 7, 7, 7])
+    c = SpecCost(d)
+    kinds = []
+    while not c.model_off and len(kinds) < 30:  # 2 tokens in 4 plain steps' time: the model's steps do not pay
+        kinds += run_steps(c, 1, 2, 4.0)
+    assert c.model_off and not c.off and c.free and not d.use_model
+    # (as a draft model alone: the step after the plain ones is not a measure) and that step was lookup's
+    assert sum(k > 0 for k in kinds) == cost_mod.CLEAR[0] + 2 and kinds[-1] == 4
+    # lookup's acceptance starts from the prior, not the model's verdicts (then its one step: 1 of 4 accepted)
+    (a, w), keep = cost_mod.PRIOR, 1 - cost_mod.DECAY
+    assert c.acceptance == pytest.approx((keep * a * w + 1) / (keep * w + 2))
+    # lookup alone, step by step: its verify passes are measured; proposals that are never right give plain steps
+    for _ in range(3):
+        c.spec(5, 3.0, 4, 0.0, 0, 1)
+    assert c.plan([1, 2], 3, 4) == 0 and c._shadow == (3, [7, 7, 7, 7])
+    assert d.lookup.calls == 1 and d.model.calls == 0  # (the shadow is lookup's own proposal)
+    assert c.plan([1, 2, 3], 7, 4) == 0
+    assert c.plan([1, 2, 3, 7], 7, 4) == 0
+    assert c.plan([1, 2, 3, 7, 7], 7, 4) == 0
+    assert c.plan([1, 2, 3, 7, 7, 7], 7, 4) >= 1  # the text copies itself: lookup's steps come back
+    c.begin()  # the next call starts with the model again
+    assert d.use_model and not c.model_off and not c.free and c.plan([], 0, 4) == 0
+
+
 def test_lookup_picks_the_count_with_the_most_tokens_per_second():
-    c = SpecCost(_Props([1, 2, 3, 4, 5, 6, 7, 8]), 8)
+    c = SpecCost(_Props([1, 2, 3, 4, 5, 6, 7, 8]))
     c.plain(1.0)
     for k in (2, 4, 8):
         c.spec(k + 1, 1.0 + 0.3 * k, k, 0.0, 1, 2)
@@ -160,7 +210,7 @@ def test_lookup_picks_the_count_with_the_most_tokens_per_second():
 def test_a_free_drafter_shadows_plain_steps_and_comes_back_when_the_text_copies():
     # lookup whose matches were all wrong: plain steps; its proposals are still scored (shadow)
     d = _Props([7, 7, 7])
-    c = SpecCost(d, 3)
+    c = SpecCost(d)
     c.plain(1.0)
     for _ in range(4):
         c.spec(4, 1.6, 3, 0.0, 0, 1)
@@ -173,7 +223,7 @@ def test_a_free_drafter_shadows_plain_steps_and_comes_back_when_the_text_copies(
 
 
 def test_shadow_waits_for_the_tokens_that_judge_it():
-    c = SpecCost(_Props([5, 6, 7]), 3)
+    c = SpecCost(_Props([5, 6, 7]))
     c._shadow = (3, [5, 6, 7])
     hits = c.verdicts.hits
     c._judge_shadow([1, 2, 3], 5)  # one token came, it matches: not judged yet
@@ -191,7 +241,7 @@ def cost_on(monkeypatch):
 
 
 def with_cost(gen, row, draft):
-    gen.cost = Synthetic(gen.drafter, gen.n_max, row, draft)
+    gen.cost = Synthetic(gen.drafter, row, draft)
     return gen
 
 
@@ -199,7 +249,7 @@ def test_greedy_uses_it_by_default_and_sampling_only_when_asked(monkeypatch):
     monkeypatch.delenv("SHARPI_SPEC_COST", raising=False)
     assert make(GREEDY, drafter_for("model", GREEDY), spec_n_max=3)[0].cost is not None
     assert make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost is None
-    assert make(GREEDY, drafter_for("hybrid", GREEDY), spec_n_max=3)[0].cost is None  # (it picks its own counts)
+    assert make(GREEDY, drafter_for("hybrid", GREEDY), spec_n_max=3)[0].cost is not None
     monkeypatch.setenv("SHARPI_SPEC_COST", "1")
     assert make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost is not None
     monkeypatch.setenv("SHARPI_SPEC_COST", "0")
@@ -229,9 +279,37 @@ def test_greedy_output_is_the_plain_output_whatever_is_chosen(cost_on, kind, row
     assert res2.tokens == ref_greedy(PROMPT + res.tokens[:5], 20, params)
 
 
+@pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["plain", "penalties"])
+def test_a_hybrid_whose_model_does_not_pay_goes_on_with_lookup(cost_on, params):
+    want = ref_greedy(PROMPT, 120, params)
+    gen, model = make(params, drafter_for("hybrid", params), spec_n_max=4)
+    with_cost(gen, 0.6, 1.0)  # (a draft as dear as the target: the steps with its proposals lose)
+    res = gen.generate(PROMPT, n_predict=120)
+    assert res.tokens == want
+    s = res.spec
+    assert s.cost_off and gen.cost.model_off and not gen.cost.off and not gen.drafter.use_model
+    assert s.target_passes == model.n_forward - 1
+    assert s.sources["draft"]["steps"] <= 2 * cost_mod.WARM
+    # the toy's text repeats itself: lookup's steps went on after the model was set aside
+    assert s.sources["lookup"]["steps"] > 0 and s.verify_passes > s.sources["draft"]["steps"]
+    d = s.as_dict()
+    assert d["cost_off"] is True
+    # the next call (a chat turn) starts with the model again (it catches up on what it missed), output exact
+    res2 = gen.generate(PROMPT + res.tokens[:5], n_predict=30)
+    assert res2.tokens == ref_greedy(PROMPT + res.tokens[:5], 30, params)
+    assert gen.drafter.use_model == (not gen.cost.model_off) and res2.spec.cost_off == gen.cost.model_off
+
+
+def test_a_hybrid_whose_model_pays_keeps_it(cost_on):
+    gen, _ = make(GREEDY, drafter_for("hybrid", GREEDY), spec_n_max=4)
+    with_cost(gen, 0.05, 0.05)
+    res = gen.generate(PROMPT, n_predict=120)
+    assert res.tokens == ref_greedy(PROMPT, 120) and not res.spec.cost_off and gen.drafter.use_model
+
+
 def test_measured_costs_keep_the_greedy_output(cost_on):
     # real timings on the toys (whatever the machine makes of them)
-    for kind in ("lookup", "model"):
+    for kind in ("lookup", "model", "hybrid"):
         gen, _ = make(GREEDY, drafter_for(kind, GREEDY), spec_n_max=4)
         assert isinstance(gen.cost, SpecCost) and not isinstance(gen.cost, Synthetic)
         assert gen.generate(PROMPT, n_predict=60).tokens == ref_greedy(PROMPT, 60)
@@ -248,7 +326,7 @@ def test_a_draft_model_catching_up_is_not_taken_for_its_drafting_cost(cost_on, m
             seen.append((after, len(self._steps) > n))
 
     gen, _ = make(GREEDY, drafter_for("model", GREEDY), spec_n_max=4)
-    gen.cost = Spy(gen.drafter, 4, 0.05, 0.1)
+    gen.cost = Spy(gen.drafter, 0.05, 0.1)
     gen.generate(PROMPT, n_predict=60)
     assert seen[0] == (True, False)  # after the first (plain) steps the draft catches up on them
     assert all(not taken for after, taken in seen if after) and any(taken for _, taken in seen)

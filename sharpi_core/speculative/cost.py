@@ -25,6 +25,9 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
   plain step. Where the plain step wins, lookup's proposal is still scored against the tokens that come (a
   "shadow"), so that a text that starts copying itself brings speculation back at once. Plain steps are
   measured where nothing matched, and forced only every 4 REFRESH verify steps.
+- Lookup and a draft model together (speculative.HybridDrafter, which picks each step's source and count itself)
+  are judged as a draft model is, on all their steps; where they do not pay, the draft model is set aside until
+  the call ends (`use_model`) and lookup goes on alone, step by step as above: copied text still speeds up.
 
 On a GPU the first pass of each shape is not taken as a measure (it captures a CUDA graph). Greedy output does
 not depend on any of it (every k gives the plain chain). A sampled output keeps its law (the choice depends on the
@@ -44,9 +47,10 @@ PRIOR = (0.6, 2.0)  # prior acceptance and its weight in verdicts
 WARM = 6         # measured verify steps a call makes before a draft model may be turned off
 MARGIN = 0.05    # a draft model goes off when its steps are this much slower than plain steps
 CLEAR = (4, 0.3)  # or after this many steps, when they are this much slower
-# a draft model's judgement starts from PRIOR_STEPS steps of average cost that each gave the tokens k = n_max
-# proposals accepted with chance PRIOR_ACCEPT give: a few unlucky first steps (the start of an answer is where
-# drafts agree least) do not turn off speculation that pays
+# a draft model's judgement starts from PRIOR_STEPS steps of average cost that each gave the tokens their average
+# count of proposals accepted with chance PRIOR_ACCEPT gives: a few unlucky first steps (the start of an answer is
+# where drafts agree least) do not turn off speculation that pays. (The steps' own count, not n_max: where drafts
+# keep failing the generator proposes 1 or 2, and the tokens of 16 would keep a useless draft on for good.)
 PRIOR_STEPS, PRIOR_ACCEPT = 2.0, 0.75
 REFRESH = 16     # measured verify steps between forced plain steps (lookup: 4x as many, its plain steps come
                  # by themselves where nothing matches, and in a copied text each forced one loses a whole step)
@@ -100,15 +104,17 @@ def expected_tokens(a: float, k: int) -> float:
 
 
 class SpecCost:
-    def __init__(self, drafter, n_max: int, warm_up: bool = False):
+    def __init__(self, drafter, warm_up: bool = False):
         self.drafter = drafter
         # the first pass of each shape is not a measure (a GPU model captures a CUDA graph there)
         self.warm_up = warm_up
-        self.free = bool(getattr(drafter, "free", False))
-        self.n_max = n_max
+        self._free = bool(getattr(drafter, "free", False))
+        # a drafter with a free source to fall back on (HybridDrafter: its lookup)
+        self._fallback = getattr(drafter, "lookup", None) if hasattr(drafter, "use_model") else None
         self._plain = _Times()
         self._verify: dict[int, _Times] = {}  # rows -> times (lookup)
-        self._steps: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (tokens, seconds) of recent verify steps
+        # (tokens, seconds, proposals) of recent verify steps
+        self._steps: deque[tuple[int, float, int]] = deque(maxlen=WINDOW)
         self._seen: set = set()  # shapes measured once (the first pass of a shape is not a measure)
         self.verdicts = Verdicts(PRIOR, DECAY)
         self._shadow: tuple[int, list[int]] | None = None  # lookup's unverified proposal (at, tokens)
@@ -118,6 +124,10 @@ class SpecCost:
     def begin(self) -> None:
         """A new generate call."""
         self.off = False       # speculation is off until this call ends (not free drafters)
+        self.model_off = False  # a HybridDrafter's draft model is set aside until this call ends (lookup alone)
+        self.free = self._free
+        if self._fallback is not None:
+            self.drafter.use_model = True
         self.chosen_plain = 0  # plain steps this call took by choice (stats)
         self._plains = 0       # plain samples in this call
         self._steps.clear()
@@ -148,9 +158,13 @@ class SpecCost:
 
     def spec_rate(self) -> float:
         """A draft model: tokens per second of its last WINDOW steps (proposing and verifying), with the prior's."""
-        n, secs = len(self._steps), sum(s for _, s in self._steps)
-        tokens = sum(t for t, _ in self._steps) + PRIOR_STEPS * expected_tokens(PRIOR_ACCEPT, self.n_max)
-        return tokens / max(secs * (1 + PRIOR_STEPS / n), 1e-9) if n else 0.0
+        n = len(self._steps)
+        if not n:
+            return 0.0
+        secs = sum(s for _, s, _ in self._steps)
+        k = sum(p for _, _, p in self._steps) / n  # (a mean count: E(a, k) is smooth in k)
+        tokens = sum(t for t, _, _ in self._steps) + PRIOR_STEPS * expected_tokens(PRIOR_ACCEPT, k)
+        return tokens / max(secs * (1 + PRIOR_STEPS / n), 1e-9)
 
     def plain_rate(self) -> float:
         return 1.0 / max(self._plain.mean, 1e-9)
@@ -167,10 +181,15 @@ class SpecCost:
             return self._choose_plain(history, t, cap)
         if not self.free:
             n, loss = len(self._steps), 1 - self.spec_rate() / self.plain_rate() if self._steps else 0.0
-            if (n >= WARM and loss > MARGIN) or (n >= CLEAR[0] and loss > CLEAR[1]):
+            if not ((n >= WARM and loss > MARGIN) or (n >= CLEAR[0] and loss > CLEAR[1])):
+                return cap
+            if self._fallback is None:
                 self.off = True
                 return self._choose_plain(history, t, cap)
-            return cap
+            # lookup alone from here: its own acceptance and verify times (the steps so far were mostly the model's)
+            self.model_off, self.free = True, True
+            self.drafter.use_model = False
+            self.verdicts = Verdicts(PRIOR, DECAY)
         if not self._verify:  # (nothing to compare with yet)
             return cap
         k, r = self.best(cap)
@@ -179,7 +198,7 @@ class SpecCost:
     def _choose_plain(self, history: list[int], t: int, cap: int) -> int:
         self.chosen_plain += 1
         if self.free and self._shadow is None:
-            props, _ = self.drafter.propose(history + [t], cap)
+            props, _ = (self.drafter if self._fallback is None else self._fallback).propose(history + [t], cap)
             if props:
                 self._shadow = (len(history) + 1, [int(d) for d in props])
         return 0
@@ -232,5 +251,5 @@ class SpecCost:
         elif after_plain:  # (a draft model's proposal then includes catching up: not a measure of drafting)
             return
         else:
-            self._steps.append((emitted, draft_s + verify_s))
+            self._steps.append((emitted, draft_s + verify_s, proposed))
         self._since += 1

@@ -43,6 +43,9 @@ class HybridDrafter:
         self._k = {n: n_max for n in names}
         self._seen = {names[0]: Verdicts(PRIOR_LOOKUP, DECAY), names[1]: Verdicts(PRIOR_MODEL, DECAY)}
         self.source: str | None = None  # the last proposal's source
+        # False: lookup alone proposes (speculative.SpecCost sets the model aside where it does not pay; it catches
+        # up on the tokens it missed at its next proposal, as after lookup's steps)
+        self.use_model = True
         self._last: tuple[str, int, int] | None = None  # (source, history length, proposals) of the last step
         self._shadow: tuple[int, list[int]] | None = None  # lookup's last proposal (history length, tokens)
         observe = getattr(model, "observe", None)
@@ -77,9 +80,11 @@ class HybridDrafter:
         props, q = self.lookup.propose(history, kl)
         if props:
             self._shadow = (len(history), list(props))
-            if self._value(lookup, len(props), 0.0) >= self._value(model, km, self.cost):
+            if not self.use_model or self._value(lookup, len(props), 0.0) >= self._value(model, km, self.cost):
                 self.source, self._last = lookup, (lookup, len(history), len(props))
                 return props, q
+        if not self.use_model:
+            return props, q
         mprops, mq = self.model.propose(history, km)
         if mprops:
             self.source, self._last = model, (model, len(history), len(mprops))
