@@ -140,9 +140,9 @@ def test_a_clear_loss_turns_it_off_sooner():
 
 def test_the_prior_is_for_the_count_the_steps_propose():
     # a useless draft (an MTP head that is never right): the generator proposes 1 token a step, each step costs
-    # 1.15 plain steps for its 1 token; a prior of n_max = 16 proposals' tokens would keep it on for good
+    # 1.15 plain steps for its 1 token; a prior of n_max = 4 proposals' tokens would keep it on for good
     c = SpecCost(_Props([1], free=False))
-    run_steps(c, 40, 1, 1.15, cap=16, proposed=1)
+    run_steps(c, 40, 1, 1.15, cap=4, proposed=1)
     assert c.off
     c = SpecCost(_Props([1], free=False))  # the prior still carries steps that propose many
     run_steps(c, 3, 4, 2.0, cap=16, proposed=8)

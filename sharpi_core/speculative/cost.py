@@ -50,7 +50,7 @@ CLEAR = (4, 0.3)  # or after this many steps, when they are this much slower
 # a draft model's judgement starts from PRIOR_STEPS steps of average cost that each gave the tokens their average
 # count of proposals accepted with chance PRIOR_ACCEPT gives: a few unlucky first steps (the start of an answer is
 # where drafts agree least) do not turn off speculation that pays. (The steps' own count, not n_max: where drafts
-# keep failing the generator proposes 1 or 2, and the tokens of 16 would keep a useless draft on for good.)
+# keep failing the generator proposes 1 a step, and the prior's tokens of n_max would keep a useless draft on.)
 PRIOR_STEPS, PRIOR_ACCEPT = 2.0, 0.75
 REFRESH = 16     # measured verify steps between forced plain steps (lookup: 4x as many, its plain steps come
                  # by themselves where nothing matches, and in a copied text each forced one loses a whole step)
