@@ -71,8 +71,8 @@ def main():
     draft, dtok = load("qwen2.5-coder-0.5b-instruct-q4_k_m")
     head = draft_head_vocab(-1, dtok)
     cost = draft.weight_bytes / target.weight_bytes  # (as the CLI reckons it)
-    print("| request | temp | config | t/s | vs plain | accepted | tokens/pass | lookup's share of steps | plain steps by cost "
-          "| draft model off | lost CPU (steal, others) |")
+    print("| request | temp | config | t/s | vs plain | accepted | tokens/pass | lookup's share of steps "
+          "| plain steps by cost | draft model off | lost CPU (steal, others) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     requests = {"scratch": ("from scratch", CODE_PROMPT), "edit": ("edit given code", EDIT_PROMPT),
                 "prose": ("prose", PROSE_PROMPT)}
@@ -88,7 +88,8 @@ def main():
             configs = {"plain": (lambda: None, False)}
             for by_cost in {"off": (False,), "on": (True,), "both": (False, True)}[a.cost]:
                 tail = ", by cost" if by_cost else ""
-                configs.update({"draft" + tail: (model, by_cost), "lookup" + tail: (lambda: LookupDrafter(3, 2), by_cost),
+                configs.update({"draft" + tail: (model, by_cost),
+                                "lookup" + tail: (lambda: LookupDrafter(3, 2), by_cost),
                                 "lookup+draft" + tail: (hybrid, by_cost)})
             decode_tps(target, tok, prompt, 8, params)  # warm-up
             tps = {c: [] for c in configs}

@@ -13,7 +13,7 @@ import pytest
 
 from sharpi_core.generate import Generator
 from sharpi_core.sampling import SamplingParams
-from sharpi_core.speculative import LookupDrafter, SpecCost
+from sharpi_core.speculative import HybridDrafter, LookupDrafter, SpecCost
 from sharpi_core.speculative import cost as cost_mod
 from test_generate import (GREEDY, GREEDY_PEN, PROMPT, SAMPLED_PEN, V, drafter_for, make, martingale_pvalue,
                            ref_greedy, target_model)
@@ -160,9 +160,12 @@ def test_within_the_margin_a_draft_model_stays_on():
 class _Hybrid:
     """A drafter of two sources (as HybridDrafter): the model's proposals unless set aside."""
 
+    names = ("lookup", "draft")
+
     def __init__(self, model_props, lookup_props):
         self.model, self.lookup = _Props(model_props, free=False), _Props(lookup_props)
         self.use_model = True
+        self.source = self.measured = None
 
     def propose(self, history, k):
         return (self.model if self.use_model else self.lookup).propose(history, k)
@@ -175,8 +178,9 @@ def test_a_hybrid_that_does_not_pay_sets_its_model_aside_and_lookup_goes_on():
     while not c.model_off and len(kinds) < 30:  # 2 tokens in 4 plain steps' time: the model's steps do not pay
         kinds += run_steps(c, 1, 2, 4.0)
     assert c.model_off and not c.off and c.free and not d.use_model
-    # (as a draft model alone: the step after the plain ones is not a measure) and that step was lookup's
-    assert sum(k > 0 for k in kinds) == cost_mod.CLEAR[0] + 2 and kinds[-1] == 4
+    # (as a draft model alone: the step after the plain ones is not a measure) and that step was lookup's, its
+    # count by the verify passes measured while both went on
+    assert sum(k > 0 for k in kinds) == cost_mod.CLEAR[0] + 2 and 1 <= kinds[-1] < 4
     # lookup's acceptance starts from the prior, not the model's verdicts (then its one step: 1 of 4 accepted)
     (a, w), keep = cost_mod.PRIOR, 1 - cost_mod.DECAY
     assert c.acceptance == pytest.approx((keep * a * w + 1) / (keep * w + 2))
@@ -191,6 +195,53 @@ def test_a_hybrid_that_does_not_pay_sets_its_model_aside_and_lookup_goes_on():
     assert c.plan([1, 2, 3, 7, 7, 7], 7, 4) >= 1  # the text copies itself: lookup's steps come back
     c.begin()  # the next call starts with the model again
     assert d.use_model and not c.model_off and not c.free and c.plan([], 0, 4) == 0
+
+
+def test_a_hybrid_is_given_the_step_costs_measured_here():
+    d = _Hybrid([1], [7])
+    c = SpecCost(d)
+    assert d.measured is c and c.step_cost(4, True) is None  # (nothing measured yet: the hybrid's own estimates)
+    c.plain(2.0)
+    c.plain(2.0)
+
+    def step(source, rows, verify_s, proposed, draft_s):
+        d.source = source
+        c.spec(rows, verify_s, proposed, draft_s, proposed, proposed + 1)
+
+    step("draft", 5, 3.0, 4, 1.6)  # (after a plain step: the model catches up, not a measure of its proposals)
+    step("lookup", 3, 2.5, 2, 0.0)
+    step("draft", 5, 3.0, 4, 2.4)  # (after lookup's step: catching up again)
+    assert c.step_cost(2, False) == pytest.approx(2.5 / 2.0) and c.step_cost(4, True) is None
+    step("draft", 5, 3.0, 4, 1.2)  # 0.3 s a proposal
+    assert c.step_cost(4, True) == pytest.approx((3.0 + 4 * 0.3) / 2.0)
+    assert c.step_cost(3, False) == pytest.approx(2.75 / 2.0)  # (between the passes of 3 and 5 rows)
+
+
+def test_a_hybrid_weighs_its_sources_with_the_measured_costs():
+    class Measured:
+        def __init__(self, model_cost):
+            self.model_cost = model_cost
+
+        def step_cost(self, k, model):
+            if self.model_cost is None:
+                return None
+            return 1 + 0.1 * k + (self.model_cost * k if model else 0.0)
+
+    history = [1, 2, 3, 9, 1, 2, 3]  # lookup proposes 9 ...
+    h = HybridDrafter(LookupDrafter(3, 2), _Props([5, 5, 5, 5], free=False), n_max=4, cost=0.3)
+    h._seen["lookup"].hits, h._seen["lookup"].judged = 0.3, 1.0  # a poor lookup, a good model
+    h._seen["draft"].hits, h._seen["draft"].judged = 0.9, 1.0
+    h.propose(history, 4)
+    assert h.source == "draft"  # (the fixed estimates: the model costs 0.3 of a pass a token)
+    h.measured = Measured(None)  # (no measures yet: the same)
+    h.propose(history, 4)
+    assert h.source == "draft"
+    h.measured = Measured(3.0)  # here the model's proposals cost 3 passes each: lookup's step is worth more
+    h.propose(history, 4)
+    assert h.source == "lookup"
+    h.measured = Measured(0.05)
+    h.propose(history, 4)
+    assert h.source == "draft"
 
 
 def test_lookup_picks_the_count_with_the_most_tokens_per_second():
@@ -256,7 +307,7 @@ def test_greedy_uses_it_by_default_and_sampling_only_when_asked(monkeypatch):
     assert make(GREEDY, drafter_for("model", GREEDY), spec_n_max=3)[0].cost is None
 
 
-@pytest.mark.parametrize("kind", ["lookup", "model", "same", "wide"])
+@pytest.mark.parametrize("kind", ["lookup", "model", "same", "wide", "hybrid"])
 @pytest.mark.parametrize("row,draft", [(0.05, 0.1), (0.6, 0.6), (1.0, 0.0), (0.2, 0.2)],
                          ids=["gpu", "avx2", "rows-dear", "edge"])
 @pytest.mark.parametrize("params", [GREEDY, GREEDY_PEN], ids=["plain", "penalties"])

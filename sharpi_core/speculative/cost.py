@@ -28,6 +28,8 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
 - Lookup and a draft model together (speculative.HybridDrafter, which picks each step's source and count itself)
   are judged as a draft model is, on all their steps; where they do not pay, the draft model is set aside until
   the call ends (`use_model`) and lookup goes on alone, step by step as above: copied text still speeds up.
+  While both go on, the hybrid weighs its sources with this machine's costs (`step_cost`: the verify passes and
+  the model's proposals as measured here) instead of its fixed estimates.
 
 On a GPU the first pass of each shape is not taken as a measure (it captures a CUDA graph). Greedy output does
 not depend on any of it (every k gives the plain chain). A sampled output keeps its law (the choice depends on the
@@ -109,8 +111,14 @@ class SpecCost:
         # the first pass of each shape is not a measure (a GPU model captures a CUDA graph there)
         self.warm_up = warm_up
         self._free = bool(getattr(drafter, "free", False))
-        # a drafter with a free source to fall back on (HybridDrafter: its lookup)
+        # a drafter with a free source to fall back on (HybridDrafter: its lookup), which then weighs its sources
+        # with the costs measured here (step_cost)
         self._fallback = getattr(drafter, "lookup", None) if hasattr(drafter, "use_model") else None
+        self._model_name = drafter.names[1] if self._fallback is not None else None
+        self._draft = _Times()  # a hybrid's model: seconds per proposed token (steps that follow one of its own)
+        self._last_source = None
+        if self._fallback is not None:
+            drafter.measured = self
         self._plain = _Times()
         self._verify: dict[int, _Times] = {}  # rows -> times (lookup)
         # (tokens, seconds, proposals) of recent verify steps
@@ -155,6 +163,14 @@ class SpecCost:
     def best(self, cap: int) -> tuple[int, float]:
         """Lookup: (k in [1, cap] with the highest rate, that rate)."""
         return max(((k, self.rate(k)) for k in range(1, cap + 1)), key=lambda kv: kv[1])
+
+    def step_cost(self, k: int, model: bool) -> float | None:
+        """A hybrid's step of k proposals in plain steps: its verify pass, plus the model's k proposals if it is the
+        model's; None until those were measured."""
+        if not self._plain.last or not self._verify or (model and not self._draft.last):
+            return None
+        plain = max(self._plain.value, 1e-9)
+        return (self.verify_time(k + 1) + (k * self._draft.value if model else 0.0)) / plain
 
     def spec_rate(self) -> float:
         """A draft model: tokens per second of its last WINDOW steps (proposing and verifying), with the prior's."""
@@ -244,12 +260,16 @@ class SpecCost:
         self.verdict(proposed, accepted)
         self._shadow = None
         after_plain, self._after_plain = self._after_plain, False
+        source, last = getattr(self.drafter, "source", None), self._last_source
+        self._last_source = source
         if self._first((rows, proposed)):
             return
-        if self.free:
+        if self.free or self._fallback is not None:
             self._verify.setdefault(rows, _Times()).add(verify_s)
-        elif after_plain:  # (a draft model's proposal then includes catching up: not a measure of drafting)
-            return
-        else:
+        if not self.free:
+            if after_plain:  # (a draft model's proposal then includes catching up: not a measure of drafting)
+                return
             self._steps.append((emitted, draft_s + verify_s, proposed))
+            if source == self._model_name and last == source and proposed:  # (no catching up on lookup's tokens)
+                self._draft.add(draft_s / proposed)
         self._since += 1

@@ -2,19 +2,22 @@
 lists its n-gram types before a draft model): each step one of them proposes.
 
 Lookup costs nothing; where the text copies itself its proposals are as good as a model's, elsewhere its short
-n-gram matches are mostly wrong and would take the step from a model that is usually right. So the step goes to
-the source with the most tokens per unit of cost expected: (1 + E(a, k)) / (V(k) + c k), where a is the source's
+n-gram matches are mostly wrong and would take the step from a model that is usually right. So the step goes to the
+source with the most tokens per unit of cost expected: (1 + E(a, k)) / (V(k) + c k), where a is the source's
 running estimate of the chance that a proposal is accepted once the ones before it were, E(a, k) = a + a^2 + ... +
 a^k the tokens k proposals are then expected to bring, c the source's cost per proposed token relative to a target
 pass (0 for lookup; the draft's weight bytes over the target's for a model, decoding being bound by memory) and
-V(k) a verify pass of 1 + k rows. Per token, not per step: a lookup match that can offer one token is worth at
-most a, not a whole step's average. (Estimates per proposal position instead, tried on scripts/bench_hybrid.py's
-requests, gave lookup worse steps on the edit request: 40 against 46 t/s.) Lookup's proposal is computed at every
-step, so its estimate follows the text even at the steps the model takes (scored against the tokens that came).
-The draft model catches up on the tokens it did not see in one batched pass at its next proposal.
+V(k) a verify pass of 1 + k rows (where speculative.SpecCost measures this machine, greedy decoding by default, the
+measured V(k) + c k replace these estimates: `measured`). Per token, not per step: a lookup match that can offer
+one token is worth at most a, not a whole step's average. (Estimates per proposal position instead, tried on
+scripts/bench_hybrid.py's requests, gave lookup worse steps on the edit request: 40 against 46 t/s.) Lookup's
+proposal is computed at every step, so its estimate follows the text even at the steps the model takes (scored
+against the tokens that came). The draft model catches up on the tokens it did not see in one batched pass at its
+next proposal.
 
-Exactness: the choice depends on the history and past verdicts only (no clock: a fixed seed gives the same
-output), and each proposal's q is its own source's (None for lookup: deterministic), so acceptance stays exact.
+Exactness: the choice depends on the past only (the history, past verdicts and, with `measured`, past timings; without
+it no clock, so a fixed seed gives the same output), and each proposal's q is its own source's (None for lookup:
+deterministic), so acceptance stays exact.
 Each source keeps its own count of proposals, adapted from its own verdicts as generate.next_proposal_len adapts
 the generator's; the generator then asks for up to n_max (see `adapts`). `source` names the last proposal's source
 (the generator's stats per source).
@@ -46,6 +49,9 @@ class HybridDrafter:
         # False: lookup alone proposes (speculative.SpecCost sets the model aside where it does not pay; it catches
         # up on the tokens it missed at its next proposal, as after lookup's steps)
         self.use_model = True
+        # speculative.SpecCost, where it measures this machine (greedy decoding): its step_cost replaces the fixed
+        # estimates below once it has measures
+        self.measured = None
         self._last: tuple[str, int, int] | None = None  # (source, history length, proposals) of the last step
         self._shadow: tuple[int, list[int]] | None = None  # lookup's last proposal (history length, tokens)
         observe = getattr(model, "observe", None)
@@ -64,7 +70,8 @@ class HybridDrafter:
         return min(k, max(self._k[name], self.n_min)) if self.adapts else k
 
     def _value(self, name: str, k: int, cost: float) -> float:
-        return (1 + self._seen[name].expected(k)) / (1 + VERIFY_ROW * k + cost * k)
+        step = self.measured.step_cost(k, name == self.names[1]) if self.measured is not None else None
+        return (1 + self._seen[name].expected(k)) / (step if step is not None else 1 + VERIFY_ROW * k + cost * k)
 
     def propose(self, history: list[int], k: int):
         self.source = self._last = None
