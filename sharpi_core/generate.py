@@ -492,8 +492,12 @@ class Generator:
             self.drafter.rollback(keep)
         t_end = time.perf_counter()
         stats.commit_ms += (t_end - t_verified) * 1000
-        if self.cost is not None and not forced:
-            self.cost.spec(len(fed) + 1, t_end - t_drafted, len(props), t_drafted - t_start, n, n + (nxt is not None))
+        if self.cost is not None:
+            if forced:
+                self.cost.forced()
+            else:
+                self.cost.spec(len(fed) + 1, t_end - t_drafted, len(props), t_drafted - t_start, n,
+                               n + (nxt is not None))
         stats.record(len(props), n, None if forced else getattr(self.drafter, "source", None))
         if self.adaptive and not forced:  # (the drafter's record, not the constraint's)
             self._k = next_proposal_len(self.n_max, len(props), n)

@@ -215,6 +215,12 @@ def test_a_hybrid_is_given_the_step_costs_measured_here():
     step("draft", 5, 3.0, 4, 1.2)  # 0.3 s a proposal
     assert c.step_cost(4, True) == pytest.approx((3.0 + 4 * 0.3) / 2.0)
     assert c.step_cost(3, False) == pytest.approx(2.75 / 2.0)  # (between the passes of 3 and 5 rows)
+    n = len(c._steps)
+    c.forced()  # tokens the constraint forced: the model catches up on them next, not a measure either
+    step("draft", 5, 3.0, 4, 4.0)
+    assert len(c._steps) == n and list(c._draft.last) == [0.3]
+    step("draft", 5, 3.0, 4, 1.2)
+    assert len(c._steps) == n + 1 and list(c._draft.last) == [0.3, 0.3]
 
 
 def test_a_hybrid_weighs_its_sources_with_the_measured_costs():
@@ -358,6 +364,23 @@ def test_a_hybrid_whose_model_pays_keeps_it(cost_on):
     assert res.tokens == ref_greedy(PROMPT, 120) and not res.spec.cost_off and gen.drafter.use_model
 
 
+@pytest.mark.parametrize("kind", ["model", "hybrid"])
+def test_forced_runs_keep_the_output_and_are_not_measures_of_drafting(cost_on, kind):
+    from test_reasoning import toy_budget
+    want = make(GREEDY, grammar=toy_budget())[0].generate(PROMPT, n_predict=200).tokens
+    gen, _ = make(GREEDY, drafter_for(kind, GREEDY, make()[1]), spec_n_max=4, grammar=toy_budget())
+    calls = []
+
+    class Spy(Synthetic):
+        def forced(self):
+            calls.append(len(self._steps))
+            super().forced()
+
+    gen.cost = Spy(gen.drafter, 0.05, 0.1)
+    assert gen.generate(PROMPT, n_predict=200).tokens == want
+    assert calls and not gen.cost.off  # (the budget forced its message and end tag)
+
+
 def test_measured_costs_keep_the_greedy_output(cost_on):
     # real timings on the toys (whatever the machine makes of them)
     for kind in ("lookup", "model", "hybrid"):
@@ -372,7 +395,7 @@ def test_a_draft_model_catching_up_is_not_taken_for_its_drafting_cost(cost_on, m
 
     class Spy(Synthetic):
         def spec(self, rows, verify_s, proposed, draft_s, accepted, emitted):
-            after, n = self._after_plain, len(self._steps)
+            after, n = self._catch_up, len(self._steps)
             super().spec(rows, verify_s, proposed, draft_s, accepted, emitted)
             seen.append((after, len(self._steps) > n))
 

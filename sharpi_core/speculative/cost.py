@@ -140,7 +140,7 @@ class SpecCost:
         self._plains = 0       # plain samples in this call
         self._steps.clear()
         self._shadow = None
-        self._after_plain = False  # the last step was a plain one (a draft model catches up at its next proposal)
+        self._catch_up = False  # the last step was plain or forced (a draft model catches up at its next proposal)
 
     # -- estimates ----------------------------------------------------------------------------------
     @property
@@ -202,7 +202,8 @@ class SpecCost:
             if self._fallback is None:
                 self.off = True
                 return self._choose_plain(history, t, cap)
-            # lookup alone from here: its own acceptance and verify times (the steps so far were mostly the model's)
+            # lookup alone from here, from the prior (the verdicts so far were mostly the model's); the verify times
+            # measured while both went on stay
             self.model_off, self.free = True, True
             self.drafter.use_model = False
             self.verdicts = Verdicts(PRIOR, DECAY)
@@ -244,9 +245,15 @@ class SpecCost:
         """The target kept the first `accepted` of `proposed` proposals (the next one, if any, it rejected)."""
         self.verdicts.learn(accepted, min(proposed, accepted + 1))
 
+    def forced(self) -> None:
+        """A step fed tokens the constraint forced (no proposals of the drafter's): a draft model catches up on
+        them at its next proposal, which is then no measure of its drafting."""
+        self._catch_up = True
+        self._last_source = None
+
     def plain(self, seconds: float) -> None:
         """A plain step (forward of one token and its pick) took `seconds`."""
-        self._after_plain = True
+        self._catch_up = True
         if self._first(1):
             return
         self._plain.add(seconds)
@@ -259,7 +266,7 @@ class SpecCost:
         `proposed` proposals that took draft_s."""
         self.verdict(proposed, accepted)
         self._shadow = None
-        after_plain, self._after_plain = self._after_plain, False
+        catch_up, self._catch_up = self._catch_up, False
         source, last = getattr(self.drafter, "source", None), self._last_source
         self._last_source = source
         if self._first((rows, proposed)):
@@ -267,7 +274,7 @@ class SpecCost:
         if self.free or self._fallback is not None:
             self._verify.setdefault(rows, _Times()).add(verify_s)
         if not self.free:
-            if after_plain:  # (a draft model's proposal then includes catching up: not a measure of drafting)
+            if catch_up:  # (a draft model's proposal then includes catching up: not a measure of drafting)
                 return
             self._steps.append((emitted, draft_s + verify_s, proposed))
             if source == self._model_name and last == source and proposed:  # (no catching up on lookup's tokens)
