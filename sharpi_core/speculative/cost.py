@@ -166,8 +166,8 @@ class SpecCost:
 
     def step_cost(self, k: int, model: bool) -> float | None:
         """A hybrid's step of k proposals in plain steps: its verify pass, plus the model's k proposals if it is the
-        model's; None until those were measured."""
-        if not self._plain.last or not self._verify or (model and not self._draft.last):
+        model's; None until all of those were measured (either source's, so that the two are weighed alike)."""
+        if not self._plain.last or not self._verify or not self._draft.last:
             return None
         plain = max(self._plain.value, 1e-9)
         return (self.verify_time(k + 1) + (k * self._draft.value if model else 0.0)) / plain
