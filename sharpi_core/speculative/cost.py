@@ -133,7 +133,6 @@ class SpecCost:
         """A new generate call."""
         self.off = False       # speculation is off until this call ends (not free drafters)
         self.model_off = False  # a HybridDrafter's draft model is set aside until this call ends (lookup alone)
-        self.free = self._free
         if self._fallback is not None:
             self.drafter.use_model = True
         self.chosen_plain = 0  # plain steps this call took by choice (stats)
@@ -141,6 +140,11 @@ class SpecCost:
         self._steps.clear()
         self._shadow = None
         self._catch_up = False  # the last step was plain or forced (a draft model catches up at its next proposal)
+
+    @property
+    def free(self) -> bool:
+        """Proposals cost nothing: lookup's (alone, or a hybrid's once its model is set aside)."""
+        return self._free or self.model_off
 
     # -- estimates ----------------------------------------------------------------------------------
     @property
@@ -204,7 +208,7 @@ class SpecCost:
                 return self._choose_plain(history, t, cap)
             # lookup alone from here, from the prior (the verdicts so far were mostly the model's); the verify times
             # measured while both went on stay
-            self.model_off, self.free = True, True
+            self.model_off = True
             self.drafter.use_model = False
             self.verdicts = Verdicts(PRIOR, DECAY)
         if not self._verify:  # (nothing to compare with yet)

@@ -87,12 +87,10 @@ class HybridDrafter:
         props, q = self.lookup.propose(history, kl)
         if props:
             self._shadow = (len(history), list(props))
-            if not self.use_model or self._value(lookup, len(props), 0.0) >= self._value(model, km, self.cost):
+            if self._value(lookup, len(props), 0.0) >= self._value(model, km, self.cost):
                 self.source, self._last = lookup, (lookup, len(history), len(props))
                 return props, q
-        if not self.use_model:
-            return props, q
-        mprops, mq = self.model.propose(history, km)
+        mprops, mq = self.model.propose(history, km) if self.use_model else ([], None)
         if mprops:
             self.source, self._last = model, (model, len(history), len(mprops))
             return mprops, mq
