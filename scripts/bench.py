@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prompt-eval and decode speed of sharpi per model, side by side with peers, in one run.
 
-    python scripts/bench.py [-m NAME_OR_PATH ...] [--runs 3] [-p 128] [-n 128] [-t 2]
+    python scripts/bench.py [-m NAME_OR_PATH ...] [--runs 3] [-p 128] [-n 128] [-t 2] [-ctk T] [-ctv T] [-d N]
                             [--vs-llama-cpp BIN_DIR] [--vs-transformers] [--device cpu|cuda]
 
 Each measurement runs in a fresh subprocess (so peak resident memory is per model), after a
@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS = ["smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
 
 
-def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cpu") -> dict:
-    """One measurement in this process: load, warm up, time prompt eval and decode."""
+def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cpu", types: tuple = ("f16", "f16"),
+           depth: int = 0) -> dict:
+    """One measurement in this process: load, warm up, time prompt eval and decode (KV cache types `types`; the
+    prompt after `depth` tokens already in the context)."""
     import resource
     import time
 
@@ -51,9 +53,10 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cp
         from sharpi_core.backends.cuda_model import CudaTransformer
         model = CudaTransformer(model)
     load_s = time.perf_counter() - t0
-    cache = model.new_cache(n_prompt + n_gen + 8)
+    cache = model.new_cache(depth + n_prompt + n_gen + 8, *types)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.n_vocab, (n_prompt,), generator=g)
+    before = torch.randint(0, model.config.n_vocab, (depth,), generator=g)
     def host_step(t: int) -> int:  # the logits come back, argmax on the CPU
         return int(model.forward(torch.tensor([t]), cache.length, cache)[-1].argmax())
 
@@ -66,13 +69,15 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cp
         host_step(1)
         step(1)
     cache.truncate(0)
+    for i in range(0, depth, 512):
+        model.forward(before[i:i + 512], i, cache, last_n=1)
     t0 = time.perf_counter()
-    logits = model.forward(prompt, 0, cache, last_n=1)
+    logits = model.forward(prompt, depth, cache, last_n=1)
     pp_s = time.perf_counter() - t0
     first = int(logits[-1].argmax())
 
     def decode(step) -> float:
-        cache.truncate(n_prompt)
+        cache.truncate(depth + n_prompt)
         tok = first
         t0 = time.perf_counter()
         for _ in range(n_gen):
@@ -97,7 +102,8 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cp
 
 def run_sharpi(spec, args) -> dict:
     r = subprocess.run([sys.executable, __file__, "--worker", spec, "-p", str(args.p), "-n", str(args.n),
-                        "-t", str(args.t), "--device", args.device], capture_output=True, text=True)
+                        "-t", str(args.t), "--device", args.device, "-ctk", args.ctk, "-ctv", args.ctv, "-d", str(args.d)],
+                       capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"sharpi worker failed for {spec}:\n{r.stderr}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -108,7 +114,8 @@ def run_llama_bench(bin_dir: str, path: str, args) -> dict | None:
     if not exe.exists():
         return None
     r = subprocess.run([str(exe), "-m", path, "-p", str(args.p), "-n", str(args.n), "-t", str(args.t),
-                        "-r", "1", "-o", "json"], capture_output=True, text=True)
+                        "-ctk", args.ctk, "-ctv", args.ctv, "-d", str(args.d), "-r", "1", "-o", "json"],
+                       capture_output=True, text=True)
     if r.returncode:
         return None
     out = {}
@@ -174,11 +181,15 @@ def main() -> None:
     ap.add_argument("--vs-llama-cpp", metavar="BIN_DIR", help="directory holding llama.cpp's llama-bench")
     ap.add_argument("--vs-transformers", action="store_true", help="also time HF transformers on the same GGUF")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("-ctk", default="f16", help="K cache type (both sides)")
+    ap.add_argument("-ctv", default="f16", help="V cache type (both sides)")
+    ap.add_argument("-d", type=int, default=0, help="tokens already in the context before the prompt (llama-bench's "
+                    "-d; its tg then starts at that depth, sharpi's after the prompt too: P tokens deeper)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--transformers-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.p, args.n, args.t, args.device)))
+        print(json.dumps(worker(args.worker, args.p, args.n, args.t, args.device, (args.ctk, args.ctv), args.d)))
         return
     if args.transformers_worker:
         print(json.dumps(transformers_worker(args.transformers_worker, args.p, args.n, args.t)))
@@ -188,7 +199,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     from machine_load import Load
     from sharpi_core.registry import resolve_model
-    print(f"sharpi bench: pp{args.p} / tg{args.n}, {args.t} threads, median of {args.runs} runs", file=sys.stderr)
+    print(f"sharpi bench: pp{args.p} / tg{args.n}, {args.t} threads, median of {args.runs} runs, KV cache K {args.ctk} "
+          f"V {args.ctv}" + (f", after {args.d} tokens" if args.d else ""), file=sys.stderr)
     if args.device == "cuda":
         return cuda_table(args)
     header = ("| model | lost CPU (steal, others) | sharpi pp t/s | sharpi tg t/s | peak RSS MB | of which python+torch | (file+KV) MB | "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How far are sharpi's logits from llama.cpp's, step by step, on the fixture prompts?
 
-    python scripts/compare_llamacpp_logits.py LLAMA_CPP_SRC BIN_DIR [-m NAME ...] [-n 16] [-t 2]
+    python scripts/compare_llamacpp_logits.py LLAMA_CPP_SRC BIN_DIR [-m NAME ...] [-n 16] [-t 2] [--kv TYPE [--kv-v TYPE]]
 
 Compiles scripts/llamacpp_logits.c against a llama.cpp source tree (its include/ and
 ggml/include/) and the libllama in BIN_DIR, lets llama.cpp decode each fixture prompt greedily
@@ -26,6 +26,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+from sharpi_core.choices import CACHE_TYPES  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.models import load_model  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
@@ -69,10 +72,12 @@ def main() -> None:
     ap.add_argument("--text", type=Path, help="also decode after this file's first --chars characters (a long "
                     "prompt: llama.cpp's tiled flash attention, and two KV chunks per decoding row past 256 tokens)")
     ap.add_argument("--chars", type=int, default=1500)
-    ap.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="K and V cache type on both sides")
+    ap.add_argument("--kv", choices=CACHE_TYPES, default="f16", help="K and V cache type on both sides (-ctk / -ctv)")
+    ap.add_argument("--kv-v", choices=CACHE_TYPES, help="V's cache type if not --kv's")
     args = ap.parse_args()
     import json
     ref = json.loads(FIXTURES.read_text())
+    type_v = args.kv_v or args.kv
     torch.set_num_threads(args.t)
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(args.src, args.bin, Path(tmp))
@@ -93,10 +98,11 @@ def main() -> None:
                 n_ctx = max(512, (len(ids) + args.n + 255) // 256 * 256)
                 out = subprocess.run([str(exe), str(path), str(args.n), str(args.t), *map(str, ids)],
                                      capture_output=True, check=True,
-                                     env={**os.environ, "LCP_N_CTX": str(n_ctx), "LCP_KV_Q8_0": str(int(args.kv == "q8_0"))}).stdout
+                                     env={**os.environ, "LCP_N_CTX": str(n_ctx), "LCP_TYPE_K": str(Q[args.kv.upper()].value),
+                                          "LCP_TYPE_V": str(Q[type_v.upper()].value)}).stdout
                 lg = np.frombuffer(out[: (args.n + 1) * vocab * 4], dtype=np.float32).reshape(args.n + 1, -1)
                 chosen = np.frombuffer(out[(args.n + 1) * vocab * 4:], dtype=np.int32).tolist()
-                cache = model.new_cache(n_ctx, args.kv, args.kv)
+                cache = model.new_cache(n_ctx, args.kv, type_v)
                 ours = [model.forward(torch.tensor(ids), 0, cache, last_n=1)[-1]]
                 for t in chosen:
                     ours.append(model.forward(torch.tensor([t]), cache.length, cache)[-1])

@@ -63,6 +63,9 @@ int main(int argc, char **argv) {
     if (fa) cp.flash_attn_type = atoi(fa) ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     const char *q8 = getenv("LCP_KV_Q8_0"); /* "1": K and V caches in q8_0 (-ctk q8_0 -ctv q8_0) */
     if (q8 && atoi(q8)) cp.type_k = cp.type_v = GGML_TYPE_Q8_0;
+    const char *tk = getenv("LCP_TYPE_K"), *tv = getenv("LCP_TYPE_V"); /* -ctk / -ctv as ggml type ids */
+    if (tk) cp.type_k = (enum ggml_type)atoi(tk);
+    if (tv) cp.type_v = (enum ggml_type)atoi(tv);
     const char *rb = getenv("LCP_ROPE_FREQ_BASE"), *rs = getenv("LCP_ROPE_FREQ_SCALE"); /* --rope-freq-base / -scale */
     if (rb) cp.rope_freq_base = (float)atof(rb);
     if (rs) cp.rope_freq_scale = (float)atof(rs);

@@ -134,8 +134,8 @@ def run(
     grammar_file: Annotated[Optional[str], Opt("--grammar-file", help="a file holding a GBNF grammar")] = None,
     json_schema: Annotated[Optional[str], Opt("-j", "--json-schema", help="a JSON schema the output must follow (as a grammar, like llama.cpp's)")] = None,
     json_schema_file: Annotated[Optional[str], Opt("-jf", "--json-schema-file", help="a file holding a JSON schema")] = None,
-    cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k", help="KV cache type for K: f32, f16, q8_0")] = "f16",
-    cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v", help="KV cache type for V: f32, f16, q8_0")] = "f16",
+    cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k", help="KV cache type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1")] = "f16",
+    cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v", help="KV cache type for V (as -ctk; quantized types need flash attention)")] = "f16",
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="attention computed like llama.cpp's flash attention: on, off, "
                                    "or auto (= on, llama.cpp's CPU default)")] = "auto",
     threads: Annotated[int, Opt("-t", "--threads", help="CPU threads (-1 = all cores, fewer while other processes keep cores busy)")] = -1,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sharpi_core.errors import SharpiError, UsageError
-from sharpi_core.choices import CACHE_TYPES, DEFAULT_SAMPLERS, SAMPLER_CHARS, sampler_order
+from sharpi_core.choices import CACHE_TYPES, DEFAULT_SAMPLERS, QUANTIZED_CACHE_TYPES, SAMPLER_CHARS, sampler_order
 
 
 @dataclass
@@ -246,6 +246,7 @@ def validate(o: RunOptions) -> None:
         if v is not None and v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
     check_flash_attn(o.flash_attn)
+    check_v_cache(o.flash_attn, ("-ctv", o.cache_type_v), ("-ctvd", o.cache_type_v_draft))
     if o.device not in ("cpu", "cuda"):
         raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
     check_adapters(o)
@@ -325,6 +326,14 @@ SPEC_TYPES = ("draft-mtp", "mtp")  # --spec-type (llama.cpp's name, and a short 
 def check_flash_attn(v: str) -> None:
     if v not in FLASH_ATTN_VALUES:
         raise UsageError(f"invalid -fa/--flash-attn '{v}': choose on, off or auto")
+
+
+def check_v_cache(flash_attn: str, *types: tuple[str, str | None]) -> None:
+    """llama.cpp's rule: a quantized V cache needs flash attention (-fa off refuses it, auto turns it on)."""
+    for flag, v in types:
+        if flash_attn == "off" and v in QUANTIZED_CACHE_TYPES:
+            raise UsageError(f"{flag} {v}: a quantized V cache needs flash attention (drop -fa off, or use f16, bf16 "
+                             "or f32 for V)")
 
 
 def check_samplers(o: RunOptions) -> None:
@@ -519,7 +528,7 @@ def check_gpu_cache_types(o: RunOptions) -> None:
     for flag, t in checks:
         if t not in GPU_CACHE_TYPES:
             raise UsageError(f"{flag} {t}: the CUDA backend keeps the KV cache in {' or '.join(GPU_CACHE_TYPES)}"
-                             + (" (or run the model on the CPU: -ngl 0 / -ngld 0)" if t == "f32" else ""))
+                             " (or run the model on the CPU: -ngl 0 / -ngld 0)")
 
 
 def resolve_with_progress(spec: str | None):
@@ -1177,6 +1186,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
     check_flash_attn(flash_attn)
+    check_v_cache(flash_attn, ("-ctv", ctv))
     if ctx_size < 3:  # the second half of each chunk is scored, after the first token of it
         raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 3")
     if chunks == 0:

@@ -1,7 +1,10 @@
 """KV cache, allocated once per context: `length`, `truncate(n)`, nothing allocated per token.
 
-Types follow llama.cpp's -ctk/-ctv names: f32, f16, q8_0 (blocks of 32 along head_dim with
-one f16 scale each, round-to-nearest like ggml's quantize_row_q8_0).
+Types follow llama.cpp's -ctk/-ctv names: f32, f16, bf16; q8_0 (blocks of 32 along head_dim with
+one f16 scale each, round-to-nearest like ggml's x86 quantize_row_q8_0, codes and scales kept apart);
+q4_0, q4_1, iq4_nl, q5_0, q5_1 as ggml's blocks of 32, byte for byte, written by the quantizers
+llama.cpp's CPU backend uses for a cache row (quantize_row_*_ref; `quantize_blocks` here is their
+transcription for machines without the C kernels) and read back by gguf's dequantization.
 
 A quantized cache stores rotated vectors, as llama.cpp does (llama-kv-cache.cpp, attn_rot_k/v):
 an orthonormal Walsh-Hadamard matrix spreads the few outlier dimensions of K (Qwen2's K has
@@ -16,15 +19,68 @@ from __future__ import annotations
 import os
 
 import gguf
+import numpy as np
 import torch
 
-from .choices import CACHE_TYPES
+from .choices import CACHE_TYPES, QUANTIZED_CACHE_TYPES as QUANTIZED
 from .errors import UsageError
 from .kernels import cpu
 from .quants import q8_parts
 
 _QK8_0 = 32
 Q = gguf.GGMLQuantizationType
+BLOCK_BYTES = cpu.KV_BLOCK_BYTES  # the types held as ggml's blocks of 32: bytes per block
+_ELEM_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, **{k: b / 32 for k, b in BLOCK_BYTES.items()}}
+_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+
+
+def quantize_blocks(kind: str, x: np.ndarray) -> np.ndarray:
+    """x float32 [n, 32] -> [n, BLOCK_BYTES[kind]] uint8: ggml's reference quantizer of `kind` (what llama.cpp's
+    CPU backend writes into such a cache), in float32 operation for operation (ggml-base is built without FMA, so
+    no step is fused); the C kernel (cpu.kv_store) computes the same bytes. iq4_nl: quantize_row_iq4_nl_ref (one
+    pass at d = max / -127 with weights x^2; a block below 1e-15 gets d = 0, its codes 0)."""
+    f32 = np.float32
+    x = np.ascontiguousarray(x, dtype=f32)
+    n = x.shape[0]
+    m = None
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if kind in ("q4_1", "q5_1"):
+            lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+            top = 15 if kind == "q4_1" else 31
+            d = (hi - lo) / f32(top)
+            inv = np.where(d != 0, f32(1) / d, f32(0)).astype(f32)
+            L = np.minimum(np.trunc((x - lo) * inv + f32(0.5)), top).astype(np.uint8)
+            m = lo
+        else:
+            amax_at = np.abs(x).argmax(axis=1)[:, None]  # the first largest |x|, as ggml's strict comparison
+            mx = np.take_along_axis(x, amax_at, axis=1)
+            if kind == "iq4_nl":
+                inv = f32(1) / (mx / _IQ4NL[0])
+                al = inv * x
+                hi_i = np.clip(np.searchsorted(_IQ4NL, al, side="right"), 1, 15)  # _IQ4NL[hi_i - 1] <= al < [hi_i]
+                L = np.where(al - _IQ4NL[hi_i - 1] < _IQ4NL[hi_i] - al, hi_i - 1, hi_i)
+                L = np.where(al <= _IQ4NL[0], 0, np.where(al >= _IQ4NL[15], 15, L)).astype(np.uint8)
+                q, w = _IQ4NL[L], x * x
+                sumqx, sumq2 = np.zeros((n, 1), f32), np.zeros((n, 1), f32)
+                for j in range(32):  # summed in element order, as the C loop
+                    sumqx = sumqx + w[:, j:j + 1] * q[:, j:j + 1] * x[:, j:j + 1]
+                    sumq2 = sumq2 + w[:, j:j + 1] * q[:, j:j + 1] * q[:, j:j + 1]
+                d = np.where(sumq2 > 0, sumqx / sumq2, f32(0)).astype(f32)
+                small = np.abs(mx) < f32(1e-15)
+                d, L = np.where(small, f32(0), d), np.where(small, 0, L).astype(np.uint8)
+            else:
+                half = 8 if kind == "q4_0" else 16
+                d = mx / f32(-half)
+                inv = np.where(d != 0, f32(1) / d, f32(0)).astype(f32)
+                L = np.minimum(np.trunc(x * inv + f32(half + 0.5)), 2 * half - 1).astype(np.uint8)
+    parts = [d.astype(np.float16).view(np.uint8)]
+    if m is not None:
+        parts.append(m.astype(np.float16).view(np.uint8))
+    if kind in ("q5_0", "q5_1"):
+        qh = ((L >> 4).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=1).astype(np.uint32)
+        parts.append(qh[:, None].view(np.uint8))
+    parts.append((L[:, :16] & 15) | ((L[:, 16:] & 15) << 4))
+    return np.concatenate(parts, axis=1)
 
 
 def _physical_memory() -> float:
@@ -40,12 +96,12 @@ class _Store:
     def __init__(self, kind: str, n_layer: int, capacity: int, n_kv: int, hd: int):
         if kind not in CACHE_TYPES:
             raise UsageError(f"unsupported KV cache type '{kind}' (choose from {', '.join(CACHE_TYPES)})")
-        self.kind = kind
-        self.qtype = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}[kind]
+        self.kind, self.hd = kind, hd
+        self.qtype = Q[kind.upper()]
         shape = (n_layer, capacity, n_kv, hd)
-        if kind == "q8_0" and hd % _QK8_0:
-            raise UsageError(f"KV cache type q8_0 needs a head size divisible by 32 (model has {hd})")
-        n_bytes = n_layer * capacity * n_kv * hd * {"f32": 4, "f16": 2, "q8_0": 34 / 32}[kind]
+        if kind in QUANTIZED and hd % _QK8_0:
+            raise UsageError(f"KV cache type {kind} needs a head size divisible by 32 (model has {hd})")
+        n_bytes = n_layer * capacity * n_kv * hd * _ELEM_BYTES[kind]
         too_big = UsageError(f"cannot allocate {n_bytes / 1e9:.1f} GB of {kind} KV cache for a context of {capacity} "
                              "tokens: use a smaller context size")
         # more than the machine has is refused before asking: with memory overcommit the allocation would
@@ -56,14 +112,23 @@ class _Store:
             if kind == "q8_0":
                 self.q = torch.zeros(shape, dtype=torch.int8)
                 self.d = torch.zeros((n_layer, capacity, n_kv, hd // _QK8_0, 1), dtype=torch.float16)
+            elif kind in BLOCK_BYTES:  # [n_layer, capacity, n_kv, bytes of hd / 32 blocks]
+                self.q = torch.zeros((*shape[:3], hd // _QK8_0 * BLOCK_BYTES[kind]), dtype=torch.uint8)
             else:
-                self.q = torch.zeros(shape, dtype=torch.float32 if kind == "f32" else torch.float16)
+                self.q = torch.zeros(shape, dtype={"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[kind])
         except (RuntimeError, MemoryError):  # torch: "DefaultCPUAllocator: can't allocate memory: ..."
             raise too_big from None
 
     def write(self, layer: int, start: int, x: torch.Tensor) -> None:
         # x [T, n_kv, hd] fp32
         end = start + x.shape[0]
+        if self.kind in BLOCK_BYTES:
+            dst = self.q[layer, start:end]
+            if x.dtype is torch.float32 and cpu.available():
+                cpu.kv_store(self.kind, x, dst)
+            else:
+                dst.copy_(torch.from_numpy(quantize_blocks(self.kind, x.float().reshape(-1, 32).numpy())).view(dst.shape))
+            return
         if self.kind != "q8_0":
             self.q[layer, start:end] = x
             return
@@ -78,6 +143,8 @@ class _Store:
     def read(self, layer: int, end: int, start: int = 0) -> torch.Tensor:
         # -> [end - start, n_kv, hd] fp32
         q = self.q[layer, start:end]
+        if self.kind in BLOCK_BYTES:  # ggml's dequantize_row_* (numpy float32, no fused step either)
+            return torch.from_numpy(gguf.quants.dequantize(q.numpy(), self.qtype)).view(*q.shape[:2], self.hd)
         if self.kind != "q8_0":
             return q.float()
         shp = q.shape
@@ -92,7 +159,7 @@ class _Store:
 def _rotation(kind: str, hd: int, largest: bool) -> int | None:
     """Rotation size under llama.cpp's rule (None = no rotation): quantized cache and head size a
     multiple of 64; K uses the largest power of two dividing the head size, V always 64."""
-    if kind != "q8_0" or hd % 64 or os.environ.get("SHARPI_KV_ROT", "1") == "0":
+    if kind not in QUANTIZED or hd % 64 or os.environ.get("SHARPI_KV_ROT", "1") == "0":
         return None
     n = 64
     while largest and hd % (2 * n) == 0:
@@ -171,7 +238,7 @@ class KVCache(CacheBase):
         """Context shift: drop positions [n_keep, n_keep + n_discard) and move the later ones down by
         n_discard. V moves as it is; K was rotated for its old position, so each layer's K rows pass
         through shift_k(layer, k [n, n_kv, hd] fp32, as stored) -> K for the new positions, then are
-        stored again in the cache's type (llama.cpp's K-shift: f16 rounded once more, q8_0 requantized)."""
+        stored again in the cache's type (llama.cpp's K-shift: f16 rounded once more, quantized types requantized)."""
         self.check_shift(n_keep, n_discard)
         src, end = n_keep + n_discard, self.length
         for layer in range(self.k.q.shape[0]):

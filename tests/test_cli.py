@@ -349,8 +349,8 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("-l", "12+" + "9" * 40), "out of float range"),
     (("-l", "5+3" + "0" * 38, "-l", "5+3" + "0" * 38, "-l", "5-inf"), "token 5 gets both +inf and -inf"),
     (("--temp", "1e308"), "--temp 1e+308: must be a finite number within float range"),
-    (("-ctk", "q4_0"), "cache-type-k"),
-    (("-ctvd", "q4_1"), "-ctvd/--spec-draft-type-v"),
+    (("-ctk", "q4_k"), "cache-type-k"),
+    (("-ctvd", "q6_k"), "-ctvd/--spec-draft-type-v"),
     (("--spec-type", "mtp", "-md", "whatever.gguf"), "mutually exclusive"),
     (("--spec-ngram-min", "1", "--draft-lookup"), "--spec-ngram-min"),
     (("--spec-draft-vocab", "-2"), "--spec-draft-vocab"),
@@ -379,7 +379,7 @@ def test_invalid_flags_one_line_exit_2(smol, args, fragment):
 
 def test_a_bad_command_line_is_refused_before_anything_loads(smol):
     """Flag errors come before torch is imported (1-2 s) or the model read: at once, as llama-cli's do."""
-    for args in (("--top-p", "0"), ("-ctk", "q4_0"), ("--samplers", "top_k;penalties"), ("--grammar", "root ::= item"),
+    for args in (("--top-p", "0"), ("-ctk", "q4_k"), ("--samplers", "top_k;penalties"), ("--grammar", "root ::= item"),
                  ("--control-vector-scaled", "v.gguf"), ("--lora-scaled", "a.gguf")):
         r = subprocess.run([sys.executable, "-X", "importtime", "-m", "sharpi_cli.main", "-m", smol, "-p", "hi", *args],
                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
@@ -545,6 +545,21 @@ def test_perplexity_command(smol):
     assert last == f"Final estimate: PPL = {ref['ppl']:.4f} +/- {ref['err']:.5f}"
     r = sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / ref["file"], "-c", 128, "--chunks", 8, "-fa", "off")
     assert r.returncode == 0 and "Final estimate: PPL = 17.9203 +/- 2.28299" in r.stdout  # llama.cpp -fa off
+    r = sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / ref["file"], "-c", 128, "--chunks", 8, "-ctk", "iq4_nl",
+               "-ctv", "q5_0")
+    assert r.returncode == 0 and "Final estimate: PPL = 18.6871 +/- 2.39274" in r.stdout  # llama-perplexity's, same types
+
+
+def test_quantized_v_cache_needs_flash_attention(smol):
+    # llama.cpp's rule (-fa off refuses a quantized V cache; a quantized K, bf16 or f32 V go)
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "-fa", "off", "-ctv", "q4_0"), 2,
+                   "-ctv q4_0: a quantized V cache needs flash attention")
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "-fa", "off", "-md", smol, "-ctvd", "q8_0"), 2,
+                   "-ctvd q8_0: a quantized V cache needs flash attention")
+    one_error_line(sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / "apache-2.0.txt", "-fa", "off", "-ctv", "iq4_nl"),
+                   2, "-ctv iq4_nl: a quantized V cache needs flash attention")
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 2, "-fa", "off", "-ctk", "q4_1", "-ctv", "bf16", "-v")
+    assert r.returncode == 0 and "KV cache K q4_1 V bf16" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args,code,fragment", [
@@ -640,6 +655,8 @@ def test_draft_cache_types(smol):
     ({"cache_type_v": "f32", "n_gpu_layers": 0}, "-ctv f32"),                     # the draft's, taken from -ctv
     ({"cache_type_k": "q8_0", "cache_type_k_draft": "f32"}, "-ctkd f32"),          # the draft's own
     ({"cache_type_v_draft": "f32", "n_gpu_layers": 0}, "-ctvd f32"),
+    ({"cache_type_v": "q4_0"}, "-ctv q4_0"),                                       # the CPU's other types
+    ({"cache_type_k_draft": "bf16", "n_gpu_layers": 0}, "-ctkd bf16"),
     ({"cache_type_k": "f32", "n_gpu_layers": 0, "spec_draft_ngl": 0}, None),      # both on the CPU: any type
     ({"cache_type_k_draft": "f32", "spec_draft_ngl": 0}, None),
 ])

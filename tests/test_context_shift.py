@@ -92,7 +92,7 @@ def test_speculation_through_context_shifts_gives_the_plain_tokens(kind):
         assert s.sources["draft"]["accepted"] == s.sources["draft"]["drafted"] > 0 and s.sources["lookup"]["steps"] > 0
 
 
-@pytest.mark.parametrize("kv", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kv", ["f32", "f16", "q8_0", "bf16", "q4_0", "iq4_nl", "q5_1"])
 def test_cache_shift_moves_v_and_rerotates_k(kv):
     model, tok = loaded(SMOL)
     ids = tok.encode("The history of the Roman Empire is long and full of wars, emperors and senators who")
@@ -116,7 +116,8 @@ def test_cache_shift_moves_v_and_rerotates_k(kv):
     fresh = model.new_cache(64, kv, kv)
     model.forward(torch.tensor(ids[:keep] + ids[keep + d:]), 0, fresh)
     a, b = cache.k.read(0, L - d), fresh.k.read(0, L - d)
-    assert (a - b).abs().max() <= {"f32": 1e-4, "f16": 4e-3, "q8_0": 0.05}[kv] * b.abs().max()
+    step = {"f32": 1e-4, "f16": 4e-3, "q8_0": 0.05, "bf16": 0.01, "q4_0": 0.25, "iq4_nl": 0.25, "q5_1": 0.1}[kv]
+    assert (a - b).abs().max() <= step * b.abs().max()  # (about a rounding step of the type)
     with pytest.raises(ValueError):
         model.shift_cache(cache, L - d - 1, 2)
 

@@ -56,7 +56,7 @@ def q_for(q, cache, mode):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0", "bf16", "q4_1", "iq4_nl"])
 @pytest.mark.parametrize("window", [0, 37])
 @pytest.mark.parametrize("H,Hkv,D", [(9, 3, 64), (12, 2, 128), (4, 1, 256)])
 def test_attention_matches_reference_and_rows_are_batch_invariant(mode, kind, window, H, Hkv, D):
@@ -75,8 +75,10 @@ def test_attention_matches_reference_and_rows_are_batch_invariant(mode, kind, wi
     fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
     tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-5, atol=6e-5)
     q_ref = q
-    if fa and kind == "q8_0":  # the kernel quantizes q to q8_0 blocks (a code may round the other way)
-        q_ref, tol = activation_for(q, cache.k.qtype), dict(rtol=1e-3, atol=1e-3)
+    if fa and kind not in ("f32", "f16"):  # the kernel rounds q to K's vec_dot type (q8_0 / q8_1 blocks, bf16)
+        q_ref, tol = activation_for(q, cache.k.qtype), dict(rtol=1e-3, atol=1e-3)  # (a code may round the other way)
+        if kind == "q4_1":  # and q8_1 keeps each block's sum of q as fp16 for the min term (ggml's vec_dot)
+            tol = dict(rtol=5e-3, atol=5e-3)
     torch.testing.assert_close(out, reference(q_ref, cache, start, window, scale), **tol)
     # each row alone, and with another thread count, gives the same bits as inside the batch (passes
     # of fewer than 64 rows: llama.cpp's tiled flash attention starts at 64)
@@ -102,13 +104,13 @@ def pass_case(mode, kind, seed, H, Hkv, D, q_scale):
     T = 70 if mode == cpu.ATTN_FA_PROMPT else 5
     q = q_for(torch.randn(T, H, D, generator=g) * q_scale, cache, mode)
     fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
-    q_ref = activation_for(q, cache.k.qtype) if fa and kind == "q8_0" else q
+    q_ref = activation_for(q, cache.k.qtype) if fa and kind not in ("f32", "f16") else q
     tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-3, atol=1e-3)
     return cache, q, q_ref, tol, T, L, fa, g
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0", "q5_0"])
 def test_attention_softcap(mode, kind):
     """Gemma 2's attention logit softcapping, softcap * tanh(s / softcap), in every mode, including a
     prompt pass long enough for the tiled kernel (>= 64 rows), against the reference; the cap changes
@@ -125,7 +127,7 @@ def test_attention_softcap(mode, kind):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0", "q4_0"])
 def test_attention_sinks(mode, kind):
     """gpt-oss's attention sinks (one logit per head in the softmax's denominator) in every mode and cache
     type, a tiled prompt pass (>= 64 rows) included, against the reference; rows alone are the pass's."""

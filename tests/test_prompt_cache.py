@@ -17,7 +17,7 @@ from test_cli import one_error_line, sharpi
 PROMPT = "The history of the Roman Empire is long and complicated. In this essay I will describe"
 
 
-@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_1", "bf16")])
 def test_restored_positions_are_the_saved_bytes_and_give_the_same_logits(tmp_path, types):
     model, tok = loaded(SMOL)
     ids = tok.encode(PROMPT)

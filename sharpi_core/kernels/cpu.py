@@ -51,7 +51,7 @@ if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNN
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
 if os.environ.get("SHARPI_KERNEL_AVX2") == "1":  # testing: an AVX-512 CPU builds what an AVX2 CPU builds
     CFLAGS += ("-mno-avx512f",)
-_ABI = 14
+_ABI = 15
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2")
 # With these the 512-bit intrinsics are the CPU's own; without, x86simd.h computes each on two 256-bit halves
 # (the same bits, slower).
@@ -87,6 +87,7 @@ _ropetab = None
 _rpk = None
 _had = None
 _sq8 = None
+_kvs = None  # KV cache writes in ggml's block types
 _scap = None
 _smax = None
 _sconv = None
@@ -204,7 +205,7 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 def _bind_ctypes(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm
+    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm, _kvs
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -247,6 +248,9 @@ def _bind_ctypes(path: Path) -> None:
     sq = lib.sharpi_store_q8_0
     sq.argtypes = [c_void_p, c_long, c_void_p, c_void_p]
     sq.restype = None
+    ks = lib.sharpi_kv_store
+    ks.argtypes = [c_int, c_void_p, c_long, c_void_p]
+    ks.restype = None
     rp = lib.sharpi_repack
     rp.argtypes = [c_int, c_void_p, c_long, c_long, c_void_p, c_int, c_int]
     rp.restype = c_int
@@ -287,13 +291,14 @@ def _bind_ctypes(path: Path) -> None:
     _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm = qi, mr, ms, sx, gd, gg, sg, fm
     _state["lib"] = lib
     _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv = gl, ro, rt, rp, hd, sq, sc, sm, cv
+    _kvs = ks
     _qmm, _dqr, _att, _rms, _rq8, _qact, _ract = f, g, a, r, rq, qa, ra
     _vnni = bool(lib.sharpi_has_vnni())
 
 
 def _bind_module(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm
+    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm, _kvs
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -301,6 +306,7 @@ def _bind_module(path: Path) -> None:
     _qmm, _dqr, _att, _rms, _rq8 = mod.qmatmul, mod.dequant_rows, mod.attention, mod.rms_norm, mod.round_q8
     _qact, _ract, _glu, _vnni = mod.quantize_act, mod.round_act, mod.glu, bool(mod.has_vnni())
     _rope, _ropetab, _rpk, _had, _sq8 = mod.rope, mod.rope_table, mod.repack, mod.hadamard, mod.store_q8_0
+    _kvs = mod.kv_store
     _scap, _smax, _sconv = mod.softcap, mod.soft_max, mod.short_conv
     _qid, _mroute, _msum, _shexp = mod.qmatmul_id, mod.moe_route, mod.moe_sum, mod.shexp_add
     _gdn, _gdng, _sigm, _f16mm = mod.gdn, mod.gdn_gates, mod.sigmoid, mod.f16_mm
@@ -526,7 +532,7 @@ def kernel_fns() -> dict:
     if not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope, "hadamard": _had,
-            "store_q8_0": _sq8, "short_conv": _sconv, "qmatmul_id": _qid, "moe_route": _mroute, "moe_sum": _msum,
+            "store_q8_0": _sq8, "kv_store": _kvs, "short_conv": _sconv, "qmatmul_id": _qid, "moe_route": _mroute, "moe_sum": _msum,
             "shexp_add": _shexp, "gdn": _gdn, "gdn_gates": _gdng, "sigmoid": _sigm}
 
 
@@ -702,6 +708,19 @@ def store_q8_0(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> None:
     _sq8(x.data_ptr(), nb, codes.data_ptr(), d.data_ptr())
 
 
+def kv_store(kind: str, x: torch.Tensor, dst: torch.Tensor) -> None:
+    """x fp32 [..., K] (K a multiple of 32) quantized into dst (uint8, contiguous: K / 32 blocks of `kind`, one of
+    the block types of _KV_CODE, per row of x) as llama.cpp's CPU backend writes such a KV cache (ops.c)."""
+    if _kvs is None and not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    x = x.contiguous()
+    nb = x.numel() // 32
+    if (kind not in KV_BLOCK_BYTES or x.dtype is not _F32 or not x.is_cpu or x.numel() % 32
+            or dst.dtype is not torch.uint8 or dst.numel() != nb * KV_BLOCK_BYTES[kind] or not dst.is_contiguous()):
+        raise ValueError(f"kv_store: {kind}, x {x.dtype} {tuple(x.shape)}, dst {dst.dtype} {tuple(dst.shape)}")
+    _kvs(_KV_CODE[kind], x.data_ptr(), nb, dst.data_ptr())
+
+
 _GLU_ACT = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 
 
@@ -848,7 +867,9 @@ def glu(gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
     return y
 
 
-_KV_CODE = {"f32": 0, "f16": 1, "q8_0": 2}
+_KV_CODE = {"f32": 0, "f16": 1, "q8_0": 2, "bf16": 3, "q4_0": 4, "q4_1": 5, "iq4_nl": 6, "q5_0": 7, "q5_1": 8}
+# bytes of a block of 32 in the cache types held as ggml's blocks (ops.c's kv_block_bytes)
+KV_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "iq4_nl": 18, "q5_0": 22, "q5_1": 24}
 
 
 # attention modes (ops.c): llama.cpp without flash attention (prompt / decoding order) and with it
@@ -875,9 +896,9 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     q = q.contiguous()
     T, H, D = q.shape
-    kq, vq = k_store.q[layer], v_store.q[layer]  # [capacity, Hkv, D]: contiguous slices
-    Hkv, Dv = kq.shape[1], vq.shape[2]
-    if start + T > kq.shape[0] or q.dtype is not _F32:
+    kq, vq = k_store.q[layer], v_store.q[layer]  # [capacity, Hkv, D (or its blocks' bytes)]: contiguous slices
+    Hkv, Dv = kq.shape[1], v_store.hd
+    if start + T > kq.shape[0] or q.dtype is not _F32 or D != k_store.hd:
         raise ValueError(f"attention: {start + T} positions in a cache of {kq.shape[0]}, q {q.dtype}")
     kd = k_store.d[layer].data_ptr() if k_store.kind == "q8_0" else 0
     vd = v_store.d[layer].data_ptr() if v_store.kind == "q8_0" else 0

@@ -88,6 +88,7 @@
  * Needs AVX-512F (D and Dv multiples of 16, of 32 for q8_0).
  */
 #include "x86simd.h"
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 
@@ -96,7 +97,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
+/* KV cache types (llama.cpp's -ctk / -ctv): f32, f16, bf16 as values; q8_0 as int8 codes with its fp16 scales apart;
+ * q4_0, q4_1, iq4_nl, q5_0, q5_1 as ggml's blocks of 32 (their bytes as they are, d and m first, qs last) */
+enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_BF16 = 3, KV_Q4_0 = 4, KV_Q4_1 = 5, KV_IQ4_NL = 6, KV_Q5_0 = 7, KV_Q5_1 = 8 };
 /* How a pass computes attention, as llama.cpp's CPU backend does it (see sharpi_attention).
  * Without flash attention (-fa off): tinyBLAS dot products for passes of >= 2 query rows (prompt
  * processing), ggml_vec_dot_f16 for one row (decoding). With flash attention (-fa on, llama.cpp's
@@ -207,10 +210,71 @@ void sharpi_round_q8(const float *x, long n, int block, int f16_scale, float *y)
     }
 }
 
+/* ---- the block types ----
+ * A block of 32 as ggml's vec_dot sees its codes: signed for q4_0 (nibble - 8), q5_0 (5 bits - 16) and iq4_nl (its
+ * table's value), unsigned for q4_1 (nibble) and q5_1 (5 bits) with the block's minimum m apart; element j < 16 in
+ * the low nibble of qs[j], element j + 16 in its high nibble, bit j of qh element j's fifth bit. */
+static const int8_t KV_IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static inline int kv_blocked(int t) { return t >= KV_Q4_0; }
+static inline int kv_has_min(int t) { return t == KV_Q4_1 || t == KV_Q5_1; }
+static inline long kv_block_bytes(int t) { return t == KV_Q4_1 ? 20 : t == KV_Q5_0 ? 22 : t == KV_Q5_1 ? 24 : 18; }
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline __m256i kv_codes(int t, const uint8_t *b) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + kv_block_bytes(t) - 16)), m4 = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+    if (t == KV_IQ4_NL) {
+        const __m128i tab = _mm_loadu_si128((const __m128i *)KV_IQ4NL_VALUES);
+        return _mm256_set_m128i(_mm_shuffle_epi8(tab, hi), _mm_shuffle_epi8(tab, lo));
+    }
+    __m256i c = _mm256_set_m128i(hi, lo);
+    if (t == KV_Q4_0) return _mm256_sub_epi8(c, _mm256_set1_epi8(8));
+    if (t == KV_Q4_1) return c;
+    uint32_t qh; /* q5: byte j of the 32 gets bit j of qh (as 16) */
+    memcpy(&qh, b + (t == KV_Q5_1 ? 4 : 2), 4);
+    const __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit), _mm256_set1_epi8(16)));
+    return t == KV_Q5_0 ? _mm256_sub_epi8(c, _mm256_set1_epi8(16)) : c;
+}
+
+/* 16 values of a block (half 0: elements 0-15, 1: 16-31) as ggml's to_float gives them (dequantize_row_*, built
+ * without FMA: code * d, then + m for q4_1 / q5_1) */
+static inline __m512 kv_dequant16(int t, const uint8_t *b, long half) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + kv_block_bytes(t) - 16));
+    __m128i h = _mm_and_si128(half ? _mm_srli_epi16(raw, 4) : raw, _mm_set1_epi8(15)); /* this half's nibbles */
+    if (t == KV_IQ4_NL) {
+        h = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)KV_IQ4NL_VALUES), h);
+    } else if (t == KV_Q5_0 || t == KV_Q5_1) { /* the fifth bits of these 16 elements */
+        uint32_t qh;
+        memcpy(&qh, b + (t == KV_Q5_1 ? 4 : 2), 4);
+        const __m128i rep = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> (16 * half))),
+                                             _mm_set_epi64x(0x0101010101010101LL, 0));
+        const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ULL);
+        h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(rep, bit), bit), _mm_set1_epi8(16)));
+        if (t == KV_Q5_0) h = _mm_sub_epi8(h, _mm_set1_epi8(16));
+    } else if (t == KV_Q4_0) {
+        h = _mm_sub_epi8(h, _mm_set1_epi8(8));
+    }
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(h)), _mm512_set1_ps(f16_at(b)));
+    return kv_has_min(t) ? _mm512_add_ps(v, _mm512_set1_ps(f16_at(b + 2))) : v;
+}
+
 /* 16 cache values of row `row` (elements [d, d+16)) as fp32 */
 static inline __m512 load16(const void *base, const uint16_t *scales, int type, long row, long width, long d) {
     if (type == KV_F32) return _mm512_loadu_ps((const float *)base + row * width + d);
     if (type == KV_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + row * width + d)));
+    if (type == KV_BF16) /* exact: the high half of each float */
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + row * width + d))), 16));
+    if (kv_blocked(type))
+        return kv_dequant16(type, (const uint8_t *)base + (row * (width / 32) + d / 32) * kv_block_bytes(type), (d >> 4) & 1);
     const __m128i c = _mm_loadu_si128((const __m128i *)((const int8_t *)base + row * width + d));
     const float s = _cvtsh_ss(scales[(row * width + d) / 32]);
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), _mm512_set1_ps(s));
@@ -268,7 +332,7 @@ static inline float dot_tinyblas(const void *k, const uint16_t *kd, int k_type, 
 /* qmatmul.c: activations quantized as ggml does for a weight type's vec_dot type (ty 8 = Q8_0:
  * quantize_row_q8_0, codes and fp16 scales returned as fp32) */
 int sharpi_quantize_act(int ty, const float *x, long T, long k, int8_t *codes, float *d, float *s, int16_t *bsums);
-enum { GGML_TYPE_Q8_0 = 8 };
+enum { GGML_TYPE_Q4_1 = 3, GGML_TYPE_Q8_0 = 8 };
 
 /* ggml_vec_dot_q8_0_q8_0 (its AVX2 code, which AVX-512 builds run): per block of 32 the exact integer
  * sums of 4 consecutive products in 8 lanes, acc = fma(d_k * d_q, float(lane), acc), hsum_float_8 */
@@ -283,6 +347,136 @@ static inline float dot_q8_0(const int8_t *kc, const uint16_t *kd, const int8_t 
     }
     return hsum8(acc);
 }
+
+/* ggml's vec_dot of a K row in a block type against q in its vec_dot type (q8_0 codes and fp16 scales; q8_1 for
+ * q4_1 / q5_1, with the blocks' sums s = fp16(d * sum of codes)): the AVX2 code AVX-512 builds run. Per block the 32
+ * products summed exactly in 8 lanes of 4, acc = fma(d_k * d_q, float(lane), acc), then hsum_float_8; q4_1 / q5_1
+ * add the fp32 sum of fma(m_k, s_q, .) over the blocks; iq4_nl alternates two accumulators (blocks in pairs, an odd
+ * last block added as fma(d, float(its integer sum), total)). */
+static inline __m256i kv_lanes(int t, __m256i k, __m256i q) {
+    const __m256i one = _mm256_set1_epi16(1); /* (|k| <= 127, |q| <= 127: no pair saturates int16) */
+    if (kv_has_min(t)) return _mm256_madd_epi16(_mm256_maddubs_epi16(k, q), one);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(q, k)), one);
+}
+
+static inline float dot_blocks(int t, const uint8_t *row, const int8_t *qc, const float *qd, const float *qs, long D) {
+    const long nb = D / 32, bb = kv_block_bytes(t);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    float summs = 0.0f;
+    long ib = 0;
+    for (; ib < (t == KV_IQ4_NL ? nb & ~1L : nb); ib++) {
+        const uint8_t *b = row + ib * bb;
+        const __m256i l = kv_lanes(t, kv_codes(t, b), _mm256_loadu_si256((const __m256i *)(qc + 32 * ib)));
+        if (kv_has_min(t)) summs = fmaf(f16_at(b + 2), qs[ib], summs);
+        const int a = t == KV_IQ4_NL ? (int)(ib & 1) : 0;
+        acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * qd[ib]), _mm256_cvtepi32_ps(l), acc[a]);
+    }
+    if (t != KV_IQ4_NL) return kv_has_min(t) ? hsum8(acc[0]) + summs : hsum8(acc[0]);
+    float s = hsum8(_mm256_add_ps(acc[0], acc[1]));
+    if (ib < nb) {
+        const uint8_t *b = row + ib * bb;
+        int32_t l[8], sum = 0;
+        _mm256_storeu_si256((__m256i *)l, kv_lanes(t, kv_codes(t, b), _mm256_loadu_si256((const __m256i *)(qc + 32 * ib))));
+        for (int i = 0; i < 8; i++) sum += l[i];
+        s = fmaf(qd[ib] * f16_at(b), (float)sum, s);
+    }
+    return s;
+}
+
+/* ggml_cpu_fp32_to_bf16 (GGML_FP32_TO_BF16): round to nearest even, a NaN made quiet */
+static inline uint16_t bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+static inline int iq4nl_index(float x) { /* ggml's best_index_int8 over the iq4_nl table */
+    const int8_t *v = KV_IQ4NL_VALUES;
+    if (x <= v[0]) return 0;
+    if (x >= v[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < v[mid]) hi = mid;
+        else lo = mid;
+    }
+    return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
+}
+
+/* A KV cache write in a block type: nb blocks of 32 floats -> ggml's blocks, as llama.cpp's CPU backend quantizes
+ * a cache row (quantize_row_q4_0_ref etc.: its reference quantizers, built without FMA; iq4_nl's with ntry = -1: one
+ * pass at d = max / -127 and weights x^2, then d = sum(w q x) / sum(w q^2)). dst holds nb blocks. */
+void sharpi_kv_store(int t, const float *x, long nb, uint8_t *dst) {
+    const long bb = kv_block_bytes(t);
+    for (long ib = 0; ib < nb; ib++, x += 32, dst += bb) {
+        uint8_t L[32] = {0};
+        float d, m = 0.0f;
+        if (t == KV_Q4_1 || t == KV_Q5_1) {
+            float min = FLT_MAX, max = -FLT_MAX;
+            for (int j = 0; j < 32; j++) {
+                if (x[j] < min) min = x[j];
+                if (x[j] > max) max = x[j];
+            }
+            d = (max - min) / (t == KV_Q4_1 ? 15 : 31);
+            m = min;
+            const float id = d ? 1.0f / d : 0.0f;
+            for (int j = 0; j < 32; j++) {
+                const float v = (x[j] - min) * id + 0.5f;
+                if (t == KV_Q4_1) {
+                    const int8_t c = (int8_t)v;
+                    L[j] = (uint8_t)(c < 15 ? c : 15);
+                } else {
+                    L[j] = (uint8_t)v;
+                }
+            }
+        } else {
+            float amax = 0.0f, max = 0.0f;
+            for (int j = 0; j < 32; j++)
+                if (amax < fabsf(x[j])) {
+                    amax = fabsf(x[j]);
+                    max = x[j];
+                }
+            if (t == KV_IQ4_NL) {
+                d = 0.0f;
+                if (amax >= 1e-15f) { /* GROUP_MAX_EPS (below it: d = 0, the codes do not matter) */
+                    const float id = 1.0f / (max / (float)KV_IQ4NL_VALUES[0]);
+                    float sumqx = 0.0f, sumq2 = 0.0f;
+                    for (int j = 0; j < 32; j++) {
+                        L[j] = (uint8_t)iq4nl_index(id * x[j]);
+                        const float q = (float)KV_IQ4NL_VALUES[L[j]], w = x[j] * x[j];
+                        sumqx += w * q * x[j];
+                        sumq2 += w * q * q;
+                    }
+                    d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+                }
+            } else {
+                const int half = t == KV_Q4_0 ? 8 : 16;
+                d = max / (float)-half;
+                const float id = d ? 1.0f / d : 0.0f, off = (float)half + 0.5f;
+                for (int j = 0; j < 32; j++) {
+                    const int8_t c = (int8_t)(x[j] * id + off);
+                    L[j] = (uint8_t)(c < 2 * half - 1 ? c : 2 * half - 1);
+                }
+            }
+        }
+        const uint16_t dh = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        memcpy(dst, &dh, 2);
+        if (kv_has_min(t)) {
+            const uint16_t mh = _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            memcpy(dst + 2, &mh, 2);
+        }
+        uint8_t *qs = dst + bb - 16;
+        for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((L[j] & 15) | ((L[j + 16] & 15) << 4));
+        if (t == KV_Q5_0 || t == KV_Q5_1) {
+            uint32_t qh = 0;
+            for (int j = 0; j < 32; j++) qh |= (uint32_t)((L[j] >> 4) & 1) << j;
+            memcpy(dst + (t == KV_Q5_1 ? 4 : 2), &qh, 4);
+        }
+    }
+}
+
+static inline float dot_bf16_vec_dot(const uint16_t *w, const uint16_t *xb, const float *xf, long k); /* below */
 
 /* One chain of flash attention: one query row and head (q, KV head g) over cache positions [c0, c1)
  * (those outside the row's visible range [lo, pos] are masked: skipped). fa_chunks leaves in it the
@@ -305,13 +499,18 @@ enum { FA_CHAINS = 4 }; /* chains run side by side by one thread */
  * operations and their order are those of a chain computed alone (same bits). */
 static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, int k_type, const void *v,
                       const uint16_t *vd, int v_type, long Hkv, long D, long Dv, float scale, float softcap) {
-    int8_t qc[FA_CHAINS][512]; /* a q8_0 K: q in q8_0 blocks, as ggml converts it for ggml_vec_dot_q8_0_q8_0 */
-    float qd[FA_CHAINS][16];
-    uint16_t acc16[FA_CHAINS][512];
+    /* q in K's vec_dot type as ggml converts it: q8_0 blocks for a q8_0 / q4_0 / q5_0 / iq4_nl K, q8_1 (with the
+     * blocks' sums) for q4_1 / q5_1, bf16 for bf16 (the caller rounded q: its bits here) */
+    int8_t qc[FA_CHAINS][512];
+    float qd[FA_CHAINS][16], qs[FA_CHAINS][16];
+    uint16_t acc16[FA_CHAINS][512], qb[FA_CHAINS][512];
     long first = ch[0].c0, last = ch[0].c1;
     for (int j = 0; j < nc; j++) {
         fa_chain *c = &ch[j];
-        if (k_type == KV_Q8_0) sharpi_quantize_act(GGML_TYPE_Q8_0, c->q, 1, D, qc[j], qd[j], NULL, NULL);
+        if (k_type == KV_Q8_0 || kv_blocked(k_type))
+            sharpi_quantize_act(kv_has_min(k_type) ? GGML_TYPE_Q4_1 : GGML_TYPE_Q8_0, c->q, 1, D, qc[j], qd[j], qs[j], NULL);
+        if (k_type == KV_BF16)
+            for (long d = 0; d < D; d++) qb[j][d] = bf16_bits(c->q[d]);
         c->m = -INFINITY;
         c->sum = 0.0f;
         for (long d = 0; d < Dv; d += 16) {
@@ -326,8 +525,12 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
             fa_chain *c = &ch[j];
             if (ic < c->c0 || ic >= c->c1) continue;
             const long row = ic * Hkv + c->g;
-            float s = (k_type == KV_Q8_0 ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc[j], qd[j], D)
-                                         : dot_vec_dot(k, kd, k_type, row, D, c->q)) * scale;
+            float s = k_type == KV_Q8_0    ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc[j], qd[j], D)
+                      : kv_blocked(k_type) ? dot_blocks(k_type, (const uint8_t *)k + row * (D / 32) * kv_block_bytes(k_type),
+                                                        qc[j], qd[j], qs[j], D)
+                      : k_type == KV_BF16  ? dot_bf16_vec_dot((const uint16_t *)k + row * D, qb[j], c->q, D)
+                                           : dot_vec_dot(k, kd, k_type, row, D, c->q);
+            s *= scale;
             if (softcap != 0.0f) s = softcap * tanhf(s);
             s += 0.0f; /* the mask's 0 */
             float ms = 1.0f, vs = 1.0f;
@@ -347,7 +550,8 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
                 } else {
                     __m512 a = _mm512_loadu_ps(c->acc + d);
                     if (new_max) a = _mm512_mul_ps(a, _mm512_set1_ps(ms));
-                    _mm512_storeu_ps(c->acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a));
+                    const __m512 x = load16(v, vd, v_type, row, Dv, d);
+                    _mm512_storeu_ps(c->acc + d, _mm512_fmadd_ps(x, _mm512_set1_ps(vs), a));
                 }
             }
             c->sum = fmaf(c->sum, ms, vs);
@@ -396,7 +600,7 @@ static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *k
     float part[FA_SPLIT_THREADS][FA_CHAINS][512], acc[FA_CHAINS][512], m[FA_CHAINS], sum[FA_CHAINS];
     int split[FA_CHAINS], any_split = 0;
     for (int j = 0; j < nr; j++) {
-        split[j] = rows[j].n_kv >= FA_SPLIT_MIN_KV && k_type != KV_Q8_0 && k_type == v_type;
+        split[j] = rows[j].n_kv >= FA_SPLIT_MIN_KV && k_type <= KV_F16 && k_type == v_type; /* f32 / f16 only */
         any_split |= split[j];
         if (split[j]) { /* the merged state before its first chunk */
             m[j] = -INFINITY;
@@ -853,7 +1057,9 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                      long start, long window, float scale, float softcap, int round_p_f16, int order, long n_ctx,
                      const float *sinks, float *out, int nthreads) {
     if (T <= 0) return 0;
-    if (D % 16 || Dv % 16 || H % Hkv || (k_type == KV_Q8_0 && D % 32) || (v_type == KV_Q8_0 && Dv % 32)) return 1;
+    if (D % 16 || Dv % 16 || H % Hkv || ((k_type == KV_Q8_0 || kv_blocked(k_type)) && D % 32) ||
+        ((v_type == KV_Q8_0 || kv_blocked(v_type)) && Dv % 32) || k_type < 0 || k_type > KV_Q5_1 || v_type < 0 || v_type > KV_Q5_1)
+        return 1;
     if ((order == FA_PROMPT || order == FA_DECODE) && (D > 512 || Dv > 512)) return 1;
     const long G = H / Hkv, Lmax = start + T;
     const int fa = order == FA_PROMPT || order == FA_DECODE;
@@ -862,7 +1068,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
     const float fa_scale = fa && softcap != 0.0f ? scale / softcap : scale, inv_cap = softcap != 0.0f ? 1.0f / softcap : 0.0f;
     int bad = 0;
     /* tiled flash attention: K of every KV head transposed to fp32 [Hkv][D][positions] once per pass */
-    const int tiled = order == FA_PROMPT && T >= FA_TILE_Q && k_type != KV_Q8_0 && k_type == v_type;
+    const int tiled = order == FA_PROMPT && T >= FA_TILE_Q && k_type <= KV_F16 && k_type == v_type; /* f32 / f16 only */
     const long ldk = (Lmax + FA_TILE_KV - 1) / FA_TILE_KV * FA_TILE_KV + 16;
     float *kt = NULL;
     if (tiled) {
@@ -883,7 +1089,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
     if (chained) {
         const long n_tasks = T * H, nt = omp_get_num_threads(), id = omp_get_thread_num();
         const long a = n_tasks * id / nt, b = n_tasks * (id + 1) / nt;
-        float q16[FA_CHAINS][512]; /* q rounded to fp16 for an f16 K (fa_chunks quantizes it for a q8_0 K) */
+        float q16[FA_CHAINS][512]; /* q rounded to fp16 / bf16 for such a K (fa_chunks quantizes it for the others) */
         for (long t0 = a; t0 < b; t0 += FA_CHAINS) {
             fa_row rows[FA_CHAINS];
             int nr = 0;
@@ -894,6 +1100,11 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                     const __m512 x = _mm512_loadu_ps(qr + d);
                     _mm512_storeu_ps(q16[nr] + d, k_type == KV_F16 ? _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)) : x);
                 }
+                if (k_type == KV_BF16)
+                    for (long d = 0; d < D; d++) {
+                        const uint32_t u = (uint32_t)bf16_bits(qr[d]) << 16;
+                        memcpy(q16[nr] + d, &u, 4);
+                    }
                 long n_kv = 0; /* FA_PROMPT: one chunk */
                 if (order == FA_DECODE) {
                     n_kv = (pos + 1 + KV_PAD - 1) / KV_PAD * KV_PAD;
@@ -1001,6 +1212,15 @@ PyObject *sharpi_py_round_q8(PyObject *self, PyObject *const *args, Py_ssize_t n
     long a[5];
     if (sharpi_py_nlongs(args, nargs, a, 5, "round_q8")) return NULL;
     sharpi_round_q8((const float *)a[0], a[1], (int)a[2], (int)a[3], (float *)a[4]);
+    Py_RETURN_NONE;
+}
+
+/* kv_store(type, x, nb, dst) */
+PyObject *sharpi_py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[4];
+    if (sharpi_py_nlongs(args, nargs, a, 4, "kv_store")) return NULL;
+    sharpi_kv_store((int)a[0], (const float *)a[1], a[2], (uint8_t *)a[3]);
     Py_RETURN_NONE;
 }
 

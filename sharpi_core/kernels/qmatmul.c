@@ -2405,7 +2405,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 14; }
+int sharpi_abi_version(void) { return 15; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
@@ -2522,6 +2522,7 @@ PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 PyObject *sharpi_py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
 PyObject *sharpi_py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs);       /* ops.c */
 PyObject *sharpi_py_hadamard(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
+PyObject *sharpi_py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
 PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   /* ops.c */
 PyObject *sharpi_py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
@@ -2553,6 +2554,7 @@ static PyMethodDef py_methods[] = {
     {"sigmoid", (PyCFunction)(void (*)(void))sharpi_py_sigmoid, METH_FASTCALL, "ggml_sigmoid, in place"},
     {"qmatmul_id", (PyCFunction)(void (*)(void))py_qmatmul_id, METH_FASTCALL, "mul_mat_id: one expert per row"},
     {"store_q8_0", (PyCFunction)(void (*)(void))py_store_q8_0, METH_FASTCALL, "q8_0 KV cache write"},
+    {"kv_store", (PyCFunction)(void (*)(void))sharpi_py_kv_store, METH_FASTCALL, "KV cache write in a block type"},
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
     {"quantize_act", (PyCFunction)(void (*)(void))py_quantize_act, METH_FASTCALL, "ggml activation quantization"},
     {"round_act", (PyCFunction)(void (*)(void))py_round_act, METH_FASTCALL, "ggml activation rounding, dequantized"},

@@ -10,7 +10,7 @@ It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / exaone / gemma2
 (q/k norms, post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions,
 qwen35's Gated DeltaNet and gated attention, attention sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe and granitemoe
 (routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
-flash attention (llama.cpp's default) over an f16, f32 or q8_0 cache (with its Hadamard rotations),
+flash attention (llama.cpp's default) over a cache of any -ctk / -ctv type (with the quantized types' Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
 loop (SHARPI_FAST_DECODE=0 forces that).
@@ -22,7 +22,7 @@ import os
 import torch
 
 from ..kernels import cpu
-from ..kv_cache import KVCache
+from ..kv_cache import BLOCK_BYTES, KVCache
 
 ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
 
@@ -141,7 +141,10 @@ class DecodePath:
     def _write(self, store, layer: int, start: int, x: torch.Tensor, T: int) -> int:
         """x [T, ...] fp32 into positions [start, start + T) of one layer of a cache store (as
         _Store.write does); returns the layer's q8_0 scale pointer for attention (0 if none)."""
-        q = store.q[layer]  # [capacity, Hkv, hd]
+        q = store.q[layer]  # [capacity, Hkv, hd] (a block type: [capacity, Hkv, bytes of hd / 32 blocks])
+        if store.kind in BLOCK_BYTES:
+            self.fns["kv_store"](cpu._KV_CODE[store.kind], x.data_ptr(), x.numel() // 32, q.data_ptr() + start * q[0].numel())
+            return 0
         if store.kind != "q8_0":
             q[start:start + T].copy_(x.view(T, *q.shape[1:]))
             return 0
