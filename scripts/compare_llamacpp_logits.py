@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--chars", type=int, default=1500)
     ap.add_argument("--kv", choices=CACHE_TYPES, default="f16", help="K and V cache type on both sides (-ctk / -ctv)")
     ap.add_argument("--kv-v", choices=CACHE_TYPES, help="V's cache type if not --kv's")
+    ap.add_argument("--fa-off", action="store_true", help="both sides without flash attention (-fa off)")
     args = ap.parse_args()
     import json
     ref = json.loads(FIXTURES.read_text())
@@ -85,6 +86,7 @@ def main() -> None:
             path = resolve_model(name)
             gf = GGUFFile(path)
             model, tok = load_model(gf), Tokenizer.from_gguf(gf)
+            model.flash_attn = not args.fa_off
             vocab = model.config.n_vocab
             print(f"## {name}")
             print("| prompt | step | max rel diff | llama.cpp top-2 margin | same argmax |")
@@ -99,7 +101,8 @@ def main() -> None:
                 out = subprocess.run([str(exe), str(path), str(args.n), str(args.t), *map(str, ids)],
                                      capture_output=True, check=True,
                                      env={**os.environ, "LCP_N_CTX": str(n_ctx), "LCP_TYPE_K": str(Q[args.kv.upper()].value),
-                                          "LCP_TYPE_V": str(Q[type_v.upper()].value)}).stdout
+                                          "LCP_TYPE_V": str(Q[type_v.upper()].value),
+                                          **({"LCP_FLASH_ATTN": "0"} if args.fa_off else {})}).stdout
                 lg = np.frombuffer(out[: (args.n + 1) * vocab * 4], dtype=np.float32).reshape(args.n + 1, -1)
                 chosen = np.frombuffer(out[(args.n + 1) * vocab * 4:], dtype=np.int32).tolist()
                 cache = model.new_cache(n_ctx, args.kv, type_v)

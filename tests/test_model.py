@@ -97,6 +97,18 @@ LLAMA_CPP_PPL = {
     ("fa", "f16/q5_1"): {"gemma3-270m-q4_k_m": (12.0627, 1.55407), "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9183, 0.32008)},
     ("fa", "q8_0/iq4_nl"): {"gemma3-270m-q4_k_m": (12.2088, 1.57356), "qwen2.5-coder-0.5b-instruct-q4_k_m": (4.0279, 0.33615)},
     ("fa", "bf16/q4_1"): {"gemma3-270m-q4_k_m": (12.1563, 1.56706), "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9605, 0.32790)},
+    # -fa off with a quantized or bf16 K (its V must stay f32 / f16 / bf16: llama.cpp's rule)
+    ("fa-off", "q8_0/f16"): {"smollm2-135m-instruct-q4_1": (18.0713, 2.31448)},
+    ("fa-off", "q4_0/f16"): {"smollm2-135m-instruct-q4_1": (19.4020, 2.48197), "gemma3-270m-q4_k_m": (13.3329, 1.71741),
+                             "qwen2.5-coder-0.5b-instruct-q4_k_m": (25.3722, 3.46788)},
+    ("fa-off", "q4_1/f16"): {"smollm2-135m-instruct-q4_1": (19.3136, 2.47806)},
+    ("fa-off", "iq4_nl/f16"): {"smollm2-135m-instruct-q4_1": (18.8121, 2.39112), "gemma3-270m-q4_k_m": (13.8543, 1.79929),
+                               "qwen2.5-coder-0.5b-instruct-q4_k_m": (11.4288, 1.23888)},
+    ("fa-off", "q5_0/f16"): {"smollm2-135m-instruct-q4_1": (18.0680, 2.30388)},
+    ("fa-off", "q5_1/f16"): {"smollm2-135m-instruct-q4_1": (18.4589, 2.35385), "gemma3-270m-q4_k_m": (12.4477, 1.60079),
+                             "qwen2.5-coder-0.5b-instruct-q4_k_m": (9.4686, 0.98578)},
+    ("fa-off", "bf16/f16"): {"smollm2-135m-instruct-q4_1": (17.8752, 2.27689), "gemma3-270m-q4_k_m": (12.0774, 1.55562),
+                             "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9737, 0.32719)},
 }
 # (4-bit K caches cost Qwen2.5-0.5B 3-8x its perplexity in llama.cpp too, Hadamard rotation and all: its K's
 # outlier dims need more than 16 levels per block of 32)
@@ -110,12 +122,14 @@ def _ppl_params(models, settings):
 
 # (Qwen 1.5B: not -fa off nor the q8_0 cache, whose paths Qwen 0.5B's runs check with the same graph: 28 s saved;
 # the other cache types: each one on SmolLM2, K and V types apart on Gemma 3 (its head size 256: another rotation)
-# and a few on Qwen 0.5B (~25 s in all))
+# and a few on Qwen 0.5B, with flash attention and without (~35 s in all))
 @pytest.mark.parametrize("name,attn,kv", _ppl_params([SMOL, GEMMA, QWEN05], [("fa", "f16"), ("fa-off", "f16"), ("fa", "q8_0")])
                          + _ppl_params([QWEN15], [("fa", "f16")])
                          + _ppl_params([SMOL], [("fa", t) for t in ("bf16", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")])
                          + _ppl_params([GEMMA], [("fa", "q4_0/f16"), ("fa", "f16/q5_1"), ("fa", "bf16/q4_1")])
-                         + _ppl_params([QWEN05], [("fa", "q8_0/iq4_nl"), ("fa", "q5_0"), ("fa", "bf16")]))
+                         + _ppl_params([QWEN05], [("fa", "q8_0/iq4_nl"), ("fa", "q5_0"), ("fa", "bf16")])
+                         + _ppl_params([SMOL], [("fa-off", f"{t}/f16") for t in ("q8_0", "q4_1", "iq4_nl", "bf16")])
+                         + _ppl_params([GEMMA], [("fa-off", "q4_0/f16")]) + _ppl_params([QWEN05], [("fa-off", "q5_1/f16")]))
 def test_perplexity_equals_llama_cpp(name, attn, kv):
     model, tok = loaded(name)
     ref = reference()[name]["perplexity"]

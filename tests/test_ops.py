@@ -49,10 +49,10 @@ MODES = {"tinyblas": cpu.ATTN_TINYBLAS, "vec_dot": cpu.ATTN_VEC_DOT, "fa_prompt"
 
 
 def q_for(q, cache, mode):
-    """What the model hands the kernel: q rounded to K's vec_dot type without flash attention, fp32
-    with it (the kernel rounds or quantizes it where llama.cpp does)."""
+    """What the model hands the kernel: q rounded to an f32 / f16 K's type without flash attention, fp32
+    otherwise (the kernel rounds or quantizes it where llama.cpp does)."""
     fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
-    return q if fa else activation_for(q, cache.k.qtype)
+    return q if fa or cache.k.kind not in ("f32", "f16") else activation_for(q, cache.k.qtype)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -75,7 +75,7 @@ def test_attention_matches_reference_and_rows_are_batch_invariant(mode, kind, wi
     fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
     tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-5, atol=6e-5)
     q_ref = q
-    if fa and kind not in ("f32", "f16"):  # the kernel rounds q to K's vec_dot type (q8_0 / q8_1 blocks, bf16)
+    if kind not in ("f32", "f16"):  # the kernel rounds q to K's vec_dot type (q8_0 / q8_1 blocks, bf16)
         q_ref, tol = activation_for(q, cache.k.qtype), dict(rtol=1e-3, atol=1e-3)  # (a code may round the other way)
         if kind == "q4_1":  # and q8_1 keeps each block's sum of q as fp16 for the min term (ggml's vec_dot)
             tol = dict(rtol=5e-3, atol=5e-3)
@@ -104,7 +104,7 @@ def pass_case(mode, kind, seed, H, Hkv, D, q_scale):
     T = 70 if mode == cpu.ATTN_FA_PROMPT else 5
     q = q_for(torch.randn(T, H, D, generator=g) * q_scale, cache, mode)
     fa = mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE)
-    q_ref = activation_for(q, cache.k.qtype) if fa and kind not in ("f32", "f16") else q
+    q_ref = activation_for(q, cache.k.qtype) if kind not in ("f32", "f16") else q
     tol = (dict(rtol=1e-2, atol=1e-2) if fa else dict(rtol=1e-3, atol=3e-3)) if kind == "f16" else dict(rtol=1e-3, atol=1e-3)
     return cache, q, q_ref, tol, T, L, fa, g
 

@@ -32,8 +32,9 @@
  * passes of >= 64 rows take its tiled kernel (KV tiles of 64, fp32 scores and accumulator, the
  * tile's exps summed by ggml_vec_soft_max_f32).
  * Without it (-fa off; ORDER_TINYBLAS / ORDER_VEC_DOT): q arrives rounded to the K cache's vec_dot
- * type (the caller does that); KQ and KQV are llamafile's tinyBLAS dot products (one 16-lane fp32
- * FMA accumulator per output stepping 16 along the reduced axis, then _mm512_reduce_add_ps) for
+ * type for an f32 / f16 K (the caller does that), in fp32 for the others (quantized here as ggml quantizes
+ * it, each K type scored by its vec_dot or tinyBLAS kernel); KQ and KQV (f32 / f16 K and V) are llamafile's
+ * tinyBLAS dot products (one 16-lane fp32 FMA accumulator per output stepping 16 along the reduced axis, then _mm512_reduce_add_ps) for
  * passes of >= 2 rows, ggml_vec_dot_f16 (4 x 16 lanes, 64 a step, GGML_F32x16_REDUCE) for one row;
  * the reduced axis is the head dims for KQ and the cache positions counted from 0 for KQV; softmax is
  * ggml_vec_soft_max_f32: ggml's AVX-512 expf, each group of 16 positions reduced into a double; the
@@ -359,19 +360,21 @@ static inline __m256i kv_lanes(int t, __m256i k, __m256i q) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(q, k)), one);
 }
 
-static inline float dot_blocks(int t, const uint8_t *row, const int8_t *qc, const float *qd, const float *qs, long D) {
+static inline float dot_blocks(int t, const uint8_t *row, const int8_t *qc, const float *qd, const float *qs, long D,
+                               int tinyblas) {
     const long nb = D / 32, bb = kv_block_bytes(t);
+    const int paired = t == KV_IQ4_NL && !tinyblas; /* (llamafile's tinyBLAS_Q0_AVX: one accumulator for iq4_nl too) */
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     float summs = 0.0f;
     long ib = 0;
-    for (; ib < (t == KV_IQ4_NL ? nb & ~1L : nb); ib++) {
+    for (; ib < (paired ? nb & ~1L : nb); ib++) {
         const uint8_t *b = row + ib * bb;
         const __m256i l = kv_lanes(t, kv_codes(t, b), _mm256_loadu_si256((const __m256i *)(qc + 32 * ib)));
         if (kv_has_min(t)) summs = fmaf(f16_at(b + 2), qs[ib], summs);
-        const int a = t == KV_IQ4_NL ? (int)(ib & 1) : 0;
+        const int a = paired ? (int)(ib & 1) : 0;
         acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * qd[ib]), _mm256_cvtepi32_ps(l), acc[a]);
     }
-    if (t != KV_IQ4_NL) return kv_has_min(t) ? hsum8(acc[0]) + summs : hsum8(acc[0]);
+    if (!paired) return kv_has_min(t) ? hsum8(acc[0]) + summs : hsum8(acc[0]);
     float s = hsum8(_mm256_add_ps(acc[0], acc[1]));
     if (ib < nb) {
         const uint8_t *b = row + ib * bb;
@@ -527,7 +530,7 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
             const long row = ic * Hkv + c->g;
             float s = k_type == KV_Q8_0    ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc[j], qd[j], D)
                       : kv_blocked(k_type) ? dot_blocks(k_type, (const uint8_t *)k + row * (D / 32) * kv_block_bytes(k_type),
-                                                        qc[j], qd[j], qs[j], D)
+                                                        qc[j], qd[j], qs[j], D, 0)
                       : k_type == KV_BF16  ? dot_bf16_vec_dot((const uint16_t *)k + row * D, qb[j], c->q, D)
                                            : dot_vec_dot(k, kd, k_type, row, D, c->q);
             s *= scale;
@@ -1134,12 +1137,31 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             }
             /* scores: per key, the 16-lane FMA accumulators of ggml_vec_dot_f16 (4 of them, 64 dims a
              * step, GGML_F32Cx16_REDUCE, dims past a multiple of 64 summed in double) or of tinyBLAS
-             * (one, 16 dims a step, then its hsum) */
+             * (one, 16 dims a step, then its hsum); a quantized K: its vec_dot (or tinyBLAS_Q0_AVX, the same
+             * arithmetic but for iq4_nl's single accumulator; q4_1 / q5_1 have no tinyBLAS kernel) on q
+             * quantized here (q arrives in fp32 for these: q8_1's block sums are those of the unrounded scale);
+             * bf16: ggml's bf16 vec_dot / tinyBLAS on q rounded to bf16 here */
+            int8_t qc[512];
+            float qd[16], qs[16], qf[512];
+            uint16_t qb[512];
+            const int kq = k_type == KV_Q8_0 || kv_blocked(k_type), tb = order == ORDER_TINYBLAS;
+            if (kq) sharpi_quantize_act(kv_has_min(k_type) ? GGML_TYPE_Q4_1 : GGML_TYPE_Q8_0, qr, 1, D, qc, qd, qs, NULL);
+            if (k_type == KV_BF16)
+                for (long d = 0; d < D; d++) {
+                    qb[d] = bf16_bits(qr[d]);
+                    const uint32_t u = (uint32_t)qb[d] << 16;
+                    memcpy(qf + d, &u, 4);
+                }
             float mx = -INFINITY;
             for (long j = 0; j < n; j++) {
                 const long row = (lo + j) * Hkv + g; /* row of width D in the [capacity * Hkv, D] view */
-                float sc = order == ORDER_VEC_DOT ? dot_vec_dot(k, kd, k_type, row, D, qr)
-                                                  : dot_tinyblas(k, kd, k_type, row, D, qr);
+                float sc = k_type == KV_Q8_0    ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc, qd, D)
+                           : kv_blocked(k_type) ? dot_blocks(k_type, (const uint8_t *)k + row * (D / 32) * kv_block_bytes(k_type),
+                                                             qc, qd, qs, D, tb)
+                           : k_type == KV_BF16  ? (tb ? dot_bf16_tinyblas((const uint16_t *)k + row * D, qb, qf, D)
+                                                      : dot_bf16_vec_dot((const uint16_t *)k + row * D, qb, qf, D))
+                           : order == ORDER_VEC_DOT ? dot_vec_dot(k, kd, k_type, row, D, qr)
+                                                    : dot_tinyblas(k, kd, k_type, row, D, qr);
                 if (softcap != 0.0f) sc = tanhf(sc * inv_cap) * softcap;
                 sc *= scale;
                 s[j] = sc;

@@ -775,7 +775,8 @@ class Transformer:
         if self._attn_kernel is not None:
             # every (row, head) as llama.cpp computes it: one-token passes and verify rows like its
             # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
-            o = self._attn_kernel(q if self.flash_attn else activation_for(q, cache.k.qtype),
+            # (without flash attention q comes rounded to an f32 / f16 K's type; the kernel quantizes it for the others)
+            o = self._attn_kernel(q if self.flash_attn or cache.k.kind not in ("f32", "f16") else activation_for(q, cache.k.qtype),
                                   cache.k, cache.v, kv, start_pos, window, kq_scale,
                                   _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap, ly.sinks).view(T, H * hdv)
         elif T <= EXACT_ROWS:
