@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # -ctk / -ctv (kv_cache.py)
-QUANTIZED_CACHE_TYPES = CACHE_TYPES[3:]  # (ggml_is_quantized: a V cache of these needs flash attention)
+QUANTIZED_CACHE_TYPES = ("q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # ggml_is_quantized: rotated; as V, flash attention only
 
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 # --sampling-seq letters (llama.cpp's common_sampler_type_to_chr)
