@@ -712,22 +712,22 @@ def e8m0_half(e):
 
 
 def legacy_codes(blk, qtype):
-    """[n, nb, bytes] blocks -> (signed weight codes [n, nb, 32] (int64), d_w, m_w or None)"""
+    """[n, nb, bytes] blocks -> (weight codes [n, nb, 32] (int64: signed, unsigned for Q4_1 / Q5_1), d_w, m_w or None)"""
     if qtype == Q.MXFP4:
         qs = blk[:, :, 1:17].astype(np.int64)
         return MXFP4_VALUES[np.concatenate([qs & 15, qs >> 4], axis=-1)], e8m0_half(blk[:, :, 0]), None
     d = f16(blk, 0)
     if qtype == Q.Q8_0:
         return blk[:, :, 2:34].view(np.int8).astype(np.int64), d, None
-    qo = {Q.Q4_0: 2, Q.IQ4_NL: 2, Q.Q4_1: 4, Q.Q5_0: 6}[qtype]
+    qo = {Q.Q4_0: 2, Q.IQ4_NL: 2, Q.Q4_1: 4, Q.Q5_0: 6, Q.Q5_1: 8}[qtype]
     qs = blk[:, :, qo:qo + 16].astype(np.int64)
     q = np.concatenate([qs & 15, qs >> 4], axis=-1)
     if qtype == Q.IQ4_NL:
         return IQ4NL_VALUES[q], d, None
-    if qtype == Q.Q5_0:
-        qh = blk[:, :, 2:6].copy().view(np.uint32).astype(np.int64)  # [n, nb, 1]
+    if qtype in (Q.Q5_0, Q.Q5_1):
+        qh = blk[:, :, qo - 4:qo].copy().view(np.uint32).astype(np.int64)  # [n, nb, 1]
         q = q | (((qh >> np.arange(32)) & 1) << 4)
-        return q - 16, d, None
+        return (q - 16, d, None) if qtype == Q.Q5_0 else (q, d, f16(blk, 2))
     return (q - 8, d, None) if qtype == Q.Q4_0 else (q, d, f16(blk, 2))
 
 

@@ -12,13 +12,13 @@ from gguf import GGMLQuantizationType as Q
 
 from sharpi_core.kernels import cpu
 from sharpi_core.kv_cache import BLOCK_BYTES, KVCache, quantize_blocks
-from test_cpu_kernels import ggml_quantize_q8_0, hsum_float_8
+from test_cpu_kernels import IQ4NL_VALUES, ggml_quantize_q8_0, hsum_float_8, legacy_codes
 from test_ops import _fma, libm_expf
 
 F32 = np.float32
 BLOCK_KINDS = list(BLOCK_BYTES)
 needs_kernels = pytest.mark.skipif(not cpu.available(), reason="CPU kernels unavailable")
-IQ4NL = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+IQ4NL = IQ4NL_VALUES.tolist()
 
 
 def blocks_under_test(n: int = 3000, seed: int = 0) -> np.ndarray:
@@ -72,18 +72,8 @@ def iq4_nl_scalar(x: np.ndarray) -> tuple[float, list[int]]:
 
 def block_parts(blk: np.ndarray, kind: str):
     """[n, bytes] blocks -> (vec_dot codes [n, 32] int64: signed, or unsigned for q4_1 / q5_1; d; m or None)."""
-    f16 = lambda o: blk[:, o:o + 2].copy().view(np.float16)[:, 0].astype(F32)  # noqa: E731
-    qs = blk[:, -16:].astype(np.int64)
-    c = np.concatenate([qs & 15, qs >> 4], axis=1)
-    if kind in ("q5_0", "q5_1"):
-        o = 4 if kind == "q5_1" else 2
-        qh = blk[:, o:o + 4].copy().view(np.uint32).astype(np.int64)
-        c = c | (((qh >> np.arange(32)) & 1) << 4)
-    if kind == "iq4_nl":
-        c = np.array(IQ4NL)[c]
-    elif kind in ("q4_0", "q5_0"):
-        c = c - (8 if kind == "q4_0" else 16)
-    return c, f16(0), (f16(2) if kind in ("q4_1", "q5_1") else None)
+    c, d, m = legacy_codes(blk[:, None], Q[kind.upper()])
+    return c[:, 0], d[:, 0], None if m is None else m[:, 0]
 
 
 @needs_kernels

@@ -2,6 +2,7 @@
 #ifndef SHARPI_GGML_ORDER_H
 #define SHARPI_GGML_ORDER_H
 #include "x86simd.h"
+#include <stdint.h>
 
 /* ggml's hsum_float_8 / llamafile's hsum(__m256) (also in ggml_vec_soft_max_f32):
  * ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)) */
@@ -20,5 +21,8 @@ static inline float reduce16(const __m512 v) {
     const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
     return _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)));
 }
+
+/* IQ4_NL / IQ4_XS: the 16 values a 4-bit code stands for (ggml's kvalues_iq4nl) */
+static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 #endif

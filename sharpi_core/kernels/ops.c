@@ -215,8 +215,6 @@ void sharpi_round_q8(const float *x, long n, int block, int f16_scale, float *y)
  * A block of 32 as ggml's vec_dot sees its codes: signed for q4_0 (nibble - 8), q5_0 (5 bits - 16) and iq4_nl (its
  * table's value), unsigned for q4_1 (nibble) and q5_1 (5 bits) with the block's minimum m apart; element j < 16 in
  * the low nibble of qs[j], element j + 16 in its high nibble, bit j of qh element j's fifth bit. */
-static const int8_t KV_IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
 static inline int kv_blocked(int t) { return t >= KV_Q4_0; }
 static inline int kv_has_min(int t) { return t == KV_Q4_1 || t == KV_Q5_1; }
 static inline long kv_block_bytes(int t) { return t == KV_Q4_1 ? 20 : t == KV_Q5_0 ? 22 : t == KV_Q5_1 ? 24 : 18; }
@@ -230,7 +228,7 @@ static inline __m256i kv_codes(int t, const uint8_t *b) {
     const __m128i raw = _mm_loadu_si128((const __m128i *)(b + kv_block_bytes(t) - 16)), m4 = _mm_set1_epi8(15);
     const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
     if (t == KV_IQ4_NL) {
-        const __m128i tab = _mm_loadu_si128((const __m128i *)KV_IQ4NL_VALUES);
+        const __m128i tab = _mm_loadu_si128((const __m128i *)KVALUES_IQ4NL);
         return _mm256_set_m128i(_mm_shuffle_epi8(tab, hi), _mm_shuffle_epi8(tab, lo));
     }
     __m256i c = _mm256_set_m128i(hi, lo);
@@ -248,21 +246,8 @@ static inline __m256i kv_codes(int t, const uint8_t *b) {
 /* 16 values of a block (half 0: elements 0-15, 1: 16-31) as ggml's to_float gives them (dequantize_row_*, built
  * without FMA: code * d, then + m for q4_1 / q5_1) */
 static inline __m512 kv_dequant16(int t, const uint8_t *b, long half) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + kv_block_bytes(t) - 16));
-    __m128i h = _mm_and_si128(half ? _mm_srli_epi16(raw, 4) : raw, _mm_set1_epi8(15)); /* this half's nibbles */
-    if (t == KV_IQ4_NL) {
-        h = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)KV_IQ4NL_VALUES), h);
-    } else if (t == KV_Q5_0 || t == KV_Q5_1) { /* the fifth bits of these 16 elements */
-        uint32_t qh;
-        memcpy(&qh, b + (t == KV_Q5_1 ? 4 : 2), 4);
-        const __m128i rep = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> (16 * half))),
-                                             _mm_set_epi64x(0x0101010101010101LL, 0));
-        const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ULL);
-        h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(rep, bit), bit), _mm_set1_epi8(16)));
-        if (t == KV_Q5_0) h = _mm_sub_epi8(h, _mm_set1_epi8(16));
-    } else if (t == KV_Q4_0) {
-        h = _mm_sub_epi8(h, _mm_set1_epi8(8));
-    }
+    const __m256i c = kv_codes(t, b);
+    const __m128i h = half ? _mm256_extracti128_si256(c, 1) : _mm256_castsi256_si128(c);
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(h)), _mm512_set1_ps(f16_at(b)));
     return kv_has_min(t) ? _mm512_add_ps(v, _mm512_set1_ps(f16_at(b + 2))) : v;
 }
@@ -395,7 +380,7 @@ static inline uint16_t bf16_bits(float x) {
 }
 
 static inline int iq4nl_index(float x) { /* ggml's best_index_int8 over the iq4_nl table */
-    const int8_t *v = KV_IQ4NL_VALUES;
+    const int8_t *v = KVALUES_IQ4NL;
     if (x <= v[0]) return 0;
     if (x >= v[15]) return 15;
     int lo = 0, hi = 15;
@@ -443,11 +428,11 @@ void sharpi_kv_store(int t, const float *x, long nb, uint8_t *dst) {
             if (t == KV_IQ4_NL) {
                 d = 0.0f;
                 if (amax >= 1e-15f) { /* GROUP_MAX_EPS (below it: d = 0, the codes do not matter) */
-                    const float id = 1.0f / (max / (float)KV_IQ4NL_VALUES[0]);
+                    const float id = 1.0f / (max / (float)KVALUES_IQ4NL[0]);
                     float sumqx = 0.0f, sumq2 = 0.0f;
                     for (int j = 0; j < 32; j++) {
                         L[j] = (uint8_t)iq4nl_index(id * x[j]);
-                        const float q = (float)KV_IQ4NL_VALUES[L[j]], w = x[j] * x[j];
+                        const float q = (float)KVALUES_IQ4NL[L[j]], w = x[j] * x[j];
                         sumqx += w * q * x[j];
                         sumq2 += w * q * q;
                     }
@@ -479,7 +464,39 @@ void sharpi_kv_store(int t, const float *x, long nb, uint8_t *dst) {
     }
 }
 
-static inline float dot_bf16_vec_dot(const uint16_t *w, const uint16_t *xb, const float *xf, long k); /* below */
+static inline float dot_bf16_vec_dot(const uint16_t *w, const uint16_t *xb, const float *xf, long k);  /* below */
+static inline float dot_bf16_tinyblas(const uint16_t *w, const uint16_t *xb, const float *xf, long k); /* below */
+
+/* q in K's vec_dot type as ggml converts it for the scores: q8_0 blocks (codes qc, scales qd) for a q8_0 / q4_0 /
+ * q5_0 / iq4_nl K, q8_1 (also the blocks' sums qs) for q4_1 / q5_1, bf16 bits qb for bf16 (and their values in qf
+ * unless it is NULL); an f32 / f16 K takes q as it comes (rounded by the caller) */
+static inline void kq_prepare(int k_type, const float *q, long D, int8_t *qc, float *qd, float *qs, uint16_t *qb, float *qf) {
+    if (k_type == KV_Q8_0 || kv_blocked(k_type))
+        sharpi_quantize_act(kv_has_min(k_type) ? GGML_TYPE_Q4_1 : GGML_TYPE_Q8_0, q, 1, D, qc, qd, qs, NULL);
+    if (k_type == KV_BF16)
+        for (long d = 0; d < D; d++) {
+            qb[d] = bf16_bits(q[d]);
+            if (qf) {
+                const uint32_t u = (uint32_t)qb[d] << 16;
+                memcpy(qf + d, &u, 4);
+            }
+        }
+}
+
+/* The score of cache row `row` (of width D) against q prepared by kq_prepare: K's vec_dot, as flash attention and a
+ * one-row mul_mat compute it, or (tinyblas) llamafile's kernel of a prompt pass's mul_mat (the same arithmetic for
+ * the quantized types but iq4_nl's single accumulator; q4_1 / q5_1 have none: vec_dot). qf: q's values (f32 / f16 K:
+ * as the caller rounded them; bf16: its bf16 values). */
+static inline float kq_dot(int k_type, const void *k, const uint16_t *kd, long row, long D, const int8_t *qc,
+                           const float *qd, const float *qs, const uint16_t *qb, const float *qf, int tinyblas) {
+    if (k_type == KV_Q8_0) return dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc, qd, D);
+    if (kv_blocked(k_type))
+        return dot_blocks(k_type, (const uint8_t *)k + row * (D / 32) * kv_block_bytes(k_type), qc, qd, qs, D, tinyblas);
+    if (k_type == KV_BF16)
+        return tinyblas ? dot_bf16_tinyblas((const uint16_t *)k + row * D, qb, qf, D)
+                        : dot_bf16_vec_dot((const uint16_t *)k + row * D, qb, qf, D);
+    return tinyblas ? dot_tinyblas(k, kd, k_type, row, D, qf) : dot_vec_dot(k, kd, k_type, row, D, qf);
+}
 
 /* One chain of flash attention: one query row and head (q, KV head g) over cache positions [c0, c1)
  * (those outside the row's visible range [lo, pos] are masked: skipped). fa_chunks leaves in it the
@@ -510,10 +527,7 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
     long first = ch[0].c0, last = ch[0].c1;
     for (int j = 0; j < nc; j++) {
         fa_chain *c = &ch[j];
-        if (k_type == KV_Q8_0 || kv_blocked(k_type))
-            sharpi_quantize_act(kv_has_min(k_type) ? GGML_TYPE_Q4_1 : GGML_TYPE_Q8_0, c->q, 1, D, qc[j], qd[j], qs[j], NULL);
-        if (k_type == KV_BF16)
-            for (long d = 0; d < D; d++) qb[j][d] = bf16_bits(c->q[d]);
+        kq_prepare(k_type, c->q, D, qc[j], qd[j], qs[j], qb[j], NULL);
         c->m = -INFINITY;
         c->sum = 0.0f;
         for (long d = 0; d < Dv; d += 16) {
@@ -528,12 +542,7 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
             fa_chain *c = &ch[j];
             if (ic < c->c0 || ic >= c->c1) continue;
             const long row = ic * Hkv + c->g;
-            float s = k_type == KV_Q8_0    ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc[j], qd[j], D)
-                      : kv_blocked(k_type) ? dot_blocks(k_type, (const uint8_t *)k + row * (D / 32) * kv_block_bytes(k_type),
-                                                        qc[j], qd[j], qs[j], D, 0)
-                      : k_type == KV_BF16  ? dot_bf16_vec_dot((const uint16_t *)k + row * D, qb[j], c->q, D)
-                                           : dot_vec_dot(k, kd, k_type, row, D, c->q);
-            s *= scale;
+            float s = kq_dot(k_type, k, kd, row, D, qc[j], qd[j], qs[j], qb[j], c->q, 0) * scale;
             if (softcap != 0.0f) s = softcap * tanhf(s);
             s += 0.0f; /* the mask's 0 */
             float ms = 1.0f, vs = 1.0f;
@@ -553,8 +562,7 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
                 } else {
                     __m512 a = _mm512_loadu_ps(c->acc + d);
                     if (new_max) a = _mm512_mul_ps(a, _mm512_set1_ps(ms));
-                    const __m512 x = load16(v, vd, v_type, row, Dv, d);
-                    _mm512_storeu_ps(c->acc + d, _mm512_fmadd_ps(x, _mm512_set1_ps(vs), a));
+                    _mm512_storeu_ps(c->acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a));
                 }
             }
             c->sum = fmaf(c->sum, ms, vs);
@@ -1144,24 +1152,11 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             int8_t qc[512];
             float qd[16], qs[16], qf[512];
             uint16_t qb[512];
-            const int kq = k_type == KV_Q8_0 || kv_blocked(k_type), tb = order == ORDER_TINYBLAS;
-            if (kq) sharpi_quantize_act(kv_has_min(k_type) ? GGML_TYPE_Q4_1 : GGML_TYPE_Q8_0, qr, 1, D, qc, qd, qs, NULL);
-            if (k_type == KV_BF16)
-                for (long d = 0; d < D; d++) {
-                    qb[d] = bf16_bits(qr[d]);
-                    const uint32_t u = (uint32_t)qb[d] << 16;
-                    memcpy(qf + d, &u, 4);
-                }
+            kq_prepare(k_type, qr, D, qc, qd, qs, qb, qf);
             float mx = -INFINITY;
             for (long j = 0; j < n; j++) {
                 const long row = (lo + j) * Hkv + g; /* row of width D in the [capacity * Hkv, D] view */
-                float sc = k_type == KV_Q8_0    ? dot_q8_0((const int8_t *)k + row * D, kd + row * D / 32, qc, qd, D)
-                           : kv_blocked(k_type) ? dot_blocks(k_type, (const uint8_t *)k + row * (D / 32) * kv_block_bytes(k_type),
-                                                             qc, qd, qs, D, tb)
-                           : k_type == KV_BF16  ? (tb ? dot_bf16_tinyblas((const uint16_t *)k + row * D, qb, qf, D)
-                                                      : dot_bf16_vec_dot((const uint16_t *)k + row * D, qb, qf, D))
-                           : order == ORDER_VEC_DOT ? dot_vec_dot(k, kd, k_type, row, D, qr)
-                                                    : dot_tinyblas(k, kd, k_type, row, D, qr);
+                float sc = kq_dot(k_type, k, kd, row, D, qc, qd, qs, qb, k_type == KV_BF16 ? qf : qr, order == ORDER_TINYBLAS);
                 if (softcap != 0.0f) sc = tanhf(sc * inv_cap) * softcap;
                 sc *= scale;
                 s[j] = sc;

@@ -57,8 +57,6 @@ enum {
 /* fp16 -> fp32 for block scales: a table lookup is a plain load (vcvtph2ps costs 2 ALU uops). */
 static float f16tab[65536];
 
-/* IQ4_NL / IQ4_XS: the 16 values a 4-bit code stands for (ggml's kvalues_iq4nl) */
-static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 /* MXFP4: twice the E2M1 value of each 4-bit code (ggml's kvalues_mxfp4); the block's E8M0 exponent e scales
  * them by 2^(e - 128) (GGML_E8M0_TO_FP32_HALF: the half makes up for the doubling) */
 static const int8_t KVALUES_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
