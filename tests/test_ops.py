@@ -573,9 +573,14 @@ def attention_ggml_fa(q, cache, start, window, scale, mode, n_ctx, sinks=None):
     return torch.from_numpy(out)
 
 
-FA_CASES = {  # L, T, mode, window, H, Hkv
+FA_CASES = {  # L, T, mode, window, H, Hkv[, D (64)]
     "short prompt": (40, 5, cpu.ATTN_FA_PROMPT, 0, 4, 2),
     "tiled prompt": (100, 70, cpu.ATTN_FA_PROMPT, 37, 4, 2),
+    # the kernel runs 4 (row, head) pairs of a KV head together: runs across rows, a last run of one pair,
+    # rows of one head (no GQA), and head dims past a multiple of 64 (80: V in blocks of 64, then 16)
+    "tiled prompt, 3 heads a KV head": (100, 67, cpu.ATTN_FA_PROMPT, 0, 3, 1),
+    "tiled prompt, a head a KV head": (140, 65, cpu.ATTN_FA_PROMPT, 50, 5, 5),
+    "tiled prompt, 80 dims": (90, 64, cpu.ATTN_FA_PROMPT, 0, 6, 2, 80),
     "decode": (90, 2, cpu.ATTN_FA_DECODE, 0, 4, 2),
     "decode, two chunks": (300, 2, cpu.ATTN_FA_DECODE, 0, 4, 2),
     # rows padded to 256 and to 512 positions (one chunk, two) in one run of tasks a thread takes
@@ -597,8 +602,7 @@ def sink_logits(H, g):
 @pytest.mark.parametrize("case", list(FA_CASES))
 def test_attention_is_llamacpp_flash_attention_bit_for_bit(case, sinks):
     g = torch.Generator().manual_seed(11)
-    D = 64
-    L, T, mode, window, H, Hkv = FA_CASES[case]
+    L, T, mode, window, H, Hkv, D = (*FA_CASES[case], 64)[:7]
     cache = KVCache(1, 1024, Hkv, D, D, "f16", "f16")
     cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
     cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
@@ -606,6 +610,12 @@ def test_attention_is_llamacpp_flash_attention_bit_for_bit(case, sinks):
     sk = sink_logits(H, g) if sinks else None
     got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, mode, sinks=sk)
     assert torch.equal(got, attention_ggml_fa(q, cache, L - T, window, 0.125, mode, 1024, None if sk is None else sk.numpy()))
+    n = torch.get_num_threads()
+    try:  # whichever thread takes a run
+        torch.set_num_threads(1)
+        assert torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, mode, sinks=sk))
+    finally:
+        torch.set_num_threads(n)
     if sinks:  # (they take weight from every row)
         assert not torch.equal(got, cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, mode))
 

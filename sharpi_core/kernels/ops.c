@@ -660,71 +660,152 @@ static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *k
     }
 }
 
-/* Flash attention of one row of a pass of >= 64 query rows: ggml_compute_forward_flash_attn_ext_tiled.
- * KV tiles of 64 positions from 0; scores as its simd_gemm computes them (one fp32 FMA chain over the
- * head dims, q in fp32), scaled, masked to -inf; per tile the max, an expf rescale when it grows, the
- * tile's exps summed by ggml_vec_soft_max_f32 (groups of 16) into the float sum, and the accumulator
- * (fp32) gains the tile's probabilities times V, one FMA per position in order. kt: this KV head's K
- * as fp32, transposed: kt[d * ldk + position] (ggml packs each tile so too). */
-static void fa_tiled_row(const float *q, const float *kt, long ldk, const void *v, const uint16_t *vd, int v_type,
-                         long Hkv, long g, long D, long Dv, long lo, long pos, float scale, float softcap, const float *sink,
-                         float *out) {
-    float acc[512], p[FA_TILE_KV];
-    float m = -INFINITY, sum = 0.0f;
-    for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc + d, _mm512_setzero_ps());
-    for (long t0 = lo / FA_TILE_KV * FA_TILE_KV; t0 <= pos; t0 += FA_TILE_KV) {
-        float tmax = -INFINITY;
-        /* 16 positions at a time, lane u running position t0 + i + u's chain over the dims */
-        for (int i = 0; i < FA_TILE_KV; i += 16) {
-            const long c0 = t0 + i;
-            const __mmask16 vis = (__mmask16)(((c0 + 16 <= pos + 1) ? 0xFFFFu : (c0 > pos ? 0u : (1u << (pos + 1 - c0)) - 1)) &
-                                              (c0 >= lo ? 0xFFFFu : (c0 + 16 <= lo ? 0u : ~((1u << (lo - c0)) - 1))));
-            if (!vis) {
-                _mm512_storeu_ps(p + i, _mm512_set1_ps(-INFINITY));
-                continue;
-            }
-            __m512 sc = _mm512_setzero_ps();
-            for (long d = 0; d < D; d++)
-                sc = _mm512_fmadd_ps(_mm512_loadu_ps(kt + d * ldk + c0), _mm512_set1_ps(q[d]), sc);
-            sc = _mm512_mul_ps(sc, _mm512_set1_ps(scale));
-            if (softcap != 0.0f) { /* ggml_vec_tanh_f32 (libm's tanhf, element by element), then times the cap */
-                float t[16];
-                _mm512_storeu_ps(t, sc);
-                for (int u = 0; u < 16; u++) t[u] = tanhf(t[u]);
-                sc = _mm512_mul_ps(_mm512_loadu_ps(t), _mm512_set1_ps(softcap));
-            }
-            sc = _mm512_add_ps(sc, _mm512_setzero_ps()); /* + the mask's 0 */
-            sc = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sc);
-            _mm512_storeu_ps(p + i, sc);
-            const float mx = _mm512_reduce_max_ps(sc);
-            tmax = mx > tmax ? mx : tmax;
-        }
-        if (tmax == -INFINITY) continue;
-        const float mn = fmaxf(m, tmax);
-        if (mn > m) {
-            const float ms = expf(m - mn);
-            for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(ms)));
-            sum *= ms;
-        }
-        m = mn;
-        double ts = 0.0;
-        for (int i = 0; i < FA_TILE_KV; i += 16) {
-            const __m512 e = ggml_expf16(_mm512_sub_ps(_mm512_loadu_ps(p + i), _mm512_set1_ps(mn)));
-            _mm512_storeu_ps(p + i, e);
-            ts += (double)reduce16(e);
-        }
-        sum = (float)((double)sum + ts);
-        for (int i = 0; i < FA_TILE_KV; i++) {
-            const long ic = t0 + i;
-            if (ic < lo || ic > pos) continue; /* p = 0: an FMA that changes nothing */
-            const long row = ic * Hkv + g;
-            for (long d = 0; d < Dv; d += 16)
-                _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(p[i]), _mm512_loadu_ps(acc + d)));
+/* Flash attention of a pass of >= 64 query rows: ggml_compute_forward_flash_attn_ext_tiled, each (row, head)
+ * as it computes it. KV tiles of 64 positions from 0; scores as its simd_gemm computes them (one fp32 FMA
+ * chain over the head dims, q in fp32), scaled, masked to -inf; per tile the max, an expf rescale when it
+ * grows, the tile's exps summed by ggml_vec_soft_max_f32 (groups of 16) into the float sum, and the fp32
+ * accumulator gains the tile's probabilities times V, one FMA per position in order (a masked position's
+ * probability is 0: an FMA that changes nothing, as in ggml's simd_gemm over the whole tile). kt: this KV
+ * head's K as fp32, transposed: kt[d * ldk + position] (ggml packs each tile so too).
+ *
+ * FA_TC (row, head) pairs of one KV head run together, as simd_gemm runs its rows: each K load serves
+ * every pair's score chain and each V load every pair's accumulator (GQA heads of one row, or rows of
+ * one head), so that the loads and the FMA latency are shared while each pair keeps its own operations
+ * in its own order (Qwen 1.5B's attention 1024 positions deep, 128 rows: 13.3 ms a layer before, one
+ * pair at a time). */
+#ifdef SHARPI_AVX512_EMULATED
+enum { FA_TC = 2, FA_SK = 2, FA_PVJ = 2 }; /* 256-bit halves: the blocks below fit 16 ymm registers */
+#else
+enum { FA_TC = 4, FA_SK = 4, FA_PVJ = 4 }; /* pairs, 16-position score chunks, 16-dim V chunks per block */
+#endif
+
+typedef struct {
+    const float *q;    /* [D] fp32 */
+    long lo, pos;      /* visible positions */
+    const float *sink; /* or NULL */
+    float *out;        /* [Dv] */
+} fa_trow;
+
+/* p[c][i] += (raw scores of pair c at positions t0 + i): FA_SK chunks of 16 positions from chunk k0 */
+static inline __attribute__((always_inline)) void fa_scores(const float *const *q, const float *kt, long ldk, long t0,
+                                                            int k0, long D, float (*p)[FA_TILE_KV]) {
+    __m512 s[FA_TC][FA_SK];
+    for (int c = 0; c < FA_TC; c++)
+        for (int i = 0; i < FA_SK; i++) s[c][i] = _mm512_setzero_ps();
+    const float *kp = kt + t0 + 16 * k0;
+    for (long d = 0; d < D; d++, kp += ldk) {
+        __m512 kv[FA_SK];
+        for (int i = 0; i < FA_SK; i++) kv[i] = _mm512_loadu_ps(kp + 16 * i);
+        for (int c = 0; c < FA_TC; c++) {
+            const __m512 qb = _mm512_set1_ps(q[c][d]);
+            for (int i = 0; i < FA_SK; i++) s[c][i] = _mm512_fmadd_ps(kv[i], qb, s[c][i]);
         }
     }
-    if (sink) fa_sink(*sink, &m, &sum, acc, Dv, 1);
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-    for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(inv)));
+    for (int c = 0; c < FA_TC; c++)
+        for (int i = 0; i < FA_SK; i++) _mm512_storeu_ps(p[c] + 16 * (k0 + i), s[c][i]);
+}
+
+/* acc[c][d0 .. d0 + 16 nj) += sum over positions t0 + [i0, i1] of p[c][i] V[position][d], in position order */
+static inline __attribute__((always_inline)) void fa_pv(float (*acc)[512], const float (*p)[FA_TILE_KV], const void *v,
+                                                        const int f16, long Hkv, long g, long Dv, long t0, long i0,
+                                                        long i1, long d0, const int nj) {
+    __m512 a[FA_TC][FA_PVJ];
+    for (int c = 0; c < FA_TC; c++)
+        for (int j = 0; j < nj; j++) a[c][j] = _mm512_loadu_ps(acc[c] + d0 + 16 * j);
+    for (long i = i0; i <= i1; i++) {
+        const long off = ((t0 + i) * Hkv + g) * Dv + d0;
+        __m512 vv[FA_PVJ];
+        for (int j = 0; j < nj; j++)
+            vv[j] = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v + off + 16 * j)))
+                        : _mm512_loadu_ps((const float *)v + off + 16 * j);
+        for (int c = 0; c < FA_TC; c++) {
+            const __m512 pb = _mm512_set1_ps(p[c][i]);
+            for (int j = 0; j < nj; j++) a[c][j] = _mm512_fmadd_ps(vv[j], pb, a[c][j]);
+        }
+    }
+    for (int c = 0; c < FA_TC; c++)
+        for (int j = 0; j < nj; j++) _mm512_storeu_ps(acc[c] + d0 + 16 * j, a[c][j]);
+}
+
+static inline __attribute__((always_inline)) void fa_pv_all(float (*acc)[512], const float (*p)[FA_TILE_KV], const void *v,
+                                                            const int f16, long Hkv, long g, long Dv, long t0, long i0, long i1) {
+    long d0 = 0;
+    for (; d0 + 16 * FA_PVJ <= Dv; d0 += 16 * FA_PVJ) fa_pv(acc, p, v, f16, Hkv, g, Dv, t0, i0, i1, d0, FA_PVJ);
+    for (; d0 < Dv; d0 += 16) fa_pv(acc, p, v, f16, Hkv, g, Dv, t0, i0, i1, d0, 1);
+}
+
+/* nc <= FA_TC pairs of KV head g (their unused places compute the first pair's scores again, unread) */
+static void fa_tiled_rows(const fa_trow *r, int nc, const float *kt, long ldk, const void *v, int v_f16, long Hkv,
+                          long g, long D, long Dv, float scale, float softcap) {
+    float acc[FA_TC][512], p[FA_TC][FA_TILE_KV], m[FA_TC], sum[FA_TC];
+    const float *q[FA_TC];
+    long lo = r[0].lo, hi = r[0].pos;
+    for (int c = 0; c < FA_TC; c++) {
+        q[c] = r[c < nc ? c : 0].q;
+        m[c] = -INFINITY;
+        sum[c] = 0.0f;
+        for (long d = 0; d < Dv; d += 16) _mm512_storeu_ps(acc[c] + d, _mm512_setzero_ps());
+        if (c < nc) {
+            lo = r[c].lo < lo ? r[c].lo : lo;
+            hi = r[c].pos > hi ? r[c].pos : hi;
+        }
+    }
+    for (long t0 = lo / FA_TILE_KV * FA_TILE_KV; t0 <= hi; t0 += FA_TILE_KV) {
+        for (int k0 = 0; k0 < FA_TILE_KV / 16; k0 += FA_SK) fa_scores(q, kt, ldk, t0, k0, D, p);
+        for (int c = 0; c < FA_TC; c++) {
+            float tmax = -INFINITY;
+            for (int i = 0; c < nc && i < FA_TILE_KV; i += 16) {
+                const long c0 = t0 + i, cl = r[c].lo, cp = r[c].pos;
+                const __mmask16 vis = (__mmask16)(((c0 + 16 <= cp + 1) ? 0xFFFFu : (c0 > cp ? 0u : (1u << (cp + 1 - c0)) - 1)) &
+                                                  (c0 >= cl ? 0xFFFFu : (c0 + 16 <= cl ? 0u : ~((1u << (cl - c0)) - 1))));
+                if (!vis) {
+                    _mm512_storeu_ps(p[c] + i, _mm512_set1_ps(-INFINITY));
+                    continue;
+                }
+                __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(p[c] + i), _mm512_set1_ps(scale));
+                if (softcap != 0.0f) { /* ggml_vec_tanh_f32 (libm's tanhf, element by element), then times the cap */
+                    float t[16];
+                    _mm512_storeu_ps(t, sc);
+                    for (int u = 0; u < 16; u++) t[u] = tanhf(t[u]);
+                    sc = _mm512_mul_ps(_mm512_loadu_ps(t), _mm512_set1_ps(softcap));
+                }
+                sc = _mm512_add_ps(sc, _mm512_setzero_ps()); /* + the mask's 0 */
+                sc = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sc);
+                _mm512_storeu_ps(p[c] + i, sc);
+                const float mx = _mm512_reduce_max_ps(sc);
+                tmax = mx > tmax ? mx : tmax;
+            }
+            if (tmax == -INFINITY) { /* nothing visible in this tile (or an unused place): no change */
+                for (int i = 0; i < FA_TILE_KV; i += 16) _mm512_storeu_ps(p[c] + i, _mm512_setzero_ps());
+                continue;
+            }
+            const float mn = fmaxf(m[c], tmax);
+            if (mn > m[c]) {
+                const float ms = expf(m[c] - mn);
+                for (long d = 0; d < Dv; d += 16)
+                    _mm512_storeu_ps(acc[c] + d, _mm512_mul_ps(_mm512_loadu_ps(acc[c] + d), _mm512_set1_ps(ms)));
+                sum[c] *= ms;
+            }
+            m[c] = mn;
+            double ts = 0.0;
+            for (int i = 0; i < FA_TILE_KV; i += 16) {
+                const __m512 e = ggml_expf16(_mm512_sub_ps(_mm512_loadu_ps(p[c] + i), _mm512_set1_ps(mn)));
+                _mm512_storeu_ps(p[c] + i, e);
+                ts += (double)reduce16(e);
+            }
+            sum[c] = (float)((double)sum[c] + ts);
+        }
+        /* the positions any pair sees (within the cache's written rows) */
+        const long i0 = (lo > t0 ? lo : t0) - t0, i1 = (hi < t0 + FA_TILE_KV - 1 ? hi : t0 + FA_TILE_KV - 1) - t0;
+        if (v_f16) fa_pv_all(acc, (const float(*)[FA_TILE_KV])p, v, 1, Hkv, g, Dv, t0, i0, i1);
+        else fa_pv_all(acc, (const float(*)[FA_TILE_KV])p, v, 0, Hkv, g, Dv, t0, i0, i1);
+    }
+    for (int c = 0; c < nc; c++) {
+        if (r[c].sink) fa_sink(*r[c].sink, &m[c], &sum[c], acc[c], Dv, 1);
+        const float inv = sum[c] == 0.0f ? 0.0f : 1.0f / sum[c];
+        for (long d = 0; d < Dv; d += 16)
+            _mm512_storeu_ps(r[c].out + d, _mm512_mul_ps(_mm512_loadu_ps(acc[c] + d), _mm512_set1_ps(inv)));
+    }
 }
 
 void sharpi_softcap(float *x, long n, float cap) {
@@ -1078,24 +1159,52 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
      * then the softmax's s * scale */
     const float fa_scale = fa && softcap != 0.0f ? scale / softcap : scale, inv_cap = softcap != 0.0f ? 1.0f / softcap : 0.0f;
     int bad = 0;
-    /* tiled flash attention: K of every KV head transposed to fp32 [Hkv][D][positions] once per pass */
-    const int tiled = order == FA_PROMPT && T >= FA_TILE_Q && k_type <= KV_F16 && k_type == v_type; /* f32 / f16 only */
-    const long ldk = (Lmax + FA_TILE_KV - 1) / FA_TILE_KV * FA_TILE_KV + 16;
-    float *kt = NULL;
-    if (tiled) {
-        kt = calloc((size_t)(Hkv * D * ldk), sizeof(float));
+    /* tiled flash attention (f32 / f16 caches): K of every KV head transposed to fp32 [Hkv][D][positions]
+     * once per pass, by blocks of 16 positions (whole cache lines); then the (row, head) pairs, ordered by KV
+     * head, row, head, in runs of FA_TC sharing a KV head, handed out one run at a time (a causal pass's
+     * late rows cost more than its early ones) */
+    if (order == FA_PROMPT && T >= FA_TILE_Q && k_type <= KV_F16 && k_type == v_type) {
+        const long ldk = (Lmax + FA_TILE_KV - 1) / FA_TILE_KV * FA_TILE_KV + 16, nb16 = (Lmax + 15) / 16;
+        const size_t bytes = ((size_t)(Hkv * D * ldk) * sizeof(float) + 63) / 64 * 64;
+        float *kt = aligned_alloc(64, bytes);
         if (!kt) return 2;
-        float row[512];
-        for (long ic = 0; ic < Lmax; ic++)
-            for (long g = 0; g < Hkv; g++) {
-                for (long d = 0; d < D; d += 16) _mm512_storeu_ps(row + d, load16(k, kd, k_type, ic * Hkv + g, D, d));
-                for (long d = 0; d < D; d++) kt[(g * D + d) * ldk + ic] = row[d];
+        const long nbg = (T * G + FA_TC - 1) / FA_TC; /* runs per KV head */
+#pragma omp parallel num_threads(nthreads)
+        {
+            float row[512];
+#pragma omp for schedule(static)
+            for (long blk = 0; blk < Hkv * nb16; blk++) {
+                const long g = blk / nb16, ic0 = blk % nb16 * 16;
+                for (long ic = ic0; ic < ic0 + 16; ic++) {
+                    if (ic < Lmax)
+                        for (long d = 0; d < D; d += 16) _mm512_storeu_ps(row + d, load16(k, kd, k_type, ic * Hkv + g, D, d));
+                    else
+                        memset(row, 0, sizeof(float) * (size_t)D);
+                    for (long d = 0; d < D; d++) kt[(g * D + d) * ldk + ic] = row[d];
+                }
+                if (ic0 + 16 == nb16 * 16) /* the row's padding past the last block */
+                    for (long d = 0; d < D; d++) memset(kt + (g * D + d) * ldk + nb16 * 16, 0, sizeof(float) * (size_t)(ldk - nb16 * 16));
             }
+#pragma omp for schedule(dynamic, 1)
+            for (long run = 0; run < Hkv * nbg; run++) {
+                const long g = run / nbg, u0 = run % nbg * FA_TC;
+                fa_trow rows[FA_TC];
+                int nc = 0;
+                for (long u = u0; u < u0 + FA_TC && u < T * G; u++, nc++) {
+                    const long t = u / G, h = g * G + u % G, pos = start + t;
+                    rows[nc] = (fa_trow){q + (t * H + h) * D, (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, pos,
+                                         sinks ? sinks + h : NULL, out + (t * H + h) * Dv};
+                }
+                fa_tiled_rows(rows, nc, kt + g * D * ldk, ldk, v, v_type == KV_F16, Hkv, g, D, Dv, fa_scale, softcap);
+            }
+        }
+        free(kt);
+        return 0;
     }
     /* flash attention's one-chunk kernel: each thread takes a contiguous run of (row, head) tasks
      * (rows in order, heads in order within a row: neighbours mostly share a KV head) and computes
      * them FA_CHAINS at a time side by side (fa_rows) */
-    const int chained = (order == FA_PROMPT || order == FA_DECODE) && !tiled;
+    const int chained = order == FA_PROMPT || order == FA_DECODE;
 #pragma omp parallel num_threads(nthreads)
     if (chained) {
         const long n_tasks = T * H, nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -1138,11 +1247,6 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             const long t = task / H, h = task % H, g = h / G, pos = start + t;
             const long lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, n = pos + 1 - lo;
             const float *qr = q + (t * H + h) * D;
-            if (tiled) {
-                fa_tiled_row(qr, kt + g * D * ldk, ldk, v, vd, v_type, Hkv, g, D, Dv, lo, pos, fa_scale, softcap,
-                             sinks ? sinks + h : NULL, out + (t * H + h) * Dv);
-                continue;
-            }
             /* scores: per key, the 16-lane FMA accumulators of ggml_vec_dot_f16 (4 of them, 64 dims a
              * step, GGML_F32Cx16_REDUCE, dims past a multiple of 64 summed in double) or of tinyBLAS
              * (one, 16 dims a step, then its hsum); a quantized K: its vec_dot (or tinyBLAS_Q0_AVX, the same
@@ -1210,7 +1314,6 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
         }
         free(s);
     }
-    free(kt);
     return bad ? 2 : 0;
 }
 
