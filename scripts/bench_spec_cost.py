@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a speculative step costs against a plain step, per k (a benchmark, not a test).
 
-    python scripts/bench_spec_cost.py [--device cpu|cuda] [--ks 1,2,4,6] [--reps 15]
+    python scripts/bench_spec_cost.py [--device cpu|cuda] [--ks 1,2,4,6] [--reps 15] [--depth N]
                                       [--tokens-per-pass 2:2.86,4:4.50,6:5.73 | auto]
 
 Qwen2.5-Coder 1.5B target, 0.5B draft (its output layer cut as sharpi's default --spec-draft-vocab),
@@ -68,6 +68,10 @@ def main() -> None:
     ap.add_argument("--hit-rate", default=CPU_HIT_RATE,
                     help="k:h,... (h = share of steps whose look-ahead holds); ignored with --tokens-per-pass auto")
     ap.add_argument("-t", type=int, default=2, help="CPU threads")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="tokens of context before the prompt (the code prompt's tokens repeated): every pass then "
+                         "attends over that many more positions, as deep in a conversation (the step costs; "
+                         "`--tokens-per-pass auto` measures E on the prompt alone)")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
     ks = [int(x) for x in a.ks.split(",")]
@@ -77,6 +81,7 @@ def main() -> None:
     bias = params.logit_bias
     on_device = bool(getattr(target, "device_argmax", False))
     prompt = tok.encode(CODE_PROMPT)
+    prompt = (prompt * (a.depth // len(prompt) + 1))[:a.depth] + prompt
     T0 = len(prompt)
     tcache = target.new_cache(T0 + 64)
     first = int(argmax(target.forward(torch.tensor(prompt), 0, tcache, last_n=1)[-1]))
@@ -140,8 +145,8 @@ def main() -> None:
         parse = lambda text: {int(k): float(v) for k, v in (kv.split(":") for kv in text.split(","))}  # noqa: E731
         tpp, hit, measured = parse(a.tokens_per_pass), parse(a.hit_rate), {}
 
-    print(f"Qwen 1.5B target + 0.5B draft on {a.device}: plain step {plain:.2f} ms ({1000 / plain:.1f} t/s), "
-          f"median of {a.reps}; E = tokens per verify pass ({'measured here' if measured else 'given'})")
+    print(f"Qwen 1.5B target + 0.5B draft on {a.device}, {T0} positions cached: plain step {plain:.2f} ms "
+          f"({1000 / plain:.1f} t/s), median of {a.reps}; E = tokens per verify pass ({'measured here' if measured else 'given'})")
     print("| k | draft k tokens ms | per draft token / plain step | verify k+1 rows ms | verify / plain step "
           "| break-even tokens/pass | E | projected spec/plain | measured spec/plain "
           "| draft \\|\\| verify ms | h | projected with look-ahead |")

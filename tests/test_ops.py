@@ -710,3 +710,46 @@ def test_bf16_weights_take_ggml_orders():
                        for t in (0, 2, 4, 6)] + [cpu.qmatmul(x[7:9].contiguous(), rw, Q.BF16, n, k, act_quant=True,
                                                              prompt=True)[1:]])
     assert torch.equal(tiled, alone)
+
+
+def _glibc_at_least(major: int, minor: int) -> bool:
+    import platform
+    libc, ver = platform.libc_ver()
+    try:
+        return libc == "glibc" and tuple(int(v) for v in ver.split(".")[:2]) >= (major, minor)
+    except ValueError:
+        return False
+
+
+@pytest.mark.skipif(not _glibc_at_least(2, 27), reason="ops.c's own expf is glibc's (2.27 on); elsewhere libm's is called")
+def test_kernel_expf_is_libm_expf_for_every_float():
+    """The attention kernel's exps (one per cache position and head, x <= 0) come from ops.c's 4-lane transcription of
+    glibc's expf, which a check at load must find equal to libm's here; then every float of [-104, 0] (all of the
+    range where expf is not 0 or libm's special cases), and samples of the rest (|x| >= 88, infinities, NaN: libm's
+    own answers), give libm's bits."""
+    assert cpu.expf_vectorized()
+    assert cpu.expf_mismatches(0x80000000, 0xC2D00000) == 0  # -0 .. -104, every float
+    assert cpu.expf_mismatches(0xC2D00000, 0xFFFFFFFF, 997) == 0  # below -104, -inf, the negative NaNs
+    assert cpu.expf_mismatches(0x00000000, 0x80000000, 1009) == 0  # +0 .. +inf, the positive NaNs
+
+
+@pytest.mark.parametrize("kind", ["f16", "q8_0", "q4_1"])
+def test_attention_exps_from_libm_or_the_kernel_are_the_same_bits(kind):
+    """Flash attention's one-chunk kernel (decoding rows, short prompts, quantized caches) with libm's expf and with
+    the kernel's own (where the load check passed): the same outputs, split rows (past 512 positions) included."""
+    g = torch.Generator().manual_seed(5)
+    H, Hkv, D, L, T = 6, 2, 64, 600, 3
+    cache = KVCache(1, 1024, Hkv, D, D, kind, kind)
+    cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
+    cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
+    q = torch.randn(T, H, D, generator=g)
+    mine = cpu.expf_vectorized()
+    outs = []
+    try:
+        for on in (False, mine):
+            cpu.set_expf_vectorized(on)
+            outs.append([cpu.attention(q, cache.k, cache.v, 0, L - T, 0, 0.125, mode) for mode in (cpu.ATTN_FA_DECODE, cpu.ATTN_FA_PROMPT)])
+    finally:
+        cpu.set_expf_vectorized(mine)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

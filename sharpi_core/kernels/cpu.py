@@ -568,6 +568,33 @@ def has_vnni() -> bool:
     return bool(available() and _vnni)
 
 
+def _symbols() -> ctypes.CDLL:
+    """The library's C symbols (either build: the extension module exports them too)."""
+    if not available():
+        raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
+    return ctypes.CDLL(str(_state["path"]))
+
+
+def expf_vectorized() -> bool:
+    """Whether the attention kernel computes libm's expf itself, 4 lanes at a time (ops.c's expf4_glibc): true
+    when a check at load found it equal to this libm's expf (glibc 2.27 on); else it calls libm's."""
+    return bool(_symbols().sharpi_expf_vec())
+
+
+def set_expf_vectorized(on: bool) -> None:
+    """Tests: make the kernels call libm's expf (False) or their own (True; only where the check at load passed)."""
+    _symbols().sharpi_expf_set(int(on))
+
+
+def expf_mismatches(lo: int, hi: int, step: int = 1, vectorized: bool = True) -> int:
+    """How many floats of bit patterns lo, lo + step, ... < hi the kernel's expf (vectorized: expf4_glibc, with
+    libm for |x| >= 88; else libm's own) gives other bits than libm's expf for (tests; all threads)."""
+    f = _symbols().sharpi_expf_mismatches
+    f.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.c_int]
+    f.restype = ctypes.c_long
+    return int(f(lo, hi, step, int(vectorized), torch.get_num_threads()))
+
+
 def quantize_act(x: torch.Tensor, qtype):
     """The activations x fp32 [T, K] quantized the way qmatmul(..., act_quant=True) quantizes them
     for a `qtype` weight (ggml's x86 quantize_row_q8_0 / q8_1 / q8_K): (codes int8 [T, K],

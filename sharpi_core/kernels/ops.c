@@ -26,7 +26,8 @@
  * With flash attention (llama.cpp's CPU default; modes FA_PROMPT / FA_DECODE): q is rounded to fp16
  * against an f16 K, quantized by quantize_row_q8_0 against a q8_0 K (scores: ggml_vec_dot_q8_0_q8_0);
  * one-row passes and passes of < 64 rows take ggml's one-chunk kernel (per
- * position: ggml_vec_dot_f16 score, online softmax with libm's expf, the V accumulator rounded to
+ * position: ggml_vec_dot_f16 score, online softmax with libm's expf (glibc's, computed here 4 lanes at a time:
+ * expf4_glibc), the V accumulator rounded to
  * fp16 at every step, S = fma(S, ms, vs) as GCC contracts it); a one-row pass whose KV length
  * (positions padded to 256) reaches 512 splits it into one chunk per thread (2) and merges them;
  * passes of >= 64 rows take its tiled kernel (KV tiles of 64, fp32 scores and accumulator, the
@@ -287,6 +288,90 @@ static inline __m512 ggml_expf16(__m512 x) {
     return _mm512_mask_blend_ps(d, res, alt);
 }
 
+/* glibc's expf (2.27 on: sysdeps/ieee754/flt-32/e_expf.c, what the fixtures' llama.cpp called through libm) as
+ * its x86-64 FMA build computes it, on 4 lanes in double: k = round(32 x / ln 2) by adding 1.5 * 2^52 (one FMA),
+ * r = 32 x / ln 2 - k (one FMA), s = 2^(k / 32) as a table entry's bits (2^(i / 32)'s bits less i << 47, i = k mod 32)
+ * plus k << 47, then ((C0 r + C1) r^2 + (C2 r + 1)) s rounded to float, in that FMA order. Lanes with |x| >= 88,
+ * infinities and NaN take libm's own special cases (expf16 sends them to expf). Whether libm's expf is this one is
+ * checked when the library loads (expf_vec_check: otherwise every call goes to libm); tests compare the two over
+ * every float of [-104, 0] (tests/test_ops.py). */
+static const uint64_t EXPF_TAB[32] = {
+    0x3ff0000000000000ULL, 0x3fefd9b0d3158574ULL, 0x3fefb5586cf9890fULL, 0x3fef9301d0125b51ULL,
+    0x3fef72b83c7d517bULL, 0x3fef54873168b9aaULL, 0x3fef387a6e756238ULL, 0x3fef1e9df51fdee1ULL,
+    0x3fef06fe0a31b715ULL, 0x3feef1a7373aa9cbULL, 0x3feedea64c123422ULL, 0x3feece086061892dULL,
+    0x3feebfdad5362a27ULL, 0x3feeb42b569d4f82ULL, 0x3feeab07dd485429ULL, 0x3feea47eb03a5585ULL,
+    0x3feea09e667f3bcdULL, 0x3fee9f75e8ec5f74ULL, 0x3feea11473eb0187ULL, 0x3feea589994cce13ULL,
+    0x3feeace5422aa0dbULL, 0x3feeb737b0cdc5e5ULL, 0x3feec49182a3f090ULL, 0x3feed503b23e255dULL,
+    0x3feee89f995ad3adULL, 0x3feeff76f2fb5e47ULL, 0x3fef199bdd85529cULL, 0x3fef3720dcef9069ULL,
+    0x3fef5818dcfba487ULL, 0x3fef7c97337b9b5fULL, 0x3fefa4afa2a490daULL, 0x3fefd0765b6e4540ULL,
+};
+
+static inline __m128 expf4_glibc(__m128 x) {
+    const __m256d xd = _mm256_cvtps_pd(x), inv = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d kds = _mm256_fmadd_pd(inv, xd, shift), kd = _mm256_sub_pd(kds, shift);
+    const __m256d r = _mm256_fmsub_pd(inv, xd, kd);
+    const __m256i ki = _mm256_castpd_si256(kds);
+    const __m256i t = _mm256_add_epi64(_mm256_i64gather_epi64((const long long *)EXPF_TAB, _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8),
+                                       _mm256_slli_epi64(ki, 47));
+    const __m256d z = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.c6af84b912394p-20), _mm256_set1_pd(0x1.ebfce50fac4f3p-13));
+    const __m256d y = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.62e42ff0c52d6p-6), _mm256_set1_pd(1.0));
+    return _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_fmadd_pd(z, _mm256_mul_pd(r, r), y), _mm256_castsi256_pd(t)));
+}
+
+static int expf_vec = 0; /* expf4_glibc is libm's expf here (set when the library loads) */
+
+static inline int expf_special(float x) { /* |x| >= 88, an infinity or NaN: libm's special cases */
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return ((u >> 20) & 0x7ff) >= 0x42a;
+}
+
+/* y[i] = expf(x[i]) for 16 lanes, libm's bits */
+static inline void expf16(const float *x, float *y) {
+    if (!expf_vec) {
+        for (int i = 0; i < 16; i++) y[i] = expf(x[i]);
+        return;
+    }
+    for (int i = 0; i < 16; i += 4) _mm_storeu_ps(y + i, expf4_glibc(_mm_loadu_ps(x + i)));
+    for (int i = 0; i < 16; i++)
+        if (expf_special(x[i])) y[i] = expf(x[i]);
+}
+
+/* Floats of bit patterns lo, lo + step, ... < hi where expf16 and libm's expf differ (bit for bit, NaN equal to NaN) */
+long sharpi_expf_mismatches(uint32_t lo, uint32_t hi, uint32_t step, int vec, int nthreads) {
+    long bad = 0;
+    const int keep = expf_vec;
+    expf_vec = vec;
+    const long n = ((long)hi - (long)lo + (long)step - 1) / (long)step;
+#pragma omp parallel for num_threads(nthreads) reduction(+ : bad) schedule(static)
+    for (long b = 0; b < (n + 15) / 16; b++) {
+        float x[16], y[16];
+        for (int i = 0; i < 16; i++) {
+            const long j = b * 16 + i < n ? b * 16 + i : n - 1;
+            const uint32_t u = (uint32_t)(lo + (uint32_t)j * step);
+            memcpy(x + i, &u, 4);
+        }
+        expf16(x, y);
+        for (int i = 0; i < 16 && b * 16 + i < n; i++) {
+            const float w = expf(x[i]);
+            if (memcmp(&w, y + i, 4) && !(isnan(w) && isnan(y[i]))) bad++;
+        }
+    }
+    expf_vec = keep;
+    return bad;
+}
+
+/* At load: expf4_glibc against libm's expf on ~2^20 floats spread over [-104, 0] and [0, 89] (a libm with another
+ * expf differs on a good share of them); any difference: libm's expf everywhere */
+__attribute__((constructor)) static void expf_vec_check(void) {
+    expf_vec = sharpi_expf_mismatches(0x80000000u, 0xC2D00000u, 1031, 1, 1) == 0 &&
+               sharpi_expf_mismatches(0x00000000u, 0x42B20000u, 4099, 1, 1) == 0;
+}
+
+/* Whether expf4_glibc serves (1) or libm's expf does (0); sharpi_expf_set: tests switch it */
+int sharpi_expf_vec(void) { return expf_vec; }
+void sharpi_expf_set(int v) { expf_vec = v; }
+
 /* ggml_vec_dot_f16 / ggml_vec_dot_f32 of an AVX-512 build: 4 accumulators of 16 lanes over 64
  * elements a step, GGML_F32x16_REDUCE ((a0 + a2) + (a1 + a3), then _mm512_reduce_add_ps), the
  * elements past a multiple of 64 added one by one (in double for f16, as ggml does) */
@@ -537,35 +622,55 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
         first = c->c0 < first ? c->c0 : first;
         last = c->c1 > last ? c->c1 : last;
     }
-    for (long ic = first; ic < last; ic++) {
+    /* by blocks of 16 positions: each chain's scores and its running max first (they need no accumulator), the
+     * exps of the block's 16 steps at once (expf16: libm's bits), then the accumulators position by position */
+    for (long b0 = first; b0 < last; b0 += 16) {
+        const long b1 = b0 + 16 < last ? b0 + 16 : last;
+        float e[FA_CHAINS][16];
+        uint32_t newmax[FA_CHAINS];
         for (int j = 0; j < nc; j++) {
             fa_chain *c = &ch[j];
-            if (ic < c->c0 || ic >= c->c1) continue;
-            const long row = ic * Hkv + c->g;
-            float s = kq_dot(k_type, k, kd, row, D, qc[j], qd[j], qs[j], qb[j], c->q, 0) * scale;
-            if (softcap != 0.0f) s = softcap * tanhf(s);
-            s += 0.0f; /* the mask's 0 */
-            float ms = 1.0f, vs = 1.0f;
-            const int new_max = s > c->m;
-            if (new_max) {
-                ms = expf(c->m - s);
-                c->m = s;
-            } else {
-                vs = expf(s - c->m);
-            }
-            for (long d = 0; d < Dv; d += 16) {
-                if (v_type == KV_F16) {
-                    __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(acc16[j] + d)));
-                    if (new_max) a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(a, _mm512_set1_ps(ms)), _MM_FROUND_TO_NEAREST_INT));
-                    a = _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a);
-                    _mm256_storeu_si256((__m256i *)(acc16[j] + d), _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
-                } else {
-                    __m512 a = _mm512_loadu_ps(c->acc + d);
-                    if (new_max) a = _mm512_mul_ps(a, _mm512_set1_ps(ms));
-                    _mm512_storeu_ps(c->acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a));
+            const long a = c->c0 > b0 ? c->c0 : b0, b = c->c1 < b1 ? c->c1 : b1;
+            float x[16];
+            uint32_t nm = 0;
+            _mm512_storeu_ps(x, _mm512_setzero_ps());
+            for (long ic = a; ic < b; ic++) {
+                const long row = ic * Hkv + c->g;
+                float s = kq_dot(k_type, k, kd, row, D, qc[j], qd[j], qs[j], qb[j], c->q, 0) * scale;
+                if (softcap != 0.0f) s = softcap * tanhf(s);
+                s += 0.0f; /* the mask's 0 */
+                if (s > c->m) { /* a new max: the accumulator and sum scale by expf(m - s), V's weight 1 */
+                    x[ic - b0] = c->m - s;
+                    c->m = s;
+                    nm |= 1u << (ic - b0);
+                } else { /* else V's weight expf(s - m) */
+                    x[ic - b0] = s - c->m;
                 }
             }
-            c->sum = fmaf(c->sum, ms, vs);
+            newmax[j] = nm;
+            if (a < b) expf16(x, e[j]);
+        }
+        for (long ic = b0; ic < b1; ic++) {
+            for (int j = 0; j < nc; j++) {
+                fa_chain *c = &ch[j];
+                if (ic < c->c0 || ic >= c->c1) continue;
+                const long row = ic * Hkv + c->g;
+                const int new_max = (newmax[j] >> (ic - b0)) & 1;
+                const float ms = new_max ? e[j][ic - b0] : 1.0f, vs = new_max ? 1.0f : e[j][ic - b0];
+                for (long d = 0; d < Dv; d += 16) {
+                    if (v_type == KV_F16) {
+                        __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(acc16[j] + d)));
+                        if (new_max) a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(a, _mm512_set1_ps(ms)), _MM_FROUND_TO_NEAREST_INT));
+                        a = _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a);
+                        _mm256_storeu_si256((__m256i *)(acc16[j] + d), _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+                    } else {
+                        __m512 a = _mm512_loadu_ps(c->acc + d);
+                        if (new_max) a = _mm512_mul_ps(a, _mm512_set1_ps(ms));
+                        _mm512_storeu_ps(c->acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a));
+                    }
+                }
+                c->sum = fmaf(c->sum, ms, vs);
+            }
         }
     }
     if (v_type == KV_F16)
