@@ -186,12 +186,15 @@ def fa_chunk_ggml(kind, qh, K, V, scale):
 @needs_kernels
 @pytest.mark.parametrize("kind", [*BLOCK_KINDS, "bf16"])
 @pytest.mark.parametrize("D", [64, 96])
-def test_flash_attention_over_the_type_is_llamacpp_bit_for_bit(kind, D):
+@pytest.mark.parametrize("H,window", [(4, 0), (6, 50)])
+def test_flash_attention_over_the_type_is_llamacpp_bit_for_bit(kind, D, H, window):
     """Prompt and decoding rows (verify rows and one-token passes alike) against the one-chunk kernel with the
     type's own vec_dot and to_float, also past 512 positions, where f16 caches split the KV range in two and these
-    types do not (ggml splits f32 / f16 only). D = 96: an odd number of blocks (iq4_nl's last block alone)."""
+    types do not (ggml splits f32 / f16 only). D = 96: an odd number of blocks (iq4_nl's last block alone). 6 heads
+    and a sliding window: the kernel's runs of 4 (row, head) pairs mix KV heads and rows of other ranges (each
+    block of V rows is decoded once per KV head for the run)."""
     g = torch.Generator().manual_seed(D + len(kind))
-    H, Hkv, T = 4, 2, 3
+    Hkv, T = 2, 3
     cache = KVCache(1, 640, Hkv, D, D, kind, kind)
     for L in (70, 600):
         cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
@@ -200,9 +203,10 @@ def test_flash_attention_over_the_type_is_llamacpp_bit_for_bit(kind, D):
         K = cache.k.q[0].float().numpy() if kind == "bf16" else cache.k.q[0].numpy()
         V = cache.v.read(0, L).numpy()
         for mode in (cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE):
-            got = cpu.attention(q, cache.k, cache.v, 0, L - T, 0, 0.125, mode).numpy()
+            got = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 0.125, mode).numpy()
             for t in range(T):
                 for h in (0, H - 1):
                     gk, n = h // (H // Hkv), L - T + t + 1
-                    want = fa_chunk_ggml(kind, q[t, h].numpy(), K[:n, gk], V[:n, gk], 0.125)
+                    lo = max(0, n - window) if window else 0
+                    want = fa_chunk_ggml(kind, q[t, h].numpy(), K[lo:n, gk], V[lo:n, gk], 0.125)
                     assert np.array_equal(got[t, h], want), (L, mode, t, h)

@@ -602,8 +602,10 @@ enum { FA_CHAINS = 4 }; /* chains run side by side by one thread */
  * share nothing but the walk over positions: one chain's work never waits for another's, so the
  * core overlaps their latency-bound steps (the expf, the fp16 round trips), and each chain's
  * operations and their order are those of a chain computed alone (same bits). */
-static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, int k_type, const void *v,
-                      const uint16_t *vd, int v_type, long Hkv, long D, long Dv, float scale, float softcap) {
+static inline __attribute__((always_inline)) void fa_chunks_of(fa_chain *ch, int nc, const void *k, const uint16_t *kd,
+                                                               const int k_type, const void *v, const uint16_t *vd,
+                                                               const int v_type, long Hkv, long D, long Dv, float scale,
+                                                               float softcap) {
     /* q in K's vec_dot type as ggml converts it: q8_0 blocks for a q8_0 / q4_0 / q5_0 / iq4_nl K, q8_1 (with the
      * blocks' sums) for q4_1 / q5_1, bf16 for bf16 (the caller rounded q: its bits here) */
     int8_t qc[FA_CHAINS][512];
@@ -622,12 +624,35 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
         first = c->c0 < first ? c->c0 : first;
         last = c->c1 > last ? c->c1 : last;
     }
+    /* a V of a block type: each block's rows of each KV head the chains read decoded once into vbuf (the fp32
+     * values load16 gives each chain), vslot[j] chain j's KV head's place there (q8_0's decoding, a multiply,
+     * costs less than the copy) */
+    const int vq = kv_blocked(v_type);
+    int vslot[FA_CHAINS], ng = 0;
+    long gs[FA_CHAINS], glo[FA_CHAINS], ghi[FA_CHAINS];
+    for (int j = 0; vq && j < nc; j++) {
+        int sl = 0;
+        while (sl < ng && gs[sl] != ch[j].g) sl++;
+        if (sl == ng) {
+            gs[ng] = ch[j].g;
+            glo[ng] = ch[j].c0;
+            ghi[ng++] = ch[j].c1;
+        }
+        glo[sl] = ch[j].c0 < glo[sl] ? ch[j].c0 : glo[sl];
+        ghi[sl] = ch[j].c1 > ghi[sl] ? ch[j].c1 : ghi[sl];
+        vslot[j] = sl;
+    }
+    float *vbuf = vq ? malloc(sizeof(float) * (size_t)(ng * 16 * Dv)) : NULL;
     /* by blocks of 16 positions: each chain's scores and its running max first (they need no accumulator), the
      * exps of the block's 16 steps at once (expf16: libm's bits), then the accumulators position by position */
     for (long b0 = first; b0 < last; b0 += 16) {
         const long b1 = b0 + 16 < last ? b0 + 16 : last;
         float e[FA_CHAINS][16];
         uint32_t newmax[FA_CHAINS];
+        for (int sl = 0; vbuf && sl < ng; sl++)
+            for (long ic = glo[sl] > b0 ? glo[sl] : b0; ic < ghi[sl] && ic < b1; ic++)
+                for (long d = 0; d < Dv; d += 16)
+                    _mm512_storeu_ps(vbuf + ((long)sl * 16 + ic - b0) * Dv + d, load16(v, vd, v_type, ic * Hkv + gs[sl], Dv, d));
         for (int j = 0; j < nc; j++) {
             fa_chain *c = &ch[j];
             const long a = c->c0 > b0 ? c->c0 : b0, b = c->c1 < b1 ? c->c1 : b1;
@@ -666,17 +691,31 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
                     } else {
                         __m512 a = _mm512_loadu_ps(c->acc + d);
                         if (new_max) a = _mm512_mul_ps(a, _mm512_set1_ps(ms));
-                        _mm512_storeu_ps(c->acc + d, _mm512_fmadd_ps(load16(v, vd, v_type, row, Dv, d), _mm512_set1_ps(vs), a));
+                        const __m512 vv = vbuf ? _mm512_loadu_ps(vbuf + ((long)vslot[j] * 16 + ic - b0) * Dv + d) : load16(v, vd, v_type, row, Dv, d);
+                        _mm512_storeu_ps(c->acc + d, _mm512_fmadd_ps(vv, _mm512_set1_ps(vs), a));
                     }
                 }
                 c->sum = fmaf(c->sum, ms, vs);
             }
         }
     }
+    free(vbuf);
     if (v_type == KV_F16)
         for (int j = 0; j < nc; j++)
             for (long d = 0; d < Dv; d += 16)
                 _mm512_storeu_ps(ch[j].acc + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(acc16[j] + d))));
+}
+
+/* fa_chunks_of compiled for f16 K and V (the default cache) and for q8_0 K and V apart from the other types, so that
+ * no type's code depends on another's */
+static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, int k_type, const void *v,
+                      const uint16_t *vd, int v_type, long Hkv, long D, long Dv, float scale, float softcap) {
+    if (k_type == KV_F16 && v_type == KV_F16)
+        fa_chunks_of(ch, nc, k, kd, KV_F16, v, vd, KV_F16, Hkv, D, Dv, scale, softcap);
+    else if (k_type == KV_Q8_0 && v_type == KV_Q8_0)
+        fa_chunks_of(ch, nc, k, kd, KV_Q8_0, v, vd, KV_Q8_0, Hkv, D, Dv, scale, softcap);
+    else
+        fa_chunks_of(ch, nc, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, scale, softcap);
 }
 
 /* A flash-attention row task: query row q (K's vec_dot type), KV head g, visible positions [lo, pos],
