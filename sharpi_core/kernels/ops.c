@@ -830,7 +830,7 @@ typedef struct {
     float *out;        /* [Dv] */
 } fa_trow;
 
-/* p[c][i] += (raw scores of pair c at positions t0 + i): FA_SK chunks of 16 positions from chunk k0 */
+/* p[c][i] = the raw score of pair c at position t0 + i, for FA_SK chunks of 16 positions from chunk k0 */
 static inline __attribute__((always_inline)) void fa_scores(const float *const *q, const float *kt, long ldk, long t0,
                                                             int k0, long D, float (*p)[FA_TILE_KV]) {
     __m512 s[FA_TC][FA_SK];
