@@ -3,9 +3,10 @@
 
     python scripts/bench_spec.py [--which all|qwen|lookup] [-n 128] [--ks 2,4,6] [--temps 0,0.7]
                                  [--vs-llama-cpp BIN_DIR] [--device cpu|cuda] [--cost off|on|both]
-                                 [--qwen-prompts code,prose]
+                                 [--qwen-prompts code,prose,deep]
 
-(a) Qwen2.5-Coder-1.5B target + 0.5B draft, k in --ks, greedy and sampled, on a code prompt (and prose);
+(a) Qwen2.5-Coder-1.5B target + 0.5B draft, k in --ks, greedy and sampled, on a code prompt (and prose, and "deep":
+the code request after ~1000 tokens of a module pasted into the conversation);
 (b) SmolLM2 with --draft-lookup on echo-heavy prompts and on a no-copy prompt: "echo-heavy" asks
 to copy a passage longer than the generation (-n 128 at most: every generated token can be copied), "partial echo"
 a passage two thirds as long (the model goes on with text of its own after copying it).
@@ -62,7 +63,27 @@ PARTIAL_ECHO_PROMPT = ("Copy the following text exactly.\n\nText: The committee 
 # prose from a code model: its draft agrees less often than on code
 PROSE_PROMPT = ("<|im_start|>user\nWrite a short story about a lighthouse keeper who finds a letter in a bottle."
                 "<|im_end|>\n<|im_start|>assistant\n")
-QWEN_PROMPTS = {"code": CODE_PROMPT, "prose": PROSE_PROMPT}
+
+
+def _module(n: int = 20) -> str:
+    """~1000 tokens of Python (small helpers of one module) for the deep prompt."""
+    ops = [("scale", "v * factor", "times factor"), ("shift", "v + factor", "plus factor"),
+           ("clamp", "min(max(v, -factor), factor)", "clamped to [-factor, factor]"),
+           ("square", "v * v + factor", "squared, plus factor")]
+    parts = []
+    for i in range(n):
+        name, expr, doc = ops[i % len(ops)]
+        parts.append(f"def {name}_{i}(values, factor={i + 2}):\n    \"\"\"Each value {doc}, None skipped.\"\"\"\n"
+                     f"    out = []\n    for v in values:\n        if v is not None:\n            out.append({expr})\n"
+                     f"    return out\n")
+    return "\n".join(parts)
+
+
+# the code request after ~1000 tokens of conversation (a module pasted in): every pass attends over them, the verify
+# pass's rows each as a one-token pass does (what speculation costs deep in a chat)
+DEEP_PROMPT = ("<|im_start|>user\nHere is my module:\n```python\n" + _module() + "```\nThanks. Now, separately, write a "
+               "Python function that merges two sorted lists.<|im_end|>\n<|im_start|>assistant\n")
+QWEN_PROMPTS = {"code": CODE_PROMPT, "prose": PROSE_PROMPT, "deep": DEEP_PROMPT}
 NOCOPY_PROMPT = "Once upon a time, in a kingdom far away, there lived a"
 
 
@@ -167,7 +188,7 @@ def main():
     ap.add_argument("--cost", default="off", choices=["off", "on", "both"],
                     help="speculate at every step (off), by measured cost (on: the spec columns; greedy sharpi's "
                          "default), or both, the cost-aware runs in the last columns")
-    ap.add_argument("--qwen-prompts", default="code", help="the Qwen pair's prompts: code, prose or both (code,prose)")
+    ap.add_argument("--qwen-prompts", default="code", help="the Qwen pair's prompts: code, prose, deep, or several (code,prose)")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
     ks = [int(x) for x in a.ks.split(",")]
