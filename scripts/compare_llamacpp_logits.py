@@ -70,7 +70,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("--text", type=Path, help="also decode after this file's first --chars characters (a long "
-                    "prompt: llama.cpp's tiled flash attention, and two KV chunks per decoding row past 256 tokens)")
+                    "prompt: llama.cpp's tiled flash attention, and two KV chunks per decoding row past 256 tokens; "
+                    "past 512 tokens both sides evaluate it in passes of 512, llama.cpp's default -ub)")
     ap.add_argument("--chars", type=int, default=1500)
     ap.add_argument("--kv", choices=CACHE_TYPES, default="f16", help="K and V cache type on both sides (-ctk / -ctv)")
     ap.add_argument("--kv-v", choices=CACHE_TYPES, help="V's cache type if not --kv's")
@@ -106,7 +107,9 @@ def main() -> None:
                 lg = np.frombuffer(out[: (args.n + 1) * vocab * 4], dtype=np.float32).reshape(args.n + 1, -1)
                 chosen = np.frombuffer(out[(args.n + 1) * vocab * 4:], dtype=np.int32).tolist()
                 cache = model.new_cache(n_ctx, args.kv, type_v)
-                ours = [model.forward(torch.tensor(ids), 0, cache, last_n=1)[-1]]
+                for i in range(0, len(ids), 512):  # llama.cpp's ubatches of 512 (its default -ub), as sharpi's -ub splits
+                    last = model.forward(torch.tensor(ids[i:i + 512]), i, cache, last_n=1)[-1]
+                ours = [last]
                 for t in chosen:
                     ours.append(model.forward(torch.tensor([t]), cache.length, cache)[-1])
                 for step, (a, b) in enumerate(zip(ours, lg)):
