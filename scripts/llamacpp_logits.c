@@ -57,7 +57,9 @@ int main(int argc, char **argv) {
     struct llama_context_params cp = llama_context_default_params();
     const char *nc = getenv("LCP_N_CTX"); /* default 512, as the fixtures' -c 512 */
     cp.n_ctx = nc ? (uint32_t)atoi(nc) : 512;
-    cp.n_batch = cp.n_ctx; /* a prompt in one llama_decode, split into ubatches of 512 (n_ubatch) as llama-cli splits it */
+    /* a prompt in one llama_decode (split into ubatches of 512, n_ubatch, as llama-cli splits it); 512 as before for
+     * the small contexts other scripts ask for */
+    cp.n_batch = cp.n_ctx > 512 ? cp.n_ctx : 512;
     cp.n_threads = cp.n_threads_batch = n_threads;
     const char *fa = getenv("LCP_FLASH_ATTN"); /* "0" / "1": off / on; unset: llama.cpp's default (auto) */
     if (fa) cp.flash_attn_type = atoi(fa) ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
