@@ -568,18 +568,11 @@ def has_vnni() -> bool:
     return bool(available() and _vnni)
 
 
-_expf_at_load: bool | None = None  # the load-time check's verdict (before any set_expf_vectorized)
-
-
 def _symbols() -> ctypes.CDLL:
     """The library's C symbols (either build: the extension module exports them too)."""
-    global _expf_at_load
     if not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
-    lib = ctypes.CDLL(str(_state["path"]))
-    if _expf_at_load is None:
-        _expf_at_load = bool(lib.sharpi_expf_vec())
-    return lib
+    return ctypes.CDLL(str(_state["path"]))
 
 
 def expf_vectorized() -> bool:
@@ -590,8 +583,7 @@ def expf_vectorized() -> bool:
 
 def set_expf_vectorized(on: bool) -> None:
     """Tests: make the kernels call libm's expf (False) or their own (True: only where the check at load passed)."""
-    lib = _symbols()
-    lib.sharpi_expf_set(int(bool(on) and bool(_expf_at_load)))
+    _symbols().sharpi_expf_set(int(bool(on)))
 
 
 def expf_mismatches(lo: int, hi: int, step: int = 1, vectorized: bool = True) -> int:

@@ -318,7 +318,8 @@ static inline __m128 expf4_glibc(__m128 x) {
     return _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_fmadd_pd(z, _mm256_mul_pd(r, r), y), _mm256_castsi256_pd(t)));
 }
 
-static int expf_vec = 0; /* expf4_glibc is libm's expf here (set when the library loads) */
+static int expf_ok = 0;  /* expf4_glibc is libm's expf here (the check when the library loads) */
+static int expf_vec = 0; /* and serves the kernels (expf_ok unless a test switched it off) */
 
 static inline int expf_special(float x) { /* |x| >= 88, an infinity or NaN: libm's special cases */
     uint32_t u;
@@ -326,9 +327,9 @@ static inline int expf_special(float x) { /* |x| >= 88, an infinity or NaN: libm
     return ((u >> 20) & 0x7ff) >= 0x42a;
 }
 
-/* y[i] = expf(x[i]) for 16 lanes, libm's bits */
-static inline void expf16(const float *x, float *y) {
-    if (!expf_vec) {
+/* y[i] = expf(x[i]) for 16 lanes, libm's bits: through expf4_glibc (vec) or libm's expf */
+static inline void expf16_by(const float *x, float *y, int vec) {
+    if (!vec) {
         for (int i = 0; i < 16; i++) y[i] = expf(x[i]);
         return;
     }
@@ -337,11 +338,11 @@ static inline void expf16(const float *x, float *y) {
         if (expf_special(x[i])) y[i] = expf(x[i]);
 }
 
+static inline void expf16(const float *x, float *y) { expf16_by(x, y, expf_vec); }
+
 /* Floats of bit patterns lo, lo + step, ... < hi where expf16 and libm's expf differ (bit for bit, NaN equal to NaN) */
 long sharpi_expf_mismatches(uint32_t lo, uint32_t hi, uint32_t step, int vec, int nthreads) {
     long bad = 0;
-    const int keep = expf_vec;
-    expf_vec = vec;
     const long n = ((long)hi - (long)lo + (long)step - 1) / (long)step;
 #pragma omp parallel for num_threads(nthreads) reduction(+ : bad) schedule(static)
     for (long b = 0; b < (n + 15) / 16; b++) {
@@ -351,26 +352,26 @@ long sharpi_expf_mismatches(uint32_t lo, uint32_t hi, uint32_t step, int vec, in
             const uint32_t u = (uint32_t)(lo + (uint32_t)j * step);
             memcpy(x + i, &u, 4);
         }
-        expf16(x, y);
+        expf16_by(x, y, vec);
         for (int i = 0; i < 16 && b * 16 + i < n; i++) {
             const float w = expf(x[i]);
             if (memcmp(&w, y + i, 4) && !(isnan(w) && isnan(y[i]))) bad++;
         }
     }
-    expf_vec = keep;
     return bad;
 }
 
 /* At load: expf4_glibc against libm's expf on ~2^20 floats spread over [-104, 0] and [0, 89] (a libm with another
  * expf differs on a good share of them); any difference: libm's expf everywhere */
 __attribute__((constructor)) static void expf_vec_check(void) {
-    expf_vec = sharpi_expf_mismatches(0x80000000u, 0xC2D00000u, 1031, 1, 1) == 0 &&
-               sharpi_expf_mismatches(0x00000000u, 0x42B20000u, 4099, 1, 1) == 0;
+    expf_ok = expf_vec = sharpi_expf_mismatches(0x80000000u, 0xC2D00000u, 1031, 1, 1) == 0 &&
+                         sharpi_expf_mismatches(0x00000000u, 0x42B20000u, 4099, 1, 1) == 0;
 }
 
-/* Whether expf4_glibc serves (1) or libm's expf does (0); sharpi_expf_set: tests switch it */
+/* Whether expf4_glibc serves (1) or libm's expf does (0); sharpi_expf_set: tests switch it (on only where the
+ * check at load passed) */
 int sharpi_expf_vec(void) { return expf_vec; }
-void sharpi_expf_set(int v) { expf_vec = v; }
+void sharpi_expf_set(int v) { expf_vec = v && expf_ok; }
 
 /* ggml_vec_dot_f16 / ggml_vec_dot_f32 of an AVX-512 build: 4 accumulators of 16 lanes over 64
  * elements a step, GGML_F32x16_REDUCE ((a0 + a2) + (a1 + a3), then _mm512_reduce_add_ps), the
@@ -1348,9 +1349,8 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
     /* flash attention's one-chunk kernel: each thread takes a contiguous run of (row, head) tasks
      * (rows in order, heads in order within a row: neighbours mostly share a KV head) and computes
      * them FA_CHAINS at a time side by side (fa_rows) */
-    const int chained = order == FA_PROMPT || order == FA_DECODE;
 #pragma omp parallel num_threads(nthreads)
-    if (chained) {
+    if (fa) {
         const long n_tasks = T * H, nt = omp_get_num_threads(), id = omp_get_thread_num();
         const long a = n_tasks * id / nt, b = n_tasks * (id + 1) / nt;
         float q16[FA_CHAINS][512]; /* q rounded to fp16 / bf16 for such a K (fa_chunks quantizes it for the others) */
