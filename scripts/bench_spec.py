@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plain vs speculative decoding, side by side in one run (a benchmark, not a test).
 
-    python scripts/bench_spec.py [--which all|qwen|lookup] [-n 128] [--ks 2,4,6] [--temps 0,0.7]
+    python scripts/bench_spec.py [--which all|qwen|lookup|ngram] [-n 128] [--ks 2,4,6] [--temps 0,0.7]
                                  [--vs-llama-cpp BIN_DIR] [--device cpu|cuda] [--cost off|on|both]
                                  [--qwen-prompts code,prose,deep]
 
@@ -9,7 +9,11 @@
 the code request after ~1000 tokens of a module pasted into the conversation);
 (b) SmolLM2 with --draft-lookup on echo-heavy prompts and on a no-copy prompt: "echo-heavy" asks
 to copy a passage longer than the generation (-n 128 at most: every generated token can be copied), "partial echo"
-a passage two thirds as long (the model goes on with text of its own after copying it).
+a passage two thirds as long (the model goes on with text of its own after copying it);
+(c) `--which ngram`: llama.cpp's n-gram drafters (--spec-type ngram-simple, ngram-map-k, ngram-mod as --spec-default
+sets it; their default sizes, a step verifying up to their 48 / 64 tokens) beside --draft-lookup (k 4), SmolLM2 and
+Qwen 1.5B on the echo prompts (and Qwen on "deep"). SHARPI_SPEC_ADAPTIVE=0 in the environment verifies every token
+they draft, as llama.cpp does (with --cost off).
 Each configuration runs after a warm-up; plain and speculative alternate (ABBA) and the
 table reports medians and their ratio, plus acceptance and tokens per target pass. With
 --vs-llama-cpp, llama.cpp's plain decode (`llama-bench -p 0 -n N`) of the same target runs in
@@ -42,7 +46,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.models import load_model  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 from sharpi_core.sampling import SamplingParams  # noqa: E402
-from sharpi_core.speculative import DraftModelDrafter, LookupDrafter  # noqa: E402
+from sharpi_core.speculative import DraftModelDrafter, LookupDrafter, NgramChain, ngram_sources  # noqa: E402
 from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 
 CODE_PROMPT = "<|im_start|>user\nWrite a Python function that merges two sorted lists.<|im_end|>\n<|im_start|>assistant\n"
@@ -175,7 +179,7 @@ def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=No
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--which", default="all", choices=["all", "qwen", "lookup"])
+    ap.add_argument("--which", default="all", choices=["all", "qwen", "lookup", "ngram"])
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--ks", default="2,4,6")
     ap.add_argument("--temps", default="0,0.7")
@@ -209,6 +213,21 @@ def main():
             compare("SmolLM2 lookup, no-copy", model, tok, NOCOPY_PROMPT, a.n, params, lambda: LookupDrafter(3, 2), 4, a.reps,
                     peer_of("smollm2-135m-instruct-q4_1"), a.cost)
         del model
+    if a.which == "ngram":
+        for name, prompts in (("smollm2-135m-instruct-q4_1", ("echo-heavy", "partial echo")),
+                              ("qwen2.5-coder-1.5b-instruct-q4_k_m", ("echo-heavy", "partial echo", "deep"))):
+            model, tok = load(name, a.device)
+            texts = {"echo-heavy": ECHO_PROMPT, "partial echo": PARTIAL_ECHO_PROMPT, "deep": DEEP_PROMPT}
+            for temp in temps:
+                params = SamplingParams(temp=temp)
+                for which in prompts:
+                    label = f"{name.split('-')[0]} {which}"
+                    compare(f"{label}, --draft-lookup", model, tok, texts[which], a.n, params,
+                            lambda: LookupDrafter(3, 2), 4, a.reps, cost=a.cost)
+                    for t, k in (("ngram-simple", 48), ("ngram-map-k", 48), ("ngram-mod", 64)):
+                        compare(f"{label}, --spec-type {t}", model, tok, texts[which], a.n, params,
+                                lambda t=t: NgramChain(ngram_sources([t])), k, a.reps, cost=a.cost)
+            del model
     if a.which in ("all", "qwen"):
         target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m", a.device)
         draft, dtok = load("qwen2.5-coder-0.5b-instruct-q4_k_m", a.device)

@@ -229,13 +229,32 @@ def run(
     # speculative decoding
     model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", help="draft model (path or known name) for speculative decoding")] = None,
     draft_lookup: Annotated[bool, Opt("--draft-lookup", help="speculate with prompt-lookup n-grams (no draft model)")] = False,
-    spec_type: Annotated[Optional[str], Opt("--spec-type", help="draft-mtp: speculate with the model's own "
-                                            "next-token-prediction (MTP) layer (Qwen3.5 / 3.6; no draft model)")] = None,
+    spec_type: Annotated[list[str], Opt("--spec-type", help="comma-separated or repeated: draft-mtp (the model's own "
+                                        "next-token-prediction layer: Qwen3.5 / 3.6), draft-simple (the -md model), "
+                                        "llama.cpp's n-gram drafters ngram-simple, ngram-map-k, ngram-map-k4v, "
+                                        "ngram-mod (tried first, in that order), none", show_default=False)] = [],
     spec_draft_n_max: Annotated[int, Opt("--spec-draft-n-max", "--draft-max", help="tokens proposed per step")] = 4,
     spec_draft_n_min: Annotated[int, Opt("--spec-draft-n-min", "--draft-min", help="shorter proposals are dropped (plain step)")] = 0,
     spec_draft_p_min: Annotated[float, Opt("--spec-draft-p-min", help="also accept a draft token when the target gives it probability >= P. "
                                            "Changes the output distribution (0 = off, exact). Note: llama.cpp's --draft-p-min is a "
                                            "different knob (the draft's own confidence cut-off)")] = 0.0,
+    spec_ngram_simple_size_n: Annotated[int, Opt("--spec-ngram-simple-size-n", help="ngram-simple: tokens matched")] = 12,
+    spec_ngram_simple_size_m: Annotated[int, Opt("--spec-ngram-simple-size-m", help="ngram-simple: tokens drafted")] = 48,
+    spec_ngram_simple_min_hits: Annotated[int, Opt("--spec-ngram-simple-min-hits", help="ngram-simple: minimum hits "
+                                                   "(unused, as in llama.cpp)")] = 1,
+    spec_ngram_map_k_size_n: Annotated[int, Opt("--spec-ngram-map-k-size-n", help="ngram-map-k: tokens matched")] = 12,
+    spec_ngram_map_k_size_m: Annotated[int, Opt("--spec-ngram-map-k-size-m", help="ngram-map-k: tokens drafted")] = 48,
+    spec_ngram_map_k_min_hits: Annotated[int, Opt("--spec-ngram-map-k-min-hits", help="ngram-map-k: minimum hits "
+                                                  "(unused, as in llama.cpp)")] = 1,
+    spec_ngram_map_k4v_size_n: Annotated[int, Opt("--spec-ngram-map-k4v-size-n", help="ngram-map-k4v: tokens matched")] = 12,
+    spec_ngram_map_k4v_size_m: Annotated[int, Opt("--spec-ngram-map-k4v-size-m", help="ngram-map-k4v: tokens drafted")] = 48,
+    spec_ngram_map_k4v_min_hits: Annotated[int, Opt("--spec-ngram-map-k4v-min-hits", help="ngram-map-k4v: times a key is "
+                                                    "seen before it drafts")] = 1,
+    spec_ngram_mod_n_match: Annotated[int, Opt("--spec-ngram-mod-n-match", help="ngram-mod: tokens hashed")] = 24,
+    spec_ngram_mod_n_min: Annotated[int, Opt("--spec-ngram-mod-n-min", help="ngram-mod: shorter drafts are dropped")] = 48,
+    spec_ngram_mod_n_max: Annotated[int, Opt("--spec-ngram-mod-n-max", help="ngram-mod: tokens drafted at most")] = 64,
+    spec_default: Annotated[bool, Opt("--spec-default", help="llama.cpp's default speculation: --spec-type ngram-mod "
+                                      "(with the --spec-ngram-mod-* sizes)")] = False,
     spec_ngram_max: Annotated[int, Opt("--spec-ngram-max", help="lookup: longest n-gram matched")] = 3,
     spec_ngram_min: Annotated[int, Opt("--spec-ngram-min", help="lookup: shortest n-gram matched (>= 2)")] = 2,
     cache_type_k_draft: Annotated[Optional[str], Opt("-ctkd", "--spec-draft-type-k", "--cache-type-k-draft",

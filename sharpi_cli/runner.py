@@ -129,7 +129,23 @@ class RunOptions:
     verbose: bool = False
     model_draft: str | None = None
     draft_lookup: bool = False
-    spec_type: str | None = None  # draft-mtp: the target's MTP layer drafts
+    # --spec-type as given (a list of comma-separated names); check_flags leaves "draft-mtp" (the target's MTP layer
+    # drafts) or None here, and llama.cpp's n-gram drafters in spec_ngram
+    spec_type: list[str] | str | None = None
+    spec_ngram: list[str] = field(default_factory=list)
+    spec_ngram_simple_size_n: int = 12
+    spec_ngram_simple_size_m: int = 48
+    spec_ngram_simple_min_hits: int = 1
+    spec_ngram_map_k_size_n: int = 12
+    spec_ngram_map_k_size_m: int = 48
+    spec_ngram_map_k_min_hits: int = 1
+    spec_ngram_map_k4v_size_n: int = 12
+    spec_ngram_map_k4v_size_m: int = 48
+    spec_ngram_map_k4v_min_hits: int = 1
+    spec_ngram_mod_n_match: int = 24
+    spec_ngram_mod_n_min: int = 48
+    spec_ngram_mod_n_max: int = 64
+    spec_default: bool = False
     spec_draft_n_max: int = 4
     spec_draft_n_min: int = 0
     spec_draft_p_min: float = 0.0
@@ -264,13 +280,7 @@ def validate(o: RunOptions) -> None:
                             ("-jf/--json-schema-file", o.json_schema_file)) if v is not None]
     if len(given) > 1:
         raise UsageError(f"{given[0]} and {given[1]} are mutually exclusive: one grammar at a time")
-    if o.spec_type is not None:
-        if o.spec_type not in SPEC_TYPES:
-            raise UsageError(f"invalid --spec-type '{o.spec_type}': choose {' or '.join(SPEC_TYPES)} (a draft model: -md; "
-                             f"prompt lookup: --draft-lookup)")
-        o.spec_type = "draft-mtp"
-    if o.model_draft and o.spec_type:  # (--draft-lookup goes with either: lookup first, as llama.cpp's n-gram types)
-        raise UsageError("-md/--model-draft and --spec-type are mutually exclusive: pick one draft model")
+    check_spec_types(o)
     if o.spec_draft_n_max < 1:
         raise UsageError(f"invalid --spec-draft-n-max {o.spec_draft_n_max}: must be >= 1")
     if o.spec_draft_n_min < 0 or o.spec_draft_n_min > o.spec_draft_n_max:
@@ -289,6 +299,62 @@ def validate(o: RunOptions) -> None:
         if v < -1:
             raise UsageError(f"invalid {flag} {v}: must be >= -1 (-1 = all layers)")
     # with --device cpu the layer counts have no effect, like llama.cpp built without a GPU backend
+
+
+def check_spec_types(o: RunOptions) -> None:
+    """--spec-type (llama.cpp's comma-separated list, repeatable) and --spec-default: o.spec_type becomes "draft-mtp"
+    or None, o.spec_ngram the n-gram drafters; their settings checked as llama.cpp checks them."""
+    given = [o.spec_type] if isinstance(o.spec_type, str) else list(o.spec_type or [])
+    names = [n.strip() for v in given for n in v.split(",") if n.strip()]
+    if o.spec_default:  # (llama.cpp's preset: ngram-mod, its sizes the defaults of the --spec-ngram-mod-* flags)
+        names.append("ngram-mod")
+    types: list[str] = []
+    for n in names:
+        n = SPEC_ALIASES.get(n, n)
+        if n == "none":  # (llama.cpp: none anywhere in the list means no speculative types)
+            types = []
+            break
+        if n in SPEC_UNSUPPORTED:
+            raise UsageError(f"--spec-type {n} is not supported by sharpi ({SPEC_UNSUPPORTED[n]}); it has "
+                             f"{', '.join(SPEC_TYPES)}")
+        if n not in SPEC_TYPES:
+            raise UsageError(f"invalid --spec-type '{n}': choose from {', '.join(SPEC_TYPES)}, none (comma-separated)")
+        if n not in types:
+            types.append(n)
+    if "draft-simple" in types and not o.model_draft:
+        raise UsageError("--spec-type draft-simple drafts with a draft model: give it with -md/--model-draft")
+    if o.model_draft and "draft-mtp" in types:  # (--draft-lookup goes with either)
+        raise UsageError("-md/--model-draft and --spec-type draft-mtp are mutually exclusive: pick one draft model")
+    o.spec_ngram = [t for t in types if t.startswith("ngram-")]
+    o.spec_type = "draft-mtp" if "draft-mtp" in types else None
+    if o.spec_ngram and o.draft_lookup:
+        raise UsageError(f"--draft-lookup and --spec-type {o.spec_ngram[0]} both draft from the history's n-grams: "
+                         "pick one")
+    for flag, v, lo in (("--spec-ngram-simple-size-n", o.spec_ngram_simple_size_n, 1),
+                        ("--spec-ngram-simple-size-m", o.spec_ngram_simple_size_m, 1),
+                        ("--spec-ngram-map-k-size-n", o.spec_ngram_map_k_size_n, 1),
+                        ("--spec-ngram-map-k-size-m", o.spec_ngram_map_k_size_m, 1),
+                        ("--spec-ngram-map-k4v-size-n", o.spec_ngram_map_k4v_size_n, 1),
+                        ("--spec-ngram-map-k4v-size-m", o.spec_ngram_map_k4v_size_m, 1),
+                        ("--spec-ngram-mod-n-match", o.spec_ngram_mod_n_match, 1),
+                        ("--spec-ngram-mod-n-min", o.spec_ngram_mod_n_min, 0),
+                        ("--spec-ngram-mod-n-max", o.spec_ngram_mod_n_max, 0)):
+        if not lo <= v <= 1024:
+            raise UsageError(f"invalid {flag} {v}: must be between {lo} and 1024")
+    for flag, v in (("--spec-ngram-simple-min-hits", o.spec_ngram_simple_min_hits),
+                    ("--spec-ngram-map-k-min-hits", o.spec_ngram_map_k_min_hits),
+                    ("--spec-ngram-map-k4v-min-hits", o.spec_ngram_map_k4v_min_hits)):
+        if not 1 <= v <= 65535:
+            raise UsageError(f"invalid {flag} {v}: must be at least 1")
+
+
+def spec_n_max(o: RunOptions) -> int:
+    """Tokens a step may verify: --spec-draft-n-max, or with llama.cpp's n-gram drafters the most any of them drafts
+    (common_speculative_n_max: their own sizes; a draft model behind them still proposes <= --spec-draft-n-max)."""
+    sizes = {"ngram-simple": o.spec_ngram_simple_size_m, "ngram-map-k": o.spec_ngram_map_k_size_m,
+             "ngram-map-k4v": o.spec_ngram_map_k4v_size_m, "ngram-mod": o.spec_ngram_mod_n_max}
+    n = max((sizes[t] for t in o.spec_ngram), default=0)
+    return max(n, o.spec_draft_n_max) if (o.model_draft or o.spec_type or not o.spec_ngram) else n
 
 
 def check_interactive(o: RunOptions) -> None:
@@ -320,7 +386,12 @@ FLASH_ATTN_VALUES = ("on", "off", "auto")
 ON_OFF_AUTO = {"on": True, "enabled": True, "true": True, "1": True,
                "off": False, "disabled": False, "false": False, "0": False, "auto": None, "-1": None}
 REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")  # --reasoning-format (llama.cpp's)
-SPEC_TYPES = ("draft-mtp", "mtp")  # --spec-type (llama.cpp's name, and a short one)
+# --spec-type: llama.cpp's names sharpi runs (draft-simple is -md's model; mtp is short for draft-mtp)
+SPEC_TYPES = ("draft-simple", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+SPEC_ALIASES = {"mtp": "draft-mtp"}
+SPEC_UNSUPPORTED = {"draft-eagle3": "EAGLE-3 draft heads", "draft-dflash": "DFlash draft models",
+                    "draft-dspark": "DSpark draft models",
+                    "ngram-cache": "llama-lookup's n-gram cache files"}
 
 
 def check_flash_attn(v: str) -> None:
@@ -815,7 +886,8 @@ def _run(o: RunOptions) -> int:
         params = replace(params, dry_breakers=dry.breakers(tok, strings))
 
     drafter, draft = None, None
-    if o.model_draft or o.draft_lookup or o.spec_type:
+    n_max, n_min = o.spec_draft_n_max, o.spec_draft_n_min
+    if o.model_draft or o.draft_lookup or o.spec_type or o.spec_ngram:
         n_ctx_d = draft_ctx(o, n_ctx) if o.model_draft else n_ctx
         window = min(n_ctx, n_ctx_d)
         if window < 2:
@@ -826,6 +898,9 @@ def _run(o: RunOptions) -> int:
                 f"({window} tokens); clamped to {window // 2}")
             o.spec_draft_n_max = window // 2
             o.spec_draft_n_min = min(o.spec_draft_n_min, o.spec_draft_n_max)
+        # (llama.cpp's n-gram drafters: a step verifies what they draft, up to their own sizes; a draft model behind
+        # them keeps --spec-draft-n-min / -n-max, which the chain applies)
+        n_max, n_min = (min(spec_n_max(o), window // 2), 0) if o.spec_ngram else (o.spec_draft_n_max, o.spec_draft_n_min)
         drafter, draft = _make_drafter(o, target, params, seed, n_ctx)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
@@ -843,7 +918,7 @@ def _run(o: RunOptions) -> int:
         from sharpi_core.reasoning import Both
         grammar = budget if grammar is None else Both(budget, grammar)
     gen = Generator(target.model, cache, tok, params, seed=seed, drafter=drafter,
-                    spec_n_max=o.spec_draft_n_max, spec_n_min=o.spec_draft_n_min,
+                    spec_n_max=n_max, spec_n_min=n_min,
                     spec_p_min=o.spec_draft_p_min, n_batch=min(o.batch_size, o.ubatch_size),
                     batch_threads=o.threads_batch if o.threads_batch > 0 else None,
                     threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar,
@@ -1074,6 +1149,14 @@ def _make_drafter(o: RunOptions, target, params, seed: int, n_ctx: int):
     """The drafter of -md / --draft-lookup / --spec-type, and the draft model (or None); --draft-lookup with one of
     the others: both, each step to the one expected to bring more tokens per cost (speculative.HybridDrafter)."""
     from sharpi_core import speculative as spec
+    if o.spec_ngram:  # llama.cpp's n-gram drafters, then the draft model (or MTP head) if there is one
+        sources = spec.ngram_sources(o.spec_ngram, (o.spec_ngram_simple_size_n, o.spec_ngram_simple_size_m),
+                                     (o.spec_ngram_map_k_size_n, o.spec_ngram_map_k_size_m),
+                                     (o.spec_ngram_map_k4v_size_n, o.spec_ngram_map_k4v_size_m,
+                                      o.spec_ngram_map_k4v_min_hits),
+                                     (o.spec_ngram_mod_n_match, o.spec_ngram_mod_n_min, o.spec_ngram_mod_n_max))
+        model, draft = _model_drafter(o, target, params, seed, n_ctx) if (o.model_draft or o.spec_type) else (None, None)
+        return spec.NgramChain(sources, model, o.spec_draft_n_max, o.spec_draft_n_min), draft
     lookup = spec.LookupDrafter(ngram_max=o.spec_ngram_max, ngram_min=o.spec_ngram_min) if o.draft_lookup else None
     if not (o.model_draft or o.spec_type):
         return lookup, None

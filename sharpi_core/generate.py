@@ -640,6 +640,9 @@ class Generator:
             logits, reason = None, st.reason
         timings.prompt_ms = (time.perf_counter() - t0) * 1000
         timings.prompt_n = self._prefilled
+        begin = getattr(self.drafter, "begin", None) if self.speculate and logits is not None else None
+        if begin is not None:  # (llama.cpp's n-gram drafters learn the prompt: speculative.NgramChain)
+            begin(list(self.history))
         t0 = time.perf_counter()
         try:
             if logits is None:

@@ -17,6 +17,7 @@ from .draft_model import DraftModelDrafter
 from .hybrid import HybridDrafter
 from .lookup import LookupDrafter
 from .mtp import MtpDrafter
+from .ngram import NGRAM_TYPES, NgramChain, ngram_sources
 from .util import common_prefix
 
 # Penalties and logit bias are applied row by row with each verify row's own history, and the
@@ -32,5 +33,5 @@ class Drafter(Protocol):
 
 
 __all__ = ["Drafter", "accept_argmax", "accept_greedy", "accept_sampled", "DraftModelDrafter", "HybridDrafter", "LookupDrafter",
-           "MtpDrafter", "SpecCost",
+           "MtpDrafter", "NGRAM_TYPES", "NgramChain", "ngram_sources", "SpecCost",
            "SUPPORTS_PENALTIES", "common_prefix"]

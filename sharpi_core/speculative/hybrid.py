@@ -24,7 +24,7 @@ the generator's; the generator then asks for up to n_max (see `adapts`). `source
 """
 from __future__ import annotations
 
-from .util import Verdicts, common_prefix, next_proposal_len
+from .util import Verdicts, WrapsModel, common_prefix, next_proposal_len
 
 DECAY = 0.25  # weight of the newest step's verdict in a source's running estimate
 VERIFY_ROW = 0.09  # a verify pass's cost per extra row, relative to a one-row pass (Qwen 1.5B on the CPU: 5 rows 1.36)
@@ -33,7 +33,7 @@ VERIFY_ROW = 0.09  # a verify pass's cost per extra row, relative to a one-row p
 PRIOR_LOOKUP, PRIOR_MODEL = (0.4, 2.0), (0.75, 4.0)
 
 
-class HybridDrafter:
+class HybridDrafter(WrapsModel):
     # the generator leaves the count of proposals to this drafter (and sets it False with
     # SHARPI_SPEC_ADAPTIVE=0: every source then proposes what it is asked)
     adapts = True
@@ -57,14 +57,6 @@ class HybridDrafter:
         observe = getattr(model, "observe", None)
         if observe is not None:  # (the MTP head sees every target pass, whichever source proposed)
             self.observe = observe
-
-    @property
-    def cache(self):
-        return self.model.cache
-
-    @property
-    def history(self) -> list[int]:
-        return self.model.history
 
     def _count(self, name: str, k: int) -> int:
         return min(k, max(self._k[name], self.n_min)) if self.adapts else k
@@ -109,20 +101,6 @@ class HybridDrafter:
         self.lookup.rollback(n_keep)
         self.model.rollback(n_keep)
 
-    def prefill(self, tokens: list[int]) -> None:
-        prefill = getattr(self.model, "prefill", None)
-        if prefill is not None:
-            prefill(tokens)
-
     def shift(self, n_keep: int, n_discard: int) -> None:
         self._shadow = None
-        shift = getattr(self.model, "shift", None)
-        if shift is not None:
-            shift(n_keep, n_discard)
-
-    def constrain_with(self, grammar, state) -> None:
-        self.model.constrain_with(grammar, state)
-
-    def sample_like(self, picker) -> None:
-        if hasattr(self.model, "sample_like"):
-            self.model.sample_like(picker)
+        super().shift(n_keep, n_discard)

@@ -53,3 +53,37 @@ class Verdicts:
         if judged, rejected)."""
         self.hits = (1 - self.decay) * self.hits + accepted
         self.judged = (1 - self.decay) * self.judged + judged
+
+
+class WrapsModel:
+    """What a drafter that puts other sources in front of a model drafter (`self.model`: a DraftModelDrafter or
+    MtpDrafter, or None) passes on to it: its cache and history (prompt cache files), its prompt pass, a context
+    shift, a grammar to propose under and a picker to sample like."""
+
+    model = None
+
+    @property
+    def cache(self):
+        return self.model.cache
+
+    @property
+    def history(self) -> list[int]:
+        return self.model.history
+
+    def prefill(self, tokens: list[int]) -> None:
+        prefill = getattr(self.model, "prefill", None)
+        if prefill is not None:
+            prefill(tokens)
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        shift = getattr(self.model, "shift", None)
+        if shift is not None:
+            shift(n_keep, n_discard)
+
+    def constrain_with(self, grammar, state) -> None:
+        if hasattr(self.model, "constrain_with"):
+            self.model.constrain_with(grammar, state)
+
+    def sample_like(self, picker) -> None:
+        if hasattr(self.model, "sample_like"):
+            self.model.sample_like(picker)
