@@ -11,7 +11,7 @@ the code request after ~1000 tokens of a module pasted into the conversation);
 to copy a passage longer than the generation (-n 128 at most: every generated token can be copied), "partial echo"
 a passage two thirds as long (the model goes on with text of its own after copying it);
 (c) `--which ngram`: llama.cpp's n-gram drafters (--spec-type ngram-simple, ngram-map-k, ngram-mod as --spec-default
-sets it; their default sizes, a step verifying up to their 48 / 64 tokens) beside --draft-lookup (k 4), SmolLM2 and
+sets it, ngram-cache; their default sizes, a step verifying up to their 48 / 64 / 8 tokens) beside --draft-lookup (k 4), SmolLM2 and
 Qwen 1.5B on the echo prompts (and Qwen on "deep"). SHARPI_SPEC_ADAPTIVE=0 in the environment verifies every token
 they draft, as llama.cpp does (with --cost off).
 Each configuration runs after a warm-up; plain and speculative alternate (ABBA) and the
@@ -224,7 +224,7 @@ def main():
                     label = f"{name.split('-')[0]} {which}"
                     compare(f"{label}, --draft-lookup", model, tok, texts[which], a.n, params,
                             lambda: LookupDrafter(3, 2), 4, a.reps, cost=a.cost)
-                    for t, k in (("ngram-simple", 48), ("ngram-map-k", 48), ("ngram-mod", 64)):
+                    for t, k in (("ngram-simple", 48), ("ngram-map-k", 48), ("ngram-mod", 64), ("ngram-cache", 8)):
                         compare(f"{label}, --spec-type {t}", model, tok, texts[which], a.n, params,
                                 lambda t=t: NgramChain(ngram_sources([t])), k, a.reps, cost=a.cost)
             del model

@@ -1,5 +1,5 @@
 """Record llama.cpp's n-gram drafters (tests/data/llamacpp_ngram.json): scripts/llamacpp_ngram.cpp drives
-libllama-common's common_speculative_* with --spec-type ngram-simple / ngram-map-k / ngram-map-k4v / ngram-mod (and
+libllama-common's common_speculative_* with --spec-type ngram-simple / ngram-map-k / ngram-map-k4v / ngram-mod / ngram-cache (and
 lists of them) over token sequences, as its server drives them: a begin per turn, a draft every step, the accepted
 count of each draft (its prefix that matches the sequence's next tokens) passed back. The file keeps the
 sequences and each case's drafts; tests/test_ngram.py replays them through sharpi's NgramChain.
@@ -103,6 +103,11 @@ def cases() -> list[dict]:
         case("simple + mod, edits, n_max 6", "ngram-simple,ngram-mod", edits, simple=(6, 12), mod=(4, 1, 10),
              n_max=6),
         case("map-k + map-k4v, tiny", "ngram-map-k,ngram-map-k4v", tiny, map_k=(3, 4), map_k4v=(2, 4, 1)),
+        case("cache, copy-heavy", "ngram-cache", long_code),
+        case("cache, 8 tokens", "ngram-cache", small),
+        case("cache, 5 tokens, n_max 3", "ngram-cache", tiny, n_max=3),
+        case("cache, edits", "ngram-cache", edits),
+        case("simple + cache, 8 tokens", "ngram-simple,ngram-cache", small, simple=(3, 6)),
     ]
 
 

@@ -232,7 +232,8 @@ def run(
     spec_type: Annotated[list[str], Opt("--spec-type", help="comma-separated or repeated: draft-mtp (the model's own "
                                         "next-token-prediction layer: Qwen3.5 / 3.6), draft-simple (the -md model), "
                                         "llama.cpp's n-gram drafters ngram-simple, ngram-map-k, ngram-map-k4v, "
-                                        "ngram-mod (tried first, in that order), none", show_default=False)] = [],
+                                        "ngram-mod, ngram-cache (tried first, in that order), none",
+                                        show_default=False)] = [],
     spec_draft_n_max: Annotated[int, Opt("--spec-draft-n-max", "--draft-max", help="tokens proposed per step")] = 4,
     spec_draft_n_min: Annotated[int, Opt("--spec-draft-n-min", "--draft-min", help="shorter proposals are dropped (plain step)")] = 0,
     spec_draft_p_min: Annotated[float, Opt("--spec-draft-p-min", help="also accept a draft token when the target gives it probability >= P. "

@@ -352,7 +352,7 @@ def spec_n_max(o: RunOptions) -> int:
     """Tokens a step may verify: --spec-draft-n-max, or with llama.cpp's n-gram drafters the most any of them drafts
     (common_speculative_n_max: their own sizes; a draft model behind them still proposes <= --spec-draft-n-max)."""
     sizes = {"ngram-simple": o.spec_ngram_simple_size_m, "ngram-map-k": o.spec_ngram_map_k_size_m,
-             "ngram-map-k4v": o.spec_ngram_map_k4v_size_m, "ngram-mod": o.spec_ngram_mod_n_max}
+             "ngram-map-k4v": o.spec_ngram_map_k4v_size_m, "ngram-mod": o.spec_ngram_mod_n_max, "ngram-cache": 8}
     n = max((sizes[t] for t in o.spec_ngram), default=0)
     return max(n, o.spec_draft_n_max) if (o.model_draft or o.spec_type or not o.spec_ngram) else n
 
@@ -387,11 +387,10 @@ ON_OFF_AUTO = {"on": True, "enabled": True, "true": True, "1": True,
                "off": False, "disabled": False, "false": False, "0": False, "auto": None, "-1": None}
 REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")  # --reasoning-format (llama.cpp's)
 # --spec-type: llama.cpp's names sharpi runs (draft-simple is -md's model; mtp is short for draft-mtp)
-SPEC_TYPES = ("draft-simple", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+SPEC_TYPES = ("draft-simple", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 SPEC_ALIASES = {"mtp": "draft-mtp"}
 SPEC_UNSUPPORTED = {"draft-eagle3": "EAGLE-3 draft heads", "draft-dflash": "DFlash draft models",
-                    "draft-dspark": "DSpark draft models",
-                    "ngram-cache": "llama-lookup's n-gram cache files"}
+                    "draft-dspark": "DSpark draft models"}
 
 
 def check_flash_attn(v: str) -> None:

@@ -489,6 +489,8 @@ class Generator:
         self.history.append(t)
         self.history += props[:n]
         if self.drafter is not None:
+            if forced and hasattr(self.drafter, "forced"):  # (what it proposed last, if anything, was not verified)
+                self.drafter.forced()
             self.drafter.rollback(keep)
         t_end = time.perf_counter()
         stats.commit_ms += (t_end - t_verified) * 1000

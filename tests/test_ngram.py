@@ -53,6 +53,7 @@ def test_sources_follow_llamacpps_order():
     assert [s.name for s in srcs] == ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"]
     assert isinstance(srcs[0], NgramSimple) and isinstance(srcs[1], NgramMap) and isinstance(srcs[3], NgramMod)
     assert srcs[1].key_only and not srcs[2].key_only
+    assert [s.name for s in ngram_sources(["ngram-cache", "ngram-simple"])] == ["ngram-simple", "ngram-cache"]
 
 
 def test_a_key_whose_draft_was_refused_at_once_drafts_no_more():
@@ -108,6 +109,19 @@ def test_greedy_speculation_with_them_is_plain_greedy(smol, plain, flags):
     assert set(spec["sources"]) <= set(names) and spec["sources"], spec["sources"]
 
 
+def test_ngram_cache_drafts_what_the_prompt_holds(smol):
+    """ngram-cache learns n-grams from the prompt (and the chunks of accepted drafts: a plain step's one new token
+    holds none, as in llama.cpp): on a copy request it drafts the copy."""
+    text = "The committee met on Tuesday to review the budget and agreed to fund the new library on Main Street."
+    prompt = f"Copy the text exactly.\n\nText: {text}\n\nCopy: {text}\n\nCopy:"
+    runs = [sharpi("-m", smol, "-p", prompt, "-n", 40, "--temp", 0, "-no-cnv", "--ignore-eos", "--json", *flags)
+            for flags in ((), ("--spec-type", "ngram-cache"))]
+    assert all(r.returncode == 0 for r in runs), runs[1].stderr
+    plain, spec = (json.loads(r.stdout) for r in runs)
+    assert spec["tokens"] == plain["tokens"]
+    assert spec["speculative"]["accepted"] > 10 and spec["speculative"]["sources"].keys() == {"ngram-cache"}
+
+
 def test_a_draft_model_behind_them_proposes_where_they_do_not(smol, plain):
     r = sharpi("-m", smol, "-p", CODE, "-n", 120, "--temp", 0, "-no-cnv", "--ignore-eos", "--json",
                "--spec-type", "ngram-simple,draft-simple", "-md", smol, "--spec-ngram-simple-size-n", 4,
@@ -129,7 +143,7 @@ def test_sampled_speculation_with_them_runs(smol):
 
 @pytest.mark.parametrize("args,fragment", [
     (("--spec-type", "ngram-foo"), "invalid --spec-type 'ngram-foo'"),
-    (("--spec-type", "ngram-cache"), "--spec-type ngram-cache is not supported"),
+    (("--spec-type", "draft-dflash"), "--spec-type draft-dflash is not supported"),
     (("--spec-type", "draft-eagle3"), "--spec-type draft-eagle3 is not supported"),
     (("--spec-type", "draft-simple"), "give it with -md"),
     (("--spec-type", "ngram-simple", "--draft-lookup"), "pick one"),
@@ -145,3 +159,19 @@ def test_none_turns_them_off(smol):
     r = sharpi("-m", smol, "-p", "hi", "-n", 4, "--temp", 0, "--json", "--spec-type", "ngram-simple,none")
     assert r.returncode == 0, r.stderr
     assert "speculative" not in json.loads(r.stdout) or not json.loads(r.stdout)["speculative"]
+
+
+def test_a_step_of_forced_tokens_teaches_the_sources_nothing():
+    """Only a verified proposal of the chain's own is a verdict: after a step that fed tokens a constraint forced
+    (a reasoning budget's), its last proposal (a shadow a plain step followed) is not judged."""
+    chain = NgramChain(ngram_sources(["ngram-map-k"], map_k=(2, 3)))
+    hist = [1, 2, 3, 4, 5, 9, 9, 9, 9, 1, 2, 3, 4, 5, 8, 8, 8, 8, 1, 2]
+    chain.begin(hist[:-1])
+    assert chain.propose(hist, 3)[0] == [3, 4, 5]
+    chain.forced()
+    chain.rollback(len(hist))  # (as if none of it were kept)
+    src = chain.sources[0]
+    assert src.keys[src.last_key].values[0].n_accepted == 3
+    assert chain.propose(hist, 3)[0] == [3, 4, 5]
+    chain.rollback(len(hist))  # (a verdict: none kept; the key drafts no more)
+    assert src.keys[src.last_key].values[0].n_accepted == 0

@@ -1,13 +1,14 @@
-"""llama.cpp's n-gram drafters (`--spec-type ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod`): the same
-proposals as common/ngram-map.cpp, ngram-mod.cpp and the implementations in common/speculative.cpp, given the same
-history and the same verdicts (scripts/llamacpp_ngram.cpp drives libllama-common's; tests/test_ngram.py compares).
+"""llama.cpp's n-gram drafters (`--spec-type ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache`): the
+same proposals as common/ngram-map.cpp, ngram-mod.cpp, ngram-cache.cpp and the implementations in
+common/speculative.cpp, given the same history and the same verdicts (scripts/llamacpp_ngram.cpp drives
+libllama-common's; tests/test_ngram.py compares).
 
 Each source sees (prompt, sampled): the target's tokens and the certain next one. `begin(prompt)` is called once a
 generation's prompt is evaluated (llama.cpp's server calls it per request; sharpi per generate() call, so also per
 chat turn), `draft` every step, `accept(n, is_other)` after a step a draft was verified: n of the last proposal's
 tokens were kept, is_other when another source proposed. `NgramChain` runs them as common_speculative_draft does:
-in llama.cpp's order (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod), then a draft model if one is given; the
-first that drafts proposes, cut to what the step may verify.
+in llama.cpp's order (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache), then a draft model if one
+is given; the first that drafts proposes, cut to what the step may verify.
 
 - ngram-simple: the last size_n tokens (with the sampled one) searched backwards in the history; the size_m tokens
   after the latest earlier occurrence (if at least size_n of them exist).
@@ -19,6 +20,7 @@ first that drafts proposes, cut to what the step may verify.
 - ngram-mod: a 4M-entry table from the hash of n_match tokens to the token that followed them last; drafts by
   following it up to n_max tokens, nothing when fewer than n_min come; cleared when a quarter of it is used
   (checked at each begin), or after 5 drafts in a row with under a quarter accepted.
+- ngram-cache: counts of the tokens that followed each 1..4-gram; up to 8 tokens drafted one at a time (NgramCache).
 
 Scans of the history are numpy passes (one per n-gram position compared), not loops over positions.
 """
@@ -30,7 +32,7 @@ from ..errors import UsageError
 from .util import WrapsModel, common_prefix
 
 # llama.cpp's names in its priority order (common_speculative_init)
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 LCG_FACTOR = 2654435761         # ngram-map's 32-bit key hash
 HASH_MAP_SIZE = 262144          # COMMON_NGRAM_HASH_MAP_SIZE
@@ -362,13 +364,134 @@ class NgramMod:
             self.n_low = 0
 
 
+# libstdc++'s std::unordered_map from empty: its bucket count once it holds at least this many elements (its prime
+# rehash policy, max load factor 1; measured with GCC 12's library)
+_GROWTH = ((1, 13), (14, 29), (30, 59), (60, 127), (128, 257), (258, 541), (542, 1109), (1110, 2357), (2358, 5087),
+           (5088, 10273), (10274, 20753), (20754, 42043), (42044, 85229), (85230, 172933), (172934, 351061))
+
+
+def _buckets(n: int) -> int:
+    b = 1
+    for size, nb in _GROWTH:
+        if n < size:
+            break
+        b = nb
+    return b
+
+
+class _Part:
+    """A token -> count map that iterates as libstdc++'s std::unordered_map<llama_token, int> does (identity hash):
+    ngram-cache's drafts take the first of the most frequent tokens in that order. libstdc++ keeps one list; a new
+    key goes in front of its bucket's run of keys, or in front of the list when its bucket is empty, and a rehash
+    re-places every key that way in list order (checked against the library on random insertions)."""
+
+    __slots__ = ("counts", "order")
+
+    def __init__(self):
+        self.counts: dict[int, int] = {}
+        self.order: list[int] = []
+
+    @staticmethod
+    def _place(order: list[int], key: int, nb: int) -> None:
+        b = key % nb
+        i = next((i for i, k in enumerate(order) if k % nb == b), 0)
+        order.insert(i, key)
+
+    def add(self, token: int) -> None:
+        if token in self.counts:
+            self.counts[token] += 1
+            return
+        nb = _buckets(len(self.order) + 1)
+        if nb != _buckets(len(self.order)):
+            old, self.order = self.order, []
+            for k in old:
+                self._place(self.order, k, nb)
+        self._place(self.order, token, nb)
+        self.counts[token] = 1
+
+
+NGRAM_MIN, NGRAM_MAX = 1, 4  # LLAMA_NGRAM_MIN / _MAX: the context cache's n-gram sizes
+# (fewest occurrences, least share in percent) for a context n-gram of size 1..4 to draft (draft_min_*_lax)
+CACHE_LAX = ((2, 66), (2, 50), (1, 50), (1, 50))
+
+
+class NgramCache:
+    """common_speculative_impl_ngram_cache as llama-cli runs it (no static or dynamic cache files: -lcs / -lcd are
+    llama-lookup's and llama-server's): a context cache of the n-grams of sizes 1..4 and the counts of the tokens
+    that followed them, updated with the tokens since its last update (the n-grams inside them only, as llama.cpp);
+    up to 8 tokens drafted one at a time, each the most frequent follower of the longest n-gram whose counts are
+    frequent and dominant enough."""
+
+    name = "ngram-cache"
+
+    def __init__(self, n_draft: int = 8):
+        self.n_draft = self.n_max = n_draft
+        self.context: dict[tuple, _Part] = {}
+        self.cache_size = 0
+
+    def fresh(self) -> "NgramCache":
+        return NgramCache(self.n_draft)
+
+    def begin(self, prompt: list[int]) -> None:
+        pass
+
+    def _update(self, tokens: list[int]) -> None:
+        for size in range(NGRAM_MIN, NGRAM_MAX + 1):
+            for i in range(size, len(tokens)):
+                key = tuple(tokens[i - size:i])
+                part = self.context.get(key)
+                if part is None:
+                    part = self.context[key] = _Part()
+                part.add(tokens[i])
+
+    def _pick(self, seq: list[int]) -> int | None:
+        """try_draft over the context cache: the longest n-gram first."""
+        for size in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            if size > len(seq):
+                continue
+            part = self.context.get(tuple(seq[len(seq) - size:]))
+            if part is None:
+                continue
+            best, best_n, total = None, 0, 0
+            for t in part.order:
+                c = part.counts[t]
+                if c > best_n:
+                    best, best_n = t, c
+                total += c
+            min_n, min_pct = CACHE_LAX[size - 1]
+            if total < min_n or 100 * best_n < min_pct * total:
+                continue
+            return best
+        return None
+
+    def draft(self, prompt: list[int], sampled: int) -> list[int]:
+        if self.cache_size < len(prompt) + 1:
+            self._update(prompt[self.cache_size:] + [sampled])
+            self.cache_size = len(prompt) + 1
+        seq = prompt + [sampled]
+        if len(seq) < 2:  # (LLAMA_NGRAM_STATIC)
+            return []
+        out: list[int] = []
+        while len(out) < self.n_draft:
+            t = self._pick(seq)
+            if t is None:
+                break
+            seq.append(t)
+            out.append(t)
+        return out
+
+    def accept(self, n_accepted: int, is_other: bool) -> None:
+        pass
+
+
 def ngram_sources(types: list[str], simple=(12, 48), map_k=(12, 48), map_k4v=(12, 48, 1),
                   mod=(24, 48, 64)) -> list:
     """The n-gram sources a --spec-type list names, in llama.cpp's order."""
     made = {"ngram-simple": lambda: NgramSimple(*simple),
             "ngram-map-k": lambda: NgramMap(map_k[0], map_k[1], key_only=True),
             "ngram-map-k4v": lambda: NgramMap(map_k4v[0], map_k4v[1], key_only=False, min_hits=map_k4v[2]),
-            "ngram-mod": lambda: NgramMod(*mod)}
+            "ngram-mod": lambda: NgramMod(*mod),
+            "ngram-cache": lambda: NgramCache()}
     return [made[t]() for t in NGRAM_TYPES if t in types]
 
 
@@ -417,11 +540,16 @@ class NgramChain(WrapsModel):
             return props, q
         return [], None
 
+    def forced(self) -> None:
+        """The step verified tokens a constraint forced, not a proposal of this drafter's (its last one may have been
+        a speculative.SpecCost shadow that a plain step followed)."""
+        self._last = None
+
     def rollback(self, n_keep: int) -> None:
         """After a verified step: the last proposal's source learns how many of its tokens were kept, the others
         that another source proposed (common_speculative_accept)."""
         last, self._last = self._last, None
-        if last is not None:  # (None: the step verified no proposal of this drafter's, e.g. forced tokens)
+        if last is not None:
             n = max(0, n_keep - self._at)
             for s in self.sources:
                 s.accept(n, s is not last)
