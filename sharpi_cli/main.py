@@ -227,7 +227,7 @@ def run(
                                   "--log-disable; an error is always shown); 4 or more as --verbose")] = 3,
     show_version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
     # speculative decoding
-    model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", help="draft model (path or known name) for speculative decoding")] = None,
+    model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", "--spec-draft-model", help="draft model (path or known name) for speculative decoding")] = None,
     draft_lookup: Annotated[bool, Opt("--draft-lookup", help="speculate with prompt-lookup n-grams (no draft model)")] = False,
     spec_type: Annotated[list[str], Opt("--spec-type", help="comma-separated or repeated: draft-mtp (the model's own "
                                         "next-token-prediction layer: Qwen3.5 / 3.6), draft-simple (the -md model), "
@@ -267,7 +267,7 @@ def run(
                                       "model's passes of one token (-1 = as the target's)")] = -1,
     threads_batch_draft: Annotated[int, Opt("-tbd", "--threads-batch-draft", "--spec-draft-threads-batch",
                                             help="CPU threads of the draft's passes of more tokens (-1 = as -td)")] = -1,
-    spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", help="draft layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N")] = -1,
+    spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft", help="draft layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N")] = -1,
     spec_draft_vocab: Annotated[int, Opt("--spec-draft-vocab", help="the draft's output layer computes token ids [0, N) only "
                                          "(-1 = auto: 65536 for byte-level BPE vocabularies, else all; 0 = all). "
                                          "Output stays exact: only the acceptance rate can change")] = -1,
