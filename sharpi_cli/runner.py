@@ -129,7 +129,7 @@ class RunOptions:
     verbose: bool = False
     model_draft: str | None = None
     draft_lookup: bool = False
-    # --spec-type as given (a list of comma-separated names); check_flags leaves "draft-mtp" (the target's MTP layer
+    # --spec-type as given (a list of comma-separated names); validate() leaves "draft-mtp" (the target's MTP layer
     # drafts) or None here, and llama.cpp's n-gram drafters in spec_ngram
     spec_type: list[str] | str | None = None
     spec_ngram: list[str] = field(default_factory=list)
@@ -344,8 +344,8 @@ def check_spec_types(o: RunOptions) -> None:
     for flag, v in (("--spec-ngram-simple-min-hits", o.spec_ngram_simple_min_hits),
                     ("--spec-ngram-map-k-min-hits", o.spec_ngram_map_k_min_hits),
                     ("--spec-ngram-map-k4v-min-hits", o.spec_ngram_map_k4v_min_hits)):
-        if not 1 <= v <= 65535:
-            raise UsageError(f"invalid {flag} {v}: must be at least 1")
+        if not 1 <= v <= 65535:  # (llama.cpp keeps it in 16 bits)
+            raise UsageError(f"invalid {flag} {v}: must be between 1 and 65535")
 
 
 def spec_n_max(o: RunOptions) -> int:
