@@ -109,6 +109,11 @@ LLAMA_CPP_PPL = {
                              "qwen2.5-coder-0.5b-instruct-q4_k_m": (9.4686, 0.98578)},
     ("fa-off", "bf16/f16"): {"smollm2-135m-instruct-q4_1": (17.8752, 2.27689), "gemma3-270m-q4_k_m": (12.0774, 1.55562),
                              "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9737, 0.32719)},
+    # -fa off with a bf16 V: the probabilities go through bf16 dot products (tinyBLAS's in these prompt passes)
+    ("fa-off", "f16/bf16"): {"smollm2-135m-instruct-q4_1": (17.8720, 2.27502),
+                             "qwen2.5-coder-0.5b-instruct-q4_k_m": (3.9026, 0.31722)},
+    ("fa-off", "bf16"): {"smollm2-135m-instruct-q4_1": (17.8514, 2.27010)},
+    ("fa-off", "q8_0/bf16"): {"gemma3-270m-q4_k_m": (12.1003, 1.56200)},
 }
 # (4-bit K caches cost Qwen2.5-0.5B 3-8x its perplexity in llama.cpp too, Hadamard rotation and all: its K's
 # outlier dims need more than 16 levels per block of 32)
@@ -129,7 +134,9 @@ def _ppl_params(models, settings):
                          + _ppl_params([GEMMA], [("fa", "q4_0/f16"), ("fa", "f16/q5_1"), ("fa", "bf16/q4_1")])
                          + _ppl_params([QWEN05], [("fa", "q8_0/iq4_nl"), ("fa", "q5_0"), ("fa", "bf16")])
                          + _ppl_params([SMOL], [("fa-off", f"{t}/f16") for t in ("q8_0", "q4_1", "iq4_nl", "bf16")])
-                         + _ppl_params([GEMMA], [("fa-off", "q4_0/f16")]) + _ppl_params([QWEN05], [("fa-off", "q5_1/f16")]))
+                         + _ppl_params([GEMMA], [("fa-off", "q4_0/f16")]) + _ppl_params([QWEN05], [("fa-off", "q5_1/f16")])
+                         + _ppl_params([SMOL], [("fa-off", "f16/bf16"), ("fa-off", "bf16")])
+                         + _ppl_params([GEMMA], [("fa-off", "q8_0/bf16")]) + _ppl_params([QWEN05], [("fa-off", "f16/bf16")]))
 def test_perplexity_equals_llama_cpp(name, attn, kv):
     model, tok = loaded(name)
     ref = reference()[name]["perplexity"]

@@ -40,6 +40,8 @@ def reference(q, cache, start, window, scale, softcap=0.0, fa=False, sinks=None)
             p = p[:pos + 1 - lo].float()
             if cache.v.kind == "f16":
                 p = p.half().float()
+            elif cache.v.kind == "bf16" and not fa:  # (-fa off: llama.cpp's P V in bf16 dot products)
+                p = p.bfloat16().float()
             out[t, h] = (p.double() @ V[lo:pos + 1, h // G].double()).float()
     return out
 
@@ -79,7 +81,7 @@ def test_attention_matches_reference_and_rows_are_batch_invariant(mode, kind, wi
         q_ref, tol = activation_for(q, cache.k.qtype), dict(rtol=1e-3, atol=1e-3)  # (a code may round the other way)
         if kind == "q4_1":  # and q8_1 keeps each block's sum of q as fp16 for the min term (ggml's vec_dot)
             tol = dict(rtol=5e-3, atol=5e-3)
-    torch.testing.assert_close(out, reference(q_ref, cache, start, window, scale), **tol)
+    torch.testing.assert_close(out, reference(q_ref, cache, start, window, scale, fa=fa), **tol)
     # each row alone, and with another thread count, gives the same bits as inside the batch (passes
     # of fewer than 64 rows: llama.cpp's tiled flash attention starts at 64)
     n = torch.get_num_threads()

@@ -915,7 +915,7 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     `mode` is how llama.cpp's CPU backend would compute this pass (see ops.c): without flash
     attention, q must come rounded to the K cache's type for an f32 / f16 K, in fp32 for the other types
     (the kernel quantizes it as ggml does) (ATTN_TINYBLAS for prompt passes,
-    ATTN_VEC_DOT for decoding rows; probabilities rounded to fp16 against an f16 V); with it
+    ATTN_VEC_DOT for decoding rows; probabilities rounded to fp16 against an f16 V, to bf16 against a bf16 V); with it
     (llama.cpp's default), q comes in fp32 (the kernel rounds it to fp16 for an f16 K, quantizes it to
     q8_0 for a q8_0 K) and ATTN_FA_PROMPT computes a prompt pass, ATTN_FA_DECODE rows that each
     reproduce a one-row pass. Each (row, head) is computed by

@@ -39,7 +39,8 @@
  * passes of >= 2 rows, ggml_vec_dot_f16 (4 x 16 lanes, 64 a step, GGML_F32x16_REDUCE) for one row;
  * the reduced axis is the head dims for KQ and the cache positions counted from 0 for KQV; softmax is
  * ggml_vec_soft_max_f32: ggml's AVX-512 expf, each group of 16 positions reduced into a double; the
- * probabilities are rounded to fp16 when V is f16 (ggml converts them to V's vec_dot type).
+ * probabilities are rounded to fp16 when V is f16 (ggml converts them to V's vec_dot type); a bf16 V takes
+ * them rounded to bf16 into ggml_vec_dot_bf16 / tinyBLAS's bf16 kernel per output element.
  *
  * sharpi_rope_table / sharpi_rope: ggml's rope cache (theta_scale = powf(base, -2 / n_rot), theta
  * multiplied by it in float from the position, divided by the pair's frequency factor when the model
@@ -1381,9 +1382,14 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
         }
     } else {
         float *s = malloc(sizeof(float) * (size_t)(Lmax + 16));
-        if (!s) {
+        /* a bf16 V: the probabilities as bf16 (bits and values) and one V column, over whole blocks of 64 positions */
+        uint16_t *vb = v_type == KV_BF16 ? malloc(sizeof(uint16_t) * 2 * (size_t)(Lmax + 128)) : NULL;
+        float *pf = v_type == KV_BF16 ? malloc(sizeof(float) * (size_t)(Lmax + 128)) : NULL;
+        if (!s || (v_type == KV_BF16 && (!vb || !pf))) {
 #pragma omp atomic write
             bad = 1;
+            free(s);
+            s = NULL;
         }
 #pragma omp for schedule(static)
         for (long task = 0; task < T * H; task++) {
@@ -1432,10 +1438,33 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 if (round_p_f16) p = _cvtsh_ss(_cvtss_sh(p, _MM_FROUND_TO_NEAREST_INT));
                 s[j] = p;
             }
+            float *o = out + (t * H + h) * Dv;
+            if (v_type == KV_BF16) {
+                /* P V with a bf16 V: ggml converts the probabilities to bf16 (V's vec_dot type) and takes, per
+                 * output element, ggml_vec_dot_bf16 (decoding rows) or tinyBLAS's bf16 kernel (prompt rows) of
+                 * V's column over the cache positions. Those outside [lo, pos] are zeros there (masked p), which
+                 * add nothing: the dot runs over the blocks of 64 positions (counted from 0) that hold [lo, pos] */
+                const long i0 = lo & ~63L, len = ((pos + 64) & ~63L) - i0;
+                uint16_t *pb = vb, *col = vb + Lmax + 128;
+                for (long j = 0; j < len; j++) {
+                    const long at = i0 + j - lo;
+                    pb[j] = (at >= 0 && at < n) ? bf16_bits(s[at]) : 0;
+                    const uint32_t u = (uint32_t)pb[j] << 16;
+                    memcpy(pf + j, &u, 4);
+                }
+                const uint16_t *vv = (const uint16_t *)v;
+                for (long d = 0; d < Dv; d++) {
+                    for (long j = 0; j < len; j++) {
+                        const long at = i0 + j;
+                        col[j] = (at >= lo && at <= pos) ? vv[(at * Hkv + g) * Dv + d] : 0;
+                    }
+                    o[d] = order == ORDER_VEC_DOT ? dot_bf16_vec_dot(col, pb, pf, len) : dot_bf16_tinyblas(col, pb, pf, len);
+                }
+                continue;
+            }
             /* P V: per output element, one partial sum per cache position mod nl (counted from 0):
              * ggml_vec_dot_f16's 4 accumulators x 16 lanes (nl = 64) or tinyBLAS's 16 lanes, then their
              * reduction trees (GGML_F32Cx16_REDUCE, _mm512_reduce_add_ps) */
-            float *o = out + (t * H + h) * Dv;
             const int nl = order == ORDER_VEC_DOT ? 64 : 16;
             for (long d0 = 0; d0 < Dv; d0 += 16) {
                 __m512 a[64];
@@ -1457,6 +1486,8 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             }
         }
         free(s);
+        free(vb);
+        free(pf);
     }
     return bad ? 2 : 0;
 }
