@@ -1347,6 +1347,11 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
         free(kt);
         return 0;
     }
+    /* -fa off with a bf16 V: V's columns [Hkv * Dv][ldv] (positions contiguous, as llama.cpp's transposed V cache
+     * holds them), zeros past the pass's last position, made once for all rows and heads */
+    const long ldv = (start + T + 63) & ~63L;
+    uint16_t *vt = !fa && v_type == KV_BF16 ? malloc(sizeof(uint16_t) * (size_t)(Hkv * Dv * ldv)) : NULL;
+    if (!fa && v_type == KV_BF16 && !vt) return 2;
     /* flash attention's one-chunk kernel: each thread takes a contiguous run of (row, head) tasks
      * (rows in order, heads in order within a row: neighbours mostly share a KV head) and computes
      * them FA_CHAINS at a time side by side (fa_rows) */
@@ -1381,11 +1386,22 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             fa_rows(rows, nr, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, fa_scale, softcap);
         }
     } else {
+        if (vt) { /* blocks of 64 positions of one KV head: rows read whole, each column written 64 in a row */
+            const uint16_t *vv = (const uint16_t *)v;
+            const long nblk = ldv / 64, last = start + T;
+#pragma omp for schedule(static)
+            for (long bg = 0; bg < Hkv * nblk; bg++) {
+                const long g = bg / nblk, p0 = bg % nblk * 64;
+                uint16_t *c = vt + g * Dv * ldv;
+                for (long p = p0; p < p0 + 64; p++)
+                    for (long d = 0; d < Dv; d++) c[d * ldv + p] = p < last ? vv[(p * Hkv + g) * Dv + d] : 0;
+            }
+        }
         float *s = malloc(sizeof(float) * (size_t)(Lmax + 16));
-        /* a bf16 V: the probabilities as bf16 (bits and values) and one V column, over whole blocks of 64 positions */
-        uint16_t *vb = v_type == KV_BF16 ? malloc(sizeof(uint16_t) * 2 * (size_t)(Lmax + 128)) : NULL;
-        float *pf = v_type == KV_BF16 ? malloc(sizeof(float) * (size_t)(Lmax + 128)) : NULL;
-        if (!s || (v_type == KV_BF16 && (!vb || !pf))) {
+        /* a bf16 V: the probabilities as bf16 (bits and values) over whole blocks of 64 positions */
+        uint16_t *pb = vt ? malloc(sizeof(uint16_t) * (size_t)(Lmax + 128)) : NULL;
+        float *pf = vt ? malloc(sizeof(float) * (size_t)(Lmax + 128)) : NULL;
+        if (!s || (vt && (!pb || !pf))) {
 #pragma omp atomic write
             bad = 1;
             free(s);
@@ -1439,27 +1455,22 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 s[j] = p;
             }
             float *o = out + (t * H + h) * Dv;
-            if (v_type == KV_BF16) {
+            if (vt) {
                 /* P V with a bf16 V: ggml converts the probabilities to bf16 (V's vec_dot type) and takes, per
                  * output element, ggml_vec_dot_bf16 (decoding rows) or tinyBLAS's bf16 kernel (prompt rows) of
-                 * V's column over the cache positions. Those outside [lo, pos] are zeros there (masked p), which
-                 * add nothing: the dot runs over the blocks of 64 positions (counted from 0) that hold [lo, pos] */
+                 * V's column over the cache positions. Those outside [lo, pos] have p = 0 there (masked), which
+                 * adds nothing: the dot runs over the blocks of 64 positions (counted from 0) that hold [lo, pos] */
                 const long i0 = lo & ~63L, len = ((pos + 64) & ~63L) - i0;
-                uint16_t *pb = vb, *col = vb + Lmax + 128;
                 for (long j = 0; j < len; j++) {
                     const long at = i0 + j - lo;
                     pb[j] = (at >= 0 && at < n) ? bf16_bits(s[at]) : 0;
                     const uint32_t u = (uint32_t)pb[j] << 16;
                     memcpy(pf + j, &u, 4);
                 }
-                const uint16_t *vv = (const uint16_t *)v;
-                for (long d = 0; d < Dv; d++) {
-                    for (long j = 0; j < len; j++) {
-                        const long at = i0 + j;
-                        col[j] = (at >= lo && at <= pos) ? vv[(at * Hkv + g) * Dv + d] : 0;
-                    }
-                    o[d] = order == ORDER_VEC_DOT ? dot_bf16_vec_dot(col, pb, pf, len) : dot_bf16_tinyblas(col, pb, pf, len);
-                }
+                const uint16_t *col = vt + g * Dv * ldv + i0;
+                for (long d = 0; d < Dv; d++)
+                    o[d] = order == ORDER_VEC_DOT ? dot_bf16_vec_dot(col + d * ldv, pb, pf, len)
+                                                  : dot_bf16_tinyblas(col + d * ldv, pb, pf, len);
                 continue;
             }
             /* P V: per output element, one partial sum per cache position mod nl (counted from 0):
@@ -1486,9 +1497,10 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             }
         }
         free(s);
-        free(vb);
+        free(pb);
         free(pf);
     }
+    free(vt);
     return bad ? 2 : 0;
 }
 
