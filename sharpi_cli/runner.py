@@ -348,15 +348,6 @@ def check_spec_types(o: RunOptions) -> None:
             raise UsageError(f"invalid {flag} {v}: must be between 1 and 65535")
 
 
-def spec_n_max(o: RunOptions) -> int:
-    """Tokens a step may verify: --spec-draft-n-max, or with llama.cpp's n-gram drafters the most any of them drafts
-    (common_speculative_n_max: their own sizes; a draft model behind them still proposes <= --spec-draft-n-max)."""
-    sizes = {"ngram-simple": o.spec_ngram_simple_size_m, "ngram-map-k": o.spec_ngram_map_k_size_m,
-             "ngram-map-k4v": o.spec_ngram_map_k4v_size_m, "ngram-mod": o.spec_ngram_mod_n_max, "ngram-cache": 8}
-    n = max((sizes[t] for t in o.spec_ngram), default=0)
-    return max(n, o.spec_draft_n_max) if (o.model_draft or o.spec_type or not o.spec_ngram) else n
-
-
 def check_interactive(o: RunOptions) -> None:
     """-i/-if is llama-completion's interactive mode on raw text: not a chat, and its own input flags."""
     if o.interactive_first:
@@ -897,10 +888,10 @@ def _run(o: RunOptions) -> int:
                 f"({window} tokens); clamped to {window // 2}")
             o.spec_draft_n_max = window // 2
             o.spec_draft_n_min = min(o.spec_draft_n_min, o.spec_draft_n_max)
+        drafter, draft = _make_drafter(o, target, params, seed, n_ctx)
         # (llama.cpp's n-gram drafters: a step verifies what they draft, up to their own sizes; a draft model behind
         # them keeps --spec-draft-n-min / -n-max, which the chain applies)
-        n_max, n_min = (min(spec_n_max(o), window // 2), 0) if o.spec_ngram else (o.spec_draft_n_max, o.spec_draft_n_min)
-        drafter, draft = _make_drafter(o, target, params, seed, n_ctx)
+        n_max, n_min = (min(drafter.n_max, window // 2), 0) if o.spec_ngram else (o.spec_draft_n_max, o.spec_draft_n_min)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
     if o.mlock and (why := lock_memory()) is not None:

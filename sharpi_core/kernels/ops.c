@@ -1350,8 +1350,9 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
     /* -fa off with a bf16 V: V's columns [Hkv * Dv][ldv] (positions contiguous, as llama.cpp's transposed V cache
      * holds them), zeros past the pass's last position, made once for all rows and heads */
     const long ldv = (start + T + 63) & ~63L;
-    uint16_t *vt = !fa && v_type == KV_BF16 ? malloc(sizeof(uint16_t) * (size_t)(Hkv * Dv * ldv)) : NULL;
-    if (!fa && v_type == KV_BF16 && !vt) return 2;
+    const int v_cols = !fa && v_type == KV_BF16;
+    uint16_t *vt = v_cols ? malloc(sizeof(uint16_t) * (size_t)(Hkv * Dv * ldv)) : NULL;
+    if (v_cols && !vt) return 2;
     /* flash attention's one-chunk kernel: each thread takes a contiguous run of (row, head) tasks
      * (rows in order, heads in order within a row: neighbours mostly share a KV head) and computes
      * them FA_CHAINS at a time side by side (fa_rows) */

@@ -507,7 +507,9 @@ class NgramChain(WrapsModel):
         self.model, self.model_n_max, self.model_n_min = model, model_n_max, model_n_min
         # n-gram sources cost microseconds; with a draft model behind them a step may cost a draft's forwards
         self.free = model is None
-        self.names = tuple(s.name for s in sources) + (("draft",) if model is not None else ())
+        # the most tokens a step may verify: the sources' own sizes (llama.cpp's common_speculative_n_max), the
+        # model's --spec-draft-n-max
+        self.n_max = max([s.n_max for s in sources] + ([model_n_max] if model is not None else []))
         self.source: str | None = None
         self._last = None          # the source of the last proposal (llama.cpp's impl_last)
         self._at = 0               # the history length it proposed after
