@@ -55,6 +55,14 @@ ControlVectorScaledOpt = Annotated[list[str], Opt("--control-vector-scaled", hel
 ControlVectorRangeOpt = Annotated[Optional[tuple[int, int]], Opt("--control-vector-layer-range", help="START END: the "
                                   "layers (inclusive) control vectors apply to (default: all from 1)", show_default=False)]
 
+# a model from the Hugging Face hub, the same in `run`, `perplexity` and `tokenize`
+HfRepoOpt = Annotated[Optional[str], Opt("-hf", "-hfr", "--hf-repo", help="<user>/<model>[:quant]: a GGUF from the Hugging "
+                                         "Face hub (quant: case-insensitive, default Q4_K_M, else Q8_0, else the first "
+                                         "model file), fetched once into the hub's cache (shared with llama.cpp)")]
+HfFileOpt = Annotated[Optional[str], Opt("-hff", "--hf-file", help="the file of the -hf repository (instead of its quant)")]
+HfTokenOpt = Annotated[Optional[str], Opt("-hft", "--hf-token", help="Hugging Face access token (default: $HF_TOKEN)")]
+OfflineOpt = Annotated[bool, Opt("--offline", help="-hf / -hfd: use the cache only, never the network")]
+
 LOGIT_BIAS_RE = re.compile(r"^\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?|\.\d+)\s*$", re.I)
 
 
@@ -74,6 +82,12 @@ def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
 def run(
     ctx: typer.Context,
     model: Annotated[Optional[str], Opt("-m", "--model", help="GGUF path or a known model name (default: smollm2-135m-instruct-q4_1, fetched on first use)")] = None,
+    hf_repo: HfRepoOpt = None,
+    hf_file: HfFileOpt = None,
+    hf_token: HfTokenOpt = None,
+    hf_repo_draft: Annotated[Optional[str], Opt("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
+                                                help="as -hf, for the draft model")] = None,
+    offline: OfflineOpt = False,
     prompt: Annotated[Optional[str], Opt("-p", "--prompt", help="prompt text")] = None,
     file: Annotated[Optional[str], Opt("-f", "--file", help="read the prompt from a file ('-' = stdin)")] = None,
     n_predict: Annotated[int, Opt("-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end of generation, or a full context "
@@ -291,7 +305,7 @@ def run(
 
 
 # flags that exclude each other: one given on the command line wins over the other from SHARPI_ARG_*
-ALTERNATIVES = (("prompt", "file"), ("system_prompt", "system_prompt_file"), ("chat_template", "chat_template_file"),
+ALTERNATIVES = (("prompt", "file"), ("model", "hf_repo"), ("model_draft", "hf_repo_draft"), ("system_prompt", "system_prompt_file"), ("chat_template", "chat_template_file"),
                 ("model_draft", "spec_type"),
                 ("samplers", "sampling_seq"), ("grammar", "grammar_file"),
                 ("json_schema", "json_schema_file"))
@@ -320,9 +334,14 @@ def perplexity(
     control_vector: ControlVectorOpt = [],
     control_vector_scaled: ControlVectorScaledOpt = [],
     control_vector_layer_range: ControlVectorRangeOpt = None,
+    hf_repo: HfRepoOpt = None,
+    hf_file: HfFileOpt = None,
+    hf_token: HfTokenOpt = None,
+    offline: OfflineOpt = False,
 ):
     """Perplexity of a text, computed like llama-perplexity."""
     from . import runner
+    model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline)
     adapters = runner.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
                                  control_vector_scaled=control_vector_scaled,
                                  control_vector_layer_range=control_vector_layer_range)
@@ -340,9 +359,14 @@ def tokenize(
     no_parse_special: Annotated[bool, typer.Option("--no-parse-special", help="treat special token text as plain text")] = False,
     escape: Annotated[bool, typer.Option("-e", "--escape/--no-escape", help="process backslash escapes, as -p of the "
                                          "main command (default: on)", show_default=False)] = True,
+    hf_repo: HfRepoOpt = None,
+    hf_file: HfFileOpt = None,
+    hf_token: HfTokenOpt = None,
+    offline: OfflineOpt = False,
 ):
     """Tokenize text like llama-tokenize."""
     from . import runner
+    model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline)
     raise typer.Exit(runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape))
 
 

@@ -128,6 +128,11 @@ class RunOptions:
     json_out: bool = False
     verbose: bool = False
     model_draft: str | None = None
+    hf_repo: str | None = None  # -hf / -hfd: validate() turns them into HubModel specs in model / model_draft
+    hf_file: str | None = None
+    hf_token: str | None = None
+    hf_repo_draft: str | None = None
+    offline: bool = False
     draft_lookup: bool = False
     # --spec-type as given (a list of comma-separated names); validate() leaves "draft-mtp" (the target's MTP layer
     # drafts) or None here, and llama.cpp's n-gram drafters in spec_ngram
@@ -174,7 +179,30 @@ def log(msg: str) -> None:
 
 
 # -- validation (before anything is loaded) -------------------------------------------------
+def check_hub_flags(o: RunOptions) -> None:
+    """-hf / -hfd name a model on the Hugging Face hub: fetched (or found in its cache) when the model loads."""
+    from sharpi_core.hf_hub import HubModel, parse_spec
+    if o.hf_file and not o.hf_repo:
+        raise UsageError("-hff/--hf-file names a file of the -hf repository: give -hf too")
+    for flag, spec, other, attr, file in (("-hf", o.hf_repo, "-m", "model", o.hf_file),
+                                          ("-hfd", o.hf_repo_draft, "-md", "model_draft", "")):
+        if spec is None:
+            continue
+        if getattr(o, attr) is not None:
+            raise UsageError(f"{other} and {flag} both name the {'draft ' if flag == '-hfd' else ''}model: give one")
+        repo, tag = parse_spec(spec, flag)
+        setattr(o, attr, HubModel(repo, tag, file or "", o.hf_token or "", o.offline))
+
+
+def hub_or_model(model, hf_repo, hf_file, hf_token, offline):
+    """-m, or the HubModel that -hf (-hff, -hft, --offline) names: `perplexity` and `tokenize`."""
+    o = RunOptions(model=model, hf_repo=hf_repo, hf_file=hf_file, hf_token=hf_token, offline=offline)
+    check_hub_flags(o)
+    return o.model
+
+
 def validate(o: RunOptions) -> None:
+    check_hub_flags(o)
     if o.n_predict < -2:
         raise UsageError(f"invalid -n/--n-predict {o.n_predict}: must be >= -2 (-1, -2 = until the end of generation "
                          "or a full context)")
@@ -251,8 +279,7 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid --top-p {o.top_p}: must be in (0, 1]")
     if not 0 <= o.min_p <= 1:
         raise UsageError(f"invalid --min-p {o.min_p}: must be in [0, 1]")
-    if o.top_k < 0:
-        raise UsageError(f"invalid --top-k {o.top_k}: must be >= 0 (0 = off)")
+    o.top_k = max(o.top_k, 0)  # (llama.cpp's top-k sampler does nothing for k <= 0)
     if o.repeat_penalty <= 0:
         raise UsageError(f"invalid --repeat-penalty {o.repeat_penalty}: must be > 0 (1 = off)")
     if o.repeat_last_n < -1:
@@ -592,9 +619,12 @@ def check_gpu_cache_types(o: RunOptions) -> None:
                              " (or run the model on the CPU: -ngl 0 / -ngld 0)")
 
 
-def resolve_with_progress(spec: str | None):
-    """Resolve -m, fetching a known model with a progress bar on first use."""
+def resolve_with_progress(spec):
+    """Resolve -m (or -hf: a HubModel), fetching a known model (or the hub's file) with a progress bar on first use."""
+    from sharpi_core import hf_hub
     from sharpi_core.registry import REGISTRY, DEFAULT_MODEL, is_cached, resolve_model
+    if isinstance(spec, hf_hub.HubModel):
+        return _resolve_hub(spec)
     name = DEFAULT_MODEL if spec is None else spec
     if name not in REGISTRY or is_cached(name):
         try:
@@ -621,6 +651,28 @@ def resolve_with_progress(spec: str | None):
         bar.columns = (TextColumn("[bold]{task.description}"), BarColumn(),
                        TextColumn("{task.completed}/{task.total}"))
         return resolve_model(name, progress)
+
+
+def _resolve_hub(spec):
+    from sharpi_core import hf_hub
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    bar, tasks = None, {}
+
+    def progress(done, total, name):
+        nonlocal bar
+        if bar is None:
+            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                           console=_stderr_console(), transient=False, disable=not _LOG_ON[0])
+            bar.start()
+        if name not in tasks:
+            tasks[name] = bar.add_task(f"fetching {name}", total=total or None)
+        bar.update(tasks[name], completed=done)
+
+    try:
+        return hf_hub.resolve(spec, progress, warn=lambda m: log(f"warning: {m}"))
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def _stderr_console():

@@ -149,28 +149,79 @@ def parse_kv_overrides(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _open(path: str) -> _Reader:
+    if not os.path.isfile(path):
+        raise SharpiError(f"model file not found: {path}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise SharpiError(f"cannot read model file {path}: {e.strerror}") from None
+    if magic != b"GGUF":
+        raise SharpiError(f"{path}: not a valid GGUF file (it does not start with the 'GGUF' magic bytes)")
+    try:
+        return _Reader(path, "r")
+    except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
+        raise SharpiError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+
+
+def _int_field(reader: _Reader, key: str) -> int | None:
+    f = reader.fields.get(key)
+    if f is None or not f.types or f.types[0] not in _INT_TYPES:
+        return None
+    return int(f.contents())
+
+
+def split_paths(path: str, n_split: int) -> list[str]:
+    """The parts of a model split by llama-gguf-split, from its first part's path `<prefix>-00001-of-0000N.gguf`
+    (llama.cpp's llama_split_prefix / llama_split_path)."""
+    first = f"-{1:05d}-of-{n_split:05d}.gguf"
+    if len(path) <= len(first) or not path.endswith(first):
+        raise SharpiError(f"{path}: a model split in {n_split} parts, but its name does not end in '{first}' "
+                          "(llama.cpp finds the other parts by that name)")
+    prefix = path[:-len(first)]
+    return [f"{prefix}-{i + 1:05d}-of-{n_split:05d}.gguf" for i in range(n_split)]
+
+
 class GGUFFile:
     def __init__(self, path: str | os.PathLike, overrides: dict[str, Any] | None = None, mmap: bool = True):
         """overrides: metadata values that replace (or add) the file's, as parse_kv_overrides gives them;
         an override of a key the file has must have its type (llama.cpp's rule). mmap=False (--no-mmap): the
-        file is read into memory and the tensors are views of that copy, not of the file's mapping."""
+        file is read into memory and the tensors are views of that copy, not of the file's mapping.
+
+        A model split by llama-gguf-split loads from its first part (the metadata and some tensors; `split.count`
+        > 1): the other parts are found by name, as llama.cpp's loader finds them, and their tensors join the
+        first's (`readers`: one reader a part; `part_of`: a tensor's part)."""
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise SharpiError(f"model file not found: {self.path}")
-        try:
-            with open(self.path, "rb") as f:
-                magic = f.read(4)
-        except OSError as e:
-            raise SharpiError(f"cannot read model file {self.path}: {e.strerror}") from None
-        if magic != b"GGUF":
-            raise SharpiError(f"{self.path}: not a valid GGUF file (it does not start with the 'GGUF' magic bytes)")
-        try:
-            self.reader = _Reader(self.path, "r")
-        except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
-            raise SharpiError(f"{self.path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+        self.reader = _open(self.path)
+        self.readers, self.paths = [self.reader], [self.path]
+        n_split = _int_field(self.reader, "split.count") or 0
+        if n_split > 1:
+            idx = _int_field(self.reader, "split.no") or 0
+            if idx != 0:
+                raise SharpiError(f"{self.path}: part {idx + 1} of a model split in {n_split} parts: load it from "
+                                  "its first part (-00001-of-...)")
+            for i, p in enumerate(split_paths(self.path, n_split)[1:], 1):
+                if not os.path.isfile(p):
+                    raise SharpiError(f"{self.path}: part {i + 1} of the split model is missing: {p}")
+                r = _open(p)
+                if _int_field(r, "split.no") != i:
+                    raise SharpiError(f"{p}: not part {i + 1} of {self.path}'s split (split.no "
+                                      f"{_int_field(r, 'split.no')})")
+                self.readers.append(r)
+                self.paths.append(p)
         if not mmap:
-            self._read_into_memory()
-        self.tensors = {t.name: t for t in self.reader.tensors}
+            for r in self.readers:
+                self._read_into_memory(r)
+        self.tensors, self.part_of = {}, {}
+        for i, r in enumerate(self.readers):
+            for t in r.tensors:
+                if t.name in self.tensors:
+                    raise SharpiError(f"{self.paths[i]}: tensor '{t.name}' is duplicated")
+                self.tensors[t.name], self.part_of[t.name] = t, i
+        expected = _int_field(self.reader, "split.tensors.count") if n_split > 1 else None
+        if expected is not None and expected != len(self.tensors):
+            raise SharpiError(f"{self.path}: corrupted split model: {expected} tensors expected, {len(self.tensors)} found")
         self.overrides = dict(overrides or {})
         for key, value in self.overrides.items():
             f = self.reader.fields.get(key)
@@ -223,20 +274,25 @@ class GGUFFile:
         # parts: key length, key, value type, element type, element count, ...
         return int(f.parts[4][0]) if f is not None and f.types and f.types[0] == _ARRAY else 0
 
-    def _read_into_memory(self) -> None:
+    @staticmethod
+    def _read_into_memory(reader: _Reader) -> None:
         """The whole file in memory (the metadata's small views stay on the mapping); every tensor and the
         reader's data (transformer.py takes fused weights from it) point into the copy."""
-        mapped = self.reader.data
+        mapped = reader.data
         try:
-            copy = np.fromfile(self.path, dtype=np.uint8)
+            copy = np.fromfile(mapped.filename, dtype=np.uint8)
         except OSError as e:
-            raise SharpiError(f"cannot read model file {self.path}: {e.strerror}") from None
+            raise SharpiError(f"cannot read model file {mapped.filename}: {e.strerror}") from None
         base = mapped.ctypes.data
         tensors = []
-        for t in self.reader.tensors:
+        for t in reader.tensors:
             off = t.data.ctypes.data - base
             tensors.append(t._replace(data=copy[off:off + t.data.nbytes].view(t.data.dtype).reshape(t.data.shape)))
-        self.reader.tensors, self.reader.data = tensors, copy
+        reader.tensors, reader.data = tensors, copy
+
+    def data_of(self, name: str) -> np.ndarray:
+        """The bytes of the file (part) tensor `name` lies in: its data_offset counts from their start."""
+        return self.readers[self.part_of[name]].data
 
     def tensor(self, name: str):
         t = self.tensors.get(name)

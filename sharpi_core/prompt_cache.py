@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import torch
 
 from .errors import SharpiError, UsageError
+from .gguf_file import split_paths
 from .speculative.util import common_prefix
 
 MAGIC = "sharpi prompt cache"
@@ -39,16 +41,23 @@ _PIECES = 16
 
 
 def fingerprint(path: str | os.PathLike) -> str:
+    """The model's identity: its size, first MiB and 16 pieces spread over the rest (and those of the other
+    parts of a split model after the first's)."""
     h = hashlib.sha256()
-    size = os.path.getsize(path)
-    h.update(str(size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(_HEAD))
-        if size > _HEAD:
-            step = (size - _HEAD) // _PIECES
-            for i in range(_PIECES):
-                f.seek(_HEAD + i * step)
-                h.update(f.read(_PIECE))
+    paths = [os.fspath(path)]
+    m = re.search(r"-00001-of-(\d{5})\.gguf$", paths[0])
+    if m and int(m.group(1)) > 1:
+        paths = split_paths(paths[0], int(m.group(1)))
+    for p in paths:
+        size = os.path.getsize(p)
+        h.update(str(size).encode())
+        with open(p, "rb") as f:
+            h.update(f.read(_HEAD))
+            if size > _HEAD:
+                step = (size - _HEAD) // _PIECES
+                for i in range(_PIECES):
+                    f.seek(_HEAD + i * step)
+                    h.update(f.read(_PIECE))
     return h.hexdigest()
 
 

@@ -417,8 +417,8 @@ def test_log_file_gets_the_log_too(smol, tmp_path):
     logged = f.read_text().splitlines()
     assert "old" not in logged and any("eval time" in ln for ln in logged)
     assert set(logged) <= set(r.stderr.splitlines())
-    r = sharpi("-m", smol, "-p", "Hi", "--top-k", "-3", "--log-file", str(f))
-    assert f.read_text() == one_error_line(r, 2, "--top-k") + "\n"
+    r = sharpi("-m", smol, "-p", "Hi", "--top-p", "1.5", "--log-file", str(f))
+    assert f.read_text() == one_error_line(r, 2, "--top-p") + "\n"
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--log-file", str(tmp_path / "no" / "dir.txt")), 1, "cannot write the log file")
 
 
@@ -433,7 +433,7 @@ def test_verbosity_threshold_is_llama_cpps(smol):
     assert r2.returncode == 0 and lines(r2) == [ln for ln in lines(r3) if ln.startswith("warning:")]
     assert r2.stdout == r3.stdout
     assert lines(sharpi(*base, "-lv", "1")) == [] and lines(sharpi(*base, "-lv", "-5")) == []
-    one_error_line(sharpi(*base, "-lv", "0", "--top-k", "-1"), 2, "--top-k")  # (errors always)
+    one_error_line(sharpi(*base, "-lv", "0", "--top-p", "0"), 2, "--top-p")  # (errors always)
     for flag in (("-lv", "4"), ("--log-verbose",)):
         assert any(ln.startswith("sharpi: sampler chain:") for ln in lines(sharpi(*base, *flag))), flag
     assert not any(ln.startswith("sharpi: sampler chain:") for ln in lines(r3))
@@ -962,3 +962,10 @@ def test_no_mmap_reads_the_file_into_memory(smol):
     args = ["-m", smol, "-p", "The capital of France is", "-n", "8", "--temp", "0", "--json"]
     a, b = sharpi(*args), sharpi(*args, "--no-mmap")
     assert b.returncode == 0 and json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
+
+
+def test_negative_top_k_is_off_as_in_llama_cpp(smol):
+    """llama.cpp's top-k sampler does nothing for k <= 0: `--top-k -1` samples as `--top-k 0`."""
+    base = ("-m", smol, "-p", "Once upon a time", "-n", "24", "--temp", "1.5", "-s", "7", "--json")
+    off, neg, k1 = (json.loads(sharpi(*base, "--top-k", k).stdout)["tokens"] for k in ("0", "-1", "1"))
+    assert neg == off and off != k1

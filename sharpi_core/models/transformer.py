@@ -199,11 +199,12 @@ def _fused(gf: GGUFFile, name: str, parts: list[str], row_order: list | None = N
     ts = [gf.tensor(p) for p in parts]
     adjacent = all(
         a.tensor_type == b.tensor_type and wa.k == wb.k and a.data_offset + a.n_bytes == b.data_offset
-        for a, b, wa, wb in zip(ts, ts[1:], ws, ws[1:]))
+        and gf.part_of[pa] == gf.part_of[pb]  # (a split model: in the same file)
+        for a, b, wa, wb, pa, pb in zip(ts, ts[1:], ws, ws[1:], parts, parts[1:]))
     if adjacent and row_order is None:
         start, end = ts[0].data_offset, ts[-1].data_offset + ts[-1].n_bytes
         # (float types are [N, K] arrays of their dtype, quantized ones [N, row bytes] of uint8)
-        raw = gf.reader.data[start:end].view(ts[0].data.dtype).reshape(sum(w.n for w in ws), -1)
+        raw = gf.data_of(parts[0])[start:end].view(ts[0].data.dtype).reshape(sum(w.n for w in ws), -1)
         return QWeight(name, raw, ws[0].qtype, sum(w.n for w in ws), ws[0].k)
     return QWeight.concat(name, ws, row_order)
 

@@ -1,0 +1,364 @@
+"""Models from the Hugging Face hub: `-hf <user>/<model>[:quant]`, found, fetched and cached as llama.cpp's
+downloader (common/download.cpp, common/hf-cache.cpp) does it, in the hub's own cache layout, so that llama.cpp,
+huggingface_hub and sharpi share their downloads.
+
+- The repository's files: `GET {endpoint}api/models/<repo>/refs` (the `main` branch's commit, else the first
+  branch's), then `GET .../tree/<commit>?recursive=true`. Without a network (or with `--offline`) the files of the
+  commit cached under refs/ are used instead.
+- Which file: `-hff` names it; else the first model GGUF (not an mmproj, imatrix or MTP / EAGLE3 / DFlash / DSpark
+  head, not a later split) whose name holds the tag followed by `.` or `-` (case-insensitive); without a tag
+  Q4_K_M, then Q8_0, then the first model GGUF.
+- The cache: `$LLAMA_CACHE`, `$HF_HUB_CACHE`, `$HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`,
+  `$XDG_CACHE_HOME/huggingface/hub` or `~/.cache/huggingface/hub`; in it `models--<user>--<model>/` with `refs/<branch>`
+  (the commit), `blobs/<oid>` (the bytes, named by their LFS sha256) and `snapshots/<commit>/<path>` (a relative
+  symlink to the blob). A file already there is not fetched again.
+- A download goes to `blobs/<oid>.downloadInProgress` (resumed with a Range request when one is left over), its
+  sha256 (a git blob's sha1 for a small non-LFS file) and size are checked against the listing, and only then is it
+  renamed into place: the cache never holds a file that looks complete and is not (llama.cpp does not check).
+- A model split by llama-gguf-split (`<name>-00001-of-0000N.gguf`, ...): every part is fetched; the first loads.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+from .errors import SharpiError, UsageError
+
+DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
+_NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")  # other GGUFs a model repo ships
+_SPLIT_RE = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.I)
+_TIMEOUT = 30.0  # seconds a connection may stay silent
+_ATTEMPTS = 3
+
+# progress(done_bytes, total_bytes, file_name)
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A model named by -hf / -hfd: fetched (or found in the cache) when it is loaded."""
+    repo: str
+    tag: str = ""
+    file: str = ""
+    token: str = ""
+    offline: bool = False
+
+    def __str__(self) -> str:
+        return self.repo + (f":{self.tag}" if self.tag else "") + (f" ({self.file})" if self.file else "")
+
+
+@dataclass(frozen=True)
+class HubFile:
+    path: str      # in the repository
+    oid: str = ""  # LFS sha256 (64 hex) or git blob sha1 (40 hex)
+    size: int = -1
+    url: str = ""
+    local: Path | None = None  # snapshots/<commit>/<path>
+
+
+def parse_spec(spec: str, flag: str = "-hf") -> tuple[str, str]:
+    """`<user>/<model>[:quant]` -> (repo, tag), as llama.cpp splits it (a valid repository id: letters, digits
+    and `_`, with `.`, `-` and exactly one `/` only between them)."""
+    parts = spec.split(":")
+    repo, tag = parts[0], parts[-1] if len(parts) > 1 else ""
+    if not _valid_repo(repo):
+        raise UsageError(f"invalid {flag} '{spec}': expected <user>/<model>[:quant]")
+    return repo, tag
+
+
+def _valid_repo(repo: str) -> bool:
+    return (0 < len(repo) <= 256 and repo.count("/") == 1
+            and re.fullmatch(r"[A-Za-z0-9_]+(?:[/.-][A-Za-z0-9_]+)*", repo) is not None)
+
+
+def endpoint() -> str:
+    ep = os.environ.get("MODEL_ENDPOINT") or os.environ.get("HF_ENDPOINT") or "https://huggingface.co/"
+    return ep if ep.endswith("/") else ep + "/"
+
+
+def cache_dir() -> Path:
+    for var, sub in (("LLAMA_CACHE", ""), ("HF_HUB_CACHE", ""), ("HUGGINGFACE_HUB_CACHE", ""), ("HF_HOME", "hub"),
+                     ("XDG_CACHE_HOME", "huggingface/hub")):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser() / sub
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def repo_dir(repo: str) -> Path:
+    return cache_dir() / ("models--" + repo.replace("/", "--"))
+
+
+def _valid_token(token: str) -> bool:
+    return token.startswith("hf_") and 37 <= len(token) <= 256 and token[3:].isalnum() and token.isascii()
+
+
+def _safe_subpath(p: str) -> bool:
+    pp = PurePosixPath(p)
+    return bool(p) and not pp.is_absolute() and ".." not in pp.parts and "\\" not in p
+
+
+def _is_hex(s: str, *lens: int) -> bool:
+    return len(s) in lens and all(c in "0123456789abcdefABCDEF" for c in s)
+
+
+class _Unreachable(Exception):
+    """The hub could not be asked (no network, a server error): the cache may still serve."""
+
+
+def _request(url: str, token: str, extra: dict | None = None) -> urllib.request.Request:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        ua = "sharpi/" + version("sharpi")
+    except PackageNotFoundError:
+        ua = "sharpi"
+    headers = {"User-Agent": ua, **(extra or {})}
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    return urllib.request.Request(url, headers=headers)
+
+
+def _http_reason(e: urllib.error.HTTPError) -> str:
+    try:
+        msg = json.loads(e.read().decode("utf-8", "replace")).get("error", "")
+    except (ValueError, AttributeError, OSError):
+        msg = ""
+    why = {401: "unauthorized: a gated or private repository needs a token (-hft / HF_TOKEN)",
+           403: "access denied (a gated repository: accept its terms on the hub; pass a token with -hft / HF_TOKEN)",
+           404: "not found"}.get(e.code, e.reason)
+    return f"HTTP {e.code} {why}" + (f" ({msg})" if msg and msg not in why else "")
+
+
+def _get_json(url: str, token: str, pages: bool = False):
+    """The JSON at url; pages: a list the hub pages (`Link: <...>; rel="next"`), all its pages joined."""
+    out = []
+    try:
+        while url:
+            with urllib.request.urlopen(_request(url, token, {"Accept": "application/json"}), timeout=_TIMEOUT) as r:
+                got = json.loads(r.read().decode("utf-8"))
+                if not pages:
+                    return got
+                if not isinstance(got, list):
+                    return got
+                out += got
+                nxt = re.search(r'<([^>]+)>\s*;\s*rel="next"', r.headers.get("Link") or "")
+                url = urllib.parse.urljoin(url, nxt.group(1)) if nxt else ""
+        return out
+    except urllib.error.HTTPError as e:
+        if e.code >= 500:
+            raise _Unreachable(_http_reason(e)) from None
+        raise SharpiError(f"{url}: {_http_reason(e)}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise _Unreachable(str(getattr(e, "reason", e))) from None
+    except ValueError:
+        raise SharpiError(f"{url}: the hub's answer is not JSON") from None
+
+
+def remote_files(repo: str, token: str = "") -> list[HubFile]:
+    """The files of the repository's `main` commit (else its first branch's); writes refs/<branch>."""
+    ep = endpoint()
+    refs = _get_json(f"{ep}api/models/{repo}/refs", token)
+    branches = [b for b in (refs.get("branches") if isinstance(refs, dict) else None) or []
+                if isinstance(b, dict) and isinstance(b.get("name"), str) and isinstance(b.get("targetCommit"), str)
+                and _is_hex(b["targetCommit"], 40) and _safe_subpath(b["name"])]
+    if not branches:
+        raise SharpiError(f"{repo}: the hub lists no branch for it")
+    branch = next((b for b in branches if b["name"] == "main"), branches[0])
+    commit = branch["targetCommit"]
+    tree = _get_json(f"{ep}api/models/{repo}/tree/{commit}?recursive=true", token, pages=True)
+    if not isinstance(tree, list):
+        raise SharpiError(f"{repo}: the hub's file list is not a list")
+    snap = repo_dir(repo) / "snapshots" / commit
+    files = []
+    for it in tree:
+        if not (isinstance(it, dict) and it.get("type") == "file" and isinstance(it.get("path"), str)
+                and _safe_subpath(it["path"])):
+            continue
+        lfs = it.get("lfs") if isinstance(it.get("lfs"), dict) else None
+        oid = (lfs or it).get("oid") or ""
+        size = (lfs or it).get("size")
+        if not isinstance(oid, str) or (oid and not _is_hex(oid, 40, 64)):
+            continue
+        files.append(HubFile(it["path"], oid.lower(), size if isinstance(size, int) else -1,
+                             f"{ep}{repo}/resolve/{commit}/{urllib.parse.quote(it['path'])}", snap / it["path"]))
+    _write_atomic(repo_dir(repo) / "refs" / branch["name"], commit)
+    return files
+
+
+def cached_files(repo: str) -> list[HubFile]:
+    """The files cached for the commit refs/main names (else another ref's)."""
+    refs = repo_dir(repo) / "refs"
+    commit = ""
+    if refs.is_dir():
+        for f in sorted(refs.rglob("*"), key=lambda f: f.name != "main"):
+            try:
+                c = f.read_text().strip() if f.is_file() else ""
+            except OSError:
+                continue
+            if _is_hex(c, 40):
+                commit = c
+                break
+    snap = repo_dir(repo) / "snapshots" / commit
+    if not commit or not snap.is_dir():
+        return []
+    return [HubFile(p.relative_to(snap).as_posix(), local=p) for p in sorted(snap.rglob("*"))
+            if p.is_file() or p.is_symlink()]
+
+
+def split_info(path: str) -> tuple[str, int, int]:
+    """(prefix, index, count) of a GGUF's name: `x-00002-of-00003.gguf` -> ('x', 2, 3); `x.gguf` -> ('x', 1, 1)."""
+    stem = path[:-5] if path.lower().endswith(".gguf") else path
+    m = _SPLIT_RE.match(stem)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else (stem, 1, 1)
+
+
+def is_model_gguf(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return path.endswith(".gguf") and not any(w in name for w in _NOT_MODELS)
+
+
+def pick(files: list[HubFile], tag: str, file: str = "") -> HubFile | None:
+    """llama.cpp's choice of the model file (find_best_model), or the file -hff names."""
+    if file:
+        return next((f for f in files if f.path == file), None)
+    firsts = [f for f in files if is_model_gguf(f.path) and split_info(f.path)[1] == 1]
+    for t in ([tag] if tag else DEFAULT_TAGS):
+        pat = re.compile(re.escape(t) + r"[.-]", re.I)
+        hit = next((f for f in firsts if pat.search(f.path)), None)
+        if hit:
+            return hit
+    return None if tag else (firsts[0] if firsts else None)
+
+
+def resolve(m: HubModel, progress: Progress | None = None, warn: Callable[[str], None] | None = None) -> Path:
+    """The local path of the model file `m` names, fetched into the hub cache if it is not there yet."""
+    token = m.token or os.environ.get("HF_TOKEN", "")
+    if token and not _valid_token(token):
+        if warn:
+            warn("the Hugging Face token is not a valid one (hf_ and 34+ letters or digits): not sent")
+        token = ""
+    offline = m.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    files, why = [], "--offline" if m.offline else "HF_HUB_OFFLINE"
+    if not offline:
+        try:
+            files = remote_files(m.repo, token)
+        except _Unreachable as e:
+            why = f"cannot reach {endpoint()}: {e}"
+        except SharpiError as e:
+            why = str(e)
+    if not files:
+        files = cached_files(m.repo)
+        if not files:
+            raise SharpiError(f"{m.repo}: {why}; nothing of it is cached in {cache_dir()}")
+        if warn and not offline:
+            warn(f"{why}: using the cached copy of {m.repo}")
+    f = pick(files, m.tag, m.file)
+    if f is None:
+        ggufs = [x.path for x in files if x.path.endswith(".gguf")]
+        what = f"no file '{m.file}'" if m.file else (f"no model GGUF with tag {m.tag}" if m.tag else "no model GGUF")
+        raise SharpiError(f"{m.repo}: {what}" + (f" (its GGUF files: {', '.join(ggufs)})" if ggufs else
+                                                 " (it holds no GGUF file)"))
+    prefix, _, count = split_info(f.path)
+    parts = [f]
+    if count > 1:  # a model split by llama-gguf-split: every part, beside the first (GGUFFile finds them by name)
+        parts = sorted((x for x in files if split_info(x.path)[0] == prefix and split_info(x.path)[2] == count),
+                       key=lambda x: split_info(x.path)[1])
+        if [split_info(x.path)[1] for x in parts] != list(range(1, count + 1)):
+            raise SharpiError(f"{m.repo}: {f.path} is part 1 of {count}, but the repository holds parts "
+                              f"{[split_info(x.path)[1] for x in parts]}")
+    return [fetch(m.repo, x, token, progress) for x in parts][0]
+
+
+def fetch(repo: str, f: HubFile, token: str = "", progress: Progress | None = None) -> Path:
+    """f's bytes at f.local (snapshots/<commit>/<path>), through blobs/<oid> when the listing gave an oid."""
+    final = f.local
+    assert final is not None
+    if final.exists():
+        return final
+    if not f.url:
+        raise SharpiError(f"{repo}: {f.path} is not in the cache (a broken link: fetch it again without --offline)")
+    if final.is_symlink():  # (a link whose blob is gone: made anew below)
+        final.unlink()
+    blob = repo_dir(repo) / "blobs" / f.oid if f.oid else final
+    if not blob.exists():
+        _download(f, blob, token, progress)
+    if blob != final:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            final.symlink_to(os.path.relpath(blob, final.parent))
+        except OSError:  # (no symlinks here: the blob moves into the snapshot, as llama.cpp's degraded mode)
+            os.replace(blob, final)
+    return final
+
+
+def _download(f: HubFile, dest: Path, token: str, progress: Progress | None) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".downloadInProgress")
+    name = f.path.rsplit("/", 1)[-1]
+    err = ""
+    for attempt in range(_ATTEMPTS):
+        if attempt:
+            time.sleep(2 ** attempt)
+        have = tmp.stat().st_size if tmp.exists() else 0
+        try:
+            req = _request(f.url, token, {"Range": f"bytes={have}-"} if have else None)
+            with urllib.request.urlopen(req, timeout=_TIMEOUT) as r:
+                if have and r.status != 206:  # the server sends it whole: start over
+                    have = 0
+                length = int(r.headers.get("Content-Length") or 0)
+                total = f.size if f.size >= 0 else (have + length if length else 0)
+                with open(tmp, "ab" if have else "wb") as out:
+                    done = have
+                    while chunk := r.read(1 << 20):
+                        out.write(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done, total, name)
+            if length and done < have + length:  # (the connection closed early: the next attempt asks for the rest)
+                raise OSError(f"the connection closed after {done} of {have + length} bytes")
+            break
+        except urllib.error.HTTPError as e:
+            if e.code == 416 and have:  # (a range past the end: the left-over file is already whole, or longer)
+                break
+            if e.code < 500:
+                raise SharpiError(f"cannot download {f.url}: {_http_reason(e)}") from None
+            err = _http_reason(e)
+        except (urllib.error.URLError, OSError) as e:
+            err = str(getattr(e, "reason", e))
+    else:
+        raise SharpiError(f"cannot download {f.url}: {err} ({_ATTEMPTS} attempts; what came is kept in {tmp} "
+                          "and the next run goes on from there)")
+    _verify(f, tmp)
+    os.replace(tmp, dest)
+
+
+def _verify(f: HubFile, tmp: Path) -> None:
+    size = tmp.stat().st_size
+    bad = ""
+    if f.size >= 0 and size != f.size:
+        bad = f"{size} bytes where the hub lists {f.size}"
+    elif f.oid:
+        h = hashlib.sha256() if len(f.oid) == 64 else hashlib.sha1(b"blob %d\0" % size)
+        with open(tmp, "rb") as src:
+            while chunk := src.read(1 << 22):
+                h.update(chunk)
+        if h.hexdigest() != f.oid:
+            bad = f"{'sha256' if len(f.oid) == 64 else 'git sha1'} {h.hexdigest()} where the hub lists {f.oid}"
+    if bad:
+        tmp.unlink()
+        raise SharpiError(f"download of {f.path} is damaged ({bad}); nothing was kept")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,314 @@
+"""-hf / -hfd: models from the Hugging Face hub, against a local server that answers as the hub's API does
+(refs, recursive tree listing with LFS oids, resolve URLs with Range requests), in the hub cache's layout."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import SMOL, model_path
+from test_cli import one_error_line, sharpi
+
+from sharpi_core import hf_hub
+from sharpi_core.errors import SharpiError, UsageError
+from sharpi_core.hf_hub import HubFile, HubModel
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+REPO = "tester/SmolLM2-135M-Instruct-GGUF"
+
+
+class Hub:
+    """A hub serving one repository: files {path: bytes}; `corrupt` paths served with a byte flipped, `cut`
+    paths dropped after half their bytes on the first request; every request recorded (method, path, headers)."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files, self.corrupt, self.cut, self.requests = dict(files), set(), set(), []
+        self.status: dict[str, int] = {}  # request path -> forced HTTP status
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body=b"", headers=None):
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                hub.requests.append(("GET", self.path, dict(self.headers)))
+                if self.path in hub.status:
+                    return self._send(hub.status[self.path], json.dumps({"error": "forced"}).encode())
+                if self.path == f"/api/models/{REPO}/refs":
+                    return self._send(200, json.dumps({"branches": [
+                        {"name": "dev", "ref": "refs/heads/dev", "targetCommit": "f" * 40},
+                        {"name": "main", "ref": "refs/heads/main", "targetCommit": COMMIT}], "tags": []}).encode())
+                tree = f"/api/models/{REPO}/tree/{COMMIT}?recursive=true"
+                if self.path.startswith(tree):  # two files a page, the next page's URL in a Link header
+                    items = [{"type": "directory", "path": "sub", "oid": "1" * 40, "size": 0}]
+                    for p, b in hub.files.items():
+                        sha1 = hashlib.sha1(b"blob %d\0" % len(b) + b).hexdigest()
+                        it = {"type": "file", "path": p, "oid": sha1, "size": len(b)}
+                        if p.endswith(".gguf"):
+                            it["lfs"] = {"oid": hashlib.sha256(b).hexdigest(), "size": len(b), "pointerSize": 134}
+                        items.append(it)
+                    page = int(self.path.rsplit("&cursor=", 1)[1]) if "&cursor=" in self.path else 0
+                    more = len(items) > 2 * page + 2
+                    return self._send(200, json.dumps(items[2 * page:2 * page + 2]).encode(),
+                                      {"Link": f'<{hub.url}{tree[1:]}&cursor={page + 1}>; rel="next"'} if more else {})
+                prefix = f"/{REPO}/resolve/{COMMIT}/"
+                if self.path.startswith(prefix) and self.path[len(prefix):] in hub.files:
+                    p = self.path[len(prefix):]
+                    body = hub.files[p]
+                    if p in hub.corrupt:
+                        body = body[:-1] + bytes([body[-1] ^ 1])
+                    rng = self.headers.get("Range")
+                    if rng:
+                        start = int(rng.split("=")[1].rstrip("-"))
+                        if start >= len(body):
+                            return self._send(416)
+                        part = body[start:]
+                        self.send_response(206)
+                        self.send_header("Content-Length", str(len(part)))
+                        self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                        self.end_headers()
+                        self.wfile.write(part)
+                        return
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.send_header("Accept-Ranges", "bytes")
+                    self.end_headers()
+                    if p in hub.cut:
+                        hub.cut.discard(p)
+                        self.wfile.write(body[:len(body) // 2])
+                        self.wfile.flush()
+                        self.connection.shutdown(2)  # the connection drops mid-file
+                        return
+                    self.wfile.write(body)
+                    return
+                self._send(404, json.dumps({"error": "Repository not found"}).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def downloads(self):
+        return [r for r in self.requests if "/resolve/" in r[1]]
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """An empty hub cache (LLAMA_CACHE) for the test, no token from the environment."""
+    cache = tmp_path / "hub"
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "HF_TOKEN", "MODEL_ENDPOINT", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LLAMA_CACHE", str(cache))
+    return cache
+
+
+def small_repo():
+    return {"README.md": b"# a model\n", "model-Q8_0.gguf": b"GGUF q8" * 100, "model-Q4_K_M.gguf": b"GGUF q4km" * 100,
+            "mmproj-model-f16.gguf": b"GGUF mm" * 10}
+
+
+@pytest.fixture
+def hub(env, monkeypatch):
+    h = Hub(small_repo())
+    monkeypatch.setenv("HF_ENDPOINT", h.url)
+    yield h
+    h.stop()
+
+
+def test_spec_parsing_and_repository_ids():
+    assert hf_hub.parse_spec("ggml-org/gemma-3-270m-GGUF:q8_0") == ("ggml-org/gemma-3-270m-GGUF", "q8_0")
+    assert hf_hub.parse_spec("user/model.v1_2") == ("user/model.v1_2", "")
+    for bad in ("model", "a/b/c", "user/", "/model", "-user/model", "user/model-", "user/mo..del", "us er/model",
+                ":Q4_K_M", "user/mod@l"):
+        with pytest.raises(UsageError, match="expected <user>/<model>"):
+            hf_hub.parse_spec(bad)
+
+
+def test_cache_dir_follows_llama_cpp_order(monkeypatch, tmp_path):
+    for var in ("LLAMA_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert hf_hub.cache_dir() == tmp_path / ".cache/huggingface/hub"
+    monkeypatch.setenv("XDG_CACHE_HOME", "/x")
+    assert hf_hub.cache_dir() == Path("/x/huggingface/hub")
+    monkeypatch.setenv("HF_HOME", "/h")
+    assert hf_hub.cache_dir() == Path("/h/hub")
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", "/hh")
+    assert hf_hub.cache_dir() == Path("/hh")
+    monkeypatch.setenv("HF_HUB_CACHE", "/c")
+    assert hf_hub.cache_dir() == Path("/c")
+    monkeypatch.setenv("LLAMA_CACHE", "/l")
+    assert hf_hub.cache_dir() == Path("/l")
+    assert hf_hub.repo_dir("a/b") == Path("/l/models--a--b")
+
+
+def test_file_choice_is_llama_cpp_s():
+    def names(*paths):
+        return [HubFile(p) for p in paths]
+
+    files = names("README.md", "mmproj-x-Q4_K_M.gguf", "x-Q8_0.gguf", "x-q4_k_m.gguf", "imatrix.gguf")
+    assert hf_hub.pick(files, "").path == "x-q4_k_m.gguf"  # Q4_K_M first (any case), not the mmproj
+    assert hf_hub.pick(files, "q8_0").path == "x-Q8_0.gguf"
+    assert hf_hub.pick(files, "Q5_K_M") is None  # a tag asked for and absent: no fallback
+    assert hf_hub.pick(names("x-Q8_0.gguf", "x-F16.gguf"), "").path == "x-Q8_0.gguf"
+    assert hf_hub.pick(names("x-F16.gguf", "x-BF16.gguf"), "").path == "x-F16.gguf"  # the first model GGUF
+    assert hf_hub.pick(names("x-F16.gguf", "x-BF16.gguf"), "bf16").path == "x-BF16.gguf"
+    # the tag is searched for followed by . or -, whatever comes before it (llama.cpp's regex_search): F16 finds BF16
+    assert hf_hub.pick(names("x-BF16.gguf", "x-F16.gguf"), "f16").path == "x-BF16.gguf"
+    assert hf_hub.pick(names("x-F16.gguf"), "F1") is None
+    assert hf_hub.pick(names("Q4_K_M/x-Q4_K_M-00002-of-00002.gguf", "Q4_K_M/x-Q4_K_M-00001-of-00002.gguf"),
+                       "").path == "Q4_K_M/x-Q4_K_M-00001-of-00002.gguf"  # a split's first part
+    assert hf_hub.pick(names("mtp-x-Q4_K_M.gguf", "x-eagle3-Q4_K_M.gguf"), "") is None
+    assert hf_hub.pick(files, "Q4_K_M", file="x-Q8_0.gguf").path == "x-Q8_0.gguf"  # -hff wins over the tag
+    assert hf_hub.split_info("a/x-Q4_K_M-00002-of-00003.gguf") == ("a/x-Q4_K_M", 2, 3)
+    assert hf_hub.split_info("x.gguf") == ("x", 1, 1)
+
+
+def test_fetch_into_the_hub_cache_layout_and_reuse(hub, env, monkeypatch):
+    path = hf_hub.resolve(HubModel(REPO))
+    repo = env / "models--tester--SmolLM2-135M-Instruct-GGUF"
+    assert path == repo / "snapshots" / COMMIT / "model-Q4_K_M.gguf"
+    assert path.read_bytes() == hub.files["model-Q4_K_M.gguf"]
+    sha = hashlib.sha256(hub.files["model-Q4_K_M.gguf"]).hexdigest()
+    assert path.is_symlink() and os.readlink(path) == f"../../blobs/{sha}"
+    assert (repo / "refs" / "main").read_text() == COMMIT  # main's commit, not the first branch's
+    assert not list((repo / "blobs").glob("*.downloadInProgress"))
+    assert len(hub.downloads()) == 1 and hub.downloads()[0][2].get("Authorization") is None
+    # again: listed, not downloaded; another tag of the same repository: one more download
+    assert hf_hub.resolve(HubModel(REPO)) == path and len(hub.downloads()) == 1
+    q8 = hf_hub.resolve(HubModel(REPO, "Q8_0"))
+    assert q8.name == "model-Q8_0.gguf" and len(hub.downloads()) == 2
+    # offline, or the hub gone: the cached commit's files, no request
+    n = len(hub.requests)
+    assert hf_hub.resolve(HubModel(REPO, offline=True)) == path and len(hub.requests) == n
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (huggingface_hub's switch)
+    assert hf_hub.resolve(HubModel(REPO)) == path and len(hub.requests) == n
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    hub.stop()
+    warned = []
+    assert hf_hub.resolve(HubModel(REPO, "q8_0"), warn=warned.append) == q8
+    assert len(warned) == 1 and "cached copy" in warned[0]
+    with pytest.raises(SharpiError, match="no model GGUF with tag Q6_K .*model-Q8_0.gguf"):
+        hf_hub.resolve(HubModel(REPO, "Q6_K", offline=True))
+
+
+def test_resume_retry_and_damage(hub, env, monkeypatch):
+    monkeypatch.setattr(hf_hub.time, "sleep", lambda s: None)
+    body = hub.files["model-Q4_K_M.gguf"]
+    sha = hashlib.sha256(body).hexdigest()
+    blobs = env / "models--tester--SmolLM2-135M-Instruct-GGUF" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{sha}.downloadInProgress").write_bytes(body[:123])  # left by an interrupted run
+    assert hf_hub.resolve(HubModel(REPO)).read_bytes() == body
+    assert hub.downloads()[-1][2].get("Range") == "bytes=123-"
+    # a connection that drops mid-file: the next attempt asks for the rest
+    hub.cut.add("model-Q8_0.gguf")
+    assert hf_hub.resolve(HubModel(REPO, "Q8_0")).read_bytes() == hub.files["model-Q8_0.gguf"]
+    assert hub.downloads()[-1][2].get("Range") == f"bytes={len(hub.files['model-Q8_0.gguf']) // 2}-"
+    # bytes that do not hash to the listing's oid: refused, nothing kept, no link in the snapshot
+    hub.files["other-Q5_K_M.gguf"] = b"GGUF q5" * 50
+    hub.corrupt.add("other-Q5_K_M.gguf")
+    with pytest.raises(SharpiError, match="damaged .*sha256"):
+        hf_hub.resolve(HubModel(REPO, "Q5_K_M"))
+    assert not [p for p in blobs.iterdir() if hashlib.sha256(hub.files["other-Q5_K_M.gguf"]).hexdigest() in p.name]
+    assert not (blobs.parent / "snapshots" / COMMIT / "other-Q5_K_M.gguf").exists()
+
+
+def test_hub_errors(hub, env):
+    with pytest.raises(SharpiError, match="not found"):
+        hf_hub.resolve(HubModel("tester/absent"))
+    hub.status[f"/api/models/{REPO}/refs"] = 401
+    with pytest.raises(SharpiError, match="token"):
+        hf_hub.resolve(HubModel(REPO))
+    hub.status.clear()
+    hub.files["big-Q4_K_M-00001-of-00003.gguf"] = hub.files.pop("model-Q4_K_M.gguf")
+    hub.files["big-Q4_K_M-00003-of-00003.gguf"] = b"GGUF rest"
+    with pytest.raises(SharpiError, match="part 1 of 3, but the repository holds parts \\[1, 3\\]"):
+        hf_hub.resolve(HubModel(REPO, "Q4_K_M"))
+    with pytest.raises(SharpiError, match="no file 'nope.gguf'"):
+        hf_hub.resolve(HubModel(REPO, file="nope.gguf"))
+    hub.stop()
+    with pytest.raises(SharpiError, match="cannot reach .*nothing of it is cached"):
+        hf_hub.resolve(HubModel("tester/other"))
+
+
+def test_token(hub, env, monkeypatch):
+    token = "hf_" + "a1" * 17
+    hf_hub.resolve(HubModel(REPO, token=token))
+    assert all(r[2].get("Authorization") == f"Bearer {token}" for r in hub.requests)
+    monkeypatch.setenv("HF_TOKEN", token)
+    hf_hub.resolve(HubModel(REPO, "Q8_0"))
+    assert hub.requests[-1][2].get("Authorization") == f"Bearer {token}"
+    warned = []
+    hf_hub.resolve(HubModel(REPO, token="secret"), warn=warned.append)
+    assert "not a valid one" in warned[0] and hub.requests[-1][2].get("Authorization") is None
+
+
+@pytest.fixture(scope="module")
+def smol_hub():
+    h = Hub({"SmolLM2-135M-Instruct-Q4_1.gguf": model_path(SMOL).read_bytes(), "README.md": b"SmolLM2\n"})
+    yield h
+    h.stop()
+
+
+def test_cli_runs_a_hub_model_as_its_file(smol_hub, env):
+    """`sharpi -hf` gives `sharpi -m <the file>`'s output: fetched with a progress bar on stderr, then from the cache
+    without the network (--offline), and as the draft model (-hfd)."""
+    e = {"HF_ENDPOINT": smol_hub.url, "LLAMA_CACHE": str(env)}
+    args = ("-p", "The capital of France is", "-n", "12", "--temp", "0")
+    plain = sharpi("-m", model_path(SMOL), *args)
+    assert plain.returncode == 0
+    got = sharpi("-hf", f"{REPO}:Q4_1", *args, env=e, process=True)
+    assert got.returncode == 0 and got.stdout == plain.stdout, got.stderr
+    assert "fetching" in got.stderr and "Traceback" not in got.stderr
+    smol_hub.stop()
+    again = sharpi("-hf", REPO, "--offline", *args, env=e)  # no Q4_K_M or Q8_0 in it: the first model GGUF
+    assert again.returncode == 0 and again.stdout == plain.stdout, again.stderr
+    spec = sharpi("-hf", REPO, "-hfd", REPO, "--offline", "--spec-draft-n-max", "3", *args, "--json", env=e)
+    assert spec.returncode == 0, spec.stderr
+    out = json.loads(spec.stdout)
+    assert out["text"] and plain.stdout.startswith(args[1] + out["text"])
+    assert out["speculative"]["drafted"] > 0 and out["speculative"]["accepted"] == out["speculative"]["drafted"]
+
+
+def test_cli_flag_errors(env):
+    e = {"HF_ENDPOINT": "http://127.0.0.1:9/", "LLAMA_CACHE": str(env)}
+    one_error_line(sharpi("-hf", "nouser", "-p", "hi", env=e), 2, "expected <user>/<model>[:quant]")
+    one_error_line(sharpi("-m", "x.gguf", "-hf", REPO, "-p", "hi", env=e), 2, "-m and -hf both name the model")
+    one_error_line(sharpi("-md", "x.gguf", "-hfd", REPO, "-p", "hi", env=e), 2, "-md and -hfd")
+    one_error_line(sharpi("-hff", "a.gguf", "-p", "hi", env=e), 2, "give -hf too")
+    one_error_line(sharpi("-hf", "tester/never-fetched", "-p", "hi", env=e), 1, "nothing of it is cached")
+
+
+def test_cli_runs_a_split_hub_model(env, tmp_path):
+    """A repository whose quant is split (in a folder of its own, as bigger repositories keep them): every part
+    fetched beside the first, the model loaded from it."""
+    from test_split import write_split
+    parts = write_split(model_path(SMOL), tmp_path / "SmolLM2-Q4_1.gguf", 40 << 20)
+    h = Hub({f"Q4_1/{p.name}": p.read_bytes() for p in parts} | {"SmolLM2-F16.gguf": b"GGUF not fetched"})
+    try:
+        e = {"HF_ENDPOINT": h.url, "LLAMA_CACHE": str(env)}
+        args = ("-p", "The capital of France is", "-n", "12", "--temp", "0")
+        plain = sharpi("-m", model_path(SMOL), *args)
+        got = sharpi("-hf", f"{REPO}:q4_1", *args, env=e)
+        assert got.returncode == 0 and got.stdout == plain.stdout, got.stderr
+        assert sorted(r[1].rsplit("/", 1)[1] for r in h.downloads()) == [p.name for p in parts]
+    finally:
+        h.stop()
