@@ -61,7 +61,11 @@ HfRepoOpt = Annotated[Optional[str], Opt("-hf", "-hfr", "--hf-repo", help="<user
                                          "model file), fetched once into the hub's cache (shared with llama.cpp)")]
 HfFileOpt = Annotated[Optional[str], Opt("-hff", "--hf-file", help="the file of the -hf repository (instead of its quant)")]
 HfTokenOpt = Annotated[Optional[str], Opt("-hft", "--hf-token", help="Hugging Face access token (default: $HF_TOKEN)")]
-OfflineOpt = Annotated[bool, Opt("--offline", help="-hf / -hfd: use the cache only, never the network")]
+OfflineOpt = Annotated[bool, Opt("--offline", help="-hf / -hfd / -mu: use the cache only, never the network")]
+ModelUrlOpt = Annotated[Optional[str], Opt("-mu", "--model-url", help="a GGUF's URL: downloaded to -m's path if given, "
+                                           "else into llama.cpp's cache ($LLAMA_CACHE or ~/.cache/llama.cpp), again "
+                                           "only when the server's ETag changes")]
+CacheListOpt = Annotated[bool, Opt("-cl", "--cache-list", help="list the models -hf fetched (the hub's cache) and exit")]
 
 LOGIT_BIAS_RE = re.compile(r"^\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?|\.\d+)\s*$", re.I)
 
@@ -85,6 +89,8 @@ def run(
     hf_repo: HfRepoOpt = None,
     hf_file: HfFileOpt = None,
     hf_token: HfTokenOpt = None,
+    model_url: ModelUrlOpt = None,
+    cache_list: CacheListOpt = False,
     hf_repo_draft: Annotated[Optional[str], Opt("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
                                                 help="as -hf, for the draft model")] = None,
     offline: OfflineOpt = False,
@@ -168,6 +174,9 @@ def run(
                                        "blocks' scales) for inf and nan before loading, as llama.cpp's loader does")] = False,
     list_devices: Annotated[bool, Opt("--list-devices", help="print the devices sharpi can run on and exit")] = False,
     mlock: Annotated[bool, Opt("--mlock", help="keep the model's weights locked in memory (never paged out)")] = False,
+    repack: Annotated[bool, Opt("--repack/--no-repack", " /-nr", help="repack Q4_K and Q4_1 weights at load for the CPU "
+                                "kernels (default; -nr keeps their GGUF blocks: the same results, slower)",
+                                show_default=False)] = True,
     mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF file into memory (default), or read it in "
                               "(--no-mmap: slower to load, no file pages shared with other processes)",
                               show_default=False)] = True,
@@ -293,6 +302,13 @@ def run(
         from . import runner
         print(runner.devices_text())
         raise typer.Exit(0)
+    if cache_list:  # (llama.cpp's --cache-list lines)
+        from sharpi_core.hf_hub import cached_models
+        models = cached_models()
+        print(f"number of models in cache: {len(models)}")
+        for i, m in enumerate(models, 1):
+            print(f"{i:4d}. {m}")
+        raise typer.Exit(0)
     if ctx.invoked_subcommand is not None:
         return
     from . import runner
@@ -337,11 +353,12 @@ def perplexity(
     hf_repo: HfRepoOpt = None,
     hf_file: HfFileOpt = None,
     hf_token: HfTokenOpt = None,
+    model_url: ModelUrlOpt = None,
     offline: OfflineOpt = False,
 ):
     """Perplexity of a text, computed like llama-perplexity."""
     from . import runner
-    model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline)
+    model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
     adapters = runner.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
                                  control_vector_scaled=control_vector_scaled,
                                  control_vector_layer_range=control_vector_layer_range)
@@ -362,11 +379,12 @@ def tokenize(
     hf_repo: HfRepoOpt = None,
     hf_file: HfFileOpt = None,
     hf_token: HfTokenOpt = None,
+    model_url: ModelUrlOpt = None,
     offline: OfflineOpt = False,
 ):
     """Tokenize text like llama-tokenize."""
     from . import runner
-    model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline)
+    model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
     raise typer.Exit(runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape))
 
 

@@ -85,6 +85,7 @@ class RunOptions:
     verbosity: int = 3  # -lv: llama.cpp's log threshold
     mlock: bool = False
     mmap: bool = True  # --no-mmap: the GGUF read into memory
+    repack: bool = True  # --no-repack: SHARPI_CPU_REPACK=0 for this process
     lora: list = field(default_factory=list)  # --lora FNAME[,...] (repeatable)
     lora_scaled: list = field(default_factory=list)  # --lora-scaled FNAME:SCALE[,...]
     control_vector: list = field(default_factory=list)  # --control-vector FNAME[,...] (repeatable)
@@ -132,6 +133,7 @@ class RunOptions:
     hf_file: str | None = None
     hf_token: str | None = None
     hf_repo_draft: str | None = None
+    model_url: str | None = None  # -mu: validate() makes it a UrlModel in model
     offline: bool = False
     draft_lookup: bool = False
     # --spec-type as given (a list of comma-separated names); validate() leaves "draft-mtp" (the target's MTP layer
@@ -181,9 +183,15 @@ def log(msg: str) -> None:
 # -- validation (before anything is loaded) -------------------------------------------------
 def check_hub_flags(o: RunOptions) -> None:
     """-hf / -hfd name a model on the Hugging Face hub: fetched (or found in its cache) when the model loads."""
-    from sharpi_core.hf_hub import HubModel, parse_spec
+    from sharpi_core.hf_hub import HubModel, UrlModel, parse_spec
     if o.hf_file and not o.hf_repo:
         raise UsageError("-hff/--hf-file names a file of the -hf repository: give -hf too")
+    if o.model_url is not None:
+        if o.hf_repo is not None:
+            raise UsageError("-mu and -hf both name the model: give one")
+        if not o.model_url.startswith(("http://", "https://")):
+            raise UsageError(f"invalid -mu/--model-url '{o.model_url}': expected an http:// or https:// URL")
+        o.model = UrlModel(o.model_url, o.model, o.hf_token or os.environ.get("HF_TOKEN", ""), o.offline)
     for flag, spec, other, attr, file in (("-hf", o.hf_repo, "-m", "model", o.hf_file),
                                           ("-hfd", o.hf_repo_draft, "-md", "model_draft", "")):
         if spec is None:
@@ -194,9 +202,10 @@ def check_hub_flags(o: RunOptions) -> None:
         setattr(o, attr, HubModel(repo, tag, file or "", o.hf_token or "", o.offline))
 
 
-def hub_or_model(model, hf_repo, hf_file, hf_token, offline):
-    """-m, or the HubModel that -hf (-hff, -hft, --offline) names: `perplexity` and `tokenize`."""
-    o = RunOptions(model=model, hf_repo=hf_repo, hf_file=hf_file, hf_token=hf_token, offline=offline)
+def hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url=None):
+    """-m, or the HubModel that -hf (-hff, -hft, --offline) names, or -mu's UrlModel: `perplexity` and `tokenize`."""
+    o = RunOptions(model=model, hf_repo=hf_repo, hf_file=hf_file, hf_token=hf_token, offline=offline,
+                   model_url=model_url)
     check_hub_flags(o)
     return o.model
 
@@ -623,7 +632,7 @@ def resolve_with_progress(spec):
     """Resolve -m (or -hf: a HubModel), fetching a known model (or the hub's file) with a progress bar on first use."""
     from sharpi_core import hf_hub
     from sharpi_core.registry import REGISTRY, DEFAULT_MODEL, is_cached, resolve_model
-    if isinstance(spec, hf_hub.HubModel):
+    if isinstance(spec, (hf_hub.HubModel, hf_hub.UrlModel)):
         return _resolve_hub(spec)
     name = DEFAULT_MODEL if spec is None else spec
     if name not in REGISTRY or is_cached(name):
@@ -668,8 +677,11 @@ def _resolve_hub(spec):
             tasks[name] = bar.add_task(f"fetching {name}", total=total or None)
         bar.update(tasks[name], completed=done)
 
+    warn = lambda m: log(f"warning: {m}")  # noqa: E731
     try:
-        return hf_hub.resolve(spec, progress, warn=lambda m: log(f"warning: {m}"))
+        if isinstance(spec, hf_hub.UrlModel):
+            return hf_hub.fetch_url(spec.url, spec.dest, spec.token, spec.offline, progress, warn)
+        return hf_hub.resolve(spec, progress, warn=warn)
     finally:
         if bar is not None:
             bar.stop()
@@ -831,6 +843,9 @@ def run(o: RunOptions) -> int:
             _LOG_FILE[0] = open(o.log_file, "w", encoding="utf-8", buffering=1)
         except OSError as e:
             raise SharpiError(f"cannot write the log file {o.log_file}: {e.strerror}") from None
+    repack = os.environ.get("SHARPI_CPU_REPACK")
+    if not o.repack:  # --no-repack: SHARPI_CPU_REPACK=0 while this run makes its weights
+        os.environ["SHARPI_CPU_REPACK"] = "0"
     try:
         return _run(o)
     except SharpiError as e:
@@ -838,6 +853,10 @@ def run(o: RunOptions) -> int:
             _LOG_FILE[0].write(f"error: {e}\n")
         raise
     finally:
+        if repack is None:
+            os.environ.pop("SHARPI_CPU_REPACK", None)
+        else:
+            os.environ["SHARPI_CPU_REPACK"] = repack
         _LOG_ON[0], _LOG_LEVEL[0] = True, 3
         if _LOG_FILE[0] is not None:
             _LOG_FILE[0].close()

@@ -57,6 +57,18 @@ class HubModel:
 
 
 @dataclass(frozen=True)
+class UrlModel:
+    """A model named by -mu: its URL, and -m's path if given (where it goes)."""
+    url: str
+    dest: str | None = None
+    token: str = ""
+    offline: bool = False
+
+    def __str__(self) -> str:
+        return self.url
+
+
+@dataclass(frozen=True)
 class HubFile:
     path: str      # in the repository
     oid: str = ""  # LFS sha256 (64 hex) or git blob sha1 (40 hex)
@@ -355,6 +367,98 @@ def _verify(f: HubFile, tmp: Path) -> None:
     if bad:
         tmp.unlink()
         raise SharpiError(f"download of {f.path} is damaged ({bad}); nothing was kept")
+
+
+def cached_models() -> list[str]:
+    """`<user>/<model>:<TAG>` of every model GGUF cached (first parts of splits, tagged names), as llama.cpp's
+    --cache-list shows them."""
+    root, out = cache_dir(), []
+    if not root.is_dir():
+        return out
+    for d in sorted(root.glob("models--*")):
+        repo = d.name[len("models--"):].replace("--", "/")
+        if not _valid_repo(repo):
+            continue
+        for f in cached_files(repo):
+            prefix, index, _ = split_info(f.path)
+            tag = re.search(r"[-.]([A-Za-z0-9_]+)$", prefix)
+            name = prefix.rsplit("/", 1)[-1]
+            if (index != 1 or not tag or not f.path.endswith(".gguf")
+                    or any(w in name for w in ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-"))):
+                continue
+            key = f"{repo}:{tag.group(1).upper()}"
+            if key not in out:
+                out.append(key)
+    return out
+
+
+# ---- -mu / --model-url: a GGUF at a URL --------------------------------------------------------------------
+
+def url_cache_dir() -> Path:
+    """llama.cpp's cache for -mu downloads (fs_get_cache_directory): $LLAMA_CACHE, else
+    $XDG_CACHE_HOME/llama.cpp or ~/.cache/llama.cpp."""
+    if os.environ.get("LLAMA_CACHE"):
+        return Path(os.environ["LLAMA_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "llama.cpp"
+
+
+def url_parts(url: str) -> list[str]:
+    """The URLs of every part of a split model from its first part's (`...-00001-of-0000N.gguf`), else [url]."""
+    base = url.split("#")[0].split("?")[0]
+    prefix, index, count = split_info(base)
+    if count <= 1:
+        return [url]
+    if index != 1:
+        raise UsageError(f"-mu {url}: part {index} of a split model: give its first part's URL")
+    return [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def fetch_url(url: str, dest: str | None = None, token: str = "", offline: bool = False,
+              progress: Progress | None = None, warn: Callable[[str], None] | None = None) -> Path:
+    """-mu: the GGUF at url (and the other parts of a split one) at dest (-m's path; its folder for the parts) or in
+    url_cache_dir(), downloaded unless a copy is there whose ETag (kept in `<file>.etag`) the server still gives, as
+    llama.cpp's downloader does; the copy is replaced only once a new download is complete (a file there without a
+    .etag, which no -mu download wrote, is kept as it is)."""
+    parts = url_parts(url)
+    if dest is not None and len(parts) == 1:
+        paths = [Path(dest).expanduser()]
+    else:
+        folder = Path(dest).expanduser().parent if dest is not None else url_cache_dir()
+        paths = [folder / p.split("#")[0].split("?")[0].rsplit("/", 1)[-1] for p in parts]
+    for u, path in zip(parts, paths):
+        if not path.name:
+            raise UsageError(f"-mu {url}: the URL names no file")
+        etag_file = path.with_name(path.name + ".etag")
+        if offline:
+            if not path.is_file():
+                raise SharpiError(f"-mu: {path} is not in the cache (--offline)")
+            continue
+        try:
+            req = _request(u, token)
+            req.method = "HEAD"
+            with urllib.request.urlopen(req, timeout=_TIMEOUT) as r:
+                etag, length = r.headers.get("ETag") or "", int(r.headers.get("Content-Length") or -1)
+        except urllib.error.HTTPError as e:
+            if path.is_file():
+                if warn:
+                    warn(f"{u}: {_http_reason(e)}: using {path}")
+                continue
+            raise SharpiError(f"cannot download {u}: {_http_reason(e)}") from None
+        except (urllib.error.URLError, OSError) as e:
+            if path.is_file():
+                if warn:
+                    warn(f"cannot reach {u} ({getattr(e, 'reason', e)}): using {path}")
+                continue
+            raise SharpiError(f"cannot download {u}: {getattr(e, 'reason', e)}") from None
+        # (a file there that no -mu download wrote, without its .etag, is the user's: used as it is, never replaced)
+        if path.is_file() and (not etag or not etag_file.is_file() or etag_file.read_text().strip() == etag):
+            continue
+        if path.exists() and not path.is_file():
+            raise SharpiError(f"-mu: {path} exists and is not a file")
+        _download(HubFile(path.name, size=length, url=u), path, token, progress)
+        if etag:
+            _write_atomic(etag_file, etag)
+    return paths[0]
 
 
 def _write_atomic(path: Path, text: str) -> None:

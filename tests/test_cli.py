@@ -969,3 +969,13 @@ def test_negative_top_k_is_off_as_in_llama_cpp(smol):
     base = ("-m", smol, "-p", "Once upon a time", "-n", "24", "--temp", "1.5", "-s", "7", "--json")
     off, neg, k1 = (json.loads(sharpi(*base, "--top-k", k).stdout)["tokens"] for k in ("0", "-1", "1"))
     assert neg == off and off != k1
+
+
+def test_no_repack_keeps_the_bits(smol):
+    """--no-repack (-nr, llama.cpp's): Q4_1 / Q4_K weights kept in their GGUF blocks, the same tokens."""
+    import os
+    base = ("-m", smol, "-p", "The capital of France is", "-n", "16", "--temp", "0", "--json")
+    default = json.loads(sharpi(*base).stdout)["tokens"]
+    assert json.loads(sharpi(*base, "-nr").stdout)["tokens"] == default
+    assert json.loads(sharpi(*base, "--no-repack").stdout)["tokens"] == default
+    assert "SHARPI_CPU_REPACK" not in os.environ  # (the switch is the run's only)

@@ -43,6 +43,19 @@ class Hub:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def do_HEAD(self):
+                hub.requests.append(("HEAD", self.path, dict(self.headers)))
+                prefix = f"/{REPO}/resolve/{COMMIT}/"
+                p = self.path[len(prefix):]
+                if not self.path.startswith(prefix) or p not in hub.files:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(hub.files[p])))
+                self.send_header("ETag", '"' + hashlib.sha256(hub.files[p]).hexdigest()[:16] + '"')
+                self.end_headers()
+
             def do_GET(self):
                 hub.requests.append(("GET", self.path, dict(self.headers)))
                 if self.path in hub.status:
@@ -106,7 +119,7 @@ class Hub:
         self.server.server_close()
 
     def downloads(self):
-        return [r for r in self.requests if "/resolve/" in r[1]]
+        return [r for r in self.requests if "/resolve/" in r[1] and r[0] == "GET"]
 
 
 @pytest.fixture
@@ -297,18 +310,68 @@ def test_cli_flag_errors(env):
     one_error_line(sharpi("-hf", "tester/never-fetched", "-p", "hi", env=e), 1, "nothing of it is cached")
 
 
-def test_cli_runs_a_split_hub_model(env, tmp_path):
-    """A repository whose quant is split (in a folder of its own, as bigger repositories keep them): every part
-    fetched beside the first, the model loaded from it."""
+@pytest.fixture(scope="module")
+def smol_hub_split(tmp_path_factory):
+    """A repository whose quant is split (in a folder of its own, as bigger repositories keep them) -> (its first
+    part's URL, the parts, SmolLM2's greedy output)."""
     from test_split import write_split
-    parts = write_split(model_path(SMOL), tmp_path / "SmolLM2-Q4_1.gguf", 40 << 20)
+    parts = write_split(model_path(SMOL), tmp_path_factory.mktemp("parts") / "SmolLM2-Q4_1.gguf", 40 << 20)
     h = Hub({f"Q4_1/{p.name}": p.read_bytes() for p in parts} | {"SmolLM2-F16.gguf": b"GGUF not fetched"})
-    try:
-        e = {"HF_ENDPOINT": h.url, "LLAMA_CACHE": str(env)}
-        args = ("-p", "The capital of France is", "-n", "12", "--temp", "0")
-        plain = sharpi("-m", model_path(SMOL), *args)
-        got = sharpi("-hf", f"{REPO}:q4_1", *args, env=e)
-        assert got.returncode == 0 and got.stdout == plain.stdout, got.stderr
-        assert sorted(r[1].rsplit("/", 1)[1] for r in h.downloads()) == [p.name for p in parts]
-    finally:
-        h.stop()
+    plain = sharpi("-m", model_path(SMOL), "-p", "The capital of France is", "-n", "12", "--temp", "0")
+    assert plain.returncode == 0
+    yield f"{h.url}{REPO}/resolve/{COMMIT}/Q4_1/{parts[0].name}", parts, plain.stdout
+    h.stop()
+
+
+def test_cli_runs_a_split_hub_model(smol_hub_split, env):
+    """-hf on a split quant: every part fetched beside the first, the model loaded from it."""
+    url, parts, plain = smol_hub_split
+    e = {"HF_ENDPOINT": url.split(REPO)[0], "LLAMA_CACHE": str(env)}
+    got = sharpi("-hf", f"{REPO}:q4_1", "-p", "The capital of France is", "-n", "12", "--temp", "0", env=e)
+    assert got.returncode == 0 and got.stdout == plain, got.stderr
+    snap = env / "models--tester--SmolLM2-135M-Instruct-GGUF" / "snapshots" / COMMIT / "Q4_1"
+    assert sorted(p.name for p in snap.iterdir()) == [p.name for p in parts]
+
+
+def test_model_url(hub, env, tmp_path):
+    """-mu: the file at a URL into llama.cpp's cache (or -m's path), fetched again only when its ETag changes;
+    a file the user had there is never replaced."""
+    url = f"{hub.url}{REPO}/resolve/{COMMIT}/model-Q8_0.gguf"
+    path = hf_hub.fetch_url(url)
+    assert path == env / "model-Q8_0.gguf" and path.read_bytes() == hub.files["model-Q8_0.gguf"]
+    assert (env / "model-Q8_0.gguf.etag").read_text().startswith('"') and len(hub.downloads()) == 1
+    assert hf_hub.fetch_url(url) == path and len(hub.downloads()) == 1  # the same ETag: a HEAD request only
+    hub.files["model-Q8_0.gguf"] = b"GGUF new" * 80  # the server's file changed
+    assert hf_hub.fetch_url(url).read_bytes() == hub.files["model-Q8_0.gguf"] and len(hub.downloads()) == 2
+    mine = tmp_path / "mine.gguf"
+    mine.write_bytes(b"GGUF the user's")
+    assert hf_hub.fetch_url(url, str(mine)) == mine and mine.read_bytes() == b"GGUF the user's"
+    assert len(hub.downloads()) == 2
+    n = len(hub.requests)
+    assert hf_hub.fetch_url(url, offline=True) == path and len(hub.requests) == n
+    with pytest.raises(SharpiError, match="not in the cache"):
+        hf_hub.fetch_url(url.replace("Q8_0", "Q4_K_M"), offline=True)
+    with pytest.raises(SharpiError, match="HTTP 404"):
+        hf_hub.fetch_url(url.replace("Q8_0", "Q2_K"))
+    hub.stop()
+    warned = []
+    assert hf_hub.fetch_url(url, warn=warned.append) == path and "cannot reach" in warned[0]
+    assert hf_hub.url_parts("https://x/a/m-Q4_K_M-00001-of-00003.gguf?download=true") == [
+        f"https://x/a/m-Q4_K_M-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    with pytest.raises(UsageError, match="give its first part"):
+        hf_hub.url_parts("https://x/m-00002-of-00003.gguf")
+
+
+def test_cli_model_url_and_cache_list(smol_hub_split, env):
+    """-mu of a split model's first part: every part, the model's output; -cl lists what -hf fetched."""
+    url, parts, plain = smol_hub_split
+    e = {"LLAMA_CACHE": str(env)}
+    args = ("-p", "The capital of France is", "-n", "12", "--temp", "0")
+    got = sharpi("-mu", url, *args, env=e)
+    assert got.returncode == 0 and got.stdout == plain, got.stderr
+    assert sorted(p.name for p in env.glob("*.gguf")) == [p.name for p in parts]
+    one_error_line(sharpi("-mu", "ftp://x/m.gguf", *args, env=e), 2, "expected an http:// or https:// URL")
+    one_error_line(sharpi("-mu", url, "-hf", REPO, *args, env=e), 2, "-mu and -hf both name the model")
+    assert sharpi("-cl", env=e).stdout == "number of models in cache: 0\n"
+    assert sharpi("-hf", f"{REPO}:Q4_1", *args, env=dict(e, HF_ENDPOINT=url.split(REPO)[0])).stdout == plain
+    assert sharpi("-cl", env=e).stdout == f"number of models in cache: 1\n   1. {REPO}:Q4_1\n"
