@@ -327,8 +327,18 @@ ALTERNATIVES = (("prompt", "file"), ("model", "hf_repo"), ("model_draft", "hf_re
                 ("json_schema", "json_schema_file"))
 
 
+def _excludes(pair: tuple[str, str], opts) -> bool:
+    """Whether the pair's values exclude each other: -md and --spec-type only with draft-mtp (the n-gram types go with
+    a draft model)."""
+    if pair == ("model_draft", "spec_type"):
+        return any(t.strip() in ("draft-mtp", "mtp") for v in opts.spec_type or () for t in v.split(","))
+    return True
+
+
 def drop_env_alternatives(ctx: typer.Context, opts) -> None:
     for pair in ALTERNATIVES:  # click's ParameterSource, by name (typer may carry its own click)
+        if not _excludes(pair, opts):
+            continue
         sources = [getattr(ctx.get_parameter_source(name), "name", None) for name in pair]
         for name, source, other in zip(pair, sources, reversed(sources)):
             if source == "ENVIRONMENT" and other == "COMMANDLINE":

@@ -175,3 +175,18 @@ def test_a_step_of_forced_tokens_teaches_the_sources_nothing():
     assert chain.propose(hist, 3)[0] == [3, 4, 5]
     chain.rollback(len(hist))  # (a verdict: none kept; the key drafts no more)
     assert src.keys[src.last_key].values[0].n_accepted == 0
+
+
+def test_spec_type_from_the_environment_goes_with_md(smol, plain):
+    """SHARPI_ARG_SPEC_TYPE with -md on the command line: n-gram types are kept beside the draft model (only
+    draft-mtp, which excludes -md, gives way to the command line's -md)."""
+    args = ("-m", smol, "-p", CODE, "-n", 120, "--temp", 0, "-no-cnv", "--ignore-eos", "--json", "-md", smol,
+            "--spec-ngram-simple-size-n", 4, "--spec-ngram-simple-size-m", 6, "--spec-draft-n-max", 3)
+    r = sharpi(*args, env={"SHARPI_ARG_SPEC_TYPE": "ngram-simple,draft-simple"})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["tokens"] == plain["tokens"] and d["speculative"]["sources"]["ngram-simple"]["drafted"] > 0
+    r = sharpi(*args, env={"SHARPI_ARG_SPEC_TYPE": "draft-mtp"})
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)["speculative"]
+    assert spec["drafted"] > 0 and spec.get("sources", {"draft": 0}).keys() == {"draft"}  # (the draft model alone)
