@@ -162,7 +162,81 @@ def encode_chat(tok, text: str) -> list[int]:
 
 
 COMMANDS = ("/exit or Ctrl-D quits, /regen regenerates the last reply, /clear clears the history, "
-            "/read FILE adds a text file to your next message")
+            "/read FILE adds a text file to your next message, /glob PATTERN the files it matches")
+GLOB_MAX = 100  # files one /glob adds at most (llama-cli's)
+
+
+def glob_match(pattern: bytes, name: bytes) -> bool:
+    """llama.cpp's glob (common.cpp glob_match): `*` any run of characters but `/`, `**` any run, `?` one character
+    but `/`, `[...]` a class (ranges `a-z`, `!` negates, a first `]` or `-` literal); on the bytes, as there."""
+    if not pattern:
+        return not name
+    if pattern[:2] == b"**":
+        return glob_match(pattern[2:], name) or (bool(name) and glob_match(pattern, name[1:]))
+    if pattern[:1] == b"*":
+        for i in range(len(name) + 1):
+            if glob_match(pattern[1:], name[i:]):
+                return True
+            if i < len(name) and name[i:i + 1] == b"/":
+                return False
+        return False
+    if pattern[:1] == b"?":
+        return bool(name) and name[:1] != b"/" and glob_match(pattern[1:], name[1:])
+    if pattern[:1] == b"[":
+        end = 1 + (pattern[1:2] in (b"]", b"-"))
+        while end < len(pattern) and pattern[end:end + 1] != b"]":
+            end += 1
+        if end < len(pattern):
+            return bool(name) and _class_match(name[0], pattern[1:end]) and glob_match(pattern[end + 1:], name[1:])
+        return name[:1] == b"[" and glob_match(pattern[1:], name[1:])
+    return pattern[:1] == name[:1] and glob_match(pattern[1:], name[1:])
+
+
+def _class_match(c: int, cls: bytes) -> bool:
+    negated = cls[:1] == b"!"
+    cls = cls[1:] if negated else cls
+    if cls[:1] in (b"]", b"-"):
+        if cls[0] == c:
+            return not negated
+        cls = cls[1:]
+    i, matched = 0, False
+    while i < len(cls):
+        if i + 2 < len(cls) and cls[i + 1:i + 2] == b"-" and cls[i + 2:i + 3] != b"]":
+            if cls[i] <= c <= cls[i + 2]:
+                matched = True
+                break
+            i += 3
+        else:
+            if cls[i] == c:
+                matched = True
+                break
+            i += 1
+    return matched != negated
+
+
+def glob_files(pattern: str) -> list[str]:
+    """/glob PATTERN: the files it matches, as llama-cli finds them: under the folder the pattern names before its
+    first glob character (`~` for the home folder), else the current one, at any depth, the pattern matched against
+    paths relative to that folder; sorted, at most GLOB_MAX."""
+    import os
+    from pathlib import Path
+    base = Path.cwd()
+    start = min((pattern.find(c) for c in "![*?" if c in pattern), default=-1)
+    if start > 0 and "/" in pattern[:start]:
+        cut = pattern[:start].rfind("/")
+        folder = pattern[:cut]
+        base = base / (os.path.expanduser(folder) if folder.startswith("~") else folder)
+        pattern = pattern[cut + 1:]
+    found = []
+    for root, dirs, names in os.walk(base, onerror=lambda e: None):
+        dirs.sort()
+        for n in sorted(names):
+            full = Path(root) / n
+            if full.is_file() and glob_match(pattern.encode(), full.relative_to(base).as_posix().encode()):
+                found.append(str(full))
+                if len(found) >= GLOB_MAX:
+                    return found
+    return found
 
 
 def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> int:
@@ -182,6 +256,19 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     pending = first_message
     files = ""  # /read: text that goes before the next message
     last = None
+    out = open_transcript(o)
+
+    def add_file(name: str, cmd: str) -> bool:
+        nonlocal files
+        text = read_text_file(name)
+        if text is None:
+            log(f"error: {cmd}: cannot read '{name}'")
+            return False
+        files += f"--- File: {name} ---\n{text}" + ("" if text.endswith("\n") else "\n")
+        log(f"[{name}: {len(text)} characters, sent with your next message]")
+        if out:
+            out.write(f"User: Added text file: {name}\n")
+        return True
     while True:
         if pending is not None:
             line, pending = pending, None
@@ -206,12 +293,22 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                 continue
             if cmd == "/read" or cmd.startswith("/read "):
                 name = cmd[len("/read"):].strip()
-                text = read_text_file(name) if name else None
-                if text is None:
-                    log(f"error: /read: cannot read '{name}'" if name else "error: /read needs a file name")
-                    continue
-                files += f"--- File: {name} ---\n{text}" + ("" if text.endswith("\n") else "\n")
-                log(f"[{name}: {len(text)} characters, sent with your next message]")
+                if not name:
+                    log("error: /read needs a file name")
+                else:
+                    add_file(name, "/read")
+                continue
+            if cmd == "/glob" or cmd.startswith("/glob "):
+                pattern = cmd[len("/glob"):].strip()
+                found = glob_files(pattern) if pattern else []
+                if not pattern:
+                    log("error: /glob needs a pattern (e.g. /glob src/**.py)")
+                elif not found:
+                    log(f"error: /glob: no file matches '{pattern}'")
+                for name in found:
+                    add_file(name, "/glob")
+                if len(found) >= GLOB_MAX:
+                    log(f"error: /glob: at most {GLOB_MAX} files at once")
                 continue
             if cmd == "/regen":
                 if not messages or messages[-1]["role"] != "assistant":
@@ -224,6 +321,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         else:
             turn = [*messages, {"role": "user", "content": files + line}]
             files = ""
+            if out:
+                out.write(f"User:\n{turn[-1]['content']}\n\n")
         # Ctrl-C from here on stops this reply (rendering and prefill included), not the session
         with Interrupt() as stop:
             text = render_messages(o, tok, turn)
@@ -248,6 +347,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
         # (with -sp the shown text has the control tokens; the conversation keeps the reply's own text)
         messages = [*turn, {"role": "assistant", "content": tok.decode(res.tokens, skip_special=True) if o.special else res.text}]
+        if out:
+            out.write(transcript_reply(messages[-1]["content"], tags, text))
         if o.show_timings:  # llama-cli's line after each reply
             t = res.timings
             spec = "" if res.spec is None else f" | Accepted: {100 * (res.spec.as_dict().get('acceptance') or 0):.0f}%"
@@ -258,9 +359,30 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         last = res
         if o.single_turn:
             break
+    if out:
+        out.close()
     if last is not None:
         print_report(target, last, o)
     return 0
+
+
+def open_transcript(o):
+    """-o FILE: the conversation written there as llama-cli writes it (line-buffered: each turn as it ends)."""
+    if not o.output_file:
+        return None
+    try:
+        return open(o.output_file, "w", encoding="utf-8", buffering=1)
+    except OSError as e:
+        raise SharpiError(f"cannot write the output file {o.output_file}: {e.strerror}") from None
+
+
+def transcript_reply(reply: str, tags, prompt: str) -> str:
+    """A reply in -o's transcript: its reasoning between [Start thinking] and [End thinking] (llama-cli's lines)."""
+    from sharpi_core.reasoning import opens_block, split_reasoning
+    parts = split_reasoning(reply, tags, opens_block(prompt, tags)) if tags else None
+    reasoning, content = parts if parts else ("", reply)
+    text = "Assistant:\n" + (f"[Start thinking]\n\n{reasoning}[End thinking]\n\n" if reasoning else "") + content
+    return text + ("" if text.endswith("\n") else "\n") + "\n"
 
 
 def read_text_file(name: str) -> str | None:

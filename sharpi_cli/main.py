@@ -227,6 +227,9 @@ def run(
                                    "for subprocesses and limited consoles")] = False,
     log_disable: Annotated[bool, Opt("--log-disable", help="no information, warnings or timings on stderr (errors "
                                      "still)")] = False,
+    output_file: Annotated[Optional[str], Opt("-o", "--output", "--output-file", help="a chat's transcript (User: / "
+                                              "Assistant: turns, files added, reasoning apart), written anew, as "
+                                              "llama-cli's")] = None,
     log_file: Annotated[Optional[str], Opt("--log-file", help="the log (information, warnings, timings, an error) "
                                            "written to this file too (anew)")] = None,
     perf: Annotated[bool, Opt("--perf/--no-perf", help="the timings at the end of a run (default: on)",

@@ -9,6 +9,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -82,6 +83,7 @@ class RunOptions:
     prio: int = 0  # --prio: -1 low .. 3 realtime
     check_tensors: bool = False  # --check-tensors
     log_file: str | None = None  # --log-file: the log written there too
+    output_file: str | None = None  # -o: a chat's transcript
     verbosity: int = 3  # -lv: llama.cpp's log threshold
     mlock: bool = False
     mmap: bool = True  # --no-mmap: the GGUF read into memory
@@ -210,8 +212,19 @@ def hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url=None):
     return o.model
 
 
+def check_output_file(path: str | None) -> None:
+    """-o FILE: refused before anything loads when it could not be written (it is written, anew, by the chat)."""
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir() or not parent.is_dir() or not os.access(parent if not p.exists() else p, os.W_OK):
+        raise UsageError(f"-o/--output-file {path}: cannot be written")
+
+
 def validate(o: RunOptions) -> None:
     check_hub_flags(o)
+    check_output_file(o.output_file)
     if o.n_predict < -2:
         raise UsageError(f"invalid -n/--n-predict {o.n_predict}: must be >= -2 (-1, -2 = until the end of generation "
                          "or a full context)")
@@ -1058,6 +1071,12 @@ def _run(o: RunOptions) -> int:
         finally:
             if view is not None:
                 view.close()
+    if o.single_turn and o.output_file:  # -o: the turn as llama-cli's transcript has it
+        from .chat import open_transcript, reply_tags, transcript_reply
+        with open_transcript(o) as t:
+            t.write(f"User:\n{prompt}\n\n")
+            t.write(transcript_reply(tok.decode(res.tokens, skip_special=True) if o.special else res.text,
+                                     reply_tags(o, tok), text))
     if o.json_out:
         d = result_json(res, target, seed)
         d.update(reasoning_fields(o, tok, ids, res.text))

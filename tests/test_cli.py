@@ -979,3 +979,37 @@ def test_no_repack_keeps_the_bits(smol):
     assert json.loads(sharpi(*base, "-nr").stdout)["tokens"] == default
     assert json.loads(sharpi(*base, "--no-repack").stdout)["tokens"] == default
     assert "SHARPI_CPU_REPACK" not in os.environ  # (the switch is the run's only)
+
+
+def test_glob_is_llama_cpps():
+    from sharpi_cli.chat import glob_match
+    cases = [("*.py", "a.py", True), ("*.py", "d/a.py", False), ("**.py", "d/e/a.py", True), ("**/a.py", "d/a.py", True),
+             ("d/*", "d/x", True), ("d/*", "d/e/x", False), ("a?c", "abc", True), ("a?c", "a/c", False),
+             ("[a-c]x", "bx", True), ("[!a-c]x", "bx", False), ("[!a-c]x", "dx", True), ("[]]x", "]x", True),
+             ("[-a]x", "-x", True), ("[ab", "[ab", True), ("*", "", True), ("", "a", False), ("**", "a/b/c", True)]
+    for pattern, name, want in cases:
+        assert glob_match(pattern.encode(), name.encode()) is want, (pattern, name)
+
+
+def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
+    """/glob PATTERN adds the text files it matches (under the folder it names), and -o writes the conversation as
+    llama-cli's transcript: User / Assistant turns, the files added; -st -p too."""
+    d = tmp_path / "notes"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("alpha\n")
+    (d / "sub" / "b.txt").write_text("beta")
+    (d / "c.md").write_text("gamma\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "chat.txt"
+    turns = ["/glob notes/**.txt", "Which words?", "/regen", "/glob nothing*", "/exit"]
+    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 6, "-o", out, input="\n".join(turns) + "\n")
+    assert r.returncode == 0, r.stderr
+    assert "error: /glob: no file matches 'nothing*'" in r.stderr
+    replies = [ln for ln in r.stdout.replace("> ", "\n").splitlines() if ln.strip()]
+    a, b = str(d / "a.txt"), str(d / "sub" / "b.txt")
+    assert out.read_text() == (f"User: Added text file: {a}\nUser: Added text file: {b}\n"
+                               f"User:\n--- File: {a} ---\nalpha\n--- File: {b} ---\nbeta\nWhich words?\n\n"
+                               f"Assistant:\n{replies[0]}\n\nAssistant:\n{replies[1]}\n\n")
+    r = sharpi("-m", smol, "-st", "-p", "Say hi.", "--temp", 0, "-n", 6, "-o", out)
+    assert r.returncode == 0 and out.read_text() == f"User:\nSay hi.\n\nAssistant:\n{r.stdout.strip()}\n\n"
+    one_error_line(sharpi("-m", smol, "-st", "-p", "hi", "-o", tmp_path / "no" / "x.txt"), 2, "cannot be written")
