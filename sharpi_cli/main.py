@@ -389,6 +389,9 @@ def tokenize(
     no_parse_special: Annotated[bool, typer.Option("--no-parse-special", help="treat special token text as plain text")] = False,
     escape: Annotated[bool, typer.Option("-e", "--escape/--no-escape", help="process backslash escapes, as -p of the "
                                          "main command (default: on)", show_default=False)] = True,
+    stdin: Annotated[bool, typer.Option("--stdin", help="tokenize standard input (before -f and -p)")] = False,
+    show_count: Annotated[bool, typer.Option("--show-count", help="print the number of tokens at the end")] = False,
+    log_disable: Annotated[bool, typer.Option("--log-disable", help="accepted (tokenize logs nothing)")] = False,
     hf_repo: HfRepoOpt = None,
     hf_file: HfFileOpt = None,
     hf_token: HfTokenOpt = None,
@@ -398,7 +401,7 @@ def tokenize(
     """Tokenize text like llama-tokenize."""
     from . import runner
     model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
-    raise typer.Exit(runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape))
+    raise typer.Exit(runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape, stdin, show_count))
 
 
 @models_app.command("list")

@@ -1379,22 +1379,35 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     return 0
 
 
-def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape: bool = True) -> int:
-    """llama-tokenize: a file (or stdin) is read verbatim, a trailing newline included; escapes are
-    processed in -p and -f text alike unless --no-escape."""
-    if (prompt is None) == (file is None):
-        raise UsageError("tokenize needs exactly one of -p/--prompt or -f/--file")
-    if file is not None:
+def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape: bool = True, stdin: bool = False,
+                 show_count: bool = False) -> int:
+    """llama-tokenize: the text of --stdin (read once the model loaded), else -f (read verbatim, a trailing newline
+    included; `-` is stdin), else -p; escapes processed in each unless --no-escape. The pieces are written as
+    their bytes, as llama-tokenize prints them."""
+    if not stdin and file is None and prompt is None:
+        raise UsageError("tokenize needs one of --stdin, -f/--file or -p/--prompt")
+    if not stdin and file is not None:
         prompt = sys.stdin.read() if file == "-" else read_text(file)
-    if escape:
-        prompt = process_escapes(prompt)
     from sharpi_core.gguf_file import GGUFFile
     from sharpi_core.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(GGUFFile(resolve_with_progress(model)))
+    if stdin:
+        prompt = sys.stdin.read()
+    if escape:
+        prompt = process_escapes(prompt)
     ids = tok.encode(prompt, add_special=not no_bos, parse_special=not no_parse_special)
     if ids_only:
         print("[" + ", ".join(str(i) for i in ids) + "]")
     else:
+        out = getattr(sys.stdout, "buffer", None)
         for i in ids:
-            print(f"{i:6d} -> '{tok.token_bytes(i).decode('utf-8', errors='replace')}'")
+            if out is None:  # (a text-only stdout)
+                print(f"{i:6d} -> '{tok.token_bytes(i).decode('utf-8', errors='replace')}'")
+            else:
+                sys.stdout.flush()
+                out.write(f"{i:6d} -> '".encode() + tok.token_bytes(i) + b"'\n")
+        if out is not None:
+            out.flush()
+    if show_count:
+        print(f"Total number of tokens: {len(ids)}")
     return 0

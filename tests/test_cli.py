@@ -1013,3 +1013,18 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     r = sharpi("-m", smol, "-st", "-p", "Say hi.", "--temp", 0, "-n", 6, "-o", out)
     assert r.returncode == 0 and out.read_text() == f"User:\nSay hi.\n\nAssistant:\n{r.stdout.strip()}\n\n"
     one_error_line(sharpi("-m", smol, "-st", "-p", "hi", "-o", tmp_path / "no" / "x.txt"), 2, "cannot be written")
+
+
+def test_tokenize_stdin_count_and_raw_pieces(smol):
+    """llama-tokenize's --stdin (before -f and -p) and --show-count; the pieces written as their bytes (a piece that
+    is part of a UTF-8 character too, as llama-tokenize prints it on Linux)."""
+    from conftest import loaded
+    text = "Hi 日本語 there"
+    ids = loaded(SMOL)[1].encode(text, add_special=True, parse_special=True)
+    r = sharpi("tokenize", "-m", smol, "--stdin", "-p", "ignored", "--ids", "--show-count", input=text)
+    assert r.returncode == 0 and r.stdout == f"[{', '.join(map(str, ids))}]\nTotal number of tokens: {len(ids)}\n"
+    tok = loaded(SMOL)[1]
+    assert any(not tok.token_bytes(i).decode("utf-8", "ignore") for i in ids)  # (a character's bytes split)
+    r = subprocess.run(SHARPI.split() + ["tokenize", "-m", str(smol), "-p", text], capture_output=True, timeout=300)
+    assert r.returncode == 0 and r.stdout == b"".join(b"%6d -> '" % i + tok.token_bytes(i) + b"'\n" for i in ids)
+    one_error_line(sharpi("tokenize", "-m", smol), 2, "one of --stdin, -f/--file or -p/--prompt")
