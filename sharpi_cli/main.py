@@ -351,8 +351,13 @@ def drop_env_alternatives(ctx: typer.Context, opts) -> None:
 @app.command()
 def perplexity(
     model: Annotated[Optional[str], Opt("-m", "--model")] = None,
-    file: Annotated[str, Opt("-f", "--file", help="text file")] = ...,
+    file: Annotated[Optional[str], Opt("-f", "--file", help="text file")] = None,
     ctx_size: Annotated[int, Opt("-c", "--ctx-size")] = 512,
+    kl_divergence_base: Annotated[Optional[str], Opt("--kl-divergence-base", "--save-all-logits", help="a file of "
+                                                     "log-probabilities (llama-perplexity's): written from -f's text, "
+                                                     "or read with --kl-divergence")] = None,
+    kl_divergence: Annotated[bool, Opt("--kl-divergence", help="the KL divergence of this model's distributions "
+                                       "from those of --kl-divergence-base (its text and context: no -f)")] = False,
     chunks: Annotated[int, Opt("--chunks", help="max chunks (-1 = all)")] = -1,
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k")] = "f16",
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
@@ -376,7 +381,7 @@ def perplexity(
                                  control_vector_scaled=control_vector_scaled,
                                  control_vector_layer_range=control_vector_layer_range)
     raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
-                                           adapters))
+                                           adapters, kl_divergence_base, kl_divergence))
 
 
 @app.command()

@@ -1342,9 +1342,14 @@ def print_report(target, res, o: RunOptions) -> None:
 
 # -- perplexity / tokenize ------------------------------------------------------------------
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
-                   adapters: RunOptions | None = None) -> int:
-    """adapters: the --lora* and --control-vector* flags (RunOptions' fields)."""
-    from sharpi_core.perplexity import chunk_count, perplexity
+                   adapters: RunOptions | None = None, kld_base: str | None = None, kld: bool = False) -> int:
+    """adapters: the --lora* and --control-vector* flags (RunOptions' fields); kld_base: --kl-divergence-base's file,
+    written (or read, kld: --kl-divergence)."""
+    from sharpi_core.perplexity import chunk_count, kl_divergence, perplexity, read_base_header, save_logprobs
+    if kld and kld_base is None:
+        raise UsageError("--kl-divergence compares with the log-probabilities of --kl-divergence-base FILE: give it")
+    if not kld and file is None:
+        raise UsageError("perplexity needs a text: -f/--file")
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
@@ -1356,11 +1361,22 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         raise UsageError("invalid --chunks 0: must be >= 1 (-1 = all)")
     check_threads(threads)
     set_threads(threads)
-    text = read_text(file)
+    if kld:
+        n_ctx_base, n_vocab_base = read_base_header(kld_base)[:2]  # (refused before the model loads)
+    else:
+        text = read_text(file)
     o = adapters or RunOptions(model=model)
     check_adapters(o)
     m = _load(model, flash_attn)
     apply_adapters(o, m.model)
+    bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
+    if kld:
+        if n_vocab_base != m.tokenizer.n_vocab:
+            raise SharpiError(f"{kld_base}: made with a vocabulary of {n_vocab_base} tokens, this model has "
+                              f"{m.tokenizer.n_vocab}")
+        log(f"kl_divergence: {kld_base}, chunks of {n_ctx_base} tokens")
+        kl_divergence(m.model, kld_base, bos, ctk, ctv)
+        return 0
     t0 = time.perf_counter()
     ids = m.tokenizer.encode(text, add_special=True, parse_special=False)
     n_chunks = chunk_count(len(ids), ctx_size, chunks)
@@ -1372,8 +1388,10 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         parts.append(f"[{i + 1}]{p:.4f},")
         print(parts[-1], end="", flush=True)
 
-    r = perplexity(m.model, ids, ctx_size, chunks, bos_id=m.tokenizer.bos_id if m.tokenizer.add_bos else None,
-                   type_k=ctk, type_v=ctv, on_chunk=on_chunk)
+    if kld_base is not None:  # (llama-perplexity's likelihoods in float arithmetic, the file written)
+        r = save_logprobs(m.model, ids, ctx_size, chunks, kld_base, bos, ctk, ctv, on_chunk=on_chunk)
+    else:
+        r = perplexity(m.model, ids, ctx_size, chunks, bos_id=bos, type_k=ctk, type_v=ctv, on_chunk=on_chunk)
     print()
     print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.err:.5f}")
     return 0

@@ -6,6 +6,7 @@ the first token replaced by BOS when the model adds BOS); the second half of eac
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -62,3 +63,234 @@ def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id:
     ppl = math.exp(mean)
     err = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else 0.0
     return PerplexityResult(ppl, err, n, count, chunk_ppl)
+
+
+# ---- llama-perplexity's --kl-divergence-base files and --kl-divergence -------------------------------------------
+# A base file: b"_logits_", int32 n_ctx, int32 n_vocab, int32 n_chunk, the n_chunk * n_ctx tokens evaluated (int32),
+# then for each chunk the scored rows' log-probabilities (n_ctx - 1 - n_ctx / 2 rows of nv = 2 * ((n_vocab + 1) / 2)
+# + 4 uint16: two floats, scale and min_log_prob, then a 16-bit step per token; see kernels/ops.c). The same bytes as
+# llama-perplexity writes from the same logits, so files go both ways between the two.
+LOGITS_MAGIC = b"_logits_"
+
+
+def _row_width(n_vocab: int) -> int:
+    return 2 * ((n_vocab + 1) // 2) + 4
+
+
+def _ppl_lib():
+    import ctypes
+
+    from .kernels import cpu
+    if not cpu.available():
+        raise SharpiError(f"--kl-divergence needs sharpi's CPU kernels: {cpu.status().get('reason')}")
+    lib = cpu._symbols()
+    lib.sharpi_ppl_logprobs.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
+    lib.sharpi_ppl_logprobs.restype = ctypes.c_double
+    lib.sharpi_kld_row.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                   ctypes.c_void_p]
+    lib.sharpi_kld_row.restype = None
+    return lib
+
+
+def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v):
+    """(chunk index, its tokens, the logits of its scored rows [n_ctx - 1 - first, V] fp32) for each chunk."""
+    first = n_ctx // 2
+    cache = model.new_cache(n_ctx, type_k, type_v)
+    for i in range(n_chunks):
+        chunk = [int(t) for t in tokens[i * n_ctx:(i + 1) * n_ctx]]
+        sent = list(chunk)
+        if bos_id is not None:
+            sent[0] = bos_id
+        cache.truncate(0)
+        logits = model.forward(torch.tensor(sent), 0, cache)  # [n_ctx, V]
+        yield i, chunk, logits[first:n_ctx - 1].float().contiguous()
+
+
+def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str, bos_id: int | None = None,
+                  type_k: str = "f16", type_v: str = "f16",
+                  on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
+    """Perplexity as llama-perplexity computes it with --kl-divergence-base (each row's log-likelihood in float
+    arithmetic), the scored rows' log-probabilities written to path (through a temporary file: a run that fails
+    leaves what was there)."""
+    import numpy as np
+    lib = _ppl_lib()
+    n = chunk_count(len(tokens), n_ctx, n_chunks)
+    first = n_ctx // 2
+    nll = nll2 = 0.0
+    count, chunk_ppl = 0, []
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as out:
+            out.write(LOGITS_MAGIC + np.array([n_ctx], dtype=np.int32).tobytes())
+            for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n, bos_id, type_k, type_v):
+                n_vocab = rows.shape[1]
+                if i == 0:
+                    out.write(np.array([n_vocab, n], dtype=np.int32).tobytes())
+                    out.write(np.asarray(tokens[:n * n_ctx], dtype=np.int32).tobytes())
+                nv = _row_width(n_vocab)
+                lp = np.zeros((rows.shape[0], nv), dtype=np.uint16)
+                for r in range(rows.shape[0]):
+                    v = lib.sharpi_ppl_logprobs(rows[r].data_ptr(), n_vocab, chunk[first + 1 + r], lp[r].ctypes.data)
+                    nll += v
+                    nll2 += v * v
+                out.write(lp.tobytes())
+                count += rows.shape[0]
+                chunk_ppl.append(math.exp(nll / count))
+                if on_chunk:
+                    on_chunk(i, chunk_ppl[-1])
+        os.replace(tmp, path)
+    except OSError as e:
+        raise SharpiError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    mean = nll / count
+    var = nll2 / count - mean * mean
+    ppl = math.exp(mean)
+    err = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else 0.0
+    return PerplexityResult(ppl, err, n, count, chunk_ppl)
+
+
+def read_base_header(path: str):
+    """(n_ctx, n_vocab, n_chunk, tokens, offset of the log-probabilities) of a --kl-divergence-base file."""
+    import numpy as np
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+            if len(head) < 20 or head[:8] != LOGITS_MAGIC:
+                raise SharpiError(f"{path} does not look like a file of log-probabilities (llama-perplexity's "
+                                  "--kl-divergence-base)")
+            n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head[8:20], dtype=np.int32))
+            if n_ctx < 3 or n_vocab < 1 or n_chunk < 1:
+                raise SharpiError(f"{path}: a damaged header (n_ctx {n_ctx}, n_vocab {n_vocab}, {n_chunk} chunks)")
+            tokens = np.fromfile(f, dtype=np.int32, count=n_ctx * n_chunk)
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise SharpiError(f"cannot read {path}: {e.strerror or e}") from None
+    off = 20 + 4 * n_ctx * n_chunk
+    need = off + n_chunk * (n_ctx - 1 - n_ctx // 2) * _row_width(n_vocab) * 2
+    if len(tokens) < n_ctx * n_chunk or size < need:
+        raise SharpiError(f"{path}: cut short ({size} bytes, its header needs {need})")
+    return n_ctx, n_vocab, n_chunk, tokens, off
+
+
+def _mean_unc(s: float, s2: float, count: int) -> tuple[float, float]:
+    if count < 1:
+        return 0.0, 0.0
+    f = s / count
+    df = s2 / count - f * f
+    return f, (math.sqrt(df / (count - 1)) if df > 0 and count > 10 else 0.0)
+
+
+def _cov(a: float, b: float, ab: float, count: int) -> float:
+    return 0.0 if count < 10 else (ab / count - (a / count) * (b / count)) / (count - 1)
+
+
+def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f16", type_v: str = "f16",
+                  out: Callable[[str], None] = print) -> dict:
+    """llama-perplexity --kl-divergence: the base file's chunks evaluated again by this model, each scored row's
+    distribution against the base's; llama-perplexity's table (a line a chunk) and statistics, through out."""
+    import numpy as np
+    lib = _ppl_lib()
+    n_ctx, n_vocab, n_chunk, tokens, off = read_base_header(path)
+    first = n_ctx // 2
+    nrow, nv = n_ctx - 1 - first, _row_width(n_vocab)
+    acc = np.zeros(13, dtype=np.float64)
+    kld_values = np.zeros(nrow * n_chunk, dtype=np.float32)
+    p_diff_values = np.zeros(nrow * n_chunk, dtype=np.float32)
+    row_out = np.zeros(2, dtype=np.float64)
+    base = np.memmap(path, dtype=np.uint16, mode="r", offset=off, shape=(n_chunk, nrow, nv))
+    out("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS"
+        "            Same top p")
+    for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n_chunk, bos_id, type_k, type_v):
+        if rows.shape[1] != n_vocab:
+            raise SharpiError(f"{path}: made with a vocabulary of {n_vocab} tokens, this model has {rows.shape[1]}")
+        b = np.ascontiguousarray(base[i])
+        for r in range(nrow):
+            lib.sharpi_kld_row(rows[r].data_ptr(), n_vocab, b[r].ctypes.data, chunk[first + 1 + r], acc.ctypes.data,
+                               row_out.ctypes.data)
+            kld_values[i * nrow + r], p_diff_values[i * nrow + r] = row_out
+        count = int(acc[12])
+        lp, lp_unc = _mean_unc(acc[0], acc[1], count)
+        lb, lb_unc = _mean_unc(acc[2], acc[3], count)
+        cov = _cov(acc[0], acc[2], acc[4], count)
+        ratio_unc = math.sqrt(lp_unc * lp_unc + lb_unc * lb_unc - 2.0 * cov)
+        kl, kl_unc = _mean_unc(acc[5], acc[6], count)
+        mse, mse_unc = _mean_unc(acc[8], acc[9], count)
+        rms = math.sqrt(mse)
+        top = acc[11] / count
+        out(f"{i + 1:4d}    {math.exp(lp):9.4f} ± {math.exp(lp) * lp_unc:9.4f}    {lp - lb:10.5f} ± {ratio_unc:10.5f}"
+            f"    {kl:10.5f} ± {kl_unc:10.5f}    {100.0 * rms:6.3f} ± {100.0 * (0.5 / rms * mse_unc if rms else 0.0):6.3f} %"
+            f"    {100.0 * top:6.3f} ± {100.0 * math.sqrt(top * (1 - top) / (count - 1)) if count > 1 else 0.0:6.3f} %")
+    out("")
+    count = int(acc[12])
+    stats = {"count": count, "mean_kld": acc[5] / count, "same_top": acc[11] / count}
+    if count < 100:  # (llama-perplexity: no statistics on so few values)
+        return stats
+    kld_values.sort()
+    p_diff_values.sort()
+    lp, lp_unc = _mean_unc(acc[0], acc[1], count)
+    ppl, ppl_unc = math.exp(lp), math.exp(lp) * lp_unc
+    lb, lb_unc = _mean_unc(acc[2], acc[3], count)
+    ppl_b, ppl_b_unc = math.exp(lb), math.exp(lb) * lb_unc
+    cov = _cov(acc[0], acc[2], acc[4], count)
+    out("====== Perplexity statistics ======")
+    out(f"Mean PPL(Q)                   : {ppl:10.6f} ± {ppl_unc:10.6f}")
+    out(f"Mean PPL(base)                : {ppl_b:10.6f} ± {ppl_b_unc:10.6f}")
+    out(f"Cor(ln(PPL(Q)), ln(PPL(base))): {100.0 * cov / (lp_unc * lb_unc):6.2f}%")
+    ratio, ratio_unc = lp - lb, math.sqrt(lp_unc * lp_unc + lb_unc * lb_unc - 2.0 * cov)
+    out(f"Mean ln(PPL(Q)/PPL(base))     : {ratio:10.6f} ± {ratio_unc:10.6f}")
+    out(f"Mean PPL(Q)/PPL(base)         : {math.exp(ratio):10.6f} ± {math.exp(ratio) * ratio_unc:10.6f}")
+    ppl_cov = ppl * ppl_b * cov
+    out(f"Mean PPL(Q)-PPL(base)         : {ppl - ppl_b:10.6f} ± "
+        f"{math.sqrt(ppl_unc * ppl_unc + ppl_b_unc * ppl_b_unc - 2.0 * ppl_cov):10.6f}")
+    out("")
+    out("====== KL divergence statistics ======")
+    kl, kl_unc = _mean_unc(acc[5], acc[6], count)
+    out(f"Mean    KLD: {kl:10.6f} ± {kl_unc:10.6f}")
+    pct = lambda v, f: _percentile(v, f)  # noqa: E731
+    out(f"Maximum KLD: {kld_values[-1]:10.6f}")
+    for f, name in ((0.999, "99.9%"), (0.990, "99.0%"), (0.950, "95.0%"), (0.900, "90.0%")):
+        out(f"{name}   KLD: {pct(kld_values, f):10.6f}")
+    out(f"Median  KLD: {_median(kld_values):10.6f}")
+    for f, name in ((0.100, "10.0%"), (0.050, " 5.0%"), (0.010, " 1.0%"), (0.001, " 0.1%")):
+        out(f"{name}   KLD: {pct(kld_values, f):10.6f}")
+    out(f"Minimum KLD: {kld_values[0]:10.6f}")
+    out("")
+    out("====== Token probability statistics ======")
+    dp, dp_unc = _mean_unc(acc[7], acc[8], count)
+    out(f"Mean    Δp: {100.0 * dp:6.3f} ± {100.0 * dp_unc:5.3f} %")
+    out(f"Maximum Δp: {100.0 * float(p_diff_values[-1]):6.3f}%")
+    for f, name in ((0.999, "99.9%"), (0.990, "99.0%"), (0.950, "95.0%"), (0.900, "90.0%"), (0.750, "75.0%")):
+        out(f"{name}   Δp: {100.0 * pct(p_diff_values, f):6.3f}%")
+    out(f"Median  Δp: {100.0 * _median(p_diff_values):6.3f}%")
+    for f, name in ((0.250, "25.0%"), (0.100, "10.0%"), (0.050, " 5.0%"), (0.010, " 1.0%"), (0.001, " 0.1%")):
+        out(f"{name}   Δp: {100.0 * pct(p_diff_values, f):6.3f}%")
+    out(f"Minimum Δp: {100.0 * float(p_diff_values[0]):6.3f}%")
+    mse, mse_unc = _mean_unc(acc[8], acc[9], count)
+    rms = math.sqrt(mse)
+    out(f"RMS Δp    : {100.0 * rms:6.3f} ± {100.0 * 0.5 / rms * mse_unc:5.3f} %")
+    top = acc[11] / count
+    out(f"Same top p: {100.0 * top:6.3f} ± {100.0 * math.sqrt(top * (1.0 - top) / (count - 1)):5.3f} %")
+    stats.update(mean_kld=kl, ppl=ppl, ppl_base=ppl_b)
+    return stats
+
+
+def _percentile(values, fraction: float) -> float:
+    """llama-perplexity's, in float: (1 - p) * v[i] + p * v[i + 1] at p = fraction * (n - 1)."""
+    import numpy as np
+    f32 = np.float32
+    if fraction <= 0:
+        return float(values[0])
+    if fraction >= 1:
+        return float(values[-1])
+    p = f32(fraction) * f32(len(values) - 1)
+    ip = int(p)
+    p = f32(p - f32(ip))
+    return float((f32(1) - p) * values[ip] + p * values[min(ip + 1, len(values) - 1)])
+
+
+def _median(values) -> float:
+    import numpy as np
+    n = len(values)
+    return float(values[n // 2] if n % 2 else np.float32(0.5) * (values[n // 2] + values[n // 2 - 1]))

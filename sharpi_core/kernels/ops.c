@@ -1505,6 +1505,99 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
     return bad ? 2 : 0;
 }
 
+/* ---- llama-perplexity's log-probabilities: --kl-divergence-base files and --kl-divergence -------------------
+ * Its code's arithmetic (tools/perplexity/perplexity.cpp, no FMA contraction in that build, as here): max and min
+ * as std::max / std::min, the exps of libm's expf summed in double in vocabulary order, log in double. */
+
+static inline int ppl_nearest_int(float fval) {
+    const float val = fval + 12582912.f;
+    int i;
+    memcpy(&i, &val, sizeof(int));
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* One row's log-probabilities as a --kl-divergence-base file keeps them: the floats scale and min_log_prob in
+ * log_prob[0..3], then each token's as a 16-bit step of scale above min_log_prob (0 for those 16 or more below the
+ * max); returns the token tok's negative log-likelihood (in float arithmetic, as that variant computes it). */
+double sharpi_ppl_logprobs(const float *logits, long n_vocab, int tok, uint16_t *log_prob) {
+    float max_logit = logits[0], min_logit = logits[0];
+    for (long i = 1; i < n_vocab; ++i) {
+        max_logit = max_logit < logits[i] ? logits[i] : max_logit;
+        min_logit = logits[i] < min_logit ? logits[i] : min_logit;
+    }
+    min_logit = min_logit < max_logit - 16 ? max_logit - 16 : min_logit;
+    double sum_exp = 0.0;
+    for (long i = 0; i < n_vocab; ++i) sum_exp += expf(logits[i] - max_logit);
+    const float log_sum_exp = (float)log(sum_exp);
+    const float min_log_prob = min_logit - max_logit - log_sum_exp;
+    const float scale = (max_logit - min_logit) / 65535.f;
+    memcpy(log_prob, &scale, sizeof(float));
+    memcpy(log_prob + 2, &min_log_prob, sizeof(float));
+    log_prob += 4;
+    if (scale) {
+        const float inv_scale = 1 / scale;
+        for (long i = 0; i < n_vocab; ++i)
+            log_prob[i] = (uint16_t)(logits[i] > min_logit ? ppl_nearest_int(inv_scale * (logits[i] - min_logit)) : 0);
+    } else {
+        memset(log_prob, 0, sizeof(uint16_t) * (size_t)n_vocab);
+    }
+    return max_logit + log_sum_exp - logits[tok];
+}
+
+/* One row against a base file's row (kl_divergence's log_softmax): acc[13] gains the row's terms in its order
+ * (sums of nll, nll^2, nll_base, nll_base^2, nll * nll_base, KLD, KLD^2, dp, dp^2, dp^4, then max |dp|, same top,
+ * count), out[2] = (KLD, dp) of the row. */
+void sharpi_kld_row(const float *logits, long n_vocab, const uint16_t *base_log_prob, int tok, double *acc, double *out) {
+    float max_logit = logits[0];
+    long imax = 0;
+    for (long i = 1; i < n_vocab; ++i)
+        if (logits[i] > max_logit) {
+            max_logit = logits[i];
+            imax = i;
+        }
+    double sum_exp = 0.0;
+    for (long i = 0; i < n_vocab; ++i) sum_exp += expf(logits[i] - max_logit);
+    const float log_sum_exp = (float)log(sum_exp);
+    float scale, min_log_prob;
+    memcpy(&scale, base_log_prob, sizeof(float));
+    memcpy(&min_log_prob, base_log_prob + 2, sizeof(float));
+    base_log_prob += 4;
+    const float nll = max_logit + log_sum_exp - logits[tok];
+    acc[0] += nll;
+    acc[1] += nll * nll;
+    const float nll_base = -(scale * base_log_prob[tok] + min_log_prob);
+    acc[2] += nll_base;
+    acc[3] += nll_base * nll_base;
+    acc[4] += nll * nll_base;
+    max_logit += log_sum_exp;
+    double sum = 0;
+    long imax_base = -1;
+    float p_log_base_max = 0;
+    for (long i = 0; i < n_vocab; ++i) {
+        const float p_log_base = scale * base_log_prob[i] + min_log_prob;
+        if (i == 0 || p_log_base > p_log_base_max) {
+            p_log_base_max = p_log_base;
+            imax_base = i;
+        }
+        if (p_log_base > -16.f) {
+            const float p_base = expf(p_log_base);
+            sum += p_base * (p_log_base - logits[i] + max_logit);
+        }
+    }
+    acc[5] += sum;
+    acc[6] += sum * sum;
+    acc[11] += imax == imax_base;
+    acc[12] += 1;
+    const float p_base = expf(-nll_base), p = expf(-nll), p_diff = p - p_base;
+    acc[7] += p_diff;
+    const double p_diff2 = p_diff * p_diff;
+    acc[8] += p_diff2;
+    acc[9] += p_diff2 * p_diff2;
+    acc[10] = acc[10] > fabsf(p_diff) ? acc[10] : fabsf(p_diff); /* std::max(max_p_diff, |dp|) in float */
+    out[0] = sum;
+    out[1] = p_diff;
+}
+
 #ifdef SHARPI_PYEXT
 /* attention(q, T, H, Hkv, D, Dv, k, kd, k_type, v, vd, v_type, start, window, scale, softcap, round_p_f16,
  * order, n_ctx, out, nthreads) for the _sharpi_qmatmul module (qmatmul.c lists it): pointers as Python
