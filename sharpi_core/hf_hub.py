@@ -138,6 +138,24 @@ def _request(url: str, token: str, extra: dict | None = None) -> urllib.request.
     return urllib.request.Request(url, headers=headers)
 
 
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Redirects followed without the token once they leave the host it was meant for (the hub sends its files
+    from a CDN's signed URLs)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+_opener = urllib.request.build_opener(_Redirects)
+
+
+def _open(req: urllib.request.Request, timeout: float):
+    return _opener.open(req, timeout=timeout)
+
+
 def _http_reason(e: urllib.error.HTTPError) -> str:
     try:
         msg = json.loads(e.read().decode("utf-8", "replace")).get("error", "")
@@ -154,7 +172,7 @@ def _get_json(url: str, token: str, pages: bool = False):
     out = []
     try:
         while url:
-            with urllib.request.urlopen(_request(url, token, {"Accept": "application/json"}), timeout=_TIMEOUT) as r:
+            with _open(_request(url, token, {"Accept": "application/json"}), timeout=_TIMEOUT) as r:
                 got = json.loads(r.read().decode("utf-8"))
                 if not pages:
                     return got
@@ -322,7 +340,7 @@ def _download(f: HubFile, dest: Path, token: str, progress: Progress | None) -> 
         have = tmp.stat().st_size if tmp.exists() else 0
         try:
             req = _request(f.url, token, {"Range": f"bytes={have}-"} if have else None)
-            with urllib.request.urlopen(req, timeout=_TIMEOUT) as r:
+            with _open(req, timeout=_TIMEOUT) as r:
                 if have and r.status != 206:  # the server sends it whole: start over
                     have = 0
                 length = int(r.headers.get("Content-Length") or 0)
@@ -436,7 +454,7 @@ def fetch_url(url: str, dest: str | None = None, token: str = "", offline: bool 
         try:
             req = _request(u, token)
             req.method = "HEAD"
-            with urllib.request.urlopen(req, timeout=_TIMEOUT) as r:
+            with _open(req, timeout=_TIMEOUT) as r:
                 etag, length = r.headers.get("ETag") or "", int(r.headers.get("Content-Length") or -1)
         except urllib.error.HTTPError as e:
             if path.is_file():

@@ -28,6 +28,7 @@ class Hub:
 
     def __init__(self, files: dict[str, bytes]):
         self.files, self.corrupt, self.cut, self.requests = dict(files), set(), set(), []
+        self.redirect = set()  # paths whose resolve URL redirects to another host (localhost), as the hub's CDN
         self.status: dict[str, int] = {}  # request path -> forced HTTP status
         hub = self
 
@@ -78,6 +79,11 @@ class Hub:
                     return self._send(200, json.dumps(items[2 * page:2 * page + 2]).encode(),
                                       {"Link": f'<{hub.url}{tree[1:]}&cursor={page + 1}>; rel="next"'} if more else {})
                 prefix = f"/{REPO}/resolve/{COMMIT}/"
+                if self.path.startswith(prefix) and self.path[len(prefix):] in hub.redirect:
+                    port = self.server.server_address[1]
+                    return self._send(302, b"", {"Location": f"http://localhost:{port}/cdn/{self.path[len(prefix):]}"})
+                if self.path.startswith("/cdn/"):
+                    prefix = "/cdn/"
                 if self.path.startswith(prefix) and self.path[len(prefix):] in hub.files:
                     p = self.path[len(prefix):]
                     body = hub.files[p]
@@ -272,6 +278,13 @@ def test_token(hub, env, monkeypatch):
     warned = []
     hf_hub.resolve(HubModel(REPO, token="secret"), warn=warned.append)
     assert "not a valid one" in warned[0] and hub.requests[-1][2].get("Authorization") is None
+    # a download the hub redirects to another host (its CDN): the token is not sent there
+    hub.files["cdn-Q5_K_M.gguf"] = b"GGUF from the cdn" * 30
+    hub.redirect.add("cdn-Q5_K_M.gguf")
+    assert hf_hub.resolve(HubModel(REPO, "Q5_K_M", token=token)).read_bytes() == hub.files["cdn-Q5_K_M.gguf"]
+    asked, served = hub.requests[-2:]
+    assert "/resolve/" in asked[1] and asked[2].get("Authorization") == f"Bearer {token}"
+    assert served[1] == "/cdn/cdn-Q5_K_M.gguf" and served[2].get("Authorization") is None
 
 
 @pytest.fixture(scope="module")
