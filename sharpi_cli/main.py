@@ -419,13 +419,20 @@ def models_list():
 
 
 @models_app.command("pull")
-def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharpi models list`)")]):
-    """Fetch a known model into ~/.cache/sharpi/models."""
+def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharpi models list`), or <user>/<model>"
+                                                    "[:quant] of the Hugging Face hub (as -hf)")],
+                hf_token: HfTokenOpt = None):
+    """Fetch a known model into ~/.cache/sharpi/models (or a hub model into the hub's cache); print its path."""
     from sharpi_core.registry import REGISTRY
 
     from . import runner
+    from sharpi_core.hf_hub import valid_repo
+    if name not in REGISTRY and valid_repo(name.split(":")[0]):
+        print(runner.resolve_with_progress(runner.hub_or_model(None, name, None, hf_token, False)))
+        return
     if name not in REGISTRY:  # -m takes paths too; pull fetches known models only
-        raise UsageError(f"unknown model '{name}' (known: {', '.join(REGISTRY)})")
+        raise UsageError(f"unknown model '{name}' (known: {', '.join(REGISTRY)}; or <user>/<model>[:quant] of the "
+                         "Hugging Face hub)")
     print(runner.resolve_with_progress(name))
 
 

@@ -82,12 +82,12 @@ def parse_spec(spec: str, flag: str = "-hf") -> tuple[str, str]:
     and `_`, with `.`, `-` and exactly one `/` only between them)."""
     parts = spec.split(":")
     repo, tag = parts[0], parts[-1] if len(parts) > 1 else ""
-    if not _valid_repo(repo):
+    if not valid_repo(repo):
         raise UsageError(f"invalid {flag} '{spec}': expected <user>/<model>[:quant]")
     return repo, tag
 
 
-def _valid_repo(repo: str) -> bool:
+def valid_repo(repo: str) -> bool:
     return (0 < len(repo) <= 256 and repo.count("/") == 1
             and re.fullmatch(r"[A-Za-z0-9_]+(?:[/.-][A-Za-z0-9_]+)*", repo) is not None)
 
@@ -395,7 +395,7 @@ def cached_models() -> list[str]:
         return out
     for d in sorted(root.glob("models--*")):
         repo = d.name[len("models--"):].replace("--", "/")
-        if not _valid_repo(repo):
+        if not valid_repo(repo):
             continue
         for f in cached_files(repo):
             prefix, index, _ = split_info(f.path)

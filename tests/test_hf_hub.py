@@ -307,6 +307,8 @@ def test_cli_runs_a_hub_model_as_its_file(smol_hub, env):
     smol_hub.stop()
     again = sharpi("-hf", REPO, "--offline", *args, env=e)  # no Q4_K_M or Q8_0 in it: the first model GGUF
     assert again.returncode == 0 and again.stdout == plain.stdout, again.stderr
+    pulled = sharpi("models", "pull", f"{REPO}:Q4_1", env=e)  # (the cached copy: the hub is gone)
+    assert pulled.returncode == 0 and pulled.stdout.strip().endswith("SmolLM2-135M-Instruct-Q4_1.gguf"), pulled.stderr
     spec = sharpi("-hf", REPO, "-hfd", REPO, "--offline", "--spec-draft-n-max", "3", *args, "--json", env=e)
     assert spec.returncode == 0, spec.stderr
     out = json.loads(spec.stdout)
