@@ -270,6 +270,14 @@ def pick(files: list[HubFile], tag: str, file: str = "") -> HubFile | None:
 
 def resolve(m: HubModel, progress: Progress | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """The local path of the model file `m` names, fetched into the hub cache if it is not there yet."""
+    try:
+        return _resolve(m, progress, warn)
+    except OSError as e:  # (the cache: not writable, not a folder, a full disk)
+        raise SharpiError(f"{m.repo}: cannot use the cache {cache_dir()}: {e.strerror or e}"
+                          + (f" ({e.filename})" if getattr(e, "filename", None) else "")) from None
+
+
+def _resolve(m: HubModel, progress: Progress | None, warn: Callable[[str], None] | None) -> Path:
     token = m.token or os.environ.get("HF_TOKEN", "")
     if token and not _valid_token(token):
         if warn:
@@ -437,6 +445,14 @@ def fetch_url(url: str, dest: str | None = None, token: str = "", offline: bool 
     url_cache_dir(), downloaded unless a copy is there whose ETag (kept in `<file>.etag`) the server still gives, as
     llama.cpp's downloader does; the copy is replaced only once a new download is complete (a file there without a
     .etag, which no -mu download wrote, is kept as it is)."""
+    try:
+        return _fetch_url(url, dest, token, offline, progress, warn)
+    except OSError as e:
+        raise SharpiError(f"-mu {url}: cannot write {e.filename or dest or url_cache_dir()}: {e.strerror or e}") from None
+
+
+def _fetch_url(url: str, dest: str | None, token: str, offline: bool, progress: Progress | None,
+               warn: Callable[[str], None] | None) -> Path:
     parts = url_parts(url)
     if dest is not None and len(parts) == 1:
         paths = [Path(dest).expanduser()]

@@ -250,9 +250,16 @@ def test_resume_retry_and_damage(hub, env, monkeypatch):
     assert not (blobs.parent / "snapshots" / COMMIT / "other-Q5_K_M.gguf").exists()
 
 
-def test_hub_errors(hub, env):
+def test_hub_errors(hub, env, monkeypatch, tmp_path):
     with pytest.raises(SharpiError, match="not found"):
         hf_hub.resolve(HubModel("tester/absent"))
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "a-file"))  # a cache that cannot be made: one error
+    with pytest.raises(SharpiError, match="cannot use the cache .*a-file: Not a directory"):
+        hf_hub.resolve(HubModel(REPO))
+    with pytest.raises(SharpiError, match="cannot write .*a-file"):
+        hf_hub.fetch_url(f"{hub.url}{REPO}/resolve/{COMMIT}/model-Q8_0.gguf")
+    monkeypatch.setenv("LLAMA_CACHE", str(env))
     hub.status[f"/api/models/{REPO}/refs"] = 401
     with pytest.raises(SharpiError, match="token"):
         hf_hub.resolve(HubModel(REPO))
