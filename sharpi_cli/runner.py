@@ -184,7 +184,8 @@ def log(msg: str) -> None:
 
 # -- validation (before anything is loaded) -------------------------------------------------
 def check_hub_flags(o: RunOptions) -> None:
-    """-hf / -hfd name a model on the Hugging Face hub: fetched (or found in its cache) when the model loads."""
+    """-hf / -hfd name a model on the Hugging Face hub, -mu one at a URL: fetched (or found in the cache) when the model
+    loads (HubModel / UrlModel in model and model_draft)."""
     from sharpi_core.hf_hub import HubModel, UrlModel, parse_spec
     if o.hf_file and not o.hf_repo:
         raise UsageError("-hff/--hf-file names a file of the -hf repository: give -hf too")
@@ -919,6 +920,8 @@ def _run(o: RunOptions) -> int:
         interactive = prompt is None
     if o.interactive:
         interactive, prompt = False, prompt or ""
+    if o.output_file and not (interactive or o.single_turn):
+        log(f"warning: -o {o.output_file}: a chat's transcript (-cnv, -st); this run is not a chat, nothing written")
     if prompt is None and not interactive:
         raise UsageError("no prompt: pass -p/--prompt, -f/--file, or pipe text on stdin"
                          + ("" if o.chat_template else " (this model has no chat template: -cnv chats in chatml, "

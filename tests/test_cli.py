@@ -1013,6 +1013,9 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     r = sharpi("-m", smol, "-st", "-p", "Say hi.", "--temp", 0, "-n", 6, "-o", out)
     assert r.returncode == 0 and out.read_text() == f"User:\nSay hi.\n\nAssistant:\n{r.stdout.strip()}\n\n"
     one_error_line(sharpi("-m", smol, "-st", "-p", "hi", "-o", tmp_path / "no" / "x.txt"), 2, "cannot be written")
+    r = sharpi("-m", smol, "-p", "hi", "-n", 2, "-o", tmp_path / "raw.txt")  # (one-shot raw text: no chat)
+    assert r.returncode == 0 and "this run is not a chat, nothing written" in r.stderr
+    assert not (tmp_path / "raw.txt").exists()
 
 
 def test_tokenize_stdin_count_and_raw_pieces(smol):
