@@ -436,6 +436,44 @@ def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharp
     print(runner.resolve_with_progress(name))
 
 
+def _options() -> dict[str, int]:
+    """Every option name of every command -> the values it takes (0 for a flag)."""
+    import typer.main
+    out: dict[str, int] = {}
+    todo = [typer.main.get_command(app)]
+    while todo:
+        cmd = todo.pop()
+        todo += list(getattr(cmd, "commands", {}).values())
+        for p in cmd.params:
+            if getattr(p, "param_type_name", None) == "option":  # (typer may carry its own click: no isinstance)
+                n = 0 if p.is_flag or p.count else p.nargs
+                for name in (*p.opts, *p.secondary_opts):
+                    out[name] = max(out.get(name, 0), n)
+    return out
+
+
+def unknown_option(argv: list[str]) -> str | None:
+    """The first token that looks like an option (-np, -cram, ...) and is none: click would take it for short flags
+    run together (-n p), as llama.cpp never does, and complain about another flag's value."""
+    opts = _options()
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if tok == "--":
+            return None
+        if not tok.startswith("-") or tok == "-" or re.fullmatch(r"-(\d+\.?\d*|\.\d+|inf|nan)", tok, re.I):
+            continue
+        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
+        if name not in opts:  # (--long and -x: click's own message names them, with suggestions)
+            if tok.startswith("--") or len(name) <= 2:
+                continue
+            return tok
+        if "=" not in tok:
+            i += opts[name]
+    return None
+
+
 def main() -> None:
     """Console entry point: user errors become one `error:` line and a non-zero exit, never a traceback."""
     if sys.stderr is None:  # started with stderr closed: nowhere to say anything
@@ -447,6 +485,9 @@ def main() -> None:
         from .chat import install_startup_handler
         install_startup_handler()  # Python's, remembering a Ctrl-C an import's callback swallows
     try:
+        bad = unknown_option(sys.argv[1:])
+        if bad is not None:
+            raise UsageError(f"No such option: {bad}")
         code = app(standalone_mode=False)  # a command's typer.Exit(code) comes back as the return value
         sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as e:

@@ -1031,3 +1031,13 @@ def test_tokenize_stdin_count_and_raw_pieces(smol):
     r = subprocess.run(SHARPI.split() + ["tokenize", "-m", str(smol), "-p", text], capture_output=True, timeout=300)
     assert r.returncode == 0 and r.stdout == b"".join(b"%6d -> '" % i + tok.token_bytes(i) + b"'\n" for i in ids)
     one_error_line(sharpi("tokenize", "-m", smol), 2, "one of --stdin, -f/--file or -p/--prompt")
+
+
+def test_unknown_short_options_are_named(smol):
+    """A llama.cpp flag sharpi lacks (-np, -cram, ...) is named as such, not read as short flags run together
+    (-n p) with a complaint about -n's value; option values that start with a dash are values."""
+    for flag in ("-np", "-cram", "-ctxcp"):
+        one_error_line(sharpi("-m", smol, flag, 4, "-p", "hi"), 2, f"No such option: {flag}")
+    r = sharpi("-m", smol, "-p", "-dash prompt", "-n", -1, "-n", 2, "--temp", 0, "-l", "15043-inf")
+    assert r.returncode == 0, r.stderr
+    one_error_line(sharpi("tokenize", "-m", smol, "-np", "-p", "x"), 2, "No such option: -np")
