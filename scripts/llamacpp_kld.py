@@ -6,7 +6,7 @@
 BIN_DIR holds llama-perplexity (the fixtures' build). For each case: the sha256 and size of the base file
 llama-perplexity writes from a text (the file itself is tens of MB: sharpi's must hash the same), and the lines
 of its KL-divergence report against that base for other settings (the chunk table and the statistics, from
-the line starting "chunk" on).
+the line starting "chunk" on); and its --ppl-output-type 1 lines (a line a chunk).
 """
 from __future__ import annotations
 
@@ -64,8 +64,12 @@ def main() -> None:
                                                                            "--kl-divergence-base", str(base),
                                                                            "--kl-divergence", *flags]))}
                     for flags in klds]
+            out = run(a.bin_dir, ["-m", path, "-f", str(TEXT.parent / text), "-c", str(n_ctx), "--chunks", str(chunks),
+                                  "--ppl-output-type", "1"])
+            type1 = [ln for ln in out.splitlines() if ln.startswith(" ") and len(ln.split()) == 4]
             cases.append({"model": model, "text": text, "n_ctx": n_ctx, "chunks": chunks, "base_size": len(data),
-                          "base_sha256": hashlib.sha256(data).hexdigest(), "kl_divergence": runs})
+                          "base_sha256": hashlib.sha256(data).hexdigest(), "kl_divergence": runs,
+                          "ppl_output_type_1": type1})
     a.out.write_text(json.dumps({"cases": cases}, indent=1, ensure_ascii=False) + "\n")
     print(f"{a.out}: {len(cases)} cases")
 

@@ -358,6 +358,8 @@ def perplexity(
                                                      "or read with --kl-divergence")] = None,
     kl_divergence: Annotated[bool, Opt("--kl-divergence", help="the KL divergence of this model's distributions "
                                        "from those of --kl-divergence-base (its text and context: no -f)")] = False,
+    ppl_output_type: Annotated[int, Opt("--ppl-output-type", help="0: [chunk]PPL, on one line; 1: a line a chunk "
+                                        "(position, PPL, mean and error of the log-likelihood), as llama-perplexity")] = 0,
     chunks: Annotated[int, Opt("--chunks", help="max chunks (-1 = all)")] = -1,
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k")] = "f16",
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
@@ -381,7 +383,7 @@ def perplexity(
                                  control_vector_scaled=control_vector_scaled,
                                  control_vector_layer_range=control_vector_layer_range)
     raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
-                                           adapters, kl_divergence_base, kl_divergence))
+                                           adapters, kl_divergence_base, kl_divergence, ppl_output_type))
 
 
 @app.command()

@@ -1345,7 +1345,8 @@ def print_report(target, res, o: RunOptions) -> None:
 
 # -- perplexity / tokenize ------------------------------------------------------------------
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
-                   adapters: RunOptions | None = None, kld_base: str | None = None, kld: bool = False) -> int:
+                   adapters: RunOptions | None = None, kld_base: str | None = None, kld: bool = False,
+                   output_type: int = 0) -> int:
     """adapters: the --lora* and --control-vector* flags (RunOptions' fields); kld_base: --kl-divergence-base's file,
     written (or read, kld: --kl-divergence)."""
     from sharpi_core.perplexity import chunk_count, kl_divergence, perplexity, read_base_header, save_logprobs
@@ -1362,6 +1363,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 3")
     if chunks == 0:
         raise UsageError("invalid --chunks 0: must be >= 1 (-1 = all)")
+    if output_type not in (0, 1):
+        raise UsageError(f"invalid --ppl-output-type {output_type}: 0 or 1")
     check_threads(threads)
     set_threads(threads)
     if kld:
@@ -1385,11 +1388,16 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     n_chunks = chunk_count(len(ids), ctx_size, chunks)
     log(f"perplexity: tokenized {len(ids)} tokens in {(time.perf_counter() - t0) * 1000:.0f} ms; "
         f"calculating over {n_chunks} chunks of {ctx_size}")
-    parts = []
+    n_seq = max(1, 2048 // ctx_size)  # (llama-perplexity's sequences a batch: its type-1 lines count by them)
 
-    def on_chunk(i, p):
-        parts.append(f"[{i + 1}]{p:.4f},")
-        print(parts[-1], end="", flush=True)
+    def on_chunk(i, nll, nll2, count):  # (the sums so far: llama-perplexity's lines of output type 0 or 1)
+        if output_type == 0:
+            print(f"[{i + 1}]{math.exp(nll / count):.4f},", end="", flush=True)
+            return
+        av = nll / count
+        av2 = nll2 / count - av * av
+        av2 = math.sqrt(av2 / (count - 1)) if av2 > 0 else av2
+        print(f"{i // n_seq * n_seq * ctx_size:8d}  {math.exp(av):.4f}  {av:4f}  {av2:4f}", flush=True)
 
     if kld_base is not None:  # (llama-perplexity's likelihoods in float arithmetic, the file written)
         r = save_logprobs(m.model, ids, ctx_size, chunks, kld_base, bos, ctk, ctv, on_chunk=on_chunk)

@@ -36,7 +36,7 @@ def chunk_count(n_tokens: int, n_ctx: int, n_chunks: int = -1) -> int:
 
 def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id: int | None = None,
                type_k: str = "f16", type_v: str = "f16",
-               on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
+               on_chunk: Callable[[int, float, float, int], None] | None = None) -> PerplexityResult:
     n = chunk_count(len(tokens), n_ctx, n_chunks)
     first = n_ctx // 2
     cache = model.new_cache(n_ctx, type_k, type_v)
@@ -57,7 +57,7 @@ def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id:
         count += tok_nll.numel()
         chunk_ppl.append(math.exp(nll / count))
         if on_chunk:
-            on_chunk(i, chunk_ppl[-1])
+            on_chunk(i, nll, nll2, count)
     mean = nll / count
     var = nll2 / count - mean * mean
     ppl = math.exp(mean)
@@ -108,7 +108,7 @@ def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, typ
 
 def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str, bos_id: int | None = None,
                   type_k: str = "f16", type_v: str = "f16",
-                  on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
+                  on_chunk: Callable[[int, float, float, int], None] | None = None) -> PerplexityResult:
     """Perplexity as llama-perplexity computes it with --kl-divergence-base (each row's log-likelihood in float
     arithmetic), the scored rows' log-probabilities written to path (through a temporary file: a run that fails
     leaves what was there)."""
@@ -137,7 +137,7 @@ def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str
                 count += rows.shape[0]
                 chunk_ppl.append(math.exp(nll / count))
                 if on_chunk:
-                    on_chunk(i, chunk_ppl[-1])
+                    on_chunk(i, nll, nll2, count)
         os.replace(tmp, path)
     except OSError as e:
         raise SharpiError(f"cannot write {path}: {e.strerror or e}") from None

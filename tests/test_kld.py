@@ -55,3 +55,13 @@ def test_kl_divergence_errors(base, tmp_path):
                    1, "cannot read")
     one_error_line(sharpi("perplexity", "-m", model_path("gemma3-270m-q4_k_m"), "--kl-divergence-base", path,
                           "--kl-divergence"), 1, "made with a vocabulary of 49152 tokens")
+
+
+def test_ppl_output_type_1_is_llama_perplexity_s():
+    c = ORACLE[0]
+    r = sharpi("perplexity", "-m", model_path(c["model"]), "-f", FIXTURES_DIR / c["text"], "-c", c["n_ctx"],
+               "--chunks", c["chunks"], "--ppl-output-type", 1)
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith(" ")] == c["ppl_output_type_1"]
+    one_error_line(sharpi("perplexity", "-m", model_path(c["model"]), "-f", FIXTURES_DIR / c["text"],
+                          "--ppl-output-type", 2), 2, "invalid --ppl-output-type 2")
