@@ -346,7 +346,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         elif res.stop_reason == "ctx_full":
             log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
         # (with -sp the shown text has the control tokens; the conversation keeps the reply's own text)
-        messages = [*turn, {"role": "assistant", "content": tok.decode(res.tokens, skip_special=True) if o.special else res.text}]
+        messages = [*turn, {"role": "assistant", "content": reply_text(tok, res, o.special)}]
         if out:
             out.write(transcript_reply(messages[-1]["content"], tags, text))
         if o.show_timings:  # llama-cli's line after each reply
@@ -364,6 +364,11 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     if last is not None:
         print_report(target, last, o)
     return 0
+
+
+def reply_text(tok, res, special: bool) -> str:
+    """A reply as the conversation keeps it: without control tokens, which -sp shows in res.text."""
+    return tok.decode(res.tokens, skip_special=True) if special else res.text
 
 
 def open_transcript(o):

@@ -194,7 +194,7 @@ def check_hub_flags(o: RunOptions) -> None:
             raise UsageError("-mu and -hf both name the model: give one")
         if not o.model_url.startswith(("http://", "https://")):
             raise UsageError(f"invalid -mu/--model-url '{o.model_url}': expected an http:// or https:// URL")
-        o.model = UrlModel(o.model_url, o.model, o.hf_token or os.environ.get("HF_TOKEN", ""), o.offline)
+        o.model = UrlModel(o.model_url, o.model, o.hf_token or "", o.offline)
     for flag, spec, other, attr, file in (("-hf", o.hf_repo, "-m", "model", o.hf_file),
                                           ("-hfd", o.hf_repo_draft, "-md", "model_draft", "")):
         if spec is None:
@@ -1080,11 +1080,10 @@ def _run(o: RunOptions) -> int:
             if view is not None:
                 view.close()
     if o.single_turn and o.output_file:  # -o: the turn as llama-cli's transcript has it
-        from .chat import open_transcript, reply_tags, transcript_reply
+        from .chat import open_transcript, reply_tags, reply_text, transcript_reply
         with open_transcript(o) as t:
             t.write(f"User:\n{prompt}\n\n")
-            t.write(transcript_reply(tok.decode(res.tokens, skip_special=True) if o.special else res.text,
-                                     reply_tags(o, tok), text))
+            t.write(transcript_reply(reply_text(tok, res, o.special), reply_tags(o, tok), text))
     if o.json_out:
         d = result_json(res, target, seed)
         d.update(reasoning_fields(o, tok, ids, res.text))
@@ -1373,7 +1372,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     check_threads(threads)
     set_threads(threads)
     if kld:
-        n_ctx_base, n_vocab_base = read_base_header(kld_base)[:2]  # (refused before the model loads)
+        read_base_header(kld_base)  # (a file that is none is refused before the model loads)
     else:
         text = read_text(file)
     o = adapters or RunOptions(model=model)
@@ -1382,11 +1381,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     apply_adapters(o, m.model)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
     if kld:
-        if n_vocab_base != m.tokenizer.n_vocab:
-            raise SharpiError(f"{kld_base}: made with a vocabulary of {n_vocab_base} tokens, this model has "
-                              f"{m.tokenizer.n_vocab}")
-        log(f"kl_divergence: {kld_base}, chunks of {n_ctx_base} tokens")
-        kl_divergence(m.model, kld_base, bos, ctk, ctv)
+        kl_divergence(m.model, kld_base, bos, ctk, ctv, info=log)
         return 0
     t0 = time.perf_counter()
     ids = m.tokenizer.encode(text, add_special=True, parse_special=False)

@@ -34,7 +34,8 @@ from typing import Callable
 from .errors import SharpiError, UsageError
 
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
-_NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")  # other GGUFs a model repo ships
+_HEADS = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")  # projectors and draft heads a model repo ships
+_NOT_MODELS = _HEADS + ("imatrix",)  # (not a model to run; --cache-list leaves out only the heads, as llama.cpp)
 _SPLIT_RE = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.I)
 _TIMEOUT = 30.0  # seconds a connection may stay silent
 _ATTEMPTS = 3
@@ -410,7 +411,7 @@ def cached_models() -> list[str]:
             tag = re.search(r"[-.]([A-Za-z0-9_]+)$", prefix)
             name = prefix.rsplit("/", 1)[-1]
             if (index != 1 or not tag or not f.path.endswith(".gguf")
-                    or any(w in name for w in ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-"))):
+                    or any(w in name for w in _HEADS)):
                 continue
             key = f"{repo}:{tag.group(1).upper()}"
             if key not in out:
@@ -428,9 +429,14 @@ def url_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "llama.cpp"
 
 
+def _url_path(url: str) -> str:
+    """url without its query and fragment."""
+    return url.split("#")[0].split("?")[0]
+
+
 def url_parts(url: str) -> list[str]:
     """The URLs of every part of a split model from its first part's (`...-00001-of-0000N.gguf`), else [url]."""
-    base = url.split("#")[0].split("?")[0]
+    base = _url_path(url)
     prefix, index, count = split_info(base)
     if count <= 1:
         return [url]
@@ -442,11 +448,11 @@ def url_parts(url: str) -> list[str]:
 def fetch_url(url: str, dest: str | None = None, token: str = "", offline: bool = False,
               progress: Progress | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """-mu: the GGUF at url (and the other parts of a split one) at dest (-m's path; its folder for the parts) or in
-    url_cache_dir(), downloaded unless a copy is there whose ETag (kept in `<file>.etag`) the server still gives, as
-    llama.cpp's downloader does; the copy is replaced only once a new download is complete (a file there without a
-    .etag, which no -mu download wrote, is kept as it is)."""
+    url_cache_dir() (with the token given, else $HF_TOKEN), downloaded unless a copy is there whose ETag (kept in
+    `<file>.etag`) the server still gives, as llama.cpp's downloader does; the copy is replaced only once a new
+    download is complete (a file there without a .etag, which no -mu download wrote, is kept as it is)."""
     try:
-        return _fetch_url(url, dest, token, offline, progress, warn)
+        return _fetch_url(url, dest, token or os.environ.get("HF_TOKEN", ""), offline, progress, warn)
     except OSError as e:
         raise SharpiError(f"-mu {url}: cannot write {e.filename or dest or url_cache_dir()}: {e.strerror or e}") from None
 
@@ -458,7 +464,7 @@ def _fetch_url(url: str, dest: str | None, token: str, offline: bool, progress: 
         paths = [Path(dest).expanduser()]
     else:
         folder = Path(dest).expanduser().parent if dest is not None else url_cache_dir()
-        paths = [folder / p.split("#")[0].split("?")[0].rsplit("/", 1)[-1] for p in parts]
+        paths = [folder / _url_path(p).rsplit("/", 1)[-1] for p in parts]
     for u, path in zip(parts, paths):
         if not path.name:
             raise UsageError(f"-mu {url}: the URL names no file")
@@ -472,18 +478,14 @@ def _fetch_url(url: str, dest: str | None, token: str, offline: bool, progress: 
             req.method = "HEAD"
             with _open(req, timeout=_TIMEOUT) as r:
                 etag, length = r.headers.get("ETag") or "", int(r.headers.get("Content-Length") or -1)
-        except urllib.error.HTTPError as e:
-            if path.is_file():
-                if warn:
-                    warn(f"{u}: {_http_reason(e)}: using {path}")
-                continue
-            raise SharpiError(f"cannot download {u}: {_http_reason(e)}") from None
-        except (urllib.error.URLError, OSError) as e:
-            if path.is_file():
-                if warn:
-                    warn(f"cannot reach {u} ({getattr(e, 'reason', e)}): using {path}")
-                continue
-            raise SharpiError(f"cannot download {u}: {getattr(e, 'reason', e)}") from None
+        except (urllib.error.URLError, OSError) as e:  # (HTTPError is one: an answer; the others none)
+            answer = _http_reason(e) if isinstance(e, urllib.error.HTTPError) else None
+            if not path.is_file():
+                raise SharpiError(f"cannot download {u}: {answer or getattr(e, 'reason', e)}") from None
+            if warn:
+                warn(f"{u}: {answer}: using {path}" if answer else
+                     f"cannot reach {u} ({getattr(e, 'reason', e)}): using {path}")
+            continue
         # (a file there that no -mu download wrote, without its .etag, is the user's: used as it is, never replaced)
         if path.is_file() and (not etag or not etag_file.is_file() or etag_file.read_text().strip() == etag):
             continue

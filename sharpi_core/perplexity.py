@@ -39,17 +39,11 @@ def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id:
                on_chunk: Callable[[int, float, float, int], None] | None = None) -> PerplexityResult:
     n = chunk_count(len(tokens), n_ctx, n_chunks)
     first = n_ctx // 2
-    cache = model.new_cache(n_ctx, type_k, type_v)
     nll = nll2 = 0.0
     count = 0
     chunk_ppl = []
-    for i in range(n):
-        chunk = list(tokens[i * n_ctx:(i + 1) * n_ctx])
-        if bos_id is not None:
-            chunk[0] = bos_id
-        cache.truncate(0)
-        logits = model.forward(torch.tensor(chunk), 0, cache)  # [n_ctx, V]
-        lp = torch.log_softmax(logits[first:n_ctx - 1].double(), dim=-1)
+    for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n, bos_id, type_k, type_v):
+        lp = torch.log_softmax(rows.double(), dim=-1)
         tgt = torch.tensor(chunk[first + 1:n_ctx])
         tok_nll = -lp.gather(1, tgt[:, None])[:, 0]
         nll += float(tok_nll.sum())
@@ -58,11 +52,31 @@ def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id:
         chunk_ppl.append(math.exp(nll / count))
         if on_chunk:
             on_chunk(i, nll, nll2, count)
+    return _result(nll, nll2, count, n, chunk_ppl)
+
+
+def _result(nll: float, nll2: float, count: int, n_chunks: int, chunk_ppl: list[float]) -> PerplexityResult:
+    """llama-perplexity's final estimate from the sums of the scored rows' negative log-likelihoods."""
     mean = nll / count
     var = nll2 / count - mean * mean
     ppl = math.exp(mean)
     err = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else 0.0
-    return PerplexityResult(ppl, err, n, count, chunk_ppl)
+    return PerplexityResult(ppl, err, n_chunks, count, chunk_ppl)
+
+
+def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v):
+    """(chunk index, its tokens, the logits of its scored rows [n_ctx - 1 - first, V] fp32) for each chunk, each
+    evaluated in a fresh context with its first token replaced by BOS where the model adds BOS."""
+    first = n_ctx // 2
+    cache = model.new_cache(n_ctx, type_k, type_v)
+    for i in range(n_chunks):
+        chunk = [int(t) for t in tokens[i * n_ctx:(i + 1) * n_ctx]]
+        sent = list(chunk)
+        if bos_id is not None:
+            sent[0] = bos_id
+        cache.truncate(0)
+        logits = model.forward(torch.tensor(sent), 0, cache)  # [n_ctx, V]
+        yield i, chunk, logits[first:n_ctx - 1].float().contiguous()
 
 
 # ---- llama-perplexity's --kl-divergence-base files and --kl-divergence -------------------------------------------
@@ -90,20 +104,6 @@ def _ppl_lib():
                                    ctypes.c_void_p]
     lib.sharpi_kld_row.restype = None
     return lib
-
-
-def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v):
-    """(chunk index, its tokens, the logits of its scored rows [n_ctx - 1 - first, V] fp32) for each chunk."""
-    first = n_ctx // 2
-    cache = model.new_cache(n_ctx, type_k, type_v)
-    for i in range(n_chunks):
-        chunk = [int(t) for t in tokens[i * n_ctx:(i + 1) * n_ctx]]
-        sent = list(chunk)
-        if bos_id is not None:
-            sent[0] = bos_id
-        cache.truncate(0)
-        logits = model.forward(torch.tensor(sent), 0, cache)  # [n_ctx, V]
-        yield i, chunk, logits[first:n_ctx - 1].float().contiguous()
 
 
 def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str, bos_id: int | None = None,
@@ -144,11 +144,7 @@ def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    mean = nll / count
-    var = nll2 / count - mean * mean
-    ppl = math.exp(mean)
-    err = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else 0.0
-    return PerplexityResult(ppl, err, n, count, chunk_ppl)
+    return _result(nll, nll2, count, n, chunk_ppl)
 
 
 def read_base_header(path: str):
@@ -187,12 +183,17 @@ def _cov(a: float, b: float, ab: float, count: int) -> float:
 
 
 def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f16", type_v: str = "f16",
-                  out: Callable[[str], None] = print) -> dict:
+                  out: Callable[[str], None] = print, info: Callable[[str], None] | None = None) -> dict:
     """llama-perplexity --kl-divergence: the base file's chunks evaluated again by this model, each scored row's
-    distribution against the base's; llama-perplexity's table (a line a chunk) and statistics, through out."""
+    distribution against the base's; llama-perplexity's table (a line a chunk) and statistics, through out (info:
+    what is computed, once the file is found to fit the model)."""
     import numpy as np
     lib = _ppl_lib()
     n_ctx, n_vocab, n_chunk, tokens, off = read_base_header(path)
+    if n_vocab != model.config.n_vocab:
+        raise SharpiError(f"{path}: made with a vocabulary of {n_vocab} tokens, this model has {model.config.n_vocab}")
+    if info:
+        info(f"kl_divergence: {path}, chunks of {n_ctx} tokens")
     first = n_ctx // 2
     nrow, nv = n_ctx - 1 - first, _row_width(n_vocab)
     acc = np.zeros(13, dtype=np.float64)
@@ -203,8 +204,6 @@ def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f1
     out("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS"
         "            Same top p")
     for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n_chunk, bos_id, type_k, type_v):
-        if rows.shape[1] != n_vocab:
-            raise SharpiError(f"{path}: made with a vocabulary of {n_vocab} tokens, this model has {rows.shape[1]}")
         b = np.ascontiguousarray(base[i])
         for r in range(nrow):
             lib.sharpi_kld_row(rows[r].data_ptr(), n_vocab, b[r].ctypes.data, chunk[first + 1 + r], acc.ctypes.data,
@@ -248,13 +247,12 @@ def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f1
     out("====== KL divergence statistics ======")
     kl, kl_unc = _mean_unc(acc[5], acc[6], count)
     out(f"Mean    KLD: {kl:10.6f} ± {kl_unc:10.6f}")
-    pct = lambda v, f: _percentile(v, f)  # noqa: E731
     out(f"Maximum KLD: {kld_values[-1]:10.6f}")
     for f, name in ((0.999, "99.9%"), (0.990, "99.0%"), (0.950, "95.0%"), (0.900, "90.0%")):
-        out(f"{name}   KLD: {pct(kld_values, f):10.6f}")
+        out(f"{name}   KLD: {_percentile(kld_values, f):10.6f}")
     out(f"Median  KLD: {_median(kld_values):10.6f}")
     for f, name in ((0.100, "10.0%"), (0.050, " 5.0%"), (0.010, " 1.0%"), (0.001, " 0.1%")):
-        out(f"{name}   KLD: {pct(kld_values, f):10.6f}")
+        out(f"{name}   KLD: {_percentile(kld_values, f):10.6f}")
     out(f"Minimum KLD: {kld_values[0]:10.6f}")
     out("")
     out("====== Token probability statistics ======")
@@ -262,10 +260,10 @@ def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f1
     out(f"Mean    Δp: {100.0 * dp:6.3f} ± {100.0 * dp_unc:5.3f} %")
     out(f"Maximum Δp: {100.0 * float(p_diff_values[-1]):6.3f}%")
     for f, name in ((0.999, "99.9%"), (0.990, "99.0%"), (0.950, "95.0%"), (0.900, "90.0%"), (0.750, "75.0%")):
-        out(f"{name}   Δp: {100.0 * pct(p_diff_values, f):6.3f}%")
+        out(f"{name}   Δp: {100.0 * _percentile(p_diff_values, f):6.3f}%")
     out(f"Median  Δp: {100.0 * _median(p_diff_values):6.3f}%")
     for f, name in ((0.250, "25.0%"), (0.100, "10.0%"), (0.050, " 5.0%"), (0.010, " 1.0%"), (0.001, " 0.1%")):
-        out(f"{name}   Δp: {100.0 * pct(p_diff_values, f):6.3f}%")
+        out(f"{name}   Δp: {100.0 * _percentile(p_diff_values, f):6.3f}%")
     out(f"Minimum Δp: {100.0 * float(p_diff_values[0]):6.3f}%")
     mse, mse_unc = _mean_unc(acc[8], acc[9], count)
     rms = math.sqrt(mse)
