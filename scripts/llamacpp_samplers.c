@@ -47,11 +47,11 @@ int main(int argc, char **argv) {
     while (scanf(" S %d", &ns) == 1) {
         for (int i = 0; i < ns; i++)
             if (scanf(" %31s", names[i]) != 1) return 3;
-        int top_k, last_n, dry_allowed, dry_last_n;
+        int top_k, last_n, dry_allowed, dry_last_n, min_keep;
         float top_p, min_p, typ_p, nsigma, xtc_p, xtc_t, temp, dyn_range, dyn_exp, rep, freq, pres, dry_mult, dry_base;
-        if (scanf(" P %d %a %a %a %a %a %a %a %a %a %d %a %a %a %a %a %d %d", &top_k, &top_p, &min_p, &typ_p, &nsigma,
+        if (scanf(" P %d %a %a %a %a %a %a %a %a %a %d %a %a %a %a %a %d %d %d", &top_k, &top_p, &min_p, &typ_p, &nsigma,
                   &xtc_p, &xtc_t, &temp, &dyn_range, &dyn_exp, &last_n, &rep, &freq, &pres, &dry_mult, &dry_base,
-                  &dry_allowed, &dry_last_n) != 18)
+                  &dry_allowed, &dry_last_n, &min_keep) != 19)
             return 4;
         int nb;
         if (scanf(" B %d", &nb) != 1) return 5;
@@ -90,10 +90,10 @@ int main(int argc, char **argv) {
                 smp = llama_sampler_init_dry(vocab, dry_mult, dry_base, dry_allowed, dry_last_n, (const char **)breakers, (size_t)nb);
             else if (!strcmp(s, "top_n_sigma")) smp = llama_sampler_init_top_n_sigma(nsigma);
             else if (!strcmp(s, "top_k")) smp = llama_sampler_init_top_k(top_k);
-            else if (!strcmp(s, "typ_p")) smp = llama_sampler_init_typical(typ_p, 0);
-            else if (!strcmp(s, "top_p")) smp = llama_sampler_init_top_p(top_p, 0);
-            else if (!strcmp(s, "min_p")) smp = llama_sampler_init_min_p(min_p, 0);
-            else if (!strcmp(s, "xtc")) smp = llama_sampler_init_xtc(xtc_p, xtc_t, 0, 1234);
+            else if (!strcmp(s, "typ_p")) smp = llama_sampler_init_typical(typ_p, (size_t)min_keep);
+            else if (!strcmp(s, "top_p")) smp = llama_sampler_init_top_p(top_p, (size_t)min_keep);
+            else if (!strcmp(s, "min_p")) smp = llama_sampler_init_min_p(min_p, (size_t)min_keep);
+            else if (!strcmp(s, "xtc")) smp = llama_sampler_init_xtc(xtc_p, xtc_t, (size_t)min_keep, 1234);
             else if (!strcmp(s, "temperature")) smp = llama_sampler_init_temp_ext(temp, dyn_range, dyn_exp);
             else if (!strcmp(s, "mirostat")) smp = llama_sampler_init_mirostat(nv, 1234, tau, eta, 100);
             else if (!strcmp(s, "mirostat_v2")) smp = llama_sampler_init_mirostat_v2(1234, tau, eta);

@@ -29,7 +29,7 @@ BASE = dict(top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, top_n_sigma=-1.0, x
             repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, dry_multiplier=0.0, dry_base=1.75,
             dry_allowed_length=2, dry_penalty_last_n=64, dry_sequence_breakers=["\n", ":", "\"", "*"],
             samplers=DEFAULT, logit_bias=[], history_text="", scale=0.8, mirostat_tau=5.0, mirostat_eta=0.1,
-            adaptive_target=-1.0, adaptive_decay=0.9, rows=1)
+            adaptive_target=-1.0, adaptive_decay=0.9, min_keep=0, rows=1)
 SMOL, GEMMA, QWEN = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"
 STORY = ("The cat sat on the mat. The cat sat on the mat.\nThe dog: \"sat on the mat\" * the cat sat on the "
          "rug. The cat sat on the mat. The cat sat on the")
@@ -117,6 +117,23 @@ CASES = [
     ("typical 0.5 at temp 0", SMOL, dict(typical_p=0.5, temp=0.0, scale=1.0)),
     ("typical 0.3 alone at temp 0", SMOL, dict(typical_p=0.3, temp=0.0, samplers=["typ_p", "temperature"], scale=1.5)),
     ("xtc cut at temp 0", SMOL, dict(xtc_probability=1.0, xtc_threshold=0.05, temp=0.0, scale=1.0)),
+    # --min-keep: top-p, min-p, typical and XTC keep at least that many candidates (top-k and top-n-sigma do not)
+    ("min-keep 60 over top-k 40, default chain", SMOL, dict(min_keep=60, scale=0.5)),
+    ("min-keep 30, top-p and min-p", SMOL, dict(min_keep=30, top_k=100, scale=1.0)),
+    ("min-keep 200, no top-k", SMOL, dict(min_keep=200, top_k=0, scale=0.6)),
+    ("min-keep 2000, no top-k, top-p widens", SMOL, dict(min_keep=2000, top_k=0, top_p=0.5, scale=0.5)),
+    ("min-keep 25, min-p alone", SMOL, dict(min_keep=25, top_k=0, top_p=1.0, min_p=0.3, scale=0.6)),
+    ("min-keep 25, min-p before top-k", SMOL, dict(min_keep=25, min_p=0.3, samplers=["min_p", "top_k", "temperature"],
+                                                  scale=0.6)),
+    ("min-keep 12, typical", SMOL, dict(min_keep=12, typical_p=0.3, top_k=0, top_p=1.0, min_p=0.0, scale=2.0)),
+    ("min-keep 6, typical after top-k", SMOL, dict(min_keep=6, typical_p=0.2, scale=1.5)),
+    ("min-keep 1, typical", SMOL, dict(min_keep=1, typical_p=0.2, top_k=0, top_p=1.0, min_p=0.0, scale=2.0)),
+    ("min-keep 10, xtc's cut refused", SMOL, dict(min_keep=10, xtc_probability=1.0, xtc_threshold=0.02, top_k=12,
+                                                  top_p=1.0, min_p=0.0, scale=1.0)),
+    ("min-keep 10, xtc's cut kept", SMOL, dict(min_keep=10, xtc_probability=1.0, xtc_threshold=0.02, top_k=40,
+                                               top_p=1.0, min_p=0.0, scale=1.0)),
+    ("min-keep 50, top-n-sigma masks first", SMOL, dict(min_keep=50, top_n_sigma=1.0, top_k=0, scale=1.0)),
+    ("qwen: min-keep 300, no top-k", QWEN, dict(min_keep=300, top_k=0, top_p=0.7, scale=1.0)),
 ]
 
 
@@ -169,12 +186,12 @@ def main() -> None:
             xs = [synthetic_logits(seed + 1000 * r, tok.n_vocab, c["scale"]) for r in range(c["rows"])]
             x = xs[0]
             lines = [f"S {len(c['samplers'])} {' '.join(c['samplers'])}",
-                     "P %d %s %s %s %s %s %s %s %s %s %d %s %s %s %s %s %d %d" % (
+                     "P %d %s %s %s %s %s %s %s %s %s %d %s %s %s %s %s %d %d %d" % (
                          c["top_k"], _hex(c["top_p"]), _hex(c["min_p"]), _hex(c["typical_p"]), _hex(c["top_n_sigma"]),
                          _hex(c["xtc_probability"]), _hex(c["xtc_threshold"]), _hex(c["temp"]), _hex(c["dynatemp_range"]),
                          _hex(c["dynatemp_exponent"]), c["repeat_last_n"], _hex(c["repeat_penalty"]),
                          _hex(c["frequency_penalty"]), _hex(c["presence_penalty"]), _hex(c["dry_multiplier"]),
-                         _hex(c["dry_base"]), c["dry_allowed_length"], c["dry_penalty_last_n"]),
+                         _hex(c["dry_base"]), c["dry_allowed_length"], c["dry_penalty_last_n"], c["min_keep"]),
                      f"B {len(c['dry_sequence_breakers'])}"] + [s.encode().hex() for s in c["dry_sequence_breakers"]]
             lines += [f"A {len(bias)} " + " ".join(f"{t} {_hex(b)}" for t, b in bias),
                       f"M {_hex(c['mirostat_tau'])} {_hex(c['mirostat_eta'])}",

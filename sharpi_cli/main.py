@@ -121,6 +121,7 @@ def run(
     top_k: Annotated[int, Opt("--top-k", help="top-k (0 = off)")] = 40,
     top_p: Annotated[float, Opt("--top-p", help="top-p, in (0, 1] (1 = off)")] = 0.95,
     min_p: Annotated[float, Opt("--min-p", help="min-p, in [0, 1] (0 = off)")] = 0.05,
+    min_keep: Annotated[int, Opt("--min-keep", help="top-p, min-p, typical and XTC keep at least N candidates (0 = off)")] = 0,
     repeat_penalty: Annotated[float, Opt("--repeat-penalty", help="repeat penalty (1 = off)")] = 1.0,
     repeat_last_n: Annotated[int, Opt("--repeat-last-n", help="tokens the penalties look back over (0 = off, -1 = context)")] = 64,
     presence_penalty: Annotated[float, Opt("--presence-penalty")] = 0.0,

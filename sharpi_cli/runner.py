@@ -42,6 +42,7 @@ class RunOptions:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    min_keep: int = 0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
@@ -307,6 +308,8 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid --top-p {o.top_p}: must be in (0, 1]")
     if not 0 <= o.min_p <= 1:
         raise UsageError(f"invalid --min-p {o.min_p}: must be in [0, 1]")
+    if o.min_keep < 0:
+        raise UsageError(f"invalid --min-keep {o.min_keep}: must be >= 0 (0 = off)")
     o.top_k = max(o.top_k, 0)  # (llama.cpp's top-k sampler does nothing for k <= 0)
     if o.repeat_penalty <= 0:
         raise UsageError(f"invalid --repeat-penalty {o.repeat_penalty}: must be > 0 (1 = off)")
@@ -477,6 +480,7 @@ def check_samplers(o: RunOptions) -> None:
                                   ("--frequency-penalty", o.frequency_penalty != 0), ("--dry-multiplier", o.dry_multiplier != 0),
                                   ("--top-nsigma", o.top_n_sigma > 0), ("--typical", o.typical_p < 1),
                                   ("--xtc-probability", o.xtc_probability > 0), ("--dynatemp-range", o.dynatemp_range > 0),
+                                  ("--min-keep", o.min_keep > 0),
                                   ("adaptive_p", "adaptive_p" in o.samplers))
                   if on]
         if unused:
@@ -946,7 +950,7 @@ def _run(o: RunOptions) -> int:
                              + (" (--ignore-eos bans it)" if o.ignore_eos and tid in tok.eog_ids else ""))
     # -1, and llama.cpp's LLAMA_DEFAULT_SEED (0xFFFFFFFF, what -1 becomes there), mean a random seed
     seed = o.seed if 0 <= o.seed < 2**32 - 1 else random.SystemRandom().randrange(2**31)
-    params = SamplingParams(temp=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
+    params = SamplingParams(temp=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, min_keep=o.min_keep,
                             repeat_penalty=o.repeat_penalty,
                             repeat_last_n=n_ctx if o.repeat_last_n == -1 else o.repeat_last_n,
                             presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,

@@ -33,7 +33,8 @@ Semantics, each as llama.cpp's src/llama-sampler.cpp:
   logits left: greedy, an exact argmax of the biased/penalized logits, when only top-k/p, min-p and
   top-n-sigma (which always keep the argmax) come before it; after typical or XTC, which may not,
   the law of that one survivor (XTC: a mixture of two), as llama.cpp's chain draws it;
-- at least one candidate is always kept (min_keep).
+- at least one candidate is always kept; `min_keep` (`--min-keep`, 0 = off) makes top-p, min-p, typical
+  and XTC keep at least that many (top-k and top-n-sigma ignore it, as in llama.cpp).
 
 `filtered_probs` returns the final distribution itself ([V] or batched [T, V], zeros outside the
 kept candidates), because speculative sampling needs the target's p and the draft's q after the
@@ -83,6 +84,7 @@ class SamplingParams:
     mirostat_eta: float = 0.1
     adaptive_target: float = -1.0  # adaptive-p (with "adaptive_p" in samplers): < 0 = off
     adaptive_decay: float = 0.9
+    min_keep: int = 0  # top-p, min-p, typical and XTC keep at least this many candidates (llama.cpp's min_keep)
 
     @property
     def greedy(self) -> bool:
@@ -329,12 +331,14 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
         lse = _logsumexp(x)
         for m in (256, 4096, 32768, V):
             idx = _topk_sorted(x, min(m, V))
-            if m >= V or _nucleus(x[idx], lse, params.top_p) is not None:
+            if m >= V or (m >= params.min_keep and _nucleus(x[idx], lse, params.top_p) is not None):
                 break
         vals = x[idx]
     elif use_min_p:
         thr = np.float32(x.max()) + np.float32(math.log(params.min_p))
         idx = np.flatnonzero(x >= thr)
+        if idx.shape[0] < params.min_keep:
+            idx = _topk_sorted(x, params.min_keep)
         idx = _desc(idx, x[idx])
         vals = x[idx]
         lse = 0.0
@@ -345,10 +349,10 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
     if use_p and n > 1:
         m = _nucleus(vals, lse, params.top_p)
         if m is not None:
-            n = m
+            n = max(m, min(params.min_keep, n))  # the first prefix that reaches top_p and min_keep
     if use_min_p and n > 1:
         thr = vals[0] + np.float32(math.log(params.min_p))
-        n = max(1, min(n, int(np.count_nonzero(vals[:n] >= thr))))  # sorted: a prefix
+        n = max(1, min(n, max(params.min_keep, int(np.count_nonzero(vals[:n] >= thr)))))  # sorted: a prefix
     idx, vals = _cut(idx, vals, n)
     z = vals.astype(np.float64) / float(np.float32(params.temp))
     z = np.exp(z - z.max())
@@ -412,6 +416,7 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             ent = np.float32(0) - np.cumsum(p[live] * lp[live], dtype=np.float32)[-1]
             order = np.argsort(np.abs(-lp - ent), kind="stable")
             hit = np.flatnonzero(np.cumsum(p[order], dtype=np.float32) > np.float32(params.typical_p))
+            hit = hit[hit + 1 >= params.min_keep]
             if hit.shape[0]:
                 keep = np.sort(order[: hit[0] + 1])  # positions in the sorted list: stays sorted
                 idx, vals = idx[keep], vals[keep]
@@ -419,11 +424,17 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             if not srt:
                 idx, vals, srt = *_sorted(idx, vals), True
             hit = np.flatnonzero(np.cumsum(_softmax32(vals), dtype=np.float32) >= np.float32(params.top_p))
+            hit = hit[hit + 1 >= params.min_keep]
             if hit.shape[0]:
                 idx, vals = idx[: hit[0] + 1], vals[: hit[0] + 1]
         elif stage == "min_p" and params.min_p > 0.0:
             keep = vals >= vals.max() + np.log(np.float32(params.min_p))
-            idx, vals = idx[keep], vals[keep]
+            if np.count_nonzero(keep) >= params.min_keep:
+                idx, vals = idx[keep], vals[keep]
+            else:  # the best min_keep of them (llama.cpp's sorted path; those above the cut are among them)
+                if not srt:
+                    idx, vals, srt = *_sorted(idx, vals), True
+                idx, vals = idx[: params.min_keep], vals[: params.min_keep]
         elif stage == "xtc" and xtc_cut and params.xtc_on and n >= 2:
             if not srt:
                 idx, vals, srt = *_sorted(idx, vals), True
@@ -431,7 +442,7 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             # the leading run at or above the threshold (a probability-0 candidate is never in it)
             hi = (p >= np.float32(params.xtc_threshold)) & (p > 0)
             above = n if hi.all() else int(np.argmin(hi))
-            if above > 1:  # all of them but the least likely
+            if above > 1 and n - (above - 1) >= params.min_keep:  # all of them but the least likely
                 idx, vals = idx[above - 1:], vals[above - 1:]
         elif stage == "temperature":
             t = np.float32(params.temp)

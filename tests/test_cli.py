@@ -115,6 +115,17 @@ def test_same_seed_same_sample(smol):
     assert a.returncode == 0 and json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
 
 
+def test_min_keep_widens_the_filters(smol):
+    """--min-p 1 leaves the arg-max alone: the greedy text, whatever the seed; --min-keep 200 keeps 200
+    candidates at temperature 3, so some draw of 12 leaves the greedy path."""
+    base = ("-m", smol, "-p", "Once upon a time", "-n", 12, "--json", "--top-k", 0, "--top-p", 1, "--min-p", 1)
+    greedy = json.loads(sharpi(*base, "--temp", 0).stdout)["tokens"]
+    for seed in (1, 2):
+        assert json.loads(sharpi(*base, "--temp", 3, "-s", seed).stdout)["tokens"] == greedy
+    wide = [json.loads(sharpi(*base, "--temp", 3, "-s", seed, "--min-keep", 200).stdout)["tokens"] for seed in (1, 2)]
+    assert all(len(w) == 12 for w in wide) and any(w != greedy for w in wide)
+
+
 def test_env_args_and_flag_precedence(smol):
     env = {"SHARPI_ARG_N_PREDICT": "3", "SHARPI_ARG_TEMP": "0", "SHARPI_ARG_MODEL": smol}
     r = sharpi("-p", "Hello", "--json", env=env)
@@ -342,6 +353,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("-Cr", "3"), "expected [lo]-[hi]"), (("-Cr", "0-512"), "numbered 0..511"),
     (("-C", "0x8" + "0" * 127), "none of which this process may run on"),  # CPU 511
     (("--top-p", "1.5"), "--top-p"),
+    (("--min-keep", "-1"), "invalid --min-keep -1: must be >= 0"),
     (("-l", "abc"), "logit-bias"),
     (("-l", "15+x"), "logit-bias"),
     (("-l", "1195-inf", "-l", "1195+inf"), "token 1195 gets both +inf and -inf"),
@@ -770,8 +782,8 @@ def test_dry_and_the_other_samplers_through_the_cli(smol):
 
 def test_mirostat_says_which_flags_it_does_not_use(capsys):
     from sharpi_cli.runner import RunOptions, validate
-    validate(RunOptions(mirostat=2, repeat_penalty=1.2, dry_multiplier=0.5))
-    assert "--repeat-penalty, --dry-multiplier not used with --mirostat" in capsys.readouterr().err
+    validate(RunOptions(mirostat=2, repeat_penalty=1.2, dry_multiplier=0.5, min_keep=3))
+    assert "--repeat-penalty, --dry-multiplier, --min-keep not used with --mirostat" in capsys.readouterr().err
     validate(RunOptions(mirostat=2))
     assert "not used" not in capsys.readouterr().err
 

@@ -28,7 +28,7 @@ _spec.loader.exec_module(_script)
 
 def _params(c: dict, tok: Tokenizer) -> SamplingParams:
     return SamplingParams(
-        temp=c["temp"], top_k=c["top_k"], top_p=c["top_p"], min_p=c["min_p"], typical_p=c["typical_p"],
+        temp=c["temp"], top_k=c["top_k"], top_p=c["top_p"], min_p=c["min_p"], min_keep=c["min_keep"], typical_p=c["typical_p"],
         top_n_sigma=c["top_n_sigma"], xtc_probability=c["xtc_probability"], xtc_threshold=c["xtc_threshold"],
         dynatemp_range=c["dynatemp_range"], dynatemp_exponent=c["dynatemp_exponent"],
         repeat_penalty=c["repeat_penalty"], repeat_last_n=c["repeat_last_n"],
