@@ -242,7 +242,7 @@ def run(
     escape: Annotated[bool, Opt("-e", "--escape/--no-escape", help="process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the "
                                 "prompt (-p, -f) and -r strings, as llama.cpp does (default: on)", show_default=False)] = True,
     n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", help="target layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N (the rest on the CPU)")] = -1,
-    device: Annotated[str, Opt("--device", help="cpu or cuda")] = "cpu",
+    device: Annotated[str, Opt("-dev", "--device", help="cpu or cuda (llama.cpp's names too: none = cpu, CUDA0 = cuda)")] = "cpu",
     prompt_cache: Annotated[Optional[str], Opt("--prompt-cache", help="a file keeping the prompt's KV cache: the next run whose "
                                                "prompt starts with the same tokens evaluates only the rest (one-shot prompts)")] = None,
     prompt_cache_all: Annotated[bool, Opt("--prompt-cache-all", help="--prompt-cache keeps the generated tokens too")] = False,

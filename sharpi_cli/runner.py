@@ -321,8 +321,7 @@ def validate(o: RunOptions) -> None:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
     check_flash_attn(o.flash_attn)
     check_v_cache(o.flash_attn, ("-ctv", o.cache_type_v), ("-ctvd", o.cache_type_v_draft))
-    if o.device not in ("cpu", "cuda"):
-        raise UsageError(f"invalid --device '{o.device}': choose cpu or cuda")
+    o.device = device_name(o.device)
     check_adapters(o)
     check_prompt_cache(o)
     check_threads(o.threads)
@@ -623,6 +622,20 @@ def check_prompt_cache(o: RunOptions) -> None:
         raise UsageError("--prompt-cache: the CPU's KV caches only for now (not with --device cuda)")
     from sharpi_core.prompt_cache import check_path
     check_path(o.prompt_cache, o.prompt_cache_ro)
+
+
+def device_name(value: str) -> str:
+    """-dev/--device: cpu or cuda, or llama.cpp's device list as its users write it (none: no offload,
+    CUDA0: the first GPU; case-insensitive). sharpi runs a model on one GPU."""
+    names = [v.strip().lower() for v in value.split(",")]
+    devices = {"cpu": "cpu", "none": "cpu", "cuda": "cuda", "cuda0": "cuda"}
+    if len(names) > 1 and all(n.startswith("cuda") for n in names):
+        raise UsageError(f"invalid -dev/--device '{value}': sharpi runs a model on one GPU (CUDA0)")
+    if len(names) > 1 or names[0] not in devices:
+        other = names[0].startswith("cuda") and names[0][4:].isdigit()
+        raise UsageError(f"invalid -dev/--device '{value}': " + ("sharpi uses the first GPU only (CUDA0)" if other
+                                                                 else "choose cpu or cuda (none, CUDA0)"))
+    return devices[names[0]]
 
 
 def check_device(o: RunOptions) -> None:

@@ -354,6 +354,8 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("-C", "0x8" + "0" * 127), "none of which this process may run on"),  # CPU 511
     (("--top-p", "1.5"), "--top-p"),
     (("--min-keep", "-1"), "invalid --min-keep -1: must be >= 0"),
+    (("-dev", "Vulkan0"), "invalid -dev/--device 'Vulkan0': choose cpu or cuda"),
+    (("-dev", "CUDA1"), "the first GPU only (CUDA0)"), (("-dev", "CUDA0,CUDA1"), "on one GPU"),
     (("-l", "abc"), "logit-bias"),
     (("-l", "15+x"), "logit-bias"),
     (("-l", "1195-inf", "-l", "1195+inf"), "token 1195 gets both +inf and -inf"),

@@ -273,11 +273,12 @@ def test_fake_split_speculative_greedy_parity():
 
 @pytest.mark.skipif(HAVE_CUDA, reason="checks the message given without a GPU")
 def test_cli_device_cuda_without_gpu_is_one_clear_line():
-    r = subprocess.run([sys.executable, "-m", "sharpi_cli.main", "-m", SMOL, "--device", "cuda", "-p", "hi", "-n", "2"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--device cuda" in lines[0] and "Traceback" not in r.stderr
+    for flag, name in (("--device", "cuda"), ("-dev", "CUDA0")):  # (llama.cpp's name of the first GPU)
+        r = subprocess.run([sys.executable, "-m", "sharpi_cli.main", "-m", SMOL, flag, name, "-p", "hi", "-n", "2"],
+                           capture_output=True, text=True)
+        assert r.returncode == 2
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--device cuda" in lines[0] and "Traceback" not in r.stderr
 
 
 def test_cli_rejects_negative_gpu_layers():
