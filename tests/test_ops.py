@@ -714,6 +714,58 @@ def test_bf16_weights_take_ggml_orders():
     assert torch.equal(tiled, alone)
 
 
+_BF16_V_CASES = [(kk, mode, window, H, Hkv, D) for kk in ("bf16", "f16", "q8_0") for mode in ("tinyblas", "vec_dot")
+                 for window in (0, 100) for H, Hkv, D in ((9, 3, 64), (4, 1, 256))]
+
+
+def bf16_v_rows_and_pass(cases) -> dict:
+    """-fa off with a bf16 V: a 20-row pass (V transposed once, as llama.cpp's cache holds it) and each of its rows
+    as a one-row pass (V read row by row: pv_bf16_rows), 270..289 positions deep (blocks of 64 positions cut
+    by the window and the pass) -> {case: (pass, rows)}."""
+    out = {}
+    for kk, mode, window, H, Hkv, D in cases:
+        g = torch.Generator().manual_seed(H * D + window)
+        L, T = 290, 20
+        cache = KVCache(1, 320, Hkv, D, D, kk, "bf16")
+        cache.k.write(0, 0, torch.randn(L, Hkv, D, generator=g) * 3)
+        cache.v.write(0, 0, torch.randn(L, Hkv, D, generator=g))
+        m = MODES[mode]
+        q = q_for(torch.randn(T, H, D, generator=g), cache, m)
+        whole = cpu.attention(q, cache.k, cache.v, 0, L - T, window, 1 / math.sqrt(D), m)
+        rows = torch.cat([cpu.attention(q[t:t + 1], cache.k, cache.v, 0, L - T + t, window, 1 / math.sqrt(D), m)
+                          for t in range(T)])
+        out[kk, mode, window, H, Hkv, D] = (whole, rows, q, cache)
+    return out
+
+
+def test_bf16_v_rows_read_as_they_are_give_the_transposed_copys_bits():
+    """One-row passes read a bf16 V's rows as they are (each accumulator lane of ggml's bf16 dot
+    products a vector of output elements); longer passes transpose V once, as before. The same operations: a
+    pass's rows equal one-row passes bit for bit, both close to the float64 reference."""
+    for (kk, mode, window, H, Hkv, D), (whole, rows, q, cache) in bf16_v_rows_and_pass(_BF16_V_CASES).items():
+        assert torch.equal(whole, rows), (kk, mode, window, H, D)
+        q_ref = q if kk in ("f32", "f16") else activation_for(q, cache.k.qtype)
+        torch.testing.assert_close(rows, reference(q_ref, cache, 270, window, 1 / math.sqrt(D)), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_bf16_v_rows_without_avx512_bf16(tmp_path):
+    """The same where the CPU has AVX-512 but not its bf16 dot products (ggml's AVX512F code: mul then add per
+    lane; a build with -mno-avx512bf16) and in the AVX2 build (x86simd.h's vdpbf16ps)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, torch; sys.path.insert(0, 'tests'); from sharpi_core.kernels import cpu; import test_ops as t; "
+            "assert cpu.available(), cpu.unavailable_reason(); "
+            "bad = [c for c, (w, r, *_) in t.bf16_v_rows_and_pass(t._BF16_V_CASES).items() if not torch.equal(w, r)]; "
+            "print(bad); sys.exit(bool(bad))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for flag in ("SHARPI_KERNEL_NO_BF16", "SHARPI_KERNEL_AVX2"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=1200,
+                           env=dict(os.environ, **{flag: "1"}))
+        assert r.returncode == 0, (flag, r.stdout[-2000:], r.stderr[-2000:])
+
+
 def _glibc_at_least(major: int, minor: int) -> bool:
     import platform
     libc, ver = platform.libc_ver()

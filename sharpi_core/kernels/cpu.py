@@ -49,6 +49,8 @@ HEADERS = (Path(__file__).with_name("ggml_order.h"), Path(__file__).with_name("x
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
+if os.environ.get("SHARPI_KERNEL_NO_BF16") == "1":  # testing: AVX-512 without its bf16 dot products (ggml's AVX512F code)
+    CFLAGS += ("-mno-avx512bf16",)
 if os.environ.get("SHARPI_KERNEL_AVX2") == "1":  # testing: an AVX-512 CPU builds what an AVX2 CPU builds
     CFLAGS += ("-mno-avx512f",)
 _ABI = 15

@@ -110,6 +110,9 @@ enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_BF16 = 3, KV_Q4_0 = 4, KV_Q4_1 = 
  * its one-chunk kernel), FA_DECODE for rows that each reproduce a one-row pass (one chunk, or two
  * chunks of the KV range merged once llama.cpp's padded KV length reaches 512). */
 enum { ORDER_TINYBLAS = 0, ORDER_VEC_DOT = 1, FA_PROMPT = 2, FA_DECODE = 3 };
+#ifndef PV_BF16_COPY_ROWS
+#define PV_BF16_COPY_ROWS 2 /* -fa off, bf16 V: passes of this many rows or more transpose V once (sharpi_attention) */
+#endif
 enum { FA_TILE_Q = 64, FA_TILE_KV = 64, FA_SPLIT_MIN_KV = 512, FA_SPLIT_THREADS = 2, KV_PAD = 256 };
 
 /* ggml_rope_yarn_corr_dim: the pair index at which a frequency turns beta times over n_ctx_orig positions */
@@ -1010,6 +1013,63 @@ static inline float dot_bf16_tinyblas(const uint16_t *w, const uint16_t *xb, con
     return reduce16(acc);
 }
 
+/* reduce16 of 16 vectors at once: lane l of the result is reduce16 of the vector (y[0][l], ..., y[15][l]) */
+static inline __m512 reduce16_lanes(const __m512 *y) {
+    __m512 t3[8];
+    for (int i = 0; i < 8; i++) t3[i] = _mm512_add_ps(y[8 + i], y[i]);
+    const __m512 t60 = _mm512_add_ps(t3[4], t3[0]), t61 = _mm512_add_ps(t3[5], t3[1]);
+    const __m512 t62 = _mm512_add_ps(t3[6], t3[2]), t63 = _mm512_add_ps(t3[7], t3[3]);
+    return _mm512_add_ps(_mm512_add_ps(t60, t62), _mm512_add_ps(t61, t63));
+}
+
+/* P V for one (row, head) against a bf16 V without V's transposed copy: o[d] = dot_bf16_vec_dot (vec_dot) or
+ * dot_bf16_tinyblas of V's column d over positions [i0, i0 + len) (len a multiple of 64, V taken as 0 from
+ * position `last` on, as the copy holds it) with pb / pf (the probabilities, index position - i0), the same
+ * operations: each accumulator lane of those dot products is here a vector of 16 output elements, fed one
+ * position (with vdpbf16ps, a pair: V's rows p and p + 1 interleaved as its lanes' bf16 pairs) at a time,
+ * then the lanes' reduce16 as reduce16_lanes. A decoding row costs its positions once instead of the whole
+ * cache's transposition. */
+static void pv_bf16_rows(const uint16_t *v, long Hkv, long g, long Dv, const uint16_t *pb, const float *pf,
+                         long i0, long len, long last, int vec_dot, float *o) {
+    const __m256i z = _mm256_setzero_si256();
+    for (long d0 = 0; d0 < Dv; d0 += 16) {
+        __m512 a[32];
+        for (int r = 0; r < 32; r++) a[r] = _mm512_setzero_ps();
+#if defined(__AVX512BF16__) || defined(SHARPI_AVX512_EMULATED)
+        (void)pf;
+        const long lanes = vec_dot ? 63 : 31; /* c1 / c2's lanes over 64 positions, or tinyBLAS's over 32 */
+        for (long j = 0; j < len; j += 2) {
+            const long p = i0 + j;
+            const __m256i r0 = p < last ? _mm256_loadu_si256((const __m256i *)(v + (p * Hkv + g) * Dv + d0)) : z;
+            const __m256i r1 = p + 1 < last ? _mm256_loadu_si256((const __m256i *)(v + ((p + 1) * Hkv + g) * Dv + d0)) : z;
+            const __m512i x = _mm512_xor_si512(_mm512_cvtepu16_epi32(r0), _mm512_slli_epi32(_mm512_cvtepu16_epi32(r1), 16));
+            const __m512i w = _mm512_set1_epi32((int)((uint32_t)pb[j] | (uint32_t)pb[j + 1] << 16));
+            const int r = (int)((j & lanes) >> 1);
+            a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)x, (__m512bh)w);
+        }
+#else
+        (void)pb;
+        const long lanes = vec_dot ? 31 : 15; /* c1 / c2's lanes over 32 positions, or tinyBLAS's over 16 */
+        for (long j = 0; j < len; j++) {
+            const long p = i0 + j;
+            const __m512 x = p < last ? bf16x16(v + (p * Hkv + g) * Dv + d0) : _mm512_setzero_ps();
+            const int r = (int)(j & lanes);
+            a[r] = vec_dot ? _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(pf[j])), a[r])
+                           : _mm512_fmadd_ps(x, _mm512_set1_ps(pf[j]), a[r]);
+        }
+#endif
+        const __m512 r1 = reduce16_lanes(a);
+        if (!vec_dot) {
+            _mm512_storeu_ps(o + d0, r1);
+            continue;
+        }
+        float c1[16], c2[16];
+        _mm512_storeu_ps(c1, r1);
+        _mm512_storeu_ps(c2, reduce16_lanes(a + 16));
+        for (int l = 0; l < 16; l++) o[d0 + l] = (float)((double)c1[l] + (double)c2[l]);
+    }
+}
+
 /* Rows [n0, n1) of y[T, ldy] = x[T, ldx] w[n, k]^T for an f32 (type 0), f16 (1) or bf16 (2) weight (x then
  * holds the activations rounded to fp16 / bf16, as ggml converts them to the weight's vec_dot type, and for
  * bf16 xb [T, k] the same as bf16 codes), k a multiple of 64 for f32 and of 32 otherwise, in ggml's mul_mat
@@ -1347,10 +1407,14 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
         free(kt);
         return 0;
     }
-    /* -fa off with a bf16 V: V's columns [Hkv * Dv][ldv] (positions contiguous, as llama.cpp's transposed V cache
-     * holds them), zeros past the pass's last position, made once for all rows and heads */
-    const long ldv = (start + T + 63) & ~63L;
-    const int v_cols = !fa && v_type == KV_BF16;
+    /* -fa off with a bf16 V: a pass of several rows makes V's columns [Hkv * Dv][ldv] (positions contiguous,
+     * as llama.cpp's transposed V cache holds them), zeros past the pass's last position, once for all rows and
+     * heads (ldv an odd number of 64-position blocks: columns 2^k bytes apart shared cache sets, which made
+     * the copy 3-9x slower at 1024 positions); a one-row pass reads V's rows as they are (pv_bf16_rows, the
+     * same operations: 1.6x faster with 64-wide heads, as fast with 128-wide ones; from 2 rows on the copy
+     * pays for itself with 128-wide heads) */
+    const long ldv = ((start + T + 63) & ~63L) | 64;
+    const int v_bf16 = !fa && v_type == KV_BF16, v_cols = v_bf16 && T >= PV_BF16_COPY_ROWS;
     uint16_t *vt = v_cols ? malloc(sizeof(uint16_t) * (size_t)(Hkv * Dv * ldv)) : NULL;
     if (v_cols && !vt) return 2;
     /* flash attention's one-chunk kernel: each thread takes a contiguous run of (row, head) tasks
@@ -1400,9 +1464,9 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
         }
         float *s = malloc(sizeof(float) * (size_t)(Lmax + 16));
         /* a bf16 V: the probabilities as bf16 (bits and values) over whole blocks of 64 positions */
-        uint16_t *pb = vt ? malloc(sizeof(uint16_t) * (size_t)(Lmax + 128)) : NULL;
-        float *pf = vt ? malloc(sizeof(float) * (size_t)(Lmax + 128)) : NULL;
-        if (!s || (vt && (!pb || !pf))) {
+        uint16_t *pb = v_bf16 ? malloc(sizeof(uint16_t) * (size_t)(Lmax + 128)) : NULL;
+        float *pf = v_bf16 ? malloc(sizeof(float) * (size_t)(Lmax + 128)) : NULL;
+        if (!s || (v_bf16 && (!pb || !pf))) {
 #pragma omp atomic write
             bad = 1;
             free(s);
@@ -1456,7 +1520,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 s[j] = p;
             }
             float *o = out + (t * H + h) * Dv;
-            if (vt) {
+            if (v_bf16) {
                 /* P V with a bf16 V: ggml converts the probabilities to bf16 (V's vec_dot type) and takes, per
                  * output element, ggml_vec_dot_bf16 (decoding rows) or tinyBLAS's bf16 kernel (prompt rows) of
                  * V's column over the cache positions. Those outside [lo, pos] have p = 0 there (masked), which
@@ -1467,6 +1531,10 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                     pb[j] = (at >= 0 && at < n) ? bf16_bits(s[at]) : 0;
                     const uint32_t u = (uint32_t)pb[j] << 16;
                     memcpy(pf + j, &u, 4);
+                }
+                if (!vt) {
+                    pv_bf16_rows((const uint16_t *)v, Hkv, g, Dv, pb, pf, i0, len, Lmax, order == ORDER_VEC_DOT, o);
+                    continue;
                 }
                 const uint16_t *col = vt + g * Dv * ldv + i0;
                 for (long d = 0; d < Dv; d++)
@@ -1489,12 +1557,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 __m512 y[16]; /* y[l]: lane l of the vector that _mm512_reduce_add_ps sums */
                 for (int l = 0; l < 16; l++)
                     y[l] = nl == 64 ? _mm512_add_ps(_mm512_add_ps(a[l], a[32 + l]), _mm512_add_ps(a[16 + l], a[48 + l])) : a[l];
-                __m512 t3[8];
-                for (int i = 0; i < 8; i++) t3[i] = _mm512_add_ps(y[8 + i], y[i]);
-                const __m512 t60 = _mm512_add_ps(t3[4], t3[0]), t61 = _mm512_add_ps(t3[5], t3[1]);
-                const __m512 t62 = _mm512_add_ps(t3[6], t3[2]), t63 = _mm512_add_ps(t3[7], t3[3]);
-                const __m512 res = _mm512_add_ps(_mm512_add_ps(t60, t62), _mm512_add_ps(t61, t63));
-                _mm512_storeu_ps(o + d0, res);
+                _mm512_storeu_ps(o + d0, reduce16_lanes(y));
             }
         }
         free(s);
