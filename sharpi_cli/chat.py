@@ -144,13 +144,29 @@ class ReplyView:
 
 
 def render_messages(o, tok, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """The conversation (after -sys's system message) in the template run() chose: o.chat_template."""
-    from sharpi_core.chat import render_chat
+    """The conversation (after -sys's system message) in the template run() chose: o.chat_template. With -rea
+    auto (and no enable_thinking kwarg) enable_thinking is what llama.cpp passes: on where the template can think."""
+    from sharpi_core.chat import render_chat, supports_thinking, system_role_merged
     msgs = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else []) + messages
     bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
     eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
     # (--chat-template-kwargs may set any other variable, bos_token and eos_token too, as llama.cpp's may)
-    return render_chat(o.chat_template, msgs, add_generation_prompt, **{"bos_token": bos, "eos_token": eos, **o.template_vars})
+    tv = {"bos_token": bos, "eos_token": eos, **o.template_vars}
+    if "enable_thinking" not in tv:
+        tv["enable_thinking"] = supports_thinking(o.chat_template, **tv)
+    return render_chat(o.chat_template, system_role_merged(o.chat_template, msgs, **tv), add_generation_prompt, **tv)
+
+
+def assistant_message(reply: str, tags: tuple[str, str] | None, prompt: str) -> dict:
+    """A reply as the conversation keeps it, as llama-cli does: its reasoning block (the template's tags; none
+    with --reasoning-format none) apart as `reasoning_content`, the rest as `content` (the chat template then
+    renders or drops earlier reasoning, see --reasoning-preserve)."""
+    from sharpi_core.reasoning import opens_block, split_reasoning
+    parts = split_reasoning(reply, tags, opens_block(prompt, tags)) if tags else None
+    if parts is None:
+        return {"role": "assistant", "content": reply}
+    reasoning, content = parts
+    return {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
 
 
 def encode_chat(tok, text: str) -> list[int]:
@@ -346,9 +362,10 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         elif res.stop_reason == "ctx_full":
             log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
         # (with -sp the shown text has the control tokens; the conversation keeps the reply's own text)
-        messages = [*turn, {"role": "assistant", "content": reply_text(tok, res, o.special)}]
+        reply = reply_text(tok, res, o.special)
+        messages = [*turn, assistant_message(reply, tags, text)]
         if out:
-            out.write(transcript_reply(messages[-1]["content"], tags, text))
+            out.write(transcript_reply(reply, tags, text))
         if o.show_timings:  # llama-cli's line after each reply
             t = res.timings
             spec = "" if res.spec is None else f" | Accepted: {100 * (res.spec.as_dict().get('acceptance') or 0):.0f}%"

@@ -197,7 +197,10 @@ def run(
                                          "only with a built-in --chat-template, which is llama.cpp's non-Jinja one)",
                                          show_default=False)] = None,
     reasoning: Annotated[str, Opt("-rea", "--reasoning", help="thinking in a chat: on or off (the template's enable_thinking), "
-                                  "auto = the template's default")] = "auto",
+                                  "auto = on where the template can think (as llama.cpp)")] = "auto",
+    reasoning_preserve: Annotated[Optional[bool], Opt("--reasoning-preserve/--no-reasoning-preserve", help="templates that can "
+                                                      "keep earlier replies' reasoning in the conversation keep it (llama.cpp's "
+                                                      "default) or drop it", show_default=False)] = None,
     reasoning_effort: Annotated[str, Opt("--reasoning-effort", help="the template's reasoning_effort (low, medium, high, ...; "
                                          "default = the template's own)")] = "default",
     reasoning_budget: Annotated[int, Opt("--reasoning-budget", help="tokens a reasoning block (<think> ... </think>) may take, "

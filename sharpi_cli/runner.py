@@ -105,6 +105,7 @@ class RunOptions:
     template_vars: dict = field(default_factory=dict)  # further variables the chat template renders with
     jinja: bool | None = None
     reasoning: str = "auto"
+    reasoning_preserve: bool | None = None  # --reasoning-preserve / --no-reasoning-preserve (None: llama.cpp's default, on)
     reasoning_effort: str = "default"
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
@@ -786,19 +787,34 @@ def read_chat_options(o: RunOptions) -> None:
 
 
 def template_vars(o: RunOptions) -> dict:
-    """The chat template's further variables: --chat-template-kwargs, then -rea's enable_thinking and
-    --reasoning-effort's reasoning_effort (as llama.cpp sets them)."""
-    out = {}
+    """The chat template's further variables, as llama-cli's (server's) chat rendering sets them: today's date
+    (`date_string` "%d %b %Y", `datetime` "%b %d %Y": Llama 3.x's system header), the variables templates keep or
+    drop earlier reasoning by (preserve_thinking, clear_thinking, truncate_history_thinking, drop_thinking, from
+    --reasoning-preserve, on by default), reasoning_strength beside reasoning_effort, then --chat-template-kwargs
+    over those, then the flags: preserve_reasoning, -rea's enable_thinking (with -rea auto, chat.render_messages
+    adds it from the template: on where it can think) and --reasoning-effort's reasoning_effort."""
+    import time
+    kw = {}
     if o.chat_template_kwargs is not None:
         try:
-            out = json.loads(o.chat_template_kwargs)
+            kw = json.loads(o.chat_template_kwargs)
         except ValueError:
-            out = None
-        if not isinstance(out, dict):
+            kw = None
+        if not isinstance(kw, dict):
             raise UsageError(f"--chat-template-kwargs: not a JSON object: {o.chat_template_kwargs}")
-        taken = [k for k in ("messages", "add_generation_prompt") if k in out]
+        taken = [k for k in ("messages", "add_generation_prompt") if k in kw]
         if taken:
             raise UsageError(f"--chat-template-kwargs: '{taken[0]}' is set by sharpi (the conversation), not a kwarg")
+    out = {"date_string": time.strftime("%d %b %Y"), "datetime": time.strftime("%b %d %Y")}
+    preserve = kw.get("preserve_reasoning", True) if o.reasoning_preserve is None else o.reasoning_preserve
+    if isinstance(preserve, bool):
+        out.update(preserve_thinking=preserve, clear_thinking=not preserve, truncate_history_thinking=not preserve,
+                   drop_thinking=not preserve)
+    effort = o.reasoning_effort if o.reasoning_effort != "default" else kw.get("reasoning_effort")
+    if isinstance(effort, str) and effort:
+        out["reasoning_strength"] = effort
+    out.update(kw)
+    out["preserve_reasoning"] = preserve
     if ON_OFF_AUTO[o.reasoning] is not None:
         out["enable_thinking"] = ON_OFF_AUTO[o.reasoning]
     if o.reasoning_effort != "default":

@@ -150,6 +150,49 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
         raise ChatTemplateError(f"the chat template failed to render: {type(e).__name__}: {e}") from None
 
 
+@lru_cache(maxsize=8)
+def _supports_thinking(template: str, variables: str) -> bool:
+    from .reasoning import thinking_tags
+    if thinking_tags(template):
+        return True
+    one, v = [{"role": "user", "content": "Hi"}], json.loads(variables)
+    try:
+        return (render_chat(template, one, True, **v, enable_thinking=True)
+                != render_chat(template, one, True, **v, enable_thinking=False))
+    except SharpiError:
+        return False
+
+
+@lru_cache(maxsize=8)
+def _supports_system_role(template: str, variables: str) -> bool:
+    mark = "\x02sharpi system message\x03"
+    try:
+        return mark in render_chat(template, [{"role": "system", "content": mark}, {"role": "user", "content": "Hi"}], True,
+                                   **json.loads(variables))
+    except SharpiError:
+        return False
+
+
+def system_role_merged(template: str, messages: list[dict], **variables: Any) -> list[dict]:
+    """llama.cpp's way with a template that has no system role (its system message unused, or refused, as Gemma 2's
+    raises): a leading system message goes before the next message's content, a newline between (alone, it goes)."""
+    if not messages or messages[0].get("role") != "system":
+        return messages
+    if _supports_system_role(template, json.dumps(variables, sort_keys=True, default=str)):
+        return messages
+    if len(messages) == 1:
+        return []
+    return [{**messages[1], "content": f"{messages[0]['content']}\n{messages[1]['content']}"}, *messages[2:]]
+
+
+def supports_thinking(template: str, **variables: Any) -> bool:
+    """Whether a chat template can think, as near as sharpi gets to llama.cpp's test (its parsers' analysis of
+    the template), whose answer is the enable_thinking it passes when -rea is auto: the template writes a
+    reasoning block's tags (thinking_tags), or its one-turn prompt changes with enable_thinking."""
+    v = {k: x for k, x in variables.items() if k != "enable_thinking"}
+    return _supports_thinking(template, json.dumps(v, sort_keys=True, default=str))
+
+
 def chat_template_option(value: str) -> str:
     """--chat-template's value as a template: a built-in's name, or Jinja text, checked the way llama.cpp
     checks it (a one-message conversation must render). A bare word that names no built-in is refused

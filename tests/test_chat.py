@@ -1,6 +1,7 @@
 """Chat template rendering (sandboxed jinja2) with the templates stored in the GGUFs and llama.cpp's built-in ones."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -143,3 +144,25 @@ def test_chat_turn_is_llama_cpp_s(name, i):
     res = Generator(model, model.new_cache(512), tok, SamplingParams(temp=0)).generate(ids, case["n_predict"])
     assert res.text == case["reply"]
     assert res.stop_reason == ("eos" if case["ended"] else "n_predict")
+
+
+_RENDER = json.loads((Path(__file__).parent / "data" / "llamacpp_chat_render.json").read_text())
+_render_spec = importlib.util.spec_from_file_location("llamacpp_chat_render", Path(__file__).parents[1] / "scripts" / "llamacpp_chat_render.py")
+_render_script = importlib.util.module_from_spec(_render_spec)
+_render_spec.loader.exec_module(_render_script)
+
+
+@pytest.mark.parametrize("case", _RENDER["cases"], ids=lambda c: f"{c['template_name']}: {c['conversation']}, -rea {c['reasoning']}, "
+                         f"preserve {c['preserve']}, effort {c['effort']}, {c['kwargs']}")
+def test_chat_prompt_is_llama_clis(case, monkeypatch):
+    """The prompt of a conversation is llama-cli's (libllama-common's rendering, scripts/llamacpp_chat_render.py): today's
+    date, enable_thinking passed where the template can think (-rea auto), earlier replies' reasoning kept apart and
+    kept or dropped as --reasoning-preserve says, reasoning_strength beside reasoning_effort, a system message merged
+    into the next one where the template has no system role; the replies as the model wrote them, split by the chat."""
+    import time
+    real = time.strftime
+    dates = {"%d %b %Y": _RENDER["date_string"], "%b %d %Y": _RENDER["datetime"]}  # the day it was recorded
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: dates[fmt] if fmt in dates and not a else real(fmt, *a))
+    got = _render_script.sharpi_render(_RENDER["templates"][case["template_name"]], case["messages"], case["reasoning"],
+                                       case["preserve"], case["effort"], case["kwargs"])
+    assert got == case["prompt"]
