@@ -26,14 +26,21 @@ State = tuple[int, int, int, tuple, tuple]
 _END_TAG = re.compile(r"</([A-Za-z0-9_.:-]*think[A-Za-z0-9_.:-]*)>")
 
 
+# blocks of other shapes, as llama.cpp's parsers know them: Mistral's (Magistral, Ministral reasoning), Cohere's (Command A)
+_OTHER_TAGS = (("[THINK]", "[/THINK]"), ("<|START_THINKING|>", "<|END_THINKING|>"))
+
+
 def thinking_tags(template: str | None) -> tuple[str, str] | None:
     """(start, end) of the reasoning block a chat template writes (its text has both `<X>` and `</X>`
-    for a tag name X with "think" in it), or None."""
+    for a tag name X with "think" in it, or a pair of _OTHER_TAGS), or None."""
     if not template:
         return None
     for m in _END_TAG.finditer(template):
         if f"<{m[1]}>" in template:
             return f"<{m[1]}>", m[0]
+    for start, end in _OTHER_TAGS:
+        if start in template and end in template:
+            return start, end
     return None
 
 
