@@ -185,6 +185,27 @@ def system_role_merged(template: str, messages: list[dict], **variables: Any) ->
     return [{**messages[1], "content": f"{messages[0]['content']}\n{messages[1]['content']}"}, *messages[2:]]
 
 
+def mistral_blocks(template: str, messages: list[dict]) -> list[dict]:
+    """llama.cpp's messages for Ministral / Magistral 3's template (its test: [SYSTEM_PROMPT], [TOOL_CALLS] and [ARGS],
+    no [CALL_ID]): system and assistant contents become blocks, a `thinking` one from reasoning_content, then the text;
+    other templates get the messages as they are."""
+    if not ("[SYSTEM_PROMPT]" in template and "[TOOL_CALLS]" in template and "[ARGS]" in template
+            and "[CALL_ID]" not in template):
+        return messages
+    out = []
+    for m in messages:
+        if m.get("role") not in ("system", "assistant"):
+            out.append(m)
+            continue
+        blocks = [{"type": "thinking", "thinking": m["reasoning_content"]}] if isinstance(m.get("reasoning_content"), str) else []
+        if isinstance(m.get("content"), str):
+            blocks.append({"type": "text", "text": m["content"]})
+        elif isinstance(m.get("content"), list):
+            blocks += m["content"]
+        out.append({**{k: v for k, v in m.items() if k != "reasoning_content"}, "content": blocks})
+    return out
+
+
 def supports_thinking(template: str, **variables: Any) -> bool:
     """Whether a chat template can think, as near as sharpi gets to llama.cpp's test (its parsers' analysis of
     the template), whose answer is the enable_thinking it passes when -rea is auto: the template writes a
