@@ -53,6 +53,14 @@ TEMPLATES = {
                     "{%- if add_generation_prompt -%}<|assistant|>"
                     "{%- if enable_thinking is defined and not enable_thinking -%}</think>{%- else -%}<think>{%- endif -%}"
                     "{%- endif -%}"),
+    # Ministral / Magistral 3's shape (llama.cpp finds it by [SYSTEM_PROMPT], [TOOL_CALLS] and [ARGS]): contents as blocks
+    "mistral-blocks": ("{#- [TOOL_CALLS] and [ARGS] would mark tool calls -#}"
+                       "{%- for m in messages -%}{%- if m.role == 'user' -%}[INST]{{ m.content }}[/INST]"
+                       "{%- else -%}{%- if m.role == 'system' -%}[SYSTEM_PROMPT]{%- endif -%}"
+                       "{%- for b in m.content -%}{%- if b.type == 'thinking' -%}[THINK]{{ b.thinking }}[/THINK]"
+                       "{%- elif b.type == 'text' -%}{{ b.text }}{%- endif -%}{%- endfor -%}"
+                       "{%- if m.role == 'system' -%}[/SYSTEM_PROMPT]{%- else -%}{{ eos_token }}{%- endif -%}"
+                       "{%- endif -%}{%- endfor -%}"),
     # no system role: refuses it (Gemma 2's way) or never reads it
     "no-system-raise": ("{%- for m in messages -%}{%- if m.role == 'system' -%}{{ raise_exception('System role not "
                         "supported') }}{%- endif -%}<turn {{ m.role }}>{{ m.content }}</turn>\n{%- endfor -%}"

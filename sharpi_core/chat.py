@@ -167,8 +167,8 @@ def _supports_thinking(template: str, variables: str) -> bool:
 def _supports_system_role(template: str, variables: str) -> bool:
     mark = "\x02sharpi system message\x03"
     try:
-        return mark in render_chat(template, [{"role": "system", "content": mark}, {"role": "user", "content": "Hi"}], True,
-                                   **json.loads(variables))
+        msgs = mistral_blocks(template, [{"role": "system", "content": mark}, {"role": "user", "content": "Hi"}])
+        return mark in render_chat(template, msgs, True, **json.loads(variables))
     except SharpiError:
         return False
 
