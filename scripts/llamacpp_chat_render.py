@@ -61,6 +61,10 @@ TEMPLATES = {
                        "{%- elif b.type == 'text' -%}{{ b.text }}{%- endif -%}{%- endfor -%}"
                        "{%- if m.role == 'system' -%}[/SYSTEM_PROMPT]{%- else -%}{{ eos_token }}{%- endif -%}"
                        "{%- endif -%}{%- endfor -%}"),
+    # LFM2.5's shape (llama.cpp finds it by its tool list's wording): the reasoning read as `thinking`
+    "lfm-thinking": ("{#- List of tools: [ ... ] -#}{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+                     "{%- if m.thinking is defined -%}<think>{{ m.thinking }}</think>{%- endif -%}{{ m.content }}<|im_end|>\n"
+                     "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"),
     # no system role: refuses it (Gemma 2's way) or never reads it
     "no-system-raise": ("{%- for m in messages -%}{%- if m.role == 'system' -%}{{ raise_exception('System role not "
                         "supported') }}{%- endif -%}<turn {{ m.role }}>{{ m.content }}</turn>\n{%- endfor -%}"

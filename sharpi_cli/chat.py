@@ -146,7 +146,7 @@ class ReplyView:
 def render_messages(o, tok, messages: list[dict], add_generation_prompt: bool = True) -> str:
     """The conversation (after -sys's system message) in the template run() chose: o.chat_template. With -rea
     auto (and no enable_thinking kwarg) enable_thinking is what llama.cpp passes: on where the template can think."""
-    from sharpi_core.chat import mistral_blocks, render_chat, supports_thinking, system_role_merged
+    from sharpi_core.chat import handed_over, render_chat, supports_thinking, system_role_merged
     msgs = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else []) + messages
     bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
     eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
@@ -154,7 +154,7 @@ def render_messages(o, tok, messages: list[dict], add_generation_prompt: bool = 
     tv = {"bos_token": bos, "eos_token": eos, **o.template_vars}
     if "enable_thinking" not in tv:
         tv["enable_thinking"] = supports_thinking(o.chat_template, **tv)
-    msgs = mistral_blocks(o.chat_template, system_role_merged(o.chat_template, msgs, **tv))
+    msgs = handed_over(o.chat_template, system_role_merged(o.chat_template, msgs, **tv))
     return render_chat(o.chat_template, msgs, add_generation_prompt, **tv)
 
 
