@@ -29,6 +29,11 @@ def test_thinking_tags_come_from_the_template():
     assert thinking_tags("{{ '<seed:think>' }}x{{ '</seed:think>' }}") == ("<seed:think>", "</seed:think>")
     assert thinking_tags("{{ m.content.split('</think>')[-1] }}") is None  # an end tag alone is no block
     assert thinking_tags(BUILTIN_TEMPLATES["chatml"]) is None
+    # Mistral's and Cohere's blocks (Magistral / Ministral reasoning, Command A), as llama.cpp's parsers know them
+    assert thinking_tags("{{ '[THINK]' + m.thinking + '[/THINK]' }}") == ("[THINK]", "[/THINK]")
+    assert thinking_tags("<|START_THINKING|>{{ t }}<|END_THINKING|>") == ("<|START_THINKING|>", "<|END_THINKING|>")
+    assert thinking_tags("[THINK] only opens") is None
+    assert split_reasoning(" [THINK]Hmm.\n[/THINK]\n\nYes.", ("[THINK]", "[/THINK]"), False) == ("Hmm.", "Yes.")
     assert thinking_tags(loaded(SMOL)[1].chat_template) is None
     assert thinking_tags(None) is None
 
