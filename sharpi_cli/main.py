@@ -324,6 +324,8 @@ def run(
     from sharpi_core.gguf_file import parse_kv_overrides
     opts.kv_overrides = parse_kv_overrides(override_kv)
     drop_env_alternatives(ctx, opts)
+    opts.sampling_given = frozenset(n for n in runner.SAMPLING_FLAG_FIELDS  # (the others: the model's general.sampling.*)
+                                    if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
     raise typer.Exit(runner.run(opts))
 
 

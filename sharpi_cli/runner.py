@@ -43,6 +43,9 @@ class RunOptions:
     top_p: float = 0.95
     min_p: float = 0.05
     min_keep: int = 0
+    # the sampling flags given (command line or SHARPI_ARG_*): the others take the model's general.sampling.* values,
+    # as llama.cpp's; None (the engine's own callers): none taken
+    sampling_given: frozenset | None = None
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
@@ -303,19 +306,9 @@ def validate(o: RunOptions) -> None:
     if o.reasoning_budget < -1:
         raise UsageError(f"invalid --reasoning-budget {o.reasoning_budget}: must be >= -1 (-1 = no limit, 0 = end the "
                          "reasoning at once)")
-    if o.temp < 0:
-        raise UsageError(f"invalid --temp {o.temp}: must be >= 0 (0 = greedy)")
-    if not 0 < o.top_p <= 1:
-        raise UsageError(f"invalid --top-p {o.top_p}: must be in (0, 1]")
-    if not 0 <= o.min_p <= 1:
-        raise UsageError(f"invalid --min-p {o.min_p}: must be in [0, 1]")
+    check_sampling_values(o)
     if o.min_keep < 0:
         raise UsageError(f"invalid --min-keep {o.min_keep}: must be >= 0 (0 = off)")
-    o.top_k = max(o.top_k, 0)  # (llama.cpp's top-k sampler does nothing for k <= 0)
-    if o.repeat_penalty <= 0:
-        raise UsageError(f"invalid --repeat-penalty {o.repeat_penalty}: must be > 0 (1 = off)")
-    if o.repeat_last_n < -1:
-        raise UsageError(f"invalid --repeat-last-n {o.repeat_last_n}: must be >= -1")
     for flag, v in (("-ctk/--cache-type-k", o.cache_type_k), ("-ctv/--cache-type-v", o.cache_type_v),
                     ("-ctkd/--spec-draft-type-k", o.cache_type_k_draft), ("-ctvd/--spec-draft-type-v", o.cache_type_v_draft)):
         if v is not None and v not in CACHE_TYPES:
@@ -453,6 +446,71 @@ def check_v_cache(flash_attn: str, *types: tuple[str, str | None]) -> None:
         if flash_attn == "off" and v in QUANTIZED_CACHE_TYPES:
             raise UsageError(f"{flag} {v}: a quantized V cache needs flash attention (drop -fa off, or use f16, bf16 "
                              "or f32 for V)")
+
+
+def check_sampling_values(o: RunOptions) -> None:
+    """The ranges of the values a model may also recommend (model_sampling_defaults); top-k <= 0 becomes 0 (off:
+    llama.cpp's top-k sampler does nothing for k <= 0)."""
+    for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
+                    ("--xtc-probability", o.xtc_probability), ("--xtc-threshold", o.xtc_threshold),
+                    ("--mirostat-lr", o.mirostat_lr), ("--mirostat-ent", o.mirostat_ent)):
+        if not math.isfinite(v):
+            raise UsageError(f"invalid {flag} {v}: must be a finite number")
+    o.top_k = max(o.top_k, 0)
+    if o.temp < 0:
+        raise UsageError(f"invalid --temp {o.temp}: must be >= 0 (0 = greedy)")
+    if not 0 < o.top_p <= 1:
+        raise UsageError(f"invalid --top-p {o.top_p}: must be in (0, 1]")
+    if not 0 <= o.min_p <= 1:
+        raise UsageError(f"invalid --min-p {o.min_p}: must be in [0, 1]")
+    if o.repeat_penalty <= 0:
+        raise UsageError(f"invalid --repeat-penalty {o.repeat_penalty}: must be > 0 (1 = off)")
+    if o.repeat_last_n < -1:
+        raise UsageError(f"invalid --repeat-last-n {o.repeat_last_n}: must be >= -1")
+    if o.mirostat not in (0, 1, 2):
+        raise UsageError(f"invalid --mirostat {o.mirostat}: 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0)")
+
+
+# llama.cpp's general.sampling.* keys (common_init_sampler_from_model): key, RunOptions field, its flag, type
+MODEL_SAMPLING = (("top_k", "top_k", "--top-k", int), ("top_p", "top_p", "--top-p", float), ("min_p", "min_p", "--min-p", float),
+                  ("xtc_probability", "xtc_probability", "--xtc-probability", float),
+                  ("xtc_threshold", "xtc_threshold", "--xtc-threshold", float), ("temp", "temp", "--temp", float),
+                  ("penalty_last_n", "repeat_last_n", "--repeat-last-n", int),
+                  ("penalty_repeat", "repeat_penalty", "--repeat-penalty", float), ("mirostat", "mirostat", "--mirostat", int),
+                  ("mirostat_tau", "mirostat_ent", "--mirostat-ent", float), ("mirostat_eta", "mirostat_lr", "--mirostat-lr", float))
+SAMPLING_FLAG_FIELDS = ("samplers", "sampling_seq", *(f for _, f, _, _ in MODEL_SAMPLING))
+
+
+def model_sampling_defaults(o: RunOptions, gf) -> None:
+    """The sampling values a GGUF recommends (general.sampling.*: convert_hf_to_gguf.py writes the model's
+    generation_config) for the flags the user did not give, as llama.cpp takes them; one information line names
+    them. A value sharpi's flag would refuse is left out with a warning."""
+    if o.sampling_given is None:
+        return
+    taken = []
+    seq = gf.get("general.sampling.sequence")
+    if isinstance(seq, str) and seq and not {"samplers", "sampling_seq"} & o.sampling_given:
+        try:
+            o.samplers = sampler_order([n for n in seq.split(";") if n.strip()])
+            taken.append(f"samplers {seq}")
+        except ValueError as e:
+            log(f"warning: the model's general.sampling.sequence '{seq}' is not used: {e}")
+    for key, name, flag, kind in MODEL_SAMPLING:
+        v = gf.get(f"general.sampling.{key}")
+        if name in o.sampling_given or isinstance(v, (str, bytes, list)) or v is None:
+            continue
+        value = int(v) if kind is int else float(np.float32(v))
+        before = getattr(o, name)
+        setattr(o, name, value)
+        try:
+            check_sampling_values(o)
+        except UsageError as e:
+            setattr(o, name, before)
+            log(f"warning: the model's general.sampling.{key} is not used: {e}")
+            continue
+        taken.append(f"{flag} {value:g}")
+    if taken:
+        log(f"sampling from the model's recommendations (general.sampling.*): {', '.join(taken)}")
 
 
 def check_samplers(o: RunOptions) -> None:
@@ -947,6 +1005,7 @@ def _run(o: RunOptions) -> int:
     target = _load(o.model, o.flash_attn, o.n_gpu_layers if o.device == "cuda" else 0, rope=rope_flags(o),
                    overrides=o.kv_overrides, mmap=o.mmap, check=o.check_tensors)
     apply_adapters(o, target.model)
+    model_sampling_defaults(o, target.gguf)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:

@@ -2,6 +2,7 @@
 subprocess where the process itself is what is checked (`sharpi(..., process=True)`)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -124,6 +125,36 @@ def test_min_keep_widens_the_filters(smol):
         assert json.loads(sharpi(*base, "--temp", 3, "-s", seed).stdout)["tokens"] == greedy
     wide = [json.loads(sharpi(*base, "--temp", 3, "-s", seed, "--min-keep", 200).stdout)["tokens"] for seed in (1, 2)]
     assert all(len(w) == 12 for w in wide) and any(w != greedy for w in wide)
+
+
+def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path):
+    """A GGUF's general.sampling.* values (convert_hf_to_gguf.py's copy of generation_config.json) replace the defaults
+    of the sampling flags not given on the command line or in SHARPI_ARG_*, as llama.cpp's common_init_sampler_from_model
+    (llama-completion on this very file: top_k 1 / temp 1.5, --top-k 40: 40 / 1.5, --temp 0.7: 1 / 0.7, LLAMA_ARG_TOP_K=40:
+    40 / 1.5); a value the flag would refuse (top_p 0) is left out with a warning."""
+    import gguf
+    spec = importlib.util.spec_from_file_location("gguf_derive", Path(__file__).parents[1] / "scripts" / "gguf_derive.py")
+    derive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(derive)
+    r = gguf.GGUFReader(smol)
+    f = tmp_path / "smol-sampling.gguf"
+    w = gguf.GGUFWriter(str(f), "llama")
+    derive.copy_kv(r, w)
+    for key, value, vt in (("top_k", 1, gguf.GGUFValueType.INT32), ("temp", 1.5, gguf.GGUFValueType.FLOAT32),
+                           ("top_p", 0.0, gguf.GGUFValueType.FLOAT32)):
+        w.add_key_value(f"general.sampling.{key}", value, vt)
+    for t in r.tensors:
+        derive.add_tensor_as_is(w, t)
+    derive.finish(w)
+    base = ("-p", "Once upon a time", "-n", 12, "--json", "-s", 5)
+    greedy = json.loads(sharpi("-m", smol, *base, "--temp", 0).stdout)["tokens"]
+    r1 = sharpi("-m", f, *base)
+    assert json.loads(r1.stdout)["tokens"] == greedy  # top-k 1
+    assert "(general.sampling.*): --top-k 1, --temp 1.5" in r1.stderr and "general.sampling.top_p is not used" in r1.stderr
+    for args, env in ((("--top-k", 0), None), ((), {"SHARPI_ARG_TOP_K": "0"})):
+        r2 = sharpi("-m", f, *base, *args, env=env)
+        assert "(general.sampling.*): --temp 1.5\n" in r2.stderr
+        assert json.loads(r2.stdout)["tokens"] != greedy  # temperature 1.5 over the whole vocabulary
 
 
 def test_env_args_and_flag_precedence(smol):
