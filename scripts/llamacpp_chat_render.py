@@ -100,7 +100,8 @@ class _Tok:
 def sharpi_render(template: str, conversation: list[dict], reasoning: str, preserve, effort, kwargs: dict) -> str:
     """The prompt sharpi's chat renders for the conversation: its replies as the model wrote them (a reasoning block
     in the template's tags, or none) kept as sharpi_cli.chat.assistant_message keeps them."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from sharpi_cli.chat import assistant_message, render_messages
     from sharpi_cli.runner import RunOptions, template_vars
     from sharpi_core.reasoning import opens_block, thinking_tags
