@@ -65,6 +65,14 @@ TEMPLATES = {
     "lfm-thinking": ("{#- List of tools: [ ... ] -#}{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
                      "{%- if m.thinking is defined -%}<think>{{ m.thinking }}</think>{%- endif -%}{{ m.content }}<|im_end|>\n"
                      "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"),
+    # gpt-oss's harmony shape: the reasoning in an analysis channel, read as `thinking` (llama.cpp's gpt-oss path)
+    "harmony": (_LAST_USER + "{%- for message in messages -%}"
+                "{%- if message.role == 'assistant' -%}<|start|>assistant"
+                "{%- if message.thinking is defined and (preserve_thinking or loop.index0 > ns.last_user) -%}"
+                "<|channel|>analysis<|message|>{{ message.thinking }}<|end|><|start|>assistant{%- endif -%}"
+                "<|channel|>final<|message|>{{ message.content }}<|end|>"
+                "{%- else -%}<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>{%- endif -%}"
+                "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"),
     # no system role: refuses it (Gemma 2's way) or never reads it
     "no-system-raise": ("{%- for m in messages -%}{%- if m.role == 'system' -%}{{ raise_exception('System role not "
                         "supported') }}{%- endif -%}<turn {{ m.role }}>{{ m.content }}</turn>\n{%- endfor -%}"

@@ -86,6 +86,24 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+# llama.cpp's common_chat_templates_init patches two templates' refusals of what its own messages hold: gpt-oss's of
+# channel tags in a content, and Mistral's of an assistant message without content or tool calls
+_PATCHES = (("<|channel|>", "in message.content or",
+             "{%- if \"<|channel|>analysis<|message|>\" in message.content or "
+             "\"<|channel|>final<|message|>\" in message.content %}"),
+            ("[TOOL_CALLS]", "if (message['content'] is none or",
+             "{%- if (message['content'] is none or message['content'] == '' or message['content']|length == 0) and "
+             "(message['tool_calls'] is not defined or message['tool_calls'] is none or "
+             "message['tool_calls']|length == 0) %}"))
+
+
+def _patched(template: str) -> str:
+    for mark, test, old in _PATCHES:
+        if mark in template and test in template:
+            template = template.replace(old, "{%- if false %}")
+    return template
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str):
     import jinja2
@@ -107,7 +125,7 @@ def _compile(template: str):
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:
-        return env.from_string(template)
+        return env.from_string(_patched(template))
     except jinja2.TemplateError as e:
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise ChatTemplateError(f"the chat template does not parse{where}: {e}") from None
@@ -188,7 +206,8 @@ def system_role_merged(template: str, messages: list[dict], **variables: Any) ->
 def handed_over(template: str, messages: list[dict]) -> list[dict]:
     """The messages as llama.cpp's specialized paths hand them to a template they recognize: Ministral / Magistral 3's
     ([SYSTEM_PROMPT], [TOOL_CALLS] and [ARGS], no [CALL_ID]) gets system and assistant contents as blocks, a `thinking`
-    one from reasoning_content, then the text; LFM2's and LFM2.5's (their tool lists) the reasoning as `thinking` too;
+    one from reasoning_content, then the text; LFM2's and LFM2.5's (their tool lists) and gpt-oss's (channels) the
+    reasoning as `thinking` too;
     other templates the messages as they are."""
     if "[SYSTEM_PROMPT]" in template and "[TOOL_CALLS]" in template and "[ARGS]" in template and "[CALL_ID]" not in template:
         out = []
@@ -204,7 +223,8 @@ def handed_over(template: str, messages: list[dict]) -> list[dict]:
                 blocks += m["content"]
             out.append({**{k: v for k, v in m.items() if k != "reasoning_content"}, "content": blocks})
         return out
-    if ("<|tool_list_start|>" in template and "<|tool_list_end|>" in template) or "List of tools: [" in template:
+    if (("<|tool_list_start|>" in template and "<|tool_list_end|>" in template) or "List of tools: [" in template
+            or "<|channel|>" in template):  # (the last: gpt-oss's harmony template)
         return [{**m, "thinking": m["reasoning_content"]} if isinstance(m.get("reasoning_content"), str) else m
                 for m in messages]
     return messages

@@ -26,8 +26,10 @@ State = tuple[int, int, int, tuple, tuple]
 _END_TAG = re.compile(r"</([A-Za-z0-9_.:-]*think[A-Za-z0-9_.:-]*)>")
 
 
-# blocks of other shapes, as llama.cpp's parsers know them: Mistral's (Magistral, Ministral reasoning), Cohere's (Command A)
-_OTHER_TAGS = (("[THINK]", "[/THINK]"), ("<|START_THINKING|>", "<|END_THINKING|>"))
+# blocks of other shapes, as llama.cpp's parsers know them: Mistral's (Magistral, Ministral reasoning), Cohere's (Command A),
+# gpt-oss's harmony channels (the analysis message, ended where the final one starts: what follows is the content)
+_OTHER_TAGS = (("[THINK]", "[/THINK]"), ("<|START_THINKING|>", "<|END_THINKING|>"),
+               ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant<|channel|>final<|message|>"))
 
 
 def thinking_tags(template: str | None) -> tuple[str, str] | None:
@@ -41,6 +43,8 @@ def thinking_tags(template: str | None) -> tuple[str, str] | None:
     for start, end in _OTHER_TAGS:
         if start in template and end in template:
             return start, end
+    if "<|channel|>" in template and "analysis" in template and "final" in template:  # (gpt-oss: tags built in pieces)
+        return _OTHER_TAGS[2]
     return None
 
 

@@ -166,3 +166,18 @@ def test_chat_prompt_is_llama_clis(case, monkeypatch):
     got = _render_script.sharpi_render(_RENDER["templates"][case["template_name"]], case["messages"], case["reasoning"],
                                        case["preserve"], case["effort"], case["kwargs"])
     assert got == case["prompt"]
+
+
+def test_templates_are_patched_as_llama_cpp_patches_them():
+    """llama.cpp's common_chat_templates_init turns two refusals of gpt-oss's and Mistral's templates into `if false`:
+    gpt-oss's of channel tags in a message's content (a reply kept as it came, --reasoning-format none)."""
+    refusal = ("{%- if \"<|channel|>analysis<|message|>\" in message.content or "
+               "\"<|channel|>final<|message|>\" in message.content %}{{ raise_exception('no channels in content') }}{%- endif -%}")
+    t = "{%- for message in messages -%}" + refusal + "<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>{%- endfor -%}"
+    reply = "<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant<|channel|>final<|message|>Hi!"
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply}]
+    assert render_chat(t, msgs, False) == f"<|start|>user<|message|>Hi<|end|><|start|>assistant<|message|>{reply}<|end|>"
+    other = t.replace("{%- for message in messages -%}", "{%- for message in messages -%}{%- set c = message.content -%}").replace(
+        "in message.content or", "in c or")  # the same refusal in other words: not llama.cpp's text, not patched
+    with pytest.raises(ChatTemplateError, match="no channels in content"):
+        render_chat(other, msgs, False)
