@@ -168,6 +168,32 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
         raise ChatTemplateError(f"the chat template failed to render: {type(e).__name__}: {e}") from None
 
 
+def handed_over(template: str, messages: list[dict]) -> list[dict]:
+    """The messages as llama.cpp's specialized paths hand them to a template they recognize: Ministral / Magistral 3's
+    ([SYSTEM_PROMPT], [TOOL_CALLS] and [ARGS], no [CALL_ID]) gets system and assistant contents as blocks, a `thinking`
+    one from reasoning_content, then the text; LFM2's and LFM2.5's (their tool lists) and gpt-oss's (channels) the
+    reasoning as `thinking` too; other templates the messages as they are."""
+    if "[SYSTEM_PROMPT]" in template and "[TOOL_CALLS]" in template and "[ARGS]" in template and "[CALL_ID]" not in template:
+        out = []
+        for m in messages:
+            if m.get("role") not in ("system", "assistant"):
+                out.append(m)
+                continue
+            blocks = ([{"type": "thinking", "thinking": m["reasoning_content"]}]
+                      if isinstance(m.get("reasoning_content"), str) else [])
+            if isinstance(m.get("content"), str):
+                blocks.append({"type": "text", "text": m["content"]})
+            elif isinstance(m.get("content"), list):
+                blocks += m["content"]
+            out.append({**{k: v for k, v in m.items() if k != "reasoning_content"}, "content": blocks})
+        return out
+    if (("<|tool_list_start|>" in template and "<|tool_list_end|>" in template) or "List of tools: [" in template
+            or "<|channel|>" in template):  # (the last: gpt-oss's harmony template)
+        return [{**m, "thinking": m["reasoning_content"]} if isinstance(m.get("reasoning_content"), str) else m
+                for m in messages]
+    return messages
+
+
 @lru_cache(maxsize=8)
 def _supports_thinking(template: str, variables: str) -> bool:
     from .reasoning import thinking_tags
@@ -201,33 +227,6 @@ def system_role_merged(template: str, messages: list[dict], **variables: Any) ->
     if len(messages) == 1:
         return []
     return [{**messages[1], "content": f"{messages[0]['content']}\n{messages[1]['content']}"}, *messages[2:]]
-
-
-def handed_over(template: str, messages: list[dict]) -> list[dict]:
-    """The messages as llama.cpp's specialized paths hand them to a template they recognize: Ministral / Magistral 3's
-    ([SYSTEM_PROMPT], [TOOL_CALLS] and [ARGS], no [CALL_ID]) gets system and assistant contents as blocks, a `thinking`
-    one from reasoning_content, then the text; LFM2's and LFM2.5's (their tool lists) and gpt-oss's (channels) the
-    reasoning as `thinking` too;
-    other templates the messages as they are."""
-    if "[SYSTEM_PROMPT]" in template and "[TOOL_CALLS]" in template and "[ARGS]" in template and "[CALL_ID]" not in template:
-        out = []
-        for m in messages:
-            if m.get("role") not in ("system", "assistant"):
-                out.append(m)
-                continue
-            blocks = ([{"type": "thinking", "thinking": m["reasoning_content"]}]
-                      if isinstance(m.get("reasoning_content"), str) else [])
-            if isinstance(m.get("content"), str):
-                blocks.append({"type": "text", "text": m["content"]})
-            elif isinstance(m.get("content"), list):
-                blocks += m["content"]
-            out.append({**{k: v for k, v in m.items() if k != "reasoning_content"}, "content": blocks})
-        return out
-    if (("<|tool_list_start|>" in template and "<|tool_list_end|>" in template) or "List of tools: [" in template
-            or "<|channel|>" in template):  # (the last: gpt-oss's harmony template)
-        return [{**m, "thinking": m["reasoning_content"]} if isinstance(m.get("reasoning_content"), str) else m
-                for m in messages]
-    return messages
 
 
 def supports_thinking(template: str, **variables: Any) -> bool:
