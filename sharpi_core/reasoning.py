@@ -30,6 +30,9 @@ _END_TAG = re.compile(r"</([A-Za-z0-9_.:-]*think[A-Za-z0-9_.:-]*)>")
 # gpt-oss's harmony channels (the analysis message, ended where the final one starts: what follows is the content)
 _OTHER_TAGS = (("[THINK]", "[/THINK]"), ("<|START_THINKING|>", "<|END_THINKING|>"),
                ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant<|channel|>final<|message|>"))
+# what opens a reply's content when it skips the block (gpt-oss's final channel without an analysis one): dropped, as
+# llama.cpp's parser drops it
+_CONTENT_OPENERS = {_OTHER_TAGS[2][0]: "<|channel|>final<|message|>"}
 
 
 def thinking_tags(template: str | None) -> tuple[str, str] | None:
@@ -51,10 +54,14 @@ def thinking_tags(template: str | None) -> tuple[str, str] | None:
 def split_reasoning(text: str, tags: tuple[str, str], opened: bool) -> tuple[str, str] | None:
     """(reasoning, content) of a reply that starts with a reasoning block (or, `opened`, inside one its prompt
     opened), as llama.cpp's "deepseek" reasoning format returns them: the block's text without its tags, and
-    what follows it; a reply cut inside the block is reasoning only. None when the reply has no block."""
+    what follows it; a reply cut inside the block is reasoning only. None when the reply has no block, but ("", the
+    content) when it opens its content as a block's end would (_CONTENT_OPENERS: gpt-oss's final channel)."""
     start, end = tags
     if not opened:
         body = text.lstrip()
+        opener = _CONTENT_OPENERS.get(start)
+        if opener and body.startswith(opener):
+            return "", body[len(opener):].lstrip()
         if not body.startswith(start):
             return None
         text = body[len(start):]
@@ -85,6 +92,7 @@ class ReasoningStream:
 
     def __init__(self, tags: tuple[str, str], opened: bool):
         self.start, self.end = tags
+        self.opener = _CONTENT_OPENERS.get(self.start, "")
         self.mode = "reasoning" if opened else "opening"  # opening: the reply's start, which may open a block
         self._buf = ""
         self._fresh = True  # at the start of the current part: its leading whitespace goes
@@ -98,7 +106,10 @@ class ReasoningStream:
                 if body.startswith(self.start):
                     self.mode, self._buf, self._fresh = "reasoning", body[len(self.start):], True
                     continue
-                if self.start.startswith(body):  # (all whitespace, or a start tag in the making)
+                if self.opener and body.startswith(self.opener):  # no block: the content's opener goes
+                    self.mode, self._buf, self._fresh = "content", body[len(self.opener):], True
+                    continue
+                if self.start.startswith(body) or self.opener.startswith(body):  # (whitespace, or a tag in the making)
                     return out
                 self.mode, self._fresh = "content", False  # no block: the reply as it is
             if self._fresh:

@@ -34,6 +34,23 @@ def test_thinking_tags_come_from_the_template():
     assert thinking_tags("<|START_THINKING|>{{ t }}<|END_THINKING|>") == ("<|START_THINKING|>", "<|END_THINKING|>")
     assert thinking_tags("[THINK] only opens") is None
     assert split_reasoning(" [THINK]Hmm.\n[/THINK]\n\nYes.", ("[THINK]", "[/THINK]"), False) == ("Hmm.", "Yes.")
+
+
+
+def test_harmony_channels_are_gpt_oss_reasoning():
+    """gpt-oss's template writes harmony channels: the analysis message is the reasoning, the final one the content
+    (a reply without an analysis opens its final channel at once: the content, its header dropped), whole or in pieces."""
+    t = "{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking + '<|end|>' -}}<|channel|>final<|message|>"
+    tags = thinking_tags(t)
+    assert tags == ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant<|channel|>final<|message|>")
+    for reply, want in (("<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant<|channel|>final<|message|>Hi!",
+                         ("Hmm.", "Hi!")), ("<|channel|>final<|message|>Hi!", ("", "Hi!")), ("Hi!", None)):
+        assert split_reasoning(reply, tags, False) == want
+        for n in (1, 3, 7):
+            s = ReasoningStream(tags, False)
+            parts = [p for i in range(0, len(reply), n) for p in s.feed(reply[i:i + n])] + s.finish()
+            got = ("".join(x for k, x in parts if k == "reasoning"), "".join(x for k, x in parts if k == "content"))
+            assert got == (want or ("", reply))
     assert thinking_tags(loaded(SMOL)[1].chat_template) is None
     assert thinking_tags(None) is None
 
