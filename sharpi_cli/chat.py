@@ -366,7 +366,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         reply = reply_text(tok, res, o.special)
         messages = [*turn, assistant_message(reply, tags, text)]
         if out:
-            out.write(transcript_reply(reply, tags, text))
+            out.write(transcript_reply(messages[-1]))
         if o.show_timings:  # llama-cli's line after each reply
             t = res.timings
             spec = "" if res.spec is None else f" | Accepted: {100 * (res.spec.as_dict().get('acceptance') or 0):.0f}%"
@@ -399,11 +399,10 @@ def open_transcript(o):
         raise SharpiError(f"cannot write the output file {o.output_file}: {e.strerror}") from None
 
 
-def transcript_reply(reply: str, tags, prompt: str) -> str:
-    """A reply in -o's transcript: its reasoning between [Start thinking] and [End thinking] (llama-cli's lines)."""
-    from sharpi_core.reasoning import opens_block, split_reasoning
-    parts = split_reasoning(reply, tags, opens_block(prompt, tags)) if tags else None
-    reasoning, content = parts if parts else ("", reply)
+def transcript_reply(message: dict) -> str:
+    """A reply (assistant_message's) in -o's transcript: its reasoning between [Start thinking] and [End thinking]
+    (llama-cli's lines)."""
+    reasoning, content = message.get("reasoning_content", ""), message["content"]
     text = "Assistant:\n" + (f"[Start thinking]\n\n{reasoning}[End thinking]\n\n" if reasoning else "") + content
     return text + ("" if text.endswith("\n") else "\n") + "\n"
 

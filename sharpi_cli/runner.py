@@ -280,6 +280,7 @@ def validate(o: RunOptions) -> None:
                     ("--adaptive-decay", o.adaptive_decay)):
         if not math.isfinite(v) or abs(v) > FLOAT32_MAX:  # llama.cpp reads these as floats (std::stof)
             raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
+    check_sampling_values(o)
     check_samplers(o)
     for tid, b in o.logit_bias:
         if math.isfinite(b) and abs(b) > FLOAT32_MAX:
@@ -306,7 +307,6 @@ def validate(o: RunOptions) -> None:
     if o.reasoning_budget < -1:
         raise UsageError(f"invalid --reasoning-budget {o.reasoning_budget}: must be >= -1 (-1 = no limit, 0 = end the "
                          "reasoning at once)")
-    check_sampling_values(o)
     if o.min_keep < 0:
         raise UsageError(f"invalid --min-keep {o.min_keep}: must be >= 0 (0 = off)")
     for flag, v in (("-ctk/--cache-type-k", o.cache_type_k), ("-ctv/--cache-type-v", o.cache_type_v),
@@ -531,8 +531,6 @@ def check_samplers(o: RunOptions) -> None:
             raise UsageError(f"invalid {flag} '{o.samplers if o.sampling_seq is None else o.sampling_seq}': {e}") from None
     elif o.samplers is None:
         o.samplers = DEFAULT_SAMPLERS
-    if o.mirostat not in (0, 1, 2):
-        raise UsageError(f"invalid --mirostat {o.mirostat}: 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0)")
     if o.mirostat:
         unused = [f for f, on in (("--repeat-penalty", o.repeat_penalty != 1), ("--presence-penalty", o.presence_penalty != 0),
                                   ("--frequency-penalty", o.frequency_penalty != 0), ("--dry-multiplier", o.dry_multiplier != 0),
@@ -1172,10 +1170,10 @@ def _run(o: RunOptions) -> int:
             if view is not None:
                 view.close()
     if o.single_turn and o.output_file:  # -o: the turn as llama-cli's transcript has it
-        from .chat import open_transcript, reply_tags, reply_text, transcript_reply
+        from .chat import assistant_message, open_transcript, reply_tags, reply_text, transcript_reply
         with open_transcript(o) as t:
             t.write(f"User:\n{prompt}\n\n")
-            t.write(transcript_reply(reply_text(tok, res, o.special), reply_tags(o, tok), text))
+            t.write(transcript_reply(assistant_message(reply_text(tok, res, o.special), reply_tags(o, tok), text)))
     if o.json_out:
         d = result_json(res, target, seed)
         d.update(reasoning_fields(o, tok, ids, res.text))
