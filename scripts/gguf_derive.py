@@ -91,6 +91,9 @@ fixed, smooth values (no random generator: the same file on every machine):
           post_attention_norm (Qwen3.5 GGUFs' name); one more block, the MTP layer (_qwen35_mtp_tensors,
           nextn_predict_layers 1): the source's last layer as a gated attention layer, a fixed Q8_0 eh_proj mixing
           the normed embedding (0.4) and hidden row (0.8), enorm, hnorm, shared_head_norm
+  mixed   still llama, types mixed within the pairs sharpi multiplies as one (q and k, gate and up): attn_k requantized
+          to Q8_0 beside the Q4_1 attn_q (llama.cpp's Q4_K_M does so for an 8-expert model), ffn_up to Q5_0 on the even
+          layers and ffn_gate to Q8_0 on the odd ones (gguf.quants' quantizers, from the Q4_1 values)
   fused-qkv still llama, as `convert_hf_to_gguf.py --fuse-qkv` writes a model: each layer's attn_q, attn_k and
           attn_v in one attn_qkv (blocks copied byte for byte, back to back) with small fixed biases in one
           attn_qkv.bias (the converter fuses the biases of models that have them, such as Qwen2's)
@@ -114,7 +117,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4", "qwen35")
+            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4", "qwen35", "mixed")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -748,6 +751,12 @@ def derive(variant: str, src: str, dst: str) -> None:
             else:
                 qt, blocks = (Q.Q4_0, gguf.quants.quantize(x, Q.Q4_0)) if even else (Q.IQ4_NL, quantize_iq4_nl(x))
             w.add_tensor(t.name, blocks, raw_dtype=qt)
+        elif variant == "mixed" and t.name.startswith("blk.") and (t.name.endswith(".attn_k.weight") or t.name.endswith(
+                (".ffn_up.weight", ".ffn_gate.weight")[int(t.name.split(".")[1]) % 2])):
+            n, k = int(t.shape[1]), int(t.shape[0])
+            x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(n, k)
+            qt = Q.Q5_0 if t.name.endswith(".ffn_up.weight") else Q.Q8_0
+            w.add_tensor(t.name, gguf.quants.quantize(x, qt), raw_dtype=qt)
         else:
             add_tensor_as_is(w, t)
         if variant == "qwen2moe" and t.name.endswith(".attn_norm.weight"):  # (q / k biases in the halves' order too)

@@ -7,7 +7,8 @@ No Qwen3, Llama 3.1 or SmolLM3 GGUF can be downloaded here, so scripts/gguf_deri
 SmolLM2's weights (qwen3: q/k norms and NeoX RoPE; llama3: rope_freqs; smollm3: NoPE layers; lowbit:
 Q3_K / Q2_K / IQ4_XS / Q5_K ffn_down, Q4_0 / IQ4_NL attention weights; phi3: fused attn_qkv and ffn_up,
 longrope factors and attention factor; granite: its four scales; mistral3, float, five MoE graphs (gpt-oss: sinks, biases, MXFP4 experts; qwen2moe: a gated shared expert; granitemoe), fused-qkv, exaone; lfm2: short
-convolutions between attention layers; qwen35: Gated DeltaNet layers between gated attention layers) and Gemma 3's (gemma2: softcaps, its sliding-window pattern). libllama (scripts/llamacpp_logits.c, as
+convolutions between attention layers; qwen35: Gated DeltaNet layers between gated attention layers; mixed: types
+mixed within q / k and gate / up) and Gemma 3's (gemma2: softcaps, its sliding-window pattern). libllama (scripts/llamacpp_logits.c, as
 compare_llamacpp_logits.py builds it) then decodes each case greedily: the fixture prompts, a prompt of
 ~300 tokens (prompt batches through llama.cpp's tiled flash attention, positions where rope_freqs'
 low-frequency factors matter), and a run through context shifts (the K-shift rotates by the same

@@ -162,7 +162,14 @@ def _open(path: str) -> _Reader:
     try:
         return _Reader(path, "r")
     except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
-        raise SharpiError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+        # (reads past the end of the mapping come back short: an index or a view of them fails)
+        if "cannot reshape array" in str(e):
+            why = f"its tensor data runs past the end of the file, {os.path.getsize(path)} bytes: cut short? "
+        elif isinstance(e, IndexError) or "a divisor of the total size" in str(e):
+            why = "its metadata ends early or is damaged: "
+        else:
+            why = ""
+        raise SharpiError(f"{path}: not a valid GGUF file ({why}{type(e).__name__}: {e})") from None
 
 
 def _int_field(reader: _Reader, key: str) -> int | None:
@@ -242,7 +249,10 @@ class GGUFFile:
             return default
         if isinstance(f.parts, _StringArrayParts):
             return f.parts.strings(self.path, key)
-        v = f.contents()
+        try:
+            v = f.contents()
+        except UnicodeDecodeError as e:
+            raise SharpiError(f"{self.path}: metadata '{key}' holds a string that is not UTF-8 ({e.reason})") from None
         if isinstance(v, np.generic):
             v = v.item()
         return v

@@ -120,7 +120,10 @@ def _read(path: str, arch: str):
 
     def field(key: str):
         f = reader.fields.get(key)
-        return None if f is None else f.contents()
+        try:
+            return None if f is None else f.contents()
+        except UnicodeDecodeError as e:
+            raise UsageError(f"LoRA {path}: metadata '{key}' holds a string that is not UTF-8 ({e.reason})") from None
 
     if field("general.type") != "adapter":
         raise UsageError(f"LoRA {path}: general.type is {field('general.type')!r}, not 'adapter'")

@@ -223,14 +223,17 @@ class QWeight:
             self._dense = torch_view(raw).view(n, k)
 
     @classmethod
-    def concat(cls, name: str, parts: list["QWeight"], row_order: list[np.ndarray | None] | None = None) -> "QWeight":
+    def concat(cls, name: str, parts: list["QWeight"], row_order: list[np.ndarray | None] | None = None):
         """One weight whose output rows are the parts' rows in turn (optionally reordered per part).
 
         Fusing q/k or gate/up into one matmul halves the per-token calls; the copy lives in RAM
-        while the original mmap pages are never touched, so resident memory does not double."""
+        while the original mmap pages are never touched, so resident memory does not double. Parts of
+        different types (a quantization that mixes them) stay apart: a StackedWeight."""
         qt, k = parts[0].qtype, parts[0].k
-        assert all(p.qtype == qt and p.k == k for p in parts)
         order = row_order or [None] * len(parts)
+        if any(p.qtype != qt or p.k != k for p in parts):
+            return StackedWeight(name, [p if o is None else cls(f"{p.name}[order]", p.raw[o], p.qtype, len(o), p.k)
+                                        for p, o in zip(parts, order)])
         raw = np.concatenate([p.raw if o is None else p.raw[o] for p, o in zip(parts, order)])
         return cls(name, raw, qt, raw.shape[0], k)  # (an order may take some of a part's rows)
 
@@ -355,8 +358,42 @@ class QWeight:
         return reference_dequantize(sel, self.qtype).view(len(ids), self.k)
 
 
+class StackedWeight:
+    """Weights of different types over one input, their outputs side by side ([T, sum of n]): what a fused
+    pair (q and k, gate and up) is where the quantization mixed types, as llama.cpp's Q4_K_M does for
+    an 8-expert model (attn_k Q8_0 beside a Q4_K attn_q) and per-tensor type choices (llama-quantize's
+    --tensor-type) may anywhere. Each part is multiplied by its own kernel, as llama.cpp multiplies them apart."""
+
+    kernel_rounds = True  # (each part rounds the activations its own way: called with the raw x)
+
+    def __init__(self, name: str, parts: list[QWeight]):
+        self.name, self.parts = name, list(parts)
+        self.n, self.k = sum(p.n for p in parts), parts[0].k
+        self.loras: list = []
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def pack(self) -> None:
+        for p in self.parts:
+            p.pack()
+
+    def set_loras(self, terms: list) -> None:
+        self.loras = list(terms)
+
+    add_loras = QWeight.add_loras
+
+    def __call__(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        y = torch.cat([p(x, prompt) for p in self.parts], dim=-1)  # [T, n]
+        return self.add_loras(x, y, prompt) if self.loras else y
+
+
 def load_vector(t) -> torch.Tensor:
     """A 1-D (norm/bias) tensor as fp32 (small: copied)."""
     if t.tensor_type in (Q.F32, Q.F16):
         return torch.from_numpy(np.array(t.data, dtype=np.float32)).reshape(-1)
+    if t.tensor_type not in SUPPORTED_TYPES:
+        raise SharpiError(f"tensor '{t.name}' has unsupported type {t.tensor_type.name} "
+                          f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})")
     return reference_dequantize(t.data, t.tensor_type).reshape(-1)

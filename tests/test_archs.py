@@ -1,6 +1,6 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
 Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, Qwen3.5's Gated DeltaNet, MoE graphs (gpt-oss among them), Q2_K / Q3_K / Q5_K /
-Q4_0 / IQ4_NL / IQ4_XS / MXFP4, F32 / F16 / BF16), against llama.cpp.
+Q4_0 / IQ4_NL / IQ4_XS / MXFP4, F32 / F16 / BF16, types mixed within q / k and gate / up), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
 the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
@@ -59,7 +59,7 @@ def case_id(c: dict) -> str:
 # Variants whose run through context shifts adds nothing to another's: the K-shift re-ropes K, and these
 # rope as one of the variants kept does (plain NORM RoPE like SmolLM2's own shift tests, or NeoX like qwen3),
 # their differences (weight types, experts, norms, scales, fused tensors) being checked on the logits paths
-SHIFT_AS_ANOTHER = {"lowbit", "granite", "float", "mixtral", "granitemoe", "fused-qkv", "qwen3moe", "qwen2moe", "olmo2"}
+SHIFT_AS_ANOTHER = {"lowbit", "mixed", "granite", "float", "mixtral", "granitemoe", "fused-qkv", "qwen3moe", "qwen2moe", "olmo2"}
 
 
 @pytest.mark.parametrize("case", [c for c in ORACLE["cases"] if "top_logits" not in c
@@ -400,6 +400,23 @@ def test_moe_fast_decode_is_bit_identical(derived, variant, monkeypatch):
     fixed buffers; verify rows and last_n too) give the general loop's bits."""
     from test_model import fast_path_is_hidden
     fast_path_is_hidden(*loaded(derived[variant]), ("f16", "f16"), monkeypatch)
+
+
+def test_mixed_types_in_fused_pairs(derived, monkeypatch):
+    """Where q and k (gate and up) have different types, each is multiplied apart, side by side in the pair's output
+    (a StackedWeight, not a fused copy): every row is the part's own product, through the general loop and the
+    decoding fast path alike (llama.cpp's logits: test_logits_are_llama_cpps)."""
+    from test_model import fast_path_is_hidden
+    Q = gguf_derive.Q
+    model, tok = loaded(derived["mixed"])
+    assert [[p.qtype for p in ly.wqk.parts] for ly in model.layers] == [[Q.Q4_1, Q.Q8_0]] * len(model.layers)
+    assert [[p.qtype for p in ly.w_gu.parts] for ly in model.layers] == [[Q.Q4_1, Q.Q5_0], [Q.Q8_0, Q.Q4_1]] * (
+        len(model.layers) // 2)
+    ly = model.layers[1]
+    x = torch.randn(3, model.config.n_embd, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ly.w_gu(x), torch.cat([p(x) for p in ly.w_gu.parts], -1))
+    assert ly.w_gu(x).shape == (3, 2 * model.config.n_ff)
+    fast_path_is_hidden(model, tok, ("f16", "f16"), monkeypatch)
 
 
 def test_fused_qkv_is_the_separate_weights(derived):

@@ -115,6 +115,11 @@ def test_unsupported_quant_type_is_named(tmp_path):
     t = gf.tensor("blk.0.attn_q.weight")
     with pytest.raises(SharpiError, match="unsupported quantization type TQ2_0"):
         QWeight(t.name, t.data, gguf.GGMLQuantizationType.TQ2_0, 32, 32)
+    from types import SimpleNamespace
+    from sharpi_core.quants import load_vector
+    norm = SimpleNamespace(name="blk.0.attn_norm.weight", tensor_type=gguf.GGMLQuantizationType.I8, data=np.ones(32, np.int8))
+    with pytest.raises(SharpiError, match="'blk.0.attn_norm.weight' has unsupported type I8"):
+        load_vector(norm)  # (gguf.quants cannot read it either: NotImplementedError before)
 
 
 @pytest.mark.parametrize("content", [b"", b"not a gguf file at all" * 10, b"GGUF\x03\x00\x00\x00" + b"\xff" * 40])
@@ -129,7 +134,10 @@ def test_truncated_gguf_is_an_error(tmp_path):
     p = write_gguf(tmp_path / "m.gguf")
     data = p.read_bytes()
     p.write_bytes(data[: len(data) // 2])
-    with pytest.raises(SharpiError):
+    with pytest.raises(SharpiError, match=f"tensor data runs past the end of the file, {len(data) // 2} bytes"):
+        load_model(p)
+    p.write_bytes(data[:200])  # (in the metadata)
+    with pytest.raises(SharpiError, match="metadata ends early or is damaged"):
         load_model(p)
 
 
@@ -188,6 +196,7 @@ def test_string_arrays_read_as_the_stock_reader_reads_them(tmp_path):
     w.add_array("t.ints", [3, 1, 2])
     w.add_string("t.plain", "s")
     w.add_array("t.bad", [b"ok", b"\xff\xfe"])
+    w.add_string("t.bad_one", b"{% if lo\xe3p %}")  # a chat template with a damaged byte
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.close()
@@ -198,6 +207,8 @@ def test_string_arrays_read_as_the_stock_reader_reads_them(tmp_path):
     assert [gf.array_len(k) for k in ("t.words", "t.one", "t.ints", "t.plain", "t.absent")] == [8, 1, 3, 0, 0]
     with pytest.raises(SharpiError, match="t.bad.*not UTF-8"):
         gf.get("t.bad")
+    with pytest.raises(SharpiError, match="t.bad_one.*not UTF-8"):
+        gf.get("t.bad_one")
 
 
 def test_real_vocabulary_reads_as_field_contents():

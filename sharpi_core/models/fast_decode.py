@@ -23,6 +23,7 @@ import torch
 
 from ..kernels import cpu
 from ..kv_cache import BLOCK_BYTES, KVCache
+from ..quants import StackedWeight
 
 ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
 
@@ -41,6 +42,18 @@ def _router_args(w) -> tuple | None:
     return None
 
 
+def _direct(w) -> bool:
+    """Whether the C kernel multiplies w (each part of a StackedWeight) in the decoding order."""
+    return all(p._kern is not None and p.act_kind is not None for p in getattr(w, "parts", [w]))
+
+
+def _args(w) -> tuple | list:
+    """A weight's (code, pointer, row bytes, n, k) for _mm; a StackedWeight's: a list of its parts'."""
+    if isinstance(w, StackedWeight):
+        return [_args(p) for p in w.parts]
+    return (*w.kernel_args(), w.n, w.k)
+
+
 def _matmuls(ly) -> dict:
     """A layer's weights by name in run()'s terms."""
     if ly.conv is not None:
@@ -57,6 +70,7 @@ class DecodePath:
         self.weights: list[dict] = []  # per layer, made at its first pass: name -> (code, pointer, row bytes, n, k)
         self.fns = cpu.kernel_fns()
         self._bufs: dict[str, torch.Tensor] = {}  # for the longest pass so far; shorter ones use leading rows
+        self._stacked = torch.empty(0)  # a StackedWeight's part's output rows in a pass of several
 
     @classmethod
     def for_model(cls, model) -> "DecodePath | None":
@@ -65,7 +79,7 @@ class DecodePath:
                 or not c.pre_norms or c.qk_norm_full):  # (olmo2's layers: the general loop)
             return None
         for ly in model.layers:
-            if any(w is not None and (w._kern is None or w.act_kind is None) for w in _matmuls(ly).values()):
+            if any(w is not None and not _direct(w) for w in _matmuls(ly).values()):
                 return None
             if ly.delta is not None and (_router_args(ly.delta.w_beta) is None or _router_args(ly.delta.w_alpha) is None
                                          or c.ssm_conv_dim % 16 or (c.ssm_dt_rank * c.ssm_d_state) % 16):
@@ -74,7 +88,7 @@ class DecodePath:
             if ex is not None and (_router_args(ex.router) is None or ex.id_args() is None or model.config.n_ff_exp % 16):
                 return None
             if ex is not None and ex.sh_gu is not None and (
-                    any(w._kern is None or w.act_kind is None for w in (ex.sh_gu, ex.sh_down))
+                    not all(_direct(w) for w in (ex.sh_gu, ex.sh_down))
                     or (ex.sh_gate is not None and _router_args(ex.sh_gate) is None) or model.config.n_ff_shexp % 16):
                 return None
         return cls(model)
@@ -83,14 +97,14 @@ class DecodePath:
         # resolved lazily: the layers a CPU/GPU split keeps on the GPU are never repacked for the CPU
         while len(self.weights) < n_layers:
             ly = self.model.layers[len(self.weights)]
-            w = {n: (*w.kernel_args(), w.n, w.k) for n, w in _matmuls(ly).items() if w is not None}
+            w = {n: _args(w) for n, w in _matmuls(ly).items() if w is not None}
             if ly.delta is not None:
                 w["beta"], w["alpha"] = ((*_router_args(x), x.n, x.k) for x in (ly.delta.w_beta, ly.delta.w_alpha))
             ex = ly.experts
             if ex is not None:
                 w["router"] = (*_router_args(ex.router), ex.router.n, ex.router.k)
             if ex is not None and ex.sh_gu is not None:
-                w["sh_gu"], w["sh_down"] = ((*x.kernel_args(), x.n, x.k) for x in (ex.sh_gu, ex.sh_down))
+                w["sh_gu"], w["sh_down"] = (_args(x) for x in (ex.sh_gu, ex.sh_down))
                 if ex.sh_gate is not None:
                     w["sh_gate"] = (*_router_args(ex.sh_gate), 1, ex.sh_gate.k)
             self.weights.append(w)
@@ -134,8 +148,27 @@ class DecodePath:
         return {name: buf[:rows.get(name, T)] for name, buf in self._bufs.items()}  # leading rows: contiguous
 
     def _mm(self, w, x: torch.Tensor, y: torch.Tensor, T: int, nth: int) -> None:
+        if isinstance(w, list):  # (a StackedWeight: its parts' outputs side by side in y's rows)
+            if T == 1:
+                off = y.data_ptr()
+                for part in w:
+                    self._mm_at(part, x, off, 1, nth)
+                    off += 4 * part[3]
+                return
+            col = 0
+            for part in w:
+                n = part[3]
+                if self._stacked.numel() < T * n:
+                    self._stacked = torch.empty(T * n)
+                self._mm_at(part, x, self._stacked.data_ptr(), T, nth)
+                y.view(T, -1)[:, col:col + n].copy_(self._stacked[:T * n].view(T, n))
+                col += n
+            return
+        self._mm_at(w, x, y.data_ptr(), T, nth)
+
+    def _mm_at(self, w, x: torch.Tensor, y_ptr: int, T: int, nth: int) -> None:
         code, ptr, rb, n, k = w
-        if self.fns["qmatmul"](code, ptr, rb, n, k, x.data_ptr(), T, y.data_ptr(), nth):
+        if self.fns["qmatmul"](code, ptr, rb, n, k, x.data_ptr(), T, y_ptr, nth):
             raise RuntimeError("qmatmul: the kernel rejected a weight it had accepted")
 
     def _write(self, store, layer: int, start: int, x: torch.Tensor, T: int) -> int:
