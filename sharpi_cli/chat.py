@@ -5,6 +5,7 @@ import signal
 import sys
 
 from sharpi_core.errors import SharpiError
+from sharpi_core.text import text_from_bytes, without_surrogates
 
 
 _early = [False]  # a Ctrl-C before the first reply, under startup_handler
@@ -295,6 +296,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                     line = input("> ")
                     while line.endswith("\\"):  # llama-cli: a trailing backslash continues the message
                         line = line[:-1] + "\n" + input("")
+                line = without_surrogates(line)
             except (EOFError, KeyboardInterrupt):
                 print(file=sys.stderr)
                 break
@@ -411,6 +413,6 @@ def read_text_file(name: str) -> str | None:
     """A file's text for /read (undecodable bytes replaced), or None if it cannot be read."""
     from pathlib import Path
     try:
-        return Path(name).expanduser().read_bytes().decode("utf-8", errors="replace")
+        return text_from_bytes(Path(name).expanduser().read_bytes())[0]
     except OSError:
         return None

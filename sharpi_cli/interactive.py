@@ -25,6 +25,7 @@ import time
 from dataclasses import fields
 
 from sharpi_core.generate import STOP_WINDOW, GenerationResult, SpecStats, Timings
+from sharpi_core.text import without_surrogates
 
 
 def read_input(multiline: bool, prompt: str = "") -> str | None:
@@ -36,7 +37,7 @@ def read_input(multiline: bool, prompt: str = "") -> str | None:
     while True:
         try:
             with signals_seen():
-                line = input(prompt)
+                line = without_surrogates(input(prompt))
             prompt = ""
         except EOFError:
             return buffer or None

@@ -1,6 +1,7 @@
 """`sharpi`: llama-cli style flags; parses, validates, calls the engine. Text on stdout, the rest on stderr."""
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -489,6 +490,8 @@ def main() -> None:
     if sys.stdout is None:
         _err("standard output is closed: nowhere to write the output")
         sys.exit(1)
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the prompt as U+FFFD (runner.read_stdin)
+        sys.stdin.reconfigure(errors="surrogateescape")  # (a UTF-8 locale's stdin would raise on them)
     if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # Python's handler again (see sharpi_cli/entry.py)
         from .chat import install_startup_handler
         install_startup_handler()  # Python's, remembering a Ctrl-C an import's callback swallows

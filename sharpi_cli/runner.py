@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from sharpi_core.errors import SharpiError, UsageError
+from sharpi_core.text import text_from_bytes, without_surrogates
 from sharpi_core.choices import CACHE_TYPES, DEFAULT_SAMPLERS, QUANTIZED_CACHE_TYPES, SAMPLER_CHARS, sampler_order
 
 
@@ -791,9 +792,9 @@ def read_prompt(o: RunOptions) -> str | None:
     if o.prompt is not None:
         text = o.prompt
     elif o.file is not None:
-        text = (sys.stdin.read() if o.file == "-" else read_text(o.file, "prompt file ")).removesuffix("\n")
+        text = (read_stdin() if o.file == "-" else read_text(o.file, "prompt file ", lenient=True)).removesuffix("\n")
     elif not sys.stdin.isatty() and o.conversation is not True and not o.interactive:  # -cnv, -i read input from stdin
-        text = sys.stdin.read().removesuffix("\n")
+        text = read_stdin().removesuffix("\n")
         if not text:
             return None
     else:
@@ -911,15 +912,28 @@ def chat_template_for(o: RunOptions, tok) -> str | None:
     return None
 
 
-def read_text(path: str, what: str = "") -> str:
-    """A UTF-8 text file named on the command line; one error line if it cannot be read or decoded."""
+def read_text(path: str, what: str = "", lenient: bool = False) -> str:
+    """A UTF-8 text file named on the command line; one error line if it cannot be read or decoded. lenient (a
+    prompt's text): bytes that are not UTF-8 are read as llama.cpp reads them (U+FFFD each), with a warning."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as e:
         raise UsageError(f"cannot read {what}{path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{what}{path} is not UTF-8 text") from None
+    if not lenient:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{what}{path} is not UTF-8 text") from None
+    text, bad = text_from_bytes(data)
+    if bad:
+        log(f"warning: {what}{path} is not all UTF-8 text: {bad} byte{'s' * (bad > 1)} read as U+FFFD")
+    return text
+
+
+def read_stdin() -> str:
+    """Standard input's text (bytes that are not UTF-8: U+FFFD each, as llama.cpp reads them)."""
+    return without_surrogates(sys.stdin.read())  # (main() set its errors to surrogateescape)
 
 
 # a backslash and what follows it: \xHH where strtol(.., 16) reads both characters (two hex digits, or a
@@ -937,7 +951,7 @@ def process_escapes(text: str) -> str:
     """llama.cpp's string_process_escapes on the UTF-8 bytes: \\n \\r \\t \\' \\" \\\\ and \\xHH; any other
     backslash stays, with what follows it (a \\x that strtol cannot read whole too)."""
     out = _ESCAPE.sub(_escape, text.encode("utf-8", errors="surrogateescape"))
-    return out.decode("utf-8", errors="replace")
+    return text_from_bytes(out)[0]
 
 
 # -- the generation command -------------------------------------------------------------------
@@ -1464,7 +1478,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     if kld:
         read_base_header(kld_base)  # (a file that is none is refused before the model loads)
     else:
-        text = read_text(file)
+        text = read_text(file, lenient=True)
     o = adapters or RunOptions(model=model)
     check_adapters(o)
     m = _load(model, flash_attn)
@@ -1506,12 +1520,12 @@ def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape
     if not stdin and file is None and prompt is None:
         raise UsageError("tokenize needs one of --stdin, -f/--file or -p/--prompt")
     if not stdin and file is not None:
-        prompt = sys.stdin.read() if file == "-" else read_text(file)
+        prompt = read_stdin() if file == "-" else read_text(file, lenient=True)
     from sharpi_core.gguf_file import GGUFFile
     from sharpi_core.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(GGUFFile(resolve_with_progress(model)))
     if stdin:
-        prompt = sys.stdin.read()
+        prompt = read_stdin()
     if escape:
         prompt = process_escapes(prompt)
     ids = tok.encode(prompt, add_special=not no_bos, parse_special=not no_parse_special)

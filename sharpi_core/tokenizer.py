@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import SharpiError
 from .gguf_file import GGUFFile
+from .text import without_surrogates
 
 # llama.cpp token types (tokenizer.ggml.token_type) ...
 TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(7)
@@ -294,8 +295,9 @@ class Tokenizer:
         case the first encode builds them (for callers that only compare vocabularies)."""
         model = gf.get("tokenizer.ggml.model")
         if model not in ("gpt2", "llama"):
-            raise SharpiError(f"{gf.path}: unsupported tokenizer model '{model}' (sharpi supports 'gpt2' byte-level "
-                              "BPE and 'llama' SentencePiece vocabularies)")
+            what = "no tokenizer model (tokenizer.ggml.model)" if model is None else f"unsupported tokenizer model '{model}'"
+            raise SharpiError(f"{gf.path}: {what} (sharpi supports 'gpt2' byte-level BPE and 'llama' SentencePiece "
+                              "vocabularies)")
         tokens = gf.get("tokenizer.ggml.tokens")
         if not tokens:
             raise SharpiError(f"{gf.path}: the GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
@@ -372,11 +374,7 @@ class Tokenizer:
         add_special: BOS/EOS where the model's metadata asks for them.
         parse_special: control tokens written in the text (e.g. `<|im_start|>`) become one token;
         user-defined tokens are always split out, as in llama.cpp."""
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:  # lone surrogates (e.g. from undecodable argv bytes)
-                text = re.sub("[\ud800-\udfff]", "\ufffd", text)
+        text = without_surrogates(text)  # (e.g. undecodable argv bytes: U+FFFD each, as llama.cpp reads them)
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)

@@ -536,7 +536,12 @@ ESCAPE_CASES = [
     ("\\x41\\x4", [49, 76, 104, 36]), ("\\x-1z", [24211, 106]), ("end\\", [486, 76]), ("\\x c", [200]),
     ("\\q\\x", [76, 97, 76, 104]), ("tab\\there", [15999, 197, 1531]), ("\\xc3\\xa9t\\xe9", [19380, 24211]),
     ("\\x+f\\x 9", [203, 197]), ("\\\\\\\\n", [12332, 94]), ("A\\x0aB", [49, 198, 50]),
+    # (bytes that are not UTF-8: one U+FFFD each, a cut-short sequence too; llamacpp_tokenize.c's ids)
+    ("Hello \\xe2\\x82a", [19556, 216, 24211, 24211, 81]), ("\\xf0\\x9f\\x98", [24211] * 3),
 ]
+# the same texts as bytes (-f, stdin) and llama.cpp's ids for them
+UNDECODABLE = [(b"Hello \xe2\x82a", [19556, 216, 24211, 24211, 81]), (b"ok \xc3", [2231, 216, 24211]),
+               (b"Hi \xff\xfe", [26843, 216, 24211, 24211])]
 
 
 def test_prompt_escapes_are_llama_cpps(tmp_path):
@@ -551,6 +556,27 @@ def test_prompt_escapes_are_llama_cpps(tmp_path):
     f.write_text("Hello\\nworld\n\n")
     assert read_prompt(RunOptions(file=str(f))) == "Hello\nworld\n"
     assert read_prompt(RunOptions(file=str(f), escape=False)) == "Hello\\nworld\n"
+
+
+def test_undecodable_prompt_bytes_are_read_as_llama_cpp_reads_them(smol, tmp_path):
+    """-f, stdin and the tokenize command read bytes that are not UTF-8 as llama.cpp does (U+FFFD each), with a
+    warning for a file; stdin too where the locale's decoder is strict (it raised a traceback)."""
+    for i, (data, ids) in enumerate(UNDECODABLE):
+        f = tmp_path / f"p{i}.txt"
+        f.write_bytes(data)
+        r = sharpi("tokenize", "-m", smol, "-f", f, "--ids", "--no-bos")
+        assert r.returncode == 0 and json.loads(r.stdout) == ids, r.stderr
+        assert "not all UTF-8 text" in r.stderr
+        env = dict(os.environ, PYTHONIOENCODING="utf-8:strict")
+        r = subprocess.run(SHARPI.split() + ["tokenize", "-m", smol, "--stdin", "--ids", "--no-bos"], input=data,
+                           capture_output=True, env=env, timeout=300)
+        assert r.returncode == 0 and json.loads(r.stdout) == ids, r.stderr
+    r = subprocess.run(SHARPI.split() + ["-m", smol, "-f", "-", "-n", "2", "--temp", "0", "--json"], input=UNDECODABLE[0][0],
+                       capture_output=True, env=env, timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout)["timings"]["prompt_n"] == len(UNDECODABLE[0][1]), r.stderr
+    r = subprocess.run(SHARPI.split() + ["-m", smol, "-cnv", "-n", "2", "--temp", "0"], input=b"Hi \xff\n",
+                       capture_output=True, env=env, timeout=300)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
 
 
 def test_reverse_prompt_escapes(smol):
