@@ -23,11 +23,14 @@ _NAME = re.compile(r"direction\.(-?\d+)")
 def open_gguf(path: str, what: str) -> gguf.GGUFReader:
     """A control vector's or adapter's file (what: "control vector", "LoRA"), or one error line saying why not."""
     try:
-        return gguf.GGUFReader(path)
+        reader = gguf.GGUFReader(path)
     except FileNotFoundError:
         raise UsageError(f"{what} {path}: no such file") from None
     except Exception as e:  # noqa: BLE001 (a corrupt file: gguf raises whatever its parser meets)
         raise UsageError(f"{what} {path}: not a readable GGUF file ({e})") from None
+    if reader.endianess != gguf.GGUFEndian.LITTLE:
+        raise UsageError(f"{what} {path}: a big-endian GGUF file; sharpi reads little-endian ones only")
+    return reader
 
 
 def _read_one(path: str, strength: float) -> tuple[int, dict[int, np.ndarray]]:

@@ -160,7 +160,7 @@ def _open(path: str) -> _Reader:
     if magic != b"GGUF":
         raise SharpiError(f"{path}: not a valid GGUF file (it does not start with the 'GGUF' magic bytes)")
     try:
-        return _Reader(path, "r")
+        reader = _Reader(path, "r")
     except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
         # (reads past the end of the mapping come back short: an index or a view of them fails)
         if "cannot reshape array" in str(e):
@@ -170,6 +170,9 @@ def _open(path: str) -> _Reader:
         else:
             why = ""
         raise SharpiError(f"{path}: not a valid GGUF file ({why}{type(e).__name__}: {e})") from None
+    if reader.endianess != gguf.GGUFEndian.LITTLE:  # (llama.cpp refuses them too: its tensors are read as they lie)
+        raise SharpiError(f"{path}: a big-endian GGUF file; sharpi reads little-endian ones only (as this CPU)")
+    return reader
 
 
 def _int_field(reader: _Reader, key: str) -> int | None:

@@ -31,7 +31,7 @@ def test_base_file_is_llama_perplexity_s(base):
     assert "Final estimate: PPL = " in r.stdout and not list(path.parent.glob("*.tmp*"))
 
 
-@pytest.mark.parametrize("run", range(len(ORACLE[0]["kl_divergence"])), ids=lambda i: " ".join(ORACLE[0]["kl_divergence"][i]["flags"]))
+@pytest.mark.parametrize("run", range(len(ORACLE[0]["kl_divergence"])), ids=lambda i: " ".join(ORACLE[0]["kl_divergence"][i]["flags"]) or "itself")
 def test_kl_divergence_report_is_llama_perplexity_s(base, run):
     c, path, _ = base
     want = c["kl_divergence"][run]
@@ -51,6 +51,11 @@ def test_kl_divergence_errors(base, tmp_path):
                    "does not look like a file of log-probabilities")
     bad.write_bytes(path.read_bytes()[:1_000_000])
     one_error_line(sharpi("perplexity", "-m", smol, "--kl-divergence-base", bad, "--kl-divergence"), 1, "cut short")
+    data = bytearray(path.read_bytes())
+    data[24:28] = (60000).to_bytes(4, "little")  # (the second token id)
+    bad.write_bytes(data)
+    one_error_line(sharpi("perplexity", "-m", smol, "--kl-divergence-base", bad, "--kl-divergence"), 1,
+                   "damaged (token id 60000 outside its vocabulary of 49152)")
     one_error_line(sharpi("perplexity", "-m", smol, "--kl-divergence-base", tmp_path / "none.kld", "--kl-divergence"),
                    1, "cannot read")
     one_error_line(sharpi("perplexity", "-m", model_path("gemma3-270m-q4_k_m"), "--kl-divergence-base", path,

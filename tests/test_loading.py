@@ -141,6 +141,22 @@ def test_truncated_gguf_is_an_error(tmp_path):
         load_model(p)
 
 
+def test_big_endian_gguf_is_refused(tmp_path):
+    from sharpi_core.control_vector import open_gguf
+    p = tmp_path / "be.gguf"
+    w = gguf.GGUFWriter(str(p), "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.ones((4, 32), dtype=np.float32).byteswap())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(SharpiError, match="a big-endian GGUF file"):
+        GGUFFile(p)  # (torch refused its tensors' byte order with a traceback)
+    with pytest.raises(SharpiError, match="a big-endian GGUF file"):
+        open_gguf(str(p), "LoRA")
+
+
 def test_missing_file():
     with pytest.raises(SharpiError, match="not found"):
         GGUFFile("/nonexistent/model.gguf")
