@@ -582,7 +582,9 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
     GGUF is one error, not a division by zero or a crash inside a kernel."""
     for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff"):
         if getattr(c, name) < 1:
-            raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")
+            raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata" + (
+                f" ({c.n_embd} embedding dimensions over {c.n_head} heads, unless key_length / value_length say)"
+                if name.startswith("head_dim") else ""))
     if c.n_head % c.n_head_kv:
         raise SharpiError(f"{gf.path}: {c.n_head} attention heads do not share {c.n_head_kv} KV heads evenly")
     read = set()
