@@ -17,6 +17,7 @@ layer and token embedding of a model that does not tie them (llama.cpp fails on 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import gguf
@@ -134,6 +135,8 @@ def _read(path: str, arch: str):
     if field(gguf.Keys.Adapter.ALORA_INVOCATION_TOKENS) is not None:
         raise UsageError(f"LoRA {path}: an activated LoRA (adapter.alora.invocation_tokens) is not supported")
     alpha = float(field(gguf.Keys.Adapter.LORA_ALPHA) or 0.0)
+    if not math.isfinite(alpha):  # (every product with it would be nan)
+        raise UsageError(f"LoRA {path}: adapter.lora.alpha is {alpha}")
     pairs: dict[str, list] = {}
     for t in reader.tensors:
         for i, suffix in enumerate((".lora_a", ".lora_b")):

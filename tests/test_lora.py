@@ -173,7 +173,7 @@ def _reduce16(v: np.ndarray) -> np.float32:
 def _adapter(path: Path, arch="llama", tensors=None, kv=None) -> str:
     w = gguf.GGUFWriter(str(path), arch)
     for key, val in ({"general.type": "adapter", "adapter.type": "lora"} if kv is None else kv).items():
-        w.add_string(key, val)
+        w.add_string(key, val) if isinstance(val, str) else w.add_float32(key, val)
     for name, a in (tensors or {}).items():
         w.add_tensor(name, a)
     finish(w)
@@ -187,6 +187,8 @@ A, B = np.zeros((8, 576), np.float16), np.zeros((576, 8), np.float16)
     ({"kv": {"general.type": "model", "adapter.type": "lora"}}, "general.type is 'model', not 'adapter'"),
     ({"kv": {"general.type": "adapter", "adapter.type": "cvec"}}, "adapter.type is 'cvec', not 'lora'"),
     ({"arch": "qwen2"}, "an adapter for 'qwen2', the model is 'llama'"),
+    ({"kv": {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": float("nan")}},
+     "adapter.lora.alpha is nan"),
     ({"tensors": {"blk.0.attn_q.weight.lora_a": A}}, "missing its lora_b"),
     ({"tensors": {"blk.0.attn_q.weight.lora_x": A}}, "unexpected suffix"),
     ({"tensors": {"blk.0.attn_q.weight.lora_a": A[:, :500], "blk.0.attn_q.weight.lora_b": B}}, "incorrect shape"),

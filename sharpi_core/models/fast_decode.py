@@ -148,28 +148,28 @@ class DecodePath:
         return {name: buf[:rows.get(name, T)] for name, buf in self._bufs.items()}  # leading rows: contiguous
 
     def _mm(self, w, x: torch.Tensor, y: torch.Tensor, T: int, nth: int) -> None:
-        if isinstance(w, list):  # (a StackedWeight: its parts' outputs side by side in y's rows)
+        if w.__class__ is list:  # (a StackedWeight's parts)
+            return self._mm_parts(w, x, y, T, nth)
+        code, ptr, rb, n, k = w
+        if self.fns["qmatmul"](code, ptr, rb, n, k, x.data_ptr(), T, y.data_ptr(), nth):
+            raise RuntimeError("qmatmul: the kernel rejected a weight it had accepted")
+
+    def _mm_parts(self, parts: list, x: torch.Tensor, y: torch.Tensor, T: int, nth: int) -> None:
+        """A StackedWeight: its parts' outputs side by side in y's rows (one row: written in place; several: each
+        part's rows into a buffer, then copied into its columns)."""
+        qmatmul, col = self.fns["qmatmul"], 0
+        for code, ptr, rb, n, k in parts:
             if T == 1:
-                off = y.data_ptr()
-                for part in w:
-                    self._mm_at(part, x, off, 1, nth)
-                    off += 4 * part[3]
-                return
-            col = 0
-            for part in w:
-                n = part[3]
+                dst = y.data_ptr() + 4 * col
+            else:
                 if self._stacked.numel() < T * n:
                     self._stacked = torch.empty(T * n)
-                self._mm_at(part, x, self._stacked.data_ptr(), T, nth)
+                dst = self._stacked.data_ptr()
+            if qmatmul(code, ptr, rb, n, k, x.data_ptr(), T, dst, nth):
+                raise RuntimeError("qmatmul: the kernel rejected a weight it had accepted")
+            if T > 1:
                 y.view(T, -1)[:, col:col + n].copy_(self._stacked[:T * n].view(T, n))
-                col += n
-            return
-        self._mm_at(w, x, y.data_ptr(), T, nth)
-
-    def _mm_at(self, w, x: torch.Tensor, y_ptr: int, T: int, nth: int) -> None:
-        code, ptr, rb, n, k = w
-        if self.fns["qmatmul"](code, ptr, rb, n, k, x.data_ptr(), T, y_ptr, nth):
-            raise RuntimeError("qmatmul: the kernel rejected a weight it had accepted")
+            col += n
 
     def _write(self, store, layer: int, start: int, x: torch.Tensor, T: int) -> int:
         """x [T, ...] fp32 into positions [start, start + T) of one layer of a cache store (as
