@@ -55,6 +55,7 @@ import torch
 
 from . import dry as _dry
 from .choices import DEFAULT_SAMPLERS
+from .errors import SharpiError
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -300,7 +301,18 @@ def _topk_sorted(x: np.ndarray, k: int) -> np.ndarray:
     return _cut(cand, x[cand], k)[0]
 
 
+class NoDistribution(SharpiError):
+    """Nothing to sample from: every logit was NaN (or the filters left no finite one), as a damaged model's or one
+    whose activations overflow give them; llama.cpp's samplers then draw garbage."""
+
+    def __init__(self):
+        super().__init__("the model's logits leave no token to sample from (not finite numbers: a damaged model, or "
+                         "one whose activations overflow? --check-tensors checks its weights)")
+
+
 def _logsumexp(v: np.ndarray) -> float:
+    if not v.size:
+        raise NoDistribution()
     m = float(v.max())
     if not math.isfinite(m):
         return m
@@ -479,8 +491,11 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
 def _chain_sides(x: np.ndarray, params: SamplingParams) -> list[tuple[float, tuple[np.ndarray, np.ndarray]]]:
     """One row of (penalized) float32 logits -> the chain's law as the sides of XTC's coin: [(weight,
     (token ids, probabilities float64))], one side unless XTC may cut (its no-cut side, then its cut)."""
-    top = np.flatnonzero(x == np.inf)
-    if top.shape[0]:  # a +inf logit (bias): nothing else can be drawn (llama.cpp's softmax would be NaN)
+    m = x.max()
+    if m != m:  # a NaN logit: the model's arithmetic broke down (llama.cpp's samplers draw garbage)
+        raise NoDistribution()
+    if m == np.inf:  # a +inf logit (bias): nothing else can be drawn (llama.cpp's softmax would be NaN)
+        top = np.flatnonzero(x == np.inf)
         return [(1.0, (top, np.full(top.shape[0], 1.0 / top.shape[0])))]
     if params.plain_chain:
         return [(1.0, _plain_candidates(x, params))]
@@ -603,8 +618,11 @@ class Mirostat(Picker):
         """(ids, float32 probabilities) the next token is drawn from, for logits x [V] after bias, in
         the state mu (default: the current one)."""
         mu = self.state if mu is None else mu
-        top = np.flatnonzero(x == np.inf)
-        if top.shape[0]:  # a +inf logit (bias): nothing else can be drawn (as _row_candidates)
+        m = x.max()
+        if m != m:  # (as _chain_sides)
+            raise NoDistribution()
+        if m == np.inf:  # a +inf logit (bias): nothing else can be drawn (as _row_candidates)
+            top = np.flatnonzero(x == np.inf)
             return top, np.full(top.shape[0], 1 / np.float32(top.shape[0]), dtype=np.float32)
         v = x / np.float32(temp)
         if self.version == 2:
@@ -735,7 +753,7 @@ def draw(weights, generator: torch.Generator | None) -> int:
     c = np.cumsum(w, dtype=np.float64)
     total = c[-1]
     if not total > 0:
-        raise ValueError("cannot sample from an all-zero distribution")
+        raise NoDistribution()
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
     j = int(np.searchsorted(c, u * total, side="right"))
     j = min(j, c.shape[0] - 1)

@@ -264,7 +264,8 @@ def test_draw_never_picks_zero_weight():
     got = [draw(w, g) for _ in range(4000)]
     assert set(got) == {1, 3}
     assert abs(got.count(3) / 4000 - 0.75) < 0.03
-    with pytest.raises(ValueError):
+    from sharpi_core.sampling import NoDistribution
+    with pytest.raises(NoDistribution):
         draw(np.zeros(3), g)
 
 
@@ -281,3 +282,27 @@ def test_sample_is_fast_on_a_real_vocab_size():
             t.append(time.perf_counter() - t0)
         # ~0.1-0.2 ms unloaded; the bound leaves room for a busy machine
         assert sorted(t)[len(t) // 2] < 0.003, (params, sorted(t)[len(t) // 2])
+
+
+def test_nan_logits_are_one_clear_error():
+    """A row with a NaN logit (a damaged model's, or one whose activations overflow) has no distribution: every sampled
+    path says so in one SharpiError (numpy's empty-array errors and IndexErrors escaped as tracebacks), not a draw of
+    garbage; greedy keeps llama.cpp's arg-max (the first NaN)."""
+    from sharpi_core.errors import SharpiError
+    from sharpi_core.sampling import Mirostat, NoDistribution
+    assert issubclass(NoDistribution, SharpiError)
+    row = torch.randn(64)
+    row[[3, 10]] = float("nan")
+    g = torch.Generator().manual_seed(0)
+    for params in (SamplingParams(temp=0.8), SamplingParams(temp=0.8, top_k=0, top_p=1.0, min_p=0.0),
+                   SamplingParams(temp=0.8, typical_p=0.5), SamplingParams(temp=0, typical_p=0.5),
+                   SamplingParams(temp=0.8, xtc_probability=0.5, xtc_threshold=0.01)):
+        with pytest.raises(NoDistribution):
+            sample(row, params, g)
+        with pytest.raises(NoDistribution):
+            candidates(row, params)
+        with pytest.raises(NoDistribution):
+            filtered_probs(row[None], params)
+    with pytest.raises(NoDistribution):
+        Mirostat(2, 5.0, 0.1, 64).candidates(row.numpy(), 0.8)
+    assert sample(row, SamplingParams(temp=0), g) == 3
