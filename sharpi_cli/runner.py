@@ -799,7 +799,7 @@ def read_prompt(o: RunOptions) -> str | None:
             return None
     else:
         return None
-    return process_escapes(text) if o.escape else text
+    return process_escapes(text) if o.escape else without_surrogates(text)  # (undecodable argv bytes: U+FFFD each)
 
 
 def read_grammar(o: RunOptions):
@@ -824,8 +824,10 @@ def read_chat_options(o: RunOptions) -> None:
     variables (template_vars)."""
     from sharpi_core.chat import BUILTIN_TEMPLATES, ChatTemplateError, chat_template_option
     if o.system_prompt_file is not None:
-        o.system_prompt = read_text(o.system_prompt_file, "system prompt file ").removesuffix("\n")
+        o.system_prompt = read_text(o.system_prompt_file, "system prompt file ", lenient=True).removesuffix("\n")
         o.system_prompt_file = None
+    if o.system_prompt is not None:
+        o.system_prompt = without_surrogates(o.system_prompt)
     flag = "--chat-template" if o.chat_template is not None else "--chat-template-file"
     if o.chat_template_file is not None:
         o.chat_template = read_text(o.chat_template_file, "chat template file ")
@@ -1006,9 +1008,9 @@ def _run(o: RunOptions) -> int:
     read_chat_options(o)
     grammar = read_grammar(o)
     set_threads(apply_cpu_params(o))  # (torch's first import: a bad command line is refused without it)
-    if o.escape:
-        o.reverse_prompt = [process_escapes(r) for r in o.reverse_prompt]
-        o.in_prefix, o.in_suffix = process_escapes(o.in_prefix), process_escapes(o.in_suffix)
+    text = process_escapes if o.escape else without_surrogates  # (argv's undecodable bytes: U+FFFD, as llama.cpp)
+    o.reverse_prompt = [text(r) for r in o.reverse_prompt]
+    o.in_prefix, o.in_suffix = text(o.in_prefix), text(o.in_suffix)
 
     from sharpi_core import engine
     from sharpi_core.generate import Generator

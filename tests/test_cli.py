@@ -577,6 +577,11 @@ def test_undecodable_prompt_bytes_are_read_as_llama_cpp_reads_them(smol, tmp_pat
     r = subprocess.run(SHARPI.split() + ["-m", smol, "-cnv", "-n", "2", "--temp", "0"], input=b"Hi \xff\n",
                        capture_output=True, env=env, timeout=300)
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
+    # arguments: the prompt (also without escape processing) and the system prompt reach the transcript as U+FFFD
+    raw = os.fsdecode(b"Hi \xff")  # (how Python hands an undecodable argv byte over: a lone surrogate)
+    r = sharpi("-m", smol, "-st", "-o", tmp_path / "t.txt", "--no-escape", "-p", raw, "-sys", raw, "-n", 2, "--temp", 0)
+    assert r.returncode == 0, r.stderr
+    assert "Hi \ufffd" in (tmp_path / "t.txt").read_text()  # (writing the surrogate raised a traceback)
 
 
 def test_reverse_prompt_escapes(smol):
