@@ -97,6 +97,8 @@ def run(
     offline: OfflineOpt = False,
     prompt: Annotated[Optional[str], Opt("-p", "--prompt", help="prompt text")] = None,
     file: Annotated[Optional[str], Opt("-f", "--file", help="read the prompt from a file ('-' = stdin)")] = None,
+    binary_file: Annotated[Optional[str], Opt("-bf", "--binary-file", help="read the prompt from a file as it is (no "
+                                              "trailing newline dropped; bytes that are not UTF-8: U+FFFD each)")] = None,
     n_predict: Annotated[int, Opt("-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end of generation, or a full context "
                                   "without --context-shift; -2 = until end of generation or a full context)")] = -1,
     ctx_size: Annotated[int, Opt("-c", "--ctx-size", help="context size (0 = the model's)")] = 4096,

@@ -23,6 +23,7 @@ class RunOptions:
     model: str | None = None
     prompt: str | None = None
     file: str | None = None
+    binary_file: str | None = None  # -bf: the prompt, the file's bytes as they are
     n_predict: int = -1
     ctx_size: int = 4096
     rope_scaling: str | None = None
@@ -326,8 +327,10 @@ def validate(o: RunOptions) -> None:
                              ("-tbd/--threads-batch-draft", o.threads_batch_draft, "-td/--threads-draft")):
         if n == 0 or n < -1:
             raise UsageError(f"invalid {flag} {n}: must be >= 1 (-1 = as {default})")
-    if o.prompt is not None and o.file is not None:
-        raise UsageError("-p/--prompt and -f/--file are mutually exclusive")
+    given = [f for f, v in (("-p/--prompt", o.prompt), ("-f/--file", o.file), ("-bf/--binary-file", o.binary_file))
+             if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"{given[0]} and {given[1]} are mutually exclusive")
     given = [f for f, v in (("--grammar", o.grammar), ("--grammar-file", o.grammar_file), ("-j/--json-schema", o.json_schema),
                             ("-jf/--json-schema-file", o.json_schema_file)) if v is not None]
     if len(given) > 1:
@@ -793,6 +796,13 @@ def read_prompt(o: RunOptions) -> str | None:
         text = o.prompt
     elif o.file is not None:
         text = (read_stdin() if o.file == "-" else read_text(o.file, "prompt file ", lenient=True)).removesuffix("\n")
+    elif o.binary_file is not None:  # (llama.cpp's -bf: every byte, escapes still processed)
+        try:
+            data = Path(o.binary_file).read_bytes()
+        except OSError as e:
+            raise UsageError(f"cannot read binary file {o.binary_file}: {e.strerror}") from None
+        log(f"Read {len(data)} bytes from binary file {o.binary_file}")
+        text = text_from_bytes(data)[0]
     elif not sys.stdin.isatty() and o.conversation is not True and not o.interactive:  # -cnv, -i read input from stdin
         text = read_stdin().removesuffix("\n")
         if not text:

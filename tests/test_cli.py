@@ -584,6 +584,18 @@ def test_undecodable_prompt_bytes_are_read_as_llama_cpp_reads_them(smol, tmp_pat
     assert "Hi \ufffd" in (tmp_path / "t.txt").read_text()  # (writing the surrogate raised a traceback)
 
 
+def test_binary_file_prompt_is_llama_cpps(smol, tmp_path):
+    """-bf: the file's bytes as the prompt, the trailing newline kept, escapes processed, undecodable bytes U+FFFD
+    (llama-completion -bf --verbose-prompt's ids on the same file)."""
+    f = tmp_path / "p.bin"
+    f.write_bytes(b"Hello\\nthere \xff\n")
+    r = sharpi("-m", smol, "-bf", f, "-n", 1, "--temp", 0, "--verbose-prompt")
+    assert r.returncode == 0 and "Read 15 bytes from binary file" in r.stderr, r.stderr
+    assert [int(m) for m in re.findall(r"^\s*(\d+) -> ", r.stderr, re.M)] == [19556, 198, 11527, 216, 24211, 198]
+    one_error_line(sharpi("-m", smol, "-bf", f, "-f", f), 2, "-f/--file and -bf/--binary-file are mutually exclusive")
+    one_error_line(sharpi("-m", smol, "-bf", tmp_path / "none"), 2, "cannot read binary file")
+
+
 def test_reverse_prompt_escapes(smol):
     args = ("-m", smol, "-p", "List three colors:\\n1.", "-n", 30, "-r", "\\n", "--temp", 0, "--json")
     d = json.loads(sharpi(*args).stdout)
