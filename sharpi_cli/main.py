@@ -174,6 +174,16 @@ def run(
                              "-5, -10, -20; raising it needs the privilege, else a warning)")] = 0,
     swa_full: Annotated[bool, Opt("--swa-full", help="full-size KV caches for sliding-window layers: what sharpi "
                                   "always keeps (accepted as llama-cli takes it)")] = False,
+    numa: Annotated[Optional[str], Opt("--numa", help="llama-cli's NUMA placement (distribute, isolate, numactl): "
+                                       "accepted, with a warning that sharpi does none")] = None,
+    poll: Annotated[Optional[int], Opt("--poll", help="llama-cli's polling level of waiting threads (0-100): accepted, "
+                                       "with a warning (sharpi's threads are OpenMP's)")] = None,
+    poll_batch: Annotated[Optional[int], Opt("--poll-batch", help="--poll for the prompt's batches: likewise")] = None,
+    kv_offload: Annotated[Optional[bool], Opt("-kvo/-nkvo", "--kv-offload/--no-kv-offload", help="llama-cli's KV cache "
+                                              "offload: accepted, with a warning (each layer's KV cache stays with "
+                                              "the layer, on the GPU with -ngl)", show_default=False)] = None,
+    defrag_thold: Annotated[Optional[float], Opt("-dt", "--defrag-thold", help="llama-cli's deprecated KV "
+                                                 "defragmentation threshold: accepted, with a warning")] = None,
     check_tensors: Annotated[bool, Opt("--check-tensors", help="check every tensor's data (float values, quantized "
                                        "blocks' scales) for inf and nan before loading, as llama.cpp's loader does")] = False,
     list_devices: Annotated[bool, Opt("--list-devices", help="print the devices sharpi can run on and exit")] = False,

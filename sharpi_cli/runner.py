@@ -24,6 +24,11 @@ class RunOptions:
     prompt: str | None = None
     file: str | None = None
     binary_file: str | None = None  # -bf: the prompt, the file's bytes as they are
+    numa: str | None = None  # llama-cli's flags for what sharpi does not do (check_inert_flags)
+    poll: int | None = None
+    poll_batch: int | None = None
+    kv_offload: bool | None = None
+    defrag_thold: float | None = None
     n_predict: int = -1
     ctx_size: int = 4096
     rope_scaling: str | None = None
@@ -611,6 +616,25 @@ def check_cpu_params(o: RunOptions) -> None:
     if o.prio not in PRIO_NICE:
         raise UsageError(f"invalid --prio {o.prio}: choose -1 (low), 0 (normal), 1 (medium), 2 (high) or 3 (realtime)")
     cpu_set(o)
+    check_inert_flags(o)
+
+
+def check_inert_flags(o: RunOptions) -> None:
+    """llama-cli's flags for what sharpi does not do, taken so that its command lines run: their values checked as
+    llama.cpp checks them, then one warning each."""
+    if o.numa is not None and o.numa not in ("distribute", "isolate", "numactl", ""):
+        raise UsageError(f"invalid --numa '{o.numa}': distribute, isolate or numactl")
+    for flag, v in (("--poll", o.poll), ("--poll-batch", o.poll_batch)):
+        if v is not None and not 0 <= v <= 100:
+            raise UsageError(f"invalid {flag} {v}: a polling level from 0 to 100")
+    inert = [(o.numa, "--numa", "sharpi places no memory or threads by NUMA node"),
+             (o.poll, "--poll", "sharpi's threads wait as OpenMP's do"),
+             (o.poll_batch, "--poll-batch", "sharpi's threads wait as OpenMP's do"),
+             (o.kv_offload, "-kvo/-nkvo", "each layer's KV cache stays with the layer, on the GPU with -ngl"),
+             (o.defrag_thold, "-dt/--defrag-thold", "deprecated in llama.cpp; sharpi's cache needs no defragmenting")]
+    for value, flag, why in inert:
+        if value is not None:
+            log(f"warning: {flag} has no effect: {why}")
 
 
 def apply_cpu_params(o: RunOptions) -> int:

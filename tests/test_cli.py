@@ -596,6 +596,19 @@ def test_binary_file_prompt_is_llama_cpps(smol, tmp_path):
     one_error_line(sharpi("-m", smol, "-bf", tmp_path / "none"), 2, "cannot read binary file")
 
 
+def test_llama_cli_flags_for_what_sharpi_does_not_do(smol):
+    """--numa, --poll, --poll-batch, -kvo / -nkvo and -dt: llama-cli command lines run, a warning each, the output
+    unchanged; their values checked as llama.cpp's parser checks them."""
+    plain = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0)
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, "--numa", "distribute", "--poll", 0, "--poll-batch", 50,
+               "-nkvo", "-dt", 0.1)
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:") and "has no effect" in ln]
+    assert len(warnings) == 5, r.stderr
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "--numa", "spread"), 2, "invalid --numa 'spread'")
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "--poll", 101), 2, "invalid --poll 101")
+
+
 def test_reverse_prompt_escapes(smol):
     args = ("-m", smol, "-p", "List three colors:\\n1.", "-n", 30, "-r", "\\n", "--temp", 0, "--json")
     d = json.loads(sharpi(*args).stdout)
