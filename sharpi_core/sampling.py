@@ -302,8 +302,8 @@ def _topk_sorted(x: np.ndarray, k: int) -> np.ndarray:
 
 
 class NoDistribution(SharpiError):
-    """Nothing to sample from: every logit was NaN (or the filters left no finite one), as a damaged model's or one
-    whose activations overflow give them; llama.cpp's samplers then draw garbage."""
+    """Nothing to sample from: a NaN logit (a damaged model's, or one whose activations overflow: its arithmetic broke
+    down, and llama.cpp's samplers then draw garbage) or no candidate left with a weight."""
 
     def __init__(self):
         super().__init__("the model's logits leave no token to sample from (not finite numbers: a damaged model, or "
