@@ -821,10 +821,7 @@ def read_prompt(o: RunOptions) -> str | None:
     elif o.file is not None:
         text = (read_stdin() if o.file == "-" else read_text(o.file, "prompt file ", lenient=True)).removesuffix("\n")
     elif o.binary_file is not None:  # (llama.cpp's -bf: every byte, escapes still processed)
-        try:
-            data = Path(o.binary_file).read_bytes()
-        except OSError as e:
-            raise UsageError(f"cannot read binary file {o.binary_file}: {e.strerror}") from None
+        data = read_bytes(o.binary_file, "binary file ")
         log(f"Read {len(data)} bytes from binary file {o.binary_file}")
         text = text_from_bytes(data)[0]
     elif not sys.stdin.isatty() and o.conversation is not True and not o.interactive:  # -cnv, -i read input from stdin
@@ -948,14 +945,19 @@ def chat_template_for(o: RunOptions, tok) -> str | None:
     return None
 
 
+def read_bytes(path: str, what: str = "") -> bytes:
+    """A file named on the command line; one error line if it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as e:
+        raise UsageError(f"cannot read {what}{path}: {e.strerror}") from None
+
+
 def read_text(path: str, what: str = "", lenient: bool = False) -> str:
     """A UTF-8 text file named on the command line; one error line if it cannot be read or decoded. lenient (a
     prompt's text): bytes that are not UTF-8 are read as llama.cpp reads them (U+FFFD each), with a warning."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as e:
-        raise UsageError(f"cannot read {what}{path}: {e.strerror}") from None
+    data = read_bytes(path, what)
     if not lenient:
         try:
             return data.decode("utf-8")
@@ -1042,9 +1044,9 @@ def _run(o: RunOptions) -> int:
     read_chat_options(o)
     grammar = read_grammar(o)
     set_threads(apply_cpu_params(o))  # (torch's first import: a bad command line is refused without it)
-    text = process_escapes if o.escape else without_surrogates  # (argv's undecodable bytes: U+FFFD, as llama.cpp)
-    o.reverse_prompt = [text(r) for r in o.reverse_prompt]
-    o.in_prefix, o.in_suffix = text(o.in_prefix), text(o.in_suffix)
+    as_text = process_escapes if o.escape else without_surrogates  # (argv's undecodable bytes: U+FFFD, as llama.cpp)
+    o.reverse_prompt = [as_text(r) for r in o.reverse_prompt]
+    o.in_prefix, o.in_suffix = as_text(o.in_prefix), as_text(o.in_suffix)
 
     from sharpi_core import engine
     from sharpi_core.generate import Generator

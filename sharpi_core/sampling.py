@@ -310,6 +310,15 @@ class NoDistribution(SharpiError):
                          "one whose activations overflow? --check-tensors checks its weights)")
 
 
+def _forced(x: np.ndarray) -> np.ndarray | None:
+    """The ids of a row's +inf logits (a bias: nothing else can be drawn; llama.cpp's softmax would be NaN), or None;
+    a NaN logit (the model's arithmetic broke down: llama.cpp's samplers draw garbage) is NoDistribution."""
+    m = x.max()
+    if m != m:
+        raise NoDistribution()
+    return np.flatnonzero(x == np.inf) if m == np.inf else None
+
+
 def _logsumexp(v: np.ndarray) -> float:
     if not v.size:
         raise NoDistribution()
@@ -491,11 +500,8 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
 def _chain_sides(x: np.ndarray, params: SamplingParams) -> list[tuple[float, tuple[np.ndarray, np.ndarray]]]:
     """One row of (penalized) float32 logits -> the chain's law as the sides of XTC's coin: [(weight,
     (token ids, probabilities float64))], one side unless XTC may cut (its no-cut side, then its cut)."""
-    m = x.max()
-    if m != m:  # a NaN logit: the model's arithmetic broke down (llama.cpp's samplers draw garbage)
-        raise NoDistribution()
-    if m == np.inf:  # a +inf logit (bias): nothing else can be drawn (llama.cpp's softmax would be NaN)
-        top = np.flatnonzero(x == np.inf)
+    top = _forced(x)
+    if top is not None:
         return [(1.0, (top, np.full(top.shape[0], 1.0 / top.shape[0])))]
     if params.plain_chain:
         return [(1.0, _plain_candidates(x, params))]
@@ -618,11 +624,8 @@ class Mirostat(Picker):
         """(ids, float32 probabilities) the next token is drawn from, for logits x [V] after bias, in
         the state mu (default: the current one)."""
         mu = self.state if mu is None else mu
-        m = x.max()
-        if m != m:  # (as _chain_sides)
-            raise NoDistribution()
-        if m == np.inf:  # a +inf logit (bias): nothing else can be drawn (as _row_candidates)
-            top = np.flatnonzero(x == np.inf)
+        top = _forced(x)
+        if top is not None:
             return top, np.full(top.shape[0], 1 / np.float32(top.shape[0]), dtype=np.float32)
         v = x / np.float32(temp)
         if self.version == 2:
