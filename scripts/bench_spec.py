@@ -3,7 +3,7 @@
 
     python scripts/bench_spec.py [--which all|qwen|lookup|ngram] [-n 128] [--ks 2,4,6] [--temps 0,0.7]
                                  [--vs-llama-cpp BIN_DIR] [--device cpu|cuda] [--cost off|on|both]
-                                 [--qwen-prompts code,prose,deep]
+                                 [--qwen-prompts code,prose,deep] [--synth-lens 1,3,5]
 
 (a) Qwen2.5-Coder-1.5B target + 0.5B draft, k in --ks, greedy and sampled, on a code prompt (and prose, and "deep":
 the code request after ~1000 tokens of a module pasted into the conversation);
@@ -18,6 +18,11 @@ Each configuration runs after a warm-up; plain and speculative alternate (ABBA) 
 table reports medians and their ratio, plus acceptance and tokens per target pass. With
 --vs-llama-cpp, llama.cpp's plain decode (`llama-bench -p 0 -n N`) of the same target runs in
 the same repetitions, and the last columns compare sharpi's speculative speed with it.
+
+--synth-lens: the Qwen pair's speculative runs accept their proposals at random (--spec-synth-len L: L tokens a step on
+average, the target's included), not by verifying them: the speed the verify and draft costs allow at an acceptance the
+draft does not choose (1 = nothing accepted, k + 1 = everything); their output is not the model's. With
+SHARPI_SPEC_ADAPTIVE=0 every step proposes k, as llama.cpp's.
 
 --cost: the speculative runs speculate at every step (off, the mechanism alone), or where the measured
 costs say it pays (on: speculative.SpecCost, what greedy sharpi does by default), or both side by side
@@ -47,6 +52,7 @@ from sharpi_core.models import load_model  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 from sharpi_core.sampling import SamplingParams  # noqa: E402
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter, NgramChain, ngram_sources  # noqa: E402
+from sharpi_core.speculative.synthetic import resolve_rates  # noqa: E402
 from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 
 CODE_PROMPT = "<|im_start|>user\nWrite a Python function that merges two sorted lists.<|im_end|>\n<|im_start|>assistant\n"
@@ -107,13 +113,15 @@ def ignore_eos(params: SamplingParams, tok) -> SamplingParams:
     return replace(params, logit_bias=tuple(params.logit_bias) + tuple((t, float("-inf")) for t in sorted(tok.eog_ids)))
 
 
-def decode_tps(model, tok, prompt, n, params, drafter=None, k=4, seed=0, cost=False):
-    """cost: speculation by measured cost (SHARPI_SPEC_COST, read when the Generator is made)."""
+def decode_tps(model, tok, prompt, n, params, drafter=None, k=4, seed=0, cost=False, synth=None):
+    """cost: speculation by measured cost (SHARPI_SPEC_COST, read when the Generator is made); synth: a mean
+    synthetic acceptance length (speculative.synthetic)."""
     saved = os.environ.get("SHARPI_SPEC_COST")
     os.environ["SHARPI_SPEC_COST"] = "1" if cost else "0"
     try:
+        rates = resolve_rates(synth, None, k) if synth is not None and drafter is not None else None
         g = Generator(model, model.new_cache(2048), tok, ignore_eos(params, tok), seed=seed, drafter=drafter,
-                      spec_n_max=k)
+                      spec_n_max=k, synth_rates=rates)
     finally:
         if saved is None:
             del os.environ["SHARPI_SPEC_COST"]
@@ -138,7 +146,7 @@ def llama_bench_tg(bin_dir: str | None, model_name: str, n: int, threads: int) -
     return rows[0]["avg_ts"] if rows else None
 
 
-def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=None, cost="off"):
+def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=None, cost="off", synth=None):
     """peer: () -> llama.cpp plain t/s or None, run between sharpi's runs. cost: speculation always ("off"), by
     measured cost ("on"), or both side by side ("both": the last columns)."""
     decode_tps(model, tok, prompt, 8, params)  # warm-up
@@ -155,7 +163,7 @@ def compare(label, model, tok, prompt, n, params, make_drafter, k, reps, peer=No
                 tps[side].append(decode_tps(model, tok, prompt, n, params, seed=rep)[0])
             else:
                 v, last[side] = decode_tps(model, tok, prompt, n, params, make_drafter(), k, seed=rep,
-                                           cost=side == "cost")
+                                           cost=side == "cost", synth=synth)
                 tps[side].append(v)
         if peer is not None:
             ref.append(peer())
@@ -193,6 +201,7 @@ def main():
                     help="speculate at every step (off), by measured cost (on: the spec columns; greedy sharpi's "
                          "default), or both, the cost-aware runs in the last columns")
     ap.add_argument("--qwen-prompts", default="code", help="the Qwen pair's prompts: code, prose, deep, or several (code,prose)")
+    ap.add_argument("--synth-lens", default="", help="the Qwen pair at these synthetic acceptance lengths too (1,3,5)")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
     ks = [int(x) for x in a.ks.split(",")]
@@ -236,10 +245,12 @@ def main():
             params = SamplingParams(temp=temp)
             for k in ks:
                 for which in a.qwen_prompts.split(","):
-                    compare(f"Qwen 1.5B + 0.5B draft, {which}", target, tok, QWEN_PROMPTS[which], a.n, params,
-                            lambda: DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),
-                                                      torch.Generator().manual_seed(1), head_vocab=head), k, a.reps,
-                            peer_of("qwen2.5-coder-1.5b-instruct-q4_k_m"), a.cost)
+                    for synth in [None] + [float(x) for x in a.synth_lens.split(",") if x]:
+                        label = f"Qwen 1.5B + 0.5B draft, {which}" + (f", synthetic L = {synth:g}" if synth else "")
+                        compare(label, target, tok, QWEN_PROMPTS[which], a.n, params,
+                                lambda: DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),
+                                                          torch.Generator().manual_seed(1), head_vocab=head), k, a.reps,
+                                peer_of("qwen2.5-coder-1.5b-instruct-q4_k_m"), a.cost, synth)
 
 
 if __name__ == "__main__":

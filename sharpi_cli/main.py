@@ -39,8 +39,20 @@ def _version() -> str:
         return "0+unknown"
 
 
-def _err(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
+def _layers(value: str) -> int:
+    """-ngl / -ngld: a number of layers, or llama.cpp's auto / all (sharpi: all of them; -1)"""
+    if isinstance(value, int):  # (the default)
+        return value
+    if value.strip().lower() in ("auto", "all"):
+        return -1
+    try:
+        return int(value)
+    except ValueError:
+        raise typer.BadParameter(f"'{value}': a number of layers, auto or all") from None
+
+
+def _err(msg: str, head: str = "", tail: str = "") -> None:
+    print(f"{head}error: {msg}{tail}", file=sys.stderr, flush=True)
 
 
 # the model adapters' options, the same in `run` and `perplexity`
@@ -184,6 +196,61 @@ def run(
                                               "the layer, on the GPU with -ngl)", show_default=False)] = None,
     defrag_thold: Annotated[Optional[float], Opt("-dt", "--defrag-thold", help="llama-cli's deprecated KV "
                                                  "defragmentation threshold: accepted, with a warning")] = None,
+    # llama-cli's flags for placing weights on GPUs and threads on CPUs, beyond what sharpi places: values checked as
+    # llama.cpp checks them, then a warning that each has no effect (runner.check_inert_flags)
+    override_tensor: Annotated[list[str], Opt("-ot", "--override-tensor", help="llama-cli's PATTERN=BUFFER_TYPE,... "
+                                              "tensor placement (CPU; CUDA0 with a GPU): accepted, with a warning "
+                                              "(sharpi places whole layers, -ngl)", show_default=False)] = [],
+    cpu_moe: Annotated[bool, Opt("-cmoe", "--cpu-moe", help="llama-cli's MoE experts kept on the CPU: accepted, "
+                                 "with a warning")] = False,
+    n_cpu_moe: Annotated[Optional[int], Opt("-ncmoe", "--n-cpu-moe", help="... of the first N layers: likewise")] = None,
+    n_cpu_ffn: Annotated[Optional[int], Opt("-ncffn", "--n-cpu-ffn", help="llama-cli's dense FFN weights of the first "
+                                            "N layers kept on the CPU: likewise")] = None,
+    split_mode: Annotated[Optional[str], Opt("-sm", "--split-mode", help="llama-cli's multi-GPU split (none, layer, "
+                                             "row, tensor): accepted, with a warning (sharpi uses one GPU)")] = None,
+    tensor_split: Annotated[Optional[str], Opt("-ts", "--tensor-split", help="llama-cli's N0,N1,... shares of the "
+                                               "GPUs: likewise")] = None,
+    main_gpu: Annotated[Optional[int], Opt("-mg", "--main-gpu", help="llama-cli's main GPU: likewise")] = None,
+    fit: Annotated[Optional[str], Opt("-fit", "--fit", help="llama-cli's fitting of unset flags to device memory "
+                                      "(on, off): accepted, with a warning")] = None,
+    fit_target: Annotated[Optional[str], Opt("-fitt", "--fit-target", help="its margin per device, MiB0,MiB1,...: "
+                                             "likewise")] = None,
+    fit_ctx: Annotated[Optional[int], Opt("-fitc", "--fit-ctx", help="its smallest context: likewise")] = None,
+    op_offload: Annotated[Optional[bool], Opt("--op-offload/--no-op-offload", help="llama-cli's offload of host "
+                                              "tensors' operations: accepted, with a warning", show_default=False)] = None,
+    no_host: Annotated[bool, Opt("--no-host", help="llama-cli's host-buffer bypass: accepted, with a warning")] = False,
+    load_mode: Annotated[Optional[str], Opt("-lm", "--load-mode", help="how the GGUF is loaded, as llama-cli's: auto "
+                                            "or mmap (mapped), none (read in), mlock (read in, locked), mmap+mlock "
+                                            "(mapped, locked), dio (read in; sharpi does no direct I/O)")] = None,
+    lazy_mode: Annotated[Optional[str], Opt("-lzm", "--lazy-mode", help="llama-cli's on-demand tensor reads (on, "
+                                            "auto, off): accepted, with a warning (a mapped GGUF is read on demand)")] = None,
+    cpu_strict: Annotated[Optional[int], Opt("--cpu-strict", help="llama-cli's strict CPU placement (0|1): accepted, "
+                                             "with a warning (sharpi's threads run on -C / -Cr's CPUs)")] = None,
+    cpu_mask_batch: Annotated[Optional[str], Opt("-Cb", "--cpu-mask-batch", help="-C for the prompt's batches: "
+                                                 "checked, with a warning (they run on -C / -Cr's CPUs)")] = None,
+    cpu_range_batch: Annotated[Optional[str], Opt("-Crb", "--cpu-range-batch", help="-Cr for the prompt's batches: "
+                                                  "likewise")] = None,
+    cpu_strict_batch: Annotated[Optional[int], Opt("--cpu-strict-batch", help="--cpu-strict for the prompt's batches: "
+                                                   "likewise")] = None,
+    prio_batch: Annotated[Optional[int], Opt("--prio-batch", help="llama-cli's priority (0-3) of the prompt's batches' "
+                                             "threads: checked, with a warning (the process's is --prio)")] = None,
+    parallel: Annotated[Optional[int], Opt("-np", "--parallel", help="llama-cli's parallel sequences: accepted, with "
+                                           "a warning unless 1 (sharpi decodes one)")] = None,
+    ctx_checkpoints: Annotated[Optional[int], Opt("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", help="llama-cli's "
+                                                  "context checkpoints: accepted, with a warning (sharpi's caches keep "
+                                                  "every position)")] = None,
+    cache_ram: Annotated[Optional[int], Opt("-cram", "--cache-ram", help="llama-cli's prompt cache size, MiB: accepted, "
+                                            "with a warning")] = None,
+    backend_sampling: Annotated[bool, Opt("-bs", "--backend-sampling", help="llama-cli's sampling on the backend: "
+                                          "accepted, with a warning")] = False,
+    mmproj: Annotated[Optional[str], Opt("-mm", "--mmproj", help="a multimodal projector: refused (sharpi runs text "
+                                         "models)")] = None,
+    mmproj_url: Annotated[Optional[str], Opt("-mmu", "--mmproj-url", help="likewise")] = None,
+    media: Annotated[list[str], Opt("--image", "--audio", "--video", help="a media file: refused (sharpi runs text "
+                                    "models)", show_default=False)] = [],
+    mmproj_auto: Annotated[bool, Opt("--mmproj-auto/--no-mmproj", " /--no-mmproj-auto", help="llama-cli's use of a "
+                                     "-hf repository's projector: sharpi fetches none (--no-mmproj is what it does)",
+                                     show_default=False)] = False,
     check_tensors: Annotated[bool, Opt("--check-tensors", help="check every tensor's data (float values, quantized "
                                        "blocks' scales) for inf and nan before loading, as llama.cpp's loader does")] = False,
     list_devices: Annotated[bool, Opt("--list-devices", help="print the devices sharpi can run on and exit")] = False,
@@ -224,6 +291,9 @@ def run(
                                          "between [Start thinking] and [End thinking], --json has it as 'reasoning' and "
                                          "the rest as 'content' (deepseek; auto = deepseek), content with the block "
                                          "too (deepseek-legacy); none: the reply as it is")] = "auto",
+    skip_chat_parsing: Annotated[bool, Opt("--skip-chat-parsing/--no-skip-chat-parsing", help="llama-cli's pure "
+                                           "content parser: a reply's reasoning stays in its text, tags and all (as "
+                                           "--reasoning-format none)", show_default=False)] = False,
     color: Annotated[str, Opt("-co", "--color", help="colors in the terminal (a chat's reasoning in gray): on, off, or auto "
                               "= when writing to a terminal (and NO_COLOR is not set)")] = "auto",
     conversation: Annotated[Optional[bool], Opt("-cnv/-no-cnv", "--conversation/--no-conversation", help="chat mode (default: on when the model has a chat template and no prompt is given)", show_default=False)] = None,
@@ -257,7 +327,9 @@ def run(
                                       "speed after each reply (default: on)", show_default=False)] = True,
     escape: Annotated[bool, Opt("-e", "--escape/--no-escape", help="process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the "
                                 "prompt (-p, -f) and -r strings, as llama.cpp does (default: on)", show_default=False)] = True,
-    n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", help="target layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N (the rest on the CPU)")] = -1,
+    n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", parser=_layers, metavar="N",
+                                     help="target layers on the GPU with --device cuda: -1, all or auto = all, 0 = none "
+                                     "(CPU), N = the last N (the rest on the CPU)")] = -1,
     device: Annotated[str, Opt("-dev", "--device", help="cpu or cuda (llama.cpp's names too: none = cpu, CUDA0 = cuda)")] = "cpu",
     prompt_cache: Annotated[Optional[str], Opt("--prompt-cache", help="a file keeping the prompt's KV cache: the next run whose "
                                                "prompt starts with the same tokens evaluates only the rest (one-shot prompts)")] = None,
@@ -268,6 +340,14 @@ def run(
     verbosity: Annotated[int, Opt("-lv", "--verbosity", "--log-verbosity", help="llama.cpp's log threshold: 3 "
                                   "information, warnings and timings; 2 warnings only; 1 or less none (as "
                                   "--log-disable; an error is always shown); 4 or more as --verbose")] = 3,
+    log_prefix: Annotated[Optional[bool], Opt("--log-prefix/--no-log-prefix", help="each log line (stderr, --log-file) "
+                                              "starts with its level, I, W or E, as llama.cpp's (default: off)",
+                                              show_default=False)] = None,
+    log_timestamps: Annotated[Optional[bool], Opt("--log-timestamps/--no-log-timestamps", help="... and the time since "
+                                                  "the start, M.SS.mmm.uuu (implies --log-prefix unless "
+                                                  "--no-log-prefix)", show_default=False)] = None,
+    log_colors: Annotated[str, Opt("--log-colors", help="the prefixed lines' colors: on, off or auto (= when stdout or "
+                                   "stderr is a terminal and NO_COLOR is unset)")] = "auto",
     show_version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
     # speculative decoding
     model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", "--spec-draft-model", help="draft model (path or known name) for speculative decoding")] = None,
@@ -310,7 +390,49 @@ def run(
                                       "model's passes of one token (-1 = as the target's)")] = -1,
     threads_batch_draft: Annotated[int, Opt("-tbd", "--threads-batch-draft", "--spec-draft-threads-batch",
                                             help="CPU threads of the draft's passes of more tokens (-1 = as -td)")] = -1,
-    spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft", help="draft layers on the GPU with --device cuda: -1 = all, 0 = none (CPU), N = the last N")] = -1,
+    spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft",
+                                       parser=_layers, metavar="N", help="draft layers on the GPU with --device cuda: "
+                                       "-1, all or auto = all, 0 = none (CPU), N = the last N")] = -1,
+    device_draft: Annotated[Optional[str], Opt("-devd", "--spec-draft-device", "--device-draft", help="the draft's "
+                                               "device, as -dev (default: the target's)")] = None,
+    # llama-cli's placement flags for the draft: checked, then a warning (runner.check_inert_flags)
+    override_tensor_draft: Annotated[list[str], Opt("-otd", "--spec-draft-override-tensor", "--override-tensor-draft",
+                                                    help="-ot for the draft: likewise", show_default=False)] = [],
+    cpu_moe_draft: Annotated[bool, Opt("-cmoed", "--spec-draft-cpu-moe", "--cpu-moe-draft", help="-cmoe for the "
+                                       "draft: likewise")] = False,
+    n_cpu_moe_draft: Annotated[Optional[int], Opt("-ncmoed", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe",
+                                                  "--n-cpu-moe-draft", help="-ncmoe for the draft: likewise")] = None,
+    cpu_mask_draft: Annotated[Optional[str], Opt("-Cd", "--spec-draft-cpu-mask", "--cpu-mask-draft", help="-C for the "
+                                                 "draft's threads: checked, with a warning (they run on -C / -Cr's "
+                                                 "CPUs)")] = None,
+    cpu_range_draft: Annotated[Optional[str], Opt("-Crd", "--spec-draft-cpu-range", "--cpu-range-draft",
+                                                  help="-Cr for the draft's threads: likewise")] = None,
+    cpu_mask_batch_draft: Annotated[Optional[str], Opt("-Cbd", "--spec-draft-cpu-mask-batch", "--cpu-mask-batch-draft",
+                                                       help="-Cb for the draft: likewise")] = None,
+    cpu_strict_draft: Annotated[Optional[int], Opt("--spec-draft-cpu-strict", "--cpu-strict-draft", help="--cpu-strict "
+                                                   "for the draft: likewise")] = None,
+    cpu_strict_batch_draft: Annotated[Optional[int], Opt("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft",
+                                                         help="likewise")] = None,
+    prio_draft: Annotated[Optional[int], Opt("--spec-draft-prio", "--prio-draft", help="the draft's thread priority "
+                                             "(0-3): checked, with a warning (the process's is --prio)")] = None,
+    prio_batch_draft: Annotated[Optional[int], Opt("--spec-draft-prio-batch", "--prio-batch-draft", help="likewise")] = None,
+    poll_draft: Annotated[Optional[int], Opt("--spec-draft-poll", "--poll-draft", help="--poll for the draft: "
+                                             "accepted, with a warning")] = None,
+    poll_batch_draft: Annotated[Optional[int], Opt("--spec-draft-poll-batch", "--poll-batch-draft", help="likewise")] = None,
+    spec_synth_len: Annotated[Optional[float], Opt("--spec-synth-len", help="benchmarking: each step accepts its "
+                                                   "proposals at random, not by verifying them, for this mean number "
+                                                   "of tokens a step (1 .. n_max + 1, the target's token included), "
+                                                   "as llama.cpp's; the output is not the model's")] = None,
+    spec_synth_rates: Annotated[Optional[str], Opt("--spec-synth-rates", help="benchmarking: P0,P1,...: the chance "
+                                                   "that the proposals up to each position are all accepted "
+                                                   "(n_max values, non-increasing), as llama.cpp's")] = None,
+    spec_draft_p_split: Annotated[Optional[float], Opt("--spec-draft-p-split", "--draft-p-split", help="llama-cli's "
+                                                       "draft-tree split probability (its speculative example's): "
+                                                       "accepted, with a warning")] = None,
+    spec_draft_backend_sampling: Annotated[Optional[bool], Opt("--spec-draft-backend-sampling/"
+                                                               "--no-spec-draft-backend-sampling", help="llama-cli's "
+                                                               "draft sampling on the backend: accepted, with a warning",
+                                                               show_default=False)] = None,
     spec_draft_vocab: Annotated[int, Opt("--spec-draft-vocab", help="the draft's output layer computes token ids [0, N) only "
                                          "(-1 = auto: 65536 for byte-level BPE vocabularies, else all; 0 = all). "
                                          "Output stays exact: only the acceptance rate can change")] = -1,
@@ -457,26 +579,26 @@ def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharp
     print(runner.resolve_with_progress(name))
 
 
-def _options() -> dict[str, int]:
-    """Every option name of every command -> the values it takes (0 for a flag)."""
+def _options(argv: list[str]) -> tuple[dict[str, int], list[str]]:
+    """The option names of the command argv starts with (a subcommand's, e.g. `tokenize`, else the run's) -> the
+    values each takes (0 for a flag), and the arguments after the command's name."""
     import typer.main
+    cmd = typer.main.get_command(app)
+    while argv and argv[0] in getattr(cmd, "commands", {}):
+        cmd, argv = cmd.commands[argv[0]], argv[1:]
     out: dict[str, int] = {}
-    todo = [typer.main.get_command(app)]
-    while todo:
-        cmd = todo.pop()
-        todo += list(getattr(cmd, "commands", {}).values())
-        for p in cmd.params:
-            if getattr(p, "param_type_name", None) == "option":  # (typer may carry its own click: no isinstance)
-                n = 0 if p.is_flag or p.count else p.nargs
-                for name in (*p.opts, *p.secondary_opts):
-                    out[name] = max(out.get(name, 0), n)
-    return out
+    for p in cmd.params:
+        if getattr(p, "param_type_name", None) == "option":  # (typer may carry its own click: no isinstance)
+            n = 0 if p.is_flag or p.count else p.nargs
+            for name in (*p.opts, *p.secondary_opts):
+                out[name] = max(out.get(name, 0), n)
+    return out, argv
 
 
 def unknown_option(argv: list[str]) -> str | None:
-    """The first token that looks like an option (-np, -cram, ...) and is none: click would take it for short flags
-    run together (-n p), as llama.cpp never does, and complain about another flag's value."""
-    opts = _options()
+    """The first token that looks like an option (-np, -cram, ...) and is none of its command's: click would take
+    it for short flags run together (-n p), as llama.cpp never does, and complain about another flag's value."""
+    opts, argv = _options(argv)
     i = 0
     while i < len(argv):
         tok = argv[i]
@@ -523,7 +645,7 @@ def main() -> None:
         _err(" ".join(msg.split()))
         sys.exit(getattr(e, "exit_code", 2) or 2)
     except SharpiError as e:
-        _err(str(e))
+        _err(str(e), getattr(e, "log_head", ""), getattr(e, "log_tail", ""))  # (--log-prefix: runner.log_prefix)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print(file=sys.stderr)

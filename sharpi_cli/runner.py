@@ -29,6 +29,53 @@ class RunOptions:
     poll_batch: int | None = None
     kv_offload: bool | None = None
     defrag_thold: float | None = None
+    override_tensor: list = field(default_factory=list)  # -ot PATTERN=TYPE,... (and the draft's -otd)
+    override_tensor_draft: list = field(default_factory=list)
+    cpu_moe: bool = False
+    cpu_moe_draft: bool = False
+    n_cpu_moe: int | None = None
+    n_cpu_moe_draft: int | None = None
+    n_cpu_ffn: int | None = None
+    split_mode: str | None = None
+    tensor_split: str | None = None
+    main_gpu: int | None = None
+    fit: str | None = None
+    fit_target: str | None = None
+    fit_ctx: int | None = None
+    op_offload: bool | None = None
+    no_host: bool = False
+    lazy_mode: str | None = None
+    cpu_strict: int | None = None
+    cpu_mask_batch: str | None = None
+    cpu_range_batch: str | None = None
+    cpu_strict_batch: int | None = None
+    prio_batch: int | None = None
+    cpu_mask_draft: str | None = None
+    cpu_range_draft: str | None = None
+    cpu_mask_batch_draft: str | None = None
+    cpu_strict_draft: int | None = None
+    cpu_strict_batch_draft: int | None = None
+    prio_draft: int | None = None
+    prio_batch_draft: int | None = None
+    poll_draft: int | None = None
+    poll_batch_draft: int | None = None
+    parallel: int | None = None
+    ctx_checkpoints: int | None = None
+    cache_ram: int | None = None
+    backend_sampling: bool = False
+    spec_draft_p_split: float | None = None
+    spec_draft_backend_sampling: bool | None = None
+    mmproj: str | None = None  # multimodal: refused
+    mmproj_url: str | None = None
+    media: list = field(default_factory=list)
+    mmproj_auto: bool = False
+    load_mode: str | None = None  # -lm: sets mmap and mlock
+    device_draft: str | None = None  # -devd: None = as -dev
+    log_prefix: bool | None = None
+    log_timestamps: bool | None = None
+    log_colors: str = "auto"
+    spec_synth_len: float | None = None  # --spec-synth-len / -rates: synthetic acceptance (benchmarking)
+    spec_synth_rates: str | None = None
     n_predict: int = -1
     ctx_size: int = 4096
     rope_scaling: str | None = None
@@ -120,6 +167,7 @@ class RunOptions:
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
     reasoning_format: str = "auto"
+    skip_chat_parsing: bool = False  # (llama-cli's pure content parser: reasoning_format none)
     color: str = "auto"
     conversation: bool | None = None
     single_turn: bool = False
@@ -187,11 +235,42 @@ _LOG_FILE: list = [None]  # --log-file: the open file the log also goes to
 _LOG_LEVEL = [3]  # -lv: llama.cpp's threshold (2: warnings only, 3: information too)
 
 
+_LOG_FMT: list = [None]  # --log-prefix: (timestamps, colors) for the lines' prefixes; None: no prefix
+_T0 = time.perf_counter()  # (--log-timestamps: the time since the start)
+
+
 def log(msg: str) -> None:
-    if _LOG_ON[0] and (2 if msg.startswith("warning:") else 3) <= _LOG_LEVEL[0]:
-        print(msg, file=sys.stderr, flush=True)
+    warning = msg.startswith("warning:")
+    if _LOG_ON[0] and (2 if warning else 3) <= _LOG_LEVEL[0]:
+        (head, tail), (file_head, _) = log_prefix("W" if warning else "I")
+        print(head + msg + tail, file=sys.stderr, flush=True)
         if _LOG_FILE[0] is not None:
-            _LOG_FILE[0].write(msg + "\n")
+            _LOG_FILE[0].write(file_head + msg + "\n")
+
+
+def log_prefix(level: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """What a log line of level I, W or E starts and ends with on stderr (colored) and in --log-file (not), as
+    llama.cpp's log writes them: [M.SS.mmm.uuu ]L message."""
+    if _LOG_FMT[0] is None:
+        return ("", ""), ("", "")
+    stamps, colors = _LOG_FMT[0]
+    us = int((time.perf_counter() - _T0) * 1e6)
+    out = []
+    for c in ((lambda code: f"\033[{code}m") if colors else (lambda code: ""), lambda code: ""):
+        head = (f"{c(34)}{us // 60_000_000}.{us // 1_000_000 % 60:02d}.{us // 1000 % 1000:03d}.{us % 1000:03d}"
+                f"{c(0)} ") if stamps else ""
+        out.append((head + f"{c(32)}I {c(0)}", "") if level == "I" else
+                   (head + f"{c(35 if level == 'W' else 31)}{level} ", c(0)))
+    return out[0], out[1]
+
+
+def log_colors(value: str) -> bool:
+    """--log-colors on / off / auto: auto colors when stdout or stderr is a terminal, unless NO_COLOR or TERM=dumb."""
+    if value in TRUTHY or value in FALSEY:
+        return value in TRUTHY
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return any(f is not None and hasattr(f, "isatty") and f.isatty() for f in (sys.stdout, sys.stderr))
 
 
 # -- validation (before anything is loaded) -------------------------------------------------
@@ -311,6 +390,8 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid --reasoning-format '{o.reasoning_format}': choose {', '.join(REASONING_FORMATS)}")
     if o.reasoning_format == "auto":
         o.reasoning_format = "deepseek"
+    if o.skip_chat_parsing:
+        o.reasoning_format = "none"
     if o.reasoning_budget < -1:
         raise UsageError(f"invalid --reasoning-budget {o.reasoning_budget}: must be >= -1 (-1 = no limit, 0 = end the "
                          "reasoning at once)")
@@ -323,6 +404,13 @@ def validate(o: RunOptions) -> None:
     check_flash_attn(o.flash_attn)
     check_v_cache(o.flash_attn, ("-ctv", o.cache_type_v), ("-ctvd", o.cache_type_v_draft))
     o.device = device_name(o.device)
+    if o.device_draft is not None:  # (-devd: the draft's device; its layers then follow -ngld on the GPU)
+        o.device_draft = device_name(o.device_draft, "-devd/--spec-draft-device")
+        if o.device_draft == "cpu":
+            o.spec_draft_ngl = 0
+        elif o.device == "cpu":  # the target on the CPU, the draft on the GPU
+            o.device, o.n_gpu_layers = "cuda", 0
+    apply_load_mode(o)
     check_adapters(o)
     check_prompt_cache(o)
     check_threads(o.threads)
@@ -580,16 +668,16 @@ PRIO_NICE = {-1: 5, 0: 0, 1: -5, 2: -10, 3: -20}
 MAX_CPUS = 512  # llama.cpp's GGML_MAX_N_THREADS: the CPUs a mask or range can name
 
 
-def parse_cpu_mask(mask: str) -> set[int]:
+def parse_cpu_mask(mask: str, flag: str = "-C/--cpu-mask") -> set[int]:
     """-C: llama.cpp's hex CPU mask (optional 0x; the last digit is CPUs 0-3; at most 128 digits read)."""
     digits = mask[2:] if mask.startswith("0x") else mask
     if not digits or any(c not in "0123456789abcdefABCDEF" for c in digits[:128]):
-        raise UsageError(f"invalid -C/--cpu-mask '{mask}': a hex mask of CPUs is expected (0x3 = CPUs 0 and 1)")
+        raise UsageError(f"invalid {flag} '{mask}': a hex mask of CPUs is expected (0x3 = CPUs 0 and 1)")
     value = int(digits[:128], 16)
     return {i for i in range(min(MAX_CPUS, 4 * len(digits[:128]))) if value >> i & 1}
 
 
-def parse_cpu_range(r: str) -> set[int]:
+def parse_cpu_range(r: str, flag: str = "-Cr/--cpu-range") -> set[int]:
     """-Cr: llama.cpp's [lo]-[hi] (a missing end: 0 / the last CPU it can name)."""
     lo, dash, hi = r.partition("-")
     try:
@@ -598,9 +686,9 @@ def parse_cpu_range(r: str) -> set[int]:
         a = int(lo) if lo else 0
         b = int(hi) if hi else MAX_CPUS - 1
     except ValueError:
-        raise UsageError(f"invalid -Cr/--cpu-range '{r}': expected [lo]-[hi], e.g. 0-3") from None
+        raise UsageError(f"invalid {flag} '{r}': expected [lo]-[hi], e.g. 0-3") from None
     if not (0 <= a < MAX_CPUS and 0 <= b < MAX_CPUS):
-        raise UsageError(f"invalid -Cr/--cpu-range '{r}': CPUs are numbered 0..{MAX_CPUS - 1}")
+        raise UsageError(f"invalid {flag} '{r}': CPUs are numbered 0..{MAX_CPUS - 1}")
     return set(range(a, b + 1))
 
 
@@ -621,20 +709,117 @@ def check_cpu_params(o: RunOptions) -> None:
 
 def check_inert_flags(o: RunOptions) -> None:
     """llama-cli's flags for what sharpi does not do, taken so that its command lines run: their values checked as
-    llama.cpp checks them, then one warning each."""
+    llama.cpp checks them, then one warning each (none where the value asks for what sharpi does anyway)."""
     if o.numa is not None and o.numa not in ("distribute", "isolate", "numactl", ""):
         raise UsageError(f"invalid --numa '{o.numa}': distribute, isolate or numactl")
     for flag, v in (("--poll", o.poll), ("--poll-batch", o.poll_batch)):
         if v is not None and not 0 <= v <= 100:
             raise UsageError(f"invalid {flag} {v}: a polling level from 0 to 100")
+    for flag, v in (("--prio-batch", o.prio_batch), ("--spec-draft-prio", o.prio_draft),
+                    ("--spec-draft-prio-batch", o.prio_batch_draft)):
+        if v is not None and not 0 <= v <= 3:
+            raise UsageError(f"invalid {flag} {v}: choose 0 (normal), 1 (medium), 2 (high) or 3 (realtime)")
+    for flag, v in (("-ncmoe/--n-cpu-moe", o.n_cpu_moe), ("-ncmoed/--spec-draft-n-cpu-moe", o.n_cpu_moe_draft),
+                    ("-ncffn/--n-cpu-ffn", o.n_cpu_ffn)):
+        if v is not None and v < 0:
+            raise UsageError(f"invalid {flag} {v}: a number of layers, >= 0")
+    for flag, v, parse in (("-Cb/--cpu-mask-batch", o.cpu_mask_batch, parse_cpu_mask),
+                           ("-Crb/--cpu-range-batch", o.cpu_range_batch, parse_cpu_range),
+                           ("-Cd/--spec-draft-cpu-mask", o.cpu_mask_draft, parse_cpu_mask),
+                           ("-Crd/--spec-draft-cpu-range", o.cpu_range_draft, parse_cpu_range),
+                           ("-Cbd/--spec-draft-cpu-mask-batch", o.cpu_mask_batch_draft, parse_cpu_mask)):
+        if v is not None:
+            parse(v, flag)
+    for flag, items in (("-ot/--override-tensor", o.override_tensor),
+                        ("-otd/--spec-draft-override-tensor", o.override_tensor_draft)):
+        for value in items:
+            check_tensor_overrides(flag, value)
+    choices = (("-sm/--split-mode", o.split_mode, ("none", "layer", "row", "tensor")),
+               ("-fit/--fit", o.fit, TRUTHY + FALSEY),
+               ("-lzm/--lazy-mode", o.lazy_mode, ("on", "auto", "off")),
+               ("--log-colors", o.log_colors, TRUTHY + FALSEY + ("auto", "-1")))
+    for flag, v, allowed in choices:
+        if v is not None and v not in allowed:
+            raise UsageError(f"invalid {flag} '{v}': choose {', '.join(allowed)}")
+    for flag, v, kind in (("-ts/--tensor-split", o.tensor_split, float), ("-fitt/--fit-target", o.fit_target, int)):
+        if v is not None:
+            parts = [x for x in re.split(r"[,/]+", v)]
+            try:
+                [kind(x) for x in parts]
+            except ValueError:
+                raise UsageError(f"invalid {flag} '{v}': comma-separated {'shares' if kind is float else 'MiB'}, "
+                                 "one a device") from None
+            if len(parts) >= MAX_DEVICES:
+                raise UsageError(f"invalid {flag} '{v}': {len(parts)} values, for at most {MAX_DEVICES - 1} devices")
+    if o.mmproj is not None or o.mmproj_url is not None or o.media:
+        flag = "-mm/--mmproj" if o.mmproj is not None else "-mmu/--mmproj-url" if o.mmproj_url else "--image/--audio/--video"
+        raise UsageError(f"{flag}: sharpi runs text models only (no multimodal projectors, images, audio or video)")
+    gpu = "sharpi runs a model on one GPU, its layers placed by -ngl"
     inert = [(o.numa, "--numa", "sharpi places no memory or threads by NUMA node"),
              (o.poll, "--poll", "sharpi's threads wait as OpenMP's do"),
              (o.poll_batch, "--poll-batch", "sharpi's threads wait as OpenMP's do"),
              (o.kv_offload, "-kvo/-nkvo", "each layer's KV cache stays with the layer, on the GPU with -ngl"),
-             (o.defrag_thold, "-dt/--defrag-thold", "deprecated in llama.cpp; sharpi's cache needs no defragmenting")]
+             (o.defrag_thold, "-dt/--defrag-thold", "deprecated in llama.cpp; sharpi's cache needs no defragmenting"),
+             (o.override_tensor or None, "-ot/--override-tensor", "sharpi places whole layers, by -ngl"),
+             (o.override_tensor_draft or None, "-otd/--spec-draft-override-tensor", "sharpi places whole layers, by -ngld"),
+             (o.cpu_moe or None, "-cmoe/--cpu-moe", gpu), (o.n_cpu_moe, "-ncmoe/--n-cpu-moe", gpu),
+             (o.cpu_moe_draft or None, "-cmoed/--spec-draft-cpu-moe", gpu),
+             (o.n_cpu_moe_draft, "-ncmoed/--spec-draft-n-cpu-moe", gpu), (o.n_cpu_ffn, "-ncffn/--n-cpu-ffn", gpu),
+             (None if o.split_mode in (None, "none") else o.split_mode, "-sm/--split-mode", gpu),
+             (o.tensor_split, "-ts/--tensor-split", gpu), (o.main_gpu, "-mg/--main-gpu", gpu),
+             (o.fit if o.fit in TRUTHY else None, "-fit/--fit", "sharpi sets no flags by the memory free"),
+             (o.fit_target, "-fitt/--fit-target", "sharpi does not fit flags to memory (-fit)"),
+             (o.fit_ctx, "-fitc/--fit-ctx", "sharpi does not fit flags to memory (-fit)"),
+             (o.op_offload, "--op-offload/--no-op-offload", "a layer's operations run where its weights are"),
+             (o.no_host or None, "--no-host", "sharpi's CUDA backend has no host buffers"),
+             (o.lazy_mode, "-lzm/--lazy-mode", "a mapped GGUF (-lm mmap, the default) is read as it is used"),
+             (o.cpu_strict, "--cpu-strict", "the threads run on -C / -Cr's CPUs, as the system places them"),
+             (o.cpu_strict_batch, "--cpu-strict-batch", "the threads run on -C / -Cr's CPUs, as the system places them"),
+             (o.cpu_mask_batch or o.cpu_range_batch, "-Cb/-Crb", "the prompt's batches run on -C / -Cr's CPUs"),
+             (o.prio_batch, "--prio-batch", "the process's priority is --prio's"),
+             (o.cpu_mask_draft or o.cpu_range_draft or o.cpu_mask_batch_draft, "-Cd/-Crd/-Cbd",
+              "the draft's threads run on -C / -Cr's CPUs"),
+             (o.cpu_strict_draft if o.cpu_strict_batch_draft is None else o.cpu_strict_batch_draft,
+              "--spec-draft-cpu-strict(-batch)", "the draft's threads run on -C / -Cr's CPUs"),
+             (o.prio_draft if o.prio_batch_draft is None else o.prio_batch_draft, "--spec-draft-prio(-batch)",
+              "the process's priority is --prio's"),
+             (o.poll_draft if o.poll_batch_draft is None else o.poll_batch_draft, "--spec-draft-poll(-batch)",
+              "sharpi's threads wait as OpenMP's do"),
+             (None if o.parallel in (None, 1) else o.parallel, "-np/--parallel", "sharpi decodes one sequence"),
+             (o.ctx_checkpoints, "-ctxcp/--ctx-checkpoints", "sharpi's KV caches keep every position they hold"),
+             (o.cache_ram, "-cram/--cache-ram", "sharpi keeps one conversation's cache (--prompt-cache: a file)"),
+             (o.backend_sampling or None, "-bs/--backend-sampling", "sharpi samples on the CPU"),
+             (o.spec_draft_backend_sampling or None, "--spec-draft-backend-sampling", "sharpi samples on the CPU"),
+             (o.spec_draft_p_split, "--spec-draft-p-split", "sharpi drafts one sequence, not a tree"),
+             (o.mmproj_auto or None, "--mmproj-auto", "sharpi runs text models only: no projector is fetched")]
     for value, flag, why in inert:
         if value is not None:
             log(f"warning: {flag} has no effect: {why}")
+
+
+TRUTHY, FALSEY = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")  # (llama.cpp's is_truthy / falsey)
+MAX_DEVICES = 16  # llama.cpp's LLAMA_MAX_DEVICES: -ts / -fitt take fewer values
+
+
+def check_tensor_overrides(flag: str, value: str) -> None:
+    """-ot PATTERN=BUFFER_TYPE,...: each pattern a regular expression, each type a buffer type this machine has (CPU;
+    CUDA0 with a usable GPU), as llama.cpp's parser and loader check them."""
+    for item in value.split(","):
+        pattern, eq, buft = item.partition("=")
+        if not eq:
+            raise UsageError(f"invalid {flag} '{item}': PATTERN=BUFFER_TYPE expected")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise UsageError(f"invalid {flag} '{item}': the pattern is not a regular expression ({e})") from None
+        have = ["CPU"]
+        if buft != "CPU":
+            from sharpi_core.backends.cuda import cuda_available
+            if cuda_available()[0]:
+                have.append("CUDA0")
+        if buft not in have:
+            raise UsageError(f"invalid {flag} '{item}': unknown buffer type '{buft}' (this machine has "
+                             f"{', '.join(have)})")
 
 
 def apply_cpu_params(o: RunOptions) -> int:
@@ -709,18 +894,34 @@ def check_prompt_cache(o: RunOptions) -> None:
     check_path(o.prompt_cache, o.prompt_cache_ro)
 
 
-def device_name(value: str) -> str:
+def device_name(value: str, flag: str = "-dev/--device") -> str:
     """-dev/--device: cpu or cuda, or llama.cpp's device list as its users write it (none: no offload,
     CUDA0: the first GPU; case-insensitive). sharpi runs a model on one GPU."""
     names = [v.strip().lower() for v in value.split(",")]
     devices = {"cpu": "cpu", "none": "cpu", "cuda": "cuda", "cuda0": "cuda"}
     if len(names) > 1 and all(n.startswith("cuda") for n in names):
-        raise UsageError(f"invalid -dev/--device '{value}': sharpi runs a model on one GPU (CUDA0)")
+        raise UsageError(f"invalid {flag} '{value}': sharpi runs a model on one GPU (CUDA0)")
     if len(names) > 1 or names[0] not in devices:
         other = names[0].startswith("cuda") and names[0][4:].isdigit()
-        raise UsageError(f"invalid -dev/--device '{value}': " + ("sharpi uses the first GPU only (CUDA0)" if other
+        raise UsageError(f"invalid {flag} '{value}': " + ("sharpi uses the first GPU only (CUDA0)" if other
                                                                  else "choose cpu or cuda (none, CUDA0)"))
     return devices[names[0]]
+
+
+LOAD_MODES = {"auto": None, "mmap": (True, False), "none": (False, False), "mlock": (False, True),
+              "mmap+mlock": (True, True), "dio": (False, False)}  # -lm -> (mmap, mlock); auto: as --mmap / --mlock
+
+
+def apply_load_mode(o: RunOptions) -> None:
+    """-lm/--load-mode, llama-cli's successor of --mmap / --no-mmap / --mlock, sets both."""
+    if o.load_mode is None:
+        return
+    if o.load_mode not in LOAD_MODES:
+        raise UsageError(f"invalid -lm/--load-mode '{o.load_mode}': choose {', '.join(LOAD_MODES)}")
+    if LOAD_MODES[o.load_mode] is not None:
+        o.mmap, o.mlock = LOAD_MODES[o.load_mode]
+    if o.load_mode == "dio":
+        log("warning: -lm dio: sharpi has no direct I/O; the GGUF is read in (as -lm none)")
 
 
 def check_device(o: RunOptions) -> None:
@@ -731,7 +932,8 @@ def check_device(o: RunOptions) -> None:
             raise UsageError("--device cuda: the CUDA backend is not available in this build") from None
         ok, why = cuda_available()
         if not ok:
-            raise UsageError(f"--device cuda requested but CUDA is unavailable: {why}")
+            flag = "-devd/--spec-draft-device" if o.device_draft == "cuda" and o.n_gpu_layers == 0 else "--device"
+            raise UsageError(f"{flag} cuda requested but CUDA is unavailable: {why}")
         check_gpu_cache_types(o)
 
 
@@ -996,6 +1198,8 @@ def process_escapes(text: str) -> str:
 def run(o: RunOptions) -> int:
     _LOG_ON[0] = not o.log_disable and o.verbosity >= 2
     _LOG_LEVEL[0] = o.verbosity
+    if o.log_prefix if o.log_prefix is not None else o.log_timestamps:
+        _LOG_FMT[0] = (bool(o.log_timestamps), log_colors(o.log_colors))
     if o.verbosity >= 4:
         o.verbose = True
     if o.log_file is not None:  # (llama.cpp's --log-file: the log also goes there, the file written anew)
@@ -1009,18 +1213,40 @@ def run(o: RunOptions) -> int:
     try:
         return _run(o)
     except SharpiError as e:
+        (e.log_head, e.log_tail), (file_head, _) = log_prefix("E")  # (main prints the line: after this run's log)
         if _LOG_FILE[0] is not None:
-            _LOG_FILE[0].write(f"error: {e}\n")
+            _LOG_FILE[0].write(f"{file_head}error: {e}\n")
         raise
     finally:
         if repack is None:
             os.environ.pop("SHARPI_CPU_REPACK", None)
         else:
             os.environ["SHARPI_CPU_REPACK"] = repack
-        _LOG_ON[0], _LOG_LEVEL[0] = True, 3
+        _LOG_ON[0], _LOG_LEVEL[0], _LOG_FMT[0] = True, 3, None
         if _LOG_FILE[0] is not None:
             _LOG_FILE[0].close()
             _LOG_FILE[0] = None
+
+
+def synthetic_rates(o: RunOptions, n_max: int) -> list[float] | None:
+    """--spec-synth-len / --spec-synth-rates for proposals of up to n_max tokens (0: no speculation) -> the rates,
+    announced as llama.cpp announces them, or None."""
+    if o.spec_synth_len is None and o.spec_synth_rates is None:
+        return None
+    if any(v is not None for v in (o.grammar, o.grammar_file, o.json_schema, o.json_schema_file)) or \
+            o.reasoning_budget >= 0:  # (their state follows the tokens the model chose; accepted proposals are not)
+        raise UsageError("--spec-synth-len/--spec-synth-rates: not with a grammar, JSON schema or reasoning budget")
+    from sharpi_core.speculative.synthetic import parse_rates, resolve_rates
+    try:
+        rates = resolve_rates(o.spec_synth_len, parse_rates(o.spec_synth_rates) if o.spec_synth_rates else None,
+                              n_max)
+    except ValueError as e:
+        hint = " (-md, --draft-lookup or --spec-type)" if n_max == 0 else ""
+        raise UsageError(f"--spec-synth-len/--spec-synth-rates: {e}{hint}") from None
+    log("warning: synthetic speculative acceptance is enabled for benchmarking; generated output is not valid")
+    log(f"sharpi: synthetic acceptance: n_max = {len(rates)}, mean length = {1 + sum(rates):.6f}, rates = "
+        f"[{', '.join(f'{r:.6g}' for r in rates)}]")
+    return rates
 
 
 def lock_memory() -> str | None:
@@ -1126,6 +1352,7 @@ def _run(o: RunOptions) -> int:
         # (llama.cpp's n-gram drafters: a step verifies what they draft, up to their own sizes; a draft model behind
         # them keeps --spec-draft-n-min / -n-max, which the chain applies)
         n_max, n_min = (min(drafter.n_max, window // 2), 0) if o.spec_ngram else (o.spec_draft_n_max, o.spec_draft_n_min)
+    synth = synthetic_rates(o, n_max if drafter is not None else 0)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
     if o.mlock and (why := lock_memory()) is not None:
@@ -1146,7 +1373,7 @@ def _run(o: RunOptions) -> int:
                     spec_p_min=o.spec_draft_p_min, n_batch=min(o.batch_size, o.ubatch_size),
                     batch_threads=o.threads_batch if o.threads_batch > 0 else None,
                     threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar,
-                    context_shift=o.context_shift, n_keep=o.keep, special=o.special)
+                    context_shift=o.context_shift, n_keep=o.keep, special=o.special, synth_rates=synth)
     if o.spec_draft_p_min > 0 and drafter is not None:
         log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
             "the output is no longer an exact sample of the target model")

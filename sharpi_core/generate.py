@@ -34,6 +34,7 @@ default, =1 sampled decoding too).
 from __future__ import annotations
 
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
@@ -45,6 +46,7 @@ from .errors import SharpiError
 from .grammar import grammar_need
 from .sampling import AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
 from .speculative import SpecCost, accept_argmax, accept_greedy, accept_sampled
+from .speculative.synthetic import conditional
 from .speculative.util import common_prefix, next_proposal_len
 from .tokenizer import StreamDecoder
 
@@ -154,7 +156,7 @@ class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
                  threads=None, grammar=None, context_shift: bool = False, n_keep: int = 0, special: bool = False,
-                 batch_threads: int | None = None):
+                 batch_threads: int | None = None, synth_rates: Sequence[float] | None = None):
         self.model, self.cache, self.tok, self.params = model, cache, tokenizer, params
         self.threads = threads  # a threads.ThreadGovernor, stepped per decoding step / prompt batch (or None)
         # -tb: threads for the prompt's batches of more than one token (evaluating them is bound by compute, where
@@ -163,6 +165,9 @@ class Generator:
         self.rng = torch.Generator().manual_seed(seed)
         self.drafter = drafter
         self.n_max, self.n_min, self.p_min = spec_n_max, spec_n_min, spec_p_min
+        # --spec-synth-len / -rates (benchmarking): proposals accepted at random with these chances, not verified
+        self.synth = conditional(synth_rates) if synth_rates else None
+        self.synth_rng = random.Random(seed)
         self.n_batch = max(1, n_batch)
         self.n_vocab = int(model.config.n_vocab)
         self.history: list[int] = []  # tokens whose K/V are in the cache
@@ -396,8 +401,9 @@ class Generator:
             return int(out)
         return self._sample(out)
 
-    def _sample(self, logits: torch.Tensor) -> int:
-        """The next token from the last position's logits [V] (the grammar's state follows it)."""
+    def _sample(self, logits: torch.Tensor, after: list[int] | None = None) -> int:
+        """The next token from the last position's logits [V] (the grammar's state follows it); after: tokens
+        the penalties see past the history (a verify row's)."""
         constrain = None
         if self.grammar is not None:
             st = self.gstate
@@ -407,10 +413,11 @@ class Generator:
                 if kept is None:
                     raise _Stop("grammar")
                 return kept
+        past = self._past() + after if after else self._past()
         if self.picker is not None:
-            t = self.picker.sample(logits, self.params, self.rng, self._past(), constrain)
+            t = self.picker.sample(logits, self.params, self.rng, past, constrain)
         else:
-            t = sample(logits, self.params, self.rng, self._past(), constrain)
+            t = sample(logits, self.params, self.rng, past, constrain)
         if self.grammar is not None:
             self.gstate = self.grammar.advance(self.gstate, t)
         return t
@@ -472,7 +479,9 @@ class Generator:
                 break
         # row i verifies props[i]: logits [len(fed)+1, V], or with device_argmax their arg-maxes
         out = self._forward_rows([t] + fed)
-        if self.device_argmax:
+        if self.synth is not None and not forced:
+            n, nxt = self._accept_synthetic(fed, out, t)
+        elif self.device_argmax:
             n, nxt = accept_argmax(props, out.tolist())
         else:
             rows = apply_penalties(out, self._penalty_rows(t, props, out.shape[0]), self.params)
@@ -507,6 +516,17 @@ class Generator:
         stats.verify_passes += 1
         stats.emitted += n + (nxt is not None)
         return props[:n], nxt
+
+    def _accept_synthetic(self, fed: list[int], out, t: int) -> tuple[int, int]:
+        """Synthetic acceptance (benchmarking): the proposals in the cache (fed) accepted one by one with self.synth's
+        chances, never an end-of-generation token (it would end the run early), as llama.cpp's server does; then the
+        target's token from the row after them (its samplers, penalties and bias applied)."""
+        eog, n = self.tok.eog_ids, 0
+        while n < min(len(fed), len(self.synth)) and self.synth_rng.random() < self.synth[n] and fed[n] not in eog:
+            n += 1
+        if self.device_argmax:
+            return n, int(out[n])
+        return n, self._sample(out[n], [t] + fed[:n])
 
     def _verify_grammar(self, props: list[int], q, rows: torch.Tensor) -> tuple[int, int | None]:
         """accept_argmax / accept_sampled on the grammar-masked rows; the grammar state moves past the

@@ -609,6 +609,89 @@ def test_llama_cli_flags_for_what_sharpi_does_not_do(smol):
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--poll", 101), 2, "invalid --poll 101")
 
 
+def test_llama_cli_placement_and_batch_flags(smol):
+    """llama-cli's GPU placement (-ot, -cmoe, -ncmoe, -sm, -ts, -mg, -fit*), batch / draft CPU placement (-Cb, -Crb,
+    -Cd, ..., --prio-batch, --cpu-strict), -np, -ctxcp, -cram, -bs, -lzm, --spec-draft-p-split flags: the output
+    unchanged, one warning each, none where the value asks for what sharpi does (-np 1, -sm none, -fit off,
+    --no-mmproj, --no-spec-draft-backend-sampling); -ngl / -ngld take llama.cpp's auto and all."""
+    plain = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0)
+    warned = ["-ot", r"blk\.0\..*=CPU,token_embd=CPU", "-otd", "exps=CPU", "-cmoe", "-ncmoe", 2, "-cmoed", "-ncmoed", 1,
+              "-ncffn", 3, "-sm", "row", "-ts", "3/1", "-mg", 0, "-fit", "on", "-fitt", "1024,512", "-fitc", 4096,
+              "--no-op-offload", "--no-host", "-lzm", "on", "--cpu-strict", 1, "--cpu-strict-batch", 0, "-Cb", "0x3",
+              "--prio-batch", 1, "-Cd", "1", "--spec-draft-prio", 2, "--spec-draft-poll", 1, "-np", 4, "-ctxcp", 8,
+              "-cram", 0, "-bs", "--spec-draft-p-split", 0.2, "--mmproj-auto"]
+    quiet = ["-np", 1, "-sm", "none", "-fit", "off", "--no-mmproj", "--no-spec-draft-backend-sampling", "-ngl", "all",
+             "-ngld", "auto", "-devd", "none"]
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, *warned)
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:") and "has no effect" in ln]
+    assert len(warnings) == 29, r.stderr  # (one a flag: 29 given)
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, *quiet)
+    assert r.returncode == 0 and r.stdout == plain.stdout and "warning" not in r.stderr, r.stderr
+    for args, msg in ((("-ot", "blk"), "PATTERN=BUFFER_TYPE expected"), (("-ot", "blk(=CPU"), "not a regular expression"),
+                      (("-otd", "blk=CUDA7"), "unknown buffer type 'CUDA7'"),
+                      (("-ncmoe", -1), "invalid -ncmoe/--n-cpu-moe -1"), (("-sm", "rows"), "invalid -sm/--split-mode"),
+                      (("-ts", "1,x"), "invalid -ts/--tensor-split"), (("-ts", ",".join("1" * 16)), "16 values"),
+                      (("-fit", "maybe"), "invalid -fit/--fit"), (("-fitt", "1.5"), "invalid -fitt/--fit-target"),
+                      (("-lzm", "lazy"), "invalid -lzm/--lazy-mode"), (("-Cb", "xyz"), "invalid -Cb/--cpu-mask-batch"),
+                      (("-Crd", "3"), "invalid -Crd/--spec-draft-cpu-range"), (("--prio-batch", 4), "--prio-batch 4"),
+                      (("--prio-draft", -1), "--spec-draft-prio -1"), (("-lm", "fast"), "invalid -lm/--load-mode"),
+                      (("-devd", "CUDA1"), "invalid -devd/--spec-draft-device"), (("-mm", "p.gguf"), "text models only"),
+                      (("--image", "a.png"), "text models only"), (("--log-colors", "maybe"), "invalid --log-colors")):
+        one_error_line(sharpi("-m", smol, "-p", "Hi", *args), 2, msg)
+    r = sharpi("-m", smol, "-p", "Hi", "-ngl", "most")
+    assert r.returncode == 2 and "a number of layers, auto or all" in r.stderr
+
+
+def test_load_mode_draft_device_and_chat_parsing_flags():
+    """-lm sets --mmap / --mlock as llama-cli's load modes mean them (auto leaves them); -devd places the draft:
+    none on the CPU (-ngld 0 there), CUDA0 beside a target on the CPU (a GPU run with -ngl 0), a missing GPU named
+    under -devd; --skip-chat-parsing is --reasoning-format none."""
+    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_core.errors import UsageError
+    for mode, mmap, mlock in (("auto", False, True), ("mmap", True, False), ("none", False, False),
+                              ("mlock", False, True), ("mmap+mlock", True, True), ("dio", False, False)):
+        o = RunOptions(load_mode=mode, mmap=False, mlock=True)
+        validate(o)
+        assert (o.mmap, o.mlock) == (mmap, mlock), mode
+    o = RunOptions(device="CUDA0", device_draft="none", model_draft="d.gguf")
+    validate(o)
+    assert (o.device, o.n_gpu_layers, o.spec_draft_ngl) == ("cuda", -1, 0)
+    o = RunOptions(device="none", device_draft="CUDA0", model_draft="d.gguf")
+    validate(o)
+    assert (o.device, o.n_gpu_layers, o.spec_draft_ngl) == ("cuda", 0, -1)
+    pure = RunOptions(skip_chat_parsing=True, reasoning_format="deepseek")  # (llama-cli's pure content parser)
+    validate(pure)
+    assert pure.reasoning_format == "none"
+    from sharpi_core.backends.cuda import cuda_available
+    if not cuda_available()[0]:
+        from sharpi_cli.runner import check_device
+        with pytest.raises(UsageError, match="-devd/--spec-draft-device cuda requested but CUDA is unavailable"):
+            check_device(o)
+
+
+def test_log_prefix_timestamps_and_colors(smol, tmp_path):
+    """--log-prefix: each log line starts with its level (I, W; the error line E), as llama.cpp's log writes them;
+    --log-timestamps adds M.SS.mmm.uuu (and implies the prefix); --log-colors on colors them on stderr, never in
+    --log-file; auto (the default) does not on a pipe."""
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 2, "--temp", 0, "--log-prefix", "-np", 2)
+    lines = [ln for ln in r.stderr.splitlines() if ln]
+    assert r.returncode == 0 and lines and all(ln[:2] in ("I ", "W ") for ln in lines), r.stderr
+    assert "W warning: -np/--parallel has no effect" in r.stderr and "I sharpi:       total time" in r.stderr
+    log = tmp_path / "log.txt"
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 2, "--temp", 0, "--log-timestamps", "--log-colors", "on", "--log-file", log)
+    stamp = r"\d+\.\d\d\.\d{3}\.\d{3} "
+    assert r.returncode == 0 and re.search(rf"^\x1b\[34m{stamp[:-1]}\x1b\[0m \x1b\[32mI \x1b\[0msharpi:", r.stderr, re.M)
+    text = log.read_text()
+    assert "\x1b" not in text and all(re.match(stamp + "[IW] ", ln) for ln in text.splitlines() if ln), text
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 2, "--log-timestamps", "--no-log-prefix", "--temp", 0)
+    assert r.returncode == 0 and "sharpi:       total time" in r.stderr and not re.search(stamp, r.stderr)
+    r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16, "--log-prefix")  # (stderr is no terminal: auto, no colors)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("E error: prompt is 51 tokens"), r.stderr
+    r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16)
+    assert r.stderr.splitlines()[-1].startswith("error: "), r.stderr
+
+
 def test_reverse_prompt_escapes(smol):
     args = ("-m", smol, "-p", "List three colors:\\n1.", "-n", 30, "-r", "\\n", "--temp", 0, "--json")
     d = json.loads(sharpi(*args).stdout)
@@ -734,6 +817,35 @@ def test_self_draft_accepts_everything_and_p_min_warns(smol):
     assert cut["tokens"] == plain["tokens"] and cut["speculative"]["accepted"] < cut["speculative"]["drafted"]
     r = sharpi("-m", smol, "-md", smol, "-p", "Hi", "-n", 4, "--spec-draft-p-min", "0.5", "--json")
     assert r.returncode == 0 and "no longer an exact sample" in r.stderr
+
+
+def test_synthetic_acceptance_for_benchmarks(smol):
+    """--spec-synth-len / --spec-synth-rates (llama.cpp's, benchmarking): proposals accepted at random with the given
+    chances instead of being verified, the target's token after them. A self-draft cut to 300 ids proposes wrong
+    tokens: at rates 1, 1, 0 exactly the first two of each step are taken; at length 1 none, which leaves the plain
+    output, greedy and sampled alike (the same draws in the same order)."""
+    args = ("-m", smol, "-md", smol, "--spec-draft-vocab", 300, "-p", "Once upon a time", "-n", 24, "--spec-draft-n-max", 3)
+    r = sharpi(*args, "--temp", 0, "--spec-synth-rates", "1,1,0", "--json")
+    assert r.returncode == 0 and "generated output is not valid" in r.stderr, r.stderr
+    assert "synthetic acceptance: n_max = 3, mean length = 3.000000, rates = [1, 1, 0]" in r.stderr
+    s = json.loads(r.stdout)["speculative"]
+    assert s["per_position_acceptance"] == [1.0, 1.0, 0.0] and s["per_position_drafted"][0] > 3, s
+    for temp in (0, 0.8):
+        plain = sharpi("-m", smol, "-p", "Once upon a time", "-n", 24, "--temp", temp, "-s", 5)
+        r = sharpi(*args, "--temp", temp, "-s", 5, "--spec-synth-len", 1, "--json")
+        d = json.loads(r.stdout)
+        assert d["speculative"]["drafted"] > 0 and d["speculative"]["accepted"] == 0 and plain.stdout.rstrip("\n").endswith(d["text"])
+    r = sharpi(*args, "--temp", 0, "--spec-synth-len", 4, "--json", env={"SHARPI_SPEC_COST": "0"})
+    s = json.loads(r.stdout)["speculative"]
+    assert s["accepted"] == s["drafted"] > 0 and s["tokens_per_pass"] > 3.5, s
+    for extra, msg in ((("--spec-synth-len", 2, "--spec-synth-rates", "1,1,1"), "mutually exclusive"),
+                       (("--spec-synth-rates", "1,0.5"), "must contain 3 values"),
+                       (("--spec-synth-rates", "0.5,1,1"), "monotonically non-increasing"),
+                       (("--spec-synth-rates", "1,1,x"), "invalid --spec-synth-rates"),
+                       (("--spec-synth-len", 4.5), "within [1, 4]"),
+                       (("--spec-synth-len", 2, "-j", "{}"), "not with a grammar")):
+        one_error_line(sharpi(*args, *extra), 2, msg)
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "--spec-synth-len", 2), 2, "requires at least one speculative token")
 
 
 def test_draft_cache_types(smol):
@@ -1135,9 +1247,9 @@ def test_tokenize_stdin_count_and_raw_pieces(smol):
 
 
 def test_unknown_short_options_are_named(smol):
-    """A llama.cpp flag sharpi lacks (-np, -cram, ...) is named as such, not read as short flags run together
-    (-n p) with a complaint about -n's value; option values that start with a dash are values."""
-    for flag in ("-np", "-cram", "-ctxcp"):
+    """A llama.cpp flag sharpi lacks (llama-server's -nocb, -cb, -to) is named as such, not read as short flags run
+    together (-n ocb) with a complaint about -n's value; option values that start with a dash are values."""
+    for flag in ("-nocb", "-cb", "-to"):
         one_error_line(sharpi("-m", smol, flag, 4, "-p", "hi"), 2, f"No such option: {flag}")
     r = sharpi("-m", smol, "-p", "-dash prompt", "-n", -1, "-n", 2, "--temp", 0, "-l", "15043-inf")
     assert r.returncode == 0, r.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import random
+import re
 import time
 from functools import lru_cache
 
@@ -337,6 +338,24 @@ def test_adaptive_proposal_counts_keep_the_target_distribution(kind):
     samples = simulate(kind, 6, 7, N_RUNS, seed=200, adaptive=True)
     pv = oracle_pvalues(samples, 6)
     assert min(pv.values()) > 0.001, pv
+
+
+def test_synthetic_acceptance_rates_are_llama_cpps():
+    """--spec-synth-len L: geometric rates p^(i+1) whose mean length 1 + sum is L (llama.cpp's bisection); its
+    edges accept nothing or everything; rates become the chances each proposal is taken after the ones before."""
+    from sharpi_core.speculative.synthetic import conditional, resolve_rates
+    for n_max, length in ((4, 3.0), (1, 1.5), (8, 2.2), (16, 16.9)):
+        r = resolve_rates(length, None, n_max)
+        assert len(r) == n_max and abs(1 + sum(r) - length) < 1e-6
+        assert all(abs(r[i] - r[0] ** (i + 1)) < 1e-12 for i in range(n_max))
+        assert all(abs(c - r[0]) < 1e-9 for c in conditional(r))
+    assert resolve_rates(5.0, None, 4) == [1.0] * 4 and resolve_rates(1.0, None, 4) == [0.0] * 4
+    assert conditional([0.8, 0.4, 0.0, 0.0]) == [0.8, 0.5, 0.0, 0.0]
+    for length, rates, n_max, msg in ((2.0, [1.0], 1, "mutually exclusive"), (None, [1.0], 0, "at least one"),
+                                      (None, [1.0, float("nan")], 2, "finite"), (None, [1.2], 1, "within [0, 1]"),
+                                      (0.5, None, 3, "within [1, 4]"), (float("inf"), None, 3, "finite")):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            resolve_rates(length, rates, n_max)
 
 
 def test_next_proposal_len():
