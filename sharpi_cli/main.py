@@ -506,6 +506,19 @@ def perplexity(
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
     threads: Annotated[int, Opt("-t", "--threads")] = -1,
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="on, off or auto (= on)")] = "auto",
+    batch_size: Annotated[int, Opt("-b", "--batch-size", help="llama-perplexity's batch: below -c a chunk is "
+                                   "evaluated in passes of this many rows (else -c / -b chunks a batch: the lines of "
+                                   "--ppl-output-type 1)")] = 2048,
+    ubatch_size: Annotated[int, Opt("-ub", "--ubatch-size", help="rows a pass at most where a batch holds one chunk")] = 512,
+    n_gpu_layers: Annotated[Optional[int], Opt("-ngl", "--n-gpu-layers", "--gpu-layers", parser=_layers, metavar="N",
+                                               help="accepted, with a warning unless 0 (perplexity runs on the "
+                                               "CPU)")] = None,
+    device: Annotated[Optional[str], Opt("-dev", "--device", help="cpu (none); cuda is refused: perplexity runs on "
+                                         "the CPU")] = None,
+    mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF (default), or read it in", show_default=False)] = True,
+    mlock: Annotated[bool, Opt("--mlock", help="keep the model's weights locked in memory")] = False,
+    load_mode: Annotated[Optional[str], Opt("-lm", "--load-mode", help="as run's -lm: auto, mmap, none, mlock, "
+                                            "mmap+mlock, dio")] = None,
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
     control_vector: ControlVectorOpt = [],
@@ -523,6 +536,9 @@ def perplexity(
     adapters = runner.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
                                  control_vector_scaled=control_vector_scaled,
                                  control_vector_layer_range=control_vector_layer_range)
+    adapters.mmap, adapters.mlock, adapters.load_mode = mmap, mlock, load_mode
+    adapters.n_gpu_layers, adapters.device = n_gpu_layers, device or "cpu"
+    adapters.batch_size, adapters.ubatch_size = batch_size, ubatch_size
     raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
                                            adapters, kl_divergence_base, kl_divergence, ppl_output_type))
 

@@ -1720,8 +1720,8 @@ def print_report(target, res, o: RunOptions) -> None:
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
                    adapters: RunOptions | None = None, kld_base: str | None = None, kld: bool = False,
                    output_type: int = 0) -> int:
-    """adapters: the --lora* and --control-vector* flags (RunOptions' fields); kld_base: --kl-divergence-base's file,
-    written (or read, kld: --kl-divergence)."""
+    """adapters: the --lora* and --control-vector* flags, -b, -ub, -ngl, -dev and the load flags (RunOptions'
+    fields); kld_base: --kl-divergence-base's file, written (or read, kld: --kl-divergence)."""
     from sharpi_core.perplexity import chunk_count, kl_divergence, perplexity, read_base_header, save_logprobs
     if kld and kld_base is None:
         raise UsageError("--kl-divergence compares with the log-probabilities of --kl-divergence-base FILE: give it")
@@ -1739,25 +1739,28 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     if output_type not in (0, 1):
         raise UsageError(f"invalid --ppl-output-type {output_type}: 0 or 1")
     check_threads(threads)
+    o = adapters or RunOptions(model=model)
+    n_pass = check_perplexity_placement(o, ctx_size)
     set_threads(threads)
     if kld:
         read_base_header(kld_base)  # (a file that is none is refused before the model loads)
     else:
         text = read_text(file, lenient=True)
-    o = adapters or RunOptions(model=model)
     check_adapters(o)
-    m = _load(model, flash_attn)
+    m = _load(model, flash_attn, mmap=o.mmap)
+    if o.mlock and (why := lock_memory()) is not None:
+        log(f"warning: --mlock: the model could not be locked in memory ({why})")
     apply_adapters(o, m.model)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
     if kld:
-        kl_divergence(m.model, kld_base, bos, ctk, ctv, info=log)
+        kl_divergence(m.model, kld_base, bos, ctk, ctv, info=log, n_pass=n_pass)
         return 0
     t0 = time.perf_counter()
     ids = m.tokenizer.encode(text, add_special=True, parse_special=False)
     n_chunks = chunk_count(len(ids), ctx_size, chunks)
     log(f"perplexity: tokenized {len(ids)} tokens in {(time.perf_counter() - t0) * 1000:.0f} ms; "
         f"calculating over {n_chunks} chunks of {ctx_size}")
-    n_seq = max(1, 2048 // ctx_size)  # (llama-perplexity's sequences a batch: its type-1 lines count by them)
+    n_seq = max(1, o.batch_size // ctx_size)  # (llama-perplexity's sequences a batch: its type-1 lines count by them)
 
     def on_chunk(i, nll, nll2, count):  # (the sums so far: llama-perplexity's lines of output type 0 or 1)
         if output_type == 0:
@@ -1769,12 +1772,31 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         print(f"{i // n_seq * n_seq * ctx_size:8d}  {math.exp(av):.4f}  {av:4f}  {av2:4f}", flush=True)
 
     if kld_base is not None:  # (llama-perplexity's likelihoods in float arithmetic, the file written)
-        r = save_logprobs(m.model, ids, ctx_size, chunks, kld_base, bos, ctk, ctv, on_chunk=on_chunk)
+        r = save_logprobs(m.model, ids, ctx_size, chunks, kld_base, bos, ctk, ctv, on_chunk=on_chunk, n_pass=n_pass)
     else:
-        r = perplexity(m.model, ids, ctx_size, chunks, bos_id=bos, type_k=ctk, type_v=ctv, on_chunk=on_chunk)
+        r = perplexity(m.model, ids, ctx_size, chunks, bos_id=bos, type_k=ctk, type_v=ctv, on_chunk=on_chunk,
+                       n_pass=n_pass)
     print()
     print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.err:.5f}")
     return 0
+
+
+def check_perplexity_placement(o: RunOptions, n_ctx: int) -> int:
+    """perplexity's -b, -ub, -ngl, -dev and load flags -> the rows of a pass (0: a chunk in one), as llama-perplexity
+    evaluates a chunk: in batches of -b rows where -b < -c, each in passes of -ub rows, and where a batch holds one
+    chunk in passes of -ub rows; several chunks a batch are one pass each (their kernels then see the chunk's rows, as
+    llama.cpp's see the ubatch's many)."""
+    for flag, v in (("-b/--batch-size", o.batch_size), ("-ub/--ubatch-size", o.ubatch_size)):
+        if v < 1:
+            raise UsageError(f"invalid {flag} {v}: must be >= 1")
+    if device_name(o.device) == "cuda":
+        raise UsageError("perplexity runs on the CPU: no -dev/--device cuda")
+    if o.n_gpu_layers not in (None, 0):
+        log("warning: -ngl has no effect: perplexity runs on the CPU")
+    apply_load_mode(o)
+    n_batch = min(o.batch_size, max(1, o.batch_size // n_ctx) * n_ctx)  # (llama-perplexity's: whole chunks a batch)
+    step = min(n_batch, o.ubatch_size)
+    return step if n_batch <= n_ctx and step < n_ctx else 0
 
 
 def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape: bool = True, stdin: bool = False,

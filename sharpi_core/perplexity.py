@@ -36,13 +36,15 @@ def chunk_count(n_tokens: int, n_ctx: int, n_chunks: int = -1) -> int:
 
 def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id: int | None = None,
                type_k: str = "f16", type_v: str = "f16",
-               on_chunk: Callable[[int, float, float, int], None] | None = None) -> PerplexityResult:
+               on_chunk: Callable[[int, float, float, int], None] | None = None, n_pass: int = 0) -> PerplexityResult:
+    """n_pass: the rows of a forward pass (llama-perplexity's -b, -ub below n_ctx: a chunk in several); 0: a chunk
+    in one."""
     n = chunk_count(len(tokens), n_ctx, n_chunks)
     first = n_ctx // 2
     nll = nll2 = 0.0
     count = 0
     chunk_ppl = []
-    for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n, bos_id, type_k, type_v):
+    for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n, bos_id, type_k, type_v, n_pass):
         lp = torch.log_softmax(rows.double(), dim=-1)
         tgt = torch.tensor(chunk[first + 1:n_ctx])
         tok_nll = -lp.gather(1, tgt[:, None])[:, 0]
@@ -64,9 +66,10 @@ def _result(nll: float, nll2: float, count: int, n_chunks: int, chunk_ppl: list[
     return PerplexityResult(ppl, err, n_chunks, count, chunk_ppl)
 
 
-def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v):
+def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v, n_pass: int = 0):
     """(chunk index, its tokens, the logits of its scored rows [n_ctx - 1 - first, V] fp32) for each chunk, each
-    evaluated in a fresh context with its first token replaced by BOS where the model adds BOS."""
+    evaluated in a fresh context with its first token replaced by BOS where the model adds BOS, in passes of n_pass
+    rows (0: one)."""
     first = n_ctx // 2
     cache = model.new_cache(n_ctx, type_k, type_v)
     for i in range(n_chunks):
@@ -75,8 +78,13 @@ def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, typ
         if bos_id is not None:
             sent[0] = bos_id
         cache.truncate(0)
-        logits = model.forward(torch.tensor(sent), 0, cache)  # [n_ctx, V]
-        yield i, chunk, logits[first:n_ctx - 1].float().contiguous()
+        step = n_pass if 0 < n_pass < n_ctx else n_ctx
+        rows = []  # the scored rows of each pass
+        for s in range(0, n_ctx, step):
+            logits = model.forward(torch.tensor(sent[s:s + step]), s, cache)  # [step, V]
+            if s + step > first:
+                rows.append(logits[max(first - s, 0):n_ctx - 1 - s])
+        yield i, chunk, (rows[0] if len(rows) == 1 else torch.cat(rows)).float().contiguous()
 
 
 # ---- llama-perplexity's --kl-divergence-base files and --kl-divergence -------------------------------------------
@@ -108,7 +116,7 @@ def _ppl_lib():
 
 def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str, bos_id: int | None = None,
                   type_k: str = "f16", type_v: str = "f16",
-                  on_chunk: Callable[[int, float, float, int], None] | None = None) -> PerplexityResult:
+                  on_chunk: Callable[[int, float, float, int], None] | None = None, n_pass: int = 0) -> PerplexityResult:
     """Perplexity as llama-perplexity computes it with --kl-divergence-base (each row's log-likelihood in float
     arithmetic), the scored rows' log-probabilities written to path (through a temporary file: a run that fails
     leaves what was there)."""
@@ -122,7 +130,7 @@ def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str
     try:
         with open(tmp, "wb") as out:
             out.write(LOGITS_MAGIC + np.array([n_ctx], dtype=np.int32).tobytes())
-            for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n, bos_id, type_k, type_v):
+            for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n, bos_id, type_k, type_v, n_pass):
                 n_vocab = rows.shape[1]
                 if i == 0:
                     out.write(np.array([n_vocab, n], dtype=np.int32).tobytes())
@@ -203,7 +211,8 @@ def _cov(a: float, b: float, ab: float, count: int) -> float:
 
 
 def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f16", type_v: str = "f16",
-                  out: Callable[[str], None] = print, info: Callable[[str], None] | None = None) -> dict:
+                  out: Callable[[str], None] = print, info: Callable[[str], None] | None = None,
+                  n_pass: int = 0) -> dict:
     """llama-perplexity --kl-divergence: the base file's chunks evaluated again by this model, each scored row's
     distribution against the base's; llama-perplexity's table (a line a chunk) and statistics, through out (info:
     what is computed, once the file is found to fit the model)."""
@@ -226,7 +235,7 @@ def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f1
     base = np.memmap(path, dtype=np.uint16, mode="r", offset=off, shape=(n_chunk, nrow, nv))
     out("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS"
         "            Same top p")
-    for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n_chunk, bos_id, type_k, type_v):
+    for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n_chunk, bos_id, type_k, type_v, n_pass):
         b = np.ascontiguousarray(base[i])
         for r in range(nrow):
             lib.sharpi_kld_row(rows[r].data_ptr(), n_vocab, b[r].ctypes.data, chunk[first + 1 + r], acc.ctypes.data,

@@ -70,3 +70,35 @@ def test_ppl_output_type_1_is_llama_perplexity_s():
     assert [ln for ln in r.stdout.splitlines() if ln.startswith(" ")] == c["ppl_output_type_1"]
     one_error_line(sharpi("perplexity", "-m", model_path(c["model"]), "-f", FIXTURES_DIR / c["text"],
                           "--ppl-output-type", 2), 2, "invalid --ppl-output-type 2")
+
+
+BATCH_ORACLE = json.loads((ROOT / "tests" / "data" / "llamacpp_ppl_batch.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", BATCH_ORACLE, ids=lambda c: f"{c['model'].split('-')[0]} {' '.join(c['flags'])}")
+def test_batch_flags_are_llama_perplexity_s(case):
+    """-b / -ub as llama-perplexity takes them (scripts/llamacpp_ppl_batch.py): a chunk in batches of -b rows below
+    -c, each in passes of -ub rows; the passes' row counts reach the kernels, so each chunk's value and the final
+    estimate are its to the last digit (-ub 100 and -b 96 move them against one 512-row pass); -b above -c sets the
+    sequences a batch that --ppl-output-type 1 counts by."""
+    r = sharpi("perplexity", "-m", model_path(case["model"]), "-f", FIXTURES_DIR / case["text"], *case["flags"],
+               "-ngl", 99)
+    assert r.returncode == 0, r.stderr
+    assert "-ngl has no effect" in r.stderr
+    lines = r.stdout.splitlines()
+    assert case["final"] in lines
+    got = [ln.strip() for ln in lines if ln.startswith("[1]")] or [ln for ln in lines if ln.startswith("   ")]
+    assert got == case["chunks"]
+
+
+def test_perplexity_placement_flags(tmp_path):
+    """perplexity takes -b / -ub values llama-perplexity takes, -ngl and -dev none (it runs on the CPU: -dev cuda is
+    one error line), and the load flags; bad values are one error line."""
+    c = BATCH_ORACLE[0]
+    args = ("perplexity", "-m", model_path(c["model"]), "-f", FIXTURES_DIR / c["text"], "-c", 128, "--chunks", 1)
+    r = sharpi(*args, "-b", 1000, "-dev", "none", "--no-mmap", "-lm", "none", "-ngl", 0)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    one_error_line(sharpi(*args, "-dev", "CUDA0"), 2, "perplexity runs on the CPU")
+    one_error_line(sharpi(*args, "-b", 0), 2, "invalid -b/--batch-size 0")
+    one_error_line(sharpi(*args, "-ub", -1), 2, "invalid -ub/--ubatch-size -1")
+    one_error_line(sharpi(*args, "-lm", "fast"), 2, "invalid -lm/--load-mode")

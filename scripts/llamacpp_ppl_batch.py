@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""llama-perplexity's output with its batch flags (-b, -ub): the oracle of tests/test_kld.py's batch test.
+
+    python scripts/llamacpp_ppl_batch.py BIN_DIR [-o tests/data/llamacpp_ppl_batch.json]
+
+BIN_DIR holds llama-perplexity (the fixtures' build). A chunk is evaluated in batches of -b rows where -b is below -c,
+each in passes of -ub rows (and in passes of -ub rows where a batch holds one chunk): the passes' row counts reach the
+kernels, so the last digits move with them. For each case the chunk line ([1]..,[2]..,) or the --ppl-output-type 1
+lines, and the final estimate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sharpi_core.registry import resolve_model  # noqa: E402
+
+TEXT = "apache-2.0.txt"  # (in ../shared/fixtures)
+CASES = [  # (model, flags)
+    ("smollm2-135m-instruct-q4_1", ["-c", "512", "-b", "128"]),
+    ("smollm2-135m-instruct-q4_1", ["-c", "512", "-b", "512", "-ub", "100"]),
+    ("smollm2-135m-instruct-q4_1", ["-c", "512", "-b", "96"]),
+    ("smollm2-135m-instruct-q4_1", ["-c", "256", "-b", "512", "--ppl-output-type", "1"]),
+    ("qwen2.5-coder-0.5b-instruct-q4_k_m", ["-c", "512", "-b", "200", "-ub", "50"]),
+    ("gemma3-270m-q4_k_m", ["-c", "256", "-b", "256", "-ub", "64", "-ctk", "q8_0", "-ctv", "q8_0"]),
+]
+
+
+def results(stdout: str, stderr: str) -> dict:
+    """The chunk values (stdout: a line of [i]PPL, or the lines of output type 1) and the final estimate (in the
+    log on stderr)."""
+    final = re.search(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+", stderr).group(0)
+    lines = stdout.splitlines()
+    chunks = [ln.strip() for ln in lines if ln.startswith("[1]")] or [ln for ln in lines if ln.startswith("   ")]
+    return {"chunks": chunks, "final": final}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir", type=Path)
+    ap.add_argument("-o", "--out", type=Path, default=ROOT / "tests" / "data" / "llamacpp_ppl_batch.json")
+    a = ap.parse_args()
+    text = ROOT.parent / "shared" / "fixtures" / TEXT
+    cases = []
+    for model, flags in CASES:
+        env = dict(os.environ, LD_LIBRARY_PATH=str(a.bin_dir))
+        r = subprocess.run([str(a.bin_dir / "llama-perplexity"), "-m", str(resolve_model(model)), "-f", str(text),
+                            "-t", "2", *flags], capture_output=True, text=True, env=env, timeout=1200)
+        if r.returncode != 0:
+            raise SystemExit(f"llama-perplexity {' '.join(flags)} failed:\n{r.stderr[-2000:]}")
+        cases.append({"model": model, "text": TEXT, "flags": flags, **results(r.stdout, r.stderr)})
+        print(model, " ".join(flags), cases[-1]["final"], flush=True)
+    a.out.write_text(json.dumps({"cases": cases}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
