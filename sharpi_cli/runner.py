@@ -743,7 +743,7 @@ def check_inert_flags(o: RunOptions) -> None:
             raise UsageError(f"invalid {flag} '{v}': choose {', '.join(allowed)}")
     for flag, v, kind in (("-ts/--tensor-split", o.tensor_split, float), ("-fitt/--fit-target", o.fit_target, int)):
         if v is not None:
-            parts = [x for x in re.split(r"[,/]+", v)]
+            parts = re.split(r"[,/]+", v)  # (llama.cpp's separators)
             try:
                 [kind(x) for x in parts]
             except ValueError:
