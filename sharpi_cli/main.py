@@ -68,6 +68,15 @@ ControlVectorScaledOpt = Annotated[list[str], Opt("--control-vector-scaled", hel
 ControlVectorRangeOpt = Annotated[Optional[tuple[int, int]], Opt("--control-vector-layer-range", help="START END: the "
                                   "layers (inclusive) control vectors apply to (default: all from 1)", show_default=False)]
 
+# how the GGUF is loaded, the same in `run` and `perplexity`
+MmapOpt = Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF file into memory (default), or read it in "
+                              "(--no-mmap: slower to load, no file pages shared with other processes)",
+                              show_default=False)]
+MlockOpt = Annotated[bool, Opt("--mlock", help="keep the model's weights locked in memory (never paged out)")]
+LoadModeOpt = Annotated[Optional[str], Opt("-lm", "--load-mode", help="how the GGUF is loaded, as llama-cli's: auto "
+                                           "or mmap (mapped), none (read in), mlock (read in, locked), mmap+mlock "
+                                           "(mapped, locked), dio (read in; sharpi does no direct I/O)")]
+
 # a model from the Hugging Face hub, the same in `run`, `perplexity` and `tokenize`
 HfRepoOpt = Annotated[Optional[str], Opt("-hf", "-hfr", "--hf-repo", help="<user>/<model>[:quant]: a GGUF from the Hugging "
                                          "Face hub (quant: case-insensitive, default Q4_K_M, else Q8_0, else the first "
@@ -219,9 +228,7 @@ def run(
     op_offload: Annotated[Optional[bool], Opt("--op-offload/--no-op-offload", help="llama-cli's offload of host "
                                               "tensors' operations: accepted, with a warning", show_default=False)] = None,
     no_host: Annotated[bool, Opt("--no-host", help="llama-cli's host-buffer bypass: accepted, with a warning")] = False,
-    load_mode: Annotated[Optional[str], Opt("-lm", "--load-mode", help="how the GGUF is loaded, as llama-cli's: auto "
-                                            "or mmap (mapped), none (read in), mlock (read in, locked), mmap+mlock "
-                                            "(mapped, locked), dio (read in; sharpi does no direct I/O)")] = None,
+    load_mode: LoadModeOpt = None,
     lazy_mode: Annotated[Optional[str], Opt("-lzm", "--lazy-mode", help="llama-cli's on-demand tensor reads (on, "
                                             "auto, off): accepted, with a warning (a mapped GGUF is read on demand)")] = None,
     cpu_strict: Annotated[Optional[int], Opt("--cpu-strict", help="llama-cli's strict CPU placement (0|1): accepted, "
@@ -254,13 +261,11 @@ def run(
     check_tensors: Annotated[bool, Opt("--check-tensors", help="check every tensor's data (float values, quantized "
                                        "blocks' scales) for inf and nan before loading, as llama.cpp's loader does")] = False,
     list_devices: Annotated[bool, Opt("--list-devices", help="print the devices sharpi can run on and exit")] = False,
-    mlock: Annotated[bool, Opt("--mlock", help="keep the model's weights locked in memory (never paged out)")] = False,
+    mlock: MlockOpt = False,
     repack: Annotated[bool, Opt("--repack/--no-repack", " /-nr", help="repack Q4_K and Q4_1 weights at load for the CPU "
                                 "kernels (default; -nr keeps their GGUF blocks: the same results, slower)",
                                 show_default=False)] = True,
-    mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF file into memory (default), or read it in "
-                              "(--no-mmap: slower to load, no file pages shared with other processes)",
-                              show_default=False)] = True,
+    mmap: MmapOpt = True,
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
     control_vector: ControlVectorOpt = [],
@@ -515,10 +520,9 @@ def perplexity(
                                                "CPU)")] = None,
     device: Annotated[Optional[str], Opt("-dev", "--device", help="cpu (none); cuda is refused: perplexity runs on "
                                          "the CPU")] = None,
-    mmap: Annotated[bool, Opt("--mmap/--no-mmap", help="map the GGUF (default), or read it in", show_default=False)] = True,
-    mlock: Annotated[bool, Opt("--mlock", help="keep the model's weights locked in memory")] = False,
-    load_mode: Annotated[Optional[str], Opt("-lm", "--load-mode", help="as run's -lm: auto, mmap, none, mlock, "
-                                            "mmap+mlock, dio")] = None,
+    mmap: MmapOpt = True,
+    mlock: MlockOpt = False,
+    load_mode: LoadModeOpt = None,
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
     control_vector: ControlVectorOpt = [],
@@ -533,14 +537,13 @@ def perplexity(
     """Perplexity of a text, computed like llama-perplexity."""
     from . import runner
     model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
-    adapters = runner.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
-                                 control_vector_scaled=control_vector_scaled,
-                                 control_vector_layer_range=control_vector_layer_range)
-    adapters.mmap, adapters.mlock, adapters.load_mode = mmap, mlock, load_mode
-    adapters.n_gpu_layers, adapters.device = n_gpu_layers, device or "cpu"
-    adapters.batch_size, adapters.ubatch_size = batch_size, ubatch_size
+    opts = runner.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
+                             control_vector_scaled=control_vector_scaled,
+                             control_vector_layer_range=control_vector_layer_range, mmap=mmap, mlock=mlock,
+                             load_mode=load_mode, n_gpu_layers=n_gpu_layers, device=device or "cpu",
+                             batch_size=batch_size, ubatch_size=ubatch_size)
     raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
-                                           adapters, kl_divergence_base, kl_divergence, ppl_output_type))
+                                           opts, kl_divergence_base, kl_divergence, ppl_output_type))
 
 
 @app.command()

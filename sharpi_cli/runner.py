@@ -1253,7 +1253,6 @@ def lock_memory() -> str | None:
     """--mlock: every page the process has mapped (the models' weights: the GGUF's mapping and the repacked
     ones) locked in memory, so none is paged out (llama.cpp's --mlock). None, or why it could not be done."""
     import ctypes
-    import os
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.mlockall(1) == 0:  # MCL_CURRENT
@@ -1261,6 +1260,13 @@ def lock_memory() -> str | None:
         return os.strerror(ctypes.get_errno())
     except (OSError, AttributeError) as e:  # (no mlockall on this system)
         return str(e)
+
+
+def lock_or_warn() -> None:
+    """lock_memory for --mlock (run and perplexity), a warning where the system refuses."""
+    if (why := lock_memory()) is not None:
+        log(f"warning: --mlock: the model could not be locked in memory ({why}); raise the limit (ulimit -l) or "
+            "run without --mlock")
 
 
 def _run(o: RunOptions) -> int:
@@ -1355,9 +1361,8 @@ def _run(o: RunOptions) -> int:
     synth = synthetic_rates(o, n_max if drafter is not None else 0)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
-    if o.mlock and (why := lock_memory()) is not None:
-        log(f"warning: --mlock: the model could not be locked in memory ({why}); raise the limit (ulimit -l) or "
-            "run without --mlock")
+    if o.mlock:
+        lock_or_warn()
     if n_ctx > target.model.config.n_ctx_train > 0:  # llama.cpp says so too; positions past it are untrained
         log(f"warning: the model was trained on only {target.model.config.n_ctx_train} context tokens ({n_ctx} asked for)")
     from sharpi_core.threads import ThreadGovernor
@@ -1718,9 +1723,9 @@ def print_report(target, res, o: RunOptions) -> None:
 
 # -- perplexity / tokenize ------------------------------------------------------------------
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
-                   adapters: RunOptions | None = None, kld_base: str | None = None, kld: bool = False,
+                   opts: RunOptions | None = None, kld_base: str | None = None, kld: bool = False,
                    output_type: int = 0) -> int:
-    """adapters: the --lora* and --control-vector* flags, -b, -ub, -ngl, -dev and the load flags (RunOptions'
+    """opts: the --lora* and --control-vector* flags, -b, -ub, -ngl, -dev and the load flags (RunOptions'
     fields); kld_base: --kl-divergence-base's file, written (or read, kld: --kl-divergence)."""
     from sharpi_core.perplexity import chunk_count, kl_divergence, perplexity, read_base_header, save_logprobs
     if kld and kld_base is None:
@@ -1739,7 +1744,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     if output_type not in (0, 1):
         raise UsageError(f"invalid --ppl-output-type {output_type}: 0 or 1")
     check_threads(threads)
-    o = adapters or RunOptions(model=model)
+    o = opts or RunOptions(model=model)
     n_pass = check_perplexity_placement(o, ctx_size)
     set_threads(threads)
     if kld:
@@ -1748,8 +1753,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         text = read_text(file, lenient=True)
     check_adapters(o)
     m = _load(model, flash_attn, mmap=o.mmap)
-    if o.mlock and (why := lock_memory()) is not None:
-        log(f"warning: --mlock: the model could not be locked in memory ({why})")
+    if o.mlock:
+        lock_or_warn()
     apply_adapters(o, m.model)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
     if kld:

@@ -52,7 +52,7 @@ def conditional(rates: list[float]) -> list[float]:
 
 
 def parse_rates(value: str) -> list[float]:
-    """--spec-synth-rates P0,P1,...: each value a whole number (llama.cpp's std::stod with nothing left over)."""
+    """--spec-synth-rates P0,P1,...: each value read whole, nothing left over (as llama.cpp's std::stod check)."""
     try:
         return [float(v.strip()) for v in value.split(",")]
     except ValueError:
