@@ -507,6 +507,22 @@ def perplexity(
     ppl_output_type: Annotated[int, Opt("--ppl-output-type", help="0: [chunk]PPL, on one line; 1: a line a chunk "
                                         "(position, PPL, mean and error of the log-likelihood), as llama-perplexity")] = 0,
     chunks: Annotated[int, Opt("--chunks", help="max chunks (-1 = all)")] = -1,
+    hellaswag: Annotated[bool, Opt("--hellaswag", help="the HellaSwag score (acc_norm) of random tasks of -f's file "
+                                   "(6 lines a task: context, gold ending 0-3, 4 endings), as llama-perplexity")] = False,
+    hellaswag_tasks: Annotated[int, Opt("--hellaswag-tasks", metavar="N", help="tasks for --hellaswag")] = 400,
+    winogrande: Annotated[bool, Opt("--winogrande", help="the Winogrande score of -f's CSV (index, sentence with _, "
+                                    "choice 1, choice 2, answer 1 or 2), as llama-perplexity")] = False,
+    winogrande_tasks: Annotated[int, Opt("--winogrande-tasks", metavar="N", help="random tasks for --winogrande "
+                                         "(0 = all, in order)")] = 0,
+    multiple_choice: Annotated[bool, Opt("--multiple-choice", help="the multiple-choice score (ARC, MMLU, "
+                                         "TruthfulQA, HellaSwag in llama.cpp's binary format: -bf FILE), as "
+                                         "llama-perplexity")] = False,
+    multiple_choice_tasks: Annotated[int, Opt("--multiple-choice-tasks", metavar="N", help="random tasks for "
+                                              "--multiple-choice (0 = all, in order)")] = 0,
+    binary_file: Annotated[Optional[str], Opt("-bf", "--binary-file", help="the data file, read as it is (no "
+                                              "trailing newline dropped, as -f's)")] = None,
+    parallel: Annotated[int, Opt("-np", "--parallel", metavar="N", help="sequences a batch for the scores above: "
+                                 "answers a task at most (at least 4)")] = 1,
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k")] = "f16",
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
     threads: Annotated[int, Opt("-t", "--threads")] = -1,
@@ -542,8 +558,10 @@ def perplexity(
                              control_vector_layer_range=control_vector_layer_range, mmap=mmap, mlock=mlock,
                              load_mode=load_mode, n_gpu_layers=n_gpu_layers, device=device or "cpu",
                              batch_size=batch_size, ubatch_size=ubatch_size)
+    scores = runner.ChoiceScores(hellaswag, hellaswag_tasks, winogrande, winogrande_tasks, multiple_choice,
+                                 multiple_choice_tasks, binary_file, parallel)
     raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
-                                           opts, kl_divergence_base, kl_divergence, ppl_output_type))
+                                           opts, kl_divergence_base, kl_divergence, ppl_output_type, scores))
 
 
 @app.command()

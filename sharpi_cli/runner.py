@@ -1722,15 +1722,45 @@ def print_report(target, res, o: RunOptions) -> None:
 
 
 # -- perplexity / tokenize ------------------------------------------------------------------
+@dataclass
+class ChoiceScores:
+    """perplexity's multiple-choice scores (llama-perplexity's flags): which one, how many tasks, the data file
+    (-bf: its bytes as they are), the sequences a batch (-np)."""
+    hellaswag: bool = False
+    hellaswag_tasks: int = 400
+    winogrande: bool = False
+    winogrande_tasks: int = 0
+    multiple_choice: bool = False
+    multiple_choice_tasks: int = 0
+    binary_file: str | None = None
+    parallel: int = 1
+
+    def kind(self) -> str | None:
+        on = [f for f in ("hellaswag", "winogrande", "multiple_choice") if getattr(self, f)]
+        if len(on) > 1:
+            raise UsageError(f"--{on[0].replace('_', '-')} and --{on[1].replace('_', '-')}: one score at a time")
+        return on[0] if on else None
+
+
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
                    opts: RunOptions | None = None, kld_base: str | None = None, kld: bool = False,
-                   output_type: int = 0) -> int:
+                   output_type: int = 0, scores: ChoiceScores | None = None) -> int:
     """opts: the --lora* and --control-vector* flags, -b, -ub, -ngl, -dev and the load flags (RunOptions'
-    fields); kld_base: --kl-divergence-base's file, written (or read, kld: --kl-divergence)."""
+    fields); kld_base: --kl-divergence-base's file, written (or read, kld: --kl-divergence); scores: --hellaswag,
+    --winogrande or --multiple-choice instead of the perplexity."""
     from sharpi_core.perplexity import chunk_count, kl_divergence, perplexity, read_base_header, save_logprobs
+    sc = scores or ChoiceScores()
+    kind = sc.kind()
+    if kind is None and sc.binary_file is not None:
+        raise UsageError("-bf/--binary-file is the data of --hellaswag, --winogrande or --multiple-choice: give one "
+                         "(a text's perplexity: -f)")
+    if kind is not None and (kld or kld_base is not None):
+        raise UsageError(f"--{kind.replace('_', '-')} and --kl-divergence{'' if kld else '-base'}: one at a time")
+    if kind is not None and (file is None) == (sc.binary_file is None):
+        raise UsageError(f"--{kind.replace('_', '-')} reads its tasks from one file: -f FILE or -bf FILE")
     if kld and kld_base is None:
         raise UsageError("--kl-divergence compares with the log-probabilities of --kl-divergence-base FILE: give it")
-    if not kld and file is None:
+    if not kld and file is None and kind is None:
         raise UsageError("perplexity needs a text: -f/--file")
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
@@ -1746,6 +1776,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     check_threads(threads)
     o = opts or RunOptions(model=model)
     n_pass = check_perplexity_placement(o, ctx_size)
+    if kind is not None:
+        return choice_scores(model, kind, sc, file, ctx_size, ctk, ctv, threads, flash_attn, o)
     set_threads(threads)
     if kld:
         read_base_header(kld_base)  # (a file that is none is refused before the model loads)
@@ -1783,6 +1815,42 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
                        n_pass=n_pass)
     print()
     print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.err:.5f}")
+    return 0
+
+
+def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, threads, flash_attn,
+                  o: RunOptions) -> int:
+    """--hellaswag, --winogrande or --multiple-choice: the tasks of -f (which, as llama.cpp reads -f, loses one
+    trailing newline) or -bf, in sequences of a context as llama-perplexity sizes it (-c x max(4, -np) positions,
+    rounded up to 256) that each task must fit."""
+    from sharpi_core import choice
+    n_tasks = {"hellaswag": sc.hellaswag_tasks, "winogrande": sc.winogrande_tasks,
+               "multiple_choice": sc.multiple_choice_tasks}[kind]
+    if n_tasks < 0:
+        raise UsageError(f"invalid --{kind.replace('_', '-')}-tasks {n_tasks}: must be >= 0")
+    if sc.parallel < 1:
+        raise UsageError(f"invalid -np/--parallel {sc.parallel}: must be >= 1")
+    data = read_bytes(file if sc.binary_file is None else sc.binary_file)
+    if sc.binary_file is None and data.endswith(b"\n"):
+        data = data[:-1]
+    n_seq = max(4, sc.parallel)
+    st = choice.Setup(-(-n_seq * ctx_size // 256) * 256, n_seq, o.batch_size, o.ubatch_size, ctk, ctv)
+    set_threads(threads)
+    check_adapters(o)
+    m = _load(model, flash_attn, mmap=o.mmap)
+    if o.mlock:
+        lock_or_warn()
+    apply_adapters(o, m.model)
+
+    def encode(text: str) -> list[int]:
+        return m.tokenizer.encode(text, add_special=True, parse_special=False)
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    run = {"hellaswag": choice.run_hellaswag, "winogrande": choice.run_winogrande,
+           "multiple_choice": choice.run_multiple_choice}[kind]
+    run(m.model, encode, data if kind == "multiple_choice" else text_from_bytes(data)[0], n_tasks, st, out, log)
     return 0
 
 

@@ -53,7 +53,7 @@ if os.environ.get("SHARPI_KERNEL_NO_BF16") == "1":  # testing: AVX-512 without i
     CFLAGS += ("-mno-avx512bf16",)
 if os.environ.get("SHARPI_KERNEL_AVX2") == "1":  # testing: an AVX-512 CPU builds what an AVX2 CPU builds
     CFLAGS += ("-mno-avx512f",)
-_ABI = 15
+_ABI = 16
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2")
 # With these the 512-bit intrinsics are the CPU's own; without, x86simd.h computes each on two 256-bit halves
 # (the same bits, slower).
@@ -220,7 +220,7 @@ def _bind_ctypes(path: Path) -> None:
     g.restype = c_int
     a = lib.sharpi_attention
     a.argtypes = [c_void_p, *[c_long] * 5, c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_int, c_long, c_long,
-                  ctypes.c_float, ctypes.c_float, c_int, c_int, c_long, c_void_p, c_void_p, c_int]
+                  ctypes.c_float, ctypes.c_float, c_int, c_int, c_long, c_void_p, c_void_p, c_int, c_void_p]
     a.restype = c_int
     r = lib.sharpi_rms_norm
     r.argtypes = [c_void_p, c_void_p, c_long, c_long, ctypes.c_float, c_void_p]
@@ -906,7 +906,8 @@ ATTN_TINYBLAS, ATTN_VEC_DOT, ATTN_FA_PROMPT, ATTN_FA_DECODE = 0, 1, 2, 3
 
 
 def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window: int, scale: float,
-              mode: int = ATTN_FA_PROMPT, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+              mode: int = ATTN_FA_PROMPT, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+              vis: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D] against one layer of the KV cache -> [T, H, Dv]. Row t is at position start + t and
     sees keys [start + t - window + 1 (or 0), start + t]. k_store / v_store are kv_cache stores: `.q`
     [n_layer, capacity, Hkv, D] in f32 / f16 / int8, `.d` the q8_0 scales, `.kind`. softcap > 0: the
@@ -921,7 +922,11 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     (llama.cpp's default), q comes in fp32 (the kernel rounds it to fp16 for an f16 K, quantizes it to
     q8_0 for a q8_0 K) and ATTN_FA_PROMPT computes a prompt pass, ATTN_FA_DECODE rows that each
     reproduce a one-row pass. Each (row, head) is computed by
-    one thread in a fixed order: rows do not depend on T (within a mode) or the thread count."""
+    one thread in a fixed order: rows do not depend on T (within a mode) or the thread count.
+
+    vis: int64 [T, 4] (several sequences in one pass, llama.cpp's unified cache): row t sees the cache positions
+    [vis[t, 0], vis[t, 1]] but [vis[t, 2], vis[t, 3]) (other sequences' cells, masked as -inf masks them); start
+    and window are then unused."""
     if _att is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     q = q.contiguous()
@@ -935,9 +940,13 @@ def attention(q: torch.Tensor, k_store, v_store, layer: int, start: int, window:
     out = torch.empty((T, H, Dv), dtype=_F32)
     if sinks is not None and (sinks.dtype is not _F32 or sinks.shape != (H,) or not sinks.is_contiguous()):
         raise ValueError(f"attention: sinks must be contiguous fp32 [{H}]")
+    if vis is not None and (vis.dtype is not torch.int64 or vis.shape != (T, 4) or not vis.is_contiguous()
+                            or int(vis[:, 1].max()) >= kq.shape[0] or int(vis[:, 0].min()) < 0):
+        raise ValueError(f"attention: vis must be contiguous int64 [{T}, 4] of positions in the cache")
     rc = _att(q.data_ptr(), T, H, Hkv, D, Dv, kq.data_ptr(), kd, _KV_CODE[k_store.kind], vq.data_ptr(), vd,
               _KV_CODE[v_store.kind], start, window, float(scale), float(softcap), int(v_store.kind == "f16"), mode, kq.shape[0],
-              0 if sinks is None else sinks.data_ptr(), out.data_ptr(), torch.get_num_threads())
+              0 if sinks is None else sinks.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+              0 if vis is None else vis.data_ptr())
     if rc:
         raise ValueError(f"attention: kernel rejected D={D} Dv={Dv} H={H} Hkv={Hkv} ({k_store.kind}/{v_store.kind})")
     return out

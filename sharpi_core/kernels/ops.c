@@ -589,11 +589,12 @@ static inline float kq_dot(int k_type, const void *k, const uint16_t *kd, long r
 }
 
 /* One chain of flash attention: one query row and head (q, KV head g) over cache positions [c0, c1)
- * (those outside the row's visible range [lo, pos] are masked: skipped). fa_chunks leaves in it the
+ * but the hole [h0, h1) (those outside the row's visible range [lo, pos] and in its hole, other sequences'
+ * cells, are masked: skipped, as ggml's one-chunk kernel skips a -inf mask). fa_chunks leaves in it the
  * running max m, the sum and the accumulator as fp32 in acc[Dv]. */
 typedef struct {
     const float *q;
-    long g, c0, c1;
+    long g, c0, c1, h0, h1;
     float m, sum;
     float *acc;
 } fa_chain;
@@ -665,6 +666,7 @@ static inline __attribute__((always_inline)) void fa_chunks_of(fa_chain *ch, int
             uint32_t nm = 0;
             _mm512_storeu_ps(x, _mm512_setzero_ps());
             for (long ic = a; ic < b; ic++) {
+                if (ic >= c->h0 && ic < c->h1) continue;
                 const long row = ic * Hkv + c->g;
                 float s = kq_dot(k_type, k, kd, row, D, qc[j], qd[j], qs[j], qb[j], c->q, 0) * scale;
                 if (softcap != 0.0f) s = softcap * tanhf(s);
@@ -683,7 +685,7 @@ static inline __attribute__((always_inline)) void fa_chunks_of(fa_chain *ch, int
         for (long ic = b0; ic < b1; ic++) {
             for (int j = 0; j < nc; j++) {
                 fa_chain *c = &ch[j];
-                if (ic < c->c0 || ic >= c->c1) continue;
+                if (ic < c->c0 || ic >= c->c1 || (ic >= c->h0 && ic < c->h1)) continue;
                 const long row = ic * Hkv + c->g;
                 const int new_max = (newmax[j] >> (ic - b0)) & 1;
                 const float ms = new_max ? e[j][ic - b0] : 1.0f, vs = new_max ? 1.0f : e[j][ic - b0];
@@ -723,12 +725,12 @@ static void fa_chunks(fa_chain *ch, int nc, const void *k, const uint16_t *kd, i
         fa_chunks_of(ch, nc, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, scale, softcap);
 }
 
-/* A flash-attention row task: query row q (K's vec_dot type), KV head g, visible positions [lo, pos],
- * n_kv llama.cpp's KV length for it (FA_DECODE; 0: one chunk, FA_PROMPT), output row out[Dv], sink its
- * head's attention sink logit (NULL: none). */
+/* A flash-attention row task: query row q (K's vec_dot type), KV head g, visible positions [lo, pos] but
+ * the hole [h0, h1), n_kv llama.cpp's KV length for it (FA_DECODE; 0: one chunk, FA_PROMPT), output row
+ * out[Dv], sink its head's attention sink logit (NULL: none). */
 typedef struct {
     const float *q;
-    long g, lo, pos, n_kv;
+    long g, lo, pos, h0, h1, n_kv;
     float *out;
     const float *sink;
 } fa_row;
@@ -783,7 +785,7 @@ static void fa_rows(const fa_row *rows, int nr, const void *k, const uint16_t *k
             } else if (c > 0) {
                 continue;
             }
-            ch[nc] = (fa_chain){r->q, r->g, a, b, 0.0f, 0.0f, split[j] ? part[c][j] : acc[j]};
+            ch[nc] = (fa_chain){r->q, r->g, a, b, r->h0, r->h1, 0.0f, 0.0f, split[j] ? part[c][j] : acc[j]};
             idx[nc++] = j;
         }
         if (nc) fa_chunks(ch, nc, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, scale, softcap);
@@ -831,6 +833,7 @@ enum { FA_TC = 4, FA_SK = 4, FA_PVJ = 4 }; /* pairs, 16-position score chunks, 1
 typedef struct {
     const float *q;    /* [D] fp32 */
     long lo, pos;      /* visible positions */
+    long h0, h1;       /* but these: [h0, h1) (other sequences' cells; empty: h0 = h1) */
     const float *sink; /* or NULL */
     float *out;        /* [Dv] */
 } fa_trow;
@@ -883,6 +886,13 @@ static inline __attribute__((always_inline)) void fa_pv_all(float (*acc)[512], c
     for (; d0 < Dv; d0 += 16) fa_pv(acc, p, v, f16, Hkv, g, Dv, t0, i0, i1, d0, 1);
 }
 
+/* the bits of the 16 positions c0 + [0, 16) that lie in [a, b) */
+static inline __mmask16 cells16(long c0, long a, long b) {
+    a = a < c0 ? c0 : a;
+    b = b > c0 + 16 ? c0 + 16 : b;
+    return a >= b ? 0 : (__mmask16)((((1u << (b - c0)) - 1) >> (a - c0)) << (a - c0));
+}
+
 /* nc <= FA_TC pairs of KV head g (their unused places compute the first pair's scores again, unread) */
 static void fa_tiled_rows(const fa_trow *r, int nc, const float *kt, long ldk, const void *v, int v_f16, long Hkv,
                           long g, long D, long Dv, float scale, float softcap) {
@@ -904,9 +914,8 @@ static void fa_tiled_rows(const fa_trow *r, int nc, const float *kt, long ldk, c
         for (int c = 0; c < FA_TC; c++) {
             float tmax = -INFINITY;
             for (int i = 0; c < nc && i < FA_TILE_KV; i += 16) {
-                const long c0 = t0 + i, cl = r[c].lo, cp = r[c].pos;
-                const __mmask16 vis = (__mmask16)(((c0 + 16 <= cp + 1) ? 0xFFFFu : (c0 > cp ? 0u : (1u << (cp + 1 - c0)) - 1)) &
-                                                  (c0 >= cl ? 0xFFFFu : (c0 + 16 <= cl ? 0u : ~((1u << (cl - c0)) - 1))));
+                const long c0 = t0 + i;
+                const __mmask16 vis = cells16(c0, r[c].lo, r[c].pos + 1) & (__mmask16)~cells16(c0, r[c].h0, r[c].h1);
                 if (!vis) {
                     _mm512_storeu_ps(p[c] + i, _mm512_set1_ps(-INFINITY));
                     continue;
@@ -1350,10 +1359,23 @@ int sharpi_glu(const float *gu, long T, long n, int act, float *y, int nthreads)
     return 0;
 }
 
+/* Row t's visible cache positions: [lo, pos] but the hole [h0, h1). vis (several sequences in one pass, as
+ * llama.cpp's unified cache holds them: a task's shared prefix, then each continuation's cells) gives them,
+ * 4 a row; else the causal pass's: pos = start + t, lo its sliding window's first, no hole. */
+static inline void row_range(const long *vis, long t, long start, long window, long *lo, long *pos, long *h0, long *h1) {
+    if (vis) {
+        *lo = vis[4 * t], *pos = vis[4 * t + 1], *h0 = vis[4 * t + 2], *h1 = vis[4 * t + 3];
+        return;
+    }
+    *pos = start + t;
+    *lo = (window > 0 && *pos - window + 1 > 0) ? *pos - window + 1 : 0;
+    *h0 = *h1 = 0;
+}
+
 int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                      const void *k, const uint16_t *kd, int k_type, const void *v, const uint16_t *vd, int v_type,
                      long start, long window, float scale, float softcap, int round_p_f16, int order, long n_ctx,
-                     const float *sinks, float *out, int nthreads) {
+                     const float *sinks, float *out, int nthreads, const long *vis) {
     if (T <= 0) return 0;
     if (D % 16 || Dv % 16 || H % Hkv || ((k_type == KV_Q8_0 || kv_blocked(k_type)) && D % 32) ||
         ((v_type == KV_Q8_0 || kv_blocked(v_type)) && Dv % 32) || k_type < 0 || k_type > KV_Q5_1 || v_type < 0 || v_type > KV_Q5_1)
@@ -1397,9 +1419,10 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                 fa_trow rows[FA_TC];
                 int nc = 0;
                 for (long u = u0; u < u0 + FA_TC && u < T * G; u++, nc++) {
-                    const long t = u / G, h = g * G + u % G, pos = start + t;
-                    rows[nc] = (fa_trow){q + (t * H + h) * D, (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, pos,
-                                         sinks ? sinks + h : NULL, out + (t * H + h) * Dv};
+                    const long t = u / G, h = g * G + u % G;
+                    long lo, pos, h0, h1;
+                    row_range(vis, t, start, window, &lo, &pos, &h0, &h1);
+                    rows[nc] = (fa_trow){q + (t * H + h) * D, lo, pos, h0, h1, sinks ? sinks + h : NULL, out + (t * H + h) * Dv};
                 }
                 fa_tiled_rows(rows, nc, kt + g * D * ldk, ldk, v, v_type == KV_F16, Hkv, g, D, Dv, fa_scale, softcap);
             }
@@ -1429,7 +1452,9 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             fa_row rows[FA_CHAINS];
             int nr = 0;
             for (long task = t0; task < b && task < t0 + FA_CHAINS; task++, nr++) {
-                const long t = task / H, h = task % H, pos = start + t;
+                const long t = task / H, h = task % H;
+                long lo, pos, h0, h1;
+                row_range(vis, t, start, window, &lo, &pos, &h0, &h1);
                 const float *qr = q + (t * H + h) * D;
                 for (long d = 0; d < D; d += 16) {
                     const __m512 x = _mm512_loadu_ps(qr + d);
@@ -1445,8 +1470,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
                     n_kv = (pos + 1 + KV_PAD - 1) / KV_PAD * KV_PAD;
                     n_kv = n_kv > n_ctx ? n_ctx : n_kv;
                 }
-                rows[nr] = (fa_row){q16[nr], h / G, (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, pos,
-                                    n_kv, out + (t * H + h) * Dv, sinks ? sinks + h : NULL};
+                rows[nr] = (fa_row){q16[nr], h / G, lo, pos, h0, h1, n_kv, out + (t * H + h) * Dv, sinks ? sinks + h : NULL};
             }
             fa_rows(rows, nr, k, kd, k_type, v, vd, v_type, Hkv, D, Dv, fa_scale, softcap);
         }
@@ -1475,8 +1499,10 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
 #pragma omp for schedule(static)
         for (long task = 0; task < T * H; task++) {
             if (!s) continue;
-            const long t = task / H, h = task % H, g = h / G, pos = start + t;
-            const long lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, n = pos + 1 - lo;
+            const long t = task / H, h = task % H, g = h / G;
+            long lo, pos, h0, h1;
+            row_range(vis, t, start, window, &lo, &pos, &h0, &h1);
+            const long n = pos + 1 - lo;
             const float *qr = q + (t * H + h) * D;
             /* scores: per key, the 16-lane FMA accumulators of ggml_vec_dot_f16 (4 of them, 64 dims a
              * step, GGML_F32Cx16_REDUCE, dims past a multiple of 64 summed in double) or of tinyBLAS
@@ -1491,6 +1517,10 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
             float mx = -INFINITY;
             for (long j = 0; j < n; j++) {
                 const long row = (lo + j) * Hkv + g; /* row of width D in the [capacity * Hkv, D] view */
+                if (lo + j >= h0 && lo + j < h1) { /* another sequence's cell: masked (its exp 0, V's weight 0) */
+                    s[j] = -INFINITY;
+                    continue;
+                }
                 float sc = kq_dot(k_type, k, kd, row, D, qc, qd, qs, qb, k_type == KV_BF16 ? qf : qr, order == ORDER_TINYBLAS);
                 if (softcap != 0.0f) sc = tanhf(sc * inv_cap) * softcap;
                 sc *= scale;
@@ -1605,6 +1635,30 @@ double sharpi_ppl_logprobs(const float *logits, long n_vocab, int tok, uint16_t 
         memset(log_prob, 0, sizeof(uint16_t) * (size_t)n_vocab);
     }
     return max_logit + log_sum_exp - logits[tok];
+}
+
+/* The multiple-choice scores' log-probabilities, as llama-perplexity's --hellaswag, --winogrande and
+ * --multiple-choice compute them: out[r] = row r's log-probability of token toks[r] (compute_logprobs: a float sum
+ * of expf, the result in float), for n rows of n_vocab logits. */
+void sharpi_choice_logprobs(const float *rows, long n, long n_vocab, const int *toks, float *out) {
+    for (long r = 0; r < n; ++r) {
+        const float *logits = rows + r * n_vocab;
+        float max_logit = logits[0];
+        for (long j = 1; j < n_vocab; ++j) max_logit = max_logit < logits[j] ? logits[j] : max_logit;
+        float sum_p = 0.f;
+        for (long j = 0; j < n_vocab; ++j) sum_p += expf(logits[j] - max_logit);
+        out[r] = logits[toks[r]] - max_logit - logf(sum_p);
+    }
+}
+
+/* The log of token tok's probability as llama-perplexity's softmax() gives it (a double sum of float exps, the
+ * probability rounded to float), its log in float: how those scores take the shared prefix's last row. */
+float sharpi_softmax_logprob(const float *logits, long n_vocab, int tok) {
+    float max_logit = logits[0];
+    for (long j = 1; j < n_vocab; ++j) max_logit = max_logit < logits[j] ? logits[j] : max_logit;
+    double sum_exp = 0.0;
+    for (long j = 0; j < n_vocab; ++j) sum_exp += expf(logits[j] - max_logit);
+    return logf((float)(expf(logits[tok] - max_logit) / sum_exp));
 }
 
 /* One row against a base file's row (kl_divergence's log_softmax): acc[13] gains the row's terms in its order
@@ -1854,13 +1908,13 @@ PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 22) {
-        PyErr_Format(PyExc_TypeError, "attention() takes 22 arguments (%zd given)", nargs);
+    if (nargs != 23) {
+        PyErr_Format(PyExc_TypeError, "attention() takes 23 arguments (%zd given)", nargs);
         return NULL;
     }
-    long a[22];
+    long a[23];
     double f[2] = {0.0, 0.0}; /* scale, softcap */
-    for (int i = 0; i < 22; i++) {
+    for (int i = 0; i < 23; i++) {
         if (i == 14 || i == 15) {
             f[i - 14] = PyFloat_AsDouble(args[i]);
             if (f[i - 14] == -1.0 && PyErr_Occurred()) return NULL;
@@ -1873,7 +1927,8 @@ PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_BEGIN_ALLOW_THREADS
     rc = sharpi_attention((const float *)a[0], a[1], a[2], a[3], a[4], a[5], (const void *)a[6], (const uint16_t *)a[7],
                           (int)a[8], (const void *)a[9], (const uint16_t *)a[10], (int)a[11], a[12], a[13], (float)f[0],
-                          (float)f[1], (int)a[16], (int)a[17], a[18], (const float *)a[19], (float *)a[20], (int)a[21]);
+                          (float)f[1], (int)a[16], (int)a[17], a[18], (const float *)a[19], (float *)a[20], (int)a[21],
+                          (const long *)a[22]);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc);
 }

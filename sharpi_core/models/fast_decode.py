@@ -378,7 +378,7 @@ class DecodePath:
         window = c.sliding_window if c.is_swa(i) else 0
         if att(q.data_ptr(), T, H, Hkv, hd, hdv, kq.data_ptr(), kd, kcode, vq.data_ptr(), vd, vcode, start_pos,
                window, float(kq_scale), softcap, round_p, cpu.ATTN_FA_DECODE, kq.shape[0],
-               0 if ly.sinks is None else ly.sinks.data_ptr(), o.data_ptr(), nth):
+               0 if ly.sinks is None else ly.sinks.data_ptr(), o.data_ptr(), nth, 0):
             raise RuntimeError("attention: the kernel rejected the pass")
         if rot_v:
             had(o.data_ptr(), T * H * hdv // rot_v, rot_v)  # back (H @ H = I)

@@ -42,6 +42,29 @@ _ATTN_MODE = {(False, True): cpu.ATTN_TINYBLAS, (False, False): cpu.ATTN_VEC_DOT
               (True, True): cpu.ATTN_FA_PROMPT, (True, False): cpu.ATTN_FA_DECODE}
 
 
+@dataclass(frozen=True)
+class Sequences:
+    """Several sequences in one pass, laid out as llama.cpp's unified cache holds a batch of them (llama-perplexity's
+    multiple-choice batches): row t, at cache position start + t, has token position pos[t]; its sequence's cells are
+    [lo[t], hole[t]) (a task's shared prefix, positions 0..) and then [own[t], its own cell] (its continuation's;
+    own = hole where the row is in the prefix): the cells between, other sequences', are masked."""
+    pos: torch.Tensor  # int64 [T]
+    lo: torch.Tensor  # int64 [T]
+    hole: torch.Tensor  # int64 [T]
+    own: torch.Tensor  # int64 [T]
+
+    def visible(self, start: int, window: int) -> torch.Tensor:
+        """int64 [T, 4] for the attention kernel: (first visible cell, the row's cell, the hole [a, b))."""
+        T = self.pos.shape[0]
+        cell = torch.arange(start, start + T, dtype=torch.int64)
+        lo = self.lo
+        if window:  # (positions pos - window + 1 on: in the prefix's cells or in the row's own)
+            first = (self.pos - window + 1).clamp(min=0)
+            n_pre = self.hole - self.lo
+            lo = torch.where(first < n_pre, self.lo + first, self.own + (first - n_pre))
+        return torch.stack((lo, cell, self.hole, self.own), dim=1).contiguous()
+
+
 @dataclass
 class Experts:
     """A mixture-of-experts FFN: the router and each expert's gate, up and down weights (views of the
@@ -446,6 +469,11 @@ class Transformer:
         self._rope_cache.clear()
         return True
 
+    def sequences_ok(self) -> bool:
+        """Whether a pass can hold several sequences (forward's seqs): attention by the C kernel, which masks other
+        sequences' cells, and no recurrent layers (whose states run along the rows)."""
+        return self._attn_kernel is not None and not self.config.recurrent
+
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
         c = self.config
         self.use_context(n_ctx)
@@ -741,9 +769,10 @@ class Transformer:
 
     def _attention_block(self, ly: Layer, i: int, kv: int, h: torch.Tensor, start_pos: int, cache, ropes: dict,
                          temps: torch.Tensor | None, window: int, mask: torch.Tensor | None, prompt: bool,
-                         kv_only: bool = False) -> torch.Tensor | None:
+                         kv_only: bool = False, vis: torch.Tensor | None = None) -> torch.Tensor | None:
         """Layer i's attention on h [T, D] (normed) -> [T, D], its K / V written to cache layer kv (kv_only: only
-        that, None back: a draft head catching up on the positions it will attend to)."""
+        that, None back: a draft head catching up on the positions it will attend to); vis: Sequences.visible's
+        cells of each row (several sequences in the pass)."""
         c, tr = self.config, self.trace
         T = h.shape[0]
         L = start_pos + T
@@ -779,7 +808,7 @@ class Transformer:
             # (without flash attention q comes rounded to an f32 / f16 K's type; the kernel quantizes it for the others)
             o = self._attn_kernel(q if self.flash_attn or cache.k.kind not in ("f32", "f16") else activation_for(q, cache.k.qtype),
                                   cache.k, cache.v, kv, start_pos, window, kq_scale,
-                                  _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap, ly.sinks).view(T, H * hdv)
+                                  _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap, ly.sinks, vis).view(T, H * hdv)
         elif T <= EXACT_ROWS:
             # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
             o = torch.cat([self._attention(q[r:r + 1], cache, kv, start_pos + r + 1,
@@ -840,7 +869,8 @@ class Transformer:
     # -- forward ---------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, last_n: int | None = None,
-                decode: bool = False, n_out: int | None = None, hidden: bool = False):
+                decode: bool = False, n_out: int | None = None, hidden: bool = False,
+                seqs: Sequences | None = None, out_rows: torch.Tensor | None = None):
         """tokens [T] at positions start_pos.. -> logits [T, n_vocab] (only the last `last_n` rows if given).
 
         Appends the T new K/V entries to `cache` (start_pos must equal cache.length). Like llama.cpp,
@@ -850,13 +880,17 @@ class Transformer:
         verification). With last_n, the last layer's FFN runs on those rows only, as in llama.cpp.
         n_out: logits of token ids [0, n_out) only, [T, n_out] (a draft model's cut output layer).
         hidden: (logits, the final-normed stream of all T rows [T, D]) back, what a next-token-prediction head
-        reads (models/mtp.py); the logits' bits are those of the same pass without it."""
+        reads (models/mtp.py); the logits' bits are those of the same pass without it.
+        seqs: the rows are several sequences (Sequences: their positions and cells; prompt passes, attention by the
+        C kernel); out_rows: int64 indices of the rows whose logits come back (llama.cpp's output rows: the last
+        layer's FFN runs on those), in place of last_n."""
         c = self.config
         tokens = pass_tokens(tokens, start_pos, cache)
         if tokens.shape[0] == 0:
             return (torch.zeros(0, c.n_vocab), torch.zeros(0, c.n_embd)) if hidden else torch.zeros(0, c.n_vocab)
         prompt = prompt_pass(tokens.shape[0], decode)
-        x = self.hidden(tokens, start_pos, cache, c.n_layer, prompt, last_n, all_rows=hidden)
+        x = self.hidden(tokens, start_pos, cache, c.n_layer, prompt, last_n, all_rows=hidden, seqs=seqs,
+                        out_rows=out_rows)
         h = rms_norm(x, self.output_norm, c.norm_eps) if hidden else None  # (row by row: the same bits as x's last rows')
         if last_n is not None:
             x = x[-last_n:]
@@ -880,7 +914,8 @@ class Transformer:
 
     @torch.inference_mode()
     def hidden(self, tokens: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, prompt: bool,
-               last_n: int | None = None, all_rows: bool = False) -> torch.Tensor:
+               last_n: int | None = None, all_rows: bool = False, seqs: Sequences | None = None,
+               out_rows: torch.Tensor | None = None) -> torch.Tensor:
         """The residual stream [T, D] after layers [0, n_layers) (cache layer i = layer i); advances
         cache.length past the T tokens. forward's body, and the CPU part of a model split between CPU
         and GPU (backends/cuda_model.py). With last_n, the last layer's FFN runs on those rows (their
@@ -895,11 +930,18 @@ class Transformer:
             x = t.add_rows(tokens, x, prompt)
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
-        ropes = {r: self._rope_table(r, L)[start_pos:L] for r in self._ropes}
-        temps = self._attn_temps(L)[start_pos:L, None, None] if c.attn_temp_scale else None  # [T, 1, 1]
+        if seqs is not None:  # (token positions apart from cache positions)
+            if not self.sequences_ok() or all_rows:
+                raise ValueError("several sequences in a pass: attention layers by the C kernel only")
+            n_pos = int(seqs.pos.max()) + 1
+            ropes = {r: self._rope_table(r, n_pos)[seqs.pos] for r in self._ropes}
+            temps = self._attn_temps(n_pos)[seqs.pos, None, None] if c.attn_temp_scale else None
+        else:
+            ropes = {r: self._rope_table(r, L)[start_pos:L] for r in self._ropes}
+            temps = self._attn_temps(L)[start_pos:L, None, None] if c.attn_temp_scale else None  # [T, 1, 1]
         if self._fast is None:
             self._fast = DecodePath.for_model(self) or False
-        if self._fast and not self.control and not self.has_loras and self._fast.applies(prompt, cache):
+        if self._fast and seqs is None and not self.control and not self.has_loras and self._fast.applies(prompt, cache):
             # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
             x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, None if all_rows else last_n, scale, temps)
             cache.length = L
@@ -907,10 +949,12 @@ class Transformer:
         masks = {}
         slots = cache.conv_slots(start_pos, T) if c.recurrent else None  # (lfm2, qwen35: their convolution rings)
         slot0 = cache.ssm_pass(start_pos, T) if c.ssm_d_state else None  # (qwen35: its DeltaNet states)
+        vis = {}
         for i, ly in enumerate(self.layers[:n_layers]):
             window = c.sliding_window if c.is_swa(i) else 0
             if window not in masks:
-                masks[window] = self._mask(start_pos, T, window)
+                masks[window] = self._mask(start_pos, T, window) if seqs is None else None
+                vis[window] = seqs.visible(start_pos, window) if seqs is not None else None
             h = rms_norm(x, ly.attn_norm, c.norm_eps) if ly.attn_norm is not None else x
             tr = self.trace
             if tr is not None:
@@ -921,9 +965,11 @@ class Transformer:
                 o = self._delta_net(ly.delta, h, cache, slots, slot0, prompt)
             else:
                 o = self._attention_block(ly, i, self._kv_layer[i], h, start_pos, cache, ropes, temps,
-                                          window, masks[window], prompt)
+                                          window, masks[window], prompt, vis=vis[window])
             x = x + o
             rest = None
+            if out_rows is not None and i == c.n_layer - 1 and out_rows.shape[0] < x.shape[0]:
+                x = x[out_rows]  # (llama.cpp's output rows; its FFN then sees only those, as its matmuls)
             if last_n is not None and last_n < x.shape[0] and i == c.n_layer - 1:
                 # like llama.cpp, the last layer's FFN runs on the output rows only (this also
                 # decides its matmuls' summation order); all_rows: the other rows' FFN runs apart
