@@ -4,8 +4,9 @@
     python scripts/llamacpp_ppl_batch.py BIN_DIR [-o tests/data/llamacpp_ppl_batch.json]
 
 BIN_DIR holds llama-perplexity (the fixtures' build). A chunk is evaluated in batches of -b rows where -b is below -c,
-each in passes of -ub rows (and in passes of -ub rows where a batch holds one chunk): the passes' row counts reach the
-kernels, so the last digits move with them. For each case the chunk line ([1]..,[2]..,) or the --ppl-output-type 1
+each in passes of -ub rows (and in passes of -ub rows where a batch holds one chunk), and where a batch holds several
+chunks each pass takes -ub / chunks rows of every one: the passes' row counts reach the kernels, so the last digits
+move with them. For each case the chunk line ([1]..,[2]..,) or the --ppl-output-type 1
 lines, and the final estimate.
 """
 from __future__ import annotations
@@ -31,6 +32,11 @@ CASES = [  # (model, flags)
     ("smollm2-135m-instruct-q4_1", ["-c", "256", "-b", "512", "--ppl-output-type", "1"]),
     ("qwen2.5-coder-0.5b-instruct-q4_k_m", ["-c", "512", "-b", "200", "-ub", "50"]),
     ("gemma3-270m-q4_k_m", ["-c", "256", "-b", "256", "-ub", "64", "-ctk", "q8_0", "-ctv", "q8_0"]),
+    # several chunks a batch: each pass the next -ub / chunks rows of every chunk (21 chunks of 96: 24 rows each)
+    ("smollm2-135m-instruct-q4_1", ["-c", "96"]),
+    ("qwen2.5-coder-0.5b-instruct-q4_k_m", ["-c", "100"]),  # (20 chunks, 25 rows each: Q4_K's row groups of 4)
+    ("gemma3-270m-q4_k_m", ["-c", "300", "-b", "1000", "-ub", "128"]),
+    ("qwen2.5-coder-0.5b-instruct-q4_k_m", ["-c", "200", "-b", "1000", "-ub", "70", "-fa", "off"]),
 ]
 
 

@@ -1748,7 +1748,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     """opts: the --lora* and --control-vector* flags, -b, -ub, -ngl, -dev and the load flags (RunOptions'
     fields); kld_base: --kl-divergence-base's file, written (or read, kld: --kl-divergence); scores: --hellaswag,
     --winogrande or --multiple-choice instead of the perplexity."""
-    from sharpi_core.perplexity import chunk_count, kl_divergence, perplexity, read_base_header, save_logprobs
+    from sharpi_core.perplexity import (Passes, chunk_count, kl_divergence, perplexity, read_base_header,
+                                        save_logprobs)
     sc = scores or ChoiceScores()
     kind = sc.kind()
     if kind is None and sc.binary_file is not None:
@@ -1790,6 +1791,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     apply_adapters(o, m.model)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
     if kld:
+        n_pass = Passes.of(o.batch_size, o.ubatch_size, ctx_size, read_base_header(kld_base)[0])
         kl_divergence(m.model, kld_base, bos, ctk, ctv, info=log, n_pass=n_pass)
         return 0
     t0 = time.perf_counter()
@@ -1854,11 +1856,12 @@ def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, 
     return 0
 
 
-def check_perplexity_placement(o: RunOptions, n_ctx: int) -> int:
-    """perplexity's -b, -ub, -ngl, -dev and load flags -> the rows of a pass (0: a chunk in one), as llama-perplexity
-    evaluates a chunk: in batches of -b rows where -b < -c, each in passes of -ub rows, and where a batch holds one
-    chunk in passes of -ub rows; several chunks a batch are one pass each (their kernels then see the chunk's rows, as
-    llama.cpp's see the ubatch's many)."""
+def check_perplexity_placement(o: RunOptions, n_ctx: int):
+    """perplexity's -b, -ub, -ngl, -dev and load flags -> the rows of a chunk's passes (perplexity.Passes), as
+    llama-perplexity evaluates a chunk: in batches of -b rows where -b < -c, each in passes of -ub rows, and where a
+    batch holds one chunk in passes of -ub rows; where it holds several, each pass takes -ub / chunks rows of every
+    chunk (attention sees a chunk's rows per pass, as llama.cpp's streams do)."""
+    from sharpi_core.perplexity import Passes
     for flag, v in (("-b/--batch-size", o.batch_size), ("-ub/--ubatch-size", o.ubatch_size)):
         if v < 1:
             raise UsageError(f"invalid {flag} {v}: must be >= 1")
@@ -1867,9 +1870,7 @@ def check_perplexity_placement(o: RunOptions, n_ctx: int) -> int:
     if o.n_gpu_layers not in (None, 0):
         log("warning: -ngl has no effect: perplexity runs on the CPU")
     apply_load_mode(o)
-    n_batch = min(o.batch_size, max(1, o.batch_size // n_ctx) * n_ctx)  # (llama-perplexity's: whole chunks a batch)
-    step = min(n_batch, o.ubatch_size)
-    return step if n_batch <= n_ctx and step < n_ctx else 0
+    return Passes.of(o.batch_size, o.ubatch_size, n_ctx)
 
 
 def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape: bool = True, stdin: bool = False,

@@ -34,6 +34,41 @@ def chunk_count(n_tokens: int, n_ctx: int, n_chunks: int = -1) -> int:
     return available if n_chunks < 0 else min(n_chunks, available)
 
 
+@dataclass(frozen=True)
+class Passes:
+    """The rows of llama-perplexity's passes over a chunk, from -b / -ub. Below -c (n_seq 1) a chunk goes in batches
+    of -b rows, each in passes of -ub: rows a pass. With n_seq >= 2 chunks a batch (-b at least twice -c), its
+    sequences have streams of their own and each pass (ubatch) takes the same number of rows from every chunk of the
+    batch (llama_batch_allocr::split_equal): max(1, n_ubatch // the batch's chunks) rows a chunk, the last batch
+    holding the chunks left. 0 rows: a chunk in one pass."""
+    rows: int = 0
+    n_seq: int = 1
+    n_ubatch: int = 512
+
+    def for_chunk(self, i: int, n_chunks: int) -> int:
+        if self.n_seq < 2:
+            return self.rows
+        in_batch = min(self.n_seq, n_chunks - i // self.n_seq * self.n_seq)
+        return max(1, self.n_ubatch // in_batch)
+
+
+    @staticmethod
+    def of(n_batch: int, n_ubatch: int, n_ctx: int, n_ctx_file: int | None = None) -> "Passes":
+        """llama-perplexity's passes for -b n_batch, -ub n_ubatch, -c n_ctx; n_ctx_file: the chunks' length where it
+        is not -c (--kl-divergence: the base file's, its sequences a batch capped by those -c allows)."""
+        n_par = max(1, n_batch // n_ctx)  # (its sequences: whole chunks of -c a batch)
+        n_batch = min(n_batch, n_par * n_ctx)
+        step = min(n_batch, n_ubatch)
+        chunk = n_ctx_file or n_ctx
+        n_seq = min(max(1, n_batch // chunk), n_par)
+        return Passes(0, n_seq, step) if n_seq >= 2 else Passes(step if step < chunk else 0)
+
+
+def _pass_rows(n_pass, i: int, n_chunks: int, n_ctx: int) -> int:
+    rows = n_pass.for_chunk(i, n_chunks) if isinstance(n_pass, Passes) else n_pass
+    return rows if 0 < rows < n_ctx else n_ctx
+
+
 def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id: int | None = None,
                type_k: str = "f16", type_v: str = "f16",
                on_chunk: Callable[[int, float, float, int], None] | None = None, n_pass: int = 0) -> PerplexityResult:
@@ -69,7 +104,10 @@ def _result(nll: float, nll2: float, count: int, n_chunks: int, chunk_ppl: list[
 def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v, n_pass: int = 0):
     """(chunk index, its tokens, the logits of its scored rows [n_ctx - 1 - first, V] fp32) for each chunk, each
     evaluated in a fresh context with its first token replaced by BOS where the model adds BOS, in passes of n_pass
-    rows (0: one)."""
+    rows (0: one; Passes: llama-perplexity's, several chunks a pass where its batches hold several)."""
+    if isinstance(n_pass, Passes) and n_pass.n_seq >= 2 and n_ctx >= STREAMS_MIN_CTX and model.sequences_ok():
+        yield from _streams_logits(model, tokens, n_ctx, n_chunks, bos_id, type_k, type_v, n_pass)
+        return
     first = n_ctx // 2
     cache = model.new_cache(n_ctx, type_k, type_v)
     for i in range(n_chunks):
@@ -78,13 +116,51 @@ def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, typ
         if bos_id is not None:
             sent[0] = bos_id
         cache.truncate(0)
-        step = n_pass if 0 < n_pass < n_ctx else n_ctx
+        step = _pass_rows(n_pass, i, n_chunks, n_ctx)
         rows = []  # the scored rows of each pass
         for s in range(0, n_ctx, step):
             logits = model.forward(torch.tensor(sent[s:s + step]), s, cache)  # [step, V]
             if s + step > first:
                 rows.append(logits[max(first - s, 0):n_ctx - 1 - s])
         yield i, chunk, (rows[0] if len(rows) == 1 else torch.cat(rows)).float().contiguous()
+
+
+STREAMS_MIN_CTX = 16  # (below, a stream's 64 aligned cells would cost more cache than the chunks: each chunk alone)
+
+
+def _streams_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v, passes: Passes):
+    """_chunks_logits where llama-perplexity's batches hold several chunks: each chunk a sequence with a stream (a
+    cache) of its own, each pass the next rows of every chunk of the batch (split_equal's ubatch: the chunks' rows one
+    after the other). So the pass's matmuls see all its rows, each chunk's attention its own rows and cells (here a
+    region of one cache, starting at a multiple of 64 as a stream's cells start at 0: the attention kernels' tiles of
+    64 positions and lanes fall alike), and the last layer runs on the rows llama-perplexity asks logits of (positions
+    from n_ctx / 2 on)."""
+    from .models.transformer import Sequences
+    first, region = n_ctx // 2, -(-n_ctx // 64) * 64
+    cache = model.new_cache(region * passes.n_seq, type_k, type_v)
+    T = torch.tensor
+    for g0 in range(0, n_chunks, passes.n_seq):
+        group = range(g0, min(n_chunks, g0 + passes.n_seq))
+        chunks = [[int(t) for t in tokens[i * n_ctx:(i + 1) * n_ctx]] for i in group]
+        sents = [[bos_id] + c[1:] if bos_id is not None else c for c in chunks]
+        R = passes.for_chunk(g0, n_chunks)
+        rows: list[list[torch.Tensor]] = [[] for _ in group]
+        cache.truncate(0)
+        for m0 in range(0, n_ctx, R):
+            m1 = min(n_ctx, m0 + R)
+            toks = [t for s in sents for t in s[m0:m1]]
+            pos = T([p for _ in group for p in range(m0, m1)])
+            base = T([k * region for k in range(len(group)) for _ in range(m0, m1)])
+            out = [r for r, p in enumerate(pos.tolist()) if p >= first]
+            logits = model.forward(T(toks), 0, cache, seqs=Sequences(pos, base, base, base, base + pos),
+                                   out_rows=T(out or [len(toks) - 1]))
+            if not out:
+                continue
+            n = len(out) // len(group)  # (each chunk's outputs: its rows at positions >= first, the same count)
+            for k in range(len(group)):
+                rows[k].append(logits[k * n:(k + 1) * n])
+        for k, i in enumerate(group):
+            yield i, chunks[k], torch.cat(rows[k])[:n_ctx - 1 - first].float().contiguous()
 
 
 # ---- llama-perplexity's --kl-divergence-base files and --kl-divergence -------------------------------------------

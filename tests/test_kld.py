@@ -102,3 +102,16 @@ def test_perplexity_placement_flags(tmp_path):
     one_error_line(sharpi(*args, "-b", 0), 2, "invalid -b/--batch-size 0")
     one_error_line(sharpi(*args, "-ub", -1), 2, "invalid -ub/--ubatch-size -1")
     one_error_line(sharpi(*args, "-lm", "fast"), 2, "invalid -lm/--load-mode")
+
+
+def test_passes_are_llama_perplexity_s():
+    """The rows of a chunk's passes as llama-perplexity's batches and ubatches give them: below -c, -b rows in -ub
+    passes; several chunks a batch (-b >= 2 -c): -ub / chunks rows of each a pass (split_equal), the last batch with the
+    chunks left; --kl-divergence: its base file's chunks, as many a batch as -c allows."""
+    from sharpi_core.perplexity import Passes
+    p = Passes.of(2048, 512, 96)  # 21 chunks of 96 a batch
+    assert (p.n_seq, [p.for_chunk(i, 23) for i in (0, 20, 21, 22)]) == (21, [24, 24, 256, 256])
+    assert Passes.of(512, 100, 512) == Passes(100) and Passes.of(96, 512, 512) == Passes(96)
+    assert Passes.of(2048, 512, 512) == Passes(0, 4, 512) and Passes.of(2048, 4096, 2048) == Passes(0)
+    kld = Passes.of(2048, 512, 512, 128)  # (a base file of 128-token chunks read with -c 512: 4 a batch)
+    assert (kld.n_seq, kld.for_chunk(0, 8)) == (4, 128)

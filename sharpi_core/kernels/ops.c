@@ -1381,7 +1381,12 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
         ((v_type == KV_Q8_0 || kv_blocked(v_type)) && Dv % 32) || k_type < 0 || k_type > KV_Q5_1 || v_type < 0 || v_type > KV_Q5_1)
         return 1;
     if ((order == FA_PROMPT || order == FA_DECODE) && (D > 512 || Dv > 512)) return 1;
-    const long G = H / Hkv, Lmax = start + T;
+    const long G = H / Hkv;
+    long Lmax = start + T; /* the cache positions the pass reads: below its rows' last */
+    if (vis) {
+        Lmax = 0;
+        for (long t = 0; t < T; t++) Lmax = vis[4 * t + 1] + 1 > Lmax ? vis[4 * t + 1] + 1 : Lmax;
+    }
     const int fa = order == FA_PROMPT || order == FA_DECODE;
     /* flash attention: s * (scale / cap), then cap * tanhf; otherwise s * (1 / cap), tanhf, times cap,
      * then the softmax's s * scale */
@@ -1436,7 +1441,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
      * the copy 3-9x slower at 1024 positions); a one-row pass reads V's rows as they are (pv_bf16_rows, the
      * same operations: 1.6x faster with 64-wide heads, as fast with 128-wide ones; from 2 rows on the copy
      * pays for itself with 128-wide heads) */
-    const long ldv = ((start + T + 63) & ~63L) | 64;
+    const long ldv = ((Lmax + 63) & ~63L) | 64;
     const int v_bf16 = !fa && v_type == KV_BF16, v_cols = v_bf16 && T >= PV_BF16_COPY_ROWS;
     uint16_t *vt = v_cols ? malloc(sizeof(uint16_t) * (size_t)(Hkv * Dv * ldv)) : NULL;
     if (v_cols && !vt) return 2;
@@ -1477,7 +1482,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
     } else {
         if (vt) { /* blocks of 64 positions of one KV head: rows read whole, each column written 64 in a row */
             const uint16_t *vv = (const uint16_t *)v;
-            const long nblk = ldv / 64, last = start + T;
+            const long nblk = ldv / 64, last = Lmax;
 #pragma omp for schedule(static)
             for (long bg = 0; bg < Hkv * nblk; bg++) {
                 const long g = bg / nblk, p0 = bg % nblk * 64;

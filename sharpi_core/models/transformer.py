@@ -52,11 +52,29 @@ class Sequences:
     lo: torch.Tensor  # int64 [T]
     hole: torch.Tensor  # int64 [T]
     own: torch.Tensor  # int64 [T]
+    # int64 [T] or None: each row's cache cell, in runs of consecutive cells (streams: llama.cpp's sequences in
+    # caches of their own, here regions of one; None: start + t)
+    cells: torch.Tensor | None = None
+
+    def cells_of(self, start: int) -> torch.Tensor:
+        T = self.pos.shape[0]
+        return self.cells if self.cells is not None else torch.arange(start, start + T, dtype=torch.int64)
+
+    def runs(self, start: int) -> list[tuple[int, int, int]]:
+        """(first row, end row, first cell) of each run of rows of one stream written to consecutive cells."""
+        if self.cells is None:
+            return [(0, self.pos.shape[0], start)]
+        c, lo = self.cells.tolist(), self.lo.tolist()
+        out, r0 = [], 0
+        for r in range(1, len(c) + 1):
+            if r == len(c) or c[r] != c[r - 1] + 1 or lo[r] != lo[r - 1]:
+                out.append((r0, r, c[r0]))
+                r0 = r
+        return out
 
     def visible(self, start: int, window: int) -> torch.Tensor:
         """int64 [T, 4] for the attention kernel: (first visible cell, the row's cell, the hole [a, b))."""
-        T = self.pos.shape[0]
-        cell = torch.arange(start, start + T, dtype=torch.int64)
+        cell = self.cells_of(start)
         lo = self.lo
         if window:  # (positions pos - window + 1 on: in the prefix's cells or in the row's own)
             first = (self.pos - window + 1).clamp(min=0)
@@ -769,10 +787,11 @@ class Transformer:
 
     def _attention_block(self, ly: Layer, i: int, kv: int, h: torch.Tensor, start_pos: int, cache, ropes: dict,
                          temps: torch.Tensor | None, window: int, mask: torch.Tensor | None, prompt: bool,
-                         kv_only: bool = False, vis: torch.Tensor | None = None) -> torch.Tensor | None:
+                         kv_only: bool = False, vis: torch.Tensor | None = None,
+                         runs: list | None = None) -> torch.Tensor | None:
         """Layer i's attention on h [T, D] (normed) -> [T, D], its K / V written to cache layer kv (kv_only: only
         that, None back: a draft head catching up on the positions it will attend to); vis: Sequences.visible's
-        cells of each row (several sequences in the pass)."""
+        cells of each row (several sequences in the pass), runs: Sequences.runs, where K and V go."""
         c, tr = self.config, self.trace
         T = h.shape[0]
         L = start_pos + T
@@ -798,17 +817,25 @@ class Transformer:
         if c.scale_q:  # before q is rounded to the K cache's type: tiny elements round differently
             q = q * scale
         q, k = rotate(q, cache.rot_k), rotate(k, cache.rot_k)
-        cache.k.write(kv, start_pos, k)
-        cache.v.write(kv, start_pos, rotate(v.view(T, Hkv, hdv), cache.rot_v))
+        v = rotate(v.view(T, Hkv, hdv), cache.rot_v)
+        for r0, r1, c0 in runs or [(0, T, start_pos)]:
+            cache.k.write(kv, c0, k[r0:r1])
+            cache.v.write(kv, c0, v[r0:r1])
         if kv_only:
             return None
         if self._attn_kernel is not None:
             # every (row, head) as llama.cpp computes it: one-token passes and verify rows like its
             # one-row passes (bit-identical to one-token decoding), other passes like its prompt passes
             # (without flash attention q comes rounded to an f32 / f16 K's type; the kernel quantizes it for the others)
-            o = self._attn_kernel(q if self.flash_attn or cache.k.kind not in ("f32", "f16") else activation_for(q, cache.k.qtype),
-                                  cache.k, cache.v, kv, start_pos, window, kq_scale,
-                                  _ATTN_MODE[self.flash_attn, prompt], c.attn_softcap, ly.sinks, vis).view(T, H * hdv)
+            qa = q if self.flash_attn or cache.k.kind not in ("f32", "f16") else activation_for(q, cache.k.qtype)
+            mode = _ATTN_MODE[self.flash_attn, prompt]
+            if runs is not None and len(runs) > 1:  # (streams: each its own attention, as llama.cpp's per stream)
+                o = torch.cat([self._attn_kernel(qa[r0:r1], cache.k, cache.v, kv, c0, window, kq_scale, mode,
+                                                 c.attn_softcap, ly.sinks, vis[r0:r1].contiguous())
+                               for r0, r1, c0 in runs]).view(T, H * hdv)
+            else:
+                o = self._attn_kernel(qa, cache.k, cache.v, kv, start_pos, window, kq_scale, mode, c.attn_softcap,
+                                      ly.sinks, vis).view(T, H * hdv)
         elif T <= EXACT_ROWS:
             # row by row, exactly as single-token decoding computes it (see EXACT_ROWS)
             o = torch.cat([self._attention(q[r:r + 1], cache, kv, start_pos + r + 1,
@@ -885,7 +912,12 @@ class Transformer:
         C kernel); out_rows: int64 indices of the rows whose logits come back (llama.cpp's output rows: the last
         layer's FFN runs on those), in place of last_n."""
         c = self.config
-        tokens = pass_tokens(tokens, start_pos, cache)
+        if seqs is not None and seqs.cells is not None:  # (rows written where their cells say, not at the end)
+            tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+            if int(seqs.cells.max()) >= cache.capacity:
+                raise SharpiError(f"context full: cell {int(seqs.cells.max())} of a cache of {cache.capacity}")
+        else:
+            tokens = pass_tokens(tokens, start_pos, cache)
         if tokens.shape[0] == 0:
             return (torch.zeros(0, c.n_vocab), torch.zeros(0, c.n_embd)) if hidden else torch.zeros(0, c.n_vocab)
         prompt = prompt_pass(tokens.shape[0], decode)
@@ -950,6 +982,7 @@ class Transformer:
         slots = cache.conv_slots(start_pos, T) if c.recurrent else None  # (lfm2, qwen35: their convolution rings)
         slot0 = cache.ssm_pass(start_pos, T) if c.ssm_d_state else None  # (qwen35: its DeltaNet states)
         vis = {}
+        runs = seqs.runs(start_pos) if seqs is not None else None
         for i, ly in enumerate(self.layers[:n_layers]):
             window = c.sliding_window if c.is_swa(i) else 0
             if window not in masks:
@@ -965,7 +998,7 @@ class Transformer:
                 o = self._delta_net(ly.delta, h, cache, slots, slot0, prompt)
             else:
                 o = self._attention_block(ly, i, self._kv_layer[i], h, start_pos, cache, ropes, temps,
-                                          window, masks[window], prompt, vis=vis[window])
+                                          window, masks[window], prompt, vis=vis[window], runs=runs)
             x = x + o
             rest = None
             if out_rows is not None and i == c.n_layer - 1 and out_rows.shape[0] < x.shape[0]:
@@ -980,5 +1013,5 @@ class Transformer:
             cv = self.control.get(i)
             if cv is not None:  # (llama.cpp: after the FFN's residual add, before the next layer's norm)
                 x = x + cv
-        cache.length = L
+        cache.length = L if seqs is None or seqs.cells is None else max(cache.length, int(seqs.cells.max()) + 1)
         return x
