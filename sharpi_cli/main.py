@@ -509,7 +509,8 @@ def perplexity(
     chunks: Annotated[int, Opt("--chunks", help="max chunks (-1 = all)")] = -1,
     hellaswag: Annotated[bool, Opt("--hellaswag", help="the HellaSwag score (acc_norm) of random tasks of -f's file "
                                    "(6 lines a task: context, gold ending 0-3, 4 endings), as llama-perplexity")] = False,
-    hellaswag_tasks: Annotated[int, Opt("--hellaswag-tasks", metavar="N", help="tasks for --hellaswag")] = 400,
+    hellaswag_tasks: Annotated[int, Opt("--hellaswag-tasks", metavar="N", help="tasks for --hellaswag (drawn at "
+                                        "random, in llama-perplexity's order)")] = 400,
     winogrande: Annotated[bool, Opt("--winogrande", help="the Winogrande score of -f's CSV (index, sentence with _, "
                                     "choice 1, choice 2, answer 1 or 2), as llama-perplexity")] = False,
     winogrande_tasks: Annotated[int, Opt("--winogrande-tasks", metavar="N", help="random tasks for --winogrande "
@@ -519,8 +520,8 @@ def perplexity(
                                          "llama-perplexity")] = False,
     multiple_choice_tasks: Annotated[int, Opt("--multiple-choice-tasks", metavar="N", help="random tasks for "
                                               "--multiple-choice (0 = all, in order)")] = 0,
-    binary_file: Annotated[Optional[str], Opt("-bf", "--binary-file", help="the data file, read as it is (no "
-                                              "trailing newline dropped, as -f's)")] = None,
+    binary_file: Annotated[Optional[str], Opt("-bf", "--binary-file", help="the data file, read as it is (-f "
+                                              "drops a trailing newline, as llama.cpp's -f does)")] = None,
     parallel: Annotated[int, Opt("-np", "--parallel", metavar="N", help="sequences a batch for the scores above: "
                                  "answers a task at most (at least 4)")] = 1,
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k")] = "f16",
