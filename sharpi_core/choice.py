@@ -3,18 +3,18 @@ TruthfulQA and HellaSwag in llama.cpp's binary format).
 
 A task is a context and a few continuations; each continuation is tokenized with the context, and scored by the
 mean log-probability of its tokens after the prefix that all of the task's sequences share; the task is right when
-the best-scored continuation is a correct one. llama-perplexity evaluates a task's sequences in one batch (the
-shared prefix once, each continuation as a sequence of its own); here the prefix is one pass and each continuation
-a pass after it, with the cache cut back to the prefix: the same conditional distributions, up to attention's float
-order (in the batch a row also sees the other sequences' cells, masked). Tasks are drawn as llama-perplexity draws
-them (std::mt19937 seeded with 1 and libstdc++'s uniform_int_distribution, or its float scaling), so the running
-lines come in its order, and the arithmetic that llama-perplexity does in float is done in float32 here.
+the best-scored continuation is a correct one. llama-perplexity evaluates a batch of tasks at once (each task's
+shared prefix once, each continuation as a sequence of its own, side by side in its unified cache); so does this
+module, in the same passes (Transformer.forward's seqs), since its matmuls' bits depend on a pass's rows. Where a
+model's passes cannot hold several sequences, each continuation is a pass after its prefix instead (close, not the
+same bits). Tasks are drawn as llama-perplexity draws them (std::mt19937 seeded with 1 and libstdc++'s
+uniform_int_distribution, or its float scaling), so the running lines come in its order, and the arithmetic that
+llama-perplexity does in float is done in float32 here.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
 import math
 import random
 import re
@@ -28,6 +28,7 @@ import torch
 from .errors import SharpiError
 
 F32 = np.float32
+_INT_AT_START = re.compile(r"[ \t\n\v\f\r]*([+-]?\d+)")  # (std::stoi / istream >> int: a number after blanks)
 
 
 class Mt19937:
@@ -106,7 +107,7 @@ def hellaswag_tasks(text: str, n_tasks: int):
     for _ in range(min(n_tasks, len(lines) // 6)):
         idx = uniform_index(rng, len(lines) // 6)  # (from the tasks not yet drawn)
         ctx, gold, *endings = lines[idx * 6:idx * 6 + 6]
-        m = re.match(r"[ \t\n\v\f\r]*([+-]?\d+)", gold)  # (std::stoi: a number at its start)
+        m = _INT_AT_START.match(gold)
         if m is None or not 0 <= int(m[1]) < 4:
             raise SharpiError(f"hellaswag: the gold ending of the task at line {idx * 6 + 1} is '{gold}', not 0-3")
         out.append((ctx, int(m[1]), endings))
@@ -139,7 +140,7 @@ def winogrande_rows(text: str, warn: Callable[[str], None] = print):
         if where < 0:
             warn(f"warning: winogrande: no _ in <{sentence}>: left out")
             continue
-        m = re.match(r"[ \t\n\v\f\r]*([+-]?\d+)", line[c3 + 1:])  # (istream >> int)
+        m = _INT_AT_START.match(line[c3 + 1:])
         if m is None or int(m[1]) not in (1, 2):
             warn(f"warning: winogrande: the answer <{line[c3 + 1:]}> is not 1 or 2: left out")
             continue
@@ -324,12 +325,13 @@ def _values(req: Requests, idx: int, logits: torch.Tensor, lp: np.ndarray, first
             first[r, tok] = _first_logprob(logits[r - idx], tok)
 
 
-def evaluate(model, cache, tasks: list[Task], req: Requests, all_out: bool, n_batch: int, n_ubatch: int,
-             batched: bool) -> tuple[np.ndarray, dict]:
+def evaluate(model, cache, tasks: list[Task], layout: tuple, req: Requests, all_out: bool, n_batch: int,
+             n_ubatch: int, batched: bool) -> tuple[np.ndarray, dict]:
     """The requests' values for one batch of tasks: with batched, as llama-perplexity evaluates it (the batch in
     passes of n_ubatch rows within sub-batches of n_batch, the tasks' sequences side by side in the cache, each
     row's logits those of its row in llama.cpp's passes: its kernels see the same row counts); else task by task,
-    each sequence after its prefix (sequence_logits). -> (the pairs' float32 values, {(row, token): first's})."""
+    each sequence after its prefix (sequence_logits). layout: _layout's of the tasks. -> (the pairs' float32 values,
+    {(row, token): first's})."""
     pairs_at: dict = {}
     firsts_at: dict = {}
     for k, (r, _) in enumerate(req.pairs):
@@ -337,7 +339,7 @@ def evaluate(model, cache, tasks: list[Task], req: Requests, all_out: bool, n_ba
     for r, tok in req.firsts:
         firsts_at.setdefault(r, []).append(tok)
     lp, first = np.zeros(len(req.pairs), F32), {}
-    tok, pos, lo, hole, own, out, first_out = _layout(tasks, all_out)
+    tok, pos, lo, hole, own, out, first_out = layout
     if not batched:
         for t, o in zip(tasks, first_out):
             f, rows = sequence_logits(model, cache, t, full=all_out)
@@ -504,10 +506,11 @@ class Setup:
 
 def _score_batches(model, tasks: list[Task], st: Setup, max_seqs: int, all_out: bool, request, score, info,
                    what: str):
-    """For each batch of tasks: their requests evaluated -> yields (task, its scores) in order. One cache of the
-    context's size; several sequences a pass where the model allows it (attention by the C kernel, no recurrent
-    layers), else each sequence after its prefix, with a warning that the last digits may then differ."""
-    groups = list(batches(tasks, st.n_ctx, max_seqs))  # (a task that cannot fit: its error before any line)
+    """The tasks' batches, checked now (a task that cannot fit: its error before any line) -> an iterator of (task,
+    its scores) in order, each batch's requests evaluated as it comes. One cache of the context's size; several
+    sequences a pass where the model allows it (attention by the C kernel, no recurrent layers), else each sequence
+    after its prefix, with a warning that the last digits may then differ."""
+    groups = list(batches(tasks, st.n_ctx, max_seqs))
     info(f"{what}: calculating the score over {len(tasks)} tasks")
     batched = model.sequences_ok()
     if not batched:
@@ -515,20 +518,22 @@ def _score_batches(model, tasks: list[Task], st: Setup, max_seqs: int, all_out: 
              "prefix, so the scores' last digits may differ from llama-perplexity's")
     cache = model.new_cache(st.n_ctx if batched else max(len(s) for t in tasks for s in t.seqs), st.type_k, st.type_v)
     n_batch, n_ubatch = st.passes()
-    for group in groups:
-        req, starts, i_logits = Requests(), [], 0
-        for t in group:
-            starts.append(i_logits)
-            request(t, i_logits, req)
-            i_logits += 1 + sum(len(s) - t.prefix - (0 if all_out else 1) for s in t.seqs)
-        values = evaluate(model, cache, group, req, all_out, n_batch, n_ubatch, batched)
-        ir = 0
-        for t, o in zip(group, starts):
-            scores, ir = score(t, o, values, ir)
-            yield t, scores
+
+    def scored():
+        for group in groups:
+            layout, req = _layout(group, all_out), Requests()
+            starts = layout[-1]  # (each task's first output row)
+            for t, o in zip(group, starts):
+                request(t, o, req)
+            values = evaluate(model, cache, group, layout, req, all_out, n_batch, n_ubatch, batched)
+            ir = 0
+            for t, o in zip(group, starts):
+                scores, ir = score(t, o, values, ir)
+                yield t, scores
+    return scored()
 
 
-def _tasks(items, encode, bad_prefix: str) -> list[Task]:
+def _tasks(items, bad_prefix: str) -> list[Task]:
     out = []
     for i, seqs in enumerate(items):
         p = min(shared_prefix(seqs), min(map(len, seqs)) - 1)
@@ -543,15 +548,13 @@ def run_hellaswag(model, encode, text: str, n_tasks: int, st: Setup, out: Callab
     """llama-perplexity --hellaswag: acc_norm (each ending by its tokens' mean log-probability) over the drawn
     tasks, a line a task with the running accuracy and its 95% interval."""
     items = hellaswag_tasks(text, n_tasks)
-    tasks = _tasks([[encode(ctx + " " + e) for e in endings] for ctx, _, endings in items], encode, "hellaswag: ")
+    tasks = _tasks([[encode(ctx + " " + e) for e in endings] for ctx, _, endings in items], "hellaswag: ")
     for t, (_, gold, _) in zip(tasks, items):
         t.gold = gold
     scored = _score_batches(model, tasks, st, min(128, st.n_seq), False, ending_requests,
                             lambda t, o, v, ir: ending_scores(t, o, v, ir, False), info, "hellaswag")
-    first = next(scored, None)
     out("\ntask\tacc_norm\t95% confidence interval")
     acc = 0.0
-    scored = itertools.chain([first] if first else [], scored)
     for i, (t, scores) in enumerate(scored):
         acc += first_best(scores) == t.gold
         freq = acc / (i + 1)
@@ -569,7 +572,7 @@ def run_winogrande(model, encode, text: str, n_tasks: int, st: Setup, out: Calla
     if not rows:
         raise SharpiError("winogrande: no tasks in the file")
     chosen = [rows[i] for i in pick(len(rows), n_tasks)]
-    tasks = _tasks([[encode(f + c1 + sec), encode(f + c2 + sec)] for f, sec, c1, c2, _ in chosen], encode,
+    tasks = _tasks([[encode(f + c1 + sec), encode(f + c2 + sec)] for f, sec, c1, c2, _ in chosen],
                    "winogrande: ")
     for t, (f, _, c1, c2, answer) in zip(tasks, chosen):
         t.gold = answer
@@ -597,15 +600,13 @@ def run_multiple_choice(model, encode, data: bytes, n_tasks: int, st: Setup, out
             raise SharpiError(f"multiple choice: task {i} has an empty question or no answers")
         if not all(answers):
             raise SharpiError(f"multiple choice: task {i} has an empty answer")
-    tasks = _tasks([[encode(q + " " + a) for a in answers] for q, answers, _ in items], encode, "multiple choice: ")
+    tasks = _tasks([[encode(q + " " + a) for a in answers] for q, answers, _ in items], "multiple choice: ")
     for t, (_, _, labels) in zip(tasks, items):
         t.labels = labels
     n_correct = n_answers = 0
     scored = _score_batches(model, tasks, st, min(128, st.n_seq), False, ending_requests,
                             lambda t, o, v, ir: ending_scores(t, o, v, ir, True), info, "multiple choice")
-    first = next(scored, None)
     out("\ntask\tacc_norm")
-    scored = itertools.chain([first] if first else [], scored)
     for i, (t, scores) in enumerate(scored):
         n_answers += len(scores)
         n_correct += t.labels[first_best(scores)] == 1

@@ -51,7 +51,6 @@ class Passes:
         in_batch = min(self.n_seq, n_chunks - i // self.n_seq * self.n_seq)
         return max(1, self.n_ubatch // in_batch)
 
-
     @staticmethod
     def of(n_batch: int, n_ubatch: int, n_ctx: int, n_ctx_file: int | None = None) -> "Passes":
         """llama-perplexity's passes for -b n_batch, -ub n_ubatch, -c n_ctx; n_ctx_file: the chunks' length where it
@@ -71,7 +70,8 @@ def _pass_rows(n_pass, i: int, n_chunks: int, n_ctx: int) -> int:
 
 def perplexity(model, tokens: list[int], n_ctx: int, n_chunks: int = -1, bos_id: int | None = None,
                type_k: str = "f16", type_v: str = "f16",
-               on_chunk: Callable[[int, float, float, int], None] | None = None, n_pass: int = 0) -> PerplexityResult:
+               on_chunk: Callable[[int, float, float, int], None] | None = None,
+               n_pass: int | Passes = 0) -> PerplexityResult:
     """n_pass: the rows of a forward pass (llama-perplexity's -b, -ub below n_ctx: a chunk in several); 0: a chunk
     in one."""
     n = chunk_count(len(tokens), n_ctx, n_chunks)
@@ -101,7 +101,7 @@ def _result(nll: float, nll2: float, count: int, n_chunks: int, chunk_ppl: list[
     return PerplexityResult(ppl, err, n_chunks, count, chunk_ppl)
 
 
-def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v, n_pass: int = 0):
+def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, type_v, n_pass: int | Passes = 0):
     """(chunk index, its tokens, the logits of its scored rows [n_ctx - 1 - first, V] fp32) for each chunk, each
     evaluated in a fresh context with its first token replaced by BOS where the model adds BOS, in passes of n_pass
     rows (0: one; Passes: llama-perplexity's, several chunks a pass where its batches hold several)."""
@@ -192,7 +192,8 @@ def _ppl_lib():
 
 def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str, bos_id: int | None = None,
                   type_k: str = "f16", type_v: str = "f16",
-                  on_chunk: Callable[[int, float, float, int], None] | None = None, n_pass: int = 0) -> PerplexityResult:
+                  on_chunk: Callable[[int, float, float, int], None] | None = None,
+               n_pass: int | Passes = 0) -> PerplexityResult:
     """Perplexity as llama-perplexity computes it with --kl-divergence-base (each row's log-likelihood in float
     arithmetic), the scored rows' log-probabilities written to path (through a temporary file: a run that fails
     leaves what was there)."""
@@ -288,7 +289,7 @@ def _cov(a: float, b: float, ab: float, count: int) -> float:
 
 def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f16", type_v: str = "f16",
                   out: Callable[[str], None] = print, info: Callable[[str], None] | None = None,
-                  n_pass: int = 0) -> dict:
+                  n_pass: int | Passes = 0) -> dict:
     """llama-perplexity --kl-divergence: the base file's chunks evaluated again by this model, each scored row's
     distribution against the base's; llama-perplexity's table (a line a chunk) and statistics, through out (info:
     what is computed, once the file is found to fit the model)."""
