@@ -376,6 +376,29 @@ def test_recurrent_fast_decode_is_bit_identical(derived, variant, types, monkeyp
     fast_path_is_hidden(*loaded(derived[variant]), types, monkeypatch)
 
 
+@pytest.mark.parametrize("variant", ["qwen3", "llama3", "smollm3", "gemma2", "phi3", "granite", "mistral3", "exaone",
+                                     "lowbit", "fused-qkv", "mixed"])
+def test_dense_fast_decode_is_bit_identical(derived, variant, monkeypatch):
+    """The dense variants' layers (q/k norms, softcapping, residual and attention scales, layers without RoPE, Llama
+    3's rope_freqs, low-bit weights, fused and mixed-type q/k/v) through models/fast_decode.py, its layer
+    loop in C (sharpi_decode_layers) and in Python, give the general loop's bits."""
+    from test_model import fast_path_is_hidden
+    from sharpi_core.models import fast_decode
+    model, tok = loaded(derived[variant])
+    assert fast_decode.DecodePath(model)._c_loop_applies()
+    fast_path_is_hidden(model, tok, ("f16", "f16"), monkeypatch)
+
+
+@pytest.mark.parametrize("variant,types", [("olmo2", ("f16", "f16")), ("olmo2", ("q8_0", "q4_0")),
+                                           ("exaone4", ("f16", "f16")), ("exaone4", ("q8_0", "q8_0"))])
+def test_post_norm_only_fast_decode_is_bit_identical(derived, variant, types, monkeypatch):
+    """olmo2's and exaone4's layers (no pre-norms: the residual stream itself into the matmuls; olmo2's q and k normed
+    over all their heads in the GGUF's element order, exaone4's per head) through models/fast_decode.py give the
+    general loop's bits."""
+    from test_model import fast_path_is_hidden
+    fast_path_is_hidden(*loaded(derived[variant]), types, monkeypatch)
+
+
 @pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])
 def test_fast_decode_with_sinks_and_output_biases(derived, types, monkeypatch):
     """Attention sinks and attn_output biases (gpt-oss's) on a dense model's layers: models/fast_decode.py gives the

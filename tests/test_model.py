@@ -247,9 +247,11 @@ def test_fast_decode_path_is_bit_identical(name, types, monkeypatch):
     these short passes cross them)."""
     import dataclasses
 
+    from sharpi_core.models import fast_decode
     model, tok = loaded(name)
     if model.config.sliding_window:
         monkeypatch.setattr(model, "config", dataclasses.replace(model.config, sliding_window=5))
+    assert fast_decode.DecodePath(model)._c_loop_applies()  # (the three run their layers in one C call)
     fast_path_is_hidden(model, tok, types, monkeypatch)
 
 
@@ -277,15 +279,20 @@ def fast_path_is_hidden(model, tok, types, monkeypatch) -> None:
         return out + kv + rings  # the cache bytes too
 
     monkeypatch.setattr(fast_decode, "ENABLED", True)
-    model._fast = None
-    fast = passes()
-    assert isinstance(model._fast, fast_decode.DecodePath)
+    runs = {}
+    for c_loop in (True, False):  # the layer loop in C (sharpi_decode_layers) where it applies, then in Python
+        monkeypatch.setattr(fast_decode, "C_LOOP", c_loop)
+        model._fast = None
+        runs[c_loop] = passes()
+        assert isinstance(model._fast, fast_decode.DecodePath)
+        assert model._fast._plan_ok == (c_loop and model._fast._c_loop_applies())
     monkeypatch.setattr(fast_decode, "ENABLED", False)
     model._fast = None
     slow = passes()
     assert model._fast is False
-    for i, (a, b) in enumerate(zip(fast, slow)):
-        assert torch.equal(a, b), i
+    for fast in runs.values():
+        for i, (a, b) in enumerate(zip(fast, slow)):
+            assert torch.equal(a, b), i
     model._fast = None  # (rebuilt with the module's setting at the next pass)
     path = fast_decode.DecodePath(model)
     assert path.applies(False, model.new_cache(8, *types))

@@ -53,7 +53,7 @@ if os.environ.get("SHARPI_KERNEL_NO_BF16") == "1":  # testing: AVX-512 without i
     CFLAGS += ("-mno-avx512bf16",)
 if os.environ.get("SHARPI_KERNEL_AVX2") == "1":  # testing: an AVX-512 CPU builds what an AVX2 CPU builds
     CFLAGS += ("-mno-avx512f",)
-_ABI = 16
+_ABI = 17
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2")
 # With these the 512-bit intrinsics are the CPU's own; without, x86simd.h computes each on two 256-bit halves
 # (the same bits, slower).
@@ -95,6 +95,7 @@ _smax = None
 _sconv = None
 _qid = _mroute = _msum = _shexp = None  # mixture-of-experts entry points
 _gdn = _gdng = _sigm = None  # Gated DeltaNet (qwen35)
+_dlay = None  # the decoding layer loop (models/fast_decode.py)
 _f16mm = None  # f16 matmuls of any width (LoRA adapters)
 build_notice = None  # called (no arguments) just before this process compiles the library: a UI's hook
 
@@ -207,7 +208,7 @@ def prune_builds(directory: Path, keep: Path, days: float = UNUSED_BUILD_DAYS) -
 
 def _bind_ctypes(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm, _kvs
+    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm, _kvs, _dlay
     lib = ctypes.CDLL(str(path))
     if lib.sharpi_abi_version() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
@@ -290,6 +291,11 @@ def _bind_ctypes(path: Path) -> None:
     sg = lib.sharpi_sigmoid
     sg.argtypes = [c_void_p, c_long]
     sg.restype = None
+    dl = lib.sharpi_decode_layers
+    dl.argtypes = [c_void_p, c_long, c_void_p, c_long, c_long, c_long, c_void_p, ctypes.c_float, ctypes.c_float,
+                   c_void_p, c_int, c_int, c_int, c_long, c_void_p, c_int]
+    dl.restype = c_int
+    _dlay = dl
     _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm = qi, mr, ms, sx, gd, gg, sg, fm
     _state["lib"] = lib
     _glu, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax, _sconv = gl, ro, rt, rp, hd, sq, sc, sm, cv
@@ -300,7 +306,7 @@ def _bind_ctypes(path: Path) -> None:
 
 def _bind_module(path: Path) -> None:
     global _qmm, _dqr, _att, _rms, _rq8, _qact, _ract, _glu, _vnni, _rope, _ropetab, _rpk, _had, _sq8, _scap, _smax
-    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm, _kvs
+    global _sconv, _qid, _mroute, _msum, _shexp, _gdn, _gdng, _sigm, _f16mm, _kvs, _dlay
     spec = importlib.util.spec_from_file_location("_sharpi_qmatmul", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -312,6 +318,7 @@ def _bind_module(path: Path) -> None:
     _scap, _smax, _sconv = mod.softcap, mod.soft_max, mod.short_conv
     _qid, _mroute, _msum, _shexp = mod.qmatmul_id, mod.moe_route, mod.moe_sum, mod.shexp_add
     _gdn, _gdng, _sigm, _f16mm = mod.gdn, mod.gdn_gates, mod.sigmoid, mod.f16_mm
+    _dlay = mod.decode_layers
 
 
 def _load():
@@ -535,7 +542,8 @@ def kernel_fns() -> dict:
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     return {"qmatmul": _qmm, "rms_norm": _rms, "attention": _att, "glu": _glu, "rope": _rope, "hadamard": _had,
             "store_q8_0": _sq8, "kv_store": _kvs, "short_conv": _sconv, "qmatmul_id": _qid, "moe_route": _mroute, "moe_sum": _msum,
-            "shexp_add": _shexp, "gdn": _gdn, "gdn_gates": _gdng, "sigmoid": _sigm}
+            "shexp_add": _shexp, "gdn": _gdn, "gdn_gates": _gdng, "sigmoid": _sigm,
+            "decode_layers": _dlay}
 
 
 def _gemm(x, raw, code, n, k, rb, out):

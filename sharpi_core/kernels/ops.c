@@ -1720,6 +1720,185 @@ void sharpi_kld_row(const float *logits, long n_vocab, const uint16_t *base_log_
     out[1] = p_diff;
 }
 
+/* ---- the decoding layer loop (models/fast_decode.py's DecodePath.run, for attention layers) ----
+ *
+ * A one-token pass of a small model is mostly glue between ~15 kernel calls a layer (SmolLM2: 0.7 of its 3.6 ms in
+ * Python and torch's small ops). sharpi_decode_layers runs the loop of DecodePath.run for layers of attention and a
+ * dense FFN: the same kernel calls with the same arguments in the same order, and its small steps (bias and residual
+ * adds, scalings, K / V copies into an f32 / f16 / bf16 cache) as the element-wise operations torch computes (one
+ * IEEE operation per element, fp32 -> f16 / bf16 round to nearest even), so the same bits.
+ *
+ * plan: the model's int64 header DL_* then per layer a record of DL_REC int64: norms, biases, the q/k norm weights as
+ * pointers (0: none), the layer's rope table index (-1: no RoPE), its KV cache layer, window, sinks, and five matmul
+ * slots (wqk, wv, wo, w_gu, w_down), each up to 3 parts (a StackedWeight's) of (code, pointer, row bytes, n, k).
+ * ropes: per table (pointer to [T, n_rot / 2] complex cos / sin, n_rot). kv: per store (K, V) its code, base,
+ * layer stride and position stride in bytes, its q8_0 scales' base, layer and position strides. bufs: h, qk, v, q,
+ * k, o, ao, gu, g, f, stacked (DecodePath._buffers' for T rows). Returns 0, or the failing kernel's code + 10 * step. */
+enum { DL_NLAYER, DL_H, DL_HKV, DL_HD, DL_HDV, DL_D, DL_NFF, DL_GLU, DL_SCALE_Q, DL_UNPERM, DL_EPS, DL_RS, DL_SOFTCAP,
+       DL_HEADER };
+enum { L_ATTN_NORM, L_BQK, L_BV, L_QK_NORM, L_ROPE, L_KV, L_WINDOW, L_SINKS, L_BO, L_POST_ATTN, L_FFN_NORM, L_POST_FFN,
+       L_MM, DL_PARTS = 3, DL_SLOT = 1 + 5 * DL_PARTS, DL_REC = L_MM + 5 * DL_SLOT };
+enum { MM_QK, MM_V, MM_O, MM_GU, MM_DOWN };
+enum { KV_CODE, KV_Q, KV_QL, KV_QP, KV_D, KV_DL, KV_DP, KV_DESC };
+enum { B_H, B_QK, B_V, B_Q, B_K, B_O, B_AO, B_GU, B_G, B_F, B_STK };
+
+int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y, int nthreads);
+void sharpi_store_q8_0(const float *x, long nb, int8_t *codes, uint16_t *d); /* qmatmul.c */
+
+static float bits_f32(int64_t v) {
+    const uint32_t u = (uint32_t)v;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* y [T, sum of the parts' n] = x [T, k] times a slot's parts; several rows: each part's rows through stk, then its
+ * columns (as DecodePath._mm_parts) */
+static int dl_mm(const int64_t *s, const float *x, long T, float *y, float *stk, int nth) {
+    const long np = s[0];
+    if (np == 1)
+        return sharpi_qmatmul((int)s[1], (const uint8_t *)s[2], s[3], s[4], s[5], x, T, y, nth);
+    long cols = 0, col = 0;
+    for (long p = 0; p < np; p++) cols += s[1 + 5 * p + 3];
+    for (long p = 0; p < np; p++) {
+        const int64_t *w = s + 1 + 5 * p;
+        const long n = w[3];
+        float *dst = T == 1 ? y + col : stk;
+        if (sharpi_qmatmul((int)w[0], (const uint8_t *)w[1], w[2], n, w[4], x, T, dst, nth)) return 1;
+        if (T > 1)
+            for (long t = 0; t < T; t++) memcpy(y + t * cols + col, stk + t * n, sizeof(float) * (size_t)n);
+        col += n;
+    }
+    return 0;
+}
+
+static void dl_add(float *x, const float *a, long n) {
+    for (long i = 0; i < n; i++) x[i] += a[i];
+}
+
+static void dl_add_rows(float *x, const float *a, long T, long n) { /* x [T, n] += a [n] */
+    for (long t = 0; t < T; t++) dl_add(x + t * n, a, n);
+}
+
+static void dl_scale(float *x, float s, long n) {
+    for (long i = 0; i < n; i++) x[i] *= s;
+}
+
+/* x [T, Hkv, hd] fp32 into positions [start, start + T) of one layer of a cache store (DecodePath._write); the
+ * layer's q8_0 scales' pointer for attention (NULL if none) into *d */
+static void dl_write(const int64_t *kv, long layer, long start, const float *x, long T, long row, const uint16_t **d) {
+    const int code = (int)kv[KV_CODE];
+    uint8_t *q = (uint8_t *)kv[KV_Q] + layer * kv[KV_QL] + start * kv[KV_QP];
+    *d = NULL;
+    if (code == KV_F32) {
+        memcpy(q, x, sizeof(float) * (size_t)(T * row));
+    } else if (code == KV_F16) {
+        uint16_t *h = (uint16_t *)q;
+        for (long i = 0; i < T * row; i++) h[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    } else if (code == KV_BF16) { /* c10::BFloat16's round to nearest even, NaN as 0x7fc0 */
+        uint16_t *h = (uint16_t *)q;
+        for (long i = 0; i < T * row; i++) {
+            uint32_t u;
+            memcpy(&u, x + i, sizeof u);
+            h[i] = x[i] != x[i] ? 0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+    } else if (code == KV_Q8_0) {
+        uint8_t *dl = (uint8_t *)kv[KV_D] + layer * kv[KV_DL];
+        sharpi_store_q8_0(x, T * row / 32, (int8_t *)q, (uint16_t *)(dl + start * kv[KV_DP]));
+        *d = (const uint16_t *)dl;
+    } else {
+        sharpi_kv_store(code, x, T * row / 32, q);
+    }
+}
+
+int sharpi_decode_layers(const int64_t *plan, long n_layers, float *x, long T, long start, long last_n,
+                         const int64_t *ropes, float kq_scale, float q_scale, const int64_t *kv, int rot_k, int rot_v,
+                         int round_p, long n_ctx, const int64_t *bufs, int nth) {
+    const long H = plan[DL_H], Hkv = plan[DL_HKV], hd = plan[DL_HD], hdv = plan[DL_HDV], D = plan[DL_D];
+    const long n_ff = plan[DL_NFF], n_layer = plan[DL_NLAYER], nqk = H + Hkv;
+    const int glu_act = (int)plan[DL_GLU], scale_q = (int)plan[DL_SCALE_Q];
+    const int64_t *unperm = (const int64_t *)plan[DL_UNPERM];
+    const float eps = bits_f32(plan[DL_EPS]), rs = bits_f32(plan[DL_RS]), softcap = bits_f32(plan[DL_SOFTCAP]);
+    float *h = (float *)bufs[B_H], *qk = (float *)bufs[B_QK], *v = (float *)bufs[B_V], *q = (float *)bufs[B_Q];
+    float *k = (float *)bufs[B_K], *o = (float *)bufs[B_O], *ao = (float *)bufs[B_AO], *gu = (float *)bufs[B_GU];
+    float *g = (float *)bufs[B_G], *f = (float *)bufs[B_F], *stk = (float *)bufs[B_STK];
+    const int64_t *kst = kv, *vst = kv + KV_DESC;
+    for (long i = 0; i < n_layers; i++) {
+        const int64_t *L = plan + DL_HEADER + i * DL_REC;
+        const int64_t *mm = L + L_MM;
+        const float *hin = x;
+        if (L[L_ATTN_NORM]) {
+            sharpi_rms_norm(x, (const float *)L[L_ATTN_NORM], T, D, eps, h);
+            hin = h;
+        }
+        /* attention: q and k, v; biases; per-head q / k norms; RoPE; q and k apart (NeoX: back in GGUF order) */
+        if (dl_mm(mm + MM_QK * DL_SLOT, hin, T, qk, stk, nth)) return 10 * 1 + 1;
+        if (dl_mm(mm + MM_V * DL_SLOT, hin, T, v, stk, nth)) return 10 * 2 + 1;
+        if (L[L_BQK]) {
+            dl_add_rows(qk, (const float *)L[L_BQK], T, nqk * hd);
+            dl_add_rows(v, (const float *)L[L_BV], T, Hkv * hdv);
+        }
+        if (L[L_QK_NORM]) {
+            const float *w = (const float *)L[L_QK_NORM]; /* [H + Hkv, hd] */
+            sharpi_rms_norm(qk, NULL, T * nqk, hd, eps, qk);
+            for (long t = 0; t < T; t++)
+                for (long j = 0; j < nqk * hd; j++) qk[t * nqk * hd + j] *= w[j];
+        }
+        if (L[L_ROPE] >= 0) {
+            const int64_t *r = ropes + 2 * L[L_ROPE];
+            sharpi_rope(qk, T, nqk, hd, (int)r[1], (const float *)r[0]);
+        }
+        for (long t = 0; t < T; t++)
+            for (long hh = 0; hh < nqk; hh++) {
+                const float *src = qk + (t * nqk + hh) * hd;
+                float *dst = hh < H ? q + (t * H + hh) * hd : k + (t * Hkv + hh - H) * hd;
+                if (unperm)
+                    for (long j = 0; j < hd; j++) dst[j] = src[unperm[j]];
+                else
+                    memcpy(dst, src, sizeof(float) * (size_t)hd);
+            }
+        if (scale_q) dl_scale(q, q_scale, T * H * hd);
+        if (rot_k) {
+            sharpi_hadamard(q, T * H * hd / rot_k, rot_k);
+            sharpi_hadamard(k, T * Hkv * hd / rot_k, rot_k);
+        }
+        if (rot_v) sharpi_hadamard(v, T * Hkv * hdv / rot_v, rot_v);
+        const long kvl = L[L_KV];
+        const uint16_t *kd, *vd;
+        dl_write(kst, kvl, start, k, T, Hkv * hd, &kd);
+        dl_write(vst, kvl, start, v, T, Hkv * hdv, &vd);
+        const void *kq = (const uint8_t *)kst[KV_Q] + kvl * kst[KV_QL], *vq = (const uint8_t *)vst[KV_Q] + kvl * vst[KV_QL];
+        if (sharpi_attention(q, T, H, Hkv, hd, hdv, kq, kd, (int)kst[KV_CODE], vq, vd, (int)vst[KV_CODE], start,
+                             L[L_WINDOW], kq_scale, softcap, round_p, FA_DECODE, n_ctx, (const float *)L[L_SINKS], o,
+                             nth, NULL))
+            return 10 * 3 + 1;
+        if (rot_v) sharpi_hadamard(o, T * H * hdv / rot_v, rot_v);
+        if (dl_mm(mm + MM_O * DL_SLOT, o, T, ao, stk, nth)) return 10 * 4 + 1;
+        if (L[L_BO]) dl_add_rows(ao, (const float *)L[L_BO], T, D);
+        if (L[L_POST_ATTN]) sharpi_rms_norm(ao, (const float *)L[L_POST_ATTN], T, D, eps, ao);
+        if (rs != 0.0f) dl_scale(ao, rs, T * D);
+        dl_add(x, ao, T * D);
+        /* the FFN; the model's last layer on the output rows only */
+        long Tf = T;
+        if (last_n > 0 && last_n < T && i == n_layer - 1) {
+            x += (T - last_n) * D;
+            Tf = last_n;
+        }
+        const float *hf = x;
+        if (L[L_FFN_NORM]) {
+            sharpi_rms_norm(x, (const float *)L[L_FFN_NORM], Tf, D, eps, h);
+            hf = h;
+        }
+        if (dl_mm(mm + MM_GU * DL_SLOT, hf, Tf, gu, stk, nth)) return 10 * 5 + 1;
+        if (sharpi_glu(gu, Tf, n_ff, glu_act, g, nth)) return 10 * 6 + 1;
+        if (dl_mm(mm + MM_DOWN * DL_SLOT, g, Tf, f, stk, nth)) return 10 * 7 + 1;
+        if (L[L_POST_FFN]) sharpi_rms_norm(f, (const float *)L[L_POST_FFN], Tf, D, eps, f);
+        if (rs != 0.0f) dl_scale(f, rs, Tf * D);
+        dl_add(x, f, Tf * D);
+    }
+    return 0;
+}
+
 #ifdef SHARPI_PYEXT
 /* attention(q, T, H, Hkv, D, Dv, k, kd, k_type, v, vd, v_type, start, window, scale, softcap, round_p_f16,
  * order, n_ctx, out, nthreads) for the _sharpi_qmatmul module (qmatmul.c lists it): pointers as Python
@@ -1911,29 +2090,51 @@ PyObject *sharpi_py_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(rc);
 }
 
-PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 23) {
-        PyErr_Format(PyExc_TypeError, "attention() takes 23 arguments (%zd given)", nargs);
-        return NULL;
+/* args -> n values: the floats at i0 and i0 + 1 into f, the others (ints) into a; -1 with a Python error set */
+static int py_longs_2f(PyObject *const *args, Py_ssize_t nargs, long *a, int n, int i0, double *f, const char *name) {
+    if (nargs != n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %d arguments (%zd given)", name, n, nargs);
+        return -1;
     }
-    long a[23];
-    double f[2] = {0.0, 0.0}; /* scale, softcap */
-    for (int i = 0; i < 23; i++) {
-        if (i == 14 || i == 15) {
-            f[i - 14] = PyFloat_AsDouble(args[i]);
-            if (f[i - 14] == -1.0 && PyErr_Occurred()) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (i == i0 || i == i0 + 1) {
+            f[i - i0] = PyFloat_AsDouble(args[i]);
+            if (f[i - i0] == -1.0 && PyErr_Occurred()) return -1;
             continue;
         }
         a[i] = PyLong_AsLong(args[i]);
-        if (a[i] == -1 && PyErr_Occurred()) return NULL;
+        if (a[i] == -1 && PyErr_Occurred()) return -1;
     }
+    return 0;
+}
+
+PyObject *sharpi_py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[23];
+    double f[2] = {0.0, 0.0}; /* scale, softcap */
+    if (py_longs_2f(args, nargs, a, 23, 14, f, "attention")) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = sharpi_attention((const float *)a[0], a[1], a[2], a[3], a[4], a[5], (const void *)a[6], (const uint16_t *)a[7],
                           (int)a[8], (const void *)a[9], (const uint16_t *)a[10], (int)a[11], a[12], a[13], (float)f[0],
                           (float)f[1], (int)a[16], (int)a[17], a[18], (const float *)a[19], (float *)a[20], (int)a[21],
                           (const long *)a[22]);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+/* decode_layers(plan, n_layers, x, T, start, last_n, ropes, kq_scale, q_scale, kv, rot_k, rot_v, round_p, n_ctx, bufs,
+ * nthreads): sharpi_decode_layers */
+PyObject *sharpi_py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long a[16];
+    double f[2] = {0.0, 0.0}; /* kq_scale, q_scale */
+    if (py_longs_2f(args, nargs, a, 16, 7, f, "decode_layers")) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sharpi_decode_layers((const int64_t *)a[0], a[1], (float *)a[2], a[3], a[4], a[5], (const int64_t *)a[6],
+                              (float)f[0], (float)f[1], (const int64_t *)a[9], (int)a[10], (int)a[11], (int)a[12], a[13],
+                              (const int64_t *)a[14], (int)a[15]);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc);
 }

@@ -2403,7 +2403,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 16; }
+int sharpi_abi_version(void) { return 17; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
@@ -2531,6 +2531,7 @@ PyObject *sharpi_py_shexp_add(PyObject *self, PyObject *const *args, Py_ssize_t 
 PyObject *sharpi_py_gdn(PyObject *self, PyObject *const *args, Py_ssize_t nargs);        /* ops.c */
 PyObject *sharpi_py_gdn_gates(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* ops.c */
 PyObject *sharpi_py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    /* ops.c */
+PyObject *sharpi_py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* ops.c */
 
 static PyMethodDef py_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))sharpi_py_attention, METH_FASTCALL, "softmax(q K^T) V over the cache"},
@@ -2550,6 +2551,7 @@ static PyMethodDef py_methods[] = {
     {"gdn", (PyCFunction)(void (*)(void))sharpi_py_gdn, METH_FASTCALL, "Gated DeltaNet recurrence (Qwen3.5)"},
     {"gdn_gates", (PyCFunction)(void (*)(void))sharpi_py_gdn_gates, METH_FASTCALL, "Gated DeltaNet decay and beta"},
     {"sigmoid", (PyCFunction)(void (*)(void))sharpi_py_sigmoid, METH_FASTCALL, "ggml_sigmoid, in place"},
+    {"decode_layers", (PyCFunction)(void (*)(void))sharpi_py_decode_layers, METH_FASTCALL, "a decoding pass's layers"},
     {"qmatmul_id", (PyCFunction)(void (*)(void))py_qmatmul_id, METH_FASTCALL, "mul_mat_id: one expert per row"},
     {"store_q8_0", (PyCFunction)(void (*)(void))py_store_q8_0, METH_FASTCALL, "q8_0 KV cache write"},
     {"kv_store", (PyCFunction)(void (*)(void))sharpi_py_kv_store, METH_FASTCALL, "KV cache write in a block type"},

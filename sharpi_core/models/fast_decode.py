@@ -6,18 +6,24 @@ of `Transformer.hidden` for decoding rows (one-token passes and speculative veri
 pointer resolved once: the same C functions with the same arguments in the same order, into buffers
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
-It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / exaone / gemma2 / gemma3 / mistral3 / lfm2 / qwen35 layers
-(q/k norms, post-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions,
+It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / exaone / gemma2 / gemma3 / mistral3 / lfm2 / qwen35 /
+olmo2 / exaone4 layers (q/k norms per head or over all heads, post-norms without pre-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions,
 qwen35's Gated DeltaNet and gated attention, attention sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe and granitemoe
 (routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
 flash attention (llama.cpp's default) over a cache of any -ctk / -ctv type (with the quantized types' Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
 loop (SHARPI_FAST_DECODE=0 forces that).
+
+Where every layer is attention and a dense FFN (no short convolutions, DeltaNet, experts, output gate or olmo2's
+all-heads q/k norms) and a pass has no attention temperatures, the loop itself is one C call (ops.c's
+sharpi_decode_layers, given a plan of the layers' pointers built once): Python between the calls still cost SmolLM2
+0.7 of its 3.5 ms of layers a token. SHARPI_DECODE_C=0 keeps it in run()'s Python loop (same bits, tested).
 """
 from __future__ import annotations
 
 import os
+import struct
 
 import torch
 
@@ -26,9 +32,23 @@ from ..kv_cache import BLOCK_BYTES, KVCache
 from ..quants import StackedWeight
 
 ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
+# attention layers with a dense FFN run their whole loop in one C call (ops.c's sharpi_decode_layers); 0: in Python
+C_LOOP = os.environ.get("SHARPI_DECODE_C", "1") != "0"
 
 
 _MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down", "wgate")
+# ops.c's sharpi_decode_layers: its plan's header, a layer's record (fields, then 5 matmul slots of up to 3 parts),
+# a KV store's description, the buffers' order
+_DL_HEADER, _DL_PARTS = 13, 3
+_DL_SLOT = 1 + 5 * _DL_PARTS
+_L_MM = 12
+_DL_REC = _L_MM + 5 * _DL_SLOT
+_DL_MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down")
+_DL_BUFS = ("h", "qk", "v", "q", "k", "o", "ao", "gu", "g", "f")
+
+
+def _f32_bits(v: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", v))[0]
 _PAIR_BUFS = ("ids", "tok", "pair", "mgu", "mg", "md")  # one row per (token, chosen expert)
 
 
@@ -71,12 +91,17 @@ class DecodePath:
         self.fns = cpu.kernel_fns()
         self._bufs: dict[str, torch.Tensor] = {}  # for the longest pass so far; shorter ones use leading rows
         self._stacked = torch.empty(0)  # a StackedWeight's part's output rows in a pass of several
+        self._plan: torch.Tensor | None = None  # sharpi_decode_layers' plan for its first _plan_layers layers
+        self._plan_layers = self._plan_wide = 0
+        self._plan_refs: list = []  # tensors whose pointers the plan holds
+        self._plan_ok = C_LOOP and self._c_loop_applies()
+        self._pass = torch.zeros(4 + 14 + len(_DL_BUFS) + 1, dtype=torch.int64)  # ropes, KV stores, buffers
+        self._pass_np = self._pass.numpy()
 
     @classmethod
     def for_model(cls, model) -> "DecodePath | None":
         c = model.config
-        if (not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None
-                or not c.pre_norms or c.qk_norm_full):  # (olmo2's layers: the general loop)
+        if not ENABLED or model._attn_kernel is None or model._rope_kernel is None or model._glu_kernel is None:
             return None
         for ly in model.layers:
             if any(w is not None and not _direct(w) for w in _matmuls(ly).values()):
@@ -125,6 +150,8 @@ class DecodePath:
                 "h": e(T, c.n_embd), "qk": e(T, H + Hkv, hd), "v": e(T, Hkv * hdv), "q": e(T, H, hd),
                 "k": e(T, Hkv, hd), "o": e(T, H * hdv), "ao": e(T, c.n_embd), "gu": e(T, 2 * c.n_ff),
                 "g": e(T, c.n_ff), "f": e(T, c.n_embd)}
+            if c.qk_norm_full:  # (olmo2) q's and k's heads in GGUF order, normed there, then back
+                self._bufs["qkn"] = e(T, 2 * (H + Hkv), hd)
             if c.ssm_d_state:  # (qwen35) the DeltaNet's: see _delta_net
                 S, Hk, Hv, n = c.ssm_d_state, c.ssm_n_group, c.ssm_dt_rank, c.ssm_conv_dim
                 self._bufs.update(ext=e(T + c.conv_width - 1, n), y=e(T, n), sin=e(T, 2 * n), dq=e(T, Hk, S),
@@ -187,12 +214,99 @@ class DecodePath:
                                d.data_ptr() + start * row_blocks * 2)
         return d.data_ptr()
 
+    def _c_loop_applies(self) -> bool:
+        """Whether every layer is attention and a dense FFN without what only the Python loop runs (olmo2's q / k
+        norms over all heads, qwen35's output gate) and the model has at most two RoPE tables."""
+        m, c = self.model, self.model.config
+        if c.recurrent or c.ssm_d_state or len(m._ropes) > 2 or self.fns.get("decode_layers") is None:
+            return False
+        return all(ly.conv is None and ly.delta is None and ly.experts is None and ly.qk_norm_full is None
+                   and ly.wgate is None for ly in m.layers)
+
+    def _c_plan(self, n_layers: int) -> torch.Tensor:
+        """The plan of ops.c's sharpi_decode_layers for (at least) layers [0, n_layers)."""
+        if self._plan is not None and self._plan_layers >= n_layers:
+            return self._plan
+        m, c = self.model, self.model.config
+        weights = self._layer_weights(n_layers)
+        refs = []
+
+        def ptr(t) -> int:
+            if t is None:
+                return 0
+            t = t.contiguous()
+            refs.append(t)
+            return t.data_ptr()
+
+        plan = torch.zeros(_DL_HEADER + n_layers * _DL_REC, dtype=torch.int64)
+        p = plan.numpy()
+        p[:_DL_HEADER] = (c.n_layer, c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v, c.n_embd, c.n_ff,
+                          cpu._GLU_ACT[c.act], int(bool(c.scale_q)), ptr(m._unperm), _f32_bits(float(c.norm_eps)),
+                          _f32_bits(float(c.residual_scale)), _f32_bits(float(c.attn_softcap)))
+        for i in range(n_layers):
+            ly, w = m.layers[i], weights[i]
+            r = _DL_HEADER + i * _DL_REC
+            p[r:r + _L_MM] = (
+                ptr(ly.attn_norm), ptr(ly.bqk), ptr(ly.bv), ptr(ly.qk_norm),
+                m._ropes.index(c.layer_rope(i)) if c.has_rope(i) else -1, m._kv_layer[i],
+                c.sliding_window if c.is_swa(i) else 0, ptr(ly.sinks), ptr(ly.bo), ptr(ly.post_attn_norm),
+                ptr(ly.ffn_norm), ptr(ly.post_ffn_norm))
+            for j, name in enumerate(_DL_MATMULS):
+                parts = w[name] if w[name].__class__ is list else [w[name]]
+                if len(parts) > _DL_PARTS:
+                    raise RuntimeError(f"decode_layers: {len(parts)} parts in one matmul")
+                s0 = r + _L_MM + j * _DL_SLOT
+                p[s0] = len(parts)
+                for k, part in enumerate(parts):
+                    p[s0 + 1 + 5 * k:s0 + 6 + 5 * k] = part
+        self._plan, self._plan_layers, self._plan_refs = plan, n_layers, refs
+        self._plan_wide = max((part[3] for w in weights[:n_layers] for n in _DL_MATMULS if w[n].__class__ is list
+                               for part in w[n]), default=0)  # a StackedWeight part's widest output row
+        return plan
+
+    def _run_c(self, x: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, ropes: dict, kq_scale: float,
+               last_n: int | None, scale: float) -> torch.Tensor:
+        """run()'s loop as one C call (sharpi_decode_layers: the same kernels, arguments and order)."""
+        m = self.model
+        T = x.shape[0]
+        plan = self._c_plan(n_layers)
+        if not self._bufs or self._bufs["h"].shape[0] < T:
+            self._buffers(T)
+        if self._stacked.numel() < T * self._plan_wide:
+            self._stacked = torch.empty(T * self._plan_wide)
+        vals = []
+        for r in m._ropes:
+            cs = ropes[r]
+            vals += (cs.data_ptr(), 2 * cs.shape[-1])
+        vals += [0, 0] * (2 - len(m._ropes))
+        for st in (cache.k, cache.v):
+            q, d = st.q, getattr(st, "d", None)
+            es = q.element_size()
+            vals += (cpu._KV_CODE[st.kind], q.data_ptr(), q.stride(0) * es, q.stride(1) * es,
+                     *((d.data_ptr(), d.stride(0) * 2, d.stride(1) * 2) if st.kind == "q8_0" else (0, 0, 0)))
+        b = self._bufs
+        vals += [b[n].data_ptr() for n in _DL_BUFS]
+        vals.append(self._stacked.data_ptr())
+        pa = self._pass_np
+        pa[:] = vals
+        base = self._pass.data_ptr()
+        rc = self.fns["decode_layers"](plan.data_ptr(), n_layers, x.data_ptr(), T, start_pos, last_n or 0, base,
+                                       float(kq_scale), float(scale), base + 8 * 4, cache.rot_k or 0, cache.rot_v or 0,
+                                       int(cache.v.kind == "f16"), cache.k.q.shape[1], base + 8 * 18, torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"decode_layers: a kernel rejected the pass (step {rc // 10})")
+        if last_n is not None and last_n < T and n_layers == m.config.n_layer:
+            return x[-last_n:]
+        return x
+
     @torch.inference_mode()
     def run(self, x: torch.Tensor, start_pos: int, cache: KVCache, n_layers: int, ropes: dict, kq_scale: float,
             last_n: int | None, scale: float = 1.0, temps: torch.Tensor | None = None) -> torch.Tensor:
         """Transformer.hidden's layer loop for decoding rows: x [T, D] (the embeddings, updated in
         place) -> the residual stream after layers [0, n_layers) ([last_n, D] if the last layer ran
         its FFN on the last rows only). Writes the K/V of the T positions into cache."""
+        if self._plan_ok and temps is None:
+            return self._run_c(x, start_pos, cache, n_layers, ropes, kq_scale, last_n, scale)
         m, c = self.model, self.model.config
         T, D = x.shape[0], c.n_embd
         b = self._buffers(T)
@@ -212,7 +326,11 @@ class DecodePath:
             slot0 = cache.ssm_pass(start_pos, T)
         for i in range(n_layers):
             ly, w = m.layers[i], weights[i]
-            rms(x.data_ptr(), ly.attn_norm.data_ptr(), T, D, eps, h.data_ptr())
+            if ly.attn_norm is not None:
+                rms(x.data_ptr(), ly.attn_norm.data_ptr(), T, D, eps, h.data_ptr())
+                hin = h
+            else:  # (olmo2, exaone4: the residual stream itself into the matmuls, as hidden's h = x)
+                hin = x
             if ly.conv is not None:
                 self._short_conv(ly.conv, w, cache, conv, b, h, ao, T, nth)
                 x.add_(ao)
@@ -220,7 +338,7 @@ class DecodePath:
                 self._delta_net(ly.delta, w, cache, conv, slot0, b, h, ao, T, nth)
                 x.add_(ao)
             else:
-                self._attention(i, ly, w, cache, kv_args, start_pos, ropes, kq_scale, scale, temps, b, h, ao, T, nth)
+                self._attention(i, ly, w, cache, kv_args, start_pos, ropes, kq_scale, scale, temps, b, hin, ao, T, nth)
                 if ly.post_attn_norm is not None:
                     rms(ao.data_ptr(), ly.post_attn_norm.data_ptr(), T, D, eps, ao.data_ptr())
                 if rs:
@@ -230,7 +348,10 @@ class DecodePath:
             if last_n is not None and last_n < T and i == c.n_layer - 1:
                 x, Tf = x[-last_n:], last_n  # like hidden: the last FFN on the output rows only
             hf, gu, g, f = h[:Tf], b["gu"][:Tf], b["g"][:Tf], b["f"][:Tf]
-            rms(x.data_ptr(), ly.ffn_norm.data_ptr(), Tf, D, eps, hf.data_ptr())
+            if ly.ffn_norm is not None:
+                rms(x.data_ptr(), ly.ffn_norm.data_ptr(), Tf, D, eps, hf.data_ptr())
+            else:
+                hf = x
             if ly.experts is not None:
                 self._moe(ly.experts, w, b, hf, f, Tf, glu_act, nth)
             else:
@@ -335,6 +456,42 @@ class DecodePath:
             raise RuntimeError("glu: the kernel rejected the pass")
         self._mm(w["out"], gz, out, T, nth)
 
+    def _qk_norm_full(self, weights: tuple, qk: torch.Tensor, tmp: torch.Tensor, T: int, eps: float) -> None:
+        """qk [T, H + Hkv, hd] (rope-pair order) in place: q's rows RMS-normed over all H heads times weights[0], k's
+        over its Hkv times weights[1], each summed in the GGUF's element order (tmp [T, 2 (H + Hkv), hd]: a part in
+        that order, then back in qk's)."""
+        m = self.model
+        H, hd = m.config.n_head, qk.shape[2]
+        rms, unperm, perm = self.fns["rms_norm"], m._unperm, m._perm
+        flat = tmp.view(-1)
+        if T == 1:  # (one token: its q and k are each one contiguous row of the whole qk, so one reorder each way)
+            n = qk.numel()
+            row = flat[:n].view(qk.shape)
+            if unperm is not None:
+                torch.index_select(qk, 2, unperm, out=row)
+            else:
+                row.copy_(qk)
+            rms(row.data_ptr(), weights[0].data_ptr(), 1, H * hd, eps, row.data_ptr())
+            k0 = row[0, H].data_ptr()
+            rms(k0, weights[1].data_ptr(), 1, n - H * hd, eps, k0)
+            if perm is not None:
+                torch.index_select(row, 2, perm, out=qk)
+            else:
+                qk.copy_(row)
+            return
+        for lo, hi, wt in ((0, H, weights[0]), (H, qk.shape[1], weights[1])):
+            n = T * (hi - lo) * hd
+            part, back = flat[:n].view(T, hi - lo, hd), flat[n:2 * n].view(T, hi - lo, hd)
+            if unperm is not None:
+                torch.index_select(qk[:, lo:hi], 2, unperm, out=part)
+            else:
+                part.copy_(qk[:, lo:hi])
+            rms(part.data_ptr(), wt.data_ptr(), T, (hi - lo) * hd, eps, part.data_ptr())
+            if perm is not None:
+                torch.index_select(part, 2, perm, out=back)
+                part = back
+            qk[:, lo:hi].copy_(part)
+
     def _attention(self, i: int, ly, w: dict, cache, kv_args: tuple, start_pos: int, ropes: dict, kq_scale: float,
                    scale: float, temps, b: dict, h: torch.Tensor, ao: torch.Tensor, T: int, nth: int) -> None:
         """Layer i's attention on h [T, D] -> ao [T, D] (before its post-norm and residual scale): K and V into
@@ -355,6 +512,8 @@ class DecodePath:
         if ly.qk_norm is not None:  # hidden's rms_norm(qk, None) * qk_norm: the same two roundings
             rms(qk.data_ptr(), 0, T * (H + Hkv), hd, eps, qk.data_ptr())
             qk.mul_(ly.qk_norm)
+        if ly.qk_norm_full is not None:  # hidden's _qk_norm_full: each of q and k normed over all its heads
+            self._qk_norm_full(ly.qk_norm_full, qk, b["qkn"], T, eps)
         if c.has_rope(i):
             cs = ropes[c.layer_rope(i)]
             rope(qk.data_ptr(), T, H + Hkv, hd, 2 * cs.shape[-1], cs.data_ptr())
