@@ -6,7 +6,8 @@
 Each run draws a model (SmolLM2 mostly, Qwen 0.5B, Gemma 3; cached ones only), a prompt and -n, then flags that
 change what is computed but not whether speculation may change it: context and batch sizes, every -ctk / -ctv type,
 -fa, repetition / presence / frequency / DRY penalties, a logit bias, --ignore-eos, threads, --context-shift, --keep,
-a reverse prompt, a grammar or JSON schema, --top-k 1, conversation mode or not, a system prompt, --special. It runs
+a reverse prompt, a grammar or JSON schema, --top-k 1, conversation mode or not (-cnv: four more turns on stdin,
+with /regen and /clear), a system prompt, --special. It runs
 `sharpi` with them at --temp 0, then again with a drafter (lookup, the model as its own draft, both, or one of
 llama.cpp's n-gram drafters), its sizes and p-min, the draft's cache type and cut vocabulary, and the SHARPI_SPEC_*
 / SHARPI_FAST_DECODE switches. A failure is a traceback, an exit code other than 0 / 1 / 2, exit codes that differ,
@@ -36,6 +37,8 @@ PROMPTS = [
     "List the numbers from 1 to 20 separated by commas.",
     "x",
 ]
+# follow-up turns on stdin for a run in conversation mode (-cnv)
+TURNS = "Now say it in French.\n/regen\nAnd in German?\n/clear\nWhat is 2+2?\n"
 
 
 def maybe(r: random.Random, p: float, *flags) -> list[str]:
@@ -55,7 +58,7 @@ def base_flags(r: random.Random) -> list[str]:
             *maybe(r, 0.2, "-t", c([1, 2])), *maybe(r, 0.1, "--context-shift"), *maybe(r, 0.1, "--keep", c([0, 4, -1])),
             *maybe(r, 0.1, "-r", "the"), *maybe(r, 0.1, "--grammar", "root ::= [a-z ]+"),
             *maybe(r, 0.1, "-j", '{"type":"object","properties":{"a":{"type":"integer"}}}'),
-            *maybe(r, 0.1, "--top-k", 1), *maybe(r, 0.15, "-no-cnv"), *maybe(r, 0.1, "-sys", "Be brief."),
+            *maybe(r, 0.1, "--top-k", 1), *r.choice([[], [], ["-no-cnv"], ["-cnv"]]), *maybe(r, 0.1, "-sys", "Be brief."),
             *maybe(r, 0.1, "--special")]
 
 
@@ -83,7 +86,7 @@ def run(args: list[str], env: dict) -> tuple[str, str, int, float]:
     t = time.time()
     try:
         p = subprocess.run(["sharpi", *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=300,
-                           stdin=subprocess.DEVNULL)
+                           input=TURNS if "-cnv" in args else "")
     except subprocess.TimeoutExpired:
         return "", "timeout", -9, time.time() - t
     return p.stdout, p.stderr, p.returncode, time.time() - t
