@@ -394,9 +394,12 @@ def test_dense_fast_decode_is_bit_identical(derived, variant, monkeypatch):
 def test_post_norm_only_fast_decode_is_bit_identical(derived, variant, types, monkeypatch):
     """olmo2's and exaone4's layers (no pre-norms: the residual stream itself into the matmuls; olmo2's q and k normed
     over all their heads in the GGUF's element order, exaone4's per head) through models/fast_decode.py give the
-    general loop's bits."""
+    general loop's bits (the layer loop in C and in Python)."""
     from test_model import fast_path_is_hidden
-    fast_path_is_hidden(*loaded(derived[variant]), types, monkeypatch)
+    from sharpi_core.models import fast_decode
+    model, tok = loaded(derived[variant])
+    assert fast_decode.DecodePath(model)._c_loop_applies()
+    fast_path_is_hidden(model, tok, types, monkeypatch)
 
 
 @pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])

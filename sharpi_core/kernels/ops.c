@@ -1728,19 +1728,21 @@ void sharpi_kld_row(const float *logits, long n_vocab, const uint16_t *base_log_
  * adds, scalings, K / V copies into an f32 / f16 / bf16 cache) as the element-wise operations torch computes (one
  * IEEE operation per element, fp32 -> f16 / bf16 round to nearest even), so the same bits.
  *
- * plan: the model's int64 header DL_* then per layer a record of DL_REC int64: norms, biases, the q/k norm weights as
- * pointers (0: none), the layer's rope table index (-1: no RoPE), its KV cache layer, window, sinks, and five matmul
- * slots (wqk, wv, wo, w_gu, w_down), each up to 3 parts (a StackedWeight's) of (code, pointer, row bytes, n, k).
- * ropes: per table (pointer to [T, n_rot / 2] complex cos / sin, n_rot). kv: per store (K, V) its code, base,
- * layer stride and position stride in bytes, its q8_0 scales' base, layer and position strides. bufs: h, qk, v, q,
- * k, o, ao, gu, g, f, stacked (DecodePath._buffers' for T rows). Returns 0, or the failing kernel's code + 10 * step. */
-enum { DL_NLAYER, DL_H, DL_HKV, DL_HD, DL_HDV, DL_D, DL_NFF, DL_GLU, DL_SCALE_Q, DL_UNPERM, DL_EPS, DL_RS, DL_SOFTCAP,
-       DL_HEADER };
-enum { L_ATTN_NORM, L_BQK, L_BV, L_QK_NORM, L_ROPE, L_KV, L_WINDOW, L_SINKS, L_BO, L_POST_ATTN, L_FFN_NORM, L_POST_FFN,
-       L_MM, DL_PARTS = 3, DL_SLOT = 1 + 5 * DL_PARTS, DL_REC = L_MM + 5 * DL_SLOT };
+ * plan: the model's int64 header DL_* then per layer a record of DL_REC int64: norms, biases, the q/k norm weights
+ * as pointers (0: none; olmo2's over all heads: q's and k's weights in GGUF order), the layer's rope table index
+ * (-1: no RoPE), its KV cache layer, window, sinks, and five matmul slots (wqk, wv, wo, w_gu, w_down), each up to 3
+ * parts (a StackedWeight's) of (code, pointer, row bytes, n, k). ropes: per table (pointer to [T, n_rot / 2] complex
+ * cos / sin, n_rot). kv: per store (K, V) its code, base, layer stride and position stride in bytes, its q8_0
+ * scales' base, layer and position strides. bufs: h, qk, v, q, k, o, ao, gu, g, f, stacked, qkn (DecodePath's
+ * buffers for at least T rows; qkn: olmo2's, else 0). Returns 0, or 10 * step + 1 when a kernel rejected its
+ * arguments (steps 1-7: the q/k and v matmuls, attention, the output matmul, gate/up, the GLU, down). */
+enum { DL_NLAYER, DL_H, DL_HKV, DL_HD, DL_HDV, DL_D, DL_NFF, DL_GLU, DL_SCALE_Q, DL_UNPERM, DL_PERM, DL_EPS, DL_RS,
+       DL_SOFTCAP, DL_HEADER };
+enum { L_ATTN_NORM, L_BQK, L_BV, L_QK_NORM, L_Q_NORM_ALL, L_K_NORM_ALL, L_ROPE, L_KV, L_WINDOW, L_SINKS, L_BO,
+       L_POST_ATTN, L_FFN_NORM, L_POST_FFN, L_MM, DL_PARTS = 3, DL_SLOT = 1 + 5 * DL_PARTS, DL_REC = L_MM + 5 * DL_SLOT };
 enum { MM_QK, MM_V, MM_O, MM_GU, MM_DOWN };
 enum { KV_CODE, KV_Q, KV_QL, KV_QP, KV_D, KV_DL, KV_DP, KV_DESC };
-enum { B_H, B_QK, B_V, B_Q, B_K, B_O, B_AO, B_GU, B_G, B_F, B_STK };
+enum { B_H, B_QK, B_V, B_Q, B_K, B_O, B_AO, B_GU, B_G, B_F, B_STK, B_QKN };
 
 int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y, int nthreads);
 void sharpi_store_q8_0(const float *x, long nb, int8_t *codes, uint16_t *d); /* qmatmul.c */
@@ -1784,6 +1786,21 @@ static void dl_scale(float *x, float s, long n) {
     for (long i = 0; i < n; i++) x[i] *= s;
 }
 
+/* olmo2's q / k norms on qk [T, H + Hkv, hd] (rope-pair order) in place, as DecodePath._qk_norm_full: each row's
+ * heads [lo, hi) into tmp in the GGUF's element order (unperm), RMS-normed over all of them times w, then back */
+static void dl_qk_norm_all(float *qk, long T, long nqk, long lo, long hi, long hd, const int64_t *unperm,
+                           const int64_t *perm, const float *w, float eps, float *tmp) {
+    const long n = (hi - lo) * hd;
+    for (long t = 0; t < T; t++) {
+        float *row = qk + (t * nqk + lo) * hd;
+        for (long h = 0; h < hi - lo; h++)
+            for (long j = 0; j < hd; j++) tmp[h * hd + j] = row[h * hd + (unperm ? unperm[j] : j)];
+        sharpi_rms_norm(tmp, w, 1, n, eps, tmp);
+        for (long h = 0; h < hi - lo; h++)
+            for (long j = 0; j < hd; j++) row[h * hd + j] = tmp[h * hd + (perm ? perm[j] : j)];
+    }
+}
+
 /* x [T, Hkv, hd] fp32 into positions [start, start + T) of one layer of a cache store (DecodePath._write); the
  * layer's q8_0 scales' pointer for attention (NULL if none) into *d */
 static void dl_write(const int64_t *kv, long layer, long start, const float *x, long T, long row, const uint16_t **d) {
@@ -1817,11 +1834,11 @@ int sharpi_decode_layers(const int64_t *plan, long n_layers, float *x, long T, l
     const long H = plan[DL_H], Hkv = plan[DL_HKV], hd = plan[DL_HD], hdv = plan[DL_HDV], D = plan[DL_D];
     const long n_ff = plan[DL_NFF], n_layer = plan[DL_NLAYER], nqk = H + Hkv;
     const int glu_act = (int)plan[DL_GLU], scale_q = (int)plan[DL_SCALE_Q];
-    const int64_t *unperm = (const int64_t *)plan[DL_UNPERM];
+    const int64_t *unperm = (const int64_t *)plan[DL_UNPERM], *perm = (const int64_t *)plan[DL_PERM];
     const float eps = bits_f32(plan[DL_EPS]), rs = bits_f32(plan[DL_RS]), softcap = bits_f32(plan[DL_SOFTCAP]);
     float *h = (float *)bufs[B_H], *qk = (float *)bufs[B_QK], *v = (float *)bufs[B_V], *q = (float *)bufs[B_Q];
     float *k = (float *)bufs[B_K], *o = (float *)bufs[B_O], *ao = (float *)bufs[B_AO], *gu = (float *)bufs[B_GU];
-    float *g = (float *)bufs[B_G], *f = (float *)bufs[B_F], *stk = (float *)bufs[B_STK];
+    float *g = (float *)bufs[B_G], *f = (float *)bufs[B_F], *stk = (float *)bufs[B_STK], *qkn = (float *)bufs[B_QKN];
     const int64_t *kst = kv, *vst = kv + KV_DESC;
     for (long i = 0; i < n_layers; i++) {
         const int64_t *L = plan + DL_HEADER + i * DL_REC;
@@ -1843,6 +1860,10 @@ int sharpi_decode_layers(const int64_t *plan, long n_layers, float *x, long T, l
             sharpi_rms_norm(qk, NULL, T * nqk, hd, eps, qk);
             for (long t = 0; t < T; t++)
                 for (long j = 0; j < nqk * hd; j++) qk[t * nqk * hd + j] *= w[j];
+        }
+        if (L[L_Q_NORM_ALL]) {
+            dl_qk_norm_all(qk, T, nqk, 0, H, hd, unperm, perm, (const float *)L[L_Q_NORM_ALL], eps, qkn);
+            dl_qk_norm_all(qk, T, nqk, H, nqk, hd, unperm, perm, (const float *)L[L_K_NORM_ALL], eps, qkn);
         }
         if (L[L_ROPE] >= 0) {
             const int64_t *r = ropes + 2 * L[L_ROPE];

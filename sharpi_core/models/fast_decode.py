@@ -15,8 +15,8 @@ every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
 loop (SHARPI_FAST_DECODE=0 forces that).
 
-Where every layer is attention and a dense FFN (no short convolutions, DeltaNet, experts, output gate or olmo2's
-all-heads q/k norms) and a pass has no attention temperatures, the loop itself is one C call (ops.c's
+Where every layer is attention and a dense FFN (no short convolutions, DeltaNet, experts or output gate) and a pass
+has no attention temperatures, the loop itself is one C call (ops.c's
 sharpi_decode_layers, given a plan of the layers' pointers built once): Python between the calls still cost SmolLM2
 0.7 of its 3.5 ms of layers a token. SHARPI_DECODE_C=0 keeps it in run()'s Python loop (same bits, tested).
 """
@@ -39,9 +39,9 @@ C_LOOP = os.environ.get("SHARPI_DECODE_C", "1") != "0"
 _MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down", "wgate")
 # ops.c's sharpi_decode_layers: its plan's header, a layer's record (fields, then 5 matmul slots of up to 3 parts),
 # a KV store's description, the buffers' order
-_DL_HEADER, _DL_PARTS = 13, 3
+_DL_HEADER, _DL_PARTS = 14, 3
 _DL_SLOT = 1 + 5 * _DL_PARTS
-_L_MM = 12
+_L_MM = 14
 _DL_REC = _L_MM + 5 * _DL_SLOT
 _DL_MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down")
 _DL_BUFS = ("h", "qk", "v", "q", "k", "o", "ao", "gu", "g", "f")
@@ -95,7 +95,7 @@ class DecodePath:
         self._plan_layers = self._plan_wide = 0
         self._plan_refs: list = []  # tensors whose pointers the plan holds
         self._plan_ok = C_LOOP and self._c_loop_applies()
-        self._pass = torch.zeros(4 + 14 + len(_DL_BUFS) + 1, dtype=torch.int64)  # ropes, KV stores, buffers
+        self._pass = torch.zeros(4 + 14 + len(_DL_BUFS) + 2, dtype=torch.int64)  # ropes, KV stores, buffers
         self._pass_np = self._pass.numpy()
 
     @classmethod
@@ -215,13 +215,12 @@ class DecodePath:
         return d.data_ptr()
 
     def _c_loop_applies(self) -> bool:
-        """Whether every layer is attention and a dense FFN without what only the Python loop runs (olmo2's q / k
-        norms over all heads, qwen35's output gate) and the model has at most two RoPE tables."""
+        """Whether every layer is attention and a dense FFN without what only the Python loop runs (qwen35's output
+        gate) and the model has at most two RoPE tables."""
         m, c = self.model, self.model.config
         if c.recurrent or c.ssm_d_state or len(m._ropes) > 2 or self.fns.get("decode_layers") is None:
             return False
-        return all(ly.conv is None and ly.delta is None and ly.experts is None and ly.qk_norm_full is None
-                   and ly.wgate is None for ly in m.layers)
+        return all(ly.conv is None and ly.delta is None and ly.experts is None and ly.wgate is None for ly in m.layers)
 
     def _c_plan(self, n_layers: int) -> torch.Tensor:
         """The plan of ops.c's sharpi_decode_layers for (at least) layers [0, n_layers)."""
@@ -241,13 +240,13 @@ class DecodePath:
         plan = torch.zeros(_DL_HEADER + n_layers * _DL_REC, dtype=torch.int64)
         p = plan.numpy()
         p[:_DL_HEADER] = (c.n_layer, c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v, c.n_embd, c.n_ff,
-                          cpu._GLU_ACT[c.act], int(bool(c.scale_q)), ptr(m._unperm), _f32_bits(float(c.norm_eps)),
+                          cpu._GLU_ACT[c.act], int(bool(c.scale_q)), ptr(m._unperm), ptr(m._perm), _f32_bits(float(c.norm_eps)),
                           _f32_bits(float(c.residual_scale)), _f32_bits(float(c.attn_softcap)))
         for i in range(n_layers):
             ly, w = m.layers[i], weights[i]
             r = _DL_HEADER + i * _DL_REC
             p[r:r + _L_MM] = (
-                ptr(ly.attn_norm), ptr(ly.bqk), ptr(ly.bv), ptr(ly.qk_norm),
+                ptr(ly.attn_norm), ptr(ly.bqk), ptr(ly.bv), ptr(ly.qk_norm), *(ptr(t) for t in ly.qk_norm_full or (None, None)),
                 m._ropes.index(c.layer_rope(i)) if c.has_rope(i) else -1, m._kv_layer[i],
                 c.sliding_window if c.is_swa(i) else 0, ptr(ly.sinks), ptr(ly.bo), ptr(ly.post_attn_norm),
                 ptr(ly.ffn_norm), ptr(ly.post_ffn_norm))
@@ -286,7 +285,7 @@ class DecodePath:
                      *((d.data_ptr(), d.stride(0) * 2, d.stride(1) * 2) if st.kind == "q8_0" else (0, 0, 0)))
         b = self._bufs
         vals += [b[n].data_ptr() for n in _DL_BUFS]
-        vals.append(self._stacked.data_ptr())
+        vals += (self._stacked.data_ptr(), b["qkn"].data_ptr() if "qkn" in b else 0)
         pa = self._pass_np
         pa[:] = vals
         base = self._pass.data_ptr()
