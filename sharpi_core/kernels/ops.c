@@ -1739,12 +1739,14 @@ void sharpi_kld_row(const float *logits, long n_vocab, const uint16_t *base_log_
 enum { DL_NLAYER, DL_H, DL_HKV, DL_HD, DL_HDV, DL_D, DL_NFF, DL_GLU, DL_SCALE_Q, DL_UNPERM, DL_PERM, DL_EPS, DL_RS,
        DL_SOFTCAP, DL_HEADER };
 enum { L_ATTN_NORM, L_BQK, L_BV, L_QK_NORM, L_Q_NORM_ALL, L_K_NORM_ALL, L_ROPE, L_KV, L_WINDOW, L_SINKS, L_BO,
-       L_POST_ATTN, L_FFN_NORM, L_POST_FFN, L_MM, DL_PARTS = 3, DL_SLOT = 1 + 5 * DL_PARTS, DL_REC = L_MM + 5 * DL_SLOT };
+       L_POST_ATTN, L_FFN_NORM, L_POST_FFN, L_MM };
+enum { DL_PARTS = 3, DL_SLOT = 1 + 5 * DL_PARTS, DL_REC = L_MM + 5 * DL_SLOT };
 enum { MM_QK, MM_V, MM_O, MM_GU, MM_DOWN };
 enum { KV_CODE, KV_Q, KV_QL, KV_QP, KV_D, KV_DL, KV_DP, KV_DESC };
 enum { B_H, B_QK, B_V, B_Q, B_K, B_O, B_AO, B_GU, B_G, B_F, B_STK, B_QKN };
 
-int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y, int nthreads);
+int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y,
+                   int nthreads);                                              /* qmatmul.c */
 void sharpi_store_q8_0(const float *x, long nb, int8_t *codes, uint16_t *d); /* qmatmul.c */
 
 static float bits_f32(int64_t v) {

@@ -7,18 +7,18 @@ pointer resolved once: the same C functions with the same arguments in the same 
 allocated once per pass length, so the results are bit-identical to `hidden`'s (tested).
 
 It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / exaone / gemma2 / gemma3 / mistral3 / lfm2 / qwen35 /
-olmo2 / exaone4 layers (q/k norms per head or over all heads, post-norms without pre-norms, sliding windows, q scaling, attention softcapping, residual scales, lfm2's short convolutions,
-qwen35's Gated DeltaNet and gated attention, attention sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe and granitemoe
-(routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
+olmo2 / exaone4 layers (q/k norms per head or over all heads, post-norms with or without pre-norms, sliding windows,
+q scaling, attention softcapping, residual scales, lfm2's short convolutions, qwen35's Gated DeltaNet and gated
+attention, attention sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe
+and granitemoe (routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
 flash attention (llama.cpp's default) over a cache of any -ctk / -ctv type (with the quantized types' Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
 loop (SHARPI_FAST_DECODE=0 forces that).
 
 Where every layer is attention and a dense FFN (no short convolutions, DeltaNet, experts or output gate) and a pass
-has no attention temperatures, the loop itself is one C call (ops.c's
-sharpi_decode_layers, given a plan of the layers' pointers built once): Python between the calls still cost SmolLM2
-0.7 of its 3.5 ms of layers a token. SHARPI_DECODE_C=0 keeps it in run()'s Python loop (same bits, tested).
+has no attention temperatures, the loop itself is one C call (ops.c's sharpi_decode_layers, given a plan of the
+layers' pointers built once): Python between the calls still cost SmolLM2 0.7 of its 3.5 ms of layers a token. SHARPI_DECODE_C=0 keeps it in run()'s Python loop (same bits, tested).
 """
 from __future__ import annotations
 
@@ -37,9 +37,11 @@ C_LOOP = os.environ.get("SHARPI_DECODE_C", "1") != "0"
 
 
 _MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down", "wgate")
+_PAIR_BUFS = ("ids", "tok", "pair", "mgu", "mg", "md")  # one row per (token, chosen expert)
 # ops.c's sharpi_decode_layers: its plan's header, a layer's record (fields, then 5 matmul slots of up to 3 parts),
-# a KV store's description, the buffers' order
+# the pass's int64 array (two rope tables' pointer and n_rot, then K's and V's descriptions, then the buffers)
 _DL_HEADER, _DL_PARTS = 14, 3
+_DL_KV, _DL_BUF = 4, 18  # offsets in the pass's array
 _DL_SLOT = 1 + 5 * _DL_PARTS
 _L_MM = 14
 _DL_REC = _L_MM + 5 * _DL_SLOT
@@ -49,7 +51,6 @@ _DL_BUFS = ("h", "qk", "v", "q", "k", "o", "ao", "gu", "g", "f")
 
 def _f32_bits(v: float) -> int:
     return struct.unpack("<i", struct.pack("<f", v))[0]
-_PAIR_BUFS = ("ids", "tok", "pair", "mgu", "mg", "md")  # one row per (token, chosen expert)
 
 
 def _router_args(w) -> tuple | None:
@@ -95,7 +96,7 @@ class DecodePath:
         self._plan_layers = self._plan_wide = 0
         self._plan_refs: list = []  # tensors whose pointers the plan holds
         self._plan_ok = C_LOOP and self._c_loop_applies()
-        self._pass = torch.zeros(4 + 14 + len(_DL_BUFS) + 2, dtype=torch.int64)  # ropes, KV stores, buffers
+        self._pass = torch.zeros(_DL_BUF + len(_DL_BUFS) + 2, dtype=torch.int64)  # (+ stacked, qkn)
         self._pass_np = self._pass.numpy()
 
     @classmethod
@@ -240,13 +241,14 @@ class DecodePath:
         plan = torch.zeros(_DL_HEADER + n_layers * _DL_REC, dtype=torch.int64)
         p = plan.numpy()
         p[:_DL_HEADER] = (c.n_layer, c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v, c.n_embd, c.n_ff,
-                          cpu._GLU_ACT[c.act], int(bool(c.scale_q)), ptr(m._unperm), ptr(m._perm), _f32_bits(float(c.norm_eps)),
-                          _f32_bits(float(c.residual_scale)), _f32_bits(float(c.attn_softcap)))
+                          cpu._GLU_ACT[c.act], int(bool(c.scale_q)), ptr(m._unperm), ptr(m._perm),
+                          *(_f32_bits(float(v)) for v in (c.norm_eps, c.residual_scale, c.attn_softcap)))
         for i in range(n_layers):
             ly, w = m.layers[i], weights[i]
             r = _DL_HEADER + i * _DL_REC
             p[r:r + _L_MM] = (
-                ptr(ly.attn_norm), ptr(ly.bqk), ptr(ly.bv), ptr(ly.qk_norm), *(ptr(t) for t in ly.qk_norm_full or (None, None)),
+                ptr(ly.attn_norm), ptr(ly.bqk), ptr(ly.bv), ptr(ly.qk_norm),
+                *(ptr(t) for t in ly.qk_norm_full or (None, None)),
                 m._ropes.index(c.layer_rope(i)) if c.has_rope(i) else -1, m._kv_layer[i],
                 c.sliding_window if c.is_swa(i) else 0, ptr(ly.sinks), ptr(ly.bo), ptr(ly.post_attn_norm),
                 ptr(ly.ffn_norm), ptr(ly.post_ffn_norm))
@@ -290,8 +292,9 @@ class DecodePath:
         pa[:] = vals
         base = self._pass.data_ptr()
         rc = self.fns["decode_layers"](plan.data_ptr(), n_layers, x.data_ptr(), T, start_pos, last_n or 0, base,
-                                       float(kq_scale), float(scale), base + 8 * 4, cache.rot_k or 0, cache.rot_v or 0,
-                                       int(cache.v.kind == "f16"), cache.k.q.shape[1], base + 8 * 18, torch.get_num_threads())
+                                       float(kq_scale), float(scale), base + 8 * _DL_KV, cache.rot_k or 0,
+                                       cache.rot_v or 0, int(cache.v.kind == "f16"), cache.k.q.shape[1],
+                                       base + 8 * _DL_BUF, torch.get_num_threads())
         if rc:
             raise RuntimeError(f"decode_layers: a kernel rejected the pass (step {rc // 10})")
         if last_n is not None and last_n < T and n_layers == m.config.n_layer:
