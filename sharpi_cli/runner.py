@@ -1781,7 +1781,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         return choice_scores(model, kind, sc, file, ctx_size, ctk, ctv, threads, flash_attn, o)
     set_threads(threads)
     if kld:
-        read_base_header(kld_base)  # (a file that is none is refused before the model loads)
+        base_ctx = read_base_header(kld_base)[0]  # (a file that is none is refused before the model loads)
     else:
         text = read_text(file, lenient=True)
     check_adapters(o)
@@ -1791,7 +1791,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     apply_adapters(o, m.model)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
     if kld:
-        n_pass = Passes.of(o.batch_size, o.ubatch_size, ctx_size, read_base_header(kld_base)[0])
+        n_pass = Passes.of(o.batch_size, o.ubatch_size, ctx_size, base_ctx)
         kl_divergence(m.model, kld_base, bos, ctk, ctv, info=log, n_pass=n_pass)
         return 0
     t0 = time.perf_counter()

@@ -193,7 +193,7 @@ def _ppl_lib():
 def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str, bos_id: int | None = None,
                   type_k: str = "f16", type_v: str = "f16",
                   on_chunk: Callable[[int, float, float, int], None] | None = None,
-               n_pass: int | Passes = 0) -> PerplexityResult:
+                  n_pass: int | Passes = 0) -> PerplexityResult:
     """Perplexity as llama-perplexity computes it with --kl-divergence-base (each row's log-likelihood in float
     arithmetic), the scored rows' log-probabilities written to path (through a temporary file: a run that fails
     leaves what was there)."""

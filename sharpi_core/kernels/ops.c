@@ -1814,13 +1814,9 @@ static void dl_write(const int64_t *kv, long layer, long start, const float *x, 
     } else if (code == KV_F16) {
         uint16_t *h = (uint16_t *)q;
         for (long i = 0; i < T * row; i++) h[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    } else if (code == KV_BF16) { /* c10::BFloat16's round to nearest even, NaN as 0x7fc0 */
+    } else if (code == KV_BF16) { /* c10::BFloat16's: round to nearest even (as ggml's), a NaN as 0x7fc0 */
         uint16_t *h = (uint16_t *)q;
-        for (long i = 0; i < T * row; i++) {
-            uint32_t u;
-            memcpy(&u, x + i, sizeof u);
-            h[i] = x[i] != x[i] ? 0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        }
+        for (long i = 0; i < T * row; i++) h[i] = x[i] != x[i] ? 0x7fc0 : bf16_bits(x[i]);
     } else if (code == KV_Q8_0) {
         uint8_t *dl = (uint8_t *)kv[KV_D] + layer * kv[KV_DL];
         sharpi_store_q8_0(x, T * row / 32, (int8_t *)q, (uint16_t *)(dl + start * kv[KV_DP]));

@@ -219,7 +219,7 @@ class DecodePath:
         """Whether every layer is attention and a dense FFN without what only the Python loop runs (qwen35's output
         gate) and the model has at most two RoPE tables."""
         m, c = self.model, self.model.config
-        if c.recurrent or c.ssm_d_state or len(m._ropes) > 2 or self.fns.get("decode_layers") is None:
+        if c.recurrent or c.ssm_d_state or len(m._ropes) > 2:
             return False
         return all(ly.conv is None and ly.delta is None and ly.experts is None and ly.wgate is None for ly in m.layers)
 
@@ -461,36 +461,20 @@ class DecodePath:
     def _qk_norm_full(self, weights: tuple, qk: torch.Tensor, tmp: torch.Tensor, T: int, eps: float) -> None:
         """qk [T, H + Hkv, hd] (rope-pair order) in place: q's rows RMS-normed over all H heads times weights[0], k's
         over its Hkv times weights[1], each summed in the GGUF's element order (tmp [T, 2 (H + Hkv), hd]: a part in
-        that order, then back in qk's)."""
+        that order, then back in qk's). (The C loop's dl_qk_norm_all; this runs with SHARPI_DECODE_C=0.)"""
         m = self.model
         H, hd = m.config.n_head, qk.shape[2]
-        rms, unperm, perm = self.fns["rms_norm"], m._unperm, m._perm
         flat = tmp.view(-1)
-        if T == 1:  # (one token: its q and k are each one contiguous row of the whole qk, so one reorder each way)
-            n = qk.numel()
-            row = flat[:n].view(qk.shape)
-            if unperm is not None:
-                torch.index_select(qk, 2, unperm, out=row)
-            else:
-                row.copy_(qk)
-            rms(row.data_ptr(), weights[0].data_ptr(), 1, H * hd, eps, row.data_ptr())
-            k0 = row[0, H].data_ptr()
-            rms(k0, weights[1].data_ptr(), 1, n - H * hd, eps, k0)
-            if perm is not None:
-                torch.index_select(row, 2, perm, out=qk)
-            else:
-                qk.copy_(row)
-            return
         for lo, hi, wt in ((0, H, weights[0]), (H, qk.shape[1], weights[1])):
             n = T * (hi - lo) * hd
             part, back = flat[:n].view(T, hi - lo, hd), flat[n:2 * n].view(T, hi - lo, hd)
-            if unperm is not None:
-                torch.index_select(qk[:, lo:hi], 2, unperm, out=part)
+            if m._unperm is not None:
+                torch.index_select(qk[:, lo:hi], 2, m._unperm, out=part)
             else:
                 part.copy_(qk[:, lo:hi])
-            rms(part.data_ptr(), wt.data_ptr(), T, (hi - lo) * hd, eps, part.data_ptr())
-            if perm is not None:
-                torch.index_select(part, 2, perm, out=back)
+            self.fns["rms_norm"](part.data_ptr(), wt.data_ptr(), T, (hi - lo) * hd, eps, part.data_ptr())
+            if m._perm is not None:
+                torch.index_select(part, 2, m._perm, out=back)
                 part = back
             qk[:, lo:hi].copy_(part)
 
