@@ -334,8 +334,10 @@ def run(
                                 "prompt (-p, -f) and -r strings, as llama.cpp does (default: on)", show_default=False)] = True,
     n_gpu_layers: Annotated[int, Opt("-ngl", "--n-gpu-layers", "--gpu-layers", parser=_layers, metavar="N",
                                      help="target layers on the GPU with --device cuda: -1, all or auto = all, 0 = none "
-                                     "(CPU), N = the last N (the rest on the CPU)")] = -1,
-    device: Annotated[str, Opt("-dev", "--device", help="cpu or cuda (llama.cpp's names too: none = cpu, CUDA0 = cuda)")] = "cpu",
+                                     "(CPU), N = the last N (the rest on the CPU); other than 0 without -dev: the GPU "
+                                     "where CUDA is usable, else ignored with a warning")] = -1,
+    device: Annotated[str, Opt("-dev", "--device", help="cpu or cuda (llama.cpp's names too: none = cpu, CUDA0 = cuda; default cpu, "
+                                   "cuda with -ngl / -ngld where usable)")] = "cpu",
     prompt_cache: Annotated[Optional[str], Opt("--prompt-cache", help="a file keeping the prompt's KV cache: the next run whose "
                                                "prompt starts with the same tokens evaluates only the rest (one-shot prompts)")] = None,
     prompt_cache_all: Annotated[bool, Opt("--prompt-cache-all", help="--prompt-cache keeps the generated tokens too")] = False,
@@ -397,7 +399,7 @@ def run(
                                             help="CPU threads of the draft's passes of more tokens (-1 = as -td)")] = -1,
     spec_draft_ngl: Annotated[int, Opt("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft",
                                        parser=_layers, metavar="N", help="draft layers on the GPU with --device cuda: "
-                                       "-1, all or auto = all, 0 = none (CPU), N = the last N")] = -1,
+                                       "-1, all or auto = all, 0 = none (CPU), N = the last N; alone: as -ngl")] = -1,
     device_draft: Annotated[Optional[str], Opt("-devd", "--spec-draft-device", "--device-draft", help="the draft's "
                                                "device, as -dev (default: the target's)")] = None,
     # llama-cli's placement flags for the draft: checked, then a warning (runner.check_inert_flags)
@@ -464,6 +466,11 @@ def run(
     from sharpi_core.gguf_file import parse_kv_overrides
     opts.kv_overrides = parse_kv_overrides(override_kv)
     drop_env_alternatives(ctx, opts)
+    given = {n for n in ("device", "device_draft", "n_gpu_layers", "spec_draft_ngl")
+             if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
+    if not given & {"device", "device_draft"}:
+        opts.gpu_layers_asked = tuple(flag for name, flag in (("n_gpu_layers", "-ngl"), ("spec_draft_ngl", "-ngld"))
+                                      if name in given and getattr(opts, name) != 0)
     opts.sampling_given = frozenset(n for n in runner.SAMPLING_FLAG_FIELDS  # (the others: the model's general.sampling.*)
                                     if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
     raise typer.Exit(runner.run(opts))

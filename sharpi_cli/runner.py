@@ -185,6 +185,9 @@ class RunOptions:
     show_timings: bool = True  # conversation mode: speeds after each reply
     n_gpu_layers: int = -1
     device: str = "cpu"
+    # the command line's -ngl / -ngld given a number of layers other than 0 and no -dev / -devd (main.py):
+    # llama-cli would offload, so these pick the GPU where there is a usable one (resolve_device)
+    gpu_layers_asked: tuple = ()
     prompt_cache: str | None = None
     prompt_cache_all: bool = False
     prompt_cache_ro: bool = False
@@ -924,6 +927,24 @@ def apply_load_mode(o: RunOptions) -> None:
         log("warning: -lm dio: sharpi has no direct I/O; the GGUF is read in (as -lm none)")
 
 
+def resolve_device(o: RunOptions) -> None:
+    """-ngl / -ngld asking for GPU layers without -dev: llama-cli puts them on a usable GPU, so sharpi takes
+    --device cuda then; without one the flags are ignored with a warning, as llama.cpp built without a GPU
+    backend warns. (With neither flag sharpi runs on the CPU.)"""
+    if not o.gpu_layers_asked or o.device != "cpu":
+        return
+    try:
+        from sharpi_core.backends.cuda import cuda_available
+        ok, why = cuda_available()
+    except ImportError as e:
+        ok, why = False, f"the CUDA backend is not available in this build ({e})"
+    if ok:
+        o.device = "cuda"
+    else:
+        log(f"warning: no usable GPU found, {' and '.join(o.gpu_layers_asked)} ignored: the model runs on the CPU "
+            f"({why})")
+
+
 def check_device(o: RunOptions) -> None:
     if o.device == "cuda":
         try:
@@ -1271,6 +1292,7 @@ def lock_or_warn() -> None:
 
 def _run(o: RunOptions) -> int:
     validate(o)
+    resolve_device(o)
     check_device(o)
     prompt = read_prompt(o)
     read_chat_options(o)

@@ -613,14 +613,14 @@ def test_llama_cli_placement_and_batch_flags(smol):
     """llama-cli's GPU placement (-ot, -cmoe, -ncmoe, -sm, -ts, -mg, -fit*), batch / draft CPU placement (-Cb, -Crb,
     -Cd, ..., --prio-batch, --cpu-strict), -np, -ctxcp, -cram, -bs, -lzm, --spec-draft-p-split flags: the output
     unchanged, one warning each, none where the value asks for what sharpi does (-np 1, -sm none, -fit off,
-    --no-mmproj, --no-spec-draft-backend-sampling); -ngl / -ngld take llama.cpp's auto and all."""
+    --no-mmproj, --no-spec-draft-backend-sampling)."""
     plain = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0)
     warned = ["-ot", r"blk\.0\..*=CPU,token_embd=CPU", "-otd", "exps=CPU", "-cmoe", "-ncmoe", 2, "-cmoed", "-ncmoed", 1,
               "-ncffn", 3, "-sm", "row", "-ts", "3/1", "-mg", 0, "-fit", "on", "-fitt", "1024,512", "-fitc", 4096,
               "--no-op-offload", "--no-host", "-lzm", "on", "--cpu-strict", 1, "--cpu-strict-batch", 0, "-Cb", "0x3",
               "--prio-batch", 1, "-Cd", "1", "--spec-draft-prio", 2, "--spec-draft-poll", 1, "-np", 4, "-ctxcp", 8,
               "-cram", 0, "-bs", "--spec-draft-p-split", 0.2, "--mmproj-auto"]
-    quiet = ["-np", 1, "-sm", "none", "-fit", "off", "--no-mmproj", "--no-spec-draft-backend-sampling", "-ngl", "all",
+    quiet = ["-np", 1, "-sm", "none", "-fit", "off", "--no-mmproj", "--no-spec-draft-backend-sampling", "-ngl", "0",
              "-ngld", "auto", "-devd", "none"]
     r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, *warned)
     assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
@@ -641,6 +641,33 @@ def test_llama_cli_placement_and_batch_flags(smol):
         one_error_line(sharpi("-m", smol, "-p", "Hi", *args), 2, msg)
     r = sharpi("-m", smol, "-p", "Hi", "-ngl", "most")
     assert r.returncode == 2 and "a number of layers, auto or all" in r.stderr
+
+
+def test_gpu_layers_without_device(smol, monkeypatch):
+    """-ngl / -ngld asking for GPU layers without -dev / -devd: the GPU where CUDA is usable (llama-cli offloads
+    by itself), else a warning that they are ignored and the CPU run unchanged; -ngl 0, or a -dev given, decide
+    without either. auto and all are numbers of layers too."""
+    from sharpi_cli import runner
+    from sharpi_core.backends import cuda
+    for usable, device in ((True, "cuda"), (False, "cpu")):
+        monkeypatch.setattr(cuda, "cuda_available", lambda: (usable, "a test"))
+        o = runner.RunOptions(gpu_layers_asked=("-ngl",))
+        runner.resolve_device(o)
+        assert o.device == device
+        o = runner.RunOptions(device="cpu")  # (-dev cpu, or no -ngl / -ngld other than 0)
+        runner.resolve_device(o)
+        assert o.device == "cpu"
+    monkeypatch.undo()
+    if cuda.cuda_available()[0]:
+        return  # (on a GPU machine the runs below would run there)
+    plain = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0)
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, "-ngl", "all", "-ngld", 7)
+    warnings = [ln for ln in r.stderr.splitlines() if "warning" in ln]
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    assert len(warnings) == 1 and warnings[0].startswith("warning: no usable GPU found, -ngl and -ngld ignored"), r.stderr
+    for args in (("-ngl", 0), ("-ngl", 99, "-dev", "cpu"), ("-ngld", 3, "-devd", "none")):
+        r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, *args)
+        assert r.returncode == 0 and r.stdout == plain.stdout and "warning" not in r.stderr, (args, r.stderr)
 
 
 def test_load_mode_draft_device_and_chat_parsing_flags():
