@@ -918,7 +918,9 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
 // Before KERNEL_BEGIN: the split's K and V rows (of its kv head) asked of the L2 while the kernels before
 // run. Earlier passes wrote them; kv_append may still be writing the newest row, which is harmless for a
 // prefetch (the L2 is where writes land; nothing is read into the SM). qpos is the pass's input, which
-// no kernel writes.
+// the kernel before does not write (attention() may convert it with a CuPy kernel just before; read
+// before the wait it may then be stale, which is harmless too: for any value attn_keys keeps the rows
+// in [0, n_kv), so every address is inside the cache, and the results read qpos after the wait).
 SH_D void attn_prefetch(const u8* Kc, i64 k_sp_b, i64 k_sh_b, int Dk, int kt, const u8* Vc, i64 v_sp_b,
                         i64 v_sh_b, int Dv, int vt, const int* qpos, int n_kv, int H, int Hkv, int window,
                         int chunk) {

@@ -428,14 +428,15 @@ class Kernel:
 
     def __init__(self, raw):
         self.raw = raw
+        self.smem_limit = 48 * 1024  # dynamic shared memory a launch may use without the opt-in
 
-    @property
-    def max_dynamic_shared_size_bytes(self) -> int:
-        return self.raw.max_dynamic_shared_size_bytes
-
-    @max_dynamic_shared_size_bytes.setter
-    def max_dynamic_shared_size_bytes(self, n: int) -> None:
-        self.raw.max_dynamic_shared_size_bytes = n
+    def allow_shared(self, n: int) -> None:
+        """Let launches use n bytes of dynamic shared memory. The limit belongs to the function, which every
+        model and captured graph shares, so it only ever rises: a graph captured with a larger launch must
+        not find it lowered by a smaller one since."""
+        if n > self.smem_limit:
+            self.raw.max_dynamic_shared_size_bytes = n
+            self.smem_limit = n
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         if _pdl.status()[0] and _cupy().cuda.get_current_stream().ptr:
@@ -1204,8 +1205,7 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             raise ValueError("p_round needs a single split")
         smem = attention_smem(Dk, chunk)
         fn = function("ops", f"attn_partial_{kk}_{vk}")
-        if smem > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = smem
+        fn.allow_shared(smem)
         # each (row, head) is computed on its own, so grouping rows changes nothing in the results
         rows = max(1, min(T, ATT_MAX_ROWS, ATT_PARTIALS_BYTES // (H * S * (Dv + 2) * 4)))
         if work is None:

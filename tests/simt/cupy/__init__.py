@@ -412,7 +412,10 @@ class Graph:
             if any(r() is None for r in roots):
                 raise RuntimeError(f"graph launch: kernel {kernel.name} was captured with an array that has "
                                    "been freed since (the graph would write into reused memory)")
-            kernel._run(vals, dims, [r() for r in roots])
+            # the kernel's shared-memory limit as it is now, not at the capture: whether the driver checks a
+            # replayed launch against a limit lowered since is not documented, so a lowered one is an error
+            grid, block, smem, _ = dims
+            kernel._run(vals, (grid, block, smem, int(kernel.max_dynamic_shared_size_bytes)), [r() for r in roots])
 
 
 Stream.null = Stream(null=True)
