@@ -468,9 +468,10 @@ def run(
     drop_env_alternatives(ctx, opts)
     given = {n for n in ("device", "device_draft", "n_gpu_layers", "spec_draft_ngl")
              if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
-    if not given & {"device", "device_draft"}:
+    if "device" not in given:  # (-ngld's asks nothing where -devd places the draft)
         opts.gpu_layers_asked = tuple(flag for name, flag in (("n_gpu_layers", "-ngl"), ("spec_draft_ngl", "-ngld"))
-                                      if name in given and getattr(opts, name) != 0)
+                                      if name in given and getattr(opts, name) != 0
+                                      and not (flag == "-ngld" and "device_draft" in given))
     opts.sampling_given = frozenset(n for n in runner.SAMPLING_FLAG_FIELDS  # (the others: the model's general.sampling.*)
                                     if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
     raise typer.Exit(runner.run(opts))

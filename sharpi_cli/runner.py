@@ -185,8 +185,8 @@ class RunOptions:
     show_timings: bool = True  # conversation mode: speeds after each reply
     n_gpu_layers: int = -1
     device: str = "cpu"
-    # the command line's -ngl / -ngld given a number of layers other than 0 and no -dev / -devd (main.py):
-    # llama-cli would offload, so these pick the GPU where there is a usable one (resolve_device)
+    # the command line's -ngl / -ngld given a number of layers other than 0 and no -dev (main.py; -ngld not
+    # with -devd): llama-cli would offload, so these pick the GPU where there is a usable one (resolve_device)
     gpu_layers_asked: tuple = ()
     prompt_cache: str | None = None
     prompt_cache_all: bool = False
@@ -411,8 +411,10 @@ def validate(o: RunOptions) -> None:
         o.device_draft = device_name(o.device_draft, "-devd/--spec-draft-device")
         if o.device_draft == "cpu":
             o.spec_draft_ngl = 0
-        elif o.device == "cpu":  # the target on the CPU, the draft on the GPU
-            o.device, o.n_gpu_layers = "cuda", 0
+        elif o.device == "cpu":  # the draft on the GPU, the target on the CPU unless -ngl asks otherwise
+            o.device = "cuda"
+            if "-ngl" not in o.gpu_layers_asked:
+                o.n_gpu_layers = 0
     apply_load_mode(o)
     check_adapters(o)
     check_prompt_cache(o)

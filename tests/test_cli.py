@@ -657,6 +657,16 @@ def test_gpu_layers_without_device(smol, monkeypatch):
         o = runner.RunOptions(device="cpu")  # (-dev cpu, or no -ngl / -ngld other than 0)
         runner.resolve_device(o)
         assert o.device == "cpu"
+        # -devd none -ngl 99: the draft on the CPU, the target where -ngl asks
+        o = runner.RunOptions(model_draft="d.gguf", device_draft="none", n_gpu_layers=99, gpu_layers_asked=("-ngl",))
+        runner.validate(o)
+        runner.resolve_device(o)
+        assert (o.device, o.n_gpu_layers, o.spec_draft_ngl) == (device, 99, 0)
+    # -devd CUDA0 puts the target on the CPU (-ngl 0) unless -ngl asks for its layers
+    for asked, ngl in (((), 0), (("-ngl",), 20)):
+        o = runner.RunOptions(model_draft="d.gguf", device_draft="CUDA0", n_gpu_layers=20, gpu_layers_asked=asked)
+        runner.validate(o)
+        assert (o.device, o.n_gpu_layers, o.spec_draft_ngl) == ("cuda", ngl, -1)
     monkeypatch.undo()
     if cuda.cuda_available()[0]:
         return  # (on a GPU machine the runs below would run there)
@@ -665,6 +675,8 @@ def test_gpu_layers_without_device(smol, monkeypatch):
     warnings = [ln for ln in r.stderr.splitlines() if "warning" in ln]
     assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
     assert len(warnings) == 1 and warnings[0].startswith("warning: no usable GPU found, -ngl and -ngld ignored"), r.stderr
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, "-ngl", 5, "-ngld", 3, "-devd", "none")
+    assert r.returncode == 0 and r.stdout == plain.stdout and "-ngl ignored" in r.stderr, r.stderr
     for args in (("-ngl", 0), ("-ngl", 99, "-dev", "cpu"), ("-ngld", 3, "-devd", "none")):
         r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, *args)
         assert r.returncode == 0 and r.stdout == plain.stdout and "warning" not in r.stderr, (args, r.stderr)
