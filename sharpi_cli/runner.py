@@ -415,6 +415,7 @@ def validate(o: RunOptions) -> None:
             o.device = "cuda"
             if "-ngl" not in o.gpu_layers_asked:
                 o.n_gpu_layers = 0
+    resolve_device(o)  # (before the checks that depend on the device)
     apply_load_mode(o)
     check_adapters(o)
     check_prompt_cache(o)
@@ -1294,7 +1295,6 @@ def lock_or_warn() -> None:
 
 def _run(o: RunOptions) -> int:
     validate(o)
-    resolve_device(o)
     check_device(o)
     prompt = read_prompt(o)
     read_chat_options(o)

@@ -643,12 +643,13 @@ def test_llama_cli_placement_and_batch_flags(smol):
     assert r.returncode == 2 and "a number of layers, auto or all" in r.stderr
 
 
-def test_gpu_layers_without_device(smol, monkeypatch):
+def test_gpu_layers_without_device(smol, monkeypatch, tmp_path):
     """-ngl / -ngld asking for GPU layers without -dev / -devd: the GPU where CUDA is usable (llama-cli offloads
     by itself), else a warning that they are ignored and the CPU run unchanged; -ngl 0, or a -dev given, decide
     without either. auto and all are numbers of layers too."""
     from sharpi_cli import runner
     from sharpi_core.backends import cuda
+    from sharpi_core.errors import UsageError
     for usable, device in ((True, "cuda"), (False, "cpu")):
         monkeypatch.setattr(cuda, "cuda_available", lambda: (usable, "a test"))
         o = runner.RunOptions(gpu_layers_asked=("-ngl",))
@@ -657,6 +658,13 @@ def test_gpu_layers_without_device(smol, monkeypatch):
         o = runner.RunOptions(device="cpu")  # (-dev cpu, or no -ngl / -ngld other than 0)
         runner.resolve_device(o)
         assert o.device == "cpu"
+        # the checks that depend on the device see the one -ngl picked
+        o = runner.RunOptions(prompt_cache=str(tmp_path / "p.bin"), gpu_layers_asked=("-ngl",))
+        if usable:
+            with pytest.raises(UsageError, match="--prompt-cache: the CPU's KV caches only"):
+                runner.validate(o)
+        else:
+            runner.validate(o)
         # -devd none -ngl 99: the draft on the CPU, the target where -ngl asks
         o = runner.RunOptions(model_draft="d.gguf", device_draft="none", n_gpu_layers=99, gpu_layers_asked=("-ngl",))
         runner.validate(o)
