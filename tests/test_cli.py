@@ -644,9 +644,10 @@ def test_llama_cli_placement_and_batch_flags(smol):
 
 
 def test_gpu_layers_without_device(smol, monkeypatch, tmp_path):
-    """-ngl / -ngld asking for GPU layers without -dev / -devd: the GPU where CUDA is usable (llama-cli offloads
-    by itself), else a warning that they are ignored and the CPU run unchanged; -ngl 0, or a -dev given, decide
-    without either. auto and all are numbers of layers too."""
+    """-ngl / -ngld asking for GPU layers without -dev (-ngld: nor -devd): the GPU where CUDA is usable (llama-cli
+    offloads by itself), resolved before the checks that depend on the device, else a warning that they are
+    ignored and the CPU run unchanged; -ngl 0, a -dev given, or -ngld beside -devd decide without either. auto and
+    all are numbers of layers too."""
     from sharpi_cli import runner
     from sharpi_core.backends import cuda
     from sharpi_core.errors import UsageError
