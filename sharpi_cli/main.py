@@ -466,15 +466,19 @@ def run(
     from sharpi_core.gguf_file import parse_kv_overrides
     opts.kv_overrides = parse_kv_overrides(override_kv)
     drop_env_alternatives(ctx, opts)
-    given = {n for n in ("device", "device_draft", "n_gpu_layers", "spec_draft_ngl")
-             if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
+    given = given_flags(ctx, ("device", "device_draft", "n_gpu_layers", "spec_draft_ngl"))
     if "device" not in given:  # (-ngld's asks nothing where -devd places the draft)
         opts.gpu_layers_asked = tuple(flag for name, flag in (("n_gpu_layers", "-ngl"), ("spec_draft_ngl", "-ngld"))
                                       if name in given and getattr(opts, name) != 0
                                       and not (flag == "-ngld" and "device_draft" in given))
-    opts.sampling_given = frozenset(n for n in runner.SAMPLING_FLAG_FIELDS  # (the others: the model's general.sampling.*)
-                                    if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
+    opts.sampling_given = given_flags(ctx, runner.SAMPLING_FLAG_FIELDS)  # (the others: the model's general.sampling.*)
     raise typer.Exit(runner.run(opts))
+
+
+def given_flags(ctx: typer.Context, names) -> frozenset:
+    """Those of the parameters `names` the user gave, on the command line or as SHARPI_ARG_* (not defaults)."""
+    return frozenset(n for n in names  # (click's ParameterSource, by name: typer may carry its own click)
+                     if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
 
 
 # flags that exclude each other: one given on the command line wins over the other from SHARPI_ARG_*

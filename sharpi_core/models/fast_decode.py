@@ -18,7 +18,8 @@ loop (SHARPI_FAST_DECODE=0 forces that).
 
 Where every layer is attention and a dense FFN (no short convolutions, DeltaNet, experts or output gate) and a pass
 has no attention temperatures, the loop itself is one C call (ops.c's sharpi_decode_layers, given a plan of the
-layers' pointers built once): Python between the calls still cost SmolLM2 0.7 of its 3.5 ms of layers a token. SHARPI_DECODE_C=0 keeps it in run()'s Python loop (same bits, tested).
+layers' pointers built once): Python between the calls still cost SmolLM2 0.7 of its 3.5 ms of layers a token.
+SHARPI_DECODE_C=0 keeps it in run()'s Python loop (same bits, tested).
 """
 from __future__ import annotations
 
