@@ -265,6 +265,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     tags = reply_tags(o, tok)
     color = use_color(o.color)
     messages: list[dict] = []
+    if o.system_prompt and not o.single_turn:  # (-st's one turn is refused by the turn's own check below)
+        check_system_prompt_fits(o, tok, n_ctx)
     log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS}; a line ending in \\ continues on the next ==")
     if sys.stdin.isatty() and not o.simple_io:
         try:  # input() then edits lines and keeps a history (arrow keys), as llama-cli's console does
@@ -290,6 +292,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     while True:
         if pending is not None:
             line, pending = pending, None
+            if not o.single_turn:  # -cnv -p: shown as a message typed at the prompt (llama-cli echoes it)
+                sys.stdout.write(f"> {line[:500]} ... (truncated)\n" if len(line) > 500 else f"> {line}\n")
         else:
             try:
                 with signals_seen():
@@ -340,8 +344,6 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         else:
             turn = [*messages, {"role": "user", "content": files + line}]
             files = ""
-            if out:
-                out.write(f"User:\n{turn[-1]['content']}\n\n")
         # Ctrl-C from here on stops this reply (rendering and prefill included), not the session
         with Interrupt() as stop:
             text = render_messages(o, tok, turn)
@@ -352,6 +354,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                     raise SharpiError(f"{msg}; raise -c/--ctx-size")
                 log(f"error: {msg}: not sent; /clear starts over (or raise -c/--ctx-size)")
                 continue
+            if out and line is not None:  # (a message refused above was not sent: not in the transcript)
+                out.write(f"User:\n{turn[-1]['content']}\n\n")
             view = ReplyView(sys.stdout, tags, text, color)
             try:
                 res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
@@ -384,6 +388,16 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     if last is not None:
         print_report(target, last, o)
     return 0
+
+
+def check_system_prompt_fits(o, tok, n_ctx: int) -> None:
+    """A system prompt that leaves no room for a message in the context is refused at the start (else every
+    message would be refused, and /clear keeps the system prompt)."""
+    from sharpi_core.errors import UsageError
+    n = len(encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": ""}])))
+    if n + 1 > n_ctx:
+        raise UsageError(f"the system prompt makes a conversation of {n} tokens before any message, which does not "
+                         f"fit the context of {n_ctx}; raise -c/--ctx-size")
 
 
 def reply_text(tok, res, special: bool) -> str:

@@ -674,6 +674,8 @@ def main() -> None:
     if sys.stdout is None:
         _err("standard output is closed: nowhere to write the output")
         sys.exit(1)
+    if sys.stdin is None:  # started with stdin closed: read as /dev/null (no piped prompt; a chat ends at once)
+        sys.stdin = open(os.devnull, encoding="utf-8")
     if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the prompt as U+FFFD (runner.read_stdin)
         sys.stdin.reconfigure(errors="surrogateescape")  # (a UTF-8 locale's stdin would raise on them)
     if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # Python's handler again (see sharpi_cli/entry.py)

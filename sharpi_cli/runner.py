@@ -1052,7 +1052,7 @@ def read_prompt(o: RunOptions) -> str | None:
         text = text_from_bytes(data)[0]
     elif not sys.stdin.isatty() and o.conversation is not True and not o.interactive:  # -cnv, -i read input from stdin
         text = read_stdin().removesuffix("\n")
-        if not text:
+        if not text and not stdin_holds_data():  # /dev/null (no prompt given): a chat, which then reads its end
             return None
     else:
         return None
@@ -1193,6 +1193,17 @@ def read_text(path: str, what: str = "", lenient: bool = False) -> str:
     if bad:
         log(f"warning: {what}{path} is not all UTF-8 text: {bad} byte{'s' * (bad > 1)} read as U+FFFD")
     return text
+
+
+def stdin_holds_data() -> bool:
+    """Whether stdin is a pipe, a file or a socket: text piped or redirected in, where an empty one is an empty
+    prompt (as -f of an empty file), not the absent prompt of /dev/null."""
+    import stat
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
 
 
 def read_stdin() -> str:
@@ -1490,9 +1501,14 @@ def _run(o: RunOptions) -> int:
         out.write("\n")
         out.flush()
         if res.stop_reason == "ctx_full":
-            log(f"sharpi: the context ({n_ctx} tokens) is full: generation stopped (-n -2)" if o.context_shift else
-                f"sharpi: the context ({n_ctx} tokens) is full: generation stopped; raise -c/--ctx-size for more, "
-                "or go on past it with --context-shift")
+            if not o.context_shift:
+                log(f"sharpi: the context ({n_ctx} tokens) is full: generation stopped; raise -c/--ctx-size for "
+                    "more, or go on past it with --context-shift")
+            elif o.n_predict == -2:
+                log(f"sharpi: the context ({n_ctx} tokens) is full: generation stopped (-n -2)")
+            else:  # a shift keeps --keep's positions and frees half the rest: here that is nothing
+                log(f"sharpi: the context ({n_ctx} tokens) is full and a context shift frees no room in it: "
+                    "generation stopped; raise -c/--ctx-size (or lower --keep)")
         elif res.stop_reason == "grammar":
             log("sharpi: the grammar allows no further token (and no end of generation): generation stopped")
         print_report(target, res, o)

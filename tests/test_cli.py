@@ -271,6 +271,18 @@ def test_closed_stdout_is_one_error_line(smol):
     one_error_line(r, 1, "standard output is closed")
 
 
+def test_closed_or_empty_stdin(smol, tmp_path):
+    """stdin closed reads as /dev/null: no piped prompt, so a chat that ends at once (it was a traceback); an empty
+    pipe or file on stdin is an empty prompt, refused as -p "" and -f of an empty file are (it started a chat)."""
+    r = subprocess.run(["bash", "-c", f"{SHARPI} -m {smol} -n 2 <&-"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "conversation mode" in r.stderr, r.stderr
+    (tmp_path / "empty.txt").write_text("")
+    for cmd in (f"printf '' | {SHARPI} -m {smol} -n 2", f"echo | {SHARPI} -m {smol} -n 2",
+                f"{SHARPI} -m {smol} -n 2 < {tmp_path / 'empty.txt'}", f"{SHARPI} -m {smol} -n 2 -f {tmp_path / 'empty.txt'}"):
+        one_error_line(subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300), 2,
+                       "empty prompt: nothing to generate from")
+
+
 def test_llama_cpp_default_seed_is_random(smol):
     d = json.loads(sharpi("-m", smol, "-p", "Hi", "-n", 1, "-s", 2**32 - 1, "--json").stdout)
     assert d["seed"] != 2**32 - 1  # LLAMA_DEFAULT_SEED: what llama.cpp's -s -1 stands for
@@ -319,6 +331,21 @@ def test_conversation_commands(smol, tmp_path):
     assert len(re.findall(r"\[ Prompt: [\d.]+ t/s \| Generation: [\d.]+ t/s \]", r.stderr)) == 5
     r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="Hi\n")
     assert r.returncode == 0 and "[ Prompt:" not in r.stderr
+
+
+def test_conversation_first_message_and_a_system_prompt_too_long(smol):
+    """-cnv -p: the message is shown as if typed at the prompt (llama-cli echoes it), then its reply, as the same
+    message piped in gives; a system prompt that leaves no room for a message is refused at the start, one line
+    (each message was refused, and /clear keeps the system prompt)."""
+    args = ("-m", smol, "-cnv", "--temp", 0, "-n", 8, "--no-show-timings")
+    typed = sharpi(*args, input="Say hi.\n")
+    given = sharpi(*args, "-p", "Say hi.")
+    assert typed.returncode == given.returncode == 0, given.stderr
+    assert typed.stdout.startswith("> ") and given.stdout == "> Say hi.\n" + typed.stdout[2:]
+    one_error_line(sharpi(*args, "-c", 64, "-sys", "Answer in one word. " * 20),
+                   contains="the system prompt makes a conversation of 115 tokens before any message, which does not "
+                            "fit the context of 64; raise -c/--ctx-size")
+    assert sharpi(*args, "-c", 160, "-sys", "Answer in one word. " * 20, input="Hi\n").returncode == 0
 
 
 def check_chat_turn(r, case):
@@ -1262,10 +1289,11 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     (d / "c.md").write_text("gamma\n")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "chat.txt"
-    turns = ["/glob notes/**.txt", "Which words?", "/regen", "/glob nothing*", "/exit"]
-    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 6, "-o", out, input="\n".join(turns) + "\n")
+    turns = ["/glob notes/**.txt", "Which words?", "/regen", "/glob nothing*", "word " * 400, "/exit"]
+    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 6, "-c", 256, "-o", out, input="\n".join(turns) + "\n")
     assert r.returncode == 0, r.stderr
     assert "error: /glob: no file matches 'nothing*'" in r.stderr
+    assert "which does not fit the context of 256: not sent" in r.stderr  # (and not in the transcript)
     replies = [ln for ln in r.stdout.replace("> ", "\n").splitlines() if ln.strip()]
     a, b = str(d / "a.txt"), str(d / "sub" / "b.txt")
     assert out.read_text() == (f"User: Added text file: {a}\nUser: Added text file: {b}\n"

@@ -259,6 +259,12 @@ def test_cli_context_shift(tmp_path):
     assert d["stop_reason"] == "ctx_full" and d["tokens"] == case["tokens"][:len(d["tokens"])] and "context_shifts" not in d
     r = sharpi(*run, "-n", -2, "--context-shift")
     assert json.loads(r.stdout)["stop_reason"] == "ctx_full"
+    # the line that says why it stopped: -n -2, or a context too small for a shift to free room (not -n -2)
+    for extra, why in ((run[2:4] + ("-c", case["n_ctx"], "-n", -2), "is full: generation stopped (-n -2)"),
+                       (("-p", "Hi", "-c", 2, "-n", 10), "is full and a context shift frees no room in it"),
+                       (("-p", "Hi", "-c", 2, "-n", -1), "is full and a context shift frees no room in it")):
+        r = sharpi("-m", smol, "--temp", 0, *extra, "--context-shift")
+        assert r.returncode == 0 and why in r.stderr and ("-n -2" in r.stderr) == (extra[-1] == -2), r.stderr
     # a prompt cache keeps only what a shift left exact: the kept positions
     f = tmp_path / "p.cache"
     r = sharpi(*run, "-n", 300, "--context-shift", "--keep", 3, "--prompt-cache", f, "--prompt-cache-all")
