@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from dataclasses import replace
 
 from sharpi_core.errors import SharpiError
 from sharpi_core.text import text_from_bytes, without_surrogates
@@ -380,6 +381,10 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         if o.verbose:
             log(f"[turn: {res.timings.prompt_n} new prompt tokens evaluated of {len(ids)}, "
                 f"{len(res.tokens)} generated, {res.timings.eval_tps:.1f} t/s]")
+        if last is not None:  # the report at the end covers the session: every reply's timings and drafts
+            res = replace(res, timings=last.timings + res.timings,
+                          spec=res.spec if last.spec is None else last.spec if res.spec is None else last.spec + res.spec,
+                          context_shifts=last.context_shifts + res.context_shifts)
         last = res
         if o.single_turn:
             break

@@ -458,7 +458,14 @@ def run(
         for i, m in enumerate(models, 1):
             print(f"{i:4d}. {m}")
         raise typer.Exit(0)
-    if ctx.invoked_subcommand is not None:
+    if ctx.invoked_subcommand is not None:  # (click gives the run's options before a command name to the run)
+        before = [p.opts[0] for p in ctx.command.params
+                  if getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
+        if before:
+            sub = ctx.invoked_subcommand
+            own = {o for p in getattr(ctx.command.commands.get(sub), "params", ()) for o in getattr(p, "opts", ())}
+            raise UsageError(f"{before[0]} before '{sub}' would be ignored: a command's options go after its name"
+                             + (f" (sharpi {sub} {before[0]} ...)" if before[0] in own else ""))
         return
     from . import runner
     opts = runner.RunOptions(**{k: v for k, v in locals().items() if k in runner.RunOptions.__dataclass_fields__})

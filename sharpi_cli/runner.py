@@ -246,9 +246,28 @@ def log(msg: str) -> None:
     warning = msg.startswith("warning:")
     if _LOG_ON[0] and (2 if warning else 3) <= _LOG_LEVEL[0]:
         (head, tail), (file_head, _) = log_prefix("W" if warning else "I")
-        print(head + msg + tail, file=sys.stderr, flush=True)
-        if _LOG_FILE[0] is not None:
-            _LOG_FILE[0].write(file_head + msg + "\n")
+        try:
+            print(head + msg + tail, file=sys.stderr, flush=True)
+        except OSError:  # stderr unwritable (2>/dev/full): the run goes on without its log, as llama.cpp's
+            pass
+        log_to_file(file_head + msg)
+
+
+def log_to_file(line: str) -> None:
+    """A line into --log-file's file; one that cannot be written (a full disk) is given up with a warning on
+    stderr, and the run goes on."""
+    f = _LOG_FILE[0]
+    if f is None:
+        return
+    try:
+        f.write(line + "\n")
+    except OSError as e:
+        _LOG_FILE[0] = None
+        try:
+            f.close()
+        except OSError:
+            pass
+        log(f"warning: cannot write the log file {f.name}: {e.strerror}; the log goes on without it")
 
 
 def log_prefix(level: str) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -1249,8 +1268,7 @@ def run(o: RunOptions) -> int:
         return _run(o)
     except SharpiError as e:
         (e.log_head, e.log_tail), (file_head, _) = log_prefix("E")  # (main prints the line: after this run's log)
-        if _LOG_FILE[0] is not None:
-            _LOG_FILE[0].write(f"{file_head}error: {e}\n")
+        log_to_file(f"{file_head}error: {e}")
         raise
     finally:
         if repack is None:
@@ -1259,8 +1277,11 @@ def run(o: RunOptions) -> int:
             os.environ["SHARPI_CPU_REPACK"] = repack
         _LOG_ON[0], _LOG_LEVEL[0], _LOG_FMT[0] = True, 3, None
         if _LOG_FILE[0] is not None:
-            _LOG_FILE[0].close()
-            _LOG_FILE[0] = None
+            f, _LOG_FILE[0] = _LOG_FILE[0], None
+            try:
+                f.close()
+            except OSError:  # (what it could not flush: the warning came with the failed line)
+                pass
 
 
 def synthetic_rates(o: RunOptions, n_max: int) -> list[float] | None:

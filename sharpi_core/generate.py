@@ -58,6 +58,10 @@ class Timings:
     eval_n: int = 0         # tokens generated
     eval_ms: float = 0.0
 
+    def __add__(self, other: Timings) -> Timings:  # a chat session's totals over its replies
+        return Timings(self.prompt_n + other.prompt_n, self.prompt_ms + other.prompt_ms, self.eval_n + other.eval_n,
+                       self.eval_ms + other.eval_ms)
+
     @property
     def prompt_tps(self) -> float:
         return self.prompt_n / self.prompt_ms * 1000 if self.prompt_ms else 0.0
@@ -101,6 +105,24 @@ class SpecStats:
         self.drafted += k
         self.accepted += n
         self.full_accepts += n == k
+
+    def __add__(self, other: SpecStats) -> SpecStats:
+        """Two calls' counts together (a chat session's totals over its replies)."""
+        out = SpecStats(**{f: getattr(self, f) + getattr(other, f) for f in (
+            "drafted", "accepted", "target_passes", "verify_passes", "emitted", "steps_no_proposal", "full_accepts",
+            "draft_ms", "verify_ms", "commit_ms", "plain_by_cost")}, cost_off=self.cost_off or other.cost_off)
+        for a in (self, other):
+            for i, (d, n) in enumerate(zip(a.per_position_drafted, a.per_position_accepted)):
+                if i == len(out.per_position_drafted):
+                    out.per_position_drafted.append(0)
+                    out.per_position_accepted.append(0)
+                out.per_position_drafted[i] += d
+                out.per_position_accepted[i] += n
+            for name, v in a.sources.items():
+                s = out.sources.setdefault(name, {"drafted": 0, "accepted": 0, "steps": 0})
+                for key in s:
+                    s[key] += v[key]
+        return out
 
     @property
     def acceptance(self) -> float:

@@ -329,6 +329,10 @@ def test_conversation_commands(smol, tmp_path):
     assert evaluated[4][1] < evaluated[3][1] + 2 * (evaluated[3][1] - evaluated[1][1]) + 100
     # llama-cli's speeds line after each reply, unless --no-show-timings
     assert len(re.findall(r"\[ Prompt: [\d.]+ t/s \| Generation: [\d.]+ t/s \]", r.stderr)) == 5
+    # the timings at the end cover the session: every reply's (they were the last reply's)
+    generated = [int(n) for n in re.findall(r"of \d+, (\d+) generated", r.stderr)]
+    assert re.search(rf"prompt eval time = +[\d.]+ ms / +{sum(e[0] for e in evaluated)} tokens", r.stderr), r.stderr
+    assert re.search(rf"eval time = +[\d.]+ ms / +{sum(generated)} runs", r.stderr) and len(generated) == 5
     r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="Hi\n")
     assert r.returncode == 0 and "[ Prompt:" not in r.stderr
 
@@ -492,6 +496,17 @@ def test_log_file_gets_the_log_too(smol, tmp_path):
     r = sharpi("-m", smol, "-p", "Hi", "--top-p", "1.5", "--log-file", str(f))
     assert f.read_text() == one_error_line(r, 2, "--top-p") + "\n"
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--log-file", str(tmp_path / "no" / "dir.txt")), 1, "cannot write the log file")
+    # a log that cannot be written (a full disk) is given up with one warning, and the run goes on (it was an exit 1
+    # after the output, naming no file); so is stderr itself (llama.cpp's log goes on without it)
+    plain = sharpi("-m", smol, "-p", "Hi", "-n", "2", "--temp", "0", process=True)
+    if os.path.exists("/dev/full"):
+        r = sharpi("-m", smol, "-p", "Hi", "-n", "2", "--temp", "0", "--log-file", "/dev/full", process=True)
+        assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+        assert r.stderr.lstrip().startswith("warning: cannot write the log file /dev/full: No space left on device; the log goes "
+                                   "on without it\n") and "eval time" in r.stderr
+        r = subprocess.run(["bash", "-c", f"{SHARPI} -m {smol} -p Hi -n 2 --temp 0 2>/dev/full"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0 and r.stdout == plain.stdout
 
 
 def test_verbosity_threshold_is_llama_cpps(smol):
@@ -786,6 +801,18 @@ def test_prompt_longer_than_context(smol):
         spec = json.loads(sharpi(*args, "--draft-lookup").stdout)
         assert spec["tokens"] == plain["tokens"] and spec["stop_reason"] == plain["stop_reason"] == "ctx_full"
     assert spec["speculative"]["drafted"] > 0 and len(spec["tokens"]) == 72 - 51  # the last one is never fed
+
+
+def test_options_before_a_command_name_are_refused(smol):
+    """`sharpi -m M tokenize ...` gave -m to the run, not to tokenize, which then used the default model without a
+    word: options before a command's name are refused (the command's own ones named with where they go)."""
+    one_error_line(sharpi("-m", smol, "tokenize", "-p", "Hi"), 2,
+                   "-m before 'tokenize' would be ignored: a command's options go after its name (sharpi tokenize -m ...)")
+    one_error_line(sharpi("--temp", 0, "perplexity", "-m", smol, "-f", "x.txt"), 2, "--temp before 'perplexity'")
+    one_error_line(sharpi("-m", smol, "models", "list"), 2, "-m before 'models' would be ignored: a command's options go "
+                   "after its name")
+    r = sharpi("tokenize", "-m", smol, "-p", "Hi", "--ids", env={"SHARPI_ARG_TEMP": "0"})  # (the environment: not given)
+    assert r.returncode == 0 and r.stdout.startswith("["), r.stderr
 
 
 def test_tokenize_command_matches_llama_tokenize(smol):

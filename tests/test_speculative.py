@@ -531,3 +531,20 @@ def test_hybrid_values_proposals_per_token():
         h.rollback(len(hist) + 4 if props == [5, 6, 7, 8] else len(hist))
         hist += [5, 6, 7, 8, 0]
     assert h.source == "lookup"
+
+
+def test_spec_stats_add_up_over_calls():
+    """A chat's report at the end sums its replies' counts: per position, per source, and the totals."""
+    from sharpi_core.generate import SpecStats, Timings
+    a, b = SpecStats(), SpecStats()
+    a.record(4, 4, "draft")
+    a.record(2, 1, "lookup")
+    b.record(3, 0, "draft")
+    a.target_passes, b.target_passes, a.emitted, b.emitted, b.cost_off = 2, 1, 7, 1, True
+    s = a + b
+    assert (s.drafted, s.accepted, s.full_accepts, s.target_passes, s.emitted, s.cost_off) == (9, 5, 1, 3, 8, True)
+    assert s.per_position_drafted == [3, 3, 2, 1] and s.per_position_accepted == [2, 1, 1, 1]
+    assert s.sources == {"draft": {"drafted": 7, "accepted": 4, "steps": 2}, "lookup": {"drafted": 2, "accepted": 1, "steps": 1}}
+    assert a.per_position_drafted == [2, 2, 1, 1] and a.sources["draft"]["steps"] == 1  # (the parts unchanged)
+    t = Timings(3, 1.5, 4, 2.0) + Timings(1, 0.5, 2, 1.0)
+    assert (t.prompt_n, t.prompt_ms, t.eval_n, t.eval_ms) == (4, 2.0, 6, 3.0)
