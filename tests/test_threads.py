@@ -1,6 +1,8 @@
 """The thread governor (sharpi_core/threads.py): its decisions from a scripted clock and run delay."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sharpi_core.threads import ThreadGovernor, run_delay_ns
@@ -84,3 +86,23 @@ def test_run_delay_is_read_on_linux():
     if d is None:
         pytest.skip("no /proc/self/task/*/schedstat here")
     assert isinstance(d, int) and d >= 0
+
+
+def test_the_console_script_lowers_openmp_spinning_unless_told():
+    """The script sets GOMP_SPINCOUNT (libgomp reads it once, as torch loads it) where the user set neither it nor
+    OMP_WAIT_POLICY: a thread spinning 300,000 times at each barrier stalled decoding beside another process's
+    spinning threads. The process itself gets it: torch's OpenMP runtime, loaded after, reads it."""
+    import subprocess
+    import sys
+
+    from sharpi_cli.entry import OMP_SPINS, omp_defaults
+    for given, want in (({}, {"GOMP_SPINCOUNT": OMP_SPINS}), ({"GOMP_SPINCOUNT": "5"}, {"GOMP_SPINCOUNT": "5"}),
+                        ({"OMP_WAIT_POLICY": "active"}, {"OMP_WAIT_POLICY": "active"})):
+        env = dict(given)
+        omp_defaults(env)
+        assert env == want
+    code = ("import os, sys; from sharpi_cli import entry; sys.argv = ['sharpi', '--version']; "
+            "import atexit; atexit.register(lambda: print(os.environ.get('GOMP_SPINCOUNT'))); entry.main()")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.stdout.split()[-1] == OMP_SPINS, (r.stdout, r.stderr)
