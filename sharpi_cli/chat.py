@@ -399,7 +399,10 @@ def check_system_prompt_fits(o, tok, n_ctx: int) -> None:
     """A system prompt that leaves no room for a message in the context is refused at the start (else every
     message would be refused, and /clear keeps the system prompt)."""
     from sharpi_core.errors import UsageError
-    n = len(encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": ""}])))
+    try:
+        n = len(encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": ""}])))
+    except SharpiError:  # a template that refuses an empty message: each turn's own check is left
+        return
     if n + 1 > n_ctx:
         raise UsageError(f"the system prompt makes a conversation of {n} tokens before any message, which does not "
                          f"fit the context of {n_ctx}; raise -c/--ctx-size")
