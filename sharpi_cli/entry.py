@@ -11,7 +11,7 @@ import signal
 # process whose OpenMP threads spin too (a torch program, a test suite), the thread it waits for is often not
 # running, and each of a decoding step's parallel regions then waits out the spin: a SmolLM2 one-token pass took
 # 1.4 s instead of 10 ms, now and then, before the thread governor could see anything; 10,000 spins: ~100 ms,
-# 1,000: 10-20 ms. On an idle machine 1,000 spins cost nothing measurable (scripts/bench_threads.py).
+# 1,000: 10-20 ms. Idle, 1,000 spins measured within this machine's noise (README, Speed: "A busy machine").
 OMP_SPINS = "1000"
 
 
