@@ -896,8 +896,8 @@ def devices_text() -> str:
     import platform
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     from sharpi_core.kernels import cpu
-    simd = cpu.simd_level() or "no AVX2: dequantized torch matmuls"
-    lines = ["Available devices:", f"  cpu: {name or platform.processor() or platform.machine()} ({cores} cores, {simd})"]
+    lines = ["Available devices:",
+             f"  cpu: {name or platform.processor() or platform.machine()} ({cores} cores, {cpu.state_text()})"]
     from sharpi_core.backends.cuda import cuda_available
     ok, why = cuda_available()
     lines.append(f"  cuda: {why}" if ok else f"  cuda: not available ({why})")

@@ -532,7 +532,11 @@ def test_list_devices():
     lines = r.stdout.splitlines()
     assert lines[0] == "Available devices:" and lines[1].startswith("  cpu: ") and lines[2].startswith("  cuda: ")
     from sharpi_core.kernels import cpu
-    assert f"({len(os.sched_getaffinity(0))} cores, {cpu.simd_level()})" in lines[1]  # what the kernels run on
+    cpu.available()
+    assert lines[1].endswith(f"({len(os.sched_getaffinity(0))} cores, {cpu.simd_level()}; C kernels compiled "
+                             f"({cpu.build_info()['path'].parent}))")  # what the kernels run on
+    r = sharpi("--list-devices", env={"SHARPI_CC": "/no/such/cc"})
+    assert r.stdout.splitlines()[1].endswith("; no C compiler (install gcc, or set SHARPI_CC): dequantized torch matmuls)")
 
 
 def test_check_tensors_refuses_a_bad_scale_before_loading(tmp_path):

@@ -413,6 +413,21 @@ def simd_level() -> str | None:
     return "AVX2, AVX-512 emulated" if avx512_emulated() else "AVX-512"
 
 
+def state_text() -> str:
+    """What --list-devices says of the CPU's matmuls, without building anything: the SIMD level and whether the
+    kernels are compiled (or compiled at first use), else why torch's matmuls would run."""
+    if os.environ.get("SHARPI_CPU_KERNEL", "1") == "0":
+        return "C kernels off (SHARPI_CPU_KERNEL=0): torch's matmuls"
+    simd = simd_level()
+    if simd is None:
+        return "no AVX2: dequantized torch matmuls"
+    if _compiler() is None:
+        return f"{simd}; no C compiler (install gcc, or set SHARPI_CC): dequantized torch matmuls"
+    ext = _python_ext_flags()
+    built = [p for p in {library_path(ext), library_path(())} if p.is_file()]
+    return f"{simd}; C kernels " + (f"compiled ({built[0].parent})" if built else "compiled at first use")
+
+
 def build_info() -> dict:
     """Path of the loaded library, seconds this process spent compiling it (None: it was cached),
     whether calls go through the CPython extension or ctypes, and why it is unavailable if so."""
