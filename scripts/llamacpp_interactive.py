@@ -21,6 +21,7 @@ SMOL, GEMMA, QWEN = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5
 BOB = ("Transcript of a dialog between User and Bob, a helpful assistant.\n\n"
        "User: Hello, Bob.\nBob: Hello. How may I help you today?\nUser:")
 CHATML = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+CHAT_DONE = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello! How can I help?<|im_end|>\n"
 # (name, model, args after -m, the user's input)
 CASES = [
     # a prompt ending in the reverse prompt hands control over at once; an empty line hands it back
@@ -37,6 +38,11 @@ CASES = [
     ("chatml-eog-special", SMOL, ["-i", "-sp", "-r", "<|im_start|>user\n", "--in-suffix", "<|im_end|>\n<|im_start|>assistant\n",
                                   "-p", CHATML, "-n", "48", "-c", "512"],
      "And 10 times 10?\n"),
+    # a reverse prompt of a control token and text, no -sp: matched in the text with control tokens written out
+    # (the model writes `<|im_start|>user` after a finished reply), shown or not
+    ("chatml-control-reverse", SMOL, ["-i", "-r", "<|im_start|>user", "--in-suffix", "<|im_end|>\n<|im_start|>assistant\n",
+                                      "-p", CHAT_DONE, "-n", "40", "-c", "512"],
+     "\nWhat is 2+2?\n"),
     # -if on a base model; -n spent mid-sentence hands control over; '\' goes on to the next line, '/' ends the
     # input without a newline; an input longer than the budget left asks again at once
     ("gemma-first", GEMMA, ["-if", "-p", "The following is a list of facts about the world.\n", "-n", "12", "-c", "512"],

@@ -261,7 +261,7 @@ def glob_files(pattern: str) -> list[str]:
 def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> int:
     """llama-cli's conversation loop and commands; a turn that does not fit the context is refused
     with one line and the session goes on (only -st, one turn, exits on it)."""
-    from .runner import log, print_report
+    from .runner import log, print_report, reverse_prompt_tokens
     tok = target.tokenizer
     tags = reply_tags(o, tok)
     color = use_color(o.color)
@@ -360,7 +360,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             view = ReplyView(sys.stdout, tags, text, color)
             try:
                 res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
-                                   on_text=view.write, should_stop=stop)
+                                   on_text=view.write, should_stop=stop,
+                                   stop_tokens=reverse_prompt_tokens(tok, o.reverse_prompt))
             finally:
                 view.close()
         sys.stdout.write("\n")

@@ -79,12 +79,12 @@ def _add(total: GenerationResult, res: GenerationResult) -> None:
 
 def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
     from .chat import Interrupt
-    from .runner import log, print_report, process_escapes
+    from .runner import log, print_report, process_escapes, reverse_prompt_tokens
     tok = target.tokenizer
     out = sys.stdout
     encode = lambda s: tok.encode(s, add_special=False, parse_special=True) if s else []  # noqa: E731
     anti = [r for r in o.reverse_prompt if r]
-    anti_tokens = {ids[0] for ids in map(encode, anti) if len(ids) == 1}
+    anti_tokens = reverse_prompt_tokens(tok, anti)
     pfx, sfx = encode(o.in_prefix), encode(o.in_suffix)
     first_anti = encode(anti[0]) if anti else []
 
@@ -96,7 +96,7 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
         """Reverse prompt at the end of these tokens (the samplers' memory after they were evaluated)."""
         if not anti or not ids:
             return False
-        text = tok.decode(ids[-STOP_WINDOW:], skip_special=not o.special)
+        text = tok.decode(ids[-STOP_WINDOW:], skip_special=False)  # (control tokens written out, shown or not)
         return any(text.endswith(a) for a in anti) or ids[-1] in anti_tokens
 
     log("== interactive mode: Ctrl-C hands control to you, an empty line back to the model; a line ending in \\ "

@@ -998,6 +998,12 @@ def check_gpu_cache_types(o: RunOptions) -> None:
                              " (or run the model on the CPU: -ngl 0 / -ngld 0)")
 
 
+def reverse_prompt_tokens(tok, prompts) -> set[int]:
+    """The reverse prompts that are one token (special tokens parsed): llama-completion stops on that token too."""
+    ids = (tok.encode(r, add_special=False, parse_special=True) for r in prompts if r)
+    return {t[0] for t in ids if len(t) == 1}
+
+
 def resolve_with_progress(spec, force: bool = False):
     """Resolve -m (or -hf: a HubModel), fetching a known model (or the hub's file) with a progress bar on first use,
     or checking a cached one's sha256 with one when the file changed since its last check; force: fetch a known
@@ -1509,7 +1515,7 @@ def _run(o: RunOptions) -> int:
     with Interrupt() as stop:
         try:
             res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt), on_text=on_text,
-                               should_stop=stop)
+                               should_stop=stop, stop_tokens=reverse_prompt_tokens(tok, o.reverse_prompt))
         finally:
             if view is not None:
                 view.close()

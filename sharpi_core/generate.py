@@ -412,9 +412,12 @@ class Generator:
         """_forward of tokens after the history, in one pass or (SHARPI_SPEC_BATCH_VERIFY=0) one by one."""
         start = len(self.history)
         self.cache.keep_states(len(tokens))  # (recurrent layers: their states before each row stay, for the rollback)
-        if self.batch_verify or len(tokens) == 1:
-            return self._forward(tokens, start, decode=True)
-        return torch.cat([self._forward([tok], start + i) for i, tok in enumerate(tokens)])
+        if not self.batch_verify:
+            return torch.cat([self._forward([tok], start + i) for i, tok in enumerate(tokens)])
+        # a pass longer than the model's exact_rows would sum in the prompt's order, not the one-token passes': a
+        # long proposal (n-gram drafters, --spec-draft-n-max >= 32) is verified in passes of at most that many rows
+        n = self.model.exact_rows
+        return torch.cat([self._forward(tokens[i:i + n], start + i, decode=True) for i in range(0, len(tokens), n)])
 
     def _plain_step(self, t: int) -> int:
         out = self._forward([t], len(self.history))[-1]
@@ -613,7 +616,10 @@ class Generator:
         dec = StreamDecoder(self.tok, self.special)
         stops = [s for s in stop_strings if s]
         longest_stop = max((len(s) for s in stops), default=0)
-        tail = ""  # recent text, for stop strings spanning tokens
+        # stop strings are looked for in the text with control tokens written out, whether or not it is shown (-sp),
+        # as llama-completion looks for its reverse prompts (a ChatML `-r "<|im_start|>user"`)
+        mdec = dec if self.special or not stops else StreamDecoder(self.tok, True)
+        tail = ""  # recent text, for stop strings spanning tokens (the prompt's end too: see below)
         n_ctx = self.cache.capacity
         eog = self.tok.eog_ids
         end_token = None
@@ -635,14 +641,15 @@ class Generator:
             s = dec.push(tok)
             if s:
                 show(s)
-                if stops:
-                    tail = (tail + s)[-(longest_stop + len(s)):]
-                    if stop_at_end:
-                        if any(tail.endswith(x) for x in stops):
-                            raise _Stop("stop_string")
-                    # a stop string anywhere in the text this token completed
-                    elif any(x in tail[-(len(x) + len(s) - 1):] for x in stops):
+            m = s if mdec is dec else mdec.push(tok)
+            if stops and m:
+                tail = (tail + m)[-(longest_stop + len(m)):]
+                if stop_at_end:
+                    if any(tail.endswith(x) for x in stops):
                         raise _Stop("stop_string")
+                # a stop string anywhere in the text this token completed (begun in the prompt's text, maybe)
+                elif any(x in tail[-(len(x) + len(m) - 1):] for x in stops):
+                    raise _Stop("stop_string")
             if tok in stop_tokens:  # (llama-completion: a reverse prompt that is one token is that token)
                 raise _Stop("stop_string")
             if 0 <= n_predict <= len(out):
@@ -678,8 +685,8 @@ class Generator:
                 if self.grammar is not None:
                     self.gstate = self.grammar.initial(prompt_tokens)
                 logits = self._prefill(list(prompt_tokens))
-            if stop_at_end and stops:  # the samplers' memory: the prompt, or the input after a resume
-                tail = self.tok.decode(self._past()[-STOP_WINDOW:], skip_special=not self.special)
+            if stops:  # the samplers' memory: the prompt, or the input after a resume
+                tail = self.tok.decode(self._past()[-STOP_WINDOW:], skip_special=False)
         except _Stop as st:
             logits, reason = None, st.reason
         timings.prompt_ms = (time.perf_counter() - t0) * 1000

@@ -175,6 +175,23 @@ def test_reverse_prompt_stops(smol):
     assert full.startswith(d["text"]) and len(d["text"]) < len(full)
 
 
+def test_reverse_prompts_see_control_tokens_and_the_prompts_end(smol):
+    """As llama-completion's: a reverse prompt is looked for in the text with control tokens written out (shown
+    or not: no -sp here), a one-token one is that token, and a match may begin in the prompt."""
+    done = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello! How can I help?<|im_end|>\n"
+    args = ("-m", smol, "-p", done, "-n", 8, "--temp", 0, "--ignore-eos", "--json")
+    free = json.loads(sharpi(*args).stdout)["tokens"]
+    from conftest import loaded
+    tok = loaded(SMOL)[1]
+    assert tok.token_text(free[0]) == "<|im_start|>" and tok.decode(free[1:2]) == "user"  # (what is stopped on)
+    for r, n in (("<|im_start|>", 1), ("<|im_start|>user", 2), ("user", 2)):
+        d = json.loads(sharpi(*args, "-r", r).stdout)
+        assert d["stop_reason"] == "stop_string" and d["tokens"] == free[:n], r
+    d = json.loads(sharpi("-m", smol, "-p", "The capital of France", "-r", "France is", "-n", 16, "--temp", 0,
+                          "--json").stdout)
+    assert d["stop_reason"] == "stop_string" and d["text"] == " is"
+
+
 def test_first_use_says_it_compiles_the_kernels(smol, tmp_path):
     # the compiler (SHARPI_CC) a stand-in that copies the library this process built: the notice and the cache
     # are what is checked here, not gcc's 20 s (every fresh install, CI's included, compiles for real)

@@ -80,6 +80,31 @@ def test_verify_rows_equal_one_token_passes_past_256_positions(flash_attn):
     assert torch.equal(rows, ones)
 
 
+def test_a_proposal_longer_than_an_exact_pass_is_verified_in_exact_passes(monkeypatch):
+    """A pass of more than EXACT_ROWS rows sums Q4_K products in the prompt's order (on Qwen 0.5B up to 0.4 off
+    in a logit, which changed greedy output at --spec-draft-n-max 48): the generator verifies a longer
+    proposal in passes of at most EXACT_ROWS rows, so each row is still a one-token pass's bits."""
+    from sharpi_core.models.transformer import EXACT_ROWS
+    model, tok = loaded(QWEN05)
+    ids = tok.encode((FIXTURES_DIR / "apache-2.0.txt").read_text())[:140]
+    cut, n = 100, EXACT_ROWS + 8
+    g = Generator(model, model.new_cache(256), tok, GREEDY)
+    model.forward(torch.tensor(ids[:cut]), 0, g.cache)
+    g.history = list(ids[:cut])
+    passes = []
+    forward = g._forward
+    monkeypatch.setattr(g, "_forward", lambda t, start, **kw: passes.append(len(t)) or forward(t, start, **kw))
+    rows = g._forward_rows(ids[cut:cut + n])
+    assert passes == [EXACT_ROWS, 8]
+    one = model.new_cache(256)
+    model.forward(torch.tensor(ids[:cut]), 0, one)
+    ones = torch.cat([model.forward(torch.tensor([t]), cut + i, one) for i, t in enumerate(ids[cut:cut + n])])
+    assert torch.equal(rows, ones)
+    whole = model.new_cache(256)  # (what one pass of them all gives: not those bits, or this test proves nothing)
+    model.forward(torch.tensor(ids[:cut]), 0, whole)
+    assert not torch.equal(model.forward(torch.tensor(ids[cut:cut + n]), cut, whole, decode=True), ones)
+
+
 def test_cut_output_layer_is_the_full_layers_first_columns():
     # --spec-draft-vocab: forward(n_out=N) gives, bit for bit, the first N logits of the full layer
     model, tok = loaded(SMOL)

@@ -49,10 +49,10 @@ import torch
 from ..errors import SharpiError, UsageError
 from ..kv_cache import CacheBase
 from ..models.config import ROPE_NEOX
-from ..models.transformer import (Transformer, _weight, attention_scales, check_pass, layer_parts, pass_tokens,
-                                  prompt_pass, qkv_biases)
+from ..models.transformer import (EXACT_ROWS, Transformer, _weight, attention_scales, check_pass, layer_parts,
+                                  pass_tokens, prompt_pass, qkv_biases)
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector, q8_0_blocks
-from .cuda import GPU_CACHE_TYPES
+from .cuda import GPU_CACHE_TYPES, MAX_BATCH
 
 MIXED = "mixed"  # a projection whose matmuls round their input differently
 GRAPHS = os.environ.get("SHARPI_CUDA_GRAPH", "1") != "0"
@@ -243,6 +243,7 @@ class Pending:
 class CudaTransformer:
     """The whole model on the GPU; with first_layer > 0 only layers [first_layer, n_layer) and the
     output layer (the GPU part of SplitTransformer, fed through forward_hidden)."""
+    exact_rows = MAX_BATCH  # (longer passes use cuBLAS: see forward)
 
     def __init__(self, cpu_model: Transformer, ops=None, stream=None, first_layer: int = 0):
         if ops is None:
@@ -708,6 +709,7 @@ class SplitTransformer:
     CPU; the output layer runs on the GPU with the last layer. One [T, D] residual stream crosses
     over per pass. Verify rows stay equal to one-token passes on both sides (decode=True on the CPU
     part, the batch-invariant matvecs on the GPU part)."""
+    exact_rows = min(EXACT_ROWS, MAX_BATCH)
 
     def __init__(self, cpu_model: Transformer, n_gpu_layers: int, ops=None, stream=None):
         c = cpu_model.config

@@ -308,6 +308,8 @@ def attention_scales(c: ModelConfig) -> tuple[float, float]:
 
 
 class Transformer:
+    exact_rows = EXACT_ROWS  # the longest pass whose rows forward(decode=True) computes as one-token passes do
+
     def __init__(self, gf: GGUFFile, config: ModelConfig | None = None):
         self.gguf = gf
         self.config = c = config or config_from_gguf(gf)
