@@ -1468,6 +1468,8 @@ def _run(o: RunOptions) -> int:
             view = ReplyView(sys.stdout, reply_tags(o, tok), text, use_color(o.color))
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
+        if tok.add_bos and ids[1:2] == ids[:1] == [tok.bos_id]:  # (llama.cpp's tokenizer warns alike)
+            log("warning: the model adds a BOS token and the prompt starts with one too: it now starts with two")
     if not ids:  # -p "" (a model that adds no BOS): llama.cpp refuses it too
         raise UsageError("empty prompt: nothing to generate from")
     # speculation proposes fewer tokens near the end of a context (the generator), so a prompt that

@@ -192,6 +192,14 @@ def test_reverse_prompts_see_control_tokens_and_the_prompts_end(smol):
     assert d["stop_reason"] == "stop_string" and d["text"] == " is"
 
 
+def test_a_second_bos_is_warned_of(smol):
+    from conftest import loaded
+    bos = loaded(SMOL)[1].token_text(loaded(SMOL)[1].bos_id)
+    args = ("-m", smol, "-n", 1, "--temp", 0, "--override-kv", "tokenizer.ggml.add_bos_token=bool:true")
+    warn = "warning: the model adds a BOS token and the prompt starts with one too: it now starts with two"
+    assert warn in sharpi(*args, "-p", bos + "Hi").stderr and warn not in sharpi(*args, "-p", "Hi").stderr
+
+
 def test_first_use_says_it_compiles_the_kernels(smol, tmp_path):
     # the compiler (SHARPI_CC) a stand-in that copies the library this process built: the notice and the cache
     # are what is checked here, not gcc's 20 s (every fresh install, CI's included, compiles for real)
