@@ -1,6 +1,8 @@
 """Text from bytes as llama.cpp reads them: UTF-8, where each byte of an invalid sequence becomes one U+FFFD
 (its unicode_cpts_from_utf8 steps over one byte at a time), which is what its tokenizer then sees. Python's
-own `errors="replace"` replaces a cut-short sequence as one character, so it is not used for prompts."""
+own `errors="replace"` replaces a cut-short sequence as one character, so it is not used for prompts. (Not
+modelled: llama.cpp's decoder takes overlong forms and surrogates as code points, and its SPM tokenizer reads
+the raw bytes, so invalid bytes become byte tokens for Gemma there.)"""
 from __future__ import annotations
 
 import re
