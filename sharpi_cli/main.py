@@ -640,6 +640,9 @@ def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharp
     from sharpi_core.hf_hub import valid_repo
     known = known_name(name)
     if known is None and valid_repo(name.split(":")[0]):
+        if force:
+            raise UsageError("--force fetches known models again (a hub model's download is resumed and checked by "
+                             "its sha256 anyway)")
         print(runner.resolve_with_progress(runner.hub_or_model(None, name, None, hf_token, False)))
         return
     if known is None:  # -m takes paths too; pull fetches known models only
