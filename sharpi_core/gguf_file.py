@@ -59,6 +59,10 @@ class _StringArrayParts(Sequence):
         return self.mv[a:a + int(self.lens[s])] if is_text else self.mv[a - 8:a]
 
 
+class _Damaged(ValueError):
+    """What _Reader says of metadata it finds impossible (said as it is, without the exception's name)."""
+
+
 class _Reader(gguf.GGUFReader):
     """gguf's reader, with large metadata arrays parsed in bulk.
 
@@ -100,6 +104,8 @@ class _Reader(gguf.GGUFReader):
             buf = getattr(self, "_mv", None)
             if buf is None:
                 buf = self._mv = memoryview(self.data)
+            if n > (len(buf) - offs) // 8:  # (each string has its 8-byte length: nothing to allocate for a bad count)
+                raise _Damaged(f"an array of {n} strings at offset {orig_offs} is longer than the file")
             starts = np.empty(n, dtype=np.int64)
             lens = np.empty(n, dtype=np.int64)
             for i in range(n):
@@ -163,6 +169,8 @@ def _open(path: str) -> _Reader:
         reader = _Reader(path, "r")
     except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
         # (reads past the end of the mapping come back short: an index or a view of them fails)
+        if isinstance(e, _Damaged):
+            raise SharpiError(f"{path}: not a valid GGUF file ({e})") from None
         if "cannot reshape array" in str(e):
             why = f"its tensor data runs past the end of the file, {os.path.getsize(path)} bytes: cut short? "
         elif isinstance(e, IndexError) or "a divisor of the total size" in str(e):
@@ -172,6 +180,14 @@ def _open(path: str) -> _Reader:
         raise SharpiError(f"{path}: not a valid GGUF file ({why}{type(e).__name__}: {e})") from None
     if reader.endianess != gguf.GGUFEndian.LITTLE:  # (llama.cpp refuses them too: its tensors are read as they lie)
         raise SharpiError(f"{path}: a big-endian GGUF file; sharpi reads little-endian ones only (as this CPU)")
+    # the tensors' data lie one after the other, each padded to the alignment, as llama.cpp's gguf_init requires:
+    # an offset elsewhere (misaligned, overlapping) is a damaged tensor table, not data to compute with
+    expected, align = reader.data_offset, reader.alignment
+    for t in reader.tensors:
+        if t.data_offset != expected:
+            raise SharpiError(f"{path}: not a valid GGUF file (tensor '{t.name}' has offset "
+                              f"{t.data_offset - reader.data_offset}, expected {expected - reader.data_offset})")
+        expected += -(-int(t.n_bytes) // align) * align
     return reader
 
 
@@ -190,7 +206,7 @@ def split_paths(path: str, n_split: int) -> list[str]:
         raise SharpiError(f"{path}: a model split in {n_split} parts, but its name does not end in '{first}' "
                           "(llama.cpp finds the other parts by that name)")
     prefix = path[:-len(first)]
-    return [f"{prefix}-{i + 1:05d}-of-{n_split:05d}.gguf" for i in range(n_split)]
+    return [f"{prefix}-{i + 1:05d}-of-{n_split:05d}.gguf" for i in range(n_split)]  # (n_split <= 65535: GGUFFile)
 
 
 class GGUFFile:
@@ -206,6 +222,8 @@ class GGUFFile:
         self.reader = _open(self.path)
         self.readers, self.paths = [self.reader], [self.path]
         n_split = _int_field(self.reader, "split.count") or 0
+        if n_split > 0xFFFF:  # (llama.cpp's split.count is a u16)
+            raise SharpiError(f"{self.path}: split.count {n_split} is damaged (at most 65535 parts)")
         if n_split > 1:
             idx = _int_field(self.reader, "split.no") or 0
             if idx != 0:
@@ -245,6 +263,7 @@ class GGUFFile:
 
     def get(self, key: str, default: Any = None) -> Any:
         """Metadata value as a Python object (str, int, float, bool, list); --override-kv's if given."""
+        self.last_key = key  # (for a reader's error about a value of the wrong type: models/config.py)
         if key in self.overrides:
             return self.overrides[key]
         f = self.reader.fields.get(key)
@@ -274,12 +293,18 @@ class GGUFFile:
         """`<arch>.<suffix>`, e.g. arch_get('block_count')."""
         return self.get(f"{self.arch}.{suffix}", default)
 
-    def field_array(self, key: str) -> np.ndarray | None:
-        """A numeric array field (token scores/types) as one numpy array, without a Python list."""
+    def field_array(self, key: str, n: int | None = None) -> np.ndarray | None:
+        """A numeric array field (token scores/types) as one numpy array, without a Python list; None if absent.
+        Anything else (a scalar, strings, fewer than n elements) is a damaged file: one error line."""
         f = self.reader.fields.get(key)
         if f is None:
             return None
-        return np.concatenate([f.parts[i] for i in f.data]) if f.data else np.zeros(0)
+        numeric = len(f.types) == 2 and f.types[0] == _ARRAY and f.types[1] in _FILE_TYPE_NAME and f.types[1] != _STRING
+        out = np.concatenate([f.parts[i] for i in f.data]) if numeric and f.data else np.zeros(0)
+        if not numeric or (n is not None and len(out) < n):
+            raise SharpiError(f"{self.path}: {key} is not an array of {n if n is not None else 'some'} numbers "
+                              f"({'an array of ' + str(len(out)) if numeric else 'another type'})")
+        return out
 
     def array_len(self, key: str) -> int:
         """Element count of an array field (0 if absent), without reading the elements."""

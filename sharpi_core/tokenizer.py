@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Callable, Iterable
 
+import gguf
 import numpy as np
 
 from .errors import SharpiError
@@ -301,6 +302,8 @@ class Tokenizer:
         tokens = gf.get("tokenizer.ggml.tokens")
         if not tokens:
             raise SharpiError(f"{gf.path}: the GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise SharpiError(f"{gf.path}: tokenizer.ggml.tokens is not an array of strings")
         tokens = list(tokens)
         n = len(tokens)
         pre = gf.get("tokenizer.ggml.pre") or "default"
@@ -315,14 +318,18 @@ class Tokenizer:
                 token_to_id[tokens[i]] = i
             token_to_id.pop("", None)
 
-        types = gf.field_array("tokenizer.ggml.token_type")
+        types = gf.field_array("tokenizer.ggml.token_type", n)
         if types is None:
             attrs = np.full(n, ATTR_NORMAL, dtype=np.int32)
         else:
             t = np.asarray(types[:n], dtype=np.int64)
             attrs = np.where((t >= 0) & (t < len(_TYPE_TO_ATTR)), _TYPE_TO_ATTR[np.clip(t, 0, 6)], ATTR_UNDEFINED)
             attrs = attrs.astype(np.int32)
-        scores = gf.field_array("tokenizer.ggml.scores") if model == "llama" else None
+        scores = gf.field_array("tokenizer.ggml.scores", n) if model == "llama" else None
+        if model == "gpt2":  # (the merges are read at the first encode: their type is checked now)
+            f = gf.reader.fields.get("tokenizer.ggml.merges")
+            if f is not None and list(f.types) != [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING]:
+                raise SharpiError(f"{gf.path}: tokenizer.ggml.merges is not an array of strings")
         if scores is not None:
             scores = np.asarray(scores[:n], dtype=np.float32)
 

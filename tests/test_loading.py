@@ -308,6 +308,66 @@ def test_known_model_names_as_users_write_them(tmp_path, monkeypatch):
         registry.resolve_model("completely-different")
 
 
+def _field_value_at(path, key) -> int:
+    """Where a metadata field's value starts in the file (after its key and type)."""
+    f = gguf.GGUFReader(str(path)).fields[key]
+    return f.offset + 8 + len(key.encode()) + 4
+
+
+def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):
+    import struct
+    p = write_gguf(tmp_path / "s.gguf", kv={"llama.rope.freq_base": "fast"})  # a string where a number belongs
+    with pytest.raises(SharpiError, match=r"metadata key 'llama.rope.freq_base' holds 'fast', which is not a value of "
+                                          r"the type it needs"):
+        load_model(p)
+    # a string array's count far past the file: refused before anything is allocated for it
+    w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "llama")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    for f in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        f()
+    data = bytearray((tmp_path / "a.gguf").read_bytes())
+    at = _field_value_at(tmp_path / "a.gguf", "tokenizer.ggml.tokens") + 4  # (after the element type)
+    data[at:at + 8] = struct.pack("<Q", 1 << 31)
+    (tmp_path / "a.gguf").write_bytes(data)
+    with pytest.raises(SharpiError, match=r"an array of 2147483648 strings at offset \d+ is longer than the file"):
+        GGUFFile(tmp_path / "a.gguf")
+    # a tensor whose data offset is not where the table's order puts it (misaligned, overlapping): llama.cpp refuses it
+    p = write_gguf(tmp_path / "o.gguf")
+    t = gguf.GGUFReader(str(p)).tensors[1]
+    at = t.field.offset + 8 + len(t.name.encode()) + 4 + 8 * len(t.shape) + 4
+    data = bytearray(p.read_bytes())
+    old = struct.unpack_from("<Q", data, at)[0]
+    struct.pack_into("<Q", data, at, old + 4)
+    p.write_bytes(data)
+    with pytest.raises(SharpiError, match=rf"tensor '{t.name}' has offset {old + 4}, expected {old}"):
+        GGUFFile(p)
+    w = gguf.GGUFWriter(str(tmp_path / "sp-00001-of-70000.gguf"), "llama")
+    w.add_uint32("split.count", 70000)  # (a u16 in llama.cpp: 70000 parts cannot be)
+    for f in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        f()
+    with pytest.raises(SharpiError, match="split.count 70000 is damaged"):
+        GGUFFile(tmp_path / "sp-00001-of-70000.gguf")
+
+
+@pytest.mark.parametrize("field,message", [
+    (("scores", [0.0]), "tokenizer.ggml.scores is not an array of 4 numbers (an array of 1)"),
+    (("token_type", ["x", "y", "z", "w"]), "tokenizer.ggml.token_type is not an array of 4 numbers (another type)"),
+    (("tokens", [1, 2, 3, 4]), "tokenizer.ggml.tokens is not an array of strings"),
+])
+def test_a_tokenizer_of_the_wrong_shape_is_one_error(tmp_path, field, message):
+    from sharpi_core.tokenizer import Tokenizer
+    arrays = {"tokens": ["<unk>", "<s>", "</s>", "a"], "scores": [0.0] * 4, "token_type": [2, 3, 3, 1]}
+    arrays[field[0]] = field[1]
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_string("tokenizer.ggml.model", "llama")
+    for k, v in arrays.items():
+        w.add_array(f"tokenizer.ggml.{k}", v)
+    for f in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        f()
+    with pytest.raises(SharpiError, match=re.escape(message)):
+        Tokenizer.from_gguf(GGUFFile(tmp_path / "t.gguf"))
+
+
 def test_string_arrays_read_as_the_stock_reader_reads_them(tmp_path):
     # GGUFFile decodes a string array from one copy of its bytes; the stock reader's contents() is the oracle
     p = tmp_path / "s.gguf"

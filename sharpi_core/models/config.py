@@ -280,6 +280,17 @@ ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "granitemoe", "mistral3", "exa
 
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
+    try:
+        return _config_from_gguf(gf)
+    except (ValueError, TypeError, OverflowError) as e:  # int("abc"), int(nan), float([..]): a value of the wrong type
+        key = getattr(gf, "last_key", None)
+        held = repr(gf.get(key))
+        held = held if len(held) <= 60 else held[:57] + "..."
+        raise SharpiError(f"{gf.path}: metadata key '{key}' holds {held}, which is not a value of the type it needs "
+                          f"({e})") from None
+
+
+def _config_from_gguf(gf: GGUFFile) -> ModelConfig:
     arch = gf.arch
     if arch not in ARCH_TABLE:
         raise SharpiError(f"unsupported model architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})")
