@@ -1786,7 +1786,7 @@ def print_report(target, res, o: RunOptions) -> None:
         log(f"sharpi: speculative: drafted {s.get('drafted')}, accepted {s.get('accepted')} "
             f"({100 * (s.get('acceptance') or 0):.1f}%), {s.get('tokens_per_pass', 0):.2f} tokens per target pass, "
             f"{s.get('steps_no_proposal', 0)} steps without a proposal"
-            + (f", {s['plain_by_cost']} plain steps by measured cost" if s.get("plain_by_cost") else "")
+            + (f", {s['plain_by_cost']} plain steps chosen by cost" if s.get("plain_by_cost") else "")
             + ((" (the draft model off: slower than plain decoding here; lookup goes on)" if s.get("sources")
                 else " (speculation off: slower than plain decoding here)") if s.get("cost_off") else ""))
         for name, v in s.get("sources", {}).items():

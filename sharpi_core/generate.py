@@ -28,8 +28,8 @@ Environment switches: SHARPI_SPEC_BATCH_VERIFY=0 verifies the same proposals wit
 forwards (same output; isolates batched-forward numerics); SHARPI_SPEC_SAMPLE=0 turns speculation
 off at temp > 0 (recorded in `Generator.notes`); SHARPI_SPEC_ADAPTIVE=0 proposes n_max tokens at
 every step instead of adapting the count to the last step's acceptance; SHARPI_SPEC_COST=0 speculates at
-every step instead of where the measured costs say it pays (speculative.SpecCost: greedy decoding only by
-default, =1 sampled decoding too).
+every step instead of where the costs say it pays (speculative.SpecCost: measured in greedy decoding, fixed
+estimates when sampling, =1 measured there too).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ from .errors import SharpiError
 from .grammar import grammar_need
 from .sampling import AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
 from .speculative import SpecCost, accept_argmax, accept_greedy, accept_sampled
+from .speculative.hybrid import DRAFT_COST, VERIFY_ROW
 from .speculative.synthetic import conditional
 from .speculative.util import common_prefix, next_proposal_len
 from .tokenizer import StreamDecoder
@@ -220,13 +221,17 @@ class Generator:
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off for sampled decoding (--temp > 0, or typical "
                               "or XTC at --temp 0)")
-        # speculate only where the measured costs say it pays (speculative.SpecCost): greedy decoding only unless
-        # SHARPI_SPEC_COST=1 (a sampled output keeps its law, but a seed's draws would depend on timing), never
+        # speculate only where it pays (speculative.SpecCost): by the measured costs in greedy decoding (and with
+        # SHARPI_SPEC_COST=1), by fixed estimates when sampling (a seed's draws must not depend on timing), never
         # with SHARPI_SPEC_COST=0
         mode = os.environ.get("SHARPI_SPEC_COST", "").strip().lower()
-        on = _env_on("SHARPI_SPEC_COST") and (params.greedy or mode in ("1", "true", "yes", "on"))
-        warm_up = any(getattr(m, "use_graphs", False) for m in (model, getattr(drafter, "model", None)))
-        self.cost = SpecCost(drafter, warm_up) if self.speculate and on else None
+        self.cost = None
+        if self.speculate and _env_on("SHARPI_SPEC_COST"):
+            if params.greedy or mode in ("1", "true", "yes", "on"):
+                warm_up = any(getattr(m, "use_graphs", False) for m in (model, getattr(drafter, "model", None)))
+                self.cost = SpecCost(drafter, warm_up)
+            else:
+                self.cost = SpecCost(drafter, fixed=(VERIFY_ROW, self._draft_cost(drafter)))
         # mirostat or adaptive-p draws the token (sampling.Picker): its state follows every token it picks
         # and starts over at each generate() call (llama.cpp's interactive mode resets its samplers at each
         # user input); a verify row's law is computed in the state its drafts lead to (Picker.rows)
@@ -395,6 +400,20 @@ class Generator:
         past = self._past()
         base = (past[-n:] if n > 0 else list(past)) + [t]
         return [base + props[:i] for i in range(n_rows)]
+
+    def _draft_cost(self, drafter) -> float:
+        """A draft model's proposal in target passes, as decoding reads the weights once a token: the draft's
+        weight bytes over the target's (a hybrid's own estimate; 0 for free drafters)."""
+        if getattr(drafter, "free", False):
+            return 0.0
+        if getattr(drafter, "cost", None) is not None:  # (HybridDrafter's)
+            return float(drafter.cost)
+        m = drafter
+        while m is not None and not hasattr(m, "weight_bytes"):  # (a drafter's model, or a chain's drafter's)
+            m = getattr(m, "model", None)
+        if m is None or not hasattr(self.model, "weight_bytes"):
+            return DRAFT_COST
+        return m.weight_bytes / max(self.model.weight_bytes, 1)
 
     def _forward(self, tokens: list[int], start: int, **kw) -> torch.Tensor:
         """Logits [T, V] of tokens at start; with device_argmax their rows' arg-maxes [T] (logit bias

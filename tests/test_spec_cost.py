@@ -303,15 +303,43 @@ def with_cost(gen, row, draft):
     return gen
 
 
-def test_greedy_uses_it_by_default_and_sampling_only_when_asked(monkeypatch):
+def test_greedy_measures_sampling_estimates_and_zero_turns_it_off(monkeypatch):
     monkeypatch.delenv("SHARPI_SPEC_COST", raising=False)
-    assert make(GREEDY, drafter_for("model", GREEDY), spec_n_max=3)[0].cost is not None
-    assert make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost is None
+    assert make(GREEDY, drafter_for("model", GREEDY), spec_n_max=3)[0].cost.fixed is None
+    sampled = make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost
+    assert sampled.fixed == (0.09, 0.4)  # (toy models state no weight sizes: the default draft cost)
+    assert make(SAMPLED_PEN, drafter_for("lookup", SAMPLED_PEN), spec_n_max=3)[0].cost.fixed == (0.09, 0.0)
+    assert make(SAMPLED_PEN, drafter_for("hybrid", SAMPLED_PEN), spec_n_max=3)[0].cost.fixed == (0.09, 0.3)
     assert make(GREEDY, drafter_for("hybrid", GREEDY), spec_n_max=3)[0].cost is not None
     monkeypatch.setenv("SHARPI_SPEC_COST", "1")
-    assert make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost is not None
+    assert make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost.fixed is None
     monkeypatch.setenv("SHARPI_SPEC_COST", "0")
     assert make(GREEDY, drafter_for("model", GREEDY), spec_n_max=3)[0].cost is None
+    assert make(SAMPLED_PEN, drafter_for("model", SAMPLED_PEN), spec_n_max=3)[0].cost is None
+
+
+def test_sampling_by_fixed_costs_a_seed_gives_the_same_draws_at_any_speed(monkeypatch):
+    """When sampling, which steps speculate follows the verdicts alone (fixed costs): the same seed gives the same
+    tokens and the same choices however long each pass took; a draft that does not pay goes off."""
+    monkeypatch.delenv("SHARPI_SPEC_COST", raising=False)
+    import random
+
+    import sharpi_core.generate as generate_mod
+    params = SamplingParams(temp=1.5)
+    runs = []
+    for speed in (0, 1, 2):
+        clock, rnd = [0.0], random.Random(speed)
+
+        def perf_counter():  # a machine whose passes take anything from 1 us to 50 ms
+            clock[0] += rnd.uniform(1e-6, 0.05) if speed else 1e-3
+            return clock[0]
+        monkeypatch.setattr(generate_mod.time, "perf_counter", perf_counter)
+        gen, _ = make(params, drafter_for("same", params), spec_n_max=4, seed=3)
+        gen.drafter.model.by_token = -gen.drafter.model.by_token  # (a draft that is mostly wrong)
+        r = gen.generate(PROMPT, n_predict=60)
+        runs.append((r.tokens, r.spec.plain_by_cost, r.spec.cost_off, r.spec.drafted))
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0][2] and runs[0][1] > 30  # (off: at 1.5 times a plain pass for 1 + a tokens, a < 0.5 does not pay)
 
 
 @pytest.mark.parametrize("kind", ["lookup", "model", "same", "wide", "hybrid"])
@@ -441,4 +469,4 @@ def test_generator_without_a_drafter_has_no_cost_model(cost_on):
 def test_params_sampled_at_temp_0_with_xtc_is_not_greedy(cost_on):
     p = SamplingParams(temp=0, xtc_probability=0.5, xtc_threshold=0.1)
     assert not p.greedy
-    assert make(p, drafter_for("lookup", p), spec_n_max=3)[0].cost is None
+    assert make(p, drafter_for("lookup", p), spec_n_max=3)[0].cost.fixed is not None  # (sampled: fixed costs)

@@ -33,8 +33,10 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
 
 On a GPU the first pass of each shape is not taken as a measure (it captures a CUDA graph). Greedy output does
 not depend on any of it (every k gives the plain chain). A sampled output keeps its law (the choice depends on the
-past only), but which draws a seed gives would depend on timing: the generator uses this for greedy decoding
-only unless SHARPI_SPEC_COST=1 (SHARPI_SPEC_COST=0: never).
+past only), but which draws a seed gives would depend on timing: in sampled decoding the generator gives SpecCost
+`fixed` costs instead (a plain pass 1, a verify pass 1 + verify_row a row after the first, a draft model's proposal
+draft_cost, all in plain passes), so the same rules decide from the verdicts alone and a seed's draws stay the
+same run after run (SHARPI_SPEC_COST=1: measured there too; SHARPI_SPEC_COST=0: no cost model).
 """
 from __future__ import annotations
 
@@ -106,10 +108,12 @@ def expected_tokens(a: float, k: int) -> float:
 
 
 class SpecCost:
-    def __init__(self, drafter, warm_up: bool = False):
+    def __init__(self, drafter, warm_up: bool = False, fixed: tuple[float, float] | None = None):
         self.drafter = drafter
         # the first pass of each shape is not a measure (a GPU model captures a CUDA graph there)
-        self.warm_up = warm_up
+        self.warm_up = warm_up and fixed is None
+        # (verify_row, draft_cost): costs in plain passes that replace the measured times (see the module's doc)
+        self.fixed = fixed
         self._free = bool(getattr(drafter, "free", False))
         # a drafter with a free source to fall back on (HybridDrafter: its lookup), which then weighs its sources
         # with the costs measured here (step_cost)
@@ -127,6 +131,8 @@ class SpecCost:
         self.verdicts = Verdicts(PRIOR, DECAY)
         self._shadow: tuple[int, list[int]] | None = None  # lookup's unverified proposal (at, tokens)
         self._since = 0        # measured verify steps since the last plain sample
+        if fixed is not None:  # (a plain step's cost is known: no plain steps to measure it)
+            self._plain.add(1.0)
         self.begin()
 
     def begin(self) -> None:
@@ -196,8 +202,8 @@ class SpecCost:
         if self.off:
             self.chosen_plain += 1
             return 0
-        if (not self._plain.last or self._since >= REFRESH * (4 if self.free else 1)
-                or (not self.free and self._plains < 2)):
+        if self.fixed is None and (not self._plain.last or self._since >= REFRESH * (4 if self.free else 1)
+                                   or (not self.free and self._plains < 2)):
             return self._choose_plain(history, t, cap)
         if not self.free:
             n, loss = len(self._steps), 1 - self.spec_rate() / self.plain_rate() if self._steps else 0.0
@@ -258,6 +264,8 @@ class SpecCost:
     def plain(self, seconds: float) -> None:
         """A plain step (forward of one token and its pick) took `seconds`."""
         self._catch_up = True
+        if self.fixed is not None:
+            return  # (its cost is 1)
         if self._first(1):
             return
         self._plain.add(seconds)
@@ -272,6 +280,10 @@ class SpecCost:
         self._shadow = None
         catch_up, self._catch_up = self._catch_up, False
         source, last = getattr(self.drafter, "source", None), self._last_source
+        if self.fixed is not None:  # (lookup's and the n-gram sources' proposals cost nothing)
+            row, draft = self.fixed
+            verify_s = 1.0 + row * (rows - 1)
+            draft_s = proposed * draft if not self.free and source in (None, "draft", "mtp") else 0.0
         self._last_source = source
         if self._first((rows, proposed)):
             return

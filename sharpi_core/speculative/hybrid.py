@@ -28,6 +28,7 @@ from .util import Verdicts, WrapsModel, common_prefix, next_proposal_len
 
 DECAY = 0.25  # weight of the newest step's verdict in a source's running estimate
 VERIFY_ROW = 0.09  # a verify pass's cost per extra row, relative to a one-row pass (Qwen 1.5B on the CPU: 5 rows 1.36)
+DRAFT_COST = 0.4  # a draft model's proposal relative to a target pass, where their weights' sizes are not known
 # prior estimates (chance a proposal is accepted after its prefix was, weight in verdicts): lookup's low, as its
 # short matches in new text mostly are, a model's as a related draft's usually is
 PRIOR_LOOKUP, PRIOR_MODEL = (0.4, 2.0), (0.75, 4.0)
@@ -38,7 +39,7 @@ class HybridDrafter(WrapsModel):
     # SHARPI_SPEC_ADAPTIVE=0: every source then proposes what it is asked)
     adapts = True
 
-    def __init__(self, lookup, model, n_max: int, n_min: int = 0, cost: float = 0.4, names=("lookup", "draft")):
+    def __init__(self, lookup, model, n_max: int, n_min: int = 0, cost: float = DRAFT_COST, names=("lookup", "draft")):
         self.lookup, self.model = lookup, model
         self.names = names
         self.n_max, self.n_min = n_max, n_min
