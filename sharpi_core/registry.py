@@ -209,7 +209,8 @@ def _exit_on_termination():
 
     def stop(signum, frame):
         raise SystemExit(128 + signum)
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # (a signal ignored, as under nohup, stays ignored; one with a handler of its own keeps it)
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_DFL}
     try:
         yield
     finally:

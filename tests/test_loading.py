@@ -268,6 +268,22 @@ def test_fetches_killed_earlier_are_cleaned_up(tmp_path, monkeypatch):
     assert not old.exists() and live.exists()
 
 
+def test_a_fetch_exits_through_python_on_sigterm_and_leaves_ignored_signals_alone():
+    import signal
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        pytest.skip("SIGTERM has a handler in this process")
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (as under nohup)
+    try:
+        with registry._exit_on_termination():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            with pytest.raises(SystemExit) as stop:
+                os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.value.code == 128 + signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_an_unreachable_index_is_named_as_such(tmp_path, monkeypatch):
     # pip's own words when the index refuses connections: retries, then "no matching distribution"
     retry = ("WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after "
