@@ -548,3 +548,19 @@ def test_spec_stats_add_up_over_calls():
     assert a.per_position_drafted == [2, 2, 1, 1] and a.sources["draft"]["steps"] == 1  # (the parts unchanged)
     t = Timings(3, 1.5, 4, 2.0) + Timings(1, 0.5, 2, 1.0)
     assert (t.prompt_n, t.prompt_ms, t.eval_n, t.eval_ms) == (4, 2.0, 6, 3.0)
+
+
+def test_a_draft_whose_window_slid_starts_over_on_another_history():
+    """A draft whose context slid past the start of a long conversation proposes from the right tokens again
+    when the target's history starts anew (/clear, another prompt): as a fresh drafter would."""
+    m = ToyModel(8, seed=21)
+    greedy = SamplingParams(temp=0)
+    d = DraftModelDrafter(m, m.new_cache(16), greedy)
+    long = [(3 * i + 1) % 8 for i in range(40)]
+    d.propose(long, 3)
+    assert d._base > 0  # (slid)
+    assert d.propose(long + [2, 5], 3)[0]  # (the same conversation goes on from the window)
+    short = [1, 2, 3, 4, 5]
+    props = d.propose(short, 3)[0]
+    fresh = DraftModelDrafter(m, m.new_cache(16), greedy).propose(short, 3)[0]
+    assert d._base == 0 and list(props) == list(fresh) and len(fresh) == 3
