@@ -265,6 +265,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     tok = target.tokenizer
     tags = reply_tags(o, tok)
     color = use_color(o.color)
+    stop_tokens = reverse_prompt_tokens(tok, o.reverse_prompt)
     messages: list[dict] = []
     if o.system_prompt and not o.single_turn:  # (-st's one turn is refused by the turn's own check below)
         check_system_prompt_fits(o, tok, n_ctx)
@@ -360,8 +361,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             view = ReplyView(sys.stdout, tags, text, color)
             try:
                 res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
-                                   on_text=view.write, should_stop=stop,
-                                   stop_tokens=reverse_prompt_tokens(tok, o.reverse_prompt))
+                                   on_text=view.write, should_stop=stop, stop_tokens=stop_tokens)
             finally:
                 view.close()
         sys.stdout.write("\n")

