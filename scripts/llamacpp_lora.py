@@ -13,6 +13,7 @@ llama-perplexity's result with adapters on the fixtures' text (sharpi perplexity
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -55,7 +56,7 @@ CASES = [
 # llama-perplexity on SmolLM2 with the fixtures' text and arguments (-c 128 --chunks 8 -b 128)
 # ({v}: llamacpp_control_vector.py's vector "a": perplexity takes control vectors too)
 PPL_CASES = [["--lora", "{a}"], ["--lora-scaled", "{b}:2,{c}:-1"], ["--lora", "{c}", "--control-vector-scaled", "{v}:0.5"]]
-PPL_TEXT = ROOT.parent / "shared" / "fixtures" / "apache-2.0.txt"
+PPL_TEXT = Path(os.environ.get("SHARPI_FIXTURES", ROOT.parent / "shared" / "fixtures")) / "apache-2.0.txt"
 
 
 def _dims(arch: str, weight: str) -> tuple[int, int]:

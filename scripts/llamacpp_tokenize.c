@@ -1,10 +1,10 @@
 /* llama.cpp's tokenizer on many texts at once: the oracle of scripts/llamacpp_vocab_check.py.
  *
- *   llamacpp_tokenize MODEL < texts > ids
+ *   llamacpp_tokenize MODEL [ADD_SPECIAL PARSE_SPECIAL] < texts > ids
  *
  * Loads only MODEL's vocabulary. stdin holds texts separated by "\n__ggml_vocab_test__\n" (the format
  * of llama.cpp's models/ggml-vocab-*.gguf.inp files); each is tokenized without special tokens added
- * or parsed (llama_tokenize(..., false, false)) and written as one line of space-separated ids.
+ * or parsed (llama_tokenize(..., false, false); "1 1": both) and written as one line of space-separated ids.
  * Built by the script against a llama.cpp build directory; never part of sharpi itself. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,14 +16,16 @@ static void quiet(enum ggml_log_level level, const char *text, void *data) {
     (void)level, (void)text, (void)data;
 }
 
+static bool add_special = false, parse_special = false;
+
 static void emit(const struct llama_vocab *vocab, const char *text, int len) {
     int cap = len + 16;
     llama_token *ids = malloc(sizeof(llama_token) * cap);
-    int n = llama_tokenize(vocab, text, len, ids, cap, false, false);
+    int n = llama_tokenize(vocab, text, len, ids, cap, add_special, parse_special);
     if (n < 0) {
         cap = -n;
         ids = realloc(ids, sizeof(llama_token) * cap);
-        n = llama_tokenize(vocab, text, len, ids, cap, false, false);
+        n = llama_tokenize(vocab, text, len, ids, cap, add_special, parse_special);
     }
     for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
@@ -31,9 +33,13 @@ static void emit(const struct llama_vocab *vocab, const char *text, int len) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s MODEL < texts\n", argv[0]);
+    if (argc != 2 && argc != 4) {
+        fprintf(stderr, "usage: %s MODEL [ADD_SPECIAL PARSE_SPECIAL] < texts\n", argv[0]);
         return 2;
+    }
+    if (argc == 4) {
+        add_special = atoi(argv[2]) != 0;
+        parse_special = atoi(argv[3]) != 0;
     }
     llama_log_set(quiet, NULL);
     llama_backend_init();

@@ -29,7 +29,8 @@ forwards (same output; isolates batched-forward numerics); SHARPI_SPEC_SAMPLE=0 
 off at temp > 0 (recorded in `Generator.notes`); SHARPI_SPEC_ADAPTIVE=0 proposes n_max tokens at
 every step instead of adapting the count to the last step's acceptance; SHARPI_SPEC_COST=0 speculates at
 every step instead of where the costs say it pays (speculative.SpecCost: measured in greedy decoding, fixed
-estimates when sampling, =1 measured there too).
+estimates when sampling, =1 measured there too); SHARPI_SPEC_COUNT=0 keeps the generator's count of proposals for a
+draft model where SpecCost would propose the count with the most tokens per second expected.
 """
 from __future__ import annotations
 
@@ -227,11 +228,13 @@ class Generator:
         mode = os.environ.get("SHARPI_SPEC_COST", "").strip().lower()
         self.cost = None
         if self.speculate and _env_on("SHARPI_SPEC_COST"):
+            # (SHARPI_SPEC_COUNT=0: a draft model proposes the generator's count, not the one its costs choose)
+            costs, count = (VERIFY_ROW, self._draft_cost(drafter)), _env_on("SHARPI_SPEC_COUNT")
             if params.greedy or mode in ("1", "true", "yes", "on"):
                 warm_up = any(getattr(m, "use_graphs", False) for m in (model, getattr(drafter, "model", None)))
-                self.cost = SpecCost(drafter, warm_up)
+                self.cost = SpecCost(drafter, warm_up, guess=costs, count=count)
             else:
-                self.cost = SpecCost(drafter, fixed=(VERIFY_ROW, self._draft_cost(drafter)))
+                self.cost = SpecCost(drafter, fixed=costs, count=count)
         # mirostat or adaptive-p draws the token (sampling.Picker): its state follows every token it picks
         # and starts over at each generate() call (llama.cpp's interactive mode resets its samplers at each
         # user input); a verify row's law is computed in the state its drafts lead to (Picker.rows)

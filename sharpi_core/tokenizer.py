@@ -651,9 +651,15 @@ def _detect_special_tokens(tokens: list[str], token_to_id: dict[str, int], attrs
 
 
 def _apply_model_attr_rules(gf: GGUFFile, tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray) -> None:
-    """llama.cpp's per-model lstrip/rstrip attributes for special tokens (set by model name)."""
+    """llama.cpp's per-model lstrip/rstrip attributes for special tokens (set by pre-tokenizer, architecture or model
+    name)."""
     name = str(gf.get("general.name") or "").lower()
-    if "phi-3" in name or "phi3" in name:
+    pre, arch = str(gf.get("tokenizer.ggml.pre") or ""), str(gf.get("general.architecture") or "")
+    if any(p in pre for p in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(a in arch for a in ("nomic-bert-moe",
+                                                                                                       "jina-bert-v3")):
+        if "<mask>" in token_to_id:
+            attrs[token_to_id["<mask>"]] |= ATTR_LSTRIP
+    elif "phi-3" in name or "phi3" in name:
         attrs[(attrs & _SPECIAL_ATTRS) != 0] |= ATTR_RSTRIP
         for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
             if t in token_to_id:

@@ -175,6 +175,24 @@ def test_reverse_prompt_stops(smol):
     assert full.startswith(d["text"]) and len(d["text"]) < len(full)
 
 
+def test_reverse_prompt_ending_inside_a_token_stops_at_that_token(smol):
+    """A reverse prompt is looked for in the text, not at token boundaries (llama-completion's find in its last
+    tokens' text): one that ends inside a token stops the run at that token, the whole token printed."""
+    tok = loaded(SMOL)[1]
+    prompt = "Once upon a time, in a small village,"
+    args = ("-m", smol, "-p", prompt, "-n", 24, "--temp", 0, "--json")
+    ids = json.loads(sharpi(*args).stdout)["tokens"]
+    pieces = [tok.decode([t]) for t in ids]
+    i = next(i for i in range(len(ids) // 3, len(ids)) if len(pieces[i].strip()) >= 4)
+    rp = pieces[i].strip()[:-1]  # the token's word without its last letter
+    assert rp not in prompt
+    j = next(j for j in range(len(ids)) if rp in tok.decode(ids[:j + 1]))  # the token that completes it first
+    want = tok.decode(ids[:j + 1])
+    assert not want.endswith(rp)  # (the match ends inside token j)
+    d = json.loads(sharpi(*args, "-r", rp).stdout)
+    assert d["stop_reason"] == "stop_string" and d["tokens"] == ids[:j + 1] and d["text"] == want
+
+
 def test_reverse_prompts_see_control_tokens_and_the_prompts_end(smol):
     """As llama-completion's: a reverse prompt is looked for in the text with control tokens written out (shown
     or not: no -sp here), a one-token one is that token, and a match may begin in the prompt."""
@@ -1036,7 +1054,10 @@ def test_draft_cache_types(smol):
     assert json.loads(r.stdout)["tokens"] == plain["tokens"]
     lines = [ln for ln in r.stderr.splitlines() if "KV cache" in ln]
     assert lines[0].startswith("sharpi: model ") and "KV cache K q8_0 V f16" in lines[0]
-    assert lines[1].startswith("sharpi: draft ") and "KV cache K f32 V q8_0" in lines[1]
+    # (an f32 cache is held in f16 under flash attention, llama.cpp's default: it casts f32 to f16 to attend)
+    assert lines[1].startswith("sharpi: draft ") and "KV cache K f16 V q8_0" in lines[1]
+    r = sharpi(*args, "-md", smol, "-fa", "off", "-ctkd", "f32")
+    assert "KV cache K f32 V f16" in [ln for ln in r.stderr.splitlines() if ln.startswith("sharpi: draft ")][0]
     r = sharpi(*args, "-md", smol, "-ctv", "q8_0")
     assert "KV cache K f16 V q8_0" in [ln for ln in r.stderr.splitlines() if ln.startswith("sharpi: draft ")][0]
 

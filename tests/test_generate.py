@@ -660,3 +660,21 @@ def test_resume_goes_on_from_what_feed_left(stop_at_end):
     b = gen.generate([], n_predict=6, resume=True, stop_strings=["zz"], stop_at_end=stop_at_end)
     assert a.tokens + b.tokens == ref[:10]
     assert model.n_tokens - n == 5  # (the last token is not evaluated again)
+
+
+def test_synthetic_acceptance_never_takes_a_proposed_end_of_generation():
+    """--spec-synth-*: proposals accepted at random, but never a proposed end of generation (it would end the run
+    early, as llama.cpp's server also avoids): the step keeps the proposals before it and the target's token
+    follows them."""
+    class Scripted:
+        cache, history = None, []
+
+        def propose(self, history, k):
+            return [2, 7, 3][:k], None
+
+        def rollback(self, n_keep):
+            pass
+    gen, _ = make(drafter=Scripted(), eog=(7,), spec_n_max=3, synth_rates=(1.0, 1.0, 1.0))
+    r = gen.generate(PROMPT, n_predict=12)
+    assert r.stop_reason == "n_predict" and len(r.tokens) == 12 and 7 not in r.tokens
+    assert r.spec.accepted == r.spec.verify_passes > 0  # (one a step: the 2 before the proposed end)

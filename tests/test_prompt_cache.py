@@ -43,7 +43,7 @@ def test_restored_positions_are_the_saved_bytes_and_give_the_same_logits(tmp_pat
     assert PromptCacheFile(f).restore("target", other, h2, path, ids[:5] + [7, 7]) == 5 and h2 == ids[:5]
     # other cache types are refused
     with pytest.raises(SharpiError, match="KV cache there is"):
-        PromptCacheFile(f).restore("target", model.new_cache(64, "f32", "f32"), [], path, ids)
+        PromptCacheFile(f).restore("target", model.new_cache(64, "bf16", "q8_0"), [], path, ids)
 
 
 def test_runs_with_a_prompt_cache(tmp_path):

@@ -129,6 +129,23 @@ def test_ties_prefer_lower_id():
     assert int(argmax(x)) == 1
 
 
+def test_ties_at_a_cut_prefer_lower_ids_in_a_large_vocabulary():
+    """A run of equal logits straddling the top-k cut gives its places to the lowest ids (llama.cpp's order), in a
+    vocabulary large enough that the kernels partition and sort only a part of it, the run scattered over it."""
+    g = np.random.default_rng(7)
+    V = 50_000
+    x = g.standard_normal(V).astype(np.float32) - 10  # the rest far below the run
+    run = np.sort(g.choice(V, 400, replace=False))[::-1]  # (written in descending id order)
+    x[run] = 2.0
+    x[run[:5]] = 3.0  # five above the run of 395: top-k 100 takes 95 of it
+    for top_k in (100, 5 + 395 - 1):
+        p = filtered_probs(torch.from_numpy(x), SamplingParams(temp=1, top_k=top_k, top_p=1, min_p=0))
+        kept = set(torch.nonzero(p).flatten().tolist())
+        assert kept == set(run[:5].tolist()) | set(np.sort(run[5:])[: top_k - 5].tolist())
+        idx, _ = candidates(torch.from_numpy(x), SamplingParams(temp=1, top_k=top_k, top_p=1, min_p=0))
+        assert set(idx.tolist()) == kept
+
+
 def test_penalties_match_reference():
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(30, generator=g) * 2

@@ -86,7 +86,7 @@ def run_steps(c, n, tokens, seconds, cap=4, proposed=4):
 
 
 def test_a_draft_model_is_measured_against_plain_steps_close_in_time():
-    c = SpecCost(_Props([1], free=False))
+    c = SpecCost(_Props([1], free=False), guess=(0.0, 0.0))  # (free rows and proposals until measured: k = cap)
     kinds = run_steps(c, 12, 4, 2.0)  # 2 tokens per plain-step time: speculation pays
     # a call starts with 2 plain steps; the step after a plain one is the draft catching up: not a measure
     assert kinds[:3] == [0, 0, 4] and kinds.count(0) == 2
@@ -98,8 +98,30 @@ def test_a_draft_model_is_measured_against_plain_steps_close_in_time():
     assert not c.off and 2 <= kinds.count(0) <= 3  # then one every REFRESH measured verify steps
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["measured", "fixed"])
+def test_a_draft_model_proposes_the_count_with_the_most_tokens_per_second(fixed):
+    """Each proposal costs a draft forward and a verify row: where the draft is right 1 time in 3 (matches of 0 or 1
+    token) a step proposes 1 or 2 however many are allowed, where it is always right all 16. By the measured costs,
+    or by the fixed ones (sampling) alike."""
+    def run(matches, n=60):
+        c = SpecCost(_Props([1], free=False), fixed=(0.05, 0.1)) if fixed else Synthetic(_Props([1], free=False), 0.05, 0.1)
+        ks = []
+        for i in range(n):
+            k = c.plan([], 0, 16)
+            if k == 0:
+                c.plain(1.0)
+            else:
+                a = min(k, matches[i % len(matches)])
+                c.spec(k + 1, 1.0 + 0.05 * k, k, 0.1 * k, a, a + 1)
+            ks.append(k)
+        assert not c.off
+        return ks[-20:]
+    assert set(run([0, 1, 0, 1, 0, 0])) - {0} <= {1, 2}
+    assert set(run([99])) - {0} == {16}
+
+
 def test_on_a_gpu_the_first_pass_of_a_shape_is_not_a_measure():
-    c = SpecCost(_Props([1], free=False), warm_up=True)
+    c = SpecCost(_Props([1], free=False), warm_up=True, guess=(0.0, 0.0))
     kinds = run_steps(c, 4, 4, 2.0)
     assert kinds == [0, 0, 0, 4] and c._plain.last == deque([1.0, 1.0]) and not c._steps  # (a graph captured)
     run_steps(c, 1, 4, 2.0)
@@ -118,7 +140,7 @@ def test_a_draft_model_that_does_not_pay_goes_off_until_the_call_ends():
     assert run_steps(c, 100, 4, 4.4) == [0] * 100  # no probing: it would have to catch up on every token
     c.begin()  # the next call (a chat turn) starts over: 2 plain steps, the verify steps, off
     kinds = run_steps(c, 30, 4, 4.4)
-    assert kinds[:3] == [0, 0, 4] and c.off and sum(k > 0 for k in kinds) == cost_mod.WARM + 1
+    assert kinds[:2] == [0, 0] and kinds[2] > 0 and c.off and sum(k > 0 for k in kinds) == cost_mod.WARM + 1
 
 
 def test_a_few_unlucky_first_steps_do_not_turn_it_off():
@@ -127,7 +149,7 @@ def test_a_few_unlucky_first_steps_do_not_turn_it_off():
     run_steps(c, 3, 4, 2.0)
     for tokens in (1, 2, 2, 2):  # (adaptive counts would make these steps cheaper: not here)
         run_steps(c, 1, tokens, 3.0)
-    assert not c.off and c.plan([], 0, 4) == 4
+    assert not c.off and c.plan([], 0, 4) > 0
     run_steps(c, 20, 4, 2.0)
     assert not c.off
 

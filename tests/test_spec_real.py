@@ -39,6 +39,7 @@ def test_typical_at_temp_0_is_the_best_survivor_and_speculation_keeps_it():
     assert not typ.greedy
     plain = run(model, tok, "The capital of France is", 12)
     out = run(model, tok, "The capital of France is", 12, params=typ, seed=1)
+    assert tok.decode(out.tokens) == ' Paris.\n\nIn other words, the sentence "The'  # (llama-completion's)
     assert out.tokens != plain.tokens
     assert run(model, tok, "The capital of France is", 12, params=typ, seed=2).tokens == out.tokens
     drafter = DraftModelDrafter(model, model.new_cache(1024), typ, torch.Generator().manual_seed(4))
@@ -52,6 +53,9 @@ def test_batch_verify_switch_gives_identical_output(monkeypatch):
     monkeypatch.setenv("SHARPI_SPEC_BATCH_VERIFY", "0")
     b = run(model, tok, ECHO, 32, LookupDrafter(3, 2), params=SamplingParams(temp=0.8), seed=3)
     assert a.tokens == b.tokens
+    # (both speculated: the switch changes how proposals are verified, not whether they are)
+    for r in (a, b):
+        assert r.spec.verify_passes > 0 and r.spec.accepted > 0
 
 
 def test_draft_equal_to_target_accepts_everything():

@@ -533,6 +533,46 @@ def test_hybrid_values_proposals_per_token():
     assert h.source == "lookup"
 
 
+def test_verdicts_expected_tokens_and_learning():
+    """Verdicts: a + a^2 + ... + a^k expected from k proposals; a step's verdict decays the record before it."""
+    from sharpi_core.speculative.util import Verdicts
+    v = Verdicts((0.5, 2.0), 0.25)
+    assert v.acceptance == 0.5 and v.expected(1) == 0.5 and v.expected(2) == 0.75 and v.expected(3) == 0.875
+    v.learn(2, 3)  # two taken, the third rejected
+    assert (v.hits, v.judged) == (0.75 * 1.0 + 2, 0.75 * 2.0 + 3)
+    assert Verdicts((1.0, 1.0), 0.2).expected(4) == 4.0
+
+
+def test_hybrid_weighs_the_models_cost_per_proposal():
+    """The same record and proposals: a cheap model's four proposals are worth more than lookup's four (its prior is
+    better), an expensive model's less (each costs a forward: 0.4 of a target pass)."""
+    from sharpi_core.speculative import HybridDrafter
+    hist = list(range(50))
+    for cost, source in ((0.1, "draft"), (0.4, "lookup")):
+        lookup, model = _Scripted(), _Scripted()
+        lookup.next, model.next = [5, 6, 7, 8], [1, 2, 3, 4]
+        h = HybridDrafter(lookup, model, n_max=4, cost=cost)
+        h.propose(hist, 4)
+        assert h.source == source, cost
+
+
+def test_hybrid_judges_lookups_proposal_on_the_tokens_that_decide_it():
+    """Lookup's proposal at a step the model took is scored against the tokens that came: the first taken, the
+    second not decided yet (one token came) is not counted as rejected."""
+    from sharpi_core.speculative import HybridDrafter
+    lookup, model = _Scripted(), _Scripted()
+    lookup.next, model.next = [5, 6, 7, 8], [1, 2, 3, 4]
+    h = HybridDrafter(lookup, model, n_max=4, cost=0.1)
+    hist = list(range(50))
+    h.propose(hist, 4)
+    assert h.source == "draft"
+    h.rollback(len(hist))  # the model's first proposal rejected: one token (5) came, lookup's first
+    lookup.next = []
+    h.propose(hist + [5], 4)
+    seen = h._seen["lookup"]  # prior 0.4 of weight 2, decayed by 0.25, then 1 of 1
+    assert seen.hits == pytest.approx(0.4 * 2 * 0.75 + 1) and seen.judged == pytest.approx(2 * 0.75 + 1)
+
+
 def test_spec_stats_add_up_over_calls():
     """A chat's report at the end sums its replies' counts: per position, per source, and the totals."""
     from sharpi_core.generate import SpecStats, Timings

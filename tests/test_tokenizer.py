@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 import time
 import unicodedata
 from pathlib import Path
@@ -301,17 +302,22 @@ def test_bpe_matches_model_of_llama_cpp_on_random_text(name):
 PRETOK = json.loads((Path(__file__).parent / "data" / "llamacpp_pretok.json").read_text())
 
 
-class _WithPre:
-    """A GGUF whose tokenizer.ggml.pre reads as `pre`."""
+class _WithKeys:
+    """A GGUF whose metadata reads as `keys` where it has them."""
 
-    def __init__(self, gf, pre: str):
-        self._gf, self._pre = gf, pre
+    def __init__(self, gf, keys: dict):
+        self._gf, self._keys = gf, keys
 
     def get(self, key, default=None):
-        return self._pre if key == "tokenizer.ggml.pre" else self._gf.get(key, default)
+        return self._keys[key] if key in self._keys else self._gf.get(key, default)
 
     def __getattr__(self, name):
         return getattr(self._gf, name)
+
+
+def _WithPre(gf, pre: str) -> _WithKeys:
+    """A GGUF whose tokenizer.ggml.pre reads as `pre`."""
+    return _WithKeys(gf, {"tokenizer.ggml.pre": pre})
 
 
 def test_every_pre_tokenizer_name_is_recorded():
@@ -329,3 +335,23 @@ def test_pre_tokenizers_split_as_llama_cpp(names):
     for pre in names:
         for text, ours, want in zip(PRETOK["texts"], got, PRETOK["ids"][pre]):
             assert ours == want, (pre, text)
+
+
+# -- special tokens that strip spaces, add_bos / add_eos, against libllama ---------------------------------------
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from llamacpp_special_attrs import changed_keys  # noqa: E402
+
+ATTRS = json.loads((Path(__file__).parent / "data" / "llamacpp_special_attrs.json").read_text())
+
+
+@pytest.mark.parametrize("variant", sorted(ATTRS["ids"]))
+def test_special_token_strip_rules_and_added_tokens_are_llama_cpps(variant):
+    """llama.cpp strips the spaces after every special token of a "phi-3" model (but <unk>, <s>, <|endoftext|>), before
+    "[MASK]" of a "modern-bert" one and "<mask>" of the jina-v2 pre-tokenizers, and appends EOS where add_eos_token is
+    set: the same metadata (SmolLM2's and Gemma 3's vocabularies renamed, scripts/llamacpp_special_attrs.py) gives
+    libllama's ids, special tokens parsed and added."""
+    model, keys, renames = ATTRS["variants"][variant]
+    gf = GGUFFile(model_path(model))
+    t = Tokenizer.from_gguf(_WithKeys(gf, changed_keys(gf, keys, renames)))
+    for text, want in zip(ATTRS["texts"], ATTRS["ids"][variant]):
+        assert t.encode(text, add_special=True, parse_special=True) == want, text

@@ -585,7 +585,9 @@ static inline float kq_dot(int k_type, const void *k, const uint16_t *kd, long r
     if (k_type == KV_BF16)
         return tinyblas ? dot_bf16_tinyblas((const uint16_t *)k + row * D, qb, qf, D)
                         : dot_bf16_vec_dot((const uint16_t *)k + row * D, qb, qf, D);
-    return tinyblas ? dot_tinyblas(k, kd, k_type, row, D, qf) : dot_vec_dot(k, kd, k_type, row, D, qf);
+    /* (an f32 K meets q as ggml permuted it, not contiguous: mul_mat then takes vec_dot, not llamafile's kernel, which
+     * only runs on the contiguous copy that converting q to an f16 K's vec_dot type makes) */
+    return tinyblas && k_type != KV_F32 ? dot_tinyblas(k, kd, k_type, row, D, qf) : dot_vec_dot(k, kd, k_type, row, D, qf);
 }
 
 /* One chain of flash attention: one query row and head (q, KV head g) over cache positions [c0, c1)

@@ -497,6 +497,10 @@ class Transformer:
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
         c = self.config
         self.use_context(n_ctx)
+        if self.flash_attn:
+            # llama.cpp's flash attention casts an f32 K or V to f16 before attending (llama-graph's build_attn_mha):
+            # the numbers of an f16 cache, which is what such a cache holds here then (half the memory)
+            type_k, type_v = ("f16" if t == "f32" else t for t in (type_k, type_v))
         if c.recurrent:
             n_conv = sum(c.recurrent)
             ssm = (c.ssm_dt_rank, c.ssm_d_state) if c.ssm_d_state else None

@@ -17,8 +17,12 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
   are MARGIN or more slower than plain steps, speculation stays off until the call ends: a draft model that
   skipped tokens would have to catch up on all of them (a batched pass costing about a third of its one-token
   pass per token) to try again; a clear loss (CLEAR) turns it off sooner, the steps before the decision being
-  the price of measuring. The next call (a chat turn) starts over. The count of proposals stays the generator's
-  (adapted to the verdicts).
+  the price of measuring. The next call (a chat turn) starts over. While it pays, a step proposes the count in
+  [1, cap] (cap: the generator's count, adapted to the last verdict) with the most tokens per second expected,
+  E(a, k) / (verify(k + 1) + k draft), a draft's proposal costing its measured seconds (steps that follow its own:
+  no catching up), a estimated apart after a step whose proposals were all accepted and after one with a
+  rejection (a draft's right guesses come in runs). A large --spec-draft-n-max then no longer drafts far past
+  what is accepted (scripts/bench_spec_count.py: Qwen 1.5B + 0.5B, 8 code requests at k = 16, 0.94x -> 1.18x plain).
 - Prompt lookup (`free`: its proposals cost microseconds and keep no state) is asked each step, and the step
   goes to the choice with the most tokens expected per second: k in [1, cap] maximising E(a, k) / verify(k + 1)
   (verify times per row count measured, interpolated between them and the plain pass) against 1 / plain, or a
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from .hybrid import DRAFT_COST, VERIFY_ROW
 from .util import Verdicts, common_prefix
 
 SAMPLES = 5      # plain step and verify pass times kept per shape
@@ -108,18 +113,24 @@ def expected_tokens(a: float, k: int) -> float:
 
 
 class SpecCost:
-    def __init__(self, drafter, warm_up: bool = False, fixed: tuple[float, float] | None = None):
+    def __init__(self, drafter, warm_up: bool = False, fixed: tuple[float, float] | None = None,
+                 guess: tuple[float, float] = (VERIFY_ROW, DRAFT_COST), count: bool = True):
         self.drafter = drafter
         # the first pass of each shape is not a measure (a GPU model captures a CUDA graph there)
         self.warm_up = warm_up and fixed is None
         # (verify_row, draft_cost): costs in plain passes that replace the measured times (see the module's doc)
         self.fixed = fixed
+        # the same, until they are measured (verify_time, draft_time)
+        self.guess = fixed or guess
         self._free = bool(getattr(drafter, "free", False))
         # a drafter with a free source to fall back on (HybridDrafter: its lookup), which then weighs its sources
         # with the costs measured here (step_cost)
         self._fallback = getattr(drafter, "lookup", None) if hasattr(drafter, "use_model") else None
         self._model_name = drafter.names[1] if self._fallback is not None else None
-        self._draft = _Times()  # a hybrid's model: seconds per proposed token (steps that follow one of its own)
+        # a drafter of one source (a draft model, an MTP head) proposes the count chosen here (`best`; count=False:
+        # the generator's); one of several (HybridDrafter, NgramChain: `source` names each step's) keeps its sources'
+        self._count = count and not hasattr(drafter, "source")
+        self._draft = _Times()  # the draft model's seconds per proposed token (steps that follow one of its own)
         self._last_source = None
         if self._fallback is not None:
             drafter.measured = self
@@ -129,6 +140,10 @@ class SpecCost:
         self._steps: deque[tuple[int, float, int]] = deque(maxlen=WINDOW)
         self._seen: set = set()  # shapes measured once (the first pass of a shape is not a measure)
         self.verdicts = Verdicts(PRIOR, DECAY)
+        # a draft model's verdicts after a step whose proposals were all accepted and after one with a rejection
+        # apart: its right guesses come in runs (code), where the chance after a full accept is the higher
+        self._after = {True: Verdicts(PRIOR, DECAY), False: Verdicts(PRIOR, DECAY)}
+        self._full = False  # the last step's proposals were all accepted
         self._shadow: tuple[int, list[int]] | None = None  # lookup's unverified proposal (at, tokens)
         self._since = 0        # measured verify steps since the last plain sample
         if fixed is not None:  # (a plain step's cost is known: no plain steps to measure it)
@@ -159,19 +174,29 @@ class SpecCost:
 
     def verify_time(self, rows: int) -> float:
         """A verify pass of `rows` rows: measured, else interpolated between the row counts measured, the plain
-        pass being one row."""
+        pass being one row (none measured yet: the guess's cost a row)."""
+        plain = self._plain.value
+        if not self._verify:
+            return plain * (1 + self.guess[0] * (rows - 1))
         points = {r: v.value for r, v in self._verify.items()}
-        points[1] = self._plain.value
+        points[1] = plain
         return _estimate(points, rows)
 
+    def draft_time(self) -> float:
+        """A proposal's seconds: measured (a draft model's steps that follow its own), else the guess; 0 for lookup."""
+        if self.free:
+            return 0.0
+        return self._draft.value if self.fixed is None and self._draft.last else self.guess[1] * self._plain.value
+
     def rate(self, k: int) -> float:
-        """Lookup: expected tokens per second of a step of k proposals (k = 0: a plain step)."""
+        """Expected tokens per second of a step of k proposals (k = 0: a plain step)."""
         if k == 0:
             return 1.0 / max(self._plain.value, 1e-9)
-        return expected_tokens(self.acceptance, k) / max(self.verify_time(k + 1), 1e-9)
+        a = self.acceptance if self.free else self._after[self._full].acceptance
+        return expected_tokens(a, k) / max(self.verify_time(k + 1) + k * self.draft_time(), 1e-9)
 
     def best(self, cap: int) -> tuple[int, float]:
-        """Lookup: (k in [1, cap] with the highest rate, that rate)."""
+        """(k in [1, cap] with the highest rate, that rate)."""
         return max(((k, self.rate(k)) for k in range(1, cap + 1)), key=lambda kv: kv[1])
 
     def step_cost(self, k: int, model: bool) -> float | None:
@@ -208,7 +233,9 @@ class SpecCost:
         if not self.free:
             n, loss = len(self._steps), 1 - self.spec_rate() / self.plain_rate() if self._steps else 0.0
             if not ((n >= WARM and loss > MARGIN) or (n >= CLEAR[0] and loss > CLEAR[1])):
-                return cap
+                # the count with the most tokens per second expected: each proposal costs a draft forward and a
+                # verify row, and is accepted with the chance the verdicts give
+                return self.best(cap)[0] if self._count else cap
             if self._fallback is None:
                 self.off = True
                 return self._choose_plain(history, t, cap)
@@ -254,6 +281,8 @@ class SpecCost:
     def verdict(self, proposed: int, accepted: int) -> None:
         """The target kept the first `accepted` of `proposed` proposals (the next one, if any, it rejected)."""
         self.verdicts.learn(accepted, min(proposed, accepted + 1))
+        self._after[self._full].learn(accepted, min(proposed, accepted + 1))
+        self._full = accepted >= proposed
 
     def forced(self) -> None:
         """A step fed tokens the constraint forced (no proposals of the drafter's): a draft model catches up on
@@ -287,8 +316,7 @@ class SpecCost:
         self._last_source = source
         if self._first((rows, proposed)):
             return
-        if self.free or self._fallback is not None:
-            self._verify.setdefault(rows, _Times()).add(verify_s)
+        self._verify.setdefault(rows, _Times()).add(verify_s)
         if not self.free:
             if catch_up:  # (a draft model's proposal then includes catching up: not a measure of drafting)
                 return
