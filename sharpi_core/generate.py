@@ -743,7 +743,7 @@ class Generator:
                         room = min(room, n_predict - len(out) - 1)
                     k = min(max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max, room)
                     if k >= 1 and self.cost is not None and not forced:
-                        k = self.cost.plan(self.history, t, k)
+                        k = self.cost.plan(self.history, t, k, self.n_min)
                     if k >= 1:
                         g0 = self.gstate
                         step = self._spec_step(t, k, stats if stats is not None else SpecStats(), room, forced)

@@ -103,11 +103,11 @@ def test_a_draft_model_proposes_the_count_with_the_most_tokens_per_second(fixed)
     """Each proposal costs a draft forward and a verify row: where the draft is right 1 time in 3 (matches of 0 or 1
     token) a step proposes 1 or 2 however many are allowed, where it is always right all 16. By the measured costs,
     or by the fixed ones (sampling) alike."""
-    def run(matches, n=60):
+    def run(matches, n=60, least=1):
         c = SpecCost(_Props([1], free=False), fixed=(0.05, 0.1)) if fixed else Synthetic(_Props([1], free=False), 0.05, 0.1)
         ks = []
         for i in range(n):
-            k = c.plan([], 0, 16)
+            k = c.plan([], 0, 16, least)
             if k == 0:
                 c.plain(1.0)
             else:
@@ -118,6 +118,8 @@ def test_a_draft_model_proposes_the_count_with_the_most_tokens_per_second(fixed)
         return ks[-20:]
     assert set(run([0, 1, 0, 1, 0, 0])) - {0} <= {1, 2}
     assert set(run([99])) - {0} == {16}
+    # never below --spec-draft-n-min (fewer proposals would make the step a plain one, its drafting wasted)
+    assert min(set(run([0, 1, 0, 1, 0, 0], least=3)) - {0}) == 3
 
 
 def test_on_a_gpu_the_first_pass_of_a_shape_is_not_a_measure():

@@ -195,9 +195,9 @@ class SpecCost:
         a = self.acceptance if self.free else self._after[self._full].acceptance
         return expected_tokens(a, k) / max(self.verify_time(k + 1) + k * self.draft_time(), 1e-9)
 
-    def best(self, cap: int) -> tuple[int, float]:
-        """(k in [1, cap] with the highest rate, that rate)."""
-        return max(((k, self.rate(k)) for k in range(1, cap + 1)), key=lambda kv: kv[1])
+    def best(self, cap: int, least: int = 1) -> tuple[int, float]:
+        """(k in [least, cap] with the highest rate, that rate)."""
+        return max(((k, self.rate(k)) for k in range(min(max(1, least), cap), cap + 1)), key=lambda kv: kv[1])
 
     def step_cost(self, k: int, model: bool) -> float | None:
         """A hybrid's step of k proposals in plain steps: its verify pass, plus the model's k proposals if it is the
@@ -221,8 +221,9 @@ class SpecCost:
         return 1.0 / max(self._plain.mean, 1e-9)
 
     # -- the choice -----------------------------------------------------------------------------------
-    def plan(self, history: list[int], t: int, cap: int) -> int:
-        """Proposals to ask for at the step after history + [t], at most cap; 0 = a plain step."""
+    def plan(self, history: list[int], t: int, cap: int, least: int = 1) -> int:
+        """Proposals to ask for at the step after history + [t], at most cap and at least `least` (the generator's
+        --spec-draft-n-min: fewer would be no proposal); 0 = a plain step."""
         self._judge_shadow(history, t)
         if self.off:
             self.chosen_plain += 1
@@ -235,7 +236,7 @@ class SpecCost:
             if not ((n >= WARM and loss > MARGIN) or (n >= CLEAR[0] and loss > CLEAR[1])):
                 # the count with the most tokens per second expected: each proposal costs a draft forward and a
                 # verify row, and is accepted with the chance the verdicts give
-                return self.best(cap)[0] if self._count else cap
+                return self.best(cap, least)[0] if self._count else cap
             if self._fallback is None:
                 self.off = True
                 return self._choose_plain(history, t, cap)
@@ -246,7 +247,7 @@ class SpecCost:
             self.verdicts = Verdicts(PRIOR, DECAY)
         if not self._verify:  # (nothing to compare with yet)
             return cap
-        k, r = self.best(cap)
+        k, r = self.best(cap, least)
         return self._choose_plain(history, t, cap) if r < self.rate(0) else k
 
     def _choose_plain(self, history: list[int], t: int, cap: int) -> int:
