@@ -34,7 +34,9 @@ from sharpi_core.models import load_model  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "llamacpp_reference.json"
+# the fixtures beside the repository, or where SHARPI_FIXTURES says (as tests/conftest.py reads them)
+FIXTURES_DIR = Path(os.environ.get("SHARPI_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+FIXTURES = FIXTURES_DIR / "llamacpp_reference.json"
 
 
 def build(src: Path, bin_dir: Path, dest: Path, program: str = "llamacpp_logits") -> Path:

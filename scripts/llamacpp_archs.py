@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from compare_llamacpp_logits import build, oracle_args  # noqa: E402
+from compare_llamacpp_logits import FIXTURES_DIR, build, oracle_args  # noqa: E402
 from gguf_derive import DEFAULT_SOURCE, SOURCE_MODEL, VARIANTS, derive  # noqa: E402
 from llamacpp_context_shift import keep_count  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
@@ -39,7 +39,6 @@ from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 
 SOURCE = DEFAULT_SOURCE  # the fixture prompts are its (text only: every variant takes them)
 TOP_LOGITS = 8  # logits recorded at a few steps of each case without a context shift: ids and values
-FIXTURES = ROOT.parent / "shared" / "fixtures"
 LONG_CHARS = 1300  # of the Apache license text: ~300 tokens
 SHIFT_PROMPTS = {"lowbit": "In the year 1850,"}  # (lowbit ends the Roman Empire's generation before 420 tokens)
 
@@ -52,9 +51,9 @@ def cases(variant: str) -> list[dict]:
     rollback that llama.cpp's sequence state does not carry (its convolution state then holds that token twice), and
     without it the tokens after a shift land in the freed cells (another attention order: the logits move
     by ~0.7 on qwen3's derivative too); tests/test_archs.py checks the shift's convolution state."""
-    ref = json.loads((FIXTURES / "llamacpp_reference.json").read_text())[SOURCE]["greedy"]
+    ref = json.loads((FIXTURES_DIR / "llamacpp_reference.json").read_text())[SOURCE]["greedy"]
     out = [dict(kind="fixture", prompt=c["prompt"], n_ctx=512, n_gen=32, keep=None) for c in ref]
-    out.append(dict(kind="long", prompt=(FIXTURES / "apache-2.0.txt").read_text()[:LONG_CHARS], n_ctx=512,
+    out.append(dict(kind="long", prompt=(FIXTURES_DIR / "apache-2.0.txt").read_text()[:LONG_CHARS], n_ctx=512,
                     n_gen=48, keep=None))
     if variant not in ("smollm3", "lfm2", "qwen35"):
         out.append(dict(kind="shift", prompt=SHIFT_PROMPTS.get(variant, "The history of the Roman Empire"), n_ctx=256,

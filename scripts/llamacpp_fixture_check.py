@@ -20,11 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compare_llamacpp_logits import FIXTURES  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "llamacpp_reference.json"
 N_COMPARE = 16
 
 

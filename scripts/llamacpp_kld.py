@@ -22,9 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compare_llamacpp_logits import FIXTURES_DIR  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 
-TEXT = ROOT.parent / "shared" / "fixtures" / "apache-2.0.txt"
+TEXT = FIXTURES_DIR / "apache-2.0.txt"
 # (model, text, -c, --chunks, [KL-divergence runs' extra flags])
 CASES = [
     # (no flags: the model against its own base, whose uncertainties of differences cancel to -nan)

@@ -13,7 +13,6 @@ llama-perplexity's result with adapters on the fixtures' text (sharpi perplexity
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+from compare_llamacpp_logits import FIXTURES_DIR  # noqa: E402
 from gguf_derive import finish  # noqa: E402
 from llamacpp_control_vector import N_PREDICT, bin_args, complete, fill, run, write_vector  # noqa: E402
 
@@ -56,7 +56,7 @@ CASES = [
 # llama-perplexity on SmolLM2 with the fixtures' text and arguments (-c 128 --chunks 8 -b 128)
 # ({v}: llamacpp_control_vector.py's vector "a": perplexity takes control vectors too)
 PPL_CASES = [["--lora", "{a}"], ["--lora-scaled", "{b}:2,{c}:-1"], ["--lora", "{c}", "--control-vector-scaled", "{v}:0.5"]]
-PPL_TEXT = Path(os.environ.get("SHARPI_FIXTURES", ROOT.parent / "shared" / "fixtures")) / "apache-2.0.txt"
+PPL_TEXT = FIXTURES_DIR / "apache-2.0.txt"
 
 
 def _dims(arch: str, weight: str) -> tuple[int, int]:

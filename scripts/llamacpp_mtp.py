@@ -23,20 +23,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from compare_llamacpp_logits import build, oracle_args  # noqa: E402
+from compare_llamacpp_logits import FIXTURES_DIR, build, oracle_args  # noqa: E402
 from gguf_derive import DEFAULT_SOURCE, derive  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 from sharpi_core.tokenizer import Tokenizer  # noqa: E402
 
-FIXTURES = ROOT.parent / "shared" / "fixtures"
+
 K = 6  # draft steps
 TOP = 8  # logits recorded per row
 
 
 def prompts() -> list[str]:
-    ref = json.loads((FIXTURES / "llamacpp_reference.json").read_text())[DEFAULT_SOURCE]["greedy"]
-    return [c["prompt"] for c in ref][:3] + [(FIXTURES / "apache-2.0.txt").read_text()[:1300]]
+    ref = json.loads((FIXTURES_DIR / "llamacpp_reference.json").read_text())[DEFAULT_SOURCE]["greedy"]
+    return [c["prompt"] for c in ref][:3] + [(FIXTURES_DIR / "apache-2.0.txt").read_text()[:1300]]
 
 
 def main() -> None:

@@ -22,9 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compare_llamacpp_logits import FIXTURES_DIR  # noqa: E402
 from sharpi_core.registry import resolve_model  # noqa: E402
 
-TEXT = "apache-2.0.txt"  # (in ../shared/fixtures)
+TEXT = "apache-2.0.txt"  # (in the fixtures)
 CASES = [  # (model, flags)
     ("smollm2-135m-instruct-q4_1", ["-c", "512", "-b", "128"]),
     ("smollm2-135m-instruct-q4_1", ["-c", "512", "-b", "512", "-ub", "100"]),
@@ -54,7 +55,7 @@ def main() -> None:
     ap.add_argument("bin_dir", type=Path)
     ap.add_argument("-o", "--out", type=Path, default=ROOT / "tests" / "data" / "llamacpp_ppl_batch.json")
     a = ap.parse_args()
-    text = ROOT.parent / "shared" / "fixtures" / TEXT
+    text = FIXTURES_DIR / TEXT
     cases = []
     for model, flags in CASES:
         env = dict(os.environ, LD_LIBRARY_PATH=str(a.bin_dir))
