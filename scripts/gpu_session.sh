@@ -53,7 +53,7 @@ prepare)
     rm -rf .gpu && mkdir -p .gpu/a .gpu/b
     gguf_wheel .gpu/a
     cp .gpu/a/*.whl .gpu/b/
-    cp ../shared/fixtures/llamacpp_reference.json .gpu/a/
+    cp "${SHARPI_FIXTURES:-../shared/fixtures}/llamacpp_reference.json" .gpu/a/ || exit 1
     python3 scripts/gguf_synth.py skeleton "$models/$Q15" .gpu/a/q15.json.gz || exit 1
     python3 scripts/gguf_synth.py skeleton "$models/$Q05" .gpu/a/q05.json.gz || exit 1
     half=$(( ($(stat -c %s "$models/$SMOL") + 1) / 2 ))
