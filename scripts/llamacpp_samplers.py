@@ -134,6 +134,15 @@ CASES = [
                                                top_p=1.0, min_p=0.0, scale=1.0)),
     ("min-keep 50, top-n-sigma masks first", SMOL, dict(min_keep=50, top_n_sigma=1.0, top_k=0, scale=1.0)),
     ("qwen: min-keep 300, no top-k", QWEN, dict(min_keep=300, top_k=0, top_p=0.7, scale=1.0)),
+    # values llama.cpp's flags take as they are: top-p <= 0 and min-p > 1 keep the best candidate (and min-keep's),
+    # top-p >= 1 and min-p <= 0 are off
+    ("top-p 0 keeps the best", SMOL, dict(top_p=0.0, scale=1.0)),
+    ("top-p -0.5, min-keep 3", SMOL, dict(top_p=-0.5, min_keep=3, scale=1.0)),
+    ("top-p 1.5 is off", SMOL, dict(top_p=1.5, min_p=0.0, scale=1.0)),
+    ("min-p 1.5 keeps the best, no top-k", SMOL, dict(min_p=1.5, top_k=0, top_p=1.0, scale=1.0)),
+    ("min-p 1.5 after top-k, min-keep 4", SMOL, dict(min_p=1.5, min_keep=4, scale=1.0)),
+    ("min-p 1.5 first", SMOL, dict(min_p=1.5, samplers=["min_p", "top_k", "temperature"], scale=1.0)),
+    ("min-p -0.2 is off", SMOL, dict(min_p=-0.2, top_p=1.0, scale=1.0)),
 ]
 
 

@@ -577,17 +577,14 @@ def check_v_cache(flash_attn: str, *types: tuple[str, str | None]) -> None:
 def check_sampling_values(o: RunOptions) -> None:
     """The ranges of the values a model may also recommend (model_sampling_defaults); top-k <= 0 becomes 0 (off:
     llama.cpp's top-k sampler does nothing for k <= 0) and a negative temperature 0 (greedy: llama.cpp's --temp
-    clamps it so)."""
+    clamps it so). Top-p and min-p take any finite value, as llama.cpp's samplers do: top-p >= 1 and min-p <= 0
+    are off, top-p <= 0 and min-p > 1 keep the best candidate (and --min-keep's)."""
     for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
                     ("--xtc-probability", o.xtc_probability), ("--xtc-threshold", o.xtc_threshold),
                     ("--mirostat-lr", o.mirostat_lr), ("--mirostat-ent", o.mirostat_ent)):
         if not math.isfinite(v):
             raise UsageError(f"invalid {flag} {v}: must be a finite number")
     o.top_k, o.temp = max(o.top_k, 0), max(o.temp, 0.0)
-    if not 0 < o.top_p <= 1:
-        raise UsageError(f"invalid --top-p {o.top_p}: must be in (0, 1]")
-    if not 0 <= o.min_p <= 1:
-        raise UsageError(f"invalid --min-p {o.min_p}: must be in [0, 1]")
     if o.repeat_penalty <= 0:
         raise UsageError(f"invalid --repeat-penalty {o.repeat_penalty}: must be > 0 (1 = off)")
     if o.repeat_last_n < -1:

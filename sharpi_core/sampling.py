@@ -358,8 +358,8 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
     elif use_min_p:
         thr = np.float32(x.max()) + np.float32(math.log(params.min_p))
         idx = np.flatnonzero(x >= thr)
-        if idx.shape[0] < params.min_keep:
-            idx = _topk_sorted(x, params.min_keep)
+        if idx.shape[0] < max(params.min_keep, 1):  # (none above the cut: min-p > 1 keeps the best, as llama.cpp)
+            idx = _topk_sorted(x, max(params.min_keep, 1))
         idx = _desc(idx, x[idx])
         vals = x[idx]
         lse = 0.0
@@ -450,12 +450,12 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
                 idx, vals = idx[: hit[0] + 1], vals[: hit[0] + 1]
         elif stage == "min_p" and params.min_p > 0.0:
             keep = vals >= vals.max() + np.log(np.float32(params.min_p))
-            if np.count_nonzero(keep) >= params.min_keep:
+            if np.count_nonzero(keep) >= max(params.min_keep, 1):
                 idx, vals = idx[keep], vals[keep]
-            else:  # the best min_keep of them (llama.cpp's sorted path; those above the cut are among them)
-                if not srt:
+            else:  # the best min_keep of them, at least one (llama.cpp's sorted path; those above the cut are among
+                if not srt:  # them; none is above it where min-p > 1)
                     idx, vals, srt = *_sorted(idx, vals), True
-                idx, vals = idx[: params.min_keep], vals[: params.min_keep]
+                idx, vals = idx[: max(params.min_keep, 1)], vals[: max(params.min_keep, 1)]
         elif stage == "xtc" and xtc_cut and params.xtc_on and n >= 2:
             if not srt:
                 idx, vals, srt = *_sorted(idx, vals), True

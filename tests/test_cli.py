@@ -134,11 +134,25 @@ def test_min_keep_widens_the_filters(smol):
     assert all(len(w) == 12 for w in wide) and any(w != greedy for w in wide)
 
 
+def test_top_p_and_min_p_take_llama_cpps_values_out_of_their_range(smol):
+    """llama.cpp's flags take any top-p and min-p: top-p <= 0 and min-p > 1 keep the best candidate (the greedy text
+    at temperature 3, whatever the seed), top-p >= 1 and min-p <= 0 turn the filter off (the draws of 1 and 0)."""
+    base = ("-m", smol, "-p", "Once upon a time", "-n", 10, "--json", "--top-k", 0)
+    toks = lambda *a: json.loads(sharpi(*base, *a).stdout)["tokens"]  # noqa: E731
+    greedy = toks("--temp", 0)
+    for seed in (1, 2):
+        assert toks("--temp", 3, "-s", seed, "--top-p", 0) == greedy
+        assert toks("--temp", 3, "-s", seed, "--top-p", -0.5, "--min-p", 0) == greedy
+        assert toks("--temp", 3, "-s", seed, "--top-p", 1, "--min-p", 1.5) == greedy
+        assert toks("--temp", 1, "-s", seed, "--top-p", 1.5) == toks("--temp", 1, "-s", seed, "--top-p", 1)
+        assert toks("--temp", 1, "-s", seed, "--min-p", -1) == toks("--temp", 1, "-s", seed, "--min-p", 0)
+
+
 def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path):
     """A GGUF's general.sampling.* values (convert_hf_to_gguf.py's copy of generation_config.json) replace the defaults
     of the sampling flags not given on the command line or in SHARPI_ARG_*, as llama.cpp's common_init_sampler_from_model
     (llama-completion on this very file: top_k 1 / temp 1.5, --top-k 40: 40 / 1.5, --temp 0.7: 1 / 0.7, LLAMA_ARG_TOP_K=40:
-    40 / 1.5); a value the flag would refuse (top_p 0) is left out with a warning."""
+    40 / 1.5); a value the flag would refuse (penalty_repeat 0) is left out with a warning."""
     import gguf
     spec = importlib.util.spec_from_file_location("gguf_derive", Path(__file__).parents[1] / "scripts" / "gguf_derive.py")
     derive = importlib.util.module_from_spec(spec)
@@ -148,7 +162,7 @@ def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path)
     w = gguf.GGUFWriter(str(f), "llama")
     derive.copy_kv(r, w)
     for key, value, vt in (("top_k", 1, gguf.GGUFValueType.INT32), ("temp", 1.5, gguf.GGUFValueType.FLOAT32),
-                           ("top_p", 0.0, gguf.GGUFValueType.FLOAT32)):
+                           ("penalty_repeat", 0.0, gguf.GGUFValueType.FLOAT32)):
         w.add_key_value(f"general.sampling.{key}", value, vt)
     for t in r.tensors:
         derive.add_tensor_as_is(w, t)
@@ -157,7 +171,7 @@ def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path)
     greedy = json.loads(sharpi("-m", smol, *base, "--temp", 0).stdout)["tokens"]
     r1 = sharpi("-m", f, *base)
     assert json.loads(r1.stdout)["tokens"] == greedy  # top-k 1
-    assert "(general.sampling.*): --top-k 1, --temp 1.5" in r1.stderr and "general.sampling.top_p is not used" in r1.stderr
+    assert "(general.sampling.*): --top-k 1, --temp 1.5" in r1.stderr and "general.sampling.penalty_repeat is not used" in r1.stderr
     for args, env in ((("--top-k", 0), None), ((), {"SHARPI_ARG_TOP_K": "0"})):
         r2 = sharpi("-m", f, *base, *args, env=env)
         assert "(general.sampling.*): --temp 1.5\n" in r2.stderr
@@ -459,11 +473,10 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--temp", "nan"), "--temp"),
     (("--repeat-penalty", "inf"), "--repeat-penalty"),
     (("--presence-penalty", "nan"), "--presence-penalty"),
-    (("--top-p", "0"), "--top-p"),
+    (("--top-p", "nan"), "--top-p"), (("--min-p", "-inf"), "--min-p"),
     (("--prio", "4"), "invalid --prio 4"), (("-C", "0xz1"), "-C/--cpu-mask"), (("-C", "0x"), "-C/--cpu-mask"),
     (("-Cr", "3"), "expected [lo]-[hi]"), (("-Cr", "0-512"), "numbered 0..511"),
     (("-C", "0x8" + "0" * 127), "none of which this process may run on"),  # CPU 511
-    (("--top-p", "1.5"), "--top-p"),
     (("--min-keep", "-1"), "invalid --min-keep -1: must be >= 0"),
     (("-dev", "Vulkan0"), "invalid -dev/--device 'Vulkan0': choose cpu or cuda"),
     (("-dev", "CUDA1"), "the first GPU only (CUDA0)"), (("-dev", "CUDA0,CUDA1"), "on one GPU"),
@@ -504,7 +517,7 @@ def test_invalid_flags_one_line_exit_2(smol, args, fragment):
 
 def test_a_bad_command_line_is_refused_before_anything_loads(smol):
     """Flag errors come before torch is imported (1-2 s) or the model read: at once, as llama-cli's do."""
-    for args in (("--top-p", "0"), ("-ctk", "q4_k"), ("--samplers", "top_k;penalties"), ("--grammar", "root ::= item"),
+    for args in (("--top-p", "nan"), ("-ctk", "q4_k"), ("--samplers", "top_k;penalties"), ("--grammar", "root ::= item"),
                  ("--control-vector-scaled", "v.gguf"), ("--lora-scaled", "a.gguf")):
         r = subprocess.run([sys.executable, "-X", "importtime", "-m", "sharpi_cli.main", "-m", smol, "-p", "hi", *args],
                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
@@ -542,7 +555,7 @@ def test_log_file_gets_the_log_too(smol, tmp_path):
     logged = f.read_text().splitlines()
     assert "old" not in logged and any("eval time" in ln for ln in logged)
     assert set(logged) <= set(r.stderr.splitlines())
-    r = sharpi("-m", smol, "-p", "Hi", "--top-p", "1.5", "--log-file", str(f))
+    r = sharpi("-m", smol, "-p", "Hi", "--top-p", "nan", "--log-file", str(f))
     assert f.read_text() == one_error_line(r, 2, "--top-p") + "\n"
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--log-file", str(tmp_path / "no" / "dir.txt")), 1, "cannot write the log file")
     # a log that cannot be written (a full disk) is given up with one warning, and the run goes on (it was an exit 1
@@ -569,7 +582,7 @@ def test_verbosity_threshold_is_llama_cpps(smol):
     assert r2.returncode == 0 and lines(r2) == [ln for ln in lines(r3) if ln.startswith("warning:")]
     assert r2.stdout == r3.stdout
     assert lines(sharpi(*base, "-lv", "1")) == [] and lines(sharpi(*base, "-lv", "-5")) == []
-    one_error_line(sharpi(*base, "-lv", "0", "--top-p", "0"), 2, "--top-p")  # (errors always)
+    one_error_line(sharpi(*base, "-lv", "0", "--top-p", "nan"), 2, "--top-p")  # (errors always)
     for flag in (("-lv", "4"), ("--log-verbose",)):
         assert any(ln.startswith("sharpi: sampler chain:") for ln in lines(sharpi(*base, *flag))), flag
     assert not any(ln.startswith("sharpi: sampler chain:") for ln in lines(r3))
