@@ -90,7 +90,8 @@ ModelUrlOpt = Annotated[Optional[str], Opt("-mu", "--model-url", help="a GGUF's 
                                            "only when the server's ETag changes")]
 CacheListOpt = Annotated[bool, Opt("-cl", "--cache-list", help="list the models -hf fetched (the hub's cache) and exit")]
 
-LOGIT_BIAS_RE = re.compile(r"^\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?|\.\d+)\s*$", re.I)
+# (the bias as std::stof reads it: a sign of its own, an exponent, inf or infinity; not nan)
+LOGIT_BIAS_RE = re.compile(r"^\s*(\d+)\s*([+-])\s*([+-]?(?:inf(?:inity)?|(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?))\s*$", re.I)
 
 
 def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
@@ -100,7 +101,7 @@ def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
         m = LOGIT_BIAS_RE.match(it)
         if not m:
             raise UsageError(f"malformed -l/--logit-bias '{it}': expected TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf")
-        val = float("inf") if m.group(3).lower() == "inf" else float(m.group(3))
+        val = float(m.group(3))
         out.append((int(m.group(1)), val if m.group(2) == "+" else -val))
     return tuple(out)
 

@@ -380,8 +380,8 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid -s/--seed {o.seed}: must be -1 (random) or 0..{2**32 - 1}")
     if o.batch_size < 1:
         raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
-    if o.ubatch_size < 1:
-        raise UsageError(f"invalid -ub/--ubatch-size {o.ubatch_size}: must be >= 1")
+    if o.ubatch_size < 1:  # (llama.cpp: 0 is the logical batch, a negative one wraps to a huge one, capped by it)
+        o.ubatch_size = o.batch_size
     for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
                     ("--presence-penalty", o.presence_penalty), ("--frequency-penalty", o.frequency_penalty),
                     ("--spec-draft-p-min", o.spec_draft_p_min), ("--top-nsigma", o.top_n_sigma), ("--typical", o.typical_p),
@@ -390,7 +390,8 @@ def validate(o: RunOptions) -> None:
                     ("--dry-multiplier", o.dry_multiplier), ("--dry-base", o.dry_base), ("--mirostat-lr", o.mirostat_lr),
                     ("--mirostat-ent", o.mirostat_ent), ("--adaptive-target", o.adaptive_target),
                     ("--adaptive-decay", o.adaptive_decay)):
-        if not math.isfinite(v) or abs(v) > FLOAT32_MAX:  # llama.cpp reads these as floats (std::stof)
+        if (not math.isfinite(v) or abs(v) > FLOAT32_MAX) and not (flag == "--temp" and v == -math.inf):
+            # (llama.cpp reads these as floats, std::stof; a temperature of -inf is 0 there, as any negative one)
             raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (|x| <= 3.4e38)")
     check_sampling_values(o)
     check_samplers(o)
@@ -427,7 +428,7 @@ def validate(o: RunOptions) -> None:
                     ("-ctkd/--spec-draft-type-k", o.cache_type_k_draft), ("-ctvd/--spec-draft-type-v", o.cache_type_v_draft)):
         if v is not None and v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
-    check_flash_attn(o.flash_attn)
+    o.flash_attn = check_flash_attn(o.flash_attn)
     check_v_cache(o.flash_attn, ("-ctv", o.cache_type_v), ("-ctvd", o.cache_type_v_draft))
     o.device = device_name(o.device)
     if o.device_draft is not None:  # (-devd: the draft's device; its layers then follow -ngld on the GPU)
@@ -442,13 +443,15 @@ def validate(o: RunOptions) -> None:
     apply_load_mode(o)
     check_adapters(o)
     check_prompt_cache(o)
-    check_threads(o.threads)
+    o.threads = check_threads(o.threads)
     check_cpu_params(o)
-    for flag, n, default in (("-tb/--threads-batch", o.threads_batch, "-t/--threads"),
-                             ("-td/--threads-draft", o.threads_draft, "the target's"),
-                             ("-tbd/--threads-batch-draft", o.threads_batch_draft, "-td/--threads-draft")):
-        if n == 0 or n < -1:
-            raise UsageError(f"invalid {flag} {n}: must be >= 1 (-1 = as {default})")
+    for flag, name in (("-tb/--threads-batch", "threads_batch"), ("-td/--threads-draft", "threads_draft"),
+                       ("-tbd/--threads-batch-draft", "threads_batch_draft")):
+        n = getattr(o, name)
+        if n == 0 or n < -1:  # (llama.cpp: 0 or less is every core; -1 is left as "as -t", its default)
+            setattr(o, name, check_threads(n, flag))
+        elif n > MAX_CPUS:
+            check_threads(n, flag)
     given = [f for f, v in (("-p/--prompt", o.prompt), ("-f/--file", o.file), ("-bf/--binary-file", o.binary_file))
              if v is not None]
     if len(given) > 1:
@@ -466,15 +469,15 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid --spec-draft-p-min {o.spec_draft_p_min}: must be in [0, 1]")
     if o.spec_ngram_min < 2:
         raise UsageError(f"invalid --spec-ngram-min {o.spec_ngram_min}: must be >= 2")
-    if o.spec_ngram_max < o.spec_ngram_min:
-        raise UsageError(f"invalid --spec-ngram-max {o.spec_ngram_max}: must be >= --spec-ngram-min ({o.spec_ngram_min})")
+    if not o.spec_ngram_min <= o.spec_ngram_max <= NGRAM_SIZE_MAX:
+        raise UsageError(f"invalid --spec-ngram-max {o.spec_ngram_max}: must be in [--spec-ngram-min ({o.spec_ngram_min}), "
+                         f"{NGRAM_SIZE_MAX}]")
     if o.spec_draft_vocab < -1:
         raise UsageError(f"invalid --spec-draft-vocab {o.spec_draft_vocab}: must be >= -1 (-1 = auto, 0 = all)")
     if o.ctx_size_draft < 0:
         raise UsageError(f"invalid -cd/--ctx-size-draft {o.ctx_size_draft}: must be >= 0")
-    for flag, v in (("-ngl/--n-gpu-layers", o.n_gpu_layers), ("-ngld/--spec-draft-ngl", o.spec_draft_ngl)):
-        if v < -1:
-            raise UsageError(f"invalid {flag} {v}: must be >= -1 (-1 = all layers)")
+    # (any negative layer count is all layers, as llama.cpp's -2 for `all`)
+    o.n_gpu_layers, o.spec_draft_ngl = max(o.n_gpu_layers, -1), max(o.spec_draft_ngl, -1)
     # with --device cpu the layer counts have no effect, like llama.cpp built without a GPU backend
 
 
@@ -516,8 +519,8 @@ def check_spec_types(o: RunOptions) -> None:
                         ("--spec-ngram-mod-n-match", o.spec_ngram_mod_n_match, 1),
                         ("--spec-ngram-mod-n-min", o.spec_ngram_mod_n_min, 0),
                         ("--spec-ngram-mod-n-max", o.spec_ngram_mod_n_max, 0)):
-        if not lo <= v <= 1024:
-            raise UsageError(f"invalid {flag} {v}: must be between {lo} and 1024")
+        if not lo <= v <= NGRAM_SIZE_MAX:
+            raise UsageError(f"invalid {flag} {v}: must be between {lo} and {NGRAM_SIZE_MAX}")
     for flag, v in (("--spec-ngram-simple-min-hits", o.spec_ngram_simple_min_hits),
                     ("--spec-ngram-map-k-min-hits", o.spec_ngram_map_k_min_hits),
                     ("--spec-ngram-map-k4v-min-hits", o.spec_ngram_map_k4v_min_hits)):
@@ -550,6 +553,7 @@ def check_interactive(o: RunOptions) -> None:
 
 
 FLASH_ATTN_VALUES = ("on", "off", "auto")
+FLASH_ATTN_WORDS = {"enabled": "on", "true": "on", "1": "on", "disabled": "off", "false": "off", "0": "off", "-1": "auto"}
 # -rea/--reasoning and -co/--color: llama.cpp's words for on, off and auto
 ON_OFF_AUTO = {"on": True, "enabled": True, "true": True, "1": True,
                "off": False, "disabled": False, "false": False, "0": False, "auto": None, "-1": None}
@@ -557,13 +561,18 @@ REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")  # --reasoni
 # --spec-type: llama.cpp's names sharpi runs (draft-simple is -md's model; mtp is short for draft-mtp)
 SPEC_TYPES = ("draft-simple", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 SPEC_ALIASES = {"mtp": "draft-mtp"}
+NGRAM_SIZE_MAX = 1024  # llama.cpp's n-gram drafters' sizes; lookup's n-grams too (a dictionary per length)
 SPEC_UNSUPPORTED = {"draft-eagle3": "EAGLE-3 draft heads", "draft-dflash": "DFlash draft models",
                     "draft-dspark": "DSpark draft models"}
 
 
-def check_flash_attn(v: str) -> None:
+def check_flash_attn(v: str) -> str:
+    """-fa's value as on, off or auto; llama.cpp's other words for them too (1 / true / enabled, 0 / false /
+    disabled, -1)."""
+    v = FLASH_ATTN_WORDS.get(v, v)
     if v not in FLASH_ATTN_VALUES:
         raise UsageError(f"invalid -fa/--flash-attn '{v}': choose on, off or auto")
+    return v
 
 
 def check_v_cache(flash_attn: str, *types: tuple[str, str | None]) -> None:
@@ -579,12 +588,12 @@ def check_sampling_values(o: RunOptions) -> None:
     llama.cpp's top-k sampler does nothing for k <= 0) and a negative temperature 0 (greedy: llama.cpp's --temp
     clamps it so). Top-p and min-p take any finite value, as llama.cpp's samplers do: top-p >= 1 and min-p <= 0
     are off, top-p <= 0 and min-p > 1 keep the best candidate (and --min-keep's)."""
+    o.top_k, o.temp = max(o.top_k, 0), max(o.temp, 0.0)  # (-inf too; nan stays nan: max keeps its first argument)
     for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
                     ("--xtc-probability", o.xtc_probability), ("--xtc-threshold", o.xtc_threshold),
                     ("--mirostat-lr", o.mirostat_lr), ("--mirostat-ent", o.mirostat_ent)):
         if not math.isfinite(v):
             raise UsageError(f"invalid {flag} {v}: must be a finite number")
-    o.top_k, o.temp = max(o.top_k, 0), max(o.temp, 0.0)
     if o.repeat_penalty <= 0:
         raise UsageError(f"invalid --repeat-penalty {o.repeat_penalty}: must be > 0 (1 = off)")
     if o.repeat_last_n < -1:
@@ -683,9 +692,16 @@ def check_samplers(o: RunOptions) -> None:
         raise UsageError(f"invalid --dry-penalty-last-n {o.dry_penalty_last_n}: must be >= -1 (0 = off, -1 = context)")
 
 
-def check_threads(n: int) -> None:
-    if n == 0 or n < -1:
-        raise UsageError(f"invalid -t/--threads {n}: must be >= 1 (-1 = all cores)")
+def check_threads(n: int, flag: str = "-t/--threads") -> int:
+    """A thread count: 0 or less is every core (-1: llama.cpp's std::thread::hardware_concurrency for any n <= 0),
+    more than llama.cpp's GGML_MAX_N_THREADS is refused (libgomp would try to allocate them)."""
+    if n > MAX_CPUS:
+        raise UsageError(f"invalid {flag} {n}: at most {MAX_CPUS}")
+    if n > 0:
+        return n
+    if flag == "-t/--threads":
+        return -1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # --prio's levels (llama.cpp's ggml_sched_priority) -> the nice value it sets on POSIX systems
@@ -1841,7 +1857,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")
-    check_flash_attn(flash_attn)
+    flash_attn = check_flash_attn(flash_attn)
     check_v_cache(flash_attn, ("-ctv", ctv))
     if ctx_size < 3:  # the second half of each chunk is scored, after the first token of it
         raise UsageError(f"invalid -c/--ctx-size {ctx_size}: must be >= 3")
@@ -1849,7 +1865,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         raise UsageError("invalid --chunks 0: must be >= 1 (-1 = all)")
     if output_type not in (0, 1):
         raise UsageError(f"invalid --ppl-output-type {output_type}: 0 or 1")
-    check_threads(threads)
+    threads = check_threads(threads)
     o = opts or RunOptions(model=model)
     n_pass = check_perplexity_placement(o, ctx_size)
     if kind is not None:
@@ -1937,9 +1953,10 @@ def check_perplexity_placement(o: RunOptions, n_ctx: int):
     batch holds one chunk in passes of -ub rows; where it holds several, each pass takes -ub / chunks rows of every
     chunk (attention sees a chunk's rows per pass, as llama.cpp's streams do)."""
     from sharpi_core.perplexity import Passes
-    for flag, v in (("-b/--batch-size", o.batch_size), ("-ub/--ubatch-size", o.ubatch_size)):
-        if v < 1:
-            raise UsageError(f"invalid {flag} {v}: must be >= 1")
+    if o.batch_size < 1:
+        raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
+    if o.ubatch_size < 1:  # (as validate: llama.cpp's -ub 0 or less is -b)
+        o.ubatch_size = o.batch_size
     if device_name(o.device) == "cuda":
         raise UsageError("perplexity runs on the CPU: no -dev/--device cuda")
     if o.n_gpu_layers not in (None, 0):

@@ -93,6 +93,33 @@ def test_negative_temperature_is_greedy_as_in_llama_cpp(smol):
     assert json.loads(runs[1].stdout)["tokens"] == json.loads(runs[0].stdout)["tokens"]
 
 
+def test_llama_cpp_values_of_threads_batches_flash_attention_and_biases(smol):
+    """Values llama.cpp's parser takes that sharpi refused: a thread count of 0 or less is every core, -ub 0 or less
+    is -b, -fa's 1 / true / enabled / 0 / false / disabled / -1, a temperature of -inf is 0, and a logit bias as
+    std::stof reads it (an exponent, infinity, a sign of its own: 28+-1 is a bias of -1)."""
+    from sharpi_cli.main import parse_logit_bias
+    from sharpi_cli.runner import RunOptions, validate
+    o = RunOptions(model=smol, prompt="hi", threads=0, threads_batch=-5, threads_draft=0, ubatch_size=-1, batch_size=64,
+                   flash_attn="disabled", temp=float("-inf"))
+    validate(o)
+    cores = len(os.sched_getaffinity(0))
+    assert (o.threads, o.threads_batch, o.threads_draft, o.threads_batch_draft) == (-1, cores, cores, -1)
+    assert (o.ubatch_size, o.flash_attn, o.temp) == (64, "off", 0.0)
+    for words, want in ((("1", "true", "enabled", "on"), "on"), (("0", "false", "disabled", "off"), "off"),
+                        (("-1", "auto"), "auto")):
+        for w in words:
+            o = RunOptions(model=smol, prompt="hi", flash_attn=w)
+            validate(o)
+            assert o.flash_attn == want, w
+    assert parse_logit_bias(["28+1e2", "28-infinity", "28+-1", "28--.5", "28 + 2.5E-1", "5+INF"]) == (
+        (28, 100.0), (28, float("-inf")), (28, -1.0), (28, 0.5), (28, 0.25), (5, float("inf")))
+    base = ("-m", smol, "-p", "Once upon a time", "-n", 6, "--json")
+    want = json.loads(sharpi(*base, "--temp", 0).stdout)["tokens"]
+    r = sharpi(*base, "--temp", "-inf", "-t", 0, "-ub", 0, "-fa", "false", "-l", f"{want[0]}-1e3")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"][0] != want[0]
+
+
 def test_prompt_is_echoed_unless_disabled(smol):
     r = sharpi("-m", smol, "-p", "Hello there", "-n", 2, "--temp", 0)
     assert r.returncode == 0 and r.stdout.startswith("Hello there")
@@ -469,7 +496,9 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("-s", "-2"), "-s/--seed"),
     (("-c", "99999999"), "cannot allocate 1152.0 GB of f16 KV cache for a context of 99999999 tokens"),
     (("-c", "-1"), "-c/--ctx-size"),
-    (("-ub", "0"), "-ub/--ubatch-size"),
+    (("-t", "600"), "invalid -t/--threads 600: at most 512"), (("-tbd", "513"), "-tbd/--threads-batch-draft 513"),
+    (("--spec-ngram-max", "1025", "--draft-lookup"), "--spec-ngram-max 1025: must be in [--spec-ngram-min (2), 1024]"),
+    (("-l", "15+nan"), "logit-bias"), (("-fa", "yes"), "-fa/--flash-attn"),
     (("--temp", "nan"), "--temp"),
     (("--repeat-penalty", "inf"), "--repeat-penalty"),
     (("--presence-penalty", "nan"), "--presence-penalty"),
@@ -917,7 +946,7 @@ def test_quantized_v_cache_needs_flash_attention(smol):
 @pytest.mark.parametrize("args,code,fragment", [
     (("-c", 64, "--chunks", 0), 2, "invalid --chunks 0"),
     (("-c", 2), 2, "invalid -c/--ctx-size 2: must be >= 3"),
-    (("-t", 0), 2, "invalid -t/--threads 0"),
+    (("-t", 513), 2, "invalid -t/--threads 513: at most 512"),
     (("-c", 99999), 1, "need at least 99999 tokens for perplexity"),  # and no "calculating over 0 chunks" first
 ])
 def test_perplexity_bad_arguments_are_one_error_line(smol, args, code, fragment):
@@ -1305,8 +1334,8 @@ def test_threads_batch_evaluates_the_prompt_with_its_threads(smol):
         torch.set_num_threads(before)
     assert [n for n, t in seen if n > 1] and all(t == 1 for n, t in seen if n > 1)  # the prompt's batches
     assert all(t == 2 for n, t in seen if n == 1) and len(res.tokens) == 3  # decoding: -t's
-    r = sharpi("-m", smol, "-p", "Hi", "-n", "1", "-tb", "0")
-    assert r.returncode == 2 and "invalid -tb/--threads-batch 0" in r.stderr
+    r = sharpi("-m", smol, "-p", "Hi", "-n", "1", "-tb", "9999")
+    assert r.returncode == 2 and "invalid -tb/--threads-batch 9999" in r.stderr
     a = sharpi("-m", smol, "-p", "The capital of France is", "-n", "6", "--temp", "0", "-tb", "1", "--json")
     b = sharpi("-m", smol, "-p", "The capital of France is", "-n", "6", "--temp", "0", "--json")
     assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
@@ -1347,7 +1376,7 @@ def test_draft_threads_run_the_draft_s_passes(smol):
     assert [t for n, t in seen if n == 1] and all(t == 1 for n, t in seen if n == 1)
     assert [t for n, t in seen if n > 1] and all(t == 2 for n, t in seen if n > 1)
     for flag in ("-td", "-tbd"):
-        r = sharpi("-m", smol, "-p", "Hi", "-n", "1", flag, "0")
+        r = sharpi("-m", smol, "-p", "Hi", "-n", "1", flag, "9999")
         assert r.returncode == 2 and f"invalid {flag}/" in r.stderr
 
 
