@@ -199,13 +199,13 @@ def run(
                                   "always keeps (accepted as llama-cli takes it)")] = False,
     numa: Annotated[Optional[str], Opt("--numa", help="llama-cli's NUMA placement (distribute, isolate, numactl): "
                                        "accepted, with a warning that sharpi does none")] = None,
-    poll: Annotated[Optional[int], Opt("--poll", help="llama-cli's polling level of waiting threads (0-100): accepted, "
+    poll: Annotated[Optional[int], Opt("--poll", help="llama-cli's polling level of waiting threads (0-100; any integer, as its parser): accepted, "
                                        "with a warning (sharpi's threads are OpenMP's)")] = None,
     poll_batch: Annotated[Optional[int], Opt("--poll-batch", help="--poll for the prompt's batches: likewise")] = None,
     kv_offload: Annotated[Optional[bool], Opt("-kvo/-nkvo", "--kv-offload/--no-kv-offload", help="llama-cli's KV cache "
                                               "offload: accepted, with a warning (each layer's KV cache stays with "
                                               "the layer, on the GPU with -ngl)", show_default=False)] = None,
-    defrag_thold: Annotated[Optional[float], Opt("-dt", "--defrag-thold", help="llama-cli's deprecated KV "
+    defrag_thold: Annotated[Optional[str], Opt("-dt", "--defrag-thold", help="llama-cli's deprecated KV "
                                                  "defragmentation threshold: accepted, with a warning")] = None,
     # llama-cli's flags for placing weights on GPUs and threads on CPUs, beyond what sharpi places: values checked as
     # llama.cpp checks them, then a warning that each has no effect (runner.check_inert_flags)

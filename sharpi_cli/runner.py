@@ -28,7 +28,7 @@ class RunOptions:
     poll: int | None = None
     poll_batch: int | None = None
     kv_offload: bool | None = None
-    defrag_thold: float | None = None
+    defrag_thold: str | None = None
     override_tensor: list = field(default_factory=list)  # -ot PATTERN=TYPE,... (and the draft's -otd)
     override_tensor_draft: list = field(default_factory=list)
     cpu_moe: bool = False
@@ -753,9 +753,6 @@ def check_inert_flags(o: RunOptions) -> None:
     llama.cpp checks them, then one warning each (none where the value asks for what sharpi does anyway)."""
     if o.numa is not None and o.numa not in ("distribute", "isolate", "numactl", ""):
         raise UsageError(f"invalid --numa '{o.numa}': distribute, isolate or numactl")
-    for flag, v in (("--poll", o.poll), ("--poll-batch", o.poll_batch)):
-        if v is not None and not 0 <= v <= 100:
-            raise UsageError(f"invalid {flag} {v}: a polling level from 0 to 100")
     for flag, v in (("--prio-batch", o.prio_batch), ("--spec-draft-prio", o.prio_draft),
                     ("--spec-draft-prio-batch", o.prio_batch_draft)):
         if v is not None and not 0 <= v <= 3:
