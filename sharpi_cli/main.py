@@ -199,8 +199,9 @@ def run(
                                   "always keeps (accepted as llama-cli takes it)")] = False,
     numa: Annotated[Optional[str], Opt("--numa", help="llama-cli's NUMA placement (distribute, isolate, numactl): "
                                        "accepted, with a warning that sharpi does none")] = None,
-    poll: Annotated[Optional[int], Opt("--poll", help="llama-cli's polling level of waiting threads (0-100; any integer, as its parser): accepted, "
-                                       "with a warning (sharpi's threads are OpenMP's)")] = None,
+    poll: Annotated[Optional[int], Opt("--poll", help="llama-cli's polling level of waiting threads (0-100; any "
+                                       "integer, as its parser): accepted, with a warning (sharpi's threads are "
+                                       "OpenMP's)")] = None,
     poll_batch: Annotated[Optional[int], Opt("--poll-batch", help="--poll for the prompt's batches: likewise")] = None,
     kv_offload: Annotated[Optional[bool], Opt("-kvo/-nkvo", "--kv-offload/--no-kv-offload", help="llama-cli's KV cache "
                                               "offload: accepted, with a warning (each layer's KV cache stays with "
