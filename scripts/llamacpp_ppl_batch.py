@@ -38,6 +38,10 @@ CASES = [  # (model, flags)
     ("qwen2.5-coder-0.5b-instruct-q4_k_m", ["-c", "100"]),  # (20 chunks, 25 rows each: Q4_K's row groups of 4)
     ("gemma3-270m-q4_k_m", ["-c", "300", "-b", "1000", "-ub", "128"]),
     ("qwen2.5-coder-0.5b-instruct-q4_k_m", ["-c", "200", "-b", "1000", "-ub", "70", "-fa", "off"]),
+    # -b not a multiple of -ub: a batch's last pass is the rest of it (100, 100, 50 | 50 rows)
+    ("qwen2.5-coder-0.5b-instruct-q4_k_m", ["-c", "300", "-b", "250", "-ub", "100", "--chunks", "2"]),
+    # -f drops one trailing newline: the text's tokens are 4 chunks of 443, not 5
+    ("smollm2-135m-instruct-q4_1", ["-c", "443"]),
 ]
 
 

@@ -1872,6 +1872,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         base_ctx = read_base_header(kld_base)[0]  # (a file that is none is refused before the model loads)
     else:
         text = read_text(file, lenient=True)
+        if text.endswith("\n"):  # (llama.cpp's -f drops one trailing newline, as a one-shot prompt's)
+            text = text[:-1]
     check_adapters(o)
     m = _load(model, flash_attn, mmap=o.mmap)
     if o.mlock:

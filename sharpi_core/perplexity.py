@@ -40,10 +40,11 @@ class Passes:
     of -b rows, each in passes of -ub: rows a pass. With n_seq >= 2 chunks a batch (-b at least twice -c), its
     sequences have streams of their own and each pass (ubatch) takes the same number of rows from every chunk of the
     batch (llama_batch_allocr::split_equal): max(1, n_ubatch // the batch's chunks) rows a chunk, the last batch
-    holding the chunks left. 0 rows: a chunk in one pass."""
+    holding the chunks left. 0 rows: a chunk in one pass; batch: the rows of a batch below -c (0: the chunk)."""
     rows: int = 0
     n_seq: int = 1
     n_ubatch: int = 512
+    batch: int = 0
 
     def for_chunk(self, i: int, n_chunks: int) -> int:
         if self.n_seq < 2:
@@ -60,7 +61,9 @@ class Passes:
         step = min(n_batch, n_ubatch)
         chunk = n_ctx_file or n_ctx
         n_seq = min(max(1, n_batch // chunk), n_par)
-        return Passes(0, n_seq, step) if n_seq >= 2 else Passes(step if step < chunk else 0)
+        if n_seq >= 2:
+            return Passes(0, n_seq, step)
+        return Passes(step if step < chunk else 0, batch=n_batch if n_batch < chunk else 0)
 
 
 def _pass_rows(n_pass, i: int, n_chunks: int, n_ctx: int) -> int:
@@ -117,11 +120,14 @@ def _chunks_logits(model, tokens, n_ctx: int, n_chunks: int, bos_id, type_k, typ
             sent[0] = bos_id
         cache.truncate(0)
         step = _pass_rows(n_pass, i, n_chunks, n_ctx)
+        batch = n_pass.batch if isinstance(n_pass, Passes) and 0 < n_pass.batch < n_ctx else n_ctx
         rows = []  # the scored rows of each pass
-        for s in range(0, n_ctx, step):
-            logits = model.forward(torch.tensor(sent[s:s + step]), s, cache)  # [step, V]
-            if s + step > first:
-                rows.append(logits[max(first - s, 0):n_ctx - 1 - s])
+        for b in range(0, n_ctx, batch):  # batches of -b rows, each in passes of -ub (a batch's last pass: the rest)
+            for s in range(b, min(b + batch, n_ctx), step):
+                e = min(s + step, b + batch, n_ctx)
+                logits = model.forward(torch.tensor(sent[s:e]), s, cache)  # [e - s, V]
+                if e > first:
+                    rows.append(logits[max(first - s, 0):n_ctx - 1 - s])
         yield i, chunk, (rows[0] if len(rows) == 1 else torch.cat(rows)).float().contiguous()
 
 

@@ -112,7 +112,8 @@ def test_passes_are_llama_perplexity_s():
     from sharpi_core.perplexity import Passes
     p = Passes.of(2048, 512, 96)  # 21 chunks of 96 a batch
     assert (p.n_seq, [p.for_chunk(i, 23) for i in (0, 20, 21, 22)]) == (21, [24, 24, 256, 256])
-    assert Passes.of(512, 100, 512) == Passes(100) and Passes.of(96, 512, 512) == Passes(96)
+    assert Passes.of(512, 100, 512) == Passes(100) and Passes.of(96, 512, 512) == Passes(96, batch=96)
+    assert Passes.of(250, 100, 300) == Passes(100, batch=250)  # (passes of 100, 100, 50 | 50 rows)
     assert Passes.of(2048, 512, 512) == Passes(0, 4, 512) and Passes.of(2048, 4096, 2048) == Passes(0)
     kld = Passes.of(2048, 512, 512, 128)  # (a base file of 128-token chunks read with -c 512: 4 a batch)
     assert (kld.n_seq, kld.for_chunk(0, 8)) == (4, 128)
