@@ -1980,7 +1980,8 @@ def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape
         prompt = read_stdin()
     if escape:
         prompt = process_escapes(prompt)
-    ids = tok.encode(prompt, add_special=not no_bos, parse_special=not no_parse_special)
+    # (llama-tokenize's add_special: the vocabulary's add_bos and not --no-bos; an EOS only beside a BOS so)
+    ids = tok.encode(prompt, add_special=tok.add_bos and not no_bos, parse_special=not no_parse_special)
     if ids_only:
         print("[" + ", ".join(str(i) for i in ids) + "]")
     else:

@@ -104,14 +104,15 @@ def hellaswag_tasks(text: str, n_tasks: int):
                           "ending's index and 4 endings a task)")
     rng = Mt19937(1)
     out = []
+    first_line = list(range(1, len(lines) + 1, 6))  # each task not yet drawn: its first line in the file
     for _ in range(min(n_tasks, len(lines) // 6)):
         idx = uniform_index(rng, len(lines) // 6)  # (from the tasks not yet drawn)
         ctx, gold, *endings = lines[idx * 6:idx * 6 + 6]
         m = _INT_AT_START.match(gold)
         if m is None or not 0 <= int(m[1]) < 4:
-            raise SharpiError(f"hellaswag: the gold ending of the task at line {idx * 6 + 1} is '{gold}', not 0-3")
+            raise SharpiError(f"hellaswag: the gold ending of the task at line {first_line[idx]} is '{gold}', not 0-3")
         out.append((ctx, int(m[1]), endings))
-        del lines[idx * 6:idx * 6 + 6]
+        del lines[idx * 6:idx * 6 + 6], first_line[idx]
     return out
 
 

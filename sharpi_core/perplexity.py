@@ -250,13 +250,15 @@ def read_base_header(path: str):
             n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head[8:20], dtype=np.int32))
             if n_ctx < 3 or n_vocab < 1 or n_chunk < 1:
                 raise SharpiError(f"{path}: a damaged header (n_ctx {n_ctx}, n_vocab {n_vocab}, {n_chunk} chunks)")
+            off = 20 + 4 * n_ctx * n_chunk
+            need = off + n_chunk * (n_ctx - 1 - n_ctx // 2) * _row_width(n_vocab) * 2
+            size = os.fstat(f.fileno()).st_size
+            if size < need:  # (before reading the tokens: a damaged header may ask for terabytes)
+                raise SharpiError(f"{path}: cut short ({size} bytes, its header needs {need})")
             tokens = np.fromfile(f, dtype=np.int32, count=n_ctx * n_chunk)
-        size = os.path.getsize(path)
     except OSError as e:
         raise SharpiError(f"cannot read {path}: {e.strerror or e}") from None
-    off = 20 + 4 * n_ctx * n_chunk
-    need = off + n_chunk * (n_ctx - 1 - n_ctx // 2) * _row_width(n_vocab) * 2
-    if len(tokens) < n_ctx * n_chunk or size < need:
+    if len(tokens) < n_ctx * n_chunk:
         raise SharpiError(f"{path}: cut short ({size} bytes, its header needs {need})")
     return n_ctx, n_vocab, n_chunk, tokens, off
 

@@ -75,6 +75,12 @@ def test_data_files_read_as_llama_perplexity_reads_them():
     std::getline's loop there leaves it); the binary format read from offsets when tasks are drawn."""
     with pytest.raises(choice.SharpiError, match="not a multiple of 6"):
         choice.hellaswag_tasks("a\n0\nb\nc\nd\n", 10)
+    # a bad gold index named by its task's line in the file, whichever tasks were drawn (and dropped) before it
+    tasks = [f"ctx {i}\n{9 if i == 3 else 0}\na\nb\nc\nd\n" for i in range(5)]
+    drawn = choice.hellaswag_tasks("".join(t for i, t in enumerate(tasks) if i != 3), 4)
+    assert drawn[0][0] != "ctx 3" and len(drawn) == 4  # (the draw takes another task first)
+    with pytest.raises(choice.SharpiError, match="task at line 19 is '9'"):
+        choice.hellaswag_tasks("".join(tasks), 5)
     warned = []
     rows = choice.winogrande_rows('h,e,a,d,e\n0,"A, _ b",x,y,2\n1,no comma\n2,C _ d,x,y,3\n3,E _ f,x,y,1', warned.append)
     assert rows == [("A, ", " b", "x", "y", 2)] and len(warned) == 3

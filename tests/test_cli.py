@@ -917,6 +917,24 @@ def test_tokenize_command_matches_llama_tokenize(smol):
     assert json.loads(r.stdout) == case["ids"]
 
 
+def test_tokenize_adds_special_tokens_as_llama_tokenize(smol, tmp_path):
+    """llama-tokenize adds the special tokens only where the vocabulary adds a BOS (add_special = add_bos and not
+    --no-bos): a vocabulary with add_eos but not add_bos gets neither (SmolLM2's vocabulary, add_eos_token set)."""
+    import gguf
+    spec = importlib.util.spec_from_file_location("gguf_derive", Path(__file__).parents[1] / "scripts" / "gguf_derive.py")
+    derive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(derive)
+    f = tmp_path / "vocab-eos.gguf"  # (the vocabulary alone: tokenize reads no tensor)
+    w = gguf.GGUFWriter(str(f), "llama")
+    derive.copy_kv(gguf.GGUFReader(smol), w)
+    w.add_key_value("tokenizer.ggml.add_eos_token", True, gguf.GGUFValueType.BOOL)
+    derive.finish(w)
+    plain = json.loads(sharpi("tokenize", "-m", smol, "-p", "Hello", "--ids").stdout)
+    r = sharpi("tokenize", "-m", f, "-p", "Hello", "--ids")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == plain and len(plain) == 1
+
+
 def test_perplexity_command(smol):
     ref = reference()[SMOL]["perplexity"]
     r = sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / ref["file"], "-c", 128, "--chunks", 8)

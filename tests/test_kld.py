@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import numpy as np
 import pytest
 
 from conftest import FIXTURES_DIR, ROOT, model_path
@@ -51,6 +52,9 @@ def test_kl_divergence_errors(base, tmp_path):
                    "does not look like a file of log-probabilities")
     bad.write_bytes(path.read_bytes()[:1_000_000])
     one_error_line(sharpi("perplexity", "-m", smol, "--kl-divergence-base", bad, "--kl-divergence"), 1, "cut short")
+    for n_chunk in (2**16, 2**31 - 1):  # a header that asks for terabytes of tokens: refused before they are read
+        bad.write_bytes(path.read_bytes()[:8] + np.array([2**31 - 1, 49152, n_chunk], np.int32).tobytes() + bytes(1024))
+        one_error_line(sharpi("perplexity", "-m", smol, "--kl-divergence-base", bad, "--kl-divergence"), 1, "cut short")
     data = bytearray(path.read_bytes())
     data[24:28] = (60000).to_bytes(4, "little")  # (the second token id)
     bad.write_bytes(data)
