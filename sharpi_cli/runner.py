@@ -335,14 +335,15 @@ def hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url=None):
     return o.model
 
 
-def check_output_file(path: str | None) -> None:
-    """-o FILE: refused before anything loads when it could not be written (it is written, anew, by the chat)."""
+def check_output_file(path: str | None, flag: str = "-o/--output-file", beside: bool = False) -> None:
+    """-o FILE: refused before anything loads when it could not be written (it is written, anew, by the chat);
+    beside: written as a new file beside it, then renamed over it (its directory must take a file)."""
     if path is None:
         return
     p = Path(path).expanduser()
     parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir() or not parent.is_dir() or not os.access(parent if not p.exists() else p, os.W_OK):
-        raise UsageError(f"-o/--output-file {path}: cannot be written")
+    if p.is_dir() or not parent.is_dir() or not os.access(parent if beside or not p.exists() else p, os.W_OK):
+        raise UsageError(f"{flag} {path}: cannot be written")
 
 
 def validate(o: RunOptions) -> None:
@@ -1851,6 +1852,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         raise UsageError("--kl-divergence compares with the log-probabilities of --kl-divergence-base FILE: give it")
     if not kld and file is None and kind is None:
         raise UsageError("perplexity needs a text: -f/--file")
+    if not kld:  # (a base file is written beside its name, then renamed: refused now, not after every chunk)
+        check_output_file(kld_base, "--kl-divergence-base", beside=True)
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")

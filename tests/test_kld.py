@@ -62,6 +62,9 @@ def test_kl_divergence_errors(base, tmp_path):
                    "damaged (token id 60000 outside its vocabulary of 49152)")
     one_error_line(sharpi("perplexity", "-m", smol, "--kl-divergence-base", tmp_path / "none.kld", "--kl-divergence"),
                    1, "cannot read")
+    for where in (tmp_path, tmp_path / "no" / "dir.kld"):  # (refused before the model loads, not after every chunk)
+        one_error_line(sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / "apache-2.0.txt", "--kl-divergence-base",
+                              where), 2, "--kl-divergence-base")
     one_error_line(sharpi("perplexity", "-m", model_path("gemma3-270m-q4_k_m"), "--kl-divergence-base", path,
                           "--kl-divergence"), 1, "made with a vocabulary of 49152 tokens")
 
