@@ -448,11 +448,8 @@ def validate(o: RunOptions) -> None:
     check_cpu_params(o)
     for flag, name in (("-tb/--threads-batch", "threads_batch"), ("-td/--threads-draft", "threads_draft"),
                        ("-tbd/--threads-batch-draft", "threads_batch_draft")):
-        n = getattr(o, name)
-        if n == 0 or n < -1:  # (llama.cpp: 0 or less is every core; -1 is left as "as -t", its default)
-            setattr(o, name, check_threads(n, flag))
-        elif n > MAX_CPUS:
-            check_threads(n, flag)
+        if getattr(o, name) != -1:  # (-1: as -t, llama.cpp's default; any other value <= 0 is every core there)
+            setattr(o, name, check_threads(getattr(o, name), flag))
     given = [f for f, v in (("-p/--prompt", o.prompt), ("-f/--file", o.file), ("-bf/--binary-file", o.binary_file))
              if v is not None]
     if len(given) > 1:
@@ -553,8 +550,6 @@ def check_interactive(o: RunOptions) -> None:
         raise UsageError(f"-f - reads the prompt from stdin, which {flag} reads your input from")
 
 
-FLASH_ATTN_VALUES = ("on", "off", "auto")
-FLASH_ATTN_WORDS = {"enabled": "on", "true": "on", "1": "on", "disabled": "off", "false": "off", "0": "off", "-1": "auto"}
 # -rea/--reasoning and -co/--color: llama.cpp's words for on, off and auto
 ON_OFF_AUTO = {"on": True, "enabled": True, "true": True, "1": True,
                "off": False, "disabled": False, "false": False, "0": False, "auto": None, "-1": None}
@@ -570,10 +565,9 @@ SPEC_UNSUPPORTED = {"draft-eagle3": "EAGLE-3 draft heads", "draft-dflash": "DFla
 def check_flash_attn(v: str) -> str:
     """-fa's value as on, off or auto; llama.cpp's other words for them too (1 / true / enabled, 0 / false /
     disabled, -1)."""
-    v = FLASH_ATTN_WORDS.get(v, v)
-    if v not in FLASH_ATTN_VALUES:
+    if v not in ON_OFF_AUTO:
         raise UsageError(f"invalid -fa/--flash-attn '{v}': choose on, off or auto")
-    return v
+    return {True: "on", False: "off", None: "auto"}[ON_OFF_AUTO[v]]
 
 
 def check_v_cache(flash_attn: str, *types: tuple[str, str | None]) -> None:

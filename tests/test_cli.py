@@ -56,6 +56,14 @@ def sharpi(*args, input=None, env=None, timeout=300, process=False):
     return subprocess.CompletedProcess(["sharpi", *argv], code, out.getvalue(), err.getvalue())
 
 
+def gguf_derive():
+    """scripts/gguf_derive.py as a module (GGUF files made from another's metadata and tensors)."""
+    spec = importlib.util.spec_from_file_location("gguf_derive", Path(__file__).parents[1] / "scripts" / "gguf_derive.py")
+    derive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(derive)
+    return derive
+
+
 @pytest.fixture(scope="module")
 def smol():
     return str(model_path(SMOL))
@@ -181,9 +189,7 @@ def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path)
     (llama-completion on this very file: top_k 1 / temp 1.5, --top-k 40: 40 / 1.5, --temp 0.7: 1 / 0.7, LLAMA_ARG_TOP_K=40:
     40 / 1.5); a value the flag would refuse (penalty_repeat 0) is left out with a warning."""
     import gguf
-    spec = importlib.util.spec_from_file_location("gguf_derive", Path(__file__).parents[1] / "scripts" / "gguf_derive.py")
-    derive = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(derive)
+    derive = gguf_derive()
     r = gguf.GGUFReader(smol)
     f = tmp_path / "smol-sampling.gguf"
     w = gguf.GGUFWriter(str(f), "llama")
@@ -921,9 +927,7 @@ def test_tokenize_adds_special_tokens_as_llama_tokenize(smol, tmp_path):
     """llama-tokenize adds the special tokens only where the vocabulary adds a BOS (add_special = add_bos and not
     --no-bos): a vocabulary with add_eos but not add_bos gets neither (SmolLM2's vocabulary, add_eos_token set)."""
     import gguf
-    spec = importlib.util.spec_from_file_location("gguf_derive", Path(__file__).parents[1] / "scripts" / "gguf_derive.py")
-    derive = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(derive)
+    derive = gguf_derive()
     f = tmp_path / "vocab-eos.gguf"  # (the vocabulary alone: tokenize reads no tensor)
     w = gguf.GGUFWriter(str(f), "llama")
     derive.copy_kv(gguf.GGUFReader(smol), w)
