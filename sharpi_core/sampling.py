@@ -248,11 +248,6 @@ def apply_penalties(logits: torch.Tensor, history, params: SamplingParams) -> to
     return out[0] if one else out
 
 
-def adjust_logits(logits: torch.Tensor, params: SamplingParams, histories) -> torch.Tensor:
-    """Same as apply_penalties, arguments in the older order."""
-    return apply_penalties(logits, histories, params)
-
-
 # -- the filter chain ---------------------------------------------------------------------------------
 _SORT_SAMPLE_STRIDE = 64
 
@@ -777,8 +772,3 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         return int(np.argmax(xn))
     idx, p = _row_candidates(xn, params)
     return int(idx[draw(p, generator)])
-
-
-def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One index from a distribution [V] (e.g. a row of filtered_probs)."""
-    return draw(probs, generator)

@@ -568,9 +568,6 @@ class Tokenizer:
     def is_control(self, tid: int) -> bool:
         return bool(self.attrs[tid] & ATTR_CONTROL)
 
-    def is_eog(self, tid: int) -> bool:
-        return tid in self.eog_ids
-
     def token_bytes(self, tid: int, special: bool = True) -> bytes:
         """The bytes token `tid` prints as: llama.cpp's token_to_piece. With special=False, control
         and unknown tokens print nothing (what llama-cli shows without --special)."""
