@@ -790,6 +790,17 @@ def test_phi3_fused_weights_and_longrope(derived):
     assert torch.equal(torch.view_as_real(long[1:2, :1]), torch.view_as_real(
         cpu_kernels.rope_table(c.rope_base, 1.0, 2, c.n_rot)[1:2, :1]) * torch.tensor(np.float32(c.rope_attn_factor)))
     assert attention_scales(replace(c, head_dim_k=96))[0] == float(np.float32(1) / np.sqrt(np.float32(96)))
+    # on the GPU a cache on the other side of the original context drops the passes captured with the other
+    # factors' table (a captured pass reads the table it was captured with, not the CPU model's new one)
+    from sharpi_core.backends.cuda_model import CudaTransformer  # noqa: PLC0415
+    gmodel = CudaTransformer(model, ops=cuda_fake)
+    gcache = gmodel.new_cache(c.n_ctx_orig)
+    gmodel.forward(torch.tensor([1]), 0, gcache)
+    assert gmodel.use_graphs and gcache in gmodel._graphs
+    gmodel.new_cache(c.n_ctx_orig)
+    assert gcache in gmodel._graphs  # (the same factors: kept)
+    gmodel.new_cache(c.n_ctx_orig + 1)
+    assert gcache not in gmodel._graphs
 
 
 def test_rope_freqs_outside_llama_is_refused(tmp_path):

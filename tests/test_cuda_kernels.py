@@ -917,3 +917,22 @@ def test_attention_of_one_split_finishes_in_its_own_block(D, vkind):
             if q8 is not None:
                 plain = cb.attention(q, kc, vc, pos, cap, 0.125, **dict(kw, rounding=None)).reshape(T, H * D)
                 np.testing.assert_array_equal(cp.asnumpy(q8), cp.asnumpy(cb.quantize_act(plain, rounding)))
+
+
+def test_a_host_copy_dropped_unread_keeps_its_pinned_block_until_the_copy_lands():
+    # a look-ahead that missed drops its copy unread, maybe still queued behind the draft's chain: the pinned
+    # block must not go back to CuPy's pool (which would hand it out again) before the copy's event is done
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        a = cp.arange(7, dtype=cp.int32)
+    first = cb.to_host_async(a, s)
+    block, event = first._host, first._done
+    del first
+    assert any(h is block for _, h in cb._copies_in_flight)
+    event.synchronize()
+    with s:
+        b = a * 2
+    second = cb.to_host_async(b, s)
+    assert not any(h is block for _, h in cb._copies_in_flight)  # done: let go at the next copy
+    assert any(h is second._host for _, h in cb._copies_in_flight)
+    np.testing.assert_array_equal(second.get(), np.arange(7, dtype=np.int32) * 2)

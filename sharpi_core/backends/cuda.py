@@ -153,6 +153,12 @@ def to_host(a, stream=None) -> np.ndarray:
     return _cupy().asnumpy(a, stream=stream)
 
 
+# (event, pinned block) of the HostCopy copies not seen done: a copy dropped unread (a look-ahead that missed)
+# may still be queued behind the draft's chain, and CuPy's pinned pool hands a freed block out again without
+# waiting for the copies into it, so each block stays referenced here until its event says the copy landed
+_copies_in_flight: list = []
+
+
 class HostCopy:
     """A device -> host copy queued on a stream, into pinned memory, so the CPU does not wait for it
     (nor for the work before it): `get()` waits and returns the numpy array."""
@@ -166,6 +172,8 @@ class HostCopy:
         except TypeError:  # CuPy < 13: no `blocking`; a copy given a stream runs asynchronously there
             cp.asnumpy(a, stream=stream, out=self._host)
         self._done = stream.record()
+        _copies_in_flight[:] = [c for c in _copies_in_flight if not c[0].done]
+        _copies_in_flight.append((self._done, self._host))
 
     def get(self) -> np.ndarray:
         self._done.synchronize()

@@ -333,6 +333,7 @@ class CudaTransformer:
                                  "use -fa on (the default) or a smaller -c")
         if self.cpu.use_context(n_ctx):  # (phi3: the RoPE factors of this context size)
             self._tables.clear()
+            self._graphs = weakref.WeakKeyDictionary()  # (their passes hold the other factors' tables)
         with self.stream:
             return CudaKVCache(self.ops, len(self.layers), n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
                                type_k, type_v, stream=self.stream)
