@@ -202,7 +202,7 @@ class Generator:
         self.shifts = 0          # context shifts in the last generate() call
         self._kept = 0           # positions a shift keeps in this sequence
         self._dropped: list[int] = []  # the tokens this sequence's shifts took out of the cache, in order
-        self._n_dropped = 0      # how many (_dropped keeps only the last history_window of them)
+        self._n_dropped = 0      # how many (_dropped keeps only the last history_window of them, none at 0)
         # samplers (penalties, DRY) see the tokens of the sequence from this count on: a resumed
         # generation starts them over (llama-completion's interactive mode resets them at each input)
         self._mark = 0
@@ -374,10 +374,12 @@ class Generator:
         if n_discard < 1:  # a context of a few tokens: nothing to drop
             raise _Stop("ctx_full")
         self.model.shift_cache(self.cache, n_keep, n_discard)
-        self._dropped += self.history[n_keep:n_keep + n_discard]
+        window = self.params.history_window
+        if window:  # (no window: nothing looks back at them)
+            self._dropped += self.history[n_keep:n_keep + n_discard]
+            if window > 0:  # older ones are out of every window: an endless generation stays flat
+                del self._dropped[:-window]
         self._n_dropped += n_discard
-        if self.params.history_window > 0:  # older ones are out of every window: an endless generation stays flat
-            del self._dropped[:-self.params.history_window]
         del self.history[n_keep:n_keep + n_discard]
         self._exact = n_keep if self._exact is None else min(self._exact, n_keep)
         shift = getattr(self.drafter, "shift", None)

@@ -216,6 +216,14 @@ def test_sampling_through_shifts_follows_the_target(kind):
     assert martingale_test(plain_law_steps(LONG_PEN, TOY_PROMPT, res.tokens, n_keep=2)) > 0.001
 
 
+@pytest.mark.parametrize("params,most", [(GREEDY, 0), (LONG_PEN, 40)], ids=["no window", "40 back"])
+def test_dropped_tokens_are_kept_only_as_far_as_the_penalties_look(params, most):
+    # an endless generation with shifts stays flat: the tokens shifts dropped are kept for the penalties' window only
+    gen = toy_gen(params)
+    res = gen.generate(TOY_PROMPT, n_predict=2000)
+    assert res.context_shifts > 150 and len(gen._dropped) == most and gen._n_dropped > 1000
+
+
 def test_penalties_forgetting_the_dropped_tokens_fail_that_test(monkeypatch):
     monkeypatch.setattr(Generator, "_past", lambda self: self.history)
     res = toy_gen(LONG_PEN, "model", seed=42).generate(TOY_PROMPT, n_predict=3000)
