@@ -21,6 +21,7 @@ so that target and draft models can run on separate streams; outputs are allocat
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -157,6 +158,7 @@ def to_host(a, stream=None) -> np.ndarray:
 # may still be queued behind the draft's chain, and CuPy's pinned pool hands a freed block out again without
 # waiting for the copies into it, so each block stays referenced here until its event says the copy landed
 _copies_in_flight: list = []
+atexit.register(_copies_in_flight.clear)  # (let go while CuPy and its pools are whole, not at module teardown)
 
 
 class HostCopy:
