@@ -379,10 +379,7 @@ def validate(o: RunOptions) -> None:
         raise UsageError(f"invalid -c/--ctx-size {o.ctx_size}: must be >= 0 (0 = the model's context)")
     if not -1 <= o.seed < 2**32:  # llama.cpp's seeds are 32-bit
         raise UsageError(f"invalid -s/--seed {o.seed}: must be -1 (random) or 0..{2**32 - 1}")
-    if o.batch_size < 1:
-        raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
-    if o.ubatch_size < 1:  # (llama.cpp: 0 is the logical batch, a negative one wraps to a huge one, capped by it)
-        o.ubatch_size = o.batch_size
+    check_batch_sizes(o)
     for flag, v in (("--temp", o.temp), ("--top-p", o.top_p), ("--min-p", o.min_p), ("--repeat-penalty", o.repeat_penalty),
                     ("--presence-penalty", o.presence_penalty), ("--frequency-penalty", o.frequency_penalty),
                     ("--spec-draft-p-min", o.spec_draft_p_min), ("--top-nsigma", o.top_n_sigma), ("--typical", o.typical_p),
@@ -560,6 +557,15 @@ SPEC_ALIASES = {"mtp": "draft-mtp"}
 NGRAM_SIZE_MAX = 1024  # llama.cpp's n-gram drafters' sizes; lookup's n-grams too (a dictionary per length)
 SPEC_UNSUPPORTED = {"draft-eagle3": "EAGLE-3 draft heads", "draft-dflash": "DFlash draft models",
                     "draft-dspark": "DSpark draft models"}
+
+
+def check_batch_sizes(o: RunOptions) -> None:
+    """-b at least 1; -ub 0 or less is -b (llama.cpp: 0 is the logical batch, a negative one wraps to a huge one,
+    capped by it)."""
+    if o.batch_size < 1:
+        raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
+    if o.ubatch_size < 1:
+        o.ubatch_size = o.batch_size
 
 
 def check_flash_attn(v: str) -> str:
@@ -1949,10 +1955,7 @@ def check_perplexity_placement(o: RunOptions, n_ctx: int):
     batch holds one chunk in passes of -ub rows; where it holds several, each pass takes -ub / chunks rows of every
     chunk (attention sees a chunk's rows per pass, as llama.cpp's streams do)."""
     from sharpi_core.perplexity import Passes
-    if o.batch_size < 1:
-        raise UsageError(f"invalid -b/--batch-size {o.batch_size}: must be >= 1")
-    if o.ubatch_size < 1:  # (as validate: llama.cpp's -ub 0 or less is -b)
-        o.ubatch_size = o.batch_size
+    check_batch_sizes(o)
     if device_name(o.device) == "cuda":
         raise UsageError("perplexity runs on the CPU: no -dev/--device cuda")
     if o.n_gpu_layers not in (None, 0):
