@@ -24,7 +24,8 @@
 #       as the defaults have them, with the float matvecs (SHARPI_CUDA_DP4A=0), with one warp per row
 #       (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
 #       attention's splits combined by a launch of their own (SHARPI_CUDA_FUSE_COMBINE=0), and without
-#       programmatic dependent launch (SHARPI_CUDA_PDL=0).
+#       programmatic dependent launch (SHARPI_CUDA_PDL=0); then speculation's costs without it (whether
+#       the draft's chain overlaps the verify pass more when no kernel waits resident on the SMs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -165,6 +166,12 @@ part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sh
     at bench.py, plain launches, no programmatic dependent launch
     SHARPI_CUDA_PDL=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
         | tee "$OUT/bench_nopdl.txt"
+    # the draft's chain beside the verify pass ("draft || verify") overlapped little on the H200: with
+    # programmatic launch each stream's next kernel sits resident on the SMs, waiting, which may be what
+    # keeps the other stream's blocks out; the same costs without it tell
+    at bench_spec_cost.py, no programmatic dependent launch
+    SHARPI_CUDA_PDL=0 python3 scripts/bench_spec_cost.py --device cuda --ks 4 --reps 9 2>&1 \
+        | tee "$OUT/spec_cost_nopdl.txt"
     at done
     ;;
 part2)
