@@ -316,16 +316,28 @@ def test_ctrl_c_stops_with_exit_130(smol):
     import signal
     import time
     cmd = SHARPI.split() + ["-m", smol, "-p", "Once", "-n", "3000", "--ignore-eos", "--temp", "0"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+
+    def start():  # in a process group of its own, which Ctrl-C signals as a terminal does: the whole group (the
+        # `sharpi` found on PATH may be a launcher script, pyenv's shim: a shell that is signalled alone while it
+        # waits for a command of its own takes the signal as the command's to handle and goes on)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    p = start()
     head = p.stdout.read(20)  # the prompt and the first generated tokens: generation is under way
-    p.send_signal(signal.SIGINT)
+    os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert len(head + out) > 20 and b"Traceback" not in err and b"eval time" in err
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    time.sleep(0.1)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    for delay in (0.1, 0.3, 0.6, 1.0):
+        p = start()
+        time.sleep(delay)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        if b"init_import_site" not in err:
+            break
+        # (a loaded machine: the signal came while Python itself started, importing `site`, before any of
+        # sharpi's code ran: Python's own fatal error; later then)
     assert p.returncode in (130, -signal.SIGINT) and b"Traceback" not in err, err
 
 
@@ -573,12 +585,16 @@ def test_cpu_masks_and_ranges_are_llama_cpps():
 def test_affinity_and_priority_are_the_process_s():
     """-C / -Cr pin the process (its threads, made later, inherit it) and -t -1 becomes their count;
     --prio -1 is llama.cpp's nice 5. In a child process: they would stay with the test's."""
-    code = ("import os; from sharpi_cli.runner import RunOptions, apply_cpu_params; n0 = os.getpriority(os.PRIO_PROCESS, 0); "
+    code = ("import os; from sharpi_cli.runner import RunOptions, apply_cpu_params; "
             "t = apply_cpu_params(RunOptions(cpu_range='0-0', prio=-1)); "
-            "print(t, sorted(os.sched_getaffinity(0)), os.getpriority(os.PRIO_PROCESS, 0) - n0)")
+            "print(t, sorted(os.sched_getaffinity(0)), os.getpriority(os.PRIO_PROCESS, 0))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["1", "[0]", "5"], r.stdout
+    n0 = os.getpriority(os.PRIO_PROCESS, 0)  # the child's before (a test run under `nice` starts above 0)
+    if n0 <= 5 or os.geteuid() == 0:  # nice 5, whatever it was (only root may lower it)
+        assert r.stdout.split() == ["1", "[0]", "5"], r.stdout
+    else:
+        assert r.stdout.split() == ["1", "[0]", str(n0)] and "could not be set" in r.stderr, (r.stdout, r.stderr)
 
 
 def test_log_file_gets_the_log_too(smol, tmp_path):
