@@ -361,7 +361,9 @@ def run(
     show_version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
     # speculative decoding
     model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", "--spec-draft-model", help="draft model (path or known name) for speculative decoding")] = None,
-    draft_lookup: Annotated[bool, Opt("--draft-lookup", help="speculate with prompt-lookup n-grams (no draft model)")] = False,
+    draft_lookup: Annotated[Optional[bool], Opt("--draft-lookup/--no-draft-lookup", help="speculate with prompt-lookup "
+                                                "n-grams (alone, or beside a draft model: on with -md unless "
+                                                "--no-draft-lookup)", show_default=False)] = None,
     spec_type: Annotated[list[str], Opt("--spec-type", help="comma-separated or repeated: draft-mtp (the model's own "
                                         "next-token-prediction layer: Qwen3.5 / 3.6), draft-simple (the -md model), "
                                         "llama.cpp's n-gram drafters ngram-simple, ngram-map-k, ngram-map-k4v, "
@@ -395,7 +397,7 @@ def run(
                                                      help="the draft's KV cache type for K (default: as -ctk)")] = None,
     cache_type_v_draft: Annotated[Optional[str], Opt("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft",
                                                      help="the draft's KV cache type for V (default: as -ctv)")] = None,
-    ctx_size_draft: Annotated[int, Opt("-cd", "--ctx-size-draft", help="draft context (0 = min(target ctx, 4096))")] = 0,
+    ctx_size_draft: Annotated[int, Opt("-cd", "--ctx-size-draft", help="draft context (0 = min(target ctx, 256) on the CPU, 4096 on the GPU)")] = 0,
     threads_draft: Annotated[int, Opt("-td", "--threads-draft", "--spec-draft-threads", help="CPU threads of the draft "
                                       "model's passes of one token (-1 = as the target's)")] = -1,
     threads_batch_draft: Annotated[int, Opt("-tbd", "--threads-batch-draft", "--spec-draft-threads-batch",

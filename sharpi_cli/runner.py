@@ -200,7 +200,7 @@ class RunOptions:
     hf_repo_draft: str | None = None
     model_url: str | None = None  # -mu: validate() makes it a UrlModel in model
     offline: bool = False
-    draft_lookup: bool = False
+    draft_lookup: bool | None = None  # None: as wants_lookup decides
     # --spec-type as given (a list of comma-separated names); validate() leaves "draft-mtp" (the target's MTP layer
     # drafts) or None here, and llama.cpp's n-gram drafters in spec_ngram
     spec_type: list[str] | str | None = None
@@ -1419,6 +1419,7 @@ def _run(o: RunOptions) -> int:
 
     drafter, draft = None, None
     n_max, n_min = o.spec_draft_n_max, o.spec_draft_n_min
+    o.draft_lookup = wants_lookup(o, params.greedy)
     if o.model_draft or o.draft_lookup or o.spec_type or o.spec_ngram:
         n_ctx_d = draft_ctx(o, n_ctx) if o.model_draft else n_ctx
         window = min(n_ctx, n_ctx_d)
@@ -1585,8 +1586,27 @@ def describe(m, cache) -> str:
             f"n_ctx {cache.capacity}, KV cache K {cache.type_k} V {cache.type_v}")
 
 
+# The draft model's context when -cd is not given: on the CPU the tail of the history, where a long prompt costs the
+# draft little to evaluate and a draft token's attention stays short (prompt lookup beside it copies from the whole
+# history); a draft on the GPU evaluates a prompt in milliseconds and keeps a longer one.
+DRAFT_CTX_CPU = 256
+DRAFT_CTX_GPU = 4096
+
+
+def wants_lookup(o: RunOptions, greedy: bool) -> bool:
+    """--draft-lookup / --no-draft-lookup as given; by default, prompt lookup beside a draft model (-md) in greedy
+    decoding: it copies from the whole history at no cost, where the draft sees its window, and the generator
+    measures which source pays at each step. When sampling the hybrid chooses by fixed cost estimates, which take
+    lookup's few matches on novel text over a better draft model (5-10% slower there, measured): the draft alone.
+    Not beside llama.cpp's n-gram drafters, which draft from the same n-grams, nor the target's MTP layer."""
+    if o.draft_lookup is not None:
+        return o.draft_lookup
+    return bool(o.model_draft) and not o.spec_ngram and not o.spec_type and greedy
+
+
 def draft_ctx(o: RunOptions, n_ctx: int) -> int:
-    return o.ctx_size_draft or min(n_ctx, 4096)
+    on_gpu = o.device == "cuda" and o.spec_draft_ngl != 0
+    return o.ctx_size_draft or min(n_ctx, DRAFT_CTX_GPU if on_gpu else DRAFT_CTX_CPU)
 
 
 def draft_cache_types(o: RunOptions) -> tuple[str, str]:

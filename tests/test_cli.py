@@ -1068,6 +1068,42 @@ def test_draft_lookup_greedy_equals_plain_and_reports_stats(smol):
     assert s["drafted"] > 0 and 0 <= s["acceptance"] <= 1 and s["tokens_per_pass"] >= 1
 
 
+def test_a_draft_model_drafts_beside_lookup_from_a_short_window_by_default(smol):
+    """-md brings prompt lookup beside the draft model in greedy decoding (unless --no-draft-lookup, or llama.cpp's
+    n-gram drafters are asked for), and a draft model on the CPU keeps the last DRAFT_CTX_CPU tokens unless -cd says
+    otherwise (a draft on the GPU 4096); --draft-lookup given with an n-gram drafter is still refused."""
+    from sharpi_cli.runner import DRAFT_CTX_CPU, DRAFT_CTX_GPU, RunOptions, draft_ctx, validate, wants_lookup
+    from sharpi_core.errors import UsageError
+    opts = lambda **kw: RunOptions(model=smol, prompt="hi", **kw)  # noqa: E731
+    o = opts(model_draft=smol)
+    validate(o)
+    assert wants_lookup(o, True) and not wants_lookup(o, False) and (DRAFT_CTX_CPU, DRAFT_CTX_GPU) == (256, 4096)
+    assert draft_ctx(o, 4096) == 256 and draft_ctx(o, 100) == 100
+    o.device = "cuda"
+    assert draft_ctx(o, 8192) == 4096 and draft_ctx(o, 1000) == 1000
+    o.spec_draft_ngl = 0  # (the draft on the CPU beside a target on the GPU)
+    assert draft_ctx(o, 8192) == 256
+    o = opts(model_draft=smol, ctx_size_draft=1000)
+    validate(o)
+    assert draft_ctx(o, 4096) == 1000
+    for kw, want in ((dict(model_draft=smol, draft_lookup=False), False), (dict(), False),
+                     (dict(draft_lookup=True), True), (dict(model_draft=smol, spec_type=["ngram-simple"]), False),
+                     (dict(model_draft=smol, draft_lookup=True), True)):
+        o = opts(**kw)
+        validate(o)
+        assert wants_lookup(o, True) is want and wants_lookup(o, False) is (want and "draft_lookup" in kw), kw
+    with pytest.raises(UsageError, match="both draft from the history's n-grams"):
+        validate(opts(model_draft=smol, draft_lookup=True, spec_type=["ngram-simple"]))
+    args = ("-m", smol, "-md", smol, "-p", "Copy: one two three four. Copy: one two three four. Copy:", "-n", 12,
+            "--temp", 0, "--json")
+    plain = json.loads(sharpi(*args[:2], *args[4:]).stdout)["tokens"]
+    both, alone = (json.loads(sharpi(*args, *more).stdout) for more in ((), ("--no-draft-lookup",)))
+    assert both["tokens"] == alone["tokens"] == plain
+    assert set(both["speculative"]["sources"]) == {"lookup", "draft"} and "sources" not in alone["speculative"]
+    sampled = json.loads(sharpi(*args[:-3], "--temp", 0.7, "--json").stdout)
+    assert sampled["speculative"]["drafted"] > 0 and "sources" not in sampled["speculative"]
+
+
 def test_speculation_by_measured_cost_keeps_the_greedy_text(smol):
     # greedy sharpi's default (the suite turns it off): plain steps measured, then as the costs say
     args = ("-m", smol, "-p", "Once upon a time", "-n", 40, "--temp", 0, "--json")
@@ -1086,14 +1122,14 @@ def test_speculation_by_measured_cost_keeps_the_greedy_text(smol):
 
 def test_self_draft_accepts_everything_and_p_min_warns(smol):
     r = sharpi("-m", smol, "-md", smol, "-p", "Once upon a time", "-n", 16, "--temp", 0, "--json",
-               "--spec-draft-n-max", 3)
+               "--spec-draft-n-max", 3, "--no-draft-lookup")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)["speculative"]
     assert s["drafted"] > 0 and s["accepted"] == s["drafted"]
     # the draft's output layer cut to 300 ids: still exactly the greedy text, fewer acceptances
     plain = json.loads(sharpi("-m", smol, "-p", "Once upon a time", "-n", 16, "--temp", 0, "--json").stdout)
     r = sharpi("-m", smol, "-md", smol, "-p", "Once upon a time", "-n", 16, "--temp", 0, "--json",
-               "--spec-draft-n-max", 3, "--spec-draft-vocab", 300)
+               "--spec-draft-n-max", 3, "--spec-draft-vocab", 300, "--no-draft-lookup")
     assert r.returncode == 0, r.stderr
     cut = json.loads(r.stdout)
     assert cut["tokens"] == plain["tokens"] and cut["speculative"]["accepted"] < cut["speculative"]["drafted"]

@@ -590,6 +590,32 @@ def test_spec_stats_add_up_over_calls():
     assert (t.prompt_n, t.prompt_ms, t.eval_n, t.eval_ms) == (4, 2.0, 6, 3.0)
 
 
+def test_a_prompt_longer_than_the_draft_window_is_prefilled_from_its_tail():
+    """The prompt pass evaluates what the first proposal will propose from, also when the prompt overflows the
+    draft's context (its tail, the window the first proposal takes): the first proposal then feeds only the
+    target's next token, so its measured cost is a proposal's, not the prompt's; its proposals are a fresh
+    drafter's from the same tail (at the same positions)."""
+    m = ToyModel(8, seed=22)
+    greedy = SamplingParams(temp=0)
+    d = DraftModelDrafter(m, m.new_cache(64), greedy, n_batch=16)
+    prompt = [(5 * i + 3) % 8 for i in range(150)]
+    m.batch_sizes.clear()
+    d.prefill(prompt)
+    assert d._base == 150 - 32 and d.history == prompt[118:] and sum(m.batch_sizes) == 32
+    m.batch_sizes.clear()
+    props = d.propose(prompt + [4], 3)[0]
+    assert m.batch_sizes == [1, 1, 1]  # the target's token, then two proposals: no catch-up
+    fresh = DraftModelDrafter(m, m.new_cache(64), greedy).propose(prompt[118:] + [4], 3)[0]
+    assert list(props) == list(fresh) and len(props) == 3
+    # a prompt that fits is evaluated whole, as before; a second prompt pass reuses what the cache holds
+    d2 = DraftModelDrafter(m, m.new_cache(64), greedy)
+    d2.prefill(prompt[:40])
+    assert d2._base == 0 and d2.history == prompt[:40]
+    m.batch_sizes.clear()
+    d2.prefill(prompt[:40] + [1, 2])
+    assert m.batch_sizes == [2] and d2.history == prompt[:40] + [1, 2]
+
+
 def test_a_draft_whose_window_slid_starts_over_on_another_history():
     """A draft whose context slid past the start of a long conversation proposes from the right tokens again
     when the target's history starts anew (/clear, another prompt): as a fresh drafter would."""

@@ -110,13 +110,17 @@ class DraftModelDrafter:
 
     def prefill(self, tokens: list[int]) -> None:
         """Evaluate tokens (the prompt, right after the target evaluated it) now: the first proposal then feeds
-        only what follows, and the draft's prompt counts as prompt time, not as decoding time. A prompt the
-        draft's context cannot hold with proposals is left to the first proposal (its window)."""
-        if self._base or len(tokens) + 2 > self.cache.capacity or not tokens:
+        only what follows, and the draft's prompt counts as prompt time, not as decoding time (nor as the
+        cost of the first proposal, which the cost-aware generator measures). A prompt the draft's context
+        cannot hold with proposals is evaluated from its window: its tail, as the first proposal would take it."""
+        if not tokens:
             return
         self._drop_ahead()
-        self._reuse(list(tokens) + [-1])  # (all of tokens may be reused)
-        self._sync(list(tokens))
+        window = self._window(list(tokens), 1)
+        if not window or len(window) + 2 > self.cache.capacity:
+            return
+        self._reuse(window + [-1])  # (all of the window may be reused)
+        self._sync(window)
 
     def _propose_chain(self, history: list[int], k: int) -> list[int]:
         ahead, self._ahead = self._ahead, None
