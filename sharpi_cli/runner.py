@@ -1419,7 +1419,7 @@ def _run(o: RunOptions) -> int:
 
     drafter, draft = None, None
     n_max, n_min = o.spec_draft_n_max, o.spec_draft_n_min
-    o.draft_lookup = wants_lookup(o, params.greedy)
+    o.draft_lookup = wants_lookup(o)
     if o.model_draft or o.draft_lookup or o.spec_type or o.spec_ngram:
         n_ctx_d = draft_ctx(o, n_ctx) if o.model_draft else n_ctx
         window = min(n_ctx, n_ctx_d)
@@ -1593,15 +1593,14 @@ DRAFT_CTX_CPU = 256
 DRAFT_CTX_GPU = 4096
 
 
-def wants_lookup(o: RunOptions, greedy: bool) -> bool:
-    """--draft-lookup / --no-draft-lookup as given; by default, prompt lookup beside a draft model (-md) in greedy
-    decoding: it copies from the whole history at no cost, where the draft sees its window, and the generator
-    measures which source pays at each step. When sampling the hybrid chooses by fixed cost estimates, which take
-    lookup's few matches on novel text over a better draft model (5-10% slower there, measured): the draft alone.
-    Not beside llama.cpp's n-gram drafters, which draft from the same n-grams, nor the target's MTP layer."""
+def wants_lookup(o: RunOptions) -> bool:
+    """--draft-lookup / --no-draft-lookup as given; by default, prompt lookup beside a draft model (-md): it copies
+    from the whole history at no cost, where the draft sees its window (measured: a request whose answer copies its
+    prompt 1.3-1.45x the draft alone, new text within 0-3%). Not beside llama.cpp's n-gram drafters, which draft
+    from the same n-grams, nor the target's MTP layer."""
     if o.draft_lookup is not None:
         return o.draft_lookup
-    return bool(o.model_draft) and not o.spec_ngram and not o.spec_type and greedy
+    return bool(o.model_draft) and not o.spec_ngram and not o.spec_type
 
 
 def draft_ctx(o: RunOptions, n_ctx: int) -> int:
