@@ -74,10 +74,11 @@ def main() -> None:
     cfgs = {k: v for k, v in configs(draft).items() if k in a.configs.split(",")}
     res: dict[tuple[str, str], list] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        files = {p: Path(tmp) / f"{p}.txt" for p in names}
+        for p, f in files.items():
+            f.write_text(texts[p])
         for rep in range(a.reps):
-            for p in names:
-                f = Path(tmp) / f"{p}.txt"
-                f.write_text(texts[p])
+            for p, f in files.items():
                 for c in (list(cfgs) if rep % 2 == 0 else list(cfgs)[::-1]):
                     cmd = ["sharpi", "-m", target, *cfgs[c], "-no-cnv", "-f", str(f), "-n", str(a.n), "--temp", a.temp,
                            "-s", "7", "--json"]

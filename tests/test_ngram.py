@@ -189,5 +189,5 @@ def test_spec_type_from_the_environment_goes_with_md(smol, plain):
     r = sharpi(*args, env={"SHARPI_ARG_SPEC_TYPE": "draft-mtp"})
     assert r.returncode == 0, r.stderr
     spec = json.loads(r.stdout)["speculative"]
-    # (the draft model, with prompt lookup beside it as by default in greedy decoding; no MTP head)
+    # (the draft model, with prompt lookup beside it as by default; no MTP head)
     assert spec["drafted"] > 0 and spec["sources"].keys() == {"draft", "lookup"}
