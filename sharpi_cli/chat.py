@@ -1,6 +1,7 @@
 """Conversation mode: a terminal REPL over the GGUF's chat template, reusing the KV cache across turns."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -78,6 +79,71 @@ class Interrupt:
 
     def __call__(self) -> bool:
         return self.flag
+
+
+def read_message(multiline: bool) -> str:
+    """A chat message typed at "> ": lines go on while one ends in \\ (with -mli, llama-cli's multiline input: until
+    one ends in \\ or /); the marker is dropped, the lines are joined by newlines. At the end of input (Ctrl-D) what
+    was typed so far is the message (llama-cli sends it too); EOFError when nothing was."""
+    lines: list[str] = []
+    while True:
+        try:
+            with signals_seen():
+                line = without_surrogates(input("" if lines else "> "))
+        except EOFError:
+            if lines:
+                return "\n".join(lines)
+            raise
+        ends = line.endswith(("\\", "/")) if multiline else line.endswith("\\")
+        lines.append(line[:-1] if ends else line)
+        if ends == multiline:  # (a marker ends a multiline message and continues a plain one)
+            return "\n".join(lines)
+
+
+def bracketed_paste(readline) -> None:
+    """A multi-line paste is one message, not one per line: GNU readline's bracketed paste, which CPython turns off
+    (for its own REPL). A terminal without it ignores the request; libedit has no such setting."""
+    if getattr(readline, "backend", "editline" if "libedit" in (readline.__doc__ or "") else "readline") == "readline":
+        readline.parse_and_bind("set enable-bracketed-paste on")
+
+
+class hidden_typing:
+    """While a reply is written: what is typed at the terminal is not echoed into it (it waits unseen for the next
+    prompt, where line editing shows it), as llama-cli's console, which keeps the terminal's echo off. The
+    terminal's settings come back on every way out of the block (a process killed by a signal leaves them to the
+    shell, which restores its own)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+        self._saved = None
+
+    def __enter__(self):
+        if not self.on:
+            return self
+        try:
+            import termios
+            fd = sys.stdin.fileno()
+            if not os.isatty(fd):
+                return self
+            saved = termios.tcgetattr(fd)
+            quiet = termios.tcgetattr(fd)
+            quiet[3] &= ~(termios.ECHO | termios.ECHONL)
+            termios.tcsetattr(fd, termios.TCSANOW, quiet)  # (not TCSAFLUSH: what was typed is kept)
+            self._saved = (fd, saved)
+        except (ImportError, OSError, ValueError, AttributeError):
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            import termios
+            fd, saved = self._saved
+            self._saved = None
+            try:
+                termios.tcsetattr(fd, termios.TCSANOW, saved)
+            except OSError:
+                pass
+        return False
 
 
 def use_color(setting: str) -> bool:
@@ -269,10 +335,14 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
     messages: list[dict] = []
     if o.system_prompt and not o.single_turn:  # (-st's one turn is refused by the turn's own check below)
         check_system_prompt_fits(o, tok, n_ctx)
-    log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS}; a line ending in \\ continues on the next ==")
-    if sys.stdin.isatty() and not o.simple_io:
+    log(f"== conversation mode: Ctrl-C stops a reply; {COMMANDS}; "
+        + ("a message goes on over lines until one ends in \\ or / ==" if o.multiline_input
+           else "a line ending in \\ continues on the next =="))
+    console = sys.stdin.isatty() and not o.simple_io
+    if console:
         try:  # input() then edits lines and keeps a history (arrow keys), as llama-cli's console does
-            import readline  # noqa: F401
+            import readline
+            bracketed_paste(readline)
         except ImportError:
             pass
     pending = first_message
@@ -298,13 +368,10 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                 sys.stdout.write(f"> {line[:500]} ... (truncated)\n" if len(line) > 500 else f"> {line}\n")
         else:
             try:
-                with signals_seen():
-                    line = input("> ")
-                    while line.endswith("\\"):  # llama-cli: a trailing backslash continues the message
-                        line = line[:-1] + "\n" + input("")
-                line = without_surrogates(line)
+                line = read_message(o.multiline_input)
             except (EOFError, KeyboardInterrupt):
-                print(file=sys.stderr)
+                if sys.stdout.isatty():  # (the line "> " began)
+                    sys.stdout.write("\n")
                 break
             cmd = line.strip()
             if cmd in ("/exit", "/quit"):
@@ -347,7 +414,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             turn = [*messages, {"role": "user", "content": files + line}]
             files = ""
         # Ctrl-C from here on stops this reply (rendering and prefill included), not the session
-        with Interrupt() as stop:
+        with Interrupt() as stop, hidden_typing(console):
             text = render_messages(o, tok, turn)
             ids = encode_chat(tok, text)
             if len(ids) + 1 > n_ctx:
@@ -404,9 +471,9 @@ def check_system_prompt_fits(o, tok, n_ctx: int) -> None:
         n = len(encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": ""}])))
     except SharpiError:  # a template that refuses an empty message: each turn's own check is left
         return
-    if n + 1 > n_ctx:
-        raise UsageError(f"the system prompt makes a conversation of {n} tokens before any message, which does not "
-                         f"fit the context of {n_ctx}; raise -c/--ctx-size")
+    if n + 2 > n_ctx:  # (a message is a token at least, and the reply's first token needs its slot)
+        raise UsageError(f"the system prompt makes a conversation of {n} tokens before any message, which leaves no "
+                         f"room for a message and a reply in the context of {n_ctx}; raise -c/--ctx-size")
 
 
 def reply_text(tok, res, special: bool) -> str:

@@ -78,7 +78,7 @@ def _add(total: GenerationResult, res: GenerationResult) -> None:
 
 
 def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
-    from .chat import Interrupt
+    from .chat import Interrupt, hidden_typing
     from .runner import log, print_report, process_escapes, reverse_prompt_tokens
     tok = target.tokenizer
     out = sys.stdout
@@ -101,7 +101,8 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
 
     log("== interactive mode: Ctrl-C hands control to you, an empty line back to the model; a line ending in \\ "
         "goes on, one ending in / ends your input; Ctrl-D quits ==")
-    if sys.stdin.isatty() and not o.simple_io:
+    console = sys.stdin.isatty() and not o.simple_io
+    if console:
         try:
             import readline  # noqa: F401  (line editing and history, as llama.cpp's console)
         except ImportError:
@@ -139,7 +140,7 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
                     write("\n")
             else:
                 # the queue (or, after an empty line, nothing: the model goes on) and a generated stretch
-                with Interrupt() as stop:
+                with Interrupt() as stop, hidden_typing(console):
                     res = gen.generate(queue, n_predict=n_remain if o.n_predict >= 0 else o.n_predict,
                                        stop_strings=anti, on_text=write, should_stop=stop, resume=not fresh,
                                        stop_tokens=anti_tokens, stop_at_end=True)

@@ -529,8 +529,8 @@ def check_interactive(o: RunOptions) -> None:
         o.interactive = True
     flag = "-if/--interactive-first" if o.interactive_first else "-i/--interactive"
     if not o.interactive:
-        for f, v in (("--in-prefix", o.in_prefix), ("--in-suffix", o.in_suffix), ("--in-prefix-bos", o.in_prefix_bos),
-                     ("-mli/--multiline-input", o.multiline_input)):
+        # (-mli goes with conversation mode too, decided once the model's template is known: see _run)
+        for f, v in (("--in-prefix", o.in_prefix), ("--in-suffix", o.in_suffix), ("--in-prefix-bos", o.in_prefix_bos)):
             if v:
                 raise UsageError(f"{f} is for interactive mode: add -i (or -if)")
         return
@@ -1377,6 +1377,8 @@ def _run(o: RunOptions) -> int:
         interactive, prompt = False, prompt or ""
     if o.output_file and not (interactive or o.single_turn):
         log(f"warning: -o {o.output_file}: a chat's transcript (-cnv, -st); this run is not a chat, nothing written")
+    if o.multiline_input and not (interactive or o.interactive):
+        log("warning: -mli/--multiline-input is for typed input (-cnv, -i); this run reads none")
     if prompt is None and not interactive:
         raise UsageError("no prompt: pass -p/--prompt, -f/--file, or pipe text on stdin"
                          + ("" if o.chat_template else " (this model has no chat template: -cnv chats in chatml, "

@@ -259,8 +259,9 @@ class Generator:
         self._tail = None  # (history length, logits [V] of its last token) after feed()
 
     # -- prompt --------------------------------------------------------------------------------
-    def _prefill(self, prompt: list[int]) -> torch.Tensor:
-        """Reuse the cached common prefix, evaluate the rest; logits [V] of the last prompt token."""
+    def _prefill(self, prompt: list[int], should_stop: Callable[[], bool] | None = None) -> torch.Tensor:
+        """Reuse the cached common prefix, evaluate the rest; logits [V] of the last prompt token. should_stop()
+        is asked before each batch (_Stop interrupted: the batches evaluated stay in the cache)."""
         if not prompt:
             raise SharpiError("empty prompt: nothing to generate from")
         if len(prompt) > self.cache.capacity:
@@ -274,19 +275,27 @@ class Generator:
         del self.history[n:]
         self._exact = None
         self._prefilled = len(prompt) - n
-        logits = self._extend(prompt[n:], fits=True)
+        try:
+            logits = self._extend(prompt[n:], fits=True, should_stop=should_stop)
+        except _Stop:
+            self._prefilled = len(self.history) - n
+            raise
         prefill = getattr(self.drafter, "prefill", None) if self.speculate else None
         if prefill is not None:  # (a draft model evaluates the prompt too: prompt time, not decoding time)
             prefill(self.history)
         return logits
 
-    def _extend(self, tokens: list[int], n_predict: int = -1, fits: bool = False) -> torch.Tensor:
+    def _extend(self, tokens: list[int], n_predict: int = -1, fits: bool = False,
+                should_stop: Callable[[], bool] | None = None) -> torch.Tensor:
         """Evaluate tokens after the history in chunks of n_batch; logits [V] of the last. Unless they are
         known to fit (a prompt, checked by _prefill), like llama-completion: a chunk that would fill the
-        context shifts it first (--context-shift), else the generation is over (_Stop ctx_full)."""
+        context shifts it first (--context-shift), else the generation is over (_Stop ctx_full). should_stop()
+        is asked before each chunk (a long prompt is seconds to minutes of them: Ctrl-C must not wait for all)."""
         logits = None
         for s in range(0, len(tokens), self.n_batch):
             chunk = tokens[s:s + self.n_batch]
+            if should_stop is not None and should_stop():
+                raise _Stop("interrupted")
             if not fits and len(self.history) + len(chunk) >= self.cache.capacity:
                 if not self.context_shift or n_predict == -2:
                     raise _Stop("ctx_full")
@@ -694,7 +703,7 @@ class Generator:
                 self._mark = len(self.history) + self._n_dropped
                 fed, self._tail = self._tail, None
                 if prompt_tokens:
-                    logits = self._extend(list(prompt_tokens), n_predict)
+                    logits = self._extend(list(prompt_tokens), n_predict, should_stop=should_stop)
                 elif fed is not None and fed[0] == len(self.history):  # what feed() left
                     logits = fed[1]
                 else:  # (evaluated again, as the one-token batch it was)
@@ -708,7 +717,7 @@ class Generator:
                 self._begin(len(prompt_tokens))
                 if self.grammar is not None:
                     self.gstate = self.grammar.initial(prompt_tokens)
-                logits = self._prefill(list(prompt_tokens))
+                logits = self._prefill(list(prompt_tokens), should_stop)
             if stops:  # the samplers' memory: the prompt, or the input after a resume
                 tail = self.tok.decode(self._past()[-STOP_WINDOW:], skip_special=False)
         except _Stop as st:

@@ -455,10 +455,34 @@ def test_conversation_first_message_and_a_system_prompt_too_long(smol):
     given = sharpi(*args, "-p", "Say hi.")
     assert typed.returncode == given.returncode == 0, given.stderr
     assert typed.stdout.startswith("> ") and given.stdout == "> Say hi.\n" + typed.stdout[2:]
-    one_error_line(sharpi(*args, "-c", 64, "-sys", "Answer in one word. " * 20),
-                   contains="the system prompt makes a conversation of 115 tokens before any message, which does not "
-                            "fit the context of 64; raise -c/--ctx-size")
-    assert sharpi(*args, "-c", 160, "-sys", "Answer in one word. " * 20, input="Hi\n").returncode == 0
+    sys_prompt = "Answer in one word. " * 20
+    one_error_line(sharpi(*args, "-c", 64, "-sys", sys_prompt),
+                   contains="the system prompt makes a conversation of 115 tokens before any message, which leaves no "
+                            "room for a message and a reply in the context of 64; raise -c/--ctx-size")
+    # at 116 a message would not fit either (each would be refused): refused at the start too; at 117 a one-token
+    # message has its reply's first token
+    one_error_line(sharpi(*args, "-c", 116, "-sys", sys_prompt), contains="in the context of 116;")
+    r = sharpi(*args, "-c", 117, "-sys", sys_prompt, "-n", 1, input="A\n")
+    assert r.returncode == 0 and "error" not in r.stderr and r.stdout.startswith("> ") and len(r.stdout) > 3, r.stderr
+    assert sharpi(*args, "-c", 160, "-sys", sys_prompt, input="Hi\n").returncode == 0
+
+
+def test_conversation_multiline_messages(smol):
+    """A chat message over lines: `\\` at a line's end continues it; with -mli (llama-cli's multiline input) lines go
+    on until one ends in `\\` or `/`. The same message gives the same reply either way, and one left unfinished
+    at the end of input is sent (llama-cli sends it too), not dropped."""
+    args = ("-m", smol, "-cnv", "--temp", 0, "-n", 6, "--no-show-timings")
+    ref = sharpi(*args, input="Say\\\nhi.\n")
+    assert ref.returncode == 0 and ref.stdout.startswith("> ") and len(ref.stdout) > 4, ref.stderr
+    for flags, typed in (((), "Say\\\nhi.\\\n"), (("-mli",), "Say\nhi./\n"), (("-mli",), "Say\nhi.\\\n"),
+                         (("-mli",), "Say\nhi.")):
+        r = sharpi(*args, *flags, input=typed)
+        assert r.returncode == 0 and r.stdout == ref.stdout, (flags, typed, r.stdout, r.stderr)
+    r = sharpi(*args, input="Say\nhi.\n")  # two messages: two replies
+    assert r.returncode == 0 and r.stdout.count("> ") == 3 and r.stdout != ref.stdout
+    # -mli outside typed input: a warning, the run goes on
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 2, "-mli")
+    assert r.returncode == 0 and "warning: -mli/--multiline-input is for typed input" in r.stderr
 
 
 def check_chat_turn(r, case):

@@ -252,7 +252,31 @@ def test_interrupt():
         return len(calls) >= 3
     gen, _ = make(GREEDY, drafter_for("same", GREEDY), spec_n_max=8)
     res = gen.generate(PROMPT, n_predict=50, should_stop=stop)
-    assert res.stop_reason == "interrupted" and len(res.tokens) == 3
+    # asked once before the prompt's one batch, then after each token
+    assert res.stop_reason == "interrupted" and len(res.tokens) == 2
+
+
+@pytest.mark.parametrize("kind", [None, "model"])
+def test_an_interrupt_during_the_prompt_stops_between_its_batches(kind):
+    """Ctrl-C while a long prompt is evaluated stops at the next batch, not after the whole prompt and a token;
+    the batches evaluated stay in the cache, and the next generation from the same prompt reuses them."""
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(calls) == 3
+    gen, model = make(GREEDY, drafter_for(kind, GREEDY, target_model()) if kind else None, n_batch=7)
+    res = gen.generate(PROMPT, n_predict=5, should_stop=stop)
+    assert res.stop_reason == "interrupted" and res.tokens == [] and res.text == ""
+    assert model.batch_sizes == [7, 7] and gen.history == PROMPT[:14] and gen.cache.length == 14
+    assert res.timings.prompt_n == 14
+    res = gen.generate(PROMPT, n_predict=5)
+    assert model.batch_sizes[2] == 6 and res.timings.prompt_n == 6  # (then one-token or verify passes)
+    assert res.tokens == ref_greedy(PROMPT, 5)
+    # a generation that resumes after the history (llama-completion's -i) stops there too
+    calls.clear()
+    res = gen.generate(PROMPT[:9], n_predict=5, should_stop=lambda: calls.append(1) or len(calls) == 2, resume=True)
+    assert res.stop_reason == "interrupted" and res.tokens == [] and len(gen.history) == len(PROMPT) + 4 + 7
 
 
 def test_bad_prompts():

@@ -56,7 +56,7 @@ def test_speculation_gives_the_same_transcript(name, extra):
     (["-i", "--prompt-cache", "x.bin"], "--prompt-cache"),
     (["-i", "-f", "-"], "stdin"),
     (["--in-prefix", "Q: "], "add -i"),
-    (["-mli"], "add -i"),
+    (["--in-suffix", "A: "], "add -i"),
 ])
 def test_invalid_combinations(args, contains):
     r = sharpi("-m", model_path("smollm2-135m-instruct-q4_1"), "-p", "Hi", *args)
