@@ -500,9 +500,13 @@ def transcript_reply(message: dict) -> str:
 
 
 def read_text_file(name: str) -> str | None:
-    """A file's text for /read (undecodable bytes replaced), or None if it cannot be read."""
+    """A file's text for /read (undecodable bytes replaced), or None if it cannot be read or is not a file (a device
+    such as /dev/zero, a FIFO: no end to read to)."""
     from pathlib import Path
     try:
-        return text_from_bytes(Path(name).expanduser().read_bytes())[0]
-    except OSError:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            return None
+        return text_from_bytes(path.read_bytes())[0]
+    except (OSError, MemoryError):
         return None

@@ -746,6 +746,10 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         os._exit(0)
+    except MemoryError:  # (an input read whole that has no end, as /dev/zero; a context too large): no traceback
+        _err("out of memory (an input, the model or its context is larger than this machine's memory allows)")
+        sys.stderr.flush()
+        os._exit(1)
     except OSError as e:  # e.g. stdout on a full disk: one line, and no second failure flushing it at exit
         _err(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
         sys.stderr.flush()

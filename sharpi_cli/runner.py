@@ -1107,11 +1107,17 @@ def read_grammar(o: RunOptions):
     if o.grammar_file is not None:
         text = read_text(o.grammar_file, "grammar file ")
     schema = read_text(o.json_schema_file, "JSON schema file ") if o.json_schema_file is not None else o.json_schema
-    if schema is not None:
-        text = schema_to_grammar(schema, lambda msg: log(f"warning: -j/--json-schema: {msg}"))
-    if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
-        return None
-    return Grammar(text)
+    flag = "--grammar"
+    try:  # (both are read by recursive descent, as llama.cpp's: a deep enough nesting exhausts Python's stack)
+        if schema is not None:
+            flag = "-j/--json-schema"
+            text = schema_to_grammar(schema, lambda msg: log(f"warning: -j/--json-schema: {msg}"))
+            flag = "the grammar of -j/--json-schema"
+        if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
+            return None
+        return Grammar(text)
+    except RecursionError:
+        raise UsageError(f"{flag}: nested too deeply to be read") from None
 
 
 def read_chat_options(o: RunOptions) -> None:
@@ -1268,6 +1274,46 @@ def process_escapes(text: str) -> str:
     return text_from_bytes(out)[0]
 
 
+def _listed(entries: list, scaled: bool = False) -> list[str]:
+    """The file names of --lora / --control-vector values (FNAME[,...]; with scales, FNAME:SCALE[,...])."""
+    names = [n for e in entries for n in str(e).split(",") if n]
+    return [n.rpartition(":")[0] or n for n in names] if scaled else names
+
+
+def check_outputs(o: RunOptions) -> None:
+    """--log-file and -o are written anew, the log's as the run starts: one that is a file this run reads (the
+    model, the prompt, the prompt cache, ...) or the other output is refused before anything is opened, so that
+    nothing the user had is overwritten by a mistyped flag."""
+    outputs = [(f, p) for f, p in (("--log-file", o.log_file), ("-o/--output-file", o.output_file)) if p]
+    if not outputs:
+        return
+    from sharpi_core.registry import cached_path, known_name
+
+    def model(spec):
+        if not isinstance(spec, str):  # (-hf / -mu: validate() makes them, downloads go elsewhere)
+            return None
+        name = known_name(spec)
+        return str(cached_path(name)) if name else spec
+    inputs = [("-m/--model", model(o.model)), ("-md/--model-draft", model(o.model_draft)), ("-f/--file", o.file),
+              ("-bf/--binary-file", o.binary_file), ("-sysf/--system-prompt-file", o.system_prompt_file),
+              ("--grammar-file", o.grammar_file), ("-jf/--json-schema-file", o.json_schema_file),
+              ("--chat-template-file", o.chat_template_file), ("--prompt-cache", o.prompt_cache),
+              *(("--lora", n) for n in _listed(o.lora)), *(("--lora-scaled", n) for n in _listed(o.lora_scaled, True)),
+              *(("--control-vector", n) for n in _listed(o.control_vector)),
+              *(("--control-vector-scaled", n) for n in _listed(o.control_vector_scaled, True))]
+    for i, (flag, path) in enumerate(outputs):
+        for other, src in [*inputs, *outputs[i + 1:]]:
+            if not src or src == "-":
+                continue
+            try:
+                same = os.path.samefile(path, src)
+            except (OSError, ValueError):  # (one of them is not there yet)
+                same = os.path.realpath(path) == os.path.realpath(src)
+            if same:
+                raise UsageError(f"{flag} {path} is the file {other} names: it would be overwritten; "
+                                 "give the output another name")
+
+
 # -- the generation command -------------------------------------------------------------------
 def run(o: RunOptions) -> int:
     _LOG_ON[0] = not o.log_disable and o.verbosity >= 2
@@ -1276,6 +1322,7 @@ def run(o: RunOptions) -> int:
         _LOG_FMT[0] = (bool(o.log_timestamps), log_colors(o.log_colors))
     if o.verbosity >= 4:
         o.verbose = True
+    check_outputs(o)
     if o.log_file is not None:  # (llama.cpp's --log-file: the log also goes there, the file written anew)
         try:
             _LOG_FILE[0] = open(o.log_file, "w", encoding="utf-8", buffering=1)

@@ -182,7 +182,7 @@ def _open(path: str) -> _Reader:
         raise SharpiError(f"{path}: a big-endian GGUF file; sharpi reads little-endian ones only (as this CPU)")
     # the tensors' data lie one after the other, each padded to the alignment, as llama.cpp's gguf_init requires:
     # an offset elsewhere (misaligned, overlapping) is a damaged tensor table, not data to compute with
-    expected, align = reader.data_offset, reader.alignment
+    expected, align = int(reader.data_offset), int(reader.alignment)  # (numpy integers when read from the file)
     for t in reader.tensors:
         if t.data_offset != expected:
             raise SharpiError(f"{path}: not a valid GGUF file (tensor '{t.name}' has offset "

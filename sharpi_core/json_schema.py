@@ -265,7 +265,7 @@ class _Converter:
             v = s.get(k)
             if v is None or isinstance(v, bool) and k.startswith("exclusive"):  # draft 4: a flag, read below
                 return None
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or isinstance(v, float) and not math.isfinite(v):
                 raise SchemaError(f"-j/--json-schema: {path}: {k} must be a number")
             return v
 

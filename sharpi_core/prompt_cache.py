@@ -118,7 +118,11 @@ class PromptCacheFile:
                               f"{d.get('version')}, this one reads {VERSION}); delete it to start over")
         entries = d["entries"]
         for name, e in entries.items():
-            if not _entry_ok(e) or _digest(e["tokens"], e["arrays"]) != e["digest"]:
+            try:  # (arrays torch cannot view as bytes, zero-dimensional or sparse ones: no file of ours has them)
+                ok = _entry_ok(e) and _digest(e["tokens"], e["arrays"]) == e["digest"]
+            except (RuntimeError, ValueError, TypeError):
+                ok = False
+            if not ok:
                 raise SharpiError(f"--prompt-cache {self.path}: damaged (its {name} entry does not check out; "
                                   "left as it is, delete it to start over)")
         return entries

@@ -743,6 +743,16 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(np.argmax(x, axis=-1), dtype=np.int64))
 
 
+def target_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """argmax of the target model's rows, where a NaN is NoDistribution (as when sampling): a model whose arithmetic
+    broke down has no most likely token (llama.cpp's greedy sampler then keeps token 0, or skips the NaNs)."""
+    x = logits.detach().to("cpu", torch.float32).numpy()
+    am = np.asarray(np.argmax(x, axis=-1), dtype=np.int64)
+    if np.isnan(np.take_along_axis(x, am[..., None], axis=-1)).any():  # (numpy's arg-max is a NaN where there is one)
+        raise NoDistribution()
+    return torch.from_numpy(am)
+
+
 # -- drawing -------------------------------------------------------------------------------------------
 def draw(weights, generator: torch.Generator | None) -> int:
     """Index drawn with probability proportional to `weights` (1-D, non-negative, numpy or torch):
@@ -769,6 +779,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if constrain is not None:
         xn = constrain(xn)
     if params.greedy:
-        return int(np.argmax(xn))
+        i = int(np.argmax(xn))
+        if xn[i] != xn[i]:  # a NaN (the first, as numpy's arg-max takes it): no token is the most likely
+            raise NoDistribution()
+        return i
     idx, p = _row_candidates(xn, params)
     return int(idx[draw(p, generator)])

@@ -467,6 +467,62 @@ def test_conversation_first_message_and_a_system_prompt_too_long(smol):
     assert sharpi(*args, "-c", 160, "-sys", sys_prompt, input="Hi\n").returncode == 0
 
 
+def test_an_output_that_names_an_input_is_refused(tmp_path):
+    """--log-file and -o are written anew: naming a file the run reads (the model, a known model's cached file, the
+    prompt, a grammar, an adapter) or each other is one error line, before anything is opened; nothing changes."""
+    from sharpi_core.registry import REGISTRY
+    models = tmp_path / "models"
+    models.mkdir()
+    cached = models / REGISTRY[SMOL].filename
+    files = {name: tmp_path / name for name in ("m.gguf", "p.txt", "g.gbnf", "lora.gguf")}
+    for f in [cached, *files.values()]:
+        f.write_bytes(b"precious " + f.name.encode())
+    m, p, g, lora = (files[n] for n in ("m.gguf", "p.txt", "g.gbnf", "lora.gguf"))
+    cases = [(("-m", m, "-p", "hi", "--log-file", m), "--log-file", "-m/--model"),
+             (("-m", m, "-p", "hi", "-st", "-o", m), "-o/--output-file", "-m/--model"),
+             (("-m", SMOL, "-p", "hi", "-st", "-o", cached), "-o/--output-file", "-m/--model"),
+             (("-m", m, "-f", p, "--log-file", p), "--log-file", "-f/--file"),
+             (("-m", m, "-p", "hi", "--grammar-file", g, "--log-file", tmp_path / "." / "g.gbnf"), "--log-file",
+              "--grammar-file"),
+             (("-m", m, "-p", "hi", "--lora-scaled", f"{lora}:0.5", "--log-file", lora), "--log-file", "--lora-scaled"),
+             (("-m", m, "-p", "hi", "-st", "-o", tmp_path / "new.txt", "--log-file", tmp_path / "new.txt"),
+              "--log-file", "-o/--output-file")]
+    for args, out, src in cases:
+        one_error_line(sharpi(*args, env={"SHARPI_MODELS_DIR": str(models)}),
+                       contains=f"{out} {args[-1]} is the file {src} names: it would be overwritten")
+    for f in [cached, *files.values()]:
+        assert f.read_bytes() == b"precious " + f.name.encode()
+    assert not (tmp_path / "new.txt").exists()
+
+
+def test_running_out_of_memory_is_one_error_line(smol):
+    """An input with no end (-f /dev/zero) under a memory limit: one error line and exit 1, not MemoryError's
+    traceback; in a chat, /read refuses what is not a file (a device, a FIFO) and the chat goes on."""
+    import shlex
+    cmd = f"ulimit -v 3000000; exec {SHARPI} -m {shlex.quote(str(smol))} -f /dev/zero -n 2"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
+    one_error_line(r, code=1, contains="out of memory")
+    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="/read /dev/zero\nHi\n")
+    assert r.returncode == 0 and "error: /read: cannot read '/dev/zero'" in r.stderr and r.stdout.count("> ") == 3
+
+
+def test_grammars_and_schemas_nested_too_deeply_or_with_huge_bounds_are_one_error_line(smol, tmp_path):
+    """Read by recursive descent as llama.cpp reads them: a nesting deeper than Python's stack is one error line
+    (not RecursionError's traceback), as is an integer bound too large for a float."""
+    d = 1000
+    (tmp_path / "deep.gbnf").write_text("root ::= " + "(" * d + '"a"' + ")" * d)
+    schema = '{"type": "string"}'
+    for _ in range(d):
+        schema = '{"type": "array", "items": ' + schema + '}'
+    (tmp_path / "deep.json").write_text(schema)
+    big = "1" + "0" * 400
+    for args, contains in ((("--grammar-file", tmp_path / "deep.gbnf"), "--grammar: nested too deeply"),
+                           (("-jf", tmp_path / "deep.json"), "-j/--json-schema: nested too deeply"),
+                           (("-j", f'{{"type": "integer", "minimum": -{big}, "maximum": {big}}}'),
+                            "integer bounds beyond 16 digits are not supported")):
+        one_error_line(sharpi("-m", smol, "-p", "hi", "-n", 2, *args), contains=contains)
+
+
 def test_conversation_multiline_messages(smol):
     """A chat message over lines: `\\` at a line's end continues it; with -mli (llama-cli's multiline input) lines go
     on until one ends in `\\` or `/`. The same message gives the same reply either way, and one left unfinished

@@ -46,6 +46,25 @@ def test_builds_where_it_can():
     assert cpu.SUPPORTED == frozenset(ALL_TYPES) | {Q.F32}  # (F32: rows of 64s, ggml's orders; test_ops)
 
 
+def test_a_cached_library_cut_short_is_built_again_not_loaded(tmp_path):
+    """A library file cut short (a damaged disk, a crash before its blocks reached it) would be mapped past its
+    end and kill every run with SIGBUS: cpu.whole_elf tells it from a whole one, and _load builds those again."""
+    if not cpu.available():
+        pytest.skip(f"C kernels unavailable: {cpu.unavailable_reason()}")
+    data = cpu.build_info()["path"].read_bytes()
+    whole = tmp_path / "whole.so"
+    whole.write_bytes(data)
+    assert cpu.whole_elf(whole)
+    for n in (0, 10, 64, 4096, len(data) // 2, len(data) - 1):
+        cut = tmp_path / f"cut{n}.so"
+        cut.write_bytes(data[:n])
+        assert not cpu.whole_elf(cut), n
+    (tmp_path / "text.so").write_bytes(b"not a library" * 100)
+    assert not cpu.whole_elf(tmp_path / "text.so") and not cpu.whole_elf(tmp_path / "missing.so")
+    import inspect
+    assert "if not whole_elf(path):" in inspect.getsource(cpu._load)
+
+
 needs_kernels = pytest.mark.skipif(not cpu.available(), reason=f"C kernels unavailable: {cpu.unavailable_reason()}")
 
 

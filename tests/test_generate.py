@@ -279,6 +279,18 @@ def test_an_interrupt_during_the_prompt_stops_between_its_batches(kind):
     assert res.stop_reason == "interrupted" and res.tokens == [] and len(gen.history) == len(PROMPT) + 4 + 7
 
 
+@pytest.mark.parametrize("kind", [None, "lookup", "model"])
+def test_nan_logits_are_an_error_in_greedy_decoding_too(kind):
+    """A target row with a NaN (a model whose arithmetic broke down) has no most likely token: one SharpiError at
+    the first such row, plain steps and verify passes alike, not the first NaN's id as a token."""
+    from sharpi_core.sampling import NoDistribution
+    gen, model = make(GREEDY, drafter_for(kind, GREEDY, target_model()) if kind else None, spec_n_max=4)
+    model.by_pos[(len(PROMPT) + 2) % model.period, 5] = float("nan")  # (two tokens in: the rows there on)
+    with pytest.raises(NoDistribution):
+        gen.generate(PROMPT, n_predict=20)
+    assert len(gen.history) >= len(PROMPT)
+
+
 def test_bad_prompts():
     gen, _ = make(GREEDY, n_ctx=16)
     with pytest.raises(SharpiError):

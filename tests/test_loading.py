@@ -10,6 +10,7 @@ import zipfile
 import gguf
 import numpy as np
 import pytest
+import torch
 
 from sharpi_core.errors import SharpiError, UsageError
 from sharpi_core.gguf_file import GGUFFile, parse_kv_overrides
@@ -17,9 +18,11 @@ from sharpi_core.models import SUPPORTED_ARCHS, load_model
 from sharpi_core import registry
 
 
-def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, meta=None, extra=(), kv=None):
+def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, meta=None, extra=(), kv=None,
+               align=None):
     """A tiny random llama-shaped GGUF (enough to load, not a real model); `meta` overrides metadata
-    values (the tensors keep their shapes); `kv` adds keys (str or float32 values)."""
+    values (the tensors keep their shapes); `kv` adds keys (str or float32 values); `align` writes
+    general.alignment (the data padded to it)."""
     m = {"block_count": n_layer, "embedding_length": n_embd, "head_count": 4, "head_count_kv": 2, "eps": 1e-5, **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(m["block_count"])
@@ -29,6 +32,8 @@ def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, m
     w.add_head_count(m["head_count"])
     w.add_head_count_kv(m["head_count_kv"])
     w.add_layer_norm_rms_eps(m["eps"])
+    if align is not None:
+        w.add_custom_alignment(align)
     for k, v in (kv or {}).items():
         w.add_string(k, v) if isinstance(v, str) else w.add_float32(k, v)
     rng = np.random.default_rng(0)
@@ -363,6 +368,17 @@ def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):
         f()
     with pytest.raises(SharpiError, match="split.count 70000 is damaged"):
         GGUFFile(tmp_path / "sp-00001-of-70000.gguf")
+
+
+@pytest.mark.parametrize("align", [32, 64, 8])
+def test_a_gguf_with_its_alignment_written_out_loads(tmp_path, align):
+    """general.alignment in the file (a u32 there: the offsets' arithmetic must not wrap in 32 bits)."""
+    p = write_gguf(tmp_path / "a.gguf", align=align)
+    assert int(gguf.GGUFReader(str(p)).alignment) == align
+    ref = write_gguf(tmp_path / "r.gguf")
+    x = torch.tensor([1, 2, 3])
+    a, b = load_model(p), load_model(ref)
+    assert torch.equal(a.forward(x, 0, a.new_cache(8)), b.forward(x, 0, b.new_cache(8)))
 
 
 @pytest.mark.parametrize("field,message", [

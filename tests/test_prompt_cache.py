@@ -104,7 +104,12 @@ def test_prompt_cache_refusals_leave_the_file(tmp_path):
     torch.save(d, tmp_path / "damaged")
     d["entries"]["target"]["tokens"] = None
     torch.save(d, tmp_path / "malformed")
-    for name in ("damaged", "malformed"):
+    d = torch.load(f, weights_only=True)  # arrays no file of ours has: zero-dimensional, sparse
+    d["entries"]["target"]["arrays"] = {"k": torch.tensor(1.0)}
+    torch.save(d, tmp_path / "scalar")
+    d["entries"]["target"]["arrays"] = {"k": torch.eye(3).to_sparse()}
+    torch.save(d, tmp_path / "sparse")
+    for name in ("damaged", "malformed", "scalar", "sparse"):
         bad = (tmp_path / name).read_bytes()
         with pytest.raises(SharpiError, match="damaged"):
             PromptCacheFile(tmp_path / name)

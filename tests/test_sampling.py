@@ -304,7 +304,7 @@ def test_sample_is_fast_on_a_real_vocab_size():
 def test_nan_logits_are_one_clear_error():
     """A row with a NaN logit (a damaged model's, or one whose activations overflow) has no distribution: every sampled
     path says so in one SharpiError (numpy's empty-array errors and IndexErrors escaped as tracebacks), not a draw of
-    garbage; greedy keeps llama.cpp's arg-max (the first NaN)."""
+    garbage; greedy decoding too (the target's arg-max: llama.cpp's greedy sampler keeps token 0 or skips the NaNs)."""
     from sharpi_core.errors import SharpiError
     from sharpi_core.sampling import Mirostat, NoDistribution
     assert issubclass(NoDistribution, SharpiError)
@@ -322,4 +322,14 @@ def test_nan_logits_are_one_clear_error():
             filtered_probs(row[None], params)
     with pytest.raises(NoDistribution):
         Mirostat(2, 5.0, 0.1, 64).candidates(row.numpy(), 0.8)
-    assert sample(row, SamplingParams(temp=0), g) == 3
+    with pytest.raises(NoDistribution):
+        sample(row, SamplingParams(temp=0), g)
+    from sharpi_core.sampling import argmax, target_argmax
+    from sharpi_core.speculative import accept_greedy
+    rows = torch.randn(3, 64)
+    ok = target_argmax(rows)
+    assert torch.equal(ok, argmax(rows)) and accept_greedy([int(ok[0]), 5], rows) == (1 + (int(ok[1]) == 5), ok[1 + (int(ok[1]) == 5)])
+    rows[2] = row
+    with pytest.raises(NoDistribution):
+        accept_greedy([1, 2], rows)
+    assert int(argmax(row)) == 3  # (the plain arg-max, a draft model's: numpy's, the first NaN)

@@ -630,3 +630,19 @@ def test_a_draft_whose_window_slid_starts_over_on_another_history():
     props = d.propose(short, 3)[0]
     fresh = DraftModelDrafter(m, m.new_cache(16), greedy).propose(short, 3)[0]
     assert d._base == 0 and list(props) == list(fresh) and len(fresh) == 3
+
+
+@pytest.mark.parametrize("cap", [4, 5, 6])
+def test_a_tiny_draft_context_proposes_what_fits(cap):
+    """-cd 4..6: a history of at most half the draft's context with more proposals asked than fit leaves the window
+    where it is and proposes fewer (it did a shift of nothing there, an error); every step proposes at most
+    what its context holds."""
+    m = ToyModel(8, seed=22)
+    for params in (SamplingParams(temp=0), SamplingParams(temp=0.8)):
+        d = DraftModelDrafter(m, m.new_cache(cap), params, torch.Generator().manual_seed(1))
+        hist = [3]
+        for step in range(12):
+            props, _ = d.propose(hist, 4)
+            assert 1 <= len(props) < cap and d.cache.length <= cap  # (the window and its proposals fit)
+            hist = hist + [int(t) for t in props[:1]] + [(step * 5 + 1) % 8]
+            d.rollback(len(hist) - 1)

@@ -174,6 +174,8 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
             msg = (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{Path(cc).name} failed (exit {r.returncode}): " + " | ".join(msg[-6:]))
         os.chmod(tmp, 0o755)
+        with open(tmp, "rb") as f:  # on the disk before its name is: a crash then leaves no file cut short
+            os.fsync(f.fileno())
         os.replace(tmp, dest)  # atomic: other processes see no file or the whole file
     finally:
         if os.path.exists(tmp):
@@ -181,6 +183,23 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
 
 
 UNUSED_BUILD_DAYS = 30
+
+
+def whole_elf(path: Path) -> bool:
+    """Whether a built library is all there: a 64-bit ELF file that reaches the end of its section header table
+    (which gcc writes last). A file cut short (a damaged disk, a crash before its blocks were written) would map
+    pages past its end: loading it kills the process with SIGBUS, at every run."""
+    try:
+        with open(path, "rb") as f:
+            h = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(h) < 64 or h[:5] != b"\x7fELF\x02":
+        return False
+    shoff = int.from_bytes(h[0x28:0x30], "little")
+    shentsize, shnum = int.from_bytes(h[0x3A:0x3C], "little"), int.from_bytes(h[0x3C:0x3E], "little")
+    return 0 < shoff and shoff + shentsize * shnum <= size
 
 
 def _touch(path: Path) -> None:
@@ -343,7 +362,7 @@ def _load():
                 private = None
                 try:
                     path = library_path(extra)
-                    if not path.is_file():
+                    if not whole_elf(path):  # (missing, or damaged: built again in its place)
                         if build_notice is not None and not noticed:
                             build_notice()
                             noticed = True

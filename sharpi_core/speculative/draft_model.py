@@ -185,9 +185,9 @@ class DraftModelDrafter:
                 return self._window(history, k)
             history = history[self._base:]
         cap = self.cache.capacity
-        if len(history) + k + 1 <= cap or cap < 4:
-            return history
         drop = len(history) - cap // 2
+        if len(history) + k + 1 <= cap or cap < 4 or drop <= 0:  # (within half the context: fewer proposals)
+            return history
         self._drop_ahead()
         self._reuse(history)  # (the cache holds a prefix of it)
         self._shift(0, drop)
