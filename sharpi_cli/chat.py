@@ -481,14 +481,39 @@ def reply_text(tok, res, special: bool) -> str:
     return tok.decode(res.tokens, skip_special=True) if special else res.text
 
 
+class Transcript:
+    """-o's file, line-buffered (each turn as it ends); a write that fails (a full disk) is one error line naming it."""
+
+    def __init__(self, name: str):
+        self.name = name
+        try:
+            self.f = open(name, "w", encoding="utf-8", buffering=1)
+        except OSError as e:
+            raise SharpiError(f"cannot write the output file {name}: {e.strerror}") from None
+
+    def write(self, text: str) -> None:
+        try:
+            self.f.write(text)
+        except OSError as e:
+            raise SharpiError(f"cannot write the output file {self.name}: {e.strerror}") from None
+
+    def close(self) -> None:
+        try:
+            self.f.close()
+        except OSError as e:  # (what the line buffer still held)
+            raise SharpiError(f"cannot write the output file {self.name}: {e.strerror}") from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
 def open_transcript(o):
-    """-o FILE: the conversation written there as llama-cli writes it (line-buffered: each turn as it ends)."""
-    if not o.output_file:
-        return None
-    try:
-        return open(o.output_file, "w", encoding="utf-8", buffering=1)
-    except OSError as e:
-        raise SharpiError(f"cannot write the output file {o.output_file}: {e.strerror}") from None
+    """-o FILE: the conversation written there as llama-cli writes it."""
+    return Transcript(o.output_file) if o.output_file else None
 
 
 def transcript_reply(message: dict) -> str:

@@ -877,6 +877,8 @@ def apply_cpu_params(o: RunOptions) -> int:
             raise UsageError("-C/-Cr: setting CPU affinity is not supported on this system")
         have = os.sched_getaffinity(0)
         use = cpus & have
+        if not cpus:
+            raise UsageError("-C/-Cr name no CPU (a mask of zeros, or a range that ends before it starts)")
         if not use:
             raise UsageError(f"-C/-Cr name CPUs {_cpu_list(cpus)}, none of which this process may run on "
                              f"({_cpu_list(have)})")

@@ -171,7 +171,9 @@ def _open(path: str) -> _Reader:
         # (reads past the end of the mapping come back short: an index or a view of them fails)
         if isinstance(e, _Damaged):
             raise SharpiError(f"{path}: not a valid GGUF file ({e})") from None
-        if "cannot reshape array" in str(e):
+        import traceback
+        in_data = any(fr.name == "_build_tensors" for fr in traceback.extract_tb(e.__traceback__))
+        if "cannot reshape array" in str(e) or in_data and "a divisor of the total size" in str(e):
             why = f"its tensor data runs past the end of the file, {os.path.getsize(path)} bytes: cut short? "
         elif isinstance(e, IndexError) or "a divisor of the total size" in str(e):
             why = "its metadata ends early or is damaged: "

@@ -80,6 +80,11 @@ class _Parser:
         self.ids: dict[str, int] = {}
         self.rules: dict[int, list[list]] = {}
 
+    def here(self, pos: int, n: int = 20) -> str:
+        """What the text holds at pos, for an error (its '\\0' end, which the parser reads to, named)."""
+        text = self.s[pos:pos + n].split("\0")[0]
+        return repr(text) if text else "the end of the input"
+
     def fail(self, msg: str, pos: int) -> None:
         line = self.s.count("\n", 0, pos) + 1
         raise GrammarError(f"grammar: {msg} (line {line})")
@@ -107,13 +112,13 @@ class _Parser:
         while _word(self.s[end]):
             end += 1
         if end == pos:
-            self.fail(f"expecting a name at {self.s[pos:pos + 20]!r}", pos)
+            self.fail(f"expecting a name at {self.here(pos)}", pos)
         return end
 
     def hex(self, pos: int, n: int) -> tuple[int, int]:
         digits = self.s[pos:pos + n]
         if len(digits) != n or any(c not in "0123456789abcdefABCDEF" for c in digits):
-            self.fail(f"expecting {n} hex digits at {self.s[pos:pos + n]!r}", pos)
+            self.fail(f"expecting {n} hex digits at {self.here(pos, n)}", pos)
         return int(digits, 16), pos + n
 
     def char(self, pos: int) -> tuple[int, int]:
@@ -148,14 +153,14 @@ class _Parser:
         rid = self.sym(name)
         pos = self.space(end, False)
         if self.s[pos:pos + 3] != "::=":
-            self.fail(f"expecting ::= at {self.s[pos:pos + 20]!r}", pos)
+            self.fail(f"expecting ::= at {self.here(pos)}", pos)
         pos = self.alternates(self.space(pos + 3, True), name, rid, False)
         if self.s[pos] == "\r":
             pos += 2 if self.s[pos + 1] == "\n" else 1
         elif self.s[pos] == "\n":
             pos += 1
         elif pos < len(self.s) - 1:
-            self.fail(f"expecting a newline or the end at {self.s[pos:pos + 20]!r}", pos)
+            self.fail(f"expecting a newline or the end at {self.here(pos)}", pos)
         return self.space(pos, True)
 
     def alternates(self, pos: int, name: str, rid: int, nested: bool) -> int:
@@ -192,7 +197,7 @@ class _Parser:
         while self.s[end].isascii() and self.s[end].isdigit():
             end += 1
         if end == pos:
-            self.fail(f"expecting an integer at {self.s[pos:pos + 20]!r}", pos)
+            self.fail(f"expecting an integer at {self.here(pos)}", pos)
         return int(self.s[pos:end]), end
 
     def sequence(self, pos: int, name: str, nested: bool) -> tuple[int, list]:
@@ -237,7 +242,7 @@ class _Parser:
                 sub = self.gen(name)
                 pos = self.alternates(self.space(pos + 1, True), name, sub, True)
                 if s[pos] != ")":
-                    self.fail(f"expecting ')' at {s[pos:pos + 20]!r}", pos)
+                    self.fail(f"expecting ')' at {self.here(pos)}", pos)
                 last = len(seq)
                 seq.append(sub)
                 pos = self.space(pos + 1, nested)
@@ -261,9 +266,9 @@ class _Parser:
                         hi, pos = self.integer(pos)
                         pos = self.space(pos, nested)
                     if s[pos] != "}":
-                        self.fail(f"expecting '}}' at {s[pos:pos + 20]!r}", pos)
+                        self.fail(f"expecting '}}' at {self.here(pos)}", pos)
                 else:
-                    self.fail(f"expecting ',' at {s[pos:pos + 20]!r}", pos)
+                    self.fail(f"expecting ',' at {self.here(pos)}", pos)
                 pos = self.space(pos + 1, nested)
                 if lo > MAX_REPETITION:
                     self.fail(f"{lo} repetitions exceed the limit of {MAX_REPETITION}", pos)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -189,9 +190,15 @@ class PromptCacheFile:
         try:
             torch.save({"magic": MAGIC, "version": VERSION, "entries": entries}, tmp)
             os.replace(tmp, self._target)
-        except Exception as e:  # OSError; torch's RuntimeError on a full disk
-            raise SharpiError(f"--prompt-cache {self.path}: cannot write it "
-                              f"({getattr(e, 'strerror', None) or str(e).splitlines()[0]})") from None
+        except Exception as e:  # OSError; torch's RuntimeError on a full disk ("[enforce fail at ...] unexpected pos")
+            why = getattr(e, "strerror", None)
+            if not why:
+                try:  # (measured while the partial file is still there)
+                    full = shutil.disk_usage(tmp.parent).free < (1 << 20)
+                except OSError:
+                    full = False
+                why = "no space left on the device" if full else (str(e).splitlines() or [type(e).__name__])[0]
+            raise SharpiError(f"--prompt-cache {self.path}: cannot write it ({why})") from None
         finally:  # (an interrupt too)
             tmp.unlink(missing_ok=True)
         self.entries = entries

@@ -504,6 +504,11 @@ def test_running_out_of_memory_is_one_error_line(smol):
     one_error_line(r, code=1, contains="out of memory")
     r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="/read /dev/zero\nHi\n")
     assert r.returncode == 0 and "error: /read: cannot read '/dev/zero'" in r.stderr and r.stdout.count("> ") == 3
+    # a transcript that cannot be written (a full disk) names its file
+    for args, given in ((("-p", "Hi", "-st"), None), (("-cnv",), "Hi\n")):
+        r = sharpi("-m", smol, "--temp", 0, "-n", 2, "--no-show-timings", *args, "-o", "/dev/full", input=given)
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines()[-1] == "error: cannot write the output file /dev/full: No space left on device"
 
 
 def test_grammars_and_schemas_nested_too_deeply_or_with_huge_bounds_are_one_error_line(smol, tmp_path):
@@ -602,7 +607,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--presence-penalty", "nan"), "--presence-penalty"),
     (("--top-p", "nan"), "--top-p"), (("--min-p", "-inf"), "--min-p"),
     (("--prio", "4"), "invalid --prio 4"), (("-C", "0xz1"), "-C/--cpu-mask"), (("-C", "0x"), "-C/--cpu-mask"),
-    (("-Cr", "3"), "expected [lo]-[hi]"), (("-Cr", "0-512"), "numbered 0..511"),
+    (("-Cr", "3"), "expected [lo]-[hi]"), (("-Cr", "0-512"), "numbered 0..511"), (("-Cr", "5-2"), "name no CPU"),
     (("-C", "0x8" + "0" * 127), "none of which this process may run on"),  # CPU 511
     (("--min-keep", "-1"), "invalid --min-keep -1: must be >= 0"),
     (("-dev", "Vulkan0"), "invalid -dev/--device 'Vulkan0': choose cpu or cuda"),

@@ -86,6 +86,9 @@ def test_repetition_bounds_match_their_definition():
     ("root ::= <think>", "token references"),
     ("root := \"a\"", "expecting ::="),
     ("root ::= \"a\" )", "expecting a newline"),
+    ("root ::= \"a\" (", "expecting ')' at the end of the input"),
+    ("root ::= \"a\"{2", "expecting ',' at the end of the input"),
+    ("root ::= \"\\x4", "expecting 2 hex digits at '4'"),
 ])
 def test_bad_grammars_are_one_error(text, fragment):
     with pytest.raises(GrammarError, match=None) as e:

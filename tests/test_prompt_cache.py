@@ -143,3 +143,30 @@ def test_a_failed_write_is_one_error_and_leaves_the_old_file(tmp_path, monkeypat
     with pytest.raises(SharpiError, match="cannot write it .*unexpected pos 64"):
         pc.save({"target": (cache, ids, model_path(SMOL))}, ids)
     assert f.read_bytes() == b"" and [p.name for p in tmp_path.iterdir()] == ["p.cache"]
+
+
+def test_a_full_disk_while_saving_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
+    """torch's writer fails on a full disk with a RuntimeError whose text is its own internals: the error line says
+    the disk is full; the old file stays, no partial file is left."""
+    import shutil
+    import types
+    from sharpi_core import prompt_cache
+    f = tmp_path / "p.cache"
+    f.write_bytes(b"old")
+
+    def full(obj, path):
+        open(path, "wb").write(b"part")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+    monkeypatch.setattr(prompt_cache.torch, "save", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=4096))
+    pc = prompt_cache.PromptCacheFile.__new__(prompt_cache.PromptCacheFile)
+    pc.path, pc._target, pc.entries, pc.settings, pc._fingerprints = f, f, {}, "", {}
+    cache = types.SimpleNamespace(length=2, type_k="f16", type_v="f16", rot_k=0, rot_v=0,
+                                  arrays=lambda n: {"k": torch.zeros(1, n, 2)})
+    monkeypatch.setattr(pc, "_fingerprint", lambda p: "fp")
+    with pytest.raises(SharpiError, match=r"cannot write it \(no space left on the device\)"):
+        pc.save({"target": (cache, [1, 2], "m.gguf")}, [1, 2])
+    assert f.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["p.cache"]
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=1 << 30))
+    with pytest.raises(SharpiError, match=r"cannot write it \(\[enforce fail"):
+        pc.save({"target": (cache, [1, 2], "m.gguf")}, [1, 2])
