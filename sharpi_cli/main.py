@@ -1,6 +1,7 @@
 """`sharpi`: llama-cli style flags; parses, validates, calls the engine. Text on stdout, the rest on stderr."""
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -484,7 +485,9 @@ def run(
                                       if name in given and getattr(opts, name) != 0
                                       and not (flag == "-ngld" and "device_draft" in given))
     opts.sampling_given = given_flags(ctx, runner.SAMPLING_FLAG_FIELDS)  # (the others: the model's general.sampling.*)
-    raise typer.Exit(runner.run(opts))
+    with reader_gone():
+        code = runner.run(opts)
+    raise typer.Exit(code)
 
 
 def given_flags(ctx: typer.Context, names) -> frozenset:
@@ -585,8 +588,10 @@ def perplexity(
                              batch_size=batch_size, ubatch_size=ubatch_size)
     scores = runner.ChoiceScores(hellaswag, hellaswag_tasks, winogrande, winogrande_tasks, multiple_choice,
                                  multiple_choice_tasks, binary_file, parallel)
-    raise typer.Exit(runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
-                                           opts, kl_divergence_base, kl_divergence, ppl_output_type, scores))
+    with reader_gone():
+        code = runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
+                                     opts, kl_divergence_base, kl_divergence, ppl_output_type, scores)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -611,7 +616,9 @@ def tokenize(
     """Tokenize text like llama-tokenize."""
     from . import runner
     model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
-    raise typer.Exit(runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape, stdin, show_count))
+    with reader_gone():
+        code = runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape, stdin, show_count)
+    raise typer.Exit(code)
 
 
 @models_app.command("list")
@@ -704,6 +711,16 @@ def unknown_option(argv: list[str]) -> str | None:
         if "=" not in tok:
             i += opts[name]
     return None
+
+
+@contextlib.contextmanager
+def reader_gone():
+    """Standard output's reader went away (`sharpi ... | head`): the run ends quietly with exit 0, as main() ends it
+    where click does not see it first (click's own handler would exit 1)."""
+    try:
+        yield
+    except BrokenPipeError:
+        os._exit(0)
 
 
 def main() -> None:

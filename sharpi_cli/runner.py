@@ -1831,6 +1831,8 @@ def result_json(res, target, seed: int) -> dict:
         d["speculative"] = res.spec.as_dict()
     if res.context_shifts:
         d["context_shifts"] = res.context_shifts
+    if res.eog_token is not None:  # (not in tokens: generated text; with -sp its piece ends text)
+        d["eog_token"] = res.eog_token
     return d
 
 

@@ -21,7 +21,8 @@ so that greedy output matches llama-cli's:
   (recursion included).
 
 What cannot be written is refused with one error line, not approximated; what is accepted but not
-enforced (the cases above, bounds without a type, maxLength/maxItems above GBNF's 2000) is named in a
+enforced (the cases above, bounds without a type, maxLength/maxItems above GBNF's 2000, other formats, and the
+validation keywords of _UNENFORCED: multipleOf, uniqueItems, not, if / then / else, ...) is named in a
 warning (`warn`).
 """
 from __future__ import annotations
@@ -67,6 +68,10 @@ _DEPS = {"number": ("integral-part", "decimal-part"), "integer": ("integral-part
          "time-string": ("time",), "date-time-string": ("date-time",)}
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _FORMATS = {"date": "date-string", "time": "time-string", "date-time": "date-time-string", "uuid": "uuid"}
+# validation keywords the grammar does not express (llama.cpp's converter drops them too, silently): named in a warning
+_UNENFORCED = ("multipleOf", "uniqueItems", "minProperties", "maxProperties", "not", "if", "then", "else",
+               "dependentRequired", "dependentSchemas", "dependencies", "patternProperties", "propertyNames",
+               "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems")
 
 
 def _span(lo: str, hi: str) -> str:
@@ -146,10 +151,15 @@ def number_range(lo: int | None, lo_strict: bool, hi: int | None, hi_strict: boo
 class _Converter:
     def __init__(self, root, warn: Callable[[str], None]):
         self.root = root
-        self.warn = warn
+        self._warn, self._warned = warn, set()
         self.rules: dict[str, str] = {"space": SPACE}
         self.refs: dict[str, str] = {}
         self.n = 0
+
+    def warn(self, msg: str) -> None:
+        if msg not in self._warned:  # (a node is visited once per type of a type list)
+            self._warned.add(msg)
+            self._warn(msg)
 
     def add(self, body: str, name: str | None = None) -> str:
         if name is None:
@@ -191,6 +201,9 @@ class _Converter:
             raise SchemaError(f"-j/--json-schema: {path}: a schema must be an object")
         if "$ref" in s:
             return self.ref(s["$ref"], path)
+        unenforced = [k for k in _UNENFORCED if k in s]
+        if unenforced:
+            self.warn(f"{path}: {', '.join(unenforced)} not enforced")
         for key in ("oneOf", "anyOf"):
             if key in s:
                 alts = s[key]
@@ -201,7 +214,8 @@ class _Converter:
         if isinstance(t, list):
             if not t:
                 raise SchemaError(f"-j/--json-schema: {path}: type must not be empty")
-            return self.add(" | ".join(self.visit({**s, "type": x}, f"{path}/type/{i}") for i, x in enumerate(t)))
+            rest = {k: v for k, v in s.items() if k not in _UNENFORCED}  # (named above, once)
+            return self.add(" | ".join(self.visit({**rest, "type": x}, f"{path}/type/{i}") for i, x in enumerate(t)))
         if "const" in s:
             return self.add(literal(json.dumps(s["const"], ensure_ascii=False, separators=(",", ":"))))
         if "enum" in s:
@@ -318,6 +332,8 @@ class _Converter:
         fmt = s.get("format")
         if fmt in _FORMATS:
             return self.prim(_FORMATS[fmt])
+        if fmt is not None:
+            self.warn(f"{path}: format {json.dumps(fmt)} not enforced (date, time, date-time and uuid are)")
         lo, hi = self.count(s, "minLength", 0, path), s.get("maxLength")
         if lo > 0 or hi is not None:
             hi = None if hi is None else self.count(s, "maxLength", 0, path)

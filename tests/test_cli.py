@@ -138,8 +138,15 @@ def test_json_output(smol):
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["text"].startswith(" Paris") and len(d["tokens"]) == 6
-    assert d["stop_reason"] == "n_predict"
+    assert d["stop_reason"] == "n_predict" and "eog_token" not in d
     assert d["timings"]["eval_n"] >= 5 and d["timings"]["prompt_n"] == 5
+    # an end of generation: its id apart from the generated tokens; with -sp its text ends `text`
+    chat = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
+    plain, shown = (json.loads(sharpi("-m", smol, "-p", chat, "--temp", 0, "-n", 64, "--json", *sp).stdout)
+                    for sp in ((), ("-sp",)))
+    assert plain["stop_reason"] == shown["stop_reason"] == "eos" and plain["eog_token"] == shown["eog_token"] == 2
+    assert plain["tokens"] == shown["tokens"] and 2 not in plain["tokens"]
+    assert shown["text"] == plain["text"] + "<|im_end|>"
 
 
 def test_stdin_prompt_and_file(smol, tmp_path):
@@ -493,6 +500,16 @@ def test_an_output_that_names_an_input_is_refused(tmp_path):
     for f in [cached, *files.values()]:
         assert f.read_bytes() == b"precious " + f.name.encode()
     assert not (tmp_path / "new.txt").exists()
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly(smol):
+    """`sharpi ... | head -c 20`: the reader closes the pipe mid-generation; the run ends at once with exit 0 and
+    nothing on stderr (click's own handler exited 1, silently; Python's would print a traceback)."""
+    import shlex
+    for args in (f"-p hi -n 3000 --ignore-eos --temp {t}" for t in (0, 0.8)):
+        cmd = f"{SHARPI} -m {shlex.quote(str(smol))} {args} | head -c 20 >/dev/null; exit ${{PIPESTATUS[0]}}"
+        r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and r.stderr == "", (args, r.returncode, r.stderr)
 
 
 def test_running_out_of_memory_is_one_error_line(smol):

@@ -292,6 +292,17 @@ def test_schema_warnings_for_what_is_not_enforced():
                                                         "t": {"type": "string", "maxLength": 5000}}},
                       said.append)
     assert len(said) == 3 and "whole numbers" in said[0] and "maxLength" in said[1] and "above 2000" in said[2]
+    # validation keywords no grammar expresses, and formats other than date / time / date-time / uuid: named once
+    said.clear()
+    schema = {"type": "object", "minProperties": 1, "properties": {
+        "e": {"type": "string", "format": "email"}, "d": {"type": "string", "format": "date"},
+        "n": {"type": ["integer", "null"], "multipleOf": 5}, "u": {"type": "array", "items": {}, "uniqueItems": True},
+        "c": {"if": {"type": "string"}, "then": {"minLength": 2}, "not": {"const": "x"}}}}
+    plain = schema_to_grammar(schema, said.append)
+    assert said == ["#: minProperties not enforced", '#/properties/e: format "email" not enforced (date, time, '
+                    'date-time and uuid are)', "#/properties/n: multipleOf not enforced",
+                    "#/properties/u: uniqueItems not enforced", "#/properties/c: not, if, then not enforced"]
+    assert plain == schema_to_grammar(schema)  # (the grammar is the same: only the warnings are new)
     g = Grammar(schema_to_grammar({"type": "number", "exclusiveMinimum": 0, "maximum": 1}))
     assert [accepts(g, t) for t in ("0", "0.0", "0.25", "1", "1.00", "1.5", "-0.5", "2e-1")] == [False] * 2 + [True] * 3 + [False] * 3
 
