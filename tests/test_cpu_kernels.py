@@ -61,8 +61,7 @@ def test_a_cached_library_cut_short_is_built_again_not_loaded(tmp_path):
         assert not cpu.whole_elf(cut), n
     (tmp_path / "text.so").write_bytes(b"not a library" * 100)
     assert not cpu.whole_elf(tmp_path / "text.so") and not cpu.whole_elf(tmp_path / "missing.so")
-    import inspect
-    assert "if not whole_elf(path):" in inspect.getsource(cpu._load)
+    assert "whole_elf" in cpu._load.__code__.co_names  # (_load asks it, where it asked whether the file exists)
 
 
 needs_kernels = pytest.mark.skipif(not cpu.available(), reason=f"C kernels unavailable: {cpu.unavailable_reason()}")

@@ -174,8 +174,11 @@ def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
             msg = (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{Path(cc).name} failed (exit {r.returncode}): " + " | ".join(msg[-6:]))
         os.chmod(tmp, 0o755)
-        with open(tmp, "rb") as f:  # on the disk before its name is: a crash then leaves no file cut short
-            os.fsync(f.fileno())
+        try:  # on the disk before its name is: a crash then leaves no file cut short (whole_elf checks it anyway)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        except OSError:  # (a file system without fsync)
+            pass
         os.replace(tmp, dest)  # atomic: other processes see no file or the whole file
     finally:
         if os.path.exists(tmp):
