@@ -122,6 +122,9 @@ class hidden_typing:
             return self
         try:
             import termios
+        except ImportError:
+            return self
+        try:
             fd = sys.stdin.fileno()
             if not os.isatty(fd):
                 return self
@@ -130,7 +133,7 @@ class hidden_typing:
             quiet[3] &= ~(termios.ECHO | termios.ECHONL)
             termios.tcsetattr(fd, termios.TCSANOW, quiet)  # (not TCSAFLUSH: what was typed is kept)
             self._saved = (fd, saved)
-        except (ImportError, OSError, ValueError, AttributeError):
+        except (termios.error, OSError, ValueError, AttributeError):  # (termios.error is no OSError)
             pass
         return self
 
@@ -141,7 +144,7 @@ class hidden_typing:
             self._saved = None
             try:
                 termios.tcsetattr(fd, termios.TCSANOW, saved)
-            except OSError:
+            except (termios.error, OSError):
                 pass
         return False
 

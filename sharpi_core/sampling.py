@@ -737,20 +737,16 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return t[0] if one else t
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Row-wise argmax ([V] -> scalar, [T, V] -> [T]), lowest id on ties, like torch.argmax."""
-    x = logits.detach().to("cpu", torch.float32).numpy()
-    return torch.from_numpy(np.asarray(np.argmax(x, axis=-1), dtype=np.int64))
-
-
-def target_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """argmax of the target model's rows, where a NaN is NoDistribution (as when sampling): a model whose arithmetic
-    broke down has no most likely token (llama.cpp's greedy sampler then keeps token 0, or skips the NaNs)."""
+def argmax(logits: torch.Tensor, nan_error: bool = False) -> torch.Tensor:
+    """Row-wise argmax ([V] -> scalar, [T, V] -> [T]), lowest id on ties, like torch.argmax; a NaN is numpy's
+    arg-max (the first), or with nan_error NoDistribution (the target's rows, as when sampling: a model whose
+    arithmetic broke down has no most likely token; llama.cpp's greedy sampler keeps token 0, or skips the NaNs)."""
     x = logits.detach().to("cpu", torch.float32).numpy()
     am = np.asarray(np.argmax(x, axis=-1), dtype=np.int64)
-    if np.isnan(np.take_along_axis(x, am[..., None], axis=-1)).any():  # (numpy's arg-max is a NaN where there is one)
+    if nan_error and np.isnan(np.take_along_axis(x, am[..., None], axis=-1)).any():
         raise NoDistribution()
     return torch.from_numpy(am)
+
 
 
 # -- drawing -------------------------------------------------------------------------------------------

@@ -324,10 +324,10 @@ def test_nan_logits_are_one_clear_error():
         Mirostat(2, 5.0, 0.1, 64).candidates(row.numpy(), 0.8)
     with pytest.raises(NoDistribution):
         sample(row, SamplingParams(temp=0), g)
-    from sharpi_core.sampling import argmax, target_argmax
+    from sharpi_core.sampling import argmax
     from sharpi_core.speculative import accept_greedy
     rows = torch.randn(3, 64)
-    ok = target_argmax(rows)
+    ok = argmax(rows, nan_error=True)
     assert torch.equal(ok, argmax(rows)) and accept_greedy([int(ok[0]), 5], rows) == (1 + (int(ok[1]) == 5), ok[1 + (int(ok[1]) == 5)])
     rows[2] = row
     with pytest.raises(NoDistribution):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling import draw, target_argmax
+from ..sampling import argmax, draw
 
 
 def accept_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
@@ -26,7 +26,7 @@ def accept_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, i
     d_1..d_i) -> (n accepted, next token: the target's argmax after the accepted prefix).
 
     k rows are enough when d_k cannot be the argmax (a token outside the target's vocabulary)."""
-    return accept_argmax(draft, target_argmax(target_logits).tolist())
+    return accept_argmax(draft, argmax(target_logits, nan_error=True).tolist())
 
 
 def accept_argmax(draft: list[int], am: list[int]) -> tuple[int, int]:
