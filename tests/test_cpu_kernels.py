@@ -227,6 +227,35 @@ def test_rejects_bad_arguments():
         cpu.dequant_rows(raw, qtype, torch.tensor([-1]), k)
 
 
+def test_the_build_uses_gccs_lto_on_several_cores_and_the_plain_build_where_that_fails(tmp_path, monkeypatch):
+    """-flto=N (N = this process's cores, at most 8) only shortens gcc's build; a gcc whose LTO fails gets the plain
+    command line, and the library is the plain build's."""
+    if not cpu.available():
+        pytest.skip(f"C kernels unavailable: {cpu.unavailable_reason()}")
+    built = cpu.build_info()["path"]
+    log = tmp_path / "args"
+    gcc = tmp_path / "gcc"  # a stand-in: records its arguments, fails with -flto, else copies this process's library
+    gcc.write_text(f'#!/bin/sh\necho "$@" >> {log}\ncase " $* " in *" -flto="*) exit 1;; esac\n'
+                   f'while [ $# -gt 0 ]; do [ "$1" = -o ] && exec cp {built} "$2"; shift; done\nexit 1\n')
+    gcc.chmod(0o755)
+    monkeypatch.delenv("SHARPI_KERNEL_LTO", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    dest = tmp_path / "k" / "lib.so"
+    cpu._build(str(gcc), dest, ())
+    calls = [c.split() for c in log.read_text().splitlines()]
+    assert len(calls) == 2 and "-flto=8" in calls[0] and not any(a.startswith("-flto") for a in calls[1]), calls
+    assert calls[0][1:] == calls[1]
+    assert dest.read_bytes() == built.read_bytes() and not list(dest.parent.glob(".qmatmul-*"))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert cpu._lto_flags(str(gcc)) == ("-flto=2",)
+    assert cpu._lto_flags(str(tmp_path / "clang")) == ()  # not gcc
+    monkeypatch.setenv("SHARPI_KERNEL_LTO", "0")
+    assert cpu._lto_flags(str(gcc)) == ()
+    monkeypatch.delenv("SHARPI_KERNEL_LTO")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert cpu._lto_flags(str(gcc)) == ()  # one core: LTO would only add work
+
+
 def test_unavailable_without_compiler(tmp_path):
     """No compiler: available() is False with a reason, never an exception."""
     code = ("from sharpi_core.kernels import cpu; "

@@ -9,7 +9,7 @@ Up to 8 activation rows share each read of a block (decode and speculative verif
 path, long inputs (prefill) dequantize tiles of rows into an L2-sized fp32 buffer and hand them to
 torch's sgemm.
 
-The library is built with `gcc -O3 -march=native -fopenmp` into
+The library is built with `gcc -O3 -march=native -fopenmp` (and -flto=N on N > 1 cores, for a shorter build) into
 `~/.cache/sharpi/kernels/qmatmul-<hash>.so` (hash of source, flags, compiler and CPU; written to a
 temporary name and renamed into place, so concurrent processes never load half a file). Without a
 compiler, or on a CPU without AVX2 (with FMA, F16C, BMI2), `available()` is False and
@@ -164,12 +164,32 @@ def library_path(extra: tuple[str, ...] = ()) -> Path | None:
     return kernel_dir() / f"qmatmul-{h.hexdigest()[:20]}.so"
 
 
+def _lto_flags(cc: str) -> tuple[str, ...]:
+    """gcc's link-time optimization, for the build's wall time alone: qmatmul.c is one large translation unit
+    that gcc optimizes and compiles on one core (~40 s on a slow 2-core machine); with -flto=N the work runs
+    at the link in partitions, N at once (N: this process's cores, at most 8) (~25 s there). The library computes the same bits either way (no
+    fast-math: inlining and partitioning do not change floating-point results; the kernel tests compare bits),
+    so it is no part of the library's name. gcc only (clang's LTO needs a linker plugin that may be missing);
+    SHARPI_KERNEL_LTO=0 turns it off."""
+    if os.environ.get("SHARPI_KERNEL_LTO") == "0" or "gcc" not in os.path.basename(os.path.realpath(cc)):
+        return ()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return (f"-flto={min(cores, 8)}",) if cores > 1 else ()
+
+
 def _build(cc: str, dest: Path, extra: tuple[str, ...]) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".qmatmul-", suffix=".so.part", dir=dest.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *CFLAGS, *extra, *map(str, SOURCES), "-lm", "-o", tmp], capture_output=True, text=True, timeout=900)
+        cmd = [cc, *CFLAGS, *extra, *map(str, SOURCES), "-lm", "-o", tmp]
+        lto = _lto_flags(cc)
+        r = subprocess.run(cmd[:1] + list(lto) + cmd[1:], capture_output=True, text=True, timeout=900)
+        if r.returncode != 0 and lto:  # (a gcc without its LTO plugin: the plain build)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{Path(cc).name} failed (exit {r.returncode}): " + " | ".join(msg[-6:]))
