@@ -1154,6 +1154,17 @@ def test_kernels_that_cannot_be_kept_or_built_are_said(smol, tmp_path):
     assert "torch's matmuls run instead, several times slower" in r.stderr
 
 
+def test_every_environment_switch_is_in_the_readmes_table():
+    """Each SHARPI_* name the code reads has its row in README's table of environment variables."""
+    root = Path(__file__).resolve().parents[1]
+    names = set()
+    for f in [*(root / "sharpi_core").rglob("*.py"), *(root / "sharpi_cli").rglob("*.py")]:
+        names |= set(re.findall(r"""["'](SHARPI_[A-Z0-9_]*[A-Z0-9])["']""", f.read_text()))
+    rows = set(re.findall(r"^\| `(SHARPI_[A-Z0-9_]+)", (root / "README.md").read_text(), re.M))
+    assert {"SHARPI_SPEC_SAMPLE", "SHARPI_SPEC_BATCH_VERIFY", "SHARPI_KERNEL_LTO"} <= names
+    assert not names - rows, sorted(names - rows)
+
+
 def test_version():
     r = sharpi("--version", process=True)
     assert r.returncode == 0 and r.stdout.startswith("sharpi ")
