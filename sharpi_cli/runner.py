@@ -1680,7 +1680,7 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
         from sharpi_core.gguf_file import GGUFFile, check_tensors
         check_tensors(GGUFFile(path))
     cpu.build_notice = lambda: log("sharpi: compiling the CPU kernels for this machine (once per CPU and sharpi "
-                                   f"version, {'~2 min on AVX2' if cpu.avx512_emulated() else '~10-30 s'}; "
+                                   f"version, {'~20-60 s on AVX2' if cpu.avx512_emulated() else '~10-30 s'}; "
                                    f"cached in {cpu.kernel_dir()})")
     m = engine.load(str(path), encoder=encoder, overrides=overrides, mmap=mmap)
     m.model.flash_attn = flash_attn != "off"
