@@ -165,12 +165,12 @@ def library_path(extra: tuple[str, ...] = ()) -> Path | None:
 
 
 def _lto_flags(cc: str) -> tuple[str, ...]:
-    """gcc's link-time optimization, for the build's wall time alone: qmatmul.c is one large translation unit
-    that gcc optimizes and compiles on one core (~40 s on a slow 2-core machine); with -flto=N the work runs
-    at the link in partitions, N at once (N: this process's cores, at most 8) (~25 s there). The library computes the same bits either way (no
-    fast-math: inlining and partitioning do not change floating-point results; the kernel tests compare bits),
-    so it is no part of the library's name. gcc only (clang's LTO needs a linker plugin that may be missing);
-    SHARPI_KERNEL_LTO=0 turns it off."""
+    """gcc's link-time optimization, for the build's wall time alone. qmatmul.c is one large translation unit, which
+    gcc optimizes and compiles on one core (44 s on a slow 2-core machine); with -flto=N that work runs at the link
+    in partitions, N at once (N: this process's cores, at most 8; 25 s there). The library computes the same bits
+    either way (no fast-math: inlining and partitioning change no floating-point result; the kernel tests compare
+    bits), so LTO is no part of the library's name. gcc only: clang's LTO needs a linker plugin that may be
+    missing. SHARPI_KERNEL_LTO=0 turns it off."""
     if os.environ.get("SHARPI_KERNEL_LTO") == "0" or "gcc" not in os.path.basename(os.path.realpath(cc)):
         return ()
     try:
