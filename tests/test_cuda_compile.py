@@ -152,6 +152,13 @@ def test_nvrtc_compiles():
     path = _find_nvrtc()
     if not path:
         pytest.skip("no libnvrtc found (pip install nvidia-cuda-nvrtc, or set SHARPI_NVRTC_LIB)")
+    # libnvrtc dlopens its builtins library by name: pip's nvidia-cuda-nvrtc 13.0 has no $ORIGIN rpath to find it
+    # beside itself (13.5 has; a CUDA torch preloads it), so it is loaded first, as CuPy does for pip's wheels
+    for builtins in sorted(glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so*"))):
+        try:
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
