@@ -748,7 +748,6 @@ def argmax(logits: torch.Tensor, nan_error: bool = False) -> torch.Tensor:
     return torch.from_numpy(am)
 
 
-
 # -- drawing -------------------------------------------------------------------------------------------
 def draw(weights, generator: torch.Generator | None) -> int:
     """Index drawn with probability proportional to `weights` (1-D, non-negative, numpy or torch):
