@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
@@ -675,11 +676,18 @@ def models_rm(names: Annotated[list[str], typer.Argument(help="known model names
         print(f"removed {path}" if remove(k) else f"{k}: not in the cache")
 
 
+@functools.lru_cache(maxsize=None)
+def command():
+    """The click command typer builds from `app`, built once per process (~0.1 s on a slow machine): the flag check
+    and the run share it. (app(...) would build it again; with pretty_exceptions_enable=False its hook adds nothing.)"""
+    import typer.main
+    return typer.main.get_command(app)
+
+
 def _options(argv: list[str]) -> tuple[dict[str, int], list[str]]:
     """The option names of the command argv starts with (a subcommand's, e.g. `tokenize`, else the run's) -> the
     values each takes (0 for a flag), and the arguments after the command's name."""
-    import typer.main
-    cmd = typer.main.get_command(app)
+    cmd = command()
     while argv and argv[0] in getattr(cmd, "commands", {}):
         cmd, argv = cmd.commands[argv[0]], argv[1:]
     out: dict[str, int] = {}
@@ -741,7 +749,7 @@ def main() -> None:
         bad = unknown_option(sys.argv[1:])
         if bad is not None:
             raise UsageError(f"No such option: {bad}")
-        code = app(standalone_mode=False)  # a command's typer.Exit(code) comes back as the return value
+        code = command()(standalone_mode=False)  # a command's typer.Exit(code) comes back as the return value
         sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as e:
         sys.exit(e.exit_code)
