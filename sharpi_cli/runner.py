@@ -1282,11 +1282,27 @@ def _listed(entries: list, scaled: bool = False) -> list[str]:
     return [n.rpartition(":")[0] or n for n in names] if scaled else names
 
 
-def check_outputs(o: RunOptions) -> None:
+def _is_gguf(p: Path) -> bool:
+    """p is a regular file that starts as a GGUF does (not a FIFO: opening one to read it waits for a writer)."""
+    try:
+        if not p.is_file():
+            return False
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:  # (not readable: check_output_file says what it must)
+        return False
+
+
+def check_outputs(o: RunOptions, outputs: list[tuple[str, str | None]] | None = None,
+                  also_read: list[tuple[str, str | None]] = ()) -> None:
     """--log-file and -o are written anew, the log's as the run starts: one that is a file this run reads (the
     model, the prompt, the prompt cache, ...) or the other output is refused before anything is opened, so that
-    nothing the user had is overwritten by a mistyped flag."""
-    outputs = [(f, p) for f, p in (("--log-file", o.log_file), ("-o/--output-file", o.output_file)) if p]
+    nothing the user had is overwritten by a mistyped flag; so is a GGUF model no flag names (a cached one).
+    outputs (flag, path): instead of those two (the perplexity's --kl-divergence-base); also_read: files the command
+    reads besides o's (the perplexity's -f, -bf)."""
+    if outputs is None:
+        outputs = [("--log-file", o.log_file), ("-o/--output-file", o.output_file)]
+    outputs = [(f, p) for f, p in outputs if p]
     if not outputs:
         return
     from sharpi_core.registry import cached_path, known_name
@@ -1302,7 +1318,7 @@ def check_outputs(o: RunOptions) -> None:
               ("--chat-template-file", o.chat_template_file), ("--prompt-cache", o.prompt_cache),
               *(("--lora", n) for n in _listed(o.lora)), *(("--lora-scaled", n) for n in _listed(o.lora_scaled, True)),
               *(("--control-vector", n) for n in _listed(o.control_vector)),
-              *(("--control-vector-scaled", n) for n in _listed(o.control_vector_scaled, True))]
+              *(("--control-vector-scaled", n) for n in _listed(o.control_vector_scaled, True)), *also_read]
     for i, (flag, path) in enumerate(outputs):
         for other, src in [*inputs, *outputs[i + 1:]]:
             if not src or src == "-":
@@ -1314,6 +1330,9 @@ def check_outputs(o: RunOptions) -> None:
             if same:
                 raise UsageError(f"{flag} {path} is the file {other} names: it would be overwritten; "
                                  "give the output another name")
+    for flag, path in outputs:
+        if _is_gguf(Path(path).expanduser()):
+            raise UsageError(f"{flag} {path} is a GGUF model: it would be overwritten; give the output another name")
 
 
 # -- the generation command -------------------------------------------------------------------
@@ -1926,6 +1945,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         raise UsageError("perplexity needs a text: -f/--file")
     if not kld:  # (a base file is written beside its name, then renamed: refused now, not after every chunk)
         check_output_file(kld_base, "--kl-divergence-base", beside=True)
+        check_outputs(opts or RunOptions(model=model), [("--kl-divergence-base", kld_base)],
+                      also_read=[("-f/--file", file), ("-bf/--binary-file", sc.binary_file)])
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")

@@ -90,34 +90,56 @@ def _physical_memory() -> float:
         return float("inf")
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def memory_left() -> float:
+    """Bytes this process can still fill: Linux's MemAvailable (free memory and the page cache it can drop: a
+    model's mapped file among it) plus free swap, within a cgroup v2 memory.max; elsewhere the physical memory.
+    (What the model and the caches already allocated, zeroed, is gone from it.)"""
+    info = _read("/proc/meminfo")
+    fields = dict(ln.split(":", 1) for ln in info.splitlines() if ":" in ln) if info else {}
+    try:
+        left = (int(fields["MemAvailable"].split()[0]) + int(fields.get("SwapFree", "0 kB").split()[0])) * 1024
+    except (KeyError, ValueError, IndexError):
+        return _physical_memory()
+    limit, used = _read("/sys/fs/cgroup/memory.max"), _read("/sys/fs/cgroup/memory.current")
+    if limit and used and limit.strip().isdigit() and used.strip().isdigit():
+        left = min(left, int(limit) - int(used))
+    return left
+
+
 class _Store:
     """One tensor kind (K or V) for all layers: [n_layer, capacity, n_kv_head, head_dim]."""
 
-    def __init__(self, kind: str, n_layer: int, capacity: int, n_kv: int, hd: int):
+    @staticmethod
+    def n_bytes(kind: str, n_layer: int, capacity: int, n_kv: int, hd: int) -> int:
+        """The store's size; a type that is none of llama.cpp's cache types, or that the head size does not
+        take, is refused."""
         if kind not in CACHE_TYPES:
             raise UsageError(f"unsupported KV cache type '{kind}' (choose from {', '.join(CACHE_TYPES)})")
+        if kind in QUANTIZED and hd % _QK8_0:
+            raise UsageError(f"KV cache type {kind} needs a head size divisible by 32 (model has {hd})")
+        return n_layer * capacity * n_kv * hd * _ELEM_BYTES[kind]
+
+    def __init__(self, kind: str, n_layer: int, capacity: int, n_kv: int, hd: int):
+        """Allocated and zeroed at once (KVCache checks first that memory is left for it)."""
+        self.n_bytes(kind, n_layer, capacity, n_kv, hd)
         self.kind, self.hd = kind, hd
         self.qtype = Q[kind.upper()]
         shape = (n_layer, capacity, n_kv, hd)
-        if kind in QUANTIZED and hd % _QK8_0:
-            raise UsageError(f"KV cache type {kind} needs a head size divisible by 32 (model has {hd})")
-        n_bytes = n_layer * capacity * n_kv * hd * _ELEM_BYTES[kind]
-        too_big = UsageError(f"cannot allocate {n_bytes / 1e9:.1f} GB of {kind} KV cache for a context of {capacity} "
-                             "tokens: use a smaller context size")
-        # more than the machine has is refused before asking: with memory overcommit the allocation would
-        # succeed and zeroing it would bring the OOM killer instead of an error
-        if n_bytes > _physical_memory():
-            raise too_big
-        try:
-            if kind == "q8_0":
-                self.q = torch.zeros(shape, dtype=torch.int8)
-                self.d = torch.zeros((n_layer, capacity, n_kv, hd // _QK8_0, 1), dtype=torch.float16)
-            elif kind in BLOCK_BYTES:  # [n_layer, capacity, n_kv, bytes of hd / 32 blocks]
-                self.q = torch.zeros((*shape[:3], hd // _QK8_0 * BLOCK_BYTES[kind]), dtype=torch.uint8)
-            else:
-                self.q = torch.zeros(shape, dtype={"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[kind])
-        except (RuntimeError, MemoryError):  # torch: "DefaultCPUAllocator: can't allocate memory: ..."
-            raise too_big from None
+        if kind == "q8_0":
+            self.q = torch.zeros(shape, dtype=torch.int8)
+            self.d = torch.zeros((n_layer, capacity, n_kv, hd // _QK8_0, 1), dtype=torch.float16)
+        elif kind in BLOCK_BYTES:  # [n_layer, capacity, n_kv, bytes of hd / 32 blocks]
+            self.q = torch.zeros((*shape[:3], hd // _QK8_0 * BLOCK_BYTES[kind]), dtype=torch.uint8)
+        else:
+            self.q = torch.zeros(shape, dtype={"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[kind])
 
     def write(self, layer: int, start: int, x: torch.Tensor) -> None:
         # x [T, n_kv, hd] fp32
@@ -231,8 +253,22 @@ class KVCache(CacheBase):
     def __init__(self, n_layer: int, capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int,
                  type_k: str = "f16", type_v: str = "f16"):
         super().__init__(capacity, head_dim_k, head_dim_v, type_k, type_v)
-        self.k = _Store(type_k, n_layer, capacity, n_kv_head, head_dim_k)
-        self.v = _Store(type_v, n_layer, capacity, n_kv_head, head_dim_v)
+        need = (_Store.n_bytes(type_k, n_layer, capacity, n_kv_head, head_dim_k)
+                + _Store.n_bytes(type_v, n_layer, capacity, n_kv_head, head_dim_v))
+        left = memory_left()
+        kinds = type_k if type_k == type_v else f"{type_k} K, {type_v} V"
+        too_big = UsageError(f"cannot allocate {need / 1e9:.1f} GB of KV cache ({kinds}) for a context of {capacity} "
+                             f"tokens ({left / 1e9:.1f} GB of memory left): use a smaller context size")
+        # K and V together, against what is left now (a target's cache, allocated first, is gone from it for its
+        # draft's): with memory overcommit an allocation past it would succeed and zeroing it would bring the OOM
+        # killer instead of an error
+        if need > left:
+            raise too_big
+        try:
+            self.k = _Store(type_k, n_layer, capacity, n_kv_head, head_dim_k)
+            self.v = _Store(type_v, n_layer, capacity, n_kv_head, head_dim_v)
+        except (RuntimeError, MemoryError):  # torch: "DefaultCPUAllocator: can't allocate memory: ..."
+            raise too_big from None
 
     def shift(self, n_keep: int, n_discard: int, shift_k) -> None:
         """Context shift: drop positions [n_keep, n_keep + n_discard) and move the later ones down by

@@ -500,6 +500,12 @@ def test_an_output_that_names_an_input_is_refused(tmp_path):
     for f in [cached, *files.values()]:
         assert f.read_bytes() == b"precious " + f.name.encode()
     assert not (tmp_path / "new.txt").exists()
+    other = tmp_path / "other.gguf"  # a model no flag names (another run's, a cached one under another name)
+    other.write_bytes(b"GGUF precious")
+    for out in ("--log-file", "-o"):
+        one_error_line(sharpi("-m", m, "-p", "hi", "-st", out, other),
+                       contains=f"{other} is a GGUF model: it would be overwritten")
+    assert other.read_bytes() == b"GGUF precious"
 
 
 def test_a_reader_that_goes_away_ends_the_run_quietly(smol):
@@ -614,7 +620,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--draft-lookup", "-c", "1"), "a context of 1 token leaves no room to speculate (raise -c/--ctx-size)"),
     (("-s", "99999999999999999999"), "-s/--seed"),
     (("-s", "-2"), "-s/--seed"),
-    (("-c", "99999999"), "cannot allocate 1152.0 GB of f16 KV cache for a context of 99999999 tokens"),
+    (("-c", "99999999"), "cannot allocate 2304.0 GB of KV cache (f16) for a context of 99999999 tokens"),
     (("-c", "-1"), "-c/--ctx-size"),
     (("-t", "600"), "invalid -t/--threads 600: at most 512"), (("-tbd", "513"), "-tbd/--threads-batch-draft 513"),
     (("--spec-ngram-max", "1025", "--draft-lookup"), "--spec-ngram-max 1025: must be in [--spec-ngram-min (2), 1024]"),

@@ -69,6 +69,24 @@ def test_kl_divergence_errors(base, tmp_path):
                           "--kl-divergence"), 1, "made with a vocabulary of 49152 tokens")
 
 
+def test_a_base_file_that_names_an_input_or_a_model_is_refused(tmp_path):
+    """--kl-divergence-base FILE is written (log-probabilities replace what it held): the model, the text or any other
+    GGUF model is refused in one line before anything loads, and stays as it was."""
+    smol = model_path("smollm2-135m-instruct-q4_1")
+    text, other = tmp_path / "t.txt", tmp_path / "other.gguf"
+    text.write_text("precious text " * 50)
+    before = smol.stat()
+    other.write_bytes(b"GGUF precious")
+    cases = [(smol, "is the file -m/--model names"), (text, "is the file -f/--file names"),
+             (tmp_path / "." / "t.txt", "is the file -f/--file names"), (other, "is a GGUF model")]
+    for base, says in cases:
+        one_error_line(sharpi("perplexity", "-m", smol, "-f", text, "-c", 16, "--kl-divergence-base", base), 2,
+                       f"--kl-divergence-base {base} {says}: it would be overwritten")
+    assert text.read_text() == "precious text " * 50 and other.read_bytes() == b"GGUF precious"
+    after = smol.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+
+
 def test_ppl_output_type_1_is_llama_perplexity_s():
     c = ORACLE[0]
     r = sharpi("perplexity", "-m", model_path(c["model"]), "-f", FIXTURES_DIR / c["text"], "-c", c["n_ctx"],

@@ -210,3 +210,32 @@ def test_flash_attention_over_the_type_is_llamacpp_bit_for_bit(kind, D, H, windo
                     lo = max(0, n - window) if window else 0
                     want = fa_chunk_ggml(kind, q[t, h].numpy(), K[lo:n, gk], V[lo:n, gk], 0.125)
                     assert np.array_equal(got[t, h], want), (L, mode, t, h)
+
+
+def test_a_cache_that_memory_cannot_hold_is_refused_k_and_v_together(monkeypatch):
+    """K and V are zeroed as they are allocated: together they must fit in the memory left (each alone fitting is
+    not enough: under overcommit the second one's zeroing brought the OOM killer, not an error line)."""
+    from sharpi_core import kv_cache
+    from sharpi_core.errors import UsageError
+    k_bytes = kv_cache._Store.n_bytes("f16", 2, 64, 2, 128)
+    v_bytes = kv_cache._Store.n_bytes("q8_0", 2, 64, 2, 128)
+    for left in (max(k_bytes, v_bytes) + 1, k_bytes + v_bytes - 1):
+        monkeypatch.setattr(kv_cache, "memory_left", lambda: left)
+        with pytest.raises(UsageError, match=rf"cannot allocate 0\.0 GB of KV cache \(f16 K, q8_0 V\) for a context "
+                                             rf"of 64 tokens \(0\.0 GB of memory left\)"):
+            KVCache(2, 64, 2, 128, 128, "f16", "q8_0")
+    monkeypatch.setattr(kv_cache, "memory_left", lambda: k_bytes + v_bytes)
+    assert KVCache(2, 64, 2, 128, 128, "f16", "q8_0").k.q.shape == (2, 64, 2, 128)
+
+
+def test_memory_left_is_what_linux_says_is_available(monkeypatch):
+    from sharpi_core import kv_cache
+    files = {"/proc/meminfo": "MemTotal: 100 kB\nMemAvailable:    40 kB\nSwapFree: 2 kB\n"}
+    monkeypatch.setattr(kv_cache, "_read", files.get)
+    assert kv_cache.memory_left() == 42 * 1024
+    files.update({"/sys/fs/cgroup/memory.max": "30720\n", "/sys/fs/cgroup/memory.current": "10240\n"})
+    assert kv_cache.memory_left() == 20480  # within the cgroup's limit
+    files["/sys/fs/cgroup/memory.max"] = "max\n"
+    assert kv_cache.memory_left() == 42 * 1024
+    del files["/proc/meminfo"]  # (not Linux)
+    assert kv_cache.memory_left() == kv_cache._physical_memory()
