@@ -100,7 +100,8 @@ def _read(path: str) -> str | None:
 
 def memory_left() -> float:
     """Bytes this process can still fill: Linux's MemAvailable (free memory and the page cache it can drop: a
-    model's mapped file among it) plus free swap, within a cgroup v2 memory.max; elsewhere the physical memory.
+    model's mapped file among it) plus free swap, within a cgroup v2 memory.max (less what the cgroup uses, its page
+    cache not counted: a model file just read fills it, and it is dropped first); elsewhere the physical memory.
     (What the model and the caches already allocated, zeroed, is gone from it.)"""
     info = _read("/proc/meminfo")
     fields = dict(ln.split(":", 1) for ln in info.splitlines() if ":" in ln) if info else {}
@@ -110,7 +111,9 @@ def memory_left() -> float:
         return _physical_memory()
     limit, used = _read("/sys/fs/cgroup/memory.max"), _read("/sys/fs/cgroup/memory.current")
     if limit and used and limit.strip().isdigit() and used.strip().isdigit():
-        left = min(left, int(limit) - int(used))
+        stat = dict(ln.split(None, 1) for ln in (_read("/sys/fs/cgroup/memory.stat") or "").splitlines() if " " in ln)
+        cache = int(stat["file"]) if stat.get("file", "").strip().isdigit() else 0
+        left = min(left, int(limit) - int(used) + cache)
     return left
 
 

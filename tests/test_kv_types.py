@@ -235,6 +235,8 @@ def test_memory_left_is_what_linux_says_is_available(monkeypatch):
     assert kv_cache.memory_left() == 42 * 1024
     files.update({"/sys/fs/cgroup/memory.max": "30720\n", "/sys/fs/cgroup/memory.current": "10240\n"})
     assert kv_cache.memory_left() == 20480  # within the cgroup's limit
+    files["/sys/fs/cgroup/memory.stat"] = "anon 6144\nfile 4096\nkernel 0\n"
+    assert kv_cache.memory_left() == 24576  # its page cache (a model file read) is dropped before it fails
     files["/sys/fs/cgroup/memory.max"] = "max\n"
     assert kv_cache.memory_left() == 42 * 1024
     del files["/proc/meminfo"]  # (not Linux)
