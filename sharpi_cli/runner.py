@@ -702,7 +702,8 @@ def check_threads(n: int, flag: str = "-t/--threads") -> int:
         return n
     if flag == "-t/--threads":
         return -1
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from sharpi_core.threads import process_cores
+    return process_cores()
 
 
 # --prio's levels (llama.cpp's ggml_sched_priority) -> the nice value it sets on POSIX systems
@@ -906,8 +907,9 @@ def devices_text() -> str:
     except OSError:
         pass
     import platform
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     from sharpi_core.kernels import cpu
+    from sharpi_core.threads import process_cores
+    cores = process_cores()
     lines = ["Available devices:",
              f"  cpu: {name or platform.processor() or platform.machine()} ({cores} cores, {cpu.state_text()})"]
     from sharpi_core.backends.cuda import cuda_available
@@ -1282,17 +1284,6 @@ def _listed(entries: list, scaled: bool = False) -> list[str]:
     return [n.rpartition(":")[0] or n for n in names] if scaled else names
 
 
-def _is_gguf(p: Path) -> bool:
-    """p is a regular file that starts as a GGUF does (not a FIFO: opening one to read it waits for a writer)."""
-    try:
-        if not p.is_file():
-            return False
-        with open(p, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:  # (not readable: check_output_file says what it must)
-        return False
-
-
 def check_outputs(o: RunOptions, outputs: list[tuple[str, str | None]] | None = None,
                   also_read: list[tuple[str, str | None]] = ()) -> None:
     """--log-file and -o are written anew, the log's as the run starts: one that is a file this run reads (the
@@ -1330,8 +1321,9 @@ def check_outputs(o: RunOptions, outputs: list[tuple[str, str | None]] | None = 
             if same:
                 raise UsageError(f"{flag} {path} is the file {other} names: it would be overwritten; "
                                  "give the output another name")
+    from sharpi_core.gguf_file import is_gguf
     for flag, path in outputs:
-        if _is_gguf(Path(path).expanduser()):
+        if is_gguf(Path(path).expanduser()):
             raise UsageError(f"{flag} {path} is a GGUF model: it would be overwritten; give the output another name")
 
 

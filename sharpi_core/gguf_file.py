@@ -155,6 +155,20 @@ def parse_kv_overrides(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+MAGIC = b"GGUF"
+
+
+def is_gguf(path) -> bool:
+    """path is a regular file that starts as a GGUF does (not a FIFO: opening one to read it waits for a writer)."""
+    try:
+        if not os.path.isfile(path):
+            return False
+        with open(path, "rb") as f:
+            return f.read(4) == MAGIC
+    except OSError:
+        return False
+
+
 def _open(path: str) -> _Reader:
     if not os.path.isfile(path):
         raise SharpiError(f"model file not found: {path}")
@@ -163,7 +177,7 @@ def _open(path: str) -> _Reader:
             magic = f.read(4)
     except OSError as e:
         raise SharpiError(f"cannot read model file {path}: {e.strerror}") from None
-    if magic != b"GGUF":
+    if magic != MAGIC:
         raise SharpiError(f"{path}: not a valid GGUF file (it does not start with the 'GGUF' magic bytes)")
     try:
         reader = _Reader(path, "r")

@@ -24,6 +24,11 @@ import torch
 ENABLED = os.environ.get("SHARPI_THREADS_ADAPT", "1") != "0"
 
 
+def process_cores() -> int:
+    """The cores this process may run on (its affinity mask: taskset, a container's cpuset), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def run_delay_ns() -> int | None:
     """Nanoseconds the threads of this process have spent waiting for a CPU (None where unknown)."""
     total = 0

@@ -173,7 +173,8 @@ def _lto_flags(cc: str) -> tuple[str, ...]:
     missing. SHARPI_KERNEL_LTO=0 turns it off."""
     if os.environ.get("SHARPI_KERNEL_LTO") == "0" or "gcc" not in os.path.basename(os.path.realpath(cc)):
         return ()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from ..threads import process_cores
+    cores = process_cores()
     return (f"-flto={min(cores, 8)}",) if cores > 1 else ()
 
 
