@@ -1164,7 +1164,7 @@ def test_every_environment_switch_is_in_the_readmes_table():
     """Each SHARPI_* name the code reads has its row in README's table of environment variables."""
     root = Path(__file__).resolve().parents[1]
     names = set()
-    for f in [*(root / "sharpi_core").rglob("*.py"), *(root / "sharpi_cli").rglob("*.py")]:
+    for f in [*(root / "sharpi_core").rglob("*.py"), *(root / "sharpi_core").rglob("*.c"), *(root / "sharpi_cli").rglob("*.py")]:
         names |= set(re.findall(r"""["'](SHARPI_[A-Z0-9_]*[A-Z0-9])["']""", f.read_text()))
     rows = set(re.findall(r"^\| `(SHARPI_[A-Z0-9_]+)", (root / "README.md").read_text(), re.M))
     assert {"SHARPI_SPEC_SAMPLE", "SHARPI_SPEC_BATCH_VERIFY", "SHARPI_KERNEL_LTO"} <= names

@@ -1016,6 +1016,33 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
             assert np.array_equal(y, want), (qtype.name, t, prompt, float(np.abs(y - want).max()))
 
 
+@needs_kernels
+@pytest.mark.skipif(not cpu.amx(), reason="no AMX tile unit here (or SHARPI_AMX=0)")
+def test_amx_prompt_passes_are_the_gemm_order_bit_for_bit():
+    """The AMX path (repacked Q4_K, prompt passes of >= 16 tokens in the gemm order, whole groups of 16 rows)
+    gives the numpy oracle's bits and the vector kernels' ones: 52 rows (3 groups of 16 and 4 rows left to
+    r4kern), token counts past and between groups of 16, the T % 4 last ones in the gemv order."""
+    n, k = 52, 768
+    raw = random_raw(Q.Q4_K, n, k, seed=5)
+    w4 = cpu.repack(torch_view(raw), Q.Q4_K, n, k)
+    try:
+        for t in (16, 23, 40, 67):
+            x = act_test_inputs(t, k, seed=40 + t)
+            g = t - t % 4
+            want = np.concatenate([ggml_q4k_order(x[:g], raw, n, k, True),
+                                   ggml_q4k_order(x[g:], raw, n, k, False) if g < t else np.zeros((0, n), F32)])
+            got = {}
+            for on in (True, False):
+                assert cpu.amx(on) == on
+                before = cpu.amx_passes()
+                got[on] = cpu.qmatmul(x, w4, cpu.PACKED[Q.Q4_K], n, k, act_quant=True, prompt=True).numpy()
+                assert cpu.amx_passes() == before + on
+            assert np.array_equal(got[True], want), (t, float(np.abs(got[True] - want).max()))
+            assert np.array_equal(got[False], want), t
+    finally:
+        cpu.amx(True)
+
+
 def test_prune_builds_deletes_only_long_unused_builds_and_leftovers(tmp_path):
     import os
     import time

@@ -53,7 +53,7 @@ if os.environ.get("SHARPI_KERNEL_NO_BF16") == "1":  # testing: AVX-512 without i
     CFLAGS += ("-mno-avx512bf16",)
 if os.environ.get("SHARPI_KERNEL_AVX2") == "1":  # testing: an AVX-512 CPU builds what an AVX2 CPU builds
     CFLAGS += ("-mno-avx512f",)
-_ABI = 17
+_ABI = 18
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2")
 # With these the 512-bit intrinsics are the CPU's own; without, x86simd.h computes each on two 256-bit halves
 # (the same bits, slower).
@@ -655,6 +655,26 @@ def has_vnni() -> bool:
     """Whether the library was built with AVX512-VNNI (else the integer dot products are emulated
     exactly with vpmaddwd: same results, slower)."""
     return bool(available() and _vnni)
+
+
+def amx(on: bool | None = None) -> bool:
+    """Whether prompt passes of repacked Q4_K weights use the CPU's AMX tile unit (same bits, faster from 16
+    tokens on); on=False / True turns it off / on where the CPU and the OS allow (SHARPI_AMX=0: off from the
+    start)."""
+    if not available():
+        return False
+    f = _symbols().sharpi_amx
+    f.argtypes, f.restype = [ctypes.c_int], ctypes.c_int
+    return bool(f(-1 if on is None else int(bool(on))))
+
+
+def amx_passes() -> int:
+    """How many matmuls have taken the AMX path in this process."""
+    if not available():
+        return 0
+    f = _symbols().sharpi_amx_passes
+    f.argtypes, f.restype = [], ctypes.c_long
+    return int(f())
 
 
 def _symbols() -> ctypes.CDLL:

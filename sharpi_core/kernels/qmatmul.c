@@ -1667,6 +1667,238 @@ R4SET(0, r4tab_gemv)
 R4SET(1, r4tab_gemm)
 static const int r4_rows[9] = {0, 4, 4, 4, 4, 4, 4, 4, 4};
 
+/* ---- AMX: prompt passes of repacked Q4_K (TY_Q4_KR) in ggml's gemm order --------------------
+ * On CPUs with AMX-INT8 (Sapphire Rapids and later) the tile unit computes each sub-block's integer
+ * dot product for 16 weight rows x 16 tokens at a time (tdpbusd: the unsigned 4-bit codes times the
+ * signed 8-bit activation codes, exact int32 sums). A sub-block pair's I = sc_2i * S_2i + sc_2i+1 *
+ * S_2i+1 is then formed in fp32, exactly: |S| <= 32 * 15 * 127 and sc <= 63, so each product and the
+ * sum are integers below 2^24. M comes from vpmaddwd of the activation sums with the mins, as in
+ * r4_tokens. From there each (row, token) runs r4kern's gemm chains, acc = fma(I, d_w * d_x, acc) and
+ * accm = fma(M, dmin_w * d_x, accm) per pair, y = acc - accm: the same bits as the other kernels.
+ * Only the first T - T % 4 tokens of a prompt pass (the gemm order) and whole groups of 16 rows take
+ * it; the rest goes through r4kern. Linux hands out the tile state only on request (arch_prctl). */
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && !defined(SHARPI_AVX512_EMULATED) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define SHARPI_AMX 1
+#else
+#define SHARPI_AMX 0
+#endif
+
+static int amx_state = -1; /* -1: not asked yet, 0: off (unavailable or SHARPI_AMX=0), 1: on */
+static long amx_passes; /* calls that took the tile unit (tests check that it ran) */
+long sharpi_amx_passes(void) { return __atomic_load_n(&amx_passes, __ATOMIC_RELAXED); }
+
+static int amx_request(void) {
+#if SHARPI_AMX
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+
+static int amx_ready(void) {
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (s < 0) {
+        const char *e = getenv("SHARPI_AMX");
+        s = e && !strcmp(e, "0") ? 0 : amx_request();
+        __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
+    }
+    return s;
+}
+
+/* on = 0: stop using AMX; 1: use it when the CPU and the kernel allow; < 0: leave as is.
+ * Returns whether prompt passes use it now. */
+int sharpi_amx(int on) {
+    if (on == 0) __atomic_store_n(&amx_state, 0, __ATOMIC_RELEASE);
+    else if (on > 0) __atomic_store_n(&amx_state, amx_request(), __ATOMIC_RELEASE);
+    return amx_ready();
+}
+
+/* a buffer *p of *have bytes (64-byte aligned) grown to hold bytes; NULL when out of memory */
+static uint8_t *grow(uint8_t **p, size_t *have, size_t bytes) {
+    if (bytes > *have) {
+        void *q = NULL;
+        const size_t want = bytes + bytes / 4 + 4096;
+        if (posix_memalign(&q, 64, want)) return NULL;
+        free(*p);
+        *p = q;
+        *have = want;
+    }
+    return *p;
+}
+
+#if SHARPI_AMX
+#define AMX_MIN_T 16 /* tokens in the gemm order from which the tiles pay (fewer: the weights are unpacked for too little) */
+/* per super-block of 16 rows: the codes of sub-block j at 512 j ([row][32], unsigned), sc as floats
+ * [row][8] at 4096, the mins as int16 pairs [row][pair] at 4608, d [16] at 4864, dmin [16] at 4928 */
+#define AMX_WU 4992
+/* per super-block of 16 tokens: the codes of sub-block j at 512 j in the tiles' VNNI layout ([32 / 4][token][4]),
+ * the activation sums of each pair as int16 pairs [pair][token] at 4096, d_x [16] at 4352 */
+#define AMX_XU 4416
+
+typedef struct {
+    uint8_t palette, start;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) amx_cfg;
+
+static void amx_config(void) {
+    amx_cfg c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    c.rows[0] = c.rows[1] = 16, c.colsb[0] = c.colsb[1] = 64; /* S: 16 rows x 16 tokens, int32 */
+    c.rows[2] = c.rows[3] = 16, c.colsb[2] = c.colsb[3] = 32; /* weights: 16 rows x a sub-block's 32 codes */
+    c.rows[4] = c.rows[5] = 8, c.colsb[4] = c.colsb[5] = 64;  /* activations: 32 codes / 4 x 16 tokens x 4 */
+    _tile_loadconfig(&c);
+}
+
+/* rows row0 .. row0 + 15 of a TY_Q4_KR weight (4 groups of 4) -> nu x AMX_WU bytes */
+static void amx_weights(const uint8_t *w, const long rb, const long row0, const long nu, uint8_t *dst) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    for (int q = 0; q < 4; q++) {
+        const uint8_t *grp = w + (row0 + 4 * q) * rb;
+        for (long u = 0; u < nu; u++) {
+            const uint8_t *b = grp + u * R4B;
+            uint8_t *o = dst + u * AMX_WU;
+            /* W[v], v = 4i + p (r4kern's weight vectors): qword 2r + h holds row r's codes 8p .. 8p + 7 of sub-block
+             * 2i + h. Two rounds of vpermt2q give the rows' 32 codes of a sub-block, 2 rows per vector. */
+            __m512i W[16];
+            for (int m = 0; m < 8; m++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(b + 64 * m));
+                W[m] = _mm512_and_si512(v, m0f);
+                W[m + 8] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+            }
+            for (int i = 0; i < 4; i++)
+                for (int h = 0; h < 2; h++) {
+                    const __m512i e = _mm512_setr_epi64(h, 8 + h, 2 + h, 10 + h, 4 + h, 12 + h, 6 + h, 14 + h);
+                    const __m512i t01 = _mm512_permutex2var_epi64(W[4 * i], e, W[4 * i + 1]);
+                    const __m512i t23 = _mm512_permutex2var_epi64(W[4 * i + 2], e, W[4 * i + 3]);
+                    uint8_t *a = o + (2 * i + h) * 512 + 4 * q * 32;
+                    _mm512_storeu_si512((void *)a, _mm512_permutex2var_epi64(t01, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), t23));
+                    _mm512_storeu_si512((void *)(a + 64), _mm512_permutex2var_epi64(t01, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), t23));
+                }
+            float *scf = (float *)(o + 4096), *d = (float *)(o + 4864), *dmin = (float *)(o + 4928);
+            int32_t *mnp = (int32_t *)(o + 4608);
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *sc = b + 528 + 8 * r, *mn = b + 560 + 8 * r;
+                for (int j = 0; j < 8; j++) scf[(4 * q + r) * 8 + j] = (float)sc[j];
+                for (int i = 0; i < 4; i++) mnp[(4 * q + r) * 4 + i] = (int32_t)mn[2 * i] | (int32_t)mn[2 * i + 1] << 16;
+                d[4 * q + r] = f16at(b + 512 + 2 * r);
+                dmin[4 * q + r] = f16at(b + 520 + 2 * r);
+            }
+        }
+    }
+}
+
+/* tokens t0 .. t0 + nt - 1 (nt <= 16) of x [., k] -> nu x AMX_XU bytes (absent tokens: zero codes, sums and d_x) */
+static void amx_acts(const float *x, const long k, const long t0, const int nt, uint8_t *dst) {
+    const long nu = k / 256;
+    memset(dst, 0, (size_t)(nu * AMX_XU));
+    for (int t = 0; t < nt; t++)
+        for (long u = 0; u < nu; u++) {
+            int8_t q[256] __attribute__((aligned(64)));
+            int16_t bs[16];
+            float d;
+            q8K_quant(x + (t0 + t) * k + 256 * u, 256, q, &d, bs); /* act_k_row's quantization */
+            uint8_t *o = dst + u * AMX_XU;
+            for (int j = 0; j < 8; j++)
+                for (int c = 0; c < 8; c++) memcpy(o + 512 * j + 64 * c + 4 * t, q + 32 * j + 4 * c, 4);
+            int32_t *bsp = (int32_t *)(o + 4096);
+            for (int i = 0; i < 4; i++) {
+                const int s0 = bs[4 * i] + bs[4 * i + 1], s1 = bs[4 * i + 2] + bs[4 * i + 3]; /* sub-blocks 2i, 2i + 1 */
+                bsp[16 * i + t] = (int32_t)(uint16_t)(int16_t)s0 | (int32_t)((uint32_t)(uint16_t)(int16_t)s1 << 16);
+            }
+            memcpy(o + 4352 + 4 * t, &d, 4);
+        }
+}
+
+/* one group of 16 rows (weights A, prepared) against all G token groups X: y rows row0 .. row0 + 15 of tokens 0 .. T - 1 */
+static void amx_rows(const uint8_t *A, const uint8_t *X, const long nu, const long G, const long T, float *acc,
+                     float *y, const long ldy, const long row0) {
+    int32_t S[2][256] __attribute__((aligned(64)));
+    memset(acc, 0, (size_t)G * 512 * sizeof(float)); /* per token group: acc [16 rows][16 tokens], then accm */
+    for (long u = 0; u < nu; u++) {
+        const uint8_t *Au = A + u * AMX_WU;
+        const float *scf = (const float *)(Au + 4096), *d = (const float *)(Au + 4864), *dmin = (const float *)(Au + 4928);
+        const int32_t *mnp = (const int32_t *)(Au + 4608);
+        for (int i = 0; i < 4; i++) {
+            _tile_loadd(2, Au + 2 * i * 512, 32);
+            _tile_loadd(3, Au + (2 * i + 1) * 512, 32);
+            for (long g = 0; g < G; g++) {
+                const uint8_t *Xg = X + (g * nu + u) * AMX_XU;
+                _tile_loadd(4, Xg + 2 * i * 512, 64);
+                _tile_loadd(5, Xg + (2 * i + 1) * 512, 64);
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_dpbusd(0, 2, 4);
+                _tile_dpbusd(1, 3, 5);
+                _tile_stored(0, S[0], 64);
+                _tile_stored(1, S[1], 64);
+                const __m512 dx = _mm512_load_ps((const float *)(Xg + 4352));
+                const __m512i bs = _mm512_load_si512((const void *)(Xg + 4096 + 64 * i));
+                float *ac = acc + g * 512, *am = ac + 256;
+#pragma GCC unroll 4
+                for (int r = 0; r < 16; r++) {
+                    const __m512 s0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(S[0] + 16 * r))),
+                                                    _mm512_set1_ps(scf[8 * r + 2 * i]));
+                    const __m512 I = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(S[1] + 16 * r))),
+                                                     _mm512_set1_ps(scf[8 * r + 2 * i + 1]), s0);
+                    const __m512 M = _mm512_cvtepi32_ps(_mm512_madd_epi16(bs, _mm512_set1_epi32(mnp[4 * r + i])));
+                    _mm512_store_ps(ac + 16 * r, _mm512_fmadd_ps(I, _mm512_mul_ps(_mm512_set1_ps(d[r]), dx),
+                                                                 _mm512_load_ps(ac + 16 * r)));
+                    _mm512_store_ps(am + 16 * r, _mm512_fmadd_ps(M, _mm512_mul_ps(_mm512_set1_ps(dmin[r]), dx),
+                                                                 _mm512_load_ps(am + 16 * r)));
+                }
+            }
+        }
+    }
+    for (long g = 0; g < G; g++) {
+        const float *ac = acc + g * 512, *am = ac + 256;
+        for (int t = 0; t < 16 && 16 * g + t < T; t++)
+            for (int r = 0; r < 16; r++) y[(16 * g + t) * ldy + row0 + r] = ac[16 * r + t] - am[16 * r + t];
+    }
+}
+
+static __thread uint8_t *amx_wbuf_p, *amx_acc_p;
+static __thread size_t amx_wbuf_n, amx_acc_n;
+static __thread uint8_t *amx_xbuf_p; /* the calling thread's: every thread of its team reads it */
+static __thread size_t amx_xbuf_n;
+
+/* y [T, n] rows 0 .. n - n % 16 of tokens 0 .. T - 1 of x [T, k] @ a TY_Q4_KR weight (rows of rb bytes).
+ * Returns 0, -2 when out of memory (nothing is written then). */
+static int amx_q4kr(const uint8_t *w, const long rb, const long n, const long k, const float *x, const long T,
+                    float *y, const int nth) {
+    const long nu = k / 256, G = (T + 15) / 16, ngroups = n / 16;
+    uint8_t *X = grow(&amx_xbuf_p, &amx_xbuf_n, (size_t)(G * nu * AMX_XU));
+    if (!X) return -2;
+    __atomic_fetch_add(&amx_passes, 1, __ATOMIC_RELAXED);
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && G > 1)
+    for (long g = 0; g < G; g++) amx_acts(x, k, 16 * g, (int)(T - 16 * g < 16 ? T - 16 * g : 16), X + g * nu * AMX_XU);
+    long next = 0;
+    int oom = 0;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        uint8_t *A = grow(&amx_wbuf_p, &amx_wbuf_n, (size_t)(nu * AMX_WU));
+        float *acc = (float *)grow(&amx_acc_p, &amx_acc_n, (size_t)G * 512 * sizeof(float));
+        if (!A || !acc) {
+            __atomic_store_n(&oom, 1, __ATOMIC_RELAXED);
+        } else {
+            amx_config();
+            for (;;) {
+                const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+                if (c >= ngroups || __atomic_load_n(&oom, __ATOMIC_RELAXED)) break;
+                amx_weights(w, rb, 16 * c, nu, A);
+                amx_rows(A, X, nu, G, T, acc, y, n, 16 * c);
+            }
+            _tile_release();
+        }
+    }
+    return oom ? -2 : 0;
+}
+#endif
+
 /* ---- Q4_1 repacked for the CPU: 4 rows interleaved per block (TY_Q4_1R) ----------------------
  * A group of 4 consecutive rows becomes, per block of 32, 80 bytes (4 x 20, the same size):
  * codes[64], then d[4] and m[4] (fp16). Code byte j holds in its low nibble element j % 32 of row
@@ -1925,17 +2157,7 @@ static PrepPath prep_path(int ty, long k) {
 static __thread uint8_t *scratch_p;
 static __thread size_t scratch_n;
 
-static uint8_t *scratch(size_t bytes) {
-    if (bytes > scratch_n) {
-        void *p = NULL;
-        const size_t want = bytes + bytes / 4 + 4096;
-        if (posix_memalign(&p, 64, want)) return NULL;
-        free(scratch_p);
-        scratch_p = p;
-        scratch_n = want;
-    }
-    return scratch_p;
-}
+static uint8_t *scratch(size_t bytes) { return grow(&scratch_p, &scratch_n, bytes); }
 
 /* Q4_K's min-term groups of activation rows dst [T] (stride act_row_bytes): tokens 4g..4g+3 (absent ones zero) */
 static void q4k_groups(uint8_t *dst, long T, long k) {
@@ -2154,6 +2376,7 @@ void sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const
 int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y,
                    int nthreads) {
     const int ty = ty_mode & 0xff, mode = ty_mode >> 8;
+    const float *const x0 = x;
     /* F32: only in ggml's orders (sharpi_float_rows), which take rows of 64s */
     const int ue = ty == TY_F32 ? 64 : ue_of(ty), ub = ty == TY_F32 ? 256 : ub_of(ty);
     if (!ue || k % ue || rb != (k / ue) * ub || T < 1 || n < 1 || mode < 0 || mode > 2) return -1;
@@ -2200,6 +2423,13 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
         }
     }
     const int nth = pick_threads(nthreads, n, n * rb * (T < 8 ? T : 8)); /* ~ work of the call */
+    long n_amx = 0; /* rows [0, n_amx) of tokens [0, T4) are done by the tile unit */
+#if SHARPI_AMX
+    if (ty == TY_Q4_KR && T4 >= AMX_MIN_T && n >= 16 && amx_ready()) {
+        if (amx_q4kr(w, rb, n, k, x0, T4, y, nth)) return -2;
+        n_amx = n - n % 16;
+    }
+#endif
     /* Chunks of rows handed out through an atomic counter: a thread that is slowed down (another
      * process on its core) holds back at most one chunk instead of half the matrix. Row results do
      * not depend on the chunking. */
@@ -2222,7 +2452,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
                 continue;
             }
             if (ty == TY_Q4_KR || ty == TY_Q4_1R) {
-                if (T4) mm_rows_r4(kt4, w, rb, n0, n1, nu, (const uint8_t *)x, 4 * ldx, T4, y, n);
+                if (T4 && n1 > n_amx) mm_rows_r4(kt4, w, rb, n0 > n_amx ? n0 : n_amx, n1, nu, (const uint8_t *)x, 4 * ldx, T4, y, n);
                 if (T > T4) mm_rows_r4(kt, w, rb, n0, n1, nu, (const uint8_t *)(x + T4 * ldx), 4 * ldx, T - T4, y + T4 * n, n);
                 continue;
             }
@@ -2403,7 +2633,7 @@ int sharpi_dequant_rows(int ty_flags, const uint8_t *w, long rb, const int64_t *
     return 0;
 }
 
-int sharpi_abi_version(void) { return 17; }
+int sharpi_abi_version(void) { return 18; }
 
 #ifdef SHARPI_PYEXT
 /* _sharpi_qmatmul.qmatmul(type, w, rb, n, k, x, T, y, nthreads) and
