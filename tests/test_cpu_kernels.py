@@ -1018,25 +1018,29 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
 
 @needs_kernels
 @pytest.mark.skipif(not cpu.amx(), reason="no AMX tile unit here (or SHARPI_AMX=0)")
-def test_amx_prompt_passes_are_the_gemm_order_bit_for_bit():
-    """The AMX path (repacked Q4_K, prompt passes of >= 16 tokens in the gemm order, whole groups of 16 rows)
-    gives the numpy oracle's bits and the vector kernels' ones: 52 rows (3 groups of 16 and 4 rows left to
-    r4kern), token counts past and between groups of 16, the T % 4 last ones in the gemv order."""
+@pytest.mark.parametrize("qtype", (Q.Q4_K, Q.Q6_K), ids=lambda q: q.name)
+def test_amx_prompt_passes_are_llama_cpps_order_bit_for_bit(qtype):
+    """The AMX paths (whole groups of 16 rows; repacked Q4_K in the gemm order on the first T - T % 4 tokens from
+    16 of them, Q6_K in the tiled matmul's from 8) give the numpy oracle's bits and the vector kernels' ones: 52
+    rows (3 groups of 16 and 4 rows left to the vector kernels), token counts below, past and between groups of 16."""
     n, k = 52, 768
-    raw = random_raw(Q.Q4_K, n, k, seed=5)
-    w4 = cpu.repack(torch_view(raw), Q.Q4_K, n, k)
+    raw = random_raw(qtype, n, k, seed=5)
+    w, wtype = (cpu.repack(torch_view(raw), qtype, n, k), cpu.PACKED[qtype]) if qtype == Q.Q4_K else (torch_view(raw), qtype)
     try:
-        for t in (16, 23, 40, 67):
+        for t in (8, 13, 16, 23, 40, 67):
             x = act_test_inputs(t, k, seed=40 + t)
-            g = t - t % 4
-            want = np.concatenate([ggml_q4k_order(x[:g], raw, n, k, True),
-                                   ggml_q4k_order(x[g:], raw, n, k, False) if g < t else np.zeros((0, n), F32)])
+            if qtype == Q.Q4_K:
+                g = t - t % 4
+                want = np.concatenate([ggml_q4k_order(x[:g], raw, n, k, True),
+                                       ggml_q4k_order(x[g:], raw, n, k, False) if g < t else np.zeros((0, n), F32)])
+            else:
+                want = ggml_q6k_order(x, raw, n, k, tiled=True)
             got = {}
             for on in (True, False):
                 assert cpu.amx(on) == on
                 before = cpu.amx_passes()
-                got[on] = cpu.qmatmul(x, w4, cpu.PACKED[Q.Q4_K], n, k, act_quant=True, prompt=True).numpy()
-                assert cpu.amx_passes() == before + on
+                got[on] = cpu.qmatmul(x, w, wtype, n, k, act_quant=True, prompt=True).numpy()
+                assert cpu.amx_passes() == before + (on and t >= (16 if qtype == Q.Q4_K else 8))
             assert np.array_equal(got[True], want), (t, float(np.abs(got[True] - want).max()))
             assert np.array_equal(got[False], want), t
     finally:

@@ -658,9 +658,9 @@ def has_vnni() -> bool:
 
 
 def amx(on: bool | None = None) -> bool:
-    """Whether prompt passes of repacked Q4_K weights use the CPU's AMX tile unit (same bits, faster from 16
-    tokens on); on=False / True turns it off / on where the CPU and the OS allow (SHARPI_AMX=0: off from the
-    start)."""
+    """Whether prompt passes on repacked Q4_K weights (from 16 tokens) and on Q6_K ones (from 8) use the CPU's AMX
+    tile unit (the same bits, faster); on=False / True turns it off / on where the CPU and the OS allow
+    (SHARPI_AMX=0: off from the start)."""
     if not available():
         return False
     f = _symbols().sharpi_amx

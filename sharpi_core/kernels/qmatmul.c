@@ -21,6 +21,9 @@
  * dequant_rows() dequantizes bit-exactly (embedding lookups, and the tiles that cpu.py hands to
  * torch's sgemm for long inputs).
  *
+ * On CPUs with AMX-INT8 the integer dot products of prompt passes on repacked Q4_K and on Q6_K weights
+ * come from the tile unit instead (the AMX sections below): the same integers, so the same bits.
+ *
  * Built with -O3 -march=native -fopenmp -ffp-contract=off: AVX-512F/BW/VL, or AVX2 + FMA + F16C + BMI2, where
  * x86simd.h computes the 512-bit intrinsics on 256-bit halves with the same results (cpu.py checks).
  * When torch is loaded first, the libgomp torch bundles has the soname libgomp.so.1, so this
@@ -1676,7 +1679,11 @@ static const int r4_rows[9] = {0, 4, 4, 4, 4, 4, 4, 4, 4};
  * r4_tokens. From there each (row, token) runs r4kern's gemm chains, acc = fma(I, d_w * d_x, acc) and
  * accm = fma(M, dmin_w * d_x, accm) per pair, y = acc - accm: the same bits as the other kernels.
  * Only the first T - T % 4 tokens of a prompt pass (the gemm order) and whole groups of 16 rows take
- * it; the rest goes through r4kern. Linux hands out the tile state only on request (arch_prctl). */
+ * it; the rest goes through r4kern. Linux hands out the tile state only on request (arch_prctl).
+ * Measured here (2 cores, Sapphire Rapids class; scripts/bench_amx.py), Qwen 1.5B's matrices at 128 tokens: 1.9-2.0x r4kern's speed;
+ * 16 tokens 1.0-1.4x, 8 tokens 0.6x (the weights' unpacking is paid per call): hence AMX_MIN_T. The
+ * S tiles' stores and the per-pair float chains bound it (Q6_K's path below needs one store per super-block
+ * instead of eight, and runs 5.5-5.9x its vector kernel at 128 tokens). */
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && !defined(SHARPI_AVX512_EMULATED) && defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -1736,6 +1743,12 @@ static uint8_t *grow(uint8_t **p, size_t *have, size_t bytes) {
 /* per super-block of 16 tokens: the codes of sub-block j at 512 j in the tiles' VNNI layout ([32 / 4][token][4]),
  * the activation sums of each pair as int16 pairs [pair][token] at 4096, d_x [16] at 4352 */
 #define AMX_XU 4416
+/* Q6_K (its section below) */
+#define AMX6_MIN_T 8 /* (the tiled order's own start) */
+#define AMX6_WU 8256 /* per super-block of 16 rows: chunk c's low bytes [row][64] at 2048 c, high bytes at
+                      * 2048 c + 1024; d_w [16] at 8192 */
+#define AMX6_XU 4160 /* per super-block of 16 tokens: chunk c's codes [64 / 4][token][4] at 1024 c; d_x [16] at 4096 */
+
 
 typedef struct {
     uint8_t palette, start;
@@ -1792,25 +1805,28 @@ static void amx_weights(const uint8_t *w, const long rb, const long row0, const 
     }
 }
 
-/* tokens t0 .. t0 + nt - 1 (nt <= 16) of x [., k] -> nu x AMX_XU bytes (absent tokens: zero codes, sums and d_x) */
-static void amx_acts(const float *x, const long k, const long t0, const int nt, uint8_t *dst) {
-    const long nu = k / 256;
-    memset(dst, 0, (size_t)(nu * AMX_XU));
+/* tokens t0 .. t0 + nt - 1 (nt <= 16) of x [., k] -> nu x AMX_XU (Q4_K) or AMX6_XU (q6: Q6_K) bytes: the codes
+ * of each super-block in the tiles' layout (4 of them per row of 64 bytes, 16 tokens), for Q4_K the pairs'
+ * activation sums, d_x; absent tokens have zero codes, sums and d_x */
+static void amx_acts(const float *x, const long k, const long t0, const int nt, uint8_t *dst, const int q6) {
+    const long nu = k / 256, xu = q6 ? AMX6_XU : AMX_XU;
+    memset(dst, 0, (size_t)(nu * xu));
     for (int t = 0; t < nt; t++)
         for (long u = 0; u < nu; u++) {
             int8_t q[256] __attribute__((aligned(64)));
             int16_t bs[16];
             float d;
             q8K_quant(x + (t0 + t) * k + 256 * u, 256, q, &d, bs); /* act_k_row's quantization */
-            uint8_t *o = dst + u * AMX_XU;
-            for (int j = 0; j < 8; j++)
-                for (int c = 0; c < 8; c++) memcpy(o + 512 * j + 64 * c + 4 * t, q + 32 * j + 4 * c, 4);
-            int32_t *bsp = (int32_t *)(o + 4096);
-            for (int i = 0; i < 4; i++) {
-                const int s0 = bs[4 * i] + bs[4 * i + 1], s1 = bs[4 * i + 2] + bs[4 * i + 3]; /* sub-blocks 2i, 2i + 1 */
-                bsp[16 * i + t] = (int32_t)(uint16_t)(int16_t)s0 | (int32_t)((uint32_t)(uint16_t)(int16_t)s1 << 16);
+            uint8_t *o = dst + u * xu;
+            for (int e = 0; e < 64; e++) memcpy(o + 64 * e + 4 * t, q + 4 * e, 4);
+            if (!q6) {
+                int32_t *bsp = (int32_t *)(o + 4096);
+                for (int i = 0; i < 4; i++) {
+                    const int s0 = bs[4 * i] + bs[4 * i + 1], s1 = bs[4 * i + 2] + bs[4 * i + 3]; /* sub-blocks 2i, 2i + 1 */
+                    bsp[16 * i + t] = (int32_t)(uint16_t)(int16_t)s0 | (int32_t)((uint32_t)(uint16_t)(int16_t)s1 << 16);
+                }
             }
-            memcpy(o + 4352 + 4 * t, &d, 4);
+            memcpy(o + (q6 ? 4096 : 4352) + 4 * t, &d, 4);
         }
 }
 
@@ -1861,36 +1877,129 @@ static void amx_rows(const uint8_t *A, const uint8_t *X, const long nu, const lo
     }
 }
 
+/* ---- AMX: prompt passes of Q6_K in ggml's tiled order ----------------------------------------
+ * The tiled matmul (passes of >= 8 tokens) takes each super-block's whole integer I = sum_j sc_j * sum
+ * (q - 32) * x per row and token, then y = fma(d_w * float(I), d_x, y). The scales fold into the weights:
+ * w' = (q - 32) * sc_j is an int16 (|w'| <= 32 * 128), split into its low byte (unsigned) and high byte
+ * (signed), so that I = S_lo + 256 * S_hi where S_lo (tdpbusd) and S_hi (tdpbssd) are dot products over
+ * the whole super-block, 4 tile steps of 64 codes each: exact int32 sums, the same I. */
+static void amx6_config(void) {
+    amx_cfg c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 5; t++) c.rows[t] = 16, c.colsb[t] = 64; /* S_lo, S_hi; w' low, high bytes; activations */
+    _tile_loadconfig(&c);
+}
+
+/* rows row0 .. row0 + 15 of a Q6_K weight -> nu x AMX6_WU bytes */
+static void amx6_weights(const uint8_t *w, const long rb, const long row0, const long nu, uint8_t *dst) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m03 = _mm256_set1_epi8(0x03), o32 = _mm256_set1_epi8(32);
+    for (int r = 0; r < 16; r++)
+        for (long u = 0; u < nu; u++) {
+            const uint8_t *b = w + (row0 + r) * rb + u * 210;
+            uint8_t *o = dst + u * AMX6_WU;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            for (int h = 0; h < 2; h++) { /* ggml's dequantize_row_q6_K: elements 128 h .. 128 h + 127 */
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                const __m256i q[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_slli_epi16(_mm256_and_si256(qh, m03), 4)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m0f), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m03), 4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m03), 4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m03), 4))};
+                for (int v = 0; v < 4; v++) { /* elements e0 .. e0 + 31: sub-blocks e0 / 16, e0 / 16 + 1 */
+                    const int e0 = 128 * h + 32 * v, c = e0 / 64, off = e0 % 64;
+                    const __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[e0 / 16])),
+                                                         _mm256_set1_epi16(sc[e0 / 16 + 1]), 1);
+                    const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm256_sub_epi8(q[v], o32)), s);
+                    _mm256_storeu_si256((__m256i *)(o + 2048 * c + 64 * r + off), _mm512_cvtepi16_epi8(wv));
+                    _mm256_storeu_si256((__m256i *)(o + 2048 * c + 1024 + 64 * r + off), _mm512_cvtepi16_epi8(_mm512_srai_epi16(wv, 8)));
+                }
+            }
+            ((float *)(o + 8192))[r] = f16at(b + 208);
+        }
+}
+
+static void amx6_rows(const uint8_t *A, const uint8_t *X, const long nu, const long G, const long T, float *acc,
+                      float *y, const long ldy, const long row0) {
+    int32_t S[2][256] __attribute__((aligned(64)));
+    memset(acc, 0, (size_t)G * 256 * sizeof(float)); /* per token group: y [16 rows][16 tokens] */
+    for (long u = 0; u < nu; u++) {
+        const uint8_t *Au = A + u * AMX6_WU;
+        const float *d = (const float *)(Au + 8192);
+        for (long g = 0; g < G; g++) {
+            const uint8_t *Xg = X + (g * nu + u) * AMX6_XU;
+            _tile_zero(0);
+            _tile_zero(1);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                _tile_loadd(2, Au + 2048 * c, 64);
+                _tile_loadd(3, Au + 2048 * c + 1024, 64);
+                _tile_loadd(4, Xg + 1024 * c, 64);
+                _tile_dpbusd(0, 2, 4);
+                _tile_dpbssd(1, 3, 4);
+            }
+            _tile_stored(0, S[0], 64);
+            _tile_stored(1, S[1], 64);
+            const __m512 dx = _mm512_load_ps((const float *)(Xg + 4096));
+            float *ac = acc + g * 256;
+#pragma GCC unroll 4
+            for (int r = 0; r < 16; r++) {
+                const __m512i I = _mm512_add_epi32(_mm512_load_si512((const void *)(S[0] + 16 * r)),
+                                                   _mm512_slli_epi32(_mm512_load_si512((const void *)(S[1] + 16 * r)), 8));
+                _mm512_store_ps(ac + 16 * r, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[r]), _mm512_cvtepi32_ps(I)), dx,
+                                                             _mm512_load_ps(ac + 16 * r)));
+            }
+        }
+    }
+    for (long g = 0; g < G; g++) {
+        const float *ac = acc + g * 256;
+        for (int t = 0; t < 16 && 16 * g + t < T; t++)
+            for (int r = 0; r < 16; r++) y[(16 * g + t) * ldy + row0 + r] = ac[16 * r + t];
+    }
+}
+
 static __thread uint8_t *amx_wbuf_p, *amx_acc_p;
 static __thread size_t amx_wbuf_n, amx_acc_n;
 static __thread uint8_t *amx_xbuf_p; /* the calling thread's: every thread of its team reads it */
 static __thread size_t amx_xbuf_n;
 
-/* y [T, n] rows 0 .. n - n % 16 of tokens 0 .. T - 1 of x [T, k] @ a TY_Q4_KR weight (rows of rb bytes).
- * Returns 0, -2 when out of memory (nothing is written then). */
-static int amx_q4kr(const uint8_t *w, const long rb, const long n, const long k, const float *x, const long T,
-                    float *y, const int nth) {
+/* y [T, n] rows 0 .. n - n % 16 of tokens 0 .. T - 1 of x [T, k] @ a TY_Q4_KR (q6 = 0, gemm order) or Q6_K
+ * (q6 = 1, tiled order) weight with rows of rb bytes. Returns 0, -2 when out of memory. */
+static int amx_matmul(const int q6, const uint8_t *w, const long rb, const long n, const long k, const float *x,
+                      const long T, float *y, const int nth) {
     const long nu = k / 256, G = (T + 15) / 16, ngroups = n / 16;
-    uint8_t *X = grow(&amx_xbuf_p, &amx_xbuf_n, (size_t)(G * nu * AMX_XU));
+    const long wu = q6 ? AMX6_WU : AMX_WU, xu = q6 ? AMX6_XU : AMX_XU, accg = q6 ? 256 : 512;
+    uint8_t *X = grow(&amx_xbuf_p, &amx_xbuf_n, (size_t)(G * nu * xu));
     if (!X) return -2;
     __atomic_fetch_add(&amx_passes, 1, __ATOMIC_RELAXED);
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && G > 1)
-    for (long g = 0; g < G; g++) amx_acts(x, k, 16 * g, (int)(T - 16 * g < 16 ? T - 16 * g : 16), X + g * nu * AMX_XU);
+    for (long g = 0; g < G; g++) {
+        const int nt = (int)(T - 16 * g < 16 ? T - 16 * g : 16);
+        amx_acts(x, k, 16 * g, nt, X + g * nu * xu, q6);
+    }
     long next = 0;
     int oom = 0;
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-        uint8_t *A = grow(&amx_wbuf_p, &amx_wbuf_n, (size_t)(nu * AMX_WU));
-        float *acc = (float *)grow(&amx_acc_p, &amx_acc_n, (size_t)G * 512 * sizeof(float));
+        uint8_t *A = grow(&amx_wbuf_p, &amx_wbuf_n, (size_t)(nu * wu));
+        float *acc = (float *)grow(&amx_acc_p, &amx_acc_n, (size_t)(G * accg) * sizeof(float));
         if (!A || !acc) {
             __atomic_store_n(&oom, 1, __ATOMIC_RELAXED);
         } else {
-            amx_config();
+            if (q6) amx6_config();
+            else amx_config();
             for (;;) {
                 const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
                 if (c >= ngroups || __atomic_load_n(&oom, __ATOMIC_RELAXED)) break;
-                amx_weights(w, rb, 16 * c, nu, A);
-                amx_rows(A, X, nu, G, T, acc, y, n, 16 * c);
+                if (q6) {
+                    amx6_weights(w, rb, 16 * c, nu, A);
+                    amx6_rows(A, X, nu, G, T, acc, y, n, 16 * c);
+                } else {
+                    amx_weights(w, rb, 16 * c, nu, A);
+                    amx_rows(A, X, nu, G, T, acc, y, n, 16 * c);
+                }
             }
             _tile_release();
         }
@@ -2425,8 +2534,8 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     const int nth = pick_threads(nthreads, n, n * rb * (T < 8 ? T : 8)); /* ~ work of the call */
     long n_amx = 0; /* rows [0, n_amx) of tokens [0, T4) are done by the tile unit */
 #if SHARPI_AMX
-    if (ty == TY_Q4_KR && T4 >= AMX_MIN_T && n >= 16 && amx_ready()) {
-        if (amx_q4kr(w, rb, n, k, x0, T4, y, nth)) return -2;
+    if (((ty == TY_Q4_KR && T4 >= AMX_MIN_T) || (ty == TY_Q6_K && T4 >= AMX6_MIN_T)) && n >= 16 && amx_ready()) {
+        if (amx_matmul(ty == TY_Q6_K, w, rb, n, k, x0, T4, y, nth)) return -2;
         n_amx = n - n % 16;
     }
 #endif
@@ -2456,7 +2565,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
                 if (T > T4) mm_rows_r4(kt, w, rb, n0, n1, nu, (const uint8_t *)(x + T4 * ldx), 4 * ldx, T - T4, y + T4 * n, n);
                 continue;
             }
-            if (T4) mm_rows(kt4, krows, &pp4, w, rb, n0, n1, nu, x, ldx, T4, y, n);
+            if (T4 && n1 > n_amx) mm_rows(kt4, krows, &pp4, w, rb, n0 > n_amx ? n0 : n_amx, n1, nu, x, ldx, T4, y, n);
             if (T > T4) mm_rows(kt, krows, &pp, w, rb, n0, n1, nu, x + T4 * ldx, ldx, T - T4, y + T4 * n, n);
         }
     }
