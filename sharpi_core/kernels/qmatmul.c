@@ -1757,13 +1757,16 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) amx_cfg;
 
-static void amx_config(void) {
+/* the tiles of a q6 = 0 (Q4_K) or q6 = 1 (Q6_K) pass */
+static void amx_config(const int q6) {
+    /* Q4_K: S 16 rows x 16 tokens (int32) in 0, 1; weights 16 rows x a sub-block's 32 codes in 2, 3;
+     * activations 32 codes / 4 x 16 tokens x 4 in 4, 5. Q6_K: S_lo, S_hi; w' low, high bytes; activations */
+    static const uint8_t rows[2][6] = {{16, 16, 16, 16, 8, 8}, {16, 16, 16, 16, 16, 0}};
+    static const uint16_t colsb[2][6] = {{64, 64, 32, 32, 64, 64}, {64, 64, 64, 64, 64, 0}};
     amx_cfg c __attribute__((aligned(64)));
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    c.rows[0] = c.rows[1] = 16, c.colsb[0] = c.colsb[1] = 64; /* S: 16 rows x 16 tokens, int32 */
-    c.rows[2] = c.rows[3] = 16, c.colsb[2] = c.colsb[3] = 32; /* weights: 16 rows x a sub-block's 32 codes */
-    c.rows[4] = c.rows[5] = 8, c.colsb[4] = c.colsb[5] = 64;  /* activations: 32 codes / 4 x 16 tokens x 4 */
+    for (int t = 0; t < 6; t++) c.rows[t] = rows[q6][t], c.colsb[t] = colsb[q6][t];
     _tile_loadconfig(&c);
 }
 
@@ -1805,29 +1808,44 @@ static void amx_weights(const uint8_t *w, const long rb, const long row0, const 
     }
 }
 
-/* tokens t0 .. t0 + nt - 1 (nt <= 16) of x [., k] -> nu x AMX_XU (Q4_K) or AMX6_XU (q6: Q6_K) bytes: the codes
- * of each super-block in the tiles' layout (4 of them per row of 64 bytes, 16 tokens), for Q4_K the pairs'
- * activation sums, d_x; absent tokens have zero codes, sums and d_x */
-static void amx_acts(const float *x, const long k, const long t0, const int nt, uint8_t *dst, const int q6) {
-    const long nu = k / 256, xu = q6 ? AMX6_XU : AMX_XU;
+/* tokens t0 .. t0 + nt - 1 (nt <= 16) of the quantized activation rows a (quantize_rows' scratch, rows of
+ * rbytes) -> nu x AMX_XU (Q4_K) or AMX6_XU (q6: Q6_K) bytes: the codes of each super-block in the tiles'
+ * layout (4 of them per row of 64 bytes, 16 tokens), for Q4_K the pairs' activation sums, d_x; absent tokens
+ * have zero codes, sums and d_x */
+static void amx_acts(const uint8_t *a, const long rbytes, const long nu, const long t0, const int nt, uint8_t *dst,
+                     const int q6) {
+    const long xu = q6 ? AMX6_XU : AMX_XU;
     memset(dst, 0, (size_t)(nu * xu));
     for (int t = 0; t < nt; t++)
         for (long u = 0; u < nu; u++) {
-            int8_t q[256] __attribute__((aligned(64)));
-            int16_t bs[16];
-            float d;
-            q8K_quant(x + (t0 + t) * k + 256 * u, 256, q, &d, bs); /* act_k_row's quantization */
+            const uint8_t *sb = a + (t0 + t) * rbytes + u * (q6 ? 384 : 512); /* act_k_row's super-block */
             uint8_t *o = dst + u * xu;
-            for (int e = 0; e < 64; e++) memcpy(o + 64 * e + 4 * t, q + 4 * e, 4);
-            if (!q6) {
-                int32_t *bsp = (int32_t *)(o + 4096);
-                for (int i = 0; i < 4; i++) {
-                    const int s0 = bs[4 * i] + bs[4 * i + 1], s1 = bs[4 * i + 2] + bs[4 * i + 3]; /* sub-blocks 2i, 2i + 1 */
-                    bsp[16 * i + t] = (int32_t)(uint16_t)(int16_t)s0 | (int32_t)((uint32_t)(uint16_t)(int16_t)s1 << 16);
+            if (q6) { /* codes in plain order */
+                for (int e = 0; e < 64; e++) memcpy(o + 64 * e + 4 * t, sb + 4 * e, 4);
+            } else { /* codes in to_r4_order: plain code c sits at 16 (4 (c / 64) + c % 32 / 8) + 8 (c % 64 / 32) + c % 8 */
+                for (int e = 0; e < 64; e++) {
+                    const int c = 4 * e;
+                    memcpy(o + 64 * e + 4 * t, sb + 16 * (4 * (c / 64) + c % 32 / 8) + 8 * (c % 64 / 32) + c % 8, 4);
                 }
+                const int16_t *b16 = (const int16_t *)(sb + 256); /* the 8 sub-blocks' sums */
+                int32_t *bsp = (int32_t *)(o + 4096);
+                for (int i = 0; i < 4; i++) /* sub-blocks 2i, 2i + 1 */
+                    bsp[16 * i + t] = (int32_t)(uint16_t)b16[2 * i] | (int32_t)((uint32_t)(uint16_t)b16[2 * i + 1] << 16);
             }
-            memcpy(o + (q6 ? 4096 : 4352) + 4 * t, &d, 4);
+            memcpy(o + (q6 ? 4096 : 4352) + 4 * t, sb + 320, 4);
         }
+}
+
+/* the accumulators [G][16 rows][16 tokens] (mins: each group's second half, its min terms, subtracted)
+ * -> y rows row0 .. row0 + 15 of tokens 0 .. T - 1 */
+static void amx_store(const float *acc, const int mins, const long G, const long T, float *y, const long ldy,
+                      const long row0) {
+    for (long g = 0; g < G; g++) {
+        const float *ac = acc + g * (mins ? 512 : 256);
+        for (int t = 0; t < 16 && 16 * g + t < T; t++)
+            for (int r = 0; r < 16; r++)
+                y[(16 * g + t) * ldy + row0 + r] = mins ? ac[16 * r + t] - ac[256 + 16 * r + t] : ac[16 * r + t];
+    }
 }
 
 /* one group of 16 rows (weights A, prepared) against all G token groups X: y rows row0 .. row0 + 15 of tokens 0 .. T - 1 */
@@ -1870,11 +1888,7 @@ static void amx_rows(const uint8_t *A, const uint8_t *X, const long nu, const lo
             }
         }
     }
-    for (long g = 0; g < G; g++) {
-        const float *ac = acc + g * 512, *am = ac + 256;
-        for (int t = 0; t < 16 && 16 * g + t < T; t++)
-            for (int r = 0; r < 16; r++) y[(16 * g + t) * ldy + row0 + r] = ac[16 * r + t] - am[16 * r + t];
-    }
+    amx_store(acc, 1, G, T, y, ldy, row0);
 }
 
 /* ---- AMX: prompt passes of Q6_K in ggml's tiled order ----------------------------------------
@@ -1883,14 +1897,6 @@ static void amx_rows(const uint8_t *A, const uint8_t *X, const long nu, const lo
  * w' = (q - 32) * sc_j is an int16 (|w'| <= 32 * 128), split into its low byte (unsigned) and high byte
  * (signed), so that I = S_lo + 256 * S_hi where S_lo (tdpbusd) and S_hi (tdpbssd) are dot products over
  * the whole super-block, 4 tile steps of 64 codes each: exact int32 sums, the same I. */
-static void amx6_config(void) {
-    amx_cfg c __attribute__((aligned(64)));
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 5; t++) c.rows[t] = 16, c.colsb[t] = 64; /* S_lo, S_hi; w' low, high bytes; activations */
-    _tile_loadconfig(&c);
-}
-
 /* rows row0 .. row0 + 15 of a Q6_K weight -> nu x AMX6_WU bytes */
 static void amx6_weights(const uint8_t *w, const long rb, const long row0, const long nu, uint8_t *dst) {
     const __m256i m0f = _mm256_set1_epi8(0x0f), m03 = _mm256_set1_epi8(0x03), o32 = _mm256_set1_epi8(32);
@@ -1953,11 +1959,7 @@ static void amx6_rows(const uint8_t *A, const uint8_t *X, const long nu, const l
             }
         }
     }
-    for (long g = 0; g < G; g++) {
-        const float *ac = acc + g * 256;
-        for (int t = 0; t < 16 && 16 * g + t < T; t++)
-            for (int r = 0; r < 16; r++) y[(16 * g + t) * ldy + row0 + r] = ac[16 * r + t];
-    }
+    amx_store(acc, 0, G, T, y, ldy, row0);
 }
 
 static __thread uint8_t *amx_wbuf_p, *amx_acc_p;
@@ -1965,10 +1967,11 @@ static __thread size_t amx_wbuf_n, amx_acc_n;
 static __thread uint8_t *amx_xbuf_p; /* the calling thread's: every thread of its team reads it */
 static __thread size_t amx_xbuf_n;
 
-/* y [T, n] rows 0 .. n - n % 16 of tokens 0 .. T - 1 of x [T, k] @ a TY_Q4_KR (q6 = 0, gemm order) or Q6_K
- * (q6 = 1, tiled order) weight with rows of rb bytes. Returns 0, -2 when out of memory. */
-static int amx_matmul(const int q6, const uint8_t *w, const long rb, const long n, const long k, const float *x,
-                      const long T, float *y, const int nth) {
+/* y [T, n] rows 0 .. n - n % 16 of tokens 0 .. T - 1 of the activation rows a (quantized, rows of rbytes) @ a
+ * TY_Q4_KR (q6 = 0, gemm order) or Q6_K (q6 = 1, tiled order) weight [n, k] with rows of rb bytes.
+ * Returns 0, -2 when out of memory. */
+static int amx_matmul(const int q6, const uint8_t *w, const long rb, const long n, const long k, const uint8_t *a,
+                      const long rbytes, const long T, float *y, const int nth) {
     const long nu = k / 256, G = (T + 15) / 16, ngroups = n / 16;
     const long wu = q6 ? AMX6_WU : AMX_WU, xu = q6 ? AMX6_XU : AMX_XU, accg = q6 ? 256 : 512;
     uint8_t *X = grow(&amx_xbuf_p, &amx_xbuf_n, (size_t)(G * nu * xu));
@@ -1977,7 +1980,7 @@ static int amx_matmul(const int q6, const uint8_t *w, const long rb, const long 
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && G > 1)
     for (long g = 0; g < G; g++) {
         const int nt = (int)(T - 16 * g < 16 ? T - 16 * g : 16);
-        amx_acts(x, k, 16 * g, nt, X + g * nu * xu, q6);
+        amx_acts(a, rbytes, nu, 16 * g, nt, X + g * nu * xu, q6);
     }
     long next = 0;
     int oom = 0;
@@ -1988,8 +1991,7 @@ static int amx_matmul(const int q6, const uint8_t *w, const long rb, const long 
         if (!A || !acc) {
             __atomic_store_n(&oom, 1, __ATOMIC_RELAXED);
         } else {
-            if (q6) amx6_config();
-            else amx_config();
+            amx_config(q6);
             for (;;) {
                 const long c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
                 if (c >= ngroups || __atomic_load_n(&oom, __ATOMIC_RELAXED)) break;
@@ -2485,7 +2487,6 @@ void sharpi_float_rows(const void *w, int wtype, long n0, long n1, long k, const
 int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const float *x, long T, float *y,
                    int nthreads) {
     const int ty = ty_mode & 0xff, mode = ty_mode >> 8;
-    const float *const x0 = x;
     /* F32: only in ggml's orders (sharpi_float_rows), which take rows of 64s */
     const int ue = ty == TY_F32 ? 64 : ue_of(ty), ub = ty == TY_F32 ? 256 : ub_of(ty);
     if (!ue || k % ue || rb != (k / ue) * ub || T < 1 || n < 1 || mode < 0 || mode > 2) return -1;
@@ -2535,7 +2536,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     long n_amx = 0; /* rows [0, n_amx) of tokens [0, T4) are done by the tile unit */
 #if SHARPI_AMX
     if (((ty == TY_Q4_KR && T4 >= AMX_MIN_T) || (ty == TY_Q6_K && T4 >= AMX6_MIN_T)) && n >= 16 && amx_ready()) {
-        if (amx_matmul(ty == TY_Q6_K, w, rb, n, k, x0, T4, y, nth)) return -2;
+        if (amx_matmul(ty == TY_Q6_K, w, rb, n, k, (const uint8_t *)x, 4 * ldx, T4, y, nth)) return -2;
         n_amx = n - n % 16;
     }
 #endif
