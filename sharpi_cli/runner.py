@@ -476,6 +476,20 @@ def validate(o: RunOptions) -> None:
     # with --device cpu the layer counts have no effect, like llama.cpp built without a GPU backend
 
 
+def check_model_files(o: RunOptions) -> None:
+    """A -m / -md path that is no file is refused now, in a moment, not after torch's import (seconds) or, for
+    -md, after the target model has loaded; known models and -hf / -mu are resolved when they load."""
+    from sharpi_core.registry import known_name, resolve_model
+    for spec in (o.model, o.model_draft):
+        if isinstance(spec, str) and known_name(spec) is None:
+            try:
+                resolve_model(spec)
+            except SharpiError as e:
+                if "not found" in str(e):  # (as resolve_with_progress says it)
+                    raise UsageError(str(e)) from None
+                raise
+
+
 def check_spec_types(o: RunOptions) -> None:
     """--spec-type (llama.cpp's comma-separated list, repeatable) and --spec-default: o.spec_type becomes "draft-mtp"
     or None, o.spec_ngram the n-gram drafters; their settings checked as llama.cpp checks them."""
@@ -1407,6 +1421,7 @@ def lock_or_warn() -> None:
 
 def _run(o: RunOptions) -> int:
     validate(o)
+    check_model_files(o)
     check_device(o)
     prompt = read_prompt(o)
     read_chat_options(o)

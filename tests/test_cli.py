@@ -786,6 +786,19 @@ def test_missing_and_corrupt_model(tmp_path):
     assert bad.read_bytes() == before  # nothing the user had is touched
 
 
+def test_a_missing_model_file_is_refused_before_anything_loads(tmp_path, smol):
+    # -m and -md paths are checked with the flags: no torch import (seconds), and -md's typo is not found only
+    # after the target has loaded
+    code = ("import sys\nfrom sharpi_cli.entry import main\nsys.argv = sys.argv[1:]\ntry:\n    main()\n"
+            "finally:\n    print('torch' in sys.modules, 'sharpi_core.models' in sys.modules, file=sys.stderr)\n")
+    for args in (("-m", tmp_path / "nope.gguf"), ("-m", smol, "-md", tmp_path / "typo.gguf")):
+        r = subprocess.run([sys.executable, "-c", code, "sharpi", *map(str, args), "-p", "hi"], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=300)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 2 and "not found" in lines[0], r.stderr
+        assert lines[1] == "False False", r.stderr
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("fmt", [(), ("--json",)])
 def test_unwritable_output_is_one_error_line(smol, fmt):
