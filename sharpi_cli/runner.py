@@ -1120,17 +1120,22 @@ def read_grammar(o: RunOptions):
     """The grammar of --grammar(-file) or -j/--json-schema(-file), parsed before any model loads
     (sharpi_core.grammar.Grammar), or None."""
     from sharpi_core.grammar import Grammar
-    from sharpi_core.json_schema import schema_to_grammar
+    from sharpi_core.json_schema import SchemaError, schema_to_grammar
     text = o.grammar
     if o.grammar_file is not None:
         text = read_text(o.grammar_file, "grammar file ")
     schema = read_text(o.json_schema_file, "JSON schema file ") if o.json_schema_file is not None else o.json_schema
     flag = "--grammar"
+    # (the schema's messages name -j; one read from -jf names that flag and its file instead)
+    sflag = "-j/--json-schema" if o.json_schema_file is None else f"-jf/--json-schema-file {o.json_schema_file}"
     try:  # (both are read by recursive descent, as llama.cpp's: a deep enough nesting exhausts Python's stack)
         if schema is not None:
-            flag = "-j/--json-schema"
-            text = schema_to_grammar(schema, lambda msg: log(f"warning: -j/--json-schema: {msg}"))
-            flag = "the grammar of -j/--json-schema"
+            flag = sflag
+            try:
+                text = schema_to_grammar(schema, lambda msg: log(f"warning: {sflag}: {msg}"))
+            except SchemaError as e:
+                raise SchemaError(re.sub(r"^-j/--json-schema:", f"{sflag}:", str(e))) from None
+            flag = f"the grammar of {sflag}"
         if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
             return None
         return Grammar(text)

@@ -98,5 +98,5 @@ def context_size(requested: int, model: Transformer) -> int:
 def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size") -> None:
     """Room for the prompt and one generated token (speculation proposes less near a context's end)."""
     if n_prompt + 1 > n_ctx:
-        raise UsageError(f"prompt is {n_prompt} tokens, which does not fit the context of {n_ctx} (at most "
+        raise UsageError(f"prompt is {n_prompt} token{'s' * (n_prompt != 1)}, which does not fit the context of {n_ctx} (at most "
                          f"{max(n_ctx - 1, 0)}, with room for one generated token); raise {flag}")

@@ -536,7 +536,8 @@ def test_running_out_of_memory_is_one_error_line(smol):
 
 def test_grammars_and_schemas_nested_too_deeply_or_with_huge_bounds_are_one_error_line(smol, tmp_path):
     """Read by recursive descent as llama.cpp reads them: a nesting deeper than Python's stack is one error line
-    (not RecursionError's traceback), as is an integer bound too large for a float."""
+    (not RecursionError's traceback), as is an integer bound too large for a float; a schema's errors name the
+    flag that gave it (-jf: and its file)."""
     d = 1000
     (tmp_path / "deep.gbnf").write_text("root ::= " + "(" * d + '"a"' + ")" * d)
     schema = '{"type": "string"}'
@@ -545,7 +546,9 @@ def test_grammars_and_schemas_nested_too_deeply_or_with_huge_bounds_are_one_erro
     (tmp_path / "deep.json").write_text(schema)
     big = "1" + "0" * 400
     for args, contains in ((("--grammar-file", tmp_path / "deep.gbnf"), "--grammar: nested too deeply"),
-                           (("-jf", tmp_path / "deep.json"), "-j/--json-schema: nested too deeply"),
+                           (("-jf", tmp_path / "deep.json"), f"-jf/--json-schema-file {tmp_path / 'deep.json'}: nested too deeply"),
+                           (("-jf", tmp_path / "deep.gbnf"), f"-jf/--json-schema-file {tmp_path / 'deep.gbnf'}: not JSON"),
+                           (("-j", "root ::= x"), "-j/--json-schema: not JSON"),
                            (("-j", f'{{"type": "integer", "minimum": -{big}, "maximum": {big}}}'),
                             "integer bounds beyond 16 digits are not supported")):
         one_error_line(sharpi("-m", smol, "-p", "hi", "-n", 2, *args), contains=contains)
