@@ -81,6 +81,16 @@ class Interrupt:
         return self.flag
 
 
+def typed_line(prompt: str = "") -> str:
+    """input(prompt) with the prompt on stdout: without the readline module (--simple-io) CPython's input() at a
+    terminal writes its prompt to stderr, where `2>file` would take it, mixed with the stats."""
+    if prompt and "readline" not in sys.modules:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        prompt = ""
+    return without_surrogates(input(prompt))
+
+
 def read_message(multiline: bool) -> str:
     """A chat message typed at "> ": lines go on while one ends in \\ (with -mli, llama-cli's multiline input: until
     one ends in \\ or /); the marker is dropped, the lines are joined by newlines. At the end of input (Ctrl-D) what
@@ -89,7 +99,7 @@ def read_message(multiline: bool) -> str:
     while True:
         try:
             with signals_seen():
-                line = without_surrogates(input("" if lines else "> "))
+                line = typed_line("" if lines else "> ")
         except EOFError:
             if lines:
                 return "\n".join(lines)

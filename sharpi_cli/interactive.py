@@ -25,19 +25,18 @@ import time
 from dataclasses import fields
 
 from sharpi_core.generate import STOP_WINDOW, GenerationResult, SpecStats, Timings
-from sharpi_core.text import without_surrogates
 
 
 def read_input(multiline: bool, prompt: str = "") -> str | None:
     """llama.cpp's console::readline, repeated while it asks for another line: the lines with their
     newlines, or None at end of input with nothing typed. The prompt (--in-prefix) is input()'s, so that
     line editing knows it is there."""
-    from .chat import signals_seen
+    from .chat import signals_seen, typed_line
     buffer = ""
     while True:
         try:
             with signals_seen():
-                line = without_surrogates(input(prompt))
+                line = typed_line(prompt)
             prompt = ""
         except EOFError:
             return buffer or None

@@ -128,3 +128,22 @@ except KeyboardInterrupt:
     p.sendintr()
     assert p.expect(["STOPPED", pexpect.TIMEOUT], timeout=5) == 0, "the Ctrl-C waited for a key"
     p.expect(pexpect.EOF)
+
+
+@pytest.mark.parametrize("mode", ["-cnv", "-i"])
+def test_simple_io_prompts_go_to_stdout(tmp_path, mode):
+    # without readline (--simple-io) CPython's input() at a terminal writes its prompt to stderr: the "> " of a chat
+    # (and -i's --in-prefix) must still be on stdout, none of it in what 2> takes
+    err = tmp_path / "err.txt"
+    cmd = " ".join(SHARPI.split() + ["-m", str(model_path(SMOL)), "--temp", "0", "-n", "4", "--simple-io", mode,
+                                     *(("--in-prefix", "'IN: '", "-p", "'Hi'") if mode == "-i" else ())])
+    p = pexpect.spawn("bash", ["-c", f"{cmd} 2>{err}"], encoding="utf-8", timeout=120, dimensions=(40, 200))
+    p.expect("> " if mode == "-cnv" else "IN: ")
+    p.sendline("Say hi.")
+    p.expect("> " if mode == "-cnv" else "IN: ")
+    p.sendeof()
+    p.expect(pexpect.EOF)
+    p.close()
+    assert p.exitstatus == 0
+    said = err.read_text()
+    assert "> " not in said and "IN: " not in said, said
