@@ -1134,7 +1134,9 @@ def read_grammar(o: RunOptions):
             try:
                 text = schema_to_grammar(schema, lambda msg: log(f"warning: {sflag}: {msg}"))
             except SchemaError as e:
-                raise SchemaError(re.sub(r"^-j/--json-schema:", f"{sflag}:", str(e))) from None
+                said = str(e)
+                raise SchemaError(sflag + said[len("-j/--json-schema"):] if said.startswith("-j/--json-schema:")
+                                  else said) from None
             flag = f"the grammar of {sflag}"
         if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
             return None
