@@ -479,15 +479,10 @@ def validate(o: RunOptions) -> None:
 def check_model_files(o: RunOptions) -> None:
     """A -m / -md path that is no file is refused now, in a moment, not after torch's import (seconds) or, for
     -md, after the target model has loaded; known models and -hf / -mu are resolved when they load."""
-    from sharpi_core.registry import known_name, resolve_model
+    from sharpi_core.registry import known_name
     for spec in (o.model, o.model_draft):
-        if isinstance(spec, str) and known_name(spec) is None:
-            try:
-                resolve_model(spec)
-            except SharpiError as e:
-                if "not found" in str(e):  # (as resolve_with_progress says it)
-                    raise UsageError(str(e)) from None
-                raise
+        if isinstance(spec, str) and known_name(spec) is None:  # (a path: resolved without fetching or loading)
+            resolve_with_progress(spec)
 
 
 def check_spec_types(o: RunOptions) -> None:
@@ -1126,17 +1121,14 @@ def read_grammar(o: RunOptions):
         text = read_text(o.grammar_file, "grammar file ")
     schema = read_text(o.json_schema_file, "JSON schema file ") if o.json_schema_file is not None else o.json_schema
     flag = "--grammar"
-    # (the schema's messages name -j; one read from -jf names that flag and its file instead)
     sflag = "-j/--json-schema" if o.json_schema_file is None else f"-jf/--json-schema-file {o.json_schema_file}"
     try:  # (both are read by recursive descent, as llama.cpp's: a deep enough nesting exhausts Python's stack)
         if schema is not None:
             flag = sflag
             try:
                 text = schema_to_grammar(schema, lambda msg: log(f"warning: {sflag}: {msg}"))
-            except SchemaError as e:
-                said = str(e)
-                raise SchemaError(sflag + said[len("-j/--json-schema"):] if said.startswith("-j/--json-schema:")
-                                  else said) from None
+            except SchemaError as e:  # (its messages say what is wrong; the flag that gave the schema goes first)
+                raise SchemaError(f"{sflag}: {e}") from None
             flag = f"the grammar of {sflag}"
         if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
             return None

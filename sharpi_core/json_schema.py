@@ -37,7 +37,7 @@ from .pattern import PatternError, pattern_to_gbnf
 
 
 class SchemaError(UsageError):
-    """A grammar or schema that cannot be used (exit 2, like a bad flag value)."""
+    """A grammar or schema that cannot be used (exit 2, like a bad flag value); the caller names the flag that gave it."""
 
 
 SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
@@ -177,7 +177,7 @@ class _Converter:
 
     def ref(self, ref: str, path: str) -> str:
         if not isinstance(ref, str) or not ref.startswith("#"):
-            raise SchemaError(f"-j/--json-schema: {path}: only $ref into the same document ('#/...') is supported")
+            raise SchemaError(f"{path}: only $ref into the same document ('#/...') is supported")
         if ref not in self.refs:
             self.refs[ref] = name = f"ref{len(self.refs)}"
             node = self.root
@@ -188,7 +188,7 @@ class _Converter:
                 elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
                     node = node[int(part)]
                 else:
-                    raise SchemaError(f"-j/--json-schema: {path}: $ref {ref} points nowhere")
+                    raise SchemaError(f"{path}: $ref {ref} points nowhere")
             self.rules[name] = ""  # reserved: a recursive reference resolves to this rule
             self.rules[name] = self.visit(node, ref)
         return self.refs[ref]
@@ -198,7 +198,7 @@ class _Converter:
         if s is True or s == {}:
             return self.prim("value")
         if not isinstance(s, dict):
-            raise SchemaError(f"-j/--json-schema: {path}: a schema must be an object")
+            raise SchemaError(f"{path}: a schema must be an object")
         if "$ref" in s:
             return self.ref(s["$ref"], path)
         unenforced = [k for k in _UNENFORCED if k in s]
@@ -208,12 +208,12 @@ class _Converter:
             if key in s:
                 alts = s[key]
                 if not isinstance(alts, list) or not alts:
-                    raise SchemaError(f"-j/--json-schema: {path}/{key}: must be a non-empty array of schemas")
+                    raise SchemaError(f"{path}/{key}: must be a non-empty array of schemas")
                 return self.add(" | ".join(self.visit(a, f"{path}/{key}/{i}") for i, a in enumerate(alts)))
         t = s.get("type")
         if isinstance(t, list):
             if not t:
-                raise SchemaError(f"-j/--json-schema: {path}: type must not be empty")
+                raise SchemaError(f"{path}: type must not be empty")
             rest = {k: v for k, v in s.items() if k not in _UNENFORCED}  # (named above, once)
             return self.add(" | ".join(self.visit({**rest, "type": x}, f"{path}/type/{i}") for i, x in enumerate(t)))
         if "const" in s:
@@ -221,11 +221,11 @@ class _Converter:
         if "enum" in s:
             vals = s["enum"]
             if not isinstance(vals, list) or not vals:
-                raise SchemaError(f"-j/--json-schema: {path}: enum must be a non-empty array")
+                raise SchemaError(f"{path}: enum must be a non-empty array")
             return self.add("(" + " | ".join(literal(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
                                               for v in vals) + ")")
         if t is not None and not isinstance(t, str):
-            raise SchemaError(f"-j/--json-schema: {path}: type must be a string or an array of strings")
+            raise SchemaError(f"{path}: type must be a string or an array of strings")
         has_props = "properties" in s or ("additionalProperties" in s and s["additionalProperties"] is not True)
         if t is None:
             if has_props:
@@ -255,18 +255,18 @@ class _Converter:
             return self.number(s, path)
         if t in ("boolean", "null"):
             return self.prim(t)
-        raise SchemaError(f"-j/--json-schema: {path}: unknown type '{t}'")
+        raise SchemaError(f"{path}: unknown type '{t}'")
 
     def count(self, s: dict, key: str, default: int, path: str) -> int:
         v = s.get(key, default)
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise SchemaError(f"-j/--json-schema: {path}: {key} must be a non-negative integer")
+            raise SchemaError(f"{path}: {key} must be a non-negative integer")
         # GBNF repeats at most MAX_REPETITION times (llama.cpp's limit): a longer minimum cannot be written,
         # a longer maximum is no maximum
         if v > MAX_REPETITION and key.startswith("min"):
-            raise SchemaError(f"-j/--json-schema: {path}: {key} above {MAX_REPETITION} is not supported")
+            raise SchemaError(f"{path}: {key} above {MAX_REPETITION} is not supported")
         if v > MAX_REPETITION:
             self.warn(f"{path}: {key} above {MAX_REPETITION} is not enforced")
         return v
@@ -280,7 +280,7 @@ class _Converter:
             if v is None or isinstance(v, bool) and k.startswith("exclusive"):  # draft 4: a flag, read below
                 return None
             if not isinstance(v, (int, float)) or isinstance(v, bool) or isinstance(v, float) and not math.isfinite(v):
-                raise SchemaError(f"-j/--json-schema: {path}: {k} must be a number")
+                raise SchemaError(f"{path}: {k} must be a number")
             return v
 
         out = []
@@ -298,9 +298,9 @@ class _Converter:
         lo = -INT_LIMIT if lo is None else math.floor(lo) + 1 if lo_strict else math.ceil(lo)
         hi = INT_LIMIT if hi is None else math.ceil(hi) - 1 if hi_strict else math.floor(hi)
         if max(abs(lo), abs(hi)) > INT_LIMIT:
-            raise SchemaError(f"-j/--json-schema: {path}: integer bounds beyond 16 digits are not supported")
+            raise SchemaError(f"{path}: integer bounds beyond 16 digits are not supported")
         if lo > hi:
-            raise SchemaError(f"-j/--json-schema: {path}: no integer lies within its bounds")
+            raise SchemaError(f"{path}: no integer lies within its bounds")
         return self.add("(" + int_range(lo, hi) + ")")
 
     def number(self, s: dict, path: str) -> str:
@@ -312,22 +312,22 @@ class _Converter:
             return self.prim("number")
         lo, hi = (None if v is None else int(v) for v in (lo, hi))
         if max(abs(v) for v in (lo, hi, 0) if v is not None) > INT_LIMIT:
-            raise SchemaError(f"-j/--json-schema: {path}: number bounds beyond 16 digits are not supported")
+            raise SchemaError(f"{path}: number bounds beyond 16 digits are not supported")
         if lo is not None and hi is not None and (lo > hi or lo == hi and (lo_strict or hi_strict)):
-            raise SchemaError(f"-j/--json-schema: {path}: no number lies within its bounds")
+            raise SchemaError(f"{path}: no number lies within its bounds")
         return self.add("(" + number_range(lo, lo_strict, hi, hi_strict) + ")")
 
     def string(self, s: dict, path: str) -> str:
         if "pattern" in s:
             if not isinstance(s["pattern"], str):
-                raise SchemaError(f"-j/--json-schema: {path}: pattern must be a string")
+                raise SchemaError(f"{path}: pattern must be a string")
             ignored = [k for k in ("minLength", "maxLength", "format") if k in s]
             if ignored:
                 self.warn(f"{path}: {', '.join(ignored)} not enforced together with a pattern")
             try:
                 body = pattern_to_gbnf(s["pattern"], self.prim("char"))
             except PatternError as e:
-                raise SchemaError(f"-j/--json-schema: {path}: pattern: {e}") from None
+                raise SchemaError(f"{path}: pattern: {e}") from None
             return self.add(f'"\\"" {body} "\\""')
         fmt = s.get("format")
         if fmt in _FORMATS:
@@ -382,13 +382,13 @@ class _Converter:
         if props is None:
             p = s.get("properties", {})
             if not isinstance(p, dict):
-                raise SchemaError(f"-j/--json-schema: {path}: properties must be an object")
+                raise SchemaError(f"{path}: properties must be an object")
             req = s.get("required", [])
             required = {r for r in req if isinstance(r, str)} if isinstance(req, list) else set()
             props = list(p.items())
             extra = s.get("additionalProperties", None if "properties" in s else True)
             if extra is not None and extra is not False and not isinstance(extra, (bool, dict)):
-                raise SchemaError(f"-j/--json-schema: {path}: additionalProperties must be a boolean or a schema")
+                raise SchemaError(f"{path}: additionalProperties must be a boolean or a schema")
             if not props and (extra is True or extra == {}):
                 return self.prim("object")
         else:
@@ -421,7 +421,7 @@ class _Converter:
 
     def all_of(self, parts, path: str) -> str:
         if not isinstance(parts, list) or not parts:
-            raise SchemaError(f"-j/--json-schema: {path}/allOf: must be a non-empty array of schemas")
+            raise SchemaError(f"{path}/allOf: must be a non-empty array of schemas")
         props: list = []
         required: set = set()
         enums: dict[str, int] = {}
@@ -460,7 +460,7 @@ def schema_to_grammar(schema: str | dict, warn: Callable[[str], None] = lambda m
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
-            raise SchemaError(f"-j/--json-schema: not JSON: {e}") from None
+            raise SchemaError(f"not JSON: {e}") from None
     c = _Converter(schema, warn)
     top = c.visit(schema, "#")
     c.rules["root"] = top
