@@ -1457,6 +1457,8 @@ def _run(o: RunOptions) -> int:
         raise UsageError("no prompt: pass -p/--prompt, -f/--file, or pipe text on stdin"
                          + ("" if o.chat_template else " (this model has no chat template: -cnv chats in chatml, "
                             "--chat-template in another)"))
+    if not interactive:  # (before the draft loads, and before a text no context could hold is tokenized)
+        engine.check_text_fits(prompt, tok, n_ctx)
 
     for tid, _ in o.logit_bias:
         if not 0 <= tid < tok.n_vocab:

@@ -95,8 +95,17 @@ def context_size(requested: int, model: Transformer) -> int:
     return requested or model.config.n_ctx_train
 
 
-def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size") -> None:
+def check_text_fits(text: str, tok: Tokenizer, n_ctx: int) -> None:
+    """check_prompt_fits before tokenizing, for a text so long that it cannot fit whatever its tokens (a 16 MB -f
+    file took a minute and gigabytes to tokenize only to be refused)."""
+    if len(text) >= n_ctx:
+        least = tok.fewest_tokens(text)
+        check_prompt_fits(least, n_ctx, count=f"at least {least} tokens ({len(text)} characters)")
+
+
+def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size", count: str | None = None) -> None:
     """Room for the prompt and one generated token (speculation proposes less near a context's end)."""
     if n_prompt + 1 > n_ctx:
-        raise UsageError(f"prompt is {n_prompt} token{'s' * (n_prompt != 1)}, which does not fit the context of {n_ctx} (at most "
+        count = count or f"{n_prompt} token{'s' * (n_prompt != 1)}"
+        raise UsageError(f"prompt is {count}, which does not fit the context of {n_ctx} (at most "
                          f"{max(n_ctx - 1, 0)}, with room for one generated token); raise {flag}")

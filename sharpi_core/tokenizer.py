@@ -286,6 +286,7 @@ class Tokenizer:
         self._bpe = None  # the gpt2 encoder, built by prepare() or the first encode
         self._spm_scores: list[float] | None = None
         self._byte_ids: list[int | None] | None = None
+        self._longest: int | None = None  # the longest token's characters (fewest_tokens)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -408,6 +409,14 @@ class Tokenizer:
         if add_special and self.add_eos:
             out.append(self.eos_id)
         return out
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)) found without encoding: every token of either encoder covers at most
+        as many characters of the text as its own text has (a gpt2 token's characters are one byte each, a text's
+        are 1-4; an SPM token's characters are the text's, with spaces as U+2581; special tokens are spelled out)."""
+        if self._longest is None:
+            self._longest = max(1, max(map(len, self.tokens), default=1))
+        return -(-len(text) // self._longest)
 
     def _special_finder(self, parse_special: bool) -> tuple:
         """(regex finding the longest special token starting at each position, {text: id}) for

@@ -1030,6 +1030,25 @@ def test_reverse_prompt_escapes(smol):
     assert json.loads(sharpi(*args, "--no-escape").stdout)["stop_reason"] == "n_predict"
 
 
+def test_a_text_too_long_for_any_tokens_is_refused_before_tokenizing(smol, tmp_path, monkeypatch):
+    """A -f file that could not fit the context whatever its tokens (each covers at most the longest token's 81
+    characters here) is refused before it is tokenized (16 MB took a minute and ~3 GB); one character less and it
+    is tokenized, then refused with its real count."""
+    from sharpi_core.tokenizer import Tokenizer
+    encode = Tokenizer.encode
+    sizes = []
+    monkeypatch.setattr(Tokenizer, "encode", lambda self, text, *a, **k: sizes.append(len(text)) or encode(self, text, *a, **k))
+    f = tmp_path / "long.txt"
+    f.write_text("x" * (81 * 15 + 1))
+    r = sharpi("-m", smol, "-f", f, "-c", 16)
+    line = one_error_line(r, 2, "-c/--ctx-size")
+    assert "prompt is at least 16 tokens (1216 characters)" in line and "context of 16 (at most 15," in line
+    assert 1216 not in sizes
+    f.write_text("x" * (81 * 15))
+    r = sharpi("-m", smol, "-f", f, "-c", 16)
+    assert re.search(r"prompt is \d+ tokens, which", one_error_line(r, 2, "-c/--ctx-size")) and 1215 in sizes
+
+
 def test_prompt_longer_than_context(smol):
     r = sharpi("-m", smol, "-p", "word " * 50, "-c", 16)
     line = one_error_line(r, 2, "-c/--ctx-size")

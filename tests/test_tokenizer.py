@@ -355,3 +355,22 @@ def test_special_token_strip_rules_and_added_tokens_are_llama_cpps(variant):
     t = Tokenizer.from_gguf(_WithKeys(gf, changed_keys(gf, keys, renames)))
     for text, want in zip(ATTRS["texts"], ATTRS["ids"][variant]):
         assert t.encode(text, add_special=True, parse_special=True) == want, text
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_fewest_tokens_is_a_lower_bound(name):
+    """fewest_tokens (what refuses a prompt too long for any context before tokenizing it) never exceeds the real
+    count: not on texts made of the vocabulary's longest tokens (where it is tightest), not with special tokens,
+    multibyte characters or spaces (an SPM token's U+2581 stands for one)."""
+    t = tok(name)
+    longest = max(range(t.n_vocab), key=lambda i: len(t.tokens[i]))
+    assert t.fewest_tokens("a" * len(t.tokens[longest])) == 1 and t.fewest_tokens("a" * (len(t.tokens[longest]) + 1)) == 2
+    rng = random.Random(5)
+    long_ones = sorted(range(t.n_vocab), key=lambda i: -len(t.tokens[i]))[:200]
+    texts = [t.decode([longest] * 7), t.decode(long_ones), " " * 3000, "\n" * 999 + "日本語🎉" * 50]
+    for _ in range(30):
+        texts.append(t.decode(rng.sample(long_ones, 40) + [rng.randrange(t.n_vocab) for _ in range(20)]))
+    for text in texts:
+        assert t.fewest_tokens(text) <= len(t.encode(text, add_special=False)), text[:80]
+    # and it is tight: in each of these vocabularies seven longest tokens' text encodes as those seven
+    assert t.fewest_tokens(texts[0]) == len(t.encode(texts[0], add_special=False)) == 7
