@@ -1457,8 +1457,6 @@ def _run(o: RunOptions) -> int:
         raise UsageError("no prompt: pass -p/--prompt, -f/--file, or pipe text on stdin"
                          + ("" if o.chat_template else " (this model has no chat template: -cnv chats in chatml, "
                             "--chat-template in another)"))
-    if not interactive:  # (before the draft loads, and before a text no context could hold is tokenized)
-        engine.check_text_fits(prompt, tok, n_ctx)
 
     for tid, _ in o.logit_bias:
         if not 0 <= tid < tok.n_vocab:
@@ -1514,6 +1512,8 @@ def _run(o: RunOptions) -> int:
         # them keeps --spec-draft-n-min / -n-max, which the chain applies)
         n_max, n_min = (min(drafter.n_max, window // 2), 0) if o.spec_ngram else (o.spec_draft_n_max, o.spec_draft_n_min)
     synth = synthetic_rates(o, n_max if drafter is not None else 0)
+    if not interactive:  # (before the cache is allocated, and before a text no context could hold is tokenized)
+        engine.check_text_fits(prompt, tok, n_ctx)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
     if o.mlock:

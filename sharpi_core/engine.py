@@ -100,7 +100,7 @@ def check_text_fits(text: str, tok: Tokenizer, n_ctx: int) -> None:
     file took a minute and gigabytes to tokenize only to be refused)."""
     if len(text) >= n_ctx:
         least = tok.fewest_tokens(text)
-        check_prompt_fits(least, n_ctx, count=f"at least {least} tokens ({len(text)} characters)")
+        check_prompt_fits(least, n_ctx, count=f"at least {least} token{'s' * (least != 1)} ({len(text)} characters)")
 
 
 def check_prompt_fits(n_prompt: int, n_ctx: int, flag: str = "-c/--ctx-size", count: str | None = None) -> None:
