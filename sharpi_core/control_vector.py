@@ -79,6 +79,9 @@ def load(files: Sequence[tuple[str, float]], n_embd: int, n_layer: int,
             if start <= il <= end and il < n_layer}
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def parse_scaled(values: Sequence[str], flag: str = "--control-vector-scaled") -> list[tuple[str, float]]:
     """--control-vector-scaled FNAME:SCALE,... (the flag may repeat; --lora-scaled's format too) -> [(path, scale)]."""
     out = []
@@ -86,9 +89,12 @@ def parse_scaled(values: Sequence[str], flag: str = "--control-vector-scaled") -
         for item in value.split(","):
             path, sep, scale = item.rpartition(":")
             try:
-                out.append((path, float(scale)))
+                value = float(scale)
             except ValueError:
                 sep = ""
             if not sep or not path:
                 raise UsageError(f"invalid {flag} '{item}': the format is FNAME:SCALE")
+            if not abs(value) <= FLOAT32_MAX:  # (applied in float32: inf or nan would make every logit nan)
+                raise UsageError(f"invalid {flag} '{item}': the scale must be a finite float32 number")
+            out.append((path, value))
     return out

@@ -110,8 +110,6 @@ def _factor(t, path: str, rows=None) -> Factor:
     if t.tensor_type not in TYPES:
         raise UsageError(f"LoRA {path}: '{t.name}' is {t.tensor_type.name} (supported: "
                          f"{', '.join(q.name for q in TYPES)})")
-    if len(t.shape) != 2:
-        raise UsageError(f"LoRA {path}: '{t.name}' is not a matrix")
     return Factor(t.name, t.tensor_type, np.asarray(t.data), rows)
 
 
@@ -149,6 +147,11 @@ def _read(path: str, arch: str):
     for name, (a, b) in pairs.items():
         if a is None or b is None:
             raise UsageError(f"LoRA {path}: the pair for '{name}' is missing its lora_{'a' if a is None else 'b'}")
+        for t in (a, b):
+            if len(t.shape) != 2:
+                raise UsageError(f"LoRA {path}: '{t.name}' is not a matrix")
+            if not all(int(d) for d in t.shape):  # (scale * alpha / rank: a rank of 0 divides by it)
+                raise UsageError(f"LoRA {path}: '{t.name}' is empty (shape {[int(d) for d in t.shape]})")
     return alpha, pairs
 
 

@@ -197,6 +197,10 @@ A, B = np.zeros((8, 576), np.float16), np.zeros((576, 8), np.float16)
     ({"tensors": {"blk.99.attn_q.weight.lora_a": A, "blk.99.attn_q.weight.lora_b": B}}, "does not exist in the model"),
     ({"tensors": {"token_embd.weight.lora_a": np.zeros((49152, 8), np.float16),
                   "token_embd.weight.lora_b": B}}, "whose output layer shares it"),
+    ({"tensors": {"blk.0.attn_q.weight.lora_a": A[0], "blk.0.attn_q.weight.lora_b": B[:, 0]}}, "lora_a' is not a matrix"),
+    ({"tensors": {"blk.0.attn_q.weight.lora_a": A, "blk.0.attn_q.weight.lora_b": B[None]}}, "lora_b' is not a matrix"),
+    ({"kv": {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 16.0},
+      "tensors": {"blk.0.attn_q.weight.lora_a": A[:0], "blk.0.attn_q.weight.lora_b": B[:, :0]}}, "is empty"),
 ])
 def test_bad_adapters_are_refused_and_leave_the_model(tmp_path, files, kw, message):
     model, _ = loaded(SMOL)
@@ -212,6 +216,9 @@ def test_bad_adapters_are_refused_and_leave_the_model(tmp_path, files, kw, messa
     (["--lora", "/nonexistent/a.gguf"], "no such file"),
     (["--lora-scaled", "a.gguf"], "invalid --lora-scaled 'a.gguf': the format is FNAME:SCALE"),
     (["--lora", "a.gguf", "--device", "cuda", "-ngl", "-1"], "applied on the CPU only"),
+    (["--lora-scaled", "a.gguf:1e39"], "invalid --lora-scaled 'a.gguf:1e39': the scale must be a finite float32"),
+    (["--lora-scaled", "a.gguf:nan"], "the scale must be a finite float32"),
+    (["--control-vector-scaled", "c.gguf:-inf"], "invalid --control-vector-scaled 'c.gguf:-inf': the scale must"),
 ])
 def test_bad_flags_are_one_line_errors(flags, message):
     r = sharpi("-m", model_path(SMOL), "-p", "Hi", "-n", 1, *flags)
