@@ -1418,8 +1418,16 @@ def lock_or_warn() -> None:
             "run without --mlock")
 
 
+def warn_switches() -> None:
+    """A SHARPI_* switch set to neither on nor off keeps its default: say so (a bisecting run would mislead)."""
+    from sharpi_core.switches import unknown
+    for item in unknown():
+        log(f"warning: {item}: neither 0/off/false/no nor 1/on/true/yes; the switch keeps its default")
+
+
 def _run(o: RunOptions) -> int:
     validate(o)
+    warn_switches()
     check_model_files(o)
     check_device(o)
     prompt = read_prompt(o)
@@ -1727,15 +1735,22 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
 
 
 def model_settings(o: RunOptions) -> str:
-    """The flags that change a loaded model's K and V besides the file (--rope-*, --override-kv, control
-    vectors, LoRA adapters), as text for a prompt cache to compare; "" when none is given."""
+    """What changes a loaded model's K and V besides the file and the cache types (--rope-*, --override-kv,
+    control vectors and LoRA adapters by their contents, -fa off, the SHARPI_* switches of the arithmetic),
+    as text for a prompt cache to compare; "" when none is given."""
+    from sharpi_core.prompt_cache import fingerprint
+    from sharpi_core.switches import arithmetic
+
+    def files(given: list[tuple[str, float]]) -> list:  # (an adapter rewritten at the same path is another)
+        return [(os.path.abspath(p), fingerprint(p) if os.path.isfile(p) else None, s) for p, s in given]
     parts = ([f"rope {rope_flags(o)}"] if rope_flags(o) else []) + [f"{k}={v!r}" for k, v in sorted(o.kv_overrides.items())]
     if control_files(o):
-        parts.append(f"control vectors {[(os.path.abspath(p), s) for p, s in control_files(o)]} "
-                     f"layers {o.control_vector_layer_range}")
+        parts.append(f"control vectors {files(control_files(o))} layers {o.control_vector_layer_range}")
     if lora_files(o):
-        parts.append(f"LoRA {[(os.path.abspath(p), s) for p, s in lora_files(o)]}")
-    return "; ".join(parts)
+        parts.append(f"LoRA {files(lora_files(o))}")
+    if o.flash_attn == "off":  # (-fa on / auto: the default)
+        parts.append("-fa off")
+    return "; ".join(parts + arithmetic())
 
 
 def _files(plain: list[str], scaled: list) -> list[tuple[str, float]]:
@@ -1969,6 +1984,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     threads = check_threads(threads)
     o = opts or RunOptions(model=model)
     n_pass = check_perplexity_placement(o, ctx_size)
+    warn_switches()
     if kind is not None:
         return choice_scores(model, kind, sc, file, ctx_size, ctk, ctv, threads, flash_attn, o)
     set_threads(threads)

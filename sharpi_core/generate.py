@@ -34,7 +34,6 @@ draft model where SpecCost would propose the count with the most tokens per seco
 """
 from __future__ import annotations
 
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from .speculative import SpecCost, accept_argmax, accept_greedy, accept_sampled
 from .speculative.hybrid import DRAFT_COST, VERIFY_ROW
 from .speculative.synthetic import conditional
 from .speculative.util import common_prefix, next_proposal_len
+from .switches import switch, tri_state
 from .tokenizer import StreamDecoder
 
 
@@ -172,10 +172,6 @@ class _Stop(Exception):
 STOP_WINDOW = 32
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
@@ -207,30 +203,30 @@ class Generator:
         # generation starts them over (llama-completion's interactive mode resets them at each input)
         self._mark = 0
         self._exact: int | None = None  # after a shift, the positions whose K/V are those of history[:n] alone
-        self.batch_verify = _env_on("SHARPI_SPEC_BATCH_VERIFY")
+        self.batch_verify = switch("SHARPI_SPEC_BATCH_VERIFY")
         # proposals per step adapt to how the last ones fared (SHARPI_SPEC_ADAPTIVE=0: always n_max):
         # a rejected proposal costs verify rows and, with a draft model, draft forwards for nothing,
         # which is what pulls speculation below plain decoding on text the drafter cannot predict
-        self.adaptive = _env_on("SHARPI_SPEC_ADAPTIVE")
+        self.adaptive = switch("SHARPI_SPEC_ADAPTIVE")
         self._k = spec_n_max
         # a drafter of several sources adapts each source's count itself (speculative.HybridDrafter): asked for n_max
         self._own_k = getattr(drafter, "adapts", None) is not None
         if self._own_k:
             drafter.adapts = self.adaptive
         self.speculate = drafter is not None and spec_n_max >= 1
-        if self.speculate and not params.greedy and not _env_on("SHARPI_SPEC_SAMPLE"):
+        if self.speculate and not params.greedy and not switch("SHARPI_SPEC_SAMPLE"):
             self.speculate = False
             self.notes.append("SHARPI_SPEC_SAMPLE=0: speculation is off for sampled decoding (--temp > 0, or typical "
                               "or XTC at --temp 0)")
         # speculate only where it pays (speculative.SpecCost): by the measured costs in greedy decoding (and with
         # SHARPI_SPEC_COST=1), by fixed estimates when sampling (a seed's draws must not depend on timing), never
         # with SHARPI_SPEC_COST=0
-        mode = os.environ.get("SHARPI_SPEC_COST", "").strip().lower()
+        mode = tri_state("SHARPI_SPEC_COST")
         self.cost = None
-        if self.speculate and _env_on("SHARPI_SPEC_COST"):
+        if self.speculate and mode is not False:
             # (SHARPI_SPEC_COUNT=0: a draft model proposes the generator's count, not the one its costs choose)
-            costs, count = (VERIFY_ROW, self._draft_cost(drafter)), _env_on("SHARPI_SPEC_COUNT")
-            if params.greedy or mode in ("1", "true", "yes", "on"):
+            costs, count = (VERIFY_ROW, self._draft_cost(drafter)), switch("SHARPI_SPEC_COUNT")
+            if params.greedy or mode:
                 warm_up = any(getattr(m, "use_graphs", False) for m in (model, getattr(drafter, "model", None)))
                 self.cost = SpecCost(drafter, warm_up, guess=costs, count=count)
             else:

@@ -26,6 +26,7 @@ from .choices import CACHE_TYPES, QUANTIZED_CACHE_TYPES as QUANTIZED
 from .errors import UsageError
 from .kernels import cpu
 from .quants import q8_parts
+from .switches import switch
 
 _QK8_0 = 32
 Q = gguf.GGMLQuantizationType
@@ -184,7 +185,7 @@ class _Store:
 def _rotation(kind: str, hd: int, largest: bool) -> int | None:
     """Rotation size under llama.cpp's rule (None = no rotation): quantized cache and head size a
     multiple of 64; K uses the largest power of two dividing the head size, V always 64."""
-    if kind not in QUANTIZED or hd % 64 or os.environ.get("SHARPI_KV_ROT", "1") == "0":
+    if kind not in QUANTIZED or hd % 64 or not switch("SHARPI_KV_ROT"):
         return None
     n = 64
     while largest and hd % (2 * n) == 0:

@@ -105,7 +105,8 @@ class PromptCacheFile:
     def _read(self) -> dict[str, dict]:
         try:
             with open(self.path, "rb") as f:
-                f.read(1)
+                if not f.read(1):  # (e.g. made by mktemp) llama.cpp starts a new session in it too
+                    return {}
         except OSError as e:
             raise SharpiError(f"--prompt-cache {self.path}: cannot read it ({e.strerror or e})") from None
         try:
@@ -177,7 +178,9 @@ class PromptCacheFile:
         for name, (cache, history, model_path) in models.items():
             n = min(common_prefix(history, tokens), cache.length)
             old = self.entries.get(name)
-            if not n or (old is not None and old["tokens"] == list(tokens[:n])):
+            # (a shorter prompt than the saved one leaves it: llama.cpp saves a session only when the prompt
+            # goes past what it matched)
+            if not n or (old is not None and old["tokens"][:n] == list(tokens[:n])):
                 continue
             arrays = {k: a.clone() for k, a in cache.arrays(n).items()}
             entries[name] = {"tokens": list(tokens[:n]), "model": self._fingerprint(model_path), "settings": self.settings,
@@ -188,7 +191,8 @@ class PromptCacheFile:
             return False
         tmp = self._target.with_name(f".{self._target.name}.{os.getpid()}.tmp")
         try:
-            torch.save({"magic": MAGIC, "version": VERSION, "entries": entries}, tmp)
+            with open(tmp, "wb") as f:  # (opened here: torch's own open loses why it failed)
+                torch.save({"magic": MAGIC, "version": VERSION, "entries": entries}, f)
             os.replace(tmp, self._target)
         except Exception as e:  # OSError; torch's RuntimeError on a full disk ("[enforce fail at ...] unexpected pos")
             why = getattr(e, "strerror", None)

@@ -7,7 +7,6 @@ reference) and uses an fp32 matmul.
 """
 from __future__ import annotations
 
-import os
 import warnings
 
 import gguf
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 
 from .errors import SharpiError
+from .switches import switch
 
 Q = gguf.GGMLQuantizationType
 
@@ -27,7 +27,7 @@ SUPPORTED_TYPES = frozenset(
 
 def _kernels():
     """The compiled CPU kernel module, or None (SHARPI_CPU_KERNEL=0 forces the reference path)."""
-    if os.environ.get("SHARPI_CPU_KERNEL", "1") == "0":
+    if not switch("SHARPI_CPU_KERNEL"):
         return None
     try:
         from .kernels import cpu
@@ -43,7 +43,7 @@ def _kernels():
 # these small 4-bit models, whose top logits are often within 1-2% of each other.
 _ACT_Q8_32 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4})
 _ACT_Q8_K = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS})
-MATCH_LLAMA_CPP = os.environ.get("SHARPI_ACT_QUANT", "1") != "0"
+MATCH_LLAMA_CPP = switch("SHARPI_ACT_QUANT")
 
 
 def q8_parts(x: torch.Tensor, block: int, f16_scale: bool):
@@ -213,7 +213,7 @@ class QWeight:
         # per row than unpacking the GGUF blocks, same results), made at the first matmul; those
         # layouts have integer kernels only (8-bit activations, so not with SHARPI_ACT_QUANT=0)
         self._packable = (self._kern is not None and qtype in self._kern.PACKED and n % 4 == 0
-                          and self.act_kind is not None and os.environ.get("SHARPI_CPU_REPACK", "1") != "0")
+                          and self.act_kind is not None and switch("SHARPI_CPU_REPACK"))
         self._packed: torch.Tensor | None = None
         self._heads: dict[int, QWeight] = {}  # n -> head(n), made once
         self._dense: torch.Tensor | None = None

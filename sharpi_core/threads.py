@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
+from .switches import switch
 
-ENABLED = os.environ.get("SHARPI_THREADS_ADAPT", "1") != "0"
+ENABLED = switch("SHARPI_THREADS_ADAPT")
 
 
 def process_cores() -> int:

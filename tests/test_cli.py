@@ -1731,3 +1731,23 @@ def test_unknown_short_options_are_named(smol):
     r = sharpi("-m", smol, "-p", "-dash prompt", "-n", -1, "-n", 2, "--temp", 0, "-l", "15043-inf")
     assert r.returncode == 0, r.stderr
     one_error_line(sharpi("tokenize", "-m", smol, "-np", "-p", "x"), 2, "No such option: -np")
+
+
+def test_environment_switches_read_alike_and_an_unknown_value_is_said(smol, monkeypatch):
+    """Every SHARPI_* switch takes 0/off/false/no and 1/on/true/yes (any case); another value keeps the default,
+    and a run says so in one warning line (a bisecting run whose switch was not taken would mislead)."""
+    from sharpi_core.switches import SWITCHES, switch, tri_state, unknown
+    for name, default in SWITCHES.items():
+        for v, want in (("0", False), (" Off", False), ("no", False), ("FALSE", False), ("1", True), ("on", True),
+                        ("Yes", True), ("true ", True), ("", default), ("maybe", default)):
+            monkeypatch.setenv(name, v)
+            assert switch(name) is want, (name, v)
+        monkeypatch.delenv(name)
+        assert switch(name) is default
+    monkeypatch.setenv("SHARPI_SPEC_COST", "off")
+    assert tri_state("SHARPI_SPEC_COST") is False and unknown() == []
+    monkeypatch.setenv("SHARPI_SPEC_COST", "2")
+    assert tri_state("SHARPI_SPEC_COST") is None and unknown() == ["SHARPI_SPEC_COST=2"]
+    monkeypatch.delenv("SHARPI_SPEC_COST")
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 2, "--temp", 0, env={"SHARPI_SPEC_SAMPLE": "maybe"})
+    assert r.returncode == 0 and r.stderr.count("warning: SHARPI_SPEC_SAMPLE=maybe: neither 0/off/false/no") == 1

@@ -136,8 +136,8 @@ def test_a_failed_write_is_one_error_and_leaves_the_old_file(tmp_path, monkeypat
     pc = PromptCacheFile(f)
     f.write_bytes(b"")  # (an old file: replaced only by a whole new one)
 
-    def full_disk(obj, path):
-        open(path, "wb").write(b"partial")
+    def full_disk(obj, f):
+        f.write(b"partial")
         raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 64\nmore")
     monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(SharpiError, match="cannot write it .*unexpected pos 64"):
@@ -154,8 +154,8 @@ def test_a_full_disk_while_saving_says_so_and_keeps_the_old_file(tmp_path, monke
     f = tmp_path / "p.cache"
     f.write_bytes(b"old")
 
-    def full(obj, path):
-        open(path, "wb").write(b"part")
+    def full(obj, f):
+        f.write(b"part")
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
     monkeypatch.setattr(prompt_cache.torch, "save", full)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=4096))
@@ -170,3 +170,44 @@ def test_a_full_disk_while_saving_says_so_and_keeps_the_old_file(tmp_path, monke
     monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=1 << 30))
     with pytest.raises(SharpiError, match=r"cannot write it \(\[enforce fail"):
         pc.save({"target": (cache, [1, 2], "m.gguf")}, [1, 2])
+
+
+def test_an_empty_file_starts_a_cache_and_a_shorter_prompt_leaves_it(tmp_path):
+    """As llama.cpp's session files: an empty file (mktemp's) is a new cache, written at the end; a prompt that
+    goes no further than the saved tokens leaves the file as it is (it was truncated to that prompt)."""
+    smol = str(model_path(SMOL))
+    f = tmp_path / "p.cache"
+    f.write_bytes(b"")
+    assert sharpi("-m", smol, "-p", PROMPT, "-n", 2, "--temp", 0, "--prompt-cache", f).returncode == 0
+    made = f.read_bytes()
+    n = len(PromptCacheFile(f).entries["target"]["tokens"])
+    short = PROMPT[:PROMPT.index(" is long")]  # (its tokens begin the prompt's)
+    r = sharpi("-m", smol, "-p", short, "-n", 2, "--temp", 0, "--prompt-cache", f, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["timings"]["prompt_n"] == 1 and f.read_bytes() == made
+    r = sharpi("-m", smol, "-p", short + " fell", "-n", 2, "--temp", 0, "--prompt-cache", f)
+    assert r.returncode == 0 and len(PromptCacheFile(f).entries["target"]["tokens"]) < n  # (another prompt: replaced)
+
+
+def test_settings_that_change_k_and_v_make_another_cache(tmp_path, monkeypatch):
+    """-fa off, the arithmetic's SHARPI_* switches, and an adapter's contents (not only its path) are
+    in the settings a prompt cache compares."""
+    from sharpi_cli.runner import RunOptions, model_settings
+    assert model_settings(RunOptions(model="m")) == model_settings(RunOptions(model="m", flash_attn="on")) == ""
+    assert model_settings(RunOptions(model="m", flash_attn="off")) == "-fa off"
+    for name in ("SHARPI_ACT_QUANT", "SHARPI_CPU_KERNEL"):
+        monkeypatch.setenv(name, "off")
+        assert model_settings(RunOptions(model="m")) == f"{name}=0"
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SHARPI_AMX", "0")  # (the same bits)
+    assert model_settings(RunOptions(model="m")) == ""
+    a = tmp_path / "a.gguf"
+    a.write_bytes(b"GGUF one adapter")
+    first = model_settings(RunOptions(model="m", lora=[str(a)]))
+    a.write_bytes(b"GGUF another one")
+    assert model_settings(RunOptions(model="m", lora=[str(a)])) != first
+    assert model_settings(RunOptions(model="m", control_vector=[str(a)])) != model_settings(RunOptions(model="m"))
+    smol = str(model_path(SMOL))
+    f = tmp_path / "p.cache"
+    assert sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, "-fa", "on", "--prompt-cache", f).returncode == 0
+    one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "-fa", "off", "--prompt-cache", f), 1,
+                   "made with other model settings (none) than this run's (-fa off)")

@@ -34,6 +34,7 @@ import gguf
 import numpy as np
 
 from ..errors import UsageError
+from ..switches import switch
 
 Q = gguf.GGMLQuantizationType
 
@@ -67,7 +68,7 @@ _LANE_SPAN = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, Q.Q4_0: 8, Q.Q4_1: 8, Q.Q5_0: 8, Q.
 # beside their output); the float matvecs (qmv_*) multiply the rounded activations in fp32 instead.
 # SHARPI_CUDA_DP4A=0 uses the float ones for every type (benchmarks, bisecting).
 INT_LANE_SPAN = {Q.Q4_0: 16, Q.Q4_1: 16, Q.Q5_0: 16, Q.Q5_1: 16, Q.Q8_0: 16, Q.Q4_K: 32, Q.Q5_K: 32, Q.Q6_K: 32}
-DP4A = os.environ.get("SHARPI_CUDA_DP4A", "1") != "0"
+DP4A = switch("SHARPI_CUDA_DP4A")
 MAX_BATCH = 16         # activation rows one matvec launch handles
 GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and uses cuBLAS
 GEMM_TILE_BYTES = 64 << 20
@@ -309,7 +310,7 @@ def function(src: str, kernel: str, options: tuple = ()) -> "Kernel":
 # runs: its blocks become resident, prefetch their weights into the L2 and wait in griddepcontrol.wait
 # (KERNEL_BEGIN in cuda/common.cuh, which every kernel starts with). Inside CUDA graphs this becomes a
 # programmatic edge. SHARPI_CUDA_PDL=0 launches every kernel the plain way (same results).
-PDL = os.environ.get("SHARPI_CUDA_PDL", "1") != "0"
+PDL = switch("SHARPI_CUDA_PDL")
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h's CUlaunchAttributeID
 
 

@@ -52,15 +52,16 @@ from ..models.config import ROPE_NEOX
 from ..models.transformer import (EXACT_ROWS, Transformer, _weight, attention_scales, check_pass, layer_parts,
                                   pass_tokens, prompt_pass, qkv_biases)
 from ..quants import MATCH_LLAMA_CPP, act_kind, load_vector, q8_0_blocks
+from ..switches import switch
 from .cuda import GPU_CACHE_TYPES, MAX_BATCH
 
 MIXED = "mixed"  # a projection whose matmuls round their input differently
-GRAPHS = os.environ.get("SHARPI_CUDA_GRAPH", "1") != "0"
-DEVICE_ARGMAX = os.environ.get("SHARPI_DEVICE_ARGMAX", "1") != "0"
-FUSE = os.environ.get("SHARPI_CUDA_FUSE", "1") != "0"
+GRAPHS = switch("SHARPI_CUDA_GRAPH")
+DEVICE_ARGMAX = switch("SHARPI_DEVICE_ARGMAX")
+FUSE = switch("SHARPI_CUDA_FUSE")
 # attention's splits combined by its own launch's last block per row (a launch a layer less, a serial
 # tail in one block: which wins is measured on a GPU by scripts/gpu_session.sh part3)
-FUSE_COMBINE = os.environ.get("SHARPI_CUDA_FUSE_COMBINE", "1") != "0"
+FUSE_COMBINE = switch("SHARPI_CUDA_FUSE_COMBINE")
 
 
 class CudaKVCache(CacheBase):

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import gguf
 import torch
+from ..switches import switch
 
 Q = gguf.GGMLQuantizationType
 
@@ -47,11 +48,11 @@ SOURCE = Path(__file__).with_name("qmatmul.c")
 SOURCES = (SOURCE, Path(__file__).with_name("ops.c"))  # compiled into one library
 HEADERS = (Path(__file__).with_name("ggml_order.h"), Path(__file__).with_name("x86simd.h"))  # included by both
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
-if os.environ.get("SHARPI_KERNEL_NO_VNNI") == "1":  # testing: the exact non-VNNI integer dot products
+if switch("SHARPI_KERNEL_NO_VNNI"):  # testing: the exact non-VNNI integer dot products
     CFLAGS += ("-mno-avx512vnni", "-mno-avxvnni")
-if os.environ.get("SHARPI_KERNEL_NO_BF16") == "1":  # testing: AVX-512 without its bf16 dot products (ggml's AVX512F code)
+if switch("SHARPI_KERNEL_NO_BF16"):  # testing: AVX-512 without its bf16 dot products (ggml's AVX512F code)
     CFLAGS += ("-mno-avx512bf16",)
-if os.environ.get("SHARPI_KERNEL_AVX2") == "1":  # testing: an AVX-512 CPU builds what an AVX2 CPU builds
+if switch("SHARPI_KERNEL_AVX2"):  # testing: an AVX-512 CPU builds what an AVX2 CPU builds
     CFLAGS += ("-mno-avx512f",)
 _ABI = 18
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2")
@@ -137,7 +138,7 @@ def _compiler() -> str | None:
 def _python_ext_flags() -> tuple[str, ...]:
     """Flags that also make the library a CPython extension module (cheaper calls than ctypes),
     or () when this Python has no development headers."""
-    if os.environ.get("SHARPI_KERNEL_CTYPES") == "1":
+    if switch("SHARPI_KERNEL_CTYPES"):
         return ()
     inc = sysconfig.get_paths().get("include")
     if not inc or not os.path.isfile(os.path.join(inc, "Python.h")):
@@ -171,7 +172,7 @@ def _lto_flags(cc: str) -> tuple[str, ...]:
     either way (no fast-math: inlining and partitioning change no floating-point result; the kernel tests compare
     bits), so LTO is no part of the library's name. gcc only: clang's LTO needs a linker plugin that may be
     missing. SHARPI_KERNEL_LTO=0 turns it off."""
-    if os.environ.get("SHARPI_KERNEL_LTO") == "0" or "gcc" not in os.path.basename(os.path.realpath(cc)):
+    if not switch("SHARPI_KERNEL_LTO") or "gcc" not in os.path.basename(os.path.realpath(cc)):
         return ()
     from ..threads import process_cores
     cores = process_cores()
@@ -403,6 +404,8 @@ def _load():
                         _touch(path)  # in use: kept by prune_builds
                     (_bind_module if extra else _bind_ctypes)(path)
                     _state["path"], _state["reason"] = path, None
+                    if not switch("SHARPI_AMX"):  # (the C reads only "0" before its first AMX pass)
+                        ctypes.CDLL(str(path)).sharpi_amx(0)
                     break
                 except Exception as e:  # noqa: BLE001 - try the plain ctypes build next
                     err = e
@@ -456,7 +459,7 @@ def simd_level() -> str | None:
 def state_text() -> str:
     """What --list-devices says of the CPU's matmuls, without building anything: the SIMD level and whether the
     kernels are compiled (or compiled at first use), else why torch's matmuls would run."""
-    if os.environ.get("SHARPI_CPU_KERNEL", "1") == "0":
+    if not switch("SHARPI_CPU_KERNEL"):
         return "C kernels off (SHARPI_CPU_KERNEL=0): torch's matmuls"
     simd = simd_level()
     if simd is None:

@@ -23,7 +23,6 @@ SHARPI_DECODE_C=0 keeps it in run()'s Python loop (same bits, tested).
 """
 from __future__ import annotations
 
-import os
 import struct
 
 import torch
@@ -31,10 +30,11 @@ import torch
 from ..kernels import cpu
 from ..kv_cache import BLOCK_BYTES, KVCache
 from ..quants import StackedWeight
+from ..switches import switch
 
-ENABLED = os.environ.get("SHARPI_FAST_DECODE", "1") != "0"
+ENABLED = switch("SHARPI_FAST_DECODE")
 # attention layers with a dense FFN run their whole loop in one C call (ops.c's sharpi_decode_layers); 0: in Python
-C_LOOP = os.environ.get("SHARPI_DECODE_C", "1") != "0"
+C_LOOP = switch("SHARPI_DECODE_C")
 
 
 _MATMULS = ("wqk", "wv", "wo", "w_gu", "w_down", "wgate")

@@ -22,6 +22,7 @@ from ..kv_cache import HybridCache, KVCache, rotate
 from ..quants import Activations, QWeight, _kernels, activation_for, load_vector
 from .config import ROPE_NEOX, ModelConfig, attn_scale_f32, config_from_gguf
 from .fast_decode import DecodePath
+from ..switches import switch
 
 Q = gguf.GGMLQuantizationType
 _FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
@@ -36,7 +37,7 @@ EXACT_ROWS = 32
 
 # llama.cpp's -fa: on (its CPU default, and the build the fixtures come from) or off; the model's
 # `flash_attn` attribute (the CLI's -fa) overrides this default (SHARPI_FLASH_ATTN=0: off)
-FLASH_ATTN = os.environ.get("SHARPI_FLASH_ATTN", "1").strip().lower() not in ("0", "off", "false", "no")
+FLASH_ATTN = switch("SHARPI_FLASH_ATTN")
 # (flash_attn, prompt pass) -> the attention kernel's mode (kernels/cpu.py)
 _ATTN_MODE = {(False, True): cpu.ATTN_TINYBLAS, (False, False): cpu.ATTN_VEC_DOT,
               (True, True): cpu.ATTN_FA_PROMPT, (True, False): cpu.ATTN_FA_DECODE}
@@ -321,7 +322,7 @@ class Transformer:
         vec = lambda name: load_vector(gf.tensor(name))  # noqa: E731
         self.layers: list[Layer] = []
         if c.ssm_d_state and _kernels() is None:  # (no reference path for the Gated DeltaNet in torch)
-            why = "SHARPI_CPU_KERNEL=0" if os.environ.get("SHARPI_CPU_KERNEL", "1") == "0" else cpu.unavailable_reason()
+            why = "SHARPI_CPU_KERNEL=0" if not switch("SHARPI_CPU_KERNEL") else cpu.unavailable_reason()
             raise SharpiError(f"{gf.path}: a {c.arch} model needs sharpi's C kernels, which are unavailable here ({why})")
         for i in range(c.n_layer):
             p = f"blk.{i}."

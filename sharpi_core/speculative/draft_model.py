@@ -32,7 +32,6 @@ target verifies; only the acceptance rate can change.
 from __future__ import annotations
 
 import copy
-import os
 
 import numpy as np
 import torch
@@ -41,8 +40,9 @@ from ..sampling import SamplingParams, apply_penalties, argmax, argmax_on_device
 from ..grammar import grammar_need
 from ..threads import using_threads
 from .util import common_prefix
+from ..switches import switch
 
-LOOKAHEAD = os.environ.get("SHARPI_SPEC_LOOKAHEAD", "1") != "0"
+LOOKAHEAD = switch("SHARPI_SPEC_LOOKAHEAD")
 
 
 class DraftModelDrafter:
