@@ -342,7 +342,7 @@ class Grammar:
         self._trans: dict[int, int] = {}
         self._partial: dict[tuple[int, int, int], bool] = {}
         root: set = set()
-        self._expand((-2 - p.ids["root"],), root)
+        self._expand([(-2 - p.ids["root"],)], root)
         self.start = self._intern(frozenset(root))
 
     def _check_left_recursion(self) -> None:
@@ -382,22 +382,30 @@ class Grammar:
             i += 1
         return True
 
-    def _expand(self, stack: tuple, out: set) -> None:
-        """Adds to `out` the stacks `stack` stands for: rule references at the top replaced by each of
+    def _expand(self, stacks: list[tuple], out: set) -> None:
+        """Adds to `out` the stacks `stacks` stand for: rule references at the top replaced by each of
         their alternatives until a terminal is on top (or the stack is empty)."""
-        if not stack:
-            out.add(stack)
-            return
-        p = stack[-1]
-        s = self.flat[p] if p >= 0 else p  # a bare rule reference (-2 - id) starts the root
-        if s >= 0:
-            out.add(stack)
-            return
-        rest = stack[:-1]
-        if p >= 0 and self.flat[p + 1] != _END:
-            rest = rest + (p + 1,)
-        for a in self.alts[-2 - s]:
-            self._expand(rest + (a,) if self.flat[a] != _END else rest, out)
+        # a work list, as llama.cpp's advance_stack: a run of optional items (`"a"?` x 800) is as long a chain of
+        # empty alternatives, which recursion would follow as deep; one for all the stacks, which share most
+        # of what they expand to
+        todo, seen = list(stacks), set()
+        while todo:
+            stack = todo.pop()
+            if stack in seen:
+                continue
+            seen.add(stack)
+            if not stack:
+                out.add(stack)
+                continue
+            p = stack[-1]
+            s = self.flat[p] if p >= 0 else p  # a bare rule reference (-2 - id) starts the root
+            if s >= 0:
+                out.add(stack)
+                continue
+            rest = stack[:-1]
+            if p >= 0 and self.flat[p + 1] != _END:
+                rest = rest + (p + 1,)
+            todo += [rest + (a,) if self.flat[a] != _END else rest for a in self.alts[-2 - s]]
 
     def _intern(self, stacks: frozenset) -> int:
         if not stacks:
@@ -415,10 +423,8 @@ class Grammar:
         if nxt is None:
             out: set = set()
             flat, terms = self.flat, self.terminals
-            for st in self._states[sid]:
-                if st and terms[flat[st[-1]]].match(c):
-                    p = st[-1]
-                    self._expand(st[:-1] + ((p + 1,) if flat[p + 1] != _END else ()), out)
+            self._expand([st[:-1] + ((st[-1] + 1,) if flat[st[-1] + 1] != _END else ())
+                          for st in self._states[sid] if st and terms[flat[st[-1]]].match(c)], out)
             nxt = self._trans[key] = self._intern(frozenset(out))
         return nxt
 

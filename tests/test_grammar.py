@@ -73,6 +73,14 @@ def test_repetition_bounds_match_their_definition():
                 assert accepts(g, text) == (2 <= na <= 4 and nc >= 1 and nd <= 1), text
 
 
+def test_long_runs_of_optional_items():
+    """{0,100} of eight optional items is a chain of 800 rules that can each be empty: expanded without
+    recursion (it was refused as nested too deeply), the language that of the definition."""
+    g = Grammar('root ::= ("a"? "a"? "a"? "a"? "a"? "a"? "a"? "a"?){0,100} "b"')
+    assert accepts(g, "b") and accepts(g, "a" * 800 + "b") and accepts(g, "a" * 377 + "b")
+    assert not accepts(g, "a" * 801 + "b") and not prefix_ok(g, "a" * 801) and not accepts(g, "a" * 5)
+
+
 @pytest.mark.parametrize("text,fragment", [
     ("root ::= foo", "undefined rule 'foo'"),
     ("foo ::= \"a\"", "no 'root' rule"),
