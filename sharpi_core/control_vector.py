@@ -89,12 +89,12 @@ def parse_scaled(values: Sequence[str], flag: str = "--control-vector-scaled") -
         for item in value.split(","):
             path, sep, scale = item.rpartition(":")
             try:
-                value = float(scale)
+                number = float(scale)
             except ValueError:
                 sep = ""
             if not sep or not path:
                 raise UsageError(f"invalid {flag} '{item}': the format is FNAME:SCALE")
-            if not abs(value) <= FLOAT32_MAX:  # (applied in float32: inf or nan would make every logit nan)
+            if not abs(number) <= FLOAT32_MAX:  # (applied in float32: inf or nan would make every logit nan)
                 raise UsageError(f"invalid {flag} '{item}': the scale must be a finite float32 number")
-            out.append((path, value))
+            out.append((path, number))
     return out
