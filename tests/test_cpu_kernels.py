@@ -1047,6 +1047,18 @@ def test_amx_prompt_passes_are_llama_cpps_order_bit_for_bit(qtype):
         cpu.amx(True)
 
 
+
+@needs_kernels
+@pytest.mark.skipif(not cpu.amx(), reason="no AMX tile unit here (or SHARPI_AMX=0)")
+def test_amx_switch_is_read_by_the_switches_rule():
+    """SHARPI_AMX takes the words every switch takes (off / no / 0 turn it off from the load; an unknown word keeps
+    it on), read once in Python rather than by the C library's own getenv."""
+    code = "from sharpi_core.kernels import cpu; print(cpu.available(), cpu.amx())"
+    for value, on in (("0", False), ("off", False), ("no", False), ("1", True), ("maybe", True)):
+        env = {**os.environ, "SHARPI_AMX": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.split() == ["True", str(on)], (value, out)
+
 def test_prune_builds_deletes_only_long_unused_builds_and_leftovers(tmp_path):
     import os
     import time

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import gguf
 import torch
+
 from ..switches import switch
 
 Q = gguf.GGMLQuantizationType
@@ -404,8 +405,8 @@ def _load():
                         _touch(path)  # in use: kept by prune_builds
                     (_bind_module if extra else _bind_ctypes)(path)
                     _state["path"], _state["reason"] = path, None
-                    if not switch("SHARPI_AMX"):  # (the C reads only "0" before its first AMX pass)
-                        ctypes.CDLL(str(path)).sharpi_amx(0)
+                    if not switch("SHARPI_AMX"):
+                        amx(False)
                     break
                 except Exception as e:  # noqa: BLE001 - try the plain ctypes build next
                     err = e

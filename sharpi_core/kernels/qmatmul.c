@@ -1706,9 +1706,8 @@ static int amx_request(void) {
 
 static int amx_ready(void) {
     int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
-    if (s < 0) {
-        const char *e = getenv("SHARPI_AMX");
-        s = e && !strcmp(e, "0") ? 0 : amx_request();
+    if (s < 0) { /* (SHARPI_AMX=0 is read by Python's switches, which turn it off at load) */
+        s = amx_request();
         __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
     }
     return s;
