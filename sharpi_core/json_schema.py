@@ -272,6 +272,11 @@ class _Converter:
         return v
 
     @staticmethod
+    def fits(lo: int, hi: int | None, lo_key: str, hi_key: str, what: str, path: str) -> None:
+        if hi is not None and lo > hi and lo <= MAX_REPETITION:  # (a maximum above it is no maximum: count)
+            raise SchemaError(f"{path}: no {what} fits ({lo_key} {lo} is above {hi_key} {hi})")
+
+    @staticmethod
     def bounds(s: dict, path: str) -> tuple:
         """(lower, strict, upper, strict) of minimum / exclusiveMinimum / maximum / exclusiveMaximum, the
         tighter where two are given (numbers, or draft 4's exclusive flags); None for an open side."""
@@ -337,6 +342,7 @@ class _Converter:
         lo, hi = self.count(s, "minLength", 0, path), s.get("maxLength")
         if lo > 0 or hi is not None:
             hi = None if hi is None else self.count(s, "maxLength", 0, path)
+            self.fits(lo, hi, "minLength", "maxLength", "string", path)
             return self.add(f'"\\"" {repetition(self.prim("char"), lo, hi)} "\\""')
         return self.prim("string")
 
@@ -348,6 +354,7 @@ class _Converter:
             return self.add(f'"[" space {body} space "]"')
         lo, hi = self.count(s, "minItems", 0, path), s.get("maxItems")
         hi = None if hi is None else self.count(s, "maxItems", 0, path)
+        self.fits(lo, hi, "minItems", "maxItems", "array", path)
         if (items is None or items is True or items == {}) and lo == 0 and hi is None:
             return self.prim("array")
         item = self.visit(items if items is not None else {}, f"{path}/{key or 'items'}")
@@ -389,6 +396,13 @@ class _Converter:
             extra = s.get("additionalProperties", None if "properties" in s else True)
             if extra is not None and extra is not False and not isinstance(extra, (bool, dict)):
                 raise SchemaError(f"{path}: additionalProperties must be a boolean or a schema")
+            missing = [r for r in required if r not in p]
+            if missing and extra is False:
+                raise SchemaError(f"{path}: no object fits (required {json.dumps(sorted(missing))[1:-1]} not "
+                                  "among its properties, and additionalProperties is false)")
+            if missing:  # (llama.cpp's converter drops them alike)
+                self.warn(f"{path}: required {json.dumps(sorted(missing))[1:-1]} not enforced (not among its "
+                          "properties)")
             if not props and (extra is True or extra == {}):
                 return self.prim("object")
         else:
@@ -441,6 +455,10 @@ class _Converter:
                     props.append((name, sub))
                     if is_required:
                         required.add(name)
+            else:  # (llama.cpp's converter combines only objects' properties, and enums)
+                ignored.append(c)
+
+        ignored: list = []
 
         for c in parts:
             if isinstance(c, dict) and "anyOf" in c:
@@ -451,6 +469,9 @@ class _Converter:
         both = [lit for lit, n in enums.items() if n == len(parts)]
         if both:
             return self.add("(" + " | ".join(both) + ")")
+        if ignored:
+            self.warn(f"{path}/allOf: parts other than objects and enums not enforced (their properties and "
+                      "shared enum values are what it combines)")
         return self.object({}, path, props, required)
 
 

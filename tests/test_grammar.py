@@ -311,6 +311,15 @@ def test_schema_warnings_for_what_is_not_enforced():
                     'date-time and uuid are)', "#/properties/n: multipleOf not enforced",
                     "#/properties/u: uniqueItems not enforced", "#/properties/c: not, if, then not enforced"]
     assert plain == schema_to_grammar(schema)  # (the grammar is the same: only the warnings are new)
+    # what llama.cpp's converter drops without a word: a required name no property has, allOf's other parts
+    said.clear()
+    schema_to_grammar({"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}, said.append)
+    schema_to_grammar({"allOf": [{"type": "object", "properties": {"a": {}}}, {"type": "string"}]}, said.append)
+    assert said == ['#: required "b" not enforced (not among its properties)',
+                    "#/allOf: parts other than objects and enums not enforced (their properties and shared enum "
+                    "values are what it combines)"]
+    g = Grammar(schema_to_grammar({"type": "array", "minItems": 2, "maxItems": 2}))
+    assert [accepts(g, t) for t in ("[1]", "[1,2]", "[1,2,3]")] == [False, True, False]
     g = Grammar(schema_to_grammar({"type": "number", "exclusiveMinimum": 0, "maximum": 1}))
     assert [accepts(g, t) for t in ("0", "0.0", "0.25", "1", "1.00", "1.5", "-0.5", "2e-1")] == [False] * 2 + [True] * 3 + [False] * 3
 
@@ -334,6 +343,11 @@ def test_schema_warnings_for_what_is_not_enforced():
     ('{"type": "integer", "minimum": 1e17}', "beyond 16 digits"),
     ('{"type": "array", "minItems": 5000}', "minItems above 2000 is not supported"),
     ('{"type": "frobnicate"}', "unknown type"),
+    # bounds no value meets: refused, not written as a grammar that lets a value break them
+    ('{"type": "string", "minLength": 5, "maxLength": 2}', "no string fits (minLength 5 is above maxLength 2)"),
+    ('{"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}', "no array fits"),
+    ('{"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": false}',
+     'required "b" not among its properties'),
     ('{"$ref": "#/$defs/none"}', "points nowhere"),
     ('{"type": ', "not JSON"),
 ])
