@@ -1114,7 +1114,7 @@ def read_prompt(o: RunOptions) -> str | None:
 def read_grammar(o: RunOptions):
     """The grammar of --grammar(-file) or -j/--json-schema(-file), parsed before any model loads
     (sharpi_core.grammar.Grammar), or None."""
-    from sharpi_core.grammar import Grammar
+    from sharpi_core.grammar import Grammar, GrammarError
     from sharpi_core.json_schema import SchemaError, schema_to_grammar
     text = o.grammar
     if o.grammar_file is not None:
@@ -1124,12 +1124,23 @@ def read_grammar(o: RunOptions):
     sflag = "-j/--json-schema" if o.json_schema_file is None else f"-jf/--json-schema-file {o.json_schema_file}"
     try:  # (both are read by recursive descent, as llama.cpp's: a deep enough nesting exhausts Python's stack)
         if schema is not None:
-            flag = sflag
+            flag, refs = sflag, {}
             try:
-                text = schema_to_grammar(schema, lambda msg: log(f"warning: {sflag}: {msg}"))
+                text = schema_to_grammar(schema, lambda msg: log(f"warning: {sflag}: {msg}"), refs)
             except SchemaError as e:  # (its messages say what is wrong; the flag that gave the schema goes first)
                 raise SchemaError(f"{sflag}: {e}") from None
             flag = f"the grammar of {sflag}"
+            try:
+                g = Grammar(text)
+            except GrammarError as e:  # a cycle only $ref makes: said in the schema's words
+                rule = str(e).partition("left recursion in rule '")[2].partition("'")[0]
+                if rule not in refs:
+                    raise
+                raise SchemaError(f"{sflag}: $ref {refs[rule]} comes back to itself before any text (left "
+                                  "recursion, not supported, as in llama.cpp)") from None
+            if not g.ends():  # (a grammar may run forever; a JSON value may not)
+                raise SchemaError(f"{sflag}: no JSON value fits (its $ref recursion never ends)")
+            return g
         if text is None or not text.strip():  # llama.cpp: an empty grammar is no grammar
             return None
         return Grammar(text)

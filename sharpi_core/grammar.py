@@ -342,7 +342,8 @@ class Grammar:
         self._trans: dict[int, int] = {}
         self._partial: dict[tuple[int, int, int], bool] = {}
         root: set = set()
-        self._expand([(-2 - p.ids["root"],)], root)
+        self.start_rule = p.ids["root"]
+        self._expand([(-2 - self.start_rule,)], root)
         self.start = self._intern(frozenset(root))
 
     def _check_left_recursion(self) -> None:
@@ -374,6 +375,26 @@ class Grammar:
                 if r not in seen:
                     seen.add(r)
                     todo += first[r]
+
+    def ends(self) -> bool:
+        """Whether some finite text matches the root: False where every way through it refers back into itself
+        (`root ::= "[" root "]"`), a grammar llama.cpp runs too, generating until -n stops it."""
+        done: set[int] = set()  # the rules that match some finite text
+        changed = True
+        while changed:
+            changed = False
+            for rid, starts in self.alts.items():
+                if rid in done:
+                    continue
+                for a in starts:
+                    i = a
+                    while self.flat[i] != _END and (self.flat[i] >= 0 or -2 - self.flat[i] in done):
+                        i += 1
+                    if self.flat[i] == _END:
+                        done.add(rid)
+                        changed = True
+                        break
+        return self.start_rule in done
 
     def _nullable_from(self, i: int, nullable: set[int]) -> bool:
         while self.flat[i] != _END:

@@ -475,8 +475,10 @@ class _Converter:
         return self.object({}, path, props, required)
 
 
-def schema_to_grammar(schema: str | dict, warn: Callable[[str], None] = lambda msg: None) -> str:
-    """GBNF text for a JSON schema (a dict, or its JSON text); `warn` hears of what it does not enforce."""
+def schema_to_grammar(schema: str | dict, warn: Callable[[str], None] = lambda msg: None,
+                      refs: dict[str, str] | None = None) -> str:
+    """GBNF text for a JSON schema (a dict, or its JSON text); `warn` hears of what it does not enforce; `refs`,
+    when given, receives the rule name of each `$ref` (rule -> the reference), for errors in the schema's words."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -485,4 +487,6 @@ def schema_to_grammar(schema: str | dict, warn: Callable[[str], None] = lambda m
     c = _Converter(schema, warn)
     top = c.visit(schema, "#")
     c.rules["root"] = top
+    if refs is not None:
+        refs.update({name: ref for ref, name in c.refs.items()})
     return "".join(f"{name} ::= {body}\n" for name, body in c.rules.items())

@@ -667,6 +667,11 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema are mutually exclusive"),
     (("--grammar-file", "/no/such/file"), "cannot read grammar file"),
     (("-j", '{"type": "string", "pattern": "^(a)\\\\1$"}'), "pattern: backreferences are not supported"),
+    # a schema's cycles said in its own words, not in its grammar's rule names
+    (("-j", '{"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}'),
+     "-j/--json-schema: $ref #/$defs/a comes back to itself before any text (left recursion"),
+    (("-j", '{"type": "array", "items": {"$ref": "#"}, "minItems": 1}'),
+     "-j/--json-schema: no JSON value fits (its $ref recursion never ends)"),
 ])
 def test_invalid_flags_one_line_exit_2(smol, args, fragment):
     r = sharpi("-m", smol, "-p", "hi", *args)

@@ -293,6 +293,13 @@ def test_schema_languages_are_llama_cpps(case):
         assert accepts(ours, f'"{t}"') == accepts(theirs, f'"{t}"'), t
 
 
+def test_a_grammar_ends_where_some_finite_text_matches_its_root():
+    assert Grammar('root ::= "a" | "[" root "]"').ends() and Grammar('root ::= x*\nx ::= "[" x "]"').ends()
+    assert not Grammar('root ::= "[" root "]"').ends() and not Grammar('root ::= "a" x\nx ::= "b" x | "c" root').ends()
+    assert Grammar(schema_to_grammar({"type": "array", "items": {"$ref": "#"}})).ends()  # [] ends it
+    assert not Grammar(schema_to_grammar({"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]})).ends()
+
+
 def test_schema_warnings_for_what_is_not_enforced():
     said = []
     schema_to_grammar({"type": "object", "properties": {"x": {"type": "number", "minimum": 0.5},
