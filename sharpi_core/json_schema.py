@@ -74,6 +74,16 @@ _UNENFORCED = ("multipleOf", "uniqueItems", "minProperties", "maxProperties", "n
                "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems")
 
 
+def _of_type(v, t, path: str) -> bool:
+    """Whether JSON value v is of JSON Schema type t (1.0 is an integer, true is no number)."""
+    if t == "integer":
+        return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
+    kinds = {"string": str, "number": (int, float), "boolean": bool, "null": type(None), "array": list, "object": dict}
+    if t not in kinds:
+        raise SchemaError(f"{path}: unknown type '{t}'")
+    return isinstance(v, kinds[t]) and (t == "boolean" or not isinstance(v, bool))
+
+
 def _span(lo: str, hi: str) -> str:
     """GBNF for the digit strings of len(lo) == len(hi) between lo and hi (inclusive)."""
     i = 0
@@ -211,21 +221,25 @@ class _Converter:
                     raise SchemaError(f"{path}/{key}: must be a non-empty array of schemas")
                 return self.add(" | ".join(self.visit(a, f"{path}/{key}/{i}") for i, a in enumerate(alts)))
         t = s.get("type")
-        if isinstance(t, list):
-            if not t:
-                raise SchemaError(f"{path}: type must not be empty")
-            rest = {k: v for k, v in s.items() if k not in _UNENFORCED}  # (named above, once)
-            return self.add(" | ".join(self.visit({**rest, "type": x}, f"{path}/type/{i}") for i, x in enumerate(t)))
-        if "const" in s:
-            return self.add(literal(json.dumps(s["const"], ensure_ascii=False, separators=(",", ":"))))
-        if "enum" in s:
-            vals = s["enum"]
+        if isinstance(t, list) and not t:
+            raise SchemaError(f"{path}: type must not be empty")
+        if t is not None and not isinstance(t, (str, list)):
+            raise SchemaError(f"{path}: type must be a string or an array of strings")
+        if "const" in s or "enum" in s:
+            vals = [s["const"]] if "const" in s else s["enum"]
             if not isinstance(vals, list) or not vals:
                 raise SchemaError(f"{path}: enum must be a non-empty array")
+            if t is not None:  # (llama.cpp's converter writes the values whatever the type says)
+                types = t if isinstance(t, list) else [t]
+                vals = [v for v in vals if any(_of_type(v, x, path) for x in types)]
+                if not vals:
+                    raise SchemaError(f"{path}: no value fits ({'its const is not' if 'const' in s else 'no enum value is'}"
+                                      f" of type {' or '.join(map(str, types))})")
             return self.add("(" + " | ".join(literal(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
                                               for v in vals) + ")")
-        if t is not None and not isinstance(t, str):
-            raise SchemaError(f"{path}: type must be a string or an array of strings")
+        if isinstance(t, list):
+            rest = {k: v for k, v in s.items() if k not in _UNENFORCED}  # (named above, once)
+            return self.add(" | ".join(self.visit({**rest, "type": x}, f"{path}/type/{i}") for i, x in enumerate(t)))
         has_props = "properties" in s or ("additionalProperties" in s and s["additionalProperties"] is not True)
         if t is None:
             if has_props:

@@ -325,6 +325,11 @@ def test_schema_warnings_for_what_is_not_enforced():
     assert said == ['#: required "b" not enforced (not among its properties)',
                     "#/allOf: parts other than objects and enums not enforced (their properties and shared enum "
                     "values are what it combines)"]
+    # enum / const values the type rules out are left out (llama.cpp's converter writes them all)
+    g = Grammar(schema_to_grammar({"type": ["number", "null"], "enum": [1, "a", True, None, 1.5, [1]]}))
+    assert [accepts(g, t) for t in ("1", '"a"', "true", "null", "1.5", "[1]")] == [True, False, False, True, True, False]
+    g = Grammar(schema_to_grammar({"type": ["string", "integer"], "const": 2.0}))
+    assert accepts(g, "2.0") and not accepts(g, '"2.0"')
     g = Grammar(schema_to_grammar({"type": "array", "minItems": 2, "maxItems": 2}))
     assert [accepts(g, t) for t in ("[1]", "[1,2]", "[1,2,3]")] == [False, True, False]
     g = Grammar(schema_to_grammar({"type": "number", "exclusiveMinimum": 0, "maximum": 1}))
@@ -355,6 +360,8 @@ def test_schema_warnings_for_what_is_not_enforced():
     ('{"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}', "no array fits"),
     ('{"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": false}',
      'required "b" not among its properties'),
+    ('{"type": "string", "const": 1}', "no value fits (its const is not of type string)"),
+    ('{"type": ["integer", "null"], "enum": [true, "1", 1.5]}', "no value fits (no enum value is of type integer or null)"),
     ('{"$ref": "#/$defs/none"}', "points nowhere"),
     ('{"type": ', "not JSON"),
 ])
