@@ -383,11 +383,12 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             try:
                 line = read_message(o.multiline_input)
             except (EOFError, KeyboardInterrupt):
-                if sys.stdout.isatty():  # (the line "> " began)
-                    sys.stdout.write("\n")
+                sys.stdout.write("\n")  # ends the line "> " began (piped output too: it ends in a newline)
                 break
             cmd = line.strip()
             if cmd in ("/exit", "/quit"):
+                if not sys.stdin.isatty():  # (no echo of the typed line ended the line "> " began)
+                    sys.stdout.write("\n")
                 break
             if not cmd:
                 continue

@@ -451,6 +451,9 @@ def test_conversation_commands(smol, tmp_path):
     assert re.search(rf"eval time = +[\d.]+ ms / +{sum(generated)} runs", r.stderr) and len(generated) == 5
     r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="Hi\n")
     assert r.returncode == 0 and "[ Prompt:" not in r.stderr
+    # piped: the last prompt's line "> " is ended, at the end of the input as at /exit (nothing echoes a line)
+    ended = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="Hi\n/exit\n")
+    assert r.stdout.endswith("\n> \n") and ended.stdout == r.stdout, (r.stdout, ended.stdout)
 
 
 def test_conversation_first_message_and_a_system_prompt_too_long(smol):
