@@ -79,7 +79,7 @@ class SpecStats:
     accepted: int = 0           # of those, accepted
     target_passes: int = 0      # target decode passes (verify passes + plain steps)
     verify_passes: int = 0      # of those, speculative verify passes
-    emitted: int = 0            # tokens produced by those passes (incl. any past a stop)
+    emitted: int = 0            # tokens produced by those passes (up to the one that stopped generation)
     steps_no_proposal: int = 0  # steps where the drafter proposed nothing usable (plain step)
     full_accepts: int = 0       # verify passes that accepted every proposal
     per_position_drafted: list[int] = field(default_factory=list)
@@ -92,21 +92,35 @@ class SpecStats:
     cost_off: bool = False      # the draft model went off for the rest of the call (it did not pay; with
                                 # --draft-lookup, lookup goes on alone)
 
-    def record(self, k: int, n: int, source: str | None = None) -> None:
+    def record(self, k: int, n: int, source: str | None = None, sign: int = 1) -> None:
+        """A verify pass of k proposals that accepted n (sign -1: taken back)."""
         if source is not None:
             s = self.sources.setdefault(source, {"drafted": 0, "accepted": 0, "steps": 0})
-            s["drafted"] += k
-            s["accepted"] += n
-            s["steps"] += 1
+            s["drafted"] += sign * k
+            s["accepted"] += sign * n
+            s["steps"] += sign
         while len(self.per_position_drafted) < k:
             self.per_position_drafted.append(0)
             self.per_position_accepted.append(0)
         for i in range(k):
-            self.per_position_drafted[i] += 1
-            self.per_position_accepted[i] += i < n
-        self.drafted += k
-        self.accepted += n
-        self.full_accepts += n == k
+            self.per_position_drafted[i] += sign
+            self.per_position_accepted[i] += sign * (i < n)
+        self.drafted += sign * k
+        self.accepted += sign * n
+        self.full_accepts += sign * (n == k)
+        self._last = (k, n, source)
+
+    def stopped_at(self, used: int, produced: int) -> None:
+        """Generation stopped at the used-th accepted draft of the last pass (an end of generation, a stop
+        string), which had produced `produced` tokens: the pass counts as proposing those `used` drafts, all
+        accepted, and producing them alone (what came after the stop was neither shown nor is in the cache)."""
+        k, n, source = self._last
+        self.record(k, n, source, -1)
+        self.record(used, used, source)
+        self.emitted -= produced - used
+        while self.per_position_drafted and not self.per_position_drafted[-1]:  # (positions only that pass had)
+            self.per_position_drafted.pop()
+            self.per_position_accepted.pop()
 
     def __add__(self, other: SpecStats) -> SpecStats:
         """Two calls' counts together (a chat session's totals over its replies)."""
@@ -769,6 +783,8 @@ class Generator:
                         try:
                             emit(a)
                         except _Stop:
+                            if stats is not None:
+                                stats.stopped_at(j + 1, len(accepted) + (t is not None))
                             # the cache holds every accepted draft; what was not emitted (nor the token
                             # that stopped it, now the pending one) goes, so the history ends where the
                             # output does (a resumed generation, or --prompt-cache-all, goes on from there)

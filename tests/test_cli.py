@@ -1329,6 +1329,25 @@ def test_synthetic_acceptance_for_benchmarks(smol):
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--spec-synth-len", 2), 2, "requires at least one speculative token")
 
 
+def test_speculation_counts_stop_where_the_output_stops(smol):
+    """A self-draft accepts everything, also past an end of generation, a stop string or a finished grammar: the
+    counts take the pass as far as the output went (they said 32 accepted, 33 tokens a pass for 17 tokens)."""
+    args = ("-m", smol, "-md", smol, "--temp", 0, "--spec-draft-n-max", 32, "--json")
+    env = {"SHARPI_SPEC_COST": "0", "SHARPI_SPEC_ADAPTIVE": "0"}
+    for extra in (("-st", "-p", "Reply with just the word OK.", "-n", 64),
+                  ("-p", "List of fruits: apple, banana,", "-n", 40, "-r", " grape"),
+                  ("-p", "Is the sky blue? Answer:", "-n", 30, "--grammar", 'root ::= " yes, it is blue." | " no"')):
+        r = sharpi(*args, *extra, env=env)
+        d = json.loads(r.stdout)
+        s, n = d["speculative"], len(d["tokens"]) + (d["stop_reason"] == "eos")  # (the end token came from a pass)
+        assert d["stop_reason"] in ("eos", "stop_string") and s["accepted"] == s["drafted"] > 0, (extra, d)
+        # the first token comes from the prompt's pass; each pass after it gives its accepted drafts and one more,
+        # but the one the output stopped at
+        assert s["accepted"] + s["target_passes"] - 1 == n - 1, (extra, s, n)
+        assert s["tokens_per_pass"] * s["target_passes"] == pytest.approx(n - 1), (extra, s, n)
+        assert len(s["per_position_drafted"]) == max(s["per_position_drafted"] and [s["drafted"]]), s
+
+
 def test_draft_cache_types(smol):
     # the draft keeps its cache in -ctkd / -ctvd (else the target's -ctk / -ctv); the output stays
     # the target's greedy text whatever the draft's cache holds
