@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from .errors import SharpiError
+from .files import replaced
 
 
 @dataclass
@@ -201,17 +202,16 @@ def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str
                   on_chunk: Callable[[int, float, float, int], None] | None = None,
                   n_pass: int | Passes = 0) -> PerplexityResult:
     """Perplexity as llama-perplexity computes it with --kl-divergence-base (each row's log-likelihood in float
-    arithmetic), the scored rows' log-probabilities written to path (through a temporary file: a run that fails
-    leaves what was there)."""
+    arithmetic), the scored rows' log-probabilities written to path (files.replaced: a run that fails leaves what
+    was there)."""
     import numpy as np
     lib = _ppl_lib()
     n = chunk_count(len(tokens), n_ctx, n_chunks)
     first = n_ctx // 2
     nll = nll2 = 0.0
     count, chunk_ppl = 0, []
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "wb") as out:
+        with replaced(path) as out:
             out.write(LOGITS_MAGIC + np.array([n_ctx], dtype=np.int32).tobytes())
             for i, chunk, rows in _chunks_logits(model, tokens, n_ctx, n, bos_id, type_k, type_v, n_pass):
                 n_vocab = rows.shape[1]
@@ -229,12 +229,8 @@ def save_logprobs(model, tokens: list[int], n_ctx: int, n_chunks: int, path: str
                 chunk_ppl.append(math.exp(nll / count))
                 if on_chunk:
                     on_chunk(i, nll, nll2, count)
-        os.replace(tmp, path)
     except OSError as e:
         raise SharpiError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return _result(nll, nll2, count, n, chunk_ppl)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from .errors import SharpiError, UsageError
+from .files import plain_target, replaced
 from .gguf_file import split_paths
 from .speculative.util import common_prefix
 
@@ -97,8 +98,10 @@ class PromptCacheFile:
         CLI's --rope-* and --override-kv, as text; "" without them): an entry made under others is refused."""
         self.path = Path(path)
         self.settings = settings
-        # written through a symbolic link, as llama.cpp writes its session files
-        self._target = Path(os.path.realpath(self.path))
+        # written through a symbolic link, as llama.cpp writes its session files (files.replaced)
+        self._target, plain = plain_target(self.path)
+        if not plain and not self._target.is_char_device():  # (a FIFO would hold the run until someone wrote)
+            raise SharpiError(f"--prompt-cache {self.path}: {'is a directory' if self._target.is_dir() else 'not a file a cache can be kept in (a FIFO, a socket)'}")
         self._fingerprints: dict[str, str] = {}  # model path -> fingerprint: restore() and save() read it once
         self.entries: dict[str, dict] = self._read() if self.path.exists() else {}
 
@@ -189,21 +192,20 @@ class PromptCacheFile:
             changed = True
         if not changed:
             return False
-        tmp = self._target.with_name(f".{self._target.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as f:  # (opened here: torch's own open loses why it failed)
-                torch.save({"magic": MAGIC, "version": VERSION, "entries": entries}, f)
-            os.replace(tmp, self._target)
-        except Exception as e:  # OSError; torch's RuntimeError on a full disk ("[enforce fail at ...] unexpected pos")
-            why = getattr(e, "strerror", None)
-            if not why:
-                try:  # (measured while the partial file is still there)
-                    full = shutil.disk_usage(tmp.parent).free < (1 << 20)
-                except OSError:
-                    full = False
-                why = "no space left on the device" if full else (str(e).splitlines() or [type(e).__name__])[0]
-            raise SharpiError(f"--prompt-cache {self.path}: cannot write it ({why})") from None
-        finally:  # (an interrupt too)
-            tmp.unlink(missing_ok=True)
+            with replaced(self.path) as f:  # (opened by us: torch's own open loses why it failed)
+                try:
+                    torch.save({"magic": MAGIC, "version": VERSION, "entries": entries}, f)
+                except Exception as e:  # torch's RuntimeError on a full disk ("[enforce fail at ...] unexpected pos")
+                    if getattr(e, "strerror", None):
+                        raise
+                    try:  # (measured while the partial file is still there)
+                        full = shutil.disk_usage(self._target.parent).free < (1 << 20)
+                    except OSError:
+                        full = False
+                    raise OSError(0, "no space left on the device" if full else
+                                  (str(e).splitlines() or [type(e).__name__])[0]) from None
+        except OSError as e:
+            raise SharpiError(f"--prompt-cache {self.path}: cannot write it ({e.strerror or e})") from None
         self.entries = entries
         return True

@@ -142,3 +142,25 @@ def test_passes_are_llama_perplexity_s():
     assert Passes.of(2048, 512, 512) == Passes(0, 4, 512) and Passes.of(2048, 4096, 2048) == Passes(0)
     kld = Passes.of(2048, 512, 512, 128)  # (a base file of 128-token chunks read with -c 512: 4 a batch)
     assert (kld.n_seq, kld.for_chunk(0, 8)) == (4, 128)
+
+
+def test_a_base_file_named_by_a_fifo_or_a_link_is_written_through_it(base, tmp_path):
+    """The base file goes into what the path names, as llama-perplexity's ofstream writes it: a FIFO's reader
+    gets the bytes (a rename put a plain file in the FIFO's place), a symbolic link's target is written."""
+    import os
+    import threading
+    c, path, _ = base
+    args = ("perplexity", "-m", model_path(c["model"]), "-f", FIXTURES_DIR / c["text"], "-c", c["n_ctx"],
+            "--chunks", c["chunks"], "--kl-divergence-base")
+    fifo, got = tmp_path / "fifo", []
+    os.mkfifo(fifo)
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    r = sharpi(*args, fifo)
+    reader.join(timeout=60)
+    assert r.returncode == 0 and got == [path.read_bytes()] and fifo.is_fifo(), r.stderr
+    (tmp_path / "real.kld").write_bytes(b"old")
+    (tmp_path / "link.kld").symlink_to("real.kld")
+    assert sharpi(*args, tmp_path / "link.kld").returncode == 0
+    assert (tmp_path / "link.kld").is_symlink() and (tmp_path / "real.kld").read_bytes() == path.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.kld", "real.kld"]

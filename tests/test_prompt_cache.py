@@ -172,6 +172,23 @@ def test_a_full_disk_while_saving_says_so_and_keeps_the_old_file(tmp_path, monke
         pc.save({"target": (cache, [1, 2], "m.gguf")}, [1, 2])
 
 
+def test_a_device_is_written_in_place_and_a_fifo_refused(tmp_path):
+    """A cache named by a character device is written into it (a rename put a plain file in the node's place: one
+    run replaced /dev/null); a FIFO is refused at once (reading one waits for a writer that never comes)."""
+    import os
+    import stat
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError) as e:
+        pytest.skip(f"cannot make a device node here ({e})")
+    r = sharpi("-m", model_path(SMOL), "-p", PROMPT, "-n", 1, "--temp", 0, "--prompt-cache", node)
+    assert r.returncode == 0 and node.is_char_device() and sorted(p.name for p in tmp_path.iterdir()) == ["null"], r.stderr
+    os.mkfifo(tmp_path / "fifo")
+    one_error_line(sharpi("-m", model_path(SMOL), "-p", PROMPT, "-n", 1, "--prompt-cache", tmp_path / "fifo"), 1,
+                   f"--prompt-cache {tmp_path / 'fifo'}: not a file a cache can be kept in (a FIFO, a socket)")
+
+
 def test_an_empty_file_starts_a_cache_and_a_shorter_prompt_leaves_it(tmp_path):
     """As llama.cpp's session files: an empty file (mktemp's) is a new cache, written at the end; a prompt that
     goes no further than the saved tokens leaves the file as it is (it was truncated to that prompt)."""
