@@ -369,6 +369,14 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         if text is None:
             log(f"error: {cmd}: cannot read '{name}'")
             return False
+        if text is BINARY:
+            log(f"error: {cmd}: '{name}' is not a text file (it holds NUL bytes)")
+            return False
+        least = tok.fewest_tokens(files + text)  # (refused before a long text is tokenized, at every message)
+        if least + 2 > n_ctx:
+            log(f"error: {cmd}: '{name}' ({len(text)} characters) makes the files for your next message at least "
+                f"{least} tokens, more than the context of {n_ctx} holds with a reply")
+            return False
         files += f"--- File: {name} ---\n{text}" + ("" if text.endswith("\n") else "\n")
         log(f"[{name}: {len(text)} characters, sent with your next message]")
         if out:
@@ -481,6 +489,10 @@ def check_system_prompt_fits(o, tok, n_ctx: int) -> None:
     """A system prompt that leaves no room for a message in the context is refused at the start (else every
     message would be refused, and /clear keeps the system prompt)."""
     from sharpi_core.errors import UsageError
+    least = tok.fewest_tokens(o.system_prompt or "")  # (before a long text is tokenized: minutes for 100 MB)
+    if least + 2 > n_ctx:
+        raise UsageError(f"the system prompt is at least {least} tokens ({len(o.system_prompt)} characters), which "
+                         f"leaves no room for a message and a reply in the context of {n_ctx}; raise -c/--ctx-size")
     try:
         n = len(encode_chat(tok, render_messages(o, tok, [{"role": "user", "content": ""}])))
     except SharpiError:  # a template that refuses an empty message: each turn's own check is left
@@ -538,14 +550,18 @@ def transcript_reply(message: dict) -> str:
     return text + ("" if text.endswith("\n") else "\n") + "\n"
 
 
+BINARY = "\0"  # read_text_file's answer for a file that holds NUL bytes (a model, an image: no message is made of it)
+
+
 def read_text_file(name: str) -> str | None:
-    """A file's text for /read (undecodable bytes replaced), or None if it cannot be read or is not a file (a device
-    such as /dev/zero, a FIFO: no end to read to)."""
+    """A file's text for /read (undecodable bytes replaced), None if it cannot be read or is not a file (a device
+    such as /dev/zero, a FIFO: no end to read to), or BINARY."""
     from pathlib import Path
     try:
         path = Path(name).expanduser()
         if not path.is_file():
             return None
-        return text_from_bytes(path.read_bytes())[0]
+        data = path.read_bytes()
+        return BINARY if b"\0" in data else text_from_bytes(data)[0]
     except (OSError, MemoryError):
         return None

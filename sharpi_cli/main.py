@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import math
 import os
 import re
 import signal
@@ -104,6 +105,8 @@ def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
         if not m:
             raise UsageError(f"malformed -l/--logit-bias '{it}': expected TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf")
         val = float(m.group(3))
+        if math.isinf(val) and "inf" not in m.group(3).lower():  # (std::stof refuses 1e999 too; "inf" is meant)
+            raise UsageError(f"-l/--logit-bias {it}: the bias is out of float range (use inf)")
         out.append((int(m.group(1)), val if m.group(2) == "+" else -val))
     return tuple(out)
 

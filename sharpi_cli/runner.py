@@ -1532,7 +1532,7 @@ def _run(o: RunOptions) -> int:
         n_max, n_min = (min(drafter.n_max, window // 2), 0) if o.spec_ngram else (o.spec_draft_n_max, o.spec_draft_n_min)
     synth = synthetic_rates(o, n_max if drafter is not None else 0)
     if not interactive:  # (before the cache is allocated, and before a text no context could hold is tokenized)
-        engine.check_text_fits(prompt, tok, n_ctx)
+        engine.check_text_fits((o.system_prompt or "") + prompt if o.single_turn else prompt, tok, n_ctx)
 
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
     if o.mlock:

@@ -667,6 +667,7 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--samplers", "top_k;penalties"), "penalties must come before the other samplers"),
     (("--dry-penalty-last-n", "-2"), "--dry-penalty-last-n"),
     (("--grammar", "root ::= item"), "grammar: undefined rule 'item'"),
+    (("-l", "5+1e999"), "-l/--logit-bias 5+1e999: the bias is out of float range (use inf)"),
     (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema are mutually exclusive"),
     (("--grammar-file", "/no/such/file"), "cannot read grammar file"),
     (("-j", '{"type": "string", "pattern": "^(a)\\\\1$"}'), "pattern: backreferences are not supported"),
@@ -1055,6 +1056,20 @@ def test_a_text_too_long_for_any_tokens_is_refused_before_tokenizing(smol, tmp_p
     f.write_text("x" * (81 * 15))
     r = sharpi("-m", smol, "-f", f, "-c", 16)
     assert re.search(r"prompt is \d+ tokens, which", one_error_line(r, 2, "-c/--ctx-size")) and 1215 in sizes
+    # a system prompt: with -p its chat turn counts it too; in a chat it must leave room for a message and a reply
+    sizes.clear()
+    line = one_error_line(sharpi("-m", smol, "-sysf", f, "-p", "hi", "-c", 16), 2, "-c/--ctx-size")
+    assert "prompt is at least 16 tokens (1217 characters)" in line and not sizes
+    line = one_error_line(sharpi("-m", smol, "-sysf", f, "-cnv", "-c", 16), 2, "-c/--ctx-size")
+    assert "the system prompt is at least 15 tokens (1215 characters)" in line and not sizes
+    # /read: a file that alone fills the context, or one that is not text, goes no further than its line
+    (tmp_path / "bin.dat").write_bytes(b"GGUF\0\0\3" + b"x" * 100)
+    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "-c", 16, "--no-show-timings",
+               input=f"/read {f}\n/read {tmp_path / 'bin.dat'}\nHi\n")
+    assert (f"error: /read: '{f}' (1215 characters) makes the files for your next message at least 15 tokens, more "
+            "than the context of 16 holds with a reply") in r.stderr and r.returncode == 0, r.stderr
+    assert f"error: /read: '{tmp_path / 'bin.dat'}' is not a text file (it holds NUL bytes)" in r.stderr
+    assert not [n for n in sizes if n > 1000] and r.stdout.count("> ") == 4, (sizes, r.stdout)
 
 
 def test_prompt_longer_than_context(smol):
