@@ -525,6 +525,9 @@ def check_spec_types(o: RunOptions) -> None:
                         ("--spec-ngram-mod-n-max", o.spec_ngram_mod_n_max, 0)):
         if not lo <= v <= NGRAM_SIZE_MAX:
             raise UsageError(f"invalid {flag} {v}: must be between {lo} and {NGRAM_SIZE_MAX}")
+    if o.spec_ngram_mod_n_min > o.spec_ngram_mod_n_max:  # (its drafts shorter than n-min are dropped: none would stay)
+        raise UsageError(f"--spec-ngram-mod-n-min {o.spec_ngram_mod_n_min} is above --spec-ngram-mod-n-max "
+                         f"{o.spec_ngram_mod_n_max}: ngram-mod would never draft")
     for flag, v in (("--spec-ngram-simple-min-hits", o.spec_ngram_simple_min_hits),
                     ("--spec-ngram-map-k-min-hits", o.spec_ngram_map_k_min_hits),
                     ("--spec-ngram-map-k4v-min-hits", o.spec_ngram_map_k4v_min_hits)):
