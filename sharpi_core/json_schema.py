@@ -287,7 +287,7 @@ class _Converter:
 
     @staticmethod
     def fits(lo: int, hi: int | None, lo_key: str, hi_key: str, what: str, path: str) -> None:
-        if hi is not None and lo > hi and lo <= MAX_REPETITION:  # (a maximum above it is no maximum: count)
+        if hi is not None and lo > hi:
             raise SchemaError(f"{path}: no {what} fits ({lo_key} {lo} is above {hi_key} {hi})")
 
     @staticmethod
@@ -414,9 +414,9 @@ class _Converter:
             if missing and extra is False:
                 raise SchemaError(f"{path}: no object fits (required {json.dumps(sorted(missing))[1:-1]} not "
                                   "among its properties, and additionalProperties is false)")
-            if missing:  # (llama.cpp's converter drops them alike)
-                self.warn(f"{path}: required {json.dumps(sorted(missing))[1:-1]} not enforced (not among its "
-                          "properties)")
+            # (llama.cpp's converter drops them, and its output never has them: any value of theirs, as the schema
+            # says, or additionalProperties' schema)
+            props += [(r, extra if isinstance(extra, dict) else {}) for r in missing]
             if not props and (extra is True or extra == {}):
                 return self.prim("object")
         else:

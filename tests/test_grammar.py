@@ -318,13 +318,17 @@ def test_schema_warnings_for_what_is_not_enforced():
                     'date-time and uuid are)', "#/properties/n: multipleOf not enforced",
                     "#/properties/u: uniqueItems not enforced", "#/properties/c: not, if, then not enforced"]
     assert plain == schema_to_grammar(schema)  # (the grammar is the same: only the warnings are new)
-    # what llama.cpp's converter drops without a word: a required name no property has, allOf's other parts
+    # what llama.cpp's converter drops without a word: allOf's parts other than objects and enums (named), a
+    # required name no property has (required here, any value or additionalProperties' schema: its output never
+    # had the key)
     said.clear()
-    schema_to_grammar({"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}, said.append)
     schema_to_grammar({"allOf": [{"type": "object", "properties": {"a": {}}}, {"type": "string"}]}, said.append)
-    assert said == ['#: required "b" not enforced (not among its properties)',
-                    "#/allOf: parts other than objects and enums not enforced (their properties and shared enum "
+    assert said == ["#/allOf: parts other than objects and enums not enforced (their properties and shared enum "
                     "values are what it combines)"]
+    g = Grammar(schema_to_grammar({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}))
+    assert [accepts(g, t) for t in ('{"a":1}', '{"a":1,"b":[true]}', '{"b":1,"a":1}', '{"a":1,"b":1,"c":1}')] == [False, True, False, False]
+    g = Grammar(schema_to_grammar({"type": "object", "required": ["b"], "additionalProperties": {"type": "string"}}))
+    assert [accepts(g, t) for t in ('{}', '{"b":"x"}', '{"b":1}', '{"b":"x","c":"y"}')] == [False, True, False, True]
     # enum / const values the type rules out are left out (llama.cpp's converter writes them all)
     g = Grammar(schema_to_grammar({"type": ["number", "null"], "enum": [1, "a", True, None, 1.5, [1]]}))
     assert [accepts(g, t) for t in ("1", '"a"', "true", "null", "1.5", "[1]")] == [True, False, False, True, True, False]
