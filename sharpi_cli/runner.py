@@ -676,7 +676,9 @@ def check_samplers(o: RunOptions) -> None:
     elif o.samplers is None:
         o.samplers = DEFAULT_SAMPLERS
     if o.mirostat:
-        unused = [f for f, on in (("--repeat-penalty", o.repeat_penalty != 1), ("--presence-penalty", o.presence_penalty != 0),
+        given = o.sampling_given or frozenset()  # (top-k, top-p and min-p are on by default: named when given)
+        unused = [f for f, on in (("--top-k", "top_k" in given), ("--top-p", "top_p" in given), ("--min-p", "min_p" in given),
+                                  ("--repeat-penalty", o.repeat_penalty != 1), ("--presence-penalty", o.presence_penalty != 0),
                                   ("--frequency-penalty", o.frequency_penalty != 0), ("--dry-multiplier", o.dry_multiplier != 0),
                                   ("--top-nsigma", o.top_n_sigma > 0), ("--typical", o.typical_p < 1),
                                   ("--xtc-probability", o.xtc_probability > 0), ("--dynatemp-range", o.dynatemp_range > 0),

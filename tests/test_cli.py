@@ -1506,6 +1506,9 @@ def test_mirostat_says_which_flags_it_does_not_use(capsys):
     assert "--repeat-penalty, --dry-multiplier, --min-keep not used with --mirostat" in capsys.readouterr().err
     validate(RunOptions(mirostat=2))
     assert "not used" not in capsys.readouterr().err
+    # top-k / top-p / min-p are on by default: named only when given (their defaults said nothing)
+    validate(RunOptions(mirostat=1, top_k=1, sampling_given=frozenset({"top_k", "mirostat"})))
+    assert "warning: --top-k not used with --mirostat" in capsys.readouterr().err
 
 
 def test_json_schema_output_is_llama_cpps_with_speculation(smol):
