@@ -2005,7 +2005,12 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         return choice_scores(model, kind, sc, file, ctx_size, ctk, ctv, threads, flash_attn, o)
     set_threads(threads)
     if kld:
-        base_ctx = read_base_header(kld_base)[0]  # (a file that is none is refused before the model loads)
+        base_ctx, _, base_chunks = read_base_header(kld_base)[:3]  # (a file that is none is refused before the model loads)
+        unused = [f for f, on in ((f"-f {file}", file is not None), (f"--chunks {chunks}", chunks not in (-1, base_chunks)))
+                  if on]
+        if unused:  # (llama-perplexity reads them from the file too)
+            log(f"warning: {', '.join(unused)} not used: --kl-divergence scores the text of {kld_base}, its "
+                f"{base_chunks} chunk{'s' * (base_chunks != 1)} of {base_ctx} tokens")
     else:
         text = read_text(file, lenient=True)
         if text.endswith("\n"):  # (llama.cpp's -f drops one trailing newline, as a one-shot prompt's)

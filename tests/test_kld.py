@@ -41,6 +41,18 @@ def test_kl_divergence_report_is_llama_perplexity_s(base, run):
     assert [ln for ln in r.stdout.splitlines() if ln.strip()] == want["report"]
 
 
+def test_flags_the_base_file_decides_are_named_as_unused(base):
+    """-f and --chunks do nothing with --kl-divergence (the base file holds the text, its chunks): a warning says so,
+    and the report is the one without them."""
+    c, path, _ = base
+    want = next(k for k in c["kl_divergence"] if not k["flags"])
+    r = sharpi("perplexity", "-m", model_path(c["model"]), "--kl-divergence-base", path, "--kl-divergence",
+               "-f", FIXTURES_DIR / c["text"], "--chunks", 99)
+    assert r.returncode == 0 and [ln for ln in r.stdout.splitlines() if ln.strip()] == want["report"], r.stderr
+    assert (f"warning: -f {FIXTURES_DIR / c['text']}, --chunks 99 not used: --kl-divergence scores the text of {path}, "
+            f"its {c['chunks']} chunks of {c['n_ctx']} tokens") in r.stderr, r.stderr
+
+
 def test_kl_divergence_errors(base, tmp_path):
     c, path, _ = base
     smol = model_path(c["model"])
