@@ -315,7 +315,7 @@ def _class_match(c: int, cls: bytes) -> bool:
 def glob_files(pattern: str) -> list[str]:
     """/glob PATTERN: the files it matches, as llama-cli finds them: under the folder the pattern names before its
     first glob character (`~` for the home folder), else the current one, at any depth, the pattern matched against
-    paths relative to that folder; sorted, at most GLOB_MAX."""
+    paths relative to that folder; sorted, at most GLOB_MAX + 1 (more than GLOB_MAX: too many)."""
     import os
     from pathlib import Path
     base = Path.cwd()
@@ -332,7 +332,7 @@ def glob_files(pattern: str) -> list[str]:
             full = Path(root) / n
             if full.is_file() and glob_match(pattern.encode(), full.relative_to(base).as_posix().encode()):
                 found.append(str(full))
-                if len(found) >= GLOB_MAX:
+                if len(found) > GLOB_MAX:
                     return found
     return found
 
@@ -365,13 +365,13 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
 
     def add_file(name: str, cmd: str) -> bool:
         nonlocal files
-        text = read_text_file(name)
-        if text is None:
-            log(f"error: {cmd}: cannot read '{name}'")
+        try:
+            text, bad = read_text_file(name)
+        except ValueError as e:
+            log(f"error: {cmd}: cannot read '{name}' ({e})")
             return False
-        if text is BINARY:
-            log(f"error: {cmd}: '{name}' is not a text file (it holds NUL bytes)")
-            return False
+        if bad:  # (as -f says it)
+            log(f"warning: {cmd}: '{name}' is not all UTF-8 text: {bad} byte{'s' * (bad > 1)} read as U+FFFD")
         least = tok.fewest_tokens(files + text)  # (refused before a long text is tokenized, at every message)
         if least + 2 > n_ctx:
             log(f"error: {cmd}: '{name}' ({len(text)} characters) makes the files for your next message at least "
@@ -407,6 +407,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                 continue
             if cmd == "/read" or cmd.startswith("/read "):
                 name = cmd[len("/read"):].strip()
+                if len(name) > 1 and name[0] == name[-1] and name[0] in "'\"":  # (a quoted name: a shell habit)
+                    name = name[1:-1]
                 if not name:
                     log("error: /read needs a file name")
                 else:
@@ -414,15 +416,20 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                 continue
             if cmd == "/glob" or cmd.startswith("/glob "):
                 pattern = cmd[len("/glob"):].strip()
-                found = glob_files(pattern) if pattern else []
+                try:  # (a search through a large tree takes a while: Ctrl-C ends it, not the chat)
+                    found = glob_files(pattern) if pattern else []
+                except KeyboardInterrupt:
+                    log("\n[/glob stopped: nothing added]")
+                    continue
                 if not pattern:
                     log("error: /glob needs a pattern (e.g. /glob src/**.py)")
                 elif not found:
                     log(f"error: /glob: no file matches '{pattern}'")
-                for name in found:
-                    add_file(name, "/glob")
-                if len(found) >= GLOB_MAX:
-                    log(f"error: /glob: at most {GLOB_MAX} files at once")
+                elif len(found) > GLOB_MAX:
+                    log(f"error: /glob: more than {GLOB_MAX} files match '{pattern}' (nothing added: narrow it)")
+                else:
+                    for name in found:
+                        add_file(name, "/glob")
                 continue
             if cmd == "/regen":
                 if not messages or messages[-1]["role"] != "assistant":
@@ -437,7 +444,13 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             files = ""
         # Ctrl-C from here on stops this reply (rendering and prefill included), not the session
         with Interrupt() as stop, hidden_typing(console):
-            text = render_messages(o, tok, turn)
+            try:
+                text = render_messages(o, tok, turn)
+            except SharpiError as e:  # (a template may refuse a later turn: that message, not the session)
+                if o.single_turn:
+                    raise
+                log(f"error: {e}: not sent; /clear starts over")
+                continue
             ids = encode_chat(tok, text)
             if len(ids) + 1 > n_ctx:
                 msg = f"the conversation is {len(ids)} tokens, which does not fit the context of {n_ctx}"
@@ -550,18 +563,22 @@ def transcript_reply(message: dict) -> str:
     return text + ("" if text.endswith("\n") else "\n") + "\n"
 
 
-BINARY = "\0"  # read_text_file's answer for a file that holds NUL bytes (a model, an image: no message is made of it)
-
-
-def read_text_file(name: str) -> str | None:
-    """A file's text for /read (undecodable bytes replaced), None if it cannot be read or is not a file (a device
-    such as /dev/zero, a FIFO: no end to read to), or BINARY."""
+def read_text_file(name: str) -> tuple[str, int]:
+    """A file's text for /read (undecodable bytes replaced) and how many bytes were not UTF-8; ValueError saying why
+    it cannot be read, is not a file (a device such as /dev/zero, a FIFO: no end to read to) or is no text (NUL bytes:
+    a model, an image)."""
     from pathlib import Path
+    path = Path(name).expanduser()
     try:
-        path = Path(name).expanduser()
-        if not path.is_file():
-            return None
+        if path.is_dir():
+            raise ValueError("a directory")
+        if path.exists() and not path.is_file():
+            raise ValueError("not a regular file")
         data = path.read_bytes()
-        return BINARY if b"\0" in data else text_from_bytes(data)[0]
-    except (OSError, MemoryError):
-        return None
+    except OSError as e:
+        raise ValueError(e.strerror or str(e)) from None
+    except MemoryError:
+        raise ValueError("too large for this machine's memory") from None
+    if b"\0" in data:
+        raise ValueError("not a text file: it holds NUL bytes")
+    return text_from_bytes(data)

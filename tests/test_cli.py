@@ -1069,7 +1069,7 @@ def test_a_text_too_long_for_any_tokens_is_refused_before_tokenizing(smol, tmp_p
                input=f"/read {f}\n/read {tmp_path / 'bin.dat'}\nHi\n")
     assert (f"error: /read: '{f}' (1215 characters) makes the files for your next message at least 15 tokens, more "
             "than the context of 16 holds with a reply") in r.stderr and r.returncode == 0, r.stderr
-    assert f"error: /read: '{tmp_path / 'bin.dat'}' is not a text file (it holds NUL bytes)" in r.stderr
+    assert f"error: /read: cannot read '{tmp_path / 'bin.dat'}' (not a text file: it holds NUL bytes)" in r.stderr
     assert not [n for n in sizes if n > 1000] and r.stdout.count("> ") == 4, (sizes, r.stdout)
 
 
@@ -1752,6 +1752,33 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     r = sharpi("-m", smol, "-p", "hi", "-n", 2, "-o", tmp_path / "raw.txt")  # (one-shot raw text: no chat)
     assert r.returncode == 0 and "this run is not a chat, nothing written" in r.stderr
     assert not (tmp_path / "raw.txt").exists()
+
+
+def test_chat_commands_say_why_and_add_all_or_nothing(smol, tmp_path, monkeypatch):
+    """/glob matching more than 100 files adds none (it added 100, then said "error"); /read says why it cannot read
+    a file, takes a quoted name, warns of bytes that are not UTF-8; a template that refuses a later turn refuses that
+    message, and the chat goes on (it ended the session)."""
+    from sharpi_cli.chat import GLOB_MAX
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "many").mkdir()
+    for i in range(GLOB_MAX + 1):
+        (tmp_path / "many" / f"f{i}.txt").write_text(f"f{i}\n")
+    (tmp_path / "a name.txt").write_bytes(b"caf\xe9\n")
+    template = ("{% if messages | length > 2 %}{{ raise_exception('one turn only') }}{% endif %}"
+                "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (tmp_path / "t.jinja").write_text(template)
+    turns = ["/glob many/*.txt", "/read many", "/read \"a name.txt\"", "Hi", "Again", "/clear", "Hi"]
+    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", "-o", tmp_path / "chat.txt",
+               "--chat-template-file", tmp_path / "t.jinja", input="\n".join(turns) + "\n")
+    assert r.returncode == 0, r.stderr
+    assert f"error: /glob: more than {GLOB_MAX} files match 'many/*.txt' (nothing added: narrow it)" in r.stderr
+    assert "error: /read: cannot read 'many' (a directory)" in r.stderr
+    assert "warning: /read: 'a name.txt' is not all UTF-8 text: 1 byte read as U+FFFD" in r.stderr
+    assert "error: the chat template refused the conversation: one turn only: not sent; /clear starts over" in r.stderr
+    chat = (tmp_path / "chat.txt").read_text()
+    assert "--- File: a name.txt ---\ncaf\ufffd\nHi" in chat and "many/f" not in chat and chat.count("Assistant:") == 2
+    assert r.stdout.count("> ") == len(turns) + 1
 
 
 def test_tokenize_stdin_count_and_raw_pieces(smol):
