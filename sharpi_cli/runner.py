@@ -1570,8 +1570,10 @@ def _run(o: RunOptions) -> int:
     if interactive:
         if o.prompt_cache:
             raise UsageError("--prompt-cache is for one-shot prompts (-p, -f, stdin, -st), not conversation mode")
+        from sharpi_core.registry import exit_on_termination
         from .chat import chat_loop
-        return chat_loop(o, target, gen, n_ctx, first_message=prompt)
+        with exit_on_termination():
+            return chat_loop(o, target, gen, n_ctx, first_message=prompt)
     view = None  # a chat's reply is shown as the terminal chat shows it (a reasoning block apart)
     if o.single_turn:
         from .chat import ReplyView, encode_chat, render_messages, reply_tags, use_color
@@ -1594,8 +1596,10 @@ def _run(o: RunOptions) -> int:
     if o.interactive:
         if o.verbose_prompt:
             print_prompt_tokens(tok, prompt, ids, o, gen.keep_count(len(ids), n_ctx))
+        from sharpi_core.registry import exit_on_termination
         from .interactive import interactive_loop
-        return interactive_loop(o, target, gen, n_ctx, ids)
+        with exit_on_termination():
+            return interactive_loop(o, target, gen, n_ctx, ids)
     pcache = None
     if o.prompt_cache:
         from sharpi_core.kv_cache import PROMPT_CACHE_RECURRENT

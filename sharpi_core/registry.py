@@ -200,9 +200,10 @@ def _prune_fetches(directory: Path) -> None:
 
 
 @contextmanager
-def _exit_on_termination():
-    """SIGTERM / SIGHUP during a fetch exit through Python, so the temporary directory is deleted and pip is
-    stopped (their default action would leave both)."""
+def exit_on_termination():
+    """SIGTERM / SIGHUP exit through Python (SystemExit 128 + the signal): a fetch's temporary directory is deleted
+    and pip stopped, a chat's terminal restored (readline's bracketed paste off, colours reset), which their
+    default action would leave."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -293,7 +294,7 @@ def pull(name: str, progress: Progress | None = None, force: bool = False) -> Pa
     dest.parent.mkdir(parents=True, exist_ok=True)
     _prune_fetches(dest.parent)
     try:
-        with _exit_on_termination(), \
+        with exit_on_termination(), \
                 tempfile.TemporaryDirectory(prefix=f"{_FETCH_PREFIX}{os.getpid()}-", dir=dest.parent) as tmp:
             _fetch(name, Path(tmp), progress)
     except OSError as err:

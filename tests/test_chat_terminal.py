@@ -147,3 +147,17 @@ def test_simple_io_prompts_go_to_stdout(tmp_path, mode):
     assert p.exitstatus == 0
     said = err.read_text()
     assert "> " not in said and "IN: " not in said, said
+
+
+def test_sigterm_at_the_prompt_restores_the_terminal():
+    """SIGTERM (or SIGHUP) exits through Python, 128 + the signal: readline turns bracketed paste off again (the
+    signal's default action left the terminal in that mode)."""
+    import signal
+    p = spawn("--temp", "0", "-n", "8")
+    p.expect("\x1b\\[\\?2004h")  # (readline's bracketed paste: on while it reads)
+    p.expect("> ")
+    p.kill(signal.SIGTERM)
+    p.expect(pexpect.EOF)
+    p.close()
+    assert "\x1b[?2004l" in p.before and "Traceback" not in p.before
+    assert p.exitstatus == 128 + signal.SIGTERM and p.signalstatus is None

@@ -283,7 +283,7 @@ def test_a_fetch_exits_through_python_on_sigterm_and_leaves_ignored_signals_alon
         pytest.skip("SIGTERM has a handler in this process")
     before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (as under nohup)
     try:
-        with registry._exit_on_termination():
+        with registry.exit_on_termination():
             assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
             with pytest.raises(SystemExit) as stop:
                 os.kill(os.getpid(), signal.SIGTERM)
