@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from dataclasses import replace
@@ -312,11 +313,60 @@ def _class_match(c: int, cls: bytes) -> bool:
     return matched != negated
 
 
+def glob_regex(pattern: bytes) -> re.Pattern:
+    """glob_match's language as one compiled regular expression (fullmatch on the bytes): a /glob over a large tree
+    matched each path by recursion in Python (15 s for 117k files)."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i:i + 1]
+        if pattern[i:i + 2] == b"**":
+            out.append(b".*")
+            i += 2
+            continue
+        if c == b"*":
+            out.append(b"[^/]*")
+        elif c == b"?":
+            out.append(b"[^/]")
+        elif c == b"[":
+            end = i + 1 + (pattern[i + 1:i + 2] in (b"]", b"-"))
+            while end < len(pattern) and pattern[end:end + 1] != b"]":
+                end += 1
+            if end >= len(pattern):  # (no end: a literal "[")
+                out.append(re.escape(c))
+            else:
+                out.append(_class_regex(pattern[i + 1:end]))
+                i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile(b"".join(out), re.DOTALL)
+
+
+def _class_regex(cls: bytes) -> bytes:
+    """_class_match's set as a regex class: a first `]` or `-` literal, ranges a-z (a reversed one matches nothing)."""
+    negated = cls[:1] == b"!"
+    cls = cls[1:] if negated else cls
+    items, i = [], 0
+    if cls[:1] in (b"]", b"-"):
+        items.append(re.escape(cls[:1]))
+        i = 1
+    while i < len(cls):
+        if i + 2 < len(cls) and cls[i + 1:i + 2] == b"-" and cls[i + 2:i + 3] != b"]":
+            if cls[i] <= cls[i + 2]:
+                items.append(re.escape(cls[i:i + 1]) + b"-" + re.escape(cls[i + 2:i + 3]))
+            i += 3
+        else:
+            items.append(re.escape(cls[i:i + 1]))
+            i += 1
+    if not items:
+        return b"." if negated else b"(?!)"
+    return b"[" + (b"^" if negated else b"") + b"".join(items) + b"]"
+
+
 def glob_files(pattern: str) -> list[str]:
     """/glob PATTERN: the files it matches, as llama-cli finds them: under the folder the pattern names before its
     first glob character (`~` for the home folder), else the current one, at any depth, the pattern matched against
     paths relative to that folder; sorted, at most GLOB_MAX + 1 (more than GLOB_MAX: too many)."""
-    import os
     from pathlib import Path
     base = Path.cwd()
     start = min((pattern.find(c) for c in "![*?" if c in pattern), default=-1)
@@ -325,12 +375,13 @@ def glob_files(pattern: str) -> list[str]:
         folder = pattern[:cut]
         base = base / (os.path.expanduser(folder) if folder.startswith("~") else folder)
         pattern = pattern[cut + 1:]
-    found = []
+    found, match = [], glob_regex(os.fsencode(pattern)).fullmatch
     for root, dirs, names in os.walk(base, onerror=lambda e: None):
         dirs.sort()
+        rel = os.path.relpath(root, base)
+        prefix = b"" if rel == "." else os.fsencode(Path(rel).as_posix()) + b"/"
         for n in sorted(names):
-            full = Path(root) / n
-            if full.is_file() and glob_match(pattern.encode(), full.relative_to(base).as_posix().encode()):
+            if match(prefix + os.fsencode(n)) and (full := Path(root) / n).is_file():
                 found.append(str(full))
                 if len(found) > GLOB_MAX:
                     return found

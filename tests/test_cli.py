@@ -1724,6 +1724,14 @@ def test_glob_is_llama_cpps():
              ("[-a]x", "-x", True), ("[ab", "[ab", True), ("*", "", True), ("", "a", False), ("**", "a/b/c", True)]
     for pattern, name, want in cases:
         assert glob_match(pattern.encode(), name.encode()) is want, (pattern, name)
+    # /glob matches through glob_regex (one regular expression, not a recursion per path): the same language
+    import random
+    from sharpi_cli.chat import glob_regex
+    rng = random.Random(3)
+    for _ in range(30000):
+        pattern = bytes(rng.choice(b"ab/-]![*?c") for _ in range(rng.randint(0, 7)))
+        name = bytes(rng.choice(b"ab/-]![c") for _ in range(rng.randint(0, 6)))
+        assert (glob_regex(pattern).fullmatch(name) is not None) is glob_match(pattern, name), (pattern, name)
 
 
 def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
