@@ -478,6 +478,7 @@ def run(
                              + (f" (sharpi {sub} {before[0]} ...)" if before[0] in own else ""))
         return
     from . import runner
+    check_int_ranges(ctx)
     opts = runner.RunOptions(**{k: v for k, v in locals().items() if k in runner.RunOptions.__dataclass_fields__})
     opts.logit_bias = parse_logit_bias(logit_bias)
     from sharpi_core.gguf_file import parse_kv_overrides
@@ -492,6 +493,17 @@ def run(
     with reader_gone():
         code = runner.run(opts)
     raise typer.Exit(code)
+
+
+def check_int_ranges(ctx: typer.Context) -> None:
+    """Integer flags hold what llama.cpp's std::stoi reads (32 bits; -s and --yarn-orig-ctx have their own range):
+    `-n 99999999999999999999` was taken as no limit, `--top-k` of 20 digits as no filter."""
+    for p in ctx.command.params:
+        v = ctx.params.get(p.name)
+        if p.name in ("seed", "yarn_orig_ctx") or type(v) is not int:  # (not a bool, not a list)
+            continue
+        if not -2**31 <= v < 2**31:
+            raise UsageError(f"invalid {p.opts[0]} {v}: out of range (a 32-bit integer, as llama.cpp reads it)")
 
 
 def given_flags(ctx: typer.Context, names) -> frozenset:

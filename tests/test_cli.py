@@ -668,6 +668,8 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("--dry-penalty-last-n", "-2"), "--dry-penalty-last-n"),
     (("--grammar", "root ::= item"), "grammar: undefined rule 'item'"),
     (("-l", "5+1e999"), "-l/--logit-bias 5+1e999: the bias is out of float range (use inf)"),
+    (("-n", "99999999999999999999"), "invalid -n 99999999999999999999: out of range (a 32-bit integer"),
+    (("--top-k", str(-2**31 - 1)), f"invalid --top-k {-2**31 - 1}: out of range"),
     (("--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "70"), "-n-min 70 is above --spec-ngram-mod-n-max 64"),
     (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema are mutually exclusive"),
     (("--grammar-file", "/no/such/file"), "cannot read grammar file"),
