@@ -1919,11 +1919,11 @@ def print_report(target, res, o: RunOptions) -> None:
         return
     verbose = o.verbose
     t = res.timings
-    per = lambda ms, n: f"{ms / n:8.2f} ms per token, {n / ms * 1000:8.2f} tokens per second" if n and ms else ""  # noqa: E731
+    per = lambda ms, n: f" ({ms / n:8.2f} ms per token, {n / ms * 1000:8.2f} tokens per second)" if n and ms else ""  # noqa: E731
     log("")
     log(f"sharpi:        load time = {target.load_ms:10.2f} ms")
-    log(f"sharpi: prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_n:5d} tokens ({per(t.prompt_ms, t.prompt_n)})")
-    log(f"sharpi:        eval time = {t.eval_ms:10.2f} ms / {t.eval_n:5d} runs   ({per(t.eval_ms, t.eval_n)})")
+    log(f"sharpi: prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_n:5d} tokens{per(t.prompt_ms, t.prompt_n)}")
+    log(f"sharpi:        eval time = {t.eval_ms:10.2f} ms / {t.eval_n:5d} runs  {per(t.eval_ms, t.eval_n)}".rstrip())
     log(f"sharpi:       total time = {target.load_ms + t.prompt_ms + t.eval_ms:10.2f} ms / {t.prompt_n + t.eval_n:5d} tokens")
     if res.spec is not None:
         s = res.spec.as_dict()
