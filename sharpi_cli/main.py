@@ -282,7 +282,7 @@ def run(
     system_prompt: Annotated[Optional[str], Opt("-sys", "--system-prompt", help="system prompt (conversation mode; with a prompt and no -cnv: one chat turn, like -st)")] = None,
     system_prompt_file: Annotated[Optional[str], Opt("-sysf", "--system-prompt-file", help="a file holding the system prompt (-sys from a file)")] = None,
     chat_template: Annotated[Optional[str], Opt("--chat-template", help=f"the chat template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) "
-                                                "or a Jinja template (default: the model's; chatml when it has none)")] = None,
+                                                "or a Jinja template (default: the model's; chatml for a chat, -cnv / -st / -sys, when it has none)")] = None,
     chat_template_file: Annotated[Optional[str], Opt("--chat-template-file", help="a file holding a Jinja chat template")] = None,
     chat_template_kwargs: Annotated[Optional[str], Opt("--chat-template-kwargs", help="a JSON object of further variables for "
                                                        "the chat template, e.g. '{\"enable_thinking\": false}'")] = None,
@@ -615,14 +615,15 @@ def tokenize(
     model: Annotated[Optional[str], Opt("-m", "--model")] = None,
     prompt: Annotated[Optional[str], Opt("-p", "--prompt")] = None,
     file: Annotated[Optional[str], Opt("-f", "--file")] = None,
-    ids: Annotated[bool, typer.Option("--ids", help="print only the id list")] = False,
-    no_bos: Annotated[bool, typer.Option("--no-bos", help="don't add BOS")] = False,
-    no_parse_special: Annotated[bool, typer.Option("--no-parse-special", help="treat special token text as plain text")] = False,
-    escape: Annotated[bool, typer.Option("-e", "--escape/--no-escape", help="process backslash escapes, as -p of the "
-                                         "main command (default: on)", show_default=False)] = True,
-    stdin: Annotated[bool, typer.Option("--stdin", help="tokenize standard input (before -f and -p)")] = False,
-    show_count: Annotated[bool, typer.Option("--show-count", help="print the number of tokens at the end")] = False,
-    log_disable: Annotated[bool, typer.Option("--log-disable", help="accepted (tokenize logs nothing)")] = False,
+    ids: Annotated[bool, Opt("--ids", help="print only the id list", show_default=False)] = False,
+    no_bos: Annotated[bool, Opt("--no-bos", help="don't add BOS", show_default=False)] = False,
+    no_parse_special: Annotated[bool, Opt("--no-parse-special", help="treat special token text as plain text",
+                                          show_default=False)] = False,
+    escape: Annotated[bool, Opt("-e", "--escape/--no-escape", help="process backslash escapes, as -p of the "
+                                "main command (default: on)", show_default=False)] = True,
+    stdin: Annotated[bool, Opt("--stdin", help="tokenize standard input (before -f and -p)", show_default=False)] = False,
+    show_count: Annotated[bool, Opt("--show-count", help="print the number of tokens at the end", show_default=False)] = False,
+    log_disable: Annotated[bool, Opt("--log-disable", help="accepted (tokenize logs nothing)", show_default=False)] = False,
     hf_repo: HfRepoOpt = None,
     hf_file: HfFileOpt = None,
     hf_token: HfTokenOpt = None,
@@ -656,8 +657,8 @@ def models_list():
 @models_app.command("pull")
 def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharpi models list`), or <user>/<model>"
                                                     "[:quant] of the Hugging Face hub (as -hf)")],
-                force: Annotated[bool, typer.Option("--force", help="fetch a known model again even when its cached "
-                                                    "copy checks out")] = False,
+                force: Annotated[bool, Opt("--force", help="fetch a known model again even when its cached "
+                                           "copy checks out", show_default=False)] = False,
                 hf_token: HfTokenOpt = None):
     """Fetch a known model into ~/.cache/sharpi/models, checking a cached copy's sha256 and fetching it again when it
     is damaged (or a hub model into the hub's cache); print its path."""

@@ -225,6 +225,17 @@ def test_env_args_and_flag_precedence(smol):
     assert len(json.loads(r.stdout)["tokens"]) == 3
     r = sharpi("-p", "Hello", "--json", "-n", 5, env=env)
     assert len(json.loads(r.stdout)["tokens"]) == 5
+    # every flag but --version, the subcommands' too (tokenize's switches took none)
+    from sharpi_cli.main import app
+    import typer.main
+    command = typer.main.get_command(app)
+    for cmd in [command, *(c for name, c in command.commands.items() if name != "models"),
+                *command.commands["models"].commands.values()]:
+        for p in cmd.params:
+            if getattr(p, "opts", None) and p.opts[0].startswith("-") and p.name not in ("show_version", "help"):
+                assert getattr(p, "envvar", None), (cmd.name, p.opts)
+    r = sharpi("tokenize", "-m", smol, "-p", "a\\n", env={"SHARPI_ARG_IDS": "1", "SHARPI_ARG_ESCAPE": "0"})
+    assert r.returncode == 0 and r.stdout.startswith("[") and r.stdout.count(",") == 2, r.stdout
 
 
 def test_reverse_prompt_stops(smol):
