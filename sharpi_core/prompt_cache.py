@@ -101,7 +101,8 @@ class PromptCacheFile:
         # written through a symbolic link, as llama.cpp writes its session files (files.replaced)
         self._target, plain = plain_target(self.path)
         if not plain and not self._target.is_char_device():  # (a FIFO would hold the run until someone wrote)
-            raise SharpiError(f"--prompt-cache {self.path}: {'is a directory' if self._target.is_dir() else 'not a file a cache can be kept in (a FIFO, a socket)'}")
+            what = "is a directory" if self._target.is_dir() else "not a file a cache can be kept in (a FIFO, a socket)"
+            raise SharpiError(f"--prompt-cache {self.path}: {what}")
         self._fingerprints: dict[str, str] = {}  # model path -> fingerprint: restore() and save() read it once
         self.entries: dict[str, dict] = self._read() if self.path.exists() else {}
 
