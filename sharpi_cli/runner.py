@@ -1138,10 +1138,9 @@ def read_grammar(o: RunOptions):
             try:
                 g = Grammar(text)
             except GrammarError as e:  # a cycle only $ref makes: said in the schema's words
-                rule = str(e).partition("left recursion in rule '")[2].partition("'")[0]
-                if rule not in refs:
+                if e.rule not in refs:
                     raise
-                raise SchemaError(f"{sflag}: $ref {refs[rule]} comes back to itself before any text (left "
+                raise SchemaError(f"{sflag}: $ref {refs[e.rule]} comes back to itself before any text (left "
                                   "recursion, not supported, as in llama.cpp)") from None
             if not g.ends():  # (a grammar may run forever; a JSON value may not)
                 raise SchemaError(f"{sflag}: no JSON value fits (its $ref recursion never ends)")

@@ -37,7 +37,11 @@ _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4)  # by the lead byte
 
 
 class GrammarError(UsageError):
-    """A grammar or schema that cannot be used (exit 2, like a bad flag value)."""
+    """A grammar or schema that cannot be used (exit 2, like a bad flag value); `rule`: the rule it names, if one."""
+
+    def __init__(self, msg: str, rule: str | None = None):
+        super().__init__(msg)
+        self.rule = rule
 
 
 @dataclass(frozen=True)
@@ -371,7 +375,8 @@ class Grammar:
             while todo:
                 r = todo.pop()
                 if r == rid:
-                    raise GrammarError(f"grammar: left recursion in rule '{self.names[rid]}' (not supported, as in llama.cpp)")
+                    raise GrammarError(f"grammar: left recursion in rule '{self.names[rid]}' (not supported, as in "
+                                       "llama.cpp)", rule=self.names[rid])
                 if r not in seen:
                     seen.add(r)
                     todo += first[r]
