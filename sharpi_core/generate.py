@@ -44,7 +44,8 @@ import torch
 
 from .errors import SharpiError
 from .grammar import grammar_need
-from .sampling import AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax_on_device, filtered_probs, sample
+from .sampling import (AdaptiveP, Mirostat, NoDistribution, SamplingParams, apply_penalties, argmax_on_device,
+                       filtered_probs, sample)
 from .speculative import SpecCost, accept_argmax, accept_greedy, accept_sampled
 from .speculative.hybrid import DRAFT_COST, VERIFY_ROW
 from .speculative.synthetic import conditional
@@ -186,6 +187,20 @@ class _Stop(Exception):
 STOP_WINDOW = 32
 
 
+def _probs_before_broken(rows: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """filtered_probs of the verify rows [R, V] before the first that has no distribution (NoDistribution when
+    the first has none)."""
+    good = []
+    for r in range(rows.shape[0]):
+        try:
+            good.append(filtered_probs(rows[r:r + 1], params))
+        except NoDistribution:
+            break
+    if not good:
+        raise NoDistribution()
+    return torch.cat(good)
+
+
 class Generator:
     def __init__(self, model, cache, tokenizer, params: SamplingParams, seed: int = 0, drafter=None,
                  spec_n_max: int = 4, spec_n_min: int = 0, spec_p_min: float = 0.0, n_batch: int = 512,
@@ -205,6 +220,8 @@ class Generator:
         self.n_batch = max(1, n_batch)
         self.n_vocab = int(model.config.n_vocab)
         self.history: list[int] = []  # tokens whose K/V are in the cache
+        # the prompt's tokens a should_stop() between its batches left out of the cache (the last generate())
+        self.unevaluated: list[int] = []
         self.notes: list[str] = []
         self.special = special  # -sp: the text shows control tokens, the end of generation's too (llama-completion)
         # context shift (llama.cpp's --context-shift, --keep): see _shift
@@ -305,6 +322,7 @@ class Generator:
         for s in range(0, len(tokens), self.n_batch):
             chunk = tokens[s:s + self.n_batch]
             if should_stop is not None and should_stop():
+                self.unevaluated = list(tokens[s:])
                 raise _Stop("interrupted")
             if not fits and len(self.history) + len(chunk) >= self.cache.capacity:
                 if not self.context_shift or n_predict == -2:
@@ -533,7 +551,11 @@ class Generator:
             props = [int(d) for d in props[:k]]
         t_drafted = time.perf_counter()
         stats.draft_ms += (t_drafted - t_start) * 1000
-        if not props or (not forced and len(props) < max(1, self.n_min)):
+        # --spec-draft-n-min: too few proposals make a plain step. Sampled drafts (q given) are judged by what was
+        # asked, not by what came: their count can follow their own draws (a grammar ends them early), and
+        # verifying only the long ones would bias the acceptance (their law is no longer q)
+        short = len(props) < max(1, self.n_min) if q is None else k < self.n_min
+        if not props or (not forced and short):
             stats.steps_no_proposal += 1
             return None
         if q is not None:
@@ -621,16 +643,24 @@ class Generator:
         lead to (its state then moves past the accepted drafts and the next token). dead_after: every
         draft accepted leaves nothing to draw (the grammar allows no token there), the next token is None."""
         states = None
+        broken = False
         if self.picker is None:
-            p = filtered_probs(rows, self.params)
+            try:
+                p = filtered_probs(rows, self.params)
+            except NoDistribution:
+                # a row past a rejection, which plain decoding never computes, may have broken down (NaN): the rows
+                # before the first broken one decide, and getting to it is the error plain decoding meets there
+                p, broken = _probs_before_broken(rows, self.params), True
         else:
             pn, states, sides = self.picker.rows(rows.detach().to("cpu", torch.float32).numpy(), self.params,
                                                  props, self.rng)
             p = torch.from_numpy(pn)
         k = min(len(props), p.shape[0])  # a picker's rows stop at a draft it cannot draw (certain rejection)
-        if dead_after:  # a stand-in bonus row, never drawn from
+        if dead_after or broken:  # a stand-in bonus row, never drawn from
             p = torch.cat([p, p[:1]])
         n, nxt = accept_sampled(props[:k], q[:k] if q is not None else None, p, self.rng, self.p_min)
+        if broken and n == k:
+            raise NoDistribution()
         if dead_after and n == k:
             return n, None
         if states is not None:
@@ -702,6 +732,7 @@ class Generator:
 
         t0 = time.perf_counter()
         self._k = self.n_max
+        self.unevaluated = []
         if self.cost is not None:
             self.cost.begin()
         self.shifts = 0
@@ -763,6 +794,8 @@ class Generator:
                     if n_predict >= 0:
                         room = min(room, n_predict - len(out) - 1)
                     k = min(max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max, room)
+                    if k < 1 and stats is not None:  # (no room for a proposal: counted as a step without one)
+                        stats.steps_no_proposal += 1
                     if k >= 1 and self.cost is not None and not forced:
                         k = self.cost.plan(self.history, t, k, self.n_min)
                     if k >= 1:
@@ -790,7 +823,9 @@ class Generator:
                             # output does (a resumed generation, or --prompt-cache-all, goes on from there)
                             self._unfeed(len(accepted) - j)
                             if self.grammar is not None:  # (its state went past all of them)
-                                self.gstate = self.grammar.advance_all(g0, accepted[:j + (a not in eog)])
+                                # (through the one that stopped, an end of generation too, as a plain step's
+                                # sampling advances it: a resumed generation goes on from the same state)
+                                self.gstate = self.grammar.advance_all(g0, accepted[:j + 1])
                             raise
                     if t is None:  # the grammar allows nothing after these
                         raise _Stop("grammar")

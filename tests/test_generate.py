@@ -242,6 +242,10 @@ def test_context_full(kind):
     # like llama.cpp: the last slot stays free
     assert res.tokens == ref_greedy(PROMPT, n_ctx - len(PROMPT))
     assert gen.cache.length <= n_ctx - 1
+    if kind:  # every pass is a verify pass or a plain step (at the end: no room for a proposal)
+        for s in (res.spec, make(GREEDY, drafter_for(kind, GREEDY), spec_n_max=8)[0].generate(PROMPT, n_predict=2).spec):
+            assert s.target_passes == s.verify_passes + s.steps_no_proposal + s.plain_by_cost
+        assert (s.target_passes, s.steps_no_proposal) == (1, 1)
 
 
 def test_interrupt():
@@ -269,7 +273,7 @@ def test_an_interrupt_during_the_prompt_stops_between_its_batches(kind):
     res = gen.generate(PROMPT, n_predict=5, should_stop=stop)
     assert res.stop_reason == "interrupted" and res.tokens == [] and res.text == ""
     assert model.batch_sizes == [7, 7] and gen.history == PROMPT[:14] and gen.cache.length == 14
-    assert res.timings.prompt_n == 14
+    assert res.timings.prompt_n == 14 and gen.unevaluated == PROMPT[14:]  # (-i puts them before the next input)
     res = gen.generate(PROMPT, n_predict=5)
     assert model.batch_sizes[2] == 6 and res.timings.prompt_n == 6  # (then one-token or verify passes)
     assert res.tokens == ref_greedy(PROMPT, 5)
@@ -277,6 +281,11 @@ def test_an_interrupt_during_the_prompt_stops_between_its_batches(kind):
     calls.clear()
     res = gen.generate(PROMPT[:9], n_predict=5, should_stop=lambda: calls.append(1) or len(calls) == 2, resume=True)
     assert res.stop_reason == "interrupted" and res.tokens == [] and len(gen.history) == len(PROMPT) + 4 + 7
+    assert gen.unevaluated == PROMPT[7:9]
+    # resumed from the rest, it is the generation of them all (greedy, no penalties: the samplers' start is moot)
+    whole = gen.history + gen.unevaluated
+    res = gen.generate(gen.unevaluated, n_predict=5, resume=True)
+    assert res.tokens == ref_greedy(whole, 5) and gen.unevaluated == []
 
 
 @pytest.mark.parametrize("kind", [None, "lookup", "model"])
@@ -631,6 +640,70 @@ def test_a_stop_inside_accepted_drafts_leaves_the_history_at_the_output(kind):
     assert gen.feed([res.tokens[-1]])
     res2 = gen.generate([], n_predict=6, resume=True)
     assert res2.tokens == ref[i + 1:i + 7]
+
+
+def test_an_end_of_generation_among_accepted_drafts_leaves_the_constraint_where_a_plain_step_does():
+    """A reasoning budget counts every token in its block, an end of generation too: a plain step's sampling
+    advances the state past the token it draws. A stop on an accepted end-of-generation draft left the state a
+    token behind (the budget one token larger), and the resumed generation went another way (eog 0, 1, 5, 6)."""
+    from sharpi_core.reasoning import ReasoningBudget  # noqa: PLC0415
+    drafted = 0
+    for eog in range(V):
+        runs = []
+        for drafter in (None, drafter_for("same", GREEDY)):
+            gen, _ = make(GREEDY, drafter, eog=(eog,), spec_n_max=4,
+                          grammar=ReasoningBudget([3], [[5]], [1, 2, 5], 6))
+            r = gen.generate(PROMPT, n_predict=60)
+            state = gen.gstate
+            runs.append((r.tokens, r.stop_reason, state, gen.generate([0, 1, 3], resume=True, n_predict=12).tokens))
+        drafted += r.spec.accepted > 0
+        assert runs[0][1] == "eos" and runs[0] == runs[1], eog
+    assert drafted >= 4
+
+
+class _NanAfter7(ToyModel):
+    """A target whose rows after token 7 are NaN (its arithmetic breaks down there)."""
+
+    def forward(self, tokens, *a, **kw):
+        out = super().forward(tokens, *a, **kw).clone()
+        fed = torch.as_tensor(tokens).reshape(-1).tolist()[-out.shape[0]:]
+        out[[i for i, t in enumerate(fed) if t == 7]] = float("nan")
+        return out
+
+
+class _NanDraft(ToyModel):
+    def forward(self, *a, **kw):
+        return torch.full_like(super().forward(*a, **kw), float("nan"))
+
+
+class _Proposes7:
+    """A drafter proposing a token the logit bias bans (as prompt lookup may: it reads the history, not the bias)."""
+
+    def propose(self, history, k):
+        return [7, 1][:k], None
+
+    def rollback(self, n_keep):
+        pass
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temp=0, logit_bias=((7, float("-inf")),)),
+                                    SamplingParams(temp=0.9, logit_bias=((7, float("-inf")),))],
+                         ids=["greedy", "sampled"])
+def test_broken_rows_plain_decoding_never_computes_are_not_an_error(params):
+    """Verify rows after a rejected draft, and a draft model's own rows, are rows plain decoding never
+    computes: a NaN there (a draft whose arithmetic broke down, a target row after a banned token) costs the
+    proposals, not the generation (a NoDistribution error before)."""
+    def gen(model, drafter):
+        return Generator(model, model.new_cache(256), ToyTokenizer(V), params, seed=1, drafter=drafter, spec_n_max=4)
+    plain = gen(_NanAfter7(V, seed=21), None).generate(PROMPT, n_predict=30)
+    res = gen(_NanAfter7(V, seed=21), _Proposes7()).generate(PROMPT, n_predict=30)
+    assert res.stop_reason == plain.stop_reason == "n_predict" and res.spec.drafted > 0
+    if params.greedy:
+        assert res.tokens == plain.tokens
+    d = _NanDraft(V, seed=22)
+    res = gen(target_model(), DraftModelDrafter(d, d.new_cache(256), params, torch.Generator().manual_seed(2))).generate(
+        PROMPT, n_predict=30)
+    assert len(res.tokens) == 30
 
 
 @pytest.mark.parametrize("kind", [None, "same", "lookup"])

@@ -25,7 +25,7 @@ from sharpi_core.sampling import SamplingParams, apply_penalties, draw, filtered
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
 from test_generate import (ADAPTIVE, GREEDY, GREEDY_PEN, MIROSTAT, PROMPT, SAMPLED, SAMPLED_EXT, SAMPLED_PEN, V,
                            drafter_for, make, martingale_test, new_picker, target_model)
-from toy import ToyTokenizer, _next_hash
+from toy import ToyTokenizer, _next_hash, chi2_test
 
 CASES = json.loads((Path(__file__).parent / "data" / "llamacpp_grammar.json").read_text())
 
@@ -504,3 +504,23 @@ def test_wrong_acceptance_under_a_grammar_fails_the_test(monkeypatch):
                   spec_n_max=4, seed=40, grammar=toy_grammar())
     tokens = gen.generate(PROMPT, n_predict=n).tokens
     assert martingale_pvalue_grammar(SAMPLED_PEN, tokens, toy_grammar()) < 1e-6
+
+
+def test_sampled_drafts_the_grammar_cuts_short_are_verified_whatever_n_min():
+    """--spec-draft-n-min drops proposals shorter than it, but a sampled draft's count can follow its own draws:
+    here the grammar ends it after a token of f-h. Dropping those (a plain step instead) verified only the other
+    branch, and with the target as its own draft (q = p) the second token fell in f-h with probability
+    Q(f-h)^2 instead of p's (0.92 against 0.96). Judged by what was asked, the second token's law is p."""
+    tg = TokenGrammar(Grammar('root ::= "a" ( [f-h] | [b-e] [a-h] )'), ToyTokenizer(V), V)
+    params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    p = torch.softmax(target_model().logits_after(PROMPT + [0]).double()[1:], 0).numpy()  # "a" (0) first, then b..h
+    gen, _ = make(params, drafter_for("same", params), spec_n_max=4, spec_n_min=2, grammar=tg)
+    counts = np.zeros(V - 1)
+    verified = 0
+    for _ in range(3000):
+        res = gen.generate(PROMPT, n_predict=10)  # (the grammar ends it after 2 or 3 tokens)
+        assert res.tokens[0] == 0
+        counts[res.tokens[1] - 1] += 1
+        verified += res.spec.verify_passes == 1 and res.spec.steps_no_proposal == 0
+    assert chi2_test(counts, p)[2] > 1e-3, (counts / counts.sum(), p)
+    assert verified == 3000  # every second token came from the one verify pass, of one draft or two

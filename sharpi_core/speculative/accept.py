@@ -18,15 +18,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling import argmax, draw
+from ..sampling import NoDistribution, argmax, draw
 
 
 def accept_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
     """draft [k], target_logits [k+1, V] (bias/penalties applied; row i predicts the token after
     d_1..d_i) -> (n accepted, next token: the target's argmax after the accepted prefix).
 
-    k rows are enough when d_k cannot be the argmax (a token outside the target's vocabulary)."""
-    return accept_argmax(draft, argmax(target_logits, nan_error=True).tolist())
+    k rows are enough when d_k cannot be the argmax (a token outside the target's vocabulary). A NaN at a row's
+    arg-max is NoDistribution only in the rows the verdict reads (up to the first mismatch): plain decoding never
+    computes the rows after it."""
+    am = argmax(target_logits)
+    n, nxt = accept_argmax(draft, am.tolist())
+    if torch.isnan(target_logits[torch.arange(n + 1), am[: n + 1].to(target_logits.device)]).any():
+        raise NoDistribution()
+    return n, nxt
 
 
 def accept_argmax(draft: list[int], am: list[int]) -> tuple[int, int]:

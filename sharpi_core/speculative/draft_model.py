@@ -36,7 +36,7 @@ import copy
 import numpy as np
 import torch
 
-from ..sampling import SamplingParams, apply_penalties, argmax, argmax_on_device, candidates, draw
+from ..sampling import NoDistribution, SamplingParams, apply_penalties, argmax, argmax_on_device, candidates, draw
 from ..grammar import grammar_need
 from ..threads import using_threads
 from .util import common_prefix
@@ -200,6 +200,11 @@ class DraftModelDrafter:
             self._ahead.result()
             self._ahead = None
 
+    @property
+    def window_start(self) -> int:
+        """Where in the target's history the cache's position 0 is (0 until the window slides)."""
+        return self._base
+
     def propose(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         history = self._window(history, k)
         k = min(k, self.cache.capacity - len(history))
@@ -224,13 +229,16 @@ class DraftModelDrafter:
             if self.params.greedy:
                 t = int(argmax(x))
             else:
-                if self._picker is not None:
-                    t, idx, p = self._picker.draw_token(x.detach().to("cpu", torch.float32).numpy(), self.params,
-                                                        self.generator)
-                else:
-                    idx, p = candidates(x, self.params)
-                    idx, p = idx.numpy(), p.numpy()
-                    t = int(idx[draw(p, self.generator)])
+                try:
+                    if self._picker is not None:
+                        t, idx, p = self._picker.draw_token(x.detach().to("cpu", torch.float32).numpy(), self.params,
+                                                            self.generator)
+                    else:
+                        idx, p = candidates(x, self.params)
+                        idx, p = idx.numpy(), p.numpy()
+                        t = int(idx[draw(p, self.generator)])
+                except NoDistribution:  # (a draft whose logits broke down costs its proposals, not the generation)
+                    break
                 if qs is None:
                     qs = np.zeros((k, x.shape[-1]), dtype=np.float32)
                 qs[i, idx] = p

@@ -535,8 +535,10 @@ class NgramChain(WrapsModel):
                 self._last, self._at, self.source = s, len(history), s.name
                 return list(d[:k]), None
         if self.model is not None and k > 0:
-            props, q = self.model.propose(history, min(k, self.model_n_max))
-            if len(props) < max(1, self.model_n_min):  # (--spec-draft-n-min: a plain step)
+            asked = min(k, self.model_n_max)
+            props, q = self.model.propose(history, asked)
+            # (--spec-draft-n-min: a plain step; sampled drafts by what was asked, see Generator._spec_step)
+            if not props or (len(props) if q is None else asked) < self.model_n_min:
                 return [], None
             self._last, self._at, self.source = self.model, len(history), "draft"
             return props, q

@@ -70,6 +70,10 @@ class WrapsModel:
     def history(self) -> list[int]:
         return self.model.history
 
+    @property
+    def window_start(self) -> int:
+        return getattr(self.model, "window_start", 0)
+
     def prefill(self, tokens: list[int]) -> None:
         prefill = getattr(self.model, "prefill", None)
         if prefill is not None:
