@@ -530,7 +530,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             out.write(transcript_reply(messages[-1]))
         if o.show_timings:  # llama-cli's line after each reply
             t = res.timings
-            spec = "" if res.spec is None else f" | Accepted: {100 * (res.spec.as_dict().get('acceptance') or 0):.0f}%"
+            # (no rate where nothing was drafted: 0% would read as every draft rejected)
+            spec = "" if res.spec is None or not res.spec.drafted else f" | Accepted: {100 * res.spec.acceptance:.0f}%"
             log(f"[ Prompt: {t.prompt_tps:.1f} t/s | Generation: {t.eval_tps:.1f} t/s{spec} ]")
         if o.verbose:
             log(f"[turn: {res.timings.prompt_n} new prompt tokens evaluated of {len(ids)}, "

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import fields
 
-from sharpi_core.generate import STOP_WINDOW, GenerationResult, SpecStats, Timings
+from sharpi_core.generate import STOP_WINDOW, GenerationResult, Timings
 
 
 def read_input(multiline: bool, prompt: str = "") -> str | None:
     """llama.cpp's console::readline, repeated while it asks for another line: the lines with their
-    newlines, or None at end of input with nothing typed. The prompt (--in-prefix) is input()'s, so that
+    newlines (but one ended by "/"), or None at end of input with nothing typed. The prompt (--in-prefix) is input()'s, so that
     line editing knows it is there."""
     from .chat import signals_seen, typed_line
     buffer = ""
@@ -40,8 +39,8 @@ def read_input(multiline: bool, prompt: str = "") -> str | None:
             prompt = ""
         except EOFError:
             return buffer or None
-        if line.endswith("/"):  # always returns control, without a newline of its own
-            return buffer + line[:-1] + "\n"
+        if line.endswith("/"):  # always returns control, without a newline of its own (the caller takes one off:
+            return buffer + line[:-1]  # a line of only "/" after others ends them without their last newline)
         more = multiline
         if line.endswith("\\"):  # the other way from the default
             line, more = line[:-1], not multiline
@@ -50,28 +49,11 @@ def read_input(multiline: bool, prompt: str = "") -> str | None:
             return buffer
 
 
-def _sum_into(total, part) -> None:
-    """total's fields += part's (Timings, SpecStats; the per-position lists padded to the longer)."""
-    for f in fields(total):
-        a, b = getattr(total, f.name), getattr(part, f.name)
-        if isinstance(a, list):
-            n = max(len(a), len(b))
-            a = [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
-        elif isinstance(a, dict):  # (SpecStats.sources: per draft source, its counts)
-            a = {name: {c: a.get(name, {}).get(c, 0) + b.get(name, {}).get(c, 0) for c in {**a.get(name, {}), **b.get(name, {})}}
-                 for name in {**a, **b}}
-        else:
-            a += b
-        setattr(total, f.name, a)
-
-
 def _add(total: GenerationResult, res: GenerationResult) -> None:
     """The session's report: one generation's timings and speculative stats added to the others'."""
-    _sum_into(total.timings, res.timings)
+    total.timings = total.timings + res.timings
     if res.spec is not None:
-        if total.spec is None:
-            total.spec = SpecStats()
-        _sum_into(total.spec, res.spec)
+        total.spec = res.spec if total.spec is None else total.spec + res.spec
     total.stop_reason = res.stop_reason
     total.context_shifts += res.context_shifts
 
@@ -143,7 +125,9 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
                     res = gen.generate(queue, n_predict=n_remain if o.n_predict >= 0 else o.n_predict,
                                        stop_strings=anti, on_text=write, should_stop=stop, resume=not fresh,
                                        stop_tokens=anti_tokens, stop_at_end=True)
-                fresh, queue = False, []
+                # (a Ctrl-C between the queue's batches: what it left goes before the next input, as
+                # llama-completion evaluates all of it, nothing dropped)
+                fresh, queue = False, gen.unevaluated
                 _add(total, res)
                 n_remain -= len(res.tokens) + (res.eog_token is not None)
                 pending = res.eog_token if res.eog_token is not None else (res.tokens[-1] if res.tokens else None)

@@ -1571,6 +1571,8 @@ def _run(o: RunOptions) -> int:
             raise UsageError("--prompt-cache is for one-shot prompts (-p, -f, stdin, -st), not conversation mode")
         from sharpi_core.registry import exit_on_termination
         from .chat import chat_loop
+        for note in gen.notes:
+            log(f"note: {note}")
         with exit_on_termination():
             return chat_loop(o, target, gen, n_ctx, first_message=prompt)
     view = None  # a chat's reply is shown as the terminal chat shows it (a reasoning block apart)
@@ -1590,7 +1592,7 @@ def _run(o: RunOptions) -> int:
     # leaves room for one generated token runs, as it does without speculation
     # (a draft model with a smaller context drafts from the history's tail: speculative/draft_model.py)
     engine.check_prompt_fits(len(ids), n_ctx)
-    for note in getattr(gen, "notes", []):
+    for note in gen.notes:
         log(f"note: {note}")
     if o.interactive:
         if o.verbose_prompt:
@@ -1664,7 +1666,9 @@ def _run(o: RunOptions) -> int:
     if pcache is not None and not o.prompt_cache_ro:
         # the prompt's positions (with --prompt-cache-all, every token the target's cache holds); after a
         # context shift only the kept ones hold what evaluating their tokens alone gives
-        exact = {name: (c, h[:gen.exact_prefix], path) for name, (c, h, path) in cached.items()}
+        # (a draft whose window slid holds later positions than the prompt's first: no entry of it)
+        exact = {name: (c, h[:gen.exact_prefix], path) for name, (c, h, path) in cached.items()
+                 if name == "target" or not getattr(drafter, "window_start", 0)}
         if pcache.save(exact, list(gen.history if o.prompt_cache_all else ids)) and o.verbose:
             log(f"sharpi: prompt cache {o.prompt_cache} saved")
     return 130 if res.stop_reason == "interrupted" else 0
@@ -1926,15 +1930,16 @@ def print_report(target, res, o: RunOptions) -> None:
     log(f"sharpi:       total time = {target.load_ms + t.prompt_ms + t.eval_ms:10.2f} ms / {t.prompt_n + t.eval_n:5d} tokens")
     if res.spec is not None:
         s = res.spec.as_dict()
-        log(f"sharpi: speculative: drafted {s.get('drafted')}, accepted {s.get('accepted')} "
-            f"({100 * (s.get('acceptance') or 0):.1f}%), {s.get('tokens_per_pass', 0):.2f} tokens per target pass, "
+        log(f"sharpi: speculative: drafted {s.get('drafted')}, accepted {s.get('accepted')}"
+            + (f" ({100 * s['acceptance']:.1f}%)" if s.get("drafted") else "")
+            + f", {s.get('tokens_per_pass', 0):.2f} tokens per target pass, "
             f"{s.get('steps_no_proposal', 0)} steps without a proposal"
             + (f", {s['plain_by_cost']} plain steps chosen by cost" if s.get("plain_by_cost") else "")
             + ((" (the draft model off: slower than plain decoding here; lookup goes on)" if s.get("sources")
                 else " (speculation off: slower than plain decoding here)") if s.get("cost_off") else ""))
         for name, v in s.get("sources", {}).items():
             log(f"sharpi: speculative, {name}: {v['steps']} steps, drafted {v['drafted']}, accepted {v['accepted']}"
-                f" ({100 * v['accepted'] / max(1, v['drafted']):.1f}%)")
+                + (f" ({100 * v['accepted'] / v['drafted']:.1f}%)" if v["drafted"] else ""))
         if verbose:
             log(f"sharpi: speculative detail: {json.dumps(s)}")
     if verbose:

@@ -231,6 +231,9 @@ class CacheBase:
         self.type_k, self.type_v = type_k, type_v
         self.rot_k = _rotation(type_k, head_dim_k, largest=True)   # size of the rotation of q and k
         self.rot_v = _rotation(type_v, head_dim_v, largest=False)  # of v, and back on the output
+        # the RoPE factors K was turned with where the context size picks them (phi3's "long" / "short": the
+        # model's new_cache sets it; None elsewhere): a prompt cache compares it
+        self.rope_factors: str | None = None
 
     def reach(self, n: int) -> int:
         """Where truncate can cut for a cache that should hold the first n positions: n (a HybridCache

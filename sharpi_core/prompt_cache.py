@@ -160,6 +160,10 @@ class PromptCacheFile:
         if e.get("settings", "") != self.settings:
             raise SharpiError(f"{what}: made with other model settings ({e.get('settings') or 'none'}) than this run's "
                               f"({self.settings or 'none'}) (left as it is; delete it or name another file)")
+        if e.get("rope_factors") != getattr(cache, "rope_factors", None):  # (phi3's long / short, by the context size)
+            raise SharpiError(f"{what}: the {name}'s K there was turned with the model's {e.get('rope_factors')} RoPE "
+                              f"factors, which a context of {cache.capacity} tokens does not take (left as it is; "
+                              "delete it, name another file or use the context size it was made with)")
         mine = (cache.type_k, cache.type_v, cache.rot_k, cache.rot_v)
         theirs = (e.get("type_k"), e.get("type_v"), e.get("rot_k"), e.get("rot_v"))
         if mine != theirs:
@@ -189,7 +193,8 @@ class PromptCacheFile:
             arrays = {k: a.clone() for k, a in cache.arrays(n).items()}
             entries[name] = {"tokens": list(tokens[:n]), "model": self._fingerprint(model_path), "settings": self.settings,
                              "type_k": cache.type_k, "type_v": cache.type_v, "rot_k": cache.rot_k, "rot_v": cache.rot_v,
-                             "arrays": arrays, "digest": _digest(tokens[:n], arrays)}
+                             "rope_factors": getattr(cache, "rope_factors", None), "arrays": arrays,
+                             "digest": _digest(tokens[:n], arrays)}
             changed = True
         if not changed:
             return False

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import cuda_fake
-from conftest import ROOT, loaded, model_path
+from conftest import ROOT, SMOL, loaded, model_path
 from sharpi_core.backends.cuda import cuda_available
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
@@ -801,6 +801,28 @@ def test_phi3_fused_weights_and_longrope(derived):
     assert gcache in gmodel._graphs  # (the same factors: kept)
     gmodel.new_cache(c.n_ctx_orig + 1)
     assert gcache not in gmodel._graphs
+
+
+def test_a_prompt_cache_keeps_the_rope_factors_k_was_turned_with(derived, tmp_path):
+    """phi3's context size picks its RoPE factors: a prompt cache made at the original context (short factors)
+    is refused past it (long ones), where it was restored and gave that context's text (another one from the
+    13th token on), and the reverse; at the same side it is restored."""
+    from sharpi_core.backends.cuda_model import CudaTransformer  # noqa: PLC0415
+    from sharpi_core.prompt_cache import PromptCacheFile  # noqa: PLC0415
+    model, _ = loaded(derived["phi3"])
+    n_orig, path, ids = model.config.n_ctx_orig, derived["phi3"], [1, 2, 3]
+    for made, other in ((n_orig, n_orig + 1), (n_orig + 1, n_orig)):
+        cache = model.new_cache(made)
+        model.forward(torch.tensor(ids), 0, cache)
+        f = tmp_path / f"p{made}.cache"
+        assert PromptCacheFile(f).save({"target": (cache, list(ids), path)}, ids)
+        with pytest.raises(SharpiError, match="RoPE factors"):
+            PromptCacheFile(f).restore("target", model.new_cache(other), [], path, ids)
+        assert PromptCacheFile(f).restore("target", model.new_cache(made), [], path, ids) == 3
+    assert [model.new_cache(n).rope_factors for n in (n_orig, n_orig + 1)] == ["short", "long"]
+    gmodel = CudaTransformer(model, ops=cuda_fake)
+    assert [gmodel.new_cache(n).rope_factors for n in (n_orig, n_orig + 1)] == ["short", "long"]
+    assert loaded(SMOL)[0].new_cache(64).rope_factors is None
 
 
 def test_rope_freqs_outside_llama_is_refused(tmp_path):

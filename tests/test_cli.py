@@ -463,6 +463,11 @@ def test_conversation_commands(smol, tmp_path):
     assert re.search(rf"eval time = +[\d.]+ ms / +{sum(generated)} runs", r.stderr) and len(generated) == 5
     r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="Hi\n")
     assert r.returncode == 0 and "[ Prompt:" not in r.stderr
+    # speculating, the acceptance follows; a reply of one token drafted nothing: no rate (not 0%)
+    spec = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 1, "--draft-lookup", input="Hi\n")
+    assert spec.returncode == 0 and re.search(r"Generation: [\d.]+ t/s \]", spec.stderr), spec.stderr
+    spec = sharpi("-m", smol, "-md", smol, "-cnv", "--temp", 0, "-n", 8, input="Hi\n")  # (itself: it drafts)
+    assert re.search(r"Generation: [\d.]+ t/s \| Accepted: \d+% \]", spec.stderr), spec.stderr
     # piped: the last prompt's line "> " is ended, at the end of the input as at /exit (nothing echoes a line)
     ended = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="Hi\n/exit\n")
     assert r.stdout.endswith("\n> \n") and ended.stdout == r.stdout, (r.stdout, ended.stdout)
@@ -1423,6 +1428,9 @@ def test_spec_sample_switch_note(smol):
     r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0.7, "--draft-lookup", "--json",
                env={"SHARPI_SPEC_SAMPLE": "0"})
     assert r.returncode == 0 and "SHARPI_SPEC_SAMPLE=0" in r.stderr and "speculative" not in json.loads(r.stdout)
+    r = sharpi("-m", smol, "-cnv", "-n", 4, "--temp", 0.7, "--draft-lookup", input="Hi\n",
+               env={"SHARPI_SPEC_SAMPLE": "0"})  # (the chat says it too)
+    assert r.returncode == 0 and r.stderr.count("note: SHARPI_SPEC_SAMPLE=0") == 1
 
 
 @pytest.mark.slow

@@ -69,3 +69,34 @@ def test_ctrl_d_at_once_and_the_prompt_is_not_read_from_stdin():
     r = sharpi("-m", model_path("smollm2-135m-instruct-q4_1"), "-if", "-p", "Hello", "--temp", 0, input="")
     assert r.returncode == 0, r.stderr
     assert r.stdout == "Hello\n"
+
+
+def test_the_session_report_adds_each_generations_counts():
+    """-i's report at the end covers every generation of the session, as the chat's does (SpecStats + SpecStats:
+    cost_off stays a flag, `"cost_off": 0` in -v's detail before)."""
+    from sharpi_cli.interactive import _add
+    from sharpi_core.generate import GenerationResult, SpecStats, Timings
+    total = GenerationResult([], "", "", Timings())
+    _add(total, GenerationResult([1], "a", "eos", Timings(3, 1.0, 1, 2.0), SpecStats(
+        drafted=4, accepted=3, per_position_drafted=[1, 1], per_position_accepted=[1, 0])))
+    _add(total, GenerationResult([2, 3], "bc", "n_predict", Timings(2, 1.0, 2, 2.0), None))
+    _add(total, GenerationResult([4], "d", "eos", Timings(1, 1.0, 1, 1.0), SpecStats(
+        drafted=2, per_position_drafted=[1], per_position_accepted=[1])))
+    assert total.timings == Timings(6, 3.0, 4, 5.0) and total.stop_reason == "eos"
+    d = total.spec.as_dict()
+    assert (d["drafted"], d["accepted"], d["per_position_drafted"], d["per_position_accepted"], d["cost_off"]) == (
+        6, 3, [2, 1], [2, 0], False)
+
+
+@pytest.mark.parametrize("lines,multiline,text", [
+    (["hi"], False, "hi"), (["a\\", "b"], False, "a\nb"), (["ab/"], False, "ab"), (["a\\", "b/"], False, "a\nb"),
+    (["p1", "p2", "/"], True, "p1\np2"), (["a\\", "/"], False, "a"), (["p1", "p2\\"], True, "p1\np2"), (["/"], False, ""),
+])
+def test_an_input_reads_as_llama_completions(monkeypatch, lines, multiline, text):
+    """-i's input as llama-completion reads it (console::readline, one trailing newline taken off): a "/" ends it
+    with no newline of its own, so a line of only "/" after others leaves none after them ("p1\\np2\\n" before)."""
+    import sharpi_cli.chat as chat
+    from sharpi_cli.interactive import read_input
+    typed = iter(lines)
+    monkeypatch.setattr(chat, "typed_line", lambda prompt="": next(typed))
+    assert read_input(multiline).removesuffix("\n") == text

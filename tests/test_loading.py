@@ -31,7 +31,8 @@ def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, m
     w.add_feed_forward_length(64)
     w.add_head_count(m["head_count"])
     w.add_head_count_kv(m["head_count_kv"])
-    w.add_layer_norm_rms_eps(m["eps"])
+    if m["eps"] is not None:
+        w.add_layer_norm_rms_eps(m["eps"])
     if align is not None:
         w.add_custom_alignment(align)
     for k, v in (kv or {}).items():
@@ -171,6 +172,15 @@ def test_big_endian_gguf_is_refused(tmp_path):
 def test_missing_file():
     with pytest.raises(SharpiError, match="not found"):
         GGUFFile("/nonexistent/model.gguf")
+
+
+def test_missing_norm_epsilon_is_refused(tmp_path):
+    """llama.cpp's loaders require <arch>.attention.layer_norm_rms_epsilon for every graph here: a file
+    without it is refused, not run with a guessed 1e-5."""
+    p = tmp_path / "no-eps.gguf"
+    write_gguf(p, meta={"eps": None})
+    with pytest.raises(SharpiError, match="missing GGUF metadata key 'llama.attention.layer_norm_rms_epsilon'"):
+        load_model(str(p))
 
 
 class FakePip:

@@ -73,6 +73,11 @@ def test_runs_with_a_prompt_cache(tmp_path):
     assert len(entries["target"]["tokens"]) == plain["timings"]["prompt_n"] + 11 and "draft" in entries
     cont = json.loads(sharpi(*run, "-p", PROMPT + plain["text"]).stdout)
     assert cont["timings"]["prompt_n"] <= 2
+    # a draft whose window slid past the prompt's start (-cd 16) holds later positions: it has no entry (its
+    # K and V were saved as the prompt's first tokens')
+    slid = tmp_path / "slid.cache"
+    r = sharpi("-m", smol, "-md", smol, "-cd", 16, "-p", " the" * 40, "-n", 4, "--temp", 0, "--prompt-cache", slid)
+    assert r.returncode == 0 and set(PromptCacheFile(slid).entries) == {"target"}
 
 
 def test_prompt_cache_refusals_leave_the_file(tmp_path):

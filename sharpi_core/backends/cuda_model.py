@@ -336,8 +336,10 @@ class CudaTransformer:
             self._tables.clear()
             self._graphs = weakref.WeakKeyDictionary()  # (their passes hold the other factors' tables)
         with self.stream:
-            return CudaKVCache(self.ops, len(self.layers), n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
-                               type_k, type_v, stream=self.stream)
+            cache = CudaKVCache(self.ops, len(self.layers), n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v,
+                                type_k, type_v, stream=self.stream)
+        cache.rope_factors = self.cpu.rope_factor_set(n_ctx)
+        return cache
 
     def shift_cache(self, cache: CudaKVCache, n_keep: int, n_discard: int) -> None:
         """Transformer.shift_cache for this model's cache (its K rows have the CPU cache's layout)."""

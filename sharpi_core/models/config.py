@@ -197,7 +197,8 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         head_dim_k=hd_k,
         head_dim_v=int(a("attention.value_length", hd_k)),
         n_ff=int(gf.require(f"{gf.arch}.feed_forward_length")),
-        norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
+        # every graph here needs it, as llama.cpp's loaders do (no default: a wrong eps moves every norm)
+        norm_eps=float(gf.require(f"{gf.arch}.attention.layer_norm_rms_epsilon")),
         rope_base=float(a("rope.freq_base", 10000.0)),
         rope_freq_scale=_rope_freq_scale(gf),
         rope_scaling=str(a("rope.scaling.type", "linear")),

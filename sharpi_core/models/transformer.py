@@ -483,12 +483,18 @@ class Transformer:
         True when that changed them (rope tables made before are stale)."""
         if not self.config.rope_long_short:
             return False
-        f = self._factor_sets["rope_factors_long.weight" if n_ctx > self.config.n_ctx_orig else "rope_factors_short.weight"]
+        f = self._factor_sets[f"rope_factors_{self.rope_factor_set(n_ctx)}.weight"]
         if f is self._rope_factors:
             return False
         self._rope_factors = f
         self._rope_cache.clear()
         return True
+
+    def rope_factor_set(self, n_ctx: int) -> str | None:
+        """Which RoPE factors a context of n_ctx tokens takes, "long" or "short" (None: the model has one set)."""
+        if not self.config.rope_long_short:
+            return None
+        return "long" if n_ctx > self.config.n_ctx_orig else "short"
 
     def sequences_ok(self) -> bool:
         """Whether a pass can hold several sequences (forward's seqs): attention by the C kernel, which masks other
@@ -505,9 +511,12 @@ class Transformer:
         if c.recurrent:
             n_conv = sum(c.recurrent)
             ssm = (c.ssm_dt_rank, c.ssm_d_state) if c.ssm_d_state else None
-            return HybridCache(c.n_layer - n_conv, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v,
-                               n_conv, c.ssm_conv_dim if ssm else c.n_embd, c.conv_width, ssm)
-        return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
+            cache = HybridCache(c.n_layer - n_conv, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v,
+                                n_conv, c.ssm_conv_dim if ssm else c.n_embd, c.conv_width, ssm)
+        else:
+            cache = KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
+        cache.rope_factors = self.rope_factor_set(n_ctx)
+        return cache
 
     def set_rope(self, base: float = 0.0, freq_scale: float = 0.0, scaling: str | None = None,
                  yarn: dict | None = None) -> None:
