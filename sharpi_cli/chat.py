@@ -94,8 +94,9 @@ def typed_line(prompt: str = "") -> str:
 
 def read_message(multiline: bool) -> str:
     """A chat message typed at "> ": lines go on while one ends in \\ (with -mli, llama-cli's multiline input: until
-    one ends in \\ or /); the marker is dropped, the lines are joined by newlines. At the end of input (Ctrl-D) what
-    was typed so far is the message (llama-cli sends it too); EOFError when nothing was."""
+    one ends in \\); one ending in / ends it in either mode, as llama.cpp's console reads lines (a line of only "/"
+    ends the lines before it). The marker is dropped, the lines are joined by newlines. At the end of input (Ctrl-D)
+    what was typed so far is the message (llama-cli sends it too); EOFError when nothing was."""
     lines: list[str] = []
     while True:
         try:
@@ -105,9 +106,13 @@ def read_message(multiline: bool) -> str:
             if lines:
                 return "\n".join(lines)
             raise
-        ends = line.endswith(("\\", "/")) if multiline else line.endswith("\\")
-        lines.append(line[:-1] if ends else line)
-        if ends == multiline:  # (a marker ends a multiline message and continues a plain one)
+        if line.endswith("/"):
+            if line != "/" or not lines:
+                lines.append(line[:-1])
+            return "\n".join(lines)
+        more = line.endswith("\\")
+        lines.append(line[:-1] if more else line)
+        if more == multiline:  # (a \\ continues a plain message and ends a multiline one)
             return "\n".join(lines)
 
 

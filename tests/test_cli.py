@@ -576,13 +576,15 @@ def test_grammars_and_schemas_nested_too_deeply_or_with_huge_bounds_are_one_erro
 
 def test_conversation_multiline_messages(smol):
     """A chat message over lines: `\\` at a line's end continues it; with -mli (llama-cli's multiline input) lines go
-    on until one ends in `\\` or `/`. The same message gives the same reply either way, and one left unfinished
-    at the end of input is sent (llama-cli sends it too), not dropped."""
+    on until one ends in `\\`; a line ending in `/` ends it either way, as llama.cpp's console reads lines (a line
+    of only "/" ends the ones before it). The same message gives the same reply either way, and one left
+    unfinished at the end of input is sent (llama-cli sends it too), not dropped."""
     args = ("-m", smol, "-cnv", "--temp", 0, "-n", 6, "--no-show-timings")
     ref = sharpi(*args, input="Say\\\nhi.\n")
     assert ref.returncode == 0 and ref.stdout.startswith("> ") and len(ref.stdout) > 4, ref.stderr
     for flags, typed in (((), "Say\\\nhi.\\\n"), (("-mli",), "Say\nhi./\n"), (("-mli",), "Say\nhi.\\\n"),
-                         (("-mli",), "Say\nhi.")):
+                         (("-mli",), "Say\nhi."), ((), "Say\\\nhi./\n"), (("-mli",), "Say\nhi.\n/\n"),
+                         ((), "Say\\\nhi.\\\n/\n")):
         r = sharpi(*args, *flags, input=typed)
         assert r.returncode == 0 and r.stdout == ref.stdout, (flags, typed, r.stdout, r.stderr)
     r = sharpi(*args, input="Say\nhi.\n")  # two messages: two replies
