@@ -56,6 +56,8 @@ import torch
 from . import dry as _dry
 from .choices import DEFAULT_SAMPLERS
 from .errors import SharpiError
+from .libm import logf
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -351,7 +353,7 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
                 break
         vals = x[idx]
     elif use_min_p:
-        thr = np.float32(x.max()) + np.float32(math.log(params.min_p))
+        thr = np.float32(x.max()) + logf(params.min_p)  # (libm's logf of the float, as llama.cpp's)
         idx = np.flatnonzero(x >= thr)
         if idx.shape[0] < max(params.min_keep, 1):  # (none above the cut: min-p > 1 keeps the best, as llama.cpp)
             idx = _topk_sorted(x, max(params.min_keep, 1))
@@ -367,7 +369,7 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
         if m is not None:
             n = max(m, min(params.min_keep, n))  # the first prefix that reaches top_p and min_keep
     if use_min_p and n > 1:
-        thr = vals[0] + np.float32(math.log(params.min_p))
+        thr = vals[0] + logf(params.min_p)
         n = max(1, min(n, max(params.min_keep, int(np.count_nonzero(vals[:n] >= thr)))))  # sorted: a prefix
     idx, vals = _cut(idx, vals, n)
     z = vals.astype(np.float64) / float(np.float32(params.temp))
@@ -444,7 +446,7 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             if hit.shape[0]:
                 idx, vals = idx[: hit[0] + 1], vals[: hit[0] + 1]
         elif stage == "min_p" and params.min_p > 0.0:
-            keep = vals >= vals.max() + np.log(np.float32(params.min_p))
+            keep = vals >= vals.max() + logf(params.min_p)
             if np.count_nonzero(keep) >= max(params.min_keep, 1):
                 idx, vals = idx[keep], vals[keep]
             else:  # the best min_keep of them, at least one (llama.cpp's sorted path; those above the cut are among

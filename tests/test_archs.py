@@ -191,7 +191,7 @@ def test_mistral3_yarn_and_attention_temperatures(derived):
     """mistral3 as llama.cpp reads it: YaRN's betas and log multiplier from the GGUF, q's temperature 1 below
     the original context and 1 + 0.1 ln(k + 1) in its k-th multiple, on the CPU and the GPU models alike."""
     from sharpi_core.backends.cuda_model import CudaTransformer  # noqa: PLC0415
-    from sharpi_core.models.config import _logf  # noqa: PLC0415
+    from sharpi_core.libm import logf  # noqa: PLC0415
     c = config_from_gguf(GGUFFile(derived["mistral3"]))
     kv = gguf_derive.MISTRAL3_KV
     f32 = lambda v: float(np.float32(v))  # noqa: E731
@@ -216,7 +216,7 @@ def test_mistral3_yarn_and_attention_temperatures(derived):
     # YaRN's tables: the first pair extrapolates (the plain angle), the last ones interpolate (a quarter of it)
     tab = model._rope_table(c.layer_rope(0), 200)[:200]
     # (times YaRN's magnitude: fmaf(0.1f, logf(4), 1), exact in double)
-    ms = f32(c.rope_mscale * f32(f32(0.1) * float(_logf(4.0)) + 1.0))
+    ms = f32(c.rope_mscale * f32(f32(0.1) * float(logf(4.0)) + 1.0))
     plain = cpu_kernels.rope_table(c.rope_base, 1.0, 200, c.n_rot, mscale=ms)
     quarter = cpu_kernels.rope_table(c.rope_base, 0.25, 200, c.n_rot, mscale=ms)
     assert torch.equal(tab[:, 0], plain[:, 0]) and torch.equal(tab[:, -8:], quarter[:, -8:])

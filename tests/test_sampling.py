@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from sharpi_core.sampling import (SamplingParams, apply_penalties, argmax, candidates, draw, filtered_probs,
+from sharpi_core.sampling import (DEFAULT_SAMPLERS, SamplingParams, apply_penalties, argmax, candidates, draw,
+                                  filtered_probs,
                                   sample)
 from toy import chi2_test
 
@@ -330,6 +331,20 @@ def test_nan_logits_are_one_clear_error():
     ok = argmax(rows, nan_error=True)
     assert torch.equal(ok, argmax(rows)) and accept_greedy([int(ok[0]), 5], rows) == (1 + (int(ok[1]) == 5), ok[1 + (int(ok[1]) == 5)])
     rows[2] = row
-    with pytest.raises(NoDistribution):
-        accept_greedy([1, 2], rows)
+    with pytest.raises(NoDistribution):  # (the verdict reads row 2: both drafts match)
+        accept_greedy([int(ok[0]), int(ok[1])], rows)
+    # a row after the first mismatch is never read (plain decoding never computes it)
+    assert accept_greedy([int(ok[0]), (int(ok[1]) + 1) % 64], rows) == (1, int(ok[1]))
     assert int(argmax(row)) == 3  # (the plain arg-max, a draft model's: numpy's, the first NaN)
+
+
+def test_the_min_p_cut_is_llama_cpps_logf_in_every_path():
+    """min-p keeps the logits >= max + logf(min_p), the float's libm logf (llama.cpp's): the fast path took
+    float(log(double)), an ulp off for about half the values, so a logit on the cut was dropped there and kept
+    by the general chain (min_p 0.0457)."""
+    from sharpi_core.libm import logf
+    for mp in (0.0457, 0.05, 0.1, 0.0123):
+        x = torch.tensor([0.0, float(logf(mp)), -20.0, -21.0])
+        for samplers in (DEFAULT_SAMPLERS, ("min_p", "temperature")):
+            p = filtered_probs(x, SamplingParams(temp=1, top_k=0, top_p=1, min_p=mp, samplers=samplers))
+            assert int((p > 0).sum()) == 2, (mp, samplers)

@@ -1,8 +1,6 @@
 """Model configuration: one frozen dataclass, filled from GGUF metadata by per-arch tables."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 from dataclasses import dataclass
 
@@ -10,6 +8,7 @@ import numpy as np
 
 from ..errors import SharpiError
 from ..gguf_file import GGUFFile
+from ..libm import logf
 
 ROPE_NORM, ROPE_NEOX = "norm", "neox"  # adjacent pairs vs. halves (llama.cpp's rope types)
 
@@ -147,9 +146,9 @@ class ModelConfig:
             factor = f(1) / f(self.rope_freq_scale)
 
             def mscale(m):
-                return f(1) if factor <= 1 else f(f(f(0.1) * f(m)) * _logf(factor)) + f(1)
+                return f(1) if factor <= 1 else f(f(f(0.1) * f(m)) * logf(factor)) + f(1)
             attn = mscale(1.0) / mscale(self.yarn_log_mul) if self.yarn_log_mul else mscale(1.0)
-            attn = f(attn * (f(1) / (f(1) + f(0.1) * _logf(factor))))
+            attn = f(attn * (f(1) / (f(1) + f(0.1) * logf(factor))))
         return float(f(attn * f(self.rope_attn_factor)))
 
     def attn_temps(self, n: int) -> np.ndarray:
@@ -167,18 +166,6 @@ class ModelConfig:
         if self.is_swa(layer) and self.rope_base_swa:
             return self.rope_base_swa, self.rope_freq_scale_swa
         return self.rope_base, self.rope_freq_scale
-
-
-def _load_logf():
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6").logf
-    except (OSError, AttributeError):
-        return lambda x: np.float32(math.log(x))
-    fn.argtypes, fn.restype = [ctypes.c_float], ctypes.c_float
-    return lambda x: np.float32(fn(float(x)))
-
-
-_logf = _load_logf()  # libm's logf, as llama.cpp's float arithmetic calls it (one ulp can decide a rope table)
 
 
 def _common(gf: GGUFFile, n_vocab: int) -> dict:
