@@ -9,6 +9,7 @@ reach, below the layer count.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 
@@ -16,21 +17,24 @@ import gguf
 import numpy as np
 
 from sharpi_core.errors import UsageError
+from sharpi_core.gguf_file import BigEndian, Reader
 
 _NAME = re.compile(r"direction\.(-?\d+)")
 
 
 def open_gguf(path: str, what: str) -> gguf.GGUFReader:
-    """A control vector's or adapter's file (what: "control vector", "LoRA"), or one error line saying why not."""
+    """A control vector's or adapter's file (what: "control vector", "LoRA"), or one error line saying why not. Read
+    by the models' reader (gguf_file.Reader), which bounds its metadata arrays by the file's size."""
+    if not os.path.exists(path):
+        raise UsageError(f"{what} {path}: no such file")
+    if not os.path.isfile(path):  # (a FIFO would wait for a writer)
+        raise UsageError(f"{what} {path}: not a regular file")
     try:
-        reader = gguf.GGUFReader(path)
-    except FileNotFoundError:
-        raise UsageError(f"{what} {path}: no such file") from None
+        return Reader(path, "r")
+    except BigEndian as e:
+        raise UsageError(f"{what} {path}: {e}") from None
     except Exception as e:  # noqa: BLE001 (a corrupt file: gguf raises whatever its parser meets)
         raise UsageError(f"{what} {path}: not a readable GGUF file ({e})") from None
-    if reader.endianess != gguf.GGUFEndian.LITTLE:
-        raise UsageError(f"{what} {path}: a big-endian GGUF file; sharpi reads little-endian ones only")
-    return reader
 
 
 def _read_one(path: str, strength: float) -> tuple[int, dict[int, np.ndarray]]:

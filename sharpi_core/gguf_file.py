@@ -60,10 +60,14 @@ class _StringArrayParts(Sequence):
 
 
 class _Damaged(ValueError):
-    """What _Reader says of metadata it finds impossible (said as it is, without the exception's name)."""
+    """What Reader says of metadata it finds impossible (said as it is, without the exception's name)."""
 
 
-class _Reader(gguf.GGUFReader):
+class BigEndian(_Damaged):
+    """A GGUF file of the other byte order (llama.cpp refuses them too: its tensors are read as they lie)."""
+
+
+class Reader(gguf.GGUFReader):
     """gguf's reader, with large metadata arrays parsed in bulk.
 
     The stock reader makes two numpy views per array element; for a 150k-262k token vocabulary
@@ -73,6 +77,8 @@ class _Reader(gguf.GGUFReader):
     still works."""
 
     def _build_fields(self, offs: int, count: int) -> int:
+        if self.byte_order != "I":  # (before its metadata: the stock reader walks a big-endian array element by element)
+            raise BigEndian("a big-endian GGUF file; sharpi reads little-endian ones only (as this CPU)")
         for _ in range(count):
             orig_offs = offs
             klen, kdata = self._get_str(offs)
@@ -110,6 +116,8 @@ class _Reader(gguf.GGUFReader):
             lens = np.empty(n, dtype=np.int64)
             for i in range(n):
                 ln = int.from_bytes(buf[offs:offs + 8], "little")
+                if offs + 8 + ln > len(buf):  # (a damaged count or length: stop where the file does)
+                    raise _Damaged(f"an array of {n} strings at offset {orig_offs} runs past the end of the file")
                 starts[i], lens[i] = offs + 8, ln
                 offs += 8 + ln
             return offs - orig_offs, _StringArrayParts(buf, [raw_itype, alen], starts, lens), None, [_ARRAY, _STRING]
@@ -117,6 +125,8 @@ class _Reader(gguf.GGUFReader):
         if nptype is None:
             return super()._get_field_parts(orig_offs, raw_type)
         arr = self._get(offs, nptype, n)
+        if arr.shape[0] != n:  # (the mapping ends first: a damaged count)
+            raise _Damaged(f"an array of {n} values at offset {orig_offs} runs past the end of the file")
         return 12 + int(arr.nbytes), [raw_itype, alen, arr], [2], [_ARRAY, itype]
 
 
@@ -169,7 +179,7 @@ def is_gguf(path) -> bool:
         return False
 
 
-def _open(path: str) -> _Reader:
+def _open(path: str) -> Reader:
     if not os.path.isfile(path):
         raise SharpiError(f"model file not found: {path}")
     try:
@@ -180,9 +190,11 @@ def _open(path: str) -> _Reader:
     if magic != MAGIC:
         raise SharpiError(f"{path}: not a valid GGUF file (it does not start with the 'GGUF' magic bytes)")
     try:
-        reader = _Reader(path, "r")
+        reader = Reader(path, "r")
     except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
         # (reads past the end of the mapping come back short: an index or a view of them fails)
+        if isinstance(e, BigEndian):
+            raise SharpiError(f"{path}: {e}") from None
         if isinstance(e, _Damaged):
             raise SharpiError(f"{path}: not a valid GGUF file ({e})") from None
         import traceback
@@ -194,8 +206,6 @@ def _open(path: str) -> _Reader:
         else:
             why = ""
         raise SharpiError(f"{path}: not a valid GGUF file ({why}{type(e).__name__}: {e})") from None
-    if reader.endianess != gguf.GGUFEndian.LITTLE:  # (llama.cpp refuses them too: its tensors are read as they lie)
-        raise SharpiError(f"{path}: a big-endian GGUF file; sharpi reads little-endian ones only (as this CPU)")
     # the tensors' data lie one after the other, each padded to the alignment, as llama.cpp's gguf_init requires:
     # an offset elsewhere (misaligned, overlapping) is a damaged tensor table, not data to compute with
     expected, align = int(reader.data_offset), int(reader.alignment)  # (numpy integers when read from the file)
@@ -207,7 +217,7 @@ def _open(path: str) -> _Reader:
     return reader
 
 
-def _int_field(reader: _Reader, key: str) -> int | None:
+def _int_field(reader: Reader, key: str) -> int | None:
     f = reader.fields.get(key)
     if f is None or not f.types or f.types[0] not in _INT_TYPES:
         return None
@@ -329,7 +339,7 @@ class GGUFFile:
         return int(f.parts[4][0]) if f is not None and f.types and f.types[0] == _ARRAY else 0
 
     @staticmethod
-    def _read_into_memory(reader: _Reader) -> None:
+    def _read_into_memory(reader: Reader) -> None:
         """The whole file in memory (the metadata's small views stay on the mapping); every tensor and the
         reader's data (transformer.py takes fused weights from it) point into the copy."""
         mapped = reader.data
@@ -413,7 +423,7 @@ def tensor_data_error(name: str, qtype, data: np.ndarray) -> str | None:
 def check_tensors(gf: GGUFFile) -> None:
     """--check-tensors: every tensor's data as llama.cpp's loader validates it; raises SharpiError at the
     first tensor it refuses."""
-    for t in gf.reader.tensors:
+    for t in gf.tensors.values():  # (every part of a split model)
         why = tensor_data_error(t.name, t.tensor_type, t.data)
         if why:
-            raise SharpiError(f"{gf.path}: {why}")
+            raise SharpiError(f"{gf.paths[gf.part_of[t.name]]}: {why}")

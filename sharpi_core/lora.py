@@ -18,6 +18,7 @@ layer and token embedding of a model that does not tie them (llama.cpp fails on 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import gguf
@@ -132,7 +133,10 @@ def _read(path: str, arch: str):
         raise UsageError(f"LoRA {path}: adapter.type is {field(gguf.Keys.Adapter.TYPE)!r}, not 'lora'")
     if field(gguf.Keys.Adapter.ALORA_INVOCATION_TOKENS) is not None:
         raise UsageError(f"LoRA {path}: an activated LoRA (adapter.alora.invocation_tokens) is not supported")
-    alpha = float(field(gguf.Keys.Adapter.LORA_ALPHA) or 0.0)
+    alpha = field(gguf.Keys.Adapter.LORA_ALPHA)
+    if alpha is not None and (isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real)):
+        raise UsageError(f"LoRA {path}: adapter.lora.alpha holds {str(alpha)[:40]!r}, not a number")
+    alpha = float(alpha or 0.0)
     if not math.isfinite(alpha):  # (every product with it would be nan)
         raise UsageError(f"LoRA {path}: adapter.lora.alpha is {alpha}")
     pairs: dict[str, list] = {}

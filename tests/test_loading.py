@@ -19,14 +19,18 @@ from sharpi_core import registry
 
 
 def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, meta=None, extra=(), kv=None,
-               align=None):
+               align=None, skip=(), ints=None):
     """A tiny random llama-shaped GGUF (enough to load, not a real model); `meta` overrides metadata
-    values (the tensors keep their shapes); `kv` adds keys (str or float32 values); `align` writes
-    general.alignment (the data padded to it)."""
+    values (the tensors keep their shapes); `kv` adds keys (str or float32 values), `ints` uint64 ones (the
+    context length's too); `align` writes general.alignment (the data padded to it); `skip`: tensors left out."""
+    ints = ints or {}
     m = {"block_count": n_layer, "embedding_length": n_embd, "head_count": 4, "head_count_kv": 2, "eps": 1e-5, **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(m["block_count"])
-    w.add_context_length(64)
+    if f"{arch}.context_length" not in ints:
+        w.add_context_length(64)
+    for k, v in ints.items():
+        w.add_uint64(k, v)
     w.add_embedding_length(m["embedding_length"])
     w.add_feed_forward_length(64)
     w.add_head_count(m["head_count"])
@@ -40,6 +44,8 @@ def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, m
     rng = np.random.default_rng(0)
 
     def t(name, shape):
+        if name in skip:
+            return
         a = rng.standard_normal(shape).astype(np.float32) * 0.1
         if qtype is not None and len(shape) == 2 and name != "token_embd.weight":
             w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
@@ -172,6 +178,23 @@ def test_big_endian_gguf_is_refused(tmp_path):
 def test_missing_file():
     with pytest.raises(SharpiError, match="not found"):
         GGUFFile("/nonexistent/model.gguf")
+
+
+def test_impossible_metadata_is_one_error(tmp_path):
+    """A 1-D token embedding (an IndexError's traceback when vocab_size is absent), a context length past 32 bits (an
+    OverflowError's in the rope kernel: llama.cpp reads a u32), a per-layer head_count_kv of another length than
+    the layers (llama.cpp's get_key_or_arr refuses it)."""
+    p = tmp_path / "m.gguf"
+    write_gguf(p, extra=[("token_embd.weight", np.ones(32, dtype=np.float32))], skip=("token_embd.weight",))
+    with pytest.raises(SharpiError, match=r"tensor 'token_embd.weight' has shape \[32\], not \[n_embd, n_vocab\]"):
+        load_model(str(p))
+    for key in ("llama.context_length", "llama.rope.scaling.original_context_length"):
+        write_gguf(p, ints={key: 1 << 63})
+        with pytest.raises(SharpiError, match=r"n_ctx_(train|orig) is 9223372036854775808 in its metadata"):
+            load_model(str(p))
+    write_gguf(p, meta={"head_count_kv": [2]}, n_layer=2)
+    with pytest.raises(SharpiError, match="attention.head_count_kv has 1 values for 2 layers"):
+        load_model(str(p))
 
 
 def test_missing_norm_epsilon_is_refused(tmp_path):
@@ -366,6 +389,24 @@ def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):
     (tmp_path / "a.gguf").write_bytes(data)
     with pytest.raises(SharpiError, match=r"an array of 2147483648 strings at offset \d+ is longer than the file"):
         GGUFFile(tmp_path / "a.gguf")
+    # ... a string whose length runs past the file: refused there (the loop read on, empty strings past the end);
+    # a scalar array past the end likewise (it was cut short silently)
+    data[at:at + 16] = struct.pack("<QQ", 3, 10**6)
+    (tmp_path / "a.gguf").write_bytes(data)
+    with pytest.raises(SharpiError, match=r"an array of \d+ strings at offset \d+ runs past the end of the file"):
+        GGUFFile(tmp_path / "a.gguf")
+    from sharpi_core.control_vector import open_gguf
+    w = gguf.GGUFWriter(str(tmp_path / "n.gguf"), "llama")
+    w.add_array("some.values", [1, 2, 3])
+    for f in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        f()
+    data = bytearray((tmp_path / "n.gguf").read_bytes())
+    at = _field_value_at(tmp_path / "n.gguf", "some.values") + 4
+    data[at:at + 8] = struct.pack("<Q", 10**9)  # (the stock reader, which adapters were read with, walked 10^9 of them)
+    (tmp_path / "n.gguf").write_bytes(data)
+    for read in (GGUFFile, lambda p: open_gguf(str(p), "LoRA")):
+        with pytest.raises(SharpiError, match=r"an array of 1000000000 values at offset \d+ runs past the end"):
+            read(tmp_path / "n.gguf")
     # a tensor whose data offset is not where the table's order puts it (misaligned, overlapping): llama.cpp refuses it
     p = write_gguf(tmp_path / "o.gguf")
     t = gguf.GGUFReader(str(p)).tensors[1]

@@ -201,6 +201,8 @@ A, B = np.zeros((8, 576), np.float16), np.zeros((576, 8), np.float16)
     ({"tensors": {"blk.0.attn_q.weight.lora_a": A, "blk.0.attn_q.weight.lora_b": B[None]}}, "lora_b' is not a matrix"),
     ({"kv": {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 16.0},
       "tensors": {"blk.0.attn_q.weight.lora_a": A[:0], "blk.0.attn_q.weight.lora_b": B[:, :0]}}, "is empty"),
+    ({"kv": {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": "x"}},  # (a traceback before)
+     "adapter.lora.alpha holds 'x', not a number"),
 ])
 def test_bad_adapters_are_refused_and_leave_the_model(tmp_path, files, kw, message):
     model, _ = loaded(SMOL)
@@ -210,6 +212,16 @@ def test_bad_adapters_are_refused_and_leave_the_model(tmp_path, files, kw, messa
         with pytest.raises(UsageError, match=message):
             lora.load([(files["a"], 1.0), (path, 1.0)], model)
         assert [list(w.loras) for w in model._layer_weights()] == before  # nothing of the good file's either
+
+
+def test_an_adapter_that_is_no_regular_file_is_refused(tmp_path):
+    """A FIFO given as --lora / --control-vector waited for a writer forever (-m's says so at once)."""
+    import os
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for flag, what in (("--lora", "LoRA"), ("--control-vector", "control vector")):
+        r = sharpi("-m", model_path(SMOL), "-p", "Hi", "-n", 1, flag, fifo, timeout=60)
+        assert r.returncode == 2 and r.stderr.strip() == f"error: {what} {fifo}: not a regular file", r.stderr
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -70,3 +70,21 @@ def test_split_model_errors(smol_split, tmp_path):
     one_error_line(sharpi("-m", first, "-p", "hi"), 1, "not part 2 of")
     shutil.copy(smol_split[1], tmp_path / "m-00002-of-00003.gguf")
     one_error_line(sharpi("-m", first, "-p", "hi"), 1, "part 3 of the split model is missing")
+
+
+def test_check_tensors_reads_every_part(tmp_path):
+    """--check-tensors checked the first part's tensors only: a NaN in a later part's tensor ran (NaN logits)."""
+    import numpy as np
+    from sharpi_core.errors import SharpiError
+    from sharpi_core.gguf_file import check_tensors
+    from test_loading import write_gguf
+    src = write_gguf(tmp_path / "w.gguf", n_layer=2, qtype=gguf.GGMLQuantizationType.Q8_0)
+    parts = write_split(src, tmp_path / "s.gguf", 20 << 10)
+    gf = GGUFFile(parts[0])
+    name = next(n for n, i in gf.part_of.items() if i > 0 and gf.tensors[n].tensor_type == gguf.GGMLQuantizationType.Q8_0)
+    part, t = parts[gf.part_of[name]], gf.tensors[name]
+    data = bytearray(part.read_bytes())
+    data[t.data_offset + 34:t.data_offset + 36] = np.array([np.nan], np.float16).tobytes()  # block 1's scale
+    part.write_bytes(bytes(data))
+    with pytest.raises(SharpiError, match=rf"^{part}: tensor '{name}' has invalid data \(found nan value at block 1\)"):
+        check_tensors(GGUFFile(parts[0]))

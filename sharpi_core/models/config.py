@@ -215,6 +215,9 @@ def _head_count_kv(gf: GGUFFile, n_head: int) -> int:
     v = gf.arch_get("attention.head_count_kv", n_head)
     if not isinstance(v, (list, tuple)):
         return int(v)
+    n_layer = int(gf.require(f"{gf.arch}.block_count"))
+    if len(v) != n_layer:  # (llama.cpp's get_key_or_arr: an array has one value a layer)
+        raise SharpiError(f"{gf.path}: attention.head_count_kv has {len(v)} values for {n_layer} layers")
     counts = {int(n) for n in v} - ({0} if gf.arch in ("lfm2", "qwen35") else set())
     if len(counts) > 1:
         raise SharpiError(f"{gf.path}: KV head counts that differ between layers ({sorted(counts)}) are not supported")
@@ -283,6 +286,9 @@ def _config_from_gguf(gf: GGUFFile) -> ModelConfig:
     if arch not in ARCH_TABLE:
         raise SharpiError(f"unsupported model architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})")
     emb = gf.tensor("token_embd.weight")
+    if len(emb.shape) != 2:
+        raise SharpiError(f"{gf.path}: tensor 'token_embd.weight' has shape {[int(d) for d in emb.shape]}, not "
+                          "[n_embd, n_vocab]")
     n_vocab = int(gf.arch_get("vocab_size", 0) or int(emb.shape[1]) or gf.array_len("tokenizer.ggml.tokens"))
     kw = _common(gf, n_vocab)
     kw.update(ARCH_TABLE[arch])
@@ -613,3 +619,6 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
                       ("yarn_log_mul", 0.0), ("attn_temp_scale", 0.0)):
         if not math.isfinite(getattr(c, name)) or getattr(c, name) < low:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")
+    for name in ("n_ctx_train", "n_ctx_orig"):  # (32-bit counts in llama.cpp's hyperparameters)
+        if not 0 <= getattr(c, name) <= 0xFFFFFFFF:
+            raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata (a context length of 32 bits)")
