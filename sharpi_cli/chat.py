@@ -194,19 +194,42 @@ class ReplyView:
     with colors), as llama-cli shows it; the tags themselves not shown. Without tags (a template with no block,
     --reasoning-format none) the reply as it comes."""
 
-    def __init__(self, out, tags: tuple[str, str] | None, prompt: str, color: bool):
-        """prompt: the rendered conversation the reply follows (its generation prompt may open the block)."""
+    def __init__(self, out, tags: tuple[str, str] | None, prompt: str, color: bool, stops=()):
+        """prompt: the rendered conversation the reply follows (its generation prompt may open the block);
+        stops: -r's strings, where the reply ends unshown (llama-cli's server cuts its stop words off the text), text
+        that may begin one waiting until the next piece tells."""
         from sharpi_core.reasoning import ReasoningStream, opens_block
         self.out, self.color = out, color
         self.stream = ReasoningStream(tags, opens_block(prompt, tags)) if tags else None
         self.kind = "content"
         self.newline = True  # whether what is shown ends a line
+        self.stops = [s for s in stops if s]
+        self.held, self.stopped = "", False
 
     def write(self, piece: str) -> None:
-        self._show(self.stream.feed(piece) if self.stream else [("content", piece)])
+        if self.stops:
+            piece = self._before_stop(piece)
+        if piece:
+            self._show(self.stream.feed(piece) if self.stream else [("content", piece)])
+
+    def _before_stop(self, piece: str) -> str:
+        from sharpi_core.reasoning import partial_tail
+        if self.stopped:
+            return ""
+        text = self.held + piece
+        at = stop_at(text, self.stops)
+        if at is not None:
+            self.held, self.stopped = "", True
+            return text[:at]
+        keep = max(partial_tail(text, s) for s in self.stops)
+        self.held = text[len(text) - keep:]
+        return text[:len(text) - keep]
 
     def close(self) -> None:
         """The reply's end (or its interruption): what was held back, and the colors reset."""
+        held, self.held = self.held, ""
+        if held:  # (no stop string after all)
+            self._show(self.stream.feed(held) if self.stream else [("content", held)])
         if self.stream:
             self._show(self.stream.finish())
         if self.kind == "reasoning" and self.color:
@@ -516,10 +539,10 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                 continue
             if out and line is not None:  # (a message refused above was not sent: not in the transcript)
                 out.write(f"User:\n{turn[-1]['content']}\n\n")
-            view = ReplyView(sys.stdout, tags, text, color)
-            try:
+            view = ReplyView(sys.stdout, tags, text, color, o.reverse_prompt)
+            try:  # (stop strings in the reply only, not begun in the template's text before it)
                 res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
-                                   on_text=view.write, should_stop=stop, stop_tokens=stop_tokens)
+                                   on_text=view.write, should_stop=stop, stop_tokens=stop_tokens, stops_in_prompt=False)
             finally:
                 view.close()
         sys.stdout.write("\n")
@@ -529,7 +552,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         elif res.stop_reason == "ctx_full":
             log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
         # (with -sp the shown text has the control tokens; the conversation keeps the reply's own text)
-        reply = reply_text(tok, res, o.special)
+        reply = reply_text(tok, res, o.special, o.reverse_prompt)
         messages = [*turn, assistant_message(reply, tags, text)]
         if out:
             out.write(transcript_reply(messages[-1]))
@@ -572,9 +595,18 @@ def check_system_prompt_fits(o, tok, n_ctx: int) -> None:
                          f"room for a message and a reply in the context of {n_ctx}; raise -c/--ctx-size")
 
 
-def reply_text(tok, res, special: bool) -> str:
-    """A reply as the conversation keeps it: without control tokens, which -sp shows in res.text."""
-    return tok.decode(res.tokens, skip_special=True) if special else res.text
+def stop_at(text: str, stops) -> int | None:
+    """Where the first of the stop strings found in text begins (None: none is)."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def reply_text(tok, res, special: bool, stops=()) -> str:
+    """A reply as the conversation keeps it: without control tokens, which -sp shows in res.text; one a stop string
+    (-r) ended, up to where it begins (llama-cli's server cuts it off)."""
+    text = tok.decode(res.tokens, skip_special=True) if special else res.text
+    at = stop_at(text, stops) if res.stop_reason == "stop_string" else None
+    return text if at is None else text[:at]
 
 
 class Transcript:

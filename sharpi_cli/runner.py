@@ -1581,7 +1581,7 @@ def _run(o: RunOptions) -> int:
         text = render_messages(o, tok, [{"role": "user", "content": prompt}])
         ids = encode_chat(tok, text)
         if not o.json_out:
-            view = ReplyView(sys.stdout, reply_tags(o, tok), text, use_color(o.color))
+            view = ReplyView(sys.stdout, reply_tags(o, tok), text, use_color(o.color), o.reverse_prompt)
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
         if tok.add_bos and ids[1:2] == ids[:1] == [tok.bos_id]:  # (llama.cpp's tokenizer warns alike)
@@ -1634,8 +1634,10 @@ def _run(o: RunOptions) -> int:
     from .chat import Interrupt
     with Interrupt() as stop:
         try:
+            # (a chat turn's stop strings lie in the reply, not begun in the template's text: llama-cli's)
             res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt), on_text=on_text,
-                               should_stop=stop, stop_tokens=reverse_prompt_tokens(tok, o.reverse_prompt))
+                               should_stop=stop, stop_tokens=reverse_prompt_tokens(tok, o.reverse_prompt),
+                               stops_in_prompt=not o.single_turn)
         finally:
             if view is not None:
                 view.close()
@@ -1643,7 +1645,8 @@ def _run(o: RunOptions) -> int:
         from .chat import assistant_message, open_transcript, reply_tags, reply_text, transcript_reply
         with open_transcript(o) as t:
             t.write(f"User:\n{prompt}\n\n")
-            t.write(transcript_reply(assistant_message(reply_text(tok, res, o.special), reply_tags(o, tok), text)))
+            t.write(transcript_reply(assistant_message(reply_text(tok, res, o.special, o.reverse_prompt),
+                                                       reply_tags(o, tok), text)))
     if o.json_out:
         d = result_json(res, target, seed)
         d.update(reasoning_fields(o, tok, ids, res.text))
@@ -2055,7 +2058,10 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         r = perplexity(m.model, ids, ctx_size, chunks, bos_id=bos, type_k=ctk, type_v=ctv, on_chunk=on_chunk,
                        n_pass=n_pass)
     print()
-    print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.err:.5f}")
+    if r.err > 0:
+        print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.err:.5f}")
+    else:  # (one scored token, or all alike: llama-perplexity prints no estimate then)
+        print("Unexpected negative standard deviation of log(prob)")
     return 0
 
 
@@ -2075,7 +2081,8 @@ def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, 
     if sc.binary_file is None and data.endswith(b"\n"):
         data = data[:-1]
     n_seq = max(4, sc.parallel)
-    st = choice.Setup(-(-n_seq * ctx_size // 256) * 256, n_seq, o.batch_size, o.ubatch_size, ctk, ctv)
+    # (-b at most -c itself, not the context of all the sequences: llama-perplexity's main() caps it so for the scores)
+    st = choice.Setup(-(-n_seq * ctx_size // 256) * 256, n_seq, min(o.batch_size, ctx_size), o.ubatch_size, ctk, ctv)
     set_threads(threads)
     check_adapters(o)
     m = _load(model, flash_attn, mmap=o.mmap)

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from .errors import SharpiError
+from .perplexity import printf_f
+from .text import text_from_bytes
 
 F32 = np.float32
 _INT_AT_START = re.compile(r"[ \t\n\v\f\r]*([+-]?\d+)")  # (std::stoi / istream >> int: a number after blanks)
@@ -180,7 +182,7 @@ class _Reader:
             raise EOFError
         s = self.data[self.pos:self.pos + n]
         self.pos += n
-        return s.decode("utf-8", "replace")
+        return text_from_bytes(s)[0]  # (a U+FFFD a byte that is not UTF-8, as llama.cpp's tokenizer reads them)
 
     def answers(self):
         (n,) = self.take("<I")
@@ -588,7 +590,8 @@ def run_winogrande(model, encode, text: str, n_tasks: int, st: Setup, out: Calla
     out("")
     if len(tasks) >= 100:
         p, sigma = final_f32(n_correct, len(tasks))
-        info(f"Final Winogrande score({len(tasks)} tasks): {float(F32(100) * p):.4f} +/- {float(F32(100) * sigma):.4f}")
+        info(f"Final Winogrande score({len(tasks)} tasks): {printf_f(float(F32(100) * p), '.4f')} +/- "
+             f"{printf_f(float(F32(100) * sigma), '.4f')}")
 
 
 def run_multiple_choice(model, encode, data: bytes, n_tasks: int, st: Setup, out: Callable[[str], None],
@@ -614,6 +617,7 @@ def run_multiple_choice(model, encode, data: bytes, n_tasks: int, st: Setup, out
         out(f"{i + 1}\t{100.0 * n_correct / (i + 1):.8f}")
     out("")
     p, sigma = final_f32(n_correct, len(tasks))
-    info(f"Final result: {float(F32(100) * p):.4f} +/- {float(F32(100) * sigma):.4f}")
+    # (one task: 0 / 0, the x86 default NaN, which llama-perplexity prints as -nan)
+    info(f"Final result: {printf_f(float(F32(100) * p), '.4f')} +/- {printf_f(float(F32(100) * sigma), '.4f')}")
     p, sigma = final_f32(len(tasks), n_answers, len(tasks))
-    info(f"Random chance: {float(F32(100) * p):.4f} +/- {float(F32(100) * sigma):.4f}")
+    info(f"Random chance: {printf_f(float(F32(100) * p), '.4f')} +/- {printf_f(float(F32(100) * sigma), '.4f')}")

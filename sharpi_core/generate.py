@@ -671,7 +671,8 @@ class Generator:
     def generate(self, prompt_tokens: Sequence[int], n_predict: int = -1, stop_strings: Sequence[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, resume: bool = False,
-                 stop_tokens: Collection[int] = (), stop_at_end: bool = False) -> GenerationResult:
+                 stop_tokens: Collection[int] = (), stop_at_end: bool = False,
+                 stops_in_prompt: bool = True) -> GenerationResult:
         """Generate after prompt_tokens, streaming text to on_text, until an end of generation, n_predict
         tokens, a stop string (or one of stop_tokens), should_stop(), or a full context.
 
@@ -681,7 +682,8 @@ class Generator:
         adaptive-p restart), the grammar's state goes on. With no prompt_tokens the model goes on from the
         logits feed() left (or the last history token evaluated again). stop_at_end: a stop string counts only at the end of the text of
         the last STOP_WINDOW tokens the samplers have seen (llama-completion's interactive check), not anywhere
-        in the text a token completed."""
+        in the text a token completed. stops_in_prompt=False: a stop string must lie in the generated text (a
+        chat's reply, where llama-cli's server looks), not begin in the prompt's."""
         timings = Timings()
         stats = SpecStats() if self.speculate else None
         out: list[int] = []
@@ -759,7 +761,7 @@ class Generator:
                 if self.grammar is not None:
                     self.gstate = self.grammar.initial(prompt_tokens)
                 logits = self._prefill(list(prompt_tokens), should_stop)
-            if stops:  # the samplers' memory: the prompt, or the input after a resume
+            if stops and stops_in_prompt:  # the samplers' memory: the prompt, or the input after a resume
                 tail = self.tok.decode(self._past()[-STOP_WINDOW:], skip_special=False)
         except _Stop as st:
             logits, reason = None, st.reason
@@ -794,8 +796,6 @@ class Generator:
                     if n_predict >= 0:
                         room = min(room, n_predict - len(out) - 1)
                     k = min(max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max, room)
-                    if k < 1 and stats is not None:  # (no room for a proposal: counted as a step without one)
-                        stats.steps_no_proposal += 1
                     if k >= 1 and self.cost is not None and not forced:
                         k = self.cost.plan(self.history, t, k, self.n_min)
                     if k >= 1:

@@ -272,7 +272,7 @@ def _div(a: float, b: float) -> float:
     return -math.nan if a == 0 or a != a else math.copysign(math.inf, a) * math.copysign(1.0, b)
 
 
-def _f(x: float, spec: str) -> str:
+def printf_f(x: float, spec: str) -> str:
     """printf's %<spec> of a double: NaNs as glibc writes them (-nan with the sign bit), which Python's format does not."""
     if x == x:
         return format(x, spec)
@@ -331,7 +331,7 @@ def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f1
         mse, mse_unc = _mean_unc(acc[8], acc[9], count)
         rms = math.sqrt(mse)
         top = acc[11] / count
-        out(f"{i + 1:4d}    {math.exp(lp):9.4f} ± {math.exp(lp) * lp_unc:9.4f}    {lp - lb:10.5f} ± {_f(ratio_unc, '10.5f')}"
+        out(f"{i + 1:4d}    {math.exp(lp):9.4f} ± {math.exp(lp) * lp_unc:9.4f}    {lp - lb:10.5f} ± {printf_f(ratio_unc, '10.5f')}"
             f"    {kl:10.5f} ± {kl_unc:10.5f}    {100.0 * rms:6.3f} ± {100.0 * (0.5 / rms * mse_unc if rms else 0.0):6.3f} %"
             f"    {100.0 * top:6.3f} ± {100.0 * math.sqrt(top * (1 - top) / (count - 1)) if count > 1 else 0.0:6.3f} %")
     out("")
@@ -349,13 +349,13 @@ def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f1
     out("====== Perplexity statistics ======")
     out(f"Mean PPL(Q)                   : {ppl:10.6f} ± {ppl_unc:10.6f}")
     out(f"Mean PPL(base)                : {ppl_b:10.6f} ± {ppl_b_unc:10.6f}")
-    out(f"Cor(ln(PPL(Q)), ln(PPL(base))): {_f(_div(100.0 * cov, lp_unc * lb_unc), '6.2f')}%")
+    out(f"Cor(ln(PPL(Q)), ln(PPL(base))): {printf_f(_div(100.0 * cov, lp_unc * lb_unc), '6.2f')}%")
     ratio, ratio_unc = lp - lb, _sqrt(lp_unc * lp_unc + lb_unc * lb_unc - 2.0 * cov)
-    out(f"Mean ln(PPL(Q)/PPL(base))     : {ratio:10.6f} ± {_f(ratio_unc, '10.6f')}")
-    out(f"Mean PPL(Q)/PPL(base)         : {math.exp(ratio):10.6f} ± {_f(math.exp(ratio) * ratio_unc, '10.6f')}")
+    out(f"Mean ln(PPL(Q)/PPL(base))     : {ratio:10.6f} ± {printf_f(ratio_unc, '10.6f')}")
+    out(f"Mean PPL(Q)/PPL(base)         : {math.exp(ratio):10.6f} ± {printf_f(math.exp(ratio) * ratio_unc, '10.6f')}")
     ppl_cov = ppl * ppl_b * cov
     out(f"Mean PPL(Q)-PPL(base)         : {ppl - ppl_b:10.6f} ± "
-        f"{_f(_sqrt(ppl_unc * ppl_unc + ppl_b_unc * ppl_b_unc - 2.0 * ppl_cov), '10.6f')}")
+        f"{printf_f(_sqrt(ppl_unc * ppl_unc + ppl_b_unc * ppl_b_unc - 2.0 * ppl_cov), '10.6f')}")
     out("")
     out("====== KL divergence statistics ======")
     kl, kl_unc = _mean_unc(acc[5], acc[6], count)
@@ -380,7 +380,7 @@ def kl_divergence(model, path: str, bos_id: int | None = None, type_k: str = "f1
     out(f"Minimum Δp: {100.0 * float(p_diff_values[0]):6.3f}%")
     mse, mse_unc = _mean_unc(acc[8], acc[9], count)
     rms = math.sqrt(mse)
-    out(f"RMS Δp    : {100.0 * rms:6.3f} ± {_f(_div(100.0 * 0.5, rms) * mse_unc, '5.3f')} %")
+    out(f"RMS Δp    : {100.0 * rms:6.3f} ± {printf_f(_div(100.0 * 0.5, rms) * mse_unc, '5.3f')} %")
     top = acc[11] / count
     out(f"Same top p: {100.0 * top:6.3f} ± {100.0 * math.sqrt(top * (1.0 - top) / (count - 1)):5.3f} %")
     stats.update(mean_kld=kl, ppl=ppl, ppl_base=ppl_b)

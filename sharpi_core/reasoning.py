@@ -72,11 +72,13 @@ def split_reasoning(text: str, tags: tuple[str, str], opened: bool) -> tuple[str
 
 
 def opens_block(prompt: str, tags: tuple[str, str]) -> bool:
-    """Whether a prompt's text ends inside a reasoning block (a generation prompt ending in `<think>\n`)."""
-    return prompt.rfind(tags[0]) > prompt.rfind(tags[1])
+    """Whether a prompt's text ends inside a reasoning block its generation prompt opened: it ends in the start tag
+    (then whitespace), as llama.cpp's chat code tells "thinking forced open" (a generation prompt ending in
+    `<think>\n`). A start tag further back opens nothing: a message that names the tag is text."""
+    return prompt.rstrip().endswith(tags[0])
 
 
-def _partial_tail(text: str, tag: str) -> int:
+def partial_tail(text: str, tag: str) -> int:
     """Length of the longest end of `text` that is a proper start of `tag` (a tag cut between two pieces)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):
@@ -124,7 +126,7 @@ class ReasoningStream:
                     out.append(("content", ""))  # (the block ends here, whether or not a text follows)
                     self.mode, self._buf, self._fresh = "content", self._buf[i + len(self.end):], True
                     continue
-                keep = _partial_tail(self._buf, self.end)
+                keep = partial_tail(self._buf, self.end)
                 head = self._buf[:len(self._buf) - keep]
                 text = head.rstrip()  # (whitespace before the end tag goes: it waits)
                 self._emit(out, "reasoning", text)
@@ -196,12 +198,20 @@ class ReasoningBudget:
 
     def initial(self, prompt: Sequence[int] = ()) -> State:
         """The state after the prompt: a prompt that opens a block (a template's generation prompt ending
-        in `<think>\n`) starts counting in it, its tokens in the block counted, as llama.cpp's prefill of the
-        generation prompt does. Where the prompt spends the budget, forcing starts after it, unless it
+        in `<think>\n`: only whitespace after the start tag, where `pieces` tells) starts counting in it, its
+        tokens in the block counted, as llama.cpp's prefill of the generation prompt does. Where the prompt spends the budget, forcing starts after it, unless it
         ends the block itself: its tokens never stand for forced ones (llama.cpp's prefill takes them for
         forced ones: with --reasoning-budget 0 a generation prompt's "\n" after <think> would pass for the
         first forced token)."""
         st: State = (IDLE, self.budget, 0, (), ())
+        if self.pieces is not None:
+            # only the generation prompt opens the reply's block: the prompt ends in the start tag, then whitespace
+            # (llama.cpp arms the budget where thinking is forced open); a tag further back is a message's text
+            tag = self.start.seqs[0]
+            at = next((j for j in range(len(prompt) - len(tag), -1, -1) if tuple(prompt[j:j + len(tag)]) == tag), None)
+            if at is None or any(self.pieces(t).strip() for t in prompt[at + len(tag):]):
+                return st
+            prompt = prompt[at:]
         for t in prompt:
             if st[0] == FORCING:
                 ew, hit = self.end.step(st[4], t)

@@ -181,3 +181,25 @@ def test_templates_are_patched_as_llama_cpp_patches_them():
         "in message.content or", "in c or")  # the same refusal in other words: not llama.cpp's text, not patched
     with pytest.raises(ChatTemplateError, match="no channels in content"):
         render_chat(other, msgs, False)
+
+
+def test_a_reply_view_ends_where_a_stop_string_begins():
+    """-r in a chat (llama-cli's server cuts its stop words off): the reply is shown up to where a stop string
+    begins, however the pieces cut it; text that only began like one is shown once the next piece (or the
+    reply's end) tells."""
+    import io
+    import random
+    from sharpi_cli.chat import ReplyView, stop_at
+    reply = "The answer to this classic math problem is 4."
+    rng = random.Random(0)
+    for stops, shown in ((["classic"], "The answer to this "), (["clash", "is 4"], "The answer to this classic math problem "),
+                         (["cla", "answer"], "The "), (["zzz", "4.!"], reply)):
+        for _ in range(50):
+            cuts = sorted(rng.sample(range(1, len(reply)), 6))
+            out = io.StringIO()
+            view = ReplyView(out, None, "", False, stops)
+            for a, b in zip([0, *cuts], [*cuts, len(reply)]):
+                view.write(reply[a:b])
+            view.close()
+            assert out.getvalue() == shown, (stops, cuts)
+    assert stop_at("a b c", ["c", "b"]) == 2 and stop_at("abc", ["x", ""]) is None

@@ -92,6 +92,19 @@ def test_data_files_read_as_llama_perplexity_reads_them():
     assert drawn == [every[i] for i in choice.pick(12, 5)] and len(set(q for q, _, _ in drawn)) == 5
     with pytest.raises(choice.SharpiError, match="cannot read task"):
         choice.multiple_choice_items(data[:-3], 0)
+    # a byte that is not UTF-8 is one U+FFFD, as the tokenizer reads -f's text (Python's "replace" gave one a run)
+    text = b"Caf\xe2\x82 is"
+    one = struct.pack("<II", 1, 8) + struct.pack("<I", len(text)) + text + struct.pack("<I", 1) + struct.pack(
+        "<I", 1) + b"a" + struct.pack("<i", 1) + struct.pack("<I", 0)
+    assert choice.multiple_choice_items(one, 0) == [("Caf\ufffd\ufffd is", ["a"], [1])]
+
+
+def test_one_multiple_choice_task_has_no_spread():
+    """One task: p (1 - p) / 0, the x86 default NaN (sign bit set), which llama-perplexity prints as -nan."""
+    r = sharpi("perplexity", "-m", model_path(SMOL), "--multiple-choice", "-bf", DATA / "mc.bin",
+               "--multiple-choice-tasks", 1)
+    assert r.returncode == 0 and [ln for ln in r.stderr.splitlines() if ln.startswith("Final result")][0].endswith(
+        " +/- -nan"), r.stderr
 
 
 def test_choice_flags_are_checked(tmp_path):
@@ -189,3 +202,12 @@ def test_scores_without_several_sequences_a_pass():
     for g, w in zip(got, want):
         gs, ws = [float(x) for x in g[2].split()[:2]], [float(x) for x in w[2].split()[:2]]
         assert max(abs(a - b) for a, b in zip(gs, ws)) < 0.1
+
+
+def test_passes_are_at_most_c_rows():
+    """llama-perplexity's main() caps -b at -c for the scores (not at the context of all the sequences): -b 2048 and
+    -b 128 at -c 128 are the same passes, so the same scores (task 7's was -4.103248 against -4.027063)."""
+    m = model_path(SMOL)
+    runs = [sharpi("perplexity", "-m", m, "--winogrande", "-f", DATA / "winogrande.csv", "-c", 128, "-np", 16, "-b", b)
+            for b in (2048, 128)]
+    assert runs[0].returncode == 0 and runs[0].stdout == runs[1].stdout

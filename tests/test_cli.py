@@ -574,6 +574,23 @@ def test_grammars_and_schemas_nested_too_deeply_or_with_huge_bounds_are_one_erro
         one_error_line(sharpi("-m", smol, "-p", "hi", "-n", 2, *args), contains=contains)
 
 
+def test_a_chat_stop_string_lies_in_the_reply_and_is_cut_off(smol, tmp_path):
+    """-r in a chat, as llama-cli's server: a stop string counts in the reply only (one begun in the template's text,
+    "t\nThe" across "assistant\nThe", stopped the reply at its first word), and the reply ends before it, on the
+    screen, in the transcript and in the history the next turn sees."""
+    args = ("-m", smol, "-cnv", "--temp", 0, "-n", 40, "--no-show-timings")
+    full = sharpi(*args, input="What is 2+2?\n")
+    assert full.returncode == 0 and "classic" in full.stdout, full.stdout
+    r = sharpi(*args, "-r", "t\nThe", input="What is 2+2?\n")
+    assert r.stdout == full.stdout
+    t = tmp_path / "t.txt"
+    r = sharpi(*args, "-r", "classic", "-o", t, input="What is 2+2?\n")
+    cut = full.stdout[:full.stdout.index("classic")]
+    assert r.stdout == cut + "\n> \n" and "classic" not in t.read_text() and cut[2:] in t.read_text()
+    r = sharpi(*args, "-r", "classic", "-st", "-p", "What is 2+2?")  # (one turn: the same)
+    assert r.returncode == 0 and r.stdout == cut[2:] + "\n", r.stdout
+
+
 def test_conversation_multiline_messages(smol):
     """A chat message over lines: `\\` at a line's end continues it; with -mli (llama-cli's multiline input) lines go
     on until one ends in `\\`; a line ending in `/` ends it either way, as llama.cpp's console reads lines (a line
@@ -1155,6 +1172,9 @@ def test_perplexity_command(smol):
     r = sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / ref["file"], "-c", 128, "--chunks", 8, "-ctk", "iq4_nl",
                "-ctv", "q5_0")
     assert r.returncode == 0 and "Final estimate: PPL = 18.6871 +/- 2.39274" in r.stdout  # llama-perplexity's, same types
+    # one scored token: no spread, so no estimate (llama-perplexity's line instead)
+    r = sharpi("perplexity", "-m", smol, "-f", FIXTURES_DIR / ref["file"], "-c", 3, "--chunks", 1)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "Unexpected negative standard deviation of log(prob)"
 
 
 def test_quantized_v_cache_needs_flash_attention(smol):

@@ -242,10 +242,6 @@ def test_context_full(kind):
     # like llama.cpp: the last slot stays free
     assert res.tokens == ref_greedy(PROMPT, n_ctx - len(PROMPT))
     assert gen.cache.length <= n_ctx - 1
-    if kind:  # every pass is a verify pass or a plain step (at the end: no room for a proposal)
-        for s in (res.spec, make(GREEDY, drafter_for(kind, GREEDY), spec_n_max=8)[0].generate(PROMPT, n_predict=2).spec):
-            assert s.target_passes == s.verify_passes + s.steps_no_proposal + s.plain_by_cost
-        assert (s.target_passes, s.steps_no_proposal) == (1, 1)
 
 
 def test_interrupt():

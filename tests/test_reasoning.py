@@ -90,6 +90,11 @@ def test_budget_states_follow_llama_cpps_sampler():
     zero = ReasoningBudget([100], [[101]], [102, 101], 0)
     assert zero.initial([100, 7, 8])[0] == FORCING and zero.forcing(zero.initial([100, 7, 8])) == 102
     assert zero.initial([100, 7, 101])[0] == DONE  # ...unless it ends the block itself
+    # where the tokens' bytes are known, a start tag with text after it (a message naming the tag) opens no block:
+    # only a prompt ending in the tag, then whitespace, does (llama.cpp arms the budget where thinking is forced open)
+    text = ReasoningBudget([100], [[101]], [102, 101], 2, pieces=lambda t: {100: b"<think>", 9: b" \n"}.get(t, b"x"))
+    assert text.initial([100, 7, 8, 9])[0] == IDLE and text.initial([3, 100, 7, 100, 9])[:2] == (COUNTING, 1)
+    assert text.initial([100, 9, 9])[0] == FORCING and text.initial([100, 7, 101, 3])[0] == IDLE  # (the 9s counted)
 
 
 def test_budget_matches_tags_of_several_tokens():
@@ -123,6 +128,8 @@ def test_split_reasoning():
     assert split_reasoning("It is 4.", tags, False) is None
     assert opens_block("<|im_start|>assistant\n<think>\n", tags)
     assert not opens_block("<think>a</think><|im_start|>assistant\n", tags) and not opens_block("user: hi", tags)
+    # a message that names the tag opens no block: the reply after it is content (it was all "reasoning")
+    assert not opens_block("<|im_start|>user\nWhat does <think> do?<|im_end|>\n<|im_start|>assistant\n", tags)
 
 
 @pytest.mark.parametrize("tags", [("<think>", "</think>"), ("<seed:think>", "</seed:think>")])
