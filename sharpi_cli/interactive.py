@@ -28,8 +28,8 @@ from sharpi_core.generate import STOP_WINDOW, GenerationResult, Timings
 
 def read_input(multiline: bool, prompt: str = "") -> str | None:
     """llama.cpp's console::readline, repeated while it asks for another line: the lines with their
-    newlines (but one ended by "/"), or None at end of input with nothing typed. The prompt (--in-prefix) is input()'s, so that
-    line editing knows it is there."""
+    newlines (but one ended by "/"), or None at end of input with nothing typed. The prompt (--in-prefix) is
+    input()'s, so that line editing knows it is there."""
     from .chat import signals_seen, typed_line
     buffer = ""
     while True:

@@ -199,10 +199,10 @@ class ReasoningBudget:
     def initial(self, prompt: Sequence[int] = ()) -> State:
         """The state after the prompt: a prompt that opens a block (a template's generation prompt ending
         in `<think>\n`: only whitespace after the start tag, where `pieces` tells) starts counting in it, its
-        tokens in the block counted, as llama.cpp's prefill of the generation prompt does. Where the prompt spends the budget, forcing starts after it, unless it
-        ends the block itself: its tokens never stand for forced ones (llama.cpp's prefill takes them for
-        forced ones: with --reasoning-budget 0 a generation prompt's "\n" after <think> would pass for the
-        first forced token)."""
+        tokens in the block counted, as llama.cpp's prefill of the generation prompt does. Where the prompt
+        spends the budget, forcing starts after it, unless it ends the block itself: its tokens never stand for
+        forced ones (llama.cpp's prefill takes them for forced ones: with --reasoning-budget 0 a generation
+        prompt's "\n" after <think> would pass for the first forced token)."""
         st: State = (IDLE, self.budget, 0, (), ())
         if self.pieces is not None:
             # only the generation prompt opens the reply's block: the prompt ends in the start tag, then whitespace
