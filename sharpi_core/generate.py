@@ -652,10 +652,11 @@ class Generator:
                 # before the first broken one decide, and getting to it is the error plain decoding meets there
                 p, broken = _probs_before_broken(rows, self.params), True
         else:
-            pn, states, sides = self.picker.rows(rows.detach().to("cpu", torch.float32).numpy(), self.params,
-                                                 props, self.rng)
+            pn, states, sides, broken = self.picker.rows(rows.detach().to("cpu", torch.float32).numpy(), self.params,
+                                                         props, self.rng)
             p = torch.from_numpy(pn)
-        k = min(len(props), p.shape[0])  # a picker's rows stop at a draft it cannot draw (certain rejection)
+        # a picker's rows stop at a draft it cannot draw (certain rejection); broken ones before the first broken row
+        k = min(len(props), p.shape[0])
         if dead_after or broken:  # a stand-in bonus row, never drawn from
             p = torch.cat([p, p[:1]])
         n, nxt = accept_sampled(props[:k], q[:k] if q is not None else None, p, self.rng, self.p_min)

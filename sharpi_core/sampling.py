@@ -567,24 +567,31 @@ class Picker:
         return t, idx, p
 
     def rows(self, x: np.ndarray, params: SamplingParams, drafts: Sequence[int],
-             generator: torch.Generator | None) -> tuple[np.ndarray, list, list]:
+             generator: torch.Generator | None) -> tuple[np.ndarray, list, list, bool]:
         """A speculative verify pass's distributions: x [R, V] its rows after bias, penalties and any
         grammar mask (row i follows drafts[:i]) -> (p [m, V] float32, zero outside the candidates; the
-        states [m] they were computed in; their sides [m] for next_state). Row i's state is the one
-        drawing drafts[:i] leads to, so each row is the law plain decoding would draw from after
+        states [m] they were computed in; their sides [m] for next_state; broken). Row i's state is the
+        one drawing drafts[:i] leads to, so each row is the law plain decoding would draw from after
         accepting the drafts before it. The rows stop at the first draft of probability 0: its
-        rejection is certain, and no state follows it."""
+        rejection is certain, and no state follows it. They stop before a row past the first that has
+        no distribution (NaN logits), broken True: plain decoding meets that row only if every draft
+        before it is accepted (NoDistribution when the first row has none)."""
         state, p, states, sides_of = self.state, np.zeros(x.shape, dtype=np.float32), [], []
         for i in range(x.shape[0]):
-            idx, pr, sides = self.law(x[i], params, state)
+            try:
+                idx, pr, sides = self.law(x[i], params, state)
+            except NoDistribution:
+                if i == 0:
+                    raise
+                return p[:i], states, sides_of, True
             p[i, idx] = pr
             states.append(state)
             sides_of.append(sides)
             d = drafts[i] if i < len(drafts) else -1
             if not (0 <= d < x.shape[1] and p[i, d] > 0):
-                return p[: i + 1], states, sides_of
+                return p[: i + 1], states, sides_of, False
             state = self.next_state(state, sides, d, generator)
-        return p, states, sides_of
+        return p, states, sides_of, False
 
     def sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
                history: Sequence[int] | None = None, constrain=None) -> int:

@@ -9,7 +9,7 @@ import torch
 import sharpi_core.generate as generate_mod
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
-from sharpi_core.sampling import DEFAULT_SAMPLERS, AdaptiveP, Mirostat, SamplingParams, apply_penalties, argmax, draw, filtered_probs
+from sharpi_core.sampling import DEFAULT_SAMPLERS, AdaptiveP, Mirostat, NoDistribution, SamplingParams, apply_penalties, argmax, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, HybridDrafter, LookupDrafter
 from toy import ChainToy, ToyModel, ToyTokenizer, _next_hash, chi2_sf
 
@@ -531,8 +531,8 @@ def test_plain_mirostat_follows_the_target_and_a_frozen_state_does_not(monkeypat
             p[i, idx] = pr
             sides.append(sd)
             if i < len(drafts) and not p[i, drafts[i]] > 0:
-                return p[: i + 1], [self.state] * (i + 1), sides
-        return p, [self.state] * x.shape[0], sides
+                return p[: i + 1], [self.state] * (i + 1), sides, False
+        return p, [self.state] * x.shape[0], sides, False
     monkeypatch.setattr(type(gen.picker), "rows", stale_rows)
     res = long_run("model", params, N_LONG, 4, seed=43)
     monkeypatch.undo()
@@ -700,6 +700,32 @@ def test_broken_rows_plain_decoding_never_computes_are_not_an_error(params):
     res = gen(target_model(), DraftModelDrafter(d, d.new_cache(256), params, torch.Generator().manual_seed(2))).generate(
         PROMPT, n_predict=30)
     assert len(res.tokens) == 30
+
+
+@pytest.mark.parametrize("picker", [dict(mirostat=2), dict(mirostat=1),
+                                    dict(adaptive_target=0.4, samplers=("adaptive_p",))],
+                         ids=["mirostat2", "mirostat1", "adaptive-p"])
+def test_a_pickers_broken_row_past_a_rejection_is_not_an_error(picker):
+    """Mirostat's and adaptive-p's verify rows: a NaN row after draft d0 is met by plain decoding only when it
+    draws d0, so the pass raises NoDistribution exactly as often as d0 is accepted (always, before: the picker
+    computed every row's law first)."""
+    rows = torch.randn(3, V, generator=torch.Generator().manual_seed(5))
+    rows[1] = float("nan")
+    params = SamplingParams(temp=1.0, **picker)
+    gen, _ = make(params)
+    pn = gen.picker.rows(rows[:1].numpy(), params, [], None)[0]
+    d0 = int(np.argsort(pn[0])[-2])  # a likely draft that is not certain
+    raised, n_runs = 0, 400
+    for seed in range(n_runs):
+        gen, _ = make(params, seed=seed)
+        try:
+            n, nxt = gen._accept_sampled([d0, 1], None, rows)
+            assert n == 0 and pn[0, nxt] > 0 and nxt != d0
+        except NoDistribution:
+            raised += 1
+    assert abs(raised / n_runs - pn[0, d0]) < 4 * (pn[0, d0] * (1 - pn[0, d0]) / n_runs) ** 0.5, (raised, pn[0, d0])
+    with pytest.raises(NoDistribution):  # a broken first row is plain decoding's too
+        gen._accept_sampled([d0], None, torch.full((2, V), float("nan")))
 
 
 @pytest.mark.parametrize("kind", [None, "same", "lookup"])
