@@ -299,14 +299,13 @@ def log_colors(value: str) -> bool:
 def check_hub_flags(o: RunOptions) -> None:
     """-hf / -hfd name a model on the Hugging Face hub, -mu one at a URL: fetched (or found in the cache) when the model
     loads (HubModel / UrlModel in model and model_draft)."""
-    from sharpi_core.hf_hub import HubModel, UrlModel, parse_spec
+    from sharpi_core.hf_hub import HubModel, UrlModel, check_url, parse_spec
     if o.hf_file and not o.hf_repo:
         raise UsageError("-hff/--hf-file names a file of the -hf repository: give -hf too")
     if o.model_url is not None:
         if o.hf_repo is not None:
             raise UsageError("-mu and -hf both name the model: give one")
-        if not o.model_url.startswith(("http://", "https://")):
-            raise UsageError(f"invalid -mu/--model-url '{o.model_url}': expected an http:// or https:// URL")
+        check_url(o.model_url, "-mu/--model-url")
         o.model = UrlModel(o.model_url, o.model, o.hf_token or "", o.offline)
     for flag, spec, other, attr, file in (("-hf", o.hf_repo, "-m", "model", o.hf_file),
                                           ("-hfd", o.hf_repo_draft, "-md", "model_draft", "")):

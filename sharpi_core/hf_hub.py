@@ -15,11 +15,17 @@ huggingface_hub and sharpi share their downloads.
 - A download goes to `blobs/<oid>.downloadInProgress` (resumed with a Range request when one is left over), its
   sha256 (a git blob's sha1 for a small non-LFS file) and size are checked against the listing, and only then is it
   renamed into place: the cache never holds a file that looks complete and is not (llama.cpp does not check).
+  Two downloads of one blob at once (two sharpi runs, or huggingface_hub) take turns: the second waits on
+  `.locks/models--<user>--<model>/<oid>.lock`, huggingface_hub's own lock file, and finds the blob there.
+- The ref (refs/<branch>) moves to a new commit only once its files are fetched: a download cut short leaves the
+  cache serving the files it had; offline, a snapshot that holds the file asked for is used when the ref's does not.
 - A model split by llama-gguf-split (`<name>-00001-of-0000N.gguf`, ...): every part is fetched; the first loads.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -33,12 +39,20 @@ from typing import Callable
 
 from .errors import SharpiError, UsageError
 
+try:
+    import fcntl
+except ImportError:  # (not POSIX: downloads of one file at once are not kept apart)
+    fcntl = None
+
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 _HEADS = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")  # projectors and draft heads a model repo ships
 _NOT_MODELS = _HEADS + ("imatrix",)  # (not a model to run; --cache-list leaves out only the heads, as llama.cpp)
 _SPLIT_RE = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.I)
 _TIMEOUT = 30.0  # seconds a connection may stay silent
 _ATTEMPTS = 3
+# what a request can fail with besides an HTTP error: no connection, a malformed answer (a bad status line, a
+# chunked reply cut short), a URL urllib cannot send (an invalid port)
+_NO_ANSWER = (urllib.error.URLError, OSError, http.client.HTTPException)
 
 # progress(done_bytes, total_bytes, file_name)
 Progress = Callable[[int, int, str], None]
@@ -127,6 +141,18 @@ class _Unreachable(Exception):
     """The hub could not be asked (no network, a server error): the cache may still serve."""
 
 
+def check_url(url: str, what: str) -> None:
+    """UsageError unless url is an http(s) URL urllib can send (a host, a numeric port)."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        ok = u.scheme in ("http", "https") and bool(u.hostname)
+        _ = u.port
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UsageError(f"invalid {what} '{url}': expected an http:// or https:// URL")
+
+
 def _request(url: str, token: str, extra: dict | None = None) -> urllib.request.Request:
     from importlib.metadata import PackageNotFoundError, version
     try:
@@ -136,16 +162,39 @@ def _request(url: str, token: str, extra: dict | None = None) -> urllib.request.
     headers = {"User-Agent": ua, **(extra or {})}
     if token:
         headers["Authorization"] = "Bearer " + token
+    check_url(url, "URL")
     return urllib.request.Request(url, headers=headers)
+
+
+def _netloc(url: str) -> str:
+    try:
+        return urllib.parse.urlsplit(url).netloc
+    except ValueError:
+        return ""
+
+
+def _why(e: Exception) -> str:
+    """One line saying why a request got no answer (a malformed one named by its kind: `BadStatusLine: GARBAGE`)."""
+    text = " ".join(str(getattr(e, "reason", e)).split())
+    if isinstance(e, http.client.HTTPException):
+        return f"a malformed answer ({type(e).__name__}" + (f": {text})" if text else ")")
+    return text or type(e).__name__
+
+
+def _length(headers, name: str = "Content-Length") -> int:
+    """A header's byte count, -1 when it is absent or not a count."""
+    v = (headers.get(name) or "").strip()
+    return int(v) if v.isdigit() else -1
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
     """Redirects followed without the token once they leave the host it was meant for (the hub sends its files
-    from a CDN's signed URLs)."""
+    from a CDN's signed URLs), or https for plain http."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+        old, to = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(new.full_url if new else newurl)
+        if new is not None and (to.netloc != old.netloc or (old.scheme, to.scheme) == ("https", "http")):
             new.remove_header("Authorization")
         return new
 
@@ -187,14 +236,15 @@ def _get_json(url: str, token: str, pages: bool = False):
         if e.code >= 500:
             raise _Unreachable(_http_reason(e)) from None
         raise SharpiError(f"{url}: {_http_reason(e)}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise _Unreachable(str(getattr(e, "reason", e))) from None
+    except _NO_ANSWER as e:
+        raise _Unreachable(_why(e)) from None
     except ValueError:
         raise SharpiError(f"{url}: the hub's answer is not JSON") from None
 
 
-def remote_files(repo: str, token: str = "") -> list[HubFile]:
-    """The files of the repository's `main` commit (else its first branch's); writes refs/<branch>."""
+def remote_files(repo: str, token: str = "") -> tuple[list[HubFile], str, str]:
+    """(the files, branch, commit) of the repository's `main` commit (else its first branch's). Files the listing
+    gives no oid for (a hash to check them by) are left out."""
     ep = endpoint()
     refs = _get_json(f"{ep}api/models/{repo}/refs", token)
     branches = [b for b in (refs.get("branches") if isinstance(refs, dict) else None) or []
@@ -216,32 +266,44 @@ def remote_files(repo: str, token: str = "") -> list[HubFile]:
         lfs = it.get("lfs") if isinstance(it.get("lfs"), dict) else None
         oid = (lfs or it).get("oid") or ""
         size = (lfs or it).get("size")
-        if not isinstance(oid, str) or (oid and not _is_hex(oid, 40, 64)):
+        if not (isinstance(oid, str) and _is_hex(oid, 40, 64)):
             continue
         files.append(HubFile(it["path"], oid.lower(), size if isinstance(size, int) else -1,
                              f"{ep}{repo}/resolve/{commit}/{urllib.parse.quote(it['path'])}", snap / it["path"]))
-    _write_atomic(repo_dir(repo) / "refs" / branch["name"], commit)
-    return files
+    return files, branch["name"], commit
 
 
-def cached_files(repo: str) -> list[HubFile]:
-    """The files cached for the commit refs/main names (else another ref's)."""
-    refs = repo_dir(repo) / "refs"
-    commit = ""
-    if refs.is_dir():
-        for f in sorted(refs.rglob("*"), key=lambda f: f.name != "main"):
+def cached_snapshots(repo: str) -> list[list[HubFile]]:
+    """The files of each cached snapshot: the commits refs/ names first (main's first), then the others, newest
+    first (a snapshot a newer ref's download left behind)."""
+    rdir = repo_dir(repo)
+    commits = []
+    if (rdir / "refs").is_dir():
+        for f in sorted((rdir / "refs").rglob("*"), key=lambda f: f.name != "main"):
             try:
                 c = f.read_text().strip() if f.is_file() else ""
             except OSError:
                 continue
-            if _is_hex(c, 40):
-                commit = c
-                break
-    snap = repo_dir(repo) / "snapshots" / commit
-    if not commit or not snap.is_dir():
-        return []
-    return [HubFile(p.relative_to(snap).as_posix(), local=p) for p in sorted(snap.rglob("*"))
-            if p.is_file() or p.is_symlink()]
+            if _is_hex(c, 40) and c not in commits:
+                commits.append(c)
+    snaps = rdir / "snapshots"
+    if snaps.is_dir():
+        rest = [d for d in snaps.iterdir() if d.is_dir() and _is_hex(d.name, 40) and d.name not in commits]
+        commits += [d.name for d in sorted(rest, key=lambda d: d.stat().st_mtime, reverse=True)]
+    out = []
+    for c in commits:
+        snap = snaps / c
+        if snap.is_dir():
+            files = [HubFile(p.relative_to(snap).as_posix(), local=p) for p in sorted(snap.rglob("*"))
+                     if p.is_file() or p.is_symlink()]
+            if files:
+                out.append(files)
+    return out
+
+
+def cached_files(repo: str) -> list[HubFile]:
+    """The files cached for the commit refs/main names (else another ref's, else the newest snapshot's)."""
+    return next(iter(cached_snapshots(repo)), [])
 
 
 def split_info(path: str) -> tuple[str, int, int]:
@@ -285,18 +347,20 @@ def _resolve(m: HubModel, progress: Progress | None, warn: Callable[[str], None]
             warn("the Hugging Face token is not a valid one (hf_ and 34+ letters or digits): not sent")
         token = ""
     offline = m.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    files, why = [], "--offline" if m.offline else "HF_HUB_OFFLINE"
+    files, why, ref = [], "--offline" if m.offline else "HF_HUB_OFFLINE", None
     if not offline:
         try:
-            files = remote_files(m.repo, token)
+            files, branch, commit = remote_files(m.repo, token)
+            ref = (repo_dir(m.repo) / "refs" / branch, commit)
         except _Unreachable as e:
             why = f"cannot reach {endpoint()}: {e}"
         except SharpiError as e:
             why = str(e)
     if not files:
-        files = cached_files(m.repo)
-        if not files:
+        snaps = cached_snapshots(m.repo)
+        if not snaps:
             raise SharpiError(f"{m.repo}: {why}; nothing of it is cached in {cache_dir()}")
+        files = next((s for s in snaps if pick(s, m.tag, m.file) is not None), snaps[0])
         if warn and not offline:
             warn(f"{why}: using the cached copy of {m.repo}")
     f = pick(files, m.tag, m.file)
@@ -313,23 +377,48 @@ def _resolve(m: HubModel, progress: Progress | None, warn: Callable[[str], None]
         if [split_info(x.path)[1] for x in parts] != list(range(1, count + 1)):
             raise SharpiError(f"{m.repo}: {f.path} is part 1 of {count}, but the repository holds parts "
                               f"{[split_info(x.path)[1] for x in parts]}")
-    return [fetch(m.repo, x, token, progress) for x in parts][0]
+    got = [fetch(m.repo, x, token, progress, warn) for x in parts][0]
+    if ref is not None:  # (only now: a download cut short leaves the ref at the commit whose files the cache has)
+        _write_atomic(*ref)
+    return got
 
 
-def fetch(repo: str, f: HubFile, token: str = "", progress: Progress | None = None) -> Path:
-    """f's bytes at f.local (snapshots/<commit>/<path>), through blobs/<oid> when the listing gave an oid."""
+@contextlib.contextmanager
+def _locked(lock: Path, what: str, warn: Callable[[str], None] | None = None):
+    """An exclusive lock on the file `lock` (kept: deleting it would let a third process lock a new file while a
+    second waits on the old one) while the block downloads `what`."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if warn:
+                    warn(f"waiting for another download of {what} to finish")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def fetch(repo: str, f: HubFile, token: str = "", progress: Progress | None = None,
+          warn: Callable[[str], None] | None = None) -> Path:
+    """f's bytes at f.local (snapshots/<commit>/<path>), through blobs/<oid>."""
     final = f.local
     assert final is not None
     if final.exists():
         return final
     if not f.url:
         raise SharpiError(f"{repo}: {f.path} is not in the cache (a broken link: fetch it again without --offline)")
-    if final.is_symlink():  # (a link whose blob is gone: made anew below)
-        final.unlink()
-    blob = repo_dir(repo) / "blobs" / f.oid if f.oid else final
-    if not blob.exists():
-        _download(f, blob, token, progress)
-    if blob != final:
+    blob = repo_dir(repo) / "blobs" / f.oid
+    with _locked(cache_dir() / ".locks" / repo_dir(repo).name / f"{f.oid}.lock", f.path, warn):
+        if final.exists():  # (another run fetched it while this one waited)
+            return final
+        if final.is_symlink():  # (a link whose blob is gone: made anew below)
+            final.unlink()
+        if not blob.exists():
+            _download(f, blob, token, progress)
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
             final.symlink_to(os.path.relpath(blob, final.parent))
@@ -352,7 +441,11 @@ def _download(f: HubFile, dest: Path, token: str, progress: Progress | None) -> 
             with _open(req, timeout=_TIMEOUT) as r:
                 if have and r.status != 206:  # the server sends it whole: start over
                     have = 0
-                length = int(r.headers.get("Content-Length") or 0)
+                rng = re.match(r"\s*bytes\s+(\d+)-", r.headers.get("Content-Range") or "")
+                if have and rng and int(rng.group(1)) != have:  # (not the range asked for: start over next time)
+                    tmp.unlink()
+                    raise OSError(f"the server sent bytes from {rng.group(1)} where {have} were asked for")
+                length = max(_length(r.headers), 0)
                 total = f.size if f.size >= 0 else (have + length if length else 0)
                 with open(tmp, "ab" if have else "wb") as out:
                     done = have
@@ -370,8 +463,8 @@ def _download(f: HubFile, dest: Path, token: str, progress: Progress | None) -> 
             if e.code < 500:
                 raise SharpiError(f"cannot download {f.url}: {_http_reason(e)}") from None
             err = _http_reason(e)
-        except (urllib.error.URLError, OSError) as e:
-            err = str(getattr(e, "reason", e))
+        except _NO_ANSWER as e:
+            err = _why(e)
     else:
         raise SharpiError(f"cannot download {f.url}: {err} ({_ATTEMPTS} attempts; what came is kept in {tmp} "
                           "and the next run goes on from there)")
@@ -406,7 +499,7 @@ def cached_models() -> list[str]:
         repo = d.name[len("models--"):].replace("--", "/")
         if not valid_repo(repo):
             continue
-        for f in cached_files(repo):
+        for f in (f for snap in cached_snapshots(repo) for f in snap):
             prefix, index, _ = split_info(f.path)
             tag = re.search(r"[-.]([A-Za-z0-9_]+)$", prefix)
             name = prefix.rsplit("/", 1)[-1]
@@ -448,11 +541,17 @@ def url_parts(url: str) -> list[str]:
 def fetch_url(url: str, dest: str | None = None, token: str = "", offline: bool = False,
               progress: Progress | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """-mu: the GGUF at url (and the other parts of a split one) at dest (-m's path; its folder for the parts) or in
-    url_cache_dir() (with the token given, else $HF_TOKEN), downloaded unless a copy is there whose ETag (kept in
-    `<file>.etag`) the server still gives, as llama.cpp's downloader does; the copy is replaced only once a new
-    download is complete (a file there without a .etag, which no -mu download wrote, is kept as it is)."""
+    url_cache_dir() (with the token given; $HF_TOKEN only to the hub's host, not to any URL as llama.cpp sends it),
+    downloaded unless a copy is there whose ETag (kept in `<file>.etag`) the server still gives, as llama.cpp's
+    downloader does; the copy is replaced only once a new download is complete (a file there without a .etag, which
+    no -mu download wrote, is kept as it is). A download left unfinished goes on only while the ETag it began under
+    (`<file>.downloadInProgress.etag`) is still the server's; two runs fetching one path take turns."""
+    check_url(url, "-mu/--model-url")
+    if not token and _netloc(url) == _netloc(endpoint()):
+        token = os.environ.get("HF_TOKEN", "")
+        token = token if _valid_token(token) else ""
     try:
-        return _fetch_url(url, dest, token or os.environ.get("HF_TOKEN", ""), offline, progress, warn)
+        return _fetch_url(url, dest, token, offline, progress, warn)
     except OSError as e:
         raise SharpiError(f"-mu {url}: cannot write {e.filename or dest or url_cache_dir()}: {e.strerror or e}") from None
 
@@ -460,14 +559,15 @@ def fetch_url(url: str, dest: str | None = None, token: str = "", offline: bool 
 def _fetch_url(url: str, dest: str | None, token: str, offline: bool, progress: Progress | None,
                warn: Callable[[str], None] | None) -> Path:
     parts = url_parts(url)
+    names = [_url_path(p).rsplit("/", 1)[-1] for p in parts]
+    if dest is None and not all(names):
+        raise UsageError(f"-mu {url}: the URL names no file (give -m the path to write it to)")
     if dest is not None and len(parts) == 1:
         paths = [Path(dest).expanduser()]
     else:
         folder = Path(dest).expanduser().parent if dest is not None else url_cache_dir()
-        paths = [folder / _url_path(p).rsplit("/", 1)[-1] for p in parts]
+        paths = [folder / n for n in names]
     for u, path in zip(parts, paths):
-        if not path.name:
-            raise UsageError(f"-mu {url}: the URL names no file")
         etag_file = path.with_name(path.name + ".etag")
         if offline:
             if not path.is_file():
@@ -477,23 +577,37 @@ def _fetch_url(url: str, dest: str | None, token: str, offline: bool, progress: 
             req = _request(u, token)
             req.method = "HEAD"
             with _open(req, timeout=_TIMEOUT) as r:
-                etag, length = r.headers.get("ETag") or "", int(r.headers.get("Content-Length") or -1)
-        except (urllib.error.URLError, OSError) as e:  # (HTTPError is one: an answer; the others none)
+                etag, length = r.headers.get("ETag") or "", _length(r.headers)
+        except _NO_ANSWER as e:  # (HTTPError is one: an answer; the others none)
             answer = _http_reason(e) if isinstance(e, urllib.error.HTTPError) else None
+            reason = _why(e)
             if not path.is_file():
-                raise SharpiError(f"cannot download {u}: {answer or getattr(e, 'reason', e)}") from None
+                raise SharpiError(f"cannot download {u}: {answer or reason}") from None
             if warn:
-                warn(f"{u}: {answer}: using {path}" if answer else
-                     f"cannot reach {u} ({getattr(e, 'reason', e)}): using {path}")
+                warn(f"{u}: {answer}: using {path}" if answer else f"cannot reach {u} ({reason}): using {path}")
             continue
-        # (a file there that no -mu download wrote, without its .etag, is the user's: used as it is, never replaced)
-        if path.is_file() and (not etag or not etag_file.is_file() or etag_file.read_text().strip() == etag):
+
+        def current() -> bool:
+            # (a file there that no -mu download wrote, without its .etag, is the user's: used as it is, never replaced)
+            return path.is_file() and (not etag or not etag_file.is_file() or etag_file.read_text().strip() == etag)
+        if current():
             continue
         if path.exists() and not path.is_file():
             raise SharpiError(f"-mu: {path} exists and is not a file")
-        _download(HubFile(path.name, size=length, url=u), path, token, progress)
-        if etag:
-            _write_atomic(etag_file, etag)
+        lock = url_cache_dir() / ".locks" / (hashlib.sha256(str(path.absolute()).encode()).hexdigest() + ".lock")
+        with _locked(lock, u, warn):
+            if current():  # (another run fetched it while this one waited)
+                continue
+            tmp = path.with_name(path.name + ".downloadInProgress")
+            began = tmp.with_name(tmp.name + ".etag")  # the ETag of the bytes a left-over download holds
+            if tmp.exists() and (not etag or not began.is_file() or began.read_text().strip() != etag):
+                tmp.unlink()  # (the server's file changed since, or nothing says which it was: start over)
+            if etag:
+                _write_atomic(began, etag)
+            _download(HubFile(path.name, size=length, url=u), path, token, progress)
+            if etag:
+                _write_atomic(etag_file, etag)
+            began.unlink(missing_ok=True)
     return paths[0]
 
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -30,6 +31,11 @@ class Hub:
         self.files, self.corrupt, self.cut, self.requests = dict(files), set(), set(), []
         self.redirect = set()  # paths whose resolve URL redirects to another host (localhost), as the hub's CDN
         self.status: dict[str, int] = {}  # request path -> forced HTTP status
+        self.raw: dict[str, bytes] = {}  # request path -> bytes sent as the whole answer (a malformed one)
+        self.commit = COMMIT  # what main names
+        self.no_oid = set()  # paths listed without an oid
+        self.bad_range = False  # a Range answered 206 from byte 0
+        self.slow = 0.0  # seconds a download pauses halfway
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,7 +52,7 @@ class Hub:
 
             def do_HEAD(self):
                 hub.requests.append(("HEAD", self.path, dict(self.headers)))
-                prefix = f"/{REPO}/resolve/{COMMIT}/"
+                prefix = f"/{REPO}/resolve/{hub.commit}/"
                 p = self.path[len(prefix):]
                 if not self.path.startswith(prefix) or p not in hub.files:
                     self.send_response(404)
@@ -61,24 +67,30 @@ class Hub:
                 hub.requests.append(("GET", self.path, dict(self.headers)))
                 if self.path in hub.status:
                     return self._send(hub.status[self.path], json.dumps({"error": "forced"}).encode())
+                if self.path in hub.raw:
+                    self.wfile.write(hub.raw[self.path])
+                    self.close_connection = True
+                    return
                 if self.path == f"/api/models/{REPO}/refs":
                     return self._send(200, json.dumps({"branches": [
                         {"name": "dev", "ref": "refs/heads/dev", "targetCommit": "f" * 40},
-                        {"name": "main", "ref": "refs/heads/main", "targetCommit": COMMIT}], "tags": []}).encode())
-                tree = f"/api/models/{REPO}/tree/{COMMIT}?recursive=true"
+                        {"name": "main", "ref": "refs/heads/main", "targetCommit": hub.commit}], "tags": []}).encode())
+                tree = f"/api/models/{REPO}/tree/{hub.commit}?recursive=true"
                 if self.path.startswith(tree):  # two files a page, the next page's URL in a Link header
                     items = [{"type": "directory", "path": "sub", "oid": "1" * 40, "size": 0}]
                     for p, b in hub.files.items():
                         sha1 = hashlib.sha1(b"blob %d\0" % len(b) + b).hexdigest()
                         it = {"type": "file", "path": p, "oid": sha1, "size": len(b)}
-                        if p.endswith(".gguf"):
+                        if p in hub.no_oid:
+                            del it["oid"]
+                        elif p.endswith(".gguf"):
                             it["lfs"] = {"oid": hashlib.sha256(b).hexdigest(), "size": len(b), "pointerSize": 134}
                         items.append(it)
                     page = int(self.path.rsplit("&cursor=", 1)[1]) if "&cursor=" in self.path else 0
                     more = len(items) > 2 * page + 2
                     return self._send(200, json.dumps(items[2 * page:2 * page + 2]).encode(),
                                       {"Link": f'<{hub.url}{tree[1:]}&cursor={page + 1}>; rel="next"'} if more else {})
-                prefix = f"/{REPO}/resolve/{COMMIT}/"
+                prefix = f"/{REPO}/resolve/{hub.commit}/"
                 if self.path.startswith(prefix) and self.path[len(prefix):] in hub.redirect:
                     port = self.server.server_address[1]
                     return self._send(302, b"", {"Location": f"http://localhost:{port}/cdn/{self.path[len(prefix):]}"})
@@ -91,7 +103,7 @@ class Hub:
                         body = body[:-1] + bytes([body[-1] ^ 1])
                     rng = self.headers.get("Range")
                     if rng:
-                        start = int(rng.split("=")[1].rstrip("-"))
+                        start = 0 if hub.bad_range else int(rng.split("=")[1].rstrip("-"))
                         if start >= len(body):
                             return self._send(416)
                         part = body[start:]
@@ -111,6 +123,11 @@ class Hub:
                         self.wfile.flush()
                         self.connection.shutdown(2)  # the connection drops mid-file
                         return
+                    if hub.slow:
+                        self.wfile.write(body[:len(body) // 2])
+                        self.wfile.flush()
+                        time.sleep(hub.slow)
+                        body = body[len(body) // 2:]
                     self.wfile.write(body)
                     return
                 self._send(404, json.dumps({"error": "Repository not found"}).encode())
@@ -294,6 +311,113 @@ def test_token(hub, env, monkeypatch):
     assert served[1] == "/cdn/cdn-Q5_K_M.gguf" and served[2].get("Authorization") is None
 
 
+def test_two_runs_fetching_one_file_take_turns(hub, env):
+    """Two fetches of one blob at once: the second waits on huggingface_hub's lock file and finds the blob there
+    (it appended to the first's download before: a blob bigger than the file, kept as complete, or moved away)."""
+    body = hub.files["model-Q4_K_M.gguf"] = os.urandom(1 << 20)
+    hub.slow = 1.0
+    got, warned = {}, []
+
+    def run(k):
+        got[k] = hf_hub.resolve(HubModel(REPO), warn=warned.append)
+    first = threading.Thread(target=run, args=("first",))
+    first.start()
+    while not hub.downloads():  # (the first has the lock once its download began)
+        time.sleep(0.01)
+    second = threading.Thread(target=run, args=("second",))
+    second.start()
+    first.join()
+    second.join()
+    assert got["first"] == got["second"] and got["first"].is_symlink() and got["first"].read_bytes() == body
+    assert len(hub.downloads()) == 1 and warned == ["waiting for another download of model-Q4_K_M.gguf to finish"]
+    sha = hashlib.sha256(body).hexdigest()
+    assert (env / ".locks" / "models--tester--SmolLM2-135M-Instruct-GGUF" / f"{sha}.lock").is_file()
+
+
+def test_malformed_answers_and_urls_are_one_error(hub, env, monkeypatch):
+    monkeypatch.setattr(hf_hub.time, "sleep", lambda s: None)
+    hub.raw[f"/api/models/{REPO}/refs"] = b"GARBAGE\r\n\r\n"  # (http.client's BadStatusLine)
+    with pytest.raises(SharpiError, match="cannot reach .*nothing of it is cached"):
+        hf_hub.resolve(HubModel(REPO))
+    hub.raw.clear()
+    path, body = f"/{REPO}/resolve/{COMMIT}/model-Q8_0.gguf", hub.files["model-Q8_0.gguf"]
+    hub.raw[path] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40\r\nGGUF"  # a chunked answer cut short
+    with pytest.raises(SharpiError, match="cannot download .*IncompleteRead"):
+        hf_hub.resolve(HubModel(REPO, "Q8_0"))
+    hub.raw[path] = b"HTTP/1.1 200 OK\r\nContent-Length: many\r\n\r\n" + body  # a length that is no number
+    assert hf_hub.resolve(HubModel(REPO, "Q8_0")).read_bytes() == body
+    for bad in ("http://[::1/x.gguf", "http://127.0.0.1:abc/x.gguf", "file:///x.gguf", "http:///x.gguf"):
+        with pytest.raises(UsageError, match="expected an http"):
+            hf_hub.fetch_url(bad)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:abc/")
+    with pytest.raises(SharpiError, match="invalid URL .*nothing of it is cached"):
+        hf_hub.resolve(HubModel("tester/other"))
+    # listed without an oid (nothing to check its bytes by): not a file to fetch
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    hub.files["x-Q6_K.gguf"] = b"GGUF q6"
+    hub.no_oid.add("x-Q6_K.gguf")
+    with pytest.raises(SharpiError, match="no model GGUF with tag Q6_K"):
+        hf_hub.resolve(HubModel(REPO, "Q6_K"))
+
+
+def test_an_update_cut_short_leaves_the_cache_serving_what_it_had(hub, env, monkeypatch):
+    """refs/main moves to a new commit only once its file is fetched: a download cut short left it naming a
+    snapshot that held nothing, and the old, complete one was lost to --offline and a hub that is down."""
+    monkeypatch.setattr(hf_hub.time, "sleep", lambda s: None)
+    old = hf_hub.resolve(HubModel(REPO))
+    hub.commit = "b" * 40
+    new = hub.files["model-Q4_K_M.gguf"] = b"GGUF q4km v2" * 100
+    hub.status[f"/{REPO}/resolve/{hub.commit}/model-Q4_K_M.gguf"] = 503
+    with pytest.raises(SharpiError, match="cannot download"):
+        hf_hub.resolve(HubModel(REPO))
+    ref = env / "models--tester--SmolLM2-135M-Instruct-GGUF" / "refs" / "main"
+    assert ref.read_text() == COMMIT and hf_hub.resolve(HubModel(REPO, offline=True)) == old
+    # a ref naming a snapshot without the file (left by an earlier sharpi): a snapshot that holds it serves
+    ref.write_text(hub.commit)
+    snap = ref.parent.parent / "snapshots" / hub.commit
+    snap.mkdir()
+    (snap / "README.md").write_text("# a model\n")
+    assert hf_hub.resolve(HubModel(REPO, offline=True)) == old
+    assert hf_hub.cached_models() == [f"{REPO}:Q4_K_M"]
+    hub.status.clear()
+    assert hf_hub.resolve(HubModel(REPO)).read_bytes() == new and ref.read_text() == hub.commit
+
+
+def test_model_url_resumes_only_the_file_it_began(hub, env, monkeypatch):
+    """-mu resumes a download left over only under the ETag it began with (the server's file changed: old bytes
+    and new ones were joined into a file of the right size), and only from the byte it asked for."""
+    monkeypatch.setattr(hf_hub.time, "sleep", lambda s: None)
+    url, body = f"{hub.url}{REPO}/resolve/{COMMIT}/model-Q8_0.gguf", hub.files["model-Q8_0.gguf"]
+    etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+    path, tmp = env / "model-Q8_0.gguf", env / "model-Q8_0.gguf.downloadInProgress"
+    began = env / "model-Q8_0.gguf.downloadInProgress.etag"
+    env.mkdir()
+    for left, tag, resumed in ((b"X" * 100, None, False), (b"X" * 100, '"older"', False), (body[:100], etag, True)):
+        path.unlink(missing_ok=True)
+        tmp.write_bytes(left)
+        if tag:
+            began.write_text(tag)
+        assert hf_hub.fetch_url(url) == path and path.read_bytes() == body
+        assert hub.downloads()[-1][2].get("Range") == ("bytes=100-" if resumed else None), (left[:4], tag)
+        assert not tmp.exists() and not began.exists() and (env / "model-Q8_0.gguf.etag").read_text() == etag
+    hub.bad_range = True  # an answer from byte 0 to a Range from byte 100: started over, not appended
+    path.unlink()
+    tmp.write_bytes(body[:100])
+    began.write_text(etag)
+    assert hf_hub.fetch_url(url).read_bytes() == body and hub.downloads()[-1][2].get("Range") is None
+    with pytest.raises(UsageError, match="names no file"):  # (it wrote the answer over the cache folder)
+        hf_hub.fetch_url(f"{hub.url}{REPO}/resolve/{COMMIT}/")
+    # $HF_TOKEN goes to the hub's host only, not to any -mu URL (-hft's token goes where it is told)
+    token = "hf_" + "a1" * 17
+    monkeypatch.setenv("HF_TOKEN", token)
+    hf_hub.fetch_url(url)
+    assert hub.requests[-1][0] == "HEAD" and hub.requests[-1][2].get("Authorization") == f"Bearer {token}"
+    hf_hub.fetch_url(url.replace("127.0.0.1", "localhost"))
+    assert hub.requests[-1][0] == "HEAD" and hub.requests[-1][2].get("Authorization") is None
+    hf_hub.fetch_url(url.replace("127.0.0.1", "localhost"), token=token)
+    assert hub.requests[-1][2].get("Authorization") == f"Bearer {token}"
+
+
 @pytest.fixture(scope="module")
 def smol_hub():
     h = Hub({"SmolLM2-135M-Instruct-Q4_1.gguf": model_path(SMOL).read_bytes(), "README.md": b"SmolLM2\n"})
@@ -393,6 +517,7 @@ def test_cli_model_url_and_cache_list(smol_hub_split, env):
     assert got.returncode == 0 and got.stdout == plain, got.stderr
     assert sorted(p.name for p in env.glob("*.gguf")) == [p.name for p in parts]
     one_error_line(sharpi("-mu", "ftp://x/m.gguf", *args, env=e), 2, "expected an http:// or https:// URL")
+    one_error_line(sharpi("-mu", "http://127.0.0.1:abc/m.gguf", *args, env=e), 2, "expected an http:// or https://")
     one_error_line(sharpi("-mu", url, "-hf", REPO, *args, env=e), 2, "-mu and -hf both name the model")
     assert sharpi("-cl", env=e).stdout == "number of models in cache: 0\n"
     assert sharpi("-hf", f"{REPO}:Q4_1", *args, env=dict(e, HF_ENDPOINT=url.split(REPO)[0])).stdout == plain
