@@ -36,6 +36,10 @@ MAX_REPETITION = 2000    # llama.cpp's MAX_REPETITION_THRESHOLD
 _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4)  # by the lead byte's high nibble (0: continuation)
 
 
+# the parse stacks one character may lead to: an ambiguous grammar's grow with each character (memory, time)
+MAX_STACKS = 200_000
+
+
 class GrammarError(UsageError):
     """A grammar or schema that cannot be used (exit 2, like a bad flag value); `rule`: the rule it names, if one."""
 
@@ -420,6 +424,9 @@ class Grammar:
             if stack in seen:
                 continue
             seen.add(stack)
+            if len(seen) > MAX_STACKS:
+                raise GrammarError(f"grammar: more than {MAX_STACKS} ways to parse the text so far (nested "
+                                   "repetitions such as ((x)+)+ multiply them): write the grammar without them")
             if not stack:
                 out.add(stack)
                 continue

@@ -8,27 +8,30 @@ so that greedy output matches llama-cli's:
   ones in order (any may be left out); `additionalProperties` (a schema, or true) adds keys that are
   none of the declared names; an object schema without properties is any object;
 - arrays: `items` (a schema, or a list: a tuple), `prefixItems`, `minItems`, `maxItems`;
-- strings: `minLength`, `maxLength`, `format` date / time / date-time / uuid, `pattern` (an ECMA regular
+- strings: `minLength`, `maxLength`, `format` date / time / date-time / uuid (uuid1-5), `pattern` (an ECMA regular
   expression, sharpi_core.pattern: where llama.cpp's converter supports one, the same language, as
   valid JSON; more of the syntax besides: \\d \\w \\s, unanchored patterns); with a pattern, lengths and
   formats are not checked (a warning says so; llama.cpp ignores them silently);
 - integers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers or, draft 4, booleans):
-  exactly the integers in the range, at most 16 digits where a side is open (llama.cpp's language for
-  one-sided bounds also holds some integers outside them: minimum 105 allows 15);
+  exactly the integers in the range, at most 16 digits where a side is open or its bound has more digits
+  (llama.cpp's language for one-sided bounds also holds some integers outside them: minimum 105 allows 15);
 - numbers: the same bounds when they are whole numbers, exactly, written without an exponent (llama.cpp
   ignores them); other bounds are not checked (a warning);
 - `enum`, `const`, `anyOf` / `oneOf`, a list of types, `allOf` of objects, `$ref` into the document
   (recursion included).
 
 What cannot be written is refused with one error line, not approximated; what is accepted but not
-enforced (the cases above, bounds without a type, maxLength/maxItems above GBNF's 2000, other formats, and the
-validation keywords of _UNENFORCED: multipleOf, uniqueItems, not, if / then / else, ...) is named in a
-warning (`warn`).
+enforced (the cases above, bounds without a type, string lengths without a type (any value then, as
+llama.cpp's), maxLength/maxItems above GBNF's 2000, other formats, and the validation keywords of
+_UNENFORCED: multipleOf, uniqueItems, not, if / then / else, ...) is named in a warning (`warn`). The schema's
+text is read as llama.cpp's JSON parser reads it: NaN, Infinity, numbers out of a double's range and lone
+surrogates are not JSON.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Callable
 
 from .errors import UsageError
@@ -68,6 +71,13 @@ _DEPS = {"number": ("integral-part", "decimal-part"), "integer": ("integral-part
          "time-string": ("time",), "date-time-string": ("date-time",)}
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _FORMATS = {"date": "date-string", "time": "time-string", "date-time": "date-time-string", "uuid": "uuid"}
+
+
+def _format_rule(fmt) -> str:
+    """The primitive rule of a string format ("" for one not enforced); uuid1..uuid5 are uuid, as llama.cpp's."""
+    if not isinstance(fmt, str):
+        return ""
+    return _FORMATS.get(fmt) or ("uuid" if re.fullmatch(r"uuid[1-5]", fmt) else "")
 # validation keywords the grammar does not express (llama.cpp's converter drops them too, silently): named in a warning
 _UNENFORCED = ("multipleOf", "uniqueItems", "minProperties", "maxProperties", "not", "if", "then", "else",
                "dependentRequired", "dependentSchemas", "dependencies", "patternProperties", "propertyNames",
@@ -248,8 +258,11 @@ class _Converter:
                 return self.all_of(s["allOf"], path)
             if "items" in s or "prefixItems" in s:
                 return self.array(s, path)
-            if any(k in s for k in ("pattern", "minLength", "maxLength", "format")):
+            if "pattern" in s or _format_rule(s.get("format")):  # (as llama.cpp's: a string)
                 return self.string(s, path)
+            lengths = [k for k in ("minLength", "maxLength", "format") if k in s]
+            if lengths:  # (they constrain strings only: any value, as llama.cpp's converter)
+                self.warn(f"{path}: {', '.join(lengths)} without type string not enforced")
             if any(k in s for k in _BOUNDS):
                 self.warn(f"{path}: bounds without a type are not enforced (give type number or integer)")
             return self.prim("value")
@@ -316,8 +329,10 @@ class _Converter:
         lo, lo_strict, hi, hi_strict = self.bounds(s, path)
         lo = -INT_LIMIT if lo is None else math.floor(lo) + 1 if lo_strict else math.ceil(lo)
         hi = INT_LIMIT if hi is None else math.ceil(hi) - 1 if hi_strict else math.floor(hi)
-        if max(abs(lo), abs(hi)) > INT_LIMIT:
-            raise SchemaError(f"{path}: integer bounds beyond 16 digits are not supported")
+        if lo > INT_LIMIT or hi < -INT_LIMIT:
+            raise SchemaError(f"{path}: no integer of at most 16 digits lies within its bounds")
+        # (a bound past 16 digits bounds nothing the integer rule can write: int64's, 1e20)
+        lo, hi = max(lo, -INT_LIMIT), min(hi, INT_LIMIT)
         if lo > hi:
             raise SchemaError(f"{path}: no integer lies within its bounds")
         return self.add("(" + int_range(lo, hi) + ")")
@@ -330,8 +345,12 @@ class _Converter:
             self.warn(f"{path}: bounds on numbers are enforced only when they are whole numbers")
             return self.prim("number")
         lo, hi = (None if v is None else int(v) for v in (lo, hi))
-        if max(abs(v) for v in (lo, hi, 0) if v is not None) > INT_LIMIT:
-            raise SchemaError(f"{path}: number bounds beyond 16 digits are not supported")
+        if lo is not None and lo > INT_LIMIT or hi is not None and hi < -INT_LIMIT:
+            raise SchemaError(f"{path}: no number of at most 16 integer digits lies within its bounds")
+        if lo is not None and lo < -INT_LIMIT:  # (bounds nothing the number rule can write)
+            lo, lo_strict = None, False
+        if hi is not None and hi > INT_LIMIT:
+            hi, hi_strict = None, False
         if lo is not None and hi is not None and (lo > hi or lo == hi and (lo_strict or hi_strict)):
             raise SchemaError(f"{path}: no number lies within its bounds")
         return self.add("(" + number_range(lo, lo_strict, hi, hi_strict) + ")")
@@ -349,8 +368,8 @@ class _Converter:
                 raise SchemaError(f"{path}: pattern: {e}") from None
             return self.add(f'"\\"" {body} "\\""')
         fmt = s.get("format")
-        if fmt in _FORMATS:
-            return self.prim(_FORMATS[fmt])
+        if _format_rule(fmt):
+            return self.prim(_format_rule(fmt))
         if fmt is not None:
             self.warn(f"{path}: format {json.dumps(fmt)} not enforced (date, time, date-time and uuid are)")
         lo, hi = self.count(s, "minLength", 0, path), s.get("maxLength")
@@ -436,14 +455,15 @@ class _Converter:
             return self.add('"{" space "}"')
         body = '"{" space ' + ' "," space '.join(kv[n] for n in req)
         if opt:
-            def chain(ks: list[str], first_optional: bool) -> str:
-                k = ks[0]
-                comma = f'( "," space {kv[k]} )'
-                out = comma + ("*" if k == "*" else "?") if first_optional else kv[k] + (f" {comma}*" if k == "*" else "")
-                if len(ks) > 1:
-                    out += " " + self.add(chain(ks[1:], True))
-                return out
-            alts = " | ".join(chain(opt[i:], False) for i in range(len(opt)))
+            # rest[i]: the optional keys from opt[i] on, each after a comma, any left out: one rule each, shared by
+            # the alternatives (llama.cpp's `<key>-rest` rules; a rule per alternative and key grew as n^2)
+            rest = [""] * (len(opt) + 1)
+            for i in range(len(opt) - 1, 0, -1):
+                k = opt[i]
+                rest[i] = self.add(f'( "," space {kv[k]} )' + ("*" if k == "*" else "?")
+                                   + (f" {rest[i + 1]}" if rest[i + 1] else ""))
+            alts = " | ".join(kv[k] + (f' ( "," space {kv[k]} )*' if k == "*" else "")
+                              + (f" {rest[i + 1]}" if rest[i + 1] else "") for i, k in enumerate(opt))
             body += f' ( "," space ( {alts} ) )?' if req else f" ( {alts} )?"
         return self.add(body + ' space "}"')
 
@@ -489,15 +509,41 @@ class _Converter:
         return self.object({}, path, props, required)
 
 
+def _strict_json(text: str):
+    """json.loads as a JSON parser (llama.cpp's nlohmann) reads it: no NaN / Infinity, no number out of a double's
+    range, no lone surrogate in a string; a byte order mark at the start skipped."""
+    def constant(c: str):
+        raise ValueError(f"{c} is not a JSON value")
+
+    def number(x: str) -> float:
+        if not math.isfinite(v := float(x)):
+            raise ValueError(f"number {x} is out of range")
+        return v
+
+    def check(v) -> None:
+        if isinstance(v, str) and _SURROGATE.search(v):
+            raise ValueError(f"a lone surrogate \\u{ord(_SURROGATE.search(v).group()):04x} in a string")
+        for x in (v.items() if isinstance(v, dict) else v if isinstance(v, list) else ()):
+            for y in x if isinstance(v, dict) else (x,):
+                check(y)
+    try:
+        out = json.loads(text.removeprefix("\ufeff"), parse_constant=constant, parse_float=number)
+        check(out)
+    except (ValueError, RecursionError) as e:  # (JSONDecodeError is a ValueError)
+        raise SchemaError(f"not JSON: {e}" if not isinstance(e, RecursionError) else "not JSON: nested too deeply to be "
+                          "read") from None
+    return out
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def schema_to_grammar(schema: str | dict, warn: Callable[[str], None] = lambda msg: None,
                       refs: dict[str, str] | None = None) -> str:
     """GBNF text for a JSON schema (a dict, or its JSON text); `warn` hears of what it does not enforce; `refs`,
     when given, receives the rule name of each `$ref` (rule -> the reference), for errors in the schema's words."""
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise SchemaError(f"not JSON: {e}") from None
+        schema = _strict_json(schema)
     c = _Converter(schema, warn)
     top = c.visit(schema, "#")
     c.rules["root"] = top

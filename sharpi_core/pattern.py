@@ -354,12 +354,34 @@ def _nonempty(n):
     return ("alt", alts) if alts else None
 
 
+def _inner(n):
+    """n without its groups of one item: ((X)) is X."""
+    while n[0] in ("alt", "seq") and len(n[1]) == 1:
+        n = n[1][0]
+    return n
+
+
+def _flat_rep(n):
+    """A repetition of repetitions as one, where the language is the same: (X+)+ is X+; (X*)*, (X+)*, (X?)+,
+    (X+)? ... are X*; (X?)? is X?. Nested loops parse ambiguously, and the grammar keeps every parse: 20 nested
+    (a+) kept exponentially many stacks (minutes and gigabytes for a few characters)."""
+    _, sub, lo, hi = n
+    inner = _inner(sub)
+    # with counts 0 or 1 below and 1 or unbounded above, k in [lo, hi] parts of [a, b] items each are exactly
+    # [lo * a, hi * b] items
+    while inner[0] == "rep" and lo in (0, 1) and hi in (1, None) and inner[2] in (0, 1) and inner[3] in (1, None):
+        _, sub, a, b = inner
+        lo, hi = lo * a, None if hi is None or b is None else 1
+        inner = _inner(sub)
+    return ("rep", sub, lo, hi)
+
+
 def _emit(n) -> str:
     kind = n[0]
     if kind == "set":
         return charset(n[1])
     if kind == "rep":
-        _, sub, lo, hi = n
+        _, sub, lo, hi = _flat_rep(n)
         if hi != 0 and _nullable(sub):  # B{lo,hi} is B'{0,hi}, B' the non-empty part: no empty loop in GBNF
             sub, lo = _nonempty(sub), 0
             if sub is None:

@@ -240,6 +240,57 @@ def test_schema_integer_bounds():
     assert accepts(g, "9" * 16) and not accepts(g, "9" * 17) and not accepts(g, "15")
 
 
+def test_schema_bounds_past_16_digits_and_odd_keywords():
+    """Bounds past what the rules write (int64's, 1e20) bound nothing they can write: the 16-digit rule; uuid1-5
+    are uuid (llama.cpp's ^uuid[1-5]?$); string lengths without a type are any value (they constrain strings only,
+    as llama.cpp's converter); a byte order mark before the schema is skipped (as nlohmann's parser)."""
+    g = Grammar(schema_to_grammar({"type": "integer", "minimum": -9223372036854775808, "maximum": 9223372036854775807}))
+    assert all(accepts(g, t) for t in ("0", "-7", "9" * 16, "-" + "9" * 16)) and not accepts(g, "9" * 17)
+    g = Grammar(schema_to_grammar({"type": "integer", "minimum": 5, "maximum": 1e20}))
+    assert accepts(g, "5") and accepts(g, "9" * 16) and not accepts(g, "4") and not accepts(g, "9" * 17)
+    g = Grammar(schema_to_grammar({"type": "number", "exclusiveMinimum": 0, "maximum": 1e20}))
+    assert accepts(g, "0.5") and accepts(g, "9" * 16) and not accepts(g, "0") and not accepts(g, "-1")
+    g = Grammar(schema_to_grammar({"type": "string", "format": "uuid4"}))
+    assert accepts(g, '"123e4567-e89b-42d3-a456-426614174000"') and not accepts(g, '"x"')
+    said = []
+    g = Grammar(schema_to_grammar({"maxLength": 3}, said.append))
+    assert all(accepts(g, t) for t in ("5", '"abcdef"', "[1]", "null")) and said == ["#: maxLength without type string not enforced"]
+    g = Grammar(schema_to_grammar('\ufeff{"type": "integer"}'))
+    assert accepts(g, "12") and not accepts(g, '"12"')
+
+
+def test_many_optional_properties_make_a_grammar_that_grows_linearly():
+    """Each alternative (which optional property comes first) shares one rule per property for the ones after it,
+    as llama.cpp's <key>-rest rules: a rule per alternative and key grew as n^2 (300 properties: 1.7 MB, 8 s to
+    parse; 1000: a RecursionError)."""
+    for n in (30, 1000):
+        text = schema_to_grammar({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}})
+        assert len(text) < 100 * n
+    g = Grammar(text)
+    assert accepts(g, "{}") and accepts(g, '{"p5":1,"p7":2}') and accepts(g, '{"p999":1}')
+    assert accepts(g, "{" + ",".join(f'"p{i}":{i}' for i in range(0, 1000, 7)) + "}")
+    assert not accepts(g, '{"p7":1,"p5":2}') and not accepts(g, '{"p5":1,"p5":2}') and not accepts(g, '{"p5":1,}')
+
+
+def test_nested_repetitions_neither_hang_nor_change_the_language():
+    """(a+)+ nested 22 deep kept exponentially many parse stacks (gigabytes, minutes for 8 characters): a pattern's
+    nested loops are written as one, and a grammar that still multiplies them is an error, not a hang."""
+    deep = "^" + "(" * 22 + "a+" + ")+" * 22 + "$"
+    g = Grammar(schema_to_grammar({"type": "string", "pattern": deep}))
+    assert accepts(g, '"' + "a" * 300 + '"') and not accepts(g, '""') and not accepts(g, '"ab"')
+    for pattern, want in (("^(a+)+$", r"a+"), ("^(a*)+$", r"a*"), ("^(a?)+$", r"a*"), ("^(a+)?$", r"a*"),
+                          ("^(a?)?$", r"a?"), ("^((ab)+)*$", r"(ab)*"), ("^(a{2,})+$", r"a{2,}"), ("^(a+){2}$", r"a{2,}"),
+                          ("^(a|bc?)+?$", r"(a|bc?)+")):
+        g = Grammar(schema_to_grammar({"type": "string", "pattern": pattern}))
+        for n in range(7):
+            for t in itertools.product("abc", repeat=n):
+                t = "".join(t)
+                assert accepts(g, f'"{t}"') == (re.fullmatch(want, t) is not None), (pattern, t)
+    g = Grammar("root ::= " + "(" * 22 + '"a"' + ")+" * 22 + ' "b"')
+    with pytest.raises(GrammarError, match="ways to parse"):
+        accepts(g, "a" * 12 + "b")
+
+
 def test_schema_patterns_match_like_a_regex_search():
     """A string's JSON text is accepted iff the pattern finds a match in the string (Python's re as the
     reference, on patterns and strings where its syntax and ECMA-262's agree)."""
@@ -351,12 +402,13 @@ def test_schema_warnings_for_what_is_not_enforced():
     ('{"type": "string", "pattern": "^a{3,1}$"}', "out of order"),
     ('{"type": "integer", "minimum": 7, "maximum": 3}', "no integer lies within"),
     ('{"type": "integer", "minimum": "3"}', "minimum must be a number"),
-    ('{"type": "integer", "maximum": 1e20}', "beyond 16 digits"),
+    ('{"type": "number", "minimum": 1e17}', "no number of at most 16 integer digits lies within"),
     ('{"type": "number", "minimum": 1, "exclusiveMaximum": 1}', "no number lies within"),
     ('{"type": "string", "pattern": "^a{0,5000}$"}', "above 2000"),
     ('{"type": "string", "pattern": "^\\\\uD83D$"}', "lone surrogate"),
     ('{"type": "string", "pattern": "' + "(" * 101 + "a" + ")" * 101 + '"}', "nested more than 100 deep"),
-    ('{"type": "integer", "minimum": 1e17}', "beyond 16 digits"),
+    ('{"type": "integer", "minimum": 1e17}', "no integer of at most 16 digits lies within"),
+    ('{"type": "integer", "maximum": -1e17}', "no integer of at most 16 digits lies within"),
     ('{"type": "array", "minItems": 5000}', "minItems above 2000 is not supported"),
     ('{"type": "frobnicate"}', "unknown type"),
     # bounds no value meets: refused, not written as a grammar that lets a value break them
@@ -368,6 +420,12 @@ def test_schema_warnings_for_what_is_not_enforced():
     ('{"type": ["integer", "null"], "enum": [true, "1", 1.5]}', "no value fits (no enum value is of type integer or null)"),
     ('{"$ref": "#/$defs/none"}', "points nowhere"),
     ('{"type": ', "not JSON"),
+    # what llama.cpp's JSON parser refuses, Python's reads (and wrote NaN, Infinity, ill-formed UTF-8)
+    ('{"const": NaN}', "not JSON: NaN is not a JSON value"),
+    ('{"enum": [-Infinity]}', "not JSON: -Infinity is not a JSON value"),
+    ('{"const": 1e400}', "not JSON: number 1e400 is out of range"),
+    ('{"const": "\\ud800"}', "not JSON: a lone surrogate \\ud800 in a string"),
+    ('{"properties": {"\\udc00": {}}}', "not JSON: a lone surrogate \\udc00"),
 ])
 def test_bad_schemas_are_one_error(schema, fragment):
     with pytest.raises(SchemaError) as e:
