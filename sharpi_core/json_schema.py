@@ -79,6 +79,9 @@ def _format_rule(fmt) -> str:
         return ""
     return _FORMATS.get(fmt) or ("uuid" if re.fullmatch(r"uuid[1-5]", fmt) else "")
 # validation keywords the grammar does not express (llama.cpp's converter drops them too, silently): named in a warning
+# keywords that say nothing of the value
+_ANNOTATIONS = ("title", "description", "default", "examples", "$comment", "$schema", "$id", "$defs", "definitions",
+                "deprecated", "readOnly", "writeOnly", "$anchor", "$vocabulary", "contentMediaType", "contentEncoding")
 _UNENFORCED = ("multipleOf", "uniqueItems", "minProperties", "maxProperties", "not", "if", "then", "else",
                "dependentRequired", "dependentSchemas", "dependencies", "patternProperties", "propertyNames",
                "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems")
@@ -229,6 +232,9 @@ class _Converter:
                 alts = s[key]
                 if not isinstance(alts, list) or not alts:
                     raise SchemaError(f"{path}/{key}: must be a non-empty array of schemas")
+                beside = [k for k in s if k not in _ANNOTATIONS and k not in _UNENFORCED and k not in ("oneOf", "anyOf")]
+                if beside:  # (as llama.cpp's converter: the alternatives alone)
+                    self.warn(f"{path}: {', '.join(beside)} beside {key} not enforced (write them into each alternative)")
                 return self.add(" | ".join(self.visit(a, f"{path}/{key}/{i}") for i, a in enumerate(alts)))
         t = s.get("type")
         if isinstance(t, list) and not t:
@@ -255,7 +261,7 @@ class _Converter:
             if has_props:
                 return self.object(s, path)
             if "allOf" in s:
-                return self.all_of(s["allOf"], path)
+                return self.all_of(s, path)
             if "items" in s or "prefixItems" in s:
                 return self.array(s, path)
             if "pattern" in s or _format_rule(s.get("format")):  # (as llama.cpp's: a string)
@@ -268,11 +274,11 @@ class _Converter:
             return self.prim("value")
         if t == "object":
             if not has_props and "allOf" in s:
-                return self.all_of(s["allOf"], path)
+                return self.all_of(s, path)
             return self.object(s, path)
         if t == "string":
             if "allOf" in s:
-                return self.all_of(s["allOf"], path)
+                return self.all_of(s, path)
             return self.string(s, path)
         if t == "array":
             return self.array(s, path)
@@ -369,6 +375,9 @@ class _Converter:
             return self.add(f'"\\"" {body} "\\""')
         fmt = s.get("format")
         if _format_rule(fmt):
+            ignored = [k for k in ("minLength", "maxLength") if k in s]
+            if ignored:
+                self.warn(f"{path}: {', '.join(ignored)} not enforced together with a format")
             return self.prim(_format_rule(fmt))
         if fmt is not None:
             self.warn(f"{path}: format {json.dumps(fmt)} not enforced (date, time, date-time and uuid are)")
@@ -380,6 +389,15 @@ class _Converter:
         return self.prim("string")
 
     def array(self, s: dict, path: str) -> str:
+        if s.get("prefixItems") and isinstance(s["prefixItems"], list) and "items" in s \
+                and not isinstance(s["items"], list):
+            # 2020-12: the tuple, then items' schema for the rest (false: nothing more); llama.cpp's converter
+            # takes items alone
+            body = ' "," space '.join(self.visit(x, f"{path}/prefixItems/{i}") for i, x in enumerate(s["prefixItems"]))
+            more = "" if s["items"] is False else f' ( "," space {self.visit(s["items"], f"{path}/items")} )*'
+            return self.add(f'"[" space {body}{more} space "]"')
+        if s.get("items") is False:  # (no item at all)
+            return self.add('"[" space "]"')
         key = "items" if "items" in s else "prefixItems" if "prefixItems" in s else None
         items = s.get(key) if key else None
         if isinstance(items, list):
@@ -412,8 +430,9 @@ class _Converter:
                 rejects += c
                 sub = {k: v for k, v in child.items() if k is not None}
                 alts.append(f"[{class_char(ord(c))}] ({walk(child)})" if sub else f"[{class_char(ord(c))}] {char}+")
-            if alts:
-                alts.append(f'[^"{"".join(class_char(ord(c)) for c in rejects)}] {char}*')
+            if alts:  # (any other character: JSON text's, a backslash only as an escape; llama.cpp's took a raw one)
+                alts.append(f'[^"\\\\\\x7F\\x00-\\x1F{"".join(class_char(ord(c)) for c in rejects)}] {char}*')
+                alts.append(f'[\\\\] (["\\\\bfnrt] | "u" [0-9a-fA-F]{{4}}) {char}*')
             return " | ".join(alts)
 
         return f'["] ( {walk(trie)} ){"" if None in trie else "?"} ["]'
@@ -440,7 +459,7 @@ class _Converter:
                 return self.prim("object")
         else:
             extra = None
-        kv: dict[str, str] = {}
+        kv: dict[str | None, str] = {}  # (None: the additional properties, whatever their names)
         req, opt = [], []
         for name, sub in props:
             value = self.visit(sub, f"{path}/properties/{name}")
@@ -448,9 +467,9 @@ class _Converter:
             (req if name in required else opt).append(name)
         if extra is not None and extra is not False:
             value = self.prim("value") if extra is True or extra == {} else self.visit(extra, f"{path}/additionalProperties")
-            key = self.prim("string") if not kv else self.add(self.not_strings(list(kv)))
-            kv["*"] = self.add(f'{key} ":" space {value}')
-            opt.append("*")
+            key = self.prim("string") if not kv else self.add(self.not_strings([k for k in kv if k is not None]))
+            kv[None] = self.add(f'{key} ":" space {value}')
+            opt.append(None)
         if not req and not opt:
             return self.add('"{" space "}"')
         body = '"{" space ' + ' "," space '.join(kv[n] for n in req)
@@ -460,19 +479,21 @@ class _Converter:
             rest = [""] * (len(opt) + 1)
             for i in range(len(opt) - 1, 0, -1):
                 k = opt[i]
-                rest[i] = self.add(f'( "," space {kv[k]} )' + ("*" if k == "*" else "?")
+                rest[i] = self.add(f'( "," space {kv[k]} )' + ("*" if k is None else "?")
                                    + (f" {rest[i + 1]}" if rest[i + 1] else ""))
-            alts = " | ".join(kv[k] + (f' ( "," space {kv[k]} )*' if k == "*" else "")
+            alts = " | ".join(kv[k] + (f' ( "," space {kv[k]} )*' if k is None else "")
                               + (f" {rest[i + 1]}" if rest[i + 1] else "") for i, k in enumerate(opt))
             body += f' ( "," space ( {alts} ) )?' if req else f" ( {alts} )?"
         return self.add(body + ' space "}"')
 
-    def all_of(self, parts, path: str) -> str:
+    def all_of(self, s: dict, path: str) -> str:
+        parts = s["allOf"]
         if not isinstance(parts, list) or not parts:
             raise SchemaError(f"{path}/allOf: must be a non-empty array of schemas")
-        props: list = []
+        props: dict[str, list] = {}  # name -> its schemas (several parts may each say something of it)
         required: set = set()
         enums: dict[str, int] = {}
+        resolved: list = []
 
         def component(c, is_required: bool) -> None:
             if isinstance(c, dict) and "$ref" in c:
@@ -481,16 +502,20 @@ class _Converter:
                     node = node.get(part, {}) if isinstance(node, dict) else {}
                 component(node, is_required)
             elif isinstance(c, dict) and "enum" in c and isinstance(c["enum"], list):
-                for v in c["enum"]:
-                    lit = literal(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
+                # (a part's values counted once each: ["a", "a"] and ["b"] share no value)
+                for lit in dict.fromkeys(literal(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
+                                         for v in c["enum"]):
                     enums[lit] = enums.get(lit, 0) + 1
+                resolved.append(c)
             elif isinstance(c, dict) and ("properties" in c or c.get("type") == "object"):
                 for name, sub in (c.get("properties") or {}).items():
-                    props.append((name, sub))
+                    if sub not in props.setdefault(name, []):
+                        props[name].append(sub)
                     if is_required:
                         required.add(name)
             else:  # (llama.cpp's converter combines only objects' properties, and enums)
                 ignored.append(c)
+                resolved.append(c)
 
         ignored: list = []
 
@@ -503,10 +528,27 @@ class _Converter:
         both = [lit for lit, n in enums.items() if n == len(parts)]
         if both:
             return self.add("(" + " | ".join(both) + ")")
+        if enums and not props and not ignored:
+            raise SchemaError(f"{path}/allOf: no value fits (its parts' enums share no value)")
+        if not props:
+            # no properties to combine (llama.cpp's converter writes `{}` then, whatever the type): the parts'
+            # keywords beside the schema's own, the first to give one holding
+            merged, clash = {k: v for k, v in s.items() if k != "allOf"}, []
+            for c in resolved:
+                for k, v in (c.items() if isinstance(c, dict) else ()):
+                    if k not in merged:
+                        merged[k] = v
+                    elif merged[k] != v and k not in clash:
+                        clash.append(k)
+            if clash:
+                self.warn(f"{path}/allOf: its parts give {', '.join(clash)} differently: the first's holds")
+            return self.visit(merged, path)
         if ignored:
             self.warn(f"{path}/allOf: parts other than objects and enums not enforced (their properties and "
                       "shared enum values are what it combines)")
-        return self.object({}, path, props, required)
+        # (a name two parts define: one key, both schemas; llama.cpp's converter writes the key twice)
+        return self.object({}, path, [(n, subs[0] if len(subs) == 1 else {"allOf": subs}) for n, subs in props.items()],
+                           required)
 
 
 def _strict_json(text: str):

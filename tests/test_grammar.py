@@ -259,6 +259,38 @@ def test_schema_bounds_past_16_digits_and_odd_keywords():
     assert accepts(g, "12") and not accepts(g, '"12"')
 
 
+def test_schemas_llama_cpps_converter_writes_wrongly():
+    """Where llama.cpp's converter writes a grammar whose JSON breaks the schema (or is no JSON): a name two
+    allOf parts define (its key written twice), allOf parts with no properties (`{}` whatever the type), an
+    additional key with a raw backslash, prefixItems beside items (items alone), a property named like the
+    additional properties' marker."""
+    def langs(schema, texts):
+        g = Grammar(schema_to_grammar(schema))
+        return [accepts(g, t) for t in texts]
+    base = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert langs({"allOf": [base, {"type": "object", "properties": {"a": {"minimum": 0}}, "required": ["a"]}]},
+                 ['{"a":1}', '{"a":-1}', '{"a":1,"a":2}', '{"a":"x"}']) == [True, False, False, False]
+    assert langs({"type": "string", "allOf": [{"minLength": 3}]}, ['"abc"', '"ab"', "{}"]) == [True, False, False]
+    assert langs({"allOf": [{"type": "integer"}, {"maximum": 5}]}, ["5", "6", '"x"', "{}"]) == [True, False, False, False]
+    with pytest.raises(SchemaError, match="enums share no value"):  # (["a", "a"] counted "a" as in both)
+        schema_to_grammar({"allOf": [{"enum": ["a", "a"]}, {"enum": ["b"]}]})
+    extra = {"type": "object", "properties": {"id": {"type": "integer"}}, "additionalProperties": True}
+    assert langs(extra, ['{"\\":1}', '{"\\"q":1}', '{"\\\\q":1}', '{"x\\n":1}', '{"idx":1}']) == [False, True, True, True, True]
+    tup = {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"}}
+    assert langs(tup, ["[1]", '[1,"a","b"]', '["a"]', "[1,2]"]) == [True, True, False, False]
+    assert langs({**tup, "items": False}, ["[1]", '[1,"a"]']) == [True, False]
+    assert langs({"type": "array", "items": False}, ["[]", "[1]"]) == [True, False]
+    assert langs({"properties": {"*": {"type": "integer"}}}, ['{"*":1}', '{"*":1,"*":2}']) == [True, False]
+    assert langs({"properties": {"*": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+                 ['{"*":1}', '{"*":1,"x":"y"}', '{"*":"y"}']) == [True, True, False]
+    said = []
+    schema_to_grammar({"type": "object", "description": "d", "properties": {"a": {}}, "anyOf": [{"required": ["a"]}]},
+                      said.append)
+    schema_to_grammar({"type": "string", "format": "date", "maxLength": 5}, said.append)
+    assert said == ["#: type, properties beside anyOf not enforced (write them into each alternative)",
+                    "#: maxLength not enforced together with a format"]
+
+
 def test_many_optional_properties_make_a_grammar_that_grows_linearly():
     """Each alternative (which optional property comes first) shares one rule per property for the ones after it,
     as llama.cpp's <key>-rest rules: a rule per alternative and key grew as n^2 (300 properties: 1.7 MB, 8 s to
