@@ -416,7 +416,10 @@ class Tokenizer:
         are 1-4; an SPM token's characters are the text's, with spaces as U+2581; special tokens are spelled out)."""
         if self._longest is None:
             self._longest = max(1, max(map(len, self.tokens), default=1))
-        return -(-len(text) // self._longest)
+            # special tokens that strip the whitespace beside them: a text's whitespace may cost no token
+            self._strips = bool((self.attrs & (ATTR_LSTRIP | ATTR_RSTRIP)).any())
+        n = len(text) - (sum(map(str.isspace, text)) if self._strips else 0)
+        return -(-n // self._longest)
 
     def _special_finder(self, parse_special: bool) -> tuple:
         """(regex finding the longest special token starting at each position, {text: id}) for
@@ -448,8 +451,8 @@ class Tokenizer:
         if not cands:
             return [text]
         frags: list[tuple[int, int] | int] = [(0, len(text))]
-        # longest text first (llama.cpp sorts by length; ties here by id), each token split out everywhere
-        for s in sorted(cands, key=lambda s: (-len(s), table[s])):
+        # longest text first (llama.cpp sorts by its bytes' length; ties here by id), each token split out everywhere
+        for s in sorted(cands, key=lambda s: (-len(s.encode("utf-8", "surrogatepass")), table[s])):
             tid = table[s]
             attr = int(self.attrs[tid])
             new: list[tuple[int, int] | int] = []

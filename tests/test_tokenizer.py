@@ -166,6 +166,24 @@ def test_partition_takes_longest_special_token_first_like_llama_cpp():
     assert t.encode("xabyabcdab", add_special=False) == [x, ab, y, a, bcd, ab]
 
 
+def test_partition_orders_special_tokens_by_their_bytes():
+    """llama.cpp sorts its special tokens by the length of their text in bytes: "ééé" (6 bytes) goes before
+    "éabc" (5 bytes, 4 characters), so "éééabc" is ééé a b c, not é é éabc (the order by characters)."""
+    t = _tiny_spm({"ééé": ATTR_USER_DEFINED, "éabc": ATTR_USER_DEFINED, "é": ATTR_NORMAL})
+    assert t.encode("éééabc", add_special=False) == [t.token_to_id[s] for s in ("ééé", "a", "b", "c")]
+
+
+def test_fewest_tokens_is_a_lower_bound_when_special_tokens_strip_whitespace():
+    """A phi-3 vocabulary's special tokens strip the whitespace after them: 20000 spaces cost no token there,
+    and the bound (248 tokens for a 2-token text) refused prompts that fit."""
+    gf = GGUFFile(model_path(SMOL))
+    t = Tokenizer.from_gguf(_WithKeys(gf, {"general.name": "Phi-3 mini"}))
+    text = "<|im_start|>" + " " * 20000 + "hi"
+    assert t.fewest_tokens(text) <= len(t.encode(text)) == 2
+    plain = Tokenizer.from_gguf(gf)
+    assert 1 < plain.fewest_tokens(text) <= len(plain.encode(text))
+
+
 def test_partition_control_tokens_only_with_parse_special():
     t = _tiny_spm({"<c>": ATTR_CONTROL, "bcd": ATTR_USER_DEFINED})
     c = t.token_to_id["<c>"]
