@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FIXTURES_DIR, GEMMA, MODEL_PARAMS, QWEN05, QWEN15, SMOL, loaded, model_param, reference
+from conftest import FIXTURES_DIR, GEMMA, MODEL_PARAMS, QWEN05, QWEN15, SMOL, loaded, model_param, model_path, reference
 from sharpi_core.perplexity import perplexity
 
 N_COMPARE = 16
@@ -286,6 +286,69 @@ def fast_path_is_hidden(model, tok, types, monkeypatch) -> None:
     path = fast_decode.DecodePath(model)
     assert path.applies(False, model.new_cache(8, *types))
     assert not path.applies(True, model.new_cache(8, *types))
+
+
+@pytest.mark.slow
+def test_rope_overrides_after_decoding_reach_the_fast_path(monkeypatch):
+    """set_rope after decoding passes (the C layer loop set up, each layer's RoPE table held by its place in
+    _ropes): Gemma 3's global base set below its sliding layers' 10000 puts the tables in the other order; the
+    fast path's next logits are the reference loop's (each layer took the other kind's table: up to 2 apart)."""
+    from sharpi_core.gguf_file import GGUFFile
+    from sharpi_core.models import fast_decode, load_model
+    model = load_model(GGUFFile(model_path(GEMMA)))  # (its own: set_rope changes it)
+    ids = torch.arange(300, 310)
+
+    def decode():
+        cache = model.new_cache(64)
+        model.forward(ids[:8], 0, cache, last_n=1)
+        return model.forward(ids[8:9], 8, cache)
+    decode()
+    assert model._fast._plan_ok
+    model.set_rope(base=5000.0)
+    assert model._ropes[0][0] == 5000.0
+    fast = decode()
+    monkeypatch.setattr(fast_decode, "ENABLED", False)
+    model._fast = None
+    assert torch.equal(fast, decode())
+
+
+def test_heads_over_512_wide_take_torch_attention(tmp_path):
+    """The C attention kernel holds a query head in 512-wide stack buffers: a wider head (a crafted GGUF) wrote
+    past them without flash attention (wrong logits, a crash at 8192) and was refused with it (a ValueError
+    on every pass). The kernel refuses it in every mode, and such a model attends in torch."""
+    from test_loading import write_gguf
+
+    from sharpi_core.gguf_file import GGUFFile
+    from sharpi_core.kernels import cpu
+    from sharpi_core.kv_cache import KVCache
+    from sharpi_core.models import load_model
+    kv = KVCache(1, 16, 1, 1024, 1024, "bf16", "bf16")
+    for mode in (cpu.ATTN_TINYBLAS, cpu.ATTN_VEC_DOT, cpu.ATTN_FA_PROMPT, cpu.ATTN_FA_DECODE):
+        with pytest.raises(ValueError, match="kernel rejected D=1024"):
+            cpu.attention(torch.randn(1, 1, 1024), kv.k, kv.v, 0, 4, 0, 0.03, mode)
+    m = load_model(GGUFFile(str(write_gguf(tmp_path / "wide.gguf", n_embd=2048,
+                                           meta={"head_count": 2, "head_count_kv": 1}))))
+    assert m.config.head_dim_k == 1024 and m._attn_kernel is None
+    ids, runs = torch.arange(1, 12), []
+    for fa, kind in ((False, "f32"), (True, "f16"), (False, "bf16"), (True, "q8_0")):
+        m.flash_attn = fa
+        cache = m.new_cache(32, kind, kind)
+        m.forward(ids[:8], 0, cache, last_n=1)
+        runs.append(torch.cat([m.forward(ids[t:t + 1], t, cache) for t in range(8, 11)]))
+    for r in runs[1:]:
+        assert torch.allclose(r, runs[0], atol=0.01)
+
+
+def test_out_rows_on_decoding_rows():
+    """forward(out_rows=...) gives those rows' logits only, on the fast path too (it gave every row's)."""
+    model, _ = loaded(SMOL)
+    ids = torch.arange(200, 214)
+    cache = model.new_cache(64)
+    model.forward(ids[:10], 0, cache, last_n=1)
+    every = model.forward(ids[10:14], 10, cache, decode=True)
+    cache.truncate(10)
+    some = model.forward(ids[10:14], 10, cache, decode=True, out_rows=torch.tensor([1, 3]))
+    assert some.shape == (2, every.shape[1]) and torch.equal(some, every[[1, 3]])
 
 
 @pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")])

@@ -1382,7 +1382,7 @@ int sharpi_attention(const float *q, long T, long H, long Hkv, long D, long Dv,
     if (D % 16 || Dv % 16 || H % Hkv || ((k_type == KV_Q8_0 || kv_blocked(k_type)) && D % 32) ||
         ((v_type == KV_Q8_0 || kv_blocked(v_type)) && Dv % 32) || k_type < 0 || k_type > KV_Q5_1 || v_type < 0 || v_type > KV_Q5_1)
         return 1;
-    if ((order == FA_PROMPT || order == FA_DECODE) && (D > 512 || Dv > 512)) return 1;
+    if (D > 512 || Dv > 512) return 1; /* (q's stack buffers below, and flash attention's) */
     const long G = H / Hkv;
     long Lmax = start + T; /* the cache positions the pass reads: below its rows' last */
     if (vis) {

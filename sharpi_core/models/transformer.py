@@ -366,8 +366,9 @@ class Transformer:
         self._unperm = torch.argsort(perm) if c.rope_style == ROPE_NEOX else None
         self._perm = perm if c.rope_style == ROPE_NEOX else None
         kern = _kernels()
-        # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32
-        self._attn_kernel = getattr(kern, "attention", None) if hd % 32 == 0 and c.head_dim_v % 32 == 0 else None
+        # C attention (sharpi_core/kernels/ops.c); it needs head sizes in multiples of 32, at most 512
+        self._attn_kernel = (getattr(kern, "attention", None) if hd % 32 == 0 and c.head_dim_v % 32 == 0
+                             and max(hd, c.head_dim_v) <= 512 else None)
         self._rope_kernel = getattr(kern, "rope", None)
         self._glu_kernel = getattr(kern, "glu", None) if (c.n_ff_exp or c.n_ff) % 16 == 0 else None
         # trace(name, tensor) with llama.cpp's graph names ("attn_norm-3", ...): None except when a
@@ -529,6 +530,7 @@ class Transformer:
         self.config = replace(c, rope_base=base or c.rope_base, rope_freq_scale=scale, rope_scaling=kind, **(yarn or {}))
         self._ropes = sorted({self.config.layer_rope(i) for i in range(c.n_layer)})
         self._rope_cache.clear()
+        self._fast = None  # (the C layer loop's set-up holds each layer's table by its index in _ropes)
 
     def shift_k(self, layer: int, k: torch.Tensor, delta: int, rot_k: int | None) -> torch.Tensor:
         """K rows [n, n_kv, hd] fp32 as a cache stores them (GGUF head-dim order; Hadamard-rotated by rot_k)
@@ -989,7 +991,7 @@ class Transformer:
             temps = self._attn_temps(L)[start_pos:L, None, None] if c.attn_temp_scale else None  # [T, 1, 1]
         if self._fast is None:
             self._fast = DecodePath.for_model(self) or False
-        if self._fast and seqs is None and not self.control and not self.has_loras and self._fast.applies(prompt, cache):
+        if self._fast and seqs is None and out_rows is None and not self.control and not self.has_loras and self._fast.applies(prompt, cache):
             # decoding rows: the same kernels, called without per-call wrappers (fast_decode.py)
             x = self._fast.run(x, start_pos, cache, n_layers, ropes, kq_scale, None if all_rows else last_n, scale, temps)
             cache.length = L
