@@ -187,6 +187,16 @@ class _Stop(Exception):
 STOP_WINDOW = 32
 
 
+def _wrapped_models(drafter):
+    """What a drafter proposes with, down its `.model`s (a HybridDrafter's DraftModelDrafter's Transformer)."""
+    m = getattr(drafter, "model", None)
+    for _ in range(4):
+        if m is None:
+            return
+        yield m
+        m = getattr(m, "model", None)
+
+
 def _probs_before_broken(rows: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """filtered_probs of the verify rows [R, V] before the first that has no distribution (NoDistribution when
     the first has none)."""
@@ -258,7 +268,7 @@ class Generator:
             # (SHARPI_SPEC_COUNT=0: a draft model proposes the generator's count, not the one its costs choose)
             costs, count = (VERIFY_ROW, self._draft_cost(drafter)), switch("SHARPI_SPEC_COUNT")
             if params.greedy or mode:
-                warm_up = any(getattr(m, "use_graphs", False) for m in (model, getattr(drafter, "model", None)))
+                warm_up = any(getattr(m, "use_graphs", False) for m in (model, *_wrapped_models(drafter)))
                 self.cost = SpecCost(drafter, warm_up, guess=costs, count=count)
             else:
                 self.cost = SpecCost(drafter, fixed=costs, count=count)
@@ -422,6 +432,8 @@ class Generator:
         shift = getattr(self.drafter, "shift", None)
         if shift is not None:
             shift(n_keep, n_discard)
+        if self.cost is not None:
+            self.cost.shifted()
         self.shifts += 1
 
     def keep_count(self, n_prompt: int, n_ctx: int) -> int:
@@ -797,6 +809,8 @@ class Generator:
                     if n_predict >= 0:
                         room = min(room, n_predict - len(out) - 1)
                     k = min(max(self._k, self.n_min) if self.adaptive and not self._own_k else self.n_max, room)
+                    if not forced and k < self.n_min:  # (room for fewer than --spec-draft-n-min: a plain step)
+                        k = 0
                     if k >= 1 and self.cost is not None and not forced:
                         k = self.cost.plan(self.history, t, k, self.n_min)
                     if k >= 1:

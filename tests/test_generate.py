@@ -728,6 +728,51 @@ def test_a_pickers_broken_row_past_a_rejection_is_not_an_error(picker):
         gen._accept_sampled([d0], None, torch.full((2, V), float("nan")))
 
 
+def test_a_lookup_match_shorter_than_n_min_leaves_the_step_to_the_draft_model():
+    """-md with lookup (the default) and --spec-draft-n-min 4: a 3-token lookup match that outscored the model was
+    handed back, dropped as too short, and the model never asked (167 target passes against 23 without lookup)."""
+    runs = {}
+    for kind in ("model", "hybrid"):
+        d = drafter_for("same", GREEDY)
+        if kind == "hybrid":
+            d = HybridDrafter(LookupDrafter(3, 2), d, n_max=8, n_min=4, cost=0.3)
+        gen, _ = make(GREEDY, d, spec_n_max=8, spec_n_min=4, n_ctx=1024)
+        runs[kind] = gen.generate(PROMPT, n_predict=200)
+        assert runs[kind].tokens == ref_greedy(PROMPT, 200)
+    assert runs["hybrid"].spec.target_passes <= runs["model"].spec.target_passes + 5
+    assert runs["hybrid"].spec.steps_no_proposal <= 2
+
+
+def test_no_room_for_n_min_proposals_is_a_plain_step_without_drafting():
+    """Near the end of -n (or of the context) the room for proposals can fall below --spec-draft-n-min: the
+    draft was still asked, and its proposals dropped."""
+    asked = []
+
+    class Recorder(DraftModelDrafter):
+        def propose(self, history, k):
+            asked.append(k)
+            return super().propose(history, k)
+    m = target_model()
+    d = Recorder(m, m.new_cache(512), GREEDY, torch.Generator().manual_seed(9))
+    gen, _ = make(GREEDY, d, spec_n_max=4, spec_n_min=3)
+    res = gen.generate(PROMPT, n_predict=23)
+    assert res.tokens == ref_greedy(PROMPT, 23) and asked and min(asked) >= 3
+    assert res.spec.steps_no_proposal == 0
+
+
+def test_a_draft_on_the_gpu_behind_lookup_or_ngrams_has_its_first_passes_left_out(monkeypatch):
+    """The first pass of each shape captures a CUDA graph: not a measure. Behind a HybridDrafter or an NgramChain
+    the draft's Transformer is a `.model` further down (it was measured, and a hybrid's model set aside)."""
+    from sharpi_core.speculative import NgramChain, ngram_sources  # noqa: PLC0415
+    monkeypatch.delenv("SHARPI_SPEC_COST", raising=False)
+    for wrap in (lambda d: d, lambda d: HybridDrafter(LookupDrafter(3, 2), d, 4),
+                 lambda d: NgramChain(ngram_sources(["ngram-mod"]), d, 4)):
+        d = drafter_for("same", GREEDY)
+        d.model.use_graphs = True
+        gen, _ = make(GREEDY, wrap(d), spec_n_max=4)
+        assert gen.cost.warm_up
+
+
 @pytest.mark.parametrize("kind", [None, "same", "lookup"])
 def test_resume_starts_the_samplers_over(kind):
     """generate(tokens, resume=True): tokens follow what was generated, and penalties look back over them

@@ -78,6 +78,21 @@ def test_a_context_shift_starts_the_sources_over():
     assert chain.propose(shifted, 3)[0] == [5, 6, 7]  # (no stale positions read)
 
 
+def test_ngram_mod_grades_itself_on_the_proposals_verified():
+    """The chain verifies k of ngram-mod's drafts (sharpi's adaptation asks for fewer than its 48-64): its
+    accepted fraction is of those k, so five fully accepted steps of 4 do not reset its table (4 of 64 < 1/4)."""
+    mod = NgramMod(n_match=2, n_min=8, n_max=64)
+    chain = NgramChain([mod])
+    hist = list(range(40)) * 3
+    chain.begin(hist[:-1])
+    props, _ = chain.propose(hist, 4)
+    assert len(props) == 4 and mod.n_draft_last == 4
+    used = mod.used
+    for _ in range(6):
+        mod.accept(4, False)
+    assert mod.used == used and mod.n_low == 0
+
+
 # -- through the CLI -----------------------------------------------------------------------------------------------
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\ndef div(a, b):\n"
 

@@ -134,15 +134,27 @@ def test_on_a_gpu_the_first_pass_of_a_shape_is_not_a_measure():
     assert len(c._steps) == 2
 
 
-def test_a_draft_model_that_does_not_pay_goes_off_until_the_call_ends():
+def test_a_draft_model_that_does_not_pay_goes_off_and_is_judged_again_after_retry_steps():
     c = SpecCost(_Props([1], free=False))
     kinds = run_steps(c, 30, 4, 4.4)  # 4 tokens in 4.4 plain steps' time
     assert c.off and kinds[-1] == 0
     assert sum(k > 0 for k in kinds) == cost_mod.WARM + 1  # (the step after the plain ones is not a measure)
-    assert run_steps(c, 100, 4, 4.4) == [0] * 100  # no probing: it would have to catch up on every token
+    assert run_steps(c, 100, 4, 4.4) == [0] * 100  # not probed at every step: it would have to catch up each time
+    kinds = run_steps(c, cost_mod.RETRY, 4, 4.4)  # then judged again: it still does not pay
+    assert c.off and sum(k > 0 for k in kinds) == cost_mod.WARM + 1 and kinds[-1] == 0
     c.begin()  # the next call (a chat turn) starts over: 2 plain steps, the verify steps, off
     kinds = run_steps(c, 30, 4, 4.4)
     assert kinds[:2] == [0, 0] and kinds[2] > 0 and c.off and sum(k > 0 for k in kinds) == cost_mod.WARM + 1
+
+
+def test_a_slow_phase_of_the_machine_costs_a_stretch_not_the_rest_of_the_call():
+    """The target slowed down while the first verify steps were measured (4.4 plain steps for 4 tokens): off, and
+    off for good before; judged again after RETRY steps, at the machine's usual speed (2.0) it pays and stays on."""
+    c = SpecCost(_Props([1], free=False))
+    run_steps(c, 30, 4, 4.4)
+    assert c.off
+    kinds = run_steps(c, cost_mod.RETRY + 40, 4, 2.0)
+    assert not c.off and kinds[-1] > 0 and sum(k > 0 for k in kinds) > 30
 
 
 def test_a_few_unlucky_first_steps_do_not_turn_it_off():
@@ -302,6 +314,39 @@ def test_a_free_drafter_shadows_plain_steps_and_comes_back_when_the_text_copies(
     assert c.plan([1, 2, 3, 7], 7, 3) == 0
     assert c.plan([1, 2, 3, 7, 7], 7, 3) >= 1 and c._shadow is None  # 3 of 3 would have been accepted
     assert c.acceptance > 0.5
+
+
+def test_a_verify_shape_measured_once_in_a_slow_moment_is_measured_again():
+    """Lookup on a copied text (every proposal right), whose only 5-row pass was measured at twice its cost: plain
+    steps won by the measures for good before (the shape never ran again); after EXPLORE declined proposals one
+    goes ahead where the guessed costs say it pays, and its measure brings speculation back."""
+    c = SpecCost(_Props([7, 7, 7, 7]), guess=(0.25, 0.0))
+    c.plain(1.0)
+    c.spec(5, 6.0, 4, 0.0, 4, 5)  # (usually 2.0 here)
+    c.verdicts.hits, c.verdicts.judged = 1.0, 1.0
+    ks = []
+    for _ in range(cost_mod.EXPLORE + 3):
+        k = c.plan([], 0, 4)
+        if k:
+            c.spec(k + 1, 1.0 + 0.25 * k, k, 0.0, k, k + 1)
+        else:
+            c.plain(1.0)
+        c.verdicts.hits, c.verdicts.judged = 1.0, 1.0
+        ks.append(k)
+    assert ks[:cost_mod.EXPLORE - 1] == [0] * (cost_mod.EXPLORE - 1) and ks[cost_mod.EXPLORE - 1] == 4
+    assert all(k == 4 for k in ks[cost_mod.EXPLORE:])
+
+
+def test_a_context_shift_drops_lookups_shadow():
+    """A shadow proposal is at a place in the history: after a shift that place holds other tokens (it waited
+    there for half a context of steps, then was judged against the wrong ones)."""
+    gen, _ = make(GREEDY, LookupDrafter(3, 2), n_ctx=64, spec_n_max=4)
+    gen.cost = SpecCost(gen.drafter)
+    gen.generate(PROMPT, n_predict=4)
+    gen.cost._shadow = (len(gen.history), [1, 2, 3])
+    gen._kept = 1
+    gen._shift()
+    assert gen.cost._shadow is None
 
 
 def test_shadow_waits_for_the_tokens_that_judge_it():

@@ -14,10 +14,10 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
   steps, so that the two are measured close in time on a machine whose speed drifts; the step after a plain
   one is not a measure, the draft catching up on the token it missed), the steps' tokens shrunk toward a prior
   (PRIOR_STEPS). Once a call has WARM such steps and they
-  are MARGIN or more slower than plain steps, speculation stays off until the call ends: a draft model that
-  skipped tokens would have to catch up on all of them (a batched pass costing about a third of its one-token
-  pass per token) to try again; a clear loss (CLEAR) turns it off sooner, the steps before the decision being
-  the price of measuring. The next call (a chat turn) starts over. While it pays, a step proposes the count in
+  are MARGIN or more slower than plain steps, speculation goes off for RETRY steps, then is judged again (a
+  draft model catches up on what it skipped in one batched pass of its window), so that a slow phase of the
+  machine costs a stretch of a long call, not the rest of it; a clear loss (CLEAR) turns it off sooner, the steps
+  before the decision being the price of measuring. The next call (a chat turn) starts over. While it pays, a step proposes the count in
   [1, cap] (cap: the generator's count, adapted to the last verdict) with the most tokens per second expected,
   E(a, k) / (verify(k + 1) + k draft), a draft's proposal costing its measured seconds (steps that follow its own:
   no catching up), a estimated apart after a step whose proposals were all accepted and after one with a
@@ -27,11 +27,13 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
   goes to the choice with the most tokens expected per second: k in [1, cap] maximising E(a, k) / verify(k + 1)
   (verify times per row count measured, interpolated between them and the plain pass) against 1 / plain, or a
   plain step. Where the plain step wins, lookup's proposal is still scored against the tokens that come (a
-  "shadow"), so that a text that starts copying itself brings speculation back at once. Plain steps are
-  measured where nothing matched, and forced only every 4 REFRESH verify steps.
+  "shadow"), so that a text that starts copying itself brings speculation back at once; after EXPLORE such
+  steps in a row a proposal goes ahead anyway where the guessed costs say it pays (a verify shape measured once,
+  in a slow moment, would otherwise never be measured again). Plain steps are measured where nothing matched,
+  and forced only every 4 REFRESH verify steps.
 - Lookup and a draft model together (speculative.HybridDrafter, which picks each step's source and count itself)
-  are judged as a draft model is, on all their steps; where they do not pay, the draft model is set aside until
-  the call ends (`use_model`) and lookup goes on alone, step by step as above: copied text still speeds up.
+  are judged as a draft model is, on all their steps; where they do not pay, the draft model is set aside for
+  RETRY steps (`use_model`) and lookup goes on alone, step by step as above: copied text still speeds up.
   While both go on, the hybrid weighs its sources with this machine's costs (`step_cost`: the verify passes and
   the model's proposals as measured here) instead of its fixed estimates.
 
@@ -44,6 +46,7 @@ same run after run (SHARPI_SPEC_COST=1: measured there too; SHARPI_SPEC_COST=0: 
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from .hybrid import DRAFT_COST, VERIFY_ROW
@@ -63,6 +66,11 @@ CLEAR = (4, 0.3)  # or after this many steps, when they are this much slower
 PRIOR_STEPS, PRIOR_ACCEPT = 2.0, 0.75
 REFRESH = 16     # measured verify steps between forced plain steps (lookup: 4x as many, its plain steps come
                  # by themselves where nothing matches, and in a copied text each forced one loses a whole step)
+RETRY = 256      # steps after a draft model was turned off (or set aside) before it is tried again: a slow phase
+                 # of the machine (or of the text) does not cost the rest of a long call; catching up on what it
+                 # missed is one batched pass of its draft window
+EXPLORE = 16     # lookup steps declined in a row by the measured costs before one goes ahead anyway, where the
+                 # guessed costs say it would pay: a verify shape measured once, slowly, is measured again
 
 
 class _Times:
@@ -87,22 +95,22 @@ class _Times:
         return sum(self.last) / len(self.last)
 
 
-def _estimate(points: dict[int, float], n: int) -> float:
-    """The cost at n from the costs measured at other counts: linear between the nearest on either side, else
-    along the line through the two nearest on one side (never below 0 nor falling toward more), or in
-    proportion to the only one."""
+def _estimate(points: dict[int, float], n: int, xs: list[int] | None = None) -> float:
+    """The cost at n from the costs measured at other counts (xs: their counts, sorted): linear between the
+    nearest on either side, else along the line through the two nearest on one side (never below 0 nor falling
+    toward more), or in proportion to the only one."""
     if n in points:
         return points[n]
-    xs = sorted(points)
-    lo, hi = [x for x in xs if x < n], [x for x in xs if x > n]
-    if lo and hi:
-        a, b = lo[-1], hi[0]
+    xs = sorted(points) if xs is None else xs
+    i = bisect.bisect_left(xs, n)  # xs[:i] below n, xs[i:] above
+    if 0 < i < len(xs):
+        a, b = xs[i - 1], xs[i]
         return points[a] + (points[b] - points[a]) * (n - a) / (b - a)
     if len(xs) == 1:
         return points[xs[0]] * n / xs[0]
-    a, b = (lo[-2], lo[-1]) if lo else (hi[0], hi[1])
+    a, b = (xs[i - 2], xs[i - 1]) if i else (xs[0], xs[1])
     slope = max(0.0, (points[b] - points[a]) / (b - a))
-    near = b if lo else a
+    near = b if i else a
     return max(0.0, points[near] + slope * (n - near))
 
 
@@ -152,8 +160,8 @@ class SpecCost:
 
     def begin(self) -> None:
         """A new generate call."""
-        self.off = False       # speculation is off until this call ends (not free drafters)
-        self.model_off = False  # a HybridDrafter's draft model is set aside until this call ends (lookup alone)
+        self.off = False       # speculation is off for RETRY steps (not free drafters)
+        self.model_off = False  # a HybridDrafter's draft model is set aside for RETRY steps (lookup alone)
         if self._fallback is not None:
             self.drafter.use_model = True
         self.chosen_plain = 0  # plain steps this call took by choice (stats)
@@ -161,6 +169,12 @@ class SpecCost:
         self._steps.clear()
         self._shadow = None
         self._catch_up = False  # the last step was plain or forced (a draft model catches up at its next proposal)
+        self._off_steps = 0    # steps since the draft model was turned off or set aside (RETRY)
+        self._declined = 0     # lookup proposals the measured costs declined in a row (EXPLORE)
+
+    def shifted(self) -> None:
+        """A context shift moved the history: lookup's unverified proposal points at tokens no longer there."""
+        self._shadow = None
 
     @property
     def free(self) -> bool:
@@ -172,15 +186,19 @@ class SpecCost:
     def acceptance(self) -> float:
         return self.verdicts.acceptance
 
-    def verify_time(self, rows: int) -> float:
+    def verify_time(self, rows: int, _points: tuple | None = None) -> float:
         """A verify pass of `rows` rows: measured, else interpolated between the row counts measured, the plain
         pass being one row (none measured yet: the guess's cost a row)."""
         plain = self._plain.value
         if not self._verify:
             return plain * (1 + self.guess[0] * (rows - 1))
+        points, xs = _points or self._points()
+        return _estimate(points, rows, xs)
+
+    def _points(self) -> tuple[dict[int, float], list[int]]:
         points = {r: v.value for r, v in self._verify.items()}
-        points[1] = plain
-        return _estimate(points, rows)
+        points[1] = self._plain.value
+        return points, sorted(points)
 
     def draft_time(self) -> float:
         """A proposal's seconds: measured (a draft model's steps that follow its own), else the guess; 0 for lookup."""
@@ -188,16 +206,21 @@ class SpecCost:
             return 0.0
         return self._draft.value if self.fixed is None and self._draft.last else self.guess[1] * self._plain.value
 
-    def rate(self, k: int) -> float:
-        """Expected tokens per second of a step of k proposals (k = 0: a plain step)."""
+    def rate(self, k: int, _points: tuple | None = None, guessed: bool = False) -> float:
+        """Expected tokens per second of a step of k proposals (k = 0: a plain step); guessed: with the guess's
+        verify cost instead of the measured ones."""
         if k == 0:
             return 1.0 / max(self._plain.value, 1e-9)
         a = self.acceptance if self.free else self._after[self._full].acceptance
-        return expected_tokens(a, k) / max(self.verify_time(k + 1) + k * self.draft_time(), 1e-9)
+        verify = (self._plain.value * (1 + self.guess[0] * k) if guessed or not self._verify
+                  else self.verify_time(k + 1, _points))
+        return expected_tokens(a, k) / max(verify + k * self.draft_time(), 1e-9)
 
-    def best(self, cap: int, least: int = 1) -> tuple[int, float]:
+    def best(self, cap: int, least: int = 1, guessed: bool = False) -> tuple[int, float]:
         """(k in [least, cap] with the highest rate, that rate)."""
-        return max(((k, self.rate(k)) for k in range(min(max(1, least), cap), cap + 1)), key=lambda kv: kv[1])
+        pts = self._points() if self._verify else None  # (once for all k: a cap of 64 is an n-gram drafter's)
+        return max(((k, self.rate(k, pts, guessed)) for k in range(min(max(1, least), cap), cap + 1)),
+                   key=lambda kv: kv[1])
 
     def step_cost(self, k: int, model: bool) -> float | None:
         """A hybrid's step of k proposals in plain steps: its verify pass, plus the model's k proposals if it is the
@@ -225,6 +248,13 @@ class SpecCost:
         """Proposals to ask for at the step after history + [t], at most cap and at least `least` (the generator's
         --spec-draft-n-min: fewer would be no proposal); 0 = a plain step."""
         self._judge_shadow(history, t)
+        if self.off or self.model_off:
+            self._off_steps += 1
+            if self._off_steps >= RETRY:  # (tried again: judged anew on WARM steps)
+                self._off_steps, self.off = 0, False
+                self._steps.clear()
+                if self.model_off:
+                    self.model_off, self.drafter.use_model = False, True
         if self.off:
             self.chosen_plain += 1
             return 0
@@ -248,7 +278,16 @@ class SpecCost:
         if not self._verify:  # (nothing to compare with yet)
             return cap
         k, r = self.best(cap, least)
-        return self._choose_plain(history, t, cap) if r < self.rate(0) else k
+        if r >= self.rate(0):
+            self._declined = 0
+            return k
+        self._declined += 1
+        if self._declined >= EXPLORE:
+            k, r = self.best(cap, least, guessed=True)
+            if r >= self.rate(0):  # (the measures say no, the guess yes: one step measures its shape again)
+                self._declined = 0
+                return k
+        return self._choose_plain(history, t, cap)
 
     def _choose_plain(self, history: list[int], t: int, cap: int) -> int:
         self.chosen_plain += 1

@@ -80,7 +80,9 @@ class HybridDrafter(WrapsModel):
         props, q = self.lookup.propose(history, kl)
         if props:
             self._shadow = (len(history), list(props))
-            if self._value(lookup, len(props), 0.0) >= self._value(model, km, self.cost):
+            # (a match shorter than --spec-draft-n-min would be dropped for a plain step: the model's turn)
+            if len(props) >= max(1, self.n_min) and \
+                    self._value(lookup, len(props), 0.0) >= self._value(model, km, self.cost):
                 self.source, self._last = lookup, (lookup, len(history), len(props))
                 return props, q
         mprops, mq = self.model.propose(history, km) if self.use_model else ([], None)

@@ -533,6 +533,8 @@ class NgramChain(WrapsModel):
             d = s.draft(prompt, sampled)
             if d:
                 self._last, self._at, self.source = s, len(history), s.name
+                if getattr(s, "n_draft_last", 0) > k:  # (ngram-mod grades itself on what is verified: k of them)
+                    s.n_draft_last = k
                 return list(d[:k]), None
         if self.model is not None and k > 0:
             asked = min(k, self.model_n_max)
