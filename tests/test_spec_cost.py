@@ -335,6 +335,19 @@ def test_a_verify_shape_measured_once_in_a_slow_moment_is_measured_again():
         ks.append(k)
     assert ks[:cost_mod.EXPLORE - 1] == [0] * (cost_mod.EXPLORE - 1) and ks[cost_mod.EXPLORE - 1] == 4
     assert all(k == 4 for k in ks[cost_mod.EXPLORE:])
+    # where the shape really is slow, its measures settle it: no more than EXPLORED of them, then plain steps
+    c = SpecCost(_Props([7, 7, 7, 7]), guess=(0.25, 0.0))
+    c.plain(1.0)
+    ks = []
+    for _ in range(10 * cost_mod.EXPLORE):
+        c.verdicts.hits, c.verdicts.judged = 0.7, 1.0
+        k = c.plan([], 0, 4)
+        c.spec(k + 1, 6.0, k, 0.0, 2, 3) if k else c.plain(1.0)
+        ks.append(k)
+    # (the first step, with nothing measured, takes the cap; then the shape the guess likes best, 3 times)
+    explored = [k for k in ks[1:] if k]
+    assert ks[0] == 4 and len(explored) == cost_mod.EXPLORED and len(c._verify[explored[0] + 1].last) == cost_mod.EXPLORED
+    assert set(explored) == {explored[0]} and ks[-5 * cost_mod.EXPLORE:] == [0] * (5 * cost_mod.EXPLORE)
 
 
 def test_a_context_shift_drops_lookups_shadow():

@@ -28,8 +28,8 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
   (verify times per row count measured, interpolated between them and the plain pass) against 1 / plain, or a
   plain step. Where the plain step wins, lookup's proposal is still scored against the tokens that come (a
   "shadow"), so that a text that starts copying itself brings speculation back at once; after EXPLORE such
-  steps in a row a proposal goes ahead anyway where the guessed costs say it pays (a verify shape measured once,
-  in a slow moment, would otherwise never be measured again). Plain steps are measured where nothing matched,
+  steps in a row a proposal goes ahead anyway where the guessed costs say it pays and its verify shape has
+  fewer than EXPLORED measures (a shape measured once, in a slow moment, would otherwise never be measured again). Plain steps are measured where nothing matched,
   and forced only every 4 REFRESH verify steps.
 - Lookup and a draft model together (speculative.HybridDrafter, which picks each step's source and count itself)
   are judged as a draft model is, on all their steps; where they do not pay, the draft model is set aside for
@@ -70,7 +70,9 @@ RETRY = 256      # steps after a draft model was turned off (or set aside) befor
                  # of the machine (or of the text) does not cost the rest of a long call; catching up on what it
                  # missed is one batched pass of its draft window
 EXPLORE = 16     # lookup steps declined in a row by the measured costs before one goes ahead anyway, where the
-                 # guessed costs say it would pay: a verify shape measured once, slowly, is measured again
+                 # guessed costs say it would pay and its verify shape has fewer than EXPLORED measures: a shape
+                 # measured once, in a slow moment, is measured again (where it is slow, 3 measures settle it)
+EXPLORED = 3
 
 
 class _Times:
@@ -284,7 +286,10 @@ class SpecCost:
         self._declined += 1
         if self._declined >= EXPLORE:
             k, r = self.best(cap, least, guessed=True)
-            if r >= self.rate(0):  # (the measures say no, the guess yes: one step measures its shape again)
+            measured = self._verify.get(k + 1)
+            if r >= self.rate(0) and (measured is None or len(measured.last) < EXPLORED):
+                # (the measures say no, the guess yes, and the shape was measured too few times for its lower
+                # median to pass over a slow moment: one step measures it again)
                 self._declined = 0
                 return k
         return self._choose_plain(history, t, cap)
