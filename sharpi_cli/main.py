@@ -621,7 +621,7 @@ def tokenize(
                                           show_default=False)] = False,
     escape: Annotated[bool, Opt("-e", "--escape/--no-escape", help="process backslash escapes, as -p of the "
                                 "main command (default: on)", show_default=False)] = True,
-    stdin: Annotated[bool, Opt("--stdin", help="tokenize standard input (before -f and -p)", show_default=False)] = False,
+    stdin: Annotated[bool, Opt("--stdin", help="tokenize standard input (not with -f or -p)", show_default=False)] = False,
     show_count: Annotated[bool, Opt("--show-count", help="print the number of tokens at the end", show_default=False)] = False,
     log_disable: Annotated[bool, Opt("--log-disable", help="accepted (tokenize logs nothing)", show_default=False)] = False,
     hf_repo: HfRepoOpt = None,
@@ -642,16 +642,17 @@ def tokenize(
 def models_list():
     """Known models and whether they are cached."""
     from sharpi_core.registry import REGISTRY, cached_path, is_cached, is_verified
-    for name, e in REGISTRY.items():
-        p = cached_path(name)
-        if is_cached(name):
-            state = f"cached at {p}" + ("" if is_verified(name) else " (changed since its sha256 was checked: the "
-                                        "next use checks it)")
-        elif p.exists():
-            state = f"incomplete at {p} ({p.stat().st_size / 1e6:.0f} MB: the next use fetches it again)"
-        else:
-            state = "not fetched"
-        print(f"{name:40s} {e.size / 1e6:8.0f} MB  {e.description}  [{state}]")
+    with reader_gone():  # (`sharpi models list | head -1`: exit 0, as the run's output to a closed pipe)
+        for name, e in REGISTRY.items():
+            p = cached_path(name)
+            if is_cached(name):
+                state = f"cached at {p}" + ("" if is_verified(name) else " (changed since its sha256 was checked: "
+                                            "the next use checks it)")
+            elif p.exists():
+                state = f"incomplete at {p} ({p.stat().st_size / 1e6:.0f} MB: the next use fetches it again)"
+            else:
+                state = "not fetched"
+            print(f"{name:40s} {e.size / 1e6:8.0f} MB  {e.description}  [{state}]")
 
 
 @models_app.command("pull")

@@ -2121,8 +2121,11 @@ def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape
     """llama-tokenize: the text of --stdin (read once the model loaded), else -f (read verbatim, a trailing newline
     included; `-` is stdin), else -p; escapes processed in each unless --no-escape. The pieces are written as
     their bytes, as llama-tokenize prints them."""
-    if not stdin and file is None and prompt is None:
+    given = [f for f, v in (("--stdin", stdin or None), ("-f/--file", file), ("-p/--prompt", prompt)) if v is not None]
+    if not given:
         raise UsageError("tokenize needs one of --stdin, -f/--file or -p/--prompt")
+    if len(given) > 1:  # (llama-tokenize: "Multiple prompt sources specified")
+        raise UsageError(f"{' and '.join(given)} both give the text to tokenize: give one")
     if not stdin and file is not None:
         prompt = read_stdin() if file == "-" else read_text(file, lenient=True)
     from sharpi_core.gguf_file import GGUFFile

@@ -1135,6 +1135,10 @@ def test_options_before_a_command_name_are_refused(smol):
                    "after its name")
     r = sharpi("tokenize", "-m", smol, "-p", "Hi", "--ids", env={"SHARPI_ARG_TEMP": "0"})  # (the environment: not given)
     assert r.returncode == 0 and r.stdout.startswith("["), r.stderr
+    # two sources of the text: refused, as llama-tokenize refuses them (one of them was dropped without a word)
+    one_error_line(sharpi("tokenize", "-m", smol, "-p", "a", "-f", "x.txt"), 2,
+                   "-f/--file and -p/--prompt both give the text to tokenize: give one")
+    one_error_line(sharpi("tokenize", "-m", smol, "--stdin", "-p", "a", input="x"), 2, "--stdin and -p/--prompt both")
 
 
 def test_tokenize_command_matches_llama_tokenize(smol):
@@ -1838,12 +1842,12 @@ def test_chat_commands_say_why_and_add_all_or_nothing(smol, tmp_path, monkeypatc
 
 
 def test_tokenize_stdin_count_and_raw_pieces(smol):
-    """llama-tokenize's --stdin (before -f and -p) and --show-count; the pieces written as their bytes (a piece that
-    is part of a UTF-8 character too, as llama-tokenize prints it on Linux)."""
+    """llama-tokenize's --stdin and --show-count; the pieces written as their bytes (a piece that is part of a UTF-8
+    character too, as llama-tokenize prints it on Linux)."""
     from conftest import loaded
     text = "Hi 日本語 there"
     ids = loaded(SMOL)[1].encode(text, add_special=True, parse_special=True)
-    r = sharpi("tokenize", "-m", smol, "--stdin", "-p", "ignored", "--ids", "--show-count", input=text)
+    r = sharpi("tokenize", "-m", smol, "--stdin", "--ids", "--show-count", input=text)
     assert r.returncode == 0 and r.stdout == f"[{', '.join(map(str, ids))}]\nTotal number of tokens: {len(ids)}\n"
     tok = loaded(SMOL)[1]
     assert any(not tok.token_bytes(i).decode("utf-8", "ignore") for i in ids)  # (a character's bytes split)
