@@ -533,6 +533,22 @@ def test_hybrid_values_proposals_per_token():
     assert h.source == "lookup"
 
 
+def test_a_hybrid_starts_each_generation_without_the_last_ones_lookup_proposal():
+    """Lookup's proposal is judged against the tokens that come after it; at a new generation (another prompt)
+    those are another text's: its verdict is not taken (a spurious one before; Generator.generate calls begin)."""
+    from sharpi_core.speculative import HybridDrafter
+    lookup, model = _Scripted(), _Scripted()
+    h = HybridDrafter(lookup, model, n_max=4, cost=0.4)
+    lookup.next = [5, 6, 7]
+    h.propose(list(range(50)), 4)
+    assert h._shadow is not None
+    before = (h._seen["lookup"].hits, h._seen["lookup"].judged)
+    h.begin([9] * 80)
+    lookup.next = []
+    h.propose([9] * 81, 4)
+    assert (h._seen["lookup"].hits, h._seen["lookup"].judged) == before
+
+
 def test_verdicts_expected_tokens_and_learning():
     """Verdicts: a + a^2 + ... + a^k expected from k proposals; a step's verdict decays the record before it."""
     from sharpi_core.speculative.util import Verdicts

@@ -104,6 +104,14 @@ class HybridDrafter(WrapsModel):
         self.lookup.rollback(n_keep)
         self.model.rollback(n_keep)
 
+    def begin(self, prompt: list[int]) -> None:
+        """A generation starts (Generator.generate, its prompt evaluated): the last one's unjudged lookup proposal
+        is not judged against another text's tokens."""
+        self._shadow = None
+        begin = getattr(self.model, "begin", None)
+        if begin is not None:
+            begin(prompt)
+
     def shift(self, n_keep: int, n_discard: int) -> None:
         self._shadow = None
         super().shift(n_keep, n_discard)
