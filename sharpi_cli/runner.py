@@ -1971,6 +1971,25 @@ class ChoiceScores:
         return on[0] if on else None
 
 
+def check_logits_file(path: str | None) -> None:
+    """--kl-divergence-base FILE, to be written: a file already there that is not one of log-probabilities (its
+    `_logits_` header: an earlier base) is the user's, refused rather than replaced (llama-perplexity replaces it)."""
+    from sharpi_core.perplexity import LOGITS_MAGIC
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    if not p.is_file():  # (not there yet; a device or FIFO is files.py's to refuse when the write comes)
+        return
+    try:
+        with open(p, "rb") as f:
+            head = f.read(len(LOGITS_MAGIC))
+    except OSError:  # (not there, or not readable: the write says what goes wrong)
+        return
+    if head and head != LOGITS_MAGIC:
+        raise UsageError(f"--kl-divergence-base {path} exists and is not a file of log-probabilities: it would be "
+                         "overwritten; give the output another name")
+
+
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
                    opts: RunOptions | None = None, kld_base: str | None = None, kld: bool = False,
                    output_type: int = 0, scores: ChoiceScores | None = None) -> int:
@@ -1996,6 +2015,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         check_output_file(kld_base, "--kl-divergence-base", beside=True)
         check_outputs(opts or RunOptions(model=model), [("--kl-divergence-base", kld_base)],
                       also_read=[("-f/--file", file), ("-bf/--binary-file", sc.binary_file)])
+        check_logits_file(kld_base)
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
             raise UsageError(f"invalid {flag} '{v}': choose from {', '.join(CACHE_TYPES)}")

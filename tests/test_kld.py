@@ -95,6 +95,11 @@ def test_a_base_file_that_names_an_input_or_a_model_is_refused(tmp_path):
         one_error_line(sharpi("perplexity", "-m", smol, "-f", text, "-c", 16, "--kl-divergence-base", base), 2,
                        f"--kl-divergence-base {base} {says}: it would be overwritten")
     assert text.read_text() == "precious text " * 50 and other.read_bytes() == b"GGUF precious"
+    notes = tmp_path / "notes.md"  # any file that is not an earlier base (llama-perplexity replaces it)
+    notes.write_text("mine")
+    one_error_line(sharpi("perplexity", "-m", smol, "-f", text, "-c", 16, "--kl-divergence-base", notes), 2,
+                   f"--kl-divergence-base {notes} exists and is not a file of log-probabilities")
+    assert notes.read_text() == "mine"
     after = smol.stat()
     assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
 
