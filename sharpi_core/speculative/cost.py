@@ -17,8 +17,9 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
   are MARGIN or more slower than plain steps, speculation goes off for RETRY steps, then is judged again (a
   draft model catches up on what it skipped in one batched pass of its window), so that a slow phase of the
   machine costs a stretch of a long call, not the rest of it; a clear loss (CLEAR) turns it off sooner, the steps
-  before the decision being the price of measuring. The next call (a chat turn) starts over. While it pays, a step proposes the count in
-  [1, cap] (cap: the generator's count, adapted to the last verdict) with the most tokens per second expected,
+  before the decision being the price of measuring. The next call (a chat turn) starts over. While it pays, a
+  step proposes the count in [1, cap] (cap: the generator's count, adapted to the last verdict) with the most
+  tokens per second expected,
   E(a, k) / (verify(k + 1) + k draft), a draft's proposal costing its measured seconds (steps that follow its own:
   no catching up), a estimated apart after a step whose proposals were all accepted and after one with a
   rejection (a draft's right guesses come in runs). A large --spec-draft-n-max then no longer drafts far past
@@ -29,8 +30,8 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
   plain step. Where the plain step wins, lookup's proposal is still scored against the tokens that come (a
   "shadow"), so that a text that starts copying itself brings speculation back at once; after EXPLORE such
   steps in a row a proposal goes ahead anyway where the guessed costs say it pays and its verify shape has
-  fewer than EXPLORED measures (a shape measured once, in a slow moment, would otherwise never be measured again). Plain steps are measured where nothing matched,
-  and forced only every 4 REFRESH verify steps.
+  fewer than EXPLORED measures (a shape measured once, in a slow moment, would otherwise never be measured
+  again). Plain steps are measured where nothing matched, and forced only every 4 REFRESH verify steps.
 - Lookup and a draft model together (speculative.HybridDrafter, which picks each step's source and count itself)
   are judged as a draft model is, on all their steps; where they do not pay, the draft model is set aside for
   RETRY steps (`use_model`) and lookup goes on alone, step by step as above: copied text still speeds up.
