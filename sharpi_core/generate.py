@@ -90,8 +90,8 @@ class SpecStats:
     verify_ms: float = 0.0
     commit_ms: float = 0.0
     plain_by_cost: int = 0      # plain steps taken because the measured costs favoured them (speculative.SpecCost)
-    cost_off: bool = False      # the draft model went off for the rest of the call (it did not pay; with
-                                # --draft-lookup, lookup goes on alone)
+    cost_off: bool = False      # the draft model went off in the call (it did not pay; with --draft-lookup,
+                                # lookup goes on alone), for 256 steps at a time
 
     def record(self, k: int, n: int, source: str | None = None, sign: int = 1) -> None:
         """A verify pass of k proposals that accepted n (sign -1: taken back)."""
@@ -849,7 +849,7 @@ class Generator:
             reason = s.reason
         if stats is not None and self.cost is not None:
             stats.plain_by_cost = self.cost.chosen_plain
-            stats.cost_off = self.cost.off or self.cost.model_off
+            stats.cost_off = self.cost.went_off
         rest = dec.flush()
         if rest:
             show(rest)

@@ -173,6 +173,7 @@ class SpecCost:
         self._shadow = None
         self._catch_up = False  # the last step was plain or forced (a draft model catches up at its next proposal)
         self._off_steps = 0    # steps since the draft model was turned off or set aside (RETRY)
+        self.went_off = False  # it was, in this call (stats)
         self._declined = 0     # lookup proposals the measured costs declined in a row (EXPLORE)
 
     def shifted(self) -> None:
@@ -271,11 +272,11 @@ class SpecCost:
                 # verify row, and is accepted with the chance the verdicts give
                 return self.best(cap, least)[0] if self._count else cap
             if self._fallback is None:
-                self.off = True
+                self.off = self.went_off = True
                 return self._choose_plain(history, t, cap)
             # lookup alone from here, from the prior (the verdicts so far were mostly the model's); the verify times
             # measured while both went on stay
-            self.model_off = True
+            self.model_off = self.went_off = True
             self.drafter.use_model = False
             self.verdicts = Verdicts(PRIOR, DECAY)
         if not self._verify:  # (nothing to compare with yet)
