@@ -580,23 +580,39 @@ def _strict_json(text: str):
     def constant(c: str):
         raise ValueError(f"{c} is not a JSON value")
 
+    def out_of_range(x: str):
+        raise ValueError(f"number {x[:20]}{'...' if len(x) > 20 else ''} is out of range")
+
     def number(x: str) -> float:
         if not math.isfinite(v := float(x)):
-            raise ValueError(f"number {x} is out of range")
+            out_of_range(x)
+        return v
+
+    def integer(x: str) -> int:  # (past 64 bits nlohmann reads a double: out of its range, an error)
+        if len(x) > 310:  # (past any double; and Python's int() refuses 4300 digits)
+            out_of_range(x)
+        v = int(x)
+        if not -2 ** 63 <= v < 2 ** 64:
+            number(x)
         return v
 
     def check(v) -> None:
-        if isinstance(v, str) and _SURROGATE.search(v):
-            raise ValueError(f"a lone surrogate \\u{ord(_SURROGATE.search(v).group()):04x} in a string")
-        for x in (v.items() if isinstance(v, dict) else v if isinstance(v, list) else ()):
-            for y in x if isinstance(v, dict) else (x,):
-                check(y)
+        todo = [v]  # (a work list: a deeply nested schema is the converter's to refuse, with its own words)
+        while todo:
+            v = todo.pop()
+            if isinstance(v, str) and (m := _SURROGATE.search(v)):
+                raise ValueError(f"a lone surrogate \\u{ord(m.group()):04x} in a string")
+            if isinstance(v, dict):
+                todo += [*v.keys(), *v.values()]
+            elif isinstance(v, list):
+                todo += v
     try:
-        out = json.loads(text.removeprefix("\ufeff"), parse_constant=constant, parse_float=number)
+        out = json.loads(text.removeprefix("\ufeff"), parse_constant=constant, parse_float=number, parse_int=integer)
         check(out)
-    except (ValueError, RecursionError) as e:  # (JSONDecodeError is a ValueError)
-        raise SchemaError(f"not JSON: {e}" if not isinstance(e, RecursionError) else "not JSON: nested too deeply to be "
-                          "read") from None
+    except ValueError as e:  # (JSONDecodeError is one)
+        raise SchemaError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise SchemaError("nested too deeply to be read") from None
     return out
 
 
