@@ -387,8 +387,12 @@ def _resolve(m: HubModel, progress: Progress | None, warn: Callable[[str], None]
 def _locked(lock: Path, what: str, warn: Callable[[str], None] | None = None):
     """An exclusive lock on the file `lock` (kept: deleting it would let a third process lock a new file while a
     second waits on the old one) while the block downloads `what`."""
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # (no lock where none can be made, -mu's to a folder of the user's: the download goes on)
+        yield
+        return
     try:
         if fcntl is not None:
             try:
