@@ -516,20 +516,24 @@ class _Converter:
         props: dict[str, list] = {}  # name -> its schemas (several parts may each say something of it)
         required: set = set()
         enums: dict[str, int] = {}
-        resolved: list = []
 
-        def component(c, is_required: bool) -> None:
-            if isinstance(c, dict) and "$ref" in c:
+        def deref(c):
+            for _ in range(100):  # (a $ref to a $ref ...; a cycle of them stops somewhere)
+                if not (isinstance(c, dict) and "$ref" in c):
+                    break
                 node = self.root
                 for part in [p for p in str(c["$ref"])[1:].split("/") if p]:
                     node = node.get(part, {}) if isinstance(node, dict) else {}
-                component(node, is_required)
-            elif isinstance(c, dict) and "enum" in c and isinstance(c["enum"], list):
+                c = node
+            return c
+
+        def component(c, is_required: bool) -> None:
+            c = deref(c)
+            if isinstance(c, dict) and "enum" in c and isinstance(c["enum"], list):
                 # (a part's values counted once each: ["a", "a"] and ["b"] share no value)
                 for lit in dict.fromkeys(literal(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
                                          for v in c["enum"]):
                     enums[lit] = enums.get(lit, 0) + 1
-                resolved.append(c)
             elif isinstance(c, dict) and ("properties" in c or c.get("type") == "object"):
                 for name, sub in (c.get("properties") or {}).items():
                     if sub not in props.setdefault(name, []):
@@ -538,7 +542,6 @@ class _Converter:
                         required.add(name)
             else:  # (llama.cpp's converter combines only objects' properties, and enums)
                 ignored.append(c)
-                resolved.append(c)
 
         ignored: list = []
 
@@ -557,7 +560,7 @@ class _Converter:
             # no properties to combine (llama.cpp's converter writes `{}` then, whatever the type): the parts'
             # keywords beside the schema's own, the first to give one holding
             merged, clash = {k: v for k, v in s.items() if k != "allOf"}, []
-            for c in resolved:
+            for c in map(deref, parts):
                 for k, v in (c.items() if isinstance(c, dict) else ()):
                     if k not in merged:
                         merged[k] = v

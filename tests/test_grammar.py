@@ -272,6 +272,9 @@ def test_schemas_llama_cpps_converter_writes_wrongly():
                  ['{"a":1}', '{"a":-1}', '{"a":1,"a":2}', '{"a":"x"}']) == [True, False, False, False]
     assert langs({"type": "string", "allOf": [{"minLength": 3}]}, ['"abc"', '"ab"', "{}"]) == [True, False, False]
     assert langs({"allOf": [{"type": "integer"}, {"maximum": 5}]}, ["5", "6", '"x"', "{}"]) == [True, False, False, False]
+    assert langs({"allOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]}]}, ['"a"', "5", "{}"]) == [True, True, False]
+    assert langs({"$defs": {"I": {"type": "integer"}}, "allOf": [{"$ref": "#/$defs/I"}, {"maximum": 5}]},
+                 ["5", "6", '"x"']) == [True, False, False]
     with pytest.raises(SchemaError, match="enums share no value"):  # (["a", "a"] counted "a" as in both)
         schema_to_grammar({"allOf": [{"enum": ["a", "a"]}, {"enum": ["b"]}]})
     extra = {"type": "object", "properties": {"id": {"type": "integer"}}, "additionalProperties": True}
