@@ -176,7 +176,7 @@ def test_a_base_file_named_by_a_fifo_or_a_link_is_written_through_it(base, tmp_p
     r = sharpi(*args, fifo)
     reader.join(timeout=60)
     assert r.returncode == 0 and got == [path.read_bytes()] and fifo.is_fifo(), r.stderr
-    (tmp_path / "real.kld").write_bytes(b"old")
+    (tmp_path / "real.kld").write_bytes(b"_logits_ of an earlier run")  # (one of another kind is refused)
     (tmp_path / "link.kld").symlink_to("real.kld")
     assert sharpi(*args, tmp_path / "link.kld").returncode == 0
     assert (tmp_path / "link.kld").is_symlink() and (tmp_path / "real.kld").read_bytes() == path.read_bytes()
