@@ -29,6 +29,7 @@ import http.client
 import json
 import os
 import re
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -617,6 +618,6 @@ def _fetch_url(url: str, dest: str | None, token: str, offline: bool, progress: 
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}.{threading.get_ident()}")  # (one per writer)
     tmp.write_text(text)
     os.replace(tmp, path)
