@@ -315,7 +315,7 @@ def test_two_runs_fetching_one_file_take_turns(hub, env):
     """Two fetches of one blob at once: the second waits on huggingface_hub's lock file and finds the blob there
     (it appended to the first's download before: a blob bigger than the file, kept as complete, or moved away)."""
     body = hub.files["model-Q4_K_M.gguf"] = os.urandom(1 << 20)
-    hub.slow = 1.0
+    hub.slow = 3.0  # (the second run lists the repository and reaches the lock well within it)
     got, warned = {}, []
 
     def run(k):
