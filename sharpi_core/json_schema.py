@@ -221,20 +221,27 @@ class _Converter:
                 self.prim(d)
         return name
 
+    def target(self, ref: str):
+        """What a `#/...` reference (a JSON pointer into the document) points at; None: nothing."""
+        node = self.root
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
     def ref(self, ref: str, path: str) -> str:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise SchemaError(f"{path}: only $ref into the same document ('#/...') is supported")
         if ref not in self.refs:
+            node = self.target(ref)
+            if node is None:
+                raise SchemaError(f"{path}: $ref {ref} points nowhere")
             self.refs[ref] = name = f"ref{len(self.refs)}"
-            node = self.root
-            for part in [p for p in ref[1:].split("/") if p]:
-                part = part.replace("~1", "/").replace("~0", "~")
-                if isinstance(node, dict) and part in node:
-                    node = node[part]
-                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                    node = node[int(part)]
-                else:
-                    raise SchemaError(f"{path}: $ref {ref} points nowhere")
             self.rules[name] = ""  # reserved: a recursive reference resolves to this rule
             self.rules[name] = self.visit(node, ref)
         return self.refs[ref]
@@ -397,11 +404,12 @@ class _Converter:
                 raise SchemaError(f"{path}: pattern: {e}") from None
             return self.add(f'"\\"" {body} "\\""')
         fmt = s.get("format")
-        if _format_rule(fmt):
+        rule = _format_rule(fmt)
+        if rule:
             ignored = [k for k in ("minLength", "maxLength") if k in s]
             if ignored:
                 self.warn(f"{path}: {', '.join(ignored)} not enforced together with a format")
-            return self.prim(_format_rule(fmt))
+            return self.prim(rule)
         if fmt is not None:
             self.warn(f"{path}: format {json.dumps(fmt)} not enforced (date, time, date-time and uuid are)")
         lo, hi = self.count(s, "minLength", 0, path), s.get("maxLength")
@@ -521,10 +529,8 @@ class _Converter:
             for _ in range(100):  # (a $ref to a $ref ...; a cycle of them stops somewhere)
                 if not (isinstance(c, dict) and "$ref" in c):
                     break
-                node = self.root
-                for part in [p for p in str(c["$ref"])[1:].split("/") if p]:
-                    node = node.get(part, {}) if isinstance(node, dict) else {}
-                c = node
+                c = self.target(str(c["$ref"]))
+                c = {} if c is None else c
             return c
 
         def component(c, is_required: bool) -> None:
