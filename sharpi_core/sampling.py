@@ -316,21 +316,11 @@ def _forced(x: np.ndarray) -> np.ndarray | None:
     return np.flatnonzero(x == np.inf) if m == np.inf else None
 
 
-def _logsumexp(v: np.ndarray) -> float:
-    if not v.size:
-        raise NoDistribution()
-    m = float(v.max())
-    if not math.isfinite(m):
-        return m
-    return m + math.log(float(np.exp(v - np.float32(m)).sum(dtype=np.float64)))
-
-
-def _nucleus(vals: np.ndarray, lse: float, top_p: float) -> int | None:
-    """How many of the sorted `vals` top-p keeps: up to and including the first where the running
-    probability mass (float32, like llama.cpp) reaches top_p; None if it never does."""
-    p1 = np.exp(vals - np.float32(lse))
-    cum = np.cumsum(p1, dtype=np.float32)
-    reached = np.flatnonzero(cum >= np.float32(top_p))
+def _nucleus(p: np.ndarray, top_p: float) -> int | None:
+    """How many of the sorted candidates of probabilities `p` (float32, llama.cpp's softmax) top-p keeps: up to and
+    including the first where the running mass (a float32 sum in order, as llama.cpp's) reaches top_p; None if it
+    never does (the float32 sum stalls below it once the tail's probabilities are under half its ulp)."""
+    reached = np.flatnonzero(np.cumsum(p, dtype=np.float32) >= np.float32(top_p))
     return int(reached[0]) + 1 if reached.shape[0] else None
 
 
@@ -344,12 +334,12 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
     if k < V:
         idx = _topk_sorted(x, k)
         vals = x[idx]
-        lse = _logsumexp(vals)  # top-p's softmax runs over what top-k kept
+        total = None  # top-p's softmax runs over what top-k kept, sorted
     elif use_p:  # top-k off: the nucleus is usually within the best few hundred; widen until it fits
-        lse = _logsumexp(x)
+        total = _exp_total(x)  # (llama.cpp's softmax sums the candidates as they stand: in id order)
         for m in (256, 4096, 32768, V):
             idx = _topk_sorted(x, min(m, V))
-            if m >= V or (m >= params.min_keep and _nucleus(x[idx], lse, params.top_p) is not None):
+            if m >= V or (m >= params.min_keep and _nucleus(_softmax32(x[idx], total), params.top_p) is not None):
                 break
         vals = x[idx]
     elif use_min_p:
@@ -359,13 +349,12 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
             idx = _topk_sorted(x, max(params.min_keep, 1))
         idx = _desc(idx, x[idx])
         vals = x[idx]
-        lse = 0.0
     else:  # no filter at all: every token, unsorted
         z = np.exp((x - x.max()) / np.float32(params.temp))
         return np.arange(V), z / z.sum(dtype=np.float64)
     n = vals.shape[0]
     if use_p and n > 1:
-        m = _nucleus(vals, lse, params.top_p)
+        m = _nucleus(_softmax32(vals, total), params.top_p)
         if m is not None:
             n = max(m, min(params.min_keep, n))  # the first prefix that reaches top_p and min_keep
     if use_min_p and n > 1:
@@ -393,10 +382,18 @@ def _sorted(idx: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return idx, vals
 
 
-def _softmax32(vals: np.ndarray) -> np.ndarray:
-    """llama_sampler_softmax_impl on candidates sorted descending: float32, summed in order."""
+def _exp_total(vals: np.ndarray) -> np.float32:
+    """The denominator of llama_sampler_softmax_impl over candidates in the order they stand: exp(logit - max) in
+    float32, summed one after another in float32 (not numpy's pairwise sum, nor float64: over a 150k vocabulary
+    they move top-p's cut by hundreds of tail tokens)."""
+    return np.cumsum(np.exp(vals - vals.max()), dtype=np.float32)[-1]
+
+
+def _softmax32(vals: np.ndarray, total: np.float32 | None = None) -> np.ndarray:
+    """llama_sampler_softmax_impl on candidates sorted descending: float32, summed in order; total: _exp_total of
+    the candidates as they stood before they were sorted (top-p's softmax, which does not sort first)."""
     e = np.exp(vals - vals[0])
-    return e / np.cumsum(e, dtype=np.float32)[-1]
+    return e / (np.cumsum(e, dtype=np.float32)[-1] if total is None else total)
 
 
 def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -439,9 +436,10 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
                 keep = np.sort(order[: hit[0] + 1])  # positions in the sorted list: stays sorted
                 idx, vals = idx[keep], vals[keep]
         elif stage == "top_p" and params.top_p < 1.0:
+            total = None if srt else _exp_total(vals)  # (llama.cpp's top-p sums the softmax before it sorts)
             if not srt:
                 idx, vals, srt = *_sorted(idx, vals), True
-            hit = np.flatnonzero(np.cumsum(_softmax32(vals), dtype=np.float32) >= np.float32(params.top_p))
+            hit = np.flatnonzero(np.cumsum(_softmax32(vals, total), dtype=np.float32) >= np.float32(params.top_p))
             hit = hit[hit + 1 >= params.min_keep]
             if hit.shape[0]:
                 idx, vals = idx[: hit[0] + 1], vals[: hit[0] + 1]
