@@ -394,14 +394,17 @@ def _class_regex(cls: bytes) -> bytes:
 def glob_files(pattern: str) -> list[str]:
     """/glob PATTERN: the files it matches, as llama-cli finds them: under the folder the pattern names before its
     first glob character (`~` for the home folder), else the current one, at any depth, the pattern matched against
-    paths relative to that folder; sorted, at most GLOB_MAX + 1 (more than GLOB_MAX: too many)."""
+    paths relative to that folder; sorted, at most GLOB_MAX + 1 (more than GLOB_MAX: too many). A file is named as
+    llama-cli names it in the message: the folder as typed (`~` expanded) / its path under it."""
     from pathlib import Path
-    base = Path.cwd()
+    base, folder = Path.cwd(), ""
     start = min((pattern.find(c) for c in "![*?" if c in pattern), default=-1)
     if start > 0 and "/" in pattern[:start]:
         cut = pattern[:start].rfind("/")
         folder = pattern[:cut]
-        base = base / (os.path.expanduser(folder) if folder.startswith("~") else folder)
+        if folder.startswith("~"):
+            folder = os.path.expanduser("~") + folder[1:]  # (llama-cli: $HOME in place of the ~, whatever follows)
+        base = base / folder
         pattern = pattern[cut + 1:]
     found, match = [], glob_regex(os.fsencode(pattern)).fullmatch
     for root, dirs, names in os.walk(base, onerror=lambda e: None):
@@ -409,8 +412,8 @@ def glob_files(pattern: str) -> list[str]:
         rel = os.path.relpath(root, base)
         prefix = b"" if rel == "." else os.fsencode(Path(rel).as_posix()) + b"/"
         for n in sorted(names):
-            if match(prefix + os.fsencode(n)) and (full := Path(root) / n).is_file():
-                found.append(str(full))
+            if match(prefix + os.fsencode(n)) and (Path(root) / n).is_file():
+                found.append(os.path.join(folder, os.fsdecode(prefix) + n) if folder else os.fsdecode(prefix) + n)
                 if len(found) > GLOB_MAX:
                     return found
     return found

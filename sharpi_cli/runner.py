@@ -1106,7 +1106,8 @@ def read_prompt(o: RunOptions) -> str | None:
         data = read_bytes(o.binary_file, "binary file ")
         log(f"Read {len(data)} bytes from binary file {o.binary_file}")
         text = text_from_bytes(data)[0]
-    elif not sys.stdin.isatty() and o.conversation is not True and not o.interactive:  # -cnv, -i read input from stdin
+    elif (not sys.stdin.isatty() and (o.conversation is not True or (o.single_turn and o.json_out))
+          and not o.interactive):  # -cnv, -i read input from stdin (-cnv -st --json: the message, as -st --json)
         text = read_stdin().removesuffix("\n")
         if not text and not stdin_holds_data():  # /dev/null (no prompt given): a chat, which then reads its end
             return None
@@ -1462,6 +1463,8 @@ def _run(o: RunOptions) -> int:
     model_sampling_defaults(o, target.gguf)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
+    if prompt == "" and not o.interactive and (o.conversation or o.single_turn or o.system_prompt or o.chat_template):
+        prompt = None  # (llama.cpp's chats: an empty prompt is no message; the first one is read)
     if (o.system_prompt or o.chat_template) and prompt is not None and o.conversation is None:
         o.single_turn = True  # a system prompt or a template asks for a chat: the prompt is one user turn
     o.chat_template = None if o.interactive else chat_template_for(o, tok)
@@ -1469,6 +1472,8 @@ def _run(o: RunOptions) -> int:
     interactive = (o.conversation is True or (prompt is None and chat)) and not o.json_out
     if o.single_turn:
         interactive = prompt is None
+    if interactive and o.json_out:  # (-st with no message given: it would be typed, and a typed chat prints text)
+        raise UsageError("--json prints the reply to one message given with -p, -f or on stdin, not typed")
     if o.interactive:
         interactive, prompt = False, prompt or ""
     if o.output_file and not (interactive or o.single_turn):
@@ -1585,6 +1590,13 @@ def _run(o: RunOptions) -> int:
         ids = tok.encode(prompt, add_special=True, parse_special=True)
         if tok.add_bos and ids[1:2] == ids[:1] == [tok.bos_id]:  # (llama.cpp's tokenizer warns alike)
             log("warning: the model adds a BOS token and the prompt starts with one too: it now starts with two")
+    pcache = None
+    if o.prompt_cache and not o.interactive:
+        from sharpi_core.prompt_cache import PromptCacheFile
+        pcache = PromptCacheFile(o.prompt_cache, model_settings(o))
+        if prompt == "" and not o.single_turn and "target" in pcache.entries:
+            ids = list(pcache.entries["target"]["tokens"])  # (llama-completion: "using full prompt from session file")
+            log(f"note: --prompt-cache {o.prompt_cache}: an empty prompt continues its session ({len(ids)} tokens)")
     if not ids:  # -p "" (a model that adds no BOS): llama.cpp refuses it too
         raise UsageError("empty prompt: nothing to generate from")
     # speculation proposes fewer tokens near the end of a context (the generator), so a prompt that
@@ -1600,17 +1612,22 @@ def _run(o: RunOptions) -> int:
         from .interactive import interactive_loop
         with exit_on_termination():
             return interactive_loop(o, target, gen, n_ctx, ids)
-    pcache = None
-    if o.prompt_cache:
+    if pcache is not None:
         from sharpi_core.kv_cache import PROMPT_CACHE_RECURRENT
-        from sharpi_core.prompt_cache import PromptCacheFile
         cached = {"target": (cache, gen.history, target.path)}
         if draft is not None:
             cached["draft"] = (drafter.cache, drafter.history, draft.path)
         if any(getattr(c[0], "recurrent", False) for c in cached.values()):
             raise UsageError(PROMPT_CACHE_RECURRENT)
-        pcache = PromptCacheFile(o.prompt_cache, model_settings(o))
-        n = {name: pcache.restore(name, *c, ids) for name, c in cached.items()}
+        n = {"target": pcache.restore("target", *cached["target"], ids)}
+        if "draft" in cached:
+            try:
+                n["draft"] = pcache.restore("draft", *cached["draft"], ids)
+            except SharpiError:  # (proposals only: the output is the same without them; llama.cpp keeps none)
+                pcache.entries.pop("draft")  # (written anew when the file is saved)
+                n["draft"] = 0
+                log(f"note: --prompt-cache {o.prompt_cache}: its draft entry was made for another draft model or "
+                    "cache: the draft starts without it")
         if o.verbose:
             log(f"sharpi: prompt cache {o.prompt_cache}: " + ", ".join(f"{name} {k} of {len(ids)} prompt tokens restored"
                                                                      for name, k in n.items()))

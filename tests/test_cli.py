@@ -1802,7 +1802,7 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     assert "error: /glob: no file matches 'nothing*'" in r.stderr
     assert "which does not fit the context of 256: not sent" in r.stderr  # (and not in the transcript)
     replies = [ln for ln in r.stdout.replace("> ", "\n").splitlines() if ln.strip()]
-    a, b = str(d / "a.txt"), str(d / "sub" / "b.txt")
+    a, b = "notes/a.txt", "notes/sub/b.txt"  # (named as llama-cli names them: the folder as typed / the path under it)
     assert out.read_text() == (f"User: Added text file: {a}\nUser: Added text file: {b}\n"
                                f"User:\n--- File: {a} ---\nalpha\n--- File: {b} ---\nbeta\nWhich words?\n\n"
                                f"Assistant:\n{replies[0]}\n\nAssistant:\n{replies[1]}\n\n")
@@ -1812,6 +1812,37 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     r = sharpi("-m", smol, "-p", "hi", "-n", 2, "-o", tmp_path / "raw.txt")  # (one-shot raw text: no chat)
     assert r.returncode == 0 and "this run is not a chat, nothing written" in r.stderr
     assert not (tmp_path / "raw.txt").exists()
+
+
+def test_an_empty_prompt_in_a_chat_is_no_message_and_json_needs_one_given(smol):
+    """llama.cpp's chats take an empty -p as no prompt (the first message is read; an empty one is never sent);
+    --json's one reply needs its message given (-p, -f, stdin: -cnv -st --json reads it there), never typed."""
+    plain = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 8, input="Hi\n")
+    empty = sharpi("-m", smol, "-cnv", "-p", "", "--temp", 0, "-n", 8, input="Hi\n")
+    assert plain.returncode == empty.returncode == 0 and empty.stdout == plain.stdout, (plain.stdout, empty.stdout)
+    for args in (["-st", "-p", ""], ["-sys", "Be terse.", "-p", ""]):
+        r = sharpi("-m", smol, *args, "--temp", 0, "-n", 8)
+        assert r.returncode == 0 and r.stdout.strip(" >\n") == "", (args, r.stdout)
+    one_error_line(sharpi("-m", smol, "-st", "--json", "-n", 8), 2, "--json prints the reply to one message given")
+    r = sharpi("-m", smol, "-cnv", "-st", "--json", "--temp", 0, "-n", 8, input="Hi\n")
+    want = sharpi("-m", smol, "-st", "-p", "Hi", "--json", "--temp", 0, "-n", 8)
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == json.loads(want.stdout)["tokens"], r.stdout
+
+
+def test_glob_names_files_as_llama_cli_does(tmp_path, monkeypatch):
+    """llama-cli names a /glob file in the message by the folder as typed (a leading ~ is $HOME) / its path under
+    it: no absolute path of the current folder (sharpi sent the user's whole path to the model)."""
+    from sharpi_cli.chat import glob_files
+    (tmp_path / "notes" / "sub").mkdir(parents=True)
+    for f in ("top.txt", "notes/a.txt", "notes/sub/b.txt", "notes/c.md"):
+        (tmp_path / f).write_text("x")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "notes"))
+    assert glob_files("notes/**.txt") == ["notes/a.txt", "notes/sub/b.txt"]
+    assert glob_files("**.md") == ["notes/c.md"] and glob_files("*.txt") == ["top.txt"]
+    assert glob_files("./notes/sub/*") == ["./notes/sub/b.txt"]
+    assert glob_files("~/*.txt") == [f"{tmp_path / 'notes'}/a.txt"]
+    assert glob_files(f"{tmp_path}/notes/*.md") == [f"{tmp_path}/notes/c.md"]
 
 
 def test_chat_commands_say_why_and_add_all_or_nothing(smol, tmp_path, monkeypatch):

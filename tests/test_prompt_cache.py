@@ -80,6 +80,39 @@ def test_runs_with_a_prompt_cache(tmp_path):
     assert r.returncode == 0 and set(PromptCacheFile(slid).entries) == {"target"}
 
 
+def test_an_empty_prompt_continues_the_saved_session(tmp_path):
+    """llama-completion with an empty prompt and a session file takes the session's tokens as its prompt ("using
+    full prompt from session file"): a --prompt-cache-all session goes on where it stopped (SmolLM2 adds no BOS:
+    -p "" was refused as an empty prompt)."""
+    smol = str(model_path(SMOL))
+    f = tmp_path / "p.cache"
+    run = ("-m", smol, "--temp", 0, "--json", "--prompt-cache", f)
+    plain = json.loads(sharpi("-m", smol, "-p", PROMPT, "-n", 12, "--temp", 0, "--json").stdout)
+    first = json.loads(sharpi(*run, "-p", PROMPT, "-n", 6, "--prompt-cache-all").stdout)
+    assert first["tokens"] == plain["tokens"][:6]
+    r = sharpi(*run, "-p", "", "-n", 7)  # (the session holds the prompt and 5 tokens: the 6th is generated again)
+    assert r.returncode == 0 and "an empty prompt continues its session" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["tokens"] == plain["tokens"][5:12] and json.loads(r.stdout)["timings"]["prompt_n"] == 1
+    one_error_line(sharpi(*run, "-p", "", "--prompt-cache", tmp_path / "none.cache"), 2, "empty prompt")
+
+
+def test_a_draft_entry_made_for_another_draft_is_set_aside_not_fatal(tmp_path):
+    """The draft's entry only spares the draft's prompt pass (llama.cpp's session files keep no draft): made with
+    another draft cache type it is dropped with a note, the target's still restored, the output the same, and the
+    file's draft entry made anew (the run failed)."""
+    smol = str(model_path(SMOL))
+    f = tmp_path / "p.cache"
+    run = ("-m", smol, "-md", smol, "-p", PROMPT, "-n", 8, "--temp", 0, "--json", "--prompt-cache", f)
+    first = json.loads(sharpi(*run).stdout)
+    assert PromptCacheFile(f).entries["draft"]["type_k"] == "f16"
+    r = sharpi(*run, "-ctkd", "q8_0", "-ctvd", "q8_0")
+    assert r.returncode == 0 and "its draft entry was made for another draft model or cache" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["tokens"] == first["tokens"] and json.loads(r.stdout)["timings"]["prompt_n"] == 1
+    assert PromptCacheFile(f).entries["draft"]["type_k"] == "q8_0"
+    r = sharpi(*run, "-ctkd", "q8_0", "-ctvd", "q8_0")
+    assert r.returncode == 0 and "draft entry" not in r.stderr, r.stderr
+
+
 def test_prompt_cache_refusals_leave_the_file(tmp_path):
     smol = str(model_path(SMOL))
     f = tmp_path / "p.cache"
