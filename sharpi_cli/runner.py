@@ -642,7 +642,11 @@ def model_sampling_defaults(o: RunOptions, gf) -> None:
         v = gf.get(f"general.sampling.{key}")
         if name in o.sampling_given or isinstance(v, (str, bytes, list)) or v is None:
             continue
-        value = int(v) if kind is int else float(np.float32(v))
+        if not math.isfinite(v):  # (llama.cpp parses the value's text: "nan" / "inf" are no integers for strtol)
+            log(f"warning: the model's general.sampling.{key} is not used: {v} is not a finite number")
+            continue
+        with np.errstate(over="ignore"):  # (a double past float range becomes inf, which the check below refuses)
+            value = int(v) if kind is int else float(np.float32(v))
         before = getattr(o, name)
         setattr(o, name, value)
         try:

@@ -67,6 +67,11 @@ class BigEndian(_Damaged):
     """A GGUF file of the other byte order (llama.cpp refuses them too: its tensors are read as they lie)."""
 
 
+# what one file may hold (llama.cpp sets no bound; real models have under 100 keys and a few thousand tensors, the
+# largest with their experts unmerged tens of thousands)
+MAX_KV, MAX_TENSORS = 1 << 16, 1 << 17
+
+
 class Reader(gguf.GGUFReader):
     """gguf's reader, with large metadata arrays parsed in bulk.
 
@@ -76,9 +81,23 @@ class Reader(gguf.GGUFReader):
     slices made when asked for (same `.tobytes()`/`.nbytes` interface), so `ReaderField.contents()`
     still works."""
 
+    def _get(self, offset: int, dtype, count: int = 1, override_order=None) -> np.ndarray:
+        """The stock _get, from a plain-ndarray view of the mapping: a slice of np.memmap is a memmap again, whose
+        __array_finalize__ made a table of 500k tiny tensors cost 35 s and 2.5 GB (views of this one still keep
+        the mapping alive, and quants.is_mmapped finds the memmap among their bases)."""
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        count = int(count)
+        dt = np.dtype(dtype)
+        arr = plain[offset:offset + dt.itemsize * count].view(dt)[:count]
+        return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
     def _build_fields(self, offs: int, count: int) -> int:
         if self.byte_order != "I":  # (before its metadata: the stock reader walks a big-endian array element by element)
             raise BigEndian("a big-endian GGUF file; sharpi reads little-endian ones only (as this CPU)")
+        if count > MAX_KV:  # (each costs Python objects: a damaged count, or a crafted file, would take gigabytes)
+            raise _Damaged(f"{count} metadata keys, more than any model has ({MAX_KV} at most)")
         for _ in range(count):
             orig_offs = offs
             klen, kdata = self._get_str(offs)
@@ -97,6 +116,11 @@ class Reader(gguf.GGUFReader):
                              skip_sum=True)
             offs += size
         return offs
+
+    def _build_tensor_info(self, offs: int, count: int):
+        if count > MAX_TENSORS:
+            raise _Damaged(f"{count} tensors, more than any model has ({MAX_TENSORS} at most)")
+        return super()._build_tensor_info(offs, count)
 
     def _get_field_parts(self, orig_offs, raw_type):
         if raw_type != _ARRAY or self.byte_order != "I":
@@ -233,6 +257,18 @@ def split_paths(path: str, n_split: int) -> list[str]:
                           "(llama.cpp finds the other parts by that name)")
     prefix = path[:-len(first)]
     return [f"{prefix}-{i + 1:05d}-of-{n_split:05d}.gguf" for i in range(n_split)]  # (n_split <= 65535: GGUFFile)
+
+
+def get_typed(gf, key: str, kind: type, default: Any = None) -> Any:
+    """gf.get(key), refusing a value of another type than `kind` (str or bool) as llama.cpp's typed reads refuse it
+    (a damaged or hand-made file: an int chat template, a list of pre-tokenizers, a string for a flag)."""
+    v = gf.get(key)
+    if v is None:
+        return default
+    if isinstance(v, kind) if kind is bool else isinstance(v, kind) and not isinstance(v, bool):
+        return v
+    shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+    raise SharpiError(f"{gf.path}: metadata '{key}' holds {shown}, not a {kind.__name__} (a damaged file?)")
 
 
 class GGUFFile:

@@ -25,7 +25,7 @@ import gguf
 import numpy as np
 
 from .errors import SharpiError
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, get_typed
 from .text import without_surrogates
 
 # llama.cpp token types (tokenizer.ggml.token_type) ...
@@ -140,6 +140,13 @@ def _byte_decoder() -> dict[str, int]:
             cs.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _byte_value(text: str) -> int:
+    """A byte token's byte from its text, `<0xHH>`, as llama.cpp reads it (strtol of what follows "<0x", base 16,
+    as a byte): hex digits up to the first other character, 0 with none (a damaged vocabulary's token)."""
+    digits = re.match(r"[0-9a-fA-F]*", text[3:]).group()
+    return int(digits, 16) & 0xFF if digits else 0
 
 
 def _bpe_piece(text: str) -> bytes:
@@ -295,7 +302,7 @@ class Tokenizer:
 
         The encoder's tables (BPE model, special-token matcher) are built here unless `lazy`, in which
         case the first encode builds them (for callers that only compare vocabularies)."""
-        model = gf.get("tokenizer.ggml.model")
+        model = get_typed(gf, "tokenizer.ggml.model", str)
         if model not in ("gpt2", "llama"):
             what = "no tokenizer model (tokenizer.ggml.model)" if model is None else f"unsupported tokenizer model '{model}'"
             raise SharpiError(f"{gf.path}: {what} (sharpi supports 'gpt2' byte-level BPE and 'llama' SentencePiece "
@@ -307,7 +314,7 @@ class Tokenizer:
             raise SharpiError(f"{gf.path}: tokenizer.ggml.tokens is not an array of strings")
         tokens = list(tokens)
         n = len(tokens)
-        pre = gf.get("tokenizer.ggml.pre") or "default"
+        pre = get_typed(gf, "tokenizer.ggml.pre", str) or "default"
         if model == "gpt2" and pre not in PRE_TOKENIZERS:
             raise SharpiError(f"{gf.path}: unsupported pre-tokenizer '{pre}' for a gpt2 vocabulary "
                               f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
@@ -346,9 +353,9 @@ class Tokenizer:
                 special[key] = v
 
         add_bos = model == "llama" or pre in _PRE_ADD_BOS
-        add_bos = bool(gf.get("tokenizer.ggml.add_bos_token", add_bos))
-        add_eos = bool(gf.get("tokenizer.ggml.add_eos_token", False))
-        add_space_prefix = bool(gf.get("tokenizer.ggml.add_space_prefix", model == "llama"))
+        add_bos = get_typed(gf, "tokenizer.ggml.add_bos_token", bool, add_bos)
+        add_eos = get_typed(gf, "tokenizer.ggml.add_eos_token", bool, False)
+        add_space_prefix = get_typed(gf, "tokenizer.ggml.add_space_prefix", bool, model == "llama")
         for flag, key in ((add_bos, "bos"), (add_eos, "eos")):
             if flag and key not in special:
                 raise SharpiError(f"{gf.path}: tokenizer.ggml.add_{key}_token is true, but the vocabulary has no "
@@ -357,12 +364,12 @@ class Tokenizer:
         eog = _detect_special_tokens(tokens, token_to_id, attrs, special)
         _apply_model_attr_rules(gf, tokens, token_to_id, attrs)
 
+        template = get_typed(gf, "tokenizer.chat_template", str)
         tok = cls(tokens=tokens, attrs=attrs, scores=scores, model_type=model, pre=pre,
                   merges=(lambda: gf.get("tokenizer.ggml.merges")) if model == "gpt2" else None,
                   bos_id=special.get("bos"), eos_id=special.get("eos"), eot_id=special.get("eot"),
                   eom_id=special.get("eom"), unk_id=special.get("unk"), add_bos=add_bos, add_eos=add_eos,
-                  add_space_prefix=add_space_prefix, eog_ids=eog, chat_template=gf.get("tokenizer.chat_template"),
-                  token_to_id=token_to_id)
+                  add_space_prefix=add_space_prefix, eog_ids=eog, chat_template=template, token_to_id=token_to_id)
         if not lazy:  # pay the one-time costs at load, not in the middle of the first (interactive) turn
             tok.prepare()
         return tok
@@ -601,7 +608,7 @@ class Tokenizer:
                 return _bpe_piece(text)
             return text.replace("\u2581", " ").encode("utf-8")
         if attr & ATTR_BYTE:
-            return bytes([int(text[3:5], 16)])
+            return bytes([_byte_value(text)])
         return b""  # unused / undefined tokens print nothing
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:

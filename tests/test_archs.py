@@ -694,6 +694,12 @@ def test_gemma_hyperparameters_as_llama_cpp_reads_them(derived):
     with pytest.raises(SharpiError, match="pattern of 2 layers for 3"):
         gemma("gemma2", n_layer=3, **{"attention.sliding_window_pattern": [True, False]})
 
+    class Huge(GGUFFile):  # (a u64 window: llama.cpp's u32 read refuses it; sharpi's attention kernel overflowed)
+        def arch_get(self, key, default=None):
+            return 1 << 63 if key == "attention.sliding_window" else super().arch_get(key, default)
+    with pytest.raises(SharpiError, match=r"sliding_window is 9223372036854775808 in its metadata \(a count of 32"):
+        config_from_gguf(Huge(derived["gemma2"]))
+
 
 def test_granite_scales(derived):
     """Granite's embedding, residual, attention and logit scales, read as llama.cpp reads them."""

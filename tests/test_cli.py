@@ -202,7 +202,9 @@ def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path)
     w = gguf.GGUFWriter(str(f), "llama")
     derive.copy_kv(r, w)
     for key, value, vt in (("top_k", 1, gguf.GGUFValueType.INT32), ("temp", 1.5, gguf.GGUFValueType.FLOAT32),
-                           ("penalty_repeat", 0.0, gguf.GGUFValueType.FLOAT32)):
+                           ("penalty_repeat", 0.0, gguf.GGUFValueType.FLOAT32),
+                           ("mirostat", float("nan"), gguf.GGUFValueType.FLOAT32),  # (a traceback: int(nan))
+                           ("min_p", 1e300, gguf.GGUFValueType.FLOAT64)):  # (numpy's overflow warning, then refused)
         w.add_key_value(f"general.sampling.{key}", value, vt)
     for t in r.tensors:
         derive.add_tensor_as_is(w, t)
@@ -212,6 +214,8 @@ def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path)
     r1 = sharpi("-m", f, *base)
     assert json.loads(r1.stdout)["tokens"] == greedy  # top-k 1
     assert "(general.sampling.*): --top-k 1, --temp 1.5" in r1.stderr and "general.sampling.penalty_repeat is not used" in r1.stderr
+    assert "general.sampling.mirostat is not used: nan is not a finite number" in r1.stderr
+    assert "general.sampling.min_p is not used" in r1.stderr and "RuntimeWarning" not in r1.stderr, r1.stderr
     for args, env in ((("--top-k", 0), None), ((), {"SHARPI_ARG_TOP_K": "0"})):
         r2 = sharpi("-m", f, *base, *args, env=env)
         assert "(general.sampling.*): --temp 1.5\n" in r2.stderr

@@ -425,6 +425,25 @@ def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):
         GGUFFile(tmp_path / "sp-00001-of-70000.gguf")
 
 
+def test_tables_longer_than_any_model_s_are_refused_before_they_are_built(tmp_path):
+    """A table of many tiny entries cost ~5 KB each as the stock reader's numpy views (a 35 MB file of 500k tensors:
+    40 s and 2.7 GB before "tensor missing"): counts past what any model has are refused when read."""
+    import struct
+    from sharpi_core.gguf_file import MAX_KV, MAX_TENSORS
+
+    def header(n_tensors: int, n_kv: int) -> bytes:
+        return b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv)
+    infos = b"".join(struct.pack("<Q", 8) + f"t{i:07d}".encode() + struct.pack("<IQIQ", 1, 1, 0, 32 * i)
+                     for i in range(MAX_TENSORS + 1))
+    (tmp_path / "t.gguf").write_bytes(header(MAX_TENSORS + 1, 0) + infos)
+    with pytest.raises(SharpiError, match=rf"{MAX_TENSORS + 1} tensors, more than any model has"):
+        GGUFFile(tmp_path / "t.gguf")
+    kvs = b"".join(struct.pack("<Q", 8) + f"k{i:07d}".encode() + struct.pack("<II", 4, i) for i in range(MAX_KV + 1))
+    (tmp_path / "k.gguf").write_bytes(header(0, MAX_KV + 1) + kvs)
+    with pytest.raises(SharpiError, match=rf"{MAX_KV + 1} metadata keys, more than any model has"):
+        GGUFFile(tmp_path / "k.gguf")
+
+
 @pytest.mark.parametrize("align", [32, 64, 8])
 def test_a_gguf_with_its_alignment_written_out_loads(tmp_path, align):
     """general.alignment in the file (a u32 there: the offsets' arithmetic must not wrap in 32 bits)."""

@@ -220,6 +220,24 @@ def test_unsupported_tokenizers_are_user_errors():
                                          "tokenizer.ggml.tokens": ["a"]}))
 
 
+def test_tokenizer_keys_of_the_wrong_type_are_one_error():
+    """A damaged file's text keys (an int chat template, a list of pre-tokenizers, a string for a flag) are refused
+    as llama.cpp's typed reads refuse them (they were tracebacks in the chat or at load)."""
+    gf = GGUFFile(model_path(SMOL))
+    for key, value, kind in (("tokenizer.ggml.pre", ["smollm"], "str"), ("tokenizer.chat_template", 5, "str"),
+                             ("tokenizer.ggml.model", 7, "str"), ("tokenizer.ggml.add_bos_token", "no", "bool")):
+        with pytest.raises(SharpiError, match=rf"metadata '{key}' holds .*, not a {kind}"):
+            Tokenizer.from_gguf(_WithKeys(gf, {key: value}), lazy=True)
+    assert Tokenizer.from_gguf(_WithKeys(gf, {}), lazy=True).chat_template == gf.get("tokenizer.chat_template")
+
+
+def test_a_byte_token_s_text_is_read_as_llama_cpp_reads_it():
+    """A byte token is `<0xHH>`; a damaged one reads as strtol reads it (hex digits up to the first other
+    character, 0 with none), not a traceback when it is printed."""
+    from sharpi_core.tokenizer import _byte_value
+    assert [_byte_value(t) for t in ("<0x41>", "<0x0a>", "<0xZZ>", "<0x4>", "<0x1FF>")] == [0x41, 0x0A, 0, 4, 0xFF]
+
+
 # -- differential check of the byte-level BPE path against a model of llama.cpp ------------------
 # llama.cpp pre-tokenizes SmolLM2 with a hand-written GPT-2 splitter (after isolating \p{N}) and
 # Qwen2 with std::regex over a "collapsed" string (non-ASCII characters replaced by one byte per

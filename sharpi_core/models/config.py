@@ -619,6 +619,6 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
                       ("yarn_log_mul", 0.0), ("attn_temp_scale", 0.0)):
         if not math.isfinite(getattr(c, name)) or getattr(c, name) < low:
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata")
-    for name in ("n_ctx_train", "n_ctx_orig"):  # (32-bit counts in llama.cpp's hyperparameters)
+    for name in ("n_ctx_train", "n_ctx_orig", "sliding_window", "swa_pattern"):  # (u32 in llama.cpp's hparams)
         if not 0 <= getattr(c, name) <= 0xFFFFFFFF:
-            raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata (a context length of 32 bits)")
+            raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata (a count of 32 bits)")
