@@ -1792,8 +1792,8 @@ def model_settings(o: RunOptions) -> str:
     parts = ([f"rope {rope_flags(o)}"] if rope_flags(o) else []) + [f"{k}={v!r}" for k, v in sorted(o.kv_overrides.items())]
     if control_files(o):
         parts.append(f"control vectors {files(control_files(o))} layers {o.control_vector_layer_range}")
-    if lora_files(o):
-        parts.append(f"LoRA {files(lora_files(o))}")
+    if any(s != 0 for _, s in lora_files(o)):  # (an adapter at scale 0 is checked, not applied: lora.load)
+        parts.append(f"LoRA {files([(p, s) for p, s in lora_files(o) if s != 0])}")
     if o.flash_attn == "off":  # (-fa on / auto: the default)
         parts.append("-fa off")
     return "; ".join(parts + arithmetic())

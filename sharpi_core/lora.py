@@ -176,7 +176,8 @@ def load(files: Sequence[tuple[str, float]], model) -> None:
                     raise UsageError(f"LoRA {path}: '{name}' on a model whose output layer shares it is not supported")
                 if ra != c.n_vocab or rb != c.n_embd or ka != kb:
                     raise UsageError(f"LoRA {path}: '{name}' has incorrect shape (maybe another base model?)")
-                embd.append(LoraTerm(_factor(ta, path), _factor(tb, path), 0, _scale(scale, alpha, kb)))
+                if scale != 0:  # (checked, not applied: llama.cpp's common_set_adapter_lora skips scale 0)
+                    embd.append(LoraTerm(_factor(ta, path), _factor(tb, path), 0, _scale(scale, alpha, kb)))
                 continue
             if name not in targets:
                 if name in model.gguf.tensors:
@@ -187,8 +188,9 @@ def load(files: Sequence[tuple[str, float]], model) -> None:
                 raise UsageError(f"LoRA {path}: '{name}' has incorrect shape (maybe another base model?)")
             if ra != kb:
                 raise UsageError(f"LoRA {path}: '{name}': lora_a is not transposed (its rank is not lora_b's)")
-            terms.setdefault(id(w), []).append(LoraTerm(_factor(ta, path), _factor(tb, path, rows), off,
-                                                        _scale(scale, alpha, kb)))
+            if scale != 0:
+                terms.setdefault(id(w), []).append(LoraTerm(_factor(ta, path), _factor(tb, path, rows), off,
+                                                            _scale(scale, alpha, kb)))
     for w, _, _ in targets.values():  # (the adapters given replace those loaded before)
         w.set_loras(terms.get(id(w), []))
     model.embd_loras = embd

@@ -23,6 +23,7 @@ from llamacpp_control_vector import write_vector  # noqa: E402
 from llamacpp_lora import ADAPTERS, OLMO2, PPL_TEXT, write_adapter  # noqa: E402
 
 from sharpi_core import lora  # noqa: E402
+from sharpi_core.errors import SharpiError  # noqa: E402
 from sharpi_core.errors import UsageError  # noqa: E402
 from sharpi_core.kernels import cpu  # noqa: E402
 
@@ -243,3 +244,20 @@ def test_a_prompt_cache_knows_the_adapters():
     o = runner.RunOptions(model="m", lora=["a.gguf"])
     assert "a.gguf" in runner.model_settings(o)
     assert runner.model_settings(o) != runner.model_settings(runner.RunOptions(model="m", lora_scaled=[("a.gguf", 0.5)]))
+    # an adapter at scale 0 is not applied (llama.cpp's common_set_adapter_lora skips it): no adapter to a cache
+    assert runner.model_settings(runner.RunOptions(model="m", lora_scaled=[("a.gguf", 0.0)])) == ""
+
+
+def test_an_adapter_at_scale_0_is_checked_and_not_applied(files, tmp_path):
+    """llama.cpp loads (checks) every adapter and applies those whose scale is not 0: no products computed for
+    nothing, the model's own logits."""
+    model, tok = loaded(SMOL)
+    ids = torch.tensor(tok.encode("The capital of France is"))
+    plain = model.forward(ids, 0, model.new_cache(32))
+    with adapted(model, [(files["a"], 0.0), (files["c"], 0.0)]):
+        assert not model.has_loras
+        assert torch.equal(model.forward(ids, 0, model.new_cache(32)), plain)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF")
+    with pytest.raises(SharpiError):
+        lora.load([(str(bad), 0.0)], model)
