@@ -2062,9 +2062,6 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         if unused:  # (llama-perplexity reads them from the file too)
             log(f"warning: {', '.join(unused)} not used: --kl-divergence scores the text of {kld_base}, its "
                 f"{base_chunks} chunk{'s' * (base_chunks != 1)} of {base_ctx} tokens")
-        if ctx_size < base_ctx:  # (llama-perplexity says so, then fails: its context cannot hold a chunk)
-            log(f"warning: -c {ctx_size} is below the {base_ctx} tokens of {kld_base}'s chunks: each is scored whole "
-                f"(llama-perplexity refuses: its context holds -c tokens)")
     else:
         text = read_text(file, lenient=True)
         if text.endswith("\n"):  # (llama.cpp's -f drops one trailing newline, as a one-shot prompt's)

@@ -53,20 +53,6 @@ def test_flags_the_base_file_decides_are_named_as_unused(base):
             f"its {c['chunks']} chunks of {c['n_ctx']} tokens") in r.stderr, r.stderr
 
 
-def test_a_context_below_the_base_file_s_chunks_is_named(base):
-    """llama-perplexity's context must hold a chunk of the base file (it says so, then fails); sharpi scores each
-    chunk whole, the report the same, and says -c was below them."""
-    c, path, _ = base
-    want = next(k for k in c["kl_divergence"] if not k["flags"])
-    r = sharpi("perplexity", "-m", model_path(c["model"]), "--kl-divergence-base", path, "--kl-divergence",
-               "-c", c["n_ctx"] // 2)
-    assert r.returncode == 0 and [ln for ln in r.stdout.splitlines() if ln.strip()] == want["report"], r.stderr
-    assert f"warning: -c {c['n_ctx'] // 2} is below the {c['n_ctx']} tokens of {path}'s chunks" in r.stderr, r.stderr
-    r = sharpi("perplexity", "-m", model_path(c["model"]), "--kl-divergence-base", path, "--kl-divergence",
-               "-c", c["n_ctx"], "--chunks", 1)
-    assert r.returncode == 0 and "is below" not in r.stderr, r.stderr
-
-
 def test_kl_divergence_errors(base, tmp_path):
     c, path, _ = base
     smol = model_path(c["model"])
