@@ -2121,8 +2121,10 @@ def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, 
     if sc.binary_file is None and data.endswith(b"\n"):
         data = data[:-1]
     n_seq = max(4, sc.parallel)
-    # (-b at most -c itself, not the context of all the sequences: llama-perplexity's main() caps it so for the scores)
-    st = choice.Setup(-(-n_seq * ctx_size // 256) * 256, n_seq, min(o.batch_size, ctx_size), o.ubatch_size, ctk, ctv)
+    # (-b at most the sequences' context before llama_context pads it to 256: the main() of llama-perplexity the
+    # fixtures come from, llama-cpp-python 0.3.36's, sets n_ctx = n_parallel * -c, then n_batch = min(-b, n_ctx))
+    st = choice.Setup(-(-n_seq * ctx_size // 256) * 256, n_seq, min(o.batch_size, n_seq * ctx_size), o.ubatch_size,
+                      ctk, ctv)
     set_threads(threads)
     check_adapters(o)
     m = _load(model, flash_attn, mmap=o.mmap)
