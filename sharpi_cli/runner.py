@@ -1565,7 +1565,7 @@ def _run(o: RunOptions) -> int:
                     batch_threads=o.threads_batch if o.threads_batch > 0 else None,
                     threads=ThreadGovernor.for_this_process() if o.threads == -1 else None, grammar=grammar,
                     context_shift=o.context_shift, n_keep=o.keep, special=o.special, synth_rates=synth)
-    if o.spec_draft_p_min > 0 and drafter is not None:
+    if o.spec_draft_p_min > 0 and drafter is not None and not params.greedy:  # (greedy acceptance never reads it)
         log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
             "the output is no longer an exact sample of the target model")
     if o.verbose:
