@@ -1623,15 +1623,12 @@ def _run(o: RunOptions) -> int:
             cached["draft"] = (drafter.cache, drafter.history, draft.path)
         if any(getattr(c[0], "recurrent", False) for c in cached.values()):
             raise UsageError(PROMPT_CACHE_RECURRENT)
-        n = {"target": pcache.restore("target", *cached["target"], ids)}
-        if "draft" in cached:
-            try:
-                n["draft"] = pcache.restore("draft", *cached["draft"], ids)
-            except SharpiError:  # (proposals only: the output is the same without them; llama.cpp keeps none)
-                pcache.entries.pop("draft")  # (written anew when the file is saved)
-                n["draft"] = 0
-                log(f"note: --prompt-cache {o.prompt_cache}: its draft entry was made for another draft model or "
-                    "cache: the draft starts without it")
+        # (the draft's entry only spares its prompt pass: the output is the same without it; llama.cpp keeps none)
+        n = {name: pcache.restore(name, *c, ids, optional=name == "draft") for name, c in cached.items()}
+        if "draft" in n and n["draft"] is None:
+            n["draft"] = 0
+            log(f"note: --prompt-cache {o.prompt_cache}: its draft entry was made for another draft model or "
+                "cache: the draft starts without it")
         if o.verbose:
             log(f"sharpi: prompt cache {o.prompt_cache}: " + ", ".join(f"{name} {k} of {len(ids)} prompt tokens restored"
                                                                      for name, k in n.items()))

@@ -133,13 +133,21 @@ class PromptCacheFile:
                                   "left as it is, delete it to start over)")
         return entries
 
-    def restore(self, name: str, cache, history: list[int], model_path, prompt: list[int]) -> int:
+    def restore(self, name: str, cache, history: list[int], model_path, prompt: list[int],
+                optional: bool = False) -> int | None:
         """Put into `cache` (and `history`, the tokens it holds) the saved positions that `prompt` starts
-        with; -> how many. A cache must be empty, as after loading."""
+        with; -> how many. A cache must be empty, as after loading. An `optional` entry that does not fit this
+        run is set aside (written anew at the next save) instead of refused: -> None."""
         e = self.entries.get(name)
         if e is None:
             return 0
-        self._check(name, e, cache, model_path)
+        try:
+            self._check(name, e, cache, model_path)
+        except SharpiError:
+            if not optional:
+                raise
+            del self.entries[name]
+            return None
         n = min(common_prefix(e["tokens"], prompt), cache.capacity)
         if n:
             cache.put_arrays({k: a[:, :n] for k, a in e["arrays"].items()}, n)
