@@ -44,6 +44,7 @@ needs no thread pool. Randomness always comes from the caller's torch.Generator.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ import torch
 from . import dry as _dry
 from .choices import DEFAULT_SAMPLERS
 from .errors import SharpiError
-from .libm import logf
+from .libm import expf, log2f, logf
 
 
 @dataclass(frozen=True)
@@ -384,15 +385,15 @@ def _sorted(idx: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _exp_total(vals: np.ndarray) -> np.float32:
     """The denominator of llama_sampler_softmax_impl over candidates in the order they stand: exp(logit - max) in
-    float32, summed one after another in float32 (not numpy's pairwise sum, nor float64: over a 150k vocabulary
-    they move top-p's cut by hundreds of tail tokens)."""
-    return np.cumsum(np.exp(vals - vals.max()), dtype=np.float32)[-1]
+    float32 (libm's expf), summed one after another in float32 (not numpy's pairwise sum, nor float64: over a 150k
+    vocabulary they move top-p's cut by hundreds of tail tokens)."""
+    return np.cumsum(expf(vals - vals.max()), dtype=np.float32)[-1]
 
 
 def _softmax32(vals: np.ndarray, total: np.float32 | None = None) -> np.ndarray:
     """llama_sampler_softmax_impl on candidates sorted descending: float32, summed in order; total: _exp_total of
     the candidates as they stood before they were sorted (top-p's softmax, which does not sort first)."""
-    e = np.exp(vals - vals[0])
+    e = expf(vals - vals[0])
     return e / (np.cumsum(e, dtype=np.float32)[-1] if total is None else total)
 
 
@@ -603,6 +604,9 @@ class Picker:
         return self.draw_token(x, params, generator)[0]
 
 
+_LOST = np.float32(2.0 ** -24)  # half an ulp of 1.0f
+
+
 class Mirostat(Picker):
     """llama.cpp's mirostat samplers (`--mirostat 1|2`), whose state `mu` (the surprise a token may
     have, in bits) follows every token it picks. Its chain is logit bias -> temperature -> mirostat:
@@ -630,18 +634,24 @@ class Mirostat(Picker):
         if top is not None:
             return top, np.full(top.shape[0], 1 / np.float32(top.shape[0]), dtype=np.float32)
         v = x / np.float32(temp)
+        # llama.cpp's softmax sorts first: libm's expf, summed in float32 from the largest. The sum starts at 1 (the
+        # max's term), so terms under 2^-24 are lost in its rounding wherever they come: only the others are sorted.
+        e = expf(v - v.max())
+        es = np.sort(e[e >= _LOST])[::-1]
+        total = np.cumsum(es, dtype=np.float32)[-1]
         if self.version == 2:
-            e = np.exp(v - v.max())
-            p = e / np.float32(e.sum(dtype=np.float64))
-            with np.errstate(divide="ignore"):
-                keep = np.flatnonzero(-np.log2(p) <= mu)
-            if not keep.shape[0]:
-                keep = np.array([int(np.argmax(v))])
+            def surprising(ps):  # sorted probabilities -> where the leading run of surprise -log2f(p) <= mu ends
+                return bisect.bisect_left(range(ps.shape[0]), True, key=lambda i: bool(-log2f(ps[i]) > mu))
+            ps = es / total
+            n = surprising(ps)
+            if n == ps.shape[0] < e.shape[0]:  # (the cut lies among the lost terms: all of them sorted)
+                ps = np.sort(e)[::-1] / total
+                n = surprising(ps)
+            keep = np.flatnonzero(e / total >= ps[n - 1]) if n else np.array([int(np.argmax(v))])
             idx, vals = _sorted(keep, v[keep])
         else:
             top = _topk_sorted(v, min(100, v.shape[0]))
-            e = np.exp(v - v.max())
-            p = e[top] / np.float32(e.sum(dtype=np.float64))
+            p = e[top] / total
             n = min(99, p.shape[0] - 1)
             i = np.arange(n, dtype=np.float32)
             t = np.log((i + np.float32(2)) / (i + np.float32(1)))
@@ -655,7 +665,7 @@ class Mirostat(Picker):
             k = int(k) if np.isfinite(k) and abs(float(k)) < 2.0 ** 31 else 1
             sel = _topk_sorted(v, min(max(k, 1), v.shape[0]))
             idx, vals = sel, v[sel]
-        z = np.exp(vals - vals[0])
+        z = expf(vals - vals[0])
         return idx, z / np.cumsum(z, dtype=np.float32)[-1]
 
     def sides(self, x: np.ndarray, params: SamplingParams, state) -> list:
@@ -664,7 +674,7 @@ class Mirostat(Picker):
 
     def after(self, mu, p):
         """The state after drawing, in state mu, a token of (float32) probability p."""
-        return mu - self.eta * (-np.log2(p) - self.tau)
+        return mu - self.eta * (-log2f(p) - self.tau)
 
 
 class AdaptiveP(Picker):

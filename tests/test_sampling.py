@@ -1,6 +1,8 @@
 """Sampling chain vs. straightforward reference implementations of llama.cpp's samplers."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import time
 from collections import Counter
@@ -359,7 +361,7 @@ def test_top_p_without_top_k_is_llama_cpps_float32_softmax_in_every_path():
     V = 151_936
     for scale in (1.5, 3.0, 6.0):
         x = (rng.standard_normal(V) * scale).astype(np.float32)
-        e = np.exp(x - x.max())
+        e = libm("expf", x - x.max())
         p = e / np.cumsum(e, dtype=np.float32)[-1]  # (numpy's cumsum adds in order: a sequential sum)
         order = np.argsort(-x, kind="stable")
         for top_p in (0.9, 0.95, 0.99):
@@ -371,3 +373,67 @@ def test_top_p_without_top_k_is_llama_cpps_float32_softmax_in_every_path():
             for ps in (params, reordered):
                 got = int((filtered_probs(torch.from_numpy(x), ps) > 0).sum())
                 assert got == want, (scale, top_p, ps.samplers, got, want)
+
+
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+
+
+def libm(name: str, a: np.ndarray) -> np.ndarray:
+    """libm's float function `name` (expf, log2f) of each element, one call each (a reference, not fast)."""
+    fn = getattr(_LIBM, name)
+    fn.argtypes, fn.restype = [ctypes.c_float], ctypes.c_float
+    return np.array([fn(float(v)) for v in a], dtype=np.float32)
+
+
+def test_top_p_cut_takes_libm_expf():
+    """llama.cpp's softmax calls libm's expf; numpy's float32 exp is an ulp off it for ~40% of values, and where the
+    running sum of the sorted probabilities meets top-p exactly, that ulp moves the cut by a token. Each case puts
+    top-p on such a sum (from libm's expf), where numpy's exp falls short of it: both paths keep llama.cpp's set."""
+    rng = np.random.default_rng(0)
+    cases = 0
+    for _ in range(400):
+        x = (rng.standard_normal(64) * 2).astype(np.float32)
+        order = np.argsort(-x, kind="stable")
+        sums = []
+        for e in (libm("expf", x - x.max()), np.exp(x - x.max())):
+            sums.append(np.cumsum((e / np.cumsum(e, dtype=np.float32)[-1])[order], dtype=np.float32))
+        ahead = np.flatnonzero((sums[0] > sums[1]) & (sums[0] < 1))
+        if not ahead.shape[0]:
+            continue
+        k = int(ahead[0])
+        top_p = float(sums[0][k])
+        want = int(np.flatnonzero(sums[0] >= np.float32(top_p))[0]) + 1  # (k + 1 unless an earlier sum equals it)
+        if int(np.flatnonzero(sums[1] >= np.float32(top_p))[0]) + 1 == want:
+            continue  # numpy's exp would cut there too: no test of the difference
+        cases += 1
+        for samplers in (DEFAULT_SAMPLERS, ("top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")):
+            ps = SamplingParams(temp=0.8, top_k=0, top_p=top_p, min_p=0.0, samplers=samplers)
+            got = int((filtered_probs(torch.from_numpy(x), ps) > 0).sum())
+            assert got == want, (samplers, top_p, got, want)
+    assert cases >= 10
+
+
+@pytest.mark.parametrize("scale", [2.0, 8.0])
+def test_mirostat_v2_cut_is_llama_cpps_float_softmax(scale):
+    """Mirostat 2 keeps the leading run of sorted tokens whose surprise -log2f(p) is at most mu, p from llama.cpp's
+    sorted softmax: libm's expf, summed in float32 from the largest (sharpi summed numpy's exps in float64 and took
+    numpy's log2: a token whose surprise is mu itself was dropped). At scale 8 most terms are under 2^-24: lost in
+    the float sum, which sharpi then sorts without them."""
+    from sharpi_core.sampling import Mirostat
+    rng = np.random.default_rng(1)
+    V = 3000
+    for _ in range(4):
+        x = (rng.standard_normal(V) * scale).astype(np.float32)
+        e = libm("expf", x - x.max())
+        ps = np.sort(e)[::-1] / np.cumsum(np.sort(e)[::-1], dtype=np.float32)[-1]
+        surprise = -libm("log2f", ps)
+        for k in (0, 3, 10, 40, 200):
+            if k >= V or surprise[k] == np.inf:
+                continue
+            mu = surprise[k]
+            want = int(np.count_nonzero(surprise <= mu))  # (sorted: a prefix, equal surprises all in)
+            idx, p = Mirostat(2, 5.0, 0.1, V).candidates(x, 1.0, mu)
+            assert len(idx) == want, (k, len(idx), want)
+            assert abs(float(p.sum()) - 1) < 1e-5
+    lost = np.count_nonzero(libm("expf", x - x.max()) < 2.0 ** -24)
+    assert (lost > V // 2) == (scale == 8.0)

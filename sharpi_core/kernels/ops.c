@@ -1668,6 +1668,15 @@ float sharpi_softmax_logprob(const float *logits, long n_vocab, int tok) {
     return logf((float)(expf(logits[tok] - max_logit) / sum_exp));
 }
 
+/* y[i] = expf(x[i]) with libm's bits, for the samplers' float softmaxes (llama_sampler_softmax_impl's expf: numpy's
+ * float32 exp is an ulp off it on a good share of floats, and top-p's or typical's cut can hang on one); x and y must
+ * not overlap (expf16 reads x again for its special cases) */
+void sharpi_expf_array(const float *x, long n, float *y) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16) expf16(x + i, y + i);
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+
 /* One row against a base file's row (kl_divergence's log_softmax): acc[13] gains the row's terms in its order
  * (sums of nll, nll^2, nll_base, nll_base^2, nll * nll_base, KLD, KLD^2, dp, dp^2, dp^4, then max |dp|, same top,
  * count), out[2] = (KLD, dp) of the row. */
