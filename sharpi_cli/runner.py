@@ -1597,7 +1597,7 @@ def _run(o: RunOptions) -> int:
     pcache = None
     if o.prompt_cache and not o.interactive:
         from sharpi_core.prompt_cache import PromptCacheFile
-        pcache = PromptCacheFile(o.prompt_cache, model_settings(o))
+        pcache = PromptCacheFile(o.prompt_cache, model_settings(o, target.model.config.n_layer))
         if prompt == "" and not o.single_turn and "target" in pcache.entries:
             ids = list(pcache.entries["target"]["tokens"])  # (llama-completion: "using full prompt from session file")
             log(f"note: --prompt-cache {o.prompt_cache}: an empty prompt continues its session ({len(ids)} tokens)")
@@ -1777,10 +1777,12 @@ def _load(spec, flash_attn: str = "auto", gpu_layers: int = 0, encoder: bool = T
     return m
 
 
-def model_settings(o: RunOptions) -> str:
+def model_settings(o: RunOptions, n_layer: int) -> str:
     """What changes a loaded model's K and V besides the file and the cache types (--rope-*, --override-kv,
     control vectors and LoRA adapters by their contents, -fa off, the SHARPI_* switches of the arithmetic),
-    as text for a prompt cache to compare; "" when none is given."""
+    as text for a prompt cache to compare; "" when none is given. n_layer: the model's (the control vectors'
+    layers as they apply: no range and `1 N` are the same)."""
+    from sharpi_core import control_vector
     from sharpi_core.prompt_cache import fingerprint
     from sharpi_core.switches import arithmetic
 
@@ -1788,7 +1790,8 @@ def model_settings(o: RunOptions) -> str:
         return [(os.path.abspath(p), fingerprint(p) if os.path.isfile(p) else None, s) for p, s in given]
     parts = ([f"rope {rope_flags(o)}"] if rope_flags(o) else []) + [f"{k}={v!r}" for k, v in sorted(o.kv_overrides.items())]
     if control_files(o):
-        parts.append(f"control vectors {files(control_files(o))} layers {o.control_vector_layer_range}")
+        first, last = control_vector.layer_span(o.control_vector_layer_range, n_layer)
+        parts.append(f"control vectors {files(control_files(o))} layers {f'{first}-{last}' if first <= last else 'none'}")
     if any(s != 0 for _, s in lora_files(o)):  # (an adapter at scale 0 is checked, not applied: lora.load)
         parts.append(f"LoRA {files([(p, s) for p, s in lora_files(o) if s != 0])}")
     if o.flash_attn == "off":  # (-fa on / auto: the default)

@@ -76,11 +76,16 @@ def load(files: Sequence[tuple[str, float]], n_embd: int, n_layer: int,
             raise UsageError(f"control vector {path}: {n} values a direction, the model's embedding has {n_embd}")
         for il, v in layers.items():
             total[il] = v if il not in total else total[il] + v
-    start, end = layer_range
-    start = 1 if start <= 0 else start
-    end = n_layer if end <= 0 else end
-    return {il: torch.from_numpy(np.ascontiguousarray(v)) for il, v in sorted(total.items())
-            if start <= il <= end and il < n_layer}
+    start, end = layer_span(layer_range, n_layer)
+    return {il: torch.from_numpy(np.ascontiguousarray(v)) for il, v in sorted(total.items()) if start <= il <= end}
+
+
+def layer_span(layer_range: tuple[int, int] | None, n_layer: int) -> tuple[int, int]:
+    """--control-vector-layer-range START END -> the first and last layer whose output a vector is added to
+    (llama.cpp's: START <= 0 is 1, END <= 0 the last, and no vector for layer 0 or past the last); empty when
+    first > last."""
+    start, end = layer_range or (-1, -1)
+    return 1 if start <= 0 else start, min(n_layer if end <= 0 else end, n_layer - 1)
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -111,8 +111,28 @@ def test_bad_flags_are_one_line_errors(flags, message):
 def test_a_prompt_cache_knows_the_vectors():
     from sharpi_cli import runner
     o = runner.RunOptions(model="m")
-    assert runner.model_settings(o) == ""
+    assert runner.model_settings(o, 30) == ""
     o.control_vector = ["a.gguf"]
-    assert "a.gguf" in runner.model_settings(o)
+    assert "a.gguf" in runner.model_settings(o, 30)
     o2 = runner.RunOptions(model="m", control_vector=["a.gguf"], control_vector_layer_range=(2, 5))
-    assert runner.model_settings(o2) != runner.model_settings(o)
+    assert runner.model_settings(o2, 30) != runner.model_settings(o, 30)
+    # ranges are compared as the layers they give (SmolLM2: 30 layers, vectors for layers 1..29)
+    same = [None, (1, 30), (0, 0), (-1, 29), (1, 100)]
+    assert len({runner.model_settings(runner.RunOptions(model="m", control_vector=["a.gguf"],
+                                                        control_vector_layer_range=r), 30) for r in same}) == 1
+    assert control_vector.layer_span((5, 2), 30) == (5, 2) and "layers none" in runner.model_settings(
+        runner.RunOptions(model="m", control_vector=["a.gguf"], control_vector_layer_range=(5, 2)), 30)
+
+
+def test_a_prompt_cache_reads_the_same_layers_given_otherwise(vectors, tmp_path):
+    """A prompt cache made with `--control-vector-layer-range 1 N` (N the layer count) serves a run without the
+    flag (the same layers); a run with another range is refused, not fed the other vectors' K and V."""
+    f = tmp_path / "p.cache"
+    base = ("-m", model_path(SMOL), "-p", "The capital of France is", "-n", 4, "--temp", 0, "--prompt-cache", f,
+            "--control-vector", vectors["a"])
+    first = sharpi(*base, "--control-vector-layer-range", 1, 30)
+    assert first.returncode == 0, first.stderr
+    again = sharpi(*base)
+    assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
+    other = sharpi(*base, "--control-vector-layer-range", 2, 30)
+    assert other.returncode != 0 and "other model settings" in other.stderr

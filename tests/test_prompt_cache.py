@@ -247,20 +247,20 @@ def test_settings_that_change_k_and_v_make_another_cache(tmp_path, monkeypatch):
     """-fa off, the arithmetic's SHARPI_* switches, and an adapter's contents (not only its path) are
     in the settings a prompt cache compares."""
     from sharpi_cli.runner import RunOptions, model_settings
-    assert model_settings(RunOptions(model="m")) == model_settings(RunOptions(model="m", flash_attn="on")) == ""
-    assert model_settings(RunOptions(model="m", flash_attn="off")) == "-fa off"
+    assert model_settings(RunOptions(model="m"), 30) == model_settings(RunOptions(model="m", flash_attn="on"), 30) == ""
+    assert model_settings(RunOptions(model="m", flash_attn="off"), 30) == "-fa off"
     for name in ("SHARPI_ACT_QUANT", "SHARPI_CPU_KERNEL"):
         monkeypatch.setenv(name, "off")
-        assert model_settings(RunOptions(model="m")) == f"{name}=0"
+        assert model_settings(RunOptions(model="m"), 30) == f"{name}=0"
         monkeypatch.delenv(name)
     monkeypatch.setenv("SHARPI_AMX", "0")  # (the same bits)
-    assert model_settings(RunOptions(model="m")) == ""
+    assert model_settings(RunOptions(model="m"), 30) == ""
     a = tmp_path / "a.gguf"
     a.write_bytes(b"GGUF one adapter")
-    first = model_settings(RunOptions(model="m", lora=[str(a)]))
+    first = model_settings(RunOptions(model="m", lora=[str(a)]), 30)
     a.write_bytes(b"GGUF another one")
-    assert model_settings(RunOptions(model="m", lora=[str(a)])) != first
-    assert model_settings(RunOptions(model="m", control_vector=[str(a)])) != model_settings(RunOptions(model="m"))
+    assert model_settings(RunOptions(model="m", lora=[str(a)]), 30) != first
+    assert model_settings(RunOptions(model="m", control_vector=[str(a)]), 30) != model_settings(RunOptions(model="m"), 30)
     smol = str(model_path(SMOL))
     f = tmp_path / "p.cache"
     assert sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, "-fa", "on", "--prompt-cache", f).returncode == 0
