@@ -465,7 +465,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             out.write(f"User: Added text file: {name}\n")
         return True
     while True:
-        if pending is not None:
+        typed = pending is None  # (-p's message is read as a typed line, its commands too: llama-cli's)
+        if not typed:
             line, pending = pending, None
             if not o.single_turn:  # -cnv -p: shown as a message typed at the prompt (llama-cli echoes it)
                 sys.stdout.write(f"> {line[:500]} ... (truncated)\n" if len(line) > 500 else f"> {line}\n")
@@ -475,49 +476,49 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             except (EOFError, KeyboardInterrupt):
                 sys.stdout.write("\n")  # ends the line "> " began (piped output too: it ends in a newline)
                 break
-            cmd = line.strip()
-            if cmd in ("/exit", "/quit"):
-                if not sys.stdin.isatty():  # (no echo of the typed line ended the line "> " began)
-                    sys.stdout.write("\n")
-                break
-            if not cmd:
+        cmd = line.strip()
+        if cmd in ("/exit", "/quit"):
+            if typed and not sys.stdin.isatty():  # (no echo of the typed line ended the line "> " began)
+                sys.stdout.write("\n")
+            break
+        if not cmd:
+            continue
+        if cmd == "/clear":
+            messages.clear()
+            files = ""
+            log("[chat history cleared]")
+            continue
+        if cmd == "/read" or cmd.startswith("/read "):
+            name = cmd[len("/read"):].strip()
+            if len(name) > 1 and name[0] == name[-1] and name[0] in "'\"":  # (a quoted name: a shell habit)
+                name = name[1:-1]
+            if not name:
+                log("error: /read needs a file name")
+            else:
+                add_file(name, "/read")
+            continue
+        if cmd == "/glob" or cmd.startswith("/glob "):
+            pattern = cmd[len("/glob"):].strip()
+            try:  # (a search through a large tree takes a while: Ctrl-C ends it, not the chat)
+                found = glob_files(pattern) if pattern else []
+            except KeyboardInterrupt:
+                log("\n[/glob stopped: nothing added]")
                 continue
-            if cmd == "/clear":
-                messages.clear()
-                files = ""
-                log("[chat history cleared]")
+            if not pattern:
+                log("error: /glob needs a pattern (e.g. /glob src/**.py)")
+            elif not found:
+                log(f"error: /glob: no file matches '{pattern}'")
+            elif len(found) > GLOB_MAX:
+                log(f"error: /glob: more than {GLOB_MAX} files match '{pattern}' (nothing added: narrow it)")
+            else:
+                for name in found:
+                    add_file(name, "/glob")
+            continue
+        if cmd == "/regen":
+            if not messages or messages[-1]["role"] != "assistant":
+                log("error: /regen: no reply to regenerate")
                 continue
-            if cmd == "/read" or cmd.startswith("/read "):
-                name = cmd[len("/read"):].strip()
-                if len(name) > 1 and name[0] == name[-1] and name[0] in "'\"":  # (a quoted name: a shell habit)
-                    name = name[1:-1]
-                if not name:
-                    log("error: /read needs a file name")
-                else:
-                    add_file(name, "/read")
-                continue
-            if cmd == "/glob" or cmd.startswith("/glob "):
-                pattern = cmd[len("/glob"):].strip()
-                try:  # (a search through a large tree takes a while: Ctrl-C ends it, not the chat)
-                    found = glob_files(pattern) if pattern else []
-                except KeyboardInterrupt:
-                    log("\n[/glob stopped: nothing added]")
-                    continue
-                if not pattern:
-                    log("error: /glob needs a pattern (e.g. /glob src/**.py)")
-                elif not found:
-                    log(f"error: /glob: no file matches '{pattern}'")
-                elif len(found) > GLOB_MAX:
-                    log(f"error: /glob: more than {GLOB_MAX} files match '{pattern}' (nothing added: narrow it)")
-                else:
-                    for name in found:
-                        add_file(name, "/glob")
-                continue
-            if cmd == "/regen":
-                if not messages or messages[-1]["role"] != "assistant":
-                    log("error: /regen: no reply to regenerate")
-                    continue
-                line = None
+            line = None
         # the conversation this reply answers; `messages` takes it only once the reply is made
         if line is None:  # /regen: the last reply goes
             turn = messages[:-1]

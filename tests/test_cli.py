@@ -1835,6 +1835,20 @@ def test_an_empty_prompt_in_a_chat_is_no_message_and_json_needs_one_given(smol):
     assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == json.loads(want.stdout)["tokens"], r.stdout
 
 
+def test_a_chats_first_message_given_with_p_may_be_a_command(smol, tmp_path):
+    """llama-cli reads -cnv's -p as a typed line, commands too: -p "/read FILE" adds the file to the first typed
+    message, -p "/exit" ends the chat before any reply (sharpi sent them to the model as messages)."""
+    f = tmp_path / "notes.txt"
+    f.write_text("The code word is PINEAPPLE.\n")
+    out = tmp_path / "chat.txt"
+    r = sharpi("-m", smol, "-cnv", "-p", f"/read {f}", "--temp", 0, "-n", 4, "-o", out, input="The word?\n")
+    assert r.returncode == 0 and f"[{f}: " in r.stderr, r.stderr
+    assert out.read_text().startswith(f"User: Added text file: {f}\nUser:\n--- File: {f} ---\n"
+                                      "The code word is PINEAPPLE.\nThe word?\n\nAssistant:\n")
+    r = sharpi("-m", smol, "-cnv", "-p", "/exit", "--temp", 0, "-n", 4, "-o", out, input="Hi\n")
+    assert r.returncode == 0 and r.stdout == "> /exit\n" and out.read_text() == "", (r.stdout, r.stderr)
+
+
 def test_glob_names_files_as_llama_cli_does(tmp_path, monkeypatch):
     """llama-cli names a /glob file in the message by the folder as typed (a leading ~ is $HOME) / its path under
     it: no absolute path of the current folder (sharpi sent the user's whole path to the model)."""
