@@ -395,7 +395,9 @@ def glob_files(pattern: str) -> list[str]:
     """/glob PATTERN: the files it matches, as llama-cli finds them: under the folder the pattern names before its
     first glob character (`~` for the home folder), else the current one, at any depth, the pattern matched against
     paths relative to that folder; sorted, at most GLOB_MAX + 1 (more than GLOB_MAX: too many). A file is named as
-    llama-cli names it in the message: the folder as typed (`~` expanded) / its path under it."""
+    llama-cli names it in the message (`current_path() / folder / relative path`, std::filesystem's `/`): the current
+    folder, the folder as typed (`~` expanded; an absolute one replaces the current folder) and its path under it,
+    joined as strings (`./` and `..` kept)."""
     from pathlib import Path
     base, folder = Path.cwd(), ""
     start = min((pattern.find(c) for c in "![*?" if c in pattern), default=-1)
@@ -413,7 +415,7 @@ def glob_files(pattern: str) -> list[str]:
         prefix = b"" if rel == "." else os.fsencode(Path(rel).as_posix()) + b"/"
         for n in sorted(names):
             if match(prefix + os.fsencode(n)) and (Path(root) / n).is_file():
-                found.append(os.path.join(folder, os.fsdecode(prefix) + n) if folder else os.fsdecode(prefix) + n)
+                found.append(os.path.join(os.getcwd(), folder, os.fsdecode(prefix) + n))
                 if len(found) > GLOB_MAX:
                     return found
     return found

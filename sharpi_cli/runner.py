@@ -2167,8 +2167,8 @@ def tokenize_cmd(model, prompt, file, ids_only, no_bos, no_parse_special, escape
     given = [f for f, v in (("--stdin", stdin or None), ("-f/--file", file), ("-p/--prompt", prompt)) if v is not None]
     if not given:
         raise UsageError("tokenize needs one of --stdin, -f/--file or -p/--prompt")
-    if len(given) > 1:  # (llama-tokenize: "Multiple prompt sources specified")
-        raise UsageError(f"{' and '.join(given)} both give the text to tokenize: give one")
+    if len(given) > 1:  # (llama-tokenize takes --stdin before -f before -p, without a word)
+        log(f"warning: {given[0]} gives the text to tokenize; {' and '.join(given[1:])} not used")
     if not stdin and file is not None:
         prompt = read_stdin() if file == "-" else read_text(file, lenient=True)
     from sharpi_core.gguf_file import GGUFFile

@@ -1139,10 +1139,24 @@ def test_options_before_a_command_name_are_refused(smol):
                    "after its name")
     r = sharpi("tokenize", "-m", smol, "-p", "Hi", "--ids", env={"SHARPI_ARG_TEMP": "0"})  # (the environment: not given)
     assert r.returncode == 0 and r.stdout.startswith("["), r.stderr
-    # two sources of the text: refused, as llama-tokenize refuses them (one of them was dropped without a word)
-    one_error_line(sharpi("tokenize", "-m", smol, "-p", "a", "-f", "x.txt"), 2,
-                   "-f/--file and -p/--prompt both give the text to tokenize: give one")
-    one_error_line(sharpi("tokenize", "-m", smol, "--stdin", "-p", "a", input="x"), 2, "--stdin and -p/--prompt both")
+
+
+
+def test_tokenize_takes_stdin_then_file_then_prompt(smol, tmp_path):
+    """Several sources of the text: llama-tokenize (the fixtures' llama.cpp) takes --stdin, else -f, else -p; sharpi
+    refused them. It says which it took."""
+    f = tmp_path / "x.txt"
+    f.write_text("file text")
+    want = {src: sharpi("tokenize", "-m", smol, *args, "--ids", input=inp).stdout
+            for src, args, inp in (("stdin", ["--stdin"], "stdin text"), ("file", ["-f", f], None),
+                                   ("prompt", ["-p", "prompt text"], None))}
+    assert len(set(want.values())) == 3
+    for args, inp, src, unused in ((["-p", "prompt text", "-f", f], None, "file", "-p/--prompt"),
+                                   (["--stdin", "-p", "prompt text"], "stdin text", "stdin", "-p/--prompt"),
+                                   (["-f", f, "--stdin", "-p", "a"], "stdin text", "stdin", "-f/--file and -p/--prompt")):
+        r = sharpi("tokenize", "-m", smol, *args, "--ids", input=inp)
+        assert r.returncode == 0 and r.stdout == want[src], (args, r.stdout, r.stderr)
+        assert "not used" in r.stderr and unused in r.stderr
 
 
 def test_tokenize_command_matches_llama_tokenize(smol):
@@ -1808,7 +1822,7 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     assert "error: /glob: no file matches 'nothing*'" in r.stderr
     assert "which does not fit the context of 256: not sent" in r.stderr  # (and not in the transcript)
     replies = [ln for ln in r.stdout.replace("> ", "\n").splitlines() if ln.strip()]
-    a, b = "notes/a.txt", "notes/sub/b.txt"  # (named as llama-cli names them: the folder as typed / the path under it)
+    a, b = f"{tmp_path}/notes/a.txt", f"{tmp_path}/notes/sub/b.txt"  # (named as llama-cli names them)
     assert out.read_text() == (f"User: Added text file: {a}\nUser: Added text file: {b}\n"
                                f"User:\n--- File: {a} ---\nalpha\n--- File: {b} ---\nbeta\nWhich words?\n\n"
                                f"Assistant:\n{replies[0]}\n\nAssistant:\n{replies[1]}\n\n")
@@ -1850,19 +1864,23 @@ def test_a_chats_first_message_given_with_p_may_be_a_command(smol, tmp_path):
 
 
 def test_glob_names_files_as_llama_cli_does(tmp_path, monkeypatch):
-    """llama-cli names a /glob file in the message by the folder as typed (a leading ~ is $HOME) / its path under
-    it: no absolute path of the current folder (sharpi sent the user's whole path to the model)."""
+    """llama-cli names a /glob file in the message by `current_path() / folder / relative path` (std::filesystem:
+    absolute, the folder as typed, a leading ~ as $HOME, an absolute folder in place of the current one; in the
+    vendored llama.cpp of the fixtures and in later ones alike): sharpi had named them by the folder as typed."""
     from sharpi_cli.chat import glob_files
     (tmp_path / "notes" / "sub").mkdir(parents=True)
     for f in ("top.txt", "notes/a.txt", "notes/sub/b.txt", "notes/c.md"):
         (tmp_path / f).write_text("x")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "notes"))
-    assert glob_files("notes/**.txt") == ["notes/a.txt", "notes/sub/b.txt"]
-    assert glob_files("**.md") == ["notes/c.md"] and glob_files("*.txt") == ["top.txt"]
-    assert glob_files("./notes/sub/*") == ["./notes/sub/b.txt"]
-    assert glob_files("~/*.txt") == [f"{tmp_path / 'notes'}/a.txt"]
-    assert glob_files(f"{tmp_path}/notes/*.md") == [f"{tmp_path}/notes/c.md"]
+    t = str(tmp_path)
+    assert glob_files("notes/**.txt") == [f"{t}/notes/a.txt", f"{t}/notes/sub/b.txt"]
+    assert glob_files("**.md") == [f"{t}/notes/c.md"] and glob_files("*.txt") == [f"{t}/top.txt"]
+    assert glob_files("./notes/sub/*") == [f"{t}/./notes/sub/b.txt"]
+    assert glob_files("notes//sub/*") == [f"{t}/notes//sub/b.txt"]
+    assert glob_files("~/*.txt") == [f"{t}/notes/a.txt"]
+    assert glob_files(f"{t}/notes/*.md") == [f"{t}/notes/c.md"]
+    assert glob_files("/*.txt") == [f"{t}/top.txt"]  # (folder "": the current one, as llama-cli's empty path)
 
 
 def test_chat_commands_say_why_and_add_all_or_nothing(smol, tmp_path, monkeypatch):
