@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import SharpiError, UsageError
 
 _END = -1                 # end of an alternative in the flattened table
 MAX_REPETITION = 2000    # llama.cpp's MAX_REPETITION_THRESHOLD
@@ -46,6 +46,10 @@ class GrammarError(UsageError):
     def __init__(self, msg: str, rule: str | None = None):
         super().__init__(msg)
         self.rule = rule
+
+
+class GrammarTooAmbiguous(SharpiError):
+    """The text so far parses in more than MAX_STACKS ways (exit 1: found while generating, after output began)."""
 
 
 @dataclass(frozen=True)
@@ -425,8 +429,9 @@ class Grammar:
                 continue
             seen.add(stack)
             if len(seen) > MAX_STACKS:
-                raise GrammarError(f"grammar: more than {MAX_STACKS} ways to parse the text so far (nested "
-                                   "repetitions such as ((x)+)+ multiply them): write the grammar without them")
+                raise GrammarTooAmbiguous(f"grammar: more than {MAX_STACKS} ways to parse the text so far (repetitions "
+                                          "nested a dozen deep, such as ((((x)+)+)+)+ and deeper, multiply them): "
+                                          "write the grammar without them")
             if not stack:
                 out.add(stack)
                 continue

@@ -19,7 +19,7 @@ from conftest import SMOL, loaded
 from sharpi_core.errors import UsageError
 import sharpi_core.generate as generate_mod
 from sharpi_core.generate import Generator
-from sharpi_core.grammar import Grammar, GrammarError, TokenGrammar, decode_utf8, grammar_need
+from sharpi_core.grammar import Grammar, GrammarError, GrammarTooAmbiguous, TokenGrammar, decode_utf8, grammar_need
 from sharpi_core.json_schema import SchemaError, int_range, number_range, schema_to_grammar
 from sharpi_core.sampling import SamplingParams, apply_penalties, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
@@ -327,8 +327,19 @@ def test_nested_repetitions_neither_hang_nor_change_the_language():
                 t = "".join(t)
                 assert accepts(g, f'"{t}"') == (re.fullmatch(want, t) is not None), (pattern, t)
     g = Grammar("root ::= " + "(" * 22 + '"a"' + ")+" * 22 + ' "b"')
-    with pytest.raises(GrammarError, match="ways to parse"):
+    with pytest.raises(GrammarTooAmbiguous, match="ways to parse"):
         accepts(g, "a" * 12 + "b")
+
+
+def test_a_grammar_that_multiplies_its_parses_while_generating_exits_1():
+    """Found while generating, after text was printed: a failure of the run (exit 1, as the README has it), not a
+    bad flag value (exit 2, as it exited)."""
+    from test_cli import one_error_line, sharpi
+    from conftest import SMOL, model_path
+    deep = "root ::= " + "(" * 22 + '"a"' + ")+" * 22
+    r = sharpi("-m", model_path(SMOL), "-p", "x", "-n", 40, "--temp", 0, "--grammar", deep)
+    one_error_line(r, 1, "ways to parse the text so far")
+    assert r.stdout.startswith("x")
 
 
 def test_schema_patterns_match_like_a_regex_search():
