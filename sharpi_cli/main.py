@@ -474,8 +474,9 @@ def run(
         if before:
             sub = ctx.invoked_subcommand
             own = {o for p in getattr(ctx.command.commands.get(sub), "params", ()) for o in getattr(p, "opts", ())}
-            raise UsageError(f"{before[0]} before '{sub}' would be ignored: a command's options go after its name"
-                             + (f" (sharpi {sub} {before[0]} ...)" if before[0] in own else ""))
+            raise UsageError(f"{before[0]} before '{sub}' would be ignored: "
+                             + (f"a command's options go after its name (sharpi {sub} {before[0]} ...)" if before[0] in own
+                                else f"'{sub}' takes no {before[0]}"))
         return
     from . import runner
     check_int_ranges(ctx)

@@ -1135,8 +1135,9 @@ def test_options_before_a_command_name_are_refused(smol):
     one_error_line(sharpi("-m", smol, "tokenize", "-p", "Hi"), 2,
                    "-m before 'tokenize' would be ignored: a command's options go after its name (sharpi tokenize -m ...)")
     one_error_line(sharpi("--temp", 0, "perplexity", "-m", smol, "-f", "x.txt"), 2, "--temp before 'perplexity'")
-    one_error_line(sharpi("-m", smol, "models", "list"), 2, "-m before 'models' would be ignored: a command's options go "
-                   "after its name")
+    one_error_line(sharpi("-m", smol, "models", "list"), 2, "-m before 'models' would be ignored: 'models' takes no -m")
+    one_error_line(sharpi("--offline", "models", "list"), 2, "--offline before 'models' would be ignored: 'models' takes "
+                   "no --offline")  # (it said "a command's options go after its name": models' commands take none)
     r = sharpi("tokenize", "-m", smol, "-p", "Hi", "--ids", env={"SHARPI_ARG_TEMP": "0"})  # (the environment: not given)
     assert r.returncode == 0 and r.stdout.startswith("["), r.stderr
 
