@@ -421,6 +421,12 @@ def glob_files(pattern: str) -> list[str]:
     return found
 
 
+def is_command(line: str) -> bool:
+    """Whether a typed line is one of the chat's commands (not a message)."""
+    cmd = line.strip()
+    return cmd in ("/exit", "/quit", "/clear", "/regen", "/read", "/glob") or cmd.startswith(("/read ", "/glob "))
+
+
 def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> int:
     """llama-cli's conversation loop and commands; a turn that does not fit the context is refused
     with one line and the session goes on (only -st, one turn, exits on it)."""

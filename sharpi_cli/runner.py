@@ -1474,8 +1474,9 @@ def _run(o: RunOptions) -> int:
     o.chat_template = None if o.interactive else chat_template_for(o, tok)
     chat = o.chat_template is not None and o.conversation is not False
     interactive = (o.conversation is True or (prompt is None and chat)) and not o.json_out
-    if o.single_turn:
-        interactive = prompt is None
+    if o.single_turn:  # (-st -p "/read FILE": llama-cli runs the command, then reads the message)
+        from .chat import is_command
+        interactive = prompt is None or is_command(prompt)
     if interactive and o.json_out:  # (-st with no message given: it would be typed, and a typed chat prints text)
         raise UsageError("--json prints the reply to one message given with -p, -f or on stdin, not typed")
     if o.interactive:

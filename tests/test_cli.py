@@ -1862,6 +1862,12 @@ def test_a_chats_first_message_given_with_p_may_be_a_command(smol, tmp_path):
                                       "The code word is PINEAPPLE.\nThe word?\n\nAssistant:\n")
     r = sharpi("-m", smol, "-cnv", "-p", "/exit", "--temp", 0, "-n", 4, "-o", out, input="Hi\n")
     assert r.returncode == 0 and r.stdout == "> /exit\n" and out.read_text() == "", (r.stdout, r.stderr)
+    # -st too: the command, then the one message is read
+    r = sharpi("-m", smol, "-st", "-p", f"/read {f}", "--temp", 0, "-n", 4, "-o", out, input="The word?\n")
+    assert r.returncode == 0 and out.read_text().startswith(f"User: Added text file: {f}\nUser:\n--- File: {f} ---\n"
+                                                            "The code word is PINEAPPLE.\nThe word?\n\nAssistant:\n")
+    r = sharpi("-m", smol, "-st", "-p", "/exit", "--temp", 0, "-n", 4, "-o", out, input="Hi\n")
+    assert r.returncode == 0 and r.stdout.strip() == "" and out.read_text() == "", (r.stdout, r.stderr)
 
 
 def test_glob_names_files_as_llama_cli_does(tmp_path, monkeypatch):
