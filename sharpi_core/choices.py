@@ -20,12 +20,11 @@ _NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", 
           "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature", "adaptive_p": "adaptive_p",
           "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
 _NAMES.update({a: c for c in list(_NAMES) if "_" in c for a in (c.replace("_", "-"), c.replace("_", ""))})
-_NAMES.update({"typical": "typ_p", "typical-p": "typ_p"})  # (llama.cpp's other names of it)
 
 
 def sampler_order(names: Sequence[str]) -> tuple[str, ...]:
     """llama.cpp's --samplers / --sampling-seq entries (its names, kebab-case and dash-less aliases,
-    `nucleus`, `temp`, `typ`, `typical`, `typical-p`; any case) -> the chain's stage names. ValueError for a name llama.cpp
+    `nucleus`, `temp`, `typ`; any case) -> the chain's stage names. ValueError for a name llama.cpp
     does not know, for infill (not implemented), for a stage given twice, and for penalties or DRY
     after a filter (they run on the whole vocabulary before the filters here). `adaptive_p` may stand
     anywhere: it always picks the token at the end of the chain (llama.cpp's rule)."""
