@@ -171,32 +171,9 @@ def number_range(lo: int | None, lo_strict: bool, hi: int | None, hi_strict: boo
     return " | ".join(alts)
 
 
-def _hoisted_defs(root):
-    """root with the `$defs` nested anywhere in it also in its own `$defs` (the first of a name; the root's own
-    first), as llama.cpp's hoist_defs_to_root: a `#/$defs/X` written beside a nested `$defs` (a schema pasted
-    into another) resolves."""
-    if not isinstance(root, dict):
-        return root
-    found: dict = {}
-    todo = [root]
-    while todo:  # (depth first, in document order: llama.cpp's recursion; no Python recursion on deep schemas)
-        node = todo.pop()
-        if isinstance(node, dict):
-            if isinstance(node.get("$defs"), dict):
-                for k, v in node["$defs"].items():
-                    found.setdefault(k, v)
-            todo += reversed([v for k, v in node.items() if k != "$defs"])
-        elif isinstance(node, list):
-            todo += reversed(node)
-    own = root.get("$defs") if isinstance(root.get("$defs"), dict) else {}
-    if all(k in own for k in found):
-        return root
-    return {**root, "$defs": {**own, **{k: v for k, v in found.items() if k not in own}}}
-
-
 class _Converter:
     def __init__(self, root, warn: Callable[[str], None]):
-        self.root = _hoisted_defs(root)
+        self.root = root
         self._warn, self._warned = warn, set()
         self.rules: dict[str, str] = {"space": SPACE}
         self.refs: dict[str, str] = {}
