@@ -630,23 +630,25 @@ def model_sampling_defaults(o: RunOptions, gf) -> None:
     them. A value sharpi's flag would refuse is left out with a warning."""
     if o.sampling_given is None:
         return
+    from sharpi_core.gguf_file import c_strtof, c_strtol32, kv_text
     taken = []
-    seq = gf.get("general.sampling.sequence")
-    if isinstance(seq, str) and seq and not {"samplers", "sampling_seq"} & o.sampling_given:
+    seq = kv_text(gf, "general.sampling.sequence")
+    if seq and not {"samplers", "sampling_seq"} & o.sampling_given:
         try:
             o.samplers = sampler_order([n for n in seq.split(";") if n.strip()])
             taken.append(f"samplers {seq}")
         except ValueError as e:
             log(f"warning: the model's general.sampling.sequence '{seq}' is not used: {e}")
     for key, name, flag, kind in MODEL_SAMPLING:
-        v = gf.get(f"general.sampling.{key}")
-        if name in o.sampling_given or isinstance(v, (str, bytes, list)) or v is None:
+        # llama.cpp reads each value from its text (kv_text: a float's six decimals, a bool's true / false) with
+        # strtol / strtof, a number at the text's start or nothing; a string holding a number counts too
+        text = kv_text(gf, f"general.sampling.{key}")
+        value = None if text is None or name in o.sampling_given else (c_strtol32 if kind is int else c_strtof)(text)
+        if value is None:
             continue
-        if not math.isfinite(v):  # (llama.cpp parses the value's text: "nan" / "inf" are no integers for strtol)
-            log(f"warning: the model's general.sampling.{key} is not used: {v} is not a finite number")
+        if not math.isfinite(value):  # (strtof reads nan and inf: sharpi's flags would refuse them)
+            log(f"warning: the model's general.sampling.{key} is not used: {value} is not a finite number")
             continue
-        with np.errstate(over="ignore"):  # (a double past float range becomes inf, which the check below refuses)
-            value = int(v) if kind is int else float(np.float32(v))
         before = getattr(o, name)
         setattr(o, name, value)
         try:

@@ -25,7 +25,7 @@ import gguf
 import numpy as np
 
 from .errors import SharpiError
-from .gguf_file import GGUFFile, get_typed
+from .gguf_file import GGUFFile, get_typed, kv_text
 from .text import without_surrogates
 
 # llama.cpp token types (tokenizer.ggml.token_type) ...
@@ -143,10 +143,11 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def _byte_value(text: str) -> int:
-    """A byte token's byte from its text, `<0xHH>`, as llama.cpp reads it (strtol of what follows "<0x", base 16,
-    as a byte): hex digits up to the first other character, 0 with none (a damaged vocabulary's token)."""
-    digits = re.match(r"[0-9a-fA-F]*", text[3:]).group()
-    return int(digits, 16) & 0xFF if digits else 0
+    """A byte token's byte from its text, `<0xHH>`, as llama.cpp reads it (token_to_byte: strtol of the two
+    characters after "<0x", base 16, as a byte): C's white space and a sign allowed, hex digits up to the first
+    other character, 0 with none (a damaged vocabulary's token)."""
+    m = re.match(r"[ \t\n\v\f\r]*([+-]?)(?:0[xX](?=[0-9a-fA-F]))?([0-9a-fA-F]+)", text[3:5])
+    return (-int(m[2], 16) if m[1] == "-" else int(m[2], 16)) & 0xFF if m else 0
 
 
 def _bpe_piece(text: str) -> bytes:
@@ -364,7 +365,7 @@ class Tokenizer:
         eog = _detect_special_tokens(tokens, token_to_id, attrs, special)
         _apply_model_attr_rules(gf, tokens, token_to_id, attrs)
 
-        template = get_typed(gf, "tokenizer.chat_template", str)
+        template = kv_text(gf, "tokenizer.chat_template")  # (llama.cpp's text of it: an array is none)
         tok = cls(tokens=tokens, attrs=attrs, scores=scores, model_type=model, pre=pre,
                   merges=(lambda: gf.get("tokenizer.ggml.merges")) if model == "gpt2" else None,
                   bos_id=special.get("bos"), eos_id=special.get("eos"), eot_id=special.get("eot"),

@@ -201,9 +201,13 @@ def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path)
     f = tmp_path / "smol-sampling.gguf"
     w = gguf.GGUFWriter(str(f), "llama")
     derive.copy_kv(r, w)
+    # (llama.cpp reads each from its text with strtol / strtof: a string's leading number counts, a float's text
+    # "nan" is no integer, a float key's nan or inf would be taken: sharpi warns)
     for key, value, vt in (("top_k", 1, gguf.GGUFValueType.INT32), ("temp", 1.5, gguf.GGUFValueType.FLOAT32),
                            ("penalty_repeat", 0.0, gguf.GGUFValueType.FLOAT32),
-                           ("mirostat", float("nan"), gguf.GGUFValueType.FLOAT32),  # (a traceback: int(nan))
+                           ("mirostat", float("nan"), gguf.GGUFValueType.FLOAT32),  # (a traceback once: int(nan))
+                           ("xtc_threshold", float("nan"), gguf.GGUFValueType.FLOAT32),
+                           ("top_p", "0.5 or so", gguf.GGUFValueType.STRING),
                            ("min_p", 1e300, gguf.GGUFValueType.FLOAT64)):  # (numpy's overflow warning, then refused)
         w.add_key_value(f"general.sampling.{key}", value, vt)
     for t in r.tensors:
@@ -213,12 +217,14 @@ def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path)
     greedy = json.loads(sharpi("-m", smol, *base, "--temp", 0).stdout)["tokens"]
     r1 = sharpi("-m", f, *base)
     assert json.loads(r1.stdout)["tokens"] == greedy  # top-k 1
-    assert "(general.sampling.*): --top-k 1, --temp 1.5" in r1.stderr and "general.sampling.penalty_repeat is not used" in r1.stderr
-    assert "general.sampling.mirostat is not used: nan is not a finite number" in r1.stderr
-    assert "general.sampling.min_p is not used" in r1.stderr and "RuntimeWarning" not in r1.stderr, r1.stderr
+    assert "(general.sampling.*): --top-k 1, --top-p 0.5, --temp 1.5" in r1.stderr, r1.stderr
+    assert "general.sampling.penalty_repeat is not used" in r1.stderr and "mirostat" not in r1.stderr
+    assert "general.sampling.xtc_threshold is not used: nan is not a finite number" in r1.stderr
+    assert "general.sampling.min_p is not used: inf is not a finite number" in r1.stderr
+    assert "RuntimeWarning" not in r1.stderr, r1.stderr
     for args, env in ((("--top-k", 0), None), ((), {"SHARPI_ARG_TOP_K": "0"})):
         r2 = sharpi("-m", f, *base, *args, env=env)
-        assert "(general.sampling.*): --temp 1.5\n" in r2.stderr
+        assert "(general.sampling.*): --top-p 0.5, --temp 1.5\n" in r2.stderr
         assert json.loads(r2.stdout)["tokens"] != greedy  # temperature 1.5 over the whole vocabulary
 
 

@@ -221,21 +221,28 @@ def test_unsupported_tokenizers_are_user_errors():
 
 
 def test_tokenizer_keys_of_the_wrong_type_are_one_error():
-    """A damaged file's text keys (an int chat template, a list of pre-tokenizers, a string for a flag) are refused
-    as llama.cpp's typed reads refuse them (they were tracebacks in the chat or at load)."""
+    """A damaged file's text keys (a list of pre-tokenizers, a string for a flag) are refused as llama.cpp's typed
+    reads refuse them (they were tracebacks in the chat or at load). The chat template is read as llama.cpp reads it,
+    as the text of its value (gguf_kv_to_str: a number as std::to_string writes it, an array as no template): it was
+    refused, and a raw one-shot run needs none."""
     gf = GGUFFile(model_path(SMOL))
-    for key, value, kind in (("tokenizer.ggml.pre", ["smollm"], "str"), ("tokenizer.chat_template", 5, "str"),
-                             ("tokenizer.ggml.model", 7, "str"), ("tokenizer.ggml.add_bos_token", "no", "bool")):
+    for key, value, kind in (("tokenizer.ggml.pre", ["smollm"], "str"), ("tokenizer.ggml.model", 7, "str"),
+                             ("tokenizer.ggml.add_bos_token", "no", "bool")):
         with pytest.raises(SharpiError, match=rf"metadata '{key}' holds .*, not a {kind}"):
             Tokenizer.from_gguf(_WithKeys(gf, {key: value}), lazy=True)
     assert Tokenizer.from_gguf(_WithKeys(gf, {}), lazy=True).chat_template == gf.get("tokenizer.chat_template")
+    for value, text in ((5, "5"), (True, "true"), (1.5, "1.500000"), (["a"], None)):
+        tok = Tokenizer.from_gguf(_WithKeys(gf, {"tokenizer.chat_template": value}), lazy=True)
+        assert tok.chat_template == text, value
 
 
 def test_a_byte_token_s_text_is_read_as_llama_cpp_reads_it():
-    """A byte token is `<0xHH>`; a damaged one reads as strtol reads it (hex digits up to the first other
-    character, 0 with none), not a traceback when it is printed."""
+    """A byte token is `<0xHH>`; a damaged one reads as llama.cpp's token_to_byte reads it (strtol, base 16, of the
+    two characters after "<0x": white space and a sign allowed, hex digits up to the first other character, 0 with
+    none), not a traceback when it is printed."""
     from sharpi_core.tokenizer import _byte_value
-    assert [_byte_value(t) for t in ("<0x41>", "<0x0a>", "<0xZZ>", "<0x4>", "<0x1FF>")] == [0x41, 0x0A, 0, 4, 0xFF]
+    texts = ("<0x41>", "<0x0a>", "<0xZZ>", "<0x4>", "<0x1FF>", "<0x-1>", "<0x 9>", "<0x+A>", "<0x0x>", "<0x")
+    assert [_byte_value(t) for t in texts] == [0x41, 0x0A, 0, 4, 0x1F, 0xFF, 9, 0xA, 0, 0]
 
 
 # -- differential check of the byte-level BPE path against a model of llama.cpp ------------------
