@@ -95,7 +95,8 @@ def typed_line(prompt: str = "") -> str:
 def read_message(multiline: bool) -> str:
     """A chat message typed at "> ": lines go on while one ends in \\ (with -mli, llama-cli's multiline input: until
     one ends in \\); one ending in / ends it in either mode, as llama.cpp's console reads lines (a line of only "/"
-    ends the lines before it). The marker is dropped, the lines are joined by newlines. At the end of input (Ctrl-D)
+    ends the lines before it, the message then ending in a newline). The marker is dropped, the lines are joined by
+    newlines. At the end of input (Ctrl-D)
     what was typed so far is the message (llama-cli sends it too); EOFError when nothing was."""
     lines: list[str] = []
     while True:
@@ -106,9 +107,8 @@ def read_message(multiline: bool) -> str:
             if lines:
                 return "\n".join(lines)
             raise
-        if line.endswith("/"):
-            if line != "/" or not lines:
-                lines.append(line[:-1])
+        if line.endswith("/"):  # (llama.cpp's console: the / becomes the line's newline, one is cut off the message)
+            lines.append(line[:-1])
             return "\n".join(lines)
         more = line.endswith("\\")
         lines.append(line[:-1] if more else line)

@@ -601,19 +601,24 @@ def test_a_chat_stop_string_lies_in_the_reply_and_is_cut_off(smol, tmp_path):
     assert r.returncode == 0 and r.stdout == cut[2:] + "\n", r.stdout
 
 
-def test_conversation_multiline_messages(smol):
+def test_conversation_multiline_messages(smol, tmp_path):
     """A chat message over lines: `\\` at a line's end continues it; with -mli (llama-cli's multiline input) lines go
-    on until one ends in `\\`; a line ending in `/` ends it either way, as llama.cpp's console reads lines (a line
-    of only "/" ends the ones before it). The same message gives the same reply either way, and one left
-    unfinished at the end of input is sent (llama-cli sends it too), not dropped."""
+    on until one ends in `\\`; a line ending in `/` ends it either way, as llama.cpp's console reads lines (the `/`
+    becomes the line's newline and llama-cli cuts one newline off the message: a line of only "/" ends the ones
+    before it with a newline, where sharpi had dropped it). The same message gives the same reply either way, and
+    one left unfinished at the end of input is sent (llama-cli sends it too), not dropped."""
     args = ("-m", smol, "-cnv", "--temp", 0, "-n", 6, "--no-show-timings")
     ref = sharpi(*args, input="Say\\\nhi.\n")
     assert ref.returncode == 0 and ref.stdout.startswith("> ") and len(ref.stdout) > 4, ref.stderr
-    for flags, typed in (((), "Say\\\nhi.\\\n"), (("-mli",), "Say\nhi./\n"), (("-mli",), "Say\nhi.\\\n"),
-                         (("-mli",), "Say\nhi."), ((), "Say\\\nhi./\n"), (("-mli",), "Say\nhi.\n/\n"),
-                         ((), "Say\\\nhi.\\\n/\n")):
-        r = sharpi(*args, *flags, input=typed)
-        assert r.returncode == 0 and r.stdout == ref.stdout, (flags, typed, r.stdout, r.stderr)
+    out = tmp_path / "t.txt"
+    for flags, typed, message in (((), "Say\\\nhi.\\\n", "Say\nhi."), (("-mli",), "Say\nhi./\n", "Say\nhi."),
+                                  (("-mli",), "Say\nhi.\\\n", "Say\nhi."), (("-mli",), "Say\nhi.", "Say\nhi."),
+                                  ((), "Say\\\nhi./\n", "Say\nhi."), (("-mli",), "Say\nhi.\n/\n", "Say\nhi.\n"),
+                                  ((), "Say\\\nhi.\\\n/\n", "Say\nhi.\n"), ((), "Say\\\nhi.\\\n\\\n", "Say\nhi.\n")):
+        r = sharpi(*args, *flags, "-o", out, input=typed)
+        assert r.returncode == 0 and out.read_text().startswith(f"User:\n{message}\n\nAssistant:"), (flags, typed)
+        if message == "Say\nhi.":
+            assert r.stdout == ref.stdout, (flags, typed, r.stdout, r.stderr)
     r = sharpi(*args, input="Say\nhi.\n")  # two messages: two replies
     assert r.returncode == 0 and r.stdout.count("> ") == 3 and r.stdout != ref.stdout
     # -mli outside typed input: a warning, the run goes on
