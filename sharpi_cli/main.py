@@ -497,13 +497,16 @@ def run(
 
 
 def check_int_ranges(ctx: typer.Context) -> None:
-    """Integer flags hold what llama.cpp's std::stoi reads (32 bits; -s and --yarn-orig-ctx have their own range):
-    `-n 99999999999999999999` was taken as no limit, `--top-k` of 20 digits as no filter."""
+    """Integer flags hold what llama.cpp's std::stoi reads (32 bits; -s has its own range, --poll is read with
+    std::stoul: 64 bits, a minus sign wrapping): `-n 99999999999999999999` was taken as no limit, `--top-k` of 20
+    digits as no filter."""
     for p in ctx.command.params:
         v = ctx.params.get(p.name)
-        if p.name in ("seed", "yarn_orig_ctx") or type(v) is not int:  # (not a bool, not a list)
+        if p.name == "seed" or type(v) is not int:  # (not a bool, not a list)
             continue
-        if not -2**31 <= v < 2**31:
+        if p.name == "poll" and not -2**64 < v < 2**64:
+            raise UsageError(f"invalid {p.opts[0]} {v}: out of range (a 64-bit integer, as llama.cpp reads it)")
+        if p.name != "poll" and not -2**31 <= v < 2**31:
             raise UsageError(f"invalid {p.opts[0]} {v}: out of range (a 32-bit integer, as llama.cpp reads it)")
 
 

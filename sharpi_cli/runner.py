@@ -368,7 +368,7 @@ def validate(o: RunOptions) -> None:
     for flag, v in (("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
         if v == 0:
             raise UsageError(f"invalid {flag} 0: must be > 0 (negative = the model's)")
-    if not 0 <= o.yarn_orig_ctx < 2**32:
+    if o.yarn_orig_ctx < 0:
         raise UsageError(f"invalid --yarn-orig-ctx {o.yarn_orig_ctx}: must be >= 0 (0 = the model's)")
     if o.keep < -1:
         raise UsageError(f"invalid --keep {o.keep}: must be >= -1 (-1 = all of the prompt)")

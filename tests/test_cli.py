@@ -721,6 +721,8 @@ def test_chat_template_by_name_or_file_and_system_prompt_file(smol, tmp_path):
     (("-l", "5+1e999"), "-l/--logit-bias 5+1e999: the bias is out of float range (use inf)"),
     (("-n", "99999999999999999999"), "invalid -n 99999999999999999999: out of range (a 32-bit integer"),
     (("--top-k", str(-2**31 - 1)), f"invalid --top-k {-2**31 - 1}: out of range"),
+    (("--yarn-orig-ctx", "3000000000"), "invalid --yarn-orig-ctx 3000000000: out of range (a 32-bit integer"),
+    (("--poll", str(2**64)), f"invalid --poll {2**64}: out of range (a 64-bit integer"),
     (("--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "70"), "-n-min 70 is above --spec-ngram-mod-n-max 64"),
     (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema are mutually exclusive"),
     (("--grammar-file", "/no/such/file"), "cannot read grammar file"),
@@ -946,8 +948,8 @@ def test_llama_cli_flags_for_what_sharpi_does_not_do(smol):
     """--numa, --poll, --poll-batch, -kvo / -nkvo and -dt: llama-cli command lines run, a warning each, the output
     unchanged; their values checked as llama.cpp's parser checks them."""
     plain = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0)
-    r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, "--numa", "distribute", "--poll", 101, "--poll-batch", -1,
-               "-nkvo", "-dt", "any")  # (llama.cpp: std::stoul takes both polls; -dt's value is never read)
+    r = sharpi("-m", smol, "-p", "Hi", "-n", 4, "--temp", 0, "--numa", "distribute", "--poll", 5000000000, "--poll-batch", -1,
+               "-nkvo", "-dt", "any")  # (llama.cpp: std::stoul reads --poll, std::stoi --poll-batch; -dt's value is never read)
     assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
     warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:") and "has no effect" in ln]
     assert len(warnings) == 5, r.stderr
