@@ -477,7 +477,9 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         if not typed:
             line, pending = pending, None
             if not o.single_turn:  # -cnv -p: shown as a message typed at the prompt (llama-cli echoes it)
-                sys.stdout.write(f"> {line[:500]} ... (truncated)\n" if len(line) > 500 else f"> {line}\n")
+                data = line.encode()  # (llama-cli cuts at 500 bytes; here at the character boundary before)
+                sys.stdout.write(f"> {data[:500].decode(errors='ignore')} ... (truncated)\n" if len(data) > 500
+                                 else f"> {line}\n")
         else:
             try:
                 line = read_message(o.multiline_input)

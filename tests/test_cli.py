@@ -1866,6 +1866,15 @@ def test_an_empty_prompt_in_a_chat_is_no_message_and_json_needs_one_given(smol):
     assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == json.loads(want.stdout)["tokens"], r.stdout
 
 
+def test_a_long_first_message_is_shown_cut_at_500_bytes(smol):
+    """-cnv shows its -p message after "> " as llama-cli echoes it: past 500 bytes (not characters) cut there (at
+    the character boundary before) with " ... (truncated)"."""
+    for text, shown in (("é" * 250, "é" * 250), ("é" * 251, "é" * 250 + " ... (truncated)"),
+                        ("a" + "é" * 250, "a" + "é" * 249 + " ... (truncated)")):
+        r = sharpi("-m", smol, "-cnv", "-p", text, "-n", 1, "--temp", 0, "--no-show-timings", input="")
+        assert r.returncode == 0 and r.stdout.startswith(f"> {shown}\n"), r.stdout[:60]
+
+
 def test_a_chats_first_message_given_with_p_may_be_a_command(smol, tmp_path):
     """llama-cli reads -cnv's -p as a typed line, commands too: -p "/read FILE" adds the file to the first typed
     message, -p "/exit" ends the chat before any reply (sharpi sent them to the model as messages)."""
