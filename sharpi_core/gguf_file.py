@@ -165,7 +165,8 @@ _FILE_TYPE_NAME = {**{t: "int" for t in _INT_TYPES}, gguf.GGUFValueType.FLOAT32:
 
 def parse_kv_overrides(items: Sequence[str]) -> dict[str, Any]:
     """llama.cpp's --override-kv KEY=TYPE:VALUE[,...] (TYPE int, float, bool (true / false), str; a str is at
-    most 127 characters) -> {key: Python value}; a later override of the same key wins."""
+    most 127 characters) -> {key: Python value}; the first override of a key wins, as llama.cpp's model loader keeps
+    it (its map's insert leaves a key's first entry)."""
     out: dict[str, Any] = {}
     for item in (part for arg in items for part in arg.split(",")):
         key, eq, rest = item.partition("=")
@@ -186,7 +187,7 @@ def parse_kv_overrides(items: Sequence[str]) -> dict[str, Any]:
         except ValueError:
             raise UsageError(f"invalid --override-kv '{item}': '{text}' is not a {kind} value"
                              + (" (at most 127 characters)" if kind == "str" else "")) from None
-        out[key] = value
+        out.setdefault(key, value)
     return out
 
 

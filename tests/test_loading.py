@@ -510,9 +510,11 @@ def test_real_vocabulary_reads_as_field_contents():
 
 
 def test_parse_kv_overrides():
-    """llama.cpp's --override-kv syntax: KEY=TYPE:VALUE, comma-separated or repeated, the last one winning."""
+    """llama.cpp's --override-kv syntax: KEY=TYPE:VALUE, comma-separated or repeated, the first one of a key winning
+    (llama.cpp's loader inserts them into a map in order: a later one of the same key is dropped; sharpi kept the
+    last)."""
     got = parse_kv_overrides(["a.b=int:-3,c=float:2.5", "d=bool:false", "e=str:x=y:z", "a.b=int:7", "f=str:"])
-    assert got == {"a.b": 7, "c": 2.5, "d": False, "e": "x=y:z", "f": ""}
+    assert got == {"a.b": -3, "c": 2.5, "d": False, "e": "x=y:z", "f": ""}
     assert type(got["c"]) is float and type(got["d"]) is bool
     for bad in ("novalue", "k=int", "k=int:x", "k=bool:yes", "k=list:1", "=int:1", "k=str:" + "x" * 128, "x" * 128 + "=int:1"):
         with pytest.raises(UsageError, match="override-kv"):
