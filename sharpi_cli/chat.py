@@ -242,7 +242,7 @@ class ReplyView:
                 if not self.newline:
                     self.out.write("\n")
                 if kind == "reasoning":
-                    self.out.write((GRAY if self.color else "") + "[Start thinking]\n")
+                    self.out.write((GRAY if self.color else "") + "\n[Start thinking]\n\n")  # (llama-cli's spacing)
                 else:
                     self.out.write("[End thinking]" + (RESET if self.color else "") + "\n\n")
                 self.kind, self.newline = kind, True
