@@ -467,7 +467,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             log(f"error: {cmd}: '{name}' ({len(text)} characters) makes the files for your next message at least "
                 f"{least} tokens, more than the context of {n_ctx} holds with a reply")
             return False
-        files += f"--- File: {name} ---\n{text}" + ("" if text.endswith("\n") else "\n")
+        files += f"--- File: {name} ---\n{text}"  # (as llama-cli: what follows is glued to a text without a newline)
         log(f"[{name}: {len(text)} characters, sent with your next message]")
         if out:
             out.write(f"User: Added text file: {name}\n")

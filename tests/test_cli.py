@@ -1825,7 +1825,8 @@ def test_glob_is_llama_cpps():
 
 def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     """/glob PATTERN adds the text files it matches (under the folder it names), and -o writes the conversation as
-    llama-cli's transcript: User / Assistant turns, the files added; -st -p too."""
+    llama-cli's transcript: User / Assistant turns, the files added (each file's text as it is: llama-cli glues what
+    follows to a text without a final newline, where sharpi had added one); -st -p too."""
     d = tmp_path / "notes"
     (d / "sub").mkdir(parents=True)
     (d / "a.txt").write_text("alpha\n")
@@ -1841,7 +1842,7 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     replies = [ln for ln in r.stdout.replace("> ", "\n").splitlines() if ln.strip()]
     a, b = f"{tmp_path}/notes/a.txt", f"{tmp_path}/notes/sub/b.txt"  # (named as llama-cli names them)
     assert out.read_text() == (f"User: Added text file: {a}\nUser: Added text file: {b}\n"
-                               f"User:\n--- File: {a} ---\nalpha\n--- File: {b} ---\nbeta\nWhich words?\n\n"
+                               f"User:\n--- File: {a} ---\nalpha\n--- File: {b} ---\nbetaWhich words?\n\n"
                                f"Assistant:\n{replies[0]}\n\nAssistant:\n{replies[1]}\n\n")
     r = sharpi("-m", smol, "-st", "-p", "Say hi.", "--temp", 0, "-n", 6, "-o", out)
     assert r.returncode == 0 and out.read_text() == f"User:\nSay hi.\n\nAssistant:\n{r.stdout.strip()}\n\n"
