@@ -634,9 +634,16 @@ def model_sampling_defaults(o: RunOptions, gf) -> None:
     taken = []
     seq = kv_text(gf, "general.sampling.sequence")
     if seq and not {"samplers", "sampling_seq"} & o.sampling_given:
+        from sharpi_core.choices import is_sampler_name
+        names = [n for n in seq.split(";") if n.strip()]
+        unknown = [n for n in names if not is_sampler_name(n)]
+        if unknown:  # (llama.cpp's common_sampler_types_from_names drops them with a warning, keeps the rest)
+            log(f"warning: the model's general.sampling.sequence '{seq}': no sampler is named "
+                + ", ".join(f"'{n}'" for n in unknown) + ("; the others are used" if len(unknown) < len(names) else ""))
         try:
-            o.samplers = sampler_order([n for n in seq.split(";") if n.strip()])
-            taken.append(f"samplers {seq}")
+            if len(unknown) < len(names):
+                o.samplers = sampler_order([n for n in names if is_sampler_name(n)])
+                taken.append(f"samplers {';'.join(o.samplers)}")
         except ValueError as e:
             log(f"warning: the model's general.sampling.sequence '{seq}' is not used: {e}")
     for key, name, flag, kind in MODEL_SAMPLING:

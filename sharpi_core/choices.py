@@ -22,6 +22,11 @@ _NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", 
 _NAMES.update({a: c for c in list(_NAMES) if "_" in c for a in (c.replace("_", "-"), c.replace("_", ""))})
 
 
+def is_sampler_name(name: str) -> bool:
+    """Whether llama.cpp knows `name` as a sampler's (any case; sharpi also takes surrounding white space)."""
+    return name.strip().lower() in _NAMES
+
+
 def sampler_order(names: Sequence[str]) -> tuple[str, ...]:
     """llama.cpp's --samplers / --sampling-seq entries (its names, kebab-case and dash-less aliases,
     `nucleus`, `temp`, `typ`; any case) -> the chain's stage names. ValueError for a name llama.cpp

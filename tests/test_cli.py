@@ -228,6 +228,31 @@ def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path)
         assert json.loads(r2.stdout)["tokens"] != greedy  # temperature 1.5 over the whole vocabulary
 
 
+def test_a_model_sampling_sequence_drops_the_names_llama_cpp_does_not_know(smol, tmp_path):
+    """general.sampling.sequence: names llama.cpp does not know are left out with a warning and the others used, as its
+    common_sampler_types_from_names does (sharpi used none of them); --samplers keeps the model's out."""
+    import gguf
+    derive = gguf_derive()
+    r = gguf.GGUFReader(smol)
+    f = tmp_path / "smol-seq.gguf"
+    w = gguf.GGUFWriter(str(f), "llama")
+    derive.copy_kv(r, w)
+    w.add_key_value("general.sampling.sequence", "top_k;typical;Temp", gguf.GGUFValueType.STRING)
+    w.add_key_value("general.sampling.top_k", 1, gguf.GGUFValueType.INT32)
+    for t in r.tensors:
+        derive.add_tensor_as_is(w, t)
+    derive.finish(w)
+    base = ("-p", "Once upon a time", "-n", 8, "--json", "-s", 5)
+    greedy = json.loads(sharpi("-m", smol, *base, "--temp", 0).stdout)["tokens"]
+    r1 = sharpi("-m", f, *base)
+    assert "general.sampling.sequence 'top_k;typical;Temp': no sampler is named 'typical'; the others are used" in r1.stderr
+    assert "(general.sampling.*): samplers top_k;temperature, --top-k 1" in r1.stderr, r1.stderr
+    assert json.loads(r1.stdout)["tokens"] == greedy
+    r2 = sharpi("-m", f, *base, "--samplers", "temperature")
+    assert "sequence" not in r2.stderr and "(general.sampling.*): --top-k 1" in r2.stderr
+    assert json.loads(r2.stdout)["tokens"] != greedy  # (temperature alone: the whole vocabulary)
+
+
 def test_env_args_and_flag_precedence(smol):
     env = {"SHARPI_ARG_N_PREDICT": "3", "SHARPI_ARG_TEMP": "0", "SHARPI_ARG_MODEL": smol}
     r = sharpi("-p", "Hello", "--json", env=env)
