@@ -190,29 +190,35 @@ def test_top_p_and_min_p_take_llama_cpps_values_out_of_their_range(smol):
         assert toks("--temp", 1, "-s", seed, "--min-p", -1) == toks("--temp", 1, "-s", seed, "--min-p", 0)
 
 
+def smol_with_sampling(smol, path, keys):
+    """A copy of SmolLM2 at path with general.sampling.KEY values ((key, value, gguf value type), ...)."""
+    import gguf
+    derive = gguf_derive()
+    r = gguf.GGUFReader(smol)
+    w = gguf.GGUFWriter(str(path), "llama")
+    derive.copy_kv(r, w)
+    for key, value, vt in keys:
+        w.add_key_value(f"general.sampling.{key}", value, vt)
+    for t in r.tensors:
+        derive.add_tensor_as_is(w, t)
+    derive.finish(w)
+    return path
+
+
 def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path):
     """A GGUF's general.sampling.* values (convert_hf_to_gguf.py's copy of generation_config.json) replace the defaults
     of the sampling flags not given on the command line or in SHARPI_ARG_*, as llama.cpp's common_init_sampler_from_model
     (llama-completion on this very file: top_k 1 / temp 1.5, --top-k 40: 40 / 1.5, --temp 0.7: 1 / 0.7, LLAMA_ARG_TOP_K=40:
     40 / 1.5); a value the flag would refuse (penalty_repeat 0) is left out with a warning."""
     import gguf
-    derive = gguf_derive()
-    r = gguf.GGUFReader(smol)
-    f = tmp_path / "smol-sampling.gguf"
-    w = gguf.GGUFWriter(str(f), "llama")
-    derive.copy_kv(r, w)
+    V = gguf.GGUFValueType
     # (llama.cpp reads each from its text with strtol / strtof: a string's leading number counts, a float's text
     # "nan" is no integer, a float key's nan or inf would be taken: sharpi warns)
-    for key, value, vt in (("top_k", 1, gguf.GGUFValueType.INT32), ("temp", 1.5, gguf.GGUFValueType.FLOAT32),
-                           ("penalty_repeat", 0.0, gguf.GGUFValueType.FLOAT32),
-                           ("mirostat", float("nan"), gguf.GGUFValueType.FLOAT32),  # (a traceback once: int(nan))
-                           ("xtc_threshold", float("nan"), gguf.GGUFValueType.FLOAT32),
-                           ("top_p", "0.5 or so", gguf.GGUFValueType.STRING),
-                           ("min_p", 1e300, gguf.GGUFValueType.FLOAT64)):  # (numpy's overflow warning, then refused)
-        w.add_key_value(f"general.sampling.{key}", value, vt)
-    for t in r.tensors:
-        derive.add_tensor_as_is(w, t)
-    derive.finish(w)
+    f = smol_with_sampling(smol, tmp_path / "smol-sampling.gguf", (
+        ("top_k", 1, V.INT32), ("temp", 1.5, V.FLOAT32), ("penalty_repeat", 0.0, V.FLOAT32),
+        ("mirostat", float("nan"), V.FLOAT32),  # (a traceback once: int(nan))
+        ("xtc_threshold", float("nan"), V.FLOAT32), ("top_p", "0.5 or so", V.STRING),
+        ("min_p", 1e300, V.FLOAT64)))  # (numpy's overflow warning, then refused)
     base = ("-p", "Once upon a time", "-n", 12, "--json", "-s", 5)
     greedy = json.loads(sharpi("-m", smol, *base, "--temp", 0).stdout)["tokens"]
     r1 = sharpi("-m", f, *base)
@@ -232,16 +238,8 @@ def test_a_model_sampling_sequence_drops_the_names_llama_cpp_does_not_know(smol,
     """general.sampling.sequence: names llama.cpp does not know are left out with a warning and the others used, as its
     common_sampler_types_from_names does (sharpi used none of them); --samplers keeps the model's out."""
     import gguf
-    derive = gguf_derive()
-    r = gguf.GGUFReader(smol)
-    f = tmp_path / "smol-seq.gguf"
-    w = gguf.GGUFWriter(str(f), "llama")
-    derive.copy_kv(r, w)
-    w.add_key_value("general.sampling.sequence", "top_k;typical;Temp", gguf.GGUFValueType.STRING)
-    w.add_key_value("general.sampling.top_k", 1, gguf.GGUFValueType.INT32)
-    for t in r.tensors:
-        derive.add_tensor_as_is(w, t)
-    derive.finish(w)
+    f = smol_with_sampling(smol, tmp_path / "smol-seq.gguf", (("sequence", "top_k;typical;Temp", gguf.GGUFValueType.STRING),
+                                                              ("top_k", 1, gguf.GGUFValueType.INT32)))
     base = ("-p", "Once upon a time", "-n", 8, "--json", "-s", 5)
     greedy = json.loads(sharpi("-m", smol, *base, "--temp", 0).stdout)["tokens"]
     r1 = sharpi("-m", f, *base)
