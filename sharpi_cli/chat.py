@@ -96,8 +96,8 @@ def read_message(multiline: bool) -> str:
     """A chat message typed at "> ": lines go on while one ends in \\ (with -mli, llama-cli's multiline input: until
     one ends in \\); one ending in / ends it in either mode, as llama.cpp's console reads lines (a line of only "/"
     ends the lines before it, the message then ending in a newline). The marker is dropped, the lines are joined by
-    newlines. At the end of input (Ctrl-D)
-    what was typed so far is the message (llama-cli sends it too); EOFError when nothing was."""
+    newlines. At the end of input (Ctrl-D) what was typed so far is the message (llama-cli sends it too); EOFError
+    when nothing was."""
     lines: list[str] = []
     while True:
         try:
