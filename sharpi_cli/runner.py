@@ -630,7 +630,8 @@ def model_sampling_defaults(o: RunOptions, gf) -> None:
     them. A value sharpi's flag would refuse is left out with a warning."""
     if o.sampling_given is None:
         return
-    from sharpi_core.gguf_file import c_strtof, c_strtol32, kv_text
+    from sharpi_core.gguf_file import kv_text
+    from sharpi_core.libm import strtof, strtol32
     taken = []
     seq = kv_text(gf, "general.sampling.sequence")
     if seq and not {"samplers", "sampling_seq"} & o.sampling_given:
@@ -650,7 +651,7 @@ def model_sampling_defaults(o: RunOptions, gf) -> None:
         # llama.cpp reads each value from its text (kv_text: a float's six decimals, a bool's true / false) with
         # strtol / strtof, a number at the text's start or nothing; a string holding a number counts too
         text = kv_text(gf, f"general.sampling.{key}")
-        value = None if text is None or name in o.sampling_given else (c_strtol32 if kind is int else c_strtof)(text)
+        value = None if text is None or name in o.sampling_given else (strtol32 if kind is int else strtof)(text)
         if value is None:
             continue
         if not math.isfinite(value):  # (strtof reads nan and inf: sharpi's flags would refuse them)

@@ -6,7 +6,6 @@ Everything goes through the `gguf` package's reader; tensors stay views into the
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -285,37 +284,6 @@ def kv_text(gf, key: str) -> str | None:
     if isinstance(v, float):
         return "%f" % v
     return v if isinstance(v, str) else str(v)
-
-
-_C_SPACE = " \t\n\v\f\r"
-_C_INT = re.compile(r"[+-]?[0-9]+")
-_C_FLOAT = re.compile(r"[+-]?(?:(?P<hex>0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?)|"
-                      r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?)",
-                      re.IGNORECASE)
-
-
-def c_strtol32(text: str) -> int | None:
-    """int32_t v = strtol(text, &end, 10), or None where no digits begin the text (after C's white space): the
-    value clamped to a long and cut to 32 bits, as llama.cpp's get_int32 reads a number from its text."""
-    m = _C_INT.match(text.lstrip(_C_SPACE))
-    if not m:
-        return None
-    v = min(max(int(m.group()), -(1 << 63)), (1 << 63) - 1)
-    return (v + (1 << 31)) % (1 << 32) - (1 << 31)
-
-
-def c_strtof(text: str) -> float | None:
-    """strtof(text, &end) as a float32 value (a Python float), or None where no number begins the text."""
-    m = _C_FLOAT.match(text.lstrip(_C_SPACE))
-    if not m:
-        return None
-    t = m.group()
-    sign, body = (-1.0 if t[0] == "-" else 1.0), t.lstrip("+-")
-    if body[:3].lower() == "nan":
-        return float("nan")
-    v = float.fromhex(t) if m.group("hex") else float(t)
-    with np.errstate(over="ignore"):
-        return sign * abs(float(np.float32(v))) if body[:3].lower() != "inf" else sign * float("inf")
 
 
 class GGUFFile:

@@ -1,12 +1,14 @@
-"""The C library's float functions, where llama.cpp's arithmetic calls them and one ulp can decide a result (a
-rope table, a sampler's cut): numpy's float32 log is not libm's logf (they differ by an ulp for about a fifth of
-the floats in (0, 1]), nor its exp libm's expf (for about two fifths)."""
+"""The C library's functions where llama.cpp calls them and their exact results matter: its float functions, where
+one ulp can decide a result (a rope table, a sampler's cut): numpy's float32 log is not libm's logf (they differ by
+an ulp for about a fifth of the floats in (0, 1]), nor its exp libm's expf (for about two fifths); and strtol /
+strtof, which read a number at a text's start (metadata read from its text, byte tokens)."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
 import math
+import re
 
 import numpy as np
 
@@ -46,3 +48,39 @@ def expf(x: np.ndarray) -> np.ndarray:
     y = np.empty_like(x)
     fn(x.ctypes.data, x.size, y.ctypes.data)
     return y
+
+
+C_SPACE = " \t\n\v\f\r"  # C's isspace()
+_C_INT = {10: re.compile(r"[+-]?[0-9]+"), 16: re.compile(r"[+-]?(?:0[xX](?=[0-9a-fA-F]))?[0-9a-fA-F]+")}
+_C_FLOAT = re.compile(r"[+-]?(?:(?P<hex>0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?)|"
+                      r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?)",
+                      re.IGNORECASE)
+
+
+def strtol(text: str, base: int = 10) -> int | None:
+    """strtol(text, &end, base) for base 10 or 16: the number at the text's start (after C's white space; base 16
+    with an optional 0x), clamped to a long; None where none begins it."""
+    m = _C_INT[base].match(text.lstrip(C_SPACE))
+    if not m:
+        return None
+    digits = m.group()
+    magnitude = int(digits.lstrip("+-"), base)
+    return min(max(-magnitude if digits[0] == "-" else magnitude, -(1 << 63)), (1 << 63) - 1)
+
+
+def strtol32(text: str) -> int | None:
+    """int32_t v = strtol(text, &end, 10), as llama.cpp's get_int32 reads a number from its text: cut to 32 bits."""
+    v = strtol(text)
+    return None if v is None else (v + (1 << 31)) % (1 << 32) - (1 << 31)
+
+
+def strtof(text: str) -> float | None:
+    """strtof(text, &end) as a float32 value (a Python float), or None where no number begins the text."""
+    m = _C_FLOAT.match(text.lstrip(C_SPACE))
+    if not m:
+        return None
+    t = m.group()
+    if t.lstrip("+-")[:3].lower() == "nan":
+        return float("nan")
+    with np.errstate(over="ignore"):
+        return float(np.float32(float.fromhex(t) if m.group("hex") else float(t)))

@@ -26,6 +26,7 @@ import numpy as np
 
 from .errors import SharpiError
 from .gguf_file import GGUFFile, get_typed, kv_text
+from .libm import C_SPACE, strtol
 from .text import without_surrogates
 
 # llama.cpp token types (tokenizer.ggml.token_type) ...
@@ -125,7 +126,6 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
               "<｜end▁of▁sentence｜>", "[e~[")
 
-_C_SPACE = " \t\n\v\f\r"  # C isspace(), used by llama.cpp's lstrip/rstrip of special tokens
 
 
 @lru_cache(maxsize=1)
@@ -146,8 +146,8 @@ def _byte_value(text: str) -> int:
     """A byte token's byte from its text, `<0xHH>`, as llama.cpp reads it (token_to_byte: strtol of the two
     characters after "<0x", base 16, as a byte): C's white space and a sign allowed, hex digits up to the first
     other character, 0 with none (a damaged vocabulary's token)."""
-    m = re.match(r"[ \t\n\v\f\r]*([+-]?)(?:0[xX](?=[0-9a-fA-F]))?([0-9a-fA-F]+)", text[3:5])
-    return (-int(m[2], 16) if m[1] == "-" else int(m[2], 16)) & 0xFF if m else 0
+    v = strtol(text[3:5], 16)
+    return 0 if v is None else v & 0xFF
 
 
 def _bpe_piece(text: str) -> bytes:
@@ -475,14 +475,14 @@ class Tokenizer:
                         break
                     left = m
                     if attr & ATTR_LSTRIP:
-                        while left > start and text[left - 1] in _C_SPACE:
+                        while left > start and text[left - 1] in C_SPACE:
                             left -= 1
                     if left > start:
                         new.append((start, left))
                     new.append(tid)
                     start = m + len(s)
                     if attr & ATTR_RSTRIP:
-                        while start < end and text[start] in _C_SPACE:
+                        while start < end and text[start] in C_SPACE:
                             start += 1
                 if start < end:
                     new.append((start, end))
