@@ -421,10 +421,13 @@ def glob_files(pattern: str) -> list[str]:
     return found
 
 
-def is_command(line: str) -> bool:
-    """Whether a typed line is one of the chat's commands (not a message)."""
+def parse_command(line: str) -> tuple[str, str] | None:
+    """A typed line that is one of the chat's commands -> (its name, its argument); None for a message."""
     cmd = line.strip()
-    return cmd in ("/exit", "/quit", "/clear", "/regen", "/read", "/glob") or cmd.startswith(("/read ", "/glob "))
+    name, _, arg = cmd.partition(" ")
+    if cmd in ("/exit", "/quit", "/clear", "/regen") or name in ("/read", "/glob"):
+        return name, arg.strip()
+    return None
 
 
 def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> int:
@@ -486,20 +489,20 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             except (EOFError, KeyboardInterrupt):
                 sys.stdout.write("\n")  # ends the line "> " began (piped output too: it ends in a newline)
                 break
-        cmd = line.strip()
+        if not line.strip():
+            continue
+        cmd, arg = parse_command(line) or (None, "")
         if cmd in ("/exit", "/quit"):
             if typed and not sys.stdin.isatty():  # (no echo of the typed line ended the line "> " began)
                 sys.stdout.write("\n")
             break
-        if not cmd:
-            continue
         if cmd == "/clear":
             messages.clear()
             files = ""
             log("[chat history cleared]")
             continue
-        if cmd == "/read" or cmd.startswith("/read "):
-            name = cmd[len("/read"):].strip()
+        if cmd == "/read":
+            name = arg
             if len(name) > 1 and name[0] == name[-1] and name[0] in "'\"":  # (a quoted name: a shell habit)
                 name = name[1:-1]
             if not name:
@@ -507,8 +510,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             else:
                 add_file(name, "/read")
             continue
-        if cmd == "/glob" or cmd.startswith("/glob "):
-            pattern = cmd[len("/glob"):].strip()
+        if cmd == "/glob":
+            pattern = arg
             try:  # (a search through a large tree takes a while: Ctrl-C ends it, not the chat)
                 found = glob_files(pattern) if pattern else []
             except KeyboardInterrupt:

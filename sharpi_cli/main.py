@@ -504,10 +504,9 @@ def check_int_ranges(ctx: typer.Context) -> None:
         v = ctx.params.get(p.name)
         if p.name == "seed" or type(v) is not int:  # (not a bool, not a list)
             continue
-        if p.name == "poll" and not -2**64 < v < 2**64:
-            raise UsageError(f"invalid {p.opts[0]} {v}: out of range (a 64-bit integer, as llama.cpp reads it)")
-        if p.name != "poll" and not -2**31 <= v < 2**31:
-            raise UsageError(f"invalid {p.opts[0]} {v}: out of range (a 32-bit integer, as llama.cpp reads it)")
+        lo, hi, bits = (-2**64 + 1, 2**64, 64) if p.name == "poll" else (-2**31, 2**31, 32)
+        if not lo <= v < hi:
+            raise UsageError(f"invalid {p.opts[0]} {v}: out of range (a {bits}-bit integer, as llama.cpp reads it)")
 
 
 def given_flags(ctx: typer.Context, names) -> frozenset:

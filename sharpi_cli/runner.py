@@ -1485,8 +1485,8 @@ def _run(o: RunOptions) -> int:
     chat = o.chat_template is not None and o.conversation is not False
     interactive = (o.conversation is True or (prompt is None and chat)) and not o.json_out
     if o.single_turn:  # (-st -p "/read FILE": llama-cli runs the command, then reads the message)
-        from .chat import is_command
-        interactive = prompt is None or is_command(prompt)
+        from .chat import parse_command
+        interactive = prompt is None or parse_command(prompt) is not None
     if interactive and o.json_out:  # (-st with no message given: it would be typed, and a typed chat prints text)
         raise UsageError("--json prints the reply to one message given with -p, -f or on stdin, not typed")
     if o.interactive:
