@@ -79,6 +79,14 @@ def one_error_line(r, code=2, contains=None):
     return lines[0]
 
 
+def chat_replies(stdout: str) -> list[str]:
+    """The replies of a chat whose messages were piped in: each line read prints "> " (a command's too) and each
+    reply ends in a newline. A reply may hold newlines of its own (the greedy reply of a prompt naming a temporary
+    path varies with the path), so a reply ends only where a newline meets the next "> "."""
+    parts = re.split(r"\n(?:> )+", stdout)
+    return [re.sub(r"^(?:> )+", "", parts[0]), *parts[1:-1]] if len(parts) > 1 else []
+
+
 def test_one_shot_greedy_is_the_engine_greedy(smol):
     """The console script prints exactly the engine's greedy continuation (the engine itself is
     checked against llama.cpp in test_model.py)."""
@@ -471,7 +479,7 @@ def test_conversation_commands(smol, tmp_path):
              "/regen", "Say hi.", "Tell me about dragons. " * 40, "Say hi."]
     r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 8, "-c", 200, "--verbose", input="\n".join(turns) + "\n")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    replies = [ln for ln in r.stdout.replace("> ", "\n").splitlines() if ln.strip()]
+    replies = chat_replies(r.stdout)
     evaluated = [tuple(map(int, m)) for m in re.findall(r"\[turn: (\d+) new prompt tokens evaluated of (\d+)", r.stderr)]
     assert len(replies) == len(evaluated) == 5, (r.stdout, r.stderr)
     # /regen: the same turn again, greedy, from the cached prompt
@@ -1862,11 +1870,12 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     assert "error: /glob: no file matches 'nothing*'" in r.stderr
     assert "which does not fit the context of 256: not sent" in r.stderr  # (and not in the transcript)
-    replies = [ln for ln in r.stdout.replace("> ", "\n").splitlines() if ln.strip()]
+    replies = chat_replies(r.stdout)
+    assert len(replies) == 2 and replies[0].strip(), r.stdout
     a, b = f"{tmp_path}/notes/a.txt", f"{tmp_path}/notes/sub/b.txt"  # (named as llama-cli names them)
     assert out.read_text() == (f"User: Added text file: {a}\nUser: Added text file: {b}\n"
                                f"User:\n--- File: {a} ---\nalpha\n--- File: {b} ---\nbetaWhich words?\n\n"
-                               f"Assistant:\n{replies[0]}\n\nAssistant:\n{replies[1]}\n\n")
+                               + "".join(f"Assistant:\n{t}" + ("" if t.endswith("\n") else "\n") + "\n" for t in replies))
     r = sharpi("-m", smol, "-st", "-p", "Say hi.", "--temp", 0, "-n", 6, "-o", out)
     assert r.returncode == 0 and out.read_text() == f"User:\nSay hi.\n\nAssistant:\n{r.stdout.strip()}\n\n"
     one_error_line(sharpi("-m", smol, "-st", "-p", "hi", "-o", tmp_path / "no" / "x.txt"), 2, "cannot be written")
