@@ -1548,43 +1548,69 @@ static void unpack_q4k_group(const uint8_t *src, long nu, uint8_t *const rows[4]
 /* The token loop of one super-block of a group: W[16] codes, SC[4] the pair scales (16-bit, in the
  * low half of each dword), MN the mins (lane r: row r's 8, int16), dm8 = [d x 4, dmin x 4].
  * acc[t]: lanes 0-3 the d-chain of rows 0-3, lanes 4-7 the dmin-chain. */
+/* the products of sub-block pair i of the 4 rows with token at's activations: dword (lane r, l) of the 4 quarters' sums
+ * (VNNI: dwords; without: int16 pair sums over p (|sum| <= 4 * 2 * 15 * 128 < 2^15), the two halves of each dword
+ * adding up to the VNNI dword, and SC holding the scale in both, so vpmaddwd gives the same integers) */
+INL __m512i r4_pair(const __m512i *W, const int i, const uint8_t *at) {
+#if SHARPI_VNNI
+    __m512i tp = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; p++)
+        tp = dpbusd(tp, W[4 * i + p], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i + 16 * p))));
+#else
+    __m512i tp = _mm512_maddubs_epi16(W[4 * i], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i))));
+#pragma GCC unroll 3
+    for (int p = 1; p < 4; p++)
+        tp = _mm512_add_epi16(tp, _mm512_maddubs_epi16(W[4 * i + p], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i + 16 * p)))));
+#endif
+    return tp;
+}
+
 INL void r4_tokens(const int TT, const int gemm, const __m512i *W, const __m512i *SC, const __m512i MN,
                    const __m256 dm8, const uint8_t *au, const long lda, __m256 acc[MAXT]) {
+#if defined(SHARPI_AVX512_EMULATED)
+    /* AVX2 has 16 registers and W alone takes 32 halves: token by token every product reloaded all of W from the
+     * stack (~2 loads a vpmaddubsw). Pair by pair over the tokens, W[4i..4i+3] stay in registers and only the
+     * products go through the stack; the same integers, and the floats below in the same order */
+    __m512i PT[MAXT][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) PT[t][i] = _mm512_madd_epi16(r4_pair(W, i, au + t * lda), SC[i]);
+    }
+#endif
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) {
         const uint8_t *at = au + t * lda;
         const __m256 dd = _mm256_mul_ps(dm8, _mm256_set1_ps(*(const float *)(at + 320)));
-        __m512i tp[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-#if SHARPI_VNNI
-            tp[i] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int p = 0; p < 4; p++)
-                tp[i] = dpbusd(tp[i], W[4 * i + p], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i + 16 * p))));
-#else       /* int16 pair sums over p (|sum| <= 4 * 2 * 15 * 128 < 2^15): the two halves of each dword add up to
-             * the VNNI dword, and SC holds the scale in both, so vpmaddwd gives the same integers */
-            tp[i] = _mm512_maddubs_epi16(W[4 * i], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i))));
-#pragma GCC unroll 3
-            for (int p = 1; p < 4; p++)
-                tp[i] = _mm512_add_epi16(tp[i], _mm512_maddubs_epi16(W[4 * i + p], _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 64 * i + 16 * p)))));
-#endif
-        }
         /* lane r, dword l: M of sub-block pair l of row r */
         const __m512i M = _mm512_madd_epi16(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(at + 256))), MN);
+#if defined(SHARPI_AVX512_EMULATED)
+        const __m512i *P = PT[t];
+#else
+        __m512i tp[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) tp[i] = r4_pair(W, i, at);
+#endif
         if (!gemm) {
+#if defined(SHARPI_AVX512_EMULATED)
+            const __m512i I = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(P[0], P[1]), P[2]), P[3]);
+#else
             __m512i I = _mm512_madd_epi16(tp[0], SC[0]);
             I = dpwssd(I, tp[1], SC[1]);
             I = dpwssd(I, tp[2], SC[2]);
             I = dpwssd(I, tp[3], SC[3]);
+#endif
             __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi64(I, M), _mm512_unpackhi_epi64(I, M));
             a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_CDAB)); /* lane r: I, I, M, M */
             const __m512i c = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0), a);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm512_castsi512_si256(c)), dd, acc[t]);
         } else {
+#if !defined(SHARPI_AVX512_EMULATED)
             __m512i P[4];
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) P[i] = _mm512_madd_epi16(tp[i], SC[i]);
+#endif
             const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[0], P[1]), _mm512_unpackhi_epi32(P[0], P[1]));
             const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[2], P[3]), _mm512_unpackhi_epi32(P[2], P[3]));
             /* lane r: I of the pairs 0..3 of row r */
