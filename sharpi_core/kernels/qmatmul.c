@@ -1545,9 +1545,6 @@ static void unpack_q4k_group(const uint8_t *src, long nu, uint8_t *const rows[4]
 }
 
 
-/* The token loop of one super-block of a group: W[16] codes, SC[4] the pair scales (16-bit, in the
- * low half of each dword), MN the mins (lane r: row r's 8, int16), dm8 = [d x 4, dmin x 4].
- * acc[t]: lanes 0-3 the d-chain of rows 0-3, lanes 4-7 the dmin-chain. */
 /* the products of sub-block pair i of the 4 rows with token at's activations: dword (lane r, l) of the 4 quarters' sums
  * (VNNI: dwords; without: int16 pair sums over p (|sum| <= 4 * 2 * 15 * 128 < 2^15), the two halves of each dword
  * adding up to the VNNI dword, and SC holding the scale in both, so vpmaddwd gives the same integers) */
@@ -1566,6 +1563,9 @@ INL __m512i r4_pair(const __m512i *W, const int i, const uint8_t *at) {
     return tp;
 }
 
+/* The token loop of one super-block of a group: W[16] codes, SC[4] the pair scales (16-bit, in the
+ * low half of each dword), MN the mins (lane r: row r's 8, int16), dm8 = [d x 4, dmin x 4].
+ * acc[t]: lanes 0-3 the d-chain of rows 0-3, lanes 4-7 the dmin-chain. */
 INL void r4_tokens(const int TT, const int gemm, const __m512i *W, const __m512i *SC, const __m512i MN,
                    const __m256 dm8, const uint8_t *au, const long lda, __m256 acc[MAXT]) {
 #if defined(SHARPI_AVX512_EMULATED)
