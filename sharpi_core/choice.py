@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from .errors import SharpiError
+from .libm import strtol
 from .perplexity import printf_f
 from .text import text_from_bytes
 
 F32 = np.float32
-_INT_AT_START = re.compile(r"[ \t\n\v\f\r]*([+-]?\d+)")  # (std::stoi / istream >> int: a number after blanks)
 
 
 class Mt19937:
@@ -110,10 +110,10 @@ def hellaswag_tasks(text: str, n_tasks: int):
     for _ in range(min(n_tasks, len(lines) // 6)):
         idx = uniform_index(rng, len(lines) // 6)  # (from the tasks not yet drawn)
         ctx, gold, *endings = lines[idx * 6:idx * 6 + 6]
-        m = _INT_AT_START.match(gold)
-        if m is None or not 0 <= int(m[1]) < 4:
+        gold_index = strtol(gold)  # (std::stoi: after C blanks, ASCII digits)
+        if gold_index is None or not 0 <= gold_index < 4:
             raise SharpiError(f"hellaswag: the gold ending of the task at line {first_line[idx]} is '{gold}', not 0-3")
-        out.append((ctx, int(m[1]), endings))
+        out.append((ctx, gold_index, endings))
         del lines[idx * 6:idx * 6 + 6], first_line[idx]
     return out
 
@@ -143,11 +143,11 @@ def winogrande_rows(text: str, warn: Callable[[str], None] = print):
         if where < 0:
             warn(f"warning: winogrande: no _ in <{sentence}>: left out")
             continue
-        m = _INT_AT_START.match(line[c3 + 1:])
-        if m is None or int(m[1]) not in (1, 2):
+        answer = strtol(line[c3 + 1:])  # (istream >> int)
+        if answer not in (1, 2):
             warn(f"warning: winogrande: the answer <{line[c3 + 1:]}> is not 1 or 2: left out")
             continue
-        out.append((sentence[:where], sentence[where + 1:], line[c1 + 1:c2], line[c2 + 1:c3], int(m[1])))
+        out.append((sentence[:where], sentence[where + 1:], line[c1 + 1:c2], line[c2 + 1:c3], answer))
     return out
 
 

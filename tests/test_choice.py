@@ -85,6 +85,9 @@ def test_data_files_read_as_llama_perplexity_reads_them():
     rows = choice.winogrande_rows('h,e,a,d,e\n0,"A, _ b",x,y,2\n1,no comma\n2,C _ d,x,y,3\n3,E _ f,x,y,1', warned.append)
     assert rows == [("A, ", " b", "x", "y", 2)] and len(warned) == 3
     assert choice.winogrande_rows("0,E _ f,x,y,1\n", print) == [("E ", " f", "x", "y", 1)]
+    # the answer as istream >> int reads it: after C's blanks (\v among them), in ASCII digits (not Arabic-Indic "1")
+    assert choice.winogrande_rows("0,E _ f,x,y,\u0661\n1,G _ h,x,y, \v2\n", warned.append) == [("G ", " h", "x", "y", 2)]
+    assert len(warned) == 4
     data = (DATA / "mc.bin").read_bytes()
     every = choice.multiple_choice_items(data, 0)
     assert len(every) == struct.unpack_from("<I", data)[0] == 12
