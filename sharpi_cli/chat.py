@@ -1,6 +1,7 @@
 """Conversation mode: a terminal REPL over the GGUF's chat template, reusing the KV cache across turns."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -89,7 +90,8 @@ def typed_line(prompt: str = "") -> str:
         sys.stdout.write(prompt)
         sys.stdout.flush()
         prompt = ""
-    return without_surrogates(input(prompt))
+    with typing_shown():
+        return without_surrogates(input(prompt))
 
 
 def read_message(multiline: bool) -> str:
@@ -123,11 +125,39 @@ def bracketed_paste(readline) -> None:
         readline.parse_and_bind("set enable-bracketed-paste on")
 
 
+_HIDDEN: list[tuple] = []  # (stdin's fd, its settings before) of each hidden_typing block in force, outermost first
+
+
+@contextlib.contextmanager
+def typing_shown():
+    """At a prompt inside hidden_typing blocks: the terminal's settings from before them (the echo on) until the line
+    is read. GNU readline echoes what it reads only where the terminal echoed when it started reading (as for a
+    password), and input() without readline relies on the terminal's echo; what waited unseen is shown then."""
+    if not _HIDDEN:
+        yield
+        return
+    import termios
+    fd, before = _HIDDEN[0]
+    try:
+        now = termios.tcgetattr(fd)
+        termios.tcsetattr(fd, termios.TCSANOW, before)
+    except (termios.error, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            termios.tcsetattr(fd, termios.TCSANOW, now)
+        except (termios.error, OSError):
+            pass
+
+
 class hidden_typing:
     """While a reply is written: what is typed at the terminal is not echoed into it (it waits unseen for the next
     prompt, where line editing shows it), as llama-cli's console, which keeps the terminal's echo off. The
     terminal's settings come back on every way out of the block (a process killed by a signal leaves them to the
-    shell, which restores its own)."""
+    shell, which restores its own). At a prompt typing_shown puts the echo back."""
 
     def __init__(self, on: bool):
         self.on = on
@@ -149,6 +179,7 @@ class hidden_typing:
             quiet[3] &= ~(termios.ECHO | termios.ECHONL)
             termios.tcsetattr(fd, termios.TCSANOW, quiet)  # (not TCSAFLUSH: what was typed is kept)
             self._saved = (fd, saved)
+            _HIDDEN.append(self._saved)
         except (termios.error, OSError, ValueError, AttributeError):  # (termios.error is no OSError)
             pass
         return self
@@ -157,6 +188,7 @@ class hidden_typing:
         if self._saved is not None:
             import termios
             fd, saved = self._saved
+            _HIDDEN.remove(self._saved)
             self._saved = None
             try:
                 termios.tcsetattr(fd, termios.TCSANOW, saved)

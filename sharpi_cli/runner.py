@@ -1370,6 +1370,12 @@ def check_outputs(o: RunOptions, outputs: list[tuple[str, str | None]] | None = 
 
 
 # -- the generation command -------------------------------------------------------------------
+def reads_typed_lines(o: RunOptions) -> bool:
+    """The run may read lines typed at the terminal with line editing (a chat or -i; known for sure only once the
+    model's template is read; --simple-io leaves the terminal alone)."""
+    return not o.simple_io and not o.json_out and (o.interactive or o.conversation is not False)
+
+
 def run(o: RunOptions) -> int:
     _LOG_ON[0] = not o.log_disable and o.verbosity >= 2
     _LOG_LEVEL[0] = o.verbosity
@@ -1386,8 +1392,13 @@ def run(o: RunOptions) -> int:
     repack = os.environ.get("SHARPI_CPU_REPACK")
     if not o.repack:  # --no-repack: SHARPI_CPU_REPACK=0 while this run makes its weights
         os.environ["SHARPI_CPU_REPACK"] = "0"
+    from .chat import hidden_typing
     try:
-        return _run(o)
+        # a run that reads typed lines keeps the terminal's echo off from here on, as llama.cpp's console does from
+        # its start: text typed while the model loads or a prompt is evaluated is shown once, by line editing at
+        # the prompt, not also where the terminal's echo put it then
+        with hidden_typing(reads_typed_lines(o)):
+            return _run(o)
     except SharpiError as e:
         (e.log_head, e.log_tail), (file_head, _) = log_prefix("E")  # (main prints the line: after this run's log)
         log_to_file(f"{file_head}error: {e}")

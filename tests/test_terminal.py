@@ -102,6 +102,41 @@ def test_what_is_typed_during_a_reply_is_not_echoed_into_it():
         os.close(slave)
 
 
+def test_what_is_typed_while_the_model_loads_shows_once(tmp_path):
+    """A chat turns the terminal's echo off as the run starts (llama.cpp's console does at its start), not only
+    while a reply is written: text typed while the model loads is shown once, by line editing at the prompt (with
+    the echo on it showed there and, before that, where the terminal echoed it), and is the first message."""
+    import termios
+    out = tmp_path / "chat.txt"
+    p, fd = chat_on_a_terminal("-n", 4, "--no-show-timings", "-o", out)
+    seen = bytearray()
+    try:
+        deadline = time.monotonic() + 120
+        while termios.tcgetattr(fd)[3] & termios.ECHO:  # (the pty's master reads the terminal's settings)
+            assert time.monotonic() < deadline and p.poll() is None, bytes(seen)
+            if select.select([fd], [], [], 0.01)[0]:
+                seen += os.read(fd, 4096)
+        assert b"> " not in seen, "the echo went off only at the prompt"
+        os.write(fd, b"Say hi")
+        assert read_until(fd, b"> ", seen), bytes(seen)
+        at = seen.index(b"> ")  # (line editing shows what waited for it, maybe in the prompt's read)
+        assert b"Say hi" in seen[at:] or read_until(fd, b"Say hi", seen, 10), bytes(seen)
+        time.sleep(0.3)
+        if select.select([fd], [], [], 0)[0]:
+            seen += os.read(fd, 4096)
+        assert seen.count(b"Say hi") == 1 and seen.index(b"Say hi") > seen.index(b"> "), bytes(seen)
+        os.write(fd, b"\r")
+        assert read_until(fd, b"> ", seen), bytes(seen)
+        os.write(fd, b"\x04")
+        p.wait(timeout=120)
+        assert termios.tcgetattr(fd)[3] & termios.ECHO  # (back as it was)
+    finally:
+        p.kill()
+        os.close(fd)
+    assert p.returncode == 0, p.stderr.read()
+    assert "User:\nSay hi\n" in out.read_text()
+
+
 def test_ctrl_c_stops_a_long_prompt_between_its_batches(tmp_path):
     """Ctrl-C while a long prompt is evaluated ends the run at the next batch (exit 130), not after the whole
     prompt and a first token: the result shows fewer prompt tokens evaluated than the prompt has, none generated."""
