@@ -461,6 +461,8 @@ def _download(f: HubFile, dest: Path, token: str, progress: Progress | None) -> 
                             progress(done, total, name)
             if length and done < have + length:  # (the connection closed early: the next attempt asks for the rest)
                 raise OSError(f"the connection closed after {done} of {have + length} bytes")
+            if not total and (why := _gguf_cut(tmp)):  # (no size anywhere: only the file itself tells a cut one)
+                raise OSError(f"the connection closed after {done} bytes, before the GGUF's end ({why})")
             break
         except urllib.error.HTTPError as e:
             if e.code == 416 and have:  # (a range past the end: the left-over file is already whole, or longer)
@@ -477,11 +479,26 @@ def _download(f: HubFile, dest: Path, token: str, progress: Progress | None) -> 
     os.replace(tmp, dest)
 
 
+def _gguf_cut(path: Path) -> str:
+    """Why a file that starts as a GGUF cannot be read as one ('' where it can, or is no GGUF): a download with no
+    length given, whose connection closed early, looks complete but for this."""
+    from .gguf_file import _open, is_gguf
+    if not is_gguf(path):
+        return ""
+    try:
+        _open(str(path))
+    except SharpiError as e:
+        return str(e).removeprefix(f"{path}: ")
+    return ""
+
+
 def _verify(f: HubFile, tmp: Path) -> None:
     size = tmp.stat().st_size
     bad = ""
     if f.size >= 0 and size != f.size:
         bad = f"{size} bytes where the hub lists {f.size}"
+    elif f.size < 0 and (why := _gguf_cut(tmp)):  # (a range past the end was refused: the file stopped there)
+        bad = why
     elif f.oid:
         h = hashlib.sha256() if len(f.oid) == 64 else hashlib.sha1(b"blob %d\0" % size)
         with open(tmp, "rb") as src:

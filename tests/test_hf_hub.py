@@ -10,6 +10,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 
 from conftest import SMOL, model_path
@@ -36,6 +38,8 @@ class Hub:
         self.no_oid = set()  # paths listed without an oid
         self.bad_range = False  # a Range answered 206 from byte 0
         self.slow = 0.0  # seconds a download pauses halfway
+        self.no_length = set()  # paths answered with no Content-Length (HEAD and GET) and no ranges
+        self.always_cut = set()  # paths whose every download drops halfway
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,7 +63,8 @@ class Hub:
                     self.end_headers()
                     return
                 self.send_response(200)
-                self.send_header("Content-Length", str(len(hub.files[p])))
+                if p not in hub.no_length:
+                    self.send_header("Content-Length", str(len(hub.files[p])))
                 self.send_header("ETag", '"' + hashlib.sha256(hub.files[p]).hexdigest()[:16] + '"')
                 self.end_headers()
 
@@ -101,6 +106,14 @@ class Hub:
                     body = hub.files[p]
                     if p in hub.corrupt:
                         body = body[:-1] + bytes([body[-1] ^ 1])
+                    if p in hub.no_length:  # (HTTP/1.0: the body ends where the connection does)
+                        self.send_response(200)
+                        self.end_headers()
+                        if p in hub.cut or p in hub.always_cut:
+                            hub.cut.discard(p)
+                            body = body[:len(body) // 2]
+                        self.wfile.write(body)
+                        return
                     rng = self.headers.get("Range")
                     if rng:
                         start = 0 if hub.bad_range else int(rng.split("=")[1].rstrip("-"))
@@ -416,6 +429,32 @@ def test_model_url_resumes_only_the_file_it_began(hub, env, monkeypatch):
     assert hub.requests[-1][0] == "HEAD" and hub.requests[-1][2].get("Authorization") is None
     hf_hub.fetch_url(url.replace("127.0.0.1", "localhost"), token=token)
     assert hub.requests[-1][2].get("Authorization") == f"Bearer {token}"
+
+
+def test_model_url_without_a_length_is_checked_as_a_gguf(hub, env, monkeypatch, tmp_path):
+    """-mu from a server that gives no length (HEAD or GET): a connection closed early is told by the GGUF itself
+    (its tensor data runs past the end of the file), and the download is tried again, never kept as the model."""
+    monkeypatch.setattr(hf_hub.time, "sleep", lambda s: None)
+    w = gguf.GGUFWriter(str(tmp_path / "tiny.gguf"), "llama")
+    w.add_tensor("t", np.arange(4096, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    body = (tmp_path / "tiny.gguf").read_bytes()
+    hub.files["tiny.gguf"] = body
+    hub.no_length |= {"tiny.gguf", "README.md"}
+    hub.cut.add("tiny.gguf")
+    url = f"{hub.url}{REPO}/resolve/{COMMIT}/tiny.gguf"
+    assert hf_hub.fetch_url(url).read_bytes() == body
+    assert [r[1].rsplit("/", 1)[1] for r in hub.downloads()] == ["tiny.gguf"] * 2
+    hub.files["tiny.gguf"] = body + b"\0" * 32  # (a new ETag: fetched again) cut every time
+    hub.always_cut.add("tiny.gguf")
+    with pytest.raises(SharpiError, match=r"before the GGUF's end \(.*runs past the end.*\(3 attempts"):
+        hf_hub.fetch_url(url)
+    assert (env / "tiny.gguf").read_bytes() == body  # (the whole file fetched before is still the model)
+    # a file that is no GGUF is taken as it comes (nothing to check it by)
+    assert hf_hub.fetch_url(url.replace("tiny.gguf", "README.md")).read_bytes() == hub.files["README.md"]
 
 
 @pytest.fixture(scope="module")
