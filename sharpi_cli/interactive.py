@@ -14,7 +14,8 @@ The order of things is llama-completion's (tools/completion), so the same inputs
   control returns to the user (who may be asked twice when the input spent it);
 - an empty line hands control back to the model; a line ending in '\\' goes on to the next line
   (with -mli lines go on until one ends in '\\'), one ending in '/' ends the input there;
-  Ctrl-D on an empty input quits, Ctrl-C stops the model's turn (a second one, at the prompt, quits);
+  Ctrl-D on an empty input quits (so does a "/" with nothing before it), Ctrl-C stops the model's turn (a
+  second one, at the prompt, quits);
 - each input starts the samplers over (penalties and DRY see the input and what follows it).
 The user's lines are not echoed (llama-completion's --simple-io; a terminal shows them as typed).
 """
@@ -28,8 +29,9 @@ from sharpi_core.generate import STOP_WINDOW, GenerationResult, Timings
 
 def read_input(multiline: bool, prompt: str = "") -> str | None:
     """llama.cpp's console::readline, repeated while it asks for another line: the lines with their
-    newlines (but one ended by "/"), or None at end of input with nothing typed. The prompt (--in-prefix) is
-    input()'s, so that line editing knows it is there."""
+    newlines (but one ended by "/"), or None at end of input with nothing typed, or when nothing came before a "/"
+    (llama-completion's "EOF by user": its buffer is empty then too). The prompt (--in-prefix) is input()'s, so
+    that line editing knows it is there."""
     from .chat import signals_seen, typed_line
     buffer = ""
     while True:
@@ -40,7 +42,7 @@ def read_input(multiline: bool, prompt: str = "") -> str | None:
         except EOFError:
             return buffer or None
         if line.endswith("/"):  # always returns control, without a newline of its own (the caller takes one off:
-            return buffer + line[:-1]  # a line of only "/" after others ends them without their last newline)
+            return buffer + line[:-1] or None  # a line of only "/" after others ends them without their last newline)
         more = multiline
         if line.endswith("\\"):  # the other way from the default
             line, more = line[:-1], not multiline

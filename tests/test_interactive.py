@@ -90,13 +90,16 @@ def test_the_session_report_adds_each_generations_counts():
 
 @pytest.mark.parametrize("lines,multiline,text", [
     (["hi"], False, "hi"), (["a\\", "b"], False, "a\nb"), (["ab/"], False, "ab"), (["a\\", "b/"], False, "a\nb"),
-    (["p1", "p2", "/"], True, "p1\np2"), (["a\\", "/"], False, "a"), (["p1", "p2\\"], True, "p1\np2"), (["/"], False, ""),
+    (["p1", "p2", "/"], True, "p1\np2"), (["a\\", "/"], False, "a"), (["p1", "p2\\"], True, "p1\np2"), (["/"], False, None),
+    (["/"], True, None),
 ])
 def test_an_input_reads_as_llama_completions(monkeypatch, lines, multiline, text):
     """-i's input as llama-completion reads it (console::readline, one trailing newline taken off): a "/" ends it
-    with no newline of its own, so a line of only "/" after others leaves none after them ("p1\\np2\\n" before)."""
+    with no newline of its own, so a line of only "/" after others leaves none after them ("p1\\np2\\n" before);
+    a "/" with nothing before it is its "EOF by user" (an empty buffer), the end of the session as Ctrl-D."""
     import sharpi_cli.chat as chat
     from sharpi_cli.interactive import read_input
     typed = iter(lines)
     monkeypatch.setattr(chat, "typed_line", lambda prompt="": next(typed))
-    assert read_input(multiline).removesuffix("\n") == text
+    got = read_input(multiline)
+    assert (got if text is None else got.removesuffix("\n")) == text  # (None: nothing before a "/" ends the session)
