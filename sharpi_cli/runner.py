@@ -1370,6 +1370,12 @@ def check_outputs(o: RunOptions, outputs: list[tuple[str, str | None]] | None = 
 
 
 # -- the generation command -------------------------------------------------------------------
+def warn_past_training(model, n_ctx: int) -> None:
+    """llama.cpp says so too as it makes a context (llama-perplexity's included): positions past it are untrained."""
+    if n_ctx > model.config.n_ctx_train > 0:
+        log(f"warning: the model was trained on only {model.config.n_ctx_train} context tokens ({n_ctx} asked for)")
+
+
 def reads_typed_lines(o: RunOptions) -> bool:
     """The run may read lines typed at the terminal with line editing (a chat or -i; known for sure only once the
     model's template is read; --simple-io leaves the terminal alone)."""
@@ -1571,8 +1577,7 @@ def _run(o: RunOptions) -> int:
     cache = target.model.new_cache(n_ctx, o.cache_type_k, o.cache_type_v)
     if o.mlock:
         lock_or_warn()
-    if n_ctx > target.model.config.n_ctx_train > 0:  # llama.cpp says so too; positions past it are untrained
-        log(f"warning: the model was trained on only {target.model.config.n_ctx_train} context tokens ({n_ctx} asked for)")
+    warn_past_training(target.model, n_ctx)
     from sharpi_core.threads import ThreadGovernor
     if grammar is not None:
         from sharpi_core.grammar import TokenGrammar
@@ -2093,6 +2098,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     if o.mlock:
         lock_or_warn()
     apply_adapters(o, m.model)
+    warn_past_training(m.model, base_ctx if kld else ctx_size)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
     if kld:
         n_pass = Passes.of(o.batch_size, o.ubatch_size, ctx_size, base_ctx)
@@ -2153,6 +2159,7 @@ def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, 
     if o.mlock:
         lock_or_warn()
     apply_adapters(o, m.model)
+    warn_past_training(m.model, ctx_size)
 
     def encode(text: str) -> list[int]:
         return m.tokenizer.encode(text, add_special=True, parse_special=False)

@@ -457,10 +457,27 @@ def test_llama_cpp_default_seed_is_random(smol):
     assert d["seed"] != 2**32 - 1  # LLAMA_DEFAULT_SEED: what llama.cpp's -s -1 stands for
 
 
-def test_context_beyond_training_is_warned(smol):
+def test_context_beyond_training_is_warned(smol, tmp_path):
     r = sharpi("-m", smol, "-p", "Hi", "-n", 1, "-c", 8200, "--temp", 0)
     assert r.returncode == 0 and "warning: the model was trained on only 8192 context tokens (8200 asked for)" in r.stderr
     assert "trained on only" not in sharpi("-m", smol, "-p", "Hi", "-n", 1, "-c", 8192, "--temp", 0).stderr
+    # perplexity's contexts too (llama.cpp warns as any context is made): a copy of SmolLM2 trained on 64 positions
+    import gguf
+    derive, short = gguf_derive(), tmp_path / "smol-64.gguf"
+    r = gguf.GGUFReader(smol)
+    w = gguf.GGUFWriter(str(short), "llama")
+    derive.copy_kv(r, w, values={"llama.context_length": 64})
+    for t in r.tensors:
+        derive.add_tensor_as_is(w, t)
+    derive.finish(w)
+    text = FIXTURES_DIR / "apache-2.0.txt"
+    for args, warned in ((("-c", 128), True), (("-c", 64), False), (("-c", 128, "--hellaswag"), True)):
+        if "--hellaswag" in args:
+            text = tmp_path / "hellaswag.txt"
+            text.write_text("A man sits\n0\n down.\n up.\n in.\n out.\n")
+        r = sharpi("perplexity", "-m", short, "-f", text, "--chunks", 1, *args)
+        assert r.returncode == 0, r.stderr
+        assert ("warning: the model was trained on only 64 context tokens (128 asked for)" in r.stderr) == warned, args
 
 
 def test_full_context_stops_with_a_note(smol):
