@@ -2098,15 +2098,16 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     if o.mlock:
         lock_or_warn()
     apply_adapters(o, m.model)
-    warn_past_training(m.model, base_ctx if kld else ctx_size)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
     if kld:
+        warn_past_training(m.model, base_ctx)
         n_pass = Passes.of(o.batch_size, o.ubatch_size, ctx_size, base_ctx)
         kl_divergence(m.model, kld_base, bos, ctk, ctv, info=log, n_pass=n_pass)
         return 0
     t0 = time.perf_counter()
     ids = m.tokenizer.encode(text, add_special=True, parse_special=False)
     n_chunks = chunk_count(len(ids), ctx_size, chunks)
+    warn_past_training(m.model, ctx_size)  # (after the text is found long enough: a text too short is one line)
     log(f"perplexity: tokenized {len(ids)} tokens in {(time.perf_counter() - t0) * 1000:.0f} ms; "
         f"calculating over {n_chunks} chunks of {ctx_size}")
     n_seq = max(1, o.batch_size // ctx_size)  # (llama-perplexity's sequences a batch: its type-1 lines count by them)
@@ -2159,12 +2160,15 @@ def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, 
     if o.mlock:
         lock_or_warn()
     apply_adapters(o, m.model)
-    warn_past_training(m.model, ctx_size)
 
     def encode(text: str) -> list[int]:
         return m.tokenizer.encode(text, add_special=True, parse_special=False)
 
+    warned = []
+
     def out(line: str) -> None:
+        if not warned:  # (once the tasks are read: a file that has none is one error line)
+            warned.append(warn_past_training(m.model, ctx_size))
         print(line, flush=True)
 
     run = {"hellaswag": choice.run_hellaswag, "winogrande": choice.run_winogrande,
