@@ -2168,7 +2168,8 @@ def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, 
 
     def out(line: str) -> None:
         if not warned:  # (once the tasks are read: a file that has none is one error line)
-            warned.append(warn_past_training(m.model, ctx_size))
+            warn_past_training(m.model, ctx_size)
+            warned.append(True)
         print(line, flush=True)
 
     run = {"hellaswag": choice.run_hellaswag, "winogrande": choice.run_winogrande,

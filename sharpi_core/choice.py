@@ -17,7 +17,6 @@ import ctypes
 import functools
 import math
 import random
-import re
 import struct
 from dataclasses import dataclass, field
 from typing import Callable
