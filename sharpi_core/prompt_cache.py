@@ -109,7 +109,8 @@ class PromptCacheFile:
     def _read(self) -> dict[str, dict]:
         try:
             with open(self.path, "rb") as f:
-                if not f.read(1):  # (e.g. made by mktemp) llama.cpp starts a new session in it too
+                head = f.read(1 << 16)
+                if not head:  # (e.g. made by mktemp) llama.cpp starts a new session in it too
                     return {}
         except OSError as e:
             raise SharpiError(f"--prompt-cache {self.path}: cannot read it ({e.strerror or e})") from None
@@ -118,7 +119,12 @@ class PromptCacheFile:
         except Exception:  # torch raises several kinds for a file that is not its zip archive
             d = None
         if not (isinstance(d, dict) and d.get("magic") == MAGIC and isinstance(d.get("entries"), dict)):
-            raise SharpiError(f"--prompt-cache {self.path}: not a sharpi prompt cache file (left as it is)")
+            # (torch's archive begins with its pickle, which names the magic: one of ours that torch cannot read
+            # was cut short or damaged)
+            ours = d is None and head.startswith(b"PK\x03\x04") and MAGIC.encode() in head
+            raise SharpiError(f"--prompt-cache {self.path}: " + ("damaged (cut short? its archive cannot be read; left "
+                              "as it is, delete it to start over)" if ours else "not a sharpi prompt cache file (left "
+                              "as it is)"))
         if d.get("version") != VERSION:
             raise SharpiError(f"--prompt-cache {self.path}: written by another version of sharpi (format "
                               f"{d.get('version')}, this one reads {VERSION}); delete it to start over")

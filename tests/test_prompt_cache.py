@@ -147,7 +147,8 @@ def test_prompt_cache_refusals_leave_the_file(tmp_path):
     torch.save(d, tmp_path / "scalar")
     d["entries"]["target"]["arrays"] = {"k": torch.eye(3).to_sparse()}
     torch.save(d, tmp_path / "sparse")
-    for name in ("damaged", "malformed", "scalar", "sparse"):
+    (tmp_path / "cut").write_bytes(made[:len(made) // 2])  # (a disk that filled, a copy stopped halfway)
+    for name in ("damaged", "malformed", "scalar", "sparse", "cut"):
         bad = (tmp_path / name).read_bytes()
         with pytest.raises(SharpiError, match="damaged"):
             PromptCacheFile(tmp_path / name)
