@@ -198,19 +198,25 @@ def test_top_p_and_min_p_take_llama_cpps_values_out_of_their_range(smol):
         assert toks("--temp", 1, "-s", seed, "--min-p", -1) == toks("--temp", 1, "-s", seed, "--min-p", 0)
 
 
-def smol_with_sampling(smol, path, keys):
-    """A copy of SmolLM2 at path with general.sampling.KEY values ((key, value, gguf value type), ...)."""
+def smol_copy(smol, path, values: dict | None = None, keys=()):
+    """A copy of SmolLM2 at path with other values of its metadata keys ({key: value}) and keys added
+    ((key, value, gguf value type), ...)."""
     import gguf
     derive = gguf_derive()
     r = gguf.GGUFReader(smol)
     w = gguf.GGUFWriter(str(path), "llama")
-    derive.copy_kv(r, w)
+    derive.copy_kv(r, w, values=values)
     for key, value, vt in keys:
-        w.add_key_value(f"general.sampling.{key}", value, vt)
+        w.add_key_value(key, value, vt)
     for t in r.tensors:
         derive.add_tensor_as_is(w, t)
     derive.finish(w)
     return path
+
+
+def smol_with_sampling(smol, path, keys):
+    """A copy of SmolLM2 at path with general.sampling.KEY values ((key, value, gguf value type), ...)."""
+    return smol_copy(smol, path, keys=[(f"general.sampling.{key}", value, vt) for key, value, vt in keys])
 
 
 def test_model_sampling_recommendations_fill_the_flags_not_given(smol, tmp_path):
@@ -462,14 +468,7 @@ def test_context_beyond_training_is_warned(smol, tmp_path):
     assert r.returncode == 0 and "warning: the model was trained on only 8192 context tokens (8200 asked for)" in r.stderr
     assert "trained on only" not in sharpi("-m", smol, "-p", "Hi", "-n", 1, "-c", 8192, "--temp", 0).stderr
     # perplexity's contexts too (llama.cpp warns as any context is made): a copy of SmolLM2 trained on 64 positions
-    import gguf
-    derive, short = gguf_derive(), tmp_path / "smol-64.gguf"
-    r = gguf.GGUFReader(smol)
-    w = gguf.GGUFWriter(str(short), "llama")
-    derive.copy_kv(r, w, values={"llama.context_length": 64})
-    for t in r.tensors:
-        derive.add_tensor_as_is(w, t)
-    derive.finish(w)
+    short = smol_copy(smol, tmp_path / "smol-64.gguf", {"llama.context_length": 64})
     text = FIXTURES_DIR / "apache-2.0.txt"
     for args, warned in ((("-c", 128), True), (("-c", 64), False), (("-c", 128, "--hellaswag"), True)):
         if "--hellaswag" in args:
