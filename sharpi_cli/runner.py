@@ -1398,12 +1398,16 @@ def run(o: RunOptions) -> int:
     repack = os.environ.get("SHARPI_CPU_REPACK")
     if not o.repack:  # --no-repack: SHARPI_CPU_REPACK=0 while this run makes its weights
         os.environ["SHARPI_CPU_REPACK"] = "0"
+    from contextlib import nullcontext
+    from sharpi_core.registry import exit_on_termination
     from .chat import hidden_typing
+    typed = reads_typed_lines(o)
     try:
         # a run that reads typed lines keeps the terminal's echo off from here on, as llama.cpp's console does from
         # its start: text typed while the model loads or a prompt is evaluated is shown once, by line editing at
-        # the prompt, not also where the terminal's echo put it then
-        with hidden_typing(reads_typed_lines(o)):
+        # the prompt, not also where the terminal's echo put it then; SIGTERM / SIGHUP exit through Python, which
+        # turns the echo back on (their default action would leave it off)
+        with exit_on_termination() if typed else nullcontext(), hidden_typing(typed):
             return _run(o)
     except SharpiError as e:
         (e.log_head, e.log_tail), (file_head, _) = log_prefix("E")  # (main prints the line: after this run's log)

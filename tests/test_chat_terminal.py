@@ -161,3 +161,21 @@ def test_sigterm_at_the_prompt_restores_the_terminal():
     p.close()
     assert "\x1b[?2004l" in p.before and "Traceback" not in p.before
     assert p.exitstatus == 128 + signal.SIGTERM and p.signalstatus is None
+
+
+def test_sigterm_while_the_model_loads_turns_the_echo_back_on():
+    """The echo goes off as the run starts (so that typing ahead shows once, at the prompt); a SIGTERM before the
+    prompt (the model still loading) exits through Python, which puts the terminal's settings back."""
+    import signal
+    import time
+    p = spawn("--temp", "0", "-n", "8")
+    deadline = time.monotonic() + 60
+    while p.getecho() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not p.getecho()
+    p.kill(signal.SIGTERM)
+    p.expect(pexpect.EOF)
+    assert p.getecho()  # (the master side reads the terminal's settings as the run left them)
+    p.close()
+    assert "Traceback" not in p.before
+    assert p.exitstatus == 128 + signal.SIGTERM and p.signalstatus is None
