@@ -228,6 +228,30 @@ def test_a_device_is_written_in_place_and_a_fifo_refused(tmp_path):
                    f"--prompt-cache {tmp_path / 'fifo'}: not a file a cache can be kept in (a FIFO, a socket)")
 
 
+def test_a_replaced_file_keeps_its_permissions(tmp_path):
+    """The new contents are written beside the file and renamed over it (a failed write leaves the old one): the
+    file keeps its mode, as one written in place does (a private cache stays private, an executable bit stays)."""
+    import os
+    import stat
+    from sharpi_core.files import replaced
+    f = tmp_path / "p.cache"
+    for mode in (0o600, 0o751):
+        f.write_bytes(b"old")
+        f.chmod(mode)
+        with replaced(f) as out:
+            out.write(b"new")
+        assert f.read_bytes() == b"new" and stat.S_IMODE(f.stat().st_mode) == mode
+    old_umask = os.umask(0o027)
+    try:
+        fresh = tmp_path / "fresh"
+        with replaced(fresh) as out:  # (a new file: the umask's mode, as open makes it)
+            out.write(b"x")
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o640
+    finally:
+        os.umask(old_umask)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "p.cache"]
+
+
 def test_an_empty_file_starts_a_cache_and_a_shorter_prompt_leaves_it(tmp_path):
     """As llama.cpp's session files: an empty file (mktemp's) is a new cache, written at the end; a prompt that
     goes no further than the saved tokens leaves the file as it is (it was truncated to that prompt)."""
