@@ -10,11 +10,12 @@ a reverse prompt, a grammar or JSON schema, --top-k 1, conversation mode or not 
 with /regen and /clear), a system prompt, --special. It runs
 `sharpi` with them at --temp 0, then again with a drafter (lookup, the model as its own draft, both, or one of
 llama.cpp's n-gram drafters), its sizes and p-min, the draft's cache type and cut vocabulary, and the SHARPI_SPEC_*
-/ SHARPI_FAST_DECODE switches. A failure is a traceback, an exit code other than 0 / 1 / 2, exit codes that differ,
-or different text on stdout; each is printed, and every run goes to --log as a JSON line (the command lines, exit
-codes, seconds). Invalid combinations (a -ctv of a block type with -fa off, -sys with -no-cnv) exit 2 in both runs,
-which counts as agreement. Some runs add --json (then every field but the timings and the speculation's counts must
-agree), some a stop string cut from the plain run's own output (-r: a stop inside an accepted run of drafts).
+/ SHARPI_FAST_DECODE switches; some pairs of runs both go without the C kernels (SHARPI_CPU_KERNEL=0). A failure
+is a traceback, an exit code other than 0 / 1 / 2, exit codes that differ, or different text on stdout; each is
+printed, and every run goes to --log as a JSON line (the command lines, exit codes, seconds). Invalid combinations
+(a -ctv of a block type with -fa off, -sys with -no-cnv) exit 2 in both runs, which counts as agreement. Some runs
+add --json (then every field but the timings and the speculation's counts must agree), some a stop string cut from
+the plain run's own output (-r: a stop inside an accepted run of drafts).
 """
 from __future__ import annotations
 
@@ -111,16 +112,18 @@ def main() -> int:
             base = ["-m", model, "-p", r.choice(PROMPTS), "-n", str(r.choice([8, 24, 48])), "--temp", "0", "-s", "1",
                     *base_flags(r)]
             spec, env = spec_flags(r, model)
+            # switches that change the arithmetic apply to both runs: speculation must keep parity under them too
+            arith = {"SHARPI_CPU_KERNEL": "0"} if r.random() < 0.1 else {}
             json_out = "-cnv" not in base and r.random() < 0.3
             base += ["--json"] if json_out else []
-            o1, e1, c1, t1 = run(base, {})
+            o1, e1, c1, t1 = run(base, arith)
             if c1 == 0 and r.random() < 0.25:  # a stop string from the plain output itself
                 text = json.loads(o1)["text"] if json_out else o1
                 if len(text) > 6:
                     a0 = r.randrange(1, len(text) - 3)
                     base += ["-r", text[a0:a0 + r.choice([1, 2, 3, 5])]]
-                    o1, e1, c1, t1 = run(base, {})
-            o2, e2, c2, t2 = run(base + spec, env)
+                    o1, e1, c1, t1 = run(base, arith)
+            o2, e2, c2, t2 = run(base + spec, {**arith, **env})
             bad = [f"crash (exit {c}): {e[-1500:]}" for e, c in ((e1, c1), (e2, c2))
                    if "Traceback" in e or c not in (0, 1, 2)]
             if c1 != c2:
@@ -133,7 +136,7 @@ def main() -> int:
                     bad.append(f"--json fields {differ or ['speculative missing']}\n--- plain\n{o1}\n--- speculative\n{o2}")
             elif c1 == 0 and o1 != o2:
                 bad.append(f"different text\n--- plain\n{o1!r}\n--- speculative\n{o2!r}")
-            rec = {"i": i, "base": base, "spec": spec, "env": env, "rc": [c1, c2], "s": [round(t1, 1), round(t2, 1)],
+            rec = {"i": i, "base": base, "spec": spec, "env": {**arith, **env}, "rc": [c1, c2], "s": [round(t1, 1), round(t2, 1)],
                    "bad": bad}
             log.write(json.dumps(rec) + "\n")
             log.flush()

@@ -1986,8 +1986,8 @@ def print_report(target, res, o: RunOptions) -> None:
         s = res.spec.as_dict()
         log(f"sharpi: speculative: drafted {s.get('drafted')}, accepted {s.get('accepted')}"
             + (f" ({100 * s['acceptance']:.1f}%)" if s.get("drafted") else "")
-            + f", {s.get('tokens_per_pass', 0):.2f} tokens per target pass, "
-            f"{s.get('steps_no_proposal', 0)} steps without a proposal"
+            + (f", {s['tokens_per_pass']:.2f} tokens per target pass" if s.get("target_passes") else "")
+            + f", {s.get('steps_no_proposal', 0)} steps without a proposal"
             + (f", {s['plain_by_cost']} plain steps chosen by cost" if s.get("plain_by_cost") else "")
             + ((" (the draft model off: slower than plain decoding here; lookup goes on)" if s.get("sources")
                 else " (speculation off: slower than plain decoding here)") if s.get("cost_off") else ""))

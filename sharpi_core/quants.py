@@ -146,7 +146,7 @@ class Activations:
         xa = self._by_kind.get(key)
         if xa is None:
             xa = self._by_kind[key] = w.reference_activations(self.x)
-        return w.add_loras(self.x, w.reference_matmul(*xa), self.prompt)
+        return w.add_loras(self.x, w.reference_matmul(*xa, prompt=self.prompt), self.prompt)
 
 
 def torch_view(a: np.ndarray) -> torch.Tensor:
@@ -332,7 +332,7 @@ class QWeight:
             y = self._kern.qmatmul(x.contiguous(), self._raw_t, self.qtype, self.n, self.k,
                                    act_quant=self.act_kind is not None, prompt=prompt)
         else:
-            y = self.reference_matmul(*self.reference_activations(x))
+            y = self.reference_matmul(*self.reference_activations(x), prompt=prompt)
         return self.add_loras(x, y, prompt) if self.loras else y
 
     def reference_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -342,7 +342,12 @@ class QWeight:
             return (q * d).reshape(x.shape), s.reshape(*x.shape[:-1], x.shape[-1] // 32)
         return round_activations(x, self.act_kind), None
 
-    def reference_matmul(self, xa: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
+    def reference_matmul(self, xa: torch.Tensor, s: torch.Tensor | None = None, prompt: bool = True) -> torch.Tensor:
+        if not prompt and xa.dim() == 2 and xa.shape[0] > 1:
+            # decoding rows (a verify pass) one by one: torch's matmul of T rows may sum in another order
+            # than its one-row matmul, and greedy speculation must give plain decoding's bits
+            return torch.cat([self.reference_matmul(xa[r:r + 1], None if s is None else s[r:r + 1])
+                              for r in range(xa.shape[0])])
         if s is None:
             return torch.nn.functional.linear(xa, self.dense())
         wd, mins = self.dense_without_mins()

@@ -523,8 +523,11 @@ def test_conversation_commands(smol, tmp_path):
     # speculating, the acceptance follows; a reply of one token drafted nothing: no rate (not 0%)
     spec = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 1, "--draft-lookup", input="Hi\n")
     assert spec.returncode == 0 and re.search(r"Generation: [\d.]+ t/s \]", spec.stderr), spec.stderr
+    # ... and no tokens per target pass at the end: there was no pass after the prompt's (not "0.00")
+    assert "speculative: drafted 0, accepted 0, 0 steps" in spec.stderr, spec.stderr
     spec = sharpi("-m", smol, "-md", smol, "-cnv", "--temp", 0, "-n", 8, input="Hi\n")  # (itself: it drafts)
     assert re.search(r"Generation: [\d.]+ t/s \| Accepted: \d+% \]", spec.stderr), spec.stderr
+    assert re.search(r"speculative: drafted \d+, accepted \d+ \([\d.]+%\), [\d.]+ tokens per target pass", spec.stderr)
     # piped: the last prompt's line "> " is ended, at the end of the input as at /exit (nothing echoes a line)
     ended = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="Hi\n/exit\n")
     assert r.stdout.endswith("\n> \n") and ended.stdout == r.stdout, (r.stdout, ended.stdout)

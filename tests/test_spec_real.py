@@ -135,3 +135,25 @@ def test_qwen_draft_model_greedy_parity():
     cut = run(target, tok, prompt, 40, DraftModelDrafter(draft, draft.new_cache(1024), GREEDY,
                                                          head_vocab=DRAFT_HEAD_VOCAB), k=4)
     assert cut.tokens == plain.tokens and cut.spec.accepted > 0
+
+
+def test_verify_rows_are_decoding_rows_without_the_c_kernels(monkeypatch):
+    """SHARPI_CPU_KERNEL=0 (torch's matmuls, what a machine without gcc / AVX2 runs): a verify pass's rows
+    are bit for bit one-token passes' rows, so greedy self-speculation accepts every proposal and gives
+    plain decoding's tokens (torch's matmul of T rows sums in another order than its one-row matmul)."""
+    from sharpi_core.gguf_file import GGUFFile
+    from sharpi_core.models import load_model
+    monkeypatch.setenv("SHARPI_CPU_KERNEL", "0")
+    model = load_model(GGUFFile(model_path(SMOL)))
+    assert model.output._kern is None
+    tok = loaded(SMOL)[1]
+    ids = tok.encode(ECHO)
+    cache = model.new_cache(256)
+    model.forward(ids[:20], 0, cache)
+    rows = model.forward(ids[20:28], 20, cache, decode=True)  # [8, V]
+    cache.truncate(20)
+    assert torch.equal(rows, torch.cat([model.forward(ids[i:i + 1], i, cache) for i in range(20, 28)]))
+    prompt = "The history of the Roman empire is"
+    plain = run(model, tok, prompt, 40)
+    spec = run(model, tok, prompt, 40, DraftModelDrafter(model, model.new_cache(1024), GREEDY), k=8)
+    assert spec.tokens == plain.tokens and spec.spec.accepted == spec.spec.drafted > 0
