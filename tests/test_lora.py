@@ -5,6 +5,7 @@ SmolLM2 (the token embedding's and the output layer's adapters)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +26,9 @@ from llamacpp_lora import ADAPTERS, OLMO2, PPL_TEXT, write_adapter  # noqa: E402
 from sharpi_core import lora  # noqa: E402
 from sharpi_core.errors import SharpiError  # noqa: E402
 from sharpi_core.errors import UsageError  # noqa: E402
+from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.kernels import cpu  # noqa: E402
+from sharpi_core.models import load_model  # noqa: E402
 
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_lora.json").read_text())
 
@@ -100,10 +103,7 @@ def test_command_line_applies_adapters_in_order(files):
     assert r.stdout.rstrip() == case["text"].replace(" [end of text]", "").rstrip()
 
 
-def test_verify_rows_are_one_token_rows_and_speculation_keeps_the_text(files):
-    # a verify pass (decode=True) gives each row the bits of a one-token pass, with the adapters' products too;
-    # so speculative greedy decoding (the lookup drafter) emits the plain greedy text of the adapted model
-    model, tok = loaded(SMOL)
+def _verify_rows_are_one_token_rows(model, tok, files):
     ids = torch.tensor(tok.encode("Repeat: the cat sat on the mat, the cat sat on the mat, the cat"))
     with adapted(model, [(files["a"], 1.0), (files["c"], 0.5)]):
         c1, c2 = model.new_cache(64), model.new_cache(64)
@@ -112,12 +112,40 @@ def test_verify_rows_are_one_token_rows_and_speculation_keeps_the_text(files):
         rows = model.forward(ids[-5:], c1.length, c1, decode=True)
         one = torch.cat([model.forward(ids[i:i + 1], c2.length, c2) for i in range(len(ids) - 5, len(ids))])
         assert torch.equal(rows, one)
+
+
+def test_verify_rows_are_one_token_rows_and_speculation_keeps_the_text(files, monkeypatch):
+    # a verify pass (decode=True) gives each row the bits of a one-token pass, with the adapters' products too
+    # (F16 and Q8_0 factors), and so without the C kernels (torch's matmuls, one row at a time there); so
+    # speculative greedy decoding (the lookup drafter) emits the plain greedy text of the adapted model
+    model, tok = loaded(SMOL)
+    _verify_rows_are_one_token_rows(model, tok, files)
+    with monkeypatch.context() as m:
+        m.setenv("SHARPI_CPU_KERNEL", "0")
+        bare = load_model(GGUFFile(model_path(SMOL)))
+        assert bare.output._kern is None
+        _verify_rows_are_one_token_rows(bare, tok, files)
     args = ("-m", model_path(SMOL), "-p", "Repeat: the cat sat on the mat, the cat sat on the mat, the cat", "-n", 24,
             "--temp", "0", "-no-cnv", "--no-display-prompt", "--lora", files["a"])
     plain = sharpi(*args)
     spec = sharpi(*args, "--draft-lookup")
     assert plain.returncode == spec.returncode == 0 and plain.stdout == spec.stdout
     assert "speculative: drafted" in spec.stderr and "accepted 0 " not in spec.stderr  # (it did speculate)
+
+
+def test_speculation_keeps_the_text_on_a_machine_without_a_compiler(files, tmp_path):
+    # no C kernels at all (no compiler): torch's matmuls, the F16 factors' too, multiply a verify pass's rows one
+    # at a time, so the model as its own draft gives the adapted model's plain greedy text (it did not: F16 factors
+    # took T rows at once, in another order than one row's)
+    env = {"SHARPI_KERNEL_DIR": str(tmp_path / "k"), "SHARPI_CC": str(tmp_path / "none"),
+           "SHARPI_SPEC_COST": "0", "SHARPI_SPEC_ADAPTIVE": "0"}
+    args = ("-m", model_path(SMOL), "-p", "The history of the Roman empire is", "-n", 40, "--temp", "0", "-no-cnv",
+            "--lora", files["a"])
+    plain = sharpi(*args, env=env, process=True)
+    spec = sharpi(*args, "-md", model_path(SMOL), "--spec-draft-n-max", 8, env=env, process=True)
+    assert "the C kernels are unavailable (no C compiler found" in spec.stderr
+    assert plain.returncode == spec.returncode == 0 and plain.stdout == spec.stdout
+    assert re.search(r"speculative, draft: \d+ steps, drafted \d+, accepted [1-9]", spec.stderr), spec.stderr
 
 
 @pytest.mark.parametrize("case", ORACLE["perplexity"], ids=lambda c: " ".join(c["flags"]))
