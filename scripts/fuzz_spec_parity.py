@@ -114,6 +114,7 @@ def main() -> int:
             spec, env = spec_flags(r, model)
             # switches that change the arithmetic apply to both runs: speculation must keep parity under them too
             arith = {"SHARPI_CPU_KERNEL": "0"} if r.random() < 0.1 else {}
+            env = {**arith, **env}
             json_out = "-cnv" not in base and r.random() < 0.3
             base += ["--json"] if json_out else []
             o1, e1, c1, t1 = run(base, arith)
@@ -123,7 +124,7 @@ def main() -> int:
                     a0 = r.randrange(1, len(text) - 3)
                     base += ["-r", text[a0:a0 + r.choice([1, 2, 3, 5])]]
                     o1, e1, c1, t1 = run(base, arith)
-            o2, e2, c2, t2 = run(base + spec, {**arith, **env})
+            o2, e2, c2, t2 = run(base + spec, env)
             bad = [f"crash (exit {c}): {e[-1500:]}" for e, c in ((e1, c1), (e2, c2))
                    if "Traceback" in e or c not in (0, 1, 2)]
             if c1 != c2:
@@ -136,7 +137,7 @@ def main() -> int:
                     bad.append(f"--json fields {differ or ['speculative missing']}\n--- plain\n{o1}\n--- speculative\n{o2}")
             elif c1 == 0 and o1 != o2:
                 bad.append(f"different text\n--- plain\n{o1!r}\n--- speculative\n{o2!r}")
-            rec = {"i": i, "base": base, "spec": spec, "env": {**arith, **env}, "rc": [c1, c2], "s": [round(t1, 1), round(t2, 1)],
+            rec = {"i": i, "base": base, "spec": spec, "env": env, "rc": [c1, c2], "s": [round(t1, 1), round(t2, 1)],
                    "bad": bad}
             log.write(json.dumps(rec) + "\n")
             log.flush()

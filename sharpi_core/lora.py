@@ -64,11 +64,9 @@ class Factor:
         from sharpi_core.kernels import cpu
         if cpu.available():
             return cpu.f16_mm(x.contiguous(), self.w16, prompt)
-        import torch
-        xh, w = x.half().float(), self.w16.float()  # (no compiled kernels: close, not ggml's bits)
-        if not prompt and x.dim() == 2 and x.shape[0] > 1:  # decoding rows one by one (see QWeight.reference_matmul)
-            return torch.cat([xh[r:r + 1] @ w.T for r in range(x.shape[0])])
-        return xh @ w.T
+        from sharpi_core.quants import decoding_rows
+        w = self.w16.float()  # (no compiled kernels: close, not ggml's bits)
+        return decoding_rows(lambda v: v.half().float() @ w.T, prompt, x)
 
     def rows(self, ids):
         """Rows ids as fp32 (ggml_get_rows: the token embedding's A)."""

@@ -149,6 +149,15 @@ class Activations:
         return w.add_loras(self.x, w.reference_matmul(*xa, prompt=self.prompt), self.prompt)
 
 
+def decoding_rows(mm, prompt: bool, x: torch.Tensor, *more):
+    """mm(x, *more) for rows x [T, K] (more: per-row tensors [T, ...] or None). A decoding pass of several rows
+    (prompt=False: a verify pass) goes one row at a time: torch's matmul of T rows may sum in another order than
+    its one-row matmul, and greedy speculation must give plain decoding's bits."""
+    if prompt or x.dim() != 2 or x.shape[0] == 1:
+        return mm(x, *more)
+    return torch.cat([mm(x[r:r + 1], *(None if m is None else m[r:r + 1] for m in more)) for r in range(x.shape[0])])
+
+
 def torch_view(a: np.ndarray) -> torch.Tensor:
     """Zero-copy torch view of a (read-only) memmapped array."""
     with warnings.catch_warnings():
@@ -342,12 +351,10 @@ class QWeight:
             return (q * d).reshape(x.shape), s.reshape(*x.shape[:-1], x.shape[-1] // 32)
         return round_activations(x, self.act_kind), None
 
-    def reference_matmul(self, xa: torch.Tensor, s: torch.Tensor | None = None, prompt: bool = True) -> torch.Tensor:
-        if not prompt and xa.dim() == 2 and xa.shape[0] > 1:
-            # decoding rows (a verify pass) one by one: torch's matmul of T rows may sum in another order
-            # than its one-row matmul, and greedy speculation must give plain decoding's bits
-            return torch.cat([self.reference_matmul(xa[r:r + 1], None if s is None else s[r:r + 1])
-                              for r in range(xa.shape[0])])
+    def reference_matmul(self, xa: torch.Tensor, s: torch.Tensor | None = None, prompt: bool = False) -> torch.Tensor:
+        return decoding_rows(self._reference_mm, prompt, xa, s)
+
+    def _reference_mm(self, xa: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
         if s is None:
             return torch.nn.functional.linear(xa, self.dense())
         wd, mins = self.dense_without_mins()
