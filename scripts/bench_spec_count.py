@@ -2,7 +2,7 @@
 """A draft model's count of proposals by cost against the generator's count, over many requests (a benchmark, not a
 test).
 
-    python scripts/bench_spec_count.py [--sets code,prose] [--ks 4,16] [--temps 0,0.7] [-n 96]
+    python scripts/bench_spec_count.py [--sets code,prose] [--ks 4,16] [--temps 0,0.7] [-n 96] [--switch NAME]
 
 Qwen2.5-Coder 1.5B decoding plainly, with the 0.5B draft proposing the generator's count (`SHARPI_SPEC_COUNT=0`:
 after a rejection one more than were accepted, after a full accept twice as many, up to k) and with the count
@@ -11,6 +11,9 @@ the measured costs, fixed ones when sampling), each deciding by cost whether to 
 single request's rejections fall into decides a few percent either way (k = 3 or 4 on one prompt: 3.54 against
 4.71 tokens a pass, the same draft), so the table sums many requests: tokens over seconds for each configuration,
 and each request's ratios to plain. The configurations alternate within each request (ABC, then CBA).
+
+--switch NAME: the two speculative configurations are another SHARPI_* switch off and on (the count by cost in both),
+e.g. SHARPI_SPEC_CONFIDENCE (a draft's proposal ends after a token it gave under 0.75).
 """
 from __future__ import annotations
 
@@ -58,7 +61,9 @@ def main() -> None:
     ap.add_argument("--temps", default="0,0.7")
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("--switch", default="SHARPI_SPEC_COUNT", help="the speculative runs have this switch off, then on")
     a = ap.parse_args()
+    sides = SIDES if a.switch == "SHARPI_SPEC_COUNT" else ("plain", f"{a.switch}=0", f"{a.switch}=1")
     torch.set_num_threads(a.t)
     target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m")
     draft, dtok = load("qwen2.5-coder-0.5b-instruct-q4_k_m")
@@ -66,34 +71,34 @@ def main() -> None:
     os.environ.pop("SHARPI_SPEC_COST", None)  # (sharpi's default: measured when greedy, fixed when sampling)
 
     def run(prompt: str, params: SamplingParams, k: int, side: str, seed: int) -> tuple[float, int]:
-        os.environ["SHARPI_SPEC_COUNT"] = "0" if side == SIDES[1] else "1"
-        d = None if side == SIDES[0] else DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),
+        os.environ[a.switch] = "0" if side == sides[1] else "1"
+        d = None if side == sides[0] else DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),
                                                              torch.Generator().manual_seed(seed), head_vocab=head)
         g = Generator(target, target.new_cache(2048), tok, ignore_eos(params, tok), seed=seed, drafter=d, spec_n_max=k)
         r = g.generate(tok.encode(prompt), n_predict=a.n)
         return r.timings.eval_ms / 1000, len(r.tokens)
 
-    print("| requests | temp | k | plain t/s | generator's count t/s | ratio | count by cost t/s | ratio | "
-          "each request, generator's / by cost |")
+    print(f"| requests | temp | k | plain t/s | {sides[1]} t/s | ratio | {sides[2]} t/s | ratio | "
+          f"each request, {sides[1]} / {sides[2]} |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in a.sets.split(","):
         for temp in (float(x) for x in a.temps.split(",")):
             params = SamplingParams(temp=temp)
             for k in (int(x) for x in a.ks.split(",")):
-                total = {s: [0.0, 0] for s in SIDES}
+                total = {s: [0.0, 0] for s in sides}
                 each = []
                 for i, prompt in enumerate(SETS[name]):
                     tps = {}
-                    for side in (SIDES if i % 2 == 0 else SIDES[::-1]):
+                    for side in (sides if i % 2 == 0 else sides[::-1]):
                         secs, n = run(prompt, params, k, side, i)
                         total[side][0] += secs
                         total[side][1] += n
                         tps[side] = n / secs
-                    each.append(f"{tps[SIDES[1]] / tps[SIDES[0]]:.2f}/{tps[SIDES[2]] / tps[SIDES[0]]:.2f}")
+                    each.append(f"{tps[sides[1]] / tps[sides[0]]:.2f}/{tps[sides[2]] / tps[sides[0]]:.2f}")
                 r = {s: n / secs for s, (secs, n) in total.items()}
-                p = r[SIDES[0]]
-                print(f"| {name} ({len(SETS[name])}) | {temp:g} | {k} | {p:.1f} | {r[SIDES[1]]:.1f} | {r[SIDES[1]] / p:.2f}x | "
-                      f"{r[SIDES[2]]:.1f} | {r[SIDES[2]] / p:.2f}x | {' '.join(each)} |", flush=True)
+                p = r[sides[0]]
+                print(f"| {name} ({len(SETS[name])}) | {temp:g} | {k} | {p:.1f} | {r[sides[1]]:.1f} | {r[sides[1]] / p:.2f}x | "
+                      f"{r[sides[2]]:.1f} | {r[sides[2]] / p:.2f}x | {' '.join(each)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,10 @@ def drafter_for(kind: str, params: SamplingParams, target: ToyModel | None = Non
         if target is not None:  # related to the target, like a small model of the same family
             m.by_token = 0.6 * target.by_token + 0.5 * m.by_token
             m.by_hash = 0.6 * target.by_hash + 0.5 * m.by_hash
-    return DraftModelDrafter(m, m.new_cache(n_ctx), params, g)
+    d = DraftModelDrafter(m, m.new_cache(n_ctx), params, g)
+    if kind == "model-sure":  # sampled proposals run to k, never ended after an unsure token: rows deep in a pass
+        d.p_stop = 0.0
+    return d
 
 
 def make(params=GREEDY, drafter=None, n_ctx=512, eog=(), seed=1, **kw):
@@ -423,11 +426,12 @@ N_LONG = 3000
 
 
 @pytest.mark.parametrize("kind,params,n_max", [("model", SAMPLED_PEN, 4), ("lookup", SAMPLED_PEN, 3),
-                                               ("wide", SAMPLED, 3), ("model", SAMPLED, 8),
+                                               ("wide", SAMPLED, 3), ("model", SAMPLED, 8), ("model-sure", SAMPLED, 8),
                                                ("model", SAMPLED_EXT, 4), ("lookup", SAMPLED_EXT, 3),
                                                ("hybrid", SAMPLED_PEN, 4)],
                          ids=["model-penalties-k4", "lookup-penalties-k3", "wide-vocab-k3", "model-k8",
-                              "model-dry-xtc-typical-k4", "lookup-dry-xtc-typical-k3", "hybrid-penalties-k4"])
+                              "model-k8-never-unsure", "model-dry-xtc-typical-k4", "lookup-dry-xtc-typical-k3",
+                              "hybrid-penalties-k4"])
 def test_sampled_generation_follows_the_target(kind, params, n_max):
     res = long_run(kind, params, N_LONG, n_max, seed=31)
     s = res.spec
@@ -505,7 +509,7 @@ def mirostat_pvalue(params: SamplingParams, tokens: list[int]) -> float:
     return martingale_test(steps)
 
 
-@pytest.mark.parametrize("kind,n_max", [("model", 4), ("lookup", 3), ("wide", 3)])
+@pytest.mark.parametrize("kind,n_max", [("model", 4), ("model-sure", 4), ("lookup", 3), ("wide", 3)])
 @pytest.mark.parametrize("params", MIROSTAT + ADAPTIVE, ids=["v2", "v1", "adaptive", "adaptive-penalties"])
 def test_sampled_mirostat_speculation_follows_the_target(kind, n_max, params):
     """Speculating with mirostat: each verify row's law in the state its drafts lead to, the state moved
@@ -534,7 +538,7 @@ def test_plain_mirostat_follows_the_target_and_a_frozen_state_does_not(monkeypat
                 return p[: i + 1], [self.state] * (i + 1), sides, False
         return p, [self.state] * x.shape[0], sides, False
     monkeypatch.setattr(type(gen.picker), "rows", stale_rows)
-    res = long_run("model", params, N_LONG, 4, seed=43)
+    res = long_run("model-sure", params, N_LONG, 4, seed=43)  # (the stale state shows in rows past the first)
     monkeypatch.undo()
     assert mirostat_pvalue(params, res.tokens) < 1e-6
 

@@ -24,6 +24,7 @@ from sharpi_core.generate import next_proposal_len
 from sharpi_core.sampling import SamplingParams, argmax, draw, filtered_probs
 from sharpi_core.speculative import (DraftModelDrafter, LookupDrafter, accept_greedy, accept_sampled,
                                      common_prefix)
+from sharpi_core.speculative.draft_model import P_STOP
 from toy import ToyModel, _next_hash, chi2_test
 
 
@@ -434,11 +435,14 @@ def test_draft_model_sampled_q_is_what_it_sampled_from():
     model = ToyModel(V, seed=6)
     params = SamplingParams(temp=0.8, top_k=5, top_p=0.9, min_p=0.05, repeat_penalty=1.3)
     d = DraftModelDrafter(model, model.new_cache(256), params, torch.Generator().manual_seed(0))
-    hist = PROMPT[:15]
     from sharpi_core.sampling import apply_penalties
-    for _ in range(20):
+    lengths = []
+    for j in range(20):
+        hist = PROMPT[:10 + j]
         props, q = d.propose(hist, 4)
-        assert q.shape == (4, V)
+        assert q.shape == (len(props), V)
+        ended_unsure(props, q, 4)
+        lengths.append(len(props))
         ctx = list(hist)
         for i, t in enumerate(props):
             want = filtered_probs(apply_penalties(model.logits_after(ctx), ctx, params), params)
@@ -446,6 +450,37 @@ def test_draft_model_sampled_q_is_what_it_sampled_from():
             assert q[i, t] > 0
             ctx.append(t)
         d.rollback(len(hist))
+    assert min(lengths) < 4 and max(lengths) == 4  # both ends of the rule were met
+
+
+def ended_unsure(props, q, k):
+    """A sampled proposal ends at k, or right after the first token drawn from a law whose largest probability
+    is under P_STOP (the draft unsure there: what follows is mostly rejected)."""
+    tops = q.max(dim=1).values.tolist()
+    assert len(props) >= 1
+    assert all(p >= P_STOP for p in tops[:-1]), tops
+    assert len(props) == k or tops[-1] < P_STOP, tops
+
+
+def test_a_sampled_proposal_ends_after_an_unsure_token_unless_switched_off(monkeypatch):
+    model = ToyModel(V, seed=6, scale=2.0)  # (rows peaked enough that some proposals run to k)
+    params = SamplingParams(temp=0.8, top_k=5, top_p=0.9, min_p=0.05)
+    for on in (True, False):
+        monkeypatch.setenv("SHARPI_SPEC_CONFIDENCE", "1" if on else "0")
+        d = DraftModelDrafter(model, model.new_cache(256), params, torch.Generator().manual_seed(1))
+        lengths = []
+        for j in range(30):
+            hist = PROMPT[:10 + j]
+            props, q = d.propose(hist, 6)
+            assert q.shape == (len(props), V)
+            if on:
+                ended_unsure(props, q, 6)
+            lengths.append(len(props))
+            d.rollback(len(hist))
+        assert (min(lengths) < 6) == on and max(lengths) == 6, lengths
+    # greedy proposals are not cut (the count chosen from measured costs decides there)
+    d = DraftModelDrafter(model, model.new_cache(256), SamplingParams(temp=0))
+    assert len(d.propose(hist, 6)[0]) == 6
 
 
 def test_draft_model_cut_head_proposes_and_reports_its_own_q():
@@ -457,7 +492,8 @@ def test_draft_model_cut_head_proposes_and_reports_its_own_q():
     from sharpi_core.sampling import apply_penalties
     for _ in range(20):
         props, q = d.propose(hist, 4)
-        assert q.shape == (4, HEAD_V) and all(0 <= t < HEAD_V for t in props)
+        assert q.shape == (len(props), HEAD_V) and all(0 <= t < HEAD_V for t in props)
+        ended_unsure(props, q, 4)
         ctx = list(hist)
         for i, t in enumerate(props):
             want = filtered_probs(apply_penalties(model.logits_after(ctx)[:HEAD_V], ctx, params), params)
