@@ -23,6 +23,7 @@ from sharpi_core.grammar import Grammar, GrammarError, GrammarTooAmbiguous, Toke
 from sharpi_core.json_schema import SchemaError, int_range, number_range, schema_to_grammar
 from sharpi_core.sampling import SamplingParams, apply_penalties, draw, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
+from sharpi_core.speculative.draft_model import P_STOP
 from test_generate import (ADAPTIVE, GREEDY, GREEDY_PEN, MIROSTAT, PROMPT, SAMPLED, SAMPLED_EXT, SAMPLED_PEN, V,
                            drafter_for, make, martingale_test, new_picker, target_model)
 from toy import ToyTokenizer, _next_hash, chi2_test
@@ -626,13 +627,18 @@ def test_sampled_drafts_the_grammar_cuts_short_are_verified_whatever_n_min():
     tg = TokenGrammar(Grammar('root ::= "a" ( [f-h] | [b-e] [a-h] )'), ToyTokenizer(V), V)
     params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
     p = torch.softmax(target_model().logits_after(PROMPT + [0]).double()[1:], 0).numpy()  # "a" (0) first, then b..h
-    gen, _ = make(params, drafter_for("same", params), spec_n_max=4, spec_n_min=2, grammar=tg)
-    counts = np.zeros(V - 1)
-    verified = 0
-    for _ in range(3000):
-        res = gen.generate(PROMPT, n_predict=10)  # (the grammar ends it after 2 or 3 tokens)
-        assert res.tokens[0] == 0
-        counts[res.tokens[1] - 1] += 1
-        verified += res.spec.verify_passes == 1 and res.spec.steps_no_proposal == 0
-    assert chi2_test(counts, p)[2] > 1e-3, (counts / counts.sum(), p)
-    assert verified == 3000  # every second token came from the one verify pass, of one draft or two
+    # (p_stop 0: only the grammar ends a proposal; P_STOP: a draw from a law whose top is under it ends it too)
+    for p_stop in (0.0, P_STOP):
+        d = drafter_for("same", params)
+        d.p_stop = p_stop
+        gen, _ = make(params, d, spec_n_max=4, spec_n_min=2, grammar=tg)
+        counts = np.zeros(V - 1)
+        verified = 0
+        for _ in range(3000):
+            res = gen.generate(PROMPT, n_predict=10)  # (the grammar ends it after 2 or 3 tokens)
+            assert res.tokens[0] == 0
+            counts[res.tokens[1] - 1] += 1
+            # (a proposal of one draft, ended unsure, leaves a step after the bonus token, where the grammar ends)
+            verified += res.spec.verify_passes == 1 and (p_stop > 0 or res.spec.steps_no_proposal == 0)
+        assert chi2_test(counts, p)[2] > 1e-3, (p_stop, counts / counts.sum(), p)
+        assert verified == 3000  # every second token came from the one verify pass, of one draft or two
