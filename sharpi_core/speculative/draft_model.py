@@ -48,9 +48,9 @@ LOOKAHEAD = switch("SHARPI_SPEC_LOOKAHEAD")
 # draft loop stops so at its --draft-p-min, 0.75). The draft's confidence tells: of the 0.5B Qwen draft's greedy
 # tokens, those it gave >= 0.95 were the 1.5B target's 99.6% of the time, 0.5-0.7 74%, under 0.3 21%. Only which
 # tokens are proposed, decided by the draft's rows before the target sees any: the output's law is unchanged.
-# scripts/bench_spec_count.py --switch SHARPI_SPEC_CONFIDENCE (README, Speed): sampled 1.31x -> 1.40x plain at
-# k = 16 on code, 1.37x -> 1.38x at k = 4. Greedy proposals go on: there the count chosen from measured costs
-# already drafts what pays, and stopping at 0.75 or 0.4 measured 0-3% slower.
+# scripts/bench_spec_count.py --switch SHARPI_SPEC_CONFIDENCE (README, Speed), temp 0.7: about even at k = 4 on
+# code requests, 3-7% faster at k = 16 and on prose (one code request alone lost 5%). Greedy proposals go on: there
+# the count chosen from measured costs already drafts what pays, and stopping at 0.75 or 0.4 measured 0-3% slower.
 P_STOP = 0.75
 
 
