@@ -437,10 +437,7 @@ def test_draft_model_sampled_q_is_what_it_sampled_from():
     d = DraftModelDrafter(model, model.new_cache(256), params, torch.Generator().manual_seed(0))
     from sharpi_core.sampling import apply_penalties
     lengths = []
-    for j in range(20):
-        hist = PROMPT[:10 + j]
-        props, q = d.propose(hist, 4)
-        assert q.shape == (len(props), V)
+    for hist, props, q in proposals_after_prompts(d, 4, 20):
         ended_unsure(props, q, 4)
         lengths.append(len(props))
         ctx = list(hist)
@@ -449,8 +446,18 @@ def test_draft_model_sampled_q_is_what_it_sampled_from():
             torch.testing.assert_close(q[i], want)
             assert q[i, t] > 0
             ctx.append(t)
-        d.rollback(len(hist))
     assert min(lengths) < 4 and max(lengths) == 4  # both ends of the rule were met
+
+
+def proposals_after_prompts(d, k: int, n: int):
+    """(history, proposals, q) of d's proposals of k after PROMPT[:10], PROMPT[:11], ... (n of them): q a row of
+    V per proposal; d rolled back to the history after each."""
+    for j in range(n):
+        hist = PROMPT[:10 + j]
+        props, q = d.propose(hist, k)
+        assert q.shape == (len(props), V)
+        yield hist, props, q
+        d.rollback(len(hist))
 
 
 def ended_unsure(props, q, k):
@@ -469,18 +476,14 @@ def test_a_sampled_proposal_ends_after_an_unsure_token_unless_switched_off(monke
         monkeypatch.setenv("SHARPI_SPEC_CONFIDENCE", "1" if on else "0")
         d = DraftModelDrafter(model, model.new_cache(256), params, torch.Generator().manual_seed(1))
         lengths = []
-        for j in range(30):
-            hist = PROMPT[:10 + j]
-            props, q = d.propose(hist, 6)
-            assert q.shape == (len(props), V)
+        for _, props, q in proposals_after_prompts(d, 6, 30):
             if on:
                 ended_unsure(props, q, 6)
             lengths.append(len(props))
-            d.rollback(len(hist))
         assert (min(lengths) < 6) == on and max(lengths) == 6, lengths
     # greedy proposals are not cut (the count chosen from measured costs decides there)
     d = DraftModelDrafter(model, model.new_cache(256), SamplingParams(temp=0))
-    assert len(d.propose(hist, 6)[0]) == 6
+    assert len(d.propose(PROMPT[:39], 6)[0]) == 6
 
 
 def test_draft_model_cut_head_proposes_and_reports_its_own_q():
