@@ -111,7 +111,8 @@ def sharpi_render(template: str, conversation: list[dict], reasoning: str, prese
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from sharpi_cli.chat import assistant_message, render_messages
-    from sharpi_cli.runner import RunOptions, template_vars
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.inputs import template_vars
     from sharpi_core.reasoning import opens_block, thinking_tags
     o = RunOptions(reasoning=reasoning, reasoning_preserve=preserve, reasoning_effort=effort or "default",
                    chat_template_kwargs=json.dumps(kwargs) if kwargs else None)

@@ -202,7 +202,7 @@ def use_color(setting: str) -> bool:
     terminal (llama.cpp's takes stderr's too, for its colored logs; colors here go to stdout only, and a reply
     redirected to a file keeps no escape codes)."""
     import os
-    from .runner import ON_OFF_AUTO
+    from .options import ON_OFF_AUTO
     on = ON_OFF_AUTO[setting]
     if on is not None:
         return on
@@ -465,7 +465,9 @@ def parse_command(line: str) -> tuple[str, str] | None:
 def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> int:
     """llama-cli's conversation loop and commands; a turn that does not fit the context is refused
     with one line and the session goes on (only -st, one turn, exits on it)."""
-    from .runner import log, print_report, reverse_prompt_tokens
+    from .log import log
+    from .runner import print_report
+    from .inputs import reverse_prompt_tokens
     tok = target.tokenizer
     tags = reply_tags(o, tok)
     color = use_color(o.color)

@@ -214,7 +214,7 @@ def run(
     defrag_thold: Annotated[Optional[str], Opt("-dt", "--defrag-thold", help="llama-cli's deprecated KV "
                                                  "defragmentation threshold: accepted, with a warning")] = None,
     # llama-cli's flags for placing weights on GPUs and threads on CPUs, beyond what sharpi places: values checked as
-    # llama.cpp checks them, then a warning that each has no effect (runner.check_inert_flags)
+    # llama.cpp checks them, then a warning that each has no effect (validate.check_inert_flags)
     override_tensor: Annotated[list[str], Opt("-ot", "--override-tensor", help="llama-cli's PATTERN=BUFFER_TYPE,... "
                                               "tensor placement (CPU; CUDA0 with a GPU): accepted, with a warning "
                                               "(sharpi places whole layers, -ngl)", show_default=False)] = [],
@@ -412,7 +412,7 @@ def run(
                                        "-1, all or auto = all, 0 = none (CPU), N = the last N; alone: as -ngl")] = -1,
     device_draft: Annotated[Optional[str], Opt("-devd", "--spec-draft-device", "--device-draft", help="the draft's "
                                                "device, as -dev (default: the target's)")] = None,
-    # llama-cli's placement flags for the draft: checked, then a warning (runner.check_inert_flags)
+    # llama-cli's placement flags for the draft: checked, then a warning (validate.check_inert_flags)
     override_tensor_draft: Annotated[list[str], Opt("-otd", "--spec-draft-override-tensor", "--override-tensor-draft",
                                                     help="-ot for the draft: likewise", show_default=False)] = [],
     cpu_moe_draft: Annotated[bool, Opt("-cmoed", "--spec-draft-cpu-moe", "--cpu-moe-draft", help="-cmoe for the "
@@ -458,8 +458,8 @@ def run(
         print(f"sharpi {_version()}")
         raise typer.Exit(0)
     if list_devices:
-        from . import runner
-        print(runner.devices_text())
+        from . import validate
+        print(validate.devices_text())
         raise typer.Exit(0)
     if cache_list:  # (llama.cpp's --cache-list lines)
         from sharpi_core.hf_hub import cached_models
@@ -478,9 +478,9 @@ def run(
                              + (f"a command's options go after its name (sharpi {sub} {before[0]} ...)" if before[0] in own
                                 else f"'{sub}' takes no {before[0]}"))
         return
-    from . import runner
+    from . import options, runner, validate
     check_int_ranges(ctx)
-    opts = runner.RunOptions(**{k: v for k, v in locals().items() if k in runner.RunOptions.__dataclass_fields__})
+    opts = options.RunOptions(**{k: v for k, v in locals().items() if k in options.RunOptions.__dataclass_fields__})
     opts.logit_bias = parse_logit_bias(logit_bias)
     from sharpi_core.gguf_file import parse_kv_overrides
     opts.kv_overrides = parse_kv_overrides(override_kv)
@@ -490,7 +490,7 @@ def run(
         opts.gpu_layers_asked = tuple(flag for name, flag in (("n_gpu_layers", "-ngl"), ("spec_draft_ngl", "-ngld"))
                                       if name in given and getattr(opts, name) != 0
                                       and not (flag == "-ngld" and "device_draft" in given))
-    opts.sampling_given = given_flags(ctx, runner.SAMPLING_FLAG_FIELDS)  # (the others: the model's general.sampling.*)
+    opts.sampling_given = given_flags(ctx, validate.SAMPLING_FLAG_FIELDS)  # (others: the model's general.sampling.*)
     with reader_gone():
         code = runner.run(opts)
     raise typer.Exit(code)
@@ -598,18 +598,18 @@ def perplexity(
     offline: OfflineOpt = False,
 ):
     """Perplexity of a text, computed like llama-perplexity."""
-    from . import runner
-    model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
-    opts = runner.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
-                             control_vector_scaled=control_vector_scaled,
-                             control_vector_layer_range=control_vector_layer_range, mmap=mmap, mlock=mlock,
-                             load_mode=load_mode, n_gpu_layers=n_gpu_layers, device=device or "cpu",
-                             batch_size=batch_size, ubatch_size=ubatch_size)
-    scores = runner.ChoiceScores(hellaswag, hellaswag_tasks, winogrande, winogrande_tasks, multiple_choice,
-                                 multiple_choice_tasks, binary_file, parallel)
+    from . import inputs, options, tools
+    model = inputs.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
+    opts = options.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
+                              control_vector_scaled=control_vector_scaled,
+                              control_vector_layer_range=control_vector_layer_range, mmap=mmap, mlock=mlock,
+                              load_mode=load_mode, n_gpu_layers=n_gpu_layers, device=device or "cpu",
+                              batch_size=batch_size, ubatch_size=ubatch_size)
+    scores = tools.ChoiceScores(hellaswag, hellaswag_tasks, winogrande, winogrande_tasks, multiple_choice,
+                                multiple_choice_tasks, binary_file, parallel)
     with reader_gone():
-        code = runner.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
-                                     opts, kl_divergence_base, kl_divergence, ppl_output_type, scores)
+        code = tools.perplexity_cmd(model, file, ctx_size, chunks, cache_type_k, cache_type_v, threads, flash_attn,
+                                    opts, kl_divergence_base, kl_divergence, ppl_output_type, scores)
     raise typer.Exit(code)
 
 
@@ -634,10 +634,10 @@ def tokenize(
     offline: OfflineOpt = False,
 ):
     """Tokenize text like llama-tokenize."""
-    from . import runner
-    model = runner.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
+    from . import inputs, tools
+    model = inputs.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
     with reader_gone():
-        code = runner.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape, stdin, show_count)
+        code = tools.tokenize_cmd(model, prompt, file, ids, no_bos, no_parse_special, escape, stdin, show_count)
     raise typer.Exit(code)
 
 
@@ -668,19 +668,19 @@ def models_pull(name: Annotated[str, typer.Argument(help="model name (see `sharp
     is damaged (or a hub model into the hub's cache); print its path."""
     from sharpi_core.registry import REGISTRY, known_name, suggestion
 
-    from . import runner
+    from . import inputs
     from sharpi_core.hf_hub import valid_repo
     known = known_name(name)
     if known is None and valid_repo(name.split(":")[0]):
         if force:
             raise UsageError("--force fetches known models again (a hub model's download is resumed and checked by "
                              "its sha256 anyway)")
-        print(runner.resolve_with_progress(runner.hub_or_model(None, name, None, hf_token, False)))
+        print(inputs.resolve_with_progress(inputs.hub_or_model(None, name, None, hf_token, False)))
         return
     if known is None:  # -m takes paths too; pull fetches known models only
         raise UsageError(f"unknown model '{name}' ({suggestion(name)}known: {', '.join(REGISTRY)}; or "
                          "<user>/<model>[:quant] of the Hugging Face hub)")
-    print(runner.resolve_with_progress(known, force))  # (a forced fetch replaces the cached file only once it is whole)
+    print(inputs.resolve_with_progress(known, force))  # (a forced fetch replaces the cached file only once it is whole)
 
 
 @models_app.command("rm")
@@ -760,7 +760,7 @@ def main() -> None:
         sys.exit(1)
     if sys.stdin is None:  # started with stdin closed: read as /dev/null (no piped prompt; a chat ends at once)
         sys.stdin = open(os.devnull, encoding="utf-8")
-    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the prompt as U+FFFD (runner.read_stdin)
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes not UTF-8 reach the prompt as U+FFFD (inputs.read_stdin)
         sys.stdin.reconfigure(errors="surrogateescape")  # (a UTF-8 locale's stdin would raise on them)
     if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # Python's handler again (see sharpi_cli/entry.py)
         from .chat import install_startup_handler
@@ -784,7 +784,7 @@ def main() -> None:
         _err(" ".join(msg.split()))
         sys.exit(getattr(e, "exit_code", 2) or 2)
     except SharpiError as e:
-        _err(str(e), getattr(e, "log_head", ""), getattr(e, "log_tail", ""))  # (--log-prefix: runner.log_prefix)
+        _err(str(e), getattr(e, "log_head", ""), getattr(e, "log_tail", ""))  # (--log-prefix: log.log_prefix)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print(file=sys.stderr)

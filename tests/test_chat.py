@@ -131,7 +131,8 @@ def test_chat_turn_is_llama_cpp_s(name, i):
     and end of turn."""
     from conftest import loaded
     from sharpi_cli.chat import encode_chat, render_messages
-    from sharpi_cli.runner import RunOptions, chat_template_for, read_chat_options
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.inputs import chat_template_for, read_chat_options
     from sharpi_core.generate import Generator
     from sharpi_core.sampling import SamplingParams
     case = CHAT_REF[name][i]

@@ -114,7 +114,8 @@ def test_llama_cpp_values_of_threads_batches_flash_attention_and_biases(smol):
     is -b, -fa's 1 / true / enabled / 0 / false / disabled / -1, a temperature of -inf is 0, and a logit bias as
     std::stof reads it (an exponent, infinity, a sign of its own: 28+-1 is a bias of -1)."""
     from sharpi_cli.main import parse_logit_bias
-    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import validate
     o = RunOptions(model=smol, prompt="hi", threads=0, threads_batch=-5, threads_draft=0, ubatch_size=-1, batch_size=64,
                    flash_attn="disabled", temp=float("-inf"))
     validate(o)
@@ -800,7 +801,8 @@ def test_a_bad_command_line_is_refused_before_anything_loads(smol):
 
 
 def test_cpu_masks_and_ranges_are_llama_cpps():
-    from sharpi_cli.runner import RunOptions, cpu_set, parse_cpu_mask, parse_cpu_range
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import cpu_set, parse_cpu_mask, parse_cpu_range
     assert parse_cpu_mask("0x3") == {0, 1} and parse_cpu_mask("F0") == {4, 5, 6, 7} and parse_cpu_mask("0") == set()
     assert parse_cpu_mask("1" + "0" * 127) == {508} and parse_cpu_mask("1" + "0" * 130) == {508}  # 128 digits read
     assert parse_cpu_range("2-4") == {2, 3, 4} and parse_cpu_range("-1") == {0, 1} and parse_cpu_range("510-") == {510, 511}
@@ -944,7 +946,8 @@ UNDECODABLE = [(b"Hello \xe2\x82a", [19556, 216, 24211, 24211, 81]), (b"ok \xc3"
 
 def test_prompt_escapes_are_llama_cpps(tmp_path):
     from conftest import loaded
-    from sharpi_cli.runner import RunOptions, process_escapes, read_prompt
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.inputs import process_escapes, read_prompt
     tok = loaded(SMOL)[1]
     for text, ids in ESCAPE_CASES:
         assert tok.encode(process_escapes(text)) == ids, text
@@ -1046,33 +1049,33 @@ def test_gpu_layers_without_device(smol, monkeypatch, tmp_path):
     offloads by itself), resolved before the checks that depend on the device, else a warning that they are
     ignored and the CPU run unchanged; -ngl 0, a -dev given, or -ngld beside -devd decide without either. auto and
     all are numbers of layers too."""
-    from sharpi_cli import runner
+    from sharpi_cli import options, validate
     from sharpi_core.backends import cuda
     from sharpi_core.errors import UsageError
     for usable, device in ((True, "cuda"), (False, "cpu")):
         monkeypatch.setattr(cuda, "cuda_available", lambda: (usable, "a test"))
-        o = runner.RunOptions(gpu_layers_asked=("-ngl",))
-        runner.resolve_device(o)
+        o = options.RunOptions(gpu_layers_asked=("-ngl",))
+        validate.resolve_device(o)
         assert o.device == device
-        o = runner.RunOptions(device="cpu")  # (-dev cpu, or no -ngl / -ngld other than 0)
-        runner.resolve_device(o)
+        o = options.RunOptions(device="cpu")  # (-dev cpu, or no -ngl / -ngld other than 0)
+        validate.resolve_device(o)
         assert o.device == "cpu"
         # the checks that depend on the device see the one -ngl picked
-        o = runner.RunOptions(prompt_cache=str(tmp_path / "p.bin"), gpu_layers_asked=("-ngl",))
+        o = options.RunOptions(prompt_cache=str(tmp_path / "p.bin"), gpu_layers_asked=("-ngl",))
         if usable:
             with pytest.raises(UsageError, match="--prompt-cache: the CPU's KV caches only"):
-                runner.validate(o)
+                validate.validate(o)
         else:
-            runner.validate(o)
+            validate.validate(o)
         # -devd none -ngl 99: the draft on the CPU, the target where -ngl asks
-        o = runner.RunOptions(model_draft="d.gguf", device_draft="none", n_gpu_layers=99, gpu_layers_asked=("-ngl",))
-        runner.validate(o)
-        runner.resolve_device(o)
+        o = options.RunOptions(model_draft="d.gguf", device_draft="none", n_gpu_layers=99, gpu_layers_asked=("-ngl",))
+        validate.validate(o)
+        validate.resolve_device(o)
         assert (o.device, o.n_gpu_layers, o.spec_draft_ngl) == (device, 99, 0)
     # -devd CUDA0 puts the target on the CPU (-ngl 0) unless -ngl asks for its layers
     for asked, ngl in (((), 0), (("-ngl",), 20)):
-        o = runner.RunOptions(model_draft="d.gguf", device_draft="CUDA0", n_gpu_layers=20, gpu_layers_asked=asked)
-        runner.validate(o)
+        o = options.RunOptions(model_draft="d.gguf", device_draft="CUDA0", n_gpu_layers=20, gpu_layers_asked=asked)
+        validate.validate(o)
         assert (o.device, o.n_gpu_layers, o.spec_draft_ngl) == ("cuda", ngl, -1)
     monkeypatch.undo()
     if cuda.cuda_available()[0]:
@@ -1093,7 +1096,8 @@ def test_load_mode_draft_device_and_chat_parsing_flags():
     """-lm sets --mmap / --mlock as llama-cli's load modes mean them (auto leaves them); -devd places the draft:
     none on the CPU (-ngld 0 there), CUDA0 beside a target on the CPU (a GPU run with -ngl 0), a missing GPU named
     under -devd; --skip-chat-parsing is --reasoning-format none."""
-    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import validate
     from sharpi_core.errors import UsageError
     for mode, mmap, mlock in (("auto", False, True), ("mmap", True, False), ("none", False, False),
                               ("mlock", False, True), ("mmap+mlock", True, True), ("dio", False, False)):
@@ -1111,7 +1115,7 @@ def test_load_mode_draft_device_and_chat_parsing_flags():
     assert pure.reasoning_format == "none"
     from sharpi_core.backends.cuda import cuda_available
     if not cuda_available()[0]:
-        from sharpi_cli.runner import check_device
+        from sharpi_cli.validate import check_device
         with pytest.raises(UsageError, match="-devd/--spec-draft-device cuda requested but CUDA is unavailable"):
             check_device(o)
 
@@ -1377,7 +1381,9 @@ def test_a_draft_model_drafts_beside_lookup_from_a_short_window_by_default(smol)
     """-md brings prompt lookup beside the draft model (unless --no-draft-lookup, or llama.cpp's n-gram drafters are
     asked for), and a draft model on the CPU keeps the last DRAFT_CTX_CPU tokens unless -cd says otherwise (a draft
     on the GPU 4096); --draft-lookup given with an n-gram drafter is still refused."""
-    from sharpi_cli.runner import DRAFT_CTX_CPU, DRAFT_CTX_GPU, RunOptions, draft_ctx, validate, wants_lookup
+    from sharpi_cli.runner import DRAFT_CTX_CPU, DRAFT_CTX_GPU, draft_ctx, wants_lookup
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import validate
     from sharpi_core.errors import UsageError
     opts = lambda **kw: RunOptions(model=smol, prompt="hi", **kw)  # noqa: E731
     o = opts(model_draft=smol)
@@ -1523,14 +1529,14 @@ def test_draft_cache_types(smol):
 ])
 def test_gpu_cache_types_are_refused_under_their_flag(flags, named):
     # the GPU keeps f16 / q8_0 caches; a type it refuses is named by the flag it came from, before loading
-    from sharpi_cli import runner
+    from sharpi_cli import options, validate
     from sharpi_core.errors import UsageError
-    o = runner.RunOptions(model_draft="draft.gguf", device="cuda", **flags)
+    o = options.RunOptions(model_draft="draft.gguf", device="cuda", **flags)
     if named is None:
-        runner.check_gpu_cache_types(o)
+        validate.check_gpu_cache_types(o)
         return
     with pytest.raises(UsageError) as e:
-        runner.check_gpu_cache_types(o)
+        validate.check_gpu_cache_types(o)
     assert str(e.value).startswith(named + ":")
 
 
@@ -1564,14 +1570,16 @@ def test_mismatched_draft_vocab_is_one_error(smol):
     (dict(samplers="top_k;adaptive_p;Adaptive-P"), "adaptive_p is given twice"),
 ])
 def test_sampler_flags_are_checked(args, fragment):
-    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import validate
     from sharpi_core.errors import UsageError
     with pytest.raises(UsageError, match=re.escape(fragment)):
         validate(RunOptions(**args))
 
 
 def test_sampler_order_takes_llama_cpps_names_and_letters():
-    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import validate
     o = RunOptions(samplers="Penalties; DRY;top-k;nucleus;typ;TEMP;xtc;minp;top_n_sigma")
     validate(o)
     assert o.samplers == ("penalties", "dry", "top_k", "top_p", "typ_p", "temperature", "xtc", "min_p", "top_n_sigma")
@@ -1592,7 +1600,8 @@ def test_sampler_order_takes_llama_cpps_names_and_letters():
 
 
 def test_adaptive_p_flags_say_when_they_do_nothing(capsys):
-    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import validate
     from sharpi_core.sampling import SamplingParams, describe_chain
     validate(RunOptions(adaptive_target=0.5))
     assert "--adaptive-target does nothing unless --samplers" in capsys.readouterr().err
@@ -1640,7 +1649,8 @@ def test_dry_and_the_other_samplers_through_the_cli(smol):
 
 
 def test_mirostat_says_which_flags_it_does_not_use(capsys):
-    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import validate
     validate(RunOptions(mirostat=2, repeat_penalty=1.2, dry_multiplier=0.5, min_keep=3))
     assert "--repeat-penalty, --dry-multiplier, --min-keep not used with --mirostat" in capsys.readouterr().err
     validate(RunOptions(mirostat=2))

@@ -109,19 +109,19 @@ def test_bad_flags_are_one_line_errors(flags, message):
 
 
 def test_a_prompt_cache_knows_the_vectors():
-    from sharpi_cli import runner
-    o = runner.RunOptions(model="m")
+    from sharpi_cli import options, runner
+    o = options.RunOptions(model="m")
     assert runner.model_settings(o, 30) == ""
     o.control_vector = ["a.gguf"]
     assert "a.gguf" in runner.model_settings(o, 30)
-    o2 = runner.RunOptions(model="m", control_vector=["a.gguf"], control_vector_layer_range=(2, 5))
+    o2 = options.RunOptions(model="m", control_vector=["a.gguf"], control_vector_layer_range=(2, 5))
     assert runner.model_settings(o2, 30) != runner.model_settings(o, 30)
     # ranges are compared as the layers they give (SmolLM2: 30 layers, vectors for layers 1..29)
     same = [None, (1, 30), (0, 0), (-1, 29), (1, 100)]
-    assert len({runner.model_settings(runner.RunOptions(model="m", control_vector=["a.gguf"],
-                                                        control_vector_layer_range=r), 30) for r in same}) == 1
+    assert len({runner.model_settings(options.RunOptions(model="m", control_vector=["a.gguf"],
+                                                         control_vector_layer_range=r), 30) for r in same}) == 1
     assert control_vector.layer_span((5, 2), 30) == (5, 2) and "layers none" in runner.model_settings(
-        runner.RunOptions(model="m", control_vector=["a.gguf"], control_vector_layer_range=(5, 2)), 30)
+        options.RunOptions(model="m", control_vector=["a.gguf"], control_vector_layer_range=(5, 2)), 30)
 
 
 def test_a_prompt_cache_reads_the_same_layers_given_otherwise(vectors, tmp_path):

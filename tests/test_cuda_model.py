@@ -287,7 +287,8 @@ def test_cli_device_cuda_without_gpu_is_one_clear_line():
 def test_any_negative_gpu_layer_count_is_all_layers():
     """llama.cpp's -ngl all is -2, and any negative count offloads every layer: -ngl -2 is -ngl -1 (here, without a
     GPU: the warning that the layer count is ignored, and the CPU run)."""
-    from sharpi_cli.runner import RunOptions, validate
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import validate
     for v in (-1, -2, -100):
         o = RunOptions(model=SMOL, prompt="hi", n_gpu_layers=v, spec_draft_ngl=v)
         validate(o)
@@ -571,9 +572,9 @@ def test_control_vectors_on_the_gpu_follow_the_cpu(kind, tmp_path):
     for m, before in zip(gpus, plain_gpu):
         assert ((steps(m) - before).norm(dim=1) / change.norm(dim=1) < 0.01).all()
     # the command line puts them where the GPU model reads them
-    from sharpi_cli import runner  # noqa: PLC0415
+    from sharpi_cli import options, runner  # noqa: PLC0415
     try:
-        runner.apply_adapters(runner.RunOptions(model="m", control_vector=[str(tmp_path / "a.gguf")]), gpus[1])
+        runner.apply_adapters(options.RunOptions(model="m", control_vector=[str(tmp_path / "a.gguf")]), gpus[1])
         assert sorted(model.control) == list(range(1, 30))
     finally:
         model.control = {}

@@ -268,12 +268,13 @@ def test_bad_flags_are_one_line_errors(flags, message):
 
 
 def test_a_prompt_cache_knows_the_adapters():
-    from sharpi_cli import runner
-    o = runner.RunOptions(model="m", lora=["a.gguf"])
+    from sharpi_cli import options, runner
+    o = options.RunOptions(model="m", lora=["a.gguf"])
     assert "a.gguf" in runner.model_settings(o, 30)
-    assert runner.model_settings(o, 30) != runner.model_settings(runner.RunOptions(model="m", lora_scaled=[("a.gguf", 0.5)]), 30)
+    half = options.RunOptions(model="m", lora_scaled=[("a.gguf", 0.5)])
+    assert runner.model_settings(o, 30) != runner.model_settings(half, 30)
     # an adapter at scale 0 is not applied (llama.cpp's common_set_adapter_lora skips it): no adapter to a cache
-    assert runner.model_settings(runner.RunOptions(model="m", lora_scaled=[("a.gguf", 0.0)]), 30) == ""
+    assert runner.model_settings(options.RunOptions(model="m", lora_scaled=[("a.gguf", 0.0)]), 30) == ""
 
 
 def test_an_adapter_at_scale_0_is_checked_and_not_applied(files, tmp_path):

@@ -158,7 +158,8 @@ def test_prompt_cache_refusals_leave_the_file(tmp_path):
     link.symlink_to(tmp_path / "real")
     assert sharpi("-m", smol, "-p", "Hi", "-n", 1, "--temp", 0, "--prompt-cache", link).returncode == 0
     assert link.is_symlink() and PromptCacheFile(tmp_path / "real").entries["target"]["tokens"]
-    from sharpi_cli.runner import RunOptions, check_prompt_cache
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.validate import check_prompt_cache
     from sharpi_core.errors import UsageError
     for opts, why in ((dict(prompt_cache_all=True), "needs --prompt-cache"), (dict(prompt_cache=str(tmp_path)), "is a directory"),
                       (dict(prompt_cache=str(tmp_path / "no" / "p")), "does not exist")):
@@ -271,7 +272,8 @@ def test_an_empty_file_starts_a_cache_and_a_shorter_prompt_leaves_it(tmp_path):
 def test_settings_that_change_k_and_v_make_another_cache(tmp_path, monkeypatch):
     """-fa off, the arithmetic's SHARPI_* switches, and an adapter's contents (not only its path) are
     in the settings a prompt cache compares."""
-    from sharpi_cli.runner import RunOptions, model_settings
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.runner import model_settings
     assert model_settings(RunOptions(model="m"), 30) == model_settings(RunOptions(model="m", flash_attn="on"), 30) == ""
     assert model_settings(RunOptions(model="m", flash_attn="off"), 30) == "-fa off"
     for name in ("SHARPI_ACT_QUANT", "SHARPI_CPU_KERNEL"):

@@ -132,7 +132,9 @@ def test_cli_rope_flags():
     (dict(yarn_ext_factor=float("nan")), "--yarn-ext-factor nan: must be a finite number"),
     (dict(yarn_attn_factor=float("inf")), "--yarn-attn-factor"), (dict(yarn_orig_ctx=-1), "--yarn-orig-ctx -1")])
 def test_rope_flags_are_checked(args, fragment):
-    from sharpi_cli.runner import RunOptions, rope_flags, validate  # noqa: PLC0415
+    from sharpi_cli.options import RunOptions
+    from sharpi_cli.runner import rope_flags
+    from sharpi_cli.validate import validate  # noqa: PLC0415
     from sharpi_core.errors import UsageError  # noqa: PLC0415
     with pytest.raises(UsageError, match=re.escape(fragment)):
         validate(RunOptions(**args))
