@@ -166,34 +166,41 @@ def test_verify_rows_are_decoding_rows_without_the_c_kernels(monkeypatch):
 
 # -- sampled speculation on the real pair: the emitted tokens are a sample of the target ------------------------------
 # The CLI's own path (-md puts prompt lookup beside the draft model; the draft's cut output layer, its unsure-token stop,
-# the count by cost, penalties over prompt and output), 4 requests of 200 tokens at temp 1. Each emitted token is
+# the count by cost, penalties over prompt and output), 2 requests of 400 tokens at temp 1. Each emitted token is
 # scored against the target's filtered law at its step, computed again here with the passes the generator made (the
 # prompt in one pass, then decoding rows: the same bits, so a token outside the law is an outright failure). Under an
 # exact sample, for any f_t fixed by the history, sum_t f_t(x_t) - E_p[f_t] is a martingale, over many steps normal
 # with variance sum_t Var_p[f_t]: f = log p (a lean toward likely or unlikely tokens) and f = min(1, q / p), q the
 # draft's law (the chance that the draft's proposal of x is accepted: a lean toward the draft's tokens).
-# Measured power of the second: a residual drawn from p instead of max(0, p - q), over these 800 tokens, z 5.5 and 2.9
-# for two seeds (at temp 0.7, 3.2); no such slip gave |z| > 2.2 in 4 seeds.
+# Measured power of the second: a residual drawn from p instead of max(0, p - q) gave z 3.2 and 2.5 over these 800
+# tokens (two seeds; 5.5 and 2.9 over four requests of 200), a subtle slip that the toy models' longer runs catch surely;
+# every proposal accepted (the draft's own sample), 5 tokens out of 200 outside the law. Without a slip, |z| <= 2.3 in
+# 10 runs (seeds, samplers: typical, top-n-sigma, presence / frequency penalties, n-max 16, -ctk q8_0, the draft alone).
 LAW_FLAGS = ("--temp", "1", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05", "--repeat-penalty", "1.1",
-             "-c", "1024", "-n", "200", "--json")
-LAW_PARAMS = SamplingParams(temp=1.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1)
-LAW_PROMPTS = ("Once upon a time", "def parse_config(path):\n", "The history of the Roman empire",
+             "--ignore-eos", "-c", "1024", "--json")
+LAW_PROMPTS = ("def parse_config(path):\n",
                "Write a short story about a lighthouse keeper who finds a message in a bottle.\n")
 
 
-def sampled_runs(seed: int, prompts=LAW_PROMPTS) -> list[tuple[str, list[int]]]:
+def law_params(tok) -> SamplingParams:
+    """LAW_FLAGS' sampler (--ignore-eos: a -inf bias on the end-of-generation tokens)."""
+    return SamplingParams(temp=1.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1,
+                          logit_bias=tuple((t, float("-inf")) for t in sorted(tok.eog_ids)))
+
+
+def sampled_runs(seed: int, prompts=LAW_PROMPTS, n: int = 400) -> list[tuple[str, list[int]]]:
     from test_cli import sharpi
     runs = []
     for i, text in enumerate(prompts):
-        r = sharpi("-m", model_path(QWEN15), "-md", model_path(QWEN05), *LAW_FLAGS, "-s", seed + i, "-p", text)
+        r = sharpi("-m", model_path(QWEN15), "-md", model_path(QWEN05), *LAW_FLAGS, "-n", n, "-s", seed + i, "-p", text)
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
-        assert out["speculative"]["accepted"] > 0
+        assert out["speculative"]["accepted"] > 0 and len(out["tokens"]) == n
         runs.append((text, out["tokens"]))
     return runs
 
 
-def _laws(model, seq: list[int], n_prompt: int, exact: bool):
+def _laws(model, params: SamplingParams, seq: list[int], n_prompt: int, exact: bool):
     """The filtered law [V] after seq[:a+1], a = n_prompt-1 .. len(seq)-2: a prompt pass, then passes of decoding rows
     (exact: the generator's bits) or one prompt-order pass (the draft: any function of the history serves)."""
     cache = model.new_cache(1024)
@@ -203,7 +210,7 @@ def _laws(model, seq: list[int], n_prompt: int, exact: bool):
         for row in rows:
             if a + 1 >= len(seq):
                 return
-            yield filtered_probs(apply_penalties(row, seq[:a + 1], LAW_PARAMS), LAW_PARAMS).double().numpy()
+            yield filtered_probs(apply_penalties(row, seq[:a + 1], params), params).double().numpy()
             a += 1
         step = 32 if exact else len(seq)
         rows = model.forward(torch.tensor(seq[i:i + step]), i, cache, decode=exact)
@@ -214,11 +221,13 @@ def law_scores(runs) -> tuple[int, float, float]:
     """(emitted tokens outside the target's law, z of log p, z of min(1, q / p)) over the runs' tokens."""
     target, tok = loaded(QWEN15)
     draft, _ = loaded(QWEN05)
+    params = law_params(tok)
     outside, sums = 0, np.zeros(4)  # sum of f(x) - E_p[f], its variance: f = log p, then f = min(1, q / p)
     for text, tokens in runs:
         prompt = tok.encode(text)
         seq = prompt + tokens
-        for x, p, q in zip(tokens, _laws(target, seq, len(prompt), True), _laws(draft, seq, len(prompt), False)):
+        for x, p, q in zip(tokens, _laws(target, params, seq, len(prompt), True),
+                                _laws(draft, params, seq, len(prompt), False)):
             if p[x] == 0:
                 outside += 1
                 continue
@@ -250,5 +259,5 @@ def test_the_law_test_finds_the_drafts_law(monkeypatch):
     import sharpi_core.generate as generate_mod
     from sharpi_core.sampling import draw
     monkeypatch.setattr(generate_mod, "accept_sampled", lambda d, q, p, g, p_min=0.0: (len(d), draw(p[len(d)], g)))
-    outside, z_logp, _ = law_scores(sampled_runs(seed=11, prompts=LAW_PROMPTS[:1]))
+    outside, z_logp, _ = law_scores(sampled_runs(seed=11, prompts=LAW_PROMPTS[:1], n=200))
     assert outside > 0
