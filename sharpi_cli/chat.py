@@ -674,13 +674,22 @@ class Transcript:
         try:
             self.f.write(text)
         except OSError as e:
-            raise SharpiError(f"cannot write the output file {self.name}: {e.strerror}") from None
+            self._failed(e)
 
     def close(self) -> None:
         try:
             self.f.close()
         except OSError as e:  # (what the line buffer still held)
-            raise SharpiError(f"cannot write the output file {self.name}: {e.strerror}") from None
+            self._failed(e)
+
+    def _failed(self, e: OSError):
+        """The file given up, closed at once: what its buffer holds cannot be written, and a file object left open
+        would try again when collected (Python then prints the failure, traceback and all, on stderr)."""
+        try:
+            self.f.close()
+        except OSError:
+            pass
+        raise SharpiError(f"cannot write the output file {self.name}: {e.strerror}") from None
 
     def __enter__(self):
         return self
