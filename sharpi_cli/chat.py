@@ -7,6 +7,7 @@ import re
 import signal
 import sys
 from dataclasses import replace
+from typing import NoReturn
 
 from sharpi_core.errors import SharpiError
 from sharpi_core.text import text_from_bytes, without_surrogates
@@ -465,9 +466,9 @@ def parse_command(line: str) -> tuple[str, str] | None:
 def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> int:
     """llama-cli's conversation loop and commands; a turn that does not fit the context is refused
     with one line and the session goes on (only -st, one turn, exits on it)."""
+    from .inputs import reverse_prompt_tokens
     from .log import log
     from .runner import print_report
-    from .inputs import reverse_prompt_tokens
     tok = target.tokenizer
     tags = reply_tags(o, tok)
     color = use_color(o.color)
@@ -682,7 +683,7 @@ class Transcript:
         except OSError as e:  # (what the line buffer still held)
             self._failed(e)
 
-    def _failed(self, e: OSError):
+    def _failed(self, e: OSError) -> NoReturn:
         """The file given up, closed at once: what its buffer holds cannot be written, and a file object left open
         would try again when collected (Python then prints the failure, traceback and all, on stderr)."""
         try:

@@ -62,9 +62,9 @@ def _add(total: GenerationResult, res: GenerationResult) -> None:
 
 def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
     from .chat import Interrupt, hidden_typing
+    from .inputs import process_escapes, reverse_prompt_tokens
     from .log import log
     from .runner import print_report
-    from .inputs import process_escapes, reverse_prompt_tokens
     tok = target.tokenizer
     out = sys.stdout
     encode = lambda s: tok.encode(s, add_special=False, parse_special=True) if s else []  # noqa: E731
