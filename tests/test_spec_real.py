@@ -13,6 +13,7 @@ from conftest import FIXTURES_DIR, QWEN05, QWEN15, SMOL, loaded, model_path
 from sharpi_core.generate import Generator
 from sharpi_core.sampling import SamplingParams, apply_penalties, filtered_probs
 from sharpi_core.speculative import DraftModelDrafter, LookupDrafter
+from toy import chi2_sf
 
 GREEDY = SamplingParams(temp=0.0)
 ECHO = ("Repeat the list exactly.\nList: apples, bananas, cherries, dates, elderberries, figs, grapes.\n"
@@ -242,15 +243,12 @@ def law_scores(runs) -> tuple[int, float, float]:
     return outside, sums[0] / math.sqrt(sums[1]), sums[2] / math.sqrt(sums[3])
 
 
-def two_sided(z: float) -> float:
-    return math.erfc(abs(z) / math.sqrt(2))
-
-
 @pytest.mark.slow
 def test_sampled_speculation_on_the_real_pair_is_a_sample_of_the_target():
     outside, z_logp, z_accept = law_scores(sampled_runs(seed=11))
     assert outside == 0
-    assert two_sided(z_logp) > 1e-3 and two_sided(z_accept) > 1e-3, (z_logp, z_accept)
+    # (two-sided normal p-values: a z squared is chi-square with one degree of freedom)
+    assert chi2_sf(z_logp ** 2, 1) > 1e-3 and chi2_sf(z_accept ** 2, 1) > 1e-3, (z_logp, z_accept)
 
 
 @pytest.mark.slow
