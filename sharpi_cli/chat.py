@@ -662,12 +662,13 @@ def reply_text(tok, res, special: bool, stops=()) -> str:
 
 
 class Transcript:
-    """-o's file, line-buffered (each turn as it ends); a write that fails (a full disk) is one error line naming it."""
+    """-o's file, line-buffered (each turn as it ends); a write that fails (a full disk) is one error line naming it.
+    A file name that is not UTF-8 (one /glob found) is written as the chat shows it (`\\udcfe`)."""
 
     def __init__(self, name: str):
         self.name = name
         try:
-            self.f = open(name, "w", encoding="utf-8", buffering=1)
+            self.f = open(name, "w", encoding="utf-8", errors="backslashreplace", buffering=1)
         except OSError as e:
             raise SharpiError(f"cannot write the output file {name}: {e.strerror}") from None
 

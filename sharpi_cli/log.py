@@ -74,8 +74,9 @@ def configure(on: bool, level: int, prefix: tuple[bool, bool] | None) -> None:
 
 
 def write_to(path: str) -> None:
-    """--log-file: the log also goes to path, written anew (OSError where it cannot be opened)."""
-    _LOG_FILE[0] = open(path, "w", encoding="utf-8", buffering=1)
+    """--log-file: the log also goes to path, written anew (OSError where it cannot be opened). A file name that is
+    not UTF-8 goes in as stderr shows it (`\\udcff`), not as an error while the log reports one."""
+    _LOG_FILE[0] = open(path, "w", encoding="utf-8", errors="backslashreplace", buffering=1)
 
 
 def reset() -> None:

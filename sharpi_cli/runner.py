@@ -272,7 +272,8 @@ def _run(o: RunOptions) -> int:
     pcache = None
     if o.prompt_cache and not o.interactive:
         from sharpi_core.prompt_cache import PromptCacheFile
-        pcache = PromptCacheFile(o.prompt_cache, model_settings(o, target.model.config.n_layer))
+        pcache = PromptCacheFile(o.prompt_cache, model_settings(o, target.model.config.n_layer),
+                                 n_vocab=target.model.config.n_vocab)
         if prompt == "" and not o.single_turn and "target" in pcache.entries:
             ids = list(pcache.entries["target"]["tokens"])  # (llama-completion: "using full prompt from session file")
             log(f"note: --prompt-cache {o.prompt_cache}: an empty prompt continues its session ({len(ids)} tokens)")
@@ -547,7 +548,7 @@ def result_json(res, target, seed: int) -> dict:
         "text": res.text,
         "tokens": list(res.tokens),
         "stop_reason": res.stop_reason,
-        "model": str(target.path),
+        "model": without_surrogates(str(target.path)),  # (JSON is UTF-8: a path's undecodable bytes U+FFFD)
         "seed": seed,
         "timings": {
             "load_ms": round(target.load_ms, 2),

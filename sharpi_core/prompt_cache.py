@@ -86,18 +86,22 @@ def _digest(tokens: list[int], arrays: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _entry_ok(e) -> bool:
-    return (isinstance(e, dict) and isinstance(e.get("tokens"), list) and all(type(t) is int for t in e["tokens"])
+def _entry_ok(e, n_vocab: int | None) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("tokens"), list)
+            and all(type(t) is int and 0 <= t < (n_vocab or 1 << 31) for t in e["tokens"])
             and isinstance(e.get("arrays"), dict) and all(isinstance(a, torch.Tensor) for a in e["arrays"].values())
             and isinstance(e.get("digest"), str))
 
 
 class PromptCacheFile:
-    def __init__(self, path: str | os.PathLike, settings: str = ""):
+    def __init__(self, path: str | os.PathLike, settings: str = "", n_vocab: int | None = None):
         """settings: what else decides the cached K and V besides the model file and the cache types (the
-        CLI's --rope-* and --override-kv, as text; "" without them): an entry made under others is refused."""
+        CLI's --rope-* and --override-kv, as text; "" without them): an entry made under others is refused.
+        n_vocab: the target's vocabulary; an entry with a token id outside it is damaged (it would be embedded
+        or shown)."""
         self.path = Path(path)
         self.settings = settings
+        self.n_vocab = n_vocab
         # written through a symbolic link, as llama.cpp writes its session files (files.replaced)
         self._target, plain = plain_target(self.path)
         if not plain and not self._target.is_char_device():  # (a FIFO would hold the run until someone wrote)
@@ -131,7 +135,7 @@ class PromptCacheFile:
         entries = d["entries"]
         for name, e in entries.items():
             try:  # (arrays torch cannot view as bytes, zero-dimensional or sparse ones: no file of ours has them)
-                ok = _entry_ok(e) and _digest(e["tokens"], e["arrays"]) == e["digest"]
+                ok = _entry_ok(e, self.n_vocab) and _digest(e["tokens"], e["arrays"]) == e["digest"]
             except (RuntimeError, ValueError, TypeError):
                 ok = False
             if not ok:

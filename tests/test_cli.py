@@ -158,6 +158,16 @@ def test_json_output(smol):
     assert shown["text"] == plain["text"] + "<|im_end|>"
 
 
+def test_json_is_utf_8_whatever_the_model_path(smol, tmp_path):
+    """--json's `model` is the path; one whose bytes are not UTF-8 gives U+FFFD each (its raw bytes made the output
+    invalid JSON)."""
+    odd = tmp_path / "m\udcff.gguf"
+    odd.symlink_to(smol)
+    r = sharpi("-m", odd, "-p", "Hi", "-n", 1, "--temp", 0, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.encode("utf-8"))["model"] == f"{tmp_path}/m\ufffd.gguf"
+
+
 def test_stdin_prompt_and_file(smol, tmp_path):
     r = sharpi("-m", smol, "-n", 4, "--temp", 0, "--json", input="The capital of France is")
     assert r.returncode == 0, r.stderr
@@ -843,6 +853,14 @@ def test_log_file_gets_the_log_too(smol, tmp_path):
     r = sharpi("-m", smol, "-p", "Hi", "--top-p", "nan", "--log-file", str(f))
     assert f.read_text() == one_error_line(r, 2, "--top-p") + "\n"
     one_error_line(sharpi("-m", smol, "-p", "Hi", "--log-file", str(tmp_path / "no" / "dir.txt")), 1, "cannot write the log file")
+    # a line naming a file whose name is not UTF-8 goes in as stderr shows it (it was a traceback, UnicodeEncodeError,
+    # the error being reported lost), an error line and a warning alike
+    line = one_error_line(sharpi("-m", "nope\udcff", "-p", "Hi", "--log-file", str(f)), 2, "model not found: 'nope\udcff'")
+    assert f.read_text() == line.replace("\udcff", "\\udcff") + "\n"
+    odd = tmp_path / "odd\udcfb.txt"
+    odd.write_bytes(b"Hi \xff")
+    r = sharpi("-m", smol, "-f", odd, "-n", "2", "--temp", "0", "--log-file", str(f))
+    assert r.returncode == 0 and "odd\\udcfb.txt is not all UTF-8 text" in f.read_text(), r.stderr
     # a log that cannot be written (a full disk) is given up with one warning, and the run goes on (it was an exit 1
     # after the output, naming no file); so is stderr itself (llama.cpp's log goes on without it)
     plain = sharpi("-m", smol, "-p", "Hi", "-n", "2", "--temp", "0", process=True)
@@ -1913,6 +1931,11 @@ def test_chat_glob_and_transcript(smol, tmp_path, monkeypatch):
                                + "".join(f"Assistant:\n{t}" + ("" if t.endswith("\n") else "\n") + "\n" for t in replies))
     r = sharpi("-m", smol, "-st", "-p", "Say hi.", "--temp", 0, "-n", 6, "-o", out)
     assert r.returncode == 0 and out.read_text() == f"User:\nSay hi.\n\nAssistant:\n{r.stdout.strip()}\n\n"
+    # a file whose name is not UTF-8 is named in the transcript as the chat shows it (a traceback there before)
+    (d / "\udcfe.txt").write_text("delta\n")
+    r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "-o", out, input="/glob notes/*.txt\nWhich?\n")
+    assert r.returncode == 0 and f"[{tmp_path}/notes/\udcfe.txt: 6 characters" in r.stderr, r.stderr
+    assert f"User: Added text file: {tmp_path}/notes/\\udcfe.txt\n" in out.read_text()
     one_error_line(sharpi("-m", smol, "-st", "-p", "hi", "-o", tmp_path / "no" / "x.txt"), 2, "cannot be written")
     r = sharpi("-m", smol, "-p", "hi", "-n", 2, "-o", tmp_path / "raw.txt")  # (one-shot raw text: no chat)
     assert r.returncode == 0 and "this run is not a chat, nothing written" in r.stderr

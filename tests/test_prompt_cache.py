@@ -153,6 +153,23 @@ def test_prompt_cache_refusals_leave_the_file(tmp_path):
         with pytest.raises(SharpiError, match="damaged"):
             PromptCacheFile(tmp_path / name)
         assert (tmp_path / name).read_bytes() == bad
+    # token ids outside the vocabulary under a digest made to match (a file edited by hand): damaged, where they
+    # were a traceback (IndexError) when embedded or shown
+    from sharpi_core.prompt_cache import _digest
+    for i, wrong in enumerate((49152, -5, 2 ** 70)):
+        d = torch.load(f, weights_only=True)
+        e = d["entries"]["target"]
+        e["tokens"][-1] = wrong
+        e["digest"] = _digest(e["tokens"], e["arrays"])
+        torch.save(d, tmp_path / f"vocab{i}")
+        with pytest.raises(SharpiError, match="damaged"):
+            PromptCacheFile(tmp_path / f"vocab{i}", n_vocab=49152)
+        one_error_line(sharpi("-m", smol, "-p", "", "-n", 1, "--prompt-cache", tmp_path / f"vocab{i}"), 1,
+                       "damaged (its target entry does not check out")
+    e["tokens"][-1] = 49151
+    e["digest"] = _digest(e["tokens"], e["arrays"])
+    torch.save(d, tmp_path / "edited")
+    assert sharpi("-m", smol, "-p", "", "-n", 1, "--prompt-cache", tmp_path / "edited").returncode == 0
     # a symbolic link is written through
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "real")
