@@ -596,12 +596,14 @@ def print_report(target, res, o: RunOptions) -> None:
     log(f"sharpi:       total time = {target.load_ms + t.prompt_ms + t.eval_ms:10.2f} ms / {t.prompt_n + t.eval_n:5d} tokens")
     if res.spec is not None:
         s = res.spec.as_dict()
+        # (what drafts on without the model: lookup, or llama.cpp's n-gram drafters in front of it)
+        free = (", ".join(o.spec_ngram) + (" go" if len(o.spec_ngram) > 1 else " goes")) if o.spec_ngram else "lookup goes"
         log(f"sharpi: speculative: drafted {s.get('drafted')}, accepted {s.get('accepted')}"
             + (f" ({100 * s['acceptance']:.1f}%)" if s.get("drafted") else "")
             + (f", {s['tokens_per_pass']:.2f} tokens per target pass" if s.get("target_passes") else "")
             + f", {s.get('steps_no_proposal', 0)} steps without a proposal"
             + (f", {s['plain_by_cost']} plain steps chosen by cost" if s.get("plain_by_cost") else "")
-            + ((" (the draft model off: slower than plain decoding here; lookup goes on)" if s.get("sources")
+            + ((f" (the draft model off: slower than plain decoding here; {free} on)" if s.get("sources")
                 else " (speculation off: slower than plain decoding here)") if s.get("cost_off") else ""))
         for name, v in s.get("sources", {}).items():
             log(f"sharpi: speculative, {name}: {v['steps']} steps, drafted {v['drafted']}, accepted {v['accepted']}"

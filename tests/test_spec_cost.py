@@ -196,10 +196,11 @@ def test_within_the_margin_a_draft_model_stays_on():
 class _Hybrid:
     """A drafter of two sources (as HybridDrafter): the model's proposals unless set aside."""
 
-    names = ("lookup", "draft")
+    model_source = "draft"
 
     def __init__(self, model_props, lookup_props):
         self.model, self.lookup = _Props(model_props, free=False), _Props(lookup_props)
+        self.fallback = self.lookup
         self.use_model = True
         self.source = self.measured = None
 
@@ -231,6 +232,47 @@ def test_a_hybrid_that_does_not_pay_sets_its_model_aside_and_lookup_goes_on():
     assert c.plan([1, 2, 3, 7, 7, 7], 7, 4) >= 1  # the text copies itself: lookup's steps come back
     c.begin()  # the next call starts with the model again
     assert d.use_model and not c.model_off and not c.free and c.plan([], 0, 4) == 0
+
+
+class _Source:
+    """An n-gram source as NgramChain holds them: drafts `props` (none while empty)."""
+
+    name, n_max = "ngram-simple", 4
+
+    def __init__(self):
+        self.props, self.calls = [], 0
+
+    def begin(self, prompt):
+        pass
+
+    def draft(self, prompt, sampled):
+        self.calls += 1
+        return list(self.props)
+
+    def accept(self, n, other):
+        pass
+
+
+def test_ngram_drafters_before_a_draft_model_go_on_when_it_is_set_aside():
+    """--spec-type ngram-* with -md: a draft model whose steps do not pay is set aside as a hybrid's is, and the
+    n-gram drafters go on alone (speculation went off as a whole, n-gram drafters and all)."""
+    from sharpi_core.speculative import NgramChain  # noqa: PLC0415
+    src, model = _Source(), _Props([1], free=False)
+    d = NgramChain([src], model, 4)
+    c = SpecCost(d)
+    while not c.model_off and not c.off and len(c._steps) < 30:
+        run_steps(c, 1, 2, 4.0)  # 2 tokens in 4 plain steps' time: the model's steps do not pay
+    assert c.model_off and not c.off and c.free and not d.use_model
+    assert d.propose([1, 2, 3], 4) == ([], None) and model.calls == 0  # (the model is not asked)
+    src.props = [7, 7, 7, 7]
+    assert d.propose([1, 2, 3], 4) == ([7, 7, 7, 7], None) and d.source == "ngram-simple"
+    for _ in range(3):  # n-gram proposals that are never right: plain steps, their shadows the chain's, not the model's
+        c.spec(5, 3.0, 4, 0.0, 0, 1)
+    assert c.plan([1, 2], 3, 4) == 0 and c._shadow == (3, [7, 7, 7, 7]) and model.calls == 0
+    c.begin()  # the next call starts with the model again
+    assert d.use_model and not c.model_off and not c.free
+    src.props = []
+    assert d.propose([1, 2, 3], 4) == ([1], None) and d.source == "draft"
 
 
 def test_a_hybrid_is_given_the_step_costs_measured_here():

@@ -34,7 +34,8 @@ half the target's, so speculating with that pair goes from ~1.05x plain on code 
   again). Plain steps are measured where nothing matched, and forced only every 4 REFRESH verify steps.
 - Lookup and a draft model together (speculative.HybridDrafter, which picks each step's source and count itself)
   are judged as a draft model is, on all their steps; where they do not pay, the draft model is set aside for
-  RETRY steps (`use_model`) and lookup goes on alone, step by step as above: copied text still speeds up.
+  RETRY steps (`use_model`) and lookup goes on alone, step by step as above: copied text still speeds up. So do
+  llama.cpp's n-gram drafters in front of a draft model (speculative.NgramChain).
   While both go on, the hybrid weighs its sources with this machine's costs (`step_cost`: the verify passes and
   the model's proposals as measured here) instead of its fixed estimates.
 
@@ -134,10 +135,11 @@ class SpecCost:
         # the same, until they are measured (verify_time, draft_time)
         self.guess = fixed or guess
         self._free = bool(getattr(drafter, "free", False))
-        # a drafter with a free source to fall back on (HybridDrafter: its lookup), which then weighs its sources
-        # with the costs measured here (step_cost)
-        self._fallback = getattr(drafter, "lookup", None) if hasattr(drafter, "use_model") else None
-        self._model_name = drafter.names[1] if self._fallback is not None else None
+        # a drafter with free sources to fall back on while its model is set aside (use_model; HybridDrafter: its
+        # lookup, which proposes the shadows then, and it weighs its sources with the costs measured here, step_cost;
+        # NgramChain with a model: its n-gram sources)
+        self._fallback = getattr(drafter, "fallback", None)
+        self._model_name = drafter.model_source if self._fallback is not None else None
         # a drafter of one source (a draft model, an MTP head) proposes the count chosen here (`best`; count=False:
         # the generator's); one of several (HybridDrafter, NgramChain: `source` names each step's) keeps its sources'
         self._count = count and not hasattr(drafter, "source")

@@ -59,6 +59,15 @@ class HybridDrafter(WrapsModel):
         if observe is not None:  # (the MTP head sees every target pass, whichever source proposed)
             self.observe = observe
 
+    @property
+    def fallback(self):
+        """What proposes while speculative.SpecCost sets the model aside (use_model False): lookup."""
+        return self.lookup
+
+    @property
+    def model_source(self) -> str:
+        return self.names[1]
+
     def _count(self, name: str, k: int) -> int:
         return min(k, max(self._k[name], self.n_min)) if self.adapts else k
 

@@ -510,6 +510,9 @@ class NgramChain(WrapsModel):
         # the most tokens a step may verify: the sources' own sizes (llama.cpp's common_speculative_n_max), the
         # model's --spec-draft-n-max
         self.n_max = max([s.n_max for s in sources] + ([model_n_max] if model is not None else []))
+        # False: the n-gram sources alone (speculative.SpecCost sets the model aside where its steps do not pay)
+        self.use_model = True
+        self.model_source = "draft"
         self.source: str | None = None
         self._last = None          # the source of the last proposal (llama.cpp's impl_last)
         self._at = 0               # the history length it proposed after
@@ -517,6 +520,11 @@ class NgramChain(WrapsModel):
         observe = getattr(model, "observe", None)
         if observe is not None:  # (an MTP head sees every target pass, whichever source proposed)
             self.observe = observe
+
+    @property
+    def fallback(self):
+        """What proposes while speculative.SpecCost sets the model aside: this chain without it (None without one)."""
+        return self if self.model is not None and self.sources else None
 
     def begin(self, prompt: list[int]) -> None:
         """A generation's prompt is in the target's cache (llama.cpp's common_speculative_begin)."""
@@ -536,7 +544,7 @@ class NgramChain(WrapsModel):
                 if getattr(s, "n_draft_last", 0) > k:  # (ngram-mod grades itself on what is verified: k of them)
                     s.n_draft_last = k
                 return list(d[:k]), None
-        if self.model is not None and k > 0:
+        if self.model is not None and self.use_model and k > 0:
             asked = min(k, self.model_n_max)
             props, q = self.model.propose(history, asked)
             # (--spec-draft-n-min: a plain step; sampled drafts by what was asked, see Generator._spec_step)
