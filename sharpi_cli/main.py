@@ -93,6 +93,43 @@ ModelUrlOpt = Annotated[Optional[str], Opt("-mu", "--model-url", help="a GGUF's 
                                            "only when the server's ETag changes")]
 CacheListOpt = Annotated[bool, Opt("-cl", "--cache-list", help="list the models -hf fetched (the hub's cache) and exit")]
 
+# what the model computes besides its file, the same in `run` and `perplexity` (llama.cpp's common flags)
+RopeScalingOpt = Annotated[Optional[str], Opt("--rope-scaling", help="RoPE frequency scaling: none, linear or yarn "
+                                              "(default: the model's)")]
+RopeScaleOpt = Annotated[float, Opt("--rope-scale", help="RoPE context scaling factor: positions divided by N (0 = the "
+                                    "model's)")]
+RopeFreqBaseOpt = Annotated[float, Opt("--rope-freq-base", help="RoPE base frequency (0 = the model's)")]
+RopeFreqScaleOpt = Annotated[float, Opt("--rope-freq-scale", help="RoPE frequency scaling factor: positions times N "
+                                        "(0 = the model's)")]
+YarnOrigCtxOpt = Annotated[int, Opt("--yarn-orig-ctx", help="YaRN: the model's original context size (0 = the model's)")]
+YarnExtFactorOpt = Annotated[float, Opt("--yarn-ext-factor", help="YaRN: extrapolation mix factor (0.0 = full "
+                                        "interpolation; -1 = 1 under yarn scaling, else 0)")]
+YarnAttnFactorOpt = Annotated[float, Opt("--yarn-attn-factor", help="YaRN: attention magnitude scale (-1 = the model's)")]
+YarnBetaSlowOpt = Annotated[float, Opt("--yarn-beta-slow", help="YaRN: high correction dim or alpha (-1 = the model's)")]
+YarnBetaFastOpt = Annotated[float, Opt("--yarn-beta-fast", help="YaRN: low correction dim or beta (-1 = the model's)")]
+OverrideKvOpt = Annotated[list[str], Opt("--override-kv", help="KEY=TYPE:VALUE[,...]: replace (or add) a metadata value "
+                                         "of the model (and of the draft) (TYPE int, float, bool, str), e.g. "
+                                         "tokenizer.ggml.add_bos_token=bool:false; repeatable", show_default=False)]
+CheckTensorsOpt = Annotated[bool, Opt("--check-tensors", help="check every tensor's data (float values, quantized "
+                                      "blocks' scales) for inf and nan before loading, as llama.cpp's loader does")]
+
+# the log on stderr, the same in `run` and `perplexity`
+LogDisableOpt = Annotated[bool, Opt("--log-disable", help="no information, warnings or timings on stderr (errors still)")]
+LogFileOpt = Annotated[Optional[str], Opt("--log-file", help="the log (information, warnings, timings, an error) "
+                                          "written to this file too (anew)")]
+VerboseOpt = Annotated[bool, Opt("--verbose", "-v", "--log-verbose", help="more detail on stderr")]
+VerbosityOpt = Annotated[int, Opt("-lv", "--verbosity", "--log-verbosity", help="llama.cpp's log threshold: 3 "
+                                  "information, warnings and timings; 2 warnings only; 1 or less none (as "
+                                  "--log-disable; an error is always shown); 4 or more as --verbose")]
+LogPrefixOpt = Annotated[Optional[bool], Opt("--log-prefix/--no-log-prefix", help="each log line (stderr, --log-file) "
+                                             "starts with its level, I, W or E, as llama.cpp's (default: off)",
+                                             show_default=False)]
+LogTimestampsOpt = Annotated[Optional[bool], Opt("--log-timestamps/--no-log-timestamps", help="... and the time since "
+                                                 "the start, M.SS.mmm.uuu (implies --log-prefix unless "
+                                                 "--no-log-prefix)", show_default=False)]
+LogColorsOpt = Annotated[str, Opt("--log-colors", help="the prefixed lines' colors: on, off or auto (= when stdout or "
+                                  "stderr is a terminal and NO_COLOR is unset)")]
+
 # (the bias as std::stof reads it: a sign of its own, an exponent, inf or infinity; not nan)
 LOGIT_BIAS_RE = re.compile(r"^\s*(\d+)\s*([+-])\s*([+-]?(?:inf(?:inity)?|(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?))\s*$", re.I)
 
@@ -130,17 +167,15 @@ def run(
     n_predict: Annotated[int, Opt("-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end of generation, or a full context "
                                   "without --context-shift; -2 = until end of generation or a full context)")] = -1,
     ctx_size: Annotated[int, Opt("-c", "--ctx-size", help="context size (0 = the model's)")] = 4096,
-    rope_scaling: Annotated[Optional[str], Opt("--rope-scaling", help="RoPE frequency scaling: none, linear or yarn (default: "
-                                               "the model's)")] = None,
-    rope_scale: Annotated[float, Opt("--rope-scale", help="RoPE context scaling factor: positions divided by N (0 = the model's)")] = 0.0,
-    rope_freq_base: Annotated[float, Opt("--rope-freq-base", help="RoPE base frequency (0 = the model's)")] = 0.0,
-    rope_freq_scale: Annotated[float, Opt("--rope-freq-scale", help="RoPE frequency scaling factor: positions times N (0 = the model's)")] = 0.0,
-    yarn_orig_ctx: Annotated[int, Opt("--yarn-orig-ctx", help="YaRN: the model's original context size (0 = the model's)")] = 0,
-    yarn_ext_factor: Annotated[float, Opt("--yarn-ext-factor", help="YaRN: extrapolation mix factor (0.0 = full interpolation; "
-                                          "-1 = 1 under yarn scaling, else 0)")] = -1.0,
-    yarn_attn_factor: Annotated[float, Opt("--yarn-attn-factor", help="YaRN: attention magnitude scale (-1 = the model's)")] = -1.0,
-    yarn_beta_slow: Annotated[float, Opt("--yarn-beta-slow", help="YaRN: high correction dim or alpha (-1 = the model's)")] = -1.0,
-    yarn_beta_fast: Annotated[float, Opt("--yarn-beta-fast", help="YaRN: low correction dim or beta (-1 = the model's)")] = -1.0,
+    rope_scaling: RopeScalingOpt = None,
+    rope_scale: RopeScaleOpt = 0.0,
+    rope_freq_base: RopeFreqBaseOpt = 0.0,
+    rope_freq_scale: RopeFreqScaleOpt = 0.0,
+    yarn_orig_ctx: YarnOrigCtxOpt = 0,
+    yarn_ext_factor: YarnExtFactorOpt = -1.0,
+    yarn_attn_factor: YarnAttnFactorOpt = -1.0,
+    yarn_beta_slow: YarnBetaSlowOpt = -1.0,
+    yarn_beta_fast: YarnBetaFastOpt = -1.0,
     context_shift: Annotated[bool, Opt("--context-shift/--no-context-shift", help="when the context is full, drop the older half "
                                        "of the tokens after --keep and go on generating (default: stop)", show_default=False)] = False,
     keep: Annotated[int, Opt("--keep", help="--context-shift keeps this many prompt tokens, after its BOS (-1 = all of the prompt)")] = 0,
@@ -178,9 +213,7 @@ def run(
                                            "top_k;typ_p;top_p;min_p;xtc;temperature)")] = None,
     sampling_seq: Annotated[Optional[str], Opt("--sampling-seq", "--sampler-seq", help="the sampler order as letters (default: edskypmxt)")] = None,
     logit_bias: Annotated[list[str], Opt("-l", "--logit-bias", help="TOKEN_ID(+|-)BIAS, repeatable", show_default=False)] = [],
-    override_kv: Annotated[list[str], Opt("--override-kv", help="KEY=TYPE:VALUE[,...]: replace (or add) a metadata value of "
-                                          "the model and the draft (TYPE int, float, bool, str), e.g. "
-                                          "tokenizer.ggml.add_bos_token=bool:false; repeatable", show_default=False)] = [],
+    override_kv: OverrideKvOpt = [],
     ignore_eos: Annotated[bool, Opt("--ignore-eos", help="never end at an end-of-generation token (a -inf logit bias on them)")] = False,
     grammar: Annotated[Optional[str], Opt("--grammar", help="a GBNF grammar the output must follow (llama.cpp's syntax)")] = None,
     grammar_file: Annotated[Optional[str], Opt("--grammar-file", help="a file holding a GBNF grammar")] = None,
@@ -266,8 +299,7 @@ def run(
     mmproj_auto: Annotated[bool, Opt("--mmproj-auto/--no-mmproj", " /--no-mmproj-auto", help="llama-cli's use of a "
                                      "-hf repository's projector: sharpi fetches none (--no-mmproj is what it does)",
                                      show_default=False)] = False,
-    check_tensors: Annotated[bool, Opt("--check-tensors", help="check every tensor's data (float values, quantized "
-                                       "blocks' scales) for inf and nan before loading, as llama.cpp's loader does")] = False,
+    check_tensors: CheckTensorsOpt = False,
     list_devices: Annotated[bool, Opt("--list-devices", help="print the devices sharpi can run on and exit")] = False,
     mlock: MlockOpt = False,
     repack: Annotated[bool, Opt("--repack/--no-repack", " /-nr", help="repack Q4_K and Q4_1 weights at load for the CPU "
@@ -325,13 +357,11 @@ def run(
                                            "echo it)", show_default=False)] = False,
     simple_io: Annotated[bool, Opt("--simple-io", help="read input without line editing (no arrow keys, no history), "
                                    "for subprocesses and limited consoles")] = False,
-    log_disable: Annotated[bool, Opt("--log-disable", help="no information, warnings or timings on stderr (errors "
-                                     "still)")] = False,
+    log_disable: LogDisableOpt = False,
     output_file: Annotated[Optional[str], Opt("-o", "--output", "--output-file", help="a chat's transcript (User: / "
                                               "Assistant: turns, files added, reasoning apart), written anew, as "
                                               "llama-cli's")] = None,
-    log_file: Annotated[Optional[str], Opt("--log-file", help="the log (information, warnings, timings, an error) "
-                                           "written to this file too (anew)")] = None,
+    log_file: LogFileOpt = None,
     perf: Annotated[bool, Opt("--perf/--no-perf", help="the timings at the end of a run (default: on)",
                               show_default=False)] = True,
     special: Annotated[bool, Opt("-sp", "--special", help="show control tokens (<|im_end|>, ...) in the prompt's echo and the output")] = False,
@@ -351,18 +381,11 @@ def run(
     prompt_cache_all: Annotated[bool, Opt("--prompt-cache-all", help="--prompt-cache keeps the generated tokens too")] = False,
     prompt_cache_ro: Annotated[bool, Opt("--prompt-cache-ro", help="use --prompt-cache without updating it")] = False,
     json_out: Annotated[bool, Opt("--json", help="print one JSON object (text, tokens, stop reason, timings, spec stats)")] = False,
-    verbose: Annotated[bool, Opt("--verbose", "-v", "--log-verbose", help="more detail on stderr")] = False,
-    verbosity: Annotated[int, Opt("-lv", "--verbosity", "--log-verbosity", help="llama.cpp's log threshold: 3 "
-                                  "information, warnings and timings; 2 warnings only; 1 or less none (as "
-                                  "--log-disable; an error is always shown); 4 or more as --verbose")] = 3,
-    log_prefix: Annotated[Optional[bool], Opt("--log-prefix/--no-log-prefix", help="each log line (stderr, --log-file) "
-                                              "starts with its level, I, W or E, as llama.cpp's (default: off)",
-                                              show_default=False)] = None,
-    log_timestamps: Annotated[Optional[bool], Opt("--log-timestamps/--no-log-timestamps", help="... and the time since "
-                                                  "the start, M.SS.mmm.uuu (implies --log-prefix unless "
-                                                  "--no-log-prefix)", show_default=False)] = None,
-    log_colors: Annotated[str, Opt("--log-colors", help="the prefixed lines' colors: on, off or auto (= when stdout or "
-                                   "stderr is a terminal and NO_COLOR is unset)")] = "auto",
+    verbose: VerboseOpt = False,
+    verbosity: VerbosityOpt = 3,
+    log_prefix: LogPrefixOpt = None,
+    log_timestamps: LogTimestampsOpt = None,
+    log_colors: LogColorsOpt = "auto",
     show_version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
     # speculative decoding
     model_draft: Annotated[Optional[str], Opt("-md", "--model-draft", "--spec-draft-model", help="draft model (path or known name) for speculative decoding")] = None,
@@ -542,6 +565,7 @@ def drop_env_alternatives(ctx: typer.Context, opts) -> None:
 
 @app.command()
 def perplexity(
+    ctx: typer.Context,
     model: Annotated[Optional[str], Opt("-m", "--model")] = None,
     file: Annotated[Optional[str], Opt("-f", "--file", help="text file")] = None,
     ctx_size: Annotated[int, Opt("-c", "--ctx-size")] = 512,
@@ -596,15 +620,34 @@ def perplexity(
     hf_token: HfTokenOpt = None,
     model_url: ModelUrlOpt = None,
     offline: OfflineOpt = False,
+    rope_scaling: RopeScalingOpt = None,
+    rope_scale: RopeScaleOpt = 0.0,
+    rope_freq_base: RopeFreqBaseOpt = 0.0,
+    rope_freq_scale: RopeFreqScaleOpt = 0.0,
+    yarn_orig_ctx: YarnOrigCtxOpt = 0,
+    yarn_ext_factor: YarnExtFactorOpt = -1.0,
+    yarn_attn_factor: YarnAttnFactorOpt = -1.0,
+    yarn_beta_slow: YarnBetaSlowOpt = -1.0,
+    yarn_beta_fast: YarnBetaFastOpt = -1.0,
+    override_kv: OverrideKvOpt = [],
+    check_tensors: CheckTensorsOpt = False,
+    log_disable: LogDisableOpt = False,
+    log_file: LogFileOpt = None,
+    verbose: VerboseOpt = False,
+    verbosity: VerbosityOpt = 3,
+    log_prefix: LogPrefixOpt = None,
+    log_timestamps: LogTimestampsOpt = None,
+    log_colors: LogColorsOpt = "auto",
 ):
     """Perplexity of a text, computed like llama-perplexity."""
     from . import inputs, options, tools
+    from sharpi_core.gguf_file import parse_kv_overrides
+    check_int_ranges(ctx)
     model = inputs.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
-    opts = options.RunOptions(model=model, lora=lora, lora_scaled=lora_scaled, control_vector=control_vector,
-                              control_vector_scaled=control_vector_scaled,
-                              control_vector_layer_range=control_vector_layer_range, mmap=mmap, mlock=mlock,
-                              load_mode=load_mode, n_gpu_layers=n_gpu_layers, device=device or "cpu",
-                              batch_size=batch_size, ubatch_size=ubatch_size)
+    # (the flags perplexity shares with run, as RunOptions holds them)
+    opts = options.RunOptions(**{k: v for k, v in locals().items() if k in options.RunOptions.__dataclass_fields__})
+    opts.model, opts.device = model, device or "cpu"
+    opts.kv_overrides = parse_kv_overrides(override_kv)
     scores = tools.ChoiceScores(hellaswag, hellaswag_tasks, winogrande, winogrande_tasks, multiple_choice,
                                 multiple_choice_tasks, binary_file, parallel)
     with reader_gone():

@@ -6,6 +6,7 @@ import os
 import random
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -33,18 +34,35 @@ def reads_typed_lines(o: RunOptions) -> bool:
     return not o.simple_io and not o.json_out and (o.interactive or o.conversation is not False)
 
 
-def run(o: RunOptions) -> int:
+@contextmanager
+def command_log(o: RunOptions, outputs: list[tuple[str, str | None]] | None = None,
+                also_read: list[tuple[str, str | None]] = ()):
+    """A command's log as -lv, --log-disable, --log-prefix, --log-timestamps, --log-colors and --log-file set it
+    (run's and perplexity's): the log file opened once check_outputs (outputs, also_read: its) finds it is no file
+    the command reads, an error inside written to it too, everything back to the defaults at the end."""
     prefixed = o.log_prefix if o.log_prefix is not None else o.log_timestamps
     logs.configure(not o.log_disable and o.verbosity >= 2, o.verbosity,
                    (bool(o.log_timestamps), log_colors(o.log_colors)) if prefixed else None)
     if o.verbosity >= 4:
         o.verbose = True
-    check_outputs(o)
-    if o.log_file is not None:  # (llama.cpp's --log-file: the log also goes there, the file written anew)
+    try:
+        check_outputs(o, outputs, also_read)
+        if o.log_file is not None:  # (llama.cpp's --log-file: the log also goes there, the file written anew)
+            try:
+                logs.write_to(o.log_file)
+            except OSError as e:
+                raise SharpiError(f"cannot write the log file {o.log_file}: {e.strerror}") from None
         try:
-            logs.write_to(o.log_file)
-        except OSError as e:
-            raise SharpiError(f"cannot write the log file {o.log_file}: {e.strerror}") from None
+            yield
+        except SharpiError as e:
+            (e.log_head, e.log_tail), (file_head, _) = log_prefix("E")  # (main prints the line: after this run's log)
+            log_to_file(f"{file_head}error: {e}")
+            raise
+    finally:
+        logs.reset()
+
+
+def run(o: RunOptions) -> int:
     repack = os.environ.get("SHARPI_CPU_REPACK")
     if not o.repack:  # --no-repack: SHARPI_CPU_REPACK=0 while this run makes its weights
         os.environ["SHARPI_CPU_REPACK"] = "0"
@@ -57,18 +75,13 @@ def run(o: RunOptions) -> int:
         # its start: text typed while the model loads or a prompt is evaluated is shown once, by line editing at
         # the prompt, not also where the terminal's echo put it then; SIGTERM / SIGHUP exit through Python, which
         # turns the echo back on (their default action would leave it off)
-        with exit_on_termination() if typed else nullcontext(), hidden_typing(typed):
+        with command_log(o), exit_on_termination() if typed else nullcontext(), hidden_typing(typed):
             return _run(o)
-    except SharpiError as e:
-        (e.log_head, e.log_tail), (file_head, _) = log_prefix("E")  # (main prints the line: after this run's log)
-        log_to_file(f"{file_head}error: {e}")
-        raise
     finally:
         if repack is None:
             os.environ.pop("SHARPI_CPU_REPACK", None)
         else:
             os.environ["SHARPI_CPU_REPACK"] = repack
-        logs.reset()
 
 
 def synthetic_rates(o: RunOptions, n_max: int) -> list[float] | None:

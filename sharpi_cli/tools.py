@@ -11,12 +11,13 @@ from sharpi_core.choices import CACHE_TYPES
 from sharpi_core.errors import UsageError
 from sharpi_core.text import text_from_bytes
 
-from .inputs import check_outputs, process_escapes, read_bytes, read_stdin, read_text, resolve_with_progress
+from .inputs import process_escapes, read_bytes, read_stdin, read_text, resolve_with_progress
 from .log import log
 from .options import RunOptions
-from .runner import apply_adapters, load_model, lock_or_warn, warn_past_training, warn_switches
-from .validate import (apply_load_mode, check_adapters, check_batch_sizes, check_flash_attn, check_output_file,
-                       check_threads, check_v_cache, device_name, set_threads)
+from .runner import (apply_adapters, command_log, load_model, lock_or_warn, rope_flags, warn_past_training,
+                     warn_switches)
+from .validate import (apply_load_mode, check_adapters, check_batch_sizes, check_flash_attn, check_log_colors,
+                       check_output_file, check_rope, check_threads, check_v_cache, device_name, set_threads)
 
 
 @dataclass
@@ -61,12 +62,22 @@ def check_logits_file(path: str | None) -> None:
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
                    opts: RunOptions | None = None, kld_base: str | None = None, kld: bool = False,
                    output_type: int = 0, scores: ChoiceScores | None = None) -> int:
-    """opts: the --lora* and --control-vector* flags, -b, -ub, -ngl, -dev and the load flags (RunOptions'
-    fields); kld_base: --kl-divergence-base's file, written (or read, kld: --kl-divergence); scores: --hellaswag,
+    """opts: the --lora*, --control-vector*, --rope-*, --yarn-*, --override-kv and log flags, -b, -ub, -ngl, -dev
+    and the load flags (RunOptions' fields); kld_base: --kl-divergence-base's file, written (or read, kld: --kl-divergence); scores: --hellaswag,
     --winogrande or --multiple-choice instead of the perplexity."""
+    o = opts or RunOptions(model=model)
+    sc = scores or ChoiceScores()
+    base = [("--kl-divergence-base", kld_base)]
+    with command_log(o, [("--log-file", o.log_file), *([] if kld else base)],
+                     also_read=[("-f/--file", file), ("-bf/--binary-file", sc.binary_file), *(base if kld else [])]):
+        return _perplexity(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn, o, kld_base, kld, output_type,
+                           sc)
+
+
+def _perplexity(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn, o: RunOptions, kld_base: str | None,
+                kld: bool, output_type: int, sc: ChoiceScores) -> int:
     from sharpi_core.perplexity import (Passes, chunk_count, kl_divergence, perplexity, read_base_header,
                                         save_logprobs)
-    sc = scores or ChoiceScores()
     kind = sc.kind()
     if kind is None and sc.binary_file is not None:
         raise UsageError("-bf/--binary-file is the data of --hellaswag, --winogrande or --multiple-choice: give one "
@@ -81,8 +92,6 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         raise UsageError("perplexity needs a text: -f/--file")
     if not kld:  # (a base file is written beside its name, then renamed: refused now, not after every chunk)
         check_output_file(kld_base, "--kl-divergence-base", beside=True)
-        check_outputs(opts or RunOptions(model=model), [("--kl-divergence-base", kld_base)],
-                      also_read=[("-f/--file", file), ("-bf/--binary-file", sc.binary_file)])
         check_logits_file(kld_base)
     for flag, v in (("-ctk", ctk), ("-ctv", ctv)):
         if v not in CACHE_TYPES:
@@ -96,7 +105,8 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
     if output_type not in (0, 1):
         raise UsageError(f"invalid --ppl-output-type {output_type}: 0 or 1")
     threads = check_threads(threads)
-    o = opts or RunOptions(model=model)
+    check_rope(o)
+    check_log_colors(o)
     n_pass = check_perplexity_placement(o, ctx_size)
     warn_switches()
     if kind is not None:
@@ -113,11 +123,7 @@ def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn=
         text = read_text(file, lenient=True)
         if text.endswith("\n"):  # (llama.cpp's -f drops one trailing newline, as a one-shot prompt's)
             text = text[:-1]
-    check_adapters(o)
-    m = load_model(model, flash_attn, mmap=o.mmap)
-    if o.mlock:
-        lock_or_warn()
-    apply_adapters(o, m.model)
+    m = load_scored_model(model, flash_attn, o, base_ctx if kld else ctx_size, ctk, ctv)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
     if kld:
         warn_past_training(m.model, base_ctx)
@@ -175,11 +181,7 @@ def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, 
     st = choice.Setup(-(-n_seq * ctx_size // 256) * 256, n_seq, min(o.batch_size, n_seq * ctx_size), o.ubatch_size,
                       ctk, ctv)
     set_threads(threads)
-    check_adapters(o)
-    m = load_model(model, flash_attn, mmap=o.mmap)
-    if o.mlock:
-        lock_or_warn()
-    apply_adapters(o, m.model)
+    m = load_scored_model(model, flash_attn, o, st.n_ctx, ctk, ctv)
 
     def encode(text: str) -> list[int]:
         return m.tokenizer.encode(text, add_special=True, parse_special=False)
@@ -196,6 +198,23 @@ def choice_scores(model, kind: str, sc: ChoiceScores, file, ctx_size, ctk, ctv, 
            "multiple_choice": choice.run_multiple_choice}[kind]
     run(m.model, encode, data if kind == "multiple_choice" else text_from_bytes(data)[0], n_tasks, st, out, log)
     return 0
+
+
+def load_scored_model(model, flash_attn: str, o: RunOptions, n_ctx: int, ctk: str, ctv: str):
+    """The model perplexity and the scores evaluate, as run loads it: --rope-*, --override-kv, --check-tensors,
+    the load flags, --mlock, then the adapters; -v describes it."""
+    check_adapters(o)
+    m = load_model(model, flash_attn, rope=rope_flags(o), overrides=o.kv_overrides, mmap=o.mmap, check=o.check_tensors)
+    if o.mlock:
+        lock_or_warn()
+    apply_adapters(o, m.model)
+    if o.verbose:
+        c = m.model.config
+        log(f"sharpi: model {m.path} ({c.arch}, {c.n_layer} layers, {m.model.weight_bytes / 1e6:.0f} MB weights), "
+            f"n_ctx {n_ctx}, KV cache K {ctk} V {ctv}" + (f", RoPE base {c.rope_base:g} freq scale "
+                                                         f"{c.rope_freq_scale:g} ({c.rope_scaling or 'no'} scaling)"
+                                                         if hasattr(c, "rope_base") else ""))
+    return m
 
 
 def check_perplexity_placement(o: RunOptions, n_ctx: int):

@@ -30,29 +30,14 @@ def check_output_file(path: str | None, flag: str = "-o/--output-file", beside: 
 
 def validate(o: RunOptions) -> None:
     check_hub_flags(o)
+    check_log_colors(o)
     check_output_file(o.output_file)
     if o.n_predict < -2:
         raise UsageError(f"invalid -n/--n-predict {o.n_predict}: must be >= -2 (-1, -2 = until the end of generation "
                          "or a full context)")
     if not o.context_shift:  # -2 (until the context is full) is -1 then
         o.n_predict = max(o.n_predict, -1)
-    for flag, v in (("--rope-freq-base", o.rope_freq_base), ("--rope-freq-scale", o.rope_freq_scale),
-                    ("--rope-scale", o.rope_scale)):
-        if not (math.isfinite(v) and 0 <= v <= FLOAT32_MAX):
-            raise UsageError(f"invalid {flag} {v}: must be a finite number >= 0 (0 = the model's)")
-    if o.rope_scale and o.rope_freq_scale:
-        raise UsageError("--rope-scale N and --rope-freq-scale 1/N are the same setting: give one")
-    if o.rope_scaling not in (None, "none", "linear", "yarn"):
-        raise UsageError(f"invalid --rope-scaling '{o.rope_scaling}': choose none, linear or yarn")
-    for flag, v in (("--yarn-ext-factor", o.yarn_ext_factor), ("--yarn-attn-factor", o.yarn_attn_factor),
-                    ("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
-        if not (math.isfinite(v) and v <= FLOAT32_MAX):
-            raise UsageError(f"invalid {flag} {v}: must be a finite number (negative = the model's)")
-    for flag, v in (("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
-        if v == 0:
-            raise UsageError(f"invalid {flag} 0: must be > 0 (negative = the model's)")
-    if o.yarn_orig_ctx < 0:
-        raise UsageError(f"invalid --yarn-orig-ctx {o.yarn_orig_ctx}: must be >= 0 (0 = the model's)")
+    check_rope(o)
     if o.keep < -1:
         raise UsageError(f"invalid --keep {o.keep}: must be >= -1 (-1 = all of the prompt)")
     if o.keep and not o.context_shift:
@@ -156,6 +141,32 @@ def validate(o: RunOptions) -> None:
     # (any negative layer count is all layers, as llama.cpp's -2 for `all`)
     o.n_gpu_layers, o.spec_draft_ngl = max(o.n_gpu_layers, -1), max(o.spec_draft_ngl, -1)
     # with --device cpu the layer counts have no effect, like llama.cpp built without a GPU backend
+
+
+def check_log_colors(o: RunOptions) -> None:
+    if o.log_colors not in TRUTHY + FALSEY + ("auto", "-1"):
+        raise UsageError(f"invalid --log-colors '{o.log_colors}': choose {', '.join(TRUTHY + FALSEY + ('auto', '-1'))}")
+
+
+def check_rope(o: RunOptions) -> None:
+    """--rope-* and --yarn-* (run's and perplexity's): values llama.cpp's float and int fields hold."""
+    for flag, v in (("--rope-freq-base", o.rope_freq_base), ("--rope-freq-scale", o.rope_freq_scale),
+                    ("--rope-scale", o.rope_scale)):
+        if not (math.isfinite(v) and 0 <= v <= FLOAT32_MAX):
+            raise UsageError(f"invalid {flag} {v}: must be a finite number >= 0 (0 = the model's)")
+    if o.rope_scale and o.rope_freq_scale:
+        raise UsageError("--rope-scale N and --rope-freq-scale 1/N are the same setting: give one")
+    if o.rope_scaling not in (None, "none", "linear", "yarn"):
+        raise UsageError(f"invalid --rope-scaling '{o.rope_scaling}': choose none, linear or yarn")
+    for flag, v in (("--yarn-ext-factor", o.yarn_ext_factor), ("--yarn-attn-factor", o.yarn_attn_factor),
+                    ("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
+        if not (math.isfinite(v) and v <= FLOAT32_MAX):
+            raise UsageError(f"invalid {flag} {v}: must be a finite number (negative = the model's)")
+    for flag, v in (("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
+        if v == 0:
+            raise UsageError(f"invalid {flag} 0: must be > 0 (negative = the model's)")
+    if o.yarn_orig_ctx < 0:
+        raise UsageError(f"invalid --yarn-orig-ctx {o.yarn_orig_ctx}: must be >= 0 (0 = the model's)")
 
 
 def check_model_files(o: RunOptions) -> None:
@@ -483,8 +494,7 @@ def check_inert_flags(o: RunOptions) -> None:
             check_tensor_overrides(flag, value)
     choices = (("-sm/--split-mode", o.split_mode, ("none", "layer", "row", "tensor")),
                ("-fit/--fit", o.fit, TRUTHY + FALSEY),
-               ("-lzm/--lazy-mode", o.lazy_mode, ("on", "auto", "off")),
-               ("--log-colors", o.log_colors, TRUTHY + FALSEY + ("auto", "-1")))
+               ("-lzm/--lazy-mode", o.lazy_mode, ("on", "auto", "off")))
     for flag, v, allowed in choices:
         if v is not None and v not in allowed:
             raise UsageError(f"invalid {flag} '{v}': choose {', '.join(allowed)}")

@@ -1291,6 +1291,57 @@ def test_perplexity_command(smol):
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "Unexpected negative standard deviation of log(prob)"
 
 
+def test_perplexity_takes_the_model_and_log_flags(smol, tmp_path):
+    """perplexity takes llama-perplexity's common flags for what the model computes (--rope-*, --yarn-*,
+    --override-kv, --check-tensors) and for the log (-lv, -v, --log-file, --log-prefix, ...), as run does; they
+    were "No such option"."""
+    import gguf
+
+    from sharpi_core import engine
+    from sharpi_core.perplexity import perplexity
+    from test_loading import write_gguf
+    text = FIXTURES_DIR / "apache-2.0.txt"
+    base = ("perplexity", "-m", smol, "-f", text, "-c", 128, "--chunks", 2)
+    final = lambda r: (r.returncode, r.stdout.splitlines()[-1], r.stderr)  # noqa: E731
+    plain = final(sharpi(*base))
+    # the base frequency as a flag and as the model's metadata: the same numbers, not the model's own
+    by_flag = final(sharpi(*base, "--rope-freq-base", 50000))
+    assert by_flag[:2] == final(sharpi(*base, "--override-kv", "llama.rope.freq_base=float:50000"))[:2]
+    assert by_flag[0] == 0 and by_flag[1] != plain[1]
+    # YaRN: the engine's perplexity on the model set so (its RoPE: tests/test_rope.py's llama.cpp oracle)
+    m = engine.load(str(smol))
+    m.model.set_rope(0.0, 0.25, "yarn", {"yarn_orig_ctx": 64})
+    ids = m.tokenizer.encode(text.read_text()[:-1], add_special=True, parse_special=False)
+    r = perplexity(m.model, ids, 128, 2, bos_id=m.tokenizer.bos_id if m.tokenizer.add_bos else None)
+    yarn = final(sharpi(*base, "--rope-scaling", "yarn", "--rope-freq-scale", 0.25, "--yarn-orig-ctx", 64, "-v"))
+    assert yarn[0] == 0 and yarn[1] == f"Final estimate: PPL = {r.ppl:.4f} +/- {r.err:.5f}" != plain[1]
+    # a metadata override reaches the tokenizer too: a BOS in front
+    r = sharpi(*base, "--override-kv", "tokenizer.ggml.add_bos_token=bool:true")
+    assert f"tokenized {len(ids) + 1} tokens" in r.stderr and f"tokenized {len(ids)} tokens" in sharpi(*base).stderr
+    one_error_line(sharpi(*base, "--rope-scaling", "wide"), 2, "invalid --rope-scaling 'wide'")
+    one_error_line(sharpi(*base, "--yarn-beta-fast", 0), 2, "invalid --yarn-beta-fast 0")
+    one_error_line(sharpi(*base, "--override-kv", "x=int"), 2, "--override-kv")
+    one_error_line(sharpi(*base, "--chunks", 2**31), 2, "invalid --chunks 2147483648: out of range")
+    bad = write_gguf(tmp_path / "w.gguf", qtype=gguf.GGMLQuantizationType.Q8_0)
+    t = next(t for t in gguf.GGUFReader(str(bad)).tensors if t.name == "blk.0.ffn_up.weight")
+    data = bytearray(bad.read_bytes())
+    data[t.data_offset:t.data_offset + 2] = np.array([np.nan], np.float16).tobytes()  # block 0's d
+    bad.write_bytes(bytes(data))
+    one_error_line(sharpi("perplexity", "-m", bad, "-f", text, "-c", 16, "--check-tensors"), 1,
+                   "tensor 'blk.0.ffn_up.weight' has invalid data (found nan value at block 0)")
+    # the log: -v describes the model; -lv 2 only warnings; --log-file and --log-prefix as run's
+    assert "KV cache K f16 V f16, RoPE base 100000 freq scale 0.25 (yarn scaling)" in yarn[2]
+    quiet = sharpi(*base, "-lv", 2)
+    assert quiet.returncode == 0 and quiet.stderr.strip() == "" and quiet.stdout.splitlines()[-1] == plain[1]
+    log = tmp_path / "log.txt"
+    r = sharpi(*base, "--log-file", log, "--log-prefix")
+    assert r.returncode == 0 and "I perplexity: tokenized" in r.stderr
+    assert log.read_text().startswith("I perplexity: tokenized") and r.stdout.splitlines()[-1] == plain[1]
+    assert one_error_line(sharpi(*base, "--log-file", log, "-c", 99999), 1, "need at least") + "\n" == log.read_text()
+    one_error_line(sharpi(*base, "--log-file", text), 2, f"--log-file {text} is the file -f/--file names")
+    one_error_line(sharpi(*base, "--log-colors", "maybe"), 2, "invalid --log-colors 'maybe'")
+
+
 def test_quantized_v_cache_needs_flash_attention(smol):
     # llama.cpp's rule (-fa off refuses a quantized V cache; a quantized K, bf16 or f32 V go)
     one_error_line(sharpi("-m", smol, "-p", "Hi", "-n", 1, "-fa", "off", "-ctv", "q4_0"), 2,
