@@ -616,7 +616,9 @@ def test_running_out_of_memory_is_one_error_line(smol, monkeypatch):
     import shlex
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-    cmd = f"ulimit -v 3000000; exec {SHARPI} -m {shlex.quote(str(smol))} -f /dev/zero -n 2"
+    # (1.5 GB of address space: a run of -p Hi fits in it; /dev/zero read whole does not, and reaches it 4x sooner
+    # than the 3 GB this was)
+    cmd = f"ulimit -v 1500000; exec {SHARPI} -m {shlex.quote(str(smol))} -f /dev/zero -n 2"
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
     one_error_line(r, code=1, contains="out of memory")
     r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="/read /dev/zero\nHi\n")
