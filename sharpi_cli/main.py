@@ -597,6 +597,8 @@ def perplexity(
     cache_type_k: Annotated[str, Opt("-ctk", "--cache-type-k")] = "f16",
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
     threads: Annotated[int, Opt("-t", "--threads")] = -1,
+    threads_batch: Annotated[int, Opt("-tb", "--threads-batch", help="CPU threads for the passes (-1 = as -t): "
+                                      "every pass of perplexity is a batch, so -tb, where given, is the count")] = -1,
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="on, off or auto (= on)")] = "auto",
     batch_size: Annotated[int, Opt("-b", "--batch-size", help="llama-perplexity's batch: below -c a chunk is "
                                    "evaluated in passes of this many rows (else -c / -b chunks a batch: the lines of "

@@ -105,6 +105,8 @@ def _perplexity(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn, o:
     if output_type not in (0, 1):
         raise UsageError(f"invalid --ppl-output-type {output_type}: 0 or 1")
     threads = check_threads(threads)
+    if o.threads_batch != -1:  # (llama.cpp evaluates a batch of several tokens on -tb's threads: all of these)
+        threads = check_threads(o.threads_batch, "-tb/--threads-batch")
     check_rope(o)
     check_log_colors(o)
     n_pass = check_perplexity_placement(o, ctx_size)

@@ -1293,6 +1293,19 @@ def test_perplexity_command(smol):
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "Unexpected negative standard deviation of log(prob)"
 
 
+def test_perplexity_runs_on_threads_batch_threads(smol, monkeypatch):
+    """-tb: llama.cpp evaluates a pass of several tokens on -tb's threads (-1: -t's), and every pass of perplexity
+    is one."""
+    import sharpi_cli.tools as tools
+    counts = []
+    monkeypatch.setattr(tools, "set_threads", counts.append)
+    base = ("perplexity", "-m", smol, "-f", FIXTURES_DIR / "apache-2.0.txt", "-c", 64, "--chunks", 1)
+    for args in (("-t", 1), ("-t", 1, "-tb", 2), ("-tb", 1)):
+        assert sharpi(*base, *args).returncode == 0
+    assert counts == [1, 2, 1]
+    one_error_line(sharpi(*base, "-tb", 513), 2, "invalid -tb/--threads-batch 513: at most 512")
+
+
 def test_perplexity_takes_the_model_and_log_flags(smol, tmp_path):
     """perplexity takes llama-perplexity's common flags for what the model computes (--rope-*, --yarn-*,
     --override-kv, --check-tensors) and for the log (-lv, -v, --log-file, --log-prefix, ...), as run does; they
