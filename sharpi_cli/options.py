@@ -217,6 +217,7 @@ class RunOptions:
 
 
 FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # FLT_MIN, the smallest normal float
 
 
 # -rea/--reasoning and -co/--color: llama.cpp's words for on, off and auto

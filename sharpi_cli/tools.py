@@ -212,10 +212,12 @@ def load_scored_model(model, flash_attn: str, o: RunOptions, n_ctx: int, ctk: st
     apply_adapters(o, m.model)
     if o.verbose:
         c = m.model.config
+        rope = ""
+        if hasattr(c, "rope_base"):
+            kind = "no" if c.rope_scaling in (None, "none") else c.rope_scaling
+            rope = f", RoPE base {c.rope_base:g} freq scale {c.rope_freq_scale:g} ({kind} scaling)"
         log(f"sharpi: model {m.path} ({c.arch}, {c.n_layer} layers, {m.model.weight_bytes / 1e6:.0f} MB weights), "
-            f"n_ctx {n_ctx}, KV cache K {ctk} V {ctv}" + (f", RoPE base {c.rope_base:g} freq scale "
-                                                         f"{c.rope_freq_scale:g} ({c.rope_scaling or 'no'} scaling)"
-                                                         if hasattr(c, "rope_base") else ""))
+            f"n_ctx {n_ctx}, KV cache K {ctk} V {ctv}{rope}")
     return m
 
 

@@ -14,7 +14,7 @@ from sharpi_core.errors import UsageError
 
 from .inputs import check_hub_flags, resolve_with_progress
 from .log import log
-from .options import FALSEY, FLOAT32_MAX, ON_OFF_AUTO, RunOptions, TRUTHY, draft_cache_types, lora_files
+from .options import FALSEY, FLOAT32_MAX, FLOAT32_TINY, ON_OFF_AUTO, RunOptions, TRUTHY, draft_cache_types, lora_files
 
 
 def check_output_file(path: str | None, flag: str = "-o/--output-file", beside: bool = False) -> None:
@@ -150,18 +150,21 @@ def check_log_colors(o: RunOptions) -> None:
 
 def check_rope(o: RunOptions) -> None:
     """--rope-* and --yarn-* (run's and perplexity's): values llama.cpp's float and int fields hold."""
+    # (llama.cpp reads them with std::stof, which refuses a value beyond a float's range, and one below its smallest
+    # normal number, 1.2e-38: a scale of 1e-39 made 1 / scale infinite, NumPy's warnings on stderr, and nonsense)
     for flag, v in (("--rope-freq-base", o.rope_freq_base), ("--rope-freq-scale", o.rope_freq_scale),
                     ("--rope-scale", o.rope_scale)):
-        if not (math.isfinite(v) and 0 <= v <= FLOAT32_MAX):
-            raise UsageError(f"invalid {flag} {v}: must be a finite number >= 0 (0 = the model's)")
+        if not (math.isfinite(v) and (v == 0 or FLOAT32_TINY <= v <= FLOAT32_MAX)):
+            raise UsageError(f"invalid {flag} {v}: must be 0 (the model's) or a float from 1.2e-38 to 3.4e38")
     if o.rope_scale and o.rope_freq_scale:
         raise UsageError("--rope-scale N and --rope-freq-scale 1/N are the same setting: give one")
     if o.rope_scaling not in (None, "none", "linear", "yarn"):
         raise UsageError(f"invalid --rope-scaling '{o.rope_scaling}': choose none, linear or yarn")
     for flag, v in (("--yarn-ext-factor", o.yarn_ext_factor), ("--yarn-attn-factor", o.yarn_attn_factor),
                     ("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
-        if not (math.isfinite(v) and v <= FLOAT32_MAX):
-            raise UsageError(f"invalid {flag} {v}: must be a finite number (negative = the model's)")
+        if not (math.isfinite(v) and (v == 0 or FLOAT32_TINY <= abs(v) <= FLOAT32_MAX)):
+            raise UsageError(f"invalid {flag} {v}: must be a finite number within float range (negative = the "
+                             "model's)")
     for flag, v in (("--yarn-beta-slow", o.yarn_beta_slow), ("--yarn-beta-fast", o.yarn_beta_fast)):
         if v == 0:
             raise UsageError(f"invalid {flag} 0: must be > 0 (negative = the model's)")

@@ -181,8 +181,11 @@ def parse_kv_overrides(items: Sequence[str]) -> dict[str, Any]:
                 if len(text) > 127:
                     raise ValueError
                 value = text
+            elif kind == "float":  # (llama.cpp's loader puts it in a float field: 1e39 is inf there, 1e-46 is 0)
+                with np.errstate(over="ignore"):
+                    value = float(np.float32(float(text)))
             else:
-                value = _OVERRIDE_TYPES[kind](text)
+                value = int(text)
         except ValueError:
             raise UsageError(f"invalid --override-kv '{item}': '{text}' is not a {kind} value"
                              + (" (at most 127 characters)" if kind == "str" else "")) from None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import subprocess
@@ -516,6 +517,10 @@ def test_parse_kv_overrides():
     got = parse_kv_overrides(["a.b=int:-3,c=float:2.5", "d=bool:false", "e=str:x=y:z", "a.b=int:7", "f=str:"])
     assert got == {"a.b": -3, "c": 2.5, "d": False, "e": "x=y:z", "f": ""}
     assert type(got["c"]) is float and type(got["d"]) is bool
+    # a float as llama.cpp's loader reads it into a float field (1e39 was taken whole: a rope base no --rope-freq-base
+    # could give, and NumPy's overflow warnings on stderr where a model's float32 arithmetic met it)
+    got = parse_kv_overrides(["a=float:1e39,b=float:1e-46,c=float:0.1,d=float:-inf"])
+    assert got == {"a": math.inf, "b": 0.0, "c": float(np.float32(0.1)), "d": -math.inf} and got["c"] != 0.1
     for bad in ("novalue", "k=int", "k=int:x", "k=bool:yes", "k=list:1", "=int:1", "k=str:" + "x" * 128, "x" * 128 + "=int:1"):
         with pytest.raises(UsageError, match="override-kv"):
             parse_kv_overrides([bad])
