@@ -598,7 +598,7 @@ def perplexity(
     cache_type_v: Annotated[str, Opt("-ctv", "--cache-type-v")] = "f16",
     threads: Annotated[int, Opt("-t", "--threads")] = -1,
     threads_batch: Annotated[int, Opt("-tb", "--threads-batch", help="CPU threads for the passes (-1 = as -t): "
-                                      "every pass of perplexity is a batch, so -tb, where given, is the count")] = -1,
+                                      "perplexity's passes are batches of tokens, run on -tb's threads")] = -1,
     flash_attn: Annotated[str, Opt("-fa", "--flash-attn", help="on, off or auto (= on)")] = "auto",
     batch_size: Annotated[int, Opt("-b", "--batch-size", help="llama-perplexity's batch: below -c a chunk is "
                                    "evaluated in passes of this many rows (else -c / -b chunks a batch: the lines of "
@@ -646,9 +646,10 @@ def perplexity(
     from sharpi_core.gguf_file import parse_kv_overrides
     check_int_ranges(ctx)
     model = inputs.hub_or_model(model, hf_repo, hf_file, hf_token, offline, model_url)
-    # (the flags perplexity shares with run, as RunOptions holds them)
+    # (under RunOptions' names, so that run's checks and loaders read them as they read run's; -f, -c, -t and the
+    # like go to perplexity_cmd as its arguments)
     opts = options.RunOptions(**{k: v for k, v in locals().items() if k in options.RunOptions.__dataclass_fields__})
-    opts.model, opts.device = model, device or "cpu"
+    opts.device = device or "cpu"
     opts.kv_overrides = parse_kv_overrides(override_kv)
     scores = tools.ChoiceScores(hellaswag, hellaswag_tasks, winogrande, winogrande_tasks, multiple_choice,
                                 multiple_choice_tasks, binary_file, parallel)

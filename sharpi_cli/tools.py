@@ -62,9 +62,9 @@ def check_logits_file(path: str | None) -> None:
 def perplexity_cmd(model, file, ctx_size, chunks, ctk, ctv, threads, flash_attn="auto",
                    opts: RunOptions | None = None, kld_base: str | None = None, kld: bool = False,
                    output_type: int = 0, scores: ChoiceScores | None = None) -> int:
-    """opts: the --lora*, --control-vector*, --rope-*, --yarn-*, --override-kv and log flags, -b, -ub, -ngl, -dev
-    and the load flags (RunOptions' fields); kld_base: --kl-divergence-base's file, written (or read, kld: --kl-divergence); scores: --hellaswag,
-    --winogrande or --multiple-choice instead of the perplexity."""
+    """opts: the --lora*, --control-vector*, --rope-*, --yarn-*, --override-kv and log flags, -b, -ub, -tb, -ngl,
+    -dev and the load flags (RunOptions' fields); kld_base: --kl-divergence-base's file, written (or read, kld:
+    --kl-divergence); scores: --hellaswag, --winogrande or --multiple-choice instead of the perplexity."""
     o = opts or RunOptions(model=model)
     sc = scores or ChoiceScores()
     base = [("--kl-divergence-base", kld_base)]

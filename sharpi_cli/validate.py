@@ -144,6 +144,7 @@ def validate(o: RunOptions) -> None:
 
 
 def check_log_colors(o: RunOptions) -> None:
+    """--log-colors: llama.cpp's words for on, off and auto (a value it does not know is refused, not auto)."""
     if o.log_colors not in TRUTHY + FALSEY + ("auto", "-1"):
         raise UsageError(f"invalid --log-colors '{o.log_colors}': choose {', '.join(TRUTHY + FALSEY + ('auto', '-1'))}")
 
@@ -155,7 +156,7 @@ def check_rope(o: RunOptions) -> None:
     for flag, v in (("--rope-freq-base", o.rope_freq_base), ("--rope-freq-scale", o.rope_freq_scale),
                     ("--rope-scale", o.rope_scale)):
         if not (math.isfinite(v) and (v == 0 or FLOAT32_TINY <= v <= FLOAT32_MAX)):
-            raise UsageError(f"invalid {flag} {v}: must be 0 (the model's) or a float from 1.2e-38 to 3.4e38")
+            raise UsageError(f"invalid {flag} {v}: must be 0 (the model's) or a float from 1.18e-38 to 3.4e38")
     if o.rope_scale and o.rope_freq_scale:
         raise UsageError("--rope-scale N and --rope-freq-scale 1/N are the same setting: give one")
     if o.rope_scaling not in (None, "none", "linear", "yarn"):

@@ -618,7 +618,8 @@ def test_running_out_of_memory_is_one_error_line(smol, monkeypatch):
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     # (1.5 GB of address space: a run of -p Hi fits in it; /dev/zero read whole does not, and reaches it 4x sooner
     # than the 3 GB this was)
-    cmd = f"ulimit -v 1500000; exec {SHARPI} -m {shlex.quote(str(smol))} -f /dev/zero -n 2"
+    # (one OpenBLAS thread: its buffers, one set a core, would take the limit's room on a machine of many cores)
+    cmd = f"ulimit -v 1500000; OPENBLAS_NUM_THREADS=1 exec {SHARPI} -m {shlex.quote(str(smol))} -f /dev/zero -n 2"
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
     one_error_line(r, code=1, contains="out of memory")
     r = sharpi("-m", smol, "-cnv", "--temp", 0, "-n", 2, "--no-show-timings", input="/read /dev/zero\nHi\n")
@@ -1313,7 +1314,7 @@ def test_perplexity_takes_the_model_and_log_flags(smol, tmp_path):
     import gguf
 
     from sharpi_core import engine
-    from sharpi_core.perplexity import perplexity
+    from sharpi_core.perplexity import Passes, perplexity
     from test_loading import write_gguf
     text = FIXTURES_DIR / "apache-2.0.txt"
     base = ("perplexity", "-m", smol, "-f", text, "-c", 128, "--chunks", 2)
@@ -1327,7 +1328,8 @@ def test_perplexity_takes_the_model_and_log_flags(smol, tmp_path):
     m = engine.load(str(smol))
     m.model.set_rope(0.0, 0.25, "yarn", {"yarn_orig_ctx": 64})
     ids = m.tokenizer.encode(text.read_text()[:-1], add_special=True, parse_special=False)
-    r = perplexity(m.model, ids, 128, 2, bos_id=m.tokenizer.bos_id if m.tokenizer.add_bos else None)
+    r = perplexity(m.model, ids, 128, 2, bos_id=m.tokenizer.bos_id if m.tokenizer.add_bos else None,
+                   n_pass=Passes.of(2048, 512, 128))  # (the CLI's -b and -ub: the passes' rows move the last digits)
     yarn = final(sharpi(*base, "--rope-scaling", "yarn", "--rope-freq-scale", 0.25, "--yarn-orig-ctx", 64, "-v"))
     assert yarn[0] == 0 and yarn[1] == f"Final estimate: PPL = {r.ppl:.4f} +/- {r.err:.5f}" != plain[1]
     # a metadata override reaches the tokenizer too: a BOS in front
@@ -1355,6 +1357,19 @@ def test_perplexity_takes_the_model_and_log_flags(smol, tmp_path):
     assert one_error_line(sharpi(*base, "--log-file", log, "-c", 99999), 1, "need at least") + "\n" == log.read_text()
     one_error_line(sharpi(*base, "--log-file", text), 2, f"--log-file {text} is the file -f/--file names")
     one_error_line(sharpi(*base, "--log-colors", "maybe"), 2, "invalid --log-colors 'maybe'")
+    # the KL divergence's read and the scores load the model the same way (its n_ctx: the base file's)
+    kld = tmp_path / "base.kld"
+    assert sharpi(*base, "--kl-divergence-base", kld).returncode == 0
+    r = sharpi("perplexity", "-m", smol, "--kl-divergence-base", kld, "--kl-divergence", "--rope-scaling", "none",
+               "--rope-freq-base", 50000, "-v", "--log-file", log)
+    assert r.returncode == 0 and "n_ctx 128, KV cache K f16 V f16, RoPE base 50000 freq scale 1 (no scaling)" in r.stderr
+    assert "KLD" in r.stdout and r.stdout != sharpi("perplexity", "-m", smol, "--kl-divergence-base", kld,
+                                                     "--kl-divergence").stdout  # (other logits than the base's)
+    assert log.read_text().splitlines() == [ln for ln in r.stderr.splitlines() if ln.strip()]
+    tasks = tmp_path / "hellaswag.txt"
+    tasks.write_text("A man sits\n0\n down.\n up.\n in.\n out.\n")
+    r = sharpi("perplexity", "-m", smol, "--hellaswag", "-f", tasks, "--rope-freq-base", 50000, "-v")
+    assert r.returncode == 0 and "RoPE base 50000 freq scale 1" in r.stderr, r.stderr
 
 
 def test_quantized_v_cache_needs_flash_attention(smol):

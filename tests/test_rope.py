@@ -132,7 +132,7 @@ def test_cli_rope_flags():
     (dict(yarn_ext_factor=float("nan")), "--yarn-ext-factor nan: must be a finite number"),
     (dict(yarn_attn_factor=float("inf")), "--yarn-attn-factor"), (dict(yarn_orig_ctx=-1), "--yarn-orig-ctx -1"),
     # below a float's smallest normal number, as std::stof refuses it (1 / 1e-39 overflowed a float: nonsense)
-    (dict(rope_freq_scale=1e-39), "--rope-freq-scale 1e-39: must be 0 (the model's) or a float from 1.2e-38"),
+    (dict(rope_freq_scale=1e-39), "--rope-freq-scale 1e-39: must be 0 (the model's) or a float from 1.18e-38"),
     (dict(rope_scale=1e-40), "--rope-scale 1e-40"), (dict(yarn_beta_slow=-1e-40), "--yarn-beta-slow -1e-40")])
 def test_rope_flags_are_checked(args, fragment):
     from sharpi_cli.options import RunOptions
