@@ -257,10 +257,11 @@ def _run(o: RunOptions) -> int:
         log("warning: --spec-draft-p-min > 0 also accepts tokens the exact rule would reject: "
             "the output is no longer an exact sample of the target model")
     if o.verbose:
-        log(f"sharpi: model {describe(target, cache)}, seed {seed}")
+        log(f"sharpi: model {describe(target, cache.capacity, cache.type_k, cache.type_v)}, seed {seed}")
         log(f"sharpi: sampler chain: {describe_chain(params)}")
         if draft is not None:
-            log(f"sharpi: draft {describe(draft, drafter.cache)}")
+            dc = drafter.cache
+            log(f"sharpi: draft {describe(draft, dc.capacity, dc.type_k, dc.type_v)}")
 
     if interactive:
         if o.prompt_cache:
@@ -398,10 +399,11 @@ def print_prompt_tokens(tok, prompt: str, ids: list[int], o: RunOptions, n_keep:
     log("")
 
 
-def describe(m, cache) -> str:
+def describe(m, n_ctx: int, type_k: str, type_v: str) -> str:
+    """A loaded model and its context for -v (run's target and draft, perplexity's model)."""
     c = m.model.config
     return (f"{m.path} ({c.arch}, {c.n_layer} layers, {m.model.weight_bytes / 1e6:.0f} MB weights), "
-            f"n_ctx {cache.capacity}, KV cache K {cache.type_k} V {cache.type_v}")
+            f"n_ctx {n_ctx}, KV cache K {type_k} V {type_v}")
 
 
 # The draft model's context when -cd is not given: on the CPU the tail of the history, where a long prompt costs the

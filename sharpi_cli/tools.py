@@ -14,8 +14,8 @@ from sharpi_core.text import text_from_bytes
 from .inputs import process_escapes, read_bytes, read_stdin, read_text, resolve_with_progress
 from .log import log
 from .options import RunOptions
-from .runner import (apply_adapters, command_log, load_model, lock_or_warn, rope_flags, warn_past_training,
-                     warn_switches)
+from .runner import (apply_adapters, command_log, describe, load_model, lock_or_warn, rope_flags,
+                     warn_past_training, warn_switches)
 from .validate import (apply_load_mode, check_adapters, check_batch_sizes, check_flash_attn, check_log_colors,
                        check_output_file, check_rope, check_threads, check_v_cache, device_name, set_threads)
 
@@ -216,8 +216,7 @@ def load_scored_model(model, flash_attn: str, o: RunOptions, n_ctx: int, ctk: st
         if hasattr(c, "rope_base"):
             kind = "no" if c.rope_scaling in (None, "none") else c.rope_scaling
             rope = f", RoPE base {c.rope_base:g} freq scale {c.rope_freq_scale:g} ({kind} scaling)"
-        log(f"sharpi: model {m.path} ({c.arch}, {c.n_layer} layers, {m.model.weight_bytes / 1e6:.0f} MB weights), "
-            f"n_ctx {n_ctx}, KV cache K {ctk} V {ctv}{rope}")
+        log(f"sharpi: model {describe(m, n_ctx, ctk, ctv)}{rope}")
     return m
 
 
