@@ -52,9 +52,12 @@
 //       iscale = -127 / m, q = min(127, rint(iscale * x)), y = q * (1 / iscale).
 //       y_st == 0: no y written; q_st != 0: the q8 rows of y written at q + t * q_st.
 //   q8 rows (the integer matvecs' activations, qmatvec.cu's qmvi_*): row t of K values (K % 32 == 0) at
-//       q + t * q_st bytes, 16-byte aligned: int8 codes [K] | float d [K/32] | int32 sums [K/32], block b
-//       of 32 values being codes * d[b] (a Q8_K scale repeated for its 8 blocks of 32) and sums[b] the sum
-//       of its codes: the codes and scales of the rounding above, for the values y holds.
+//       q + t * q_st bytes, 16-byte aligned: int8 codes [K] | float d [K/32] | 32-bit s [K/32], block b
+//       of 32 values being codes * d[b] (a Q8_K scale repeated for its 8 blocks of 32): the codes and
+//       scales of the rounding above, for the values y holds. s[b]: Q8_K rows (f16_scale=0), the int32 sum
+//       of the block's codes; Q8_0 / Q8_1 rows (f16_scale=1), the float f16((amax / 127) * sum), the
+//       unrounded scale times that sum rounded to f16 (llama.cpp's block_q8_1 s, which the Q4_1 / Q5_1 dot
+//       products take for the sum of the activations).
 //   attn_partial_<k>_<v>(...) / attn_combine(...)   split-KV ("flash-decoding") attention, see below;
 //       the partial kernels can read q through RoPE as kv_append reads K (rcs, n_rot, neox), and
 //       combine the splits themselves (cnt, O, o_st, rmode: the last block of each group of heads does it;
@@ -86,9 +89,10 @@ SH_D float round_half(float v, int bf16) {
 // returned the scale d, the rounded values being c * d:
 // f16_scale=1 (Q8_0 / Q8_1): c = rint(x * (127 / amax)), d = f16(amax / 127);
 // f16_scale=0 (Q8_K): m = the first element of largest magnitude, iscale = -127 / m,
-// c = min(127, rint(iscale * x)), d = 1 / iscale.  (c may be v.)
+// c = min(127, rint(iscale * x)), d = 1 / iscale.  (c may be v.)  *raw: f16_scale=1, amax / 127 before
+// the f16 rounding (what llama.cpp scales Q8_1's s with); else d.
 // (Inlined with a constant per, as glu_q8_block and rms_norm_f32 call it, v stays in registers.)
-SH_D float q8_codes_regs(const float* v, float* c, int per, int f16_scale) {
+SH_D float q8_codes_regs(const float* v, float* c, int per, int f16_scale, float* raw) {
     const int lane = threadIdx.x & 31;
     float am = 0.0f;   // largest magnitude seen by this lane
     int ai = 32 * per; // its index (the first one on ties)
@@ -105,22 +109,25 @@ SH_D float q8_codes_regs(const float* v, float* c, int per, int f16_scale) {
     }
     if (am == 0.0f) {
         for (int j = 0; j < per; j++) c[j] = 0.0f;
+        *raw = 0.0f;
         return 0.0f;
     }
     if (f16_scale) {
         const float iscale = 127.0f / am;
         for (int j = 0; j < per; j++) c[j] = rintf(v[j] * iscale);
-        return h2f(f2h(am / 127.0f));
+        *raw = am / 127.0f;
+        return h2f(f2h(*raw));
     }
     const float m = __shfl_sync(0xffffffffu, v[(ai / 32) < per ? ai / 32 : 0], ai % 32);
     const float iscale = -127.0f / m;
     for (int j = 0; j < per; j++) c[j] = fminf(127.0f, rintf(iscale * v[j]));
-    return 1.0f / iscale;
+    *raw = 1.0f / iscale;
+    return *raw;
 }
 
-// one warp writes the codes c (lane l: element e0 + l + 32 j, j < per) and the scale d of a block into
-// the q8 row q of K values (e0 % 32 == 0)
-SH_D void q8_store(const float* c, int per, float d, u8* q, int K, int e0) {
+// one warp writes the codes c (lane l: element e0 + l + 32 j, j < per), the scale d and the s of a block
+// into the q8 row q of K values (e0 % 32 == 0; raw: q8_codes_regs's)
+SH_D void q8_store(const float* c, int per, float d, int f16_scale, float raw, u8* q, int K, int e0) {
     const int lane = threadIdx.x & 31;
     for (int j = 0; j < per; j++) {
         const int code = (int)c[j];
@@ -128,7 +135,7 @@ SH_D void q8_store(const float* c, int per, float d, u8* q, int K, int e0) {
         const int sum = warp_isum(code);
         if (lane == 0) {
             q8row_d(q, K)[e0 / 32 + j] = d;
-            q8row_s(q, K)[e0 / 32 + j] = sum;
+            q8row_s(q, K)[e0 / 32 + j] = f16_scale ? (int)f32_bits(h2f(f2h(raw * (float)sum))) : sum;
         }
     }
 }
@@ -136,10 +143,10 @@ SH_D void q8_store(const float* c, int per, float d, u8* q, int K, int e0) {
 // v rounded in place through llama.cpp's 8-bit blocks (q8_codes_regs); with q, its codes into the q8 row
 // q of K values too (v holding elements e0 + lane + 32 j)
 SH_D void round_q8_regs(float* v, int per, int f16_scale, u8* q = nullptr, int K = 0, int e0 = 0) {
-    float c[8];
-    const float d = q8_codes_regs(v, c, per, f16_scale);
+    float c[8], raw;
+    const float d = q8_codes_regs(v, c, per, f16_scale, &raw);
     for (int j = 0; j < per; j++) v[j] = c[j] * d;
-    if (q) q8_store(c, per, d, q, K, e0);
+    if (q) q8_store(c, per, d, f16_scale, raw, q, K, e0);
 }
 
 // one warp rounds the block of 32 * per values at xb into yb (may be xb; none if null), its codes into

@@ -23,10 +23,11 @@
 //                       const u8* X, i64 ldx, float* Y, i64 ldy, int nq, const float* bias, int has_bias, int ws)
 //       (<t> in q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k) the integer matvecs: qmv's launch, rows and
 //       batch invariance, with the activations as q8 rows X + q*ldx (bytes; 16-byte aligned: int8 codes
-//       [K] | float d [K/32] | int32 sums [K/32], cuda/ops.cu writes them) instead of floats: weight codes
+//       [K] | float d [K/32] | s [K/32], cuda/ops.cu writes them) instead of floats: weight codes
 //       times activation codes by DP4A, each (sub-)block's integer sum scaled once (quant_blocks.cuh's
 //       IQ* blocks). For a weight type's 8-bit activation kind (Q8_0 / Q8_1 for the legacy types, Q8_K
-//       for the K-quants) the product of the rounded activations, exact up to fp32 rounding.
+//       for the K-quants) the product of the rounded activations, exact up to fp32 rounding (Q4_1 / Q5_1:
+//       their min times Q8_1's f16 s where the sum of the activations would be, as ggml's vec_dot_q4_1_q8_1).
 //
 //   Before KERNEL_BEGIN (common.cuh) a block asks the L2 for its weight rows: the launch may come while the
 //   kernel before is still running, and weights are the one input no kernel writes.

@@ -358,14 +358,17 @@ struct BF32x4 {
 //
 // The matvec's activations are llama.cpp's 8-bit blocks (the model rounds them so before every quantized
 // matmul), so a block's product is an exact integer sum of weight codes times activation codes, scaled
-// once: d_w * d_x * sum(q_w * q_x) (+ the weight block's min times d_x * sum(q_x)). The activations come
-// as a q8 row (written by the kernel that rounds them, cuda/ops.cu): int8 codes [K] | float d [K/32] |
-// int32 sums [K/32], d and the sums per 32 values (a Q8_K scale repeated for its 8 blocks of 32).
+// once: d_w * d_x * sum(q_w * q_x) (+ the weight block's min times the activations' sum). The activations
+// come as a q8 row (written by the kernel that rounds them, cuda/ops.cu): int8 codes [K] | float d [K/32] |
+// 32-bit s [K/32], d and s per 32 values (a Q8_K scale repeated for its 8 blocks of 32). s: in a Q8_K row
+// the int32 sum of the codes (the K-quants' mins take d_x * sum(q_x), as ggml's Q8_K bsums); in a Q8_0 /
+// Q8_1 row the float f16(d' * sum(q_x)), d' the scale before its f16 rounding: llama.cpp's Q8_1 s, which
+// its Q4_1 / Q5_1 products take (m_w * s; d_x * sum(q_x) in fp32 moved a top-two margin of SmolLM2 by 4e-2).
 // A block of BS weights is split over LPB lanes (lane t < LPB); each lane owns BS / LPB weights:
 //   load(b, t)         its weight codes as signed-byte words (offsets applied: 4 codes a dp4a), scales
 //   A::load(xq, K, ib, t)   the matching activation codes of q8 row xq for block ib, with its d / sums
 //   dot(a)             the lane's part of the block's product with that row, a float
-// Where a weight block has a min (Q4_1, Q5_1, Q4_K, Q5_K), one lane per sub-block adds min * d_x * sum(q_x).
+// Where a weight block has a min (Q4_1, Q5_1, Q4_K, Q5_K), one lane per sub-block adds its min times the sum s.
 SH_HD const float* q8row_d(const u8* q, int K) { return (const float*)(q + K); }
 SH_HD const int* q8row_s(const u8* q, int K) { return (const int*)(q + K + 4 * (K / 32)); }
 SH_HD float* q8row_d(u8* q, int K) { return (float*)(q + K); }
@@ -378,15 +381,14 @@ SH_HD int dp4a_x4(const u32* w, uint4 a, int c) {
 
 // legacy 32-blocks, lane t of 2: qs bytes [8t, 8t+8): low nibbles = elements 8t..8t+7, high ones 16+8t..
 // w[0], w[1]: elements 8t + [0,4), [4,8); w[2], w[3]: 16 + 8t + [0,4), [4,8)
-struct QA32 {  // a lane's activations of a 32-block
+struct QA32 {  // a lane's activations of a 32-block (a Q8_0 / Q8_1 row: s is Q8_1's, a float)
     uint2 lo, hi;
-    float d;
-    int s;
+    float d, s;
     SH_HD void load(const u8* xq, int K, int ib, int t) {
         lo = ld_u64(xq + 32 * ib + 8 * t);
         hi = ld_u64(xq + 32 * ib + 16 + 8 * t);
         d = q8row_d(xq, K)[ib];
-        s = q8row_s(xq, K)[ib];
+        s = bits_f32((u32)q8row_s(xq, K)[ib]);
     }
 };
 SH_HD void nibble_words(u32 x, u32 y, u32* w) {
@@ -408,7 +410,8 @@ struct IQ32 {
 };
 struct IQ32M : IQ32 {
     float m;
-    SH_HD float dot(const A& a) const { return a.d * sh_fma(d, (float)qa32_dot(w, a), m * (float)a.s); }
+    // (ggml's vec_dot_q4_1_q8_1: d_w d_x sum(q_w q_x) + m_w s_x)
+    SH_HD float dot(const A& a) const { return sh_fma(m, a.s, (d * a.d) * (float)qa32_dot(w, a)); }
 };
 
 struct IQ4_0 : IQ32 {  // d f16 | qs[16]; w = d * (q - 8)

@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--hit-rate", default=CPU_HIT_RATE,
                     help="k:h,... (h = share of steps whose look-ahead holds); ignored with --tokens-per-pass auto")
     ap.add_argument("-t", type=int, default=2, help="CPU threads")
+    ap.add_argument("--target", default=TARGET, help="the target's GGUF (a path, or a known model's name)")
+    ap.add_argument("--draft", default=DRAFT, help="the draft's GGUF (same)")
     ap.add_argument("--depth", type=int, default=0,
                     help="tokens of context before the prompt (the code prompt's tokens repeated): every pass then "
                          "attends over that many more positions, as deep in a conversation (the step costs; "
@@ -75,8 +77,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.t)
     ks = [int(x) for x in a.ks.split(",")]
-    target, tok = load(TARGET, a.device)
-    draft, dtok = load(DRAFT, a.device)
+    target, tok = load(a.target, a.device)
+    draft, dtok = load(a.draft, a.device)
     params = ignore_eos(SamplingParams(temp=0.0), tok)
     bias = params.logit_bias
     on_device = bool(getattr(target, "device_argmax", False))

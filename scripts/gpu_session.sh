@@ -7,25 +7,25 @@
 #   bash scripts/gpu_session.sh prepare    here, once: fills .gpu/a and .gpu/b (.gitignore'd, ~50 MB each):
 #                                          gguf's wheel, the llama.cpp fixtures, skeletons of the Qwen
 #                                          models (scripts/gguf_synth.py), SmolLM2 in two halves
-#   device run, carry [".gpu/a"], command "bash scripts/gpu_session.sh part1"
+#   device run, carry [".gpu/a"], command "bash scripts/gpu_session.sh part1"   (timeout_s 600; ~5 min)
 #       kernels against gguf.quants (tests/test_cuda_kernels.py), then speed on random-weight stand-ins
-#       of Qwen 1.5B / 0.5B built there: the matvec kernels per Qwen matrix (bench_cuda_kernels.py;
-#       QMV_DEFS="-DQMV_MINB_MID=4;..." compares builds) and attention per split size, a decoding step's
-#       kernels (profile_cuda.py),
-#       scripts/bench.py, scripts/bench_spec_cost.py. Results in $OUT.
+#       of Qwen 1.5B / 0.5B built there: scripts/bench.py (DP4A and float matvecs),
+#       scripts/bench_spec_cost.py, and a decoding step's kernels (profile_cuda.py). Results in $OUT.
 #   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part2"   (at once: within 30 s)
 #       SmolLM2 complete: the model-level GPU tests (tests/test_cuda_model.py: llama.cpp's greedy
 #       continuations, graph replays, verify rows, speculative parity) and its real-tensor kernel tests.
-#   The real Qwen pair end to end (1.6 GB: ~26 calls, ~10 minutes of device time): `ship-prepare` here,
-#   then `ship NN` there once per piece (carry [".gpu/ship/pNN"]), then `real` (carry [".gpu/ship/w"]):
-#   bench.py on the real 1.5B and bench_spec.py --which qwen (plain against -md, measured).
-#   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part3"   (at once again)
-#       the matvec kernels per Qwen matrix and warp split (bench_cuda_kernels.py), and whole decodes
-#       as the defaults have them, with the float matvecs (SHARPI_CUDA_DP4A=0), with one warp per row
-#       (SHARPI_QMV_SPLIT=1), with nothing fused (SHARPI_CUDA_FUSE=0), and with
-#       attention's splits combined by a launch of their own (SHARPI_CUDA_FUSE_COMBINE=0), and without
-#       programmatic dependent launch (SHARPI_CUDA_PDL=0); then speculation's costs without it (whether
-#       the draft's chain overlaps the verify pass more when no kernel waits resident on the SMs).
+#   device run, carry [".gpu/b"], command "bash scripts/gpu_session.sh part3"   (at once again, if time is left)
+#       the matvec kernels per Qwen matrix (bench_cuda_kernels.py: the model's warp split against one warp,
+#       integer against float), attention per context and load depth, and whole decodes with nothing
+#       fused (SHARPI_CUDA_FUSE=0) and without programmatic dependent launch (SHARPI_CUDA_PDL=0); then
+#       speculation's costs without it (whether the draft's chain overlaps the verify pass more when no
+#       kernel waits resident on the SMs).
+#   `why` (carry [".gpu/a"]): Nsight Compute's view of the small kernels that make a step latency-bound.
+#   Every step runs under a time limit (`timed`): 15 minutes of device time a task, the machine's start
+#   included, hold part1 and part2 with room to spare, part3 only partly.
+#   The real Qwen pair end to end (1.6 GB: ~26 calls, ~10 minutes of device time, more than a task has
+#   beside the above): `ship-prepare` here, then `ship NN` there once per piece (carry [".gpu/ship/pNN"]),
+#   then `real` (carry [".gpu/ship/w"]): bench.py on the real 1.5B and bench_spec.py --which qwen.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -34,6 +34,18 @@ Q15=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 Q05=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 at() { echo "== ${SECONDS}s: $*"; }  # where the call's 10 minutes went
+
+# `timed SECS NAME CMD...`: CMD under a time limit (a 15-minute device lease has no room for one step that
+# hangs), its output in $OUT/NAME.txt and here
+timed() {
+    local secs=$1 name=$2; shift 2
+    at "$name ($*)"
+    timeout -k 5 "$secs" "$@" > "$OUT/$name.txt" 2>&1
+    local rc=$?
+    [ "$rc" = 124 ] && echo "(stopped after $secs s)" >> "$OUT/$name.txt"
+    tail -n "${TAIL:-40}" "$OUT/$name.txt"
+    return $rc
+}
 
 install() {  # gguf (pure Python) from the carried wheel; everything else is on the machine
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$1"/*.whl \
@@ -69,33 +81,20 @@ part1)
     mkdir -p /tmp/sharpi/real /tmp/sharpi/synth
     cp .gpu/a/smol.1 /tmp/sharpi/
     cat .gpu/a/llamacpp_reference.json > /tmp/sharpi/llamacpp_reference.json
-    # the stand-ins under the registry's file names: it takes a file of the right size as cached
-    python3 scripts/gguf_synth.py build .gpu/a/q15.json.gz /tmp/sharpi/synth/$Q15
-    python3 scripts/gguf_synth.py build .gpu/a/q05.json.gz /tmp/sharpi/synth/$Q05
-    at kernel tests
-    python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py tests/test_cuda_compile.py 2>&1 \
-        | tee "$OUT/kernels.txt" | tail -n 15
-    export SHARPI_MODELS_DIR=/tmp/sharpi/synth
-    at bench_cuda_kernels.py
-    python3 scripts/bench_cuda_kernels.py --ts 1,2,5,16 --splits auto --defs "${QMV_DEFS:-}" 2>&1 \
-        | tee "$OUT/kernels_bench.txt"
-    at attention
-    python3 scripts/bench_cuda_kernels.py --attn 12:2:128:128:1,12:2:128:128:5,12:2:128:1000:1 2>&1 \
-        | tee "$OUT/attn_bench.txt"
-    # the loads in flight before (K: 8 a thread, V: 4 keys), the same bits
-    SHARPI_CUDA_OPS_DEFS="-DATT_K_LOADS=8 -DATT_V_LOADS=4" python3 scripts/bench_cuda_kernels.py \
-        --attn 12:2:128:128:1,12:2:128:1000:1 2>&1 | tee "$OUT/attn_bench_k8v4.txt"
-    at profile_cuda.py
+    # the stand-ins, built on the CPU while the kernel tests run (passed by path: the model cache would
+    # take them for damaged files, their sha256 not the registry's)
+    (python3 scripts/gguf_synth.py build .gpu/a/q15.json.gz /tmp/sharpi/synth/$Q15 \
+        && python3 scripts/gguf_synth.py build .gpu/a/q05.json.gz /tmp/sharpi/synth/$Q05) &
+    # (tests/test_cuda_compile.py, nvcc and NVRTC builds, runs in CI: not here)
+    TAIL=15 timed 200 kernels python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py
+    wait
+    timed 100 bench python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 --runs 2 -p 128 -n 128
+    timed 50 bench_float env SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 --runs 1 \
+        -p 128 -n 128
+    timed 120 spec_cost python3 scripts/bench_spec_cost.py --device cuda --target /tmp/sharpi/synth/$Q15 --draft /tmp/sharpi/synth/$Q05 --ks 2,4,6
     # without programmatic launch: each kernel's time is its own (with it, a kernel starts while the one
     # before runs, and its time includes that wait)
-    SHARPI_CUDA_PDL=0 python3 scripts/profile_cuda.py -m ${Q15%.gguf} -p 128 --rows 1,5 2>&1 | tee "$OUT/profile.txt"
-    at bench.py
-    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
-    at bench.py, float matvecs
-    SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 128 -n 128 2>&1 \
-        | tee "$OUT/bench_float.txt"
-    at bench_spec_cost.py
-    python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
+    timed 60 profile env SHARPI_CUDA_PDL=0 python3 scripts/profile_cuda.py -m /tmp/sharpi/synth/$Q15 -p 128 --rows 1,5
     at done
     ;;
 ship-prepare)  # here: the real Qwen pair (1.6 GB) in 62 MB pieces .gpu/ship/pNN, a call's carry each
@@ -131,47 +130,53 @@ real)  # (carry [".gpu/ship/w"]) after the last piece: the real pair end to end,
     python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench_real.txt"
     python3 scripts/bench_spec.py --device cuda --which qwen -n 128 --ks 2,4,6 2>&1 | tee "$OUT/spec_real.txt"
     ;;
-quick)  # (carry .gpu/a) the stand-ins built, then only the decode speeds: plain, and what speculation costs
+quick)  # (carry .gpu/a) the stand-ins built, then the decode speeds: plain, what speculation costs, a step's kernels
     install .gpu/a
     mkdir -p /tmp/sharpi/synth
-    python3 scripts/gguf_synth.py build .gpu/a/q15.json.gz /tmp/sharpi/synth/$Q15
+    python3 scripts/gguf_synth.py build .gpu/a/q15.json.gz /tmp/sharpi/synth/$Q15 &
     python3 scripts/gguf_synth.py build .gpu/a/q05.json.gz /tmp/sharpi/synth/$Q05
-    export SHARPI_MODELS_DIR=/tmp/sharpi/synth
-    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench.txt"
-    SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 128 -n 128 2>&1 \
-        | tee "$OUT/bench_float.txt"
-    python3 scripts/bench_spec_cost.py --device cuda --ks 2,4,6 2>&1 | tee "$OUT/spec_cost.txt"
+    wait
+    timed 100 bench python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 --runs 2 -p 128 -n 128
+    timed 120 spec_cost python3 scripts/bench_spec_cost.py --device cuda --target /tmp/sharpi/synth/$Q15 \
+        --draft /tmp/sharpi/synth/$Q05 --ks 2,4,6
+    timed 60 profile env SHARPI_CUDA_PDL=0 python3 scripts/profile_cuda.py -m /tmp/sharpi/synth/$Q15 -p 128 --rows 1,5
+    timed 50 bench_float env SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 \
+        --runs 1 -p 128 -n 128
+    at done
+    ;;
+why)  # (carry .gpu/a) what a decoding step's slow small kernels wait on: Nsight Compute's stall reasons for
+    # attention (15-20 us at 128 keys on the H200), the RMSNorm (5.7 us for 1536 values) and the GLU, in a
+    # Qwen 1.5B stand-in's eager decode (no graphs, no programmatic launch: ncu replays each kernel alone)
+    install .gpu/a
+    mkdir -p /tmp/sharpi/synth
+    [ -f /tmp/sharpi/synth/$Q15 ] || python3 scripts/gguf_synth.py build .gpu/a/q15.json.gz /tmp/sharpi/synth/$Q15
+    timed 300 ncu env SHARPI_CUDA_GRAPH=0 SHARPI_CUDA_PDL=0 ncu --clock-control none --target-processes all \
+        -k 'regex:attn_partial|rms_norm_f32|glu_q8_f32' --launch-skip 120 -c 6 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis \
+        python3 -c "import sys; from sharpi_cli.entry import main; sys.argv = ['sharpi', '--device', 'cuda', '-m',
+            '/tmp/sharpi/synth/$Q15', '-p', 'def f(x):', '-n', '8', '--temp', '0']; main()"
+    at done
     ;;
 part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sharpi/synth
     [ -d /tmp/sharpi/synth ] || { echo "part3 needs part1's machine (still warm)" >&2; exit 1; }
-    install .gpu/b
-    export SHARPI_MODELS_DIR=/tmp/sharpi/synth
-    at bench_cuda_kernels.py, every warp split
-    python3 scripts/bench_cuda_kernels.py --ts 1,2,5,16 2>&1 | tee "$OUT/kernels_splits.txt"
-    at bench.py, the default
-    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 | tee "$OUT/bench_default.txt"
-    # what the choices are worth in a whole decode: one warp per matrix row; every step its own launch
-    at bench.py, float matvecs
-    SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
-        | tee "$OUT/bench_float.txt"
-    at bench.py, one warp per matrix row
-    SHARPI_QMV_SPLIT=1 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
-        | tee "$OUT/bench_split1.txt"
-    at bench.py, nothing fused
-    SHARPI_CUDA_FUSE=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
-        | tee "$OUT/bench_nofuse.txt"
-    at bench.py, attention splits combined by a launch of their own
-    SHARPI_CUDA_FUSE_COMBINE=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
-        | tee "$OUT/bench_combine_launch.txt"
-    at bench.py, plain launches, no programmatic dependent launch
-    SHARPI_CUDA_PDL=0 python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 1 -p 16 -n 128 2>&1 \
-        | tee "$OUT/bench_nopdl.txt"
+    install "$(ls -d .gpu/b .gpu/a 2>/dev/null | head -n 1)"
+    # per Qwen matrix: the model's warp split against the others, integer against float matvecs
+    timed 90 kernels_bench python3 scripts/bench_cuda_kernels.py --ts 1,5,16 --splits auto,1 --kernels int,float
+    # attention per context, and with the loads in flight before (K: 8 a thread, V: 4 keys), the same bits
+    timed 40 attn_bench python3 scripts/bench_cuda_kernels.py --attn 12:2:128:128:1,12:2:128:128:5,12:2:128:1000:1
+    timed 40 attn_bench_k8v4 env SHARPI_CUDA_OPS_DEFS="-DATT_K_LOADS=8 -DATT_V_LOADS=4" \
+        python3 scripts/bench_cuda_kernels.py --attn 12:2:128:128:1,12:2:128:1000:1
+    # what the choices are worth in a whole decode: nothing fused; plain launches (no programmatic
+    # dependent launch)
+    timed 60 bench_nofuse env SHARPI_CUDA_FUSE=0 python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 --runs 1 \
+        -p 16 -n 128
+    timed 60 bench_nopdl env SHARPI_CUDA_PDL=0 python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 --runs 1 \
+        -p 16 -n 128
     # the draft's chain beside the verify pass ("draft || verify") overlapped little on the H200: with
     # programmatic launch each stream's next kernel sits resident on the SMs, waiting, which may be what
     # keeps the other stream's blocks out; the same costs without it tell
-    at bench_spec_cost.py, no programmatic dependent launch
-    SHARPI_CUDA_PDL=0 python3 scripts/bench_spec_cost.py --device cuda --ks 4 --reps 9 2>&1 \
-        | tee "$OUT/spec_cost_nopdl.txt"
+    timed 90 spec_cost_nopdl env SHARPI_CUDA_PDL=0 python3 scripts/bench_spec_cost.py --device cuda --target /tmp/sharpi/synth/$Q15 --draft /tmp/sharpi/synth/$Q05 --ks 4 --reps 9
     at done
     ;;
 part2)
@@ -182,15 +187,10 @@ part2)
     echo "$(cat .gpu/b/smol.sha256)  $HOME/.cache/sharpi/models/$SMOL" | sha256sum -c - || exit 1
     export SHARPI_FIXTURES=/tmp/sharpi  # its llamacpp_reference.json, from part1
     # the bigger models' tests are marked slow: their files are not here
-    at model tests
-    python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" tests/test_cuda_model.py 2>&1 \
-        | tee "$OUT/model_tests.txt" | tail -n 30
-    python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py -k real_tensors 2>&1 \
-        | tee "$OUT/real_tensors.txt" | tail -n 5
-    python3 -m pytest -q -rs -p no:cacheprovider tests/test_context_shift.py -k gpu 2>&1 \
-        | tee "$OUT/context_shift.txt" | tail -n 5
-    at bench.py SmolLM2
-    python3 scripts/bench.py --device cuda -m ${SMOL%.gguf} --runs 3 2>&1 | tee "$OUT/bench_smol.txt"
+    TAIL=30 timed 240 model_tests python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" tests/test_cuda_model.py
+    TAIL=5 timed 60 real_tensors python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py -k real_tensors
+    TAIL=5 timed 60 context_shift python3 -m pytest -q -rs -p no:cacheprovider tests/test_context_shift.py -k gpu
+    timed 60 bench_smol python3 scripts/bench.py --device cuda -m ${SMOL%.gguf} --runs 3
     at done
     ;;
 *)

@@ -243,7 +243,8 @@ class CudaQWeight(WeightBase):
 
 def quantize_act(x, kind, out=None, stream=None):
     """The reference for the q8 rows of x float32 [T, K] (cuda/ops.cu's layout: int8 codes [K] | float d
-    [K/32] | int32 sums [K/32], a Q8_K scale repeated for its blocks of 32) from quants.q8_parts."""
+    [K/32] | s [K/32], a Q8_K scale repeated for its blocks of 32; s the int32 sums of the codes in a Q8_K
+    row, Q8_1's float s in a Q8_0 / Q8_1 row) from quants.q8_parts."""
     if kind not in Q8_BLOCKS:
         raise ValueError(f"quantize_act: {kind!r} is not an 8-bit activation kind")
     x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
@@ -251,10 +252,11 @@ def quantize_act(x, kind, out=None, stream=None):
     block, f16_scale = Q8_BLOCKS[kind]
     if K % block:
         raise ValueError(f"{kind} rounding needs K % {block} == 0 (K={K})")
-    q, d, _ = q8_parts(torch.from_numpy(x2), block, f16_scale)  # [T, K/block, block], [T, K/block, 1]
+    q, d, s = q8_parts(torch.from_numpy(x2), block, f16_scale)  # [T, K/block, block], [T, K/block, 1] x 2
     codes = q.numpy().astype(np.int8).reshape(T, K)
     d32 = np.repeat(d.numpy().reshape(T, -1), block // 32, axis=1).astype(np.float32)
-    sums = codes.reshape(T, K // 32, 32).astype(np.int32).sum(axis=2, dtype=np.int32)
+    sums = (s.numpy().astype(np.float32).reshape(T, K // 32) if f16_scale
+            else codes.reshape(T, K // 32, 32).astype(np.int32).sum(axis=2, dtype=np.int32))
     if out is None:
         out = np.zeros((T, q8_row_bytes(K)), dtype=np.uint8)
     elif out.dtype != np.uint8 or out.ndim != 2 or out.shape[0] != T or out.shape[1] < q8_row_bytes(K):

@@ -19,7 +19,7 @@ cp = pytest.importorskip("cupy")
 import torch  # noqa: E402
 
 from sharpi_core.backends import cuda as cb  # noqa: E402
-from sharpi_core.quants import q8_0_blocks, quantize_q8_blocks, round_activations  # noqa: E402
+from sharpi_core.quants import q8_0_blocks, q8_parts, quantize_q8_blocks, round_activations  # noqa: E402
 
 _ok, _why = cb.cuda_available()
 if not _ok:
@@ -777,18 +777,20 @@ def test_norm_and_glu_with_rounding_fused_are_the_two_steps(kind):
 
 # ---- q8 rows: the integer matvecs' activations ----------------------------------------------------
 
-def _q8_split(rows: np.ndarray, K: int):
-    """q8 rows uint8 [T, >= q8_row_bytes(K)] -> (codes int8 [T, K], d float32 [T, K/32], sums int32 [T, K/32])."""
+def _q8_split(rows: np.ndarray, K: int, kind: str = "q8_k"):
+    """q8 rows uint8 [T, >= q8_row_bytes(K)] -> (codes int8 [T, K], d float32 [T, K/32], s [T, K/32]: int32
+    sums of a q8_k row, Q8_1's float32 s of a q8_32 row)."""
     rows = np.ascontiguousarray(rows)
     nb = K // 32
     return (rows[:, :K].view(np.int8), np.ascontiguousarray(rows[:, K:K + 4 * nb]).view(np.float32),
-            np.ascontiguousarray(rows[:, K + 4 * nb:K + 8 * nb]).view(np.int32))
+            np.ascontiguousarray(rows[:, K + 4 * nb:K + 8 * nb]).view(np.float32 if kind == "q8_32" else np.int32))
 
 
 @pytest.mark.parametrize("kind", ["q8_32", "q8_k"])
 def test_q8_rows_are_the_cpu_codes(kind):
     """quantize_act's q8 rows hold quants.q8_parts' codes and scales (the CPU path's rounding, so codes *
-    d are round_act's values) and the codes' sums per 32; x already rounded gives the same codes."""
+    d are round_act's values) and s: the codes' sums per 32 (Q8_K), Q8_1's s = f16(amax / 127 * sum),
+    the scale before its f16 rounding (Q8_0 / Q8_1); x already rounded gives the same codes."""
     import cuda_fake
     rng = np.random.default_rng(21)
     K = 1536
@@ -799,18 +801,27 @@ def test_q8_rows_are_the_cpu_codes(kind):
     got = cp.asnumpy(cb.quantize_act(cp.asarray(x), kind))
     assert got.shape == (5, cb.q8_row_bytes(K)) and cb.q8_row_bytes(K) % 16 == 0
     want = cuda_fake.quantize_act(x, kind)
-    c, d, s = _q8_split(got, K)
-    cw, dw, sw = _q8_split(want, K)
+    c, d, s = _q8_split(got, K, kind)
+    cw, dw, sw = _q8_split(want, K, kind)
     np.testing.assert_array_equal(c, cw)
     np.testing.assert_array_equal(d, dw)
     np.testing.assert_array_equal(s, sw)
-    np.testing.assert_array_equal(s, c.reshape(5, -1, 32).astype(np.int32).sum(axis=2))
+    sums = c.reshape(5, -1, 32).astype(np.int32).sum(axis=2)
+    if kind == "q8_k":
+        np.testing.assert_array_equal(s, sums)
+    else:  # f16(d' * sum), d' = amax / 127 in fp32: not the stored d (its f16), which moves it by up to 2^-11
+        raw = np.abs(x.reshape(5, -1, 32)).max(axis=2) / np.float32(127)
+        np.testing.assert_array_equal(s, (raw * sums.astype(np.float32)).astype(np.float16).astype(np.float32))
+        assert not np.array_equal(s, (d * sums.astype(np.float32)).astype(np.float16).astype(np.float32))
     np.testing.assert_array_equal(np.repeat(d, 32, axis=1) * c, cp.asnumpy(cb.round_act(cp.asarray(x), kind)))
     again = cp.asnumpy(cb.quantize_act(cb.round_act(cp.asarray(x), kind), kind))
-    c2, d2, s2 = _q8_split(again, K)
+    c2, d2, s2 = _q8_split(again, K, kind)
     np.testing.assert_array_equal(c2, c)
-    np.testing.assert_array_equal(s2, s)
     np.testing.assert_allclose(d2, d, rtol=2e-7, atol=0)  # (Q8_K's 1 / iscale may move by an ulp)
+    if kind == "q8_k":
+        np.testing.assert_array_equal(s2, s)
+    else:  # (from rounded values d' is the rounded scale: s within an f16 ulp)
+        np.testing.assert_allclose(s2, s, rtol=2 ** -10, atol=0)
     with pytest.raises(ValueError, match="uint8"):
         cb.quantize_act(cp.asarray(x), kind, out=cp.zeros((5, 100), cp.uint8))
 
@@ -850,6 +861,18 @@ def test_rounding_kernels_write_the_q8_rows_of_their_output(kind):
             np.testing.assert_array_equal(cp.asnumpy(q8), want, err_msg=f"chunk {chunk}, counters {counters is not None}")
 
 
+def _q8_1_s_error(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    """What taking Q8_1's s (f16) for the sum of a block of activations x [T, K] adds to the product with a
+    Q4_1 / Q5_1 weight (zero for the other types): sum over blocks of m_w (s - sum(x)), float64 [T, N]."""
+    if qtype not in (Q.Q4_1, Q.Q5_1):
+        return np.zeros((x.shape[0], raw.shape[0]))
+    n, nb = raw.shape[0], x.shape[1] // 32
+    m = raw.reshape(n, nb, -1)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)  # [N, K/32]
+    _, _, s = q8_parts(torch.from_numpy(x), 32, True)
+    err = s.numpy().reshape(x.shape[0], nb).astype(np.float64) - x.astype(np.float64).reshape(x.shape[0], nb, 32).sum(2)
+    return err @ m.T
+
+
 def test_integer_and_float_matvecs_agree(monkeypatch):
     """The integer matvecs (the default for their types) and the float ones (SHARPI_CUDA_DP4A=0) give the
     same products of rounded activations to fp32 rounding; matmul quantizes x itself when no q8 rows
@@ -867,7 +890,9 @@ def test_integer_and_float_matvecs_agree(monkeypatch):
         assert ci.wants_xq(16) and not ci.wants_xq(cb.GEMM_MIN_ROWS) and not cf.wants_xq(1)
         x = act(ci, rng.standard_normal((5, k)).astype(np.float32))
         yi, yf = cp.asnumpy(ci.matmul(cp.asarray(x))), cp.asnumpy(cf.matmul(cp.asarray(x)))
-        check_matmul(yi, x, w, tol=2e-6)  # exact integer sums: fp32 rounding only
+        # exact integer sums: fp32 rounding only (Q4_1 / Q5_1: with the min times Q8_1's s, as ggml's
+        # vec_dot_q4_1_q8_1, where the float matvecs take the sum of the values)
+        check_matmul(yi - _q8_1_s_error(raw, qtype, x), x, w, tol=2e-6)
         check_matmul(yf, x, w, tol=2e-6)
         xq = cb.quantize_act(cp.asarray(x), ci.xq_kind)
         np.testing.assert_array_equal(cp.asnumpy(ci.matmul(cp.asarray(x), xq=xq)), yi)

@@ -55,11 +55,12 @@ def on(kind: str, name: str):
 # margins of 3e-5 .. 7.9e-3: 3 above the engine-core issue's 1e-3. The GPU checks take 1e-2 for a
 # near tie and print every margin (a wrong rope, norm or cache position diverges at once, by far more).
 # The real kernels in the SIMT emulator (tests/simt, the C library's expf / tanhf, no fused
-# multiply-adds) diverge 4 times in 20 prompts (all 5 prompts a model, at efb6a7f): margins 9.996e-3
-# (SmolLM2, "The capital of France is" at step 5, since the DP4A matvecs of 0eee7dc: each change of
-# summation order moved it by up to 1e-2; the CPU's margin there is 1.8e-2), 1.3e-3, 2.2e-4 (Gemma 3),
-# 3.3e-3 (Qwen 0.5B); Qwen 1.5B follows all of its fixtures. (Through 1e-2 by 0.04% on SmolLM2: the
-# limit stays, a GPU will say whether its bits are the emulator's.)
+# multiply-adds) diverged 4 times in 20 prompts (all 5 prompts a model, at efb6a7f): margins 9.996e-3
+# (SmolLM2, "The capital of France is" at step 5), 1.3e-3, 2.2e-4 (Gemma 3), 3.3e-3 (Qwen 0.5B); Qwen
+# 1.5B follows all of its fixtures. On an H200 (2026-12-04) SmolLM2's divergence had a margin of 1.3e-2
+# and failed: it came from the integer matvecs' Q4_1 products taking d_x * sum(q_x) in fp32 for the
+# activations' sum where llama.cpp takes Q8_1's s, rounded to f16. With that s SmolLM2 follows all 5 of
+# its fixtures, emulated (its margin at that step +2.9e-2, the CPU's +1.8e-2) and on the H200.
 GPU_NEAR_TIE = 1e-2
 
 # Set by tests/test_simt.py for the model tests it runs emulated in the background (a SmolLM2 token is about half
@@ -148,9 +149,15 @@ def test_gpu_q8_0_cache_follows_cpu(kind):
     q8 = gmodel.forward(ids, 0, c8)
     assert c8.rot_k == 64 and c8.rot_v == 64  # SmolLM2's head size 64: rotated like llama.cpp's cache
     # the CPU path with the same cache types is the oracle (the f16 cache's output differs from both
-    # by as much as the GPU's fp32 drift from the CPU's does)
+    # by as much as the GPU's fp32 drift from the CPU's does). Bounds: this 4-bit model with 8-bit
+    # activations moves its probabilities by a few percent on any change of summation order: the CPU's
+    # two implementations of the same arithmetic (its compiled kernels, the torch reference of
+    # SHARPI_CPU_KERNEL=0) differ here by up to 0.071 at a position, 0.020 on average of the positions'
+    # largest differences; the emulated GPU by 0.052 / 0.019, the GPU's f16 cache from the CPU's by
+    # 0.036 / 0.017. A cache written or read wrong moves every position, by far more.
     want = cpu.forward(ids, 0, cpu.new_cache(64, "q8_0", "q8_0"))
-    assert (q8.softmax(-1) - want.softmax(-1)).abs().max() < 0.05
+    drift = (q8.softmax(-1) - want.softmax(-1)).abs().amax(-1)  # [T]: each position's largest difference
+    assert drift.mean() < 0.03 and drift.max() < 0.1, drift
     with pytest.raises(UsageError, match="f16 or q8_0"):
         gmodel.new_cache(64, "f32", "f16")
     # without flash attention a query's scores sit in shared memory: a context beyond it is refused

@@ -718,8 +718,9 @@ def int_act_kind(qtype) -> str | None:
 
 
 def q8_row_bytes(k: int) -> int:
-    """Bytes of a q8 row of K activations (int8 codes [K] | float d [K/32] | int32 sums [K/32]), rounded
-    up to 16 so that rows one after another stay 16-byte aligned."""
+    """Bytes of a q8 row of K activations (int8 codes [K] | float d [K/32] | 32-bit s [K/32]: a Q8_K row's
+    int32 sums of codes, a Q8_0 / Q8_1 row's float Q8_1 s; cuda/ops.cu), rounded up to 16 so that rows one
+    after another stay 16-byte aligned."""
     if k % 32:
         raise ValueError(f"q8 rows need a multiple of 32 values (got {k})")
     return -(-(k + 8 * (k // 32)) // 16) * 16
@@ -740,7 +741,7 @@ def _q8_rows(cp, q8, T: int, K: int):
 def quantize_act(x, kind: str, out=None, stream=None):
     """The q8 rows (uint8 [T, q8_row_bytes(K)]) of x float32 [T, K] rounded through `kind`'s 8-bit blocks
     ('q8_32' / 'q8_k'): the codes and scales round_act's rounding gives (also those of x already rounded
-    so), what the integer matvecs read."""
+    so; a q8_32 row's s, f16(amax / 127 * sum), may then move by an f16 ulp), what the integer matvecs read."""
     cp = _cupy()
     if kind not in Q8_BLOCKS:
         raise ValueError(f"quantize_act: {kind!r} is not an 8-bit activation kind")
