@@ -201,7 +201,12 @@ def main():
                     help="speculate at every step (off), by measured cost (on: the spec columns; greedy sharpi's "
                          "default), or both, the cost-aware runs in the last columns")
     ap.add_argument("--qwen-prompts", default="code", help="the Qwen pair's prompts: code, prose, deep, or several (code,prose)")
-    ap.add_argument("--synth-lens", default="", help="the Qwen pair at these synthetic acceptance lengths too (1,3,5)")
+    ap.add_argument("--synth-lens", default="",
+                    help="the Qwen pair at these synthetic acceptance lengths too (1,3,5; those above k + 1 skipped at k)")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct-q4_k_m",
+                    help="the Qwen pair's target: a known model's name or a GGUF path (a stand-in of scripts/gguf_synth.py, "
+                         "with --synth-lens: its proposals are the draft's, their acceptance synthetic)")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct-q4_k_m", help="the Qwen pair's draft (same)")
     a = ap.parse_args()
     torch.set_num_threads(a.t)
     ks = [int(x) for x in a.ks.split(",")]
@@ -238,14 +243,14 @@ def main():
                                 lambda t=t: NgramChain(ngram_sources([t])), k, a.reps, cost=a.cost)
             del model
     if a.which in ("all", "qwen"):
-        target, tok = load("qwen2.5-coder-1.5b-instruct-q4_k_m", a.device)
-        draft, dtok = load("qwen2.5-coder-0.5b-instruct-q4_k_m", a.device)
+        target, tok = load(a.target, a.device)
+        draft, dtok = load(a.draft, a.device)
         head = draft_head_vocab(a.draft_vocab, dtok)
         for temp in temps:
             params = SamplingParams(temp=temp)
             for k in ks:
                 for which in a.qwen_prompts.split(","):
-                    for synth in [None] + [float(x) for x in a.synth_lens.split(",") if x]:
+                    for synth in [None] + [float(x) for x in a.synth_lens.split(",") if x and float(x) <= k + 1]:
                         label = f"Qwen 1.5B + 0.5B draft, {which}" + (f", synthetic L = {synth:g}" if synth else "")
                         compare(label, target, tok, QWEN_PROMPTS[which], a.n, params,
                                 lambda: DraftModelDrafter(draft, draft.new_cache(2048), ignore_eos(params, tok),

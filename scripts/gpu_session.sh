@@ -23,9 +23,13 @@
 #   `why` (carry [".gpu/a"]): Nsight Compute's view of the small kernels that make a step latency-bound.
 #   Every step runs under a time limit (`timed`): 15 minutes of device time a task, the machine's start
 #   included, hold part1 and part2 with room to spare, part3 only partly.
-#   The real Qwen pair end to end (1.6 GB: ~26 calls, ~10 minutes of device time, more than a task has
-#   beside the above): `ship-prepare` here, then `ship NN` there once per piece (carry [".gpu/ship/pNN"]),
-#   then `real` (carry [".gpu/ship/w"]): bench.py on the real 1.5B and bench_spec.py --which qwen.
+#   The real Qwen pair end to end (1.6 GB in 27 pieces): `ship-prepare` here, then `ship NN` there once per
+#   piece (carry [".gpu/ship/pNN"]), then `real` (carry [".gpu/ship/w"]): bench.py on the real 1.5B and
+#   bench_spec.py --which qwen (plain against -md, measured). On 2026-12-04 a call cost 7-9 s of device
+#   time beyond its command (a ~50 MB carry), so the pieces take ~4-7 minutes, if each call follows the last
+#   at once (the machine goes back after 30 s idle and a fresh one has lost the pieces).
+#   What is still owed (2026-12-04: part1/part2 passed; `quick` and part3 measured): the real pair end to
+#   end (ship + real) and `why`; `quick` again after a change to cuda/ or the GPU host code.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -127,8 +131,8 @@ real)  # (carry [".gpu/ship/w"]) after the last piece: the real pair end to end,
     head -c "$s15" /tmp/sharpi/ship.bin > "$d/$Q15"
     tail -c +"$((s15 + 1))" /tmp/sharpi/ship.bin > "$d/$Q05"
     (cd "$d" && head -2 "$OLDPWD/$m" | sha256sum -c -) || exit 1
-    python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128 2>&1 | tee "$OUT/bench_real.txt"
-    python3 scripts/bench_spec.py --device cuda --which qwen -n 128 --ks 2,4,6 2>&1 | tee "$OUT/spec_real.txt"
+    timed 120 bench_real python3 scripts/bench.py --device cuda -m ${Q15%.gguf} --runs 3 -p 128 -n 128
+    timed 300 spec_real python3 scripts/bench_spec.py --device cuda --which qwen -n 128 --ks 2,4,6 --temps 0,0.7
     ;;
 quick)  # (carry .gpu/a) the stand-ins built, then the decode speeds: plain, what speculation costs, a step's kernels
     install .gpu/a
@@ -142,6 +146,12 @@ quick)  # (carry .gpu/a) the stand-ins built, then the decode speeds: plain, wha
     timed 60 profile env SHARPI_CUDA_PDL=0 python3 scripts/profile_cuda.py -m /tmp/sharpi/synth/$Q15 -p 128 --rows 1,5
     timed 50 bench_float env SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 \
         --runs 1 -p 128 -n 128
+    # speculation end to end at the real pair's tokens per verify pass (measured on the CPU: 2.86, 4.50, 5.73
+    # at k = 2, 4, 6), acceptance synthetic (the stand-ins' proposals are noise): without the look-ahead,
+    # whose guess of the bonus token always misses on them (the real pair's hits 79% at k = 4)
+    timed 150 spec_synth env SHARPI_SPEC_LOOKAHEAD=0 python3 scripts/bench_spec.py --device cuda --which qwen \
+        --target /tmp/sharpi/synth/$Q15 --draft /tmp/sharpi/synth/$Q05 --ks 2,4,6 --synth-lens 2.86,4.5,5.73 \
+        --temps 0 -n 128
     at done
     ;;
 why)  # (carry .gpu/a) what a decoding step's slow small kernels wait on: Nsight Compute's stall reasons for
