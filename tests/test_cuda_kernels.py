@@ -861,16 +861,40 @@ def test_rounding_kernels_write_the_q8_rows_of_their_output(kind):
             np.testing.assert_array_equal(cp.asnumpy(q8), want, err_msg=f"chunk {chunk}, counters {counters is not None}")
 
 
-def _q8_1_s_error(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+def _q8_1_s_error(raw: np.ndarray, qtype, x: np.ndarray, unrounded: np.ndarray | None = None) -> np.ndarray:
     """What taking Q8_1's s (f16) for the sum of a block of activations x [T, K] adds to the product with a
-    Q4_1 / Q5_1 weight (zero for the other types): sum over blocks of m_w (s - sum(x)), float64 [T, N]."""
+    Q4_1 / Q5_1 weight (zero for the other types): sum over blocks of m_w (s - sum(x)), float64 [T, N]; s
+    that of x's rounding, or of `unrounded`'s (the values x was rounded from)."""
     if qtype not in (Q.Q4_1, Q.Q5_1):
         return np.zeros((x.shape[0], raw.shape[0]))
     n, nb = raw.shape[0], x.shape[1] // 32
     m = raw.reshape(n, nb, -1)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)  # [N, K/32]
-    _, _, s = q8_parts(torch.from_numpy(x), 32, True)
+    _, _, s = q8_parts(torch.from_numpy(x if unrounded is None else unrounded), 32, True)
     err = s.numpy().reshape(x.shape[0], nb).astype(np.float64) - x.astype(np.float64).reshape(x.shape[0], nb, 32).sum(2)
     return err @ m.T
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1])
+def test_gemm_takes_q8_1_s_as_the_matvecs(qtype):
+    """From GEMM_MIN_ROWS rows on (prefill) a Q4_1 / Q5_1 product is a GEMM of the dequantized weight, corrected
+    to take Q8_1's s for each activation block's sum as the integer matvecs (and ggml) do: the rows of one GEMM
+    equal those of 16-row matvecs to fp32 rounding, given the q8 rows of the unrounded values (the model's
+    rounding kernels write them) or made from the rounded ones."""
+    rng = np.random.default_rng(24)
+    n, k, T = 70, 2 * _k_for(qtype), cb.GEMM_MIN_ROWS + 6
+    raw = random_raw(qtype, n, k, rng)
+    w = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+    cw = cb.CudaQWeight(raw, qtype, n, k)
+    x0 = (rng.standard_normal((T, k)) * rng.uniform(0.1, 10, (T, 1))).astype(np.float32)
+    x = act(cw, x0)
+    xq = cb.quantize_act(cp.asarray(x0), cw.xq_kind)
+    y = cp.asnumpy(cw.matmul(cp.asarray(x), xq=xq))
+    rows = np.concatenate([cp.asnumpy(cw.matmul(cp.asarray(x[t:t + 16]), xq=xq[t:t + 16])) for t in range(0, T, 16)])
+    np.testing.assert_allclose(y, rows, rtol=1e-5, atol=1e-5 * np.abs(rows).max())
+    check_matmul(y - _q8_1_s_error(raw, qtype, x, x0), x, w, tol=1e-5)
+    assert check_matmul(y, x, w) > 1e-5  # (the correction is there: s is not the sum)
+    made = cp.asnumpy(cw.matmul(cp.asarray(x)))  # q8 rows made from x, already rounded
+    check_matmul(made - _q8_1_s_error(raw, qtype, x), x, w, tol=1e-5)
 
 
 def test_integer_and_float_matvecs_agree(monkeypatch):
@@ -887,7 +911,8 @@ def test_integer_and_float_matvecs_agree(monkeypatch):
         cf = cb.CudaQWeight(raw, qtype, n, k)
         monkeypatch.setattr(cb, "DP4A", True)
         assert ci.xq_kind == ("q8_k" if cb.K_MULTIPLE[qtype] == 256 else "q8_32") and cf.xq_kind is None
-        assert ci.wants_xq(16) and not ci.wants_xq(cb.GEMM_MIN_ROWS) and not cf.wants_xq(1)
+        assert ci.wants_xq(16) and not cf.wants_xq(1) and not cf.wants_xq(cb.GEMM_MIN_ROWS)
+        assert ci.wants_xq(cb.GEMM_MIN_ROWS) == (qtype in cb.Q8_1_S_TYPES)  # the GEMM's correction to Q8_1's s
         x = act(ci, rng.standard_normal((5, k)).astype(np.float32))
         yi, yf = cp.asnumpy(ci.matmul(cp.asarray(x))), cp.asnumpy(cf.matmul(cp.asarray(x)))
         # exact integer sums: fp32 rounding only (Q4_1 / Q5_1: with the min times Q8_1's s, as ggml's

@@ -16,7 +16,8 @@ run and why not, and never raises.
 
 `matmul` runs the batched matvec (each weight block read once for up to 16 activation rows) for
 T <= 16, chunks of 16 beyond that, and for T >= GEMM_MIN_ROWS (prefill) dequantizes tiles of weight
-rows and multiplies them with cuBLAS. Every call takes an optional `stream` (a cupy.cuda.Stream)
+rows and multiplies them with cuBLAS (a Q4_1 / Q5_1 product then corrected to take Q8_1's s for each
+activation block's sum, as the integer matvecs and ggml do). Every call takes an optional `stream` (a cupy.cuda.Stream)
 so that target and draft models can run on separate streams; outputs are allocated on that stream.
 """
 from __future__ import annotations
@@ -69,6 +70,10 @@ _LANE_SPAN = {Q.F32: 4, Q.F16: 8, Q.BF16: 8, Q.Q4_0: 8, Q.Q4_1: 8, Q.Q5_0: 8, Q.
 # SHARPI_CUDA_DP4A=0 uses the float ones for every type (benchmarks, bisecting).
 INT_LANE_SPAN = {Q.Q4_0: 16, Q.Q4_1: 16, Q.Q5_0: 16, Q.Q5_1: 16, Q.Q8_0: 16, Q.Q4_K: 32, Q.Q5_K: 32, Q.Q6_K: 32}
 DP4A = switch("SHARPI_CUDA_DP4A")
+# weight types whose products take the activations' Q8_1 s (f16(amax/127 * sum of codes)) for a block's sum,
+# times the block's min (ggml's vec_dot_q4_1_q8_1 / q5_1): the integer matvecs read it from the q8 rows, and a
+# GEMM of these types reads the q8 rows too, for that correction
+Q8_1_S_TYPES = (Q.Q4_1, Q.Q5_1)
 MAX_BATCH = 16         # activation rows one matvec launch handles
 GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and uses cuBLAS
 GEMM_TILE_BYTES = 64 << 20
@@ -594,11 +599,13 @@ class CudaQWeight(WeightBase):
         self._tname = TYPE_NAMES[self.qtype]
         self._opts = qmv_options(self.qtype)
         self.xq_kind = int_act_kind(self.qtype)  # the integer matvecs' activation rounding, or None
+        self._mins = None  # Q8_1_S_TYPES: the blocks' mins, float32 [N, K/32], made by the first GEMM
         self.split = qmv_split(self.qtype, self.n, self.k, self.xq_kind is not None)  # the same for every batch size
 
     def wants_xq(self, T: int) -> bool:
-        """Whether a matmul of T rows runs the integer matvecs (which read q8 rows: matmul's xq)."""
-        return self.xq_kind is not None and 0 < T < GEMM_MIN_ROWS
+        """Whether a matmul of T rows reads q8 rows (matmul's xq): the integer matvecs' (T < GEMM_MIN_ROWS),
+        and a Q4_1 / Q5_1 GEMM's (Q8_1's s, Q8_1_S_TYPES)."""
+        return self.xq_kind is not None and T > 0 and (T < GEMM_MIN_ROWS or self.qtype in Q8_1_S_TYPES)
 
     def matmul(self, x, stream=None, out=None, bias=None, xq=None):
         """x float32 [T, K] (or [K]) -> x @ W.T (+ bias, a float32 [N] device array), float32 [T, N]
@@ -619,6 +626,8 @@ class CudaQWeight(WeightBase):
                 raise ValueError(f"bias must be a contiguous float32 [{self.n}] device array")
             if T >= GEMM_MIN_ROWS:
                 self._gemm(cp, x, out)
+                if self.wants_xq(T):
+                    self._q8_1_s(cp, x, quantize_act(x, self.xq_kind) if xq is None else xq, out)
                 if bias is not None:
                     add_bias(out, bias)
             else:
@@ -654,6 +663,19 @@ class CudaQWeight(WeightBase):
             r1 = min(self.n, r0 + tile)
             w = self.rows(cp.arange(r0, r1, dtype=cp.int32))
             out[:, r0:r1] = x @ w.T
+
+    def _q8_1_s(self, cp, x, xq, out) -> None:
+        """out += sum over blocks b of m_w[n, b] * (s[t, b] - sum of x[t, block b]): the GEMM of the
+        dequantized Q4_1 / Q5_1 weight (d * q + m) took each block's sum of the (rounded) activations
+        times its min, where ggml and the integer matvecs take Q8_1's s, that sum's f16 rounding (from
+        the unrounded scale; the q8 rows xq carry it)."""
+        T, nb = x.shape[0], self.k // 32
+        xq, _ = _q8_rows(cp, xq, T, self.k)
+        s = xq[:, self.k + 4 * nb:self.k + 8 * nb].view(cp.float32)  # [T, nb]
+        if self._mins is None:  # [N, nb]: each block's m (bytes 2-3 of its d | m | ... header), once
+            blocks = self.data[:self.n * self.row_bytes].reshape(self.n, nb, self.row_bytes // nb)
+            self._mins = cp.ascontiguousarray(blocks[:, :, 2:4]).view(cp.float16)[:, :, 0].astype(cp.float32)
+        out += (s - x.reshape(T, nb, 32).sum(axis=2)) @ self._mins.T
 
     def rows(self, ids, stream=None, out=None):
         """Dequantized rows (embedding lookup): ids [n] -> float32 [n, K]."""
