@@ -671,7 +671,7 @@ class CudaQWeight(WeightBase):
         the unrounded scale; the q8 rows xq carry it)."""
         T, nb = x.shape[0], self.k // 32
         xq, _ = _q8_rows(cp, xq, T, self.k)
-        s = xq[:, self.k + 4 * nb:self.k + 8 * nb].view(cp.float32)  # [T, nb]
+        s = cp.ascontiguousarray(xq[:, self.k + 4 * nb:self.k + 8 * nb]).view(cp.float32)  # [T, nb]
         if self._mins is None:  # [N, nb]: each block's m (bytes 2-3 of its d | m | ... header), once
             blocks = self.data[:self.n * self.row_bytes].reshape(self.n, nb, self.row_bytes // nb)
             self._mins = cp.ascontiguousarray(blocks[:, :, 2:4]).view(cp.float16)[:, :, 0].astype(cp.float32)

@@ -111,6 +111,15 @@ class ndarray(_np.ndarray):
         _reject_host(args, kwargs, func.__name__)
         return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
 
+    def view(self, *args, **kwargs):
+        # CuPy changes the size of the element type only of a C-contiguous array (numpy, of any array whose
+        # last axis is contiguous): a view that numpy takes could fail on a GPU
+        dtype = kwargs.get("dtype", args[0] if args else None)
+        if (dtype is not None and not (isinstance(dtype, type) and issubclass(dtype, _np.ndarray))
+                and _np.dtype(dtype).itemsize != self.dtype.itemsize and not self.flags.c_contiguous):
+            raise ValueError("To change to a dtype of a different size, the array must be C-contiguous")
+        return super().view(*args, **kwargs)
+
     def copy(self, order="C"):
         return _copy_to_device(self.view(_np.ndarray))
 
