@@ -865,7 +865,7 @@ def _q8_1_s_error(raw: np.ndarray, qtype, x: np.ndarray, unrounded: np.ndarray |
     """What taking Q8_1's s (f16) for the sum of a block of activations x [T, K] adds to the product with a
     Q4_1 / Q5_1 weight (zero for the other types): sum over blocks of m_w (s - sum(x)), float64 [T, N]; s
     that of x's rounding, or of `unrounded`'s (the values x was rounded from)."""
-    if qtype not in (Q.Q4_1, Q.Q5_1):
+    if qtype not in cb.Q8_1_S_TYPES:
         return np.zeros((x.shape[0], raw.shape[0]))
     n, nb = raw.shape[0], x.shape[1] // 32
     m = raw.reshape(n, nb, -1)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)  # [N, K/32]
@@ -874,7 +874,7 @@ def _q8_1_s_error(raw: np.ndarray, qtype, x: np.ndarray, unrounded: np.ndarray |
     return err @ m.T
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1])
+@pytest.mark.parametrize("qtype", cb.Q8_1_S_TYPES)
 def test_gemm_takes_q8_1_s_as_the_matvecs(qtype):
     """From GEMM_MIN_ROWS rows on (prefill) a Q4_1 / Q5_1 product is a GEMM of the dequantized weight, corrected
     to take Q8_1's s for each activation block's sum as the integer matvecs (and ggml) do: the rows of one GEMM
