@@ -229,12 +229,6 @@ SH_D float warp_max(float v) {
 #endif
 }
 
-SH_D int warp_isum(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // Every thread of the block must call these; `red` is __shared__ float[32]. All threads get the result.
 SH_D float block_sum(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;

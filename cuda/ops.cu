@@ -96,48 +96,69 @@ SH_D float q8_codes_regs(const float* v, float* c, int per, int f16_scale, float
     const int lane = threadIdx.x & 31;
     float am = 0.0f;   // largest magnitude seen by this lane
     int ai = 32 * per; // its index (the first one on ties)
-    for (int j = 0; j < per; j++) {
-        const float a = fabsf(v[j]);
-        if (a > am) am = a, ai = lane + 32 * j;
-    }
+    float mv = 0.0f;   // that element (Q8_K's m; carried along rather than read back from v by index, which
+                       // would put v in local memory)
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < per) {
+            const float a = fabsf(v[j]);
+            if (a > am) am = a, ai = lane + 32 * j, mv = v[j];
+        }
     // (magnitude, index) arg-max over the warp: larger magnitude wins, the lower index on a tie
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float am2 = __shfl_xor_sync(0xffffffffu, am, o);
         const int ai2 = __shfl_xor_sync(0xffffffffu, ai, o);
-        if (am2 > am || (am2 == am && ai2 < ai)) am = am2, ai = ai2;
+        const float mv2 = __shfl_xor_sync(0xffffffffu, mv, o);
+        if (am2 > am || (am2 == am && ai2 < ai)) am = am2, ai = ai2, mv = mv2;
     }
     if (am == 0.0f) {
-        for (int j = 0; j < per; j++) c[j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < per) c[j] = 0.0f;
         *raw = 0.0f;
         return 0.0f;
     }
     if (f16_scale) {
         const float iscale = 127.0f / am;
-        for (int j = 0; j < per; j++) c[j] = rintf(v[j] * iscale);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < per) c[j] = rintf(v[j] * iscale);
         *raw = am / 127.0f;
         return h2f(f2h(*raw));
     }
-    const float m = __shfl_sync(0xffffffffu, v[(ai / 32) < per ? ai / 32 : 0], ai % 32);
-    const float iscale = -127.0f / m;
-    for (int j = 0; j < per; j++) c[j] = fminf(127.0f, rintf(iscale * v[j]));
+    const float iscale = -127.0f / mv;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < per) c[j] = fminf(127.0f, rintf(iscale * v[j]));
     *raw = 1.0f / iscale;
     return *raw;
 }
 
 // one warp writes the codes c (lane l: element e0 + l + 32 j, j < per), the scale d and the s of a block
 // into the q8 row q of K values (e0 % 32 == 0; raw: q8_codes_regs's)
+// (The per sums' exchanges interleaved: one chain of five waits on the shuffles instead of per chains.)
 SH_D void q8_store(const float* c, int per, float d, int f16_scale, float raw, u8* q, int K, int e0) {
     const int lane = threadIdx.x & 31;
-    for (int j = 0; j < per; j++) {
-        const int code = (int)c[j];
-        q[e0 + lane + 32 * j] = (u8)(i8)code;
-        const int sum = warp_isum(code);
-        if (lane == 0) {
-            q8row_d(q, K)[e0 / 32 + j] = d;
-            q8row_s(q, K)[e0 / 32 + j] = f16_scale ? (int)f32_bits(h2f(f2h(raw * (float)sum))) : sum;
+    int sum[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < per) {
+            sum[j] = (int)c[j];
+            q[e0 + lane + 32 * j] = (u8)(i8)sum[j];
         }
-    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < per) sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], o);
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < per) {
+                q8row_d(q, K)[e0 / 32 + j] = d;
+                q8row_s(q, K)[e0 / 32 + j] = f16_scale ? (int)f32_bits(h2f(f2h(raw * (float)sum[j]))) : sum[j];
+            }
 }
 
 // v rounded in place through llama.cpp's 8-bit blocks (q8_codes_regs); with q, its codes into the q8 row
@@ -145,7 +166,9 @@ SH_D void q8_store(const float* c, int per, float d, int f16_scale, float raw, u
 SH_D void round_q8_regs(float* v, int per, int f16_scale, u8* q = nullptr, int K = 0, int e0 = 0) {
     float c[8], raw;
     const float d = q8_codes_regs(v, c, per, f16_scale, &raw);
-    for (int j = 0; j < per; j++) v[j] = c[j] * d;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < per) v[j] = c[j] * d;
     if (q) q8_store(c, per, d, f16_scale, raw, q, K, e0);
 }
 
@@ -155,10 +178,14 @@ SH_D void round_q8_block(const float* xb, float* yb, int per, int f16_scale, u8*
                          int e0 = 0) {
     const int lane = threadIdx.x & 31;
     float v[8];
-    for (int j = 0; j < per; j++) v[j] = xb[lane + 32 * j];  // coalesced, increasing index within the lane
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < per) v[j] = xb[lane + 32 * j];  // coalesced, increasing index within the lane
     round_q8_regs(v, per, f16_scale, q, K, e0);
     if (yb)
-        for (int j = 0; j < per; j++) yb[lane + 32 * j] = v[j];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < per) yb[lane + 32 * j] = v[j];
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------
@@ -169,25 +196,32 @@ SH_D void round_q8_block(const float* xb, float* yb, int per, int f16_scale, u8*
 // memory (Q8_K's 256-blocks span warps), not by reading y back from global memory.
 #define RMS_REG_MAX 8
 #define RMS_SMEM 2048
+// Before KERNEL_BEGIN: the block's row of weights asked of the L2 (memory no kernel writes; a hint, nothing
+// read into the SM), so that loading it with x (after the wait) does not go to DRAM.
+SH_D void rms_prefetch(const float* w, int w_rows, int has_w, int n) {
+    if (has_w) prefetch_l2(w + (i64)(blockIdx.x % w_rows) * n, (i64)n * 4);
+}
 extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float* __restrict__ a, i64 a_st,
                                         int has_a, const float* __restrict__ w, int w_rows, int has_w, float* y,
                                         i64 y_st, int n, float eps, int rmode, u8* q, i64 q_st) {
+    rms_prefetch(w, w_rows, has_w, n);
     KERNEL_BEGIN();
     __shared__ float red[32];
     __shared__ float row[RMS_SMEM];
     const int r = blockIdx.x, t = r / nh, hh = r % nh;
     const int nt = blockDim.x;
+    const float* wr = has_w ? w + (i64)(r % w_rows) * n : w;
     float* xr = x + (i64)t * x_st + (i64)hh * n;
     float* yr = y + (i64)t * y_st + (i64)hh * n;
-    const float* wr = has_w ? w + (i64)(r % w_rows) * n : w;
     u8* qr = q_st ? q + (i64)t * q_st : nullptr;  // the row's q8 row, if wanted (rounded rows have nh == 1)
     float ss = 0.0f;
     if (n <= RMS_REG_MAX * nt && (rmode != 4 || n <= RMS_SMEM) && (rmode != 3 || nt % 32 == 0)) {
-        float v[RMS_REG_MAX];
+        float v[RMS_REG_MAX], wv[RMS_REG_MAX];  // (the weights loaded with x: their wait is x's)
 #pragma unroll
         for (int k = 0; k < RMS_REG_MAX; k++) {
             const int i = threadIdx.x + nt * k;
             v[k] = i < n ? xr[i] : 0.0f;
+            wv[k] = has_w && i < n ? wr[i] : 0.0f;
         }
         if (has_a) {
             const float* ar = a + (i64)t * a_st + (i64)hh * n;
@@ -216,7 +250,7 @@ extern "C" __global__ void rms_norm_f32(float* x, i64 x_st, int nh, const float*
             const int i = threadIdx.x + nt * k;
             if (i < n) {
                 const float o = v[k] * scale;
-                v[k] = has_w ? o * wr[i] : o;
+                v[k] = has_w ? o * wv[k] : o;
                 if (rmode == 1 || rmode == 2) v[k] = round_half(v[k], rmode == 2);
             }
         }
@@ -550,10 +584,13 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 // qpos[t] - j < window (llama.cpp's standard sliding window). Query head h reads kv head h / (H/Hkv).
 // Score = scale * (softcap > 0 ? softcap*tanh(q.k/softcap) : q.k); softmax over visible keys; out = P V.
 //
-// attn_partial_<k>_<v> (k, v in f16, q8_0: the K and V cache types): grid (H, T, S), block ATT_THREADS; dynamic shared memory
-//     (Dk + chunk + 8*ATT_THREADS + 32) floats. Split s covers the visible keys lo + s*chunk ..
-//     + chunk - 1 (lo = first visible key) and writes its unnormalised output Op[(t*H+h)*S + s][Dv]
-//     and (max, sum of exp) ML[...][2] (an empty split writes -inf, 0).
+// attn_partial_<k>_<v> (k, v in f16, q8_0: the K and V cache types): grid (H / hpb, T, S), block hpb *
+//     ATT_THREADS: hpb heads a block (1, or the heads of a unit, below), ATT_THREADS threads each, which
+//     compute exactly as a block of one head does; dynamic shared memory hpb * (Dk + chunk + 8*ATT_THREADS
+//     + 32 + Dv) floats (attn_smem_head: a head's q, scores and reductions; then its finished output).
+//     Split s covers the visible keys lo + s*chunk .. + chunk - 1 (lo = first visible key) and writes its
+//     unnormalised output Op[(t*H+h)*S + s][Dv] and (max, sum of exp) ML[...][2] (an empty split writes
+//     -inf, 0).
 //     q_round: 0 = q in fp32; 1 = q rounded to f16; 2 = q rounded through q8_0 blocks of 32 as
 //     kv_append_q8_0 rounds (what llama.cpp's CPU backend does to q before multiplying by an f16 /
 //     q8_0 K; needs Dk % 32 == 0).
@@ -570,6 +607,7 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 //     over the splits that hold keys (the partials' qpos, n_kv, window, chunk tell which).
 // attn_combine_r(..., T, rmode): the same values rounded for the next matmul (rms_norm's rmode), see below.
 #define ATT_THREADS 128
+#define ATT_MAX_HPB 4  // heads a block at most
 // 16-byte loads a thread has in flight at once: of its key's K row (16: a whole row of 128 halves, one wait
 // on memory a key where 8 were two), of V rows (8 keys). The sums keep their order, so the bits do not
 // depend on these; SHARPI_CUDA_OPS_DEFS="-DATT_K_LOADS=8 -DATT_V_LOADS=4" builds the earlier ones (benchmarks).
@@ -579,6 +617,32 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 #ifndef ATT_V_LOADS
 #define ATT_V_LOADS 8
 #endif
+
+// block_sum / block_max within each group of ATT_THREADS threads (one head of the block; the same order
+// as a block of ATT_THREADS): red is the group's own float[32]; every thread of the block calls them
+SH_D float group_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x % ATT_THREADS) >> 5;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int i = 0; i < ATT_THREADS / 32; i++) r += red[i];
+    __syncthreads();
+    return r;
+}
+SH_D float group_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x % ATT_THREADS) >> 5;
+    v = warp_max(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < ATT_THREADS / 32; i++) r = fmaxf(r, red[i]);
+    __syncthreads();
+    return r;
+}
+
+// floats of shared memory a head's group uses before its output (q, scores, reductions)
+SH_D int attn_smem_head(int Dk, int chunk) { return Dk + chunk + 8 * ATT_THREADS + 32; }
 
 // the first (lo) and last (hi) key a query at position p sees among n_kv cache rows
 SH_D void attn_keys(int p, int n_kv, int window, int& lo, int& hi) {
@@ -625,8 +689,12 @@ SH_D void attn_round_store(float* v, int per, int rmode, float* __restrict__ O, 
     if (rmode >= 3)
         round_q8_regs(v, per, rmode == 3, q_st ? q + (i64)t * q_st : nullptr, K, e0);
     else if (rmode >= 1)
-        for (int j = 0; j < per; j++) v[j] = round_half(v[j], rmode == 2);
-    for (int j = 0; j < per; j++) O[(i64)t * o_st + e0 + (threadIdx.x & 31) + 32 * j] = v[j];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < per) v[j] = round_half(v[j], rmode == 2);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < per) O[(i64)t * o_st + e0 + (threadIdx.x & 31) + 32 * j] = v[j];
 }
 
 // one warp: the `block` values of row t starting at e0 (a block of 32, or 256 for Q8_K: such a block
@@ -637,7 +705,9 @@ SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, in
     const int lane = threadIdx.x & 31;
     const int per = (rmode == 4 ? 256 : 32) / 32;
     float v[8];
-    for (int j = 0; j < per; j++) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (j >= per) break;
         const int e = e0 + lane + 32 * j, h = e / Dv;
         const i64 part0 = ((i64)t * H + h) * S;
         float M, inv;
@@ -648,8 +718,9 @@ SH_D void attn_combine_block(const float* Op, const float* ML, int S, int ns, in
 }
 
 // The fused launch's end (rmode >= 0): every block counts itself done for its unit once its partial is
-// visible to the device; the unit's last block (of its heads' hpu*S) combines the unit into O (rounded by
-// rmode) and sets the count back to 0 for the next launch. Nothing waits on another block. A unit is the
+// visible to the device; the unit's last block (of the hpu / hpb * S blocks holding its heads: a block holds
+// hpb heads, 1 or hpu) combines the unit into O (rounded by rmode) and sets the count back to 0 for the
+// next launch. Nothing waits on another block. A unit is the
 // fewest whole heads that hold whole rounding blocks (32 values; 256 for Q8_K, which can span heads):
 // hpu = block / gcd(Dv, block) heads (all H where that does not divide H), so that the combines of a
 // row's units run side by side (one block combining a whole row was a decoding step's slowest part).
@@ -669,12 +740,13 @@ SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, fl
     }
     int hpu = block / gd;
     if (H % hpu) hpu = H;
-    const int h0 = blockIdx.x / hpu * hpu;  // the unit's first head
+    const int hpb = blockDim.x / ATT_THREADS;
+    const int h0 = blockIdx.x * hpb / hpu * hpu;  // the unit's first head
     int* c = cnt + (i64)t * H + h0 / hpu;
     float* flag = sh + room;
     __threadfence();  // this thread's partial values, device-wide, before the count below
     __syncthreads();
-    if (threadIdx.x == 0) flag[0] = atomicAdd(c, 1) == hpu * S - 1 ? 1.0f : 0.0f;
+    if (threadIdx.x == 0) flag[0] = atomicAdd(c, 1) == hpu / hpb * S - 1 ? 1.0f : 0.0f;
     __syncthreads();
     if (flag[0] == 0.0f) return;  // uniform over the block
     __threadfence();
@@ -697,7 +769,9 @@ SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, fl
         __syncthreads();
         for (int b = threadIdx.x >> 5; b < nb; b += nw) {
             float v[8];
-            for (int j = 0; j < per; j++) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j >= per) break;
                 const int e = e_lo + b * block + lane + 32 * j, h = e / Dv, i = h - h0;
                 const float* op = Op + ((i64)t * H + h) * S * Dv + e % Dv;
                 float o = 0.0f;
@@ -731,11 +805,13 @@ SH_D float kv_elem(const u8* row, int d) {
 }
 
 // Whether a fused launch (rmode >= 0) finishes row t's output in the block of its one split that holds
-// keys (the others, empty, write nothing), without partials, counters or a combining block: where a head
-// holds whole rounding blocks (none, f16, bf16, 8-bit blocks of 32; not Q8_K's 256, which a block's warps
-// would have to share). Every block of the row decides the same.
+// keys (the others, empty, write nothing), without partials, counters or a combining block: where a
+// block's heads hold whole rounding blocks (none, f16, bf16, 8-bit blocks of 32: a head of whole 32s;
+// Q8_K's 256, which span heads: a block of hpb heads holding whole 256s, whose warps round them from
+// its finished outputs in shared memory). Every block of the row decides the same.
 SH_D bool attn_direct(int rmode, int Dv, const int* __restrict__ qpos, int n_kv, int window, int chunk) {
-    return rmode >= 0 && rmode <= 3 && Dv % 32 == 0 &&
+    const int hpb = blockDim.x / ATT_THREADS;
+    return rmode >= 0 && Dv % 32 == 0 && (rmode <= 3 || hpb * Dv % 256 == 0) &&
            attn_nsplits(qpos, blockIdx.y, n_kv, window, chunk, gridDim.z) == 1;
 }
 
@@ -749,12 +825,16 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
                                            float* __restrict__ O, i64 o_st, int rmode, u8* q8, i64 q8_st,
                                            bool direct) {
     extern __shared__ float smem[];
-    float* qs = smem;              // [Dk]
+    // a block holds hpb heads, a group of ATT_THREADS threads each, computing as a block of one would;
+    // group gr's shared memory, then the block's finished outputs (stage: direct Q8_K rounding)
+    const int hpb = blockDim.x / ATT_THREADS, gr = threadIdx.x / ATT_THREADS;
+    float* qs = smem + gr * attn_smem_head(Dk, chunk);  // [Dk]
     float* sc = qs + Dk;           // [chunk]
     float* red2 = sc + chunk;      // [8 * ATT_THREADS]
     float* red = red2 + 8 * ATT_THREADS;  // [32]
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    float* stage = smem + hpb * attn_smem_head(Dk, chunk);  // [hpb * Dv]
+    const int tid = threadIdx.x % ATT_THREADS, lane = tid & 31, warp = tid >> 5, nw = ATT_THREADS >> 5;
+    const int h = blockIdx.x * hpb + gr, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int g = h / (H / Hkv);
     const int p = qpos[t];
     int lo, hi;  // the first and last visible key
@@ -764,9 +844,11 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     const i64 part = ((i64)t * H + h) * S + s;
     // the split's unnormalised output o of element d (d % 32 == lane; whole warps call it): into the
     // partials, or (direct: attn_direct) finished as the combine would finish it, (0 + o * e^0) * (1 / sum),
-    // the same bits, rounded and stored by rmode
+    // the same bits, rounded and stored by rmode (Q8_K: staged for the block's warps to round, at the end)
     auto emit = [&](int d, float o, float inv) {
-        if (direct) {
+        if (direct && rmode == 4) {
+            stage[gr * Dv + d] = o * inv;
+        } else if (direct) {
             float v = o * inv;
             attn_round_store(&v, 1, rmode, O, o_st, t, h * Dv + (d & ~31), q8, q8_st, H * Dv);
         } else {
@@ -775,7 +857,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     };
     if (n <= 0) {  // uniform over the block, before any barrier
         if (direct) return;  // another split of the row holds its keys and writes its output
-        for (int d = tid; d < Dv; d += blockDim.x) Op[part * Dv + d] = 0.0f;
+        for (int d = tid; d < Dv; d += ATT_THREADS) Op[part * Dv + d] = 0.0f;
         if (tid == 0) {
             ML[part * 2] = neg_inf();
             ML[part * 2 + 1] = 0.0f;
@@ -783,7 +865,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         return;
     }
     const float* qr = Q + (i64)t * q_st + (i64)h * Dk;
-    for (int d = tid; d < Dk; d += blockDim.x) {
+    for (int d = tid; d < Dk; d += ATT_THREADS) {
         const float v = n_rot ? rope_elem(qr, d, p, rcs, n_rot, neox) : qr[d];
         qs[d] = q_round == 1 ? h2f(f2h(v)) : v;
     }
@@ -798,10 +880,10 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         __syncthreads();
     }
     const u8* kbase = Kc + (i64)g * k_sh_b;
-    if (KT == 0 && Dk % 8 == 0 && aligned16(kbase, k_sp_b)) {
+    if (KT == 0 && Dk % 8 == 0 && aligned16(Kc, k_sp_b | k_sh_b)) {  // (every head of the block alike)
         // scores, f16 K: a thread a key, its row in 16-byte loads (all in flight at once), q from shared
         // memory, d in order (a warp per key, summing 2-byte loads, waited on memory once a key)
-        for (int j = tid; j < n; j += blockDim.x) {
+        for (int j = tid; j < n; j += ATT_THREADS) {
             const u8* kr = kbase + (i64)(a + j) * k_sp_b;
             float acc = 0.0f;
             for (int d0 = 0; d0 < Dk; d0 += 8 * ATT_K_LOADS) {  // the loads issued, then their products in d order
@@ -837,29 +919,29 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     }
     __syncthreads();
     float mx = neg_inf();
-    for (int j = tid; j < n; j += blockDim.x) mx = fmaxf(mx, sc[j]);
-    mx = block_max(mx, red);
+    for (int j = tid; j < n; j += ATT_THREADS) mx = fmaxf(mx, sc[j]);
+    mx = group_max(mx, red);
     float sum = 0.0f;
-    for (int j = tid; j < n; j += blockDim.x) {
+    for (int j = tid; j < n; j += ATT_THREADS) {
         const float e = expf(sc[j] - mx);
         sc[j] = e;
         sum += e;
     }
-    sum = block_sum(sum, red);  // barrier: sc[] complete
+    sum = group_sum(sum, red);  // barrier: sc[] complete
     if (p_round) {
         const float inv = 1.0f / sum;
-        for (int j = tid; j < n; j += blockDim.x) sc[j] = h2f(f2h(sc[j] * inv));
+        for (int j = tid; j < n; j += ATT_THREADS) sc[j] = h2f(f2h(sc[j] * inv));
         sum = 1.0f;
         __syncthreads();
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // the combine's 1 / L (direct)
     // out = P V: thread group gi (of ng) sums keys gi, gi+ng, ... for dimension d
     const u8* vbase = Vc + (i64)g * v_sh_b;
-    const int ng = imax(1, (int)blockDim.x / Dv);
-    if (VT == 0 && Dv % 8 == 0 && Dv <= 8 * (int)blockDim.x && aligned16(vbase, v_sp_b)) {
+    const int ng = imax(1, ATT_THREADS / Dv);
+    if (VT == 0 && Dv % 8 == 0 && Dv <= 8 * ATT_THREADS && aligned16(Vc, v_sp_b | v_sh_b)) {
         // f16 V: a thread 8 dimensions (one 16-byte load a key); groups of Dv/8 threads take every ng8-th
         // key, then their sums are added up in group order
-        const int per = Dv / 8, ng8 = blockDim.x / per, gi = tid / per, d0 = 8 * (tid % per);
+        const int per = Dv / 8, ng8 = ATT_THREADS / per, gi = tid / per, d0 = 8 * (tid % per);
         float acc[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[i] = 0.0f;
@@ -883,13 +965,13 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
 #pragma unroll
             for (int i = 0; i < 8; i++) red2[gi * Dv + d0 + i] = acc[i];
         __syncthreads();
-        for (int d = tid; d < Dv; d += blockDim.x) {
+        for (int d = tid; d < Dv; d += ATT_THREADS) {
             float o = 0.0f;
             for (int k = 0; k < ng8; k++) o += red2[k * Dv + d];
             emit(d, o, inv);
         }
     } else if (ng == 1) {
-        for (int d = tid; d < Dv; d += blockDim.x) {
+        for (int d = tid; d < Dv; d += ATT_THREADS) {
             float acc = 0.0f;
             for (int j = 0; j < n; j++) acc = sh_fma(sc[j], kv_elem<VT>(vbase + (i64)(a + j) * v_sp_b, d), acc);
             emit(d, acc, inv);
@@ -911,6 +993,13 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         ML[part * 2] = mx;
         ML[part * 2 + 1] = sum;
     }
+    if (direct && rmode == 4) {  // the block's hpb heads, whole Q8_K blocks, rounded a warp a block
+        __syncthreads();
+        const int e0 = blockIdx.x * hpb * Dv;
+        for (int b = threadIdx.x >> 5; b < hpb * Dv / 256; b += blockDim.x >> 5)
+            round_q8_block(stage + b * 256, O + (i64)t * o_st + e0 + b * 256, 8, 0,
+                           q8_st ? q8 + (i64)t * q8_st : nullptr, H * Dv, e0 + b * 256);
+    }
 }
 
 #define ATTN_ARGS                                                                                          \
@@ -931,13 +1020,14 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
 SH_D void attn_prefetch(const u8* Kc, i64 k_sp_b, i64 k_sh_b, int Dk, int kt, const u8* Vc, i64 v_sp_b,
                         i64 v_sh_b, int Dv, int vt, const int* qpos, int n_kv, int H, int Hkv, int window,
                         int chunk) {
-    const int g = blockIdx.x / (H / Hkv);
+    // the kv head of this thread's group's head (a block of hpb heads, ATT_THREADS threads each)
+    const int g = (blockIdx.x * (blockDim.x / ATT_THREADS) + threadIdx.x / ATT_THREADS) / (H / Hkv);
     int lo, hi;
     attn_keys(qpos[blockIdx.y], n_kv, window, lo, hi);
     const int a = lo + blockIdx.z * chunk, n = imin(a + chunk, hi + 1) - a;
     const int kb = kt ? Dk / 32 * 34 : 2 * Dk, vb = vt ? Dv / 32 * 34 : 2 * Dv;  // bytes of a row
     const int kl = (kb + 127) / 128, vl = (vb + 127) / 128;                      // 128-byte lines a row
-    for (int i = threadIdx.x; i < n * (kl + vl); i += blockDim.x) {
+    for (int i = threadIdx.x % ATT_THREADS; i < n * (kl + vl); i += ATT_THREADS) {
         const int j = i / (kl + vl), l = i % (kl + vl);
         prefetch_line(l < kl ? Kc + (i64)(a + j) * k_sp_b + (i64)g * k_sh_b + 128 * l
                              : Vc + (i64)(a + j) * v_sp_b + (i64)g * v_sh_b + 128 * (l - kl));
@@ -945,7 +1035,7 @@ SH_D void attn_prefetch(const u8* Kc, i64 k_sp_b, i64 k_sh_b, int Dk, int kt, co
 }
 
 #define ATTN_KERNEL(name, KT, VT)                                                          \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(ATTN_ARGS) {        \
+    extern "C" __global__ void __launch_bounds__(ATT_MAX_HPB * ATT_THREADS, 1) name(ATTN_ARGS) { \
         attn_prefetch(Kc, k_sp_b, k_sh_b, Dk, KT, Vc, v_sp_b, v_sh_b, Dv, VT, qpos, n_kv, H, Hkv, window, chunk); \
         KERNEL_BEGIN();                                                                \
         const bool direct = attn_direct(rmode, Dv, qpos, n_kv, window, chunk);          \

@@ -83,7 +83,9 @@ def time_calls(cp, ws, x, out, reps: int, xq=None) -> float:
 def time_attention(cp, spec: str, reps: int, layers: int = 28) -> None:
     """Attention as a decoding step runs it (f16 caches, the splits combined by the launch itself, its
     output rounded for a Q4_K attn_output), per chunk size: `layers` caches in turn (the L2 holds no
-    layer's keys when its turn comes), replayed from a CUDA graph."""
+    layer's keys when its turn comes), replayed from a CUDA graph. Combined in the launch: with blocks of
+    the heads a Q8_K block spans (cuda.attention_heads_per_block, the default) and of a head each
+    (SHARPI_CUDA_ATT_UNITS=0)."""
     H, Hkv, D, ctx, T = (int(v) for v in spec.split(":"))
     rng = np.random.default_rng(1)
     cap = ctx + 64
@@ -101,15 +103,18 @@ def time_attention(cp, spec: str, reps: int, layers: int = 28) -> None:
         ch, S = cb.attention_splits(cap, cap, chunk=chunk)
         work = tuple(cp.empty(n, cp.float32) for n in cb.attention_work(T, H, D, S))
         stream = cp.cuda.Stream(non_blocking=True)
-        for fused in (True, False):
+        for fused, units in ((True, True), (True, False), (False, False)):
+            cb.ATT_UNITS = units
+            hpb = cb.attention_heads_per_block(H, D, "q8_k", fused, False)
             run = lambda: [cb.attention(q, kc, vc, pos, cap, 0.1, chunk=chunk, out=out, work=work,  # noqa: E731
                                         rounding="q8_k", counters=cnt if fused else None, stream=stream)
                            for kc, vc in caches]
             us = replayed(cp, run, stream, reps) * 1e6 / layers
             label = f"{ch}{'*' if chunk is None else ''}"
+            how = f"combined in the launch, {hpb} head(s) a block" if fused else "combined by a second launch"
             print(f"attention H={H} Hkv={Hkv} D={D} context {ctx} (cache {cap}) T={T}: chunk {label:>5s} "
-                  f"({S} splits), {'combined in the launch' if fused else 'combined by a second launch'}: "
-                  f"{us:6.1f} us")
+                  f"({S} splits), {how}: {us:6.1f} us")
+        cb.ATT_UNITS = True
 
 
 def main() -> int:

@@ -67,9 +67,9 @@ xp = np  # the array module "device" arrays come from
 H200_SMEM_OPTIN = 232448  # bytes of opt-in shared memory per block
 
 
-def p_round_max_keys(head_dim_k: int) -> int:
+def p_round_max_keys(head_dim_k: int, head_dim_v: int) -> int:
     """As backends.cuda's, for an H200."""
-    return p_round_keys_within(H200_SMEM_OPTIN, head_dim_k)
+    return p_round_keys_within(H200_SMEM_OPTIN, head_dim_k, head_dim_v)
 
 
 def cuda_available() -> tuple[bool, str]:

@@ -168,11 +168,11 @@ def test_gpu_q8_0_cache_follows_cpu(kind):
     # up front with one line, not by a failed launch deep into a generation
     from sharpi_core.backends.cuda import attention_smem, p_round_keys_within
     for optin, hd in ((232448, 64), (101376, 128), (49152, 256)):  # H200, 99 KB GPUs, the default 48 KB
-        most = p_round_keys_within(optin, hd)
-        assert most % 32 == 0 and attention_smem(hd, most) <= optin < attention_smem(hd, most + 32)
+        most = p_round_keys_within(optin, hd, hd)
+        assert most % 32 == 0 and attention_smem(hd, most, hd) <= optin < attention_smem(hd, most + 32, hd)
     was, gmodel.flash_attn = gmodel.flash_attn, False
     try:
-        most = ops_of(kind).p_round_max_keys(gmodel.config.head_dim_k)
+        most = ops_of(kind).p_round_max_keys(gmodel.config.head_dim_k, gmodel.config.head_dim_v)
         gmodel.new_cache(most, "f16", "f16")
         with pytest.raises(UsageError, match="-fa off on this GPU supports a context of at most"):
             gmodel.new_cache(most + 1, "f16", "f16")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import math
 import os
 import re
 import sys
@@ -78,6 +79,8 @@ MAX_BATCH = 16         # activation rows one matvec launch handles
 GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and uses cuBLAS
 GEMM_TILE_BYTES = 64 << 20
 ATT_THREADS = 128      # must match ops.cu
+ATT_MAX_HPB = 4        # heads an attention block at most (ops.cu's)
+ATT_UNITS = switch("SHARPI_CUDA_ATT_UNITS")  # attention_heads_per_block; off: a head a block (benchmarks)
 ATT_MAX_SPLITS = 64
 # keys a split at least: fewer splits cost less to combine than more blocks save (H200, Qwen 1.5B's heads,
 # one layer: 14.7 / 16.3 / 18.0 / 17.4 us at 128 keys in chunks of 256 / 128 / 64 / 32; 19.3 / 21.0 /
@@ -224,22 +227,34 @@ def peak_bandwidth() -> float:
     return 2.0 * clock * 1e3 * width / 8 if clock and width else float("nan")
 
 
-def attention_smem(head_dim_k: int, chunk: int) -> int:
-    """Dynamic shared memory (bytes) of one attn_partial block: q, a chunk of scores, reductions."""
-    return 4 * (head_dim_k + chunk + 8 * ATT_THREADS + 32)
+def attention_smem(head_dim_k: int, chunk: int, head_dim_v: int, heads: int = 1) -> int:
+    """Dynamic shared memory (bytes) of one attn_partial block of `heads` heads: each head's q, a chunk
+    of scores and reductions, then its finished output."""
+    return 4 * heads * (head_dim_k + chunk + 8 * ATT_THREADS + 32 + head_dim_v)
 
 
-def p_round_keys_within(smem_bytes: int, head_dim_k: int) -> int:
+def p_round_keys_within(smem_bytes: int, head_dim_k: int, head_dim_v: int) -> int:
     """Most keys a query may see in attention with p_round (llama.cpp's -fa off arithmetic) when a
     block may use smem_bytes of shared memory: its one split keeps all of the row's scores there."""
-    return (smem_bytes // 4 - head_dim_k - 8 * ATT_THREADS - 32) // 32 * 32
+    return (smem_bytes // 4 - head_dim_k - 8 * ATT_THREADS - 32 - head_dim_v) // 32 * 32
 
 
-def p_round_max_keys(head_dim_k: int) -> int:
+def p_round_max_keys(head_dim_k: int, head_dim_v: int) -> int:
     """p_round_keys_within the current GPU's opt-in shared memory per block."""
     cp = _cupy()
     optin = int(cp.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
-    return p_round_keys_within(optin, head_dim_k)
+    return p_round_keys_within(optin, head_dim_k, head_dim_v)
+
+
+def attention_heads_per_block(n_head: int, head_dim_v: int, rounding, fused: bool, p_round: bool) -> int:
+    """Heads one attention block computes (ops.cu's hpb): the heads of a Q8_K rounding block (256 values,
+    which span heads where a head has fewer) when the launch combines its own splits, so that a row whose
+    keys lie in one split is finished and rounded by that split's block, with no partials, counters or
+    combining block; otherwise 1. (Each head computes as alone: the same bits either way.)"""
+    if not ATT_UNITS or not fused or p_round or rounding != "q8_k" or head_dim_v % 32:
+        return 1
+    hpu = 256 // math.gcd(head_dim_v, 256)
+    return hpu if hpu <= ATT_MAX_HPB and n_head % hpu == 0 else 1
 
 
 def cuda_source_dir() -> Path:
@@ -1197,7 +1212,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
     counters: an int32 device array of zeros, n_head per query row at least, owned by one stream: the
     splits are then combined by the partials' launch itself (the last block of each group of heads that
     holds whole rounding blocks; one launch instead of two, the same bits), which leaves the counters at
-    zero again.
+    zero again; a row whose keys lie in one split is finished by that split's block, which then holds
+    the heads of a rounding block (attention_heads_per_block), without partials or counters.
 
     Query t is at positions[t] and sees keys j <= positions[t] (j < n_kv), within `window` if > 0
     (masked when pos - j >= window, llama.cpp's standard SWA); query head h uses kv head
@@ -1237,7 +1253,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
                                     p_round=p_round, chunk=chunk)
         if p_round and S != 1:
             raise ValueError("p_round needs a single split")
-        smem = attention_smem(Dk, chunk)
+        hpb = attention_heads_per_block(H, Dv, rounding, counters is not None, p_round)
+        smem = attention_smem(Dk, chunk, Dv, hpb)
         fn = function("ops", f"attn_partial_{kk}_{vk}")
         fn.allow_shared(smem)
         # each (row, head) is computed on its own, so grouping rows changes nothing in the results
@@ -1260,7 +1277,7 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
             qt = (q8[t0:], q_st) if q_st else (q8, q_st)  # this group's q8 rows
             fused = (counters, out[t0:], _i64(H * Dv), _i32(rmode), *qt) if counters is not None else (
                 _dummy(cp, np.int32), _dummy(cp), _i64(0), _i32(-1), _dummy(cp, np.uint8), _i64(0))
-            fn((H, n, S), (ATT_THREADS,), (
+            fn((H // hpb, n, S), (hpb * ATT_THREADS,), (
                 q[t0:], _i64(q.strides[0] // 4), k_cache, _i64(k_cache.strides[0]), _i64(k_cache.strides[1]),
                 v_cache, _i64(v_cache.strides[0]), _i64(v_cache.strides[1]), pos[t0:], _i32(n_kv), _i32(H),
                 _i32(Hkv), _i32(Dk), _i32(Dv), _f32(scale), _f32(softcap), _i32(window), _i32(chunk), _i32(qr),

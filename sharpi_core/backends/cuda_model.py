@@ -328,7 +328,7 @@ class CudaTransformer:
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> CudaKVCache:
         c = self.config
         if not self.flash_attn and type_v == "f16":  # attention with p_round: one split per query
-            most = self.ops.p_round_max_keys(c.head_dim_k)
+            most = self.ops.p_round_max_keys(c.head_dim_k, c.head_dim_v)
             if n_ctx > most:
                 raise UsageError(f"-fa off on this GPU supports a context of at most {most} tokens (-c {n_ctx}); "
                                  "use -fa on (the default) or a smaller -c")
