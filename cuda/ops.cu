@@ -864,6 +864,15 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         }
         return;
     }
+    // f16 K read a thread a key in 16-byte loads (below): this thread's first key's first loads are issued
+    // before q is staged, so that their wait on memory overlaps q's (and the barrier's)
+    const u8* kbase = Kc + (i64)g * k_sh_b;
+    const bool kfast = KT == 0 && Dk % 8 == 0 && aligned16(Kc, k_sp_b | k_sh_b);  // (every head of the block alike)
+    uint4 kb[ATT_K_LOADS];  // the loads of a key's row (ATT_K_LOADS at a time)
+    if (kfast && tid < n)
+#pragma unroll
+        for (int u = 0; u < ATT_K_LOADS; u++)
+            if (u < Dk / 8) kb[u] = ld_u128(kbase + (i64)(a + tid) * k_sp_b + 16 * u);
     const float* qr = Q + (i64)t * q_st + (i64)h * Dk;
     for (int d = tid; d < Dk; d += ATT_THREADS) {
         const float v = n_rot ? rope_elem(qr, d, p, rcs, n_rot, neox) : qr[d];
@@ -879,8 +888,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
         }
         __syncthreads();
     }
-    const u8* kbase = Kc + (i64)g * k_sh_b;
-    if (KT == 0 && Dk % 8 == 0 && aligned16(Kc, k_sp_b | k_sh_b)) {  // (every head of the block alike)
+    if (kfast) {
         // scores, f16 K: a thread a key, its row in 16-byte loads (all in flight at once), q from shared
         // memory, d in order (a warp per key, summing 2-byte loads, waited on memory once a key)
         for (int j = tid; j < n; j += ATT_THREADS) {
@@ -888,15 +896,15 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
             float acc = 0.0f;
             for (int d0 = 0; d0 < Dk; d0 += 8 * ATT_K_LOADS) {  // the loads issued, then their products in d order
                 const int m = imin(ATT_K_LOADS, (Dk - d0) / 8);
-                uint4 v[ATT_K_LOADS];
+                if (j != tid || d0 != 0)  // (the first were loaded before q)
 #pragma unroll
-                for (int u = 0; u < ATT_K_LOADS; u++)
-                    if (u < m) v[u] = ld_u128(kr + 2 * (d0 + 8 * u));
+                    for (int u = 0; u < ATT_K_LOADS; u++)
+                        if (u < m) kb[u] = ld_u128(kr + 2 * (d0 + 8 * u));
 #pragma unroll
                 for (int u = 0; u < ATT_K_LOADS; u++)
                     if (u < m) {
                         float kv[8];
-                        halves8(v[u], kv);
+                        halves8(kb[u], kv);
 #pragma unroll
                         for (int i = 0; i < 8; i++) acc = sh_fma(qs[d0 + 8 * u + i], kv[i], acc);
                     }
@@ -917,6 +925,17 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
             }
         }
     }
+    // f16 V read in 16-byte loads (below): this thread's first keys' loads are issued before the softmax,
+    // so that their wait on memory overlaps its barriers
+    const u8* vbase = Vc + (i64)g * v_sh_b;
+    const bool vfast = VT == 0 && Dv % 8 == 0 && Dv <= 8 * ATT_THREADS && aligned16(Vc, v_sp_b | v_sh_b);
+    // (groups of Dv/8 threads, a thread 8 dimensions from vd0; group gi of ng8 starts at key gi)
+    const int vper = vfast ? Dv / 8 : 1, ng8 = ATT_THREADS / vper, gi = tid / vper, vd0 = 8 * (tid % vper);
+    uint4 vb[ATT_V_LOADS];  // the loads of ATT_V_LOADS keys' rows
+    if (vfast && gi < ng8)
+#pragma unroll
+        for (int u = 0; u < ATT_V_LOADS; u++)
+            if (gi + u * ng8 < n) vb[u] = ld_u128(vbase + (i64)(a + gi + u * ng8) * v_sp_b + 2 * vd0);
     __syncthreads();
     float mx = neg_inf();
     for (int j = tid; j < n; j += ATT_THREADS) mx = fmaxf(mx, sc[j]);
@@ -936,26 +955,25 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // the combine's 1 / L (direct)
     // out = P V: thread group gi (of ng) sums keys gi, gi+ng, ... for dimension d
-    const u8* vbase = Vc + (i64)g * v_sh_b;
     const int ng = imax(1, ATT_THREADS / Dv);
-    if (VT == 0 && Dv % 8 == 0 && Dv <= 8 * ATT_THREADS && aligned16(Vc, v_sp_b | v_sh_b)) {
+    if (vfast) {
         // f16 V: a thread 8 dimensions (one 16-byte load a key); groups of Dv/8 threads take every ng8-th
         // key, then their sums are added up in group order
-        const int per = Dv / 8, ng8 = ATT_THREADS / per, gi = tid / per, d0 = 8 * (tid % per);
+        const int d0 = vd0;
         float acc[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[i] = 0.0f;
         if (gi < ng8)
             for (int j0 = gi; j0 < n; j0 += ATT_V_LOADS * ng8) {  // the keys' loads issued, then their sums in key order
-                uint4 v[ATT_V_LOADS];
+                if (j0 != gi)  // (the first were loaded before the softmax)
 #pragma unroll
-                for (int u = 0; u < ATT_V_LOADS; u++)
-                    if (j0 + u * ng8 < n) v[u] = ld_u128(vbase + (i64)(a + j0 + u * ng8) * v_sp_b + 2 * d0);
+                    for (int u = 0; u < ATT_V_LOADS; u++)
+                        if (j0 + u * ng8 < n) vb[u] = ld_u128(vbase + (i64)(a + j0 + u * ng8) * v_sp_b + 2 * d0);
 #pragma unroll
                 for (int u = 0; u < ATT_V_LOADS; u++)
                     if (j0 + u * ng8 < n) {
                         float vv[8];
-                        halves8(v[u], vv);
+                        halves8(vb[u], vv);
                         const float pj = sc[j0 + u * ng8];
 #pragma unroll
                         for (int i = 0; i < 8; i++) acc[i] = sh_fma(pj, vv[i], acc[i]);
@@ -977,10 +995,10 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
             emit(d, acc, inv);
         }
     } else {
-        const int gi = tid / Dv, d = tid % Dv;
+        const int gd = tid / Dv, d = tid % Dv;
         float acc = 0.0f;
-        if (gi < ng)
-            for (int j = gi; j < n; j += ng) acc = sh_fma(sc[j], kv_elem<VT>(vbase + (i64)(a + j) * v_sp_b, d), acc);
+        if (gd < ng)
+            for (int j = gd; j < n; j += ng) acc = sh_fma(sc[j], kv_elem<VT>(vbase + (i64)(a + j) * v_sp_b, d), acc);
         red2[tid] = acc;
         __syncthreads();
         if (tid < Dv) {
