@@ -701,3 +701,25 @@ def test_a_tiny_draft_context_proposes_what_fits(cap):
             assert 1 <= len(props) < cap and d.cache.length <= cap  # (the window and its proposals fit)
             hist = hist + [int(t) for t in props[:1]] + [(step * 5 + 1) % 8]
             d.rollback(len(hist) - 1)
+
+
+@pytest.mark.parametrize("n_keep,n_discard", [(4, 10), (20, 8), (0, 30)])
+def test_a_slid_draft_sees_another_history_right_after_a_context_shift(n_keep, n_discard):
+    """A context shift moves the target's first tokens that a slid draft's window left out as it moves the target's
+    history (before or across the window's start): a new history right after it (/clear, another prompt; no proposal
+    between) is seen as new, and proposed from as a fresh drafter would (it was taken for the conversation going on:
+    the window's prefix was read from the new history unchecked, and a short one gave no proposals)."""
+    m = ToyModel(8, seed=23)
+    greedy = SamplingParams(temp=0)
+    d = DraftModelDrafter(m, m.new_cache(16), greedy)
+    long = [(3 * i + 1) % 8 for i in range(40)]
+    d.propose(long, 3)
+    b = d._base
+    assert b > 0  # (slid)
+    d.shift(n_keep, n_discard)
+    shifted = long[:n_keep] + long[n_keep + n_discard:]
+    assert d._prefix == shifted[:d._base] and d._base == (b - n_discard if n_keep + n_discard <= b else min(b, n_keep))
+    short = [1, 2, 3, 4, 5]
+    props = d.propose(short, 3)[0]
+    fresh = DraftModelDrafter(m, m.new_cache(16), greedy).propose(short, 3)[0]
+    assert d._base == 0 and list(props) == list(fresh) and len(fresh) == 3

@@ -67,9 +67,9 @@ class DraftModelDrafter:
         self.n_out = head_vocab if head_vocab and head_vocab < self.n_vocab else None
         self.history: list[int] = []  # tokens whose K/V are in self.cache
         self._base = 0  # the target's first _base history tokens are left out (the window slid past them)
-        # those tokens, to see the target's history start anew (/clear, another prompt); None: taken as they come
-        # next (a context shift moved them)
-        self._prefix: list[int] | None = []
+        # those tokens, to see the target's history start anew (/clear, another prompt); a context shift moves
+        # them as it moves the target's
+        self._prefix: list[int] = []
         self.forwards = 0  # forward passes run (stats/tests)
         self.chain = argmax_on_device(model, params)
         self.lookahead = self.chain and LOOKAHEAD
@@ -185,9 +185,7 @@ class DraftModelDrafter:
         """The part of the target's history the draft proposes from: all of it while it fits the draft's
         context with k proposals, then its tail, the window sliding by whole halves of the context."""
         if self._base:
-            if self._prefix is None:
-                self._prefix = list(history[:self._base])
-            elif history[:self._base] != self._prefix:  # another history (/clear, a new prompt): from position 0
+            if history[:self._base] != self._prefix:  # another history (/clear, a new prompt): from position 0
                 self._drop_ahead()
                 self._base, self._prefix = 0, []
                 self.cache.truncate(0)
@@ -201,7 +199,7 @@ class DraftModelDrafter:
         self._drop_ahead()
         self._reuse(history)  # (the cache holds a prefix of it)
         self._shift(0, drop)
-        self._prefix = (self._prefix or []) + list(history[:drop])
+        self._prefix = self._prefix + list(history[:drop])
         self._base += drop
         return history[drop:]
 
@@ -271,12 +269,13 @@ class DraftModelDrafter:
         target's history (what it holds past the target's is dropped by the next proposal's reuse).
         With a slid window, in its coordinates: what went before the window only moves it down."""
         if self._base:
-            b = self._base
-            self._prefix = None  # (the target's history moved: its first _base tokens are read at the next proposal)
-            if n_keep + n_discard <= b:
+            b, pre = self._base, self._prefix
+            if n_keep + n_discard <= b:  # (the target's first _base tokens, _prefix, shift the same way)
                 self._base -= n_discard
+                self._prefix = pre[:n_keep] + pre[n_keep + n_discard:]
                 return
             self._base = min(b, n_keep)
+            self._prefix = pre[:self._base]
             n_keep, n_discard = max(0, n_keep - b), n_keep + n_discard - max(b, n_keep)
         self._shift(n_keep, n_discard)
 
