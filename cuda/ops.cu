@@ -607,7 +607,7 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 //     over the splits that hold keys (the partials' qpos, n_kv, window, chunk tell which).
 // attn_combine_r(..., T, rmode): the same values rounded for the next matmul (rms_norm's rmode), see below.
 #define ATT_THREADS 128
-#define ATT_MAX_HPB 4  // heads a block at most
+#define ATT_MAX_HPB 2  // heads a block at most (4 would cap a thread at 128 registers: the f16 kernels spilled)
 // 16-byte loads a thread has in flight at once: of its key's K row (16: a whole row of 128 halves, one wait
 // on memory a key where 8 were two), of V rows (8 keys). The sums keep their order, so the bits do not
 // depend on these; SHARPI_CUDA_OPS_DEFS="-DATT_K_LOADS=8 -DATT_V_LOADS=4" builds the earlier ones (benchmarks).

@@ -946,13 +946,13 @@ def test_attention_of_one_split_finishes_in_its_own_block(D, vkind, monkeypatch)
     """A fused launch (counters) whose row has its keys in one split (the others empty), with whole rounding
     blocks in its block's heads, writes that row's output from the split's block (no partials, no counter):
     the bits of the launch that combines separately, for every rounding (Q8_K's 256-blocks span heads: a
-    block then holds the heads of one, 4 of 64 values, 2 of 128, or a head of 256; and with a head a block,
-    SHARPI_CUDA_ATT_UNITS=0, through the counters), q8 rows included, beside rows of several splits and
-    within a sliding window."""
+    block then holds the heads of one, 2 of 128 or a head of 256 (4 of 64: more than ATT_MAX_HPB, through the
+    counters); and with a head a block, SHARPI_CUDA_ATT_UNITS=0 or more shared memory than ATT_UNIT_SMEM, through
+    the counters), q8 rows included, beside rows of several splits and within a sliding window."""
     rng = np.random.default_rng(25)
     T, H, Hkv, cap = 5, 4, 2, 700  # 3 splits of 256 keys: rows 0, 77, 255 see one, 256 two, 699 three
     assert cb.attention_splits(cap, cap)[1] == 3
-    assert cb.attention_heads_per_block(H, D, "q8_k", True, False) == 256 // D
+    assert cb.attention_heads_per_block(H, D, "q8_k", True, False) == (256 // D if 256 // D <= cb.ATT_MAX_HPB else 1)
     assert cb.attention_heads_per_block(H, D, "q8_k", True, True) == 1  # p_round: one head a block
     assert cb.attention_heads_per_block(H, D, "q8_k", False, False) == cb.attention_heads_per_block(H, D, "q8_32", True, False) == 1
     kc, vc = _fill(rng, cap, Hkv, D, "f16", cap), _fill(rng, cap, Hkv, D, vkind, cap)
@@ -970,12 +970,13 @@ def test_attention_of_one_split_finishes_in_its_own_block(D, vkind, monkeypatch)
             np.testing.assert_array_equal(got, want, err_msg=f"{rounding} {kw}")
             assert not cp.asnumpy(cnt).any()
             if rounding == "q8_k" and D < 256:  # a head a block, the Q8_K blocks finished through the counters
-                monkeypatch.setattr(cb, "ATT_UNITS", False)
-                q8h = cp.zeros_like(q8)
-                np.testing.assert_array_equal(cp.asnumpy(cb.attention(q, kc, vc, pos, cap, 0.125, counters=cnt,
-                                                                      q8=q8h, **kw)), want, err_msg=f"{kw}")
-                np.testing.assert_array_equal(cp.asnumpy(q8h), cp.asnumpy(q8))
-                monkeypatch.setattr(cb, "ATT_UNITS", True)
+                for name, off in (("ATT_UNITS", False), ("ATT_UNIT_SMEM", 0)):
+                    monkeypatch.setattr(cb, name, off)
+                    q8h = cp.zeros_like(q8)
+                    np.testing.assert_array_equal(cp.asnumpy(cb.attention(q, kc, vc, pos, cap, 0.125, counters=cnt,
+                                                                          q8=q8h, **kw)), want, err_msg=f"{name} {kw}")
+                    np.testing.assert_array_equal(cp.asnumpy(q8h), cp.asnumpy(q8))
+                    monkeypatch.undo()
             if q8 is not None:
                 plain = cb.attention(q, kc, vc, pos, cap, 0.125, **dict(kw, rounding=None)).reshape(T, H * D)
                 np.testing.assert_array_equal(cp.asnumpy(q8), cp.asnumpy(cb.quantize_act(plain, rounding)))

@@ -79,8 +79,9 @@ MAX_BATCH = 16         # activation rows one matvec launch handles
 GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and uses cuBLAS
 GEMM_TILE_BYTES = 64 << 20
 ATT_THREADS = 128      # must match ops.cu
-ATT_MAX_HPB = 4        # heads an attention block at most (ops.cu's)
+ATT_MAX_HPB = 2        # heads an attention block at most (ops.cu's)
 ATT_UNITS = switch("SHARPI_CUDA_ATT_UNITS")  # attention_heads_per_block; off: a head a block (benchmarks)
+ATT_UNIT_SMEM = 48 * 1024  # shared memory a block of several heads may take (any GPU's, without opting in)
 ATT_MAX_SPLITS = 64
 # keys a split at least: fewer splits cost less to combine than more blocks save (H200, Qwen 1.5B's heads,
 # one layer: 14.7 / 16.3 / 18.0 / 17.4 us at 128 keys in chunks of 256 / 128 / 64 / 32; 19.3 / 21.0 /
@@ -1254,6 +1255,8 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
         if p_round and S != 1:
             raise ValueError("p_round needs a single split")
         hpb = attention_heads_per_block(H, Dv, rounding, counters is not None, p_round)
+        if hpb > 1 and attention_smem(Dk, chunk, Dv, hpb) > ATT_UNIT_SMEM:  # (splits of very many keys)
+            hpb = 1
         smem = attention_smem(Dk, chunk, Dv, hpb)
         fn = function("ops", f"attn_partial_{kk}_{vk}")
         fn.allow_shared(smem)
