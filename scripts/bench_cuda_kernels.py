@@ -99,7 +99,7 @@ def time_attention(cp, spec: str, reps: int, layers: int = 28) -> None:
     pos = cp.asarray(np.arange(ctx, ctx + T, dtype=np.int32))
     out = cp.empty((T, H, D), cp.float32)
     cnt = cp.zeros(T * H, cp.int32)
-    for chunk in (None, 32, 64, 128, 256):
+    for chunk in (None, 32, 64, 128, 256, 512, 1024):  # (one split holds up to 1024 keys: no combining at all)
         ch, S = cb.attention_splits(cap, cap, chunk=chunk)
         work = tuple(cp.empty(n, cp.float32) for n in cb.attention_work(T, H, D, S))
         stream = cp.cuda.Stream(non_blocking=True)

@@ -151,7 +151,7 @@ quick)  # (carry .gpu/a) the stand-ins built, then the decode speeds: plain, wha
         --runs 1 -p 128 -n 128
     # attention alone (Qwen 1.5B's heads): a block of the two heads a Q8_K block spans, finished in the block
     # (the default since 2026-12-04 evening), against a head a block combined through the counters
-    timed 40 attn_bench python3 scripts/bench_cuda_kernels.py --attn 12:2:128:128:1,12:2:128:1000:1
+    timed 60 attn_bench python3 scripts/bench_cuda_kernels.py --attn 12:2:128:128:1,12:2:128:1000:1
     # speculation end to end at the real pair's tokens per verify pass (measured on the CPU: 2.86, 4.50, 5.73
     # at k = 2, 4, 6), acceptance synthetic (the stand-ins' proposals are noise): without the look-ahead,
     # whose guess of the bonus token always misses on them (the real pair's hits 79% at k = 4)
