@@ -230,8 +230,10 @@ SH_D float warp_max(float v) {
 }
 
 // Every thread of the block must call these; `red` is __shared__ float[32]. All threads get the result.
-SH_D float block_sum(float v, float* red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+// nt: the threads reduced together (a multiple of 32 dividing the block; each group of nt threads gets its
+// own result, `red` its own: attention's blocks of several heads)
+SH_D float block_sum(float v, float* red, int nt = blockDim.x) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x % nt) >> 5, nw = nt >> 5;
     v = warp_sum(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
@@ -241,8 +243,8 @@ SH_D float block_sum(float v, float* red) {
     return r;
 }
 
-SH_D float block_max(float v, float* red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+SH_D float block_max(float v, float* red, int nt = blockDim.x) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x % nt) >> 5, nw = nt >> 5;
     v = warp_max(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();

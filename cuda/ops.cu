@@ -618,28 +618,10 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
 #define ATT_V_LOADS 8
 #endif
 
-// block_sum / block_max within each group of ATT_THREADS threads (one head of the block; the same order
-// as a block of ATT_THREADS): red is the group's own float[32]; every thread of the block calls them
-SH_D float group_sum(float v, float* red) {
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x % ATT_THREADS) >> 5;
-    v = warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float r = 0.0f;
-    for (int i = 0; i < ATT_THREADS / 32; i++) r += red[i];
-    __syncthreads();
-    return r;
-}
-SH_D float group_max(float v, float* red) {
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x % ATT_THREADS) >> 5;
-    v = warp_max(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int i = 1; i < ATT_THREADS / 32; i++) r = fmaxf(r, red[i]);
-    __syncthreads();
-    return r;
-}
+// heads an attention block computes (hpb: 1, or the heads of a rounding unit), ATT_THREADS threads each,
+// and the head of this thread's group
+SH_D int attn_hpb() { return blockDim.x / ATT_THREADS; }
+SH_D int attn_head() { return blockIdx.x * attn_hpb() + threadIdx.x / ATT_THREADS; }
 
 // floats of shared memory a head's group uses before its output (q, scores, reductions)
 SH_D int attn_smem_head(int Dk, int chunk) { return Dk + chunk + 8 * ATT_THREADS + 32; }
@@ -740,7 +722,7 @@ SH_D void attn_finish(const float* Op, const float* ML, int S, int H, int Dv, fl
     }
     int hpu = block / gd;
     if (H % hpu) hpu = H;
-    const int hpb = blockDim.x / ATT_THREADS;
+    const int hpb = attn_hpb();
     const int h0 = blockIdx.x * hpb / hpu * hpu;  // the unit's first head
     int* c = cnt + (i64)t * H + h0 / hpu;
     float* flag = sh + room;
@@ -810,8 +792,7 @@ SH_D float kv_elem(const u8* row, int d) {
 // Q8_K's 256, which span heads: a block of hpb heads holding whole 256s, whose warps round them from
 // its finished outputs in shared memory). Every block of the row decides the same.
 SH_D bool attn_direct(int rmode, int Dv, const int* __restrict__ qpos, int n_kv, int window, int chunk) {
-    const int hpb = blockDim.x / ATT_THREADS;
-    return rmode >= 0 && Dv % 32 == 0 && (rmode <= 3 || hpb * Dv % 256 == 0) &&
+    return rmode >= 0 && Dv % 32 == 0 && (rmode <= 3 || attn_hpb() * Dv % 256 == 0) &&
            attn_nsplits(qpos, blockIdx.y, n_kv, window, chunk, gridDim.z) == 1;
 }
 
@@ -827,14 +808,14 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     extern __shared__ float smem[];
     // a block holds hpb heads, a group of ATT_THREADS threads each, computing as a block of one would;
     // group gr's shared memory, then the block's finished outputs (stage: direct Q8_K rounding)
-    const int hpb = blockDim.x / ATT_THREADS, gr = threadIdx.x / ATT_THREADS;
+    const int hpb = attn_hpb(), gr = threadIdx.x / ATT_THREADS;
     float* qs = smem + gr * attn_smem_head(Dk, chunk);  // [Dk]
     float* sc = qs + Dk;           // [chunk]
     float* red2 = sc + chunk;      // [8 * ATT_THREADS]
     float* red = red2 + 8 * ATT_THREADS;  // [32]
     float* stage = smem + hpb * attn_smem_head(Dk, chunk);  // [hpb * Dv]
     const int tid = threadIdx.x % ATT_THREADS, lane = tid & 31, warp = tid >> 5, nw = ATT_THREADS >> 5;
-    const int h = blockIdx.x * hpb + gr, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const int h = attn_head(), t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int g = h / (H / Hkv);
     const int p = qpos[t];
     int lo, hi;  // the first and last visible key
@@ -939,14 +920,14 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     __syncthreads();
     float mx = neg_inf();
     for (int j = tid; j < n; j += ATT_THREADS) mx = fmaxf(mx, sc[j]);
-    mx = group_max(mx, red);
+    mx = block_max(mx, red, ATT_THREADS);  // (the head's group; block_sum's order for ATT_THREADS)
     float sum = 0.0f;
     for (int j = tid; j < n; j += ATT_THREADS) {
         const float e = expf(sc[j] - mx);
         sc[j] = e;
         sum += e;
     }
-    sum = group_sum(sum, red);  // barrier: sc[] complete
+    sum = block_sum(sum, red, ATT_THREADS);  // barrier: sc[] complete
     if (p_round) {
         const float inv = 1.0f / sum;
         for (int j = tid; j < n; j += ATT_THREADS) sc[j] = h2f(f2h(sc[j] * inv));
@@ -959,7 +940,6 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
     if (vfast) {
         // f16 V: a thread 8 dimensions (one 16-byte load a key); groups of Dv/8 threads take every ng8-th
         // key, then their sums are added up in group order
-        const int d0 = vd0;
         float acc[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[i] = 0.0f;
@@ -968,7 +948,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
                 if (j0 != gi)  // (the first were loaded before the softmax)
 #pragma unroll
                     for (int u = 0; u < ATT_V_LOADS; u++)
-                        if (j0 + u * ng8 < n) vb[u] = ld_u128(vbase + (i64)(a + j0 + u * ng8) * v_sp_b + 2 * d0);
+                        if (j0 + u * ng8 < n) vb[u] = ld_u128(vbase + (i64)(a + j0 + u * ng8) * v_sp_b + 2 * vd0);
 #pragma unroll
                 for (int u = 0; u < ATT_V_LOADS; u++)
                     if (j0 + u * ng8 < n) {
@@ -981,7 +961,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
             }
         if (gi < ng8)
 #pragma unroll
-            for (int i = 0; i < 8; i++) red2[gi * Dv + d0 + i] = acc[i];
+            for (int i = 0; i < 8; i++) red2[gi * Dv + vd0 + i] = acc[i];
         __syncthreads();
         for (int d = tid; d < Dv; d += ATT_THREADS) {
             float o = 0.0f;
@@ -1038,8 +1018,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ Q, i64 q_st
 SH_D void attn_prefetch(const u8* Kc, i64 k_sp_b, i64 k_sh_b, int Dk, int kt, const u8* Vc, i64 v_sp_b,
                         i64 v_sh_b, int Dv, int vt, const int* qpos, int n_kv, int H, int Hkv, int window,
                         int chunk) {
-    // the kv head of this thread's group's head (a block of hpb heads, ATT_THREADS threads each)
-    const int g = (blockIdx.x * (blockDim.x / ATT_THREADS) + threadIdx.x / ATT_THREADS) / (H / Hkv);
+    const int g = attn_head() / (H / Hkv);  // (the kv head of this thread's group's head)
     int lo, hi;
     attn_keys(qpos[blockIdx.y], n_kv, window, lo, hi);
     const int a = lo + blockIdx.z * chunk, n = imin(a + chunk, hi + 1) - a;
