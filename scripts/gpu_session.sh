@@ -31,8 +31,9 @@
 #   What is still owed (2026-12-04: part1/part2 passed; `quick` and part3 measured): the real pair end to
 #   end (ship + real) and `why`; `quick` again after a change to cuda/ or the GPU host code. Since then
 #   (2026-12-04 evening) ops.cu changed (attention blocks of two heads for Q8_K rows, K/V loads hoisted, the
-#   norm's weights loaded with x, the 8-bit rounding in registers), emulator-checked only: part1's kernel
-#   tests and part2's model tests first, then `quick` (its attn_bench compares the attention paths).
+#   norm's weights loaded with x, the 8-bit rounding in registers), emulator-checked only (the kernel tests,
+#   and on 2026-12-04 late all of tests/test_cuda_model.py emulated, Qwen 1.5B and its speculation included):
+#   part1's kernel tests and part2's model tests first, then `quick` (its attn_bench compares the attention paths).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
