@@ -129,7 +129,7 @@ def bench_shape(t, qtype, n, k, ts, do_torch: bool, rows: list):
     load = OtherLoad()
     raws = copies(raw, nbytes, cold=True)
     layout = qtype
-    if qtype in cpu.PACKED and n % 4 == 0:  # what the models multiply by: the CPU layout made at load
+    if cpu.packs(qtype) and n % 4 == 0:  # what the models multiply by: the CPU layout made at load
         raws = [cpu.repack(w, qtype, n, k) for w in raws]
         layout = cpu.PACKED[qtype]
         res["type"] += "*"

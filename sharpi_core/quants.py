@@ -218,10 +218,11 @@ class QWeight:
             self._kern = None  # (F32: the kernel takes rows of 64s, in ggml's orders; a LoRA factor's width may be any)
         self.kernel_rounds = self._kern is not None  # the kernel takes raw fp32 activations
         self._raw_t = torch_view(raw) if self._kern is not None else None
-        # Q4_K and Q4_1 go to the kernel repacked in groups of 4 rows (kernels.cpu.PACKED: less work
-        # per row than unpacking the GGUF blocks, same results), made at the first matmul; those
-        # layouts have integer kernels only (8-bit activations, so not with SHARPI_ACT_QUANT=0)
-        self._packable = (self._kern is not None and qtype in self._kern.PACKED and n % 4 == 0
+        # Q4_K and Q4_1 (and Q5_0 on AVX2 CPUs) go to the kernel repacked in groups of 4 rows
+        # (kernels.cpu.PACKED: less work per row than unpacking the GGUF blocks, same results), made at
+        # the first matmul; those layouts have integer kernels only (8-bit activations, so not with
+        # SHARPI_ACT_QUANT=0)
+        self._packable = (self._kern is not None and self._kern.packs(qtype) and n % 4 == 0
                           and self.act_kind is not None and switch("SHARPI_CPU_REPACK"))
         self._packed: torch.Tensor | None = None
         self._heads: dict[int, QWeight] = {}  # n -> head(n), made once

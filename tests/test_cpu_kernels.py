@@ -557,9 +557,9 @@ def test_qweight_kernel_matches_reference_path(qtype, monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", (Q.Q4_K, Q.Q4_1), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", (Q.Q4_K, Q.Q4_1, Q.Q5_0), ids=lambda q: q.name)
 def test_repacked_layout_gives_the_same_bits(qtype):
-    """Q4_K / Q4_1 repacked in groups of 4 rows (cpu.PACKED) goes back to the same bytes, and its
+    """Q4_K / Q4_1 / Q5_0 repacked in groups of 4 rows (cpu.PACKED) goes back to the same bytes, and its
     matmul gives the bits of the GGUF layout's kernels for every T, both summation orders and 1 or 2
     threads."""
     n, k = 204, 1536
@@ -634,6 +634,20 @@ def test_qweight_repacks_and_lets_the_blocks_go(monkeypatch):
 
 
 @needs_kernels
+def test_q5_0_weights_repack_on_avx2_builds():
+    """A Q5_0 QWeight takes the repacked layout where the build is AVX2 (cpu.packs: measured faster there) and
+    keeps the GGUF blocks on an AVX-512 one; the products are the same bits either way."""
+    from sharpi_core import quants
+    n, k = 64, 896
+    raw = random_raw(Q.Q5_0, n, k, seed=17)
+    x = act_test_inputs(5, k, seed=18)
+    w = quants.QWeight("q50", raw, Q.Q5_0, n, k)
+    assert torch.equal(w(x), cpu.qmatmul(x, torch_view(raw), Q.Q5_0, n, k, act_quant=True))
+    assert (w._packed is not None) == cpu.avx512_emulated() == cpu.packs(Q.Q5_0)
+    assert cpu.packs(Q.Q4_K) and not cpu.packs(Q.Q8_0)
+
+
+@needs_kernels
 def test_non_vnni_build_gives_the_same_bits(tmp_path):
     """A build without AVX512-VNNI computes vpdpbusd / vpdpwssd's integers otherwise (vpmaddubsw where the
     codes cannot saturate it, an exact emulation elsewhere): identical results, one-token rows and prompt passes."""
@@ -655,7 +669,7 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
             f"for t in {[q.name for q in types]!r}:\n"
             f" out[t] = cpu.qmatmul(x[:3], W(t), Q[t], {n}, {k}, act_quant=True)\n"
             f" out[t + '_pp'] = cpu.qmatmul(x, W(t), Q[t], {n}, {k}, act_quant=True, prompt=True)\n"
-            "for t in ('Q4_K', 'Q4_1'):\n"
+            "for t in ('Q4_K', 'Q4_1', 'Q5_0'):\n"
             f" w4 = cpu.repack(W(t)[:36].contiguous(), Q[t], 36, {k})\n"
             f" out[t + '_R4'] = cpu.qmatmul(x[:3], w4, cpu.PACKED[Q[t]], 36, {k}, act_quant=True)\n"
             f" out[t + '_R4_pp'] = cpu.qmatmul(x, w4, cpu.PACKED[Q[t]], 36, {k}, act_quant=True, prompt=True)\n"
@@ -667,7 +681,7 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
     got = torch.load(tmp_path / "y.pt")
     for name, y in want.items():
         assert torch.equal(got[name], y), name
-    for name in ("Q4_K", "Q4_1"):  # the repacked layouts' kernels
+    for name in ("Q4_K", "Q4_1", "Q5_0"):  # the repacked layouts' kernels
         assert torch.equal(got[name + "_R4"], want[name][:, :36]), name
         assert torch.equal(got[name + "_R4_pp"], want[name + "_pp"][:, :36]), name
 

@@ -15,7 +15,7 @@ ID_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.IQ4_NL, Q.MXFP4, Q.Q2_K, Q.Q3_K, Q
 
 
 def experts(qtype, n_exp: int, n: int, k: int, packed: bool):
-    """n_exp random [n, k] weights as (layout code, [raw tensors]): GGUF blocks, or Q4_K / Q4_1's CPU layout."""
+    """n_exp random [n, k] weights as (layout code, [raw tensors]): GGUF blocks, or Q4_K / Q4_1 / Q5_0's CPU layout."""
     raws = [torch_view(random_raw(qtype, n, k, seed=30 + e)) for e in range(n_exp)]
     if packed:
         return cpu.PACKED[qtype], [cpu.repack(r, qtype, n, k) for r in raws]
@@ -23,7 +23,7 @@ def experts(qtype, n_exp: int, n: int, k: int, packed: bool):
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype,packed", [(q, False) for q in ID_TYPES] + [(Q.Q4_K, True), (Q.Q4_1, True)],
+@pytest.mark.parametrize("qtype,packed", [(q, False) for q in ID_TYPES] + [(Q.Q4_K, True), (Q.Q4_1, True), (Q.Q5_0, True)],
                          ids=lambda v: getattr(v, "name", "packed" if v else ""))
 def test_qmatmul_id_rows_are_one_token_matmuls(qtype, packed):
     """Every (token, expert) row of qmatmul_id equals that token alone through the expert's qmatmul (the

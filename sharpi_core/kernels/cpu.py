@@ -1,8 +1,8 @@
 """Quantized GGUF matmuls on the CPU through a small C library compiled on first use.
 
 `qmatmul(x, raw, qtype, n, k)` computes x @ dequant(raw).T with the weight left in its GGUF block
-format (a zero-copy view of the mmap), or in one of the CPU layouts `repack` makes (PACKED: Q4_K and
-Q4_1 in groups of 4 rows). With act_quant=False every block is expanded to fp32 in registers and
+format (a zero-copy view of the mmap), or in one of the CPU layouts `repack` makes (PACKED: Q4_K,
+Q4_1 and Q5_0 in groups of 4 rows). With act_quant=False every block is expanded to fp32 in registers and
 multiplied with FMAs, so the activations stay fp32 and the result equals the gguf.quants reference
 within fp32 rounding; act_quant=True (what the models use) follows llama.cpp's integer arithmetic.
 Up to 8 activation rows share each read of a block (decode and speculative verify); on the fp32
@@ -498,22 +498,32 @@ class _PackedType:
         return self.name
 
 
-# Weights with every 4 consecutive rows interleaved per block (see qmatmul.c, TY_Q4_KR / TY_Q4_1R):
-# the layouts of repack's results. Q4_K_R4 has 148 bytes per row and super-block (4 more than Q4_K:
-# the scales and mins unpacked to bytes), Q4_1_R4 Q4_1's 20 per block. Same results as the GGUF
-# type, bit for bit.
+# Weights with every 4 consecutive rows interleaved per block (see qmatmul.c, TY_Q4_KR / TY_Q4_1R /
+# TY_Q5_0R): the layouts of repack's results. Q4_K_R4 has 148 bytes per row and super-block (4 more than
+# Q4_K: the scales and mins unpacked to bytes), Q4_1_R4 Q4_1's 20 per block, Q5_0_R4 Q5_0's 22. Same
+# results as the GGUF type, bit for bit.
 Q4_K_R4 = _PackedType("Q4_K_R4", 212)
 Q4_1_R4 = _PackedType("Q4_1_R4", 203)
-PACKED = {Q.Q4_K: Q4_K_R4, Q.Q4_1: Q4_1_R4}  # GGUF type -> its CPU layout
+Q5_0_R4 = _PackedType("Q5_0_R4", 206)
+PACKED = {Q.Q4_K: Q4_K_R4, Q.Q4_1: Q4_1_R4, Q.Q5_0: Q5_0_R4}  # GGUF type -> its CPU layout
+
+
+def packs(qtype) -> bool:
+    """Whether the models repack weights of qtype into PACKED[qtype] here. Q5_0's layout is for the AVX2
+    build, where it halves the instructions of a block (its 5th bits spread into bytes without GGUF's 32-bit
+    masks, whose expansion the 256-bit halves pay for): 1.5x faster on the Qwen 0.5B draft's FFN weights
+    (scripts/bench_kernels.py). Not measured on an AVX-512 machine, which keeps the GGUF blocks."""
+    return qtype in PACKED and (qtype is not Q.Q5_0 or avx512_emulated())
 
 # qtype -> (type code for C, elements per block, bytes per block)
 _INFO = {qt: (int(qt), be, bb) for qt, (be, bb) in _BLOCK.items()}
 _INFO[Q4_K_R4] = (212, 256, 148)
 _INFO[Q4_1_R4] = (203, 32, 20)
+_INFO[Q5_0_R4] = (206, 32, 22)
 
 
 def repack(raw: torch.Tensor, qtype, n: int, k: int, inverse: bool = False) -> torch.Tensor:
-    """GGUF rows uint8 [N, row bytes] of a Q4_K / Q4_1 weight -> its PACKED[qtype] layout
+    """GGUF rows uint8 [N, row bytes] of a Q4_K / Q4_1 / Q5_0 weight -> its PACKED[qtype] layout
     (inverse: back, bit-exact). N must be a multiple of 4."""
     if _rpk is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
@@ -651,7 +661,7 @@ def _gemm_act(x, raw, code, n, k, rb, out, qtype):
 
 
 _ACT_Q8K = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS})
-_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4, Q4_K_R4, Q4_1_R4}) | _ACT_Q8K
+_ACT_Q8 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4, Q4_K_R4, Q4_1_R4, Q5_0_R4}) | _ACT_Q8K
 _ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1, Q4_1_R4})
 
 

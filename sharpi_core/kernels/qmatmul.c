@@ -55,6 +55,7 @@ enum {
     TY_Q4_KR = 212,
     /* Q4_1 repacked in groups of 4 rows */
     TY_Q4_1R = 203,
+    TY_Q5_0R = 206,
 };
 
 /* fp16 -> fp32 for block scales: a table lookup is a plain load (vcvtph2ps costs 2 ALU uops). */
@@ -565,9 +566,10 @@ static const kern_fn *ktab_for(int ty) {
 
 /* elements / bytes per unit of the types qmatmul takes (the repacked layouts included), 0 for others */
 static int ub_of(int ty) {
-    return ty == TY_Q4_KR ? 148 /* R4B / 4 rows */ : ty == TY_Q4_1R ? 20 /* L4B / 4 rows */ : unit_bytes(ty);
+    return ty == TY_Q4_KR ? 148 /* R4B / 4 rows */ : ty == TY_Q4_1R ? 20 /* L4B / 4 rows */ : ty == TY_Q5_0R ? 22 /* L5B / 4 */
+         : unit_bytes(ty);
 }
-static int ue_of(int ty) { return !ub_of(ty) ? 0 : ty == TY_Q4_KR ? 256 : ty == TY_Q4_1R ? 32 : unit_elems(ty); }
+static int ue_of(int ty) { return !ub_of(ty) ? 0 : ty == TY_Q4_KR ? 256 : ty == TY_Q4_1R || ty == TY_Q5_0R ? 32 : unit_elems(ty); }
 
 /* =============================================================================================
  * Integer path: activations quantized the way ggml's x86 CPU backend quantizes them for the
@@ -685,7 +687,7 @@ INL void q8K_quant(const float *x, const int L, int8_t *q, float *dout, int16_t 
 enum { VD_F32 = 0, VD_Q8_0 = 1, VD_Q8_1 = 2, VD_Q8_K = 3, VD_F16 = 4, VD_BF16 = 5 };
 static int vd_kind(int ty) {
     switch (ty) {
-    case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: case TY_IQ4_NL: case TY_MXFP4: return VD_Q8_0;
+    case TY_Q4_0: case TY_Q5_0: case TY_Q8_0: case TY_IQ4_NL: case TY_MXFP4: case TY_Q5_0R: return VD_Q8_0;
     case TY_Q4_1: case TY_Q5_1: case TY_Q4_1R: return VD_Q8_1;
     case TY_Q2_K: case TY_Q3_K: case TY_Q4_K: case TY_Q5_K: case TY_Q6_K: case TY_IQ4_XS: case TY_Q4_KR: return VD_Q8_K;
     case TY_F16: return VD_F16;
@@ -699,7 +701,7 @@ static int vd_kind(int ty) {
  * min-term group of 4 tokens (filled in rows t % 4 == 0): their 4 x 8 sums (64), their d_x x 4 (64) */
 INL int kch(const int ty) { return k16(ty) ? 384 : 512; }
 
-static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 ? 16 : ty == TY_Q8_0 || ty == TY_IQ4_NL || ty == TY_MXFP4 ? 128 : 0; }
+static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 || ty == TY_Q5_0R ? 16 : ty == TY_Q8_0 || ty == TY_IQ4_NL || ty == TY_MXFP4 ? 128 : 0; }
 
 /* dpbusd(st, u, s) of a legacy type's block: st is the lanes' offset start (act_legacy_row). With
  * Q8_0's offset (codes u = w + 128, st = -128 * the lane's 4 activation codes) the result is w.s, which
@@ -1201,8 +1203,146 @@ INL void q6prep(const int ty, const uint8_t *bA, const uint8_t *bB, Q6Pair *P) {
     }
 }
 
+#if defined(SHARPI_AVX512_EMULATED)
+/* Q6_K, Q5_K, Q3_K and IQ4_XS on AVX2: row by row and chunk by chunk, each 32-code chunk built in a register,
+ * multiplied by every token's activations and dropped. gkern_q6k's layout (two rows a vector, the super-block
+ * prepared into L1 for the token loop) suits AVX-512's 32 registers; emulated on 16 it spent a third or more of
+ * its instructions storing and reloading that preparation (Q6_K decoding was compute-bound at ~23 GB/s, Q5_K /
+ * Q3_K / IQ4_XS at 8-13). Each row's 8 integer lanes (sums of exact products) and its float chains are those of
+ * gkern_q6k's half of a vector for that row: the same bits. */
+
+/* chunk j (0-3) of half hf of row b's super-block: w = the unsigned codes (IQ4_XS: |value|), sg (IQ4_XS) = the
+ * signed values, for the sign of the activations */
+INL __m256i k16_chunk_avx2(const int ty, const uint8_t *b, const int hf, const int j, __m256i *sg) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    if (ty == TY_Q6_K) {
+        /* ql[64 hf + l (+ 32 for odd j)] nibble j / 2, bits 2j, 2j + 1 of qh[32 hf + l] as bits 4, 5 (16-bit
+         * shifts: the bits crossing from the neighbouring byte are masked off) */
+        const __m256i lq = _mm256_loadu_si256((const __m256i *)(b + 64 * hf + 32 * (j & 1)));
+        const __m256i H = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hf));
+        const __m256i hb = j == 0 ? _mm256_slli_epi16(H, 4) : j == 1 ? _mm256_slli_epi16(H, 2) : j == 2 ? H : _mm256_srli_epi16(H, 2);
+        return _mm256_or_si256(_mm256_and_si256(j & 2 ? _mm256_srli_epi16(lq, 4) : lq, m0f), _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+    }
+    if (ty == TY_Q5_K) { /* sub-block c = 4 hf + j: nibble c % 2 of qs[32 (c / 2) + l], 5th bit: bit c of qh[l] */
+        const int c = 4 * hf + j;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (c >> 1)));
+        const __m256i H = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const __m256i hb = c <= 4 ? _mm256_slli_epi16(H, 4 - c) : _mm256_srli_epi16(H, c - 4);
+        return _mm256_or_si256(_mm256_and_si256(c & 1 ? _mm256_srli_epi16(q, 4) : q, m0f), _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+    }
+    if (ty == TY_Q3_K) { /* (qs[32 hf + l] >> 2j) & 3, + 4 where bit 4 hf + j of hmask[l] is set */
+        const int c = 4 * hf + j;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * hf));
+        const __m256i H = _mm256_loadu_si256((const __m256i *)b);
+        const __m256i hb = c >= 2 ? _mm256_srli_epi16(H, c - 2) : _mm256_slli_epi16(H, 2 - c);
+        return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), _mm256_set1_epi8(3)), _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+    }
+    /* IQ4_XS sub-block c: low nibbles of qs[16c .. 16c + 16) then its high ones, through the table */
+    const __m128i q = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * (4 * hf + j)));
+    const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m0f);
+    *sg = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_IQ4NL)), n);
+    return _mm256_abs_epi8(*sg);
+}
+
+/* 8 int16 values as 16, each twice (the 32-element sub-blocks' scales / mins per 16 elements) */
+INL __m256i dup16_avx2(const __m128i v) { return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v)); }
+
+INL void k16_avx2(const int ty, const int tiled, const int R, const int TT, const uint8_t *const *rows, const long nu,
+                  const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+    const int q5 = ty == TY_Q5_K;
+    __m256 acc[MAXR][MAXT];
+    float ys[MAXR][MAXT], sm[MAXR][MAXT]; /* tiled: the scalar chains; Q5_K: its summs */
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            acc[r][t] = _mm256_setzero_ps();
+            ys[r][t] = sm[r][t] = 0.f;
+        }
+    for (long u = 0; u < nu; u++) {
+        if (pfo) kprefetch(ty, R, rows, u, pfo);
+        const uint8_t *au = a + u * kch(ty);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = rows[r] + u * unit_bytes(ty);
+            /* s16: the scale of each 16 elements; m16 (Q5_K): the min */
+            __m256i s16, m16 = _mm256_setzero_si256();
+            float dws, dms = 0.f;
+            if (ty == TY_Q6_K) {
+                s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+                dws = f16at(b + 208);
+            } else if (ty == TY_Q5_K) {
+                const __m128i sm8 = k4_scales_mins(b);
+                s16 = dup16_avx2(_mm_cvtepu8_epi16(sm8));
+                m16 = dup16_avx2(_mm_cvtepu8_epi16(_mm_srli_si128(sm8, 8)));
+                dws = f16at(b);
+                dms = f16at(b + 2);
+            } else if (ty == TY_Q3_K) {
+                int8_t sc[16];
+                q3k_scales(b, sc);
+                s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+                dws = f16at(b + 108);
+            } else {
+                s16 = dup16_avx2(_mm_cvtepi8_epi16(_mm_cvtsi64_si128((long long)iq4xs_scales8(b))));
+                dws = f16at(b);
+            }
+            __m256i is[MAXT];
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; t++) is[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int hf = 0; hf < 2; hf++) {
+                const __m256i sh = _mm256_permute2x128_si256(s16, s16, hf ? 0x11 : 0x00); /* s16[8hf .. 8hf + 7] in both lanes */
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    __m256i sg = _mm256_setzero_si256();
+                    const __m256i w = k16_chunk_avx2(ty, b, hf, j, &sg);
+                    /* int16 lanes 0-7: s16[2c], 8-15: s16[2c + 1] (c = 4 hf + j) */
+                    const long long e0 = 4 * j, e1 = 4 * j + 2;
+                    const long long q0 = (e0 | (e0 + 1) << 8) * 0x0001000100010001LL, q1 = (e1 | (e1 + 1) << 8) * 0x0001000100010001LL;
+                    const __m256i sc = _mm256_shuffle_epi8(sh, _mm256_set_epi64x(q1, q1, q0, q0));
+#pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) {
+                        __m256i x = _mm256_load_si256((const __m256i *)(au + t * lda + 32 * (4 * hf + j)));
+                        if (ty == TY_IQ4_XS) x = _mm256_sign_epi8(x, sg);
+                        __m256i p = _mm256_maddubs_epi16(w, x);
+                        if (ty == TY_Q3_K) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(4), x)); /* its -4, pair by pair */
+                        is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, sc));
+                    }
+                }
+            }
+            const __m256 dw = _mm256_set1_ps(dws);
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; t++) {
+                const uint8_t *at = au + t * lda;
+                const __m256i bs = _mm256_load_si256((const __m256i *)(at + 256));
+                /* Q6_K's -32 through the block sums */
+                const __m256i i = ty == TY_Q6_K ? _mm256_sub_epi32(is[t], _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 5)) : is[t];
+                const float dx = *(const float *)(at + 320);
+                const float M = q5 ? (float)sx_hsum_epi32(_mm256_madd_epi16(bs, m16)) : 0.f;
+                if (tiled) /* the super-block's integer: y = fma(d_w * float(I), d_x, y) (Q5_K: d_w * I - dmin_w * M fused) */
+                    ys[r][t] = fmaf(q5 ? fmaf(-dms, M, dws * (float)sx_hsum_epi32(i)) : dws * (float)sx_hsum_epi32(i), dx, ys[r][t]);
+                else {
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(i), acc[r][t]);
+                    if (q5) sm[r][t] = fmaf(-(dx * dms), M, sm[r][t]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) y[t * ldy + r] = tiled ? ys[r][t] : q5 ? hsum8(acc[r][t]) + sm[r][t] : hsum8(acc[r][t]);
+}
+#endif
+
 INL void gkern_q6k(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nu,
                    const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
+#if defined(SHARPI_AVX512_EMULATED)
+    if (k16_base(ty) != TY_Q2_K) {
+        k16_avx2(k16_base(ty), ty != k16_base(ty), R, TT, rows, nu, a, lda, y, ldy, pfo);
+        return;
+    }
+#endif
     const int bt = k16_base(ty), UB = unit_bytes(bt), RP = R / 2;
     const int tiled = ty == TY_Q6_K_TILED || ty == TY_Q3_K_TILED || ty == TY_IQ4_XS_TILED || ty == TY_Q5_K_TILED;
     const int q2 = bt == TY_Q2_K, q5 = bt == TY_Q5_K;
@@ -2128,23 +2268,128 @@ INL void l4kern(const int TT, const uint8_t *const *rows, const long nb, const u
 L4DEF(1) L4DEF(2) L4DEF(3) L4DEF(4) L4DEF(5) L4DEF(6) L4DEF(7) L4DEF(8)
 static const kern_fn l4tab[9] = {0, l4k_1, l4k_2, l4k_3, l4k_4, l4k_5, l4k_6, l4k_7, l4k_8};
 
-/* Rows of a Q4_K (ty 12) or Q4_1 (ty 3) weight [N, row bytes] <-> its groups of 4 rows (TY_Q4_KR /
- * TY_Q4_1R, the same bytes per row but Q4_K's 4 more per super-block) (inverse = 1); N % 4 == 0.
+/* ---- Q5_0 repacked for the CPU: 4 rows interleaved per block (TY_Q5_0R) ----------------------
+ * A group of 4 consecutive rows becomes, per block of 32, 88 bytes (4 x 22, the same size): the low 4 bits
+ * of the codes as TY_Q4_1R's [64], then the 5th bits [16] (byte l: bit r = row r's element l, bit 4 + r its
+ * element 16 + l), then d[4] (fp16). The 5th bits reach bit 4 of each code byte by two shifts and an and per
+ * pair of rows (GGUF's qh word takes a spread of its 32 bits into bytes per row and block), and one cvtph
+ * gives the 4 d. The arithmetic per (row, token) is gkern_legacy's: the same bits. */
+#define L5B 88
+
+static void repack_q50_group(const uint8_t *const rows[4], long nb, uint8_t *dst) {
+    for (long b = 0; b < nb; b++) {
+        uint8_t *o = dst + b * L5B, code[4][32];
+        memset(o + 64, 0, 16);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *blk = rows[r] + b * 22;
+            uint32_t qh;
+            memcpy(o + 80 + 2 * r, blk, 2);
+            memcpy(&qh, blk + 2, 4);
+            for (int i = 0; i < 16; i++) {
+                code[r][i] = blk[6 + i] & 0xF;
+                code[r][16 + i] = blk[6 + i] >> 4;
+                o[64 + i] |= (uint8_t)(((qh >> i) & 1) << r | ((qh >> (16 + i)) & 1) << (4 + r));
+            }
+        }
+        for (int j = 0; j < 64; j++) o[j] = (uint8_t)(code[j / 32][j % 32] | (code[2 + j / 32][j % 32] << 4));
+    }
+}
+
+static void unpack_q50_group(const uint8_t *src, long nb, uint8_t *const rows[4]) {
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *o = src + b * L5B;
+        uint8_t code[4][32];
+        for (int j = 0; j < 64; j++) {
+            code[j / 32][j % 32] = o[j] & 0xF;
+            code[2 + j / 32][j % 32] = o[j] >> 4;
+        }
+        for (int r = 0; r < 4; r++) {
+            uint8_t *blk = rows[r] + b * 22;
+            uint32_t qh = 0;
+            memcpy(blk, o + 80 + 2 * r, 2);
+            for (int i = 0; i < 16; i++) {
+                qh |= (uint32_t)((o[64 + i] >> r) & 1) << i | (uint32_t)((o[64 + i] >> (4 + r)) & 1) << (16 + i);
+                blk[6 + i] = (uint8_t)(code[r][i] | (code[r][16 + i] << 4));
+            }
+            memcpy(blk + 2, &qh, 4);
+        }
+    }
+}
+
+/* [a << s0, a << s1] (16-bit lanes) */
+INL __m512i slli2_epi16(const __m256i a, const int s0, const int s1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(a, s0)), _mm256_slli_epi16(a, s1), 1);
+}
+
+INL void l5kern(const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a, const long lda, float *y,
+                const long ldy, const long pfo) {
+    __m512 accA[MAXT], accB[MAXT];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) accA[t] = accB[t] = _mm512_setzero_ps();
+    const __m512i m0f = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    const __m512i iA = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i iB = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *g = rows[0] + b * L5B;
+        if (pfo && !(b & 3)) {
+#pragma GCC unroll 6
+            for (int o = 0; o < 4 * L5B; o += 64) _mm_prefetch((const char *)g + pfo + o, _MM_HINT_T1);
+        }
+        const __m512i s = _mm512_loadu_si512((const void *)g);
+        /* the 5th bits of elements 0-15 | 16-31, row r's in bit r; moved to bit 4 (16-bit shifts by <= 4: bit 4 of
+         * each byte comes from the same byte) */
+        const __m128i h = _mm_loadu_si128((const __m128i *)(g + 64));
+        const __m256i hv = _mm256_set_m128i(_mm_srli_epi16(_mm_and_si128(h, _mm_set1_epi8((char)0xf0)), 4), _mm_and_si128(h, _mm_set1_epi8(0x0f)));
+        const __m512i wA = _mm512_or_si512(_mm512_and_si512(s, m0f), _mm512_and_si512(slli2_epi16(hv, 4, 3), m10));
+        const __m512i wB = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(s, 4), m0f), _mm512_and_si512(slli2_epi16(hv, 2, 1), m10));
+        const __m256 d4 = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(g + 80))));
+        const __m512 dwA = _mm512_permutexvar_ps(iA, _mm512_castps256_ps512(d4));
+        const __m512 dwB = _mm512_permutexvar_ps(iB, _mm512_castps256_ps512(d4));
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const uint8_t *at = a + t * lda + b * LCH;
+            const __m512i xa = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)at));
+            const __m512i st = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(at + 32)));
+            const __m512 dx = _mm512_set1_ps(*(const float *)(at + 64));
+            accA[t] = _mm512_fmadd_ps(_mm512_mul_ps(dwA, dx), _mm512_cvtepi32_ps(dpbusd_u7(st, wA, xa)), accA[t]);
+            accB[t] = _mm512_fmadd_ps(_mm512_mul_ps(dwB, dx), _mm512_cvtepi32_ps(dpbusd_u7(st, wB, xa)), accB[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        y[t * ldy + 0] = hsum8(_mm512_castps512_ps256(accA[t]));
+        y[t * ldy + 1] = hsum8(_mm512_extractf32x8_ps(accA[t], 1));
+        y[t * ldy + 2] = hsum8(_mm512_castps512_ps256(accB[t]));
+        y[t * ldy + 3] = hsum8(_mm512_extractf32x8_ps(accB[t], 1));
+    }
+}
+
+#define L5DEF(TT) \
+    static void l5k_##TT(const uint8_t *const *rows, long nu, const float *x, long ldx, float *y, long ldy, long pfo) { \
+        l5kern(TT, rows, nu, (const uint8_t *)x, 4 * ldx, y, ldy, pfo); \
+    }
+L5DEF(1) L5DEF(2) L5DEF(3) L5DEF(4) L5DEF(5) L5DEF(6) L5DEF(7) L5DEF(8)
+static const kern_fn l5tab[9] = {0, l5k_1, l5k_2, l5k_3, l5k_4, l5k_5, l5k_6, l5k_7, l5k_8};
+
+/* Rows of a Q4_K (ty 12), Q4_1 (ty 3) or Q5_0 (ty 6) weight [N, row bytes] <-> its groups of 4 rows (TY_Q4_KR /
+ * TY_Q4_1R / TY_Q5_0R, the same bytes per row but Q4_K's 4 more per super-block) (inverse = 1); N % 4 == 0.
  * Returns 0, -1 for a bad type or shape. */
 int sharpi_repack(int ty, const uint8_t *src, long n, long k, uint8_t *dst, int inverse, int nthreads) {
-    const int q4k = ty == TY_Q4_K, ue = q4k ? 256 : 32;
-    if ((ty != TY_Q4_K && ty != TY_Q4_1) || n % 4 || k % ue || n <= 0) return -1;
-    const long nu = k / ue, rb = nu * (q4k ? 144 : 20), gb = nu * (q4k ? R4B : L4B);
+    const int q4k = ty == TY_Q4_K, q50 = ty == TY_Q5_0, ue = q4k ? 256 : 32;
+    if ((ty != TY_Q4_K && ty != TY_Q4_1 && ty != TY_Q5_0) || n % 4 || k % ue || n <= 0) return -1;
+    const long nu = k / ue, rb = nu * (q4k ? 144 : q50 ? 22 : 20), gb = nu * (q4k ? R4B : q50 ? L5B : L4B);
     const int nth = nthreads < 1 ? 1 : nthreads;
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && n >= 64)
     for (long g = 0; g < n / 4; g++) {
         if (!inverse) {
             const uint8_t *rows[4] = {src + 4 * g * rb, src + (4 * g + 1) * rb, src + (4 * g + 2) * rb, src + (4 * g + 3) * rb};
             if (q4k) repack_q4k_group(rows, nu, dst + g * gb);
+            else if (q50) repack_q50_group(rows, nu, dst + g * gb);
             else repack_q41_group(rows, nu, dst + g * gb);
         } else {
             uint8_t *rows[4] = {dst + 4 * g * rb, dst + (4 * g + 1) * rb, dst + (4 * g + 2) * rb, dst + (4 * g + 3) * rb};
             if (q4k) unpack_q4k_group(src + g * gb, nu, rows);
+            else if (q50) unpack_q50_group(src + g * gb, nu, rows);
             else unpack_q41_group(src + g * gb, nu, rows);
         }
     }
@@ -2485,8 +2730,8 @@ static void decode_kernels(int ty, long n, long k, const kern_fn **kt, const int
     }
     if ((ty == TY_Q4_0 || ty == TY_IQ4_NL || ty == TY_MXFP4) && n % 8 == 0) /* repacked by llama.cpp: its order, every T */
         *kt = ty == TY_Q4_0 ? iktab_TY_Q4_0_R8 : ty == TY_MXFP4 ? iktab_TY_MXFP4_R8 : iktab_TY_IQ4_NL_R8;
-    if (ty == TY_Q4_1R) {
-        *kt = l4tab;
+    if (ty == TY_Q4_1R || ty == TY_Q5_0R) {
+        *kt = ty == TY_Q4_1R ? l4tab : l5tab;
         *krows = r4_rows;
     } else if (ty == TY_Q4_KR) {
         *krows = r4_rows;
@@ -2515,7 +2760,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
     /* F32: only in ggml's orders (sharpi_float_rows), which take rows of 64s */
     const int ue = ty == TY_F32 ? 64 : ue_of(ty), ub = ty == TY_F32 ? 256 : ub_of(ty);
     if (!ue || k % ue || rb != (k / ue) * ub || T < 1 || n < 1 || mode < 0 || mode > 2) return -1;
-    if ((ty == TY_Q4_KR || ty == TY_Q4_1R) && (mode == 0 || n % 4)) return -1; /* integer kernels only */
+    if ((ty == TY_Q4_KR || ty == TY_Q4_1R || ty == TY_Q5_0R) && (mode == 0 || n % 4)) return -1; /* integer kernels only */
     long nu = k / ue, ldx = k;
     const kern_fn *kt = ktab_for(ty), *kt4 = NULL;
     const int *krows = kern_rows;
@@ -2586,7 +2831,7 @@ int sharpi_qmatmul(int ty_mode, const uint8_t *w, long rb, long n, long k, const
                                   mode == 2 && T >= 2 && n % 4 == 0);
                 continue;
             }
-            if (ty == TY_Q4_KR || ty == TY_Q4_1R) {
+            if (ty == TY_Q4_KR || ty == TY_Q4_1R || ty == TY_Q5_0R) {
                 if (T4 && n1 > n_amx) mm_rows_r4(kt4, w, rb, n0 > n_amx ? n0 : n_amx, n1, nu, (const uint8_t *)x, 4 * ldx, T4, y, n);
                 if (T > T4) mm_rows_r4(kt, w, rb, n0, n1, nu, (const uint8_t *)(x + T4 * ldx), 4 * ldx, T - T4, y + T4 * n, n);
                 continue;
@@ -2611,7 +2856,7 @@ int sharpi_qmatmul_id(int ty, const int64_t *wptrs, long n_exp, long rb, long n,
     if (!ue || k % ue || rb != (k / ue) * ub || n < 1 || np < 0 || n_exp < 1 || ldy < n
         || ty == TY_F32 || ty == TY_F16 || ty == TY_BF16 || vd_kind(ty) == VD_F32)
         return -1;
-    if ((ty == TY_Q4_KR || ty == TY_Q4_1R) && n % 4) return -1;
+    if ((ty == TY_Q4_KR || ty == TY_Q4_1R || ty == TY_Q5_0R) && n % 4) return -1;
     for (long p = 0; p < np; p++)
         if (ids[p] < 0 || ids[p] >= n_exp || xrow[p] < 0) return -1;
     if (np == 0) return 0;
@@ -2619,7 +2864,7 @@ int sharpi_qmatmul_id(int ty, const int64_t *wptrs, long n_exp, long rb, long n,
     const int *krows = kern_rows;
     PrepPath pp = {0, 0, 0, 0};
     decode_kernels(ty, n, k, &kt, &krows, &pp);
-    const int r4 = ty == TY_Q4_KR || ty == TY_Q4_1R;
+    const int r4 = ty == TY_Q4_KR || ty == TY_Q4_1R || ty == TY_Q5_0R;
     const long nu = k / ue, rbytes = act_row_bytes(ty, k);
     /* the pairs by expert (stable): order[start[e] .. start[e + 1]) */
     long *start = calloc((size_t)n_exp + 1, sizeof(long)), *order = malloc((size_t)np * sizeof(long));

@@ -208,6 +208,8 @@ typedef struct { __m256i lo, hi; } sx_m512i;
 #define _mm512_unpacklo_epi64 sx_mm512_unpacklo_epi64
 #undef _mm512_xor_ps
 #define _mm512_xor_ps sx_mm512_xor_ps
+#undef _mm512_or_si512
+#define _mm512_or_si512 sx_mm512_or_si512
 #undef _mm512_xor_si512
 #define _mm512_xor_si512 sx_mm512_xor_si512
 #undef _mm512_zextsi256_si512
@@ -339,6 +341,7 @@ SX_SI2(_mm512_add_epi32, _mm256_add_epi32)
 SX_SI2(_mm512_sub_epi16, _mm256_sub_epi16)
 SX_SI2(_mm512_sub_epi32, _mm256_sub_epi32)
 SX_SI2(_mm512_and_si512, _mm256_and_si256)
+SX_SI2(_mm512_or_si512, _mm256_or_si256)
 SX_SI2(_mm512_xor_si512, _mm256_xor_si256)
 SX_SI2(_mm512_madd_epi16, _mm256_madd_epi16)
 SX_SI2(_mm512_maddubs_epi16, _mm256_maddubs_epi16)
