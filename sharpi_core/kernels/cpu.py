@@ -20,6 +20,7 @@ result, so every machine computes the same bits (llama.cpp's AVX-512 arithmetic)
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib.util
 import os
@@ -110,12 +111,14 @@ def kernel_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "sharpi" / "kernels"
 
 
-def _cpu_info() -> tuple[str, set[str]]:
-    """(identity string, flag set) of this CPU from /proc/cpuinfo (empty flag set if unreadable)."""
+@functools.lru_cache(maxsize=None)
+def _cpu_info() -> tuple[str, frozenset[str]]:
+    """(identity string, flag set) of this CPU from /proc/cpuinfo (empty flag set if unreadable); read once (every
+    Q5_0 weight asks avx512_emulated() at load, through packs)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor() or platform.machine(), set()
+        return platform.processor() or platform.machine(), frozenset()
     model, flags = "", set()
     for line in text.splitlines():
         key, _, val = line.partition(":")
@@ -126,7 +129,7 @@ def _cpu_info() -> tuple[str, set[str]]:
             flags = set(val.split())
         if model and flags:
             break
-    return model + "|" + " ".join(sorted(flags)), flags
+    return model + "|" + " ".join(sorted(flags)), frozenset(flags)
 
 
 def _compiler() -> str | None:
@@ -510,7 +513,7 @@ PACKED = {Q.Q4_K: Q4_K_R4, Q.Q4_1: Q4_1_R4, Q.Q5_0: Q5_0_R4}  # GGUF type -> its
 
 def packs(qtype) -> bool:
     """Whether the models repack weights of qtype into PACKED[qtype] here. Q5_0's layout is for the AVX2
-    build, where it halves the instructions of a block (its 5th bits spread into bytes without GGUF's 32-bit
+    build, where a block takes fewer instructions (its 5th bits spread into bytes without GGUF's 32-bit
     masks, whose expansion the 256-bit halves pay for): 1.5x faster on the Qwen 0.5B draft's FFN weights
     (scripts/bench_kernels.py). Not measured on an AVX-512 machine, which keeps the GGUF blocks."""
     return qtype in PACKED and (qtype is not Q.Q5_0 or avx512_emulated())

@@ -2183,36 +2183,53 @@ static int amx_matmul(const int q6, const uint8_t *w, const long rb, const long 
  * halves), and one cvtph gives all d and m. The arithmetic per (row, token) is gkern_legacy's. */
 #define L4B 80
 
+/* the 4 rows' 16 bytes of 4-bit codes of a block (GGUF order: element i low nibble of byte i, 16 + i high) <->
+ * the 64-byte code plane of TY_Q4_1R / TY_Q5_0R (byte j: element j % 32 of row j / 32, and of row 2 + j / 32) */
+static void codes4_pack(const uint8_t *const qs[4], uint8_t *o) {
+    uint8_t code[4][32];
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < 16; i++) {
+            code[r][i] = qs[r][i] & 0xF;
+            code[r][16 + i] = qs[r][i] >> 4;
+        }
+    for (int j = 0; j < 64; j++) o[j] = (uint8_t)(code[j / 32][j % 32] | (code[2 + j / 32][j % 32] << 4));
+}
+
+static void codes4_unpack(const uint8_t *o, uint8_t *const qs[4]) {
+    uint8_t code[4][32];
+    for (int j = 0; j < 64; j++) {
+        code[j / 32][j % 32] = o[j] & 0xF;
+        code[2 + j / 32][j % 32] = o[j] >> 4;
+    }
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < 16; i++) qs[r][i] = (uint8_t)(code[r][i] | (code[r][16 + i] << 4));
+}
+
 static void repack_q41_group(const uint8_t *const rows[4], long nb, uint8_t *dst) {
     for (long b = 0; b < nb; b++) {
-        uint8_t *o = dst + b * L4B, code[4][32];
+        uint8_t *o = dst + b * L4B;
+        const uint8_t *qs[4];
         for (int r = 0; r < 4; r++) {
             const uint8_t *blk = rows[r] + b * 20;
             memcpy(o + 64 + 2 * r, blk, 2);
             memcpy(o + 72 + 2 * r, blk + 2, 2);
-            for (int i = 0; i < 16; i++) {
-                code[r][i] = blk[4 + i] & 0xF;
-                code[r][16 + i] = blk[4 + i] >> 4;
-            }
+            qs[r] = blk + 4;
         }
-        for (int j = 0; j < 64; j++) o[j] = (uint8_t)(code[j / 32][j % 32] | (code[2 + j / 32][j % 32] << 4));
+        codes4_pack(qs, o);
     }
 }
 
 static void unpack_q41_group(const uint8_t *src, long nb, uint8_t *const rows[4]) {
     for (long b = 0; b < nb; b++) {
         const uint8_t *o = src + b * L4B;
-        uint8_t code[4][32];
-        for (int j = 0; j < 64; j++) {
-            code[j / 32][j % 32] = o[j] & 0xF;
-            code[2 + j / 32][j % 32] = o[j] >> 4;
-        }
+        uint8_t *qs[4];
         for (int r = 0; r < 4; r++) {
             uint8_t *blk = rows[r] + b * 20;
             memcpy(blk, o + 64 + 2 * r, 2);
             memcpy(blk + 2, o + 72 + 2 * r, 2);
-            for (int i = 0; i < 16; i++) blk[4 + i] = (uint8_t)(code[r][i] | (code[r][16 + i] << 4));
+            qs[r] = blk + 4;
         }
+        codes4_unpack(o, qs);
     }
 }
 
@@ -2278,41 +2295,35 @@ static const kern_fn l4tab[9] = {0, l4k_1, l4k_2, l4k_3, l4k_4, l4k_5, l4k_6, l4
 
 static void repack_q50_group(const uint8_t *const rows[4], long nb, uint8_t *dst) {
     for (long b = 0; b < nb; b++) {
-        uint8_t *o = dst + b * L5B, code[4][32];
+        uint8_t *o = dst + b * L5B;
+        const uint8_t *qs[4];
         memset(o + 64, 0, 16);
         for (int r = 0; r < 4; r++) {
             const uint8_t *blk = rows[r] + b * 22;
             uint32_t qh;
             memcpy(o + 80 + 2 * r, blk, 2);
             memcpy(&qh, blk + 2, 4);
-            for (int i = 0; i < 16; i++) {
-                code[r][i] = blk[6 + i] & 0xF;
-                code[r][16 + i] = blk[6 + i] >> 4;
-                o[64 + i] |= (uint8_t)(((qh >> i) & 1) << r | ((qh >> (16 + i)) & 1) << (4 + r));
-            }
+            for (int i = 0; i < 16; i++) o[64 + i] |= (uint8_t)(((qh >> i) & 1) << r | ((qh >> (16 + i)) & 1) << (4 + r));
+            qs[r] = blk + 6;
         }
-        for (int j = 0; j < 64; j++) o[j] = (uint8_t)(code[j / 32][j % 32] | (code[2 + j / 32][j % 32] << 4));
+        codes4_pack(qs, o);
     }
 }
 
 static void unpack_q50_group(const uint8_t *src, long nb, uint8_t *const rows[4]) {
     for (long b = 0; b < nb; b++) {
         const uint8_t *o = src + b * L5B;
-        uint8_t code[4][32];
-        for (int j = 0; j < 64; j++) {
-            code[j / 32][j % 32] = o[j] & 0xF;
-            code[2 + j / 32][j % 32] = o[j] >> 4;
-        }
+        uint8_t *qs[4];
         for (int r = 0; r < 4; r++) {
             uint8_t *blk = rows[r] + b * 22;
             uint32_t qh = 0;
             memcpy(blk, o + 80 + 2 * r, 2);
-            for (int i = 0; i < 16; i++) {
+            for (int i = 0; i < 16; i++)
                 qh |= (uint32_t)((o[64 + i] >> r) & 1) << i | (uint32_t)((o[64 + i] >> (4 + r)) & 1) << (16 + i);
-                blk[6 + i] = (uint8_t)(code[r][i] | (code[r][16 + i] << 4));
-            }
             memcpy(blk + 2, &qh, 4);
+            qs[r] = blk + 6;
         }
+        codes4_unpack(o, qs);
     }
 }
 
