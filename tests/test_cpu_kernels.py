@@ -689,9 +689,10 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
 @needs_kernels
 def test_avx2_build_gives_the_same_bits(tmp_path):
     """The AVX2 build (x86simd.h: each 512-bit intrinsic on two 256-bit halves) computes what the AVX-512
-    build computes: every weight type's products (8-bit and fp32 activations, one row, a verify pass, a
-    prompt tile), the repacked layouts, and SmolLM2's logits over a prompt pass and two one-token passes
-    (attention, norms, RoPE, GLU, the wrapper-free decoding loop). Runs where the CPU has AVX-512; on an
+    build computes: every weight type's products (8-bit and fp32 activations, one and two rows, a verify pass,
+    a prompt tile; Q4_0 / IQ4_NL / MXFP4 in llama.cpp's repacked order too), the repacked layouts, and SmolLM2's
+    logits over a prompt pass and two one-token passes (attention, norms, RoPE, GLU, the wrapper-free decoding
+    loop). Runs where the CPU has AVX-512; on an
     AVX2 CPU the llama.cpp oracles check the same build."""
     if cpu.avx512_emulated():
         pytest.skip("this CPU has no AVX-512 build to compare with")
@@ -707,8 +708,10 @@ def test_avx2_build_gives_the_same_bits(tmp_path):
             "for t in qs:\n"
             " qt = gguf.GGMLQuantizationType[t]; raw = torch.from_numpy(np.load(d + '/' + t + '.npy'))\n"
             " for aq in (True, False):\n"
-            "  for T in (1, 5, 9):\n"
+            "  for T in (1, 2, 5, 9):\n"
             f"   out[t, aq, T] = cpu.qmatmul(x[:T].contiguous(), raw, qt, {n}, {k}, act_quant=aq)\n"
+            "   if t in ('Q4_0', 'IQ4_NL', 'MXFP4') and aq:  # 32 rows: llama.cpp's repacked order (the AVX2 chain)\n"
+            f"    out[t, 'R8', T] = cpu.qmatmul(x[:T].contiguous(), raw[:32].contiguous(), qt, 32, {k}, act_quant=True)\n"
             " if qt in cpu.PACKED:\n"
             f"  out[t, 'R4'] = cpu.qmatmul(x, cpu.repack(raw[:36].contiguous(), qt, 36, {k}), cpu.PACKED[qt], 36, {k}, act_quant=True)\n"
             "m = load_model(smol); m.pack_weights(); c = m.new_cache(64); p = torch.tensor([1, 504, 3458, 282, 4649, 314, 253])\n"
@@ -1004,7 +1007,7 @@ def test_act_quant_sums_in_llama_cpp_order(qtype):
     n, k = 24, 768 if qtype in KQUANTS else 544
     raw = random_raw(qtype, n, k, seed=11)
     rawt = torch_view(raw)
-    for t in (1, 3, 6, 9, 13):  # 13: the prepared-weights path (more than 8 rows)
+    for t in (1, 2, 3, 6, 9, 13):  # 2: the AVX2 chain (Q4_0, IQ4_NL) up to 2 tokens; 13: the prepared-weights path
         x = act_test_inputs(t, k, seed=20 + t)
         for prompt in (False, True):
             y = cpu.qmatmul(x, rawt, qtype, n, k, act_quant=True, prompt=prompt).numpy()

@@ -985,9 +985,75 @@ INL void gkern_chain_blocks(const int ty, const int R, const int TT, const uint8
         }
 }
 
+#if defined(SHARPI_AVX512_EMULATED)
+/* A few tokens in the chain order on AVX2, block by block: each row's codes in one 256-bit vector (gprep's half),
+ * per token the rows' 8-lane sums reduced together by three vphaddd and one add into [I_b of rows 0-3], then one
+ * 128-bit y = fma(float(I_b), d_w * d_x, y) for the 4 rows: the chains of gkern_chain_blocks / gkern_chain (the
+ * same integers, the same fmaf per block), without their transposes of 512-bit halves and scalar FMAs. */
+/* the tokens it takes: Q4_0 / IQ4_NL 1.4-1.8x gkern_chain at 1-2 (measured), slower from 3 (its sums spill) */
+#ifndef CHAIN_AVX2_MAXT
+#define CHAIN_AVX2_MAXT 2
+#endif
+INL void chain_avx2(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a,
+                    const long lda, float *y, const long ldy, const long pfo) {
+    const int BB = unit_bytes(ty), off = legacy_offset(ty); /* Q4_0 / IQ4_NL: d (fp16), then the codes */
+    const __m256i m0f = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_xor_si128(_mm_loadu_si128(nl_values(ty)), _mm_set1_epi8((char)0x80)));
+    __m128 y4[MAXT];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) y4[t] = _mm_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        if (pfo && !(b & 3)) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)rows[r] + pfo + b * BB, _MM_HINT_T1);
+        }
+        __m256i w[4];
+        float dw[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *br = rows[r < R ? r : R - 1] + b * BB;
+            const __m128i q = _mm_loadu_si128((const __m128i *)(br + 2));
+            w[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m0f);
+            if (off == 128) /* IQ4_NL: the signed table values */
+                w[r] = _mm256_xor_si256(_mm256_shuffle_epi8(tab, w[r]), _mm256_set1_epi8((char)0x80));
+            if (r < R) dw[r] = block_d(ty, br);
+        }
+        const __m128 dw4 = _mm_loadu_ps(dw);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const uint8_t *at = a + t * lda + b * LCH;
+            const __m256i x = _mm256_load_si256((const __m256i *)at);
+            __m256i is[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                if (off == 128) /* |w| times x with w's sign (dpbusd_legacy) */
+                    is[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[r]), _mm256_sign_epi8(x, w[r])), one);
+                else /* Q4_0: codes w + 8 against the lane starts -8 * (sum of the lane's 4 codes) */
+                    is[r] = _mm256_add_epi32(_mm256_load_si256((const __m256i *)(at + 32)), _mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), one));
+            }
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(is[0], is[1]), _mm256_hadd_epi32(is[2], is[3]));
+            const __m128i I4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            y4[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(I4), _mm_mul_ps(dw4, _mm_set1_ps(*(const float *)(at + 64))), y4[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        float v[4];
+        _mm_storeu_ps(v, y4[t]);
+        for (int r = 0; r < R; r++) y[t * ldy + r] = v[r];
+    }
+}
+#endif
+
 INL void gkern_chain(const int tyk, const int R, const int TT, const uint8_t *const *rows, const long nb,
                      const uint8_t *a, const long lda, float *y, const long ldy, const long pfo) {
     const int ty = tyk == TY_Q4_0_R8 ? TY_Q4_0 : tyk == TY_MXFP4_R8 ? TY_MXFP4 : TY_IQ4_NL;
+#if defined(SHARPI_AVX512_EMULATED)
+    if (TT <= CHAIN_AVX2_MAXT && ty != TY_MXFP4) { /* (MXFP4's measured 1.15x slower at one token: its E8M0 scales) */
+        chain_avx2(ty, R, TT, rows, nb, a, lda, y, ldy, pfo);
+        return;
+    }
+#endif
     if (TT == 1) { /* (2 or 3 tokens: padding the token group costs less than the scalar FMAs) */
         gkern_chain_blocks(ty, R, TT, rows, nb, a, lda, y, ldy, pfo);
         return;
