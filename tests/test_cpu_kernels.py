@@ -692,8 +692,7 @@ def test_avx2_build_gives_the_same_bits(tmp_path):
     build computes: every weight type's products (8-bit and fp32 activations, one and two rows, a verify pass,
     a prompt tile; Q4_0 / IQ4_NL / MXFP4 in llama.cpp's repacked order too), the repacked layouts, and SmolLM2's
     logits over a prompt pass and two one-token passes (attention, norms, RoPE, GLU, the wrapper-free decoding
-    loop). Runs where the CPU has AVX-512; on an
-    AVX2 CPU the llama.cpp oracles check the same build."""
+    loop). Runs where the CPU has AVX-512; on an AVX2 CPU the llama.cpp oracles check the same build."""
     if cpu.avx512_emulated():
         pytest.skip("this CPU has no AVX-512 build to compare with")
     from conftest import SMOL, model_path

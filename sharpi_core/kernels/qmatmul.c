@@ -706,13 +706,19 @@ static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 || t
 /* dpbusd(st, u, s) of a legacy type's block: st is the lanes' offset start (act_legacy_row). With
  * Q8_0's offset (codes u = w + 128, st = -128 * the lane's 4 activation codes) the result is w.s, which
  * an AVX2 CPU gets as ggml's mul_sum_i8_pairs does: |w| times s with w's sign (2 * 128 * 127 < 2^15). */
+#if defined(SHARPI_AVX512_EMULATED)
+/* signed weights w times signed activations x, 4 products a 32-bit lane: |w| times x with w's sign (ggml's
+ * mul_sum_i8_pairs; no vpdpbusd on AVX2) */
+INL __m256i sdot_avx2(const __m256i w, const __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+#endif
+
 INL __m512i dpbusd_legacy(const int ty, __m512i st, __m512i u, __m512i s) {
     if (legacy_offset(ty) != 128) return dpbusd_u7(st, u, s);
 #if defined(SHARPI_AVX512_EMULATED)
-    const __m256i one = _mm256_set1_epi16(1), m80 = _mm256_set1_epi8((char)0x80);
-    const __m256i wl = _mm256_xor_si256(u.lo, m80), wh = _mm256_xor_si256(u.hi, m80);
-    return sx_si(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wl), _mm256_sign_epi8(s.lo, wl)), one),
-                 _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wh), _mm256_sign_epi8(s.hi, wh)), one));
+    const __m256i m80 = _mm256_set1_epi8((char)0x80);
+    return sx_si(sdot_avx2(_mm256_xor_si256(u.lo, m80), s.lo), sdot_avx2(_mm256_xor_si256(u.hi, m80), s.hi));
 #else
     return dpbusd(st, u, s);
 #endif
@@ -998,7 +1004,7 @@ INL void chain_avx2(const int ty, const int R, const int TT, const uint8_t *cons
                     const long lda, float *y, const long ldy, const long pfo) {
     const int BB = unit_bytes(ty), off = legacy_offset(ty); /* Q4_0 / IQ4_NL: d (fp16), then the codes */
     const __m256i m0f = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_xor_si128(_mm_loadu_si128(nl_values(ty)), _mm_set1_epi8((char)0x80)));
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128(nl_values(ty)));
     __m128 y4[MAXT];
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) y4[t] = _mm_setzero_ps();
@@ -1015,7 +1021,7 @@ INL void chain_avx2(const int ty, const int R, const int TT, const uint8_t *cons
             const __m128i q = _mm_loadu_si128((const __m128i *)(br + 2));
             w[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m0f);
             if (off == 128) /* IQ4_NL: the signed table values */
-                w[r] = _mm256_xor_si256(_mm256_shuffle_epi8(tab, w[r]), _mm256_set1_epi8((char)0x80));
+                w[r] = _mm256_shuffle_epi8(tab, w[r]);
             if (r < R) dw[r] = block_d(ty, br);
         }
         const __m128 dw4 = _mm_loadu_ps(dw);
@@ -1026,8 +1032,8 @@ INL void chain_avx2(const int ty, const int R, const int TT, const uint8_t *cons
             __m256i is[4];
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
-                if (off == 128) /* |w| times x with w's sign (dpbusd_legacy) */
-                    is[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[r]), _mm256_sign_epi8(x, w[r])), one);
+                if (off == 128)
+                    is[r] = sdot_avx2(w[r], x);
                 else /* Q4_0: codes w + 8 against the lane starts -8 * (sum of the lane's 4 codes) */
                     is[r] = _mm256_add_epi32(_mm256_load_si256((const __m256i *)(at + 32)), _mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), one));
             }
