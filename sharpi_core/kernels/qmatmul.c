@@ -2305,8 +2305,57 @@ static void unpack_q41_group(const uint8_t *src, long nb, uint8_t *const rows[4]
     }
 }
 
+#if defined(SHARPI_AVX512_EMULATED)
+/* l4kern on AVX2 in its own 256-bit vectors, one a row (see l5_avx2): the same bits */
+INL void l4_avx2(const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a, const long lda, float *y,
+                 const long ldy, const long pfo) {
+    __m256 acc[MAXT][4];
+    __m128 sm[MAXT];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
+        sm[t] = _mm_setzero_ps();
+    }
+    const __m256i m0f = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *g = rows[0] + b * L4B;
+        if (pfo && !(b & 3)) {
+#pragma GCC unroll 5
+            for (int o = 0; o < 4 * L4B; o += 64) _mm_prefetch((const char *)g + pfo + o, _MM_HINT_T1);
+        }
+        const __m256i s0 = _mm256_loadu_si256((const __m256i *)g), s1 = _mm256_loadu_si256((const __m256i *)(g + 32));
+        const __m256i w[4] = {_mm256_and_si256(s0, m0f), _mm256_and_si256(s1, m0f),
+                              _mm256_and_si256(_mm256_srli_epi16(s0, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(s1, 4), m0f)};
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 64))); /* d0..d3, m0..m3 */
+        const __m128 m4 = _mm256_extractf128_ps(dm, 1);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const uint8_t *at = a + t * lda + b * LCH;
+            const __m256i x = _mm256_load_si256((const __m256i *)at);
+            const __m256 dd = _mm256_mul_ps(dm, _mm256_broadcast_ss((const float *)(at + 64))); /* d_w[r] * d_x in 0-3 */
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                acc[t][r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(r)),
+                                            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), one)), acc[t][r]);
+            sm[t] = _mm_fmadd_ps(m4, _mm_broadcast_ss((const float *)(at + 68)), sm[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        float v[4];
+        _mm_storeu_ps(v, sm[t]);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) y[t * ldy + r] = hsum8(acc[t][r]) + v[r];
+    }
+}
+#endif
+
 INL void l4kern(const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a, const long lda, float *y,
                 const long ldy, const long pfo) {
+#if defined(SHARPI_AVX512_EMULATED) /* (1.0-1.4x the emulated code below at 1-8 tokens, measured) */
+    l4_avx2(TT, rows, nb, a, lda, y, ldy, pfo);
+    return;
+#endif
     __m512 accA[MAXT], accB[MAXT];
     __m128 sm[MAXT];
 #pragma GCC unroll 8
@@ -2404,8 +2453,59 @@ INL __m512i slli2_epi16(const __m256i a, const int s0, const int s1) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(a, s0)), _mm256_slli_epi16(a, s1), 1);
 }
 
+#if defined(SHARPI_AVX512_EMULATED)
+/* l5kern on AVX2 in its own 256-bit vectors, one a row (the emulated 512-bit code pairs rows 0-1 / 2-3 and pays for
+ * permutexvar's emulation and per-token doubled d products): the same integers, the same d_w * d_x per row and token,
+ * the same lane-wise FMAs and final hsum8, so the same bits. */
+INL void l5_avx2(const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a, const long lda, float *y,
+                 const long ldy, const long pfo) {
+    __m256 acc[MAXT][4];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10), one = _mm256_set1_epi16(1);
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *g = rows[0] + b * L5B;
+        if (pfo && !(b & 3)) {
+#pragma GCC unroll 6
+            for (int o = 0; o < 4 * L5B; o += 64) _mm_prefetch((const char *)g + pfo + o, _MM_HINT_T1);
+        }
+        /* bytes 0-31: row 0 (low nibbles), row 2 (high); 32-63: rows 1 and 3 */
+        const __m256i s0 = _mm256_loadu_si256((const __m256i *)g), s1 = _mm256_loadu_si256((const __m256i *)(g + 32));
+        /* the 5th bits of elements 0-15 | 16-31, row r's in bit r of each byte (the 16-bit shift right brings the
+         * next byte's low bits into bits 4-7 only; a shift left by 4 - r then takes bit 4 from bit r of the same byte) */
+        const __m128i h = _mm_loadu_si128((const __m128i *)(g + 64));
+        const __m256i hv = _mm256_set_m128i(_mm_srli_epi16(h, 4), h);
+        __m256i w[4];
+        w[0] = _mm256_or_si256(_mm256_and_si256(s0, m0f), _mm256_and_si256(_mm256_slli_epi16(hv, 4), m10));
+        w[1] = _mm256_or_si256(_mm256_and_si256(s1, m0f), _mm256_and_si256(_mm256_slli_epi16(hv, 3), m10));
+        w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(s0, 4), m0f), _mm256_and_si256(_mm256_slli_epi16(hv, 2), m10));
+        w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(s1, 4), m0f), _mm256_and_si256(_mm256_slli_epi16(hv, 1), m10));
+        const __m256 d4 = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(g + 80))));
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const uint8_t *at = a + t * lda + b * LCH;
+            const __m256i x = _mm256_load_si256((const __m256i *)at), st = _mm256_load_si256((const __m256i *)(at + 32));
+            const __m256 dd = _mm256_mul_ps(d4, _mm256_broadcast_ss((const float *)(at + 64))); /* d_w[r] * d_x */
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __m256i I = _mm256_add_epi32(st, _mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), one));
+                acc[t][r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(r)), _mm256_cvtepi32_ps(I), acc[t][r]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) y[t * ldy + r] = hsum8(acc[t][r]);
+}
+#endif
+
 INL void l5kern(const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a, const long lda, float *y,
                 const long ldy, const long pfo) {
+#if defined(SHARPI_AVX512_EMULATED) /* (1.0-1.4x the emulated code below at 1-8 tokens, measured) */
+    l5_avx2(TT, rows, nb, a, lda, y, ldy, pfo);
+    return;
+#endif
     __m512 accA[MAXT], accB[MAXT];
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) accA[t] = accB[t] = _mm512_setzero_ps();
