@@ -2502,7 +2502,7 @@ INL void l5_avx2(const int TT, const uint8_t *const *rows, const long nb, const 
 
 INL void l5kern(const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a, const long lda, float *y,
                 const long ldy, const long pfo) {
-#if defined(SHARPI_AVX512_EMULATED) /* (1.0-1.4x the emulated code below at 1-8 tokens, measured) */
+#if defined(SHARPI_AVX512_EMULATED) /* (1.0-1.15x the emulated code below at 1-8 tokens, measured) */
     l5_avx2(TT, rows, nb, a, lda, y, ldy, pfo);
     return;
 #endif
