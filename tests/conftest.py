@@ -76,8 +76,9 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_collection_finish(session):
     """The emulated GPU's model tests (test_simt.py) start in the background as soon as they are
-    selected: see test_simt.start_model_groups_early."""
-    if session.config.option.collectonly:
+    selected: see test_simt.start_model_groups_early. Not in a pytest-xdist worker: every worker collects every
+    test, so each would start them, and only the one that runs the test waits for its own."""
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return
     for item in session.items:
         if item.name == "test_model_tests_pass_on_the_emulated_gpu":
