@@ -576,6 +576,143 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
     if (threadIdx.x == 0) out[r] = vi;
 }
 
+// ---- sampling on the device (a draft model's proposals at temp > 0) ---------------------------------
+// A key orders a (value, id) pair as the sampler chain's top-k does: the larger value first, the lower
+// id on a tie (-0 taken as +0); a NaN above everything (its row has no distribution); 0 below every key
+// (padding). A row's top-k: its chunks of at most TOPK_SORT values sorted in shared memory, a block each,
+// each keeping its first k keys (topk_part_f32); then those of all chunks sorted by one block, whose
+// first k are the row's (topk_sample), which also computes the chain's law over them and draws a token.
+#define TOPK_SORT 4096
+#define TOPK_MAX 64
+typedef unsigned long long u64;
+
+SH_D u64 topk_key(float v, int i) {
+    u32 b = f32_bits(v == 0.0f ? 0.0f : v);
+    b = v != v ? 0xffffffffu : (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    return ((u64)b << 32) | (u64)(0xffffffffu - (u32)i);
+}
+SH_D float topk_value(u64 k) {
+    const u32 b = (u32)(k >> 32);
+    return bits_f32((b & 0x80000000u) ? b & 0x7fffffffu : ~b);
+}
+SH_D int topk_id(u64 k) { return (int)(0xffffffffu - (u32)k); }
+
+// the n (a power of 2) keys of s sorted in decreasing order by the block (bitonic; ends synchronised)
+SH_D void topk_sort_desc(u64* s, int n) {
+    for (int k = 2; k <= n; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const int l = i ^ j;
+                if (l > i) {
+                    const u64 a = s[i], b = s[l];
+                    if ((i & k) == 0 ? a < b : a > b) s[i] = b, s[l] = a;
+                }
+            }
+            __syncthreads();
+        }
+}
+
+SH_D int pow2_at_least(int n) {
+    int p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+// grid (S, T), chunk * S >= n, chunk <= TOPK_SORT, K <= TOPK_MAX: the K first keys of row r's chunk c
+// (of x + bias) into keys[(r * S + c) * K ...], padded with 0
+extern "C" __global__ void topk_part_f32(const float* __restrict__ x, i64 x_st, int n,
+                                         const float* __restrict__ bias, int has_bias, int chunk, int K,
+                                         u64* keys) {
+    KERNEL_BEGIN();
+    __shared__ u64 s[TOPK_SORT];
+    const int r = blockIdx.y, lo = blockIdx.x * chunk, m = imax(0, imin(n, lo + chunk) - lo);
+    const float* xr = x + (i64)r * x_st;
+    const int np2 = pow2_at_least(imax(m, K));
+    for (int i = threadIdx.x; i < np2; i += blockDim.x)
+        s[i] = i < m ? topk_key(has_bias ? xr[lo + i] + bias[lo + i] : xr[lo + i], lo + i) : 0ull;
+    __syncthreads();
+    topk_sort_desc(s, np2);
+    for (int j = threadIdx.x; j < K; j += blockDim.x) keys[((i64)r * gridDim.x + blockIdx.x) * K + j] = s[j];
+}
+
+// grid (T): row r's top K of its S chunks' keys, the sampler chain's law over them (top-k -> top-p ->
+// min-p -> temperature, as sampling._plain_candidates computes it, in float32) and a token drawn from it
+// with the uniform u[r] in [0, 1): out[r * o_st ...] = the token's id (-1: no distribution: a NaN, or
+// nothing above -inf), then the K candidates' ids (-1 past the row), then their probabilities' float bits
+// (0 where the chain cut them; they sum to 1 up to rounding); tok[r] = the id (0 for -1), which the next
+// pass of a chain reads. The draw: the first candidate whose running sum of probabilities exceeds u times
+// their total, so a token's chance is its probability as written, to float32 rounding.
+extern "C" __global__ void topk_sample(const u64* __restrict__ keys, int S, int K, float temp, float top_p,
+                                       float min_p, int min_keep, const float* __restrict__ u, int* out,
+                                       i64 o_st, int* tok) {
+    KERNEL_BEGIN();
+    __shared__ u64 s[TOPK_SORT];
+    __shared__ float p[TOPK_MAX];
+    __shared__ int chosen[1];
+    const int r = blockIdx.x, m = S * K, np2 = pow2_at_least(m);
+    for (int i = threadIdx.x; i < np2; i += blockDim.x) s[i] = i < m ? keys[(i64)r * m + i] : 0ull;
+    __syncthreads();
+    topk_sort_desc(s, np2);
+    if (threadIdx.x == 0) {
+        int nv = 0;  // candidates (keys above the padding)
+        while (nv < K && s[nv] != 0ull) nv++;
+        const float v0 = nv ? topk_value(s[0]) : 0.0f;
+        int pick = -1;
+        for (int j = 0; j < K; j++) p[j] = 0.0f;
+        if (nv && v0 == v0 && v0 != neg_inf()) {
+            int n = nv;
+            if (v0 == -neg_inf()) {  // +inf logits (a bias): nothing else can be drawn, each as likely
+                n = 0;
+                while (n < nv && topk_value(s[n]) == v0) n++;
+                for (int j = 0; j < n; j++) p[j] = 1.0f / (float)n;
+            } else {
+                if (top_p < 1.0f && n > 1) {  // the first prefix whose softmax mass reaches top_p
+                    float tot = 0.0f;
+                    for (int j = 0; j < n; j++) tot += expf(topk_value(s[j]) - v0);
+                    float c = 0.0f;
+                    for (int j = 0; j < n; j++) {
+                        c += expf(topk_value(s[j]) - v0) / tot;
+                        if (c >= top_p) {
+                            n = imax(j + 1, imin(min_keep, n));
+                            break;
+                        }
+                    }
+                }
+                if (min_p > 0.0f && n > 1) {
+                    const float thr = v0 + logf(min_p);
+                    int cnt = 0;
+                    for (int j = 0; j < n; j++) cnt += topk_value(s[j]) >= thr;
+                    n = imax(1, imin(n, imax(min_keep, cnt)));
+                }
+                float tot = 0.0f;
+                for (int j = 0; j < n; j++) tot += (p[j] = expf((topk_value(s[j]) - v0) / temp));
+                for (int j = 0; j < n; j++) p[j] /= tot;
+            }
+            float tot = 0.0f;
+            for (int j = 0; j < n; j++) tot += p[j];
+            const float target = u[r] * tot;
+            float c = 0.0f;
+            for (int j = 0; j < n; j++) {
+                c += p[j];
+                if (p[j] > 0.0f) pick = j;
+                if (p[j] > 0.0f && target < c) break;
+            }
+        }
+        chosen[0] = pick;
+    }
+    __syncthreads();
+    int* o = out + (i64)r * o_st;
+    for (int j = threadIdx.x; j < K; j += blockDim.x) {
+        o[1 + j] = s[j] != 0ull ? topk_id(s[j]) : -1;
+        o[1 + K + j] = (int)f32_bits(p[j]);
+    }
+    if (threadIdx.x == 0) {
+        const int id = chosen[0] >= 0 ? topk_id(s[chosen[0]]) : -1;
+        o[0] = id;
+        tok[r] = imax(id, 0);
+    }
+}
+
 // ---- attention -------------------------------------------------------------------------------------
 //
 // Q [T, H, Dk] fp32 (row t at Q + t*q_st, head h at + h*Dk), already roped. Cache row of position j,

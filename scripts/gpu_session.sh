@@ -159,6 +159,13 @@ quick)  # (carry .gpu/a) the stand-ins built, then the decode speeds: plain, wha
     timed 150 spec_synth env SHARPI_SPEC_LOOKAHEAD=0 python3 scripts/bench_spec.py --device cuda --which qwen \
         --target /tmp/sharpi/synth/$Q15 --draft /tmp/sharpi/synth/$Q05 --ks 2,4,6 --synth-lens 2.86,4.5,5.73 \
         --temps 0 -n 128
+    # sampling (temp 0.7, k = 4, at 4.50 tokens a pass: the real pair's at temp 0.7 too, README's CPU table): the draft's
+    # proposals drawn on the device (sample_chain, since 2026-12-05) against drawn on the host one pass at a time
+    for dev in 1 0; do
+        timed 90 spec_synth_t07_dev$dev env SHARPI_SPEC_LOOKAHEAD=0 SHARPI_DEVICE_SAMPLE=$dev python3 scripts/bench_spec.py \
+            --device cuda --which qwen --target /tmp/sharpi/synth/$Q15 --draft /tmp/sharpi/synth/$Q05 --ks 4 \
+            --synth-lens 4.5 --temps 0.7 -n 128 --reps 2
+    done
     at done
     ;;
 why)  # (carry .gpu/a) what a decoding step's slow small kernels wait on: Nsight Compute's stall reasons for

@@ -41,6 +41,7 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     Q8_BLOCKS,
     Q_ROUND,
     SUPPORTED,
+    TOPK_MAX,
     TYPE_NAMES,
     WeightBase,
     _attention_shapes,
@@ -56,6 +57,8 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     q8_0_row_bytes,
     q8_row_bytes,
     row_bytes,
+    sample_out_width,
+    topk_splits,
 )
 from sharpi_core.kernels import cpu
 from sharpi_core.quants import q8_0_blocks, q8_parts, quantize_q8_blocks
@@ -596,4 +599,25 @@ def argmax(x, bias=None, out=None, work=None, stream=None):
     if out.dtype != np.int32 or out.shape != ids.shape:
         raise ValueError(f"out must be int32 {ids.shape}")
     out[...] = ids
+    return out
+
+
+def sample_top_k(x, k: int, temp: float, top_p: float, min_p: float, min_keep: int, u, bias=None, out=None,
+                 tok=None, work=None, stream=None):
+    """The real sample_top_k's rows ([token, k ids, k probabilities' bits]), by its host twin sample_law."""
+    from sharpi_core.backends.cuda import sample_law
+    T, n = x.shape
+    if topk_splits(n, k) is None:
+        raise ValueError(f"a top-k of {k} over {n} values cannot be sampled on the device")
+    v = x if bias is None else x + bias
+    rows = np.zeros((T, sample_out_width(k)), np.int32)
+    for r in range(T):
+        t, ids, p = sample_law(v[r], k, temp, top_p, min_p, min_keep, float(u[r]))
+        rows[r, 0], rows[r, 1:k + 1], rows[r, k + 1:] = t, ids, p.view(np.int32)
+    if out is None:
+        out = rows
+    else:
+        out[...] = rows
+    if tok is not None:
+        tok[...] = np.maximum(rows[:, 0], 0)
     return out

@@ -379,6 +379,68 @@ def test_argmax_is_numpys_with_ties_nans_infs_and_bias(n):
     assert want[5] != 0 and want[0] == n - 2
 
 
+@pytest.mark.parametrize("n,k", [(50, 40), (5000, 40), (49152, 64), (151936, 7)])
+def test_device_sampling_is_the_sampler_chains_law_and_draws_by_it(n, k):
+    """sample_top_k: the top k (ties to the lower id, bias added), the chain's law over them (top-p, min-p,
+    temperature: the host chain's candidates, probabilities to float32 rounding) and the token the uniform
+    picks by the inverse of its running sum; rows without a distribution give -1."""
+    from sharpi_core.sampling import SamplingParams, _plain_candidates
+    rng = np.random.default_rng(n + k)
+    T = 8
+    x = (rng.standard_normal((T, n + 3)) * 2).astype(np.float32)
+    x[1, :] = np.float32(-np.inf)                           # nothing to draw: -1
+    x[2, [n // 3, n - 1, n // 7]] = 30.0                    # a tie across chunks, all three kept
+    x[2, 5] = 29.0
+    x[3, [n // 2, n // 5]] = np.nan                         # no distribution: -1
+    x[4, :] = np.round(x[4, :])                             # many ties at the cut: the lowest ids
+    x[5, 1] = np.inf                                        # a +inf logit: the only token
+    x[6, :n // 2] = -np.inf                                 # half banned
+    x[7, :] = 0.5
+    x[7, 0] = -0.0
+    bias = np.zeros(n, np.float32)
+    bias[n - 2] = 3.0
+    u = rng.random(T).astype(np.float32)
+    u[0] = 0.0
+    d = cp.asarray(x)[:, :n]                                # a strided view
+    for params in (SamplingParams(temp=0.8, top_k=k), SamplingParams(temp=1.3, top_k=k, top_p=0.7, min_p=0.1),
+                   SamplingParams(temp=0.5, top_k=k, top_p=1.0, min_p=0.0, min_keep=3)):
+        args = (k, params.temp, params.top_p, params.min_p, params.min_keep)
+        for b in (None, bias):
+            out = cp.full((T + 1, cb.sample_out_width(k)), 7, dtype=cp.int32)
+            tok = cp.full(T + 2, -5, dtype=cp.int32)
+            _, S = cb.topk_splits(n, k)
+            work = cp.empty(T * S * k, cp.uint64)
+            cb.sample_top_k(d, *args, cp.asarray(u), bias=None if b is None else cp.asarray(b), out=out[:T],
+                            tok=tok[1:T + 1], work=work)
+            got = cp.asnumpy(out)
+            assert (got[T] == 7).all() and cp.asnumpy(tok)[[0, T + 1]].tolist() == [-5, -5]
+            np.testing.assert_array_equal(cp.asnumpy(tok)[1:T + 1], np.maximum(got[:T, 0], 0))
+            xb = x[:, :n] + (0 if b is None else b)
+            for r in range(T):
+                t, ids, p = got[r, 0], got[r, 1:k + 1], got[r, k + 1:].view(np.float32)
+                want_t, want_ids, want_p = cb.sample_law(xb[r], *args, float(u[r]))
+                if r in (1, 3):
+                    assert t == want_t == -1 and not p.any()
+                    continue
+                assert t == want_t and t >= 0, (r, t, want_t)
+                np.testing.assert_array_equal(ids, want_ids)
+                np.testing.assert_allclose(p, want_p, rtol=2e-6, atol=1e-9)
+                kept = p > 0
+                assert kept.any() and t in ids[kept]
+                if r == 5:
+                    assert ids[kept].tolist() == [1]
+                    continue
+                idx, q = _plain_candidates(xb[r].copy(), params)  # the host chain (float64 at the end)
+                live = q > 0  # (the same set and law; the host orders equal values as its sort leaves them)
+                mine, host = np.argsort(ids[kept]), np.argsort(idx[live])
+                assert ids[kept][mine].tolist() == idx[live][host].tolist(), r
+                np.testing.assert_allclose(p[kept][mine], q[live][host], rtol=2e-5)
+                c = np.cumsum(p[kept], dtype=np.float32)          # the draw: the inverse of the running sum
+                assert ids[kept][np.searchsorted(c, np.float32(u[r]) * c[-1], side="right")] == t
+    with pytest.raises(ValueError, match="cannot be sampled on the device"):
+        cb.sample_top_k(d, 65, 0.8, 1.0, 0.0, 0, cp.asarray(u))
+
+
 @pytest.mark.parametrize("blk", [32, 64, 128, 256])
 def test_hadamard_is_the_cpu_rotation_bit_for_bit(blk):
     from sharpi_core.kv_cache import rotate

@@ -448,6 +448,75 @@ def test_device_argmax_and_greedy_chain_are_the_host_argmax(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_sampled_draft_chains_draw_each_token_by_the_law_they_bring_back(kind):
+    """A sampling draft's proposals drawn on the device (sample_chain, DraftModelDrafter): each pass's top-k law is
+    sample_law of the logits the pass computes (logit bias added), its token the draw by that pass's uniform, fed to
+    the next pass; the drafter's q rows are those laws and it stops as its host loop does."""
+    from sharpi_core.backends.cuda import sample_law
+    gmodel, _, tok = on(kind, SMOL)
+    ids = tok.encode("Once upon a time, in a small village by the sea, there lived an old fisherman who")
+    bias = ((int(sorted(tok.eog_ids)[0]), float("-inf")), (279, 1.5))
+    params = SamplingParams(temp=1.5, top_k=20, top_p=0.97, min_p=0.01, logit_bias=bias)
+    assert gmodel.can_sample(params) and not gmodel.can_sample(SamplingParams(temp=0.8, repeat_penalty=1.1))
+    assert not gmodel.can_sample(SamplingParams(temp=0.0)) and not gmodel.can_sample(SamplingParams(top_k=0))
+    law = (params.top_k, params.temp, params.top_p, params.min_p, params.min_keep)
+    quick = EMULATED_QUICK and kind == "cuda"  # (emulated: one head, a capture and a replay, chains of 3)
+    k = 3 if quick else 5
+    for n_out in (None,) if quick else (None, 1000):
+        cache, ref_cache = gmodel.new_cache(64), gmodel.new_cache(64)
+        for i, start in enumerate((6, 0) if quick else (6, 2, 0)):  # the first chain of a shape is captured, the others launched
+            for c in (cache, ref_cache):
+                c.truncate(0)
+                gmodel.forward(torch.tensor(ids[:start]), 0, c) if start else None
+            u = np.random.default_rng(start).random(k)
+            launches = gmodel.graph_launches
+            toks, top, q = gmodel.sample_chain(torch.tensor(ids[start:start + 5]), start, cache, k, params, u,
+                                               n_out=n_out)
+            assert gmodel.graph_launches == launches + (i > 0)
+            feed, pos = ids[start:start + 5], start
+            for j in range(k):
+                row = gmodel.forward(torch.tensor(feed), pos, ref_cache, last_n=1, n_out=n_out)[-1].numpy().copy()
+                for b, v in bias:
+                    row[b] += np.float32(v)
+                t, want_ids, want_p = sample_law(row, *law, float(np.float32(u[j])))
+                assert toks[j] == t and top[j].tolist() == want_ids.tolist(), (n_out, start, j)
+                np.testing.assert_allclose(q[j].numpy(), want_p, rtol=2e-6, atol=1e-9)
+                pos += len(feed)
+                feed = [t]
+            assert cache.length == ref_cache.length == start + 5 + k - 1
+    if quick:  # (the drafter's use of the chain: the stand-in's run below)
+        return
+    # the drafter: its q rows are the chain's laws, the same uniforms from its generator, and it stops after an
+    # unsure draw (the largest probability under P_STOP) as its host loop does
+    drafter = DraftModelDrafter(gmodel, gmodel.new_cache(64), params, generator=torch.Generator().manual_seed(3))
+    assert drafter.device_sample and not drafter.chain
+    u = torch.rand(6, generator=torch.Generator().manual_seed(3), dtype=torch.float64).numpy()
+    props, qs = drafter.propose(ids[:9], 6)
+    toks, top, q = gmodel.sample_chain(torch.tensor(ids[:9]), 0, gmodel.new_cache(64), 6, params, u)
+    unsure = [j for j in range(6) if float(q[j].max()) < drafter.p_stop]
+    n = unsure[0] + 1 if unsure else 6
+    assert props == toks[:n].tolist() and qs.shape == (n, gmodel.config.n_vocab)
+    for j in range(n):
+        assert torch.equal(qs[j][top[j][q[j] > 0]], q[j][q[j] > 0]) and int((qs[j] > 0).sum()) == int((q[j] > 0).sum())
+    assert drafter.history == ids[:9] + toks[:5].tolist() and drafter.forwards == 6
+    for p in (SamplingParams(temp=0.8, repeat_penalty=1.1), SamplingParams(temp=0.8, top_k=0)):
+        assert not DraftModelDrafter(gmodel, gmodel.new_cache(16), p).device_sample
+
+
+def test_sampled_speculation_with_device_drafts_accepts_a_self_draft():
+    """Sampling (temp 0.8) with the model drafting for itself on the device: the draft's law (float32, top-k on
+    the device) is the target's chain to rounding, so nearly every proposal is accepted (ids or laws mixed up
+    would reject most), and the run goes on past proposals cut short."""
+    gmodel, _, tok = on("fake", SMOL)
+    params = SamplingParams(temp=0.8, logit_bias=tuple((int(e), float("-inf")) for e in sorted(tok.eog_ids)))
+    drafter = DraftModelDrafter(gmodel, gmodel.new_cache(256), params, generator=torch.Generator().manual_seed(1))
+    g = Generator(gmodel, gmodel.new_cache(256), tok, params, seed=7, drafter=drafter, spec_n_max=4)
+    out = g.generate(tok.encode("Write a short story about a cat who learns to fly."), n_predict=24)
+    assert drafter.device_sample and drafter.forwards > 0
+    assert out.spec.drafted >= 10 and out.spec.accepted >= 0.9 * out.spec.drafted, (out.spec.accepted, out.spec.drafted)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_generation_with_device_argmax_is_the_generation_without(kind):
     gmodel, _, tok = on(kind, SMOL)
     prompt = tok.encode("Repeat after me: the red fox, the red fox, the red fox, the red fox,")

@@ -91,6 +91,8 @@ ATT_MAX_ROWS = 65535   # attention puts query rows in grid.y
 ATT_PARTIALS_BYTES = 256 << 20  # split-attention partials of one launch, at most
 ARGMAX_MIN_CHUNK = 2048  # values one block of argmax_part_f32 scans, at least
 ARGMAX_MAX_SPLITS = 64
+TOPK_SORT = 4096  # keys one block of topk_part_f32 / topk_sample sorts (ops.cu's)
+TOPK_MAX = 64     # the largest top-k sampled on the device (ops.cu's)
 # No contraction of a*b+c into fused multiply-adds beyond the kernels' explicit ones (sh_fma): the
 # arithmetic is then the one tests/simt's emulator (and the host compiler) does, up to the math
 # library's expf / tanhf / sincosf, so emulated results predict the GPU's.
@@ -1300,6 +1302,24 @@ def attention(q, k_cache, v_cache, positions, n_kv: int, scale: float, *, window
 
 # ---- greedy decoding on the device --------------------------------------------------------------
 
+def _bias_arg(cp, bias, n: int) -> tuple:
+    """(the device array, has_bias) of a logit bias float32 [n] or None."""
+    if bias is None:
+        return _dummy(cp), 0
+    if bias.dtype != cp.float32 or bias.size != n or not bias.flags.c_contiguous:
+        raise ValueError(f"bias must be a contiguous float32 [{n}] device array")
+    return bias, 1
+
+
+def _int32_out(cp, a, shape: tuple, what: str):
+    """a (a new array if None), checked to be a contiguous int32 array of that shape."""
+    if a is None:
+        return cp.empty(shape, dtype=cp.int32)
+    if a.dtype != cp.int32 or tuple(a.shape) != shape or not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be a contiguous int32 {list(shape)} array")
+    return a
+
+
 def argmax_splits(n: int) -> tuple[int, int]:
     """(chunk, splits) of a row of n values: one block per chunk, then one combining block per row."""
     S = max(1, min(ARGMAX_MAX_SPLITS, _ceil_div(n, ARGMAX_MIN_CHUNK)))
@@ -1318,16 +1338,8 @@ def argmax(x, bias=None, out=None, work=None, stream=None):
         T, n = x.shape
         x2, x_st = _rows2d(cp, x, n, "x")
         chunk, S = argmax_splits(n)
-        if bias is None:
-            bd, has_b = _dummy(cp), 0
-        else:
-            bd, has_b = bias, 1
-            if bd.dtype != cp.float32 or bd.size != n or not bd.flags.c_contiguous:
-                raise ValueError(f"bias must be a contiguous float32 [{n}] device array")
-        if out is None:
-            out = cp.empty(T, dtype=cp.int32)
-        elif out.dtype != cp.int32 or tuple(out.shape) != (T,) or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a contiguous int32 [{T}] array")
+        bd, has_b = _bias_arg(cp, bias, n)
+        out = _int32_out(cp, out, (T,), "out")
         if work is None:
             pv, pi = cp.empty(T * S, dtype=cp.float32), cp.empty(T * S, dtype=cp.int32)
         else:
@@ -1339,3 +1351,99 @@ def argmax(x, bias=None, out=None, work=None, stream=None):
                 x2, _i64(x_st), _i32(n), bd, _i32(has_b), _i32(chunk), pv, pi))
             function("ops", "argmax_comb")((T,), (64,), (pv, pi, _i32(S), out))
     return out
+
+
+# ---- sampling on the device (a draft model's proposals at temp > 0) -----------------------------------
+
+def topk_splits(n: int, k: int) -> tuple[int, int] | None:
+    """(chunk, splits) of a row of n values for a top-k of k on the device, or None where it cannot be
+    done there (k outside 1..TOPK_MAX, or a row so long that its splits' k keys each exceed TOPK_SORT)."""
+    if not 0 < k <= TOPK_MAX or n < 1:
+        return None
+    S = _ceil_div(n, TOPK_SORT)
+    chunk = _ceil_div(n, S)
+    S = _ceil_div(n, chunk)
+    return (chunk, S) if S * k <= TOPK_SORT else None
+
+
+def sample_out_width(k: int) -> int:
+    """int32 values a row of sample_top_k's output takes: the token, k ids, k probabilities' bits."""
+    return 1 + 2 * k
+
+
+def sample_top_k(x, k: int, temp: float, top_p: float, min_p: float, min_keep: int, u, bias=None, out=None,
+                 tok=None, work=None, stream=None):
+    """A token drawn from each row of x float32 [T, n] (+ bias float32 [n]) by the default sampler chain,
+    top-k (k <= TOPK_MAX) -> top-p -> min-p -> temperature, on the device: int32 [T, 1 + 2k] rows of the
+    token's id (-1: the row has no distribution), the top k's ids (-1 past the row) and their
+    probabilities (float32 bits; 0 where the chain cut them), the draw by the uniforms u float32 [T] in
+    [0, 1). The law is the chain's as sampling._plain_candidates computes it, but in float32 (the probabilities
+    as written are the law the token was drawn from, to float32 rounding: what a draft's q must be; see
+    sample_law for the same on the host). tok: int32 [T], the ids (0 for -1), e.g. a chain's next input;
+    work: a uint64 device array of T * splits * k keys, for a call that must not allocate."""
+    cp = _cupy()
+    with _on(stream):
+        T, n = x.shape
+        x2, x_st = _rows2d(cp, x, n, "x")
+        sp = topk_splits(n, k)
+        if sp is None:
+            raise ValueError(f"a top-k of {k} over {n} values cannot be sampled on the device")
+        chunk, S = sp
+        bd, has_b = _bias_arg(cp, bias, n)
+        if u.dtype != cp.float32 or u.size != T or not u.flags.c_contiguous:
+            raise ValueError(f"u must be a contiguous float32 [{T}] device array")
+        w = sample_out_width(k)
+        out, tok = _int32_out(cp, out, (T, w), "out"), _int32_out(cp, tok, (T,), "tok")
+        if work is None:
+            keys = cp.empty(T * S * k, dtype=cp.uint64)
+        else:
+            keys = work.reshape(-1)
+            if keys.dtype != cp.uint64 or keys.size < T * S * k:
+                raise ValueError(f"sample work buffer must hold {T * S * k} uint64 values")
+        if T and n:
+            function("ops", "topk_part_f32")((S, T), (256,), (
+                x2, _i64(x_st), _i32(n), bd, _i32(has_b), _i32(chunk), _i32(k), keys))
+            function("ops", "topk_sample")((T,), (256,), (
+                keys, _i32(S), _i32(k), _f32(temp), _f32(top_p), _f32(min_p), _i32(min_keep), u, out, _i64(w), tok))
+    return out
+
+
+def sample_law(row: np.ndarray, k: int, temp: float, top_p: float, min_p: float, min_keep: int,
+               u: float) -> tuple[int, np.ndarray, np.ndarray]:
+    """topk_sample's arithmetic on the host for one row float32 [n] (bias added): (token id or -1, the top k's
+    ids [k] (-1 past the row), their float32 probabilities [k]). The kernel's float32 operations in its
+    order (running sums as float32 cumsums), with the C library's expf / logf, as the emulator computes them
+    (a GPU's math library may differ in a last bit)."""
+    from ..libm import expf, logf
+    f = np.float32
+    x = np.asarray(row, dtype=f)
+    x = np.where(x == 0, f(0), x)  # (-0 as +0)
+    nan = np.flatnonzero(np.isnan(x))
+    order = nan[:k] if nan.shape[0] else np.lexsort((np.arange(x.shape[0]), -x.astype(np.float64)))[:k]
+    ids = np.full(k, -1, np.int64)
+    ids[:order.shape[0]] = order
+    p = np.zeros(k, f)
+    vals = x[order]
+    if nan.shape[0] or not vals.shape[0] or vals[0] == -np.inf:
+        return -1, ids, p
+    v0, m = vals[0], vals.shape[0]
+    if v0 == np.inf:
+        m = int(np.count_nonzero(vals == np.inf))
+        p[:m] = f(1) / f(m)
+    else:
+        if top_p < 1.0 and m > 1:
+            e = expf(vals - v0)
+            reached = np.flatnonzero(np.cumsum(e / np.cumsum(e, dtype=f)[-1], dtype=f) >= f(top_p))
+            if reached.shape[0]:
+                m = max(int(reached[0]) + 1, min(min_keep, m))
+        if min_p > 0.0 and m > 1:
+            thr = f(v0 + logf(f(min_p)))
+            m = max(1, min(m, max(min_keep, int(np.count_nonzero(vals[:m] >= thr)))))
+        z = expf((vals[:m] - v0) / f(temp))
+        p[:m] = z / np.cumsum(z, dtype=f)[-1]
+    c = np.cumsum(p[:m], dtype=f)
+    target = f(f(u) * c[-1])
+    live = np.flatnonzero(p[:m] > 0)
+    hit = live[c[live] > target]
+    pick = int(hit[0]) if hit.shape[0] else int(live[-1])
+    return int(ids[pick]), ids, p

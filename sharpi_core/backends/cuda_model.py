@@ -10,7 +10,11 @@ stream, so a target and its draft queue their kernels independently.
 Greedy decoding needs only arg-maxes, which are taken here so that 4 bytes a row come back instead of
 the logits: `forward_argmax` (a plain step, a verify pass) and `greedy_chain` (a draft's k proposals,
 each pass fed the last one's arg-max on the device, one graph). SHARPI_DEVICE_ARGMAX=0 turns them off
-(`device_argmax`, which the generator and the drafter look at).
+(`device_argmax`, which the generator and the drafter look at). A sampling draft (temp > 0, the default
+chain) draws its proposals here too: `sample_chain` runs the k passes as one graph, each pass's top-k
+law computed and a token drawn from it on the device and fed to the next pass, and brings back the
+tokens with each law (k x top-k ids and probabilities: q for the verification) instead of k logits rows
+and k round trips. SHARPI_DEVICE_SAMPLE=0 turns it off (`device_sample`, `can_sample`).
 
 Numerics follow llama.cpp's CPU backend where it decides tokens: activations are rounded through the
 same 8-bit blocks before every quantized matmul (ops.round_act; fp32 activations would move these
@@ -58,6 +62,7 @@ from .cuda import GPU_CACHE_TYPES, MAX_BATCH
 MIXED = "mixed"  # a projection whose matmuls round their input differently
 GRAPHS = switch("SHARPI_CUDA_GRAPH")
 DEVICE_ARGMAX = switch("SHARPI_DEVICE_ARGMAX")
+DEVICE_SAMPLE = switch("SHARPI_DEVICE_SAMPLE")
 FUSE = switch("SHARPI_CUDA_FUSE")
 # attention's splits combined by its own launch's last block per row (a launch a layer less, a serial
 # tail in one block: which wins is measured on a GPU by scripts/gpu_session.sh part3)
@@ -295,6 +300,8 @@ class CudaTransformer:
         self.use_graphs = GRAPHS and hasattr(ops, "capture")
         # greedy steps take the arg-max here and bring back 4 bytes a row (forward_argmax, greedy_chain)
         self.device_argmax = DEVICE_ARGMAX
+        # sampling drafts draw their proposals here and bring back each one's top-k law (sample_chain)
+        self.device_sample = DEVICE_SAMPLE
         self._biases: dict = {}   # (logit bias pairs, width) -> dense device bias
         self.graph_launches = 0   # passes run as a graph launch (tests, benchmarks)
         # steps done inside the kernels around them (same bits; SHARPI_CUDA_FUSE=0 launches each alone)
@@ -399,6 +406,39 @@ class CudaTransformer:
                              f"cache of {cache.capacity}")
         return self._pass(ids, None, start_pos, cache, 1, n_out, argmax=(tuple(bias), k), wait=wait)
 
+    def can_sample(self, params, n_out: int | None = None) -> bool:
+        """Whether sample_chain can draw with these params: temp > 0, the default chain (top-k -> top-p -> min-p
+        -> temperature) with a top-k of 1..TOPK_MAX that the logits row's width allows on the device, no
+        penalties (they depend on the history; a logit bias is fine, its ids distinct)."""
+        ids = [i for i, _ in params.logit_bias]
+        n = n_out if n_out is not None and n_out < self.config.n_vocab else self.config.n_vocab
+        return (self.device_sample and not params.greedy and params.plain_chain and not params.history_dependent
+                and not params.adaptive_on and len(set(ids)) == len(ids)
+                and self.ops.topk_splits(n, int(params.top_k)) is not None)
+
+    def sample_chain(self, tokens, start_pos: int, cache: CudaKVCache, k: int, params, u,
+                     n_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens at start_pos, then k-1 one-token passes, each fed the token drawn from the pass before by
+        the sampler chain on the device (ops.sample_top_k: params' top-k -> top-p -> min-p -> temperature, its
+        logit bias added; can_sample(params) must hold), by the uniforms u [k] in [0, 1) -> (the k tokens,
+        int64 [k] (-1: that row had nothing to draw, and the passes after it were fed id 0), the top-k's ids
+        int64 [k, top_k], the law they were drawn from float32 [k, top_k]): a sampling draft's proposals and
+        their q in one graph launch and one transfer. The cache then holds tokens + the first k-1 draws."""
+        ids = self._ids(tokens, start_pos, cache)
+        if k < 1 or start_pos + ids.shape[0] + k - 1 > cache.capacity:
+            raise ValueError(f"a chain of {k} from position {start_pos + ids.shape[0]} does not fit the "
+                             f"cache of {cache.capacity}")
+        # (a double just under 1 rounds to 1.0 as a float32: the largest float below it instead)
+        u = np.minimum(np.asarray(u, dtype=np.float64).reshape(-1), 1.0 - 2.0 ** -24).astype(np.float32)
+        if u.shape[0] != k:
+            raise ValueError(f"{u.shape[0]} uniforms for a chain of {k}")
+        K = int(params.top_k)
+        spec = (tuple(params.logit_bias), k, K, float(params.temp), float(params.top_p), float(params.min_p),
+                int(params.min_keep))
+        host = self._pass(ids, None, start_pos, cache, 1, n_out, sample=spec, u=u)
+        return (torch.from_numpy(host[:, 0].astype(np.int64)), torch.from_numpy(host[:, 1:K + 1].astype(np.int64)),
+                torch.from_numpy(np.ascontiguousarray(host[:, K + 1:]).view(np.float32)))
+
     def forward_hidden(self, x: torch.Tensor, start_pos: int, cache: CudaKVCache, last_n: int | None = None,
                        n_out: int | None = None) -> torch.Tensor:
         """The residual stream x [T, D] (a CPU tensor, after layers [0, first_layer)) through this
@@ -415,38 +455,40 @@ class CudaTransformer:
         return tokens.numpy().astype(np.int32)
 
     def _pass(self, ids, hidden, start_pos: int, cache: CudaKVCache, last_n: int | None, n_out: int | None,
-              argmax: tuple | None = None, wait: bool = True):
+              argmax: tuple | None = None, wait: bool = True, sample: tuple | None = None, u=None):
         """ids int32 [T] (or hidden float32 [T, D]) at start_pos -> logits, through a graph where it
         can; argmax = (logit bias pairs, chain length): the arg-maxes instead (int64), see greedy_chain;
-        wait=False: a Pending of that."""
+        wait=False: a Pending of that; sample = (logit bias pairs, chain length, top-k, temp, top-p, min-p,
+        min-keep) with the uniforms u float32 [chain]: the draws' rows instead (int32 numpy, see sample_chain)."""
         c, s = self.config, self.stream
         T = ids.shape[0] if ids is not None else hidden.shape[0]
         if T == 0:
             return torch.zeros(0, c.n_vocab) if argmax is None else torch.zeros(0, dtype=torch.long)
         last_n = last_n if last_n is not None and last_n < T else None
         n_out = n_out if n_out is not None and n_out < c.n_vocab else None
-        end = start_pos + T + (0 if argmax is None else argmax[1] - 1)  # a chain's passes after the first add one each
+        chain = argmax[1] if argmax is not None else sample[1] if sample is not None else 1
+        end = start_pos + T + chain - 1  # a chain's passes after the first add one each
         positions = np.arange(start_pos, end, dtype=np.int32)
         ca = _CacheArrays(cache)
         with s:
             self._controls()
             if T > self.ops.MAX_BATCH or self.trace is not None or not self.use_graphs:
                 bufs = _Buffers(self.xp, False)
-                inputs = self._inputs(bufs, ids, hidden, positions)
-                out = self._run(bufs, inputs, ca, end, last_n, n_out, argmax)
+                inputs = self._inputs(bufs, ids, hidden, positions, u)
+                out = self._run(bufs, inputs, ca, end, last_n, n_out, argmax, sample)
             else:
                 graphs = self._graphs.setdefault(cache, {})
-                key = (T, last_n, n_out, ids is None, self.flash_attn, argmax)
+                key = (T, last_n, n_out, ids is None, self.flash_attn, argmax, sample)
                 g = graphs.get(key)
                 if g is None:
                     # the first pass of this shape runs eagerly (compiling kernels, sizing the workspace
                     # and the tables), then its launches are captured for the next ones
                     bufs = self._ws
-                    inputs = self._inputs(bufs, ids, hidden, positions)
-                    out = self._run(bufs, inputs, ca, ca.capacity, last_n, n_out, argmax)
+                    inputs = self._inputs(bufs, ids, hidden, positions, u)
+                    out = self._run(bufs, inputs, ca, ca.capacity, last_n, n_out, argmax, sample)
                     try:
                         graph = self.ops.capture(
-                            lambda: self._run(bufs, inputs, ca, ca.capacity, last_n, n_out, argmax), s)
+                            lambda: self._run(bufs, inputs, ca, ca.capacity, last_n, n_out, argmax, sample), s)
                     except Exception as e:  # graphs only save launch time: go on without them
                         print(f"warning: CUDA graph capture failed ({type(e).__name__}: {e}); "
                               "launching kernels one by one", file=sys.stderr)
@@ -456,7 +498,7 @@ class CudaTransformer:
                                 *self._biases.values(), *self._cv.values(), self._att_cnt]
                         graphs[key] = _Graph(graph, inputs, out, keep)
                 else:
-                    self._upload(g.inputs, ids, hidden, positions)
+                    self._upload(g.inputs, ids, hidden, positions, u)
                     g.graph.launch(stream=s)
                     self.graph_launches += 1
                     out = g.result
@@ -464,19 +506,26 @@ class CudaTransformer:
             if not wait:
                 return Pending(self.ops.to_host_async(out, stream=s), argmax is not None)
             host = self.ops.to_host(out, stream=s)  # waits for this stream's work
+        if sample is not None:
+            return host
         return torch.from_numpy(host if argmax is None else host.astype(np.int64))
 
-    def _inputs(self, bufs, ids, hidden, positions) -> tuple:
-        """The device arrays of the pass's token ids (or hidden state) and positions, uploaded."""
+    def _inputs(self, bufs, ids, hidden, positions, u=None) -> tuple:
+        """The device arrays of the pass's token ids (or hidden state) and positions (and a sampling chain's
+        uniforms), uploaded."""
         first = bufs.get("tok", ids.shape, np.int32) if ids is not None else bufs.get("x", hidden.shape)
         inputs = (first, bufs.get("pos", positions.shape, np.int32))
-        self._upload(inputs, ids, hidden, positions)
+        if u is not None:
+            inputs += (bufs.get("u", u.shape),)
+        self._upload(inputs, ids, hidden, positions, u)
         return inputs
 
-    def _upload(self, inputs: tuple, ids, hidden, positions) -> None:
-        first, pos = inputs
+    def _upload(self, inputs: tuple, ids, hidden, positions, u=None) -> None:
+        first, pos = inputs[:2]
         self.ops.upload(first, ids if ids is not None else hidden, stream=self.stream)
         self.ops.upload(pos, positions, stream=self.stream)
+        if u is not None:
+            self.ops.upload(inputs[2], u, stream=self.stream)
 
     def _bias(self, pairs: tuple, n: int):
         """The logit bias as a dense device vector of width n (None without one)."""
@@ -513,13 +562,30 @@ class CudaTransformer:
         return self._att_cnt
 
     def _run(self, b: _Buffers, inputs: tuple, cache: _CacheArrays, n_kv: int, last_n: int | None,
-             n_out: int | None, argmax: tuple | None):
+             n_out: int | None, argmax: tuple | None, sample: tuple | None = None):
         """The pass (_body) and, with argmax = (bias pairs, chain), the arg-max of each logits row,
         then chain - 1 one-token passes, each fed the last arg-max -> logits or int32 ids [rows + chain - 1]
-        (views in b). inputs: (token ids [T], positions [T + chain - 1])."""
-        first, pos = inputs
+        (views in b); with sample (see _pass) a draw instead of each arg-max -> int32 [chain, 1 + 2 top-k]
+        (sample_top_k's rows). inputs: (token ids [T], positions [T + chain - 1][, uniforms [chain]])."""
+        first, pos = inputs[:2]
         T = int(first.shape[0])
         logits = self._body(b, (first, pos[:T]), cache, n_kv, last_n, n_out)
+        if sample is not None:
+            pairs, chain, K, temp, top_p, min_p, min_keep = sample
+            u = inputs[2]
+            n = logits.shape[1]  # (one row: a chain's first pass keeps its last)
+            bias = self._bias(pairs, n)
+            _, S = self.ops.topk_splits(n, K)
+            ids = b.get("ids", (chain,), np.int32)
+            out = b.get("draws", (chain, self.ops.sample_out_width(K)), np.int32)
+            work = b.get("topk_keys", (S * K,), np.uint64)
+            law = (K, temp, top_p, min_p, min_keep)
+            self.ops.sample_top_k(logits, *law, u[:1], bias, out=out[:1], tok=ids[:1], work=work, stream=self.stream)
+            for i in range(1, chain):
+                logits = self._body(b, (ids[i - 1:i], pos[T + i - 1:T + i]), cache, n_kv, None, n_out)
+                self.ops.sample_top_k(logits, *law, u[i:i + 1], bias, out=out[i:i + 1], tok=ids[i:i + 1], work=work,
+                                      stream=self.stream)
+            return out
         if argmax is None:
             return logits
         pairs, chain = argmax

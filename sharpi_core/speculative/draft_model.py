@@ -72,6 +72,9 @@ class DraftModelDrafter:
         self._prefix: list[int] = []
         self.forwards = 0  # forward passes run (stats/tests)
         self.chain = argmax_on_device(model, params)
+        # sampling on a GPU that draws the proposals itself (sample_chain): one launch and one small transfer
+        # for k proposals and their laws, as a greedy chain
+        self.device_sample = bool(getattr(model, "can_sample", None) and model.can_sample(params, self.n_out))
         self.lookahead = self.chain and LOOKAHEAD
         self._ahead = None  # a Pending chain queued for the history self.history (see the module's doc)
         self.lookahead_hits = 0
@@ -157,6 +160,31 @@ class DraftModelDrafter:
             self._look_ahead(out[k], min(self._k_max, 2 * k))
         return tokens
 
+    def _propose_sampled(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+        """The k proposals drawn on the device (sample_chain), each with the law q it was drawn from; as
+        propose's loop they end at a row with nothing to draw and after an unsure draw (p_stop)."""
+        n = self._reuse(history)
+        last = n + (len(history) - 1 - n) // self.n_batch * self.n_batch  # where _sync's last chunk starts
+        self._sync(history, last)
+        tail = list(history[last:])
+        u = torch.rand(k, generator=self.generator, dtype=torch.float64).numpy()
+        toks, ids, probs = self.model.sample_chain(self._ids(tail), last, self.cache, k, self.params, u,
+                                                   n_out=self.n_out)
+        toks, ids, probs = toks.tolist(), ids.numpy(), probs.numpy()
+        self.history += tail + toks[:k - 1]  # what the cache holds: the chain fed all but its last draw
+        self.forwards += k
+        tokens: list[int] = []
+        qs = np.zeros((k, self.n_out or self.n_vocab), dtype=np.float32)  # (the rows the draft computes)
+        for i, t in enumerate(toks):
+            if t < 0:  # (a draft whose logits broke down costs its proposals, not the generation)
+                break
+            kept = probs[i] > 0
+            qs[i, ids[i][kept]] = probs[i][kept]
+            tokens.append(t)
+            if self.p_stop > 0 and float(probs[i].max()) < self.p_stop:
+                break
+        return tokens, (torch.from_numpy(qs[:len(tokens)]) if tokens else None)
+
     def _look_ahead(self, guess: int, k: int) -> None:
         """Queue the next step's chain (k proposals and a guess) from `guess`, without waiting."""
         start = len(self.history)
@@ -222,6 +250,8 @@ class DraftModelDrafter:
         if self.chain:
             self._k_max = max(self._k_max, k)
             return self._propose_chain(history, k), None
+        if self.device_sample and self._grammar is None and self._picker is None:
+            return self._propose_sampled(history, k)
         self._reuse(history)
         logits = self._sync(history)
         tokens: list[int] = []
