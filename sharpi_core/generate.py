@@ -45,7 +45,7 @@ import torch
 from .errors import SharpiError
 from .grammar import grammar_need
 from .sampling import (AdaptiveP, Mirostat, NoDistribution, SamplingParams, apply_penalties, argmax_on_device,
-                       filtered_probs, sample)
+                       draw, filtered_probs, sample)
 from .speculative import SpecCost, accept_argmax, accept_greedy, accept_sampled
 from .speculative.hybrid import DRAFT_COST, VERIFY_ROW
 from .speculative.synthetic import conditional
@@ -287,6 +287,12 @@ class Generator:
         self._observe = getattr(drafter, "observe", None) if self.speculate else None
         if self._observe is not None:
             self.device_argmax = False
+        # sampled steps and verify passes whose law (the default chain's) the model computes where its logits are,
+        # drawing a step's token there (a GPU: the top-k law comes back instead of the logits; SHARPI_DEVICE_SAMPLE=0
+        # turns it off there): the plain steps and the acceptance test then share that law, so the output is an
+        # exact sample of it either way
+        self.device_sample = (bool(getattr(model, "can_sample", None)) and model.can_sample(params) and grammar is None
+                              and self.picker is None and self._observe is None)
         # a grammar (grammar.TokenGrammar) masks what the chain sees after bias, penalties and DRY; its
         # state follows the picked tokens and starts over at each generate() call
         self.grammar = grammar
@@ -469,10 +475,14 @@ class Generator:
             return DRAFT_COST
         return m.weight_bytes / max(self.model.weight_bytes, 1)
 
-    def _forward(self, tokens: list[int], start: int, **kw) -> torch.Tensor:
+    def _forward(self, tokens: list[int], start: int, u=None, **kw):
         """Logits [T, V] of tokens at start; with device_argmax their rows' arg-maxes [T] (logit bias
-        included), taken by the model where the logits are."""
+        included), taken by the model where the logits are; with device_sample their laws and draws by the
+        uniforms u [T] (zeros by default: a verify pass draws nothing), forward_sample's (tokens, ids, probabilities)."""
         x = torch.tensor(tokens, dtype=torch.long)
+        if self.device_sample:
+            return self.model.forward_sample(x, start, self.cache, self.params,
+                                             np.zeros(len(tokens)) if u is None else u, **kw)
         if self.device_argmax:
             return self.model.forward_argmax(x, start, self.cache, self.params.logit_bias, **kw)
         if self._observe is not None:
@@ -486,13 +496,22 @@ class Generator:
         start = len(self.history)
         self.cache.keep_states(len(tokens))  # (recurrent layers: their states before each row stay, for the rollback)
         if not self.batch_verify:
-            return torch.cat([self._forward([tok], start + i) for i, tok in enumerate(tokens)])
-        # a pass longer than the model's exact_rows would sum in the prompt's order, not the one-token passes': a
-        # long proposal (n-gram drafters, --spec-draft-n-max >= 32) is verified in passes of at most that many rows
-        n = self.model.exact_rows
-        return torch.cat([self._forward(tokens[i:i + n], start + i, decode=True) for i in range(0, len(tokens), n)])
+            parts = [self._forward([tok], start + i) for i, tok in enumerate(tokens)]
+        else:
+            # a pass longer than the model's exact_rows would sum in the prompt's order, not the one-token passes':
+            # a long proposal (n-gram drafters, --spec-draft-n-max >= 32) is verified in passes of at most that many
+            n = self.model.exact_rows
+            parts = [self._forward(tokens[i:i + n], start + i, decode=True) for i in range(0, len(tokens), n)]
+        return tuple(map(torch.cat, zip(*parts))) if self.device_sample else torch.cat(parts)
 
     def _plain_step(self, t: int) -> int:
+        if self.device_sample:  # (the law and the draw where the logits are)
+            u = torch.rand(1, generator=self.rng, dtype=torch.float64).numpy()
+            tok = int(self._forward([t], len(self.history), u)[0][-1])
+            self.history.append(t)
+            if tok < 0:
+                raise NoDistribution()
+            return tok
         out = self._forward([t], len(self.history))[-1]
         self.history.append(t)
         if self.device_argmax:
@@ -585,6 +604,8 @@ class Generator:
             n, nxt = self._accept_synthetic(fed, out, t)
         elif self.device_argmax:
             n, nxt = accept_argmax(props, out.tolist())
+        elif self.device_sample:
+            n, nxt = self._accept_laws(props, q, out)
         else:
             rows = apply_penalties(out, self._penalty_rows(t, props, out.shape[0]), self.params)
             if self.grammar is not None:
@@ -628,6 +649,9 @@ class Generator:
             n += 1
         if self.device_argmax:
             return n, int(out[n])
+        if self.device_sample:
+            _, ids, probs = out
+            return n, int(ids[n][draw(probs[n], self.rng)])
         return n, self._sample(out[n], [t] + fed[:n])
 
     def _verify_grammar(self, props: list[int], q, rows: torch.Tensor) -> tuple[int, int | None]:
@@ -654,7 +678,7 @@ class Generator:
         law from the sampler chain, or a picker's (mirostat, adaptive-p) in the state the drafts before it
         lead to (its state then moves past the accepted drafts and the next token). dead_after: every
         draft accepted leaves nothing to draw (the grammar allows no token there), the next token is None."""
-        states = None
+        states = sides = None
         broken = False
         if self.picker is None:
             try:
@@ -667,6 +691,24 @@ class Generator:
             pn, states, sides, broken = self.picker.rows(rows.detach().to("cpu", torch.float32).numpy(), self.params,
                                                          props, self.rng)
             p = torch.from_numpy(pn)
+        return self._accept_p(props, q, p, broken, dead_after, states, sides)
+
+    def _accept_laws(self, props: list[int], q, laws: tuple) -> tuple[int, int | None]:
+        """accept_sampled on the laws the model computed for the verify rows (forward_sample's top-k ids and
+        probabilities, made [R, V]); the rows before one with no distribution decide, as in _accept_sampled."""
+        _, ids, probs = laws
+        live = (probs > 0).any(dim=1)
+        r0 = int(live.logical_not().nonzero()[0]) if not bool(live.all()) else int(ids.shape[0])
+        if r0 == 0:
+            raise NoDistribution()
+        keep = probs[:r0] > 0
+        p = torch.zeros(r0, self.n_vocab)
+        p[torch.arange(r0).unsqueeze(1).expand(-1, ids.shape[1])[keep], ids[:r0][keep]] = probs[:r0][keep]
+        return self._accept_p(props, q, p, r0 < ids.shape[0])
+
+    def _accept_p(self, props: list[int], q, p: torch.Tensor, broken: bool, dead_after: bool = False, states=None,
+                  sides=None) -> tuple[int, int | None]:
+        """accept_sampled with the verify rows' laws p [R, V] (broken: a row after them had none)."""
         # a picker's rows stop at a draft it cannot draw (certain rejection); broken ones before the first broken row
         k = min(len(props), p.shape[0])
         if dead_after or broken:  # a stand-in bonus row, never drawn from

@@ -451,7 +451,8 @@ def test_device_argmax_and_greedy_chain_are_the_host_argmax(kind):
 def test_sampled_draft_chains_draw_each_token_by_the_law_they_bring_back(kind):
     """A sampling draft's proposals drawn on the device (sample_chain, DraftModelDrafter): each pass's top-k law is
     sample_law of the logits the pass computes (logit bias added), its token the draw by that pass's uniform, fed to
-    the next pass; the drafter's q rows are those laws and it stops as its host loop does."""
+    the next pass; the drafter's q rows are those laws and it stops as its host loop does. forward_sample: the same
+    for each row of one pass."""
     from sharpi_core.backends.cuda import sample_law
     gmodel, _, tok = on(kind, SMOL)
     ids = tok.encode("Once upon a time, in a small village by the sea, there lived an old fisherman who")
@@ -484,6 +485,18 @@ def test_sampled_draft_chains_draw_each_token_by_the_law_they_bring_back(kind):
                 pos += len(feed)
                 feed = [t]
             assert cache.length == ref_cache.length == start + 5 + k - 1
+    # a pass of several rows (a verify pass, with uniforms: a plain step's draw) -> each row's law and draw
+    for c in (cache, ref_cache):
+        c.truncate(4)
+    u = np.array([0.25, 0.999, 0.5])
+    toks, top, q = gmodel.forward_sample(torch.tensor(ids[4:7]), 4, cache, params, u)
+    rows = gmodel.forward(torch.tensor(ids[4:7]), 4, ref_cache).numpy().copy()
+    for b, v in bias:
+        rows[:, b] += np.float32(v)
+    for j in range(3):
+        t, want_ids, want_p = sample_law(rows[j], *law, float(np.float32(u[j])))
+        assert toks[j] == t and top[j].tolist() == want_ids.tolist(), j
+        np.testing.assert_allclose(q[j].numpy(), want_p, rtol=2e-6, atol=1e-9)
     if quick:  # (the drafter's use of the chain: the stand-in's run below)
         return
     # the drafter: its q rows are the chain's laws, the same uniforms from its generator, and it stops after an
@@ -514,6 +527,44 @@ def test_sampled_speculation_with_device_drafts_accepts_a_self_draft():
     out = g.generate(tok.encode("Write a short story about a cat who learns to fly."), n_predict=24)
     assert drafter.device_sample and drafter.forwards > 0
     assert out.spec.drafted >= 10 and out.spec.accepted >= 0.9 * out.spec.drafted, (out.spec.accepted, out.spec.drafted)
+
+
+def test_sampled_steps_draw_where_the_logits_are():
+    """Sampling on a GPU model: after the prompt's token (the host's chain, from its logits), each plain step's token
+    is the device's draw (sample_law of the step's logits, logit bias added) by the next uniform of the generator's
+    stream; speculating, the verify rows' laws are those too (the self-draft's proposals all accepted); with
+    penalties, a grammar or SHARPI_DEVICE_SAMPLE off the logits come back as before."""
+    from sharpi_core.backends.cuda import sample_law
+    from sharpi_core.sampling import sample
+    gmodel, _, tok = on("fake", SMOL)
+    bias = tuple((int(e), float("-inf")) for e in sorted(tok.eog_ids)) + ((279, 1.0),)
+    params = SamplingParams(temp=0.9, top_k=30, logit_bias=bias)
+    prompt = tok.encode("The old lighthouse keeper looked out at the sea and")
+    g = Generator(gmodel, gmodel.new_cache(128), tok, params, seed=11)
+    assert g.device_sample
+    got = g.generate(prompt, n_predict=12).tokens
+    rng = torch.Generator().manual_seed(11)
+    cache = gmodel.new_cache(128)
+    logits = gmodel.forward(torch.tensor(prompt), 0, cache, last_n=1)[-1]
+    want = [sample(logits, params, rng)]
+    law = (params.top_k, params.temp, params.top_p, params.min_p, params.min_keep)
+    while len(want) < 12:
+        u = float(np.float32(torch.rand(1, generator=rng, dtype=torch.float64).item()))
+        row = gmodel.forward(torch.tensor(want[-1:]), len(prompt) + len(want) - 1, cache)[-1].numpy().copy()
+        for b, v in bias:
+            row[b] += np.float32(v)
+        want.append(sample_law(row, *law, u)[0])
+    assert got == want
+    drafter = DraftModelDrafter(gmodel, gmodel.new_cache(128), params, generator=torch.Generator().manual_seed(2))
+    gs = Generator(gmodel, gmodel.new_cache(128), tok, params, seed=5, drafter=drafter, spec_n_max=4)
+    spec = gs.generate(prompt, n_predict=24).spec
+    assert gs.device_sample and spec.drafted >= 8 and spec.accepted == spec.drafted, (spec.accepted, spec.drafted)
+    assert not Generator(gmodel, gmodel.new_cache(16), tok, SamplingParams(temp=0.9, repeat_penalty=1.1)).device_sample
+    gmodel.device_sample = False
+    try:
+        assert not Generator(gmodel, gmodel.new_cache(16), tok, params).device_sample
+    finally:
+        gmodel.device_sample = True
 
 
 @pytest.mark.parametrize("kind", KINDS)

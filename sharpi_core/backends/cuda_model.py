@@ -14,7 +14,8 @@ each pass fed the last one's arg-max on the device, one graph). SHARPI_DEVICE_AR
 chain) draws its proposals here too: `sample_chain` runs the k passes as one graph, each pass's top-k
 law computed and a token drawn from it on the device and fed to the next pass, and brings back the
 tokens with each law (k x top-k ids and probabilities: q for the verification) instead of k logits rows
-and k round trips. SHARPI_DEVICE_SAMPLE=0 turns it off (`device_sample`, `can_sample`).
+and k round trips; a target's sampled steps and verify passes (`forward_sample`) bring back their draws
+and laws the same way. SHARPI_DEVICE_SAMPLE=0 turns it off (`device_sample`, `can_sample`).
 
 Numerics follow llama.cpp's CPU backend where it decides tokens: activations are rounded through the
 same 8-bit blocks before every quantized matmul (ops.round_act; fp32 activations would move these
@@ -428,14 +429,37 @@ class CudaTransformer:
         if k < 1 or start_pos + ids.shape[0] + k - 1 > cache.capacity:
             raise ValueError(f"a chain of {k} from position {start_pos + ids.shape[0]} does not fit the "
                              f"cache of {cache.capacity}")
+        u = self._uniforms(u, k)
+        return self._draws(self._pass(ids, None, start_pos, cache, 1, n_out, sample=self._law(params, k), u=u), params)
+
+    def forward_sample(self, tokens, start_pos: int, cache: CudaKVCache, params, u, decode: bool = False,
+                       n_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As forward, but each row's law by the sampler chain and a token drawn from it by the uniform u[row]
+        on the device, as sample_chain's (tokens [T], ids [T, top_k], probabilities [T, top_k]): a sampled
+        step, or a verify pass's laws (p for the acceptance test), without bringing back the logits."""
+        ids = self._ids(tokens, start_pos, cache)
+        u = self._uniforms(u, ids.shape[0])
+        return self._draws(self._pass(ids, None, start_pos, cache, None, n_out, sample=self._law(params, 1), u=u),
+                           params)
+
+    @staticmethod
+    def _uniforms(u, n: int) -> np.ndarray:
         # (a double just under 1 rounds to 1.0 as a float32: the largest float below it instead)
         u = np.minimum(np.asarray(u, dtype=np.float64).reshape(-1), 1.0 - 2.0 ** -24).astype(np.float32)
-        if u.shape[0] != k:
-            raise ValueError(f"{u.shape[0]} uniforms for a chain of {k}")
+        if u.shape[0] != n:
+            raise ValueError(f"{u.shape[0]} uniforms for {n} draws")
+        return u
+
+    @staticmethod
+    def _law(params, chain: int) -> tuple:
+        """_pass's `sample`: (logit bias pairs, chain length, top-k, temp, top-p, min-p, min-keep)."""
+        return (tuple(params.logit_bias), chain, int(params.top_k), float(params.temp), float(params.top_p),
+                float(params.min_p), int(params.min_keep))
+
+    @staticmethod
+    def _draws(host: np.ndarray, params) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """sample_top_k's rows -> (tokens int64, top-k ids int64, probabilities float32)."""
         K = int(params.top_k)
-        spec = (tuple(params.logit_bias), k, K, float(params.temp), float(params.top_p), float(params.min_p),
-                int(params.min_keep))
-        host = self._pass(ids, None, start_pos, cache, 1, n_out, sample=spec, u=u)
         return (torch.from_numpy(host[:, 0].astype(np.int64)), torch.from_numpy(host[:, 1:K + 1].astype(np.int64)),
                 torch.from_numpy(np.ascontiguousarray(host[:, K + 1:]).view(np.float32)))
 
@@ -573,16 +597,17 @@ class CudaTransformer:
         if sample is not None:
             pairs, chain, K, temp, top_p, min_p, min_keep = sample
             u = inputs[2]
-            n = logits.shape[1]  # (one row: a chain's first pass keeps its last)
+            rows, n = logits.shape  # (a chain's first pass keeps its last row)
             bias = self._bias(pairs, n)
             _, S = self.ops.topk_splits(n, K)
-            ids = b.get("ids", (chain,), np.int32)
-            out = b.get("draws", (chain, self.ops.sample_out_width(K)), np.int32)
-            work = b.get("topk_keys", (S * K,), np.uint64)
+            ids = b.get("ids", (rows + chain - 1,), np.int32)
+            out = b.get("draws", (rows + chain - 1, self.ops.sample_out_width(K)), np.int32)
+            work = b.get("topk_keys", (rows * S * K,), np.uint64)
             law = (K, temp, top_p, min_p, min_keep)
-            self.ops.sample_top_k(logits, *law, u[:1], bias, out=out[:1], tok=ids[:1], work=work, stream=self.stream)
-            for i in range(1, chain):
-                logits = self._body(b, (ids[i - 1:i], pos[T + i - 1:T + i]), cache, n_kv, None, n_out)
+            self.ops.sample_top_k(logits, *law, u[:rows], bias, out=out[:rows], tok=ids[:rows], work=work,
+                                  stream=self.stream)
+            for i in range(rows, rows + chain - 1):  # rows == 1 here: the last draw is the next input
+                logits = self._body(b, (ids[i - 1:i], pos[T + i - rows:T + i - rows + 1]), cache, n_kv, None, n_out)
                 self.ops.sample_top_k(logits, *law, u[i:i + 1], bias, out=out[i:i + 1], tok=ids[i:i + 1], work=work,
                                       stream=self.stream)
             return out
