@@ -34,6 +34,8 @@
 #   norm's weights loaded with x, the 8-bit rounding in registers), emulator-checked only (the kernel tests,
 #   and on 2026-12-04 late all of tests/test_cuda_model.py emulated, Qwen 1.5B and its speculation included):
 #   part1's kernel tests and part2's model tests first, then `quick` (its attn_bench compares the attention paths).
+#   Since 2026-12-05 sampling (temp > 0) draws on the device (cuda/ops.cu's topk_part_f32 / topk_sample; emulator-
+#   checked only): part1 and part2 run its tests, `quick` times it against SHARPI_DEVICE_SAMPLE=0 (spec_synth_t07_*).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
