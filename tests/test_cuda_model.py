@@ -567,6 +567,36 @@ def test_sampled_steps_draw_where_the_logits_are():
         gmodel.device_sample = True
 
 
+def test_device_laws_of_verify_rows_stop_at_a_row_with_none():
+    """The acceptance test on the device's laws (Generator._accept_laws): a verify row without a distribution (NaN
+    logits) leaves the rows before it to decide, and reaching it by accepting every draft before it is the error
+    plain decoding meets there; as the host path (filtered_probs, _probs_before_broken) does."""
+    from sharpi_core.sampling import NoDistribution
+    gmodel, _, tok = on("fake", SMOL)
+    params = SamplingParams(temp=0.8, top_k=20)
+    g = Generator(gmodel, gmodel.new_cache(16), tok, params, seed=1)
+    assert g.device_sample
+    V = gmodel.config.n_vocab
+    rows = np.random.default_rng(0).standard_normal((4, V)).astype(np.float32)
+    rows[0, 10] = rows[1, 11] = 80.0  # drafts 10 and 11 certain to be accepted
+    rows[2, 7] = np.nan
+    law = cuda_fake.sample_top_k(rows, params.top_k, params.temp, params.top_p, params.min_p, params.min_keep,
+                                 np.zeros(4, np.float32))
+    laws = gmodel._draws(law, params)
+    for accepted in ((10, 11, 12), (10, 11)):  # the NaN row is reached (as the bonus row, too)
+        with pytest.raises(NoDistribution):
+            g._accept_laws(list(accepted), None, laws)
+    n, nxt = g._accept_laws([10, 5, 12], None, laws)  # the second draft rejected: row 1's law draws 11
+    assert (n, nxt) == (1, 11)
+    host = Generator(gmodel, gmodel.new_cache(16), tok, params, seed=1)
+    host.device_sample = False
+    assert host._accept_sampled([10, 5, 12], None, torch.from_numpy(rows)) == (1, 11)
+    laws_bad = gmodel._draws(cuda_fake.sample_top_k(rows[2:], params.top_k, params.temp, params.top_p, params.min_p,
+                                                    params.min_keep, np.zeros(2, np.float32)), params)
+    with pytest.raises(NoDistribution):  # the first row has none: nothing decides
+        g._accept_laws([3], None, laws_bad)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_generation_with_device_argmax_is_the_generation_without(kind):
     gmodel, _, tok = on(kind, SMOL)
