@@ -503,6 +503,7 @@ def test_sampled_draft_chains_draw_each_token_by_the_law_they_bring_back(kind):
     # unsure draw (the largest probability under P_STOP) as its host loop does
     drafter = DraftModelDrafter(gmodel, gmodel.new_cache(64), params, generator=torch.Generator().manual_seed(3))
     assert drafter.device_sample and not drafter.chain
+    drafter.lookahead = False  # (test_sampled_draft_looks_ahead_from_its_guess_of_the_bonus_token)
     u = torch.rand(6, generator=torch.Generator().manual_seed(3), dtype=torch.float64).numpy()
     props, qs = drafter.propose(ids[:9], 6)
     toks, top, q = gmodel.sample_chain(torch.tensor(ids[:9]), 0, gmodel.new_cache(64), 6, params, u)
@@ -514,6 +515,37 @@ def test_sampled_draft_chains_draw_each_token_by_the_law_they_bring_back(kind):
     assert drafter.history == ids[:9] + toks[:5].tolist() and drafter.forwards == 6
     for p in (SamplingParams(temp=0.8, repeat_penalty=1.1), SamplingParams(temp=0.8, top_k=0)):
         assert not DraftModelDrafter(gmodel, gmodel.new_cache(16), p).device_sample
+
+
+def test_sampled_draft_looks_ahead_from_its_guess_of_the_bonus_token():
+    """With the look-ahead a sampling draft's chain draws one more token, its guess of the target's bonus token, and
+    queues the next chain from it with the next uniforms of its generator: when the next history is that guess's,
+    the proposals are that chain's draws (a hit); otherwise a fresh chain draws them from the history."""
+    gmodel, _, tok = on("fake", SMOL)
+    ids = tok.encode("Once upon a time, in a small village by the sea, there lived an old fisherman who")
+    params = SamplingParams(temp=1.0, top_k=20, logit_bias=tuple((int(e), float("-inf")) for e in sorted(tok.eog_ids)))
+    drafter = DraftModelDrafter(gmodel, gmodel.new_cache(64), params, generator=torch.Generator().manual_seed(4))
+    assert drafter.lookahead and drafter.device_sample
+    drafter.p_stop = 0.0  # (no proposal cut short)
+    ref = torch.Generator().manual_seed(4)
+    uniforms = lambda: torch.rand(4, generator=ref, dtype=torch.float64).numpy()  # noqa: E731
+    h = ids[:9]
+    props, _ = drafter.propose(h, 3)  # a chain of 4 (3 proposals and the guess), then one of 4 queued from the guess
+    cache = gmodel.new_cache(64)
+    t1 = gmodel.sample_chain(torch.tensor(h), 0, cache, 4, params, uniforms())[0].tolist()
+    assert props == t1[:3]
+    drafter.rollback(len(h) + 3)  # all accepted, and the target's bonus token is the guess
+    t2 = gmodel.sample_chain(torch.tensor(t1[3:]), len(h) + 3, cache, 4, params, uniforms())[0].tolist()
+    h2 = h + t1
+    props, q = drafter.propose(h2, 3)
+    assert drafter.lookahead_hits == 1 and props == t2[:3] and q.shape[0] == 3
+    drafter.rollback(len(h2) + 1)  # the second rejected: the queued chain (from t2[3]) is dropped
+    h3 = h2 + [t2[0], (t2[1] + 1) % 1000]
+    props, _ = drafter.propose(h3, 3)
+    uniforms()  # (the queued chain's)
+    t3 = gmodel.sample_chain(torch.tensor(h3), 0, gmodel.new_cache(64), 4, params, uniforms())[0].tolist()
+    assert drafter.lookahead_hits == 1 and props == t3[:3]
+    assert drafter.cache.length >= len(drafter.history)
 
 
 def test_sampled_speculation_with_device_drafts_accepts_a_self_draft():
@@ -582,7 +614,7 @@ def test_device_laws_of_verify_rows_stop_at_a_row_with_none():
     rows[2, 7] = np.nan
     law = cuda_fake.sample_top_k(rows, params.top_k, params.temp, params.top_p, params.min_p, params.min_keep,
                                  np.zeros(4, np.float32))
-    laws = gmodel._draws(law, params)
+    laws = gmodel._draws(law, params.top_k)
     for accepted in ((10, 11, 12), (10, 11)):  # the NaN row is reached (as the bonus row, too)
         with pytest.raises(NoDistribution):
             g._accept_laws(list(accepted), None, laws)
@@ -592,7 +624,7 @@ def test_device_laws_of_verify_rows_stop_at_a_row_with_none():
     host.device_sample = False
     assert host._accept_sampled([10, 5, 12], None, torch.from_numpy(rows)) == (1, 11)
     laws_bad = gmodel._draws(cuda_fake.sample_top_k(rows[2:], params.top_k, params.temp, params.top_p, params.min_p,
-                                                    params.min_keep, np.zeros(2, np.float32)), params)
+                                                    params.min_keep, np.zeros(2, np.float32)), params.top_k)
     with pytest.raises(NoDistribution):  # the first row has none: nothing decides
         g._accept_laws([3], None, laws_bad)
 

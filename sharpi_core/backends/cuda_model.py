@@ -237,14 +237,14 @@ class _Layer:
 
 
 class Pending:
-    """The result of a pass launched without waiting: result() waits for its copy to the host."""
+    """The result of a pass launched without waiting: result() waits for its copy to the host and gives
+    convert(the host array)."""
 
-    def __init__(self, copy, ids: bool):
-        self._copy, self._ids = copy, ids
+    def __init__(self, copy, convert):
+        self._copy, self._convert = copy, convert
 
-    def result(self) -> torch.Tensor:
-        host = self._copy.get()
-        return torch.from_numpy(host.astype(np.int64) if self._ids else host)
+    def result(self):
+        return self._convert(self._copy.get())
 
 
 class CudaTransformer:
@@ -418,19 +418,20 @@ class CudaTransformer:
                 and self.ops.topk_splits(n, int(params.top_k)) is not None)
 
     def sample_chain(self, tokens, start_pos: int, cache: CudaKVCache, k: int, params, u,
-                     n_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     n_out: int | None = None, wait: bool = True):
         """tokens at start_pos, then k-1 one-token passes, each fed the token drawn from the pass before by
         the sampler chain on the device (ops.sample_top_k: params' top-k -> top-p -> min-p -> temperature, its
         logit bias added; can_sample(params) must hold), by the uniforms u [k] in [0, 1) -> (the k tokens,
         int64 [k] (-1: that row had nothing to draw, and the passes after it were fed id 0), the top-k's ids
         int64 [k, top_k], the law they were drawn from float32 [k, top_k]): a sampling draft's proposals and
-        their q in one graph launch and one transfer. The cache then holds tokens + the first k-1 draws."""
+        their q in one graph launch and one transfer. The cache then holds tokens + the first k-1 draws.
+        wait=False returns at once a Pending whose result() gives them (as greedy_chain's)."""
         ids = self._ids(tokens, start_pos, cache)
         if k < 1 or start_pos + ids.shape[0] + k - 1 > cache.capacity:
             raise ValueError(f"a chain of {k} from position {start_pos + ids.shape[0]} does not fit the "
                              f"cache of {cache.capacity}")
         u = self._uniforms(u, k)
-        return self._draws(self._pass(ids, None, start_pos, cache, 1, n_out, sample=self._law(params, k), u=u), params)
+        return self._pass(ids, None, start_pos, cache, 1, n_out, sample=self._law(params, k), u=u, wait=wait)
 
     def forward_sample(self, tokens, start_pos: int, cache: CudaKVCache, params, u, decode: bool = False,
                        n_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -439,8 +440,7 @@ class CudaTransformer:
         step, or a verify pass's laws (p for the acceptance test), without bringing back the logits."""
         ids = self._ids(tokens, start_pos, cache)
         u = self._uniforms(u, ids.shape[0])
-        return self._draws(self._pass(ids, None, start_pos, cache, None, n_out, sample=self._law(params, 1), u=u),
-                           params)
+        return self._pass(ids, None, start_pos, cache, None, n_out, sample=self._law(params, 1), u=u)
 
     @staticmethod
     def _uniforms(u, n: int) -> np.ndarray:
@@ -457,9 +457,8 @@ class CudaTransformer:
                 float(params.min_p), int(params.min_keep))
 
     @staticmethod
-    def _draws(host: np.ndarray, params) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """sample_top_k's rows -> (tokens int64, top-k ids int64, probabilities float32)."""
-        K = int(params.top_k)
+    def _draws(host: np.ndarray, K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """sample_top_k's rows (top-k K) -> (tokens int64, top-k ids int64, probabilities float32)."""
         return (torch.from_numpy(host[:, 0].astype(np.int64)), torch.from_numpy(host[:, 1:K + 1].astype(np.int64)),
                 torch.from_numpy(np.ascontiguousarray(host[:, K + 1:]).view(np.float32)))
 
@@ -491,6 +490,10 @@ class CudaTransformer:
         last_n = last_n if last_n is not None and last_n < T else None
         n_out = n_out if n_out is not None and n_out < c.n_vocab else None
         chain = argmax[1] if argmax is not None else sample[1] if sample is not None else 1
+        if sample is not None:
+            convert = lambda host: self._draws(host, sample[2])  # noqa: E731
+        else:
+            convert = lambda host: torch.from_numpy(host if argmax is None else host.astype(np.int64))  # noqa: E731
         end = start_pos + T + chain - 1  # a chain's passes after the first add one each
         positions = np.arange(start_pos, end, dtype=np.int32)
         ca = _CacheArrays(cache)
@@ -528,11 +531,8 @@ class CudaTransformer:
                     out = g.result
             cache.length = end
             if not wait:
-                return Pending(self.ops.to_host_async(out, stream=s), argmax is not None)
-            host = self.ops.to_host(out, stream=s)  # waits for this stream's work
-        if sample is not None:
-            return host
-        return torch.from_numpy(host if argmax is None else host.astype(np.int64))
+                return Pending(self.ops.to_host_async(out, stream=s), convert)
+            return convert(self.ops.to_host(out, stream=s))  # (waits for this stream's work)
 
     def _inputs(self, bufs, ids, hidden, positions, u=None) -> tuple:
         """The device arrays of the pass's token ids (or hidden state) and positions (and a sampling chain's

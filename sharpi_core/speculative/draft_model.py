@@ -9,13 +9,14 @@ the drafts so far), and q is returned, so sampled verification is exact. Greedy:
 model that takes arg-maxes itself (a GPU: greedy_chain) the catch-up pass and the k-1 steps run as
 one chain, each step fed the last one's arg-max on the device, one transfer of k ids at the end.
 
-Look-ahead (chains only; SHARPI_SPEC_LOOKAHEAD=0 turns it off): the chain runs one pass further, so
+Look-ahead (chains only, greedy or sampling; SHARPI_SPEC_LOOKAHEAD=0 turns it off): the chain runs one pass further, so
 it also yields the draft's guess g of the target's bonus token, and right after returning the
 proposals the drafter queues, on its own stream, the next step's chain from g, as if the target will
 accept all k and its bonus will be g. The target's verify pass then runs on the GPU beside it. If the
 guess holds (the next call's history is exactly the assumed one), the next proposals are already there;
-otherwise they are dropped with the cache rows they wrote. Proposals only: the target's verification,
-and so the output, does not depend on them (greedy: token for token the plain output).
+otherwise they are dropped with the cache rows they wrote. Proposals only: the target's verification
+decides, so the output does not depend on them (greedy: token for token the plain output; sampling: in
+law, each proposal being a draw from the draft's law at its history, with uniforms of its own).
 
 A history longer than the draft's context (-cd smaller than what the target holds) slides through it:
 the draft keeps the last half of its context and proposes from those tokens alone, their K moved down
@@ -75,7 +76,7 @@ class DraftModelDrafter:
         # sampling on a GPU that draws the proposals itself (sample_chain): one launch and one small transfer
         # for k proposals and their laws, as a greedy chain
         self.device_sample = bool(getattr(model, "can_sample", None) and model.can_sample(params, self.n_out))
-        self.lookahead = self.chain and LOOKAHEAD
+        self.lookahead = (self.chain or self.device_sample) and LOOKAHEAD
         self._ahead = None  # a Pending chain queued for the history self.history (see the module's doc)
         self.lookahead_hits = 0
         self._k_max = 0  # the most proposals asked for at once
@@ -162,20 +163,33 @@ class DraftModelDrafter:
 
     def _propose_sampled(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         """The k proposals drawn on the device (sample_chain), each with the law q it was drawn from; as
-        propose's loop they end at a row with nothing to draw and after an unsure draw (p_stop)."""
-        n = self._reuse(history)
-        last = n + (len(history) - 1 - n) // self.n_batch * self.n_batch  # where _sync's last chunk starts
-        self._sync(history, last)
-        tail = list(history[last:])
-        u = torch.rand(k, generator=self.generator, dtype=torch.float64).numpy()
-        toks, ids, probs = self.model.sample_chain(self._ids(tail), last, self.cache, k, self.params, u,
-                                                   n_out=self.n_out)
+        propose's loop they end at a row with nothing to draw and after an unsure draw (p_stop). With the
+        look-ahead the chain draws one more, the guess of the target's bonus token, and the next chain is
+        queued from it (as _propose_chain's): the guess holds when every proposal is accepted and the target
+        draws the same bonus token. Either way the proposals for a history are drawn from the draft's law there
+        with uniforms of their own, so the verification stays exact."""
+        ahead, self._ahead = self._ahead, None
+        m = k + 1 if self.lookahead else k
+        if ahead is not None and history == self.history:  # the guess held: that chain's draws are in the cache
+            toks, ids, probs = ahead.result()
+            k = min(k, toks.shape[0] - 1)
+            self.cache.truncate(len(history) + k)
+            self.lookahead_hits += 1
+        else:
+            n = self._reuse(history)
+            last = n + (len(history) - 1 - n) // self.n_batch * self.n_batch  # where _sync's last chunk starts
+            self._sync(history, last)
+            tail = list(history[last:])
+            u = torch.rand(m, generator=self.generator, dtype=torch.float64).numpy()
+            toks, ids, probs = self.model.sample_chain(self._ids(tail), last, self.cache, m, self.params, u,
+                                                       n_out=self.n_out)
+            self.history += tail
+            self.forwards += m
         toks, ids, probs = toks.tolist(), ids.numpy(), probs.numpy()
-        self.history += tail + toks[:k - 1]  # what the cache holds: the chain fed all but its last draw
-        self.forwards += k
+        self.history += toks[:k] if m > k else toks[:k - 1]  # what the cache holds: the chain fed all but its last
         tokens: list[int] = []
         qs = np.zeros((k, self.n_out or self.n_vocab), dtype=np.float32)  # (the rows the draft computes)
-        for i, t in enumerate(toks):
+        for i, t in enumerate(toks[:k]):
             if t < 0:  # (a draft whose logits broke down costs its proposals, not the generation)
                 break
             kept = probs[i] > 0
@@ -183,6 +197,8 @@ class DraftModelDrafter:
             tokens.append(t)
             if self.p_stop > 0 and float(probs[i].max()) < self.p_stop:
                 break
+        if m > k and len(tokens) == k and toks[k] >= 0:  # (proposals cut short: the guess's history cannot come)
+            self._look_ahead(toks[k], min(self._k_max, 2 * k))
         return tokens, (torch.from_numpy(qs[:len(tokens)]) if tokens else None)
 
     def _look_ahead(self, guess: int, k: int) -> None:
@@ -190,8 +206,13 @@ class DraftModelDrafter:
         start = len(self.history)
         if start + 1 + k > self.cache.capacity:
             return
-        self._ahead = self.model.greedy_chain(self._ids([guess]), start, self.cache, k + 1,
-                                              self.params.logit_bias, n_out=self.n_out, wait=False)
+        if self.device_sample:
+            u = torch.rand(k + 1, generator=self.generator, dtype=torch.float64).numpy()
+            self._ahead = self.model.sample_chain(self._ids([guess]), start, self.cache, k + 1, self.params, u,
+                                                  n_out=self.n_out, wait=False)
+        else:
+            self._ahead = self.model.greedy_chain(self._ids([guess]), start, self.cache, k + 1,
+                                                  self.params.logit_bias, n_out=self.n_out, wait=False)
         self.history.append(guess)
         self.forwards += k + 1
 
@@ -251,7 +272,9 @@ class DraftModelDrafter:
             self._k_max = max(self._k_max, k)
             return self._propose_chain(history, k), None
         if self.device_sample and self._grammar is None and self._picker is None:
+            self._k_max = max(self._k_max, k)
             return self._propose_sampled(history, k)
+        self._drop_ahead()
         self._reuse(history)
         logits = self._sync(history)
         tokens: list[int] = []
