@@ -14,7 +14,8 @@ transformers loading the same GGUF. This script never installs or builds a peer:
 decoding achieves (bytes of the weights one token reads x tokens/s) next to the GPU's peak. Decode
 there is the product's greedy step (forward_argmax: the arg-max taken on the GPU, CUDA graphs); the
 same worker also decodes with the logits brought back and argmax'd on the CPU, and with the kernels
-launched one by one, for the two speed-ups.
+launched one by one, for the two speed-ups; and samples with llama.cpp's default chain (temp 0.8, top-k 40,
+top-p 0.95, min-p 0.05), drawn on the GPU (forward_sample) and by the CPU from the logits brought back.
 """
 from __future__ import annotations
 
@@ -95,6 +96,20 @@ def worker(spec: str, n_prompt: int, n_gen: int, threads: int, device: str = "cp
         from sharpi_core.backends.cuda import pdl_status
         r["pdl"] = pdl_status()[1]  # programmatic dependent launch: on, or off and why
         r["tg_logits"] = decode(host_step)  # the whole logits row copied back every step
+        from sharpi_core.sampling import SamplingParams, sample
+        params, rng = SamplingParams(), torch.Generator().manual_seed(1)  # (llama.cpp's default chain)
+
+        def sample_device(t: int) -> int:  # the law and the draw on the GPU (a product's sampled step)
+            u = torch.rand(1, generator=rng, dtype=torch.float64).numpy()
+            return max(0, int(model.forward_sample(torch.tensor([t]), cache.length, cache, params, u)[0][-1]))
+
+        def sample_host(t: int) -> int:  # the logits come back, the CPU's chain draws
+            return sample(model.forward(torch.tensor([t]), cache.length, cache)[-1], params, rng)
+
+        for step_fn in (sample_device, sample_host):  # (warm-up: the sampled step's graph capture)
+            cache.truncate(depth + n_prompt)
+            step_fn(first)
+        r["tg_sample"], r["tg_sample_host"] = decode(sample_device), decode(sample_host)
         model.use_graphs = False  # the kernels launched one by one (no CUDA graph)
         r["tg_eager"] = decode(device_step)
     return r
@@ -237,15 +252,16 @@ def cuda_table(args) -> None:
     from sharpi_core.registry import resolve_model
     print("| model | sharpi pp t/s | sharpi tg t/s | weight GB/s in decode | GPU peak GB/s | of peak "
           "| tg t/s, logits to the CPU | device arg-max speed-up | tg t/s without CUDA graphs | graph speed-up "
-          "| programmatic launch |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| programmatic launch | sampling tg t/s, drawn on the GPU | sampling, logits to the CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for spec in args.model or DEFAULT_MODELS:
         rows = [run_sharpi(spec, args) for _ in range(args.runs)]
         bw, peak, tg, eager = med(rows, "weight_gbs"), med(rows, "peak_gbs"), med(rows, "tg"), med(rows, "tg_eager")
         host = med(rows, "tg_logits")
         print(f"| {Path(str(resolve_model(spec))).stem} | {fmt(med(rows, 'pp'))} | {fmt(tg)} | {fmt(bw)} | "
               f"{fmt(peak)} | {100 * bw / peak:.0f}% | {fmt(host)} | {tg / host:.2f}x | {fmt(eager)} | "
-              f"{tg / eager:.2f}x | {rows[0].get('pdl', '')} |", flush=True)
+              f"{tg / eager:.2f}x | {rows[0].get('pdl', '')} | {fmt(med(rows, 'tg_sample'))} | "
+              f"{fmt(med(rows, 'tg_sample_host'))} |", flush=True)
 
 
 if __name__ == "__main__":
