@@ -301,7 +301,7 @@ class CudaTransformer:
         self.use_graphs = GRAPHS and hasattr(ops, "capture")
         # greedy steps take the arg-max here and bring back 4 bytes a row (forward_argmax, greedy_chain)
         self.device_argmax = DEVICE_ARGMAX
-        # sampling drafts draw their proposals here and bring back each one's top-k law (sample_chain)
+        # sampling (the default chain) draws here and brings back each row's top-k law (forward_sample, sample_chain)
         self.device_sample = DEVICE_SAMPLE
         self._biases: dict = {}   # (logit bias pairs, width) -> dense device bias
         self.graph_launches = 0   # passes run as a graph launch (tests, benchmarks)
