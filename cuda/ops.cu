@@ -576,7 +576,7 @@ extern "C" __global__ void argmax_comb(const float* __restrict__ pv, const int* 
     if (threadIdx.x == 0) out[r] = vi;
 }
 
-// ---- sampling on the device (a draft model's proposals at temp > 0) ---------------------------------
+// ---- sampling on the device (temp > 0: a draft's proposals, a target's steps and verify rows) ----------
 // A key orders a (value, id) pair as the sampler chain's top-k does: the larger value first, the lower
 // id on a tie (-0 taken as +0); a NaN above everything (its row has no distribution); 0 below every key
 // (padding). A row's top-k: its chunks of at most TOPK_SORT values sorted in shared memory, a block each,
