@@ -120,6 +120,13 @@ class SamplingParams:
         return self.has_penalties or self.has_dry
 
     @property
+    def fixed_bias(self) -> bool:
+        """A step's logits are the model's plus the logit bias alone: no penalties (they depend on the history), the
+        bias ids distinct (one addition per logit, as apply_penalties), so a model can add it where its logits are."""
+        ids = [i for i, _ in self.logit_bias]
+        return not self.history_dependent and len(set(ids)) == len(ids)
+
+    @property
     def adjusts_logits(self) -> bool:
         """True when logit bias, penalties or DRY change the logits."""
         return bool(self.logit_bias) or self.history_dependent
@@ -181,10 +188,8 @@ def argmax_on_device(model, params: SamplingParams) -> bool:
     """Whether `model` takes its greedy steps' arg-max where its logits are (a GPU model offering
     forward_argmax / greedy_chain, see backends.cuda_model) for these params: greedy decoding that needs
     of each logits row only the arg-max of row + a fixed logit bias, i.e. no penalties (they depend on
-    the history) and bias ids distinct (one addition per logit, as apply_penalties)."""
-    ids = [i for i, _ in params.logit_bias]
-    return (bool(getattr(model, "device_argmax", False)) and params.greedy and not params.history_dependent
-            and len(set(ids)) == len(ids))
+    the history) and bias ids distinct (one addition per logit, as apply_penalties): SamplingParams.fixed_bias."""
+    return bool(getattr(model, "device_argmax", False)) and params.greedy and params.fixed_bias
 
 
 def penalty_window(history: Sequence[int] | None, params: SamplingParams) -> list[int]:

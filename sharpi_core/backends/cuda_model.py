@@ -410,12 +410,10 @@ class CudaTransformer:
     def can_sample(self, params, n_out: int | None = None) -> bool:
         """Whether sample_chain can draw with these params: temp > 0, the default chain (top-k -> top-p -> min-p
         -> temperature) with a top-k of 1..TOPK_MAX that the logits row's width allows on the device, no
-        penalties (they depend on the history; a logit bias is fine, its ids distinct)."""
-        ids = [i for i, _ in params.logit_bias]
+        penalties (sampling.SamplingParams.fixed_bias)."""
         n = n_out if n_out is not None and n_out < self.config.n_vocab else self.config.n_vocab
-        return (self.device_sample and not params.greedy and params.plain_chain and not params.history_dependent
-                and not params.adaptive_on and len(set(ids)) == len(ids)
-                and self.ops.topk_splits(n, int(params.top_k)) is not None)
+        return (self.device_sample and not params.greedy and params.plain_chain and params.fixed_bias
+                and not params.adaptive_on and self.ops.topk_splits(n, int(params.top_k)) is not None)
 
     def sample_chain(self, tokens, start_pos: int, cache: CudaKVCache, k: int, params, u,
                      n_out: int | None = None, wait: bool = True):
@@ -594,36 +592,33 @@ class CudaTransformer:
         first, pos = inputs[:2]
         T = int(first.shape[0])
         logits = self._body(b, (first, pos[:T]), cache, n_kv, last_n, n_out)
-        if sample is not None:
-            pairs, chain, K, temp, top_p, min_p, min_keep = sample
-            u = inputs[2]
-            rows, n = logits.shape  # (a chain's first pass keeps its last row)
-            bias = self._bias(pairs, n)
-            _, S = self.ops.topk_splits(n, K)
-            ids = b.get("ids", (rows + chain - 1,), np.int32)
-            out = b.get("draws", (rows + chain - 1, self.ops.sample_out_width(K)), np.int32)
-            work = b.get("topk_keys", (rows * S * K,), np.uint64)
-            law = (K, temp, top_p, min_p, min_keep)
-            self.ops.sample_top_k(logits, *law, u[:rows], bias, out=out[:rows], tok=ids[:rows], work=work,
-                                  stream=self.stream)
-            for i in range(rows, rows + chain - 1):  # rows == 1 here: the last draw is the next input
-                logits = self._body(b, (ids[i - 1:i], pos[T + i - rows:T + i - rows + 1]), cache, n_kv, None, n_out)
-                self.ops.sample_top_k(logits, *law, u[i:i + 1], bias, out=out[i:i + 1], tok=ids[i:i + 1], work=work,
-                                      stream=self.stream)
-            return out
-        if argmax is None:
+        if argmax is None and sample is None:
             return logits
-        pairs, chain = argmax
-        rows, n = logits.shape
+        pairs, chain = (argmax or sample)[:2]
+        rows, n = logits.shape  # (a chain's first pass keeps its last row)
         bias = self._bias(pairs, n)
-        _, splits = self.ops.argmax_splits(n)
-        ids = b.get("ids", (rows + chain - 1,), np.int32)
-        work = (b.get("am_v", (rows * splits,)), b.get("am_i", (rows * splits,), np.int32))
-        self.ops.argmax(logits, bias, out=ids[:rows], work=work, stream=self.stream)
-        for i in range(1, chain):  # rows == 1 here: the last id is the next input
-            logits = self._body(b, (ids[i - 1:i], pos[T + i - 1:T + i]), cache, n_kv, None, n_out)
-            self.ops.argmax(logits, bias, out=ids[i:i + 1], work=work, stream=self.stream)
-        return ids
+        ids = b.get("ids", (rows + chain - 1,), np.int32)  # each row's pick: the next pass's input in a chain
+        if sample is None:
+            _, splits = self.ops.argmax_splits(n)
+            work = (b.get("am_v", (rows * splits,)), b.get("am_i", (rows * splits,), np.int32))
+
+            def pick(x, a: int, z: int) -> None:  # rows a..z-1 of ids: x's arg-maxes
+                self.ops.argmax(x, bias, out=ids[a:z], work=work, stream=self.stream)
+            result = ids
+        else:
+            K, law, u = sample[2], sample[2:], inputs[2]
+            _, S = self.ops.topk_splits(n, K)
+            result = b.get("draws", (rows + chain - 1, self.ops.sample_out_width(K)), np.int32)
+            work = b.get("topk_keys", (rows * S * K,), np.uint64)
+
+            def pick(x, a: int, z: int) -> None:  # rows a..z-1: x's laws and draws (the ids into `ids` too)
+                self.ops.sample_top_k(x, *law, u[a:z], bias, out=result[a:z], tok=ids[a:z], work=work,
+                                      stream=self.stream)
+        pick(logits, 0, rows)
+        for i in range(rows, rows + chain - 1):  # rows == 1 here: the last pick is the next input
+            logits = self._body(b, (ids[i - 1:i], pos[T + i - rows:T + i - rows + 1]), cache, n_kv, None, n_out)
+            pick(logits, i, i + 1)
+        return result
 
     def _body(self, b: _Buffers, inputs: tuple, cache: _CacheArrays, n_kv: int, last_n: int | None,
               n_out: int | None):
