@@ -136,13 +136,28 @@ class DraftModelDrafter:
         self._reuse(window + [-1])  # (all of the window may be reused)
         self._sync(window)
 
-    def _propose_chain(self, history: list[int], k: int) -> list[int]:
+    def _run_chain(self, tokens: list[int], start: int, m: int, wait: bool = True):
+        """The model's chain of m passes from tokens at start, each fed the last one's pick: greedy_chain's arg-maxes
+        int64 [m], or (device_sample) sample_chain's (tokens [m], top-k ids, their law) drawn with uniforms of its
+        own; wait=False: a Pending of that."""
+        if self.device_sample:
+            u = torch.rand(m, generator=self.generator, dtype=torch.float64).numpy()
+            return self.model.sample_chain(self._ids(tokens), start, self.cache, m, self.params, u, n_out=self.n_out,
+                                           wait=wait)
+        return self.model.greedy_chain(self._ids(tokens), start, self.cache, m, self.params.logit_bias,
+                                       n_out=self.n_out, wait=wait)
+
+    def _chain_for(self, history: list[int], k: int) -> tuple[int, list[int], object]:
+        """The chain's picks for history: the queued look-ahead chain's if its guess held, else a new chain of k
+        (and the guess, with look-ahead) -> (k, lowered to the picks a held chain has; the picks' ids; the chain's
+        result).
+        The cache then holds history and the picks fed: all but the last."""
         ahead, self._ahead = self._ahead, None
         m = k + 1 if self.lookahead else k  # the chain's length: with look-ahead, the bonus guess too
         if ahead is not None and history == self.history:
             # the guess held: the chain queued last time ran from it, its first outputs are in the cache
-            out = ahead.result().tolist()
-            k = min(k, len(out) - 1)
+            out = ahead.result()
+            k = min(k, len(out[0] if self.device_sample else out) - 1)
             self.cache.truncate(len(history) + k)
             self.lookahead_hits += 1
         else:  # (a queued chain's cache rows past the common prefix go with the rest)
@@ -150,16 +165,19 @@ class DraftModelDrafter:
             last = n + (len(history) - 1 - n) // self.n_batch * self.n_batch  # where _sync's last chunk starts
             self._sync(history, last)
             tail = list(history[last:])
-            out = self.model.greedy_chain(self._ids(tail), last, self.cache, m, self.params.logit_bias,
-                                          n_out=self.n_out).tolist()
+            out = self._run_chain(tail, last, m)
             self.history += tail
             self.forwards += m
-        tokens = out[:k]
-        self.history += tokens if m > k else tokens[:-1]  # what the cache holds: the chain fed all but its last
+        picks = (out[0] if self.device_sample else out).tolist()
+        self.history += picks[:k] if m > k else picks[:k - 1]  # what the cache holds: the chain fed all but its last
+        return k, picks, out
+
+    def _propose_chain(self, history: list[int], k: int) -> list[int]:
+        k, out, _ = self._chain_for(history, k)
         if self.lookahead and len(out) > k:
             # after a full accept the generator asks for twice as many (generate.next_proposal_len)
             self._look_ahead(out[k], min(self._k_max, 2 * k))
-        return tokens
+        return out[:k]
 
     def _propose_sampled(self, history: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         """The k proposals drawn on the device (sample_chain), each with the law q it was drawn from; as
@@ -168,25 +186,8 @@ class DraftModelDrafter:
         queued from it (as _propose_chain's): the guess holds when every proposal is accepted and the target
         draws the same bonus token. Either way the proposals for a history are drawn from the draft's law there
         with uniforms of their own, so the verification stays exact."""
-        ahead, self._ahead = self._ahead, None
-        m = k + 1 if self.lookahead else k
-        if ahead is not None and history == self.history:  # the guess held: that chain's draws are in the cache
-            toks, ids, probs = ahead.result()
-            k = min(k, toks.shape[0] - 1)
-            self.cache.truncate(len(history) + k)
-            self.lookahead_hits += 1
-        else:
-            n = self._reuse(history)
-            last = n + (len(history) - 1 - n) // self.n_batch * self.n_batch  # where _sync's last chunk starts
-            self._sync(history, last)
-            tail = list(history[last:])
-            u = torch.rand(m, generator=self.generator, dtype=torch.float64).numpy()
-            toks, ids, probs = self.model.sample_chain(self._ids(tail), last, self.cache, m, self.params, u,
-                                                       n_out=self.n_out)
-            self.history += tail
-            self.forwards += m
-        toks, ids, probs = toks.tolist(), ids.numpy(), probs.numpy()
-        self.history += toks[:k] if m > k else toks[:k - 1]  # what the cache holds: the chain fed all but its last
+        k, toks, (_, ids, probs) = self._chain_for(history, k)
+        ids, probs = ids.numpy(), probs.numpy()
         tokens: list[int] = []
         qs = np.zeros((k, self.n_out or self.n_vocab), dtype=np.float32)  # (the rows the draft computes)
         for i, t in enumerate(toks[:k]):
@@ -197,7 +198,8 @@ class DraftModelDrafter:
             tokens.append(t)
             if self.p_stop > 0 and float(probs[i].max()) < self.p_stop:
                 break
-        if m > k and len(tokens) == k and toks[k] >= 0:  # (proposals cut short: the guess's history cannot come)
+        # (proposals cut short: the guess's history cannot come)
+        if self.lookahead and len(toks) > k and len(tokens) == k and toks[k] >= 0:
             self._look_ahead(toks[k], min(self._k_max, 2 * k))
         return tokens, (torch.from_numpy(qs[:len(tokens)]) if tokens else None)
 
@@ -206,13 +208,7 @@ class DraftModelDrafter:
         start = len(self.history)
         if start + 1 + k > self.cache.capacity:
             return
-        if self.device_sample:
-            u = torch.rand(k + 1, generator=self.generator, dtype=torch.float64).numpy()
-            self._ahead = self.model.sample_chain(self._ids([guess]), start, self.cache, k + 1, self.params, u,
-                                                  n_out=self.n_out, wait=False)
-        else:
-            self._ahead = self.model.greedy_chain(self._ids([guess]), start, self.cache, k + 1,
-                                                  self.params.logit_bias, n_out=self.n_out, wait=False)
+        self._ahead = self._run_chain([guess], start, k + 1, wait=False)
         self.history.append(guess)
         self.forwards += k + 1
 
