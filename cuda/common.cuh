@@ -70,6 +70,8 @@ SH_D void grid_dep_launch_dependents() {
 SH_D void prefetch_line(const void* p) {
 #if defined(__CUDA_ARCH__)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#elif defined(SHARPI_SIMT_EMU)
+    ::simt::check_prefetch(p);  // (the emulator: inside a live allocation)
 #else
     (void)p;
 #endif
@@ -78,6 +80,18 @@ SH_D void prefetch_line(const void* p) {
 // writes (weights), so their DRAM latency overlaps the previous kernel's tail.
 SH_D void prefetch_l2(const void* p, i64 n) {
     for (i64 off = (i64)threadIdx.x * 128; off < n; off += (i64)blockDim.x * 128) prefetch_line((const char*)p + off);
+}
+// Ask the L2 for the n byte ranges of `ranges` (pairs: address, bytes), line by line in their order, worker
+// `w` of `workers` taking lines w, w + workers, ...: weights that kernels later in the pass read (memory no
+// kernel writes), fetched while kernels that wait on latency rather than on DRAM run (before KERNEL_BEGIN).
+SH_D void prefetch_ranges(const i64* __restrict__ ranges, int n, i64 w, i64 workers) {
+    i64 line = w;  // this worker's next line, counted from the start of range r
+    for (int r = 0; r < n; r++) {
+        const char* p = (const char*)ranges[2 * r];
+        const i64 lines = (ranges[2 * r + 1] + 127) / 128;
+        for (; line < lines; line += workers) prefetch_line(p + line * 128);
+        line -= lines;
+    }
 }
 
 // ---- loads (read-only path on the device) ------------------------------------------------------

@@ -117,15 +117,18 @@ __device__ __forceinline__ void deq_rows_kernel(const u8* __restrict__ W, i64 ro
     deq_row_thread<B>(W + row * row_bytes, K, out + (i64)blockIdx.x * ldo, threadIdx.x, blockDim.x);
 }
 
-// the matvec kernels' parameters: X of type XT (float activations, or u8 q8 rows with ldx in bytes)
+// the matvec kernels' parameters: X of type XT (float activations, or u8 q8 rows with ldx in bytes);
+// ahead: n_ahead (address, bytes) pairs, weights the pass reads after this one (prefetch_ranges)
 #define QMV_ARGS(XT)                                                                                   \
     const u8 *__restrict__ W, i64 row_bytes, int N, int K, const XT *__restrict__ X, i64 ldx,         \
-        float *__restrict__ Y, i64 ldy, int nq, const float *__restrict__ bias, int has_bias, int ws
+        float *__restrict__ Y, i64 ldy, int nq, const float *__restrict__ bias, int has_bias, int ws, \
+        const i64 *__restrict__ ahead, int n_ahead
 
 // kernel kind_<tname>_q<NQ>_r<R>: kind qmv (float activations, INT false) or qmvi (q8 rows, INT true)
 #define QMV_KERNEL(kind, XT, INT, tname, B, NQ, R)                                                     \
     extern "C" __global__ void __launch_bounds__(QMV_WARPS * 32, QMV_MINB(NQ)) kind##_##tname##_q##NQ##_r##R(QMV_ARGS(XT)) { \
         qmv_prefetch(W, row_bytes, N, QMV_WARPS / ws * R);                                            \
+        prefetch_ranges(ahead, n_ahead, (i64)blockIdx.x * blockDim.x + threadIdx.x, (i64)gridDim.x * blockDim.x); \
         KERNEL_BEGIN();                                                                                \
         qmv_kernel<B, NQ, R, INT>(W, row_bytes, N, K, X, ldx, Y, ldy, nq, bias, has_bias, ws);        \
     }

@@ -50,6 +50,7 @@ from sharpi_core.backends.cuda import (  # noqa: F401 (re-exported for code that
     _cache_kind,
     _rope_shape,
     _weight_type,
+    ahead_pairs,
     attention_splits,
     attention_work,
     hadamard_scale,
@@ -106,6 +107,13 @@ def upload(dst, host: np.ndarray, stream=None) -> None:
 def peak_bandwidth() -> float:
     """A nominal figure (bytes/s) for code that reports a fraction of peak; nothing is measured."""
     return 100e9
+
+
+def ahead_ranges(arrays, budget: int | None = None):
+    """The real module's (address, bytes) ranges of the arrays cut at `budget` (default: half of an H200's
+    50 MiB L2), int64 [n, 2], or None."""
+    pairs = ahead_pairs(arrays, lambda a: a.ctypes.data, (25 << 20) if budget is None else budget)
+    return np.array(pairs, dtype=np.int64) if pairs else None
 
 
 class _Stream:
@@ -179,6 +187,7 @@ class CudaQWeight(WeightBase):
         self._keep(np.ascontiguousarray(raw).view(np.uint8).reshape(-1))
         self._dense: torch.Tensor | None = None
         self.xq_kind = None  # no integer matvecs here: fp32 activations, as the float kernels
+        self.ahead = None  # (the real matvecs' L2 prefetches: nothing to do here)
 
     def wants_xq(self, T: int) -> bool:
         return False

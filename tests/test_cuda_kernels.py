@@ -7,6 +7,7 @@ scripts/bench_cuda_kernels.py, not here.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from pathlib import Path
 
@@ -1042,6 +1043,43 @@ def test_attention_of_one_split_finishes_in_its_own_block(D, vkind, monkeypatch)
             if q8 is not None:
                 plain = cb.attention(q, kc, vc, pos, cap, 0.125, **dict(kw, rounding=None)).reshape(T, H * D)
                 np.testing.assert_array_equal(cp.asnumpy(q8), cp.asnumpy(cb.quantize_act(plain, rounding)))
+
+
+def test_matvecs_ask_the_l2_for_the_weights_ahead_and_change_no_bits():
+    # a weight's `ahead` (ahead_ranges: the pass's next matrices, in order, cut at a budget) is asked of the L2
+    # by its matvecs' threads too: the same results, float and integer matvecs, one row and a verify pass's;
+    # in the emulator (its log of prefetches; it reports one outside every live allocation) every line of
+    # every range, by a grid of fewer threads than lines
+    rng = np.random.default_rng(33)
+    ws = [cp.asarray(rng.integers(0, 256, n, dtype=np.uint8)) for n in (5000, 70000, 1_400_000)]  # ~11k lines
+    assert cb.ahead_ranges(ws, 0) is None
+    assert cp.asnumpy(cb.ahead_ranges(ws, 75000)).tolist() == [[ws[0].data.ptr, 5000], [ws[1].data.ptr, 70000]]
+    assert cp.asnumpy(cb.ahead_ranges(ws, 6000)).tolist() == [[ws[0].data.ptr, 5000], [ws[1].data.ptr, 1000]]
+    lines = {w.data.ptr + 128 * i for w in ws for i in range(-(-int(w.nbytes) // 128))}
+    n, k = 300, 1024  # 300 rows: 19-75 blocks of 128 threads (fewer than the lines)
+    w = cb.CudaQWeight(random_raw(Q.Q4_K, n, k, rng), Q.Q4_K, n, k)
+    for T in (1, 5):
+        x = cp.asarray(round_activations(torch.from_numpy(rng.standard_normal((T, k)).astype(np.float32)),
+                                         Q.Q4_K).numpy())
+        for xq in (None, cb.quantize_act(x, w.xq_kind)):
+            w.ahead = None
+            want = cp.asnumpy(w.matmul(x, xq=xq))
+            w.ahead = cb.ahead_ranges(ws, 1 << 30)
+            raw = cb.function("qmatvec", f"qmv{'i' if xq is not None else ''}_q4_k_q1_r1", w._opts).raw
+            lib = getattr(raw, "_lib", None)  # the emulator's kernel library
+            log = np.zeros(1 << 18, np.uint64)
+            if lib is not None:
+                lib.simt_prefetch_log(ctypes.c_void_p(log.ctypes.data), ctypes.c_int(log.size))
+            try:
+                got = cp.asnumpy(w.matmul(x, xq=xq))
+            finally:
+                m = lib.simt_prefetch_log(None, ctypes.c_int(0)) if lib is not None else 0
+            np.testing.assert_array_equal(got, want, err_msg=f"T={T} xq={xq is not None}")
+            if lib is not None:
+                assert 0 < m < log.size and lines <= set(int(a) for a in log[:m])
+    w.ahead = cb.ahead_ranges(ws, 1 << 30)[:, :1]
+    with pytest.raises(ValueError, match="ahead must be"):
+        w.matmul(x)
 
 
 def test_a_host_copy_dropped_unread_keeps_its_pinned_block_until_the_copy_lands():

@@ -401,6 +401,35 @@ def test_fused_launches_equal_separate_ones_bit_for_bit(kind, name, cache_type):
         assert torch.equal(g, w), f"pass {i}"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_matvec_asks_for_the_next_matrix(kind):
+    # each weight's matvecs ask the L2 for the next matrix of the pass (ops.ahead_ranges, the output layer's
+    # first half L2 after the last layer's ffn_down); on the GPU (or emulated, by hand) passes without those
+    # prefetches are the same bits
+    model, tok = loaded(SMOL)
+    ops = ops_of(kind)
+    gmodel = CudaTransformer(model, ops=ops)
+    ptr = (lambda a: a.ctypes.data) if kind == "fake" else (lambda a: a.data.ptr)  # noqa: E731
+    mats = [m for ly in gmodel.layers for pr in (ly.qkv, ly.wo, ly.gu, ly.down) for m in pr.mats] + [gmodel.output]
+    assert len(mats) >= 4 * model.config.n_layer + 1
+    budget = (25 << 20) if kind == "fake" else (ops.l2_bytes() // 2 if ops.AHEAD else 0)
+    for m, after in zip(mats, mats[1:]):
+        if budget:
+            assert ops.to_host(m.ahead).tolist() == [[ptr(after.data), min(int(after.nbytes), budget)]]
+        else:
+            assert m.ahead is None
+    assert gmodel.output.ahead is None
+    if kind == "fake":  # (the stand-in's matvecs ignore `ahead`)
+        return
+    ids = tok.encode("The quick brown fox jumps over the lazy dog because it wanted to see the other side")
+    want = _graph_script(gmodel, gmodel.new_cache(48), ids)
+    for m in mats:
+        m.ahead = None
+    got = _graph_script(gmodel, gmodel.new_cache(48), ids)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), f"pass {i}"
+
+
 def _host_chain(gmodel, ids, start, cache, k, bias, n_out=None):
     """greedy_chain's definition: a pass, then k-1 one-token passes fed the last biased arg-max."""
     from sharpi_core.sampling import apply_penalties, argmax

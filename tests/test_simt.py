@@ -12,6 +12,7 @@ between blocks and streams, NVRTC itself) stays with a GPU machine.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import importlib.util
 import os
 import re
@@ -93,6 +94,9 @@ extern "C" __global__ void warp_reductions(const float* x, float* sums, float* m
 }
 extern "C" __global__ void write_n(float* out, int n) {
     if (threadIdx.x == 0) for (int i = 0; i < n; i++) out[i] = 1.0f;
+}
+extern "C" __global__ void prefetch_all(const i64* ranges, int n) {
+    prefetch_ranges(ranges, n, (i64)blockIdx.x * blockDim.x + threadIdx.x, (i64)gridDim.x * blockDim.x);
 }
 '''
 
@@ -288,6 +292,42 @@ def test_writes_outside_an_allocation_are_caught(mod):
     copied = out.copy()  # copies are device allocations with guards too
     with pytest.raises(RuntimeError, match="outside an allocation of 40 bytes"):
         k((1,), (32,), (copied, np.int32(11)))
+
+
+def _prefetched(mod, launch) -> list[int]:
+    """The addresses the kernels of `launch()` prefetched, in order (the emulator's log)."""
+    log = np.zeros(1 << 16, np.uint64)
+    mod._lib.simt_prefetch_log(ctypes.c_void_p(log.ctypes.data), ctypes.c_int(log.size))
+    try:
+        launch()
+    finally:
+        n = mod._lib.simt_prefetch_log(None, ctypes.c_int(0))
+    assert n < log.size
+    return [int(a) for a in log[:n]]
+
+
+@pytest.mark.parametrize("grid,block", [((1,), (32,)), ((3,), (64,)), ((7,), (96,)), ((40,), (256,))])
+def test_prefetch_ranges_asks_for_every_line_once(mod, grid, block):
+    # common.cuh's prefetch_ranges (attention's `ahead`): the workers of a launch together ask for each 128-byte
+    # line of each range exactly once, from the range's address, whatever their count
+    arrays = [cp.zeros(n, cp.uint8) for n in (1, 127, 128, 129, 5000, 300)]
+    sizes = [1, 127, 128, 129, 5000, 200]  # (the last range is a part of its array)
+    ranges = cp.asarray(np.array([(a.data.ptr, n) for a, n in zip(arrays, sizes)], np.int64))
+    k = mod.get_function("prefetch_all")
+    got = _prefetched(mod, lambda: k(grid, block, (ranges, np.int32(len(sizes)))))
+    want = [a.data.ptr + 128 * i for a, n in zip(arrays, sizes) for i in range(-(-n // 128))]
+    assert sorted(got) == sorted(want)
+    assert _prefetched(mod, lambda: k(grid, block, (ranges, np.int32(0)))) == []
+
+
+def test_prefetches_outside_an_allocation_are_caught(mod):
+    a = cp.zeros(1000, cp.uint8)
+    k = mod.get_function("prefetch_all")
+    k((2,), (32,), (cp.asarray(np.array([(a.data.ptr, 1000)], np.int64)), np.int32(1)))
+    with pytest.raises(RuntimeError, match="outside every live allocation"):
+        k((2,), (32,), (cp.asarray(np.array([(a.data.ptr, 1000 + 128)], np.int64)), np.int32(1)))
+    with pytest.raises(RuntimeError, match="outside every live allocation"):
+        k((2,), (32,), (cp.asarray(np.array([(a.data.ptr - 256, 100)], np.int64)), np.int32(1)))
 
 
 def test_device_arrays_do_not_mix_with_host_arrays():

@@ -80,6 +80,7 @@ GEMM_MIN_ROWS = 64     # from this many rows on, matmul dequantizes tiles and us
 GEMM_TILE_BYTES = 64 << 20
 ATT_THREADS = 128      # must match ops.cu
 ATT_MAX_HPB = 2        # heads an attention block at most (ops.cu's)
+AHEAD = switch("SHARPI_CUDA_AHEAD")  # ahead_ranges' default budget: half the L2; off: none (benchmarks)
 ATT_UNITS = switch("SHARPI_CUDA_ATT_UNITS")  # attention_heads_per_block; off: a head a block (benchmarks)
 ATT_UNIT_SMEM = 48 * 1024  # shared memory a block of several heads may take (any GPU's, without opting in)
 ATT_MAX_SPLITS = 64
@@ -228,6 +229,38 @@ def peak_bandwidth() -> float:
         except Exception:
             pass
     return 2.0 * clock * 1e3 * width / 8 if clock and width else float("nan")
+
+
+def l2_bytes() -> int:
+    """The current GPU's L2 cache in bytes (0 where the driver does not say)."""
+    try:
+        return int(_cupy().cuda.Device().attributes.get("L2CacheSize", 0))
+    except Exception:
+        return 0
+
+
+def ahead_ranges(arrays, budget: int | None = None):
+    """The (address, bytes) ranges of flat device arrays, in their order, cut where they pass `budget`
+    bytes (by default half the L2, none with SHARPI_CUDA_AHEAD=0), as the int64 device array [n, 2] of a
+    CudaQWeight's `ahead`, or None when nothing is left: what its matvecs ask the L2 for besides their own
+    rows (common.cuh's prefetch_ranges), before they wait on the kernel before them. A decoding step's
+    kernels mostly wait on latency (attention, the norms) while DRAM idles; asked for a matmul earlier, the
+    next one finds its weights in the L2. At most half of it, so that those lines stay there until read."""
+    cp = _cupy()
+    pairs = ahead_pairs(arrays, lambda a: a.data.ptr, (l2_bytes() // 2 if AHEAD else 0) if budget is None else budget)
+    return cp.asarray(np.array(pairs, dtype=np.int64)) if pairs else None
+
+
+def ahead_pairs(arrays, ptr, budget: int) -> list[tuple[int, int]]:
+    """ahead_ranges' (address, bytes) pairs, the address of an array given by ptr(array)."""
+    pairs, left = [], int(budget)
+    for a in arrays:
+        n = min(int(a.nbytes), left)
+        if n <= 0:
+            break
+        pairs.append((int(ptr(a)), n))
+        left -= n
+    return pairs
 
 
 def attention_smem(head_dim_k: int, chunk: int, head_dim_v: int, heads: int = 1) -> int:
@@ -619,6 +652,7 @@ class CudaQWeight(WeightBase):
         self.xq_kind = int_act_kind(self.qtype)  # the integer matvecs' activation rounding, or None
         self._mins = None  # Q8_1_S_TYPES: the blocks' mins, float32 [N, K/32], made by the first GEMM
         self.split = qmv_split(self.qtype, self.n, self.k, self.xq_kind is not None)  # the same for every batch size
+        self.ahead = None  # the matvecs' L2 prefetches beyond this weight (ahead_ranges), set by the model
 
     def wants_xq(self, T: int) -> bool:
         """Whether a matmul of T rows reads q8 rows (matmul's xq): the integer matvecs' (T < GEMM_MIN_ROWS),
@@ -671,9 +705,14 @@ class CudaQWeight(WeightBase):
         fn = function("qmatvec", f"qmv{'i' if xq is not None else ''}_{self._tname}_q{NQ}_r{R}", self._opts)
         grid = (-(-self.n // (QMV_WARPS // ws * R)),)
         xs = (x, _i64(self.k)) if xq is None else (xq, _i64(xq.strides[0]))
+        a = self.ahead
+        if a is not None and (a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2 or not a.flags.c_contiguous):
+            raise ValueError("ahead must be a contiguous int64 [n, 2] device array of (address, bytes) pairs")
+        ahead = (a, _i32(a.shape[0])) if a is not None else (_dummy(_cupy(), np.int64), _i32(0))
         fn(grid, (QMV_WARPS * 32,), (self.data, _i64(self.row_bytes), _i32(self.n), _i32(self.k),
                                      *xs, out, _i64(self.n), _i32(nq),
-                                     _dummy(_cupy()) if bias is None else bias, _i32(bias is not None), _i32(ws)))
+                                     _dummy(_cupy()) if bias is None else bias, _i32(bias is not None), _i32(ws),
+                                     *ahead))
 
     def _gemm(self, cp, x, out) -> None:
         tile = max(256, GEMM_TILE_BYTES // (4 * self.k))

@@ -294,6 +294,11 @@ class CudaTransformer:
                     ly.post_attn_norm = vec(p + "post_attention_norm.weight")
                     ly.post_ffn_norm = vec(p + "post_ffw_norm.weight")
                     self.layers.append(ly)
+                # each matvec asks the L2 for the next matrix of the pass too (what half the L2 holds), while
+                # the kernels before it wait on latency: that matrix's own prefetch starts one kernel ahead only
+                mats = [m for ly in self.layers for pr in (ly.qkv, ly.wo, ly.gu, ly.down) for m in pr.mats]
+                for m, after in zip(mats, mats[1:] + [self.output]):
+                    m.ahead = ops.ahead_ranges([after.data])
         except Exception as e:  # out of device memory, unsupported type / shape
             raise SharpiError(f"cannot put {os.path.basename(gf.path)} on the GPU: {type(e).__name__}: {e}") from None
         self._tables: dict = {}   # (rope base, freq scale) -> device (cos, sin) table; "temps" -> q's temperatures

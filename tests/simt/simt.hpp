@@ -369,6 +369,29 @@ inline void check_aligned(const void* p, size_t a) {
     }
 }
 
+// The live device allocations, [base, end) pairs sorted by base (tests/simt/cupy sets them before a launch
+// whenever they changed): an L2 prefetch (prefetch.global.L2) of an address outside them is reported, as
+// a GPU might fault on it; without a table nothing is checked.
+inline const unsigned long long* g_mem;
+inline int g_mem_n;
+inline unsigned long long* g_pf_log;  // (tests) where the addresses prefetched go, up to g_pf_cap of them
+inline int g_pf_cap, g_pf_n;
+inline void check_prefetch(const void* p) {
+    const unsigned long long a = (unsigned long long)(uintptr_t)p;
+    if (g_pf_log && g_pf_n < g_pf_cap) g_pf_log[g_pf_n++] = a;
+    if (!g_mem) return;
+    int lo = 0, hi = g_mem_n;  // the first range whose base is above a
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (g_mem[2 * mid] <= a) lo = mid + 1; else hi = mid;
+    }
+    if (lo == 0 || a >= g_mem[2 * (lo - 1) + 1]) {
+        fail("prefetch of %p, outside every live allocation (thread %d of block (%u,%u,%u))", p, g_cur->linear,
+             g_block_idx.x, g_block_idx.y, g_block_idx.z);
+        abort_thread();
+    }
+}
+
 // ---- launching -------------------------------------------------------------------------------------
 // The SMEM_GUARD bytes before and after a shared allocation still hold their 0xff.
 inline bool guards_intact(const unsigned char* p, size_t bytes) {
@@ -549,6 +572,18 @@ template <class T>
 inline T __shfl_sync(unsigned mask, T v, int src) { return ::simt::warp_exchange(mask, v, src); }
 
 extern "C" const char* simt_error() { return ::simt::g_error; }
+extern "C" void simt_set_memory(const unsigned long long* ranges, int n) {
+    ::simt::g_mem = ranges;
+    ::simt::g_mem_n = n;
+}
+// (tests) log the addresses prefetched from now on into buf (at most cap; none with a null buf); -> how many so far
+extern "C" int simt_prefetch_log(unsigned long long* buf, int cap) {
+    const int n = ::simt::g_pf_n;
+    ::simt::g_pf_log = buf;
+    ::simt::g_pf_cap = cap;
+    ::simt::g_pf_n = 0;
+    return n;
+}
 
 // One exported launcher and signature per kernel; tests/simt/cupy appends a line per kernel it finds.
 #define SIMT_EXPORT(k, max_threads)                                                                 \

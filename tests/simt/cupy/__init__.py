@@ -168,6 +168,30 @@ def _reject_host(args, kwargs, what: str):
                 raise TypeError(f"{what}: Unsupported type {type(a)} (numpy array where CuPy wants a device array)")
 
 
+_memory = [0]  # a count of allocations made and freed: the kernels' table of live ones is rebuilt when it moved
+_lib_memory: dict[int, tuple] = {}  # id(kernel library) -> (the table it reads, the count it was made at)
+
+
+def _memory_changed() -> None:
+    _memory[0] += 1
+
+
+def _forget(key: int) -> None:
+    _info.pop(key, None)
+    _memory_changed()
+
+
+def _memory_table() -> _np.ndarray:
+    """The live allocations' arrays as sorted [base, end) address pairs, uint64 [n, 2]."""
+    pairs = []
+    for key, buf in list(_allocations.items()):
+        info = _info.get(key)
+        if info is not None:
+            base = buf.ctypes.data + info[0]
+            pairs.append((base, base + max(info[1], 1)))
+    return _np.array(sorted(pairs), dtype=_np.uint64).reshape(-1, 2)
+
+
 def _alloc(shape, dt, fill: int | None = 0xFF) -> ndarray:
     _not_capturing("an allocation")
     dt = _np.dtype(dt)
@@ -183,7 +207,8 @@ def _alloc(shape, dt, fill: int | None = 0xFF) -> ndarray:
         buf[start:start + nbytes] = fill
     _allocations[id(buf)] = buf
     _info[id(buf)] = (start, nbytes)
-    weakref.finalize(buf, _info.pop, id(buf), None)
+    _memory_changed()
+    weakref.finalize(buf, _forget, id(buf))
     return buf[start:start + nbytes].view(dt).reshape(shape).view(ndarray)
 
 
@@ -333,7 +358,8 @@ class Device:
     def __init__(self, device=None):
         self.id = 0 if device is None else int(device)
         self.attributes = {"MaxSharedMemoryPerBlockOptin": _SMEM_OPTIN, "MaxSharedMemoryPerBlock": 48 * 1024,
-                           "MemoryClockRate": 2_619_000, "GlobalMemoryBusWidth": 6144, "MultiProcessorCount": 1}
+                           "MemoryClockRate": 2_619_000, "GlobalMemoryBusWidth": 6144, "MultiProcessorCount": 1,
+                           "L2CacheSize": 50 << 20}
         self.compute_capability = "90"
 
     def synchronize(self):
@@ -665,6 +691,10 @@ class RawKernel:
         argv = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.addressof(v) for v in vals])
         L = _Launch((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem, smem_limit)
         with _lock:
+            if _lib_memory.get(id(self._lib), (None, -1))[1] != _memory[0]:  # the live allocations, for prefetches
+                table = _memory_table()
+                self._lib.simt_set_memory(ctypes.c_void_p(table.ctypes.data), ctypes.c_int(table.shape[0]))
+                _lib_memory[id(self._lib)] = (table, _memory[0])  # (kept alive while the library reads it)
             rc = self._fn(ctypes.byref(L), argv)
             if rc:
                 get = self._lib.simt_error
