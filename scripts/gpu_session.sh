@@ -38,7 +38,7 @@
 #   checked only): part1 and part2 run its tests, `quick` times it against SHARPI_DEVICE_SAMPLE=0 (spec_synth_t07_*).
 #   Since 2026-12-06 each matvec also prefetches the pass's next matrix into the L2 (qmatvec.cu's QMV_KERNEL,
 #   common.cuh's prefetch_ranges; emulator-checked only): `quick` times it against SHARPI_CUDA_AHEAD=0
-#   (bench_ahead0 / _ahead1), and part2's test_each_matvec_asks_for_the_next_matrix[cuda] checks the bits.
+#   (bench_ahead0 against bench), and part2's test_each_matvec_asks_for_the_next_matrix[cuda] checks the bits.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -155,11 +155,9 @@ quick)  # (carry .gpu/a) the stand-ins built, then the decode speeds: plain, wha
     timed 60 profile env SHARPI_CUDA_PDL=0 python3 scripts/profile_cuda.py -m /tmp/sharpi/synth/$Q15 -p 128 --rows 1,5
     timed 50 bench_float env SHARPI_CUDA_DP4A=0 python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 \
         --runs 1 -p 128 -n 128
-    # matvecs asking the L2 for the next matrix too (the default since 2026-12-06) against not:
-    # the `bench` above is the default; then without, then with again (the machine's drift between them)
+    # matvecs asking the L2 for the next matrix too (the default since 2026-12-06, `bench` above) against not
     timed 60 bench_ahead0 env SHARPI_CUDA_AHEAD=0 python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 \
         --runs 2 -p 128 -n 128
-    timed 60 bench_ahead1 python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 --runs 2 -p 128 -n 128
     # attention alone (Qwen 1.5B's heads): a block of the two heads a Q8_K block spans, finished in the block
     # (the default since 2026-12-04 evening), against a head a block combined through the counters
     timed 60 attn_bench python3 scripts/bench_cuda_kernels.py --attn 12:2:128:128:1,12:2:128:1000:1
