@@ -193,6 +193,11 @@ why)  # (carry .gpu/a) what a decoding step's slow small kernels wait on: Nsight
 part3)  # after part2, machine still warm: the stand-ins of part1 are in /tmp/sharpi/synth
     [ -d /tmp/sharpi/synth ] || { echo "part3 needs part1's machine (still warm)" >&2; exit 1; }
     install "$(ls -d .gpu/b .gpu/a 2>/dev/null | head -n 1)"
+    # every kernel at one shared memory / L1 split (the most shared memory): if the driver reconfigures an SM between
+    # kernels of other needs (the norms' and attention's shared memory, the matvecs' little), this shows it
+    timed 60 bench_base python3 scripts/bench.py --device cuda -m /tmp/sharpi/synth/$Q15 --runs 2 -p 128 -n 128
+    timed 60 bench_carveout env SHARPI_CUDA_CARVEOUT=100 python3 scripts/bench.py --device cuda \
+        -m /tmp/sharpi/synth/$Q15 --runs 2 -p 128 -n 128
     # per Qwen matrix: the model's warp split against the others, integer against float matvecs
     timed 90 kernels_bench python3 scripts/bench_cuda_kernels.py --ts 1,5,16 --splits auto,1 --kernels int,float
     # attention per context, and with the loads in flight before (K: 8 a thread, V: 4 keys), the same bits

@@ -13,6 +13,7 @@ import gc
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -286,6 +287,22 @@ def test_fake_split_speculative_greedy_parity():
 
 
 @pytest.mark.skipif(HAVE_CUDA, reason="checks the message given without a GPU")
+def test_carveout_knob_sets_every_kernels_split(monkeypatch):
+    # SHARPI_CUDA_CARVEOUT (benchmarks): every kernel the backend wraps prefers that shared memory / L1 split
+    from sharpi_core.backends import cuda  # noqa: PLC0415
+    monkeypatch.setattr(cuda, "CARVEOUT", "")
+    raw = SimpleNamespace()
+    cuda.Kernel(raw)
+    assert not hasattr(raw, "preferred_shared_memory_carveout")  # unset: the driver's choice
+    monkeypatch.setattr(cuda, "CARVEOUT", "100")
+    cuda.Kernel(raw)
+    assert raw.preferred_shared_memory_carveout == 100
+    for bad in ("101", "-2", "half"):
+        monkeypatch.setattr(cuda, "CARVEOUT", bad)
+        with pytest.raises(ValueError, match="SHARPI_CUDA_CARVEOUT"):
+            cuda.Kernel(SimpleNamespace())
+
+
 def test_cli_device_cuda_without_gpu_is_one_clear_line():
     for flag, name in (("--device", "cuda"), ("-dev", "CUDA0")):  # (llama.cpp's name of the first GPU)
         r = subprocess.run([sys.executable, "-m", "sharpi_cli.main", "-m", SMOL, flag, name, "-p", "hi", "-n", "2"],

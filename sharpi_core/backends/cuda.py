@@ -98,6 +98,9 @@ TOPK_MAX = 64     # the largest top-k sampled on the device (ops.cu's)
 # arithmetic is then the one tests/simt's emulator (and the host compiler) does, up to the math
 # library's expf / tanhf / sincosf, so emulated results predict the GPU's.
 NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
+# the shared memory / L1 split every kernel asks for, in percent of the most shared memory (benchmarks: whether
+# an SM reconfigured between kernels of different needs costs; unset: each kernel's default, the driver's choice)
+CARVEOUT = os.environ.get("SHARPI_CUDA_CARVEOUT", "")
 # -D options for ops.cu's build (benchmarks: e.g. SHARPI_CUDA_OPS_DEFS="-DATT_K_LOADS=8 -DATT_V_LOADS=4")
 OPS_DEFS = os.environ.get("SHARPI_CUDA_OPS_DEFS", "")
 SOURCES = ("qmatvec", "ops")
@@ -496,6 +499,10 @@ class Kernel:
     def __init__(self, raw):
         self.raw = raw
         self.smem_limit = 48 * 1024  # dynamic shared memory a launch may use without the opt-in
+        if CARVEOUT:
+            if not CARVEOUT.strip().lstrip("-").isdigit() or not -1 <= int(CARVEOUT) <= 100:
+                raise ValueError(f"SHARPI_CUDA_CARVEOUT={CARVEOUT}: a percent of the most shared memory, 0..100 (-1: none)")
+            raw.preferred_shared_memory_carveout = int(CARVEOUT)
 
     def allow_shared(self, n: int) -> None:
         """Let launches use n bytes of dynamic shared memory. The limit belongs to the function, which every
