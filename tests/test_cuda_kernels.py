@@ -1077,9 +1077,8 @@ def test_matvecs_ask_the_l2_for_the_weights_ahead_and_change_no_bits():
             np.testing.assert_array_equal(got, want, err_msg=f"T={T} xq={xq is not None}")
             if lib is not None:
                 assert 0 < m < log.size and lines <= set(int(a) for a in log[:m])
-    w.ahead = cb.ahead_ranges(ws, 1 << 30)[:, :1]
     with pytest.raises(ValueError, match="ahead must be"):
-        w.matmul(x)
+        w.ahead = cb.ahead_ranges(ws, 1 << 30)[:, :1]
 
 
 def test_a_host_copy_dropped_unread_keeps_its_pinned_block_until_the_copy_lands():

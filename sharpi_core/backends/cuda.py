@@ -659,7 +659,19 @@ class CudaQWeight(WeightBase):
         self.xq_kind = int_act_kind(self.qtype)  # the integer matvecs' activation rounding, or None
         self._mins = None  # Q8_1_S_TYPES: the blocks' mins, float32 [N, K/32], made by the first GEMM
         self.split = qmv_split(self.qtype, self.n, self.k, self.xq_kind is not None)  # the same for every batch size
-        self.ahead = None  # the matvecs' L2 prefetches beyond this weight (ahead_ranges), set by the model
+        self._ahead = None  # `ahead`
+
+    @property
+    def ahead(self):
+        """What its matvecs ask the L2 for besides their own rows: ahead_ranges' int64 device array of
+        (address, bytes) pairs, or None (set by the model: the pass's next matrix)."""
+        return self._ahead
+
+    @ahead.setter
+    def ahead(self, a) -> None:
+        if a is not None and (a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2 or not a.flags.c_contiguous):
+            raise ValueError("ahead must be a contiguous int64 [n, 2] device array of (address, bytes) pairs")
+        self._ahead = a
 
     def wants_xq(self, T: int) -> bool:
         """Whether a matmul of T rows reads q8 rows (matmul's xq): the integer matvecs' (T < GEMM_MIN_ROWS),
@@ -712,9 +724,7 @@ class CudaQWeight(WeightBase):
         fn = function("qmatvec", f"qmv{'i' if xq is not None else ''}_{self._tname}_q{NQ}_r{R}", self._opts)
         grid = (-(-self.n // (QMV_WARPS // ws * R)),)
         xs = (x, _i64(self.k)) if xq is None else (xq, _i64(xq.strides[0]))
-        a = self.ahead
-        if a is not None and (a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2 or not a.flags.c_contiguous):
-            raise ValueError("ahead must be a contiguous int64 [n, 2] device array of (address, bytes) pairs")
+        a = self._ahead
         ahead = (a, _i32(a.shape[0])) if a is not None else (_dummy(_cupy(), np.int64), _i32(0))
         fn(grid, (QMV_WARPS * 32,), (self.data, _i64(self.row_bytes), _i32(self.n), _i32(self.k),
                                      *xs, out, _i64(self.n), _i32(nq),
