@@ -691,10 +691,11 @@ class RawKernel:
         argv = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.addressof(v) for v in vals])
         L = _Launch((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem, smem_limit)
         with _lock:
-            if _lib_memory.get(id(self._lib), (None, -1))[1] != _memory[0]:  # the live allocations, for prefetches
-                table = _memory_table()
+            version = _memory[0]
+            if _lib_memory.get(id(self._lib), (None, -1))[1] != version:  # the live allocations, for prefetches
+                table = _memory_table()  # (made after reading the count: a change meanwhile makes it again)
                 self._lib.simt_set_memory(ctypes.c_void_p(table.ctypes.data), ctypes.c_int(table.shape[0]))
-                _lib_memory[id(self._lib)] = (table, _memory[0])  # (kept alive while the library reads it)
+                _lib_memory[id(self._lib)] = (table, version)  # (kept alive while the library reads it)
             rc = self._fn(ctypes.byref(L), argv)
             if rc:
                 get = self._lib.simt_error
