@@ -286,7 +286,6 @@ def test_fake_split_speculative_greedy_parity():
     assert spec.tokens == plain.tokens and spec.spec.accepted > 0
 
 
-@pytest.mark.skipif(HAVE_CUDA, reason="checks the message given without a GPU")
 def test_carveout_knob_sets_every_kernels_split(monkeypatch):
     # SHARPI_CUDA_CARVEOUT (benchmarks): every kernel the backend wraps prefers that shared memory / L1 split
     from sharpi_core.backends import cuda  # noqa: PLC0415
@@ -303,6 +302,7 @@ def test_carveout_knob_sets_every_kernels_split(monkeypatch):
             cuda.Kernel(SimpleNamespace())
 
 
+@pytest.mark.skipif(HAVE_CUDA, reason="checks the message given without a GPU")
 def test_cli_device_cuda_without_gpu_is_one_clear_line():
     for flag, name in (("--device", "cuda"), ("-dev", "CUDA0")):  # (llama.cpp's name of the first GPU)
         r = subprocess.run([sys.executable, "-m", "sharpi_cli.main", "-m", SMOL, flag, name, "-p", "hi", "-n", "2"],
