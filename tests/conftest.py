@@ -68,19 +68,20 @@ def loaded(name: str | Path):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The emulated GPU's model tests (in the background, at the lowest priority: they take the CPU the others
-    leave) are waited for last, after every other test, not in the middle of the run."""
-    last = [i for i in items if i.name == "test_model_tests_pass_on_the_emulated_gpu"]
+    """The emulated GPU's kernel and model tests (in the background, at the lowest priority: they take the CPU the
+    others leave) are waited for last, after every other test, not in the middle of the run."""
+    last = [i for i in items if i.name.startswith(("test_kernel_tests_pass_on_the_emulated_gpu",
+                                                   "test_model_tests_pass_on_the_emulated_gpu"))]
     items[:] = [i for i in items if i not in last] + last
 
 
 def pytest_collection_finish(session):
-    """The emulated GPU's model tests (test_simt.py) start in the background as soon as they are
-    selected: see test_simt.start_model_groups_early. Not in a pytest-xdist worker: every worker collects every
-    test, so each would start them, and only the one that runs the test waits for its own."""
+    """The emulated GPU's tests (test_simt.py's kernel and model runs) start in the background as soon as they
+    are selected: see test_simt.start_early. Not in a pytest-xdist worker: every worker collects every test, so
+    each would start them, and only the one that runs a test waits for its own."""
     if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return
     for item in session.items:
-        if item.name == "test_model_tests_pass_on_the_emulated_gpu":
-            item.module.start_model_groups_early()
+        if item.name.startswith(("test_model_tests_pass_on_the_emulated_gpu", "test_kernel_tests_pass_on_the_emulated_gpu")):
+            item.module.start_early({i.name for i in session.items})
             break

@@ -447,17 +447,33 @@ def start_emulated(*args: str, order: str = "forward", env: dict | None = None, 
                             preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
-# The model groups started when the session has collected them (conftest.pytest_collection_finish),
+# The emulated runs started when the session has collected them (conftest.pytest_collection_finish),
 # at the lowest priority: single-threaded as the emulator is, they take the CPU the tests before them
-# leave idle (minutes of a suite that is mostly one busy core) instead of running alone at the end.
+# leave idle (minutes of a suite that is mostly one busy core) instead of running alone at the end (the
+# kernel tests' two orders took a minute there, one after the other, a core idle).
 _EARLY: list[subprocess.Popen] = []
+_EARLY_KERNELS: dict[str, subprocess.Popen] = {}
+KERNEL_ORDERS = ("forward", "reverse")
 
 
-def start_model_groups_early() -> None:
-    if cp.compiler() is None or _EARLY:
+def kernel_run(order: str, nice: int = 0) -> subprocess.Popen:
+    # the emulated GPU is an sm_90, so launches on a stream go through cuLaunchKernelEx (programmatic
+    # dependent launch); the reverse run launches them the plain way (RawKernel, whose argument types
+    # the emulator checks against the kernel's C signature)
+    return start_emulated("tests/test_cuda_kernels.py", order=order, nice=nice,
+                          env={"SHARPI_CUDA_PDL": "0"} if order == "reverse" else None)
+
+
+def start_early(names: set[str]) -> None:
+    """Start the emulated runs of the selected tests (names: the session's test names)."""
+    if cp.compiler() is None or _EARLY or _EARLY_KERNELS:
         return
-    _EARLY.extend(start_emulated(*g, env=MODEL_TEST_ENV, nice=19) for g in MODEL_TEST_GROUPS)
-    atexit.register(lambda: [p.kill() for p in _EARLY if p.poll() is None])  # an interrupted session
+    if "test_model_tests_pass_on_the_emulated_gpu" in names:
+        _EARLY.extend(start_emulated(*g, env=MODEL_TEST_ENV, nice=19) for g in MODEL_TEST_GROUPS)
+    _EARLY_KERNELS.update({o: kernel_run(o, nice=19) for o in KERNEL_ORDERS
+                           if f"test_kernel_tests_pass_on_the_emulated_gpu[{o}]" in names})
+    procs = [*_EARLY, *_EARLY_KERNELS.values()]
+    atexit.register(lambda: [p.kill() for p in procs if p.poll() is None])  # an interrupted session
 
 
 def finish(p: subprocess.Popen) -> subprocess.CompletedProcess:
@@ -469,10 +485,6 @@ def finish(p: subprocess.Popen) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def run_emulated(*args: str, order: str = "forward", env: dict | None = None) -> subprocess.CompletedProcess:
-    return finish(start_emulated(*args, order=order, env=env))
-
-
 def check_run(r: subprocess.CompletedProcess, min_passed: int) -> None:
     tail = r.stdout[-6000:] + r.stderr[-3000:]
     assert r.returncode == 0, tail
@@ -481,16 +493,12 @@ def check_run(r: subprocess.CompletedProcess, min_passed: int) -> None:
     assert "skipped" not in r.stdout.splitlines()[-1], tail  # nothing skipped for want of a GPU
 
 
-@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("order", KERNEL_ORDERS)
 def test_kernel_tests_pass_on_the_emulated_gpu(order):
     # threads between two barriers run in increasing, then decreasing order: a missing barrier
-    # (a thread reading what another writes before they synchronise) fails one of the two. The
-    # emulated GPU is an sm_90, so launches on a stream go through cuLaunchKernelEx (programmatic
-    # dependent launch); the second run launches them the plain way (RawKernel, whose argument types
-    # the emulator checks against the kernel's C signature).
-    r = run_emulated("tests/test_cuda_kernels.py", order=order,
-                     env={"SHARPI_CUDA_PDL": "0"} if order == "reverse" else None)
-    check_run(r, 170)
+    # (a thread reading what another writes before they synchronise) fails one of the two
+    p = _EARLY_KERNELS.pop(order, None) or kernel_run(order)
+    check_run(finish(p), 170)
 
 
 def test_model_tests_pass_on_the_emulated_gpu():
