@@ -67,11 +67,14 @@ def loaded(name: str | Path):
     return _loaded[name]
 
 
+# test_simt.py's tests that wait for the GPU's kernels run in the emulator, in processes of their own
+EMULATED = ("test_kernel_tests_pass_on_the_emulated_gpu", "test_model_tests_pass_on_the_emulated_gpu")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The emulated GPU's kernel and model tests (in the background, at the lowest priority: they take the CPU the
-    others leave) are waited for last, after every other test, not in the middle of the run."""
-    last = [i for i in items if i.name.startswith(("test_kernel_tests_pass_on_the_emulated_gpu",
-                                                   "test_model_tests_pass_on_the_emulated_gpu"))]
+    """The emulated GPU's kernel and model tests (in the background, at the lowest priority) are waited for
+    last, after every other test, not in the middle of the run."""
+    last = [i for i in items if i.name.startswith(EMULATED)]
     items[:] = [i for i in items if i not in last] + last
 
 
@@ -82,6 +85,6 @@ def pytest_collection_finish(session):
     if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return
     for item in session.items:
-        if item.name.startswith(("test_model_tests_pass_on_the_emulated_gpu", "test_kernel_tests_pass_on_the_emulated_gpu")):
+        if item.name.startswith(EMULATED):
             item.module.start_early({i.name for i in session.items})
             break
