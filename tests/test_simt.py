@@ -308,8 +308,8 @@ def _prefetched(mod, launch) -> list[int]:
 
 @pytest.mark.parametrize("grid,block", [((1,), (32,)), ((3,), (64,)), ((7,), (96,)), ((40,), (256,))])
 def test_prefetch_ranges_asks_for_every_line_once(mod, grid, block):
-    # common.cuh's prefetch_ranges (a weight's `ahead`, asked for by its matvecs): the workers of a launch together ask for each 128-byte
-    # line of each range exactly once, from the range's address, whatever their count
+    # common.cuh's prefetch_ranges (a weight's `ahead`, asked for by its matvecs): the workers of a launch
+    # together ask for each 128-byte line of each range exactly once, from the range's address, whatever their count
     arrays = [cp.zeros(n, cp.uint8) for n in (1, 127, 128, 129, 5000, 300)]
     sizes = [1, 127, 128, 129, 5000, 200]  # (the last range is a part of its array)
     ranges = cp.asarray(np.array([(a.data.ptr, n) for a, n in zip(arrays, sizes)], np.int64))
