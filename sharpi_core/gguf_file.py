@@ -6,6 +6,7 @@ Everything goes through the `gguf` package's reader; tensors stay views into the
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -70,6 +71,8 @@ class BigEndian(_Damaged):
 # what one file may hold (llama.cpp sets no bound; real models have under 100 keys and a few thousand tensors, the
 # largest with their experts unmerged tens of thousands)
 MAX_KV, MAX_TENSORS = 1 << 16, 1 << 17
+_U64 = struct.Struct("<Q")
+_CHUNK = 1 << 16  # strings whose offsets are gathered in Python lists at once
 
 
 class Reader(gguf.GGUFReader):
@@ -138,12 +141,23 @@ class Reader(gguf.GGUFReader):
                 raise _Damaged(f"an array of {n} strings at offset {orig_offs} is longer than the file")
             starts = np.empty(n, dtype=np.int64)
             lens = np.empty(n, dtype=np.int64)
-            for i in range(n):
-                ln = int.from_bytes(buf[offs:offs + 8], "little")
-                if offs + 8 + ln > len(buf):  # (a damaged count or length: stop where the file does)
+            # (a vocabulary and its merges are ~300k strings: lengths read by struct into Python lists, a chunk at a
+            # time, ~3x faster than numpy item stores of int.from_bytes slices)
+            length, size = _U64.unpack_from, len(buf)
+            for c0 in range(0, n, _CHUNK):
+                m = min(_CHUNK, n - c0)
+                st, ls = [0] * m, [0] * m
+                try:
+                    for i in range(m):
+                        (ln,) = length(buf, offs)
+                        offs += 8
+                        st[i], ls[i] = offs, ln
+                        offs += ln
+                except struct.error:  # a length field past the end (a damaged count, or a length before it)
+                    offs = size + 1
+                if offs > size:  # (a damaged count or length: stop where the file does)
                     raise _Damaged(f"an array of {n} strings at offset {orig_offs} runs past the end of the file")
-                starts[i], lens[i] = offs + 8, ln
-                offs += 8 + ln
+                starts[c0:c0 + m], lens[c0:c0 + m] = st, ls
             return offs - orig_offs, _StringArrayParts(buf, [raw_itype, alen], starts, lens), None, [_ARRAY, _STRING]
         nptype = self.gguf_scalar_to_np.get(itype)
         if nptype is None:

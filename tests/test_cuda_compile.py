@@ -51,17 +51,40 @@ def _nvcc(src: Path, arch: str, kind: str, defines: tuple, out_dir: Path) -> tup
     return " ".join(cmd), r.returncode, r.stdout + r.stderr
 
 
+# What ptxas may put in local memory (a thread's stack, slow as global memory) in the sm_90 cubins below:
+# sincosf's reduction of large angles (rope_f32 without a table; CUDA's own), and the 8-row Q4_K integer matvec
+# at the 168 registers its launch bounds leave (one 8-byte spill, ~1% of its loads).
+LOCAL_OK = {"rope_f32": 32, "qmvi_q4_k_q8_r4": 8}
+
+
+def ptxas_usage(log: str) -> dict[str, dict[str, int]]:
+    """nvcc --resource-usage's log -> {kernel: {"stack": bytes, "spill": bytes stored, "regs": registers}}."""
+    out: dict[str, dict[str, int]] = {}
+    for m in re.finditer(r"Function properties for (\w+)\s+(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                         r"(\d+) bytes spill loads\s+ptxas info\s+: Used (\d+) registers", log):
+        out[m[1]] = {"stack": int(m[2]), "spill": max(int(m[3]), int(m[4])), "regs": int(m[5])}
+    return out
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_nvcc_compiles(tmp_path):
     # Whole sources to PTX for both archs (the front end: every kernel of every weight type), and a
-    # cubin with qmatvec.cu cut down to one weight type so that ptxas checks the inline PTX too;
-    # full cubins for both archs would take about twice as long and check nothing more.
+    # cubin with qmatvec.cu cut down to one weight type (Q4_K, the known models' most used) so that ptxas
+    # checks the inline PTX too; full cubins for both archs would take about twice as long and check
+    # nothing more. The cubins' resource usage: no kernel keeps anything in local memory (stack frames,
+    # spills) beyond LOCAL_OK, where README's GPU section says ptxas gave the attention kernels 64-112 bytes
+    # of stack once, and the rounding kernels 32-64, until they kept their values in registers.
     jobs = [(s, a, "-ptx", ()) for s in SOURCES for a in ARCHS]
-    jobs += [(s, "sm_90", "-cubin", ("-DQMV_ONLY=14",)) for s in SOURCES]
+    jobs += [(s, "sm_90", "-cubin", ("-DQMV_ONLY=12", "--resource-usage")) for s in SOURCES]
     with ThreadPoolExecutor(max_workers=min(len(jobs), max(2, os.cpu_count() or 2))) as ex:
         results = list(ex.map(lambda j: _nvcc(*j, tmp_path), jobs))
     failed = [f"{cmd}\nexit {rc}:\n{log}" for cmd, rc, log in results if rc != 0]
     assert not failed, "\n\n".join(failed)
+    usage = {k: v for cmd, _, log in results if "--resource-usage" in cmd for k, v in ptxas_usage(log).items()}
+    assert {"rms_norm_f32", "attn_partial_f16_f16", "qmvi_q4_k_q1_r1", "qmv_q4_k_q16_r4"} <= set(usage), sorted(usage)
+    local = {k: max(v["stack"], v["spill"]) for k, v in usage.items() if v["stack"] or v["spill"]}
+    over = {k: b for k, b in local.items() if b > LOCAL_OK.get(k, 0)}
+    assert not over, f"kernels using local memory (bytes; allowed: {LOCAL_OK}): {over}"
 
 
 # ---- NVRTC (the path CuPy takes) -------------------------------------------------------------------

@@ -392,9 +392,14 @@ def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):
         GGUFFile(tmp_path / "a.gguf")
     # ... a string whose length runs past the file: refused there (the loop read on, empty strings past the end);
     # a scalar array past the end likewise (it was cut short silently)
+    whole = bytes(data[:at]) + struct.pack("<Q", 3) + bytes(data[at + 8:])
     data[at:at + 16] = struct.pack("<QQ", 3, 10**6)
     (tmp_path / "a.gguf").write_bytes(data)
     with pytest.raises(SharpiError, match=r"an array of \d+ strings at offset \d+ runs past the end of the file"):
+        GGUFFile(tmp_path / "a.gguf")
+    # ... and a file that ends inside a string's length (the third's, of "a", "b", "c": 24 bytes left, room for 3 lengths)
+    (tmp_path / "a.gguf").write_bytes(whole[:at + 8 + 24])
+    with pytest.raises(SharpiError, match=r"an array of 3 strings at offset \d+ runs past the end of the file"):
         GGUFFile(tmp_path / "a.gguf")
     from sharpi_core.control_vector import open_gguf
     w = gguf.GGUFWriter(str(tmp_path / "n.gguf"), "llama")
