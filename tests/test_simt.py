@@ -56,6 +56,10 @@ extern "C" __global__ void coords(int* out) {
     const int z = blockIdx.z * blockDim.z + threadIdx.z;
     out[((i64)z * Y + y) * X + x] = x + 100 * y + 10000 * z;
 }
+// block b reads what block b - 1 of the same launch wrote (a race on a GPU, which runs them in any order)
+extern "C" __global__ void after_the_block_before(float* a) {
+    if (threadIdx.x == 0 && blockIdx.x > 0) a[blockIdx.x] = a[blockIdx.x - 1] + 1.0f;
+}
 // thread t reads what thread (t + 1) wrote to dynamic shared memory before the barrier
 extern "C" __global__ void rotate_smem(float* out) {
     extern __shared__ float sm[];
@@ -146,13 +150,28 @@ def test_one_exchange_warp_reductions_are_the_shuffles(mod):
     assert np.any(in_order != sums[finite])
 
 
-def test_three_dimensional_grid_and_block(mod):
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_three_dimensional_grid_and_block(mod, order, monkeypatch):
+    monkeypatch.setenv("SHARPI_SIMT_ORDER", order)
     grid, block = (3, 2, 2), (8, 4, 2)
     X, Y, Z = (g * b for g, b in zip(grid, block))
     out = cp.full((Z, Y, X), -1, cp.int32)
     mod.get_function("coords")(grid, block, (out,))
     z, y, x = np.meshgrid(np.arange(Z), np.arange(Y), np.arange(X), indexing="ij")
     np.testing.assert_array_equal(cp.asnumpy(out), x + 100 * y + 10000 * z)
+
+
+def test_block_order_exposes_a_read_of_another_block(mod, monkeypatch):
+    # blocks run first to last, then (reverse) last to first: a block that reads what another block of the
+    # launch writes sees it in one order only
+    results = {}
+    for order in ("forward", "reverse"):
+        monkeypatch.setenv("SHARPI_SIMT_ORDER", order)
+        a = cp.zeros(6, cp.float32)
+        mod.get_function("after_the_block_before")((6,), (32,), (a,))
+        results[order] = cp.asnumpy(a)
+    np.testing.assert_array_equal(results["forward"], np.arange(6))
+    np.testing.assert_array_equal(results["reverse"], [0, 1, 1, 1, 1, 1])
 
 
 def test_dynamic_shared_memory_is_shared_by_the_block(mod):

@@ -7,7 +7,10 @@
 //   * threadIdx / blockIdx / blockDim / gridDim; blocks run one after another, the threads of a
 //     block interleave at every __syncthreads and warp shuffle (cooperative fibers on one OS thread):
 //     a warp runs until all its threads wait at a barrier, then the next, in increasing or
-//     (SHARPI_SIMT_ORDER=reverse) decreasing thread order;
+//     (SHARPI_SIMT_ORDER=reverse) decreasing thread order; the blocks too run in increasing or
+//     decreasing order (blockIdx.x fastest, then y, z), so a block that reads what a later block of the
+//     same launch writes, or a "last block" that is not counted as such, gives different results in one
+//     of the two orders (a GPU runs them in any order, side by side);
 //   * __syncthreads: every thread of the block must reach it; a barrier reached after some threads
 //     returned is reported as an error (on a GPU: a hang or undefined behaviour); threads at
 //     different __syncthreads calls release each other, as on a GPU (barrier 0);
@@ -489,12 +492,13 @@ inline int run(const Launch* L, int max_threads) {
         L->smem ? (unsigned char*)aligned_alloc(16, ((L->smem + 2 * SMEM_GUARD) + 15) & ~15ull) : nullptr;
     g_dyn_smem = dyn_raw ? dyn_raw + SMEM_GUARD : nullptr;
     bool ok = true;
-    for (unsigned z = 0; z < L->grid[2] && ok; z++)
-        for (unsigned y = 0; y < L->grid[1] && ok; y++)
-            for (unsigned x = 0; x < L->grid[0] && ok; x++) {
-                g_block_idx = {x, y, z};
-                ok = run_block();
-            }
+    const unsigned long long nb = (unsigned long long)L->grid[0] * L->grid[1] * L->grid[2];
+    for (unsigned long long i = 0; i < nb && ok; i++) {
+        const unsigned long long b = g_reverse ? nb - 1 - i : i;
+        g_block_idx = {(unsigned)(b % L->grid[0]), (unsigned)(b / L->grid[0] % L->grid[1]),
+                       (unsigned)(b / ((unsigned long long)L->grid[0] * L->grid[1]))};
+        ok = run_block();
+    }
     free(dyn_raw);
     g_dyn_smem = nullptr;
     return ok ? 0 : 1;
