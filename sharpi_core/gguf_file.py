@@ -5,6 +5,7 @@ Everything goes through the `gguf` package's reader; tensors stay views into the
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from collections.abc import Sequence
@@ -72,6 +73,9 @@ class BigEndian(_Damaged):
 # largest with their experts unmerged tens of thousands)
 MAX_KV, MAX_TENSORS = 1 << 16, 1 << 17
 _U64 = struct.Struct("<Q")
+_VALUE_TYPES = frozenset(int(t) for t in gguf.GGUFValueType)
+_TENSOR_TYPES = frozenset(int(t) for t in gguf.GGMLQuantizationType if t in gguf.GGML_QUANT_SIZES)
+GGML_MAX_DIMS = 4
 _CHUNK = 1 << 16  # strings whose offsets are gathered in Python lists at once
 
 
@@ -93,7 +97,8 @@ class Reader(gguf.GGUFReader):
             plain = self._plain = self.data.view(np.ndarray)
         count = int(count)
         dt = np.dtype(dtype)
-        arr = plain[offset:offset + dt.itemsize * count].view(dt)[:count]
+        raw = plain[offset:offset + dt.itemsize * count]
+        arr = raw[:len(raw) - len(raw) % dt.itemsize].view(dt)[:count]  # (the mapping's end may cut a value: short)
         return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
 
     def _build_fields(self, offs: int, count: int) -> int:
@@ -101,37 +106,97 @@ class Reader(gguf.GGUFReader):
             raise BigEndian("a big-endian GGUF file; sharpi reads little-endian ones only (as this CPU)")
         if count > MAX_KV:  # (each costs Python objects: a damaged count, or a crafted file, would take gigabytes)
             raise _Damaged(f"{count} metadata keys, more than any model has ({MAX_KV} at most)")
-        for _ in range(count):
+        end = len(self.data)
+        for i in range(count):
             orig_offs = offs
-            klen, kdata = self._get_str(offs)
+            # (said in the file's terms: the stock reader's short reads surface later as index or overflow errors)
+            where = f"metadata key {i + 1} of {count} at offset {orig_offs}"
+            if offs + 12 > end:
+                raise _Damaged(f"{where} lies past the end of the file")
+            klen = self._get(offs, np.uint64)
+            if int(klen[0]) > end - offs - 12:
+                raise _Damaged(f"{where}: its name of {int(klen[0])} bytes runs past the end of the file")
+            kdata = self._get(offs + 8, np.uint8, int(klen[0]))
+            try:
+                key = str(bytes(kdata), encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise _Damaged(f"{where}: its name is not UTF-8 ({e.reason})") from None
             offs += int(klen.nbytes + kdata.nbytes)
             raw_type = self._get(offs, np.uint32)
             offs += int(raw_type.nbytes)
+            if int(raw_type[0]) not in _VALUE_TYPES:
+                raise _Damaged(f"metadata key '{key}' has an unknown value type {int(raw_type[0])}")
             head = [klen, kdata, raw_type]
-            size, parts, idxs, types = self._get_field_parts(offs, raw_type[0])
+            try:
+                size, parts, idxs, types = self._get_field_parts(offs, raw_type[0])
+            except _Damaged as e:
+                raise _Damaged(f"metadata key '{key}': {e}") from None
+            except (IndexError, OverflowError, ValueError) as e:
+                raise _Damaged(f"metadata key '{key}' at offset {orig_offs}: its value is damaged "
+                               f"({type(e).__name__}: {e})") from None
             if isinstance(parts, _StringArrayParts):
                 parts.head = head + parts.head
                 data = range(len(parts.head) + 1, len(parts), 2)
             else:
                 data = [i + len(head) for i in idxs]
                 parts = head + parts
-            self._push_field(gguf.ReaderField(orig_offs, str(bytes(kdata), encoding="utf-8"), parts, data, types),
-                             skip_sum=True)
+            self._push_field(gguf.ReaderField(orig_offs, key, parts, data, types), skip_sum=True)
             offs += size
         return offs
 
     def _build_tensor_info(self, offs: int, count: int):
         if count > MAX_TENSORS:
             raise _Damaged(f"{count} tensors, more than any model has ({MAX_TENSORS} at most)")
-        return super()._build_tensor_info(offs, count)
+        fields, end = [], len(self.data)
+        for i in range(count):
+            # what llama.cpp's gguf_init checks of each entry, said before the stock reader meets it as an index error
+            where = f"tensor {i + 1} of {count} at offset {offs}"
+            n = int(self._get(offs, np.uint64)[0]) if offs + 8 <= end else end
+            if n > end - offs - 8:
+                raise _Damaged(f"{where}: its name runs past the end of the file")
+            try:
+                name = str(bytes(self._get(offs + 8, np.uint8, n)), encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise _Damaged(f"{where}: its name is not UTF-8 ({e.reason})") from None
+            at = offs + 8 + n
+            n_dims = int(self._get(at, np.uint32)[0]) if at + 4 <= end else -1
+            if n_dims < 0 or at + 4 + 8 * n_dims + 12 > end:
+                raise _Damaged(f"tensor '{name}' (at offset {offs}): its entry runs past the end of the file")
+            if n_dims > GGML_MAX_DIMS:
+                raise _Damaged(f"tensor '{name}' has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
+            dims = [int(d) for d in self._get(at + 4, np.uint64, n_dims)]
+            ttype = int(self._get(at + 4 + 8 * n_dims, np.uint32)[0])
+            if ttype not in _TENSOR_TYPES:
+                raise _Damaged(f"tensor '{name}' has an unknown type {ttype}")
+            if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
+                raise _Damaged(f"tensor '{name}' has too many elements ({' x '.join(map(str, dims))})")
+            block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)][0]
+            if dims and dims[0] % block:
+                raise _Damaged(f"tensor '{name}' of type {gguf.GGMLQuantizationType(ttype).name} has rows of {dims[0]} "
+                               f"values, not a multiple of its block size {block}")
+            field = self._get_tensor_info_field(offs)
+            offs += sum(int(part.nbytes) for part in field.parts)
+            fields.append(field)
+        return offs, fields
 
     def _get_field_parts(self, orig_offs, raw_type):
         if raw_type != _ARRAY or self.byte_order != "I":
-            return super()._get_field_parts(orig_offs, raw_type)
+            if raw_type == _STRING and orig_offs + 8 <= len(self.data):
+                n = int(self._get(orig_offs, np.uint64)[0])
+                if n > len(self.data) - orig_offs - 8:
+                    raise _Damaged(f"a string of {n} bytes at offset {orig_offs} runs past the end of the file")
+            size, parts, idxs, types = super()._get_field_parts(orig_offs, raw_type)
+            if raw_type != _ARRAY and len(parts[0]) != 1:  # (a value past the end of the mapping comes back empty)
+                raise _Damaged(f"its value at offset {orig_offs} runs past the end of the file")
+            return size, parts, idxs, types
         offs = orig_offs
+        if offs + 12 > len(self.data):
+            raise _Damaged(f"an array at offset {orig_offs} runs past the end of the file")
         raw_itype = self._get(offs, np.uint32)
         alen = self._get(offs + 4, np.uint64)
         offs += 12
+        if int(raw_itype[0]) not in _VALUE_TYPES:
+            raise _Damaged(f"an array of unknown element type {int(raw_itype[0])} at offset {orig_offs}")
         itype, n = gguf.GGUFValueType(int(raw_itype[0])), int(alen[0])
         if itype == _STRING:
             buf = getattr(self, "_mv", None)
@@ -153,7 +218,7 @@ class Reader(gguf.GGUFReader):
                         offs += 8
                         st[i], ls[i] = offs, ln
                         offs += ln
-                except struct.error:  # a length field past the end (a damaged count, or a length before it)
+                except (struct.error, OverflowError):  # a length field past the end (a damaged count, or a length before it)
                     offs = size + 1
                 if offs > size:  # (a damaged count or length: stop where the file does)
                     raise _Damaged(f"an array of {n} strings at offset {orig_offs} runs past the end of the file")

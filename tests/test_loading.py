@@ -152,7 +152,8 @@ def test_truncated_gguf_is_an_error(tmp_path):
     with pytest.raises(SharpiError, match=f"tensor data runs past the end of the file, {len(data) // 2} bytes"):
         load_model(p)
     p.write_bytes(data[:200])  # (in the metadata)
-    with pytest.raises(SharpiError, match="metadata ends early or is damaged"):
+    with pytest.raises(SharpiError, match=r"not a valid GGUF file \(metadata key 5 of 8 at offset 176: its name of 25 "
+                                          r"bytes runs past the end of the file\)"):
         load_model(p)
     for cut in (1, 3):  # (the last tensor a few bytes short: numpy's view fails another way)
         p.write_bytes(data[:-cut])
@@ -371,6 +372,74 @@ def _field_value_at(path, key) -> int:
     """Where a metadata field's value starts in the file (after its key and type)."""
     f = gguf.GGUFReader(str(path)).fields[key]
     return f.offset + 8 + len(key.encode()) + 4
+
+
+def test_damaged_metadata_keys_are_named(tmp_path):
+    # each key's damage said in the file's terms (not the stock reader's short reads surfacing as index errors)
+    import struct
+    w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
+    w.add_uint32("some.count", 7)
+    w.add_string("some.text", "hello")
+    w.add_array("some.values", [1, 2, 3])
+    for f in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        f()
+    good = (tmp_path / "k.gguf").read_bytes()
+
+    def damaged(change, message):
+        data = bytearray(good)
+        change(data)
+        (tmp_path / "d.gguf").write_bytes(data)
+        with pytest.raises(SharpiError, match=message):
+            GGUFFile(tmp_path / "d.gguf")
+
+    count, text, values = (_field_value_at(tmp_path / "k.gguf", k) for k in ("some.count", "some.text", "some.values"))
+    name = count - 4 - len("some.count")  # the key's name, after its 8-byte length
+    damaged(lambda d: d.__setitem__(slice(count - 4, count), struct.pack("<I", 99)),
+            r"metadata key 'some.count' has an unknown value type 99")
+    damaged(lambda d: d.__setitem__(slice(name, name + 1), b"\xff"), r"metadata key \d+ of \d+ at offset \d+: its name is not UTF-8")
+    damaged(lambda d: d.__setitem__(slice(name - 8, name), struct.pack("<Q", 1 << 40)),
+            r"metadata key \d+ of \d+ at offset \d+: its name of 1099511627776 bytes runs past the end of the file")
+    damaged(lambda d: d.__setitem__(slice(text, text + 8), struct.pack("<Q", 1 << 62)),
+            r"metadata key 'some.text': a string of 4611686018427387904 bytes at offset \d+ runs past the end of the file")
+    damaged(lambda d: d.__setitem__(slice(values, values + 4), struct.pack("<I", 77)),
+            r"metadata key 'some.values': an array of unknown element type 77")
+    # the file cut inside the last key's value, a scalar: (its value came back empty, an index error later)
+    w = gguf.GGUFWriter(str(tmp_path / "c.gguf"), "llama")
+    w.add_uint64("some.last", 5)
+    for f in (w.write_header_to_file, w.write_kv_data_to_file, w.close):
+        f()
+    cut = _field_value_at(tmp_path / "c.gguf", "some.last") + 3
+    (tmp_path / "d.gguf").write_bytes((tmp_path / "c.gguf").read_bytes()[:cut])
+    with pytest.raises(SharpiError, match=r"metadata key 'some.last': its value at offset \d+ runs past the end of the file"):
+        GGUFFile(tmp_path / "d.gguf")
+
+
+def test_damaged_tensor_entries_are_named(tmp_path):
+    # what llama.cpp's gguf_init checks of a tensor's entry: its dimensions (at most 4), type and rows of whole blocks
+    import struct
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_tensor("token_embd.weight", np.ones((4, 32), dtype=np.float32))
+    for f in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        f()
+    good = (tmp_path / "t.gguf").read_bytes()
+    t = gguf.GGUFReader(str(tmp_path / "t.gguf")).tensors[0]
+    n_dims_at = t.field.offset + 8 + len(t.name.encode())
+    type_at = n_dims_at + 4 + 8 * len(t.shape)
+    q4_0 = struct.pack("<I", int(gguf.GGMLQuantizationType.Q4_0))
+    cases = (([(type_at, struct.pack("<I", 1000))], r"tensor 'token_embd.weight' has an unknown type 1000"),
+             ([(type_at, q4_0), (n_dims_at + 4, struct.pack("<Q", 48))],  # (Q4_0's blocks hold 32 values)
+              r"tensor 'token_embd.weight' of type Q4_0 has rows of 48 values, not a multiple of its block size 32"),
+             ([(n_dims_at, struct.pack("<I", 5))], r"tensor 'token_embd.weight' has 5 dimensions \(at most 4\)"),
+             ([(n_dims_at + 4, struct.pack("<Q", 1 << 63))],
+              r"tensor 'token_embd.weight' has too many elements \(9223372036854775808 x 4\)"),
+             ([(t.field.offset, struct.pack("<Q", 1 << 50))], r"tensor 1 of 1 at offset \d+: its name runs past the end"))
+    for changes, message in cases:
+        data = bytearray(good)
+        for at, value in changes:
+            data[at:at + len(value)] = value
+        (tmp_path / "d.gguf").write_bytes(data)
+        with pytest.raises(SharpiError, match=message):
+            GGUFFile(tmp_path / "d.gguf")
 
 
 def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):
