@@ -39,6 +39,9 @@
 #   Since 2026-12-06 each matvec also prefetches the pass's next matrix into the L2 (qmatvec.cu's QMV_KERNEL,
 #   common.cuh's prefetch_ranges; emulator-checked only): `quick` times it against SHARPI_CUDA_AHEAD=0
 #   (bench_ahead0 against bench), and part2's test_each_matvec_asks_for_the_next_matrix[cuda] checks the bits.
+#   Order for the next device (2026-12-06): part1, part2, then `why` before `quick`. On the H200 a decode with nothing
+#   fused (455 launches) ran as fast as the fused one (275), so what holds a step back is inside the small kernels
+#   (attention ~20 us at 128 keys, a norm 5.7 us), which only the profiler can show.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
