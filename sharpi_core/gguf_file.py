@@ -291,11 +291,15 @@ def _open(path: str) -> Reader:
         raise SharpiError(f"model file not found: {path}")
     try:
         with open(path, "rb") as f:
-            magic = f.read(4)
+            magic, version = f.read(4), f.read(4)
     except OSError as e:
         raise SharpiError(f"cannot read model file {path}: {e.strerror}") from None
     if magic != MAGIC:
         raise SharpiError(f"{path}: not a valid GGUF file (it does not start with the 'GGUF' magic bytes)")
+    v = int.from_bytes(version, "little") if len(version) == 4 else 0
+    if v & 0xFFFF and v not in gguf.gguf_reader.READER_SUPPORTED_VERSIONS:  # (a big-endian file's low half is 0)
+        raise SharpiError(f"{path}: a GGUF file of version {v}, which sharpi cannot read (it reads versions 2 and 3"
+                          + (", as llama.cpp does: version 1 files need converting again)" if v == 1 else ")"))
     try:
         reader = Reader(path, "r")
     except Exception as e:  # the gguf package raises ValueError/struct errors/etc.

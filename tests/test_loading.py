@@ -414,6 +414,17 @@ def test_damaged_metadata_keys_are_named(tmp_path):
         GGUFFile(tmp_path / "d.gguf")
 
 
+def test_unsupported_gguf_versions_are_named(tmp_path):
+    import struct
+    good = write_gguf(tmp_path / "m.gguf").read_bytes()
+    for v, message in ((1, r"a GGUF file of version 1, which sharpi cannot read \(it reads versions 2 and 3, as llama.cpp "
+                           r"does: version 1 files need converting again\)"),
+                       (7, r"a GGUF file of version 7, which sharpi cannot read \(it reads versions 2 and 3\)$")):
+        (tmp_path / "v.gguf").write_bytes(good[:4] + struct.pack("<I", v) + good[8:])
+        with pytest.raises(SharpiError, match=message):
+            GGUFFile(tmp_path / "v.gguf")
+
+
 def test_damaged_tensor_entries_are_named(tmp_path):
     # what llama.cpp's gguf_init checks of a tensor's entry: its dimensions (at most 4), type and rows of whole blocks
     import struct
