@@ -53,7 +53,7 @@ def _nvcc(src: Path, arch: str, kind: str, defines: tuple, out_dir: Path) -> tup
 
 # What ptxas may put in local memory (a thread's stack, slow as global memory) in the sm_90 cubins below:
 # sincosf's reduction of large angles (rope_f32 without a table; CUDA's own), and the 8-row Q4_K integer matvec
-# at the 168 registers its launch bounds leave (one 8-byte spill, ~1% of its loads).
+# at the 168 registers its launch bounds leave (one 8-byte spill).
 LOCAL_OK = {"rope_f32": 32, "qmvi_q4_k_q8_r4": 8}
 
 
