@@ -113,14 +113,8 @@ class Reader(gguf.GGUFReader):
             where = f"metadata key {i + 1} of {count} at offset {orig_offs}"
             if offs + 12 > end:
                 raise _Damaged(f"{where} lies past the end of the file")
-            klen = self._get(offs, np.uint64)
-            if int(klen[0]) > end - offs - 12:
-                raise _Damaged(f"{where}: its name of {int(klen[0])} bytes runs past the end of the file")
-            kdata = self._get(offs + 8, np.uint8, int(klen[0]))
-            try:
-                key = str(bytes(kdata), encoding="utf-8")
-            except UnicodeDecodeError as e:
-                raise _Damaged(f"{where}: its name is not UTF-8 ({e.reason})") from None
+            key = self._name(offs, where, room=4)  # (then its 4-byte value type)
+            klen, kdata = self._get_str(offs)
             offs += int(klen.nbytes + kdata.nbytes)
             raw_type = self._get(offs, np.uint32)
             offs += int(raw_type.nbytes)
@@ -144,21 +138,26 @@ class Reader(gguf.GGUFReader):
             offs += size
         return offs
 
+    def _name(self, offs: int, where: str, room: int = 0) -> str:
+        """The name (a key's, a tensor's) at offs, an 8-byte length and its UTF-8 bytes with `room` bytes of the entry
+        after them, or _Damaged saying why not (`where`: the entry)."""
+        end = len(self.data)
+        n = int(self._get(offs, np.uint64)[0]) if offs + 8 <= end else end
+        if n > end - offs - 8 - room:
+            raise _Damaged(f"{where}: its name of {n} bytes runs past the end of the file")
+        try:
+            return str(bytes(self._get(offs + 8, np.uint8, n)), encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise _Damaged(f"{where}: its name is not UTF-8 ({e.reason})") from None
+
     def _build_tensor_info(self, offs: int, count: int):
         if count > MAX_TENSORS:
             raise _Damaged(f"{count} tensors, more than any model has ({MAX_TENSORS} at most)")
         fields, end = [], len(self.data)
         for i in range(count):
             # what llama.cpp's gguf_init checks of each entry, said before the stock reader meets it as an index error
-            where = f"tensor {i + 1} of {count} at offset {offs}"
-            n = int(self._get(offs, np.uint64)[0]) if offs + 8 <= end else end
-            if n > end - offs - 8:
-                raise _Damaged(f"{where}: its name runs past the end of the file")
-            try:
-                name = str(bytes(self._get(offs + 8, np.uint8, n)), encoding="utf-8")
-            except UnicodeDecodeError as e:
-                raise _Damaged(f"{where}: its name is not UTF-8 ({e.reason})") from None
-            at = offs + 8 + n
+            name = self._name(offs, f"tensor {i + 1} of {count} at offset {offs}")
+            at = offs + 8 + int(self._get(offs, np.uint64)[0])
             n_dims = int(self._get(at, np.uint32)[0]) if at + 4 <= end else -1
             if n_dims < 0 or at + 4 + 8 * n_dims + 12 > end:
                 raise _Damaged(f"tensor '{name}' (at offset {offs}): its entry runs past the end of the file")
@@ -170,10 +169,11 @@ class Reader(gguf.GGUFReader):
                 raise _Damaged(f"tensor '{name}' has an unknown type {ttype}")
             if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
                 raise _Damaged(f"tensor '{name}' has too many elements ({' x '.join(map(str, dims))})")
-            block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)][0]
+            qtype = gguf.GGMLQuantizationType(ttype)
+            block = gguf.GGML_QUANT_SIZES[qtype][0]
             if dims and dims[0] % block:
-                raise _Damaged(f"tensor '{name}' of type {gguf.GGMLQuantizationType(ttype).name} has rows of {dims[0]} "
-                               f"values, not a multiple of its block size {block}")
+                raise _Damaged(f"tensor '{name}' of type {qtype.name} has rows of {dims[0]} values, not a multiple of "
+                               f"its block size {block}")
             field = self._get_tensor_info_field(offs)
             offs += sum(int(part.nbytes) for part in field.parts)
             fields.append(field)

@@ -514,8 +514,9 @@ def check_run(r: subprocess.CompletedProcess, min_passed: int) -> None:
 
 @pytest.mark.parametrize("order", KERNEL_ORDERS)
 def test_kernel_tests_pass_on_the_emulated_gpu(order):
-    # threads between two barriers run in increasing, then decreasing order: a missing barrier
-    # (a thread reading what another writes before they synchronise) fails one of the two
+    # threads between two barriers, and a launch's blocks, run in increasing, then decreasing order: a missing
+    # barrier (a thread reading what another writes before they synchronise), or a block reading what another
+    # block of its launch writes, fails one of the two
     p = _EARLY_KERNELS.pop(order, None) or kernel_run(order)
     check_run(finish(p), 170)
 
