@@ -313,6 +313,30 @@ def test_writes_outside_an_allocation_are_caught(mod):
         k((1,), (32,), (copied, np.int32(11)))
 
 
+def test_driver_launches_take_pointers_into_live_allocations_only(mod):
+    # the emulated cuLaunchKernelEx (what sharpi_core.backends.cuda's programmatic launches call) looks each
+    # pointer argument up among the live allocations: inside one (a view's offset too) it runs the kernel,
+    # past the end of one or into a freed one it refuses the launch, as a GPU would fault there
+    k = mod.get_function("write_n")
+    drv = cp.cuda.libcuda
+
+    def launch(ptr: int, n: int) -> int:
+        v, count = ctypes.c_void_p(ptr), np.array(np.int32(n))
+        params = (ctypes.c_void_p * 2)(ctypes.addressof(v), count.ctypes.data)
+        cfg = cb.CuLaunchConfig(1, 1, 1, 32, 1, 1, 0, None, None, 0)
+        return drv.cuLaunchKernelEx(ctypes.addressof(cfg), k.kernel.ptr, ctypes.addressof(params), None)
+
+    a, b = cp.zeros(16, cp.float32), cp.zeros(16, cp.float32)
+    assert launch(a[4:].data.ptr, 3) == 0 and launch(b.data.ptr, 1) == 0
+    assert a.get().tolist() == [0.0] * 4 + [1.0] * 3 + [0.0] * 9 and b.get()[0] == 1.0
+    assert launch(a.data.ptr + 16 * 4, 1) == cp.CUDA_ERROR_INVALID_VALUE
+    assert "not in a live allocation" in drv.last_error
+    gone = b.data.ptr
+    del b
+    assert launch(gone, 1) == cp.CUDA_ERROR_INVALID_VALUE
+    assert launch(a.data.ptr, 1) == 0  # the table follows the allocations
+
+
 def _prefetched(mod, launch) -> list[int]:
     """The addresses the kernels of `launch()` prefetched, in order (the emulator's log)."""
     log = np.zeros(1 << 16, np.uint64)

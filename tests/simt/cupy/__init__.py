@@ -20,6 +20,7 @@ rather than at replay) is an error, and a replay whose arrays were freed since t
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import hashlib
 import os
@@ -58,7 +59,7 @@ class _Pointer:
 
 # allocation id -> (buffer, start, nbytes); the buffer is what device arrays are views of
 _allocations: "weakref.WeakValueDictionary[int, _np.ndarray]" = weakref.WeakValueDictionary()
-_info: dict[int, tuple[int, int]] = {}  # allocation id -> (start of the array in it, its bytes)
+_info: dict[int, tuple[int, int, int]] = {}  # allocation id -> (start of the array in it, its bytes, its address)
 
 
 _capturing: list = []  # the stream capturing now, if any
@@ -181,15 +182,25 @@ def _forget(key: int) -> None:
     _memory_changed()
 
 
+_index: list = [-1, None, None, None]  # (the count it was made at, bases, ends, allocation ids), sorted by base
+
+
+def _live() -> tuple[list, list, list]:
+    """The live allocations' arrays as [base, end) addresses sorted by base, and their allocation ids
+    (made again when the count of allocations made and freed moved; a launch looks its pointers up here)."""
+    with _lock:
+        version = _memory[0]
+        if _index[0] != version:
+            live = sorted((info[2], info[2] + max(info[1], 1), key) for key, info in list(_info.items())
+                          if key in _allocations)
+            _index[:] = [version, [b for b, _, _ in live], [e for _, e, _ in live], [k for _, _, k in live]]
+        return _index[1], _index[2], _index[3]
+
+
 def _memory_table() -> _np.ndarray:
     """The live allocations' arrays as sorted [base, end) address pairs, uint64 [n, 2]."""
-    pairs = []
-    for key, buf in list(_allocations.items()):
-        info = _info.get(key)
-        if info is not None:
-            base = buf.ctypes.data + info[0]
-            pairs.append((base, base + max(info[1], 1)))
-    return _np.array(sorted(pairs), dtype=_np.uint64).reshape(-1, 2)
+    bases, ends, _ = _live()
+    return _np.array([bases, ends], dtype=_np.uint64).T.copy().reshape(-1, 2)
 
 
 def _alloc(shape, dt, fill: int | None = 0xFF) -> ndarray:
@@ -206,7 +217,7 @@ def _alloc(shape, dt, fill: int | None = 0xFF) -> ndarray:
     if fill is not None and fill != 0:
         buf[start:start + nbytes] = fill
     _allocations[id(buf)] = buf
-    _info[id(buf)] = (start, nbytes)
+    _info[id(buf)] = (start, nbytes, base + start)
     _memory_changed()
     weakref.finalize(buf, _forget, id(buf))
     return buf[start:start + nbytes].view(dt).reshape(shape).view(ndarray)
@@ -225,7 +236,7 @@ def _check_guards(a: ndarray, where: str) -> None:
     buf = _root(a)
     if buf is None:
         return
-    start, nbytes = _info[id(buf)]
+    start, nbytes, _ = _info[id(buf)]
     head, tail = buf[:start], buf[start + nbytes:]
     if (head != _GUARD_BYTE).any() or (tail != _GUARD_BYTE).any():
         raise RuntimeError(f"{where}: a kernel wrote outside an allocation of {nbytes} bytes")
@@ -549,6 +560,10 @@ def _cache_dir() -> Path:
     return Path(d)
 
 
+_CXXFLAGS = ("-O2", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
+             "-Wno-unknown-pragmas")
+
+
 def _build(code: str, options: tuple) -> tuple[Path, dict[str, int]]:
     cxx = compiler()
     if cxx is None:
@@ -557,7 +572,7 @@ def _build(code: str, options: tuple) -> tuple[Path, dict[str, int]]:
     if os.environ.get("SHARPI_SIMT_WARP_REDUCE") == "1":  # warp reductions in one exchange (simt.hpp's warp_butterfly)
         defines.append("-DSHARPI_SIMT_WARP_REDUCE")
     src = host_source(code)
-    key = hashlib.sha256("\0".join([src, *defines, _SIMT_HPP.read_text(), cxx]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join([src, *defines, _SIMT_HPP.read_text(), cxx, *_CXXFLAGS]).encode()).hexdigest()[:24]
     d = _cache_dir()
     lib = d / f"k{key}.so"
     table = d / f"k{key}.kernels"
@@ -574,8 +589,7 @@ def _build(code: str, options: tuple) -> tuple[Path, dict[str, int]]:
                 + "".join(f"SIMT_EXPORT({k}, {b})\n" for k, b in kernels.items()))
         tmp = d / f"k{key}.{os.getpid()}.{threading.get_ident()}"
         (tmp.with_suffix(".cpp")).write_text(full)
-        cmd = [cxx, "-O2", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
-               "-Wno-unknown-pragmas", *defines, "-o", str(tmp.with_suffix(".so")), str(tmp.with_suffix(".cpp"))]
+        cmd = [cxx, *_CXXFLAGS, *defines, "-o", str(tmp.with_suffix(".so")), str(tmp.with_suffix(".cpp"))]
         r = subprocess.run(cmd, capture_output=True, text=True)
         tmp.with_suffix(".cpp").unlink()
         if r.returncode:
@@ -713,12 +727,9 @@ CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_LAUNCH_FAILED = 
 
 def _allocation_of(ptr: int):
     """The allocation (buffer) whose array memory holds device address ptr, or None."""
-    for key, buf in list(_allocations.items()):
-        start, nbytes = _info.get(key, (0, -1))
-        base = buf.ctypes.data + start
-        if base <= ptr < base + max(nbytes, 1):
-            return buf
-    return None
+    bases, ends, keys = _live()
+    i = bisect.bisect_right(bases, ptr) - 1
+    return _allocations.get(keys[i]) if i >= 0 and ptr < ends[i] else None
 
 
 class _Driver:
