@@ -452,26 +452,27 @@ def test_graph_replay_into_freed_memory_is_an_error(mod):
 # Qwen ones take minutes each and run by hand:
 #   PYTHONPATH=tests/simt python3 -m pytest tests/test_cuda_model.py)
 # Two groups of about equal time, run at once in two processes (seconds measured with --durations,
-# both groups running, 2 cores, MODEL_TEST_ENV; re-balance when a test is added).
+# both groups running and nothing else, 2 cores, MODEL_TEST_ENV, 2026-12-06; the whole groups 128 and 145 s;
+# re-balance when a test is added).
 # (test_device_argmax_and_greedy_chain_are_the_host_argmax[cuda] is left to a GPU: its kernel is
 # checked emulated in test_cuda_kernels.py, its host logic by the [fake] variant, and the speculative parity
 # test below runs the device arg-max chains; so is test_graph_launches_equal_eager_passes_bit_for_bit[q8_0-cuda]
 # (38 s here): graph replays run emulated with f16 caches and split, the q8_0 cache's kernels in the q8_0 tests)
 MODEL_TEST_GROUPS = tuple([f"tests/test_cuda_model.py::{t}" for t in group] for group in ((
-    "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # 132 s (3 of 5 prompts: ~80): llama.cpp's fixtures
-    "test_graph_launches_equal_eager_passes_bit_for_bit[f16-cuda]",  # 36
-    "test_gpu_cache_truncate_last_n_and_cut_head[cuda]",  # 30
+    "test_gpu_greedy_matches_llama_cpp[smollm2-135m]",    # 54 s (3 of the 5 prompts): llama.cpp's fixtures
+    "test_graph_launches_equal_eager_passes_bit_for_bit[f16-cuda]",  # 23
+    "test_gpu_cache_truncate_last_n_and_cut_head[cuda]",  # 23
     "test_gpu_q8_0_cache_follows_cpu[cuda]",              # 5
-    "test_control_vectors_on_the_gpu_follow_the_cpu[cuda]",  # ~45: the residual add and vector on the real kernels
+    "test_control_vectors_on_the_gpu_follow_the_cpu[cuda]",  # 20: the residual add and vector on the real kernels
 ), (
-    "test_gpu_speculative_greedy_parity[cuda]",            # 127 (16 tokens: ~85): lookup, self-draft (device arg-max)
-    "test_fused_launches_equal_separate_ones_bit_for_bit[f16-cuda-smollm2-135m]",  # 40: RoPE, rounding in kernels
-    "test_graph_launches_equal_eager_passes_bit_for_bit[split-cuda]",  # 16
-    "test_gpu_verify_rows_equal_one_token_passes",         # 13: bit for bit, what speculation relies on
-    "test_gpu_split_model_verify_rows_and_logits",         # 6: -ngl below the layer count
-    "test_sampled_draft_chains_draw_each_token_by_the_law_they_bring_back[cuda]",  # 43: replays read new uniforms, a pass of 3 rows
-    "test_split_cache_truncate_last_n_and_cut_head[cuda]",  # 4
-    "test_logits_close_to_cpu[cuda-smollm2-135m]",         # 3
+    "test_gpu_speculative_greedy_parity[cuda]",            # 69 (16 tokens): lookup, self-draft (device arg-max)
+    "test_fused_launches_equal_separate_ones_bit_for_bit[f16-cuda-smollm2-135m]",  # 22: RoPE, rounding in kernels
+    "test_graph_launches_equal_eager_passes_bit_for_bit[split-cuda]",  # 11
+    "test_gpu_verify_rows_equal_one_token_passes",         # 9: bit for bit, what speculation relies on
+    "test_gpu_split_model_verify_rows_and_logits",         # 5: -ngl below the layer count
+    "test_sampled_draft_chains_draw_each_token_by_the_law_they_bring_back[cuda]",  # 21: replays read new uniforms, a pass of 3 rows
+    "test_split_cache_truncate_last_n_and_cut_head[cuda]",  # 3
+    "test_logits_close_to_cpu[cuda-smollm2-135m]",         # 2
     "test_gpu_q8_0_cache_bytes_are_the_cpu_cache_bytes[cuda]",
 )))
 
