@@ -484,8 +484,10 @@ MODEL_TEST_ENV = {"SHARPI_SIMT_WARP_REDUCE": "1", "SHARPI_SIMT_QUICK": "1"}  # (
 
 
 def start_emulated(*args: str, order: str = "forward", env: dict | None = None, nice: int = 0) -> subprocess.Popen:
+    # (no third-party pytest plugins: a machine's hypothesis, anyio, pytest-benchmark cost each run ~1.7 s to import
+    # and assertion-rewrite, every time where PYTHONDONTWRITEBYTECODE keeps pytest from caching that)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SIMT_DIR), os.environ.get("PYTHONPATH", "")]),
-               SHARPI_SIMT_ORDER=order, **(env or {}))
+               SHARPI_SIMT_ORDER=order, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=(lambda: os.nice(nice)) if nice else None)
