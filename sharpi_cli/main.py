@@ -55,6 +55,8 @@ def _layers(value: str) -> int:
 
 
 def _err(msg: str, head: str = "", tail: str = "") -> None:
+    if not msg.isprintable():  # one line whatever the message carries (a damaged file's name, a path): escaped
+        msg = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in msg)
     print(f"{head}error: {msg}{tail}", file=sys.stderr, flush=True)
 
 

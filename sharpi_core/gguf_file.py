@@ -65,6 +65,13 @@ class _Damaged(ValueError):
     """What Reader says of metadata it finds impossible (said as it is, without the exception's name)."""
 
 
+def _said(name: str, limit: int = 64) -> str:
+    """A name read from a damaged file, as an error line shows it: characters that are not printable escaped (a
+    newline in it would start a second line) and at most `limit` of them, then how many there are."""
+    out = name[:limit].encode("unicode_escape").decode("ascii") if not name[:limit].isprintable() else name[:limit]
+    return out if len(name) <= limit else f"{out}... ({len(name)} characters)"
+
+
 class BigEndian(_Damaged):
     """A GGUF file of the other byte order (llama.cpp refuses them too: its tensors are read as they lie)."""
 
@@ -76,6 +83,7 @@ _U64 = struct.Struct("<Q")
 _VALUE_TYPES = frozenset(int(t) for t in gguf.GGUFValueType)
 _TENSOR_TYPES = frozenset(int(t) for t in gguf.GGMLQuantizationType if t in gguf.GGML_QUANT_SIZES)
 GGML_MAX_DIMS = 4
+GGML_MAX_NAME = 64  # a tensor's name is shorter (llama.cpp's gguf_init refuses the file otherwise)
 _CHUNK = 1 << 16  # strings whose offsets are gathered in Python lists at once
 
 
@@ -119,14 +127,14 @@ class Reader(gguf.GGUFReader):
             raw_type = self._get(offs, np.uint32)
             offs += int(raw_type.nbytes)
             if int(raw_type[0]) not in _VALUE_TYPES:
-                raise _Damaged(f"metadata key '{key}' has an unknown value type {int(raw_type[0])}")
+                raise _Damaged(f"metadata key '{_said(key)}' has an unknown value type {int(raw_type[0])}")
             head = [klen, kdata, raw_type]
             try:
                 size, parts, idxs, types = self._get_field_parts(offs, raw_type[0])
             except _Damaged as e:
-                raise _Damaged(f"metadata key '{key}': {e}") from None
+                raise _Damaged(f"metadata key '{_said(key)}': {e}") from None
             except (IndexError, OverflowError, ValueError) as e:
-                raise _Damaged(f"metadata key '{key}' at offset {orig_offs}: its value is damaged "
+                raise _Damaged(f"metadata key '{_said(key)}' at offset {orig_offs}: its value is damaged "
                                f"({type(e).__name__}: {e})") from None
             if isinstance(parts, _StringArrayParts):
                 parts.head = head + parts.head
@@ -156,23 +164,28 @@ class Reader(gguf.GGUFReader):
         fields, end = [], len(self.data)
         for i in range(count):
             # what llama.cpp's gguf_init checks of each entry, said before the stock reader meets it as an index error
-            name = self._name(offs, f"tensor {i + 1} of {count} at offset {offs}")
-            at = offs + 8 + int(self._get(offs, np.uint64)[0])
+            where = f"tensor {i + 1} of {count} at offset {offs}"
+            name, n_name = self._name(offs, where), int(self._get(offs, np.uint64)[0])
+            shown = _said(name)
+            if n_name >= GGML_MAX_NAME:
+                raise _Damaged(f"{where}: its name '{shown}' is {n_name} bytes long (at most {GGML_MAX_NAME - 1}, "
+                               "as llama.cpp takes it)")
+            at = offs + 8 + n_name
             n_dims = int(self._get(at, np.uint32)[0]) if at + 4 <= end else -1
             if n_dims < 0 or at + 4 + 8 * n_dims + 12 > end:
-                raise _Damaged(f"tensor '{name}' (at offset {offs}): its entry runs past the end of the file")
+                raise _Damaged(f"tensor '{shown}' (at offset {offs}): its entry runs past the end of the file")
             if n_dims > GGML_MAX_DIMS:
-                raise _Damaged(f"tensor '{name}' has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
+                raise _Damaged(f"tensor '{shown}' has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
             dims = [int(d) for d in self._get(at + 4, np.uint64, n_dims)]
             ttype = int(self._get(at + 4 + 8 * n_dims, np.uint32)[0])
             if ttype not in _TENSOR_TYPES:
-                raise _Damaged(f"tensor '{name}' has an unknown type {ttype}")
+                raise _Damaged(f"tensor '{shown}' has an unknown type {ttype}")
             if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
-                raise _Damaged(f"tensor '{name}' has too many elements ({' x '.join(map(str, dims))})")
+                raise _Damaged(f"tensor '{shown}' has too many elements ({' x '.join(map(str, dims))})")
             qtype = gguf.GGMLQuantizationType(ttype)
             block = gguf.GGML_QUANT_SIZES[qtype][0]
             if dims and dims[0] % block:
-                raise _Damaged(f"tensor '{name}' of type {qtype.name} has rows of {dims[0]} values, not a multiple of "
+                raise _Damaged(f"tensor '{shown}' of type {qtype.name} has rows of {dims[0]} values, not a multiple of "
                                f"its block size {block}")
             field = self._get_tensor_info_field(offs)
             offs += sum(int(part.nbytes) for part in field.parts)

@@ -808,6 +808,13 @@ def test_invalid_flags_one_line_exit_2(smol, args, fragment):
     one_error_line(r, 2, fragment)
 
 
+def test_an_error_is_one_line_whatever_its_message_carries(capsys):
+    # (a damaged file's key name, a path with a newline: scripts/fuzz_bad_input.py found a two-line one)
+    import sharpi_cli.main as cli_main
+    cli_main._err("key 'a\nb\x00' in \u2028 x\té", "P ")
+    assert capsys.readouterr().err == "P error: key 'a\\nb\\x00' in \\u2028 x\\té\n"
+
+
 def test_a_bad_command_line_is_refused_before_anything_loads(smol):
     """Flag errors come before torch is imported (1-2 s) or the model read: at once, as llama-cli's do."""
     for args in (("--top-p", "nan"), ("-ctk", "q4_k"), ("--samplers", "top_k;penalties"), ("--grammar", "root ::= item"),

@@ -403,6 +403,12 @@ def test_damaged_metadata_keys_are_named(tmp_path):
             r"metadata key 'some.text': a string of 4611686018427387904 bytes at offset \d+ runs past the end of the file")
     damaged(lambda d: d.__setitem__(slice(values, values + 4), struct.pack("<I", 77)),
             r"metadata key 'some.values': an array of unknown element type 77")
+    # a name's length grown over its type, its value and the next key's length (bytes that are valid UTF-8): said with
+    # those bytes escaped, on one line
+    longer = struct.pack("<Q", len("some.count") + 16)
+    damaged(lambda d: d.__setitem__(slice(name - 8, name), longer),
+            r"metadata key 'some.count\\x04\\x00\\x00\\x00\\x07(\\x00){3}\\t(\\x00){7}' has an unknown value type "
+            + str(int.from_bytes(b"some", "little")))
     # the file cut inside the last key's value, a scalar: (its value came back empty, an index error later)
     w = gguf.GGUFWriter(str(tmp_path / "c.gguf"), "llama")
     w.add_uint64("some.last", 5)
@@ -451,6 +457,20 @@ def test_damaged_tensor_entries_are_named(tmp_path):
         (tmp_path / "d.gguf").write_bytes(data)
         with pytest.raises(SharpiError, match=message):
             GGUFFile(tmp_path / "d.gguf")
+    # a tensor's name is shorter than llama.cpp's GGML_MAX_NAME (64 bytes): 63 loads, 64 is refused, and one that
+    # carries control characters is said escaped and cut short
+    for name, message in (("a" * 63, None), ("a" * 64, r"tensor 1 of 1 at offset \d+: its name 'a{64}' is 64 bytes long "
+                                                    r"\(at most 63, as llama.cpp takes it\)"),
+                          ("\n" * 80, r"its name '(\\n){64}\.\.\. \(80 characters\)' is 80 bytes long")):
+        w = gguf.GGUFWriter(str(tmp_path / "n.gguf"), "llama")
+        w.add_tensor(name, np.ones((4, 32), dtype=np.float32))
+        for f in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+            f()
+        if message is None:
+            assert list(GGUFFile(tmp_path / "n.gguf").tensors) == [name]
+        else:
+            with pytest.raises(SharpiError, match=message):
+                GGUFFile(tmp_path / "n.gguf")
 
 
 def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Bad input through the CLI: each run ends in output or one clear error line, never a traceback (a tool, not a test).
+
+    python scripts/fuzz_bad_input.py flags [--seed 1] [--runs 200] [--log fuzz.jsonl]
+    python scripts/fuzz_bad_input.py gguf  [--seed 1] [--runs 200] [--log fuzz.jsonl]
+
+flags: each run gives SmolLM2 (cached) a short prompt and 1-5 options (mostly 1-2) drawn from the run command's own
+(the ones that name files, the network, the terminal or a GPU left out), each with a value drawn for its type:
+sensible ones, edge ones (-1, huge, nan, inf) and junk (letters, empty); a quarter of the runs add the model as its
+own draft.
+gguf: each run changes 1-4 bytes or 8-byte words of a copy of SmolLM2's GGUF header (counts, types, lengths, the
+metadata's and the tensor table's bytes; mostly near its start, where the counts are) and runs the copy.
+A failure is a traceback on stderr, a run killed by a signal or one past its time limit, an exit code other than
+0, 1 or 2, or (gguf) an error that is more than one line. Each is printed with its command line or the bytes
+changed; every run goes to --log as a JSON line. The model is never written: the damaged copy lives in a temporary
+folder. Exit status: 1 when a run failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sharpi_core.registry import cached_path, is_cached  # noqa: E402
+
+MODEL = "smollm2-135m-instruct-q4_1"
+# options whose values are paths, URLs, terminal or GPU matters, or that wait for input: not what this draws
+SKIP = {"-m", "-hf", "-hff", "-hft", "-mu", "-cl", "-hfd", "-f", "-bf", "-mm", "-mmu", "--image", "--media", "-cnv",
+        "-i", "-if", "--mlock", "-md", "--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled",
+        "--chat-template-file", "--grammar-file", "-jf", "-sysf", "--log-file", "-o", "--prompt-cache", "--version",
+        "--offline", "--list-devices", "-dev", "--device", "-devd", "--device-draft", "-ngl", "-ngld", "--mmproj"}
+# (numbers: sensible ones half the time, else edge ones, junk a run in ten: so that most runs get past the checks)
+VALUES = {
+    "int": [["0", "1", "2", "3", "7", "64"], ["-1", "-2", "100000", "999999999999"], ["abc", ""]],
+    "float": [["0", "0.5", "1", "1.5", "0.0001"], ["-1", "nan", "inf", "-inf", "1e30"], ["x", ""]],
+    "str": ["none", "f16", "q8_0", "bf16", "q4_0", "auto", "on", "off", "yes", "1", "0", "", "x", '{"a":1}',
+            "top_k;temp", "kd", "-1", "0-3", "0x3", "[1,2]", "ngram-simple", "draft", "1-2", "high", "deepseek",
+            "15+1", "tokenizer.ggml.add_bos_token=bool:true", "a=int:1"],
+}
+
+
+def value(r: random.Random, kind: str) -> str:
+    if kind == "str":
+        return r.choice(VALUES["str"])
+    good, edge, junk = VALUES[kind]
+    x = r.random()
+    return r.choice(good if x < 0.5 else edge if x < 0.9 else junk)
+PROMPTS = ["hi", "The capital of France is", ""]
+GGUF_RUN = ["-p", "hi", "-n", "4", "--temp", "0", "--offline", "-no-cnv"]
+
+
+def run_options() -> list[tuple[list[str], str]]:
+    """The run command's options as (names, type): type is 'flag', 'int', 'float', 'str' or 'pair' (two ints)."""
+    from sharpi_cli.main import command
+    out = []
+    for p in command().params:
+        names = [n for n in [*p.opts, *p.secondary_opts]]
+        if not names or names[0] in SKIP or set(names) & SKIP:
+            continue
+        t = p.bare_type()
+        kind = ("flag" if p.is_flag else "pair" if p.nargs == 2 else "int" if t == "int" else
+                "float" if t == "float" else "str")
+        out.append((names, kind))
+    return out
+
+
+ENTRY = "import sys; from sharpi_cli.entry import main; sys.argv[0] = 'sharpi'; main()"
+
+
+def sharpi(args: list[str], cwd: str, timeout: float = 120) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `sharpi ARGS` (-999: past the time limit)."""
+    try:
+        p = subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL, cwd=cwd, errors="replace")
+        return p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        return -999, "", "TIMEOUT"
+
+
+def verdict(rc: int, err: str, one_line: bool) -> str | None:
+    """Why a run failed, or None."""
+    if "Traceback" in err:
+        return "traceback"
+    if rc == -999:
+        return "time limit"
+    if rc < 0 or rc > 2:
+        return f"exit {rc}"
+    if one_line and rc:
+        lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("sharpi:", "warning"))]
+        if len(lines) != 1:
+            return f"{len(lines)} error lines"
+    return None
+
+
+def fuzz_flags(r: random.Random, runs: int, model: Path, cwd: str, log) -> int:
+    opts = run_options()
+    bad = 0
+    for i in range(runs):
+        args = ["-m", str(model), "-p", r.choice(PROMPTS), "-n", "3", "--offline"]
+        if r.random() < 0.25:
+            args += ["-md", str(model)]
+        for _ in range(r.choice([1, 1, 2, 2, 3, 5])):  # (more options: more runs refused before they start)
+            names, kind = r.choice(opts)
+            name = r.choice(names)
+            if kind == "flag":
+                args.append(name)
+            elif kind == "pair":
+                args += [name, value(r, "int"), value(r, "int")]
+            else:
+                args += [name, value(r, kind)]
+        rc, _, err = sharpi(args, cwd)
+        why = verdict(rc, err, one_line=False)
+        bad += why is not None
+        log({"i": i, "args": args, "rc": rc, "bad": why, "err": err[-2000:] if why else ""})
+        if why:
+            print(f"FAIL ({why}): sharpi {' '.join(args)}\n{err[-1500:]}", flush=True)
+    return bad
+
+
+def fuzz_gguf(r: random.Random, runs: int, model: Path, cwd: str, log) -> int:
+    import gguf
+    data_off = int(gguf.GGUFReader(model).data_offset)
+    copy = Path(cwd) / "damaged.gguf"
+    shutil.copyfile(model, copy)
+    bad = 0
+    with open(copy, "r+b") as f:
+        for i in range(runs):
+            changed = []
+            for _ in range(r.choice([1, 1, 2, 4])):
+                off = r.choice([r.randrange(0, 256), r.randrange(0, data_off), r.randrange(max(0, data_off - 20000),
+                                                                                             data_off)])
+                f.seek(off)
+                old = f.read(8)
+                x = r.random()
+                if x < 0.4:
+                    new = bytes([r.randrange(256)]) + old[1:]
+                elif x < 0.7:
+                    new = struct.pack("<Q", r.choice([0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1, r.randrange(2**16)]))
+                else:
+                    new = r.randbytes(8)
+                f.seek(off)
+                f.write(new[:len(old)])
+                changed.append((off, old))
+            f.flush()
+            rc, _, err = sharpi(["-m", str(copy), *GGUF_RUN], cwd)
+            why = verdict(rc, err, one_line=True)
+            bad += why is not None
+            where = [(off, old.hex()) for off, old in changed]
+            log({"i": i, "changed": where, "rc": rc, "bad": why, "err": err[-2000:]})
+            if why:
+                print(f"FAIL ({why}): bytes at {[o for o, _ in where]}\n{err[-1500:]}", flush=True)
+            for off, old in reversed(changed):  # the next run starts from the whole file again
+                f.seek(off)
+                f.write(old)
+    return bad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["flags", "gguf"])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--log", type=Path)
+    a = ap.parse_args()
+    if not is_cached(MODEL):
+        sys.exit(f"{MODEL} is not cached: run `sharpi models pull {MODEL}` first")
+    out = open(a.log, "w") if a.log else None
+
+    def log(d: dict) -> None:
+        if out:
+            out.write(json.dumps(d) + "\n")
+            out.flush()
+    with tempfile.TemporaryDirectory() as cwd:
+        rc, text, err = sharpi(["-m", str(cached_path(MODEL)), *GGUF_RUN], cwd)  # the runs must be able to pass
+        if rc or not text.strip():
+            sys.exit(f"the undamaged model gives no output (exit {rc}):\n{err[-1500:]}")
+        fuzz = fuzz_flags if a.mode == "flags" else fuzz_gguf
+        bad = fuzz(random.Random(a.seed), a.runs, cached_path(MODEL), cwd, log)
+    print(f"{a.runs} runs, {bad} failing")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
