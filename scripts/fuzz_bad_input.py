@@ -5,9 +5,10 @@
     python scripts/fuzz_bad_input.py gguf  [--seed 1] [--runs 200] [--log fuzz.jsonl]
 
 flags: each run gives SmolLM2 (cached) a short prompt and 1-5 options (mostly 1-2) drawn from the run command's own
-(the ones that name files, the network, the terminal or a GPU left out), each with a value drawn for its type:
-sensible ones, edge ones (-1, huge, nan, inf) and junk (letters, empty); a quarter of the runs add the model as its
-own draft.
+(those of the network, the terminal, a GPU or output files left out), each with a value drawn for its type: sensible
+ones, edge ones (-1, huge, nan, inf) and junk (letters, empty); an option that reads a file gets a text file, an
+empty one, a folder, a missing file or /dev/null, and the text file must come out of the run unchanged; a quarter of
+the runs add the model as its own draft.
 gguf: each run changes 1-4 bytes or 8-byte words of a copy of SmolLM2's GGUF header (counts, types, lengths, the
 metadata's and the tensor table's bytes; mostly near its start, where the counts are) and runs the copy.
 A failure is a traceback on stderr, a run killed by a signal or one past its time limit, an exit code other than
@@ -47,22 +48,34 @@ VALUES = {
 
 
 def value(r: random.Random, kind: str) -> str:
-    if kind == "str":
-        return r.choice(VALUES["str"])
+    if kind in ("str", "path"):
+        return r.choice(VALUES["str"] if kind == "str" else PATHS)
     good, edge, junk = VALUES[kind]
     x = r.random()
     return r.choice(good if x < 0.5 else edge if x < 0.9 else junk)
-PROMPTS = ["hi", "The capital of France is", ""]
+# options that read (or keep) a file: given files of the run's folder, a folder, a missing one, or /dev/null; the
+# text file must come out of every run as it went in (nothing the user had is overwritten)
+PATH_OPTS = {"-f", "-bf", "--grammar-file", "-jf", "-sysf", "--chat-template-file", "--lora", "--control-vector",
+             "--prompt-cache", "-md"}
+PATHS = ["text.txt", "empty.txt", "dir", "missing.gguf", "", "/dev/null"]
+TEXT = "Precious text, not a model.\n"
+PROMPTS = ["hi", "The capital of France is"] * 4 + [""]  # (an empty prompt is refused: rarely)
 GGUF_RUN = ["-p", "hi", "-n", "4", "--temp", "0", "--offline", "-no-cnv"]
 
 
 def run_options() -> list[tuple[list[str], str]]:
-    """The run command's options as (names, type): type is 'flag', 'int', 'float', 'str' or 'pair' (two ints)."""
+    """The run command's options as (names, type): type is 'flag', 'int', 'float', 'str', 'pair' (two ints) or
+    'path'."""
     from sharpi_cli.main import command
     out = []
     for p in command().params:
         names = [n for n in [*p.opts, *p.secondary_opts]]
-        if not names or names[0] in SKIP or set(names) & SKIP:
+        if not names:
+            continue
+        if set(names) & PATH_OPTS:
+            out.append((names, "path"))
+            continue
+        if names[0] in SKIP or set(names) & SKIP:
             continue
         t = p.bare_type()
         kind = ("flag" if p.is_flag else "pair" if p.nargs == 2 else "int" if t == "int" else
@@ -101,6 +114,10 @@ def verdict(rc: int, err: str, one_line: bool) -> str | None:
 
 def fuzz_flags(r: random.Random, runs: int, model: Path, cwd: str, log) -> int:
     opts = run_options()
+    folder = Path(cwd)
+    (folder / "text.txt").write_text(TEXT)
+    (folder / "empty.txt").write_text("")
+    (folder / "dir").mkdir()
     bad = 0
     for i in range(runs):
         args = ["-m", str(model), "-p", r.choice(PROMPTS), "-n", "3", "--offline"]
@@ -117,8 +134,12 @@ def fuzz_flags(r: random.Random, runs: int, model: Path, cwd: str, log) -> int:
                 args += [name, value(r, kind)]
         rc, _, err = sharpi(args, cwd)
         why = verdict(rc, err, one_line=False)
+        if why is None and (folder / "text.txt").read_text() != TEXT:
+            why = "text.txt was written"
+        (folder / "text.txt").write_text(TEXT)
+        (folder / "missing.gguf").unlink(missing_ok=True)
         bad += why is not None
-        log({"i": i, "args": args, "rc": rc, "bad": why, "err": err[-2000:] if why else ""})
+        log({"i": i, "args": args, "rc": rc, "bad": why, "err": err[-2000:] if why else err[-300:] if rc else ""})
         if why:
             print(f"FAIL ({why}): sharpi {' '.join(args)}\n{err[-1500:]}", flush=True)
     return bad
