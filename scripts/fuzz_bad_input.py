@@ -32,11 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sharpi_core.registry import cached_path, is_cached  # noqa: E402
 
 MODEL = "smollm2-135m-instruct-q4_1"
-# options whose values are paths, URLs, terminal or GPU matters, or that wait for input: not what this draws
-SKIP = {"-m", "-hf", "-hff", "-hft", "-mu", "-cl", "-hfd", "-f", "-bf", "-mm", "-mmu", "--image", "--media", "-cnv",
-        "-i", "-if", "--mlock", "-md", "--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled",
-        "--chat-template-file", "--grammar-file", "-jf", "-sysf", "--log-file", "-o", "--prompt-cache", "--version",
-        "--offline", "--list-devices", "-dev", "--device", "-devd", "--device-draft", "-ngl", "-ngld", "--mmproj"}
+# options of the network, the terminal, a GPU or output files, or that wait for input: not what this draws
+SKIP = {"-m", "-hf", "-hff", "-hft", "-mu", "-cl", "-hfd", "-mm", "-mmu", "--image", "--media", "-cnv", "-i", "-if",
+        "--mlock", "--lora-scaled", "--control-vector-scaled", "--log-file", "-o", "--version", "--offline",
+        "--list-devices", "-dev", "--device", "-devd", "--device-draft", "-ngl", "-ngld", "--mmproj"}
+# options that read (or keep) a file: given files of the run's folder, a folder, a missing one, or /dev/null; the
+# text file must come out of every run as it went in (nothing the user had is overwritten)
+PATH_OPTS = {"-f", "-bf", "--grammar-file", "-jf", "-sysf", "--chat-template-file", "--lora", "--control-vector",
+             "--prompt-cache", "-md"}
+PATHS = ["text.txt", "empty.txt", "dir", "missing.gguf", "", "/dev/null"]
+TEXT = "Precious text, not a model.\n"
 # (numbers: sensible ones half the time, else edge ones, junk a run in ten: so that most runs get past the checks)
 VALUES = {
     "int": [["0", "1", "2", "3", "7", "64"], ["-1", "-2", "100000", "999999999999"], ["abc", ""]],
@@ -44,23 +49,18 @@ VALUES = {
     "str": ["none", "f16", "q8_0", "bf16", "q4_0", "auto", "on", "off", "yes", "1", "0", "", "x", '{"a":1}',
             "top_k;temp", "kd", "-1", "0-3", "0x3", "[1,2]", "ngram-simple", "draft", "1-2", "high", "deepseek",
             "15+1", "tokenizer.ggml.add_bos_token=bool:true", "a=int:1"],
+    "path": PATHS,
 }
+PROMPTS = ["hi", "The capital of France is"] * 4 + [""]  # (an empty prompt is refused: rarely)
+GGUF_RUN = ["-p", "hi", "-n", "4", "--temp", "0", "--offline", "-no-cnv"]
 
 
 def value(r: random.Random, kind: str) -> str:
     if kind in ("str", "path"):
-        return r.choice(VALUES["str"] if kind == "str" else PATHS)
+        return r.choice(VALUES[kind])
     good, edge, junk = VALUES[kind]
     x = r.random()
     return r.choice(good if x < 0.5 else edge if x < 0.9 else junk)
-# options that read (or keep) a file: given files of the run's folder, a folder, a missing one, or /dev/null; the
-# text file must come out of every run as it went in (nothing the user had is overwritten)
-PATH_OPTS = {"-f", "-bf", "--grammar-file", "-jf", "-sysf", "--chat-template-file", "--lora", "--control-vector",
-             "--prompt-cache", "-md"}
-PATHS = ["text.txt", "empty.txt", "dir", "missing.gguf", "", "/dev/null"]
-TEXT = "Precious text, not a model.\n"
-PROMPTS = ["hi", "The capital of France is"] * 4 + [""]  # (an empty prompt is refused: rarely)
-GGUF_RUN = ["-p", "hi", "-n", "4", "--temp", "0", "--offline", "-no-cnv"]
 
 
 def run_options() -> list[tuple[list[str], str]]:
@@ -69,13 +69,11 @@ def run_options() -> list[tuple[list[str], str]]:
     from sharpi_cli.main import command
     out = []
     for p in command().params:
-        names = [n for n in [*p.opts, *p.secondary_opts]]
-        if not names:
-            continue
+        names = [*p.opts, *p.secondary_opts]
         if set(names) & PATH_OPTS:
             out.append((names, "path"))
             continue
-        if names[0] in SKIP or set(names) & SKIP:
+        if not names or set(names) & SKIP:
             continue
         t = p.bare_type()
         kind = ("flag" if p.is_flag else "pair" if p.nargs == 2 else "int" if t == "int" else
