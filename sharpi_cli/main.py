@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from sharpi_core.chat import BUILTIN_TEMPLATES
-from sharpi_core.errors import SharpiError, UsageError
+from sharpi_core.errors import SharpiError, UsageError, one_line
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -55,9 +55,8 @@ def _layers(value: str) -> int:
 
 
 def _err(msg: str, head: str = "", tail: str = "") -> None:
-    if not msg.isprintable():  # one line whatever the message carries (a damaged file's name, a path): escaped
-        msg = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in msg)
-    print(f"{head}error: {msg}{tail}", file=sys.stderr, flush=True)
+    # (one line whatever the message carries: a damaged file's name, a path)
+    print(f"{head}error: {one_line(msg)}{tail}", file=sys.stderr, flush=True)
 
 
 # the model adapters' options, the same in `run` and `perplexity`

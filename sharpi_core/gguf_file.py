@@ -15,7 +15,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from .errors import SharpiError, UsageError
+from .errors import SharpiError, UsageError, one_line
 
 
 _ARRAY, _STRING = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING
@@ -66,9 +66,9 @@ class _Damaged(ValueError):
 
 
 def _said(name: str, limit: int = 64) -> str:
-    """A name read from a damaged file, as an error line shows it: characters that are not printable escaped (a
-    newline in it would start a second line) and at most `limit` of them, then how many there are."""
-    out = name[:limit].encode("unicode_escape").decode("ascii") if not name[:limit].isprintable() else name[:limit]
+    """A name read from a damaged file, as an error line shows it: at most `limit` characters, then how many there
+    are, those that would break the line escaped (errors.one_line)."""
+    out = one_line(name[:limit])
     return out if len(name) <= limit else f"{out}... ({len(name)} characters)"
 
 

@@ -811,8 +811,11 @@ def test_invalid_flags_one_line_exit_2(smol, args, fragment):
 def test_an_error_is_one_line_whatever_its_message_carries(capsys):
     # (a damaged file's key name, a path with a newline: scripts/fuzz_bad_input.py found a two-line one)
     import sharpi_cli.main as cli_main
+    from sharpi_core.errors import one_line
     cli_main._err("key 'a\nb\x00' in \u2028 x\té", "P ")
     assert capsys.readouterr().err == "P error: key 'a\\nb\\x00' in \\u2028 x\\té\n"
+    # an argument's undecodable byte (a lone surrogate) stays, to go out as that byte (test_log_file_gets_the_log_too)
+    assert one_line("nope\udcff\n") == "nope\udcff\\n"
 
 
 def test_a_bad_command_line_is_refused_before_anything_loads(smol):
