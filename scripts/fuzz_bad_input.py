@@ -82,13 +82,10 @@ def run_options() -> list[tuple[list[str], str]]:
     return out
 
 
-ENTRY = "import sys; from sharpi_cli.entry import main; sys.argv[0] = 'sharpi'; main()"
-
-
 def sharpi(args: list[str], cwd: str, timeout: float = 120) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `sharpi ARGS` (-999: past the time limit)."""
+    """(exit code, stdout, stderr) of `sharpi ARGS`, the console script (-999: past the time limit)."""
     try:
-        p = subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True, timeout=timeout,
+        p = subprocess.run(["sharpi", *args], capture_output=True, text=True, timeout=timeout,
                            stdin=subprocess.DEVNULL, cwd=cwd, errors="replace")
         return p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
