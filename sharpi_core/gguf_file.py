@@ -121,7 +121,7 @@ class Reader(gguf.GGUFReader):
             where = f"metadata key {i + 1} of {count} at offset {orig_offs}"
             if offs + 12 > end:
                 raise _Damaged(f"{where} lies past the end of the file")
-            key = self._name(offs, where, room=4)  # (then its 4-byte value type)
+            key, _ = self._name(offs, where, room=4)  # (then its 4-byte value type)
             klen, kdata = self._get_str(offs)
             offs += int(klen.nbytes + kdata.nbytes)
             raw_type = self._get(offs, np.uint32)
@@ -146,15 +146,15 @@ class Reader(gguf.GGUFReader):
             offs += size
         return offs
 
-    def _name(self, offs: int, where: str, room: int = 0) -> str:
+    def _name(self, offs: int, where: str, room: int = 0) -> tuple[str, int]:
         """The name (a key's, a tensor's) at offs, an 8-byte length and its UTF-8 bytes with `room` bytes of the entry
-        after them, or _Damaged saying why not (`where`: the entry)."""
+        after them, and that length; or _Damaged saying why not (`where`: the entry)."""
         end = len(self.data)
         n = int(self._get(offs, np.uint64)[0]) if offs + 8 <= end else end
         if n > end - offs - 8 - room:
             raise _Damaged(f"{where}: its name of {n} bytes runs past the end of the file")
         try:
-            return str(bytes(self._get(offs + 8, np.uint8, n)), encoding="utf-8")
+            return str(bytes(self._get(offs + 8, np.uint8, n)), encoding="utf-8"), n
         except UnicodeDecodeError as e:
             raise _Damaged(f"{where}: its name is not UTF-8 ({e.reason})") from None
 
@@ -165,7 +165,7 @@ class Reader(gguf.GGUFReader):
         for i in range(count):
             # what llama.cpp's gguf_init checks of each entry, said before the stock reader meets it as an index error
             where = f"tensor {i + 1} of {count} at offset {offs}"
-            name, n_name = self._name(offs, where), int(self._get(offs, np.uint64)[0])
+            name, n_name = self._name(offs, where)
             shown = _said(name)
             if n_name >= GGML_MAX_NAME:
                 raise _Damaged(f"{where}: its name '{shown}' is {n_name} bytes long (at most {GGML_MAX_NAME - 1}, "
