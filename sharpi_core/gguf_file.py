@@ -314,7 +314,8 @@ def _open(path: str) -> Reader:
         raise SharpiError(f"{path}: a GGUF file of version {v}, which sharpi cannot read (it reads versions 2 and 3"
                           + (", as llama.cpp does: version 1 files need converting again)" if v == 1 else ")"))
     try:
-        reader = Reader(path, "r")
+        with np.errstate(over="ignore"):  # (a damaged offset near 2**64 wraps in the stock reader's sum, said below)
+            reader = Reader(path, "r")
     except Exception as e:  # the gguf package raises ValueError/struct errors/etc.
         # (reads past the end of the mapping come back short: an index or a view of them fails)
         if isinstance(e, BigEndian):
@@ -334,9 +335,10 @@ def _open(path: str) -> Reader:
     # an offset elsewhere (misaligned, overlapping) is a damaged tensor table, not data to compute with
     expected, align = int(reader.data_offset), int(reader.alignment)  # (numpy integers when read from the file)
     for t in reader.tensors:
-        if t.data_offset != expected:
+        offset = int(t.field.parts[-1][0])  # (as the file has it: the reader's data_offset may have wrapped)
+        if offset != expected - reader.data_offset:
             raise SharpiError(f"{path}: not a valid GGUF file (tensor '{t.name}' has offset "
-                              f"{t.data_offset - reader.data_offset}, expected {expected - reader.data_offset})")
+                              f"{offset}, expected {expected - reader.data_offset})")
         expected += -(-int(t.n_bytes) // align) * align
     return reader
 
@@ -363,12 +365,18 @@ def get_typed(gf, key: str, kind: type, default: Any = None) -> Any:
     """gf.get(key), refusing a value of another type than `kind` (str or bool) as llama.cpp's typed reads refuse it
     (a damaged or hand-made file: an int chat template, a list of pre-tokenizers, a string for a flag)."""
     v = gf.get(key)
-    if v is None:
-        return default
+    return default if v is None else _of_kind(gf.path, key, v, kind)
+
+
+def _of_kind(path: str, key: str, v: Any, kind: type) -> Any:
+    """v, if it is a `kind` (str, bool, int or float; a bool is not an int); else one error line. llama.cpp's typed
+    reads refuse a value of another type: a float's bits read as an integer (or the reverse) would be a wrong
+    number, not a converted one."""
     if isinstance(v, kind) if kind is bool else isinstance(v, kind) and not isinstance(v, bool):
         return v
     shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
-    raise SharpiError(f"{gf.path}: metadata '{key}' holds {shown}, not a {kind.__name__} (a damaged file?)")
+    raise SharpiError(f"{path}: metadata '{key}' holds {shown}, not a{'n' if kind is int else ''} {kind.__name__} "
+                      "(a damaged file?)")
 
 
 def kv_text(gf, key: str) -> str | None:
@@ -455,19 +463,30 @@ class GGUFFile:
             v = v.item()
         return v
 
-    def require(self, key: str) -> Any:
+    def require(self, key: str, like: Any = None) -> Any:
+        """The key's value; one error line where it is missing, or (`like` given: a str, bool, int or float) not
+        of like's type. An array passes: its reader checks it."""
         v = self.get(key)
         if v is None:
             raise SharpiError(f"{self.path}: missing GGUF metadata key '{key}'")
-        return v
+        return self._like(key, v, like)
 
     @cached_property
     def arch(self) -> str:
-        return str(self.require("general.architecture"))
+        return str(self.require("general.architecture", ""))
 
     def arch_get(self, suffix: str, default: Any = None) -> Any:
-        """`<arch>.<suffix>`, e.g. arch_get('block_count')."""
-        return self.get(f"{self.arch}.{suffix}", default)
+        """`<arch>.<suffix>`, e.g. arch_get('block_count'); a value of another type than a str, bool, int or float
+        default is one error line (an array passes: its reader checks it)."""
+        key = f"{self.arch}.{suffix}"
+        v = self.get(key)
+        return default if v is None else self._like(key, v, default)
+
+    def _like(self, key: str, v: Any, like: Any) -> Any:
+        if like is None or isinstance(v, (list, tuple, np.ndarray)):
+            return v
+        kind = next((t for t in (bool, str, int, float) if isinstance(like, t)), None)
+        return v if kind is None else _of_kind(self.path, key, v, kind)
 
     def field_array(self, key: str, n: int | None = None) -> np.ndarray | None:
         """A numeric array field (token scores/types) as one numpy array, without a Python list; None if absent.

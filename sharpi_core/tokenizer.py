@@ -347,10 +347,12 @@ class Tokenizer:
         special = {k: v for k, v in special.items() if v < n}
         for key in ("bos", "eos", "eot", "eom", "unk", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep",
                     "fim_sep"):
-            v = gf.get(f"tokenizer.ggml.{key}_token_id")
+            # (an id of another type: llama.cpp's gguf_get_val_u32 asserts, here one error line)
+            v = get_typed(gf, f"tokenizer.ggml.{key}_token_id", int)
             if v is None and key in ("fim_pre", "fim_suf", "fim_mid"):  # deprecated names
-                v = gf.get(f"tokenizer.ggml.{dict(fim_pre='prefix', fim_suf='suffix', fim_mid='middle')[key]}_token_id")
-            if isinstance(v, int) and 0 <= v < n:
+                v = get_typed(gf, f"tokenizer.ggml.{dict(fim_pre='prefix', fim_suf='suffix', fim_mid='middle')[key]}"
+                              "_token_id", int)
+            if v is not None and 0 <= v < n:
                 special[key] = v
 
         add_bos = model == "llama" or pre in _PRE_ADD_BOS

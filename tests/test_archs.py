@@ -653,7 +653,7 @@ class _Meta:
     def arch_get(self, key, default=None):
         return self.kv.get(key, default)
 
-    def require(self, key):
+    def require(self, key, like=None):
         if key.removeprefix(self.arch + ".") not in self.kv:
             raise SharpiError(f"{self.path}: missing GGUF metadata key '{key}'")
         return self.kv[key.removeprefix(self.arch + ".")]

@@ -6,6 +6,7 @@ import math
 import os
 import re
 import subprocess
+import warnings
 import zipfile
 
 import gguf
@@ -25,11 +26,12 @@ def write_gguf(path, arch="llama", qtype=None, n_embd=32, n_layer=1, vocab=64, m
     values (the tensors keep their shapes); `kv` adds keys (str or float32 values), `ints` uint64 ones (the
     context length's too); `align` writes general.alignment (the data padded to it); `skip`: tensors left out."""
     ints = ints or {}
-    m = {"block_count": n_layer, "embedding_length": n_embd, "head_count": 4, "head_count_kv": 2, "eps": 1e-5, **(meta or {})}
+    m = {"block_count": n_layer, "embedding_length": n_embd, "head_count": 4, "head_count_kv": 2, "eps": 1e-5, "ctx": 64,
+         **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(m["block_count"])
-    if f"{arch}.context_length" not in ints:
-        w.add_context_length(64)
+    if f"{arch}.context_length" not in ints and m["ctx"] is not None:
+        w.add_context_length(m["ctx"])
     for k, v in ints.items():
         w.add_uint64(k, v)
     w.add_embedding_length(m["embedding_length"])
@@ -87,7 +89,10 @@ def test_tiny_model_loads_and_runs(tmp_path):
     ({"block_count": 2}, "tensor 'blk.1.attn_norm.weight' is missing"),
     ({"head_count_kv": 4}, "tensor 'blk.0.attn_k.weight' has shape (32, 16), its metadata implies (32, 32)"),
     ({"eps": float("nan")}, "norm_eps is nan"),
-    ({"block_count": 2**31}, "tensor 'blk.1.attn_norm.weight' is missing"),  # at once, not out of memory
+    # llama.cpp's LLAMA_MAX_LAYERS, before anything is built per layer (Gemma 3's 2**32 - 1 took minutes)
+    ({"block_count": 2**31}, "block_count is 2147483648 in its metadata (1 to 512 layers)"),
+    ({"block_count": 513}, "block_count is 513 in its metadata (1 to 512 layers)"),
+    ({"block_count": 0}, "block_count is 0 in its metadata"),
 ])
 def test_inconsistent_metadata_is_one_error(tmp_path, meta, message):
     """Hyperparameters that disagree with each other or with the tensors are refused at load, naming what
@@ -206,6 +211,17 @@ def test_missing_norm_epsilon_is_refused(tmp_path):
     write_gguf(p, meta={"eps": None})
     with pytest.raises(SharpiError, match="missing GGUF metadata key 'llama.attention.layer_norm_rms_epsilon'"):
         load_model(str(p))
+
+
+def test_missing_context_length_is_refused(tmp_path):
+    """llama.cpp's loaders require <arch>.context_length: a file without it (a damaged key name,
+    scripts/fuzz_bad_input.py meta) is refused, not run as if trained on 2048 positions."""
+    p = tmp_path / "no-ctx.gguf"
+    write_gguf(p, meta={"ctx": None})
+    with pytest.raises(SharpiError, match="missing GGUF metadata key 'llama.context_length'"):
+        load_model(str(p))
+    m = load_model(str(write_gguf(p, meta={"ctx": 96})))
+    assert (m.config.n_ctx_train, m.config.n_ctx_orig) == (96, 96)
 
 
 class FakePip:
@@ -476,9 +492,28 @@ def test_damaged_tensor_entries_are_named(tmp_path):
 def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):
     import struct
     p = write_gguf(tmp_path / "s.gguf", kv={"llama.rope.freq_base": "fast"})  # a string where a number belongs
-    with pytest.raises(SharpiError, match=r"metadata key 'llama.rope.freq_base' holds 'fast', which is not a value of "
-                                          r"the type it needs"):
+    with pytest.raises(SharpiError, match=r"metadata 'llama.rope.freq_base' holds 'fast', not a float"):
         load_model(p)
+    # a number of the other kind: llama.cpp's typed reads refuse it, where a float's bits read as an integer (a damaged
+    # value type; scripts/fuzz_bad_input.py meta) ran with a base of 1203982336
+    for made, message in [(dict(ints={"llama.rope.freq_base": 10000}), "'llama.rope.freq_base' holds 10000, not a float"),
+                          (dict(meta={"ctx": None}, kv={"llama.context_length": 64.0}),
+                           "'llama.context_length' holds 64.0, not an int"),
+                          (dict(kv={"llama.attention.layer_norm_rms_epsilon": "x"}, meta={"eps": None}),
+                           "'llama.attention.layer_norm_rms_epsilon' holds 'x', not a float")]:
+        with pytest.raises(SharpiError, match=message):
+            load_model(write_gguf(tmp_path / "t.gguf", **made))
+    # a llama graph turns whole heads (llama.cpp: "invalid n_rot"); an odd count or more than a head, no graph
+    for n_rot, message in [(4, "RoPE over 4 of a head's 8 dimensions \\(a llama model turns all of them\\)"),
+                           (3, "RoPE over 3 of"), (16, "RoPE over 16 of")]:
+        with pytest.raises(SharpiError, match=message):
+            load_model(write_gguf(tmp_path / "r.gguf", ints={"llama.rope.dimension_count": n_rot}))
+    assert load_model(write_gguf(tmp_path / "r.gguf", ints={"llama.rope.dimension_count": 8})).config.n_rot == 8
+    # an override of a key the file lacks is held to the type its reader needs (llama.cpp's try_override)
+    p = write_gguf(tmp_path / "u.gguf")
+    with pytest.raises(SharpiError, match="'llama.rope.scaling.factor' holds 2, not a float"):
+        load_model(GGUFFile(p, overrides={"llama.rope.scaling.factor": 2}))
+    assert load_model(GGUFFile(p, overrides={"llama.rope.scaling.factor": 2.0})).config.rope_freq_scale == 0.5
     # a string array's count far past the file: refused before anything is allocated for it
     w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "llama")
     w.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
@@ -523,6 +558,14 @@ def test_damaged_metadata_and_tensor_tables_are_one_error_each(tmp_path):
     p.write_bytes(data)
     with pytest.raises(SharpiError, match=rf"tensor '{t.name}' has offset {old + 4}, expected {old}"):
         GGUFFile(p)
+    # one near 2**64 (the stock reader's sum with the data's start wraps, with numpy's overflow warning: two more
+    # lines on stderr; scripts/fuzz_bad_input.py meta): said as the file has it, and no warning
+    struct.pack_into("<Q", data, at, 2**64 - 32)
+    p.write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(SharpiError, match=rf"tensor '{t.name}' has offset {2**64 - 32}, expected {old}\)$"):
+            GGUFFile(p)
     w = gguf.GGUFWriter(str(tmp_path / "sp-00001-of-70000.gguf"), "llama")
     w.add_uint32("split.count", 70000)  # (a u16 in llama.cpp: 70000 parts cannot be)
     for f in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):

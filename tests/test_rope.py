@@ -86,9 +86,8 @@ def test_yarn_settings_as_llama_cpps_context_resolves_them(tmp_path):
     """YaRN from the GGUF: the mix on, the original context from the GGUF; the magnitude factor as
     llama.cpp's context computes it in float (libm logf), whatever --yarn-attn-factor says while the mix is on."""
     from dataclasses import replace  # noqa: PLC0415
-    kv = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
-          "llama.rope.scaling.original_context_length": 4096}
-    c = load_model(write_gguf(tmp_path / "y.gguf", kv=kv)).config
+    kv = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}  # (and an integer original context)
+    c = load_model(write_gguf(tmp_path / "y.gguf", kv=kv, ints={"llama.rope.scaling.original_context_length": 4096})).config
     assert (c.rope_scaling, c.rope_freq_scale, c.yarn) == ("yarn", 0.25, (1.0, 4096, 32.0, 1.0))
     f = np.float32
     get = f(f(0.1) * f(math.log(4)) + f(1))  # get_mscale(4, 1); logf(4) is ln 4 rounded
@@ -99,7 +98,7 @@ def test_yarn_settings_as_llama_cpps_context_resolves_them(tmp_path):
     # with a log multiplier (mistral3's mscale_all_dim) the two get_mscale cancel
     assert replace(c, yarn_log_mul=1.0).rope_mscale == float(f(1) / (f(1) + f(0.1) * f(math.log(4))))
     # the torch fallback (no C kernels) computes the same table without the FMAs
-    m = load_model(write_gguf(tmp_path / "y2.gguf", kv={**kv, "llama.rope.scaling.original_context_length": 64}))
+    m = load_model(write_gguf(tmp_path / "y2.gguf", kv=kv, ints={"llama.rope.scaling.original_context_length": 64}))
     rope = m._ropes[0]
     exact = m._rope_table(rope, 300)[:300].clone()
     m._rope_cache.clear()

@@ -222,13 +222,15 @@ def test_unsupported_tokenizers_are_user_errors():
 
 def test_tokenizer_keys_of_the_wrong_type_are_one_error():
     """A damaged file's text keys (a list of pre-tokenizers, a string for a flag) are refused as llama.cpp's typed
-    reads refuse them (they were tracebacks in the chat or at load). The chat template is read as llama.cpp reads it,
+    reads refuse them (they were tracebacks in the chat or at load), and so are special ids that are no integers
+    (llama.cpp's gguf_get_val_u32 asserts; here they were ignored). The chat template is read as llama.cpp reads it,
     as the text of its value (gguf_kv_to_str: a number as std::to_string writes it, an array as no template): it was
     refused, and a raw one-shot run needs none."""
     gf = GGUFFile(model_path(SMOL))
-    for key, value, kind in (("tokenizer.ggml.pre", ["smollm"], "str"), ("tokenizer.ggml.model", 7, "str"),
-                             ("tokenizer.ggml.add_bos_token", "no", "bool")):
-        with pytest.raises(SharpiError, match=rf"metadata '{key}' holds .*, not a {kind}"):
+    for key, value, kind in (("tokenizer.ggml.pre", ["smollm"], "a str"), ("tokenizer.ggml.model", 7, "a str"),
+                             ("tokenizer.ggml.add_bos_token", "no", "a bool"),
+                             ("tokenizer.ggml.eos_token_id", 2.0, "an int"), ("tokenizer.ggml.prefix_token_id", "1", "an int")):
+        with pytest.raises(SharpiError, match=rf"metadata '{key}' holds .*, not {kind} \(a damaged file\?\)"):
             Tokenizer.from_gguf(_WithKeys(gf, {key: value}), lazy=True)
     assert Tokenizer.from_gguf(_WithKeys(gf, {}), lazy=True).chat_template == gf.get("tokenizer.chat_template")
     for value, text in ((5, "5"), (True, "true"), (1.5, "1.500000"), (["a"], None)):

@@ -170,28 +170,32 @@ class ModelConfig:
 
 def _common(gf: GGUFFile, n_vocab: int) -> dict:
     a = gf.arch_get
-    n_embd = int(gf.require(f"{gf.arch}.embedding_length"))
-    n_head = int(gf.require(f"{gf.arch}.attention.head_count"))
+    n_embd = int(gf.require(f"{gf.arch}.embedding_length", 0))
+    n_head = int(gf.require(f"{gf.arch}.attention.head_count", 0))
     hd_k = int(a("attention.key_length", n_embd // n_head if n_head > 0 else 0))  # 0 heads: check_config says so
+    n_ctx_train = int(gf.require(f"{gf.arch}.context_length", 0))  # (llama.cpp's loaders require it too)
+    n_layer = int(gf.require(f"{gf.arch}.block_count", 0))
+    if not 0 < n_layer <= MAX_LAYERS:  # (before anything is built per layer: 2**32 - 1 of them took minutes)
+        raise SharpiError(f"{gf.path}: block_count is {n_layer} in its metadata (1 to {MAX_LAYERS} layers)")
     return dict(
         arch=gf.arch,
         n_vocab=n_vocab,
-        n_ctx_train=int(a("context_length", 2048)),
+        n_ctx_train=n_ctx_train,
         n_embd=n_embd,
-        n_layer=int(gf.require(f"{gf.arch}.block_count")),
+        n_layer=n_layer,
         n_head=n_head,
         n_head_kv=_head_count_kv(gf, n_head),
         head_dim_k=hd_k,
         head_dim_v=int(a("attention.value_length", hd_k)),
-        n_ff=int(gf.require(f"{gf.arch}.feed_forward_length")),
+        n_ff=int(gf.require(f"{gf.arch}.feed_forward_length", 0)),
         # every graph here needs it, as llama.cpp's loaders do (no default: a wrong eps moves every norm)
-        norm_eps=float(gf.require(f"{gf.arch}.attention.layer_norm_rms_epsilon")),
+        norm_eps=float(gf.require(f"{gf.arch}.attention.layer_norm_rms_epsilon", 0.0)),
         rope_base=float(a("rope.freq_base", 10000.0)),
         rope_freq_scale=_rope_freq_scale(gf),
         rope_scaling=str(a("rope.scaling.type", "linear")),
         # llama.cpp multiplies every rope cache by it (yarn_attn_factor *= rope_attn_factor)
         rope_attn_factor=float(a("rope.scaling.attn_factor", 1.0)),
-        n_ctx_orig=int(a("rope.scaling.original_context_length", 0) or a("context_length", 2048)),
+        n_ctx_orig=int(a("rope.scaling.original_context_length", 0) or n_ctx_train),
         n_rot=int(a("rope.dimension_count", hd_k)),
         tied_output=_tied_output(gf),
     )
@@ -215,7 +219,7 @@ def _head_count_kv(gf: GGUFFile, n_head: int) -> int:
     v = gf.arch_get("attention.head_count_kv", n_head)
     if not isinstance(v, (list, tuple)):
         return int(v)
-    n_layer = int(gf.require(f"{gf.arch}.block_count"))
+    n_layer = int(gf.require(f"{gf.arch}.block_count", 0))
     if len(v) != n_layer:  # (llama.cpp's get_key_or_arr: an array has one value a layer)
         raise SharpiError(f"{gf.path}: attention.head_count_kv has {len(v)} values for {n_layer} layers")
     counts = {int(n) for n in v} - ({0} if gf.arch in ("lfm2", "qwen35") else set())
@@ -325,8 +329,9 @@ def _config_from_gguf(gf: GGUFFile) -> ModelConfig:
     return c
 
 
-# llama.cpp's LLAMA_MAX_EXPERTS
+# llama.cpp's LLAMA_MAX_EXPERTS and LLAMA_MAX_LAYERS (its per-layer arrays' size: more layers are refused)
 MAX_EXPERTS = 512
+MAX_LAYERS = 512
 
 
 def _experts(gf: GGUFFile, kw: dict) -> None:
@@ -335,14 +340,14 @@ def _experts(gf: GGUFFile, kw: dict) -> None:
     (qwen2moe: not renormalized, and one shared expert for every token under a sigmoid gate; granite: a shared
     expert, ungated, when expert_shared_feed_forward_length is given)."""
     a = gf.arch_get
-    kw["n_expert"] = n = int(gf.require(f"{gf.arch}.expert_count"))
-    kw["n_expert_used"] = used = int(gf.require(f"{gf.arch}.expert_used_count"))
+    kw["n_expert"] = n = int(gf.require(f"{gf.arch}.expert_count", 0))
+    kw["n_expert_used"] = used = int(gf.require(f"{gf.arch}.expert_used_count", 0))
     if not 0 < used <= n <= MAX_EXPERTS:
         raise SharpiError(f"{gf.path}: {used} of {n} experts used per token (at most {MAX_EXPERTS} experts)")
     if gf.arch in ("qwen3moe", "qwen2moe"):  # its own width key, else feed_forward_length / experts used (llama.cpp's)
         kw["n_ff_exp"] = int(a("expert_feed_forward_length", 0) or 0) or kw["n_ff"] // used
     elif gf.arch == "gpt-oss":  # required (its graph's gating is its own: expert_gating_func is not read)
-        kw["n_ff_exp"] = int(gf.require(f"{gf.arch}.expert_feed_forward_length"))
+        kw["n_ff_exp"] = int(gf.require(f"{gf.arch}.expert_feed_forward_length", 0))
     else:
         kw["n_ff_exp"] = kw["n_ff"]
     if gf.arch == "qwen2moe":  # (its graph always has the one shared expert: expert_shared_count is not read)
@@ -362,7 +367,7 @@ def _gpt_oss(gf: GGUFFile, kw: dict) -> None:
     per head, a sliding window on every other layer (the first slides), the same RoPE (YaRN) on every layer
     unless the GGUF gives the sliding layers a base of their own; experts routed by softmax_weight gating with
     biases, SwiGLU-OAI (clamped at 7, sigmoid(1.702 x), up + 1); an output layer of its own (OWN_OUTPUT_ARCHS)."""
-    kw["sliding_window"] = int(gf.require(f"{gf.arch}.attention.sliding_window"))
+    kw["sliding_window"] = int(gf.require(f"{gf.arch}.attention.sliding_window", 0))
     kw["rope_base_swa"] = float(gf.arch_get("rope.freq_base_swa", kw["rope_base"]))
     kw["rope_freq_scale_swa"] = kw["rope_freq_scale"]
     _swa_layers(gf, kw)
@@ -404,7 +409,7 @@ def _lfm2(gf: GGUFFile, kw: dict) -> None:
     kw["recurrent"] = tuple(int(n) == 0 for n in v) if isinstance(v, (list, tuple)) else (int(v) == 0,) * kw["n_layer"]
     if len(kw["recurrent"]) != kw["n_layer"]:
         raise SharpiError(f"{gf.path}: attention.head_count_kv has {len(kw['recurrent'])} layers, not {kw['n_layer']}")
-    kw["conv_width"] = int(gf.require(f"{gf.arch}.shortconv.l_cache"))
+    kw["conv_width"] = int(gf.require(f"{gf.arch}.shortconv.l_cache", 0))
     if not 1 < kw["conv_width"] <= 64:
         raise SharpiError(f"{gf.path}: a short convolution over {kw['conv_width']} positions")
     if int(a("expert_count", 0) or 0) > 0:
@@ -436,9 +441,9 @@ def _qwen35(gf: GGUFFile, kw: dict) -> None:
         if every < 1:
             raise SharpiError(f"{path}: full_attention_interval is {every}")
         kw["recurrent"] = tuple((i + 1) % every != 0 for i in range(n))
-    kw["conv_width"] = int(gf.require(f"{gf.arch}.ssm.conv_kernel"))
-    S, Hk, Hv = (int(gf.require(f"{gf.arch}.ssm.{k}")) for k in ("state_size", "group_count", "time_step_rank"))
-    inner = int(gf.require(f"{gf.arch}.ssm.inner_size"))
+    kw["conv_width"] = int(gf.require(f"{gf.arch}.ssm.conv_kernel", 0))
+    S, Hk, Hv = (int(gf.require(f"{gf.arch}.ssm.{k}", 0)) for k in ("state_size", "group_count", "time_step_rank"))
+    inner = int(gf.require(f"{gf.arch}.ssm.inner_size", 0))
     if not (S > 0 and S % 64 == 0 and 0 < Hk and Hv % Hk == 0 and inner == Hv * S and 1 < kw["conv_width"] <= 64):
         raise SharpiError(f"{path}: a Gated DeltaNet of {Hk} key and {Hv} value heads of {S} (inner size {inner}, "
                           f"convolution over {kw['conv_width']}) is not supported (heads of a multiple of 64)")
@@ -460,7 +465,7 @@ def _granite(gf: GGUFFile, kw: dict) -> None:
     """Granite's scales as llama.cpp's loader reads them (src/models/granite.cpp): the logit scale is
     required, the others optional (0: not applied; its attention scale replaces 1/sqrt(head_dim))."""
     a = gf.arch_get
-    kw["logit_scale"] = float(gf.require(f"{gf.arch}.logit_scale"))
+    kw["logit_scale"] = float(gf.require(f"{gf.arch}.logit_scale", 0.0))
     kw["residual_scale"] = float(a("residual_scale", 0.0) or 0.0)
     kw["embed_scale"] = float(a("embedding_scale", 0.0) or 0.0) or 1.0
     kw["attn_scale"] = float(a("attention.scale", 0.0) or 0.0)
@@ -610,8 +615,10 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
     n_tokens = gf.array_len("tokenizer.ggml.tokens")  # 0: no vocabulary here (the tokenizer says so)
     if n_tokens and n_tokens != c.n_vocab:
         raise SharpiError(f"{gf.path}: the vocabulary has {n_tokens} tokens, the embedding {c.n_vocab} rows")
-    if not 0 < c.n_rot <= c.head_dim_k or c.n_rot % 2:
-        raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions")
+    if not 0 < c.n_rot <= c.head_dim_k or c.n_rot % 2 or c.arch == "llama" and c.n_rot != c.head_dim_k:
+        # (llama.cpp's loader: a llama graph turns whole heads, "invalid n_rot" otherwise)
+        raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions"
+                          + (" (a llama model turns all of them)" if c.arch == "llama" else ""))
     for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0),  # swa 0 = rope_base
                       ("rope_freq_scale", 1e-30), ("rope_freq_scale_swa", 1e-30), ("attn_softcap", 0.0),
                       ("final_softcap", 0.0), ("rope_attn_factor", 1e-30), ("residual_scale", 0.0),
