@@ -184,7 +184,7 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         n_embd=n_embd,
         n_layer=n_layer,
         n_head=n_head,
-        n_head_kv=_head_count_kv(gf, n_head),
+        n_head_kv=_head_count_kv(gf, n_head, n_layer),
         head_dim_k=hd_k,
         head_dim_v=int(a("attention.value_length", hd_k)),
         n_ff=int(gf.require(f"{gf.arch}.feed_forward_length", 0)),
@@ -213,13 +213,12 @@ def _tied_output(gf: GGUFFile) -> bool:
     return tied
 
 
-def _head_count_kv(gf: GGUFFile, n_head: int) -> int:
+def _head_count_kv(gf: GGUFFile, n_head: int, n_layer: int) -> int:
     """attention.head_count_kv: one number, or one per layer (llama.cpp's get_key_or_arr): lfm2's 0 for its
     convolution layers (_lfm2); other graphs here take one count for every layer."""
     v = gf.arch_get("attention.head_count_kv", n_head)
     if not isinstance(v, (list, tuple)):
         return int(v)
-    n_layer = int(gf.require(f"{gf.arch}.block_count", 0))
     if len(v) != n_layer:  # (llama.cpp's get_key_or_arr: an array has one value a layer)
         raise SharpiError(f"{gf.path}: attention.head_count_kv has {len(v)} values for {n_layer} layers")
     counts = {int(n) for n in v} - ({0} if gf.arch in ("lfm2", "qwen35") else set())
