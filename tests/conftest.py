@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from functools import lru_cache
 from pathlib import Path
 
@@ -65,6 +66,13 @@ def loaded(name: str | Path):
         gf = GGUFFile(name if isinstance(name, Path) else model_path(name))
         _loaded[name] = (load_model(gf), Tokenizer.from_gguf(gf))
     return _loaded[name]
+
+
+def ctrl_c_default() -> None:
+    """preexec_fn for a child that a test sends Ctrl-C: SIGINT's default disposition, a terminal user's. A process
+    inherits an ignored SIGINT (a suite started as `cmd &` by a shell without job control ignores it, and so would
+    every sharpi it starts, keeping the ignore through startup as a background job's should)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # test_simt.py's tests that wait for the GPU's kernels run in the emulator, in processes of their own

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import SMOL, model_path
+from conftest import SMOL, ctrl_c_default, model_path
 
 pexpect = pytest.importorskip("pexpect")
 SHARPI = shutil.which("sharpi") or f"{sys.executable} -m sharpi_cli.main"
@@ -14,7 +14,8 @@ SHARPI = shutil.which("sharpi") or f"{sys.executable} -m sharpi_cli.main"
 
 def spawn(*args):
     cmd = SHARPI.split() + ["-m", str(model_path(SMOL))] + list(args)
-    return pexpect.spawn(cmd[0], cmd[1:], encoding="utf-8", timeout=120, dimensions=(40, 200))
+    return pexpect.spawn(cmd[0], cmd[1:], encoding="utf-8", timeout=120, dimensions=(40, 200),
+                         preexec_fn=ctrl_c_default)
 
 
 def test_chat_two_turns_then_exit():
@@ -123,7 +124,7 @@ try:
 except KeyboardInterrupt:
     print("STOPPED")
 """
-    p = pexpect.spawn(sys.executable, ["-c", script], encoding="utf-8", timeout=20)
+    p = pexpect.spawn(sys.executable, ["-c", script], encoding="utf-8", timeout=20, preexec_fn=ctrl_c_default)
     p.expect(r"\[you\]")
     p.sendintr()
     assert p.expect(["STOPPED", pexpect.TIMEOUT], timeout=5) == 0, "the Ctrl-C waited for a key"

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES_DIR, SMOL, loaded, model_path, reference
+from conftest import FIXTURES_DIR, SMOL, ctrl_c_default, loaded, model_path, reference
 
 SHARPI = shutil.which("sharpi") or f"{sys.executable} -m sharpi_cli.main"
 
@@ -397,7 +397,7 @@ def test_ctrl_c_stops_with_exit_130(smol):
         # `sharpi` found on PATH may be a launcher script, pyenv's shim: a shell that is signalled alone while it
         # waits for a command of its own takes the signal as the command's to handle and goes on)
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=ctrl_c_default)
 
     p = start()
     head = p.stdout.read(20)  # the prompt and the first generated tokens: generation is under way

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import SMOL, model_path
+from conftest import SMOL, ctrl_c_default, model_path
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX terminals")
 
@@ -146,7 +146,7 @@ def test_ctrl_c_stops_a_long_prompt_between_its_batches(tmp_path):
     f.write_text(" ".join(["lorem ipsum dolor sit amet"] * 1500))
     args = ["-m", model_path(SMOL), "-f", f, "-c", 16384, "-n", 8, "--temp", 0, "--json", "--verbose", "-b", 256]
     p = subprocess.Popen(SHARPI.split() + [str(a) for a in args],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_default)
     try:
         for line in p.stderr:
             if "sampler chain" in line:  # (logged just before the prompt is evaluated)
