@@ -45,6 +45,17 @@ _ACT_Q8_32 = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP
 _ACT_Q8_K = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS})
 MATCH_LLAMA_CPP = switch("SHARPI_ACT_QUANT")
 
+# Whether a weight of this process is multiplied by torch's matmuls (the reference path; fp32 activations, whose
+# long passes take torch's sgemm on dequantized tiles): torch gives a Linear of some row counts other bits on
+# another thread count (5-11 rows of 576 on 1 and 2 threads, measured), where the compiled kernels compute each
+# output in one thread in a fixed order. threads.ThreadGovernor must not change the count under those.
+_TORCH_MATMULS = [False]
+
+
+def thread_count_changes_bits() -> bool:
+    """Whether a weight loaded so far is multiplied by torch (see _TORCH_MATMULS)."""
+    return _TORCH_MATMULS[0]
+
 
 def q8_parts(x: torch.Tensor, block: int, f16_scale: bool):
     """ggml's x86 activation quantization in torch, x [..., K] -> (codes, d, s) as fp32 tensors
@@ -216,6 +227,8 @@ class QWeight:
         if self._kern is not None and (qtype not in self._kern.SUPPORTED or (qtype == Q.F32 and k % 64)
                                        or not self._kern.takes(qtype, k)):
             self._kern = None  # (F32: the kernel takes rows of 64s, in ggml's orders; a LoRA factor's width may be any)
+        if self._kern is None or (self.act_kind is None and qtype not in (Q.F16, Q.F32)):
+            _TORCH_MATMULS[0] = True
         self.kernel_rounds = self._kern is not None  # the kernel takes raw fp32 activations
         self._raw_t = torch_view(raw) if self._kern is not None else None
         # Q4_K and Q4_1 (and Q5_0 on AVX2 CPUs) go to the kernel repacked in groups of 4 rows

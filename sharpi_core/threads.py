@@ -10,7 +10,9 @@ Linux counts the time each of our threads spent runnable but waiting for a CPU (
 decoding step and per prompt batch, reads it every `window` seconds: when our threads waited for
 more than `high` of their time, it takes one thread away; now and then it gives one back to see
 whether the cores are free again (a failed try doubles the time to the next, up to a minute). The results do not depend on the thread count (each output of a kernel is
-computed by one thread in a fixed order), only the speed does. SHARPI_THREADS_ADAPT=0 turns it off.
+computed by one thread in a fixed order), only the speed does. Where torch multiplies a weight instead (no
+compiled kernels, SHARPI_CPU_KERNEL=0 or SHARPI_ACT_QUANT=0) they do, for some prompt passes: there the count
+stays as set. SHARPI_THREADS_ADAPT=0 turns it off.
 """
 from __future__ import annotations
 
@@ -63,9 +65,11 @@ class ThreadGovernor:
 
     @classmethod
     def for_this_process(cls) -> "ThreadGovernor | None":
-        """A governor over torch's current thread count, or None (disabled, one thread, no schedstat)."""
+        """A governor over torch's current thread count, or None (disabled, one thread, no schedstat, or a weight
+        loaded so far multiplied by torch, whose bits may change with the count: quants.thread_count_changes_bits)."""
+        from .quants import thread_count_changes_bits
         n = torch.get_num_threads()
-        if not ENABLED or n < 2 or run_delay_ns() is None:
+        if not ENABLED or n < 2 or run_delay_ns() is None or thread_count_changes_bits():
             return None
         return cls(n)
 

@@ -106,3 +106,30 @@ def test_the_console_script_lowers_openmp_spinning_unless_told():
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.stdout.split()[-1] == OMP_SPINS, (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("switches", [{}, {"SHARPI_CPU_KERNEL": "0"}, {"SHARPI_ACT_QUANT": "0"}])
+def test_no_governor_where_torch_multiplies_a_weight(switches):
+    """torch's matmuls may give a prompt pass other bits on another thread count (the compiled kernels never do), so
+    where torch multiplies a weight the governor is not made: a busy machine must not change a run's output. Fresh
+    processes, since the record is the process's (every weight loaded so far)."""
+    import subprocess
+    import sys
+    if run_delay_ns() is None:
+        pytest.skip("no /proc/self/task/*/schedstat here")
+    code = ("import numpy as np, torch, gguf; torch.set_num_threads(2)\n"
+            "from sharpi_core.quants import QWeight\n"
+            "from sharpi_core.threads import ThreadGovernor\n"
+            "before = ThreadGovernor.for_this_process() is not None\n"
+            "raw = np.zeros((8, 34 * 2), np.uint8)\n"  # an 8 x 64 Q8_0 weight
+            "QWeight('w', raw, gguf.GGMLQuantizationType.Q8_0, 8, 64)\n"
+            "from sharpi_core.quants import _kernels\n"
+            "print(before, ThreadGovernor.for_this_process() is not None, _kernels() is not None)")
+    env = {**os.environ, "SHARPI_THREADS_ADAPT": "1", **switches}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    before, after, kernels = (w == "True" for w in r.stdout.split())
+    assert before  # nothing loaded yet
+    if not switches and not kernels:
+        pytest.skip("no compiled kernels on this machine: torch multiplies every weight")
+    assert after == (not switches), r.stdout
