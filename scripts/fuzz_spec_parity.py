@@ -10,9 +10,10 @@ a reverse prompt, a grammar or JSON schema, --top-k 1, conversation mode or not 
 with /regen and /clear), a system prompt, --special. It runs
 `sharpi` with them at --temp 0, then again with a drafter (lookup, the model as its own draft, both, or one of
 llama.cpp's n-gram drafters), its sizes and p-min, the draft's cache type and cut vocabulary, and the SHARPI_SPEC_*
-/ SHARPI_FAST_DECODE switches; some pairs of runs both go without the C kernels (SHARPI_CPU_KERNEL=0). A failure
-is a traceback, an exit code other than 0 / 1 / 2, exit codes that differ, or different text on stdout; each is
-printed, and every run goes to --log as a JSON line (the command lines, exit codes, seconds). Invalid combinations
+/ SHARPI_FAST_DECODE switches; some pairs of runs both go without the C kernels (SHARPI_CPU_KERNEL=0) or with
+fp32 activations (SHARPI_ACT_QUANT=0). A failure is a traceback, an exit code other than 0 / 1 / 2, exit codes
+that differ, or different text on stdout; each is printed, and every run goes to --log as a JSON line (the command
+lines, exit codes, seconds). Invalid combinations
 (a -ctv of a block type with -fa off, -sys with -no-cnv) exit 2 in both runs, which counts as agreement. Some runs
 add --json (then every field but the timings and the speculation's counts must agree), some a stop string cut from
 the plain run's own output (-r: a stop inside an accepted run of drafts).
@@ -113,7 +114,8 @@ def main() -> int:
                     *base_flags(r)]
             spec, env = spec_flags(r, model)
             # switches that change the arithmetic apply to both runs: speculation must keep parity under them too
-            arith = {"SHARPI_CPU_KERNEL": "0"} if r.random() < 0.1 else {}
+            u = r.random()
+            arith = {"SHARPI_CPU_KERNEL": "0"} if u < 0.1 else {"SHARPI_ACT_QUANT": "0"} if u < 0.15 else {}
             env = {**arith, **env}
             json_out = "-cnv" not in base and r.random() < 0.3
             base += ["--json"] if json_out else []
