@@ -197,12 +197,12 @@ def fuzz_gguf(r: random.Random, runs: int, model: Path, cwd: str, log) -> int:
     return run_damaged(runs, model, cwd, log, draw)
 
 
-def meta_targets(model: Path) -> dict[str, list[tuple[str, int, str, int]]]:
+def meta_targets(rd) -> dict[str, list[tuple[str, int, str, int]]]:
     """What `meta` may change, by group, as (description, byte offset, what it is, length): what is 'num:<numpy
     dtype>' (a number, or a bool), 'type' (a value's type id), 'char' (a byte of a name or string `length` long),
-    'tensor_name' (a whole name), or 'tensor_type' / 'tensor_offset' / 'dim' (a tensor's)."""
+    'tensor_name' (a whole name), or 'tensor_type' / 'tensor_offset' / 'dim' (a tensor's); rd: the model's
+    gguf.GGUFReader."""
     import gguf
-    rd = gguf.GGUFReader(model)
     base = rd.data.ctypes.data
     at = lambda part, i=0: int(part.ctypes.data - base + i * part.dtype.itemsize)  # noqa: E731
     out: dict[str, list] = {g: [] for g in ("number", "value type", "key", "string", "array item", "tensor dim",
@@ -269,7 +269,6 @@ def meta_change(r: random.Random, f, off: int, what: str, n: int, names: list[by
     if what == "char":
         return off + r.randrange(n), bytes([r.choice([*b"._ -0aZ", r.randrange(32, 127), r.randrange(256)])])
     if what == "tensor_name":
-        f.seek(off)
         own = f.read(n)
         return off, r.choice([x for x in names if len(x) == n and x != own] or [own[::-1]])
     if what == "tensor_type":
@@ -285,8 +284,9 @@ def meta_change(r: random.Random, f, off: int, what: str, n: int, names: list[by
 
 def fuzz_meta(r: random.Random, runs: int, model: Path, cwd: str, log) -> int:
     import gguf
-    targets = meta_targets(model)
-    names = [t.name.encode() for t in gguf.GGUFReader(model).tensors]
+    rd = gguf.GGUFReader(model)
+    targets = meta_targets(rd)
+    names = [t.name.encode() for t in rd.tensors]
 
     def draw(f) -> list:
         out = []

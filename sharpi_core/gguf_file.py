@@ -333,12 +333,12 @@ def _open(path: str) -> Reader:
         raise SharpiError(f"{path}: not a valid GGUF file ({why}{type(e).__name__}: {e})") from None
     # the tensors' data lie one after the other, each padded to the alignment, as llama.cpp's gguf_init requires:
     # an offset elsewhere (misaligned, overlapping) is a damaged tensor table, not data to compute with
-    expected, align = int(reader.data_offset), int(reader.alignment)  # (numpy integers when read from the file)
+    # (offsets from the data's start, as the file has them: the reader's absolute data_offset may have wrapped)
+    expected, align = 0, int(reader.alignment)  # (a numpy integer when read from the file)
     for t in reader.tensors:
-        offset = int(t.field.parts[-1][0])  # (as the file has it: the reader's data_offset may have wrapped)
-        if offset != expected - reader.data_offset:
-            raise SharpiError(f"{path}: not a valid GGUF file (tensor '{t.name}' has offset "
-                              f"{offset}, expected {expected - reader.data_offset})")
+        offset = int(t.field.parts[-1][0])
+        if offset != expected:
+            raise SharpiError(f"{path}: not a valid GGUF file (tensor '{t.name}' has offset {offset}, expected {expected})")
         expected += -(-int(t.n_bytes) // align) * align
     return reader
 
