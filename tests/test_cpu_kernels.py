@@ -692,7 +692,9 @@ def test_avx2_build_gives_the_same_bits(tmp_path):
     build computes: every weight type's products (8-bit and fp32 activations, one and two rows, a verify pass,
     a prompt tile; Q4_0 / IQ4_NL / MXFP4 in llama.cpp's repacked order too), the repacked layouts, and SmolLM2's
     logits over a prompt pass and two one-token passes (attention, norms, RoPE, GLU, the wrapper-free decoding
-    loop). Runs where the CPU has AVX-512; on an AVX2 CPU the llama.cpp oracles check the same build."""
+    loop; with q8_0 and q4_1 K / V too). Where the CPU has AVX-VNNI the AVX2 build uses it, and the AVX2 build
+    without it is compared too. Runs where the CPU has AVX-512; on an AVX2 CPU the llama.cpp oracles check the
+    same build."""
     if cpu.avx512_emulated():
         pytest.skip("this CPU has no AVX-512 build to compare with")
     from conftest import SMOL, model_path
@@ -715,21 +717,30 @@ def test_avx2_build_gives_the_same_bits(tmp_path):
             f"  out[t, 'R4'] = cpu.qmatmul(x, cpu.repack(raw[:36].contiguous(), qt, 36, {k}), cpu.PACKED[qt], 36, {k}, act_quant=True)\n"
             "m = load_model(smol); m.pack_weights(); c = m.new_cache(64); p = torch.tensor([1, 504, 3458, 282, 4649, 314, 253])\n"
             "out['prompt'] = m.forward(p, 0, c); out['t1'] = m.forward(torch.tensor([30]), 7, c)\n"
-            "out['t2'] = m.forward(torch.tensor([2177]), 8, c); torch.save(out, d + '/y.pt')")
+            "out['t2'] = m.forward(torch.tensor([2177]), 8, c)\n"
+            "for kv in ('q8_0', 'q4_1'):\n"
+            " c = m.new_cache(64, kv, kv); out[kv] = m.forward(p, 0, c); out[kv, 't1'] = m.forward(torch.tensor([30]), 7, c)\n"
+            "out['vnni'] = cpu.has_vnni(); torch.save(out, d + '/y.pt')")
     for qt in types:
         np.save(tmp_path / f"{qt.name}.npy", random_raw(qt, n, k, seed=13))
     smol = str(model_path(SMOL))
     outs = []
-    for avx2 in ("0", "1"):
-        env = dict(os.environ, SHARPI_KERNEL_AVX2=avx2)
+    builds = [{"SHARPI_KERNEL_AVX2": "0"}, {"SHARPI_KERNEL_AVX2": "1"}]
+    avx_vnni = "avx_vnni" in cpu._cpu_info()[1]
+    if avx_vnni:  # the AVX2 build with AVX-VNNI, then without any VNNI
+        builds.append({"SHARPI_KERNEL_AVX2": "1", "SHARPI_KERNEL_NO_VNNI": "1"})
+    for build in builds:
+        env = dict(os.environ, **build)
         r = subprocess.run([sys.executable, "-c", code, str(tmp_path), ",".join(q.name for q in types), smol],
                            capture_output=True, text=True, env=env, timeout=1200,
                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         assert r.returncode == 0, r.stderr[-2000:]
         outs.append(torch.load(tmp_path / "y.pt"))
-    assert outs[0].keys() == outs[1].keys()
-    for key, y in outs[0].items():
-        assert torch.equal(outs[1][key], y), key
+    assert [o.pop("vnni") for o in outs][1:] == [avx_vnni, False][:len(outs) - 1]  # which the AVX2 builds used
+    for out in outs[1:]:
+        assert out.keys() == outs[0].keys()
+        for key, y in outs[0].items():
+            assert torch.equal(out[key], y), key
 
 
 @needs_kernels

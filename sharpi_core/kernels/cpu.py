@@ -669,8 +669,8 @@ _ACT_Q8_1 = frozenset({Q.Q4_1, Q.Q5_1, Q4_1_R4})
 
 
 def has_vnni() -> bool:
-    """Whether the library was built with AVX512-VNNI (else the integer dot products are emulated
-    exactly with vpmaddwd: same results, slower)."""
+    """Whether the library was built with VNNI integer dot products: AVX512-VNNI, or AVX-VNNI in the AVX2 build
+    (else they are computed exactly with vpmaddubsw / vpmaddwd: same results, slower)."""
     return bool(available() and _vnni)
 
 

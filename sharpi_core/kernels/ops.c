@@ -417,8 +417,7 @@ static inline float dot_q8_0(const int8_t *kc, const uint16_t *kd, const int8_t 
     for (long b = 0; b < D; b += 32) {
         const __m256i k8 = _mm256_loadu_si256((const __m256i *)(kc + b)), q8 = _mm256_loadu_si256((const __m256i *)(qc + b));
         /* |k| * sign(q, k), as ggml's mul_sum_i8_pairs_float: products summed 4 a lane, exactly */
-        const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(k8, k8), _mm256_sign_epi8(q8, k8)),
-                                                _mm256_set1_epi16(1));
+        const __m256i lanes = sx_dpbusd8(_mm256_setzero_si256(), _mm256_sign_epi8(k8, k8), _mm256_sign_epi8(q8, k8));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(kd[b / 32]) * qd[b / 32]), _mm256_cvtepi32_ps(lanes), acc);
     }
     return hsum8(acc);
@@ -430,9 +429,9 @@ static inline float dot_q8_0(const int8_t *kc, const uint16_t *kd, const int8_t 
  * add the fp32 sum of fma(m_k, s_q, .) over the blocks; iq4_nl alternates two accumulators (blocks in pairs, an odd
  * last block added as fma(d, float(its integer sum), total)). */
 static inline __m256i kv_lanes(int t, __m256i k, __m256i q) {
-    const __m256i one = _mm256_set1_epi16(1); /* (|k| <= 127, |q| <= 127: no pair saturates int16) */
-    if (kv_has_min(t)) return _mm256_madd_epi16(_mm256_maddubs_epi16(k, q), one);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(q, k)), one);
+    /* (|k| <= 127, |q| <= 127: no pair saturates int16) */
+    if (kv_has_min(t)) return sx_dpbusd8(_mm256_setzero_si256(), k, q);
+    return sx_dpbusd8(_mm256_setzero_si256(), _mm256_sign_epi8(k, k), _mm256_sign_epi8(q, k));
 }
 
 static inline float dot_blocks(int t, const uint8_t *row, const int8_t *qc, const float *qd, const float *qs, long D,

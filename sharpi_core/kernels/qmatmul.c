@@ -594,7 +594,8 @@ static int ue_of(int ty) { return !ub_of(ty) ? 0 : ty == TY_Q4_KR ? 256 : ty == 
  * activation codes signed: vpdpbusd (AVX512-VNNI) sums 4 products per 32-bit lane. The offsets are
  * taken out exactly by starting each lane's sum at -offset * (sum of its 4 activation codes),
  * precomputed with the activations. K-quants: vpmaddubsw (pairs, no saturation: codes <= 63) then
- * vpdpwssd with the 16-bit sub-block scales. Without VNNI (AVX2 CPUs among them) the same integers come
+ * vpdpwssd with the 16-bit sub-block scales (an AVX2 CPU with AVX-VNNI: x86simd.h's pairs of 256-bit vpdpbusd /
+ * vpdpwssd, and SHARPI_VNNI as with AVX512-VNNI). Without VNNI (most AVX2 CPUs) the same integers come
  * from vpmaddubsw + vpmaddwd where the codes cannot saturate it (dpbusd_u7, dpbusd_legacy, r4_tokens),
  * else from an exact emulation with vpmaddwd.
  *
@@ -606,7 +607,7 @@ static int ue_of(int ty) { return !ub_of(ty) ? 0 : ty == TY_Q4_KR ? 256 : ty == 
  *     order 0 2 1 3 4 6 5 7, matching the nibble halves of their 64-byte code loads), 32 int16
  *     sums (per 16 elements; Q4_K: per 32, then zeros), d_x (f32).
  * ============================================================================================= */
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) || defined(SHARPI_AVX_VNNI)
 #define SHARPI_VNNI 1
 INL __m512i dpbusd(__m512i acc, __m512i u, __m512i s) { return _mm512_dpbusd_epi32(acc, u, s); }
 INL __m512i dpwssd(__m512i acc, __m512i a, __m512i b) { return _mm512_dpwssd_epi32(acc, a, b); }
@@ -710,13 +711,13 @@ static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 || t
 /* signed weights w times signed activations x, 4 products a 32-bit lane: |w| times x with w's sign (ggml's
  * mul_sum_i8_pairs; no vpdpbusd on AVX2) */
 INL __m256i sdot_avx2(const __m256i w, const __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+    return sx_dpbusd8(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
 }
 #endif
 
 INL __m512i dpbusd_legacy(const int ty, __m512i st, __m512i u, __m512i s) {
     if (legacy_offset(ty) != 128) return dpbusd_u7(st, u, s);
-#if defined(SHARPI_AVX512_EMULATED)
+#if defined(SHARPI_AVX512_EMULATED) && !SHARPI_VNNI
     const __m256i m80 = _mm256_set1_epi8((char)0x80);
     return sx_si(sdot_avx2(_mm256_xor_si256(u.lo, m80), s.lo), sdot_avx2(_mm256_xor_si256(u.hi, m80), s.hi));
 #else
@@ -1003,7 +1004,7 @@ INL void gkern_chain_blocks(const int ty, const int R, const int TT, const uint8
 INL void chain_avx2(const int ty, const int R, const int TT, const uint8_t *const *rows, const long nb, const uint8_t *a,
                     const long lda, float *y, const long ldy, const long pfo) {
     const int BB = unit_bytes(ty), off = legacy_offset(ty); /* Q4_0 / IQ4_NL: d (fp16), then the codes */
-    const __m256i m0f = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
     const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128(nl_values(ty)));
     __m128 y4[MAXT];
 #pragma GCC unroll 8
@@ -1035,7 +1036,7 @@ INL void chain_avx2(const int ty, const int R, const int TT, const uint8_t *cons
                 if (off == 128)
                     is[r] = sdot_avx2(w[r], x);
                 else /* Q4_0: codes w + 8 against the lane starts -8 * (sum of the lane's 4 codes) */
-                    is[r] = _mm256_add_epi32(_mm256_load_si256((const __m256i *)(at + 32)), _mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), one));
+                    is[r] = sx_dpbusd8(_mm256_load_si256((const __m256i *)(at + 32)), w[r], x);
             }
             const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(is[0], is[1]), _mm256_hadd_epi32(is[2], is[3]));
             const __m128i I4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -1378,7 +1379,7 @@ INL void k16_avx2(const int ty, const int tiled, const int R, const int TT, cons
                         if (ty == TY_IQ4_XS) x = _mm256_sign_epi8(x, sg);
                         __m256i p = _mm256_maddubs_epi16(w, x);
                         if (ty == TY_Q3_K) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(4), x)); /* its -4, pair by pair */
-                        is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, sc));
+                        is[t] = sx_dpwssd8(is[t], p, sc);
                     }
                 }
             }
@@ -2316,7 +2317,7 @@ INL void l4_avx2(const int TT, const uint8_t *const *rows, const long nb, const 
         acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
         sm[t] = _mm_setzero_ps();
     }
-    const __m256i m0f = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
     for (long b = 0; b < nb; b++) {
         const uint8_t *g = rows[0] + b * L4B;
         if (pfo && !(b & 3)) {
@@ -2336,7 +2337,7 @@ INL void l4_avx2(const int TT, const uint8_t *const *rows, const long nb, const 
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++)
                 acc[t][r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(r)),
-                                            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), one)), acc[t][r]);
+                                            _mm256_cvtepi32_ps(sx_dpbusd8(_mm256_setzero_si256(), w[r], x)), acc[t][r]);
             sm[t] = _mm_fmadd_ps(m4, _mm_broadcast_ss((const float *)(at + 68)), sm[t]);
         }
     }
@@ -2462,7 +2463,7 @@ INL void l5_avx2(const int TT, const uint8_t *const *rows, const long nb, const 
     __m256 acc[MAXT][4];
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
-    const __m256i m0f = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10), one = _mm256_set1_epi16(1);
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
     for (long b = 0; b < nb; b++) {
         const uint8_t *g = rows[0] + b * L5B;
         if (pfo && !(b & 3)) {
@@ -2488,7 +2489,7 @@ INL void l5_avx2(const int TT, const uint8_t *const *rows, const long nb, const 
             const __m256 dd = _mm256_mul_ps(d4, _mm256_broadcast_ss((const float *)(at + 64))); /* d_w[r] * d_x */
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
-                const __m256i I = _mm256_add_epi32(st, _mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), one));
+                const __m256i I = sx_dpbusd8(st, w[r], x);
                 acc[t][r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(r)), _mm256_cvtepi32_ps(I), acc[t][r]);
             }
         }
@@ -3351,7 +3352,7 @@ static PyMethodDef py_methods[] = {
     {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_FASTCALL, "y = x @ dequant(w).T"},
     {"quantize_act", (PyCFunction)(void (*)(void))py_quantize_act, METH_FASTCALL, "ggml activation quantization"},
     {"round_act", (PyCFunction)(void (*)(void))py_round_act, METH_FASTCALL, "ggml activation rounding, dequantized"},
-    {"has_vnni", (PyCFunction)(void (*)(void))py_has_vnni, METH_FASTCALL, "built with AVX512-VNNI"},
+    {"has_vnni", (PyCFunction)(void (*)(void))py_has_vnni, METH_FASTCALL, "built with VNNI (AVX512-VNNI, or AVX-VNNI in the AVX2 build)"},
     {"dequant_rows", (PyCFunction)(void (*)(void))py_dequant_rows, METH_FASTCALL, "dequantize rows"},
     {"repack", (PyCFunction)(void (*)(void))py_repack, METH_FASTCALL, "Q4_K / Q4_1 rows <-> groups of 4"},
     {NULL, NULL, 0, NULL},

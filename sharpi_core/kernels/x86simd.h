@@ -545,9 +545,50 @@ EI sx_m512 _mm512_dpbf16_ps(sx_m512 acc, sx_m512bh a, sx_m512bh b) {
 }
 EI uint16_t _load_mask16(const void *p) { uint16_t k; memcpy(&k, p, 2); return k; }
 
+/* AVX-VNNI (the VEX-encoded vpdpbusd / vpdpwssd of AVX2 CPUs since Intel's Alder Lake, and of AMD's Zen 5): the
+ * AVX512-VNNI instructions' integers on each half, in one instruction where the plain AVX2 build needs two to six
+ * (qmatmul.c then builds as for VNNI). Not saturating, as AVX512-VNNI's vpdpbusd / vpdpwssd are not. */
+#if defined(__AVXVNNI__)
+#define SHARPI_AVX_VNNI 1
+#undef _mm512_dpbusd_epi32
+#define _mm512_dpbusd_epi32 sx_mm512_dpbusd_epi32
+#undef _mm512_dpwssd_epi32
+#define _mm512_dpwssd_epi32 sx_mm512_dpwssd_epi32
+EI sx_m512i _mm512_dpbusd_epi32(sx_m512i acc, sx_m512i u, sx_m512i s) {
+    return sx_si(_mm256_dpbusd_avx_epi32(acc.lo, u.lo, s.lo), _mm256_dpbusd_avx_epi32(acc.hi, u.hi, s.hi));
+}
+EI sx_m512i _mm512_dpwssd_epi32(sx_m512i acc, sx_m512i a, sx_m512i b) {
+    return sx_si(_mm256_dpwssd_avx_epi32(acc.lo, a.lo, b.lo), _mm256_dpwssd_avx_epi32(acc.hi, a.hi, b.hi));
+}
+#endif
+
 #undef SX_PS2
 #undef SX_PS3
 #undef SX_SI2
 #undef EI
 #endif /* AVX2 */
+
+/* The 256-bit integer dot products of the kernels' AVX2-shaped code (both builds): per 32-bit lane, acc plus the sum
+ * of 4 products of unsigned bytes u and signed bytes s (dpbusd8), or of 2 products of int16 (dpwssd8, modulo 2^32 as
+ * vpmaddwd + vpaddd). Without VNNI dpbusd8 is vpmaddubsw + vpmaddwd, whose int16 pair sums saturate: callers pass
+ * codes whose pairs cannot (|u| * 128 * 2 < 2^15, or |k| and q's sign trick). With VNNI (AVX512-VNNI with VL, or
+ * AVX-VNNI) one instruction gives the same integer. */
+static inline __attribute__((always_inline)) __m256i sx_dpbusd8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+static inline __attribute__((always_inline)) __m256i sx_dpwssd8(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
 #endif
