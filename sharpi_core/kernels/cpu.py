@@ -453,11 +453,14 @@ def avx512_emulated() -> bool:
 
 def simd_level() -> str | None:
     """What the kernels run on here (read from the CPU's flags, nothing is built): "AVX-512", "AVX2,
-    AVX-512 emulated", or None on a CPU they do not run on."""
+    AVX-512 emulated" ("AVX2 with AVX-VNNI, ..." where the CPU has it), or None on a CPU they do not run on."""
     flags = _cpu_info()[1]
     if platform.machine().lower() not in ("x86_64", "amd64") or not all(f in flags for f in _REQUIRED_CPU_FLAGS):
         return None
-    return "AVX2, AVX-512 emulated" if avx512_emulated() else "AVX-512"
+    if not avx512_emulated():
+        return "AVX-512"
+    vnni = "avx_vnni" in flags and "-mno-avxvnni" not in CFLAGS
+    return f"AVX2{' with AVX-VNNI' if vnni else ''}, AVX-512 emulated"
 
 
 def state_text() -> str:
