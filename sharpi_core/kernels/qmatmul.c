@@ -706,10 +706,10 @@ static int legacy_offset(int ty) { return ty == TY_Q4_0 ? 8 : ty == TY_Q5_0 || t
 
 /* dpbusd(st, u, s) of a legacy type's block: st is the lanes' offset start (act_legacy_row). With
  * Q8_0's offset (codes u = w + 128, st = -128 * the lane's 4 activation codes) the result is w.s, which
- * an AVX2 CPU gets as ggml's mul_sum_i8_pairs does: |w| times s with w's sign (2 * 128 * 127 < 2^15). */
+ * an AVX2 CPU without VNNI gets as ggml's mul_sum_i8_pairs does: |w| times s with w's sign (2 * 128 * 127 < 2^15). */
 #if defined(SHARPI_AVX512_EMULATED)
 /* signed weights w times signed activations x, 4 products a 32-bit lane: |w| times x with w's sign (ggml's
- * mul_sum_i8_pairs; no vpdpbusd on AVX2) */
+ * mul_sum_i8_pairs; vpdpbusd takes unsigned u) */
 INL __m256i sdot_avx2(const __m256i w, const __m256i x) {
     return sx_dpbusd8(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
 }
