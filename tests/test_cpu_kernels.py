@@ -725,7 +725,7 @@ def test_avx2_build_gives_the_same_bits(tmp_path):
         np.save(tmp_path / f"{qt.name}.npy", random_raw(qt, n, k, seed=13))
     smol = str(model_path(SMOL))
     outs = []
-    builds = [{"SHARPI_KERNEL_AVX2": "0"}, {"SHARPI_KERNEL_AVX2": "1"}]
+    builds = [{"SHARPI_KERNEL_AVX2": "0", "SHARPI_KERNEL_NO_VNNI": "0"}, {"SHARPI_KERNEL_AVX2": "1", "SHARPI_KERNEL_NO_VNNI": "0"}]
     avx_vnni = "avx_vnni" in cpu._cpu_info()[1]
     if avx_vnni:  # the AVX2 build with AVX-VNNI, then without any VNNI
         builds.append({"SHARPI_KERNEL_AVX2": "1", "SHARPI_KERNEL_NO_VNNI": "1"})
