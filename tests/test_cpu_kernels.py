@@ -687,6 +687,28 @@ def test_non_vnni_build_gives_the_same_bits(tmp_path):
 
 
 @needs_kernels
+def test_simd_level_names_avx_vnni_where_the_compiler_emits_it(monkeypatch):
+    """An AVX2 CPU with AVX-VNNI is said to take it only where the compiler emits it (gcc < 11 cannot: that build
+    takes vpmaddubsw); the probe reads the compiler's predefined macros (real gcc: Alder Lake's -march has it,
+    Haswell's not)."""
+    monkeypatch.setattr(cpu, "_cpu_info", lambda: ("test", frozenset(cpu._REQUIRED_CPU_FLAGS + ("avx_vnni",))))
+    monkeypatch.setattr(cpu, "_compiler", lambda: "cc")
+    for macros, said in ((frozenset({"__AVX2__"}), "AVX2, AVX-512 emulated"),
+                         (frozenset({"__AVX2__", "__AVXVNNI__"}), "AVX2 with AVX-VNNI, AVX-512 emulated"),
+                         (None, "AVX2 with AVX-VNNI, AVX-512 emulated")):  # a compiler that cannot say: the CPU's flag
+        monkeypatch.setattr(cpu, "_compiler_macros", lambda cc, flags, m=macros: m)
+        assert cpu.simd_level() == said
+    monkeypatch.undo()
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return
+    assert "__AVXVNNI__" not in cpu._compiler_macros(gcc, ("-march=haswell",))
+    assert "__AVX2__" in cpu._compiler_macros(gcc, ("-march=haswell",))
+    version = int(subprocess.run([gcc, "-dumpversion"], capture_output=True, text=True).stdout.split(".")[0])
+    assert ("__AVXVNNI__" in (cpu._compiler_macros(gcc, ("-march=alderlake",)) or ())) == (version >= 11)
+    assert cpu._compiler_macros(gcc, ("-mno-such-flag",)) is None
+
+
 def test_avx2_build_gives_the_same_bits(tmp_path):
     """The AVX2 build (x86simd.h: each 512-bit intrinsic on two 256-bit halves) computes what the AVX-512
     build computes: every weight type's products (8-bit and fp32 activations, one and two rows, a verify pass,
@@ -726,7 +748,7 @@ def test_avx2_build_gives_the_same_bits(tmp_path):
     smol = str(model_path(SMOL))
     outs = []
     builds = [{"SHARPI_KERNEL_AVX2": "0", "SHARPI_KERNEL_NO_VNNI": "0"}, {"SHARPI_KERNEL_AVX2": "1", "SHARPI_KERNEL_NO_VNNI": "0"}]
-    avx_vnni = "avx_vnni" in cpu._cpu_info()[1]
+    avx_vnni = cpu.avx2_build_takes_avx_vnni()
     if avx_vnni:  # the AVX2 build with AVX-VNNI, then without any VNNI
         builds.append({"SHARPI_KERNEL_AVX2": "1", "SHARPI_KERNEL_NO_VNNI": "1"})
     for build in builds:

@@ -453,14 +453,36 @@ def avx512_emulated() -> bool:
 
 def simd_level() -> str | None:
     """What the kernels run on here (read from the CPU's flags, nothing is built): "AVX-512", "AVX2,
-    AVX-512 emulated" ("AVX2 with AVX-VNNI, ..." where the CPU has it), or None on a CPU they do not run on."""
+    AVX-512 emulated" ("AVX2 with AVX-VNNI, ..." where the CPU has it and the compiler emits it), or None on a CPU
+    they do not run on."""
     flags = _cpu_info()[1]
     if platform.machine().lower() not in ("x86_64", "amd64") or not all(f in flags for f in _REQUIRED_CPU_FLAGS):
         return None
     if not avx512_emulated():
         return "AVX-512"
-    vnni = "avx_vnni" in flags and "-mno-avxvnni" not in CFLAGS
-    return f"AVX2{' with AVX-VNNI' if vnni else ''}, AVX-512 emulated"
+    return f"AVX2{' with AVX-VNNI' if avx2_build_takes_avx_vnni() else ''}, AVX-512 emulated"
+
+
+def avx2_build_takes_avx_vnni() -> bool:
+    """Whether the AVX2 build here computes its integer dot products with AVX-VNNI: the CPU has it and the compiler
+    emits it (gcc >= 11 defines __AVXVNNI__ under -march=native there; an older one builds the maddubs path)."""
+    if "avx_vnni" not in _cpu_info()[1] or "-mno-avxvnni" in CFLAGS:
+        return False
+    cc = _compiler()
+    macros = _compiler_macros(cc, tuple(f for f in CFLAGS if f.startswith("-m")) + ("-mno-avx512f",)) if cc else None
+    return macros is None or "__AVXVNNI__" in macros  # (a compiler that cannot say: the CPU's flag)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_macros(cc: str, flags: tuple[str, ...]) -> frozenset[str] | None:
+    """The macros the compiler predefines under these flags (one preprocessor run, ~20 ms), or None if it fails."""
+    try:
+        r = subprocess.run([cc, *flags, "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0:
+        return None
+    return frozenset(line.split()[1] for line in r.stdout.splitlines() if line.startswith("#define ") and len(line.split()) > 1)
 
 
 def state_text() -> str:
