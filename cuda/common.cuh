@@ -132,10 +132,14 @@ SH_HD uint4 ld_u128(const u8* p) { return ldg((const uint4*)p); }  // p 16-byte 
 SH_HD float4 ld_f4(const float* p) { return ldg((const float4*)p); }  // p 16-byte aligned
 
 // ---- 8-bit integer dot products -----------------------------------------------------------------
-// c + the dot product of the four signed bytes of a and of b (one DP4A instruction on sm_61 and later)
+// c + the dot product of the four signed bytes of a and of b (one DP4A instruction on sm_61 and later). The
+// instruction itself, as the __dp4a intrinsic's header writes it: NVRTC 12.1 declares __dp4a but leaves it
+// undefined under -arch=sm_80 / sm_90 (ptxas: "Unresolved extern function '_Z6__dp4aiii'").
 SH_HD int dp4a(u32 a, u32 b, int c) {
 #if defined(__CUDA_ARCH__)
-    return __dp4a((int)a, (int)b, c);
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 #else
     for (int i = 0; i < 4; i++) c += (int)(i8)(u8)(a >> (8 * i)) * (int)(i8)(u8)(b >> (8 * i));
     return c;

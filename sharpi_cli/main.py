@@ -20,8 +20,17 @@ from sharpi_core.errors import SharpiError, UsageError, one_line
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Run GGUF language models, llama-cli style, with exact speculative decoding.")
-models_app = typer.Typer(help="List, fetch or remove the known models.", add_completion=False, no_args_is_help=True)
+models_app = typer.Typer(help="List, fetch or remove the known models.", add_completion=False)
 app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models_group(ctx: typer.Context) -> None:
+    # `sharpi models` alone: its help on stderr and exit 2 with every click (no_args_is_help exits 2 since click 8.2,
+    # 0 before, with the help on stdout)
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help(), file=sys.stderr)
+        raise typer.Exit(2)
 
 
 def _env(name: str) -> str:
@@ -743,6 +752,14 @@ def models_rm(names: Annotated[list[str], typer.Argument(help="known model names
         print(f"removed {path}" if remove(k) else f"{k}: not in the cache")
 
 
+def _usage_errors() -> tuple[type, ...]:
+    """The base classes of click's usage errors as this typer raises them: click's ClickException (click's own
+    before typer 0.26, since then a copy typer carries) and typer.TyperException (typer >= 0.27.2: ClickException's
+    base), found through typer.BadParameter, which every typer exports."""
+    click_base = [c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"]
+    return (*click_base[:1], *((typer.TyperException,) if hasattr(typer, "TyperException") else ()))
+
+
 @functools.lru_cache(maxsize=None)
 def command():
     """The click command typer builds from `app`, built once per process (~0.1 s on a slow machine): the flag check
@@ -823,10 +840,7 @@ def main() -> None:
     except typer.Abort:
         _err("aborted")
         sys.exit(130)
-    except typer.TyperException as e:  # click's usage errors: unknown flag, bad value, ...
-        if type(e).__name__ == "NoArgsIsHelpError":  # `sharpi models`: its help, as click shows it (exit 2)
-            print(e.ctx.get_help(), file=sys.stderr)
-            sys.exit(2)
+    except _usage_errors() as e:  # click's usage errors: unknown flag, bad value, ...
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         _err(" ".join(msg.split()))
         sys.exit(getattr(e, "exit_code", 2) or 2)

@@ -2149,6 +2149,19 @@ def test_unknown_short_options_are_named(smol):
     one_error_line(sharpi("tokenize", "-m", smol, "-np", "-p", "x"), 2, "No such option: -np")
 
 
+def test_errors_are_one_line_under_a_typer_without_typer_exception(smol, monkeypatch):
+    """typer before 0.27.2 has no TyperException (before 0.26 its usage errors are click's own ClickException):
+    main() still makes them, and sharpi's own errors and a plain exit, what they are (it named the missing class
+    in an except clause: every run of the declared typer >= 0.15.4 ended in an AttributeError traceback)."""
+    import typer
+    monkeypatch.delattr(typer, "TyperException", raising=False)
+    one_error_line(sharpi("-m", smol, "-n", "abc", "-p", "hi"), 2, "Invalid value for '-n'")
+    one_error_line(sharpi("-m", smol, "--no-such-flag"), 2, "No such option: --no-such-flag")
+    one_error_line(sharpi("-m", "/nonexistent.gguf", "-p", "hi"), 2, "model not found")
+    r = sharpi("-m", smol, "-p", "hi", "-n", 1, "--temp", 0)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
 def test_environment_switches_read_alike_and_an_unknown_value_is_said(smol, monkeypatch):
     """Every SHARPI_* switch takes 0/off/false/no and 1/on/true/yes (any case); another value keeps the default,
     and a run says so in one warning line (a bisecting run whose switch was not taken would mislead)."""
