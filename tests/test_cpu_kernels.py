@@ -709,6 +709,7 @@ def test_simd_level_names_avx_vnni_where_the_compiler_emits_it(monkeypatch):
     assert cpu._compiler_macros(gcc, ("-mno-such-flag",)) is None
 
 
+@needs_kernels
 def test_avx2_build_gives_the_same_bits(tmp_path):
     """The AVX2 build (x86simd.h: each 512-bit intrinsic on two 256-bit halves) computes what the AVX-512
     build computes: every weight type's products (8-bit and fp32 activations, one and two rows, a verify pass,
