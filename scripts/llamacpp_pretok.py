@@ -29,7 +29,9 @@ from sharpi_core.tokenizer import PRE_TOKENIZERS  # noqa: E402
 SOURCE = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 TEXTS = EXTRA + ["Hello world", " Hello World!", "\n\n\n \t\t x", "1 12 123 1234 12345 3.14159", "🦙🦙 llama.cpp 🤗",
                  "int main() {\n    return a->b[i] != c;\n}\n", "'s 're 'VE 'll", "a\u00a0b\u3000c", "Ünïcödé ẞ ǅ ǈ",
-                 "`ls -la` a=`b`+c|d^e~f x=12345678901", "हिन्दी भाषा ภาษาไทย مَرْحَبًا", "abc123def 4567ghi"]
+                 "`ls -la` a=`b`+c|d^e~f x=12345678901", "हिन्दी भाषा ภาษาไทย مَرْحَبًا", "abc123def 4567ghi",
+                 # letters, digits, marks and symbols Unicode 16.0 added (no class in llama.cpp's 15.1 tables)
+                 "\U00013460're \U00010d40\U00010d41's x\u1c89y \U00011bf0\U00011bf1 12 a\u0897b \U000113b8 \U0001fa89!"]
 
 
 def main() -> None:

@@ -77,6 +77,28 @@ _DEEPSEEK_LLM_LETTERS = (
     "\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
     "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
     "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943")
+# The code points Unicode 16.0 assigned (unicodedata2 16.0.0 against 15.1.0: a category other than Cn now). llama.cpp's
+# character classes are Unicode 15.1's (its unicode-data.cpp: these have no flags, like any unassigned code point),
+# while `tokenizers`' regex engine knows 16.0 (Garay, Todhri, Egyptian hieroglyphs extended-A... are letters and
+# digits there): _llama_cpp_classes takes them out of every \p{..} class, so they split as llama.cpp splits them.
+_UNICODE_16_ADDED = (
+    "\u0897\u1b4e\u1b4f\u1b7f\u1c89\u1c8a\u2427-\u2429\u31e4\u31e5\ua7cb-\ua7cd\ua7da-\ua7dc"
+    "\U000105c0-\U000105f3\U00010d40-\U00010d65\U00010d69-\U00010d85\U00010d8e\U00010d8f"
+    "\U00010ec2-\U00010ec4\U00010efc\U00011380-\U00011389\U0001138b\U0001138e\U00011390-\U000113b5"
+    "\U000113b7-\U000113c0\U000113c2\U000113c5\U000113c7-\U000113ca\U000113cc-\U000113d5"
+    "\U000113d7\U000113d8\U000113e1\U000113e2\U000116d0-\U000116e3\U00011bc0-\U00011be1"
+    "\U00011bf0-\U00011bf9\U00011f5a\U00013460-\U000143fa\U00016100-\U00016139\U00016d40-\U00016d79"
+    "\U00018cff\U0001cc00-\U0001ccf9\U0001cd00-\U0001ceb3\U0001e5d0-\U0001e5fa\U0001e5ff"
+    "\U0001f8b2-\U0001f8bb\U0001f8c0\U0001f8c1\U0001fa89\U0001fa8f\U0001fabe\U0001fac6\U0001fadc"
+    "\U0001fadf\U0001fae9\U0001fbcb-\U0001fbef")
+
+
+def _llama_cpp_classes(regex: str) -> str:
+    """`regex` with each \\p{X} class limited to the code points Unicode 15.1 assigned (Oniguruma's class
+    intersection, also inside a bracket expression)."""
+    return re.sub(r"\\p\{(\w+)\}", lambda m: f"[\\p{{{m[1]}}}&&[^{_UNICODE_16_ADDED}]]", regex)
+
+
 _PRE_GROUPS: list[tuple[tuple[str, ...], list[str], bool]] = [
     # (tokenizer.ggml.pre names, regex sequence, ignore_merges)
     (("default",), [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"], False),
@@ -295,6 +317,7 @@ class Tokenizer:
         self._spm_scores: list[float] | None = None
         self._byte_ids: list[int | None] | None = None
         self._longest: int | None = None  # the longest token's characters (fewest_tokens)
+        self._vanish: tuple[dict, bool] = ({}, False)  # (fewest_tokens)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -428,6 +451,16 @@ class Tokenizer:
             self._longest = max(1, max(map(len, self.tokens), default=1))
             # special tokens that strip the whitespace beside them: a text's whitespace may cost no token
             self._strips = bool((self.attrs & (ATTR_LSTRIP | ATTR_RSTRIP)).any())
+            # characters that may give no token at all: the bytes a gpt2 vocabulary lacks (see _build_bpe); a
+            # character of several bytes only where a continuation byte is missing too
+            missing = ({b for ch, b in _byte_decoder().items() if ch not in self.token_to_id}
+                       if self.model_type == "gpt2" else set())
+            self._vanish = ({b: None for b in missing if b < 0x80}, any(0x80 <= b < 0xC0 for b in missing))
+        drop, multibyte = self._vanish
+        if drop:
+            text = text.translate(drop)
+        if multibyte:
+            text = text.encode("ascii", "ignore").decode("ascii")
         n = len(text) - (sum(map(str.isspace, text)) if self._strips else 0)
         return -(-n // self._longest)
 
@@ -507,15 +540,28 @@ class Tokenizer:
                 pairs.append((m[:k], m[k + 1:]))
         pairs = list(dict.fromkeys(pairs))  # duplicates: the first rank counts (llama.cpp's map emplace)
         regexes, ignore_merges = PRE_TOKENIZERS[self.pre]
-        steps = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in regexes]
+        steps = [pre_tokenizers.Split(Regex(_llama_cpp_classes(rx)), behavior="isolated") for rx in regexes]
         steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
         pre = pre_tokenizers.Sequence(steps)
+        # A byte whose byte-level character the vocabulary lacks (SmolLM2 has no 0x1D) stays a symbol of its own in
+        # llama.cpp's merge loop, which no merge joins and which prints nothing: its neighbours never merge across
+        # it (">\x1d<" is '>' '<', not '><'). `tokenizers` drops such a character before merging, unless it has
+        # an unknown token: one outside the vocabulary's ids stands in for it, and is taken out afterwards.
+        vocab, unk = self.token_to_id, None
+        if any(ch not in vocab for ch in _byte_decoder()):
+            unk = self.n_vocab
+            vocab = {**vocab, "\x00sharpi-unknown-byte\x00": unk}
         try:
-            hf = HFTokenizer(models.BPE(self.token_to_id, pairs, ignore_merges=ignore_merges))
+            hf = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=ignore_merges, fuse_unk=False,
+                                        unk_token=None if unk is None else "\x00sharpi-unknown-byte\x00"))
             hf.pre_tokenizer = pre
 
-            def enc(text: str) -> list[int]:
-                return hf.encode(text, add_special_tokens=False).ids
+            if unk is None:
+                def enc(text: str) -> list[int]:
+                    return hf.encode(text, add_special_tokens=False).ids
+            else:
+                def enc(text: str) -> list[int]:
+                    return [i for i in hf.encode(text, add_special_tokens=False).ids if i != unk]
         except Exception:  # e.g. a merge whose result is not in the vocabulary: llama.cpp's loop in Python
             enc = _PyBPE(self.token_to_id, pairs, pre, ignore_merges).encode
         self._bpe = enc
