@@ -20,6 +20,9 @@ a class (letter, digit, mark, space...) or a byte is missing from the vocabulary
 contexts differ are printed as ranges (1-3 minutes a vocabulary). --pre NAME: the first model's vocabulary
 with tokenizer.ggml.pre set to NAME (scripts/llamacpp_vocab_check.py's copies), once per NAME.
 
+--pieces: instead, every token id's piece (llama.cpp's token_to_piece with special tokens printed and not, by
+scripts/llamacpp_tokenize.c) against sharpi's Tokenizer.token_bytes; the ids that differ are printed.
+
 --record OUT: libllama's ids for EDGES (what this tool found) and --runs random texts (--seed), in both modes, for
 each model, written to OUT: the oracle of tests/test_tokenizer.py (tests/data/llamacpp_tokenize_fuzz.json).
 """
@@ -183,6 +186,22 @@ def code_points(tok: Tokenizer, oracle: Oracle) -> list[int]:
     return bad
 
 
+def pieces(tok: Tokenizer, exe: Path, path: Path) -> list[dict]:
+    """The tokens whose pieces differ from llama.cpp's, with special tokens printed (True) or not (False)."""
+    out = subprocess.run([str(exe), str(path), "pieces"], capture_output=True, check=True, text=True).stdout.splitlines()
+    bad = []
+    for tid, line in enumerate(out):
+        for special, h in zip((True, False), line.split(" ")):
+            want = b"" if h == "-" else bytes.fromhex(h)
+            got = tok.token_bytes(tid, special)
+            if got != want:
+                bad.append({"id": tid, "special": special, "text": tok.token_text(tid), "llama.cpp": want.hex(),
+                            "sharpi": got.hex()})
+    if len(out) != tok.n_vocab:
+        bad.append({"n_vocab": tok.n_vocab, "llama.cpp": len(out)})
+    return bad
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", type=Path, help="llama.cpp source tree")
@@ -192,6 +211,7 @@ def main() -> int:
     ap.add_argument("-m", "--model", action="append", help="registry names or GGUF paths (default: the cached known ones)")
     ap.add_argument("--pre", action="append", help="the first model's vocabulary with tokenizer.ggml.pre = PRE")
     ap.add_argument("--code-points", action="store_true", help="every code point in four contexts, no random texts")
+    ap.add_argument("--pieces", action="store_true", help="every token's piece, no random texts")
     ap.add_argument("--log", type=Path)
     ap.add_argument("--record", type=Path, help="write the oracle of tests/test_tokenizer.py here instead")
     args = ap.parse_args()
@@ -216,6 +236,15 @@ def main() -> int:
             oracle = Oracle(exe, path)
             if args.record:
                 record["ids"][path.stem] = {str(int(sp)): oracle.ids(record["texts"], sp) for sp in (True, False)}
+                continue
+            if args.pieces:
+                bad = pieces(tok, exe, path)
+                failed += bool(bad)
+                print(f"{path.name}: {tok.n_vocab} tokens, {len(bad)} pieces differ", flush=True)
+                for rec in bad[:20]:
+                    print("  " + json.dumps(rec))
+                if log and bad:
+                    log.write(json.dumps({"model": path.name, "pieces": bad}) + "\n")
                 continue
             if args.code_points:
                 bad = code_points(tok, oracle)

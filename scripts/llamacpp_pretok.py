@@ -31,7 +31,9 @@ TEXTS = EXTRA + ["Hello world", " Hello World!", "\n\n\n \t\t x", "1 12 123 1234
                  "int main() {\n    return a->b[i] != c;\n}\n", "'s 're 'VE 'll", "a\u00a0b\u3000c", "Ünïcödé ẞ ǅ ǈ",
                  "`ls -la` a=`b`+c|d^e~f x=12345678901", "हिन्दी भाषा ภาษาไทย مَرْحَبًا", "abc123def 4567ghi",
                  # letters, digits, marks and symbols Unicode 16.0 added (no class in llama.cpp's 15.1 tables)
-                 "\U00013460're \U00010d40\U00010d41's x\u1c89y \U00011bf0\U00011bf1 12 a\u0897b \U000113b8 \U0001fa89!"]
+                 "\U00013460're \U00010d40\U00010d41's x\u1c89y \U00011bf0\U00011bf1 12 a\u0897b \U000113b8 \U0001fa89!",
+                 # non-ASCII spaces beside characters that deepseek's literal ranges list (U+3000, U+0800..U+4E00)
+                 "\t\t\u3000 x\u3000\u3001 \u6771\u2009\u4eac\u3000\u3000\ud55c \u2028\u26ce \u00a0\u2003\u0915"]
 
 
 def main() -> None:

@@ -1,10 +1,14 @@
 /* llama.cpp's tokenizer on many texts at once: the oracle of scripts/llamacpp_vocab_check.py.
  *
  *   llamacpp_tokenize MODEL [ADD_SPECIAL PARSE_SPECIAL] < texts > ids
+ *   llamacpp_tokenize MODEL pieces > pieces
  *
  * Loads only MODEL's vocabulary. stdin holds texts separated by "\n__ggml_vocab_test__\n" (the format
  * of llama.cpp's models/ggml-vocab-*.gguf.inp files); each is tokenized without special tokens added
  * or parsed (llama_tokenize(..., false, false); "1 1": both) and written as one line of space-separated ids.
+ * With "pieces": one line per token id, in order, of the piece with special=true and the piece with special=false
+ * (llama_token_to_piece, lstrip 0), each as hex bytes ("-" for an empty piece), separated by a space
+ * (scripts/fuzz_tokenizer.py --pieces).
  * Built by the script against a llama.cpp build directory; never part of sharpi itself. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,9 +36,21 @@ static void emit(const struct llama_vocab *vocab, const char *text, int len) {
     free(ids);
 }
 
+static void piece_hex(const struct llama_vocab *vocab, llama_token id, bool special) {
+    static char buf[1 << 16];
+    const int n = llama_token_to_piece(vocab, id, buf, (int)sizeof buf, 0, special);
+    if (n < 0) {
+        fprintf(stderr, "token %d: a piece longer than %zu bytes\n", id, sizeof buf);
+        exit(1);
+    }
+    if (n == 0) putchar('-');
+    for (int i = 0; i < n; i++) printf("%02x", (unsigned char)buf[i]);
+}
+
 int main(int argc, char **argv) {
-    if (argc != 2 && argc != 4) {
-        fprintf(stderr, "usage: %s MODEL [ADD_SPECIAL PARSE_SPECIAL] < texts\n", argv[0]);
+    const bool pieces = argc == 3 && strcmp(argv[2], "pieces") == 0;
+    if (argc != 2 && argc != 4 && !pieces) {
+        fprintf(stderr, "usage: %s MODEL [ADD_SPECIAL PARSE_SPECIAL | pieces] < texts\n", argv[0]);
         return 2;
     }
     if (argc == 4) {
@@ -48,6 +64,16 @@ int main(int argc, char **argv) {
     struct llama_model *model = llama_model_load_from_file(argv[1], mp);
     if (!model) return fprintf(stderr, "cannot load %s\n", argv[1]), 1;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
+    if (pieces) {
+        for (llama_token id = 0; id < llama_vocab_n_tokens(vocab); id++) {
+            piece_hex(vocab, id, true);
+            putchar(' ');
+            piece_hex(vocab, id, false);
+            putchar('\n');
+        }
+        llama_model_free(model);
+        return 0;
+    }
     size_t cap = 1 << 16, len = 0, got;
     char *buf = malloc(cap + 1);
     while ((got = fread(buf + len, 1, cap - len, stdin)) > 0) {

@@ -80,7 +80,7 @@ _DEEPSEEK_LLM_LETTERS = (
 # The code points Unicode 16.0 assigned (unicodedata2 16.0.0 against 15.1.0: a category other than Cn now). llama.cpp's
 # character classes are Unicode 15.1's (its unicode-data.cpp: these have no flags, like any unassigned code point),
 # while `tokenizers`' regex engine knows 16.0 (Garay, Todhri, Egyptian hieroglyphs extended-A... are letters and
-# digits there): _llama_cpp_classes takes them out of every \p{..} class, so they split as llama.cpp splits them.
+# digits there): _llama_cpp_regex takes them out of every \p{..} class, so they split as llama.cpp splits them.
 _UNICODE_16_ADDED = (
     "\u0897\u1b4e\u1b4f\u1b7f\u1c89\u1c8a\u2427-\u2429\u31e4\u31e5\ua7cb-\ua7cd\ua7da-\ua7dc"
     "\U000105c0-\U000105f3\U00010d40-\U00010d65\U00010d69-\U00010d85\U00010d8e\U00010d8f"
@@ -93,10 +93,36 @@ _UNICODE_16_ADDED = (
     "\U0001fadf\U0001fae9\U0001fbcb-\U0001fbef")
 
 
-def _llama_cpp_classes(regex: str) -> str:
-    """`regex` with each \\p{X} class limited to the code points Unicode 15.1 assigned (Oniguruma's class
-    intersection, also inside a bracket expression)."""
-    return re.sub(r"\\p\{(\w+)\}", lambda m: f"[\\p{{{m[1]}}}&&[^{_UNICODE_16_ADDED}]]", regex)
+# Unicode's White_Space characters beyond ASCII (llama.cpp's unicode_set_whitespace).
+_NON_ASCII_SPACES = "\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def _llama_cpp_regex(regex: str) -> str:
+    """`regex` as llama.cpp's unicode_regex_split matches it, for `tokenizers`' regex engine (Oniguruma):
+    - with \\p{X} classes (llama.cpp's "collapsed" text, a byte per character class): each class limited to the
+      code points Unicode 15.1 assigned (class intersection, also inside a bracket expression);
+    - without (std::wregex on the text with every non-ASCII space replaced by a vertical tab, so that \\s matches
+      it): a bracket expression that lists non-ASCII characters never matches those spaces (deepseek's ranges
+      U+0800..U+4E00 and U+3000..U+3002: "\\t\\t\\u3000" is "\\t\\t" then "\\u3000" there, not "\\t" and "\\t\\u3000")."""
+    if "\\p{" in regex:
+        return re.sub(r"\\p\{(\w+)\}", lambda m: f"[\\p{{{m[1]}}}&&[^{_UNICODE_16_ADDED}]]", regex)
+    out, i, n = [], 0, len(regex)
+    while i < n:
+        if regex[i] == "\\":
+            out.append(regex[i:i + 2])
+            i += 2
+        elif regex[i] == "[":
+            j = i + 1
+            while regex[j] != "]":  # (these regexes have no nested classes)
+                j += 2 if regex[j] == "\\" else 1
+            body = regex[i + 1:j]
+            wide = not body.startswith("^") and any(ord(c) > 0x7F for c in body)
+            out.append(f"[{body}&&[^{_NON_ASCII_SPACES}]]" if wide else f"[{body}]")
+            i = j + 1
+        else:
+            out.append(regex[i])
+            i += 1
+    return "".join(out)
 
 
 _PRE_GROUPS: list[tuple[tuple[str, ...], list[str], bool]] = [
@@ -540,7 +566,7 @@ class Tokenizer:
                 pairs.append((m[:k], m[k + 1:]))
         pairs = list(dict.fromkeys(pairs))  # duplicates: the first rank counts (llama.cpp's map emplace)
         regexes, ignore_merges = PRE_TOKENIZERS[self.pre]
-        steps = [pre_tokenizers.Split(Regex(_llama_cpp_classes(rx)), behavior="isolated") for rx in regexes]
+        steps = [pre_tokenizers.Split(Regex(_llama_cpp_regex(rx)), behavior="isolated") for rx in regexes]
         steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
         pre = pre_tokenizers.Sequence(steps)
         # A byte whose byte-level character the vocabulary lacks (SmolLM2 has no 0x1D) stays a symbol of its own in
