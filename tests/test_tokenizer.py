@@ -430,7 +430,9 @@ def test_fewest_tokens_is_a_lower_bound(name):
     assert t.fewest_tokens("a" * len(t.tokens[longest])) == 1 and t.fewest_tokens("a" * (len(t.tokens[longest]) + 1)) == 2
     rng = random.Random(5)
     long_ones = sorted(range(t.n_vocab), key=lambda i: -len(t.tokens[i]))[:200]
-    texts = [t.decode([longest] * 7), t.decode(long_ones), " " * 3000, "\n" * 999 + "日本語🎉" * 50]
+    # (bytes a vocabulary lacks give no token: SmolLM2 has no 0x1D, 0x04 or 0xF1, U+50000's first byte)
+    texts = [t.decode([longest] * 7), t.decode(long_ones), " " * 3000, "\n" * 999 + "日本語🎉" * 50,
+             "\x1d" * 3000 + "a\x04", "\U00050000" * 99]
     for _ in range(30):
         texts.append(t.decode(rng.sample(long_ones, 40) + [rng.randrange(t.n_vocab) for _ in range(20)]))
     for text in texts:
