@@ -479,8 +479,7 @@ class Tokenizer:
             self._strips = bool((self.attrs & (ATTR_LSTRIP | ATTR_RSTRIP)).any())
             # characters that may give no token at all: the bytes a gpt2 vocabulary lacks (see _build_bpe); a
             # character of several bytes only where a continuation byte is missing too
-            missing = ({b for ch, b in _byte_decoder().items() if ch not in self.token_to_id}
-                       if self.model_type == "gpt2" else set())
+            missing = self._missing_bytes() if self.model_type == "gpt2" else set()
             self._vanish = ({b: None for b in missing if b < 0x80}, any(0x80 <= b < 0xC0 for b in missing))
         drop, multibyte = self._vanish
         if drop:
@@ -573,13 +572,12 @@ class Tokenizer:
         # llama.cpp's merge loop, which no merge joins and which prints nothing: its neighbours never merge across
         # it (">\x1d<" is '>' '<', not '><'). `tokenizers` drops such a character before merging, unless it has
         # an unknown token: one outside the vocabulary's ids stands in for it, and is taken out afterwards.
-        vocab, unk = self.token_to_id, None
-        if any(ch not in vocab for ch in _byte_decoder()):
-            unk = self.n_vocab
-            vocab = {**vocab, "\x00sharpi-unknown-byte\x00": unk}
+        vocab, unk, unk_text = self.token_to_id, None, None
+        if self._missing_bytes():
+            unk, unk_text = self.n_vocab, "\x00sharpi-unknown-byte\x00"
+            vocab = {**vocab, unk_text: unk}
         try:
-            hf = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=ignore_merges, fuse_unk=False,
-                                        unk_token=None if unk is None else "\x00sharpi-unknown-byte\x00"))
+            hf = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=ignore_merges, fuse_unk=False, unk_token=unk_text))
             hf.pre_tokenizer = pre
 
             if unk is None:
@@ -592,6 +590,10 @@ class Tokenizer:
             enc = _PyBPE(self.token_to_id, pairs, pre, ignore_merges).encode
         self._bpe = enc
         return enc
+
+    def _missing_bytes(self) -> set[int]:
+        """The bytes whose byte-level character the (gpt2) vocabulary lacks: SmolLM2's 0x04, 0x1D, 0xF1, ..."""
+        return {b for ch, b in _byte_decoder().items() if ch not in self.token_to_id}
 
     def _spm(self, text: str) -> list[int]:
         """llama.cpp's SPM session: repeatedly merge the adjacent pair whose concatenation is the
