@@ -143,6 +143,12 @@ CASES = [
     ("min-p 1.5 after top-k, min-keep 4", SMOL, dict(min_p=1.5, min_keep=4, scale=1.0)),
     ("min-p 1.5 first", SMOL, dict(min_p=1.5, samplers=["min_p", "top_k", "temperature"], scale=1.0)),
     ("min-p -0.2 is off", SMOL, dict(min_p=-0.2, top_p=1.0, scale=1.0)),
+    # found by scripts/fuzz_samplers.py (its seeds): adaptive-p over the whole vocabulary reshapes llama.cpp's float
+    # softmax, whose float sum is 1e-4 off; mirostat's law is its float probabilities normalized anew
+    ("adaptive-p 0.9 alone, whole vocabulary", SMOL, dict(samplers=["adaptive_p"], adaptive_target=0.9, rows=3, scale=1.5,
+                                                          seed=968059466)),
+    ("mirostat 1, eta 1", SMOL, dict(samplers=["temperature", "mirostat"], mirostat_eta=1.0, rows=4, scale=1.5,
+                                     seed=355677154)),
 ]
 
 
@@ -170,6 +176,45 @@ def _hex(v: float) -> str:
     return float(np.float32(v)).hex()
 
 
+def case_input(c: dict, tok, seed: int) -> tuple[str, list[int], list, list[np.ndarray]]:
+    """A case (BASE's fields, history_text, history_ids or the ids in history, bias_history) as llamacpp_samplers.c
+    reads it, with its history, logit bias and logits rows."""
+    hist = tok.encode(c["history_text"], add_special=False) if c["history_text"] else []
+    if c.get("history_ids"):
+        hist = synthetic_history(*c["history_ids"])
+    if c.get("history") is not None:
+        hist = list(c["history"])
+    bias = [[t, c["bias_history"]] for t in sorted(set(hist))] if c.get("bias_history") else c["logit_bias"]
+    xs = [synthetic_logits(seed + 1000 * r, tok.n_vocab, c["scale"]) for r in range(c["rows"])]
+    lines = [f"S {len(c['samplers'])} {' '.join(c['samplers'])}",
+             "P %d %s %s %s %s %s %s %s %s %s %d %s %s %s %s %s %d %d %d" % (
+                 c["top_k"], _hex(c["top_p"]), _hex(c["min_p"]), _hex(c["typical_p"]), _hex(c["top_n_sigma"]),
+                 _hex(c["xtc_probability"]), _hex(c["xtc_threshold"]), _hex(c["temp"]), _hex(c["dynatemp_range"]),
+                 _hex(c["dynatemp_exponent"]), c["repeat_last_n"], _hex(c["repeat_penalty"]),
+                 _hex(c["frequency_penalty"]), _hex(c["presence_penalty"]), _hex(c["dry_multiplier"]),
+                 _hex(c["dry_base"]), c["dry_allowed_length"], c["dry_penalty_last_n"], c["min_keep"]),
+             f"B {len(c['dry_sequence_breakers'])}"] + [s.encode().hex() for s in c["dry_sequence_breakers"]]
+    lines += [f"A {len(bias)} " + " ".join(f"{t} {_hex(b)}" for t, b in bias),
+              f"M {_hex(c['mirostat_tau'])} {_hex(c['mirostat_eta'])}",
+              f"D {_hex(c['adaptive_target'])} {_hex(c['adaptive_decay'])}",
+              f"H {len(hist)} " + " ".join(map(str, hist)), f"R {len(xs)}"]
+    lines += [f"L {tok.n_vocab} " + " ".join(float(v).hex() for v in row) for row in xs]
+    return "\n".join(lines) + "\n", hist, bias, xs
+
+
+def parse_steps(out: str, rows: int) -> tuple[list[tuple[list[tuple[int, float]], int | None]], str]:
+    """llamacpp_samplers.c's answer to a case of `rows` logits rows: per row the candidates left (id, logit)
+    and the id the chain picked (None if it picks none); and the rest of the output (the next cases')."""
+    res = out.split("\n")
+    steps = []
+    while len(steps) < rows and res and res[0].startswith("K "):
+        k, sel = map(int, res[0].split()[1:])
+        got = [(int(i), float.fromhex(v)) for i, v in (ln.split() for ln in res[1:1 + k])]
+        steps.append((got, got[sel][0] if sel >= 0 else None))
+        res = res[1 + k:]
+    return steps, "\n".join(res)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="llama.cpp source tree")
@@ -186,57 +231,34 @@ def main() -> None:
         exe = build(a.src, a.bin, Path(d), "llamacpp_samplers")
         for seed, (name, model, change) in enumerate(CASES, start=1):
             c = {**BASE, **change}
+            seed = c.pop("seed", seed)
             path = pull(model)
             tok = Tokenizer.from_gguf(GGUFFile(path))
-            hist = tok.encode(c["history_text"], add_special=False) if c["history_text"] else []
-            if c.get("history_ids"):
-                hist = synthetic_history(*c["history_ids"])
-            bias = [[t, c["bias_history"]] for t in sorted(set(hist))] if c.get("bias_history") else c["logit_bias"]
-            xs = [synthetic_logits(seed + 1000 * r, tok.n_vocab, c["scale"]) for r in range(c["rows"])]
+            text, hist, bias, xs = case_input(c, tok, seed)
             x = xs[0]
-            lines = [f"S {len(c['samplers'])} {' '.join(c['samplers'])}",
-                     "P %d %s %s %s %s %s %s %s %s %s %d %s %s %s %s %s %d %d %d" % (
-                         c["top_k"], _hex(c["top_p"]), _hex(c["min_p"]), _hex(c["typical_p"]), _hex(c["top_n_sigma"]),
-                         _hex(c["xtc_probability"]), _hex(c["xtc_threshold"]), _hex(c["temp"]), _hex(c["dynatemp_range"]),
-                         _hex(c["dynatemp_exponent"]), c["repeat_last_n"], _hex(c["repeat_penalty"]),
-                         _hex(c["frequency_penalty"]), _hex(c["presence_penalty"]), _hex(c["dry_multiplier"]),
-                         _hex(c["dry_base"]), c["dry_allowed_length"], c["dry_penalty_last_n"], c["min_keep"]),
-                     f"B {len(c['dry_sequence_breakers'])}"] + [s.encode().hex() for s in c["dry_sequence_breakers"]]
-            lines += [f"A {len(bias)} " + " ".join(f"{t} {_hex(b)}" for t, b in bias),
-                      f"M {_hex(c['mirostat_tau'])} {_hex(c['mirostat_eta'])}",
-                      f"D {_hex(c['adaptive_target'])} {_hex(c['adaptive_decay'])}",
-                      f"H {len(hist)} " + " ".join(map(str, hist)), f"R {len(xs)}"]
-            lines += [f"L {tok.n_vocab} " + " ".join(float(v).hex() for v in row) for row in xs]
-            r = subprocess.run([str(exe), str(path)], input="\n".join(lines) + "\n", capture_output=True, text=True,
-                               check=True)
-            res = r.stdout.split("\n")
-            steps = []
-            while res and res[0].startswith("K "):
-                k, sel = map(int, res[0].split()[1:])
-                got = [(int(i), float.fromhex(v)) for i, v in (ln.split() for ln in res[1:1 + k])]
-                steps.append((got, got[sel][0] if sel >= 0 else None))
-                res = res[1 + k:]
+            r = subprocess.run([str(exe), str(path)], input=text, capture_output=True, text=True, check=True)
+            steps, _ = parse_steps(r.stdout, c["rows"])
             got = [(i, v) for i, v in steps[0][0] if v != float("-inf")]  # masked (top-n-sigma, temperature 0): not candidates
             case = {"name": name, "model": model, "seed": seed,
                     **{f: c[f] for f in BASE if f not in ("history_text",)}, "logit_bias": bias, "history": hist}
             if c["rows"] > 1:  # mirostat, adaptive-p: each step's kept ids and the id it picked
                 case["steps"] = [{"kept": sorted(i for i, v in st if v != float("-inf")), "picked": sel}
                                  for st, sel in steps]
-                if "adaptive_p" in c["samplers"]:  # and the logits it draws from
-                    for step, (st, _) in zip(case["steps"], steps):
-                        live = [[i, v] for i, v in st if v != float("-inf")]
-                        if len(live) <= 512:
-                            step["logits"] = live
-                            continue
-                        # most of the vocabulary: its count, the ids left out, the 64 highest logits and
-                        # the log of the sum of exp over all of them (what the law's normalization needs)
-                        del step["kept"]
-                        ids = {i for i, _ in live}
-                        assert tok.n_vocab - len(ids) <= 512, "a case for a few hundred candidates or most of them"
-                        v = np.array([w for _, w in live], dtype=np.float64)
-                        step.update(n=len(live), dropped=[i for i in range(tok.n_vocab) if i not in ids],
-                                    top=sorted(live, key=lambda e: -e[1])[:64],
-                                    lse=float(v.max() + np.log(np.exp(v - v.max()).sum())))
+                # and the logits it draws from (or, for most of the vocabulary, their summary)
+                for step, (st, _) in zip(case["steps"], steps):
+                    live = [[i, v] for i, v in st if v != float("-inf")]
+                    if len(live) <= 512:
+                        step["logits"] = live
+                        continue
+                    # most of the vocabulary: its count, the ids left out, the 64 highest logits and
+                    # the log of the sum of exp over all of them (what the law's normalization needs)
+                    del step["kept"]
+                    ids = {i for i, _ in live}
+                    assert tok.n_vocab - len(ids) <= 512, "a case for a few hundred candidates or most of them"
+                    v = np.array([w for _, w in live], dtype=np.float64)
+                    step.update(n=len(live), dropped=[i for i in range(tok.n_vocab) if i not in ids],
+                                top=sorted(live, key=lambda e: -e[1])[:64],
+                                lse=float(v.max() + np.log(np.exp(v - v.max()).sum())))
                 out.append(case)
                 print(f"{name}: " + ", ".join(f"{len(st)} kept" for st, _ in steps))
                 continue

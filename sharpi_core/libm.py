@@ -13,41 +13,79 @@ import re
 import numpy as np
 
 
-def _load(name: str, fallback):
+def _load(name: str, fallback, nargs: int = 1):
     try:
         fn = getattr(ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6"), name)
     except (OSError, AttributeError):
-        return lambda x: np.float32(fallback(float(np.float32(x))))
-    fn.argtypes, fn.restype = [ctypes.c_float], ctypes.c_float
-    return lambda x: np.float32(fn(float(x)))
+        return lambda *x: np.float32(fallback(*(float(np.float32(v)) for v in x)))
+    fn.argtypes, fn.restype = [ctypes.c_float] * nargs, ctypes.c_float
+    return lambda *x: np.float32(fn(*(float(v) for v in x)))
+
+
+def _pow(x: float, y: float) -> float:
+    try:
+        return math.pow(x, y)
+    except (OverflowError, ValueError):  # (C's powf gives inf or NaN there)
+        return float(np.power(np.float32(x), np.float32(y)))
 
 
 logf = _load("logf", math.log)  # float -> np.float32
 log2f = _load("log2f", math.log2)
+powf = _load("powf", _pow, 2)  # (float, float) -> np.float32: dynamic temperature's normalized entropy ** exponent
 
 
 @functools.lru_cache(maxsize=None)
-def _expf_array():
-    """The CPU kernels' sharpi_expf_array (libm's expf over an array, 16 lanes at a time), or None where the library
-    is not built."""
+def _array_fn(name: str, argtypes=(ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p), restype=None):
+    """A CPU kernels' function over a float32 array (by default (x, n, y)), or None where the library is not built."""
     from .kernels import cpu
     if not cpu.available():
         return None
-    fn = cpu._symbols().sharpi_expf_array
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p], None
+    fn = getattr(cpu._symbols(), name)
+    fn.argtypes, fn.restype = list(argtypes), restype
     return fn
+
+
+def _each(name: str, x: np.ndarray, fallback) -> np.ndarray:
+    """The kernels' `name` over each element of a float32 array (a new array), or numpy's `fallback`."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    fn = _array_fn(name)
+    if fn is None:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return fallback(x)
+    y = np.empty_like(x)
+    fn(x.ctypes.data, x.size, y.ctypes.data)
+    return y
 
 
 def expf(x: np.ndarray) -> np.ndarray:
     """libm's expf of each element of a float32 array (a new array): llama.cpp's samplers call it, and numpy's float32
     exp is an ulp away for a good share of floats. Where the CPU kernels are not built, numpy's exp."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    fn = _expf_array()
-    if fn is None:
-        return np.exp(x)
-    y = np.empty_like(x)
-    fn(x.ctypes.data, x.size, y.ctypes.data)
-    return y
+    return _each("sharpi_expf_array", x, np.exp)
+
+
+def logf_array(x: np.ndarray) -> np.ndarray:
+    """libm's logf of each element of a float32 array (typical's surprises: numpy's float32 log is an ulp off it for a
+    fifth of the floats in (0, 1]). Where the CPU kernels are not built, numpy's log."""
+    return _each("sharpi_logf_array", x, np.log)
+
+
+def top_n_sigma_cut(vals: np.ndarray, n_sigma: float) -> np.float32:
+    """max - n_sigma * std over the finite float32 logits `vals` (in the candidates' order), as llama.cpp's top-n-sigma
+    computes it: a float sum one logit after another, float mean and deviation (ops.c's sharpi_top_n_sigma_cut); a
+    float64 mean and deviation move the cut by ~1e-4 at n = 10, enough to keep or drop a logit beside it. Where the
+    CPU kernels are not built, numpy's float32 running sums (the squares rounded to float before they are added: an
+    ulp off now and then). -inf when no logit is finite (nothing is cut)."""
+    x = np.ascontiguousarray(vals, dtype=np.float32)
+    fn = _array_fn("sharpi_top_n_sigma_cut", (ctypes.c_void_p, ctypes.c_long, ctypes.c_float), ctypes.c_float)
+    if fn is not None:
+        return np.float32(fn(x.ctypes.data, x.size, float(np.float32(n_sigma))))
+    live = x[x != -np.inf]
+    if not live.shape[0]:
+        return np.float32(-np.inf)
+    n = np.float32(live.shape[0])
+    mean = np.cumsum(live, dtype=np.float32)[-1] / n
+    acc = np.cumsum(np.square((live - mean).astype(np.float64)).astype(np.float32), dtype=np.float32)[-1]
+    return live.max() - np.float32(n_sigma) * np.sqrt(acc / n)
 
 
 C_SPACE = " \t\n\v\f\r"  # C's isspace()

@@ -57,7 +57,7 @@ import torch
 from . import dry as _dry
 from .choices import DEFAULT_SAMPLERS
 from .errors import SharpiError
-from .libm import expf, log2f, logf
+from .libm import expf, log2f, logf, logf_array, powf, top_n_sigma_cut
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,9 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
         vals = x[idx]
         total = None  # top-p's softmax runs over what top-k kept, sorted
     elif use_p:  # top-k off: the nucleus is usually within the best few hundred; widen until it fits
-        total = _exp_total(x)  # (llama.cpp's softmax sums the candidates as they stand: in id order)
+        # (llama.cpp's softmax sums the candidates as they stand: in id order, or sorted where a top-k at or past the
+        # vocabulary sorted them all)
+        total = _exp_total(x if params.top_k <= 0 else np.sort(x)[::-1])
         for m in (256, 4096, 32768, V):
             idx = _topk_sorted(x, min(m, V))
             if m >= V or (m >= params.min_keep and _nucleus(_softmax32(x[idx], total), params.top_p) is not None):
@@ -356,8 +358,9 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
         idx = _desc(idx, x[idx])
         vals = x[idx]
     else:  # no filter at all: every token, unsorted
-        z = np.exp((x - x.max()) / np.float32(params.temp))
-        return np.arange(V), z / z.sum(dtype=np.float64)
+        z = _over_temp(x, params.temp).astype(np.float64)
+        z = np.exp(z - z.max())
+        return np.arange(V), z / z.sum()
     n = vals.shape[0]
     if use_p and n > 1:
         m = _nucleus(_softmax32(vals, total), params.top_p)
@@ -367,9 +370,18 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
         thr = vals[0] + logf(params.min_p)
         n = max(1, min(n, max(params.min_keep, int(np.count_nonzero(vals[:n] >= thr)))))  # sorted: a prefix
     idx, vals = _cut(idx, vals, n)
-    z = vals.astype(np.float64) / float(np.float32(params.temp))
+    z = _over_temp(vals, params.temp).astype(np.float64)
     z = np.exp(z - z.max())
     return idx, z / z.sum()
+
+
+def _over_temp(vals: np.ndarray, temp: float) -> np.ndarray:
+    """Logits divided by the temperature: in float32 as llama.cpp divides (its law is the softmax of those float32
+    logits; a float64 quotient moves a logit of 200 by 1e-5), unless that overflows (a tiny temperature): float64."""
+    t = np.float32(temp)
+    with np.errstate(over="ignore"):
+        scaled = vals / t
+    return scaled if not np.isposinf(scaled).any() else vals.astype(np.float64) / float(t)
 
 
 def _sorted(idx: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -405,8 +417,8 @@ def _softmax32(vals: np.ndarray, total: np.float32 | None = None) -> np.ndarray:
 def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.ndarray, np.ndarray]:
     """The filters and the temperature in `params.samplers`' order, on one row of (penalized) float32
     logits -> (token ids, probabilities float64); XTC cuts when `xtc_cut` (one side of its coin).
-    Candidates are kept sorted by logit once a stage has sorted them (the kept sets, which are what
-    llama.cpp's stages decide, do not depend on the order of the candidates). As in llama.cpp, a
+    Candidates are kept in llama.cpp's order: by id until a stage sorts them by logit, by typical's distance
+    after typical (the float sums of a later softmax, top-n-sigma or adaptive-p run in that order). As in llama.cpp, a
     candidate whose logit is -inf (banned, or masked by top-n-sigma) stays in the list until the end:
     it counts in dynamic temperature's maximum entropy; it never counts as likely."""
     idx, vals = np.arange(x.shape[0]), x
@@ -414,12 +426,7 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
     for stage in params.samplers:
         n = vals.shape[0]
         if stage == "top_n_sigma" and params.top_n_sigma > 0 and n > 1:
-            live = vals[vals != -np.inf]
-            if live.shape[0]:
-                mean = live.mean(dtype=np.float64)
-                std = np.float32(math.sqrt(float(np.square(live - mean, dtype=np.float64).mean())))
-                vals = np.where(vals >= np.float32(live.max()) - np.float32(params.top_n_sigma) * std,
-                                vals, np.float32(-np.inf))
+            vals = np.where(vals >= top_n_sigma_cut(vals, params.top_n_sigma), vals, np.float32(-np.inf))
         elif stage == "top_k" and params.top_k > 0:
             if params.top_k < n:
                 o = _topk_sorted(vals, params.top_k)
@@ -431,16 +438,15 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             if not srt:
                 idx, vals, srt = *_sorted(idx, vals), True
             p = _softmax32(vals)
-            with np.errstate(divide="ignore"):
-                lp = np.log(p)
+            lp = logf_array(p)
             live = p > 0  # a candidate of probability 0 is no candidate (llama.cpp's entropy would be NaN)
             ent = np.float32(0) - np.cumsum(p[live] * lp[live], dtype=np.float32)[-1]
             order = np.argsort(np.abs(-lp - ent), kind="stable")
             hit = np.flatnonzero(np.cumsum(p[order], dtype=np.float32) > np.float32(params.typical_p))
             hit = hit[hit + 1 >= params.min_keep]
-            if hit.shape[0]:
-                keep = np.sort(order[: hit[0] + 1])  # positions in the sorted list: stays sorted
-                idx, vals = idx[keep], vals[keep]
+            if hit.shape[0]:  # in llama.cpp's new order, by that distance (later stages' float sums run in it)
+                keep = order[: hit[0] + 1]
+                idx, vals, srt = idx[keep], vals[keep], False
         elif stage == "top_p" and params.top_p < 1.0:
             total = None if srt else _exp_total(vals)  # (llama.cpp's top-p sums the softmax before it sorts)
             if not srt:
@@ -461,11 +467,13 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             if not srt:
                 idx, vals, srt = *_sorted(idx, vals), True
             p = _softmax32(vals)
-            # the leading run at or above the threshold (a probability-0 candidate is never in it)
-            hi = (p >= np.float32(params.xtc_threshold)) & (p > 0)
-            above = n if hi.all() else int(np.argmin(hi))
-            if above > 1 and n - (above - 1) >= params.min_keep:  # all of them but the least likely
-                idx, vals = idx[above - 1:], vals[above - 1:]
+            # the leading run at or above the threshold: all of it goes but its least likely, at `last`
+            hi = p >= np.float32(params.xtc_threshold)
+            last = (n if hi.all() else int(np.argmin(hi))) - 1
+            if last > 0 and n - last >= params.min_keep:
+                if vals[last] == -np.inf:  # (a threshold <= 0 takes banned and masked tokens in: llama.cpp would
+                    last = int(np.count_nonzero(vals > -np.inf)) - 1  # leave only those, no law; the last finite)
+                idx, vals = idx[last:], vals[last:]
         elif stage == "temperature":
             t = np.float32(params.temp)
             if params.dynatemp_range > 0:
@@ -477,10 +485,10 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
                     idx, vals, srt = *_sorted(idx, vals), True
                 p = _softmax32(vals)
                 live = p > 0
-                ent = np.float32(0) - np.cumsum(p[live] * np.log(p[live]), dtype=np.float32)[-1]
-                norm = ent / -np.log(np.float32(1.0) / np.float32(n))
+                ent = np.float32(0) - np.cumsum(p[live] * logf_array(p[live]), dtype=np.float32)[-1]
+                norm = ent / -logf(np.float32(1.0) / np.float32(n))
                 with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-                    pw = np.power(norm, np.float32(params.dynatemp_exponent))
+                    pw = powf(norm, params.dynatemp_exponent)
                     t = lo if hi == lo else np.float32(lo + (hi - lo) * pw)
                 if np.isnan(t):
                     t = lo
@@ -488,10 +496,7 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
                 j = int(np.argmax(vals))
                 idx, vals = idx[j:j + 1], vals[j:j + 1]
             else:
-                with np.errstate(over="ignore"):
-                    scaled = vals / t
-                # float32 as llama.cpp divides, unless that overflows (a tiny temperature): then float64
-                vals = scaled if not np.isposinf(scaled).any() else vals.astype(np.float64) / float(t)
+                vals = _over_temp(vals, t)
     live = vals > -np.inf
     idx, vals = idx[live], vals[live].astype(np.float64)
     z = np.exp(vals - vals.max())
@@ -659,13 +664,12 @@ class Mirostat(Picker):
             p = e[top] / total
             n = min(99, p.shape[0] - 1)
             i = np.arange(n, dtype=np.float32)
-            t = np.log((i + np.float32(2)) / (i + np.float32(1)))
+            t = logf_array((i + np.float32(2)) / (i + np.float32(1)))  # (libm's logf and powf, as llama.cpp's)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # C float: inf, NaN
-                b = np.log(p[:n] / p[1:n + 1])
+                b = logf_array(p[:n] / p[1:n + 1])
                 s_hat = np.cumsum(t * b, dtype=np.float32)[-1] / np.cumsum(t * t, dtype=np.float32)[-1] if n else np.float32(0)
                 eps = s_hat - np.float32(1)
-                k = np.power((eps * np.power(np.float32(2), mu)) / (np.float32(1) - np.power(np.float32(self.n_vocab), -eps)),
-                             np.float32(1) / s_hat)
+                k = powf((eps * powf(2, mu)) / (np.float32(1) - powf(self.n_vocab, -eps)), np.float32(1) / s_hat)
             # C's int(k) on x86: NaN, infinities and |k| >= 2^31 become INT_MIN, so one token
             k = int(k) if np.isfinite(k) and abs(float(k)) < 2.0 ** 31 else 1
             sel = _topk_sorted(v, min(max(k, 1), v.shape[0]))
@@ -674,8 +678,10 @@ class Mirostat(Picker):
         return idx, z / np.cumsum(z, dtype=np.float32)[-1]
 
     def sides(self, x: np.ndarray, params: SamplingParams, state) -> list:
+        # the law llama.cpp draws from is its float probabilities normalized anew (std::discrete_distribution sums
+        # them in double; their float sum is 1e-4 off 1 over many candidates); mu moves by the float one
         idx, p = self.candidates(x, params.temp, state)
-        return [(1.0, idx, p, p)]
+        return [(1.0, idx, p / p.sum(dtype=np.float64), p)]
 
     def after(self, mu, p):
         """The state after drawing, in state mu, a token of (float32) probability p."""
@@ -727,7 +733,12 @@ class AdaptiveP(Picker):
         out = []
         for w, (idx, p) in _chain_sides(x, params):
             live = x[idx] > -np.inf  # (the fast path keeps banned tokens at probability 0)
-            idx, p = idx[live], p[live].astype(np.float32)
+            idx, p = idx[live], p[live]
+            # the chain's probabilities as llama.cpp's float softmax has them (each exp over the largest, their float
+            # sum in the candidates' order): over a whole vocabulary that sum is 1e-4 off, which moves the reshaped
+            # law by as much
+            e = (p / p.max()).astype(np.float32)
+            p = e / np.cumsum(e, dtype=np.float32)[-1]
             out.append((w, idx, self.reshape(p, state), p))
         return out
 

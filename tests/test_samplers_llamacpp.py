@@ -1,7 +1,8 @@
 """The sampler chain against llama.cpp's own (libllama's samplers on synthetic logits, recorded by
 scripts/llamacpp_samplers.py into tests/data/llamacpp_samplers.json): top-n-sigma, typical, XTC's
 cut, dynamic temperature, DRY with its sequence breakers, penalties and logit bias, in the default
-order and in orders given by --samplers. Each case's kept candidates must be llama.cpp's and their
+order and in orders given by --samplers; and random chains with random values (scripts/fuzz_samplers.py
+--record: tests/data/llamacpp_samplers_fuzz.json). Each case's kept candidates must be llama.cpp's and their
 probabilities llama.cpp's softmax of its final logits; DRY's changed logits must be bit for bit."""
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from test_tokenizer import tok as vocab_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = json.loads((ROOT / "tests" / "data" / "llamacpp_samplers.json").read_text())
+# random chains and values (scripts/fuzz_samplers.py --record): the same check as the hand-made cases
+RANDOM = json.loads((ROOT / "tests" / "data" / "llamacpp_samplers_fuzz.json").read_text())
 _spec = importlib.util.spec_from_file_location("llamacpp_samplers", ROOT / "scripts" / "llamacpp_samplers.py")
 _script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_script)
@@ -44,7 +47,7 @@ def _needs(c: dict) -> bool:
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c["name"], marks=() if _needs(c) else pytest.mark.slow)
-                                  for c in CASES if "steps" not in c])
+                                  for c in CASES + RANDOM if "steps" not in c])
 def test_chain_matches_llama_cpp(case):
     tok = vocab_of(case["model"])
     p = _params(case, tok)
@@ -56,18 +59,23 @@ def test_chain_matches_llama_cpp(case):
         assert sorted(diff.tolist()) == sorted(want), (diff.tolist(), sorted(want))
         assert all(np.float32(want[i]) == adj[i] for i in want)
         return
-    want_ids = [i for i, _ in case["kept"]]
     xtc_cut = case["xtc_probability"] >= 1.0  # the oracle's XTC always cuts; the mixture's cut side
     ids, probs = _chain(adj, p, xtc_cut)
+    if "kept" in case:  # each candidate's final logit
+        want_ids = [i for i, _ in case["kept"]]
+        v = np.array([w for _, w in case["kept"]], dtype=np.float64)
+        ref = dict(zip(want_ids, np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
+    else:  # most of the vocabulary: the ids left out, the highest final logits and the normalization
+        want_ids = sorted(set(range(tok.n_vocab)) - set(case["dropped"]))
+        assert len(want_ids) == case["n"]
+        ref = {i: float(np.exp(w - case["lse"])) for i, w in case["top"]}
     assert sorted(ids.tolist()) == sorted(want_ids)
-    v = np.array([w for _, w in case["kept"]], dtype=np.float64)
-    ref = dict(zip(want_ids, np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
     got = dict(zip(ids.tolist(), probs.tolist()))
-    assert max(abs(got[i] - ref[i]) for i in want_ids) < 1e-6
+    assert max(abs(got[i] - ref[i]) for i in ref) < 1e-6
     if not xtc_cut or not p.xtc_on:  # filtered_probs is the same distribution (XTC: the mixture, at P = 1 the cut)
         fp = filtered_probs(torch.from_numpy(adj), p).numpy()
         assert np.count_nonzero(fp) == len(want_ids)
-        assert max(abs(float(fp[i]) - ref[i]) for i in want_ids) < 1e-6
+        assert max(abs(float(fp[i]) - ref[i]) for i in ref) < 1e-6
 
 
 def test_xtc_mixture_is_the_coin_of_each_draw():
@@ -137,21 +145,37 @@ def test_dry_changes_the_greedy_toy_chain():
     assert ref_greedy(PROMPT, 40, GREEDY_DRY) != plain
 
 
+def _check_law(got: dict[int, float], step: dict, r: int) -> None:
+    """A step's law (id -> probability) against llama.cpp's: the softmax of the logits it left, or for most of the
+    vocabulary, which ids are out, the highest logits and the normalization."""
+    if "logits" in step:  # every candidate's logit
+        assert sorted(got) == sorted(i for i, _ in step["logits"]), r
+        v = np.array([w for _, w in step["logits"]], dtype=np.float64)
+        want = dict(zip([i for i, _ in step["logits"]], np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
+    else:
+        assert len(got) == step["n"] and not set(step["dropped"]) & set(got), r
+        want = {i: float(np.exp(w - step["lse"])) for i, w in step["top"]}
+    assert max(abs(got[i] - want[i]) for i in want) < 1e-6, r
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, id=c["name"], marks=() if _needs(c) else pytest.mark.slow)
                                   for c in CASES if "steps" in c and "adaptive_p" not in c["samplers"]])
 def test_mirostat_matches_llama_cpp(case):
-    """Mirostat 1 and 2: at each step the candidates llama.cpp keeps for its state mu, which then moves
-    with the token llama.cpp picked (fed to ours)."""
+    """Mirostat 1 and 2: at each step the candidates llama.cpp keeps for its state mu and the law it draws from
+    (its float probabilities normalized anew), mu then moving with the token llama.cpp picked (fed to ours)."""
     from sharpi_core.sampling import Mirostat
     tok = vocab_of(case["model"])
     version = 2 if "mirostat_v2" in case["samplers"] else 1
     m = Mirostat(version, case["mirostat_tau"], case["mirostat_eta"], tok.n_vocab)
+    params = SamplingParams(temp=case["temp"], mirostat=version)
     for r, step in enumerate(case["steps"]):
         x = _script.synthetic_logits(case["seed"] + 1000 * r, tok.n_vocab, case["scale"])
-        idx, p = m.candidates(x, case["temp"])
-        assert sorted(idx.tolist()) == step["kept"], r
-        assert abs(float(p.sum()) - 1) < 1e-5
-        m.state = m.after(m.state, p[idx.tolist().index(step["picked"])])
+        ((_, idx, law, u),) = m.sides(x, params, m.state)
+        if "kept" in step:
+            assert sorted(idx.tolist()) == step["kept"], r
+        if "logits" in step or "top" in step:
+            _check_law(dict(zip(idx.tolist(), law.tolist())), step, r)
+        m.state = m.after(m.state, u[idx.tolist().index(step["picked"])])
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c["name"], marks=() if _needs(c) else pytest.mark.slow)
@@ -168,15 +192,7 @@ def test_adaptive_p_matches_llama_cpp(case):
         x = torch.from_numpy(_script.synthetic_logits(case["seed"] + 1000 * r, tok.n_vocab, case["scale"]))
         x = apply_penalties(x, case["history"], p).numpy()
         idx, q, sides = m.law(x, p)
-        got = dict(zip(idx.tolist(), q.tolist()))
-        if "logits" in step:  # every candidate's logit
-            assert sorted(got) == step["kept"], r
-            v = np.array([w for _, w in step["logits"]], dtype=np.float64)
-            want = dict(zip([i for i, _ in step["logits"]], np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
-        else:  # most of the vocabulary: which ids are out, the highest logits and the normalization
-            assert len(got) == step["n"] and not set(step["dropped"]) & set(got), r
-            want = {i: float(np.exp(w - step["lse"])) for i, w in step["top"]}
-        assert max(abs(got[i] - want[i]) for i in want) < 1e-6, r
+        _check_law(dict(zip(idx.tolist(), q.tolist())), step, r)
         m.state = m.next_state(m.state, sides, step["picked"], None)
 
 

@@ -1676,6 +1676,36 @@ void sharpi_expf_array(const float *x, long n, float *y) {
     for (; i < n; i++) y[i] = expf(x[i]);
 }
 
+/* y[i] = logf(x[i]) with libm's bits, for typical's surprises -logf(p) (numpy's float32 log is an ulp off it for a
+ * fifth of the floats in (0, 1], and typical's order of near-equal surprises can hang on one) */
+void sharpi_logf_array(const float *x, long n, float *y) {
+    for (long i = 0; i < n; i++) y[i] = logf(x[i]);
+}
+
+/* Top-n-sigma's cut, max - nsig * std over the finite logits x[0..n) in their order, in llama.cpp's arithmetic
+ * (llama_sampler_top_n_sigma_apply): the logits summed one by one in float, the mean a float, each square
+ * (a double: its pow) added to a float accumulator, the deviation a float square root. A float64 mean and
+ * deviation move the cut by ~1e-4 at n = 10, enough to keep or drop a logit next to it. */
+float sharpi_top_n_sigma_cut(const float *x, long n, float nsig) {
+    float max = x[0], sum = 0.0f;
+    long count = 0;
+    for (long i = 0; i < n; i++)
+        if (x[i] != -INFINITY) {
+            max = max < x[i] ? x[i] : max;
+            sum += x[i];
+            count++;
+        }
+    const float mean = count > 0 ? sum / (float)count : 0.0f;
+    float acc = 0.0f;
+    for (long i = 0; i < n; i++)
+        if (x[i] != -INFINITY) {
+            const double d = (double)(x[i] - mean);
+            acc = (float)((double)acc + d * d);
+        }
+    const float sd = count > 0 ? sqrtf(acc / (float)count) : 0.0f;
+    return max - nsig * sd;
+}
+
 /* One row against a base file's row (kl_divergence's log_softmax): acc[13] gains the row's terms in its order
  * (sums of nll, nll^2, nll_base, nll_base^2, nll * nll_base, KLD, KLD^2, dp, dp^2, dp^4, then max |dp|, same top,
  * count), out[2] = (KLD, dp) of the row. */
