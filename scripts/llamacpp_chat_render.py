@@ -77,6 +77,17 @@ TEMPLATES = {
     "no-system-raise": ("{%- for m in messages -%}{%- if m.role == 'system' -%}{{ raise_exception('System role not "
                         "supported') }}{%- endif -%}<turn {{ m.role }}>{{ m.content }}</turn>\n{%- endfor -%}"
                         "{%- if add_generation_prompt -%}<turn assistant>{%- endif -%}"),
+    # llama.cpp's Jinja trims C's white space only (not a no-break space, U+3000): the trim filter, the strip methods
+    "trim": ("{%- for m in messages -%}<|{{ m.role }}|>[{{ m.content | trim }}][{{ m.content.strip() }}]"
+             "[{{ m.content.lstrip() }}][{{ m.content.rstrip() }}][{{ m.content.strip(' .') }}]<|end|>\n{%- endfor -%}"
+             "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"),
+    # and changes the case of ASCII letters only, counts a string's length in bytes
+    "case": ("{%- for m in messages -%}<|{{ m.role | upper }}|>[{{ m.content | lower }}][{{ m.content.upper() }}]"
+             "[{{ m.content | title }}][{{ m.content.capitalize() }}][{{ m.content | length }}]<|end|>\n{%- endfor -%}"
+             "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"),
+    # StepFun 3.5's tool prompt (by which llama.cpp knows it): every content and reasoning trimmed before rendering
+    "stepfun-trim": ("{#- You have access to the following functions in JSONSchema format -#}" + _LAST_USER + _TURNS +
+                     "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"),
     "no-system-unread": ("{%- for m in messages -%}{%- if m.role != 'system' -%}<turn {{ m.role }}>{{ m.content }}</turn>\n"
                          "{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}<turn assistant>{%- endif -%}"),
 }
@@ -90,6 +101,9 @@ CONVERSATIONS = {
                        {"role": "user", "content": "Bye"}],
     "plain reply": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": CONTENT},
                     {"role": "user", "content": "Bye"}],
+    "white space": [{"role": "system", "content": "\u00a0 Sé bref. \t"}, {"role": "user", "content": "  Hé, ça va\u3000\n"},
+                    {"role": "assistant", "content": CONTENT + " \u00a0", "reasoning_content": REASONING},
+                    {"role": "user", "content": "\tÀ bientôt, ÉLÉONORE.\r\n"}],
 }
 # (reasoning, preserve, effort, kwargs): -rea, --reasoning-preserve, --reasoning-effort, --chat-template-kwargs
 SETTINGS = [("auto", None, None, {}), ("off", None, None, {}), ("on", None, None, {}), ("auto", False, None, {}),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from .errors import SharpiError
@@ -26,6 +26,7 @@ class ChatTemplateError(SharpiError):
 # `--chat-template NAME` without --jinja), written as Jinja so that one renderer serves them all;
 # checked text for text against llama.cpp (tests/data/llamacpp_chat_templates.json). llama.cpp
 # trims C's isspace() bytes only, not Python's wider whitespace: hence trim's explicit characters.
+C_SPACE = " \t\n\v\f\r"  # C's isspace(): what llama.cpp's trims (its Jinja's trim / strip too) take off
 _TRIMMED = r"(m.content | trim(' \t\n\v\f\r'))"
 _EACH = "{%- for m in messages -%}"
 
@@ -86,6 +87,39 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+# llama.cpp's Jinja works on C's bytes: it strips C's isspace() bytes where no characters are given (Python's str.strip
+# takes Unicode's white space too: a no-break space, U+3000, ...) and changes the case of ASCII letters only (toupper /
+# tolower on each byte: "é".upper() stays "é"), and counts a string's length in bytes; the filters and a string's
+# methods as it has them
+_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _trim(value: Any, chars: str | None = None) -> str:
+    return str(value).strip(C_SPACE if chars is None else chars)
+
+
+def _length(value: Any) -> int:
+    """A string's length in UTF-8 bytes (llama.cpp's Jinja counts bytes), anything else's len()."""
+    return len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else len(value)
+
+
+def _title(s: str) -> str:
+    """Each character after C's white space (or first) upper-cased, every other one lower-cased (ASCII letters)."""
+    out, cap = [], True
+    for c in s:
+        out.append(c.translate(_UPPER if cap else _LOWER))
+        cap = c in C_SPACE
+    return "".join(out)
+
+
+_C_STRING = {"strip": lambda s, chars=None: s.strip(C_SPACE if chars is None else chars),
+             "lstrip": lambda s, chars=None: s.lstrip(C_SPACE if chars is None else chars),
+             "rstrip": lambda s, chars=None: s.rstrip(C_SPACE if chars is None else chars),
+             "lower": lambda s: s.translate(_LOWER), "upper": lambda s: s.translate(_UPPER), "title": _title,
+             "capitalize": lambda s: s[:1].translate(_UPPER) + s[1:].translate(_LOWER)}
+
+
 # llama.cpp's common_chat_templates_init patches two templates' refusals of what its own messages hold: gpt-oss's of
 # channel tags in a content, and Mistral's of an assistant message without content or tool calls
 _PATCHES = (("<|channel|>", "in message.content or",
@@ -120,8 +154,18 @@ def _compile(template: str):
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body, lineno=lineno)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
+    class _Environment(ImmutableSandboxedEnvironment):
+        def getattr(self, obj, attribute):
+            if isinstance(obj, str) and attribute in _C_STRING:
+                return partial(_C_STRING[attribute], obj)
+            return super().getattr(obj, attribute)
+
+    env = _Environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
     env.filters["tojson"] = _tojson
+    env.filters["trim"] = _trim
+    for name in ("lower", "upper", "title", "capitalize"):
+        env.filters[name] = lambda value, f=_C_STRING[name]: f(str(value))
+    env.filters["length"] = env.filters["count"] = _length
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:
@@ -172,7 +216,10 @@ def handed_over(template: str, messages: list[dict]) -> list[dict]:
     """The messages as llama.cpp's specialized paths hand them to a template they recognize: Ministral / Magistral 3's
     ([SYSTEM_PROMPT], [TOOL_CALLS] and [ARGS], no [CALL_ID]) gets system and assistant contents as blocks, a `thinking`
     one from reasoning_content, then the text; LFM2's and LFM2.5's (their tool lists) and gpt-oss's (channels) the
-    reasoning as `thinking` too; other templates the messages as they are."""
+    reasoning as `thinking` too; StepFun 3.5's (its tool prompt) every content and reasoning trimmed of C's white space;
+    other templates the messages as they are."""
+    if "You have access to the following functions in JSONSchema format" in template:
+        messages = [_trimmed(m) for m in messages]
     if "[SYSTEM_PROMPT]" in template and "[TOOL_CALLS]" in template and "[ARGS]" in template and "[CALL_ID]" not in template:
         out = []
         for m in messages:
@@ -192,6 +239,18 @@ def handed_over(template: str, messages: list[dict]) -> list[dict]:
         return [{**m, "thinking": m["reasoning_content"]} if isinstance(m.get("reasoning_content"), str) else m
                 for m in messages]
     return messages
+
+
+def _trimmed(m: dict) -> dict:
+    out = dict(m)
+    for key in ("content", "reasoning_content"):
+        if isinstance(m.get(key), str):
+            out[key] = m[key].strip(C_SPACE)
+    if isinstance(m.get("content"), list):
+        out["content"] = [{**b, "text": b["text"].strip(C_SPACE)}
+                          if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) else b
+                          for b in m["content"]]
+    return out
 
 
 @lru_cache(maxsize=8)
