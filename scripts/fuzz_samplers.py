@@ -6,11 +6,13 @@ same (a tool, not a test).
 Each case is a random chain (llama.cpp's stage names, any subset in any order, or the default chain), random
 values for every stage (off, usual, at and past the edges llama.cpp's flags accept: top-p <= 0 or >= 1, min-p
 > 1, top-k beyond the vocabulary, min-keep above what a stage leaves, dynamic temperature with negative
-exponents, penalties below 1, DRY with short windows, logit biases of +-inf), a random history (the model's
-tokens of a repetitive text, or synthetic ids with a period) and synthetic logits at a random scale
-(scripts/llamacpp_samplers.py's, in one libllama process per batch: scripts/llamacpp_samplers.c). sharpi's side
-is what tests/test_samplers_llamacpp.py checks: apply_penalties then the chain (_chain, with XTC's cut when its
-probability is 1, as the oracle's coin always cuts then) and filtered_probs. A differing case is cut down
+exponents, penalties below 1, DRY with short windows, logit biases to -inf, a vocabulary all but banned), a
+random history (the model's tokens of a repetitive text, or synthetic ids with a period) and synthetic logits at a
+random scale (scripts/llamacpp_samplers.py's, in one libllama process per batch: scripts/llamacpp_samplers.c); or
+mirostat 1 / 2, or the chain with adaptive-p drawing last, over several logits rows, each row's law in the state
+llama.cpp's picks before it lead to (the penalties' and DRY's history growing by them). sharpi's side is what
+tests/test_samplers_llamacpp.py checks: apply_penalties then the chain (_chain, with XTC's cut when its
+probability is 1, as the oracle's coin always cuts then) and filtered_probs; Mirostat.sides, AdaptiveP.law. A differing case is cut down
 (values back to the defaults, stages dropped) to a smallest one that still differs, printed as the dict to add to
 llamacpp_samplers.py's CASES, and written to --log. Exits 1 if any differed. Where llama.cpp's own result
 is no law (NaN, no candidate) or its unstable sort decides (undefined_in_llama_cpp) a case is counted, not compared.
@@ -39,9 +41,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from sharpi_core.choices import HISTORY_SAMPLERS  # noqa: E402
 from sharpi_core.libm import logf_array  # noqa: E402
 from sharpi_core.sampling import _softmax32  # noqa: E402
-from llamacpp_samplers import BASE, CODE, DEFAULT, STORY, case_input, parse_steps, synthetic_logits  # noqa: E402
+from llamacpp_samplers import BASE, CODE, DEFAULT, STORY, case_input, parse_steps  # noqa: E402
 
-STAGES = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 BREAKERS = ["\n", ":", "\"", "*", "the", " mat", "en", "def ", "(a", ".\n", "sat on"]
 # -1 (the whole context) for the penalties' and DRY's windows: what llama.cpp's common layer turns it into
 CONTEXT = 4096
@@ -58,7 +59,7 @@ def random_case(rng: random.Random, n_vocab: int) -> dict:
     if r() < 0.4:
         c["samplers"] = list(DEFAULT)
     else:
-        chosen = rng.sample(STAGES, rng.randint(1, len(STAGES)))  # (penalties and DRY first: sampler_order's rule)
+        chosen = rng.sample(DEFAULT, rng.randint(1, len(DEFAULT)))  # (penalties and DRY first: sampler_order's rule)
         c["samplers"] = [s for s in chosen if s in HISTORY_SAMPLERS] + [s for s in chosen if s not in HISTORY_SAMPLERS]
     vals = {
         "top_k": lambda: _pick(rng, 0, 1, 2, 3, 10, 40, 100, 1000, n_vocab - 1, n_vocab, n_vocab + 7),
