@@ -15,6 +15,7 @@ from functools import lru_cache, partial
 from typing import Any
 
 from .errors import SharpiError
+from .libm import C_SPACE  # (C's isspace(): what llama.cpp's trims take off, its Jinja's too)
 
 
 class ChatTemplateError(SharpiError):
@@ -26,7 +27,6 @@ class ChatTemplateError(SharpiError):
 # `--chat-template NAME` without --jinja), written as Jinja so that one renderer serves them all;
 # checked text for text against llama.cpp (tests/data/llamacpp_chat_templates.json). llama.cpp
 # trims C's isspace() bytes only, not Python's wider whitespace: hence trim's explicit characters.
-C_SPACE = " \t\n\v\f\r"  # C's isspace(): what llama.cpp's trims (its Jinja's trim / strip too) take off
 _TRIMMED = r"(m.content | trim(' \t\n\v\f\r'))"
 _EACH = "{%- for m in messages -%}"
 

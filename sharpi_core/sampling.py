@@ -45,7 +45,6 @@ needs no thread pool. Randomness always comes from the caller's torch.Generator.
 from __future__ import annotations
 
 import bisect
-import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -444,9 +443,9 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
             order = np.argsort(np.abs(-lp - ent), kind="stable")
             hit = np.flatnonzero(np.cumsum(p[order], dtype=np.float32) > np.float32(params.typical_p))
             hit = hit[hit + 1 >= params.min_keep]
-            if hit.shape[0]:  # in llama.cpp's new order, by that distance (later stages' float sums run in it)
-                keep = order[: hit[0] + 1]
-                idx, vals, srt = idx[keep], vals[keep], False
+            # in llama.cpp's new order, by that distance, cut or not (later stages' float sums run in it)
+            keep = order[: hit[0] + 1] if hit.shape[0] else order
+            idx, vals, srt = idx[keep], vals[keep], False
         elif stage == "top_p" and params.top_p < 1.0:
             total = None if srt else _exp_total(vals)  # (llama.cpp's top-p sums the softmax before it sorts)
             if not srt:
