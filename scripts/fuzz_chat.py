@@ -55,22 +55,29 @@ def random_conversation(rng: random.Random) -> list[dict]:
     return msgs
 
 
-def differs(exe: Path, template: str, msgs: list[dict], setting) -> str | None:
-    """Why the prompts differ (None: the same, or llama.cpp refused the conversation)."""
+def _case(template: str, msgs: list[dict], setting) -> dict:
+    """A conversation as llamacpp_chat_render.cpp reads it."""
     reasoning, preserve, effort, kwargs = setting
-    case = {"template": template, "messages": msgs, "add_generation_prompt": True, "reasoning": reasoning,
+    return {"template": template, "messages": msgs, "add_generation_prompt": True, "reasoning": reasoning,
             "preserve": preserve, "effort": effort, "kwargs": kwargs}
-    got = run(exe, [case])[0]
+
+
+def _compare(template: str, msgs: list[dict], setting, got: dict) -> str | None:
+    """Why sharpi's prompt differs from llama.cpp's answer `got` (None: the same, or llama.cpp refused it)."""
     if "error" in got:
         return None
     try:
-        mine = sharpi_render(template, msgs, reasoning, preserve, effort, kwargs)
+        mine = sharpi_render(template, msgs, *setting)
     except Exception as e:  # noqa: BLE001 - a comparison tool: every failure is reported
         return f"sharpi raised {type(e).__name__}: {e}"
     if mine == got["prompt"]:
         return None
     i = next((k for k, (a, b) in enumerate(zip(mine, got["prompt"])) if a != b), min(len(mine), len(got["prompt"])))
     return f"at {i}: sharpi {mine[max(0, i - 30):i + 40]!r} llama.cpp {got['prompt'][max(0, i - 30):i + 40]!r}"
+
+
+def differs(exe: Path, template: str, msgs: list[dict], setting) -> str | None:
+    return _compare(template, msgs, setting, run(exe, [_case(template, msgs, setting)])[0])
 
 
 def _chat_shaped(msgs: list[dict]) -> bool:
@@ -125,17 +132,9 @@ def main() -> None:
             rng = random.Random(f"{a.seed}:{f.name}")
             template = f.read_text()
             todo = [(random_conversation(rng), rng.choice(SETTINGS)) for _ in range(a.runs)]
-            cases = [{"template": template, "messages": m, "add_generation_prompt": True, "reasoning": s[0],
-                      "preserve": s[1], "effort": s[2], "kwargs": s[3]} for m, s in todo]
-            for (msgs, setting), got in zip(todo, run(exe, cases)):
-                if "error" in got:
-                    continue
-                n += 1
-                try:
-                    mine = sharpi_render(template, msgs, *setting)
-                except Exception as e:  # noqa: BLE001
-                    mine = f"error: {e}"
-                if mine == got["prompt"]:
+            for (msgs, setting), got in zip(todo, run(exe, [_case(template, m, st) for m, st in todo])):
+                n += "error" not in got
+                if _compare(template, msgs, setting, got) is None:
                     continue
                 small = shrink(exe, template, msgs, setting)
                 why = differs(exe, template, small, setting)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from sharpi_core.choices import HISTORY_SAMPLERS  # noqa: E402
 from sharpi_core.libm import logf_array  # noqa: E402
 from sharpi_core.sampling import _softmax32  # noqa: E402
-from llamacpp_samplers import BASE, CODE, DEFAULT, STORY, case_input, parse_steps  # noqa: E402
+from llamacpp_samplers import BASE, CODE, DEFAULT, STORY, case_input, parse_steps, sampling_params  # noqa: E402
 
 BREAKERS = ["\n", ":", "\"", "*", "the", " mat", "en", "def ", "(a", ".\n", "sat on"]
 # -1 (the whole context) for the penalties' and DRY's windows: what llama.cpp's common layer turns it into
@@ -121,21 +121,6 @@ def _llama_view(c: dict) -> dict:
             "dry_penalty_last_n": CONTEXT if c["dry_penalty_last_n"] == -1 else c["dry_penalty_last_n"]}
 
 
-def _params(c: dict, tok, bias: list):
-    from sharpi_core import dry
-    from sharpi_core.sampling import SamplingParams
-    return SamplingParams(
-        temp=c["temp"], top_k=c["top_k"], top_p=c["top_p"], min_p=c["min_p"], min_keep=c["min_keep"],
-        typical_p=c["typical_p"], top_n_sigma=c["top_n_sigma"], xtc_probability=c["xtc_probability"],
-        xtc_threshold=c["xtc_threshold"], dynatemp_range=c["dynatemp_range"], dynatemp_exponent=c["dynatemp_exponent"],
-        repeat_penalty=c["repeat_penalty"], repeat_last_n=c["repeat_last_n"], frequency_penalty=c["frequency_penalty"],
-        presence_penalty=c["presence_penalty"], dry_multiplier=c["dry_multiplier"], dry_base=c["dry_base"],
-        dry_allowed_length=c["dry_allowed_length"], dry_penalty_last_n=c["dry_penalty_last_n"],
-        dry_breakers=dry.breakers(tok, c["dry_sequence_breakers"]), samplers=tuple(c["samplers"]),
-        logit_bias=tuple((int(t), float(b)) for t, b in bias), adaptive_target=c["adaptive_target"],
-        adaptive_decay=c["adaptive_decay"])
-
-
 def _law(live: list[tuple[int, float]]) -> dict[int, float]:
     """llama.cpp's law: the softmax of the final logits of the candidates it left."""
     v = np.array([w for _, w in live], dtype=np.float64)
@@ -160,7 +145,7 @@ def differs(c: dict, tok, hist: list[int], bias: list, xs: list[np.ndarray], ste
     import torch
 
     from sharpi_core.sampling import AdaptiveP, Mirostat, NoDistribution, _chain, apply_penalties, filtered_probs
-    p = _params(c, tok, bias)
+    p = sampling_params(c, tok, bias)
     try:
         if "mirostat" in c["samplers"] or "mirostat_v2" in c["samplers"]:
             m = Mirostat(2 if "mirostat_v2" in c["samplers"] else 1, c["mirostat_tau"], c["mirostat_eta"], tok.n_vocab)

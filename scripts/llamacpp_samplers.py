@@ -176,6 +176,22 @@ def _hex(v: float) -> str:
     return float(np.float32(v)).hex()
 
 
+def sampling_params(c: dict, tok, bias: list | None = None):
+    """sharpi's SamplingParams for a case (BASE's fields; its logit bias unless `bias` is given)."""
+    from sharpi_core import dry
+    from sharpi_core.sampling import SamplingParams
+    return SamplingParams(
+        temp=c["temp"], top_k=c["top_k"], top_p=c["top_p"], min_p=c["min_p"], min_keep=c["min_keep"],
+        typical_p=c["typical_p"], top_n_sigma=c["top_n_sigma"], xtc_probability=c["xtc_probability"],
+        xtc_threshold=c["xtc_threshold"], dynatemp_range=c["dynatemp_range"], dynatemp_exponent=c["dynatemp_exponent"],
+        repeat_penalty=c["repeat_penalty"], repeat_last_n=c["repeat_last_n"], frequency_penalty=c["frequency_penalty"],
+        presence_penalty=c["presence_penalty"], dry_multiplier=c["dry_multiplier"], dry_base=c["dry_base"],
+        dry_allowed_length=c["dry_allowed_length"], dry_penalty_last_n=c["dry_penalty_last_n"],
+        dry_breakers=dry.breakers(tok, c["dry_sequence_breakers"]), samplers=tuple(c["samplers"]),
+        logit_bias=tuple((int(t), float(b)) for t, b in (c["logit_bias"] if bias is None else bias)),
+        adaptive_target=c["adaptive_target"], adaptive_decay=c["adaptive_decay"])
+
+
 def case_input(c: dict, tok, seed: int) -> tuple[str, list[int], list, list[np.ndarray]]:
     """A case (BASE's fields, history_text, history_ids or the ids in history, bias_history) as llamacpp_samplers.c
     reads it, with its history, logit bias and logits rows."""

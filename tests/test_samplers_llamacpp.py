@@ -30,16 +30,7 @@ _spec.loader.exec_module(_script)
 
 
 def _params(c: dict, tok: Tokenizer) -> SamplingParams:
-    return SamplingParams(
-        temp=c["temp"], top_k=c["top_k"], top_p=c["top_p"], min_p=c["min_p"], min_keep=c["min_keep"], typical_p=c["typical_p"],
-        top_n_sigma=c["top_n_sigma"], xtc_probability=c["xtc_probability"], xtc_threshold=c["xtc_threshold"],
-        dynatemp_range=c["dynatemp_range"], dynatemp_exponent=c["dynatemp_exponent"],
-        repeat_penalty=c["repeat_penalty"], repeat_last_n=c["repeat_last_n"],
-        frequency_penalty=c["frequency_penalty"], presence_penalty=c["presence_penalty"],
-        dry_multiplier=c["dry_multiplier"], dry_base=c["dry_base"], dry_allowed_length=c["dry_allowed_length"],
-        dry_penalty_last_n=c["dry_penalty_last_n"], dry_breakers=dry.breakers(tok, c["dry_sequence_breakers"]),
-        samplers=tuple(c["samplers"]), logit_bias=tuple((int(t), float(b)) for t, b in c["logit_bias"]),
-        adaptive_target=c["adaptive_target"], adaptive_decay=c["adaptive_decay"])
+    return _script.sampling_params(c, tok)
 
 
 def _needs(c: dict) -> bool:
@@ -61,15 +52,8 @@ def test_chain_matches_llama_cpp(case):
         return
     xtc_cut = case["xtc_probability"] >= 1.0  # the oracle's XTC always cuts; the mixture's cut side
     ids, probs = _chain(adj, p, xtc_cut)
-    if "kept" in case:  # each candidate's final logit
-        want_ids = [i for i, _ in case["kept"]]
-        v = np.array([w for _, w in case["kept"]], dtype=np.float64)
-        ref = dict(zip(want_ids, np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
-    else:  # most of the vocabulary: the ids left out, the highest final logits and the normalization
-        want_ids = sorted(set(range(tok.n_vocab)) - set(case["dropped"]))
-        assert len(want_ids) == case["n"]
-        ref = {i: float(np.exp(w - case["lse"])) for i, w in case["top"]}
-    assert sorted(ids.tolist()) == sorted(want_ids)
+    want_ids, ref = _reference(case, "kept", tok.n_vocab)
+    assert sorted(ids.tolist()) == want_ids
     got = dict(zip(ids.tolist(), probs.tolist()))
     assert max(abs(got[i] - ref[i]) for i in ref) < 1e-6
     if not xtc_cut or not p.xtc_on:  # filtered_probs is the same distribution (XTC: the mixture, at P = 1 the cut)
@@ -145,16 +129,23 @@ def test_dry_changes_the_greedy_toy_chain():
     assert ref_greedy(PROMPT, 40, GREEDY_DRY) != plain
 
 
-def _check_law(got: dict[int, float], step: dict, r: int) -> None:
-    """A step's law (id -> probability) against llama.cpp's: the softmax of the logits it left, or for most of the
-    vocabulary, which ids are out, the highest logits and the normalization."""
-    if "logits" in step:  # every candidate's logit
-        assert sorted(got) == sorted(i for i, _ in step["logits"]), r
-        v = np.array([w for _, w in step["logits"]], dtype=np.float64)
-        want = dict(zip([i for i, _ in step["logits"]], np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
-    else:
-        assert len(got) == step["n"] and not set(step["dropped"]) & set(got), r
-        want = {i: float(np.exp(w - step["lse"])) for i, w in step["top"]}
+def _reference(rec: dict, key: str, n_vocab: int) -> tuple[list[int], dict[int, float]]:
+    """llama.cpp's candidates (sorted ids) and law as recorded: rec[key], each candidate's final logit (the law their
+    softmax); or for most of the vocabulary, the ids left out, the highest final logits and the normalization (the
+    law of those)."""
+    if key in rec:
+        ids = [i for i, _ in rec[key]]
+        v = np.array([w for _, w in rec[key]], dtype=np.float64)
+        return sorted(ids), dict(zip(ids, np.exp(v - v.max()) / np.exp(v - v.max()).sum()))
+    ids = sorted(set(range(n_vocab)) - set(rec["dropped"]))
+    assert len(ids) == rec["n"]
+    return ids, {i: float(np.exp(w - rec["lse"])) for i, w in rec["top"]}
+
+
+def _check_law(got: dict[int, float], step: dict, r: int, n_vocab: int) -> None:
+    """A step's law (id -> probability) against llama.cpp's (_reference of its logits)."""
+    ids, want = _reference(step, "logits", n_vocab)
+    assert sorted(got) == ids, r
     assert max(abs(got[i] - want[i]) for i in want) < 1e-6, r
 
 
@@ -174,7 +165,7 @@ def test_mirostat_matches_llama_cpp(case):
         if "kept" in step:
             assert sorted(idx.tolist()) == step["kept"], r
         if "logits" in step or "top" in step:
-            _check_law(dict(zip(idx.tolist(), law.tolist())), step, r)
+            _check_law(dict(zip(idx.tolist(), law.tolist())), step, r, tok.n_vocab)
         m.state = m.after(m.state, u[idx.tolist().index(step["picked"])])
 
 
@@ -192,7 +183,7 @@ def test_adaptive_p_matches_llama_cpp(case):
         x = torch.from_numpy(_script.synthetic_logits(case["seed"] + 1000 * r, tok.n_vocab, case["scale"]))
         x = apply_penalties(x, case["history"], p).numpy()
         idx, q, sides = m.law(x, p)
-        _check_law(dict(zip(idx.tolist(), q.tolist())), step, r)
+        _check_law(dict(zip(idx.tolist(), q.tolist())), step, r, tok.n_vocab)
         m.state = m.next_state(m.state, sides, step["picked"], None)
 
 
