@@ -8,11 +8,16 @@ grammar:
 - syntax: `name ::= alternatives` rules (one per line; inside parentheses and after `|` lines may
   break), "literals" and [character classes] ([^...] negated) with \\x \\u \\U \\t \\r \\n \\\\ \\" \\[ \\]
   \\- escapes, `.` (any character), ( groups ), `*` `+` `?` `{m}` `{m,}` `{m,n}` repetition, `#`
-  comments; a `root` rule; left recursion is refused (as llama.cpp does). Token references (`<...>`,
-  `!<...>`) are not supported;
+  comments; a `root` rule. As in llama.cpp, `[]` and `[^]` are nothing (the empty text), a repetition
+  may not stand for more than 2000 rules (a nested one multiplies), and left recursion is refused where
+  llama.cpp's check finds it; where that check misses it, it is taken if the parse stays bounded, as it
+  does in llama.cpp, and refused if not (llama.cpp loops there). Token references (`<...>`, `!<...>`)
+  are not supported;
 - a token matches through its text as llama.cpp prints it (special tokens as their text), decoded as
   UTF-8 code points; a token ending inside a multi-byte character is allowed when that character
-  could still match (llama.cpp's partial-UTF-8 rule); tokens with empty text never match.
+  could still match (llama.cpp's partial-UTF-8 rule), and after a token that completes no character
+  the text may not end (llama.cpp drops the finished parse after every token); tokens with empty text
+  never match.
 
 The matcher is a pushdown automaton over code points: a *stack* is a tuple of positions in the
 rules' flattened symbol table (the top, last, is a terminal to match next; the empty stack means the
@@ -185,10 +190,16 @@ class _Parser:
         self.rules[rid] = alts
         return pos
 
-    def repeat(self, seq: list, start: int, lo: int, hi: int | None, name: str, pos: int) -> None:
-        """seq[start:] (the last item) repeated lo..hi times (hi None: unbounded)."""
+    def repeat(self, seq: list, start: int, lo: int, hi: int | None, name: str, pos: int, n_prev: int) -> int:
+        """seq[start:] (the last item) repeated lo..hi times (hi None: unbounded). n_prev: how many rules the
+        item stands for (a group's, multiplied by the repetitions already applied to it); returns it times this
+        repetition's count, which llama.cpp caps at MAX_REPETITION (the rules a nested repetition writes)."""
         if start == len(seq):
             self.fail("expecting an item before */+/?/{", pos)
+        count = hi if hi is not None and hi > 0 else lo if lo > 0 else 1
+        if n_prev * count > MAX_REPETITION:
+            self.fail(f"this repetition of a repeated item or group stands for {n_prev * count} rules, more than "
+                      f"llama.cpp's limit of {MAX_REPETITION}", pos)
         item = seq[start:]
         del seq[start:]
         seq += item * lo
@@ -203,6 +214,7 @@ class _Parser:
                 self.rules[r] = [item + ([last] if last is not None else []), []]
                 last = r
             seq.append(last)
+        return n_prev * count
 
     def integer(self, pos: int) -> tuple[int, int]:
         end = pos
@@ -213,12 +225,12 @@ class _Parser:
         return int(self.s[pos:end]), end
 
     def sequence(self, pos: int, name: str, nested: bool) -> tuple[int, list]:
-        s, seq, last = self.s, [], 0
+        s, seq, last, n_prev = self.s, [], 0, 1
         while True:
             c = s[pos]
             if c == '"':
                 pos += 1
-                last = len(seq)
+                last, n_prev = len(seq), 1
                 while s[pos] != '"':
                     if pos >= len(s) - 1:
                         self.fail("unexpected end of input in a literal", pos)
@@ -240,31 +252,34 @@ class _Parser:
                             self.fail("unexpected end of input in a character class", pos)
                         hi, pos = self.char(pos + 1)
                     ranges.append((lo, hi))
-                last = len(seq)
-                seq.append(Terminal(tuple(ranges), neg))
+                last, n_prev = len(seq), 1
+                if ranges:  # (llama.cpp writes nothing for [] or [^]: they match the empty text)
+                    seq.append(Terminal(tuple(ranges), neg))
                 pos = self.space(pos + 1, nested)
             elif c in "<!":
                 self.fail("token references (<...>) are not supported", pos)
             elif _word(c):
                 end = self.name(pos)
-                last = len(seq)
+                last, n_prev = len(seq), 1
                 seq.append(self.sym(s[pos:end]))
                 pos = self.space(end, nested)
             elif c == "(":
+                n_before = len(self.ids)
                 sub = self.gen(name)
                 pos = self.alternates(self.space(pos + 1, True), name, sub, True)
                 if s[pos] != ")":
                     self.fail(f"expecting ')' at {self.here(pos)}", pos)
-                last = len(seq)
+                # the rules the group stands for: its own, its repetitions' and the names it first mentions
+                last, n_prev = len(seq), max(1, len(self.ids) - n_before)
                 seq.append(sub)
                 pos = self.space(pos + 1, nested)
             elif c == ".":
-                last = len(seq)
+                last, n_prev = len(seq), 1
                 seq.append(Terminal((), any=True))
                 pos = self.space(pos + 1, nested)
             elif c in "*+?":
                 pos = self.space(pos + 1, nested)
-                self.repeat(seq, last, 1 if c == "+" else 0, 1 if c == "?" else None, name, pos)
+                n_prev = self.repeat(seq, last, 1 if c == "+" else 0, 1 if c == "?" else None, name, pos, n_prev)
             elif c == "{":
                 pos = self.space(pos + 1, nested)
                 lo, pos = self.integer(pos)
@@ -288,7 +303,7 @@ class _Parser:
                     hi = None
                 if hi is not None and hi < lo:
                     self.fail(f"repetition {{{lo},{hi}}}: the maximum is below the minimum", pos)
-                self.repeat(seq, last, lo, hi, name, pos)
+                n_prev = self.repeat(seq, last, lo, hi, name, pos, n_prev)
             else:
                 return pos, seq
 
@@ -348,18 +363,42 @@ class Grammar:
                         self.flat.append(-2 - sym)
                 self.flat.append(_END)
             self.alts[rid] = starts
+        self.start_rule = p.ids["root"]
         self._check_left_recursion()
         self._states: list[frozenset] = []
         self._state_ids: dict[frozenset, int] = {}
         self._trans: dict[int, int] = {}
         self._partial: dict[tuple[int, int, int], bool] = {}
         root: set = set()
-        self.start_rule = p.ids["root"]
         self._expand([(-2 - self.start_rule,)], root)
         self.start = self._intern(frozenset(root))
 
+    def _left_refs(self, passable: set[int]) -> dict[int, list[tuple[int, bool]]]:
+        """rule id -> the (rule, tail) references it may begin with: an alternative's first reference, and the
+        next ones while the rules before them are `passable`; tail: the reference ends its alternative."""
+        out: dict[int, list[tuple[int, bool]]] = {}
+        for rid, starts in self.alts.items():
+            refs = out.setdefault(rid, [])
+            for a in starts:
+                i = a
+                while self.flat[i] <= -2:
+                    r = -2 - self.flat[i]
+                    refs.append((r, self.flat[i + 1] == _END))
+                    if r not in passable:
+                        break
+                    i += 1
+        return out
+
     def _check_left_recursion(self) -> None:
-        """llama.cpp refuses a rule that can reach itself before consuming a character."""
+        """Refuses what llama.cpp refuses (llama_grammar_detect_left_recursion): a rule reaching itself through
+        the references it may begin with, where llama.cpp passes over a reference only to a rule with an empty
+        alternative of its own, not to one that derives the empty text in a longer way (`x ::= y`, `y ::= ""`).
+        A recursion that check misses runs in llama.cpp as here where the parse stacks stay bounded (every
+        reference around it ends its alternative: `(x)*` with x deriving the empty text), so it is taken; where
+        they would grow with no end (llama.cpp loops there, taking memory) it is refused too."""
+        direct = {rid for rid, starts in self.alts.items() if any(self.flat[a] == _END for a in starts)}
+        for comp, refs in _cycles(self._left_refs(direct)):
+            self._refuse_left(comp)
         nullable: set[int] = set()
         changed = True
         while changed:
@@ -368,26 +407,24 @@ class Grammar:
                 if rid not in nullable and any(self._nullable_from(a, nullable) for a in starts):
                     nullable.add(rid)
                     changed = True
-        first: dict[int, set[int]] = {}
-        for rid, starts in self.alts.items():
-            out = first.setdefault(rid, set())
-            for a in starts:
-                i = a
-                while self.flat[i] <= -2:
-                    out.add(-2 - self.flat[i])
-                    if -2 - self.flat[i] not in nullable:
-                        break
+        reach, todo = {self.start_rule}, [self.start_rule]
+        while todo:
+            for i in self.alts[todo.pop()]:
+                while self.flat[i] != _END:
+                    r = -2 - self.flat[i]
+                    if r >= 0 and r not in reach:
+                        reach.add(r)
+                        todo.append(r)
                     i += 1
-        for rid in self.alts:
-            seen, todo = set(), list(first[rid])
-            while todo:
-                r = todo.pop()
-                if r == rid:
-                    raise GrammarError(f"grammar: left recursion in rule '{self.names[rid]}' (not supported, as in "
-                                       "llama.cpp)", rule=self.names[rid])
-                if r not in seen:
-                    seen.add(r)
-                    todo += first[r]
+        left = {r: v for r, v in self._left_refs(nullable).items() if r in reach}
+        for comp, refs in _cycles(left):
+            if any(not tail for _, tail in refs):
+                self._refuse_left(comp)
+
+    def _refuse_left(self, comp: list[int]) -> None:
+        rid = min(comp)
+        raise GrammarError(f"grammar: left recursion in rule '{self.names[rid]}' (not supported, as in llama.cpp)",
+                           rule=self.names[rid])
 
     def ends(self) -> bool:
         """Whether some finite text matches the root: False where every way through it refers back into itself
@@ -466,6 +503,10 @@ class Grammar:
             nxt = self._trans[key] = self._intern(frozenset(out))
         return nxt
 
+    def unfinished(self, sid: int) -> int:
+        """State sid without its finished parse (the empty stack)."""
+        return self._intern(self._states[sid] - {()}) if sid >= 0 else sid
+
     def complete(self, sid: int) -> bool:
         """Whether the text so far is a sentence (an end-of-generation token may come now)."""
         return sid >= 0 and () in self._states[sid]
@@ -491,6 +532,49 @@ class Grammar:
             n = _UTF8_LEN[b >> 4] - 1
             ok[b] = loose or any(t.match_partial(b & ((1 << (7 - n)) - 1), n) for t in terms)
         return ok
+
+
+def _cycles(graph: dict[int, list[tuple[int, bool]]]):
+    """The strongly connected components of `graph` (node -> [(node, label)], edges to nodes outside it
+    ignored) that hold a cycle, each as (its nodes, the labelled edges inside it); Tarjan's, without recursion."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on: set[int] = set()
+    stack: list[int] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = len(index)
+                stack.append(v)
+                on.add(v)
+            edges = graph[v]
+            while i < len(edges) and (edges[i][0] not in graph or edges[i][0] in index):
+                w = edges[i][0]
+                if w in on:
+                    low[v] = min(low[v], index[w])
+                i += 1
+            if i < len(edges):
+                work += [(v, i + 1), (edges[i][0], 0)]
+                continue
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                members = set(comp)
+                inner = [(w, lab) for u in comp for w, lab in graph[u] if w in members]
+                if len(comp) > 1 or inner:
+                    yield comp, inner
+            if work:  # v is done: its parent, next on the work list, takes its low link
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
 
 
 def decode_utf8(data: bytes, value: int = 0, n_remain: int = 0) -> tuple[list[int], int, int]:
@@ -582,6 +666,8 @@ class TokenGrammar:
         s = st[0]
         for c in cps:
             s = self.g.step(s, c)
+        if not cps:  # (llama.cpp drops the finished parse after any token: the text cannot end in a split character)
+            s = self.g.unfinished(s)
         if s < 0 or n < 0:
             raise ValueError(f"grammar: token {tid} ({self.pieces[tid]!r}) does not fit the grammar here")
         return (s, v, n)

@@ -399,6 +399,71 @@ def test_schema_languages_are_llama_cpps(case):
         assert accepts(ours, f'"{t}"') == accepts(theirs, f'"{t}"'), t
 
 
+WALKS = json.loads((Path(__file__).parent / "data" / "llamacpp_grammar_walks.json").read_text())
+
+
+def _ids(text: str, n_vocab: int) -> np.ndarray:
+    """A recorded set of ids: "lo-hi,..." ranges, or "~lo-hi,...": all ids but those."""
+    body = text.lstrip("~")
+    ids = np.array(sorted({i for r in body.split(",") if r for i in range(int(r.split("-")[0]), int(r.split("-")[1]) + 1)}),
+                   dtype=np.int64)
+    return np.setdiff1d(np.arange(n_vocab), ids) if text.startswith("~") else ids
+
+
+@pytest.mark.parametrize("case", WALKS["cases"], ids=[f"{c['origin']}-{i}" for i, c in enumerate(WALKS["cases"])])
+def test_grammar_walks_are_llama_cpps(case):
+    """Against llama.cpp's grammar sampler (scripts/fuzz_grammar.py --record): whether it takes the grammar,
+    and the tokens it allows at each step of a walk along its own picks, over the whole vocabulary."""
+    from test_tokenizer import tok as vocab_of
+    tok = vocab_of(WALKS["model"])
+    assert tok.n_vocab == WALKS["n_vocab"]
+    if case["refused"]:
+        with pytest.raises(GrammarError):
+            Grammar(case["grammar"])
+        return
+    tg = TokenGrammar(Grammar(case["grammar"]), tok, tok.n_vocab)
+    st = tg.initial()
+    for allowed, picked in case["steps"]:
+        want = _ids(allowed, tok.n_vocab)
+        assert np.array_equal(np.flatnonzero(tg.mask(st)), want)
+        x = np.random.default_rng(picked + 2).standard_normal(tok.n_vocab).astype(np.float32)
+        out = tg.constrain(x, st, 1)
+        best = want[np.argmax(x[want])] if want.shape[0] else None
+        assert (out is None) if best is None else (np.flatnonzero(out > -np.inf).tolist() == [best])
+        if picked < 0 or picked in tg.eog:
+            break
+        st = tg.advance(st, picked)
+
+
+def test_left_recursion_is_refused_where_llama_cpp_refuses_it_or_would_loop():
+    """llama.cpp passes over a leftmost reference only to a rule with an empty alternative of its own; a left
+    recursion its check misses runs there where the parse stacks stay bounded (taken here, with the same
+    language), and loops there, growing, where they do not (refused here)."""
+    for text in ['root ::= x* "b"\nx ::= | "a"', 'root ::= root "a" | "b"']:
+        with pytest.raises(GrammarError, match="left recursion"):
+            Grammar(text)
+    g = Grammar('root ::= x* "b"\nx ::= y\ny ::= "" | "c"')
+    assert accepts(g, "b") and accepts(g, "cccb") and not accepts(g, "cbc") and not accepts(g, "")
+    g = Grammar('root ::= (("a"?)* ",")+')
+    assert accepts(g, ",") and accepts(g, "aa,,a,") and not accepts(g, "a")
+    for text in ['root ::= x root "a" | "b"\nx ::= y\ny ::= "" | "c"',       # grows at the start
+                 'root ::= "a" x\nx ::= y x "b" | "c"\ny ::= z\nz ::= "" | "d"',  # after "a"
+                 'root ::= x\nx ::= y "b"\ny ::= w x\nw ::= v\nv ::= "" | "e"']:  # through two rules
+        with pytest.raises(GrammarError, match="left recursion"):
+            Grammar(text)
+    Grammar('root ::= "a"\nx ::= y x "b" | "c"\ny ::= z\nz ::= "" | "d"')  # not reachable: llama.cpp runs it
+
+
+def test_a_token_completing_no_character_leaves_the_text_unfinished():
+    """llama.cpp drops the finished parse after every token; one that completes a character may finish it again."""
+    tg = TokenGrammar(Grammar('root ::= "a" "\u00e9"?'), ByteTok(), 257)
+    st = tg.advance(tg.initial(), ord("a"))
+    assert tg.allows(st, 256) and tg.allows(st, 0xC3)
+    st = tg.advance(st, 0xC3)
+    assert not tg.allows(st, 256) and tg.allows(st, 0xA9) and not tg.allows(st, 0xA8)
+    assert tg.allows(tg.advance(st, 0xA9), 256)
+
+
 def test_a_grammar_ends_where_some_finite_text_matches_its_root():
     assert Grammar('root ::= "a" | "[" root "]"').ends() and Grammar('root ::= x*\nx ::= "[" x "]"').ends()
     assert not Grammar('root ::= "[" root "]"').ends() and not Grammar('root ::= "a" x\nx ::= "b" x | "c" root').ends()
