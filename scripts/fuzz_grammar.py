@@ -2,23 +2,29 @@
 tokens it allows at each step of a walk, must be the same (a tool, not a test).
 
     python scripts/fuzz_grammar.py LLAMA_CPP_SRC BIN_DIR [--seed 1] [--runs 500] [-m MODEL ...] [--log F]
+                                   [--record OUT [--record-n 30]]
 
 Each case is a random grammar: a root and up to four more rules of literals and character classes (escapes of
-every kind, ranges, negation, multi-byte and control characters), `.`, groups, references to rules, and every
-repetition form, laid out with random spaces, line breaks inside groups and after `|`, comments and CRLF line
-ends; now and then a text edit (a character dropped, inserted or doubled) breaks it. libllama
-(scripts/llamacpp_grammar_walk.c, one process per model) says whether llama_sampler_init_grammar takes it, then
-walks it: at each step the grammar sampler runs over the whole vocabulary, and the walk picks one of the tokens
-it leaves (an end-of-generation token, ending the walk, now and then where allowed). sharpi's side is what the
-engine uses: Grammar (GrammarError for a refused grammar), TokenGrammar.mask at each step, the state advanced
-by llama.cpp's picks; and TokenGrammar.constrain on random logits (the fast path for greedy and top-k chains)
-must keep the best allowed tokens of llama.cpp's mask.
+every kind, ranges, negation, multi-byte and control characters), `.`, groups, references to rules, token
+references (`<[id]>`, `!<[id]>`, special tokens by text, texts of several tokens) and every repetition form,
+laid out with random spaces, line breaks inside groups and after `|`, comments and CRLF line ends; now and then a
+text edit (a character dropped, inserted or doubled) breaks it. libllama (scripts/llamacpp_grammar_walk.c, one
+process per model) says whether llama_sampler_init_grammar takes it, then walks it: at each step the grammar
+sampler runs over the whole vocabulary, and the walk picks one of the tokens it leaves (an end-of-generation
+token, ending the walk, now and then where allowed). sharpi's side is what the engine uses: Grammar and
+TokenGrammar (GrammarError for a refused grammar), TokenGrammar.mask at each step, the state advanced by
+llama.cpp's picks; and TokenGrammar.constrain on random logits (the fast path for greedy and top-k chains) must
+keep the best allowed tokens of llama.cpp's mask.
 
 A differing case is cut down (characters of its text dropped while it still differs the same way) and printed,
 and all are written to --log. Exits 1 if any differed. Counted, not compared: a grammar llama.cpp does not finish
-with in --timeout seconds where sharpi finds a left recursion (llama.cpp's check misses a rule reached through a
-rule that derives the empty text without an empty alternative of its own, and its parser then loops), and one
-sharpi refuses as too ambiguous (GrammarTooAmbiguous).
+with in --timeout seconds (sharpi refusing it as left recursive, or taking it: parses that multiply), one sharpi
+refuses as too ambiguous (GrammarTooAmbiguous), a rule referred to only with {0} (llama.cpp does not check it is
+defined), and tokens llama.cpp's mask lets through by a token reference met after characters of the token's own
+text, which it then aborts on taking (sharpi does not allow them).
+
+--record OUT: EDGES (what this tool found), then the first --record-n agreeing cases of the first model (a fifth
+of them refused grammars) in tests/data/llamacpp_grammar_walks.json's form, which tests/test_grammar.py checks.
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from sharpi_core.grammar import Grammar, GrammarError, GrammarTooAmbiguous, TokenGrammar  # noqa: E402
+from sharpi_core.grammar import Grammar, GrammarError, GrammarTooAmbiguous, TokenGrammar, decode_utf8  # noqa: E402
 
 NAMES = ["a", "b", "item", "x-y", "W2", "ws", "value"]
 COMMON = "abcdexyz 0129"
@@ -126,14 +132,16 @@ def repeat_op(rng: random.Random) -> str:
 class Gen:
     """One random grammar's text."""
 
-    def __init__(self, rng: random.Random):
-        self.rng = rng
+    def __init__(self, rng: random.Random, refs: list[str] = ()):
+        self.rng, self.refs = rng, refs
         self.names = ["root"] + rng.sample(NAMES, rng.choice([0, 1, 1, 2, 2, 3, 4]))
 
     def item(self, depth: int, rule: int) -> str:
         rng = self.rng
         r = rng.random()
-        if r < 0.32:
+        if self.refs and rng.random() < 0.06:
+            s = ("!" if rng.random() < 0.35 else "") + rng.choice(self.refs)
+        elif r < 0.32:
             s = literal(rng)
         elif r < 0.58:
             s = char_class(rng)
@@ -214,6 +222,12 @@ EDGES = [
     ('root ::= "a" "\U0001F600"?', (b"a", b"\xf0")),          # a token completing no character ends nothing
     ('root ::= "\u00e9"?', (b"\xc3",)),
     ('root ::= " " | " \u00e9"', (b" \xc3",)),                # (one that completes one may end the text)
+    ('root ::= <|im_start|> "a" | "b"', (b"<|im_start|>",)),    # token references: by text, by id, any but
+    ('root ::= [a-c]+ <[1]> [a-c]?', (b"b", b"<|im_start|>")),
+    ('root ::= <|im_start|> !<|im_start|>{1,2}', (b"<|im_start|>", b"x")),
+    ('root ::= !<[49152]> "." | <[49152]>', ()),               # (an id past the vocabulary)
+    ('root ::= "a" <hello>', ()),                             # (a text of several tokens)
+    ('root ::= "a" <hello>{0}', ()),                          # (... also one a {0} takes away)
 ]
 
 
@@ -229,6 +243,22 @@ def mutate(rng: random.Random, t: str) -> str:
             j = min(len(t), i + rng.randint(1, 6))
             t = t[:j] + t[i:j] + t[j:]
     return t
+
+
+def token_refs(tok, rng: random.Random) -> list[str]:
+    """Token references for the grammars: by id (single characters' tokens, others at random, the first
+    past the vocabulary), by text (special tokens; texts of several tokens, an error)."""
+    ids = [t for t in (tok.encode(c, add_special=False, parse_special=False) for c in "ax 0\n") if len(t) == 1]
+    refs = [f"<[{t[0]}]>" for t in ids] + [f"<[{rng.randrange(tok.n_vocab)}]>" for _ in range(4)]
+    refs.append(f"<[{tok.n_vocab}]>")
+    specials = [t for t in range(min(tok.n_vocab, 300)) if tok.token_bytes(t).startswith(b"<")
+                and t not in tok.eog_ids][:4]
+    refs += [tok.token_bytes(t).decode("utf-8", "replace") for t in specials]
+    return refs + ["<hello>", "<|nothing|>"]
+
+
+class Crashed(list):
+    """A walk llama.cpp aborted in, taking the token it picked at the last step."""
 
 
 class Oracle:
@@ -247,8 +277,9 @@ class Oracle:
         threading.Thread(target=lambda: [q.put(ln.decode()) for ln in proc.stdout] + [q.put(None)], daemon=True).start()
 
     def walk(self, text: str, seed: int, steps: int, eog: int, forced: tuple[int, ...] = ()):
-        """None: llama.cpp refused the grammar; "timeout"; "crash"; or a list of (allowed ids (sorted array),
-        picked) (forced: the first picks; -2 where the grammar did not allow one)."""
+        """None: llama.cpp refused the grammar; "timeout"; or a list of (allowed ids (sorted array), picked)
+        (forced: the first picks; -2 where the grammar did not allow one), a Crashed one where llama.cpp
+        aborted after its last step (taking the token it picked there)."""
         if self.proc is None:
             self._start()
         data = text.encode()
@@ -264,12 +295,15 @@ class Oracle:
                 return "timeout"
             if ln is None:
                 self.close()
-                return "crash"
+                return Crashed(out)
             if ln.startswith("Z"):
                 return None if refused else out
             if ln.startswith("E"):
                 refused = True
                 continue
+            if not re.fullmatch(r"S \d+ -?\d+ [\d,-]*\n", ln):  # (an abort's backtrace: accepting a token its mask allowed)
+                self.close()
+                return Crashed(out)
             _, n, picked, *ranges = ln.split()
             ids = [np.arange(int(lo), int(hi) + 1) for lo, hi in
                    (r.split("-") for r in (ranges[0].split(",") if ranges else []))]
@@ -291,6 +325,23 @@ def _left_recursive(text: str) -> bool:
         return "left recursion" in str(e)
     except GrammarTooAmbiguous:
         pass
+    return False
+
+
+def _taken_midway(tg: TokenGrammar, st, tid: int) -> bool:
+    """Whether llama.cpp's mask lets token tid through by a token reference it meets after characters of
+    the token's own text (a token llama.cpp cannot then take: its stacks end there)."""
+    piece = tg.pieces[tid]
+    if not piece or piece[0] == 0 or tid in tg.eog:
+        return False
+    cps, _, n = decode_utf8(piece, st[1], st[2]) if st[2] else decode_utf8(piece)
+    s = st[0]
+    for k, c in enumerate(cps):
+        if k and tg.g.token_tops(s) and tg._matched(s, tid):
+            return True
+        s = tg.g.step(s, c)
+        if s < 0:
+            return False
     return False
 
 
@@ -317,16 +368,23 @@ def compare(tok, text: str, res, rng: random.Random) -> tuple[str, str] | None:
             # (past its rule table's end it is not checked; for root, it reads past that end)
             return ("skip-undefined-unused", str(e))
         return ("refused", f"sharpi refuses ({e}), llama.cpp {'loops' if res == 'timeout' else 'takes it'}")
+    if res == "timeout":
+        return ("skip-timeout", "llama.cpp did not finish")
+    try:
+        tg = TokenGrammar(g, tok, tok.n_vocab)
+    except GrammarError as e:  # (a token reference by a text that is not one token)
+        return None if res is None else ("refused", f"sharpi refuses ({e}), llama.cpp takes it")
     if res is None:
         return ("accepted", "llama.cpp refuses the grammar, sharpi takes it")
-    if res in ("timeout", "crash"):
-        return ("skip-" + res, f"llama.cpp {res}")
-    tg = TokenGrammar(g, tok, tok.n_vocab)
     st = tg.initial()
     history = []
     try:
         for step, (allowed, picked) in enumerate(res):
             mine = np.flatnonzero(tg.mask(st))
+            extra = np.setdiff1d(allowed, mine)
+            if np.isin(mine, allowed).all() and extra.shape[0] and all(_taken_midway(tg, st, t) for t in extra.tolist()):
+                return ("skip-midway-ref", f"step {step}: llama.cpp allows {len(extra)} tokens only by a token "
+                                           "reference after characters of their own text, and aborts taking one")
             if not np.array_equal(mine, allowed):
                 only_s = np.setdiff1d(mine, allowed)[:6].tolist()
                 only_l = np.setdiff1d(allowed, mine)[:6].tolist()
@@ -346,6 +404,11 @@ def compare(tok, text: str, res, rng: random.Random) -> tuple[str, str] | None:
                                          f"the best allowed are {want[:8].tolist()}")
             if picked < 0 or picked in tg.eog:
                 break
+            if isinstance(res, Crashed) and step == len(res) - 1:
+                if not tg.allows(st, picked) and _taken_midway(tg, st, picked):
+                    return ("skip-midway-ref", f"step {step}: llama.cpp aborts taking a token it allowed only by a "
+                                               "token reference after characters of the token's own text")
+                return ("crash", f"step {step}: llama.cpp aborts taking token {picked}")
             st = tg.advance(st, picked)
             history.append(picked)
     except GrammarTooAmbiguous as e:
@@ -420,6 +483,7 @@ def main() -> None:
             tok = Tokenizer.from_gguf(GGUFFile(path))
             oracle = Oracle(exe, path, a.timeout)
             rng = random.Random(f"{a.seed}:{model}")
+            refs = token_refs(tok, random.Random(a.seed))
             counts: dict[str, int] = {}
             record = a.record and model == (a.model or ["smollm2-135m-instruct-q4_1"])[0]
             if record:
@@ -432,12 +496,12 @@ def main() -> None:
                     print(f"edge {text!r}: {r[1] if r else 'agrees'}", flush=True)
                     if r is None:
                         recorded.append(_oracle_case(text, 1, forced, res, tok.n_vocab, "found"))
-                    else:
+                    elif not r[0].startswith("skip"):
                         bad.append({"model": model, "seed": 1, "kind": r[0], "why": r[1], "grammar": text})
             for i in range(a.runs):
-                text = Gen(rng).text()
+                text = Gen(rng, refs).text()
                 while _left_recursive(text) and rng.random() < 0.75:  # (a third of them are: fewer of those)
-                    text = Gen(rng).text()
+                    text = Gen(rng, refs).text()
                 seed = rng.randrange(1, 2**31)
                 res = oracle.walk(text, seed, a.steps, a.eog)
                 r = compare(tok, text, res, random.Random(seed))

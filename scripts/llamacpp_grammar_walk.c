@@ -106,6 +106,7 @@ int main(int argc, char **argv) {
                 i = j + 1;
             }
             printf("\n");
+            fflush(stdout);  /* (before an accept that aborts: llama.cpp may allow a token it cannot take) */
             if (picked < 0 || llama_vocab_is_eog(vocab, picked)) break;  /* (accepting an id not allowed aborts) */
             llama_sampler_accept(g, picked);
         }

@@ -83,6 +83,24 @@ class Terminal:
         return any(lo <= high and low <= hi for lo, hi in self.ranges) != self.negated
 
 
+@dataclass(frozen=True)
+class TokenRef:
+    """One token: `<[id]>` by its id, `<...>` by its text (the one token the text tokenizes to, found when the
+    grammar is bound to a vocabulary), or with `!` any token but it. It matches no character: a token is
+    checked against it by id where it is the next thing to match. (llama.cpp's mask also checks a token by
+    id where the reference comes after characters the token's own text begins with, a token it then aborts
+    on taking; here that token is not allowed.)"""
+    id: int | None
+    text: str | None = None
+    negated: bool = False
+
+    def match(self, c: int) -> bool:
+        return False
+
+    def match_partial(self, value: int, n_remain: int) -> bool:
+        return False
+
+
 # -- parsing --------------------------------------------------------------------------------------
 def _word(c: str) -> bool:
     return c.isascii() and (c.isalnum() or c == "-")
@@ -96,6 +114,7 @@ class _Parser:
         self.s = src + "\0"
         self.ids: dict[str, int] = {}
         self.rules: dict[int, list[list]] = {}
+        self.refs: list[TokenRef] = []  # every token reference written, also one a {0} takes away
 
     def here(self, pos: int, n: int = 20) -> str:
         """What the text holds at pos, for an error (its '\\0' end, which the parser reads to, named)."""
@@ -257,7 +276,26 @@ class _Parser:
                     seq.append(Terminal(tuple(ranges), neg))
                 pos = self.space(pos + 1, nested)
             elif c in "<!":
-                self.fail("token references (<...>) are not supported", pos)
+                neg = c == "!"
+                pos += neg
+                if s[pos] != "<":
+                    self.fail(f"expecting '<' at {self.here(pos)}", pos)
+                if s[pos + 1] == "[":
+                    tid, end = self.integer(pos + 2)
+                    if tid > 0xFFFFFFFF:
+                        self.fail(f"token id {tid} is too big", pos)
+                    if s[end] != "]" or s[end + 1] != ">":
+                        self.fail(f"expecting ']>' at {self.here(end)}", end)
+                    ref, pos = TokenRef(tid, None, neg), end + 2
+                else:
+                    end = s.find(">", pos)
+                    if end < 0 or "\0" in s[pos:end]:
+                        self.fail(f"expecting '>' at {self.here(pos + 1)}", pos)
+                    ref, pos = TokenRef(None, s[pos:end + 1], neg), end + 1
+                last, n_prev = len(seq), 1
+                seq.append(ref)
+                self.refs.append(ref)
+                pos = self.space(pos, nested)
             elif _word(c):
                 end = self.name(pos)
                 last, n_prev = len(seq), 1
@@ -344,10 +382,11 @@ class Grammar:
     def __init__(self, text: str):
         p = _Parser(text).parse()
         self.text = text
+        self.refs = tuple(dict.fromkeys(p.refs))  # (llama.cpp tokenizes each as it parses it: one not a token is an error)
         self.names = {i: n for n, i in p.ids.items()}
         # flat: >= 0 a terminal index, -1 the end of an alternative, <= -2 rule (-2 - id)
-        self.terminals: list[Terminal] = []
-        term_ids: dict[Terminal, int] = {}
+        self.terminals: list[Terminal | TokenRef] = []
+        term_ids: dict[Terminal | TokenRef, int] = {}
         self.flat: list[int] = []
         self.alts: dict[int, list[int]] = {}
         for rid in sorted(p.rules):
@@ -355,7 +394,7 @@ class Grammar:
             for alt in p.rules[rid]:
                 starts.append(len(self.flat))
                 for sym in alt:
-                    if isinstance(sym, Terminal):
+                    if isinstance(sym, (Terminal, TokenRef)):
                         self.flat.append(term_ids.setdefault(sym, len(term_ids)))
                         if len(term_ids) > len(self.terminals):
                             self.terminals.append(sym)
@@ -369,6 +408,8 @@ class Grammar:
         self._state_ids: dict[frozenset, int] = {}
         self._trans: dict[int, int] = {}
         self._partial: dict[tuple[int, int, int], bool] = {}
+        self._token_tops: dict[int, tuple[int, ...]] = {}
+        self._tok_trans: dict[tuple[int, frozenset], int] = {}
         root: set = set()
         self._expand([(-2 - self.start_rule,)], root)
         self.start = self._intern(frozenset(root))
@@ -493,6 +534,8 @@ class Grammar:
 
     def step(self, sid: int, c: int) -> int:
         """The state after code point c (-1: not allowed)."""
+        if sid < 0:
+            return sid
         key = sid * 0x110000 + c
         nxt = self._trans.get(key)
         if nxt is None:
@@ -503,9 +546,39 @@ class Grammar:
             nxt = self._trans[key] = self._intern(frozenset(out))
         return nxt
 
-    def unfinished(self, sid: int) -> int:
-        """State sid without its finished parse (the empty stack)."""
-        return self._intern(self._states[sid] - {()}) if sid >= 0 else sid
+    def char_tops(self, sid: int) -> int:
+        """State sid with only its stacks that wait for a character (what a token that completes no character
+        leaves: llama.cpp drops the finished parse, and the token references it does not match, after any)."""
+        if sid < 0:
+            return sid
+        return self._intern(frozenset(st for st in self._states[sid]
+                                      if st and isinstance(self.terminals[self.flat[st[-1]]], Terminal)))
+
+    def union(self, a: int, b: int) -> int:
+        if a < 0 or b < 0:
+            return max(a, b)
+        return self._intern(self._states[a] | self._states[b])
+
+    def token_tops(self, sid: int) -> tuple[int, ...]:
+        """The terminal indices of the token references waiting on top of state sid's stacks."""
+        tops = self._token_tops.get(sid)
+        if tops is None:
+            tops = self._token_tops[sid] = tuple(sorted({self.flat[st[-1]] for st in self._states[sid] if st
+                                                         and isinstance(self.terminals[self.flat[st[-1]]], TokenRef)}))
+        return tops
+
+    def step_token(self, sid: int, matched: frozenset[int]) -> int:
+        """The state after a token that the token references `matched` (terminal indices) match, from the
+        stacks with one of them on top (-1: none)."""
+        key = (sid, matched)
+        nxt = self._tok_trans.get(key)
+        if nxt is None:
+            out: set = set()
+            flat = self.flat
+            self._expand([st[:-1] + ((st[-1] + 1,) if flat[st[-1] + 1] != _END else ())
+                          for st in self._states[sid] if st and flat[st[-1]] in matched], out)
+            nxt = self._tok_trans[key] = self._intern(frozenset(out))
+        return nxt
 
     def complete(self, sid: int) -> bool:
         """Whether the text so far is a sentence (an end-of-generation token may come now)."""
@@ -524,7 +597,7 @@ class Grammar:
         256 is never allowed: tokens without text)."""
         ok = np.zeros(257, dtype=bool)
         tops = {self.flat[st[-1]] for st in self._states[sid] if st}
-        terms = [self.terminals[t] for t in tops]
+        terms = [self.terminals[t] for t in tops if isinstance(self.terminals[t], Terminal)]
         for b in range(0x80):
             ok[b] = any(t.match(b) for t in terms)
         loose = any(t.any or t.negated for t in terms)
@@ -625,6 +698,14 @@ class TokenGrammar:
         # each token's code points from a clean start, and the partial character it ends in (decoded when
         # first needed: decoding a 150k vocabulary up front costs 0.2 s a run)
         self._decoded: list = [None] * n_vocab
+        # each token reference's id (terminal index -> id; one by text is the one token its text gives)
+        ref_id = {}
+        for t in grammar.refs:
+            ids = [t.id] if t.id is not None else tokenizer.encode(t.text, add_special=False, parse_special=True)
+            if len(ids) != 1:
+                raise GrammarError(f"grammar: invalid token '{t.text}' (its text is {len(ids)} tokens, not one)")
+            ref_id[t] = ids[0]
+        self.ref_ids: dict[int, int] = {i: ref_id[t] for i, t in enumerate(grammar.terminals) if isinstance(t, TokenRef)}
         fb = np.array([b[0] if b and b[0] != 0 else 256 for b in self.pieces], dtype=np.int64)
         fb[list(self.eog)] = 256
         self.first_byte = fb
@@ -641,6 +722,11 @@ class TokenGrammar:
             d = self._decoded[tid] = decode_utf8(self.pieces[tid])
         return d
 
+    def _matched(self, sid: int, tid: int) -> frozenset[int]:
+        """The token references on top of state sid that token tid matches (terminal indices)."""
+        terms, ids = self.g.terminals, self.ref_ids
+        return frozenset(t for t in self.g.token_tops(sid) if (ids[t] == tid) != terms[t].negated)
+
     def allows(self, st: State, tid: int) -> bool:
         """Whether token tid may come next in state st."""
         if tid in self.eog:
@@ -652,6 +738,8 @@ class TokenGrammar:
         if n < 0:
             return False
         s, step = st[0], self.g.step
+        if cps and self.ref_ids and self.g.token_tops(s) and self._matched(s, tid):
+            return True  # a token reference on top matches it by id, whatever its text
         for c in cps:
             s = step(s, c)
             if s < 0:
@@ -667,7 +755,9 @@ class TokenGrammar:
         for c in cps:
             s = self.g.step(s, c)
         if not cps:  # (llama.cpp drops the finished parse after any token: the text cannot end in a split character)
-            s = self.g.unfinished(s)
+            s = self.g.char_tops(s)
+        if self.ref_ids and self.g.token_tops(st[0]):  # the stacks a token reference on top matches go on by id
+            s = self.g.union(s, self.g.step_token(st[0], self._matched(st[0], tid)))
         if s < 0 or n < 0:
             raise ValueError(f"grammar: token {tid} ({self.pieces[tid]!r}) does not fit the grammar here")
         return (s, v, n)
@@ -699,7 +789,13 @@ class TokenGrammar:
         pending): a necessary condition, one table lookup per token."""
         f = self._first.get(sid)
         if f is None:
-            f = self._first[sid] = self.g.first_bytes(sid)[self.first_byte]
+            f = self.g.first_bytes(sid)[self.first_byte]
+            for t in self.g.token_tops(sid):  # (a token reference lets tokens in by id, whatever their text)
+                if self.g.terminals[t].negated:
+                    f = np.ones_like(f)
+                elif self.ref_ids[t] < f.shape[0]:
+                    f[self.ref_ids[t]] = True
+            self._first[sid] = f
             if len(self._first) > 256:
                 self._first.pop(next(iter(self._first)))
         return f

@@ -92,7 +92,11 @@ def test_long_runs_of_optional_items():
     ("root ::= \"\\q\"", "unknown escape"),
     ("root ::= \"a\"{3,1}", "maximum is below the minimum"),
     ("root ::= \"a\"{2001}", "exceed the limit"),
-    ("root ::= <think>", "token references"),
+    ("root ::= !\"a\"", "expecting '<'"),
+    ("root ::= <[12", "expecting ']>'"),
+    ("root ::= <[x]>", "expecting an integer"),
+    ("root ::= <[4294967296]>", "too big"),
+    ("root ::= <think", "expecting '>'"),
     ("root := \"a\"", "expecting ::="),
     ("root ::= \"a\" )", "expecting a newline"),
     ("root ::= \"a\" (", "expecting ')' at the end of the input"),
@@ -418,8 +422,8 @@ def test_grammar_walks_are_llama_cpps(case):
     tok = vocab_of(WALKS["model"])
     assert tok.n_vocab == WALKS["n_vocab"]
     if case["refused"]:
-        with pytest.raises(GrammarError):
-            Grammar(case["grammar"])
+        with pytest.raises(GrammarError):  # (a token reference by a text that is no one token: when bound)
+            TokenGrammar(Grammar(case["grammar"]), tok, tok.n_vocab)
         return
     tg = TokenGrammar(Grammar(case["grammar"]), tok, tok.n_vocab)
     st = tg.initial()
@@ -452,6 +456,44 @@ def test_left_recursion_is_refused_where_llama_cpp_refuses_it_or_would_loop():
         with pytest.raises(GrammarError, match="left recursion"):
             Grammar(text)
     Grammar('root ::= "a"\nx ::= y x "b" | "c"\ny ::= z\nz ::= "" | "d"')  # not reachable: llama.cpp runs it
+
+
+class MiniTok:
+    """Tokens "a", "b", "ab", "<x>" (a special token: its text is one token), an end of generation, "<", ">"."""
+    pieces = [b"a", b"b", b"ab", b"<x>", b"", b"<", b">"]
+    n_vocab = 7
+    eog_ids = frozenset({4})
+
+    def token_bytes(self, tid, special=True):
+        return self.pieces[tid]
+
+    def encode(self, text, add_special=False, parse_special=True):
+        out, i = [], 0
+        while i < len(text):  # (longest first)
+            t = next(t for t in (3, 2, 0, 1, 5, 6) if text.startswith(self.pieces[t].decode(), i))
+            out.append(t)
+            i += len(self.pieces[t])
+        return out
+
+
+def test_token_references():
+    """<[id]>, <text> (the one token the text gives), !<...>: a token matched by id where the reference is the next
+    thing to match, whatever its text; llama.cpp's mask also lets a token through whose id a reference matches after
+    characters of its own text, then aborts taking it: here it is not allowed."""
+    tok = MiniTok()
+
+    def allowed(text, *before):
+        tg = TokenGrammar(Grammar(text), tok, 7)
+        return np.flatnonzero(tg.mask(tg.advance_all(tg.initial(), before))).tolist()
+
+    assert allowed('root ::= <x> "a"') == [3] and allowed('root ::= <x> "a"', 3) == [0]
+    assert allowed('root ::= <[3]> "a"') == [3] and allowed('root ::= <[2]>') == [2] and allowed('root ::= <[2]>', 2) == [4]
+    assert allowed('root ::= !<[2]>') == [0, 1, 3, 5, 6] and allowed('root ::= !<x>', 0) == [4]
+    assert allowed('root ::= "a" !<[0]>') == [0] and allowed('root ::= "a" !<[0]>', 0) == [1, 2, 3, 5, 6]  # not "ab" first
+    assert allowed('root ::= "a" <[1]> | "a" "b"') == [0, 2] and allowed('root ::= "a" <[1]> | "a" "b"', 0) == [1]
+    assert allowed('root ::= <[9]> | "b"') == [1] and allowed('root ::= !<[9]> "a"') == [0, 1, 2, 3, 5, 6]
+    with pytest.raises(GrammarError, match="invalid token '<a>'"):  # "<", "a", ">": not one token
+        TokenGrammar(Grammar('root ::= "b" <a>'), tok, 7)
 
 
 def test_a_token_completing_no_character_leaves_the_text_unfinished():
