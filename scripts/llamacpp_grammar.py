@@ -79,6 +79,9 @@ CASES = [
     ("kana and kanji (split UTF-8)", QWEN05, "日本の首都について一文で説明してください:", 24, KANA, None),
     ("json grammar on gemma", GEMMA, "A JSON object describing a cat:", 40, JSON_GBNF, None),
     ("kana on gemma", GEMMA, "日本語の文:", 16, KANA, None),
+    ("token references: any token but '.'", SMOL, "The capital of France is", 16, 'root ::= !<[30]>{4,8} "."', None),
+    ("token references: a special token by its text", SMOL, "Hi", 12,
+     'root ::= <|im_start|> "assistant\\n" [A-Za-z ,.!]+', None),
 ]
 
 
