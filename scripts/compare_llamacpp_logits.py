@@ -59,6 +59,18 @@ def oracle_args(doc: str, out_name: str) -> argparse.Namespace:
     return ap.parse_args()
 
 
+def fuzz_args(doc: str, lib: str, runs: int, runs_help: str, raw: bool = False) -> argparse.ArgumentParser:
+    """The arguments the fuzz_* scripts share: SRC BIN [--seed] [--runs] [--log]; each adds its own."""
+    ap = argparse.ArgumentParser(description=doc if raw else doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src", type=Path, help="llama.cpp source tree")
+    ap.add_argument("bin", type=Path, help=f"llama.cpp build dir holding {lib}")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=runs, help=runs_help)
+    ap.add_argument("--log", type=Path, help="write what differed here (JSON)")
+    return ap
+
+
 def margin(row: np.ndarray) -> float:
     a, b = np.sort(row)[-2:][::-1]
     return float((a - b) / max(abs(a), 1e-9))

@@ -15,7 +15,6 @@ out unless named with --template. Exits 1 if any differed.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from llamacpp_chat_render import SETTINGS, build, run, sharpi_render  # noqa: E402
+from compare_llamacpp_logits import fuzz_args  # noqa: E402
 
 # the templates whose reasoning or system handling differs for known reasons (README's Correctness section)
 KNOWN = {"Apertus-8B-Instruct.jinja", "Kimi-K3.jinja", "NVIDIA-Nemotron-Nano-v2.jinja",
@@ -114,14 +114,9 @@ def shrink(exe: Path, template: str, msgs: list[dict], setting) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src", type=Path, help="llama.cpp source tree")
-    ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama-common")
+    ap = fuzz_args(__doc__, "libllama-common", 40, "conversations per template")
     ap.add_argument("--templates", type=Path, help="a directory of *.jinja (default: SRC/models/templates)")
     ap.add_argument("--template", action="append", help="only these file names (KNOWN ones too)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=40, help="conversations per template")
-    ap.add_argument("--log", type=Path)
     a = ap.parse_args()
     files = sorted((a.templates or a.src / "models" / "templates").glob("*.jinja"))
     files = [f for f in files if (f.name in a.template if a.template else f.name not in KNOWN)]

@@ -28,7 +28,6 @@ of them refused grammars) in tests/data/llamacpp_grammar_walks.json's form, whic
 """
 from __future__ import annotations
 
-import argparse
 import json
 import queue
 import random
@@ -46,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from sharpi_core.grammar import Grammar, GrammarError, GrammarTooAmbiguous, TokenGrammar, decode_utf8  # noqa: E402
+from compare_llamacpp_logits import build, fuzz_args  # noqa: E402
 
 NAMES = ["a", "b", "item", "x-y", "W2", "ws", "value"]
 COMMON = "abcdexyz 0129"
@@ -458,20 +458,14 @@ def shrink(oracle: Oracle, tok, text: str, seed: int, steps: int, eog: int, kind
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src", type=Path, help="llama.cpp source tree")
-    ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=500, help="grammars per model")
+    ap = fuzz_args(__doc__, "libllama", 500, "grammars per model")
     ap.add_argument("--steps", type=int, default=12, help="tokens per walk")
     ap.add_argument("--eog", type=int, default=150, help="per mille: how often a walk ends where it may")
     ap.add_argument("-m", "--model", action="append", help="registry name (default: SmolLM2)")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds llama.cpp gets per grammar")
-    ap.add_argument("--log", type=Path)
     ap.add_argument("--record", type=Path, help="write EDGES and agreeing cases of the first model to this oracle file")
     ap.add_argument("--record-n", type=int, default=30, help="how many random ones")
     a = ap.parse_args()
-    from compare_llamacpp_logits import build
     from sharpi_core.gguf_file import GGUFFile
     from sharpi_core.registry import pull
     from sharpi_core.tokenizer import Tokenizer

@@ -24,7 +24,6 @@ tests/test_samplers_llamacpp.py checks as it checks the hand-made cases.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import subprocess
@@ -42,6 +41,7 @@ from sharpi_core.choices import HISTORY_SAMPLERS  # noqa: E402
 from sharpi_core.libm import logf_array  # noqa: E402
 from sharpi_core.sampling import _softmax32  # noqa: E402
 from llamacpp_samplers import BASE, CODE, DEFAULT, STORY, case_input, parse_steps, sampling_params  # noqa: E402
+from compare_llamacpp_logits import build, fuzz_args  # noqa: E402
 
 BREAKERS = ["\n", ":", "\"", "*", "the", " mat", "en", "def ", "(a", ".\n", "sat on"]
 # -1 (the whole context) for the penalties' and DRY's windows: what llama.cpp's common layer turns it into
@@ -337,18 +337,12 @@ def _oracle_case(oracle: Oracle, c: dict, seed: int, hist: list[int], bias: list
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src", type=Path, help="llama.cpp source tree")
-    ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=500, help="cases per model")
+    ap = fuzz_args(__doc__, "libllama", 500, "cases per model")
     ap.add_argument("-m", "--model", action="append", help="registry name (default: SmolLM2 and Qwen2.5's 1.5B)")
     ap.add_argument("--batch", type=int, default=25, help="cases per libllama process")
-    ap.add_argument("--log", type=Path)
     ap.add_argument("--record", type=Path, help="write agreeing cases of the first model to this oracle file")
     ap.add_argument("--record-n", type=int, default=60, help="how many random ones")
     a = ap.parse_args()
-    from compare_llamacpp_logits import build
     models = a.model or ["smollm2-135m-instruct-q4_1", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
     bad, recorded = [], []
     with tempfile.TemporaryDirectory() as d:

@@ -28,7 +28,6 @@ each model, written to OUT: the oracle of tests/test_tokenizer.py (tests/data/ll
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import string
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from compare_llamacpp_logits import build  # noqa: E402
+from compare_llamacpp_logits import build, fuzz_args  # noqa: E402
 from llamacpp_vocab_check import SEP, with_pre  # noqa: E402
 from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 from sharpi_core.registry import REGISTRY, cached_path, is_cached  # noqa: E402
@@ -203,16 +202,11 @@ def pieces(tok: Tokenizer, exe: Path, path: Path) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("src", type=Path, help="llama.cpp source tree")
-    ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=2000, help="texts per model")
+    ap = fuzz_args(__doc__, "libllama", 2000, "texts per model", raw=True)
     ap.add_argument("-m", "--model", action="append", help="registry names or GGUF paths (default: the cached known ones)")
     ap.add_argument("--pre", action="append", help="the first model's vocabulary with tokenizer.ggml.pre = PRE")
     ap.add_argument("--code-points", action="store_true", help="every code point in four contexts, no random texts")
     ap.add_argument("--pieces", action="store_true", help="every token's piece, no random texts")
-    ap.add_argument("--log", type=Path)
     ap.add_argument("--record", type=Path, help="write the oracle of tests/test_tokenizer.py here instead")
     args = ap.parse_args()
     models = args.model or [n for n in REGISTRY if is_cached(n)]

@@ -57,17 +57,23 @@ SCHEMAS = [
 ]
 
 
+def build(src: Path, bin_dir: Path, dest: Path) -> Path:
+    """PROGRAM compiled into dest against the llama.cpp tree src and the libllama-common in bin_dir."""
+    exe = dest / "j2g"
+    (dest / "j2g.cpp").write_text(PROGRAM)
+    subprocess.run(["g++", "-std=c++17", "-O1", *(f"-I{src / d}" for d in ("common", "include", "ggml/include", "vendor")),
+                    str(dest / "j2g.cpp"), f"-L{bin_dir}", "-lllama-common", "-lllama", "-lggml", "-lggml-base",
+                    f"-Wl,-rpath,{bin_dir}", "-o", str(exe)], check=True)
+    return exe
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src", type=Path)
     ap.add_argument("bin_dir", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "j2g"
-        (Path(tmp) / "j2g.cpp").write_text(PROGRAM)
-        subprocess.run(["g++", "-std=c++17", "-O1", *(f"-I{a.src / d}" for d in ("common", "include", "ggml/include", "vendor")),
-                        str(Path(tmp) / "j2g.cpp"), f"-L{a.bin_dir}", "-lllama-common", "-lllama", "-lggml", "-lggml-base",
-                        "-o", str(exe)], check=True)
+        exe = build(a.src, a.bin_dir, Path(tmp))
         env = dict(os.environ, LD_LIBRARY_PATH=str(a.bin_dir))
         out = []
         for schema in SCHEMAS:
