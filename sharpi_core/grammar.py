@@ -11,8 +11,8 @@ grammar:
   comments; a `root` rule. As in llama.cpp, `[]` and `[^]` are nothing (the empty text), a repetition
   may not stand for more than 2000 rules (a nested one multiplies), and left recursion is refused where
   llama.cpp's check finds it; where that check misses it, it is taken if the parse stays bounded, as it
-  does in llama.cpp, and refused if not (llama.cpp loops there). Token references (`<...>`, `!<...>`)
-  are not supported;
+  does in llama.cpp, and refused if not (llama.cpp loops there). Token references: `<[id]>`, `<text>`
+  (the one token the text gives, special tokens included), `!<...>` (any token but it), see TokenRef;
 - a token matches through its text as llama.cpp prints it (special tokens as their text), decoded as
   UTF-8 code points; a token ending inside a multi-byte character is allowed when that character
   could still match (llama.cpp's partial-UTF-8 rule), and after a token that completes no character
@@ -438,7 +438,7 @@ class Grammar:
         reference around it ends its alternative: `(x)*` with x deriving the empty text), so it is taken; where
         they would grow with no end (llama.cpp loops there, taking memory) it is refused too."""
         direct = {rid for rid, starts in self.alts.items() if any(self.flat[a] == _END for a in starts)}
-        for comp, refs in _cycles(self._left_refs(direct)):
+        for comp, _ in _cycles(self._left_refs(direct)):
             self._refuse_left(comp)
         nullable: set[int] = set()
         changed = True
