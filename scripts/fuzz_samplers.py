@@ -52,8 +52,10 @@ def _pick(rng: random.Random, *choices):
     return rng.choice(choices)
 
 
-def random_case(rng: random.Random, n_vocab: int) -> dict:
-    """BASE with random changes: each field left as it is half the time, so the stages mix on and off."""
+def random_case(rng: random.Random, n_vocab: int, focus: str | None = None) -> dict:
+    """BASE with random changes: each field left as it is half the time, so the stages mix on and off. focus "dry":
+    DRY always on, over histories that repeat (periods, repeats as long as the allowed length and longer,
+    sequence breakers of several tokens and inside the repeats)."""
     c = dict(BASE)
     r = rng.random
     if r() < 0.4:
@@ -112,6 +114,18 @@ def random_case(rng: random.Random, n_vocab: int) -> dict:
         c["history_ids"] = (rng.randrange(1000), rng.randint(1, 400), rng.randint(2, 12), _pick(rng, 0, 1, 3, 7))
     else:
         c["history_text"] = ""
+    if focus == "dry":
+        if "dry" not in c["samplers"]:
+            c["samplers"] = ["dry"] + c["samplers"]
+        c.update(dry_multiplier=_pick(rng, 0.3, 0.8, 2.0, 5.0), dry_base=_pick(rng, 1.1, 1.75, 3.0),
+                 dry_allowed_length=_pick(rng, 0, 1, 2, 3, 5, 8), dry_penalty_last_n=_pick(rng, -1, 0, 3, 12, 40, 300),
+                 dry_sequence_breakers=rng.sample(BREAKERS + ["t", " ", "at", "on the", "\n\n"], rng.randint(0, 5)))
+        if r() < 0.6:
+            c["history_text"] = ""
+            c["history_ids"] = (rng.randrange(1000), rng.randint(5, 600), _pick(rng, 1, 2, 3, 5, 9, 17, 40),
+                                _pick(rng, 0, 0, 1, 3, 7))
+        else:
+            c["history_text"] = _pick(rng, STORY * 2, CODE * 2, STORY + CODE + STORY)
     return c
 
 
@@ -340,6 +354,7 @@ def main() -> None:
     ap = fuzz_args(__doc__, "libllama", 500, "cases per model")
     ap.add_argument("-m", "--model", action="append", help="registry name (default: SmolLM2 and Qwen2.5's 1.5B)")
     ap.add_argument("--batch", type=int, default=25, help="cases per libllama process")
+    ap.add_argument("--focus", choices=["dry"], help="every case with DRY on, over repeating histories")
     ap.add_argument("--record", type=Path, help="write agreeing cases of the first model to this oracle file")
     ap.add_argument("--record-n", type=int, default=60, help="how many random ones")
     a = ap.parse_args()
@@ -350,7 +365,7 @@ def main() -> None:
         for model in models:
             oracle = Oracle(exe, model)
             rng = random.Random(f"{a.seed}:{model}")
-            cases = [(random_case(rng, oracle.tok.n_vocab), 100_000 + rng.randrange(10**9)) for _ in range(a.runs)]
+            cases = [(random_case(rng, oracle.tok.n_vocab, a.focus), 100_000 + rng.randrange(10**9)) for _ in range(a.runs)]
             n_bad = n_undef = n_random = 0
             if a.record and model == models[0]:
                 edges = [({**BASE, **ch}, sd) for m, sd, ch in EDGES if m == model]
