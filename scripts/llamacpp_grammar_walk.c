@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "llama.h"
+#include "llamacpp_vocab.h"
 
 static uint64_t rng_state;
 
@@ -36,10 +36,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s MODEL.gguf < cases\n", argv[0]);
         return 2;
     }
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    mp.vocab_only = true;
-    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
+    struct llama_model *model = load_vocab_only(argv[1]);
     if (!model) return 1;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);

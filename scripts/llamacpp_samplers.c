@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llama.h"
+#include "llamacpp_vocab.h"
 
 static int hexval(int c) { return c <= '9' ? c - '0' : (c | 32) - 'a' + 10; }
 
@@ -35,10 +35,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s MODEL.gguf < cases\n", argv[0]);
         return 2;
     }
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    mp.vocab_only = true;
-    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
+    struct llama_model *model = load_vocab_only(argv[1]);
     if (!model) return 1;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int nv = llama_vocab_n_tokens(vocab);

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llama.h"
+#include "llamacpp_vocab.h"
 
 static void quiet(enum ggml_log_level level, const char *text, void *data) {
     (void)level, (void)text, (void)data;
@@ -58,10 +58,7 @@ int main(int argc, char **argv) {
         parse_special = atoi(argv[3]) != 0;
     }
     llama_log_set(quiet, NULL);
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    mp.vocab_only = true;
-    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
+    struct llama_model *model = load_vocab_only(argv[1]);
     if (!model) return fprintf(stderr, "cannot load %s\n", argv[1]), 1;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     if (pieces) {
