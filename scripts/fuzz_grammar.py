@@ -386,8 +386,7 @@ def compare(tok, text: str, res, rng: random.Random) -> tuple[str, str] | None:
                 return ("skip-midway-ref", f"step {step}: llama.cpp allows {len(extra)} tokens only by a token "
                                            "reference after characters of their own text, and aborts taking one")
             if not np.array_equal(mine, allowed):
-                only_s = np.setdiff1d(mine, allowed)[:6].tolist()
-                only_l = np.setdiff1d(allowed, mine)[:6].tolist()
+                only_s, only_l = np.setdiff1d(mine, allowed)[:6].tolist(), extra[:6].tolist()
                 show = (lambda ids: [(t, tok.token_bytes(t, special=True)) for t in ids])
                 return ("mask", f"step {step} after {history}: {len(mine)} allowed here, {len(allowed)} in llama.cpp; "
                                 f"only here {show(only_s)}, only there {show(only_l)}")

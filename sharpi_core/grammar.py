@@ -546,6 +546,13 @@ class Grammar:
             nxt = self._trans[key] = self._intern(frozenset(out))
         return nxt
 
+    def after(self, text: str, sid: int | None = None) -> int:
+        """The state after `text` from sid (default: the start; -1: text is no prefix of a sentence)."""
+        s = self.start if sid is None else sid
+        for c in text:
+            s = self.step(s, ord(c))
+        return s
+
     def char_tops(self, sid: int) -> int:
         """State sid with only its stacks that wait for a character (what a token that completes no character
         leaves: llama.cpp drops the finished parse, and the token references it does not match, after any)."""

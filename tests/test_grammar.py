@@ -33,12 +33,7 @@ CASES = json.loads((Path(__file__).parent / "data" / "llamacpp_grammar.json").re
 
 def walk(g: Grammar, text: str) -> int:
     """The automaton's state after `text` (-1: not a prefix of a sentence)."""
-    s = g.start
-    for c in text:
-        s = g.step(s, ord(c))
-        if s < 0:
-            break
-    return s
+    return g.after(text)
 
 
 def accepts(g: Grammar, text: str) -> bool:
