@@ -17,8 +17,9 @@ shortest text that still differs, printed, and written to --log. Exits 1 if any 
 and before a contraction, repeated beside digits, spaces and a newline, after a space before a letter, between a
 digit and punctuation), which shows where sharpi's regex engine and llama.cpp's character tables disagree on
 a class (letter, digit, mark, space...) or a byte is missing from the vocabulary; the code points whose
-contexts differ are printed as ranges (1-3 minutes a vocabulary). --pre NAME: the first model's vocabulary
-with tokenizer.ggml.pre set to NAME (scripts/llamacpp_vocab_check.py's copies), once per NAME.
+contexts differ are printed as ranges (the probes go a thousand to a text, a newline between: about a minute a
+vocabulary). --pre NAME: the first model's vocabulary with tokenizer.ggml.pre set to NAME
+(scripts/llamacpp_vocab_check.py's copies), once per NAME.
 
 --pieces: instead, every token id's piece (llama.cpp's token_to_piece with special tokens printed and not, by
 scripts/llamacpp_tokenize.c) against sharpi's Tokenizer.token_bytes; the ids that differ are printed.
@@ -34,6 +35,7 @@ import string
 import subprocess
 import sys
 import tempfile
+import unicodedata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,18 +173,48 @@ def ranges(cps: list[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
+# probes in one text, a newline between each two: libllama builds its regex anew for every text it splits (a
+# std::wregex for some pre-tokenizers, ~1 ms each), which made a vocabulary's 4.5 million probes take hours alone
+JOIN = 1000
+
+
+def _differ(tok: Tokenizer, oracle: Oracle, groups: list[list[tuple[int, str]]]) -> list[bool]:
+    """Whether each group's probes, in one text, tokenize differently; libllama's calls take ~200,000 probes each."""
+    flags: list[bool] = []
+    i = 0
+    while i < len(groups):
+        j, size = i, 0
+        while j < len(groups) and (j == i or size + len(groups[j]) <= 200_000):
+            size += len(groups[j])
+            j += 1
+        texts = ["\n".join(p for _, p in g) for g in groups[i:j]]
+        flags += [tok.encode(t, False, False) != want for t, want in zip(texts, oracle.ids(texts, False))]
+        i = j
+    return flags
+
+
 def code_points(tok: Tokenizer, oracle: Oracle) -> list[int]:
-    """The code points whose probes tokenize differently (both modes: special tokens play no part here)."""
+    """The code points whose probes tokenize differently (both modes: special tokens play no part here). The
+    probes go JOIN to a text; the spaces' and the format and control characters' also one to a text, where a
+    probe that ends in one ends the text (white space before the end of a text splits apart). A text that differs
+    is halved, level by level, down to the single probes that differ; where neither half of a differing text
+    differs alone, all of its code points are blamed."""
     cps = [c for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF]
-    bad: list[int] = []
-    n = len(code_point_probes("a"))
-    for i in range(0, len(cps), 50000):
-        chunk = cps[i:i + 50000]
-        texts = [p for c in chunk for p in code_point_probes(chr(c))]
-        want = oracle.ids(texts, False)
-        bad += [c for j, c in enumerate(chunk)
-                if any(tok.encode(texts[n * j + k], False, False) != want[n * j + k] for k in range(n))]
-    return bad
+    probes = [(c, p) for c in cps for p in code_point_probes(chr(c))]
+    level = [probes[i:i + JOIN] for i in range(0, len(probes), JOIN)]
+    level += [[cp] for cp in probes if chr(cp[0]).isspace() or unicodedata.category(chr(cp[0]))[0] in "ZC"
+              and unicodedata.category(chr(cp[0])) not in ("Cn", "Co")]
+    bad: set[int] = set()
+    parents: list[list[tuple[int, str]]] = []  # below the first level, level[2i] and level[2i + 1] halve parents[i]
+    while level:
+        flags = _differ(tok, oracle, level)
+        for i, parent in enumerate(parents):
+            if not flags[2 * i] and not flags[2 * i + 1]:
+                bad.update(c for c, _ in parent)
+        parents = [g for g, f in zip(level, flags) if f and len(g) > 1]
+        bad.update(g[0][0] for g, f in zip(level, flags) if f and len(g) == 1)
+        level = [h for g in parents for h in (g[: len(g) // 2], g[len(g) // 2:])]
+    return sorted(bad)
 
 
 def pieces(tok: Tokenizer, exe: Path, path: Path) -> list[dict]:
