@@ -376,9 +376,11 @@ def _plain_candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
 
 def _over_temp(vals: np.ndarray, temp: float) -> np.ndarray:
     """Logits divided by the temperature: in float32 as llama.cpp divides (its law is the softmax of those float32
-    logits; a float64 quotient moves a logit of 200 by 1e-5), unless that overflows (a tiny temperature): float64."""
+    logits; a float64 quotient moves a logit of 200 by 1e-5), unless that overflows (a tiny temperature): float64.
+    Dynamic temperature's infinite one (a normalized entropy of 0 to a negative exponent) makes a masked -inf logit
+    NaN, as in llama.cpp; the callers keep only the logits above -inf, which leaves it out."""
     t = np.float32(temp)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         scaled = vals / t
     return scaled if not np.isposinf(scaled).any() else vals.astype(np.float64) / float(t)
 

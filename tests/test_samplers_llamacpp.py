@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -198,9 +199,13 @@ def test_degenerate_values_give_a_distribution():
              (x, SamplingParams(temp=1e-38, typical_p=0.9)),
              (x, SamplingParams(dynatemp_range=0.8, dynatemp_exponent=75.0)),
              (x, SamplingParams(temp=1e8, dynatemp_range=1.0, dynatemp_exponent=-1e30)),
-             (x, SamplingParams(top_n_sigma=1.0, top_k=0, dynatemp_range=0.5, dynatemp_exponent=-1e30))]
+             (x, SamplingParams(top_n_sigma=1.0, top_k=0, dynatemp_range=0.5, dynatemp_exponent=-1e30)),
+             # top-n-sigma's -inf logits kept by min_keep, an entropy of 0: an infinite temperature, NaN on them
+             (x, SamplingParams(temp=0.5, top_n_sigma=0.01, min_keep=30, dynatemp_range=2.0, dynatemp_exponent=-1.0))]
     for row, p in cases:
-        fp = filtered_probs(torch.from_numpy(row), p).numpy()
+        with warnings.catch_warnings():  # (numpy's warnings reach a user's terminal: fuzz_samplers found one)
+            warnings.simplefilter("error")
+            fp = filtered_probs(torch.from_numpy(row), p).numpy()
         assert np.isfinite(fp).all() and abs(float(fp.sum()) - 1) < 1e-5 and fp[[7, 8, 9]].sum() == 0, p
     assert filtered_probs(torch.from_numpy(x), SamplingParams(temp=1e-38, typical_p=0.9)).numpy()[np.argmax(x)] == 1
     inf = x.copy()
