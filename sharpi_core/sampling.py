@@ -378,7 +378,7 @@ def _over_temp(vals: np.ndarray, temp: float) -> np.ndarray:
     """Logits divided by the temperature: in float32 as llama.cpp divides (its law is the softmax of those float32
     logits; a float64 quotient moves a logit of 200 by 1e-5), unless that overflows (a tiny temperature): float64.
     Dynamic temperature's infinite one (a normalized entropy of 0 to a negative exponent) makes a masked -inf logit
-    NaN, as in llama.cpp; the callers keep only the logits above -inf, which leaves it out."""
+    NaN, as in llama.cpp; _chain keeps only the logits above -inf after it, which leaves that one out."""
     t = np.float32(temp)
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = vals / t
