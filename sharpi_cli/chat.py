@@ -594,7 +594,8 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
             view = ReplyView(sys.stdout, tags, text, color, o.reverse_prompt)
             try:  # (stop strings in the reply only, not begun in the template's text before it)
                 res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
-                                   on_text=view.write, should_stop=stop, stop_tokens=stop_tokens, stops_in_prompt=False)
+                                   on_text=view.write, should_stop=stop, stop_tokens=stop_tokens, stops_in_prompt=False,
+                                   drop_partial_char=True)
             finally:
                 view.close()
         sys.stdout.write("\n")
@@ -656,7 +657,7 @@ def stop_at(text: str, stops) -> int | None:
 def reply_text(tok, res, special: bool, stops=()) -> str:
     """A reply as the conversation keeps it: without control tokens, which -sp shows in res.text; one a stop string
     (-r) ended, up to where it begins (llama-cli's server cuts it off)."""
-    text = tok.decode(res.tokens, skip_special=True) if special else res.text
+    text = tok.decode(res.tokens, skip_special=True, drop_partial_char=True) if special else res.text
     at = stop_at(text, stops) if res.stop_reason == "stop_string" else None
     return text if at is None else text[:at]
 

@@ -727,7 +727,7 @@ class Generator:
                  on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, resume: bool = False,
                  stop_tokens: Collection[int] = (), stop_at_end: bool = False,
-                 stops_in_prompt: bool = True) -> GenerationResult:
+                 stops_in_prompt: bool = True, drop_partial_char: bool = False) -> GenerationResult:
         """Generate after prompt_tokens, streaming text to on_text, until an end of generation, n_predict
         tokens, a stop string (or one of stop_tokens), should_stop(), or a full context.
 
@@ -738,7 +738,9 @@ class Generator:
         logits feed() left (or the last history token evaluated again). stop_at_end: a stop string counts only at the end of the text of
         the last STOP_WINDOW tokens the samplers have seen (llama-completion's interactive check), not anywhere
         in the text a token completed. stops_in_prompt=False: a stop string must lie in the generated text (a
-        chat's reply, where llama-cli's server looks), not begin in the prompt's."""
+        chat's reply, where llama-cli's server looks), not begin in the prompt's. drop_partial_char: a character
+        the generation stopped inside is left out of the text, not shown as U+FFFD (llama-cli's server never sends
+        half a character; llama-completion writes its bytes)."""
         timings = Timings()
         stats = SpecStats() if self.speculate else None
         out: list[int] = []
@@ -892,7 +894,7 @@ class Generator:
         if stats is not None and self.cost is not None:
             stats.plain_by_cost = self.cost.chosen_plain
             stats.cost_off = self.cost.went_off
-        rest = dec.flush()
+        rest = dec.flush(drop_partial_char)
         if rest:
             show(rest)
         timings.eval_ms = (time.perf_counter() - t0) * 1000

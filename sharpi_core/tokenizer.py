@@ -688,10 +688,13 @@ class Tokenizer:
             return bytes([_byte_value(text)])
         return b""  # unused / undefined tokens print nothing
 
-    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
-        """The text of `ids`: their pieces concatenated (invalid UTF-8 replaced)."""
-        special = not skip_special
-        return b"".join(self.token_bytes(i, special) for i in ids).decode("utf-8", errors="replace")
+    def decode(self, ids: Iterable[int], skip_special: bool = False, drop_partial_char: bool = False) -> str:
+        """The text of `ids`: their pieces concatenated (invalid UTF-8 replaced). drop_partial_char: a character
+        the last pieces only begin (a generation cut inside it) is left out rather than replaced."""
+        data = b"".join(self.token_bytes(i, not skip_special) for i in ids)
+        if drop_partial_char:  # (not final: the decoder keeps the incomplete end to itself)
+            return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data)
+        return data.decode("utf-8", errors="replace")
 
 
 def _detect_special_tokens(tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray,
@@ -777,7 +780,8 @@ class StreamDecoder:
     def push(self, tid: int) -> str:
         return self._dec.decode(self.tok.token_bytes(tid, self.special))
 
-    def flush(self) -> str:
-        s = self._dec.decode(b"", final=True)
+    def flush(self, drop_partial_char: bool = False) -> str:
+        """What is left: the end of a character cut off (U+FFFD), or nothing with drop_partial_char."""
+        s = "" if drop_partial_char else self._dec.decode(b"", final=True)
         self._dec.reset()
         return s

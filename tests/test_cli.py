@@ -1482,6 +1482,8 @@ def test_every_environment_switch_is_in_the_readmes_table():
 def test_version():
     r = sharpi("--version", process=True)
     assert r.returncode == 0 and r.stdout.startswith("sharpi ")
+    m = subprocess.run([sys.executable, "-m", "sharpi_cli", "--version"], capture_output=True, text=True)
+    assert m.returncode == 0 and m.stdout == r.stdout, m.stderr  # python -m sharpi_cli is the same program
 
 
 def test_draft_lookup_greedy_equals_plain_and_reports_stats(smol):
