@@ -27,7 +27,7 @@ from llamacpp_interactive import BOB, CHAT_DONE, CHATML, GEMMA, QWEN, SMOL
 
 MODELS = [SMOL] * 4 + [GEMMA, QWEN]
 PROMPTS = [BOB, CHATML, CHAT_DONE, "Once upon a time", "The capital of France is", "Q: What is 2+2?\nA:",
-           "def add(a, b):\n", "Liste des couleurs : rouge, vert,", "1. apples\n2."]
+           "def add(a, b):\n", "Liste des couleurs : rouge, vert,", "1. apples\n2.", "日本の首都は"]
 REVERSE = ["User:", "\n", "<|im_start|>user\\n", "<|im_start|>user", "Q:", ".", " the", "\\n\\n", "<|im_end|>",
            "END", ","]
 PREFIXES = [" ", "Q: ", "User: ", "<|im_start|>user\\n", "\\n", "« "]

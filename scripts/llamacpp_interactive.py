@@ -57,6 +57,9 @@ CASES = [
     ("qwen-shift", QWEN, ["-i", "-r", "User:", "--in-prefix", " ", "--in-suffix", "Bob:", "-p", BOB, "-n", "96", "-c", "256",
                           "--context-shift", "--keep", "-1"],
      "Write a long poem about the sea.\n\nGo on.\n\nMore.\n"),
+    # -n spent inside a character: the next stretch finishes it after an empty line (one byte stream); after an
+    # input its bytes are what is left of it (each piece shown as U+FFFD, as the text here is read)
+    ("smol-cut-character", SMOL, ["-i", "-p", "日本の首都は", "-n", "4", "-c", "512"], "\n\nHi\n\n"),
     # and without --context-shift the session ends when the context is full
     ("gemma-full", GEMMA, ["-i", "-r", "THE END", "-p", "Once upon a time", "-n", "-1", "-c", "256"], "\n\n"),
 ]
@@ -64,7 +67,7 @@ CASES = [
 
 def record(binary: Path, model: Path, args: list[str], text: str) -> dict:
     cmd = [str(binary), "-m", str(model), "-no-cnv", "--simple-io", "--temp", "0", "-t", "2", *args]
-    r = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=600, errors="replace")
     if r.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     out = r.stdout

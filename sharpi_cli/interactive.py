@@ -25,6 +25,7 @@ import sys
 import time
 
 from sharpi_core.generate import STOP_WINDOW, GenerationResult, Timings
+from sharpi_core.tokenizer import StreamDecoder
 
 
 def read_input(multiline: bool, prompt: str = "") -> str | None:
@@ -73,9 +74,16 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
     pfx, sfx = encode(o.in_prefix), encode(o.in_suffix)
     first_anti = encode(anti[0]) if anti else []
 
-    def write(s: str) -> None:
+    # generated text goes through one decoder over the session: a character -n cut goes on after an empty line, as
+    # llama-completion's bytes do; anything else written first ends it (U+FFFD, as a terminal shows those bytes)
+    dec = StreamDecoder(tok, gen.special)
+
+    def show(s: str) -> None:
         out.write(s)
         out.flush()
+
+    def write(s: str) -> None:
+        show(dec.flush() + s)
 
     def hits(ids: list[int]) -> bool:
         """Reverse prompt at the end of these tokens (the samplers' memory after they were evaluated)."""
@@ -127,8 +135,8 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
                 # the queue (or, after an empty line, nothing: the model goes on) and a generated stretch
                 with Interrupt() as stop, hidden_typing(console):
                     res = gen.generate(queue, n_predict=n_remain if o.n_predict >= 0 else o.n_predict,
-                                       stop_strings=anti, on_text=write, should_stop=stop, resume=not fresh,
-                                       stop_tokens=anti_tokens, stop_at_end=True)
+                                       stop_strings=anti, on_text=show, should_stop=stop, resume=not fresh,
+                                       stop_tokens=anti_tokens, stop_at_end=True, decoder=dec)
                 # (a Ctrl-C between the queue's batches: what it left goes before the next input, as
                 # llama-completion evaluates all of it, nothing dropped)
                 fresh, queue = False, gen.unevaluated
@@ -148,7 +156,8 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
         if interacting:
             if o.in_prefix_bos and tok.bos_id is not None:
                 queue.append(tok.bos_id)
-            out.flush()
+            # (read_input shows --in-prefix itself; without one, after an empty line the model goes on in the text)
+            write("") if o.in_prefix else out.flush()
             try:
                 line = read_input(o.multiline_input, o.in_prefix)
             except KeyboardInterrupt:

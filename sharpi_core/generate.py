@@ -727,7 +727,8 @@ class Generator:
                  on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, resume: bool = False,
                  stop_tokens: Collection[int] = (), stop_at_end: bool = False,
-                 stops_in_prompt: bool = True, drop_partial_char: bool = False) -> GenerationResult:
+                 stops_in_prompt: bool = True, drop_partial_char: bool = False,
+                 decoder: StreamDecoder | None = None) -> GenerationResult:
         """Generate after prompt_tokens, streaming text to on_text, until an end of generation, n_predict
         tokens, a stop string (or one of stop_tokens), should_stop(), or a full context.
 
@@ -740,12 +741,14 @@ class Generator:
         in the text a token completed. stops_in_prompt=False: a stop string must lie in the generated text (a
         chat's reply, where llama-cli's server looks), not begin in the prompt's. drop_partial_char: a character
         the generation stopped inside is left out of the text, not shown as U+FFFD (llama-cli's server never sends
-        half a character; llama-completion writes its bytes)."""
+        half a character; llama-completion writes its bytes). decoder: the text goes on from this decoder's state and
+        leaves its own there, unflushed (interactive mode: a character one generation ends inside, the next, after
+        an empty line, finishes, as llama-completion's byte stream does)."""
         timings = Timings()
         stats = SpecStats() if self.speculate else None
         out: list[int] = []
         text_parts: list[str] = []
-        dec = StreamDecoder(self.tok, self.special)
+        dec = decoder if decoder is not None else StreamDecoder(self.tok, self.special)
         stops = [s for s in stop_strings if s]
         longest_stop = max((len(s) for s in stops), default=0)
         # stop strings are looked for in the text with control tokens written out, whether or not it is shown (-sp),
@@ -894,7 +897,7 @@ class Generator:
         if stats is not None and self.cost is not None:
             stats.plain_by_cost = self.cost.chosen_plain
             stats.cost_off = self.cost.went_off
-        rest = dec.flush(drop_partial_char)
+        rest = "" if decoder is not None else dec.flush(drop_partial_char)
         if rest:
             show(rest)
         timings.eval_ms = (time.perf_counter() - t0) * 1000

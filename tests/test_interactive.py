@@ -29,7 +29,8 @@ def test_transcript_is_llama_completions(name):
     the text, a one-token reverse prompt, -n spent, an empty line handing it back, '\\' and '/' line endings,
     -mli, --in-prefix-bos) and what the model then sees (the samplers start over at each input: bob-penalties;
     the first reverse prompt queued after an end of generation; a context shift: qwen-shift; a full context
-    ends the session: gemma-full)."""
+    ends the session: gemma-full; a character -n cuts, which the next stretch finishes after an empty line:
+    smol-cut-character)."""
     case = BY_NAME[name]
     r = run_case(case)
     assert r.stdout.removesuffix("\n") == case["transcript"]
