@@ -13,11 +13,13 @@ lines, lines ending in '\\' or '/'.
 llama-cli runs `--simple-io --temp 0 -t 2` with them; sharpi runs `-cnv --simple-io --temp 0 -t 2` with the same,
 some runs with a drafter (greedy: the conversation may not change). A run differs when the transcripts or the
 exit status differ or sharpi prints a traceback; each is printed with the first differing characters. Where the
-transcripts differ, llama-cli runs again with -fa off: where its own transcript then changes by that point, the
-run is a near tie (greedy choices the engines' rounding decides; counted apart). Exits 1 if any differed.
+transcripts differ, llama-cli runs again with -fa off and sharpi with fp32 activations (SHARPI_ACT_QUANT=0): where
+llama-cli's own transcript then changes by that point, or sharpi's then agrees with llama-cli's up to it, the run is
+a near tie (a greedy choice the engines' rounding decides; counted apart). Exits 1 if any differed.
 """
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -89,12 +91,12 @@ def before_refusal(transcript: str) -> str:
     return transcript if at < 0 else transcript[:transcript.rfind("User:\n", 0, at)]
 
 
-def run(cmd: list[str], text: str, out: Path) -> tuple[int | str, str, str]:
+def run(cmd: list[str], text: str, out: Path, env: dict | None = None) -> tuple[int | str, str, str]:
     """(exit status or "timeout", the -o transcript, stdout and stderr)"""
     out.unlink(missing_ok=True)
     try:
         r = subprocess.run(cmd + ["-o", str(out)], input=text, capture_output=True, text=True, timeout=300,
-                           errors="replace")
+                           errors="replace", env=dict(os.environ, **(env or {})))
     except subprocess.TimeoutExpired:
         return "timeout", "", ""
     return r.returncode, out.read_text(errors="replace") if out.exists() else "", r.stdout + r.stderr
@@ -130,12 +132,15 @@ def main() -> None:
             if not (REFUSED in l_err and s_out.startswith(want)):
                 why.append(f"transcripts differ at {at}: {around}")
                 # llama.cpp's own two attention paths (-fa on: an f16 accumulator) disagreeing there: a near tie
+                # or sharpi with fp32 activations agreeing with llama-cli there
                 _, off, _ = run([str(a.bin_dir / "llama-cli"), *common, "-fa", "off"], text, tmp / "llama-off.txt")
-                if off[:at + 1] != l_out[:at + 1]:
+                _, f32, _ = run([sys.executable, "-m", "sharpi_cli", "-cnv", *common, *drafter], text, tmp / "f32.txt",
+                                {"SHARPI_ACT_QUANT": "0"})
+                if off[:at + 1] != l_out[:at + 1] or f32[:at + 1] == l_out[:at + 1]:
                     ties += 1
                     why = []
-                    print(f"[{i}] near tie: llama-cli -fa off differs from -fa on by position {at} "
-                          f"({'and agrees with sharpi' if off == s_out else 'sharpi agrees with neither'})")
+                    print(f"[{i}] near tie at {at}: " + ("llama-cli -fa off differs from -fa on" if off[:at + 1]
+                          != l_out[:at + 1] else "sharpi with fp32 activations agrees with llama-cli"))
         print(f"[{i}] {model} {' '.join(args + drafter)!r} {text!r}: {'; '.join(why) or 'same'}", flush=True)
         if why:
             differed += 1
