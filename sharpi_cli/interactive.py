@@ -156,8 +156,10 @@ def interactive_loop(o, target, gen, n_ctx: int, prompt_ids: list[int]) -> int:
         if interacting:
             if o.in_prefix_bos and tok.bos_id is not None:
                 queue.append(tok.bos_id)
-            # (read_input shows --in-prefix itself; without one, after an empty line the model goes on in the text)
-            write("") if o.in_prefix else out.flush()
+            if o.in_prefix:  # (read_input shows it itself; without one, after an empty line the text goes on)
+                write("")
+            else:
+                out.flush()
             try:
                 line = read_input(o.multiline_input, o.in_prefix)
             except KeyboardInterrupt:
