@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fuzz_interactive import first_difference, log_run, session_args
+from fuzz_interactive import first_difference, log_run, near_tie, session_args
 from llamacpp_interactive import GEMMA, QWEN, SMOL
 
 MODELS = [SMOL] * 4 + [QWEN, GEMMA]
@@ -131,16 +131,14 @@ def main() -> None:
             at, around = first_difference(want, s_out)
             if not (REFUSED in l_err and s_out.startswith(want)):
                 why.append(f"transcripts differ at {at}: {around}")
-                # llama.cpp's own two attention paths (-fa on: an f16 accumulator) disagreeing there: a near tie
-                # or sharpi with fp32 activations agreeing with llama-cli there
                 _, off, _ = run([str(a.bin_dir / "llama-cli"), *common, "-fa", "off"], text, tmp / "llama-off.txt")
                 _, f32, _ = run([sys.executable, "-m", "sharpi_cli", "-cnv", *common, *drafter], text, tmp / "f32.txt",
                                 {"SHARPI_ACT_QUANT": "0"})
-                if off[:at + 1] != l_out[:at + 1] or f32[:at + 1] == l_out[:at + 1]:
+                tie = near_tie(at, l_out, off, f32, "llama-cli")
+                if tie:
                     ties += 1
                     why = []
-                    print(f"[{i}] near tie at {at}: " + ("llama-cli -fa off differs from -fa on" if off[:at + 1]
-                          != l_out[:at + 1] else "sharpi with fp32 activations agrees with llama-cli"))
+                    print(f"[{i}] near tie at {at}: {tie}")
         print(f"[{i}] {model} {' '.join(args + drafter)!r} {text!r}: {'; '.join(why) or 'same'}", flush=True)
         if why:
             differed += 1

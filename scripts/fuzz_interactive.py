@@ -101,6 +101,16 @@ def first_difference(llama: str, ours: str) -> tuple[int, str]:
     return at, f"llama {llama[max(0, at - 40):at + 40]!r} sharpi {ours[max(0, at - 40):at + 40]!r}"
 
 
+def near_tie(at: int, llama: str, llama_off: str, sharpi_f32: str, program: str) -> str | None:
+    """Why the first difference, at `at`, is a near tie (None: not shown to be one): llama.cpp's other attention path
+    (-fa off) changes its own text by there, or sharpi with fp32 activations agrees with llama.cpp up to there."""
+    if llama_off[:at + 1] != llama[:at + 1]:
+        return f"{program} -fa off differs from -fa on"
+    if sharpi_f32[:at + 1] == llama[:at + 1]:
+        return f"sharpi with fp32 activations agrees with {program}"
+    return None
+
+
 def log_run(path: Path | None, record: dict) -> None:
     if path:
         with path.open("a") as f:
@@ -125,15 +135,13 @@ def main() -> None:
         elif l_rc == 0 and l_out != s_out:
             at, around = first_difference(l_out, s_out)
             why.append(f"transcripts differ at {at}: {around}")
-            # a near tie: llama.cpp's other attention path changes its own text by there, or sharpi's fp32 activations
-            # agree with llama.cpp up to there
             off = llama(a.bin_dir / "llama-completion", path, args + ["-fa", "off"], text)[1]
             f32 = sharpi(path, args + drafter, text, {"SHARPI_ACT_QUANT": "0"})[1]
-            if off[:at + 1] != l_out[:at + 1] or f32[:at + 1] == l_out[:at + 1]:
+            tie = near_tie(at, l_out, off, f32, "llama-completion")
+            if tie:
                 ties += 1
                 why = []
-                print(f"[{i}] near tie at {at}: " + ("llama-completion -fa off differs from -fa on" if off[:at + 1]
-                      != l_out[:at + 1] else "sharpi with fp32 activations agrees with llama-completion"))
+                print(f"[{i}] near tie at {at}: {tie}")
         elif l_rc == 0 and l_full != s_full:
             why.append(f"context full: llama {l_full}, sharpi {s_full}")
         print(f"[{i}] {model} {' '.join(args + drafter)!r}: {'; '.join(why) or 'same'}", flush=True)
