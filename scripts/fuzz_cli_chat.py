@@ -1,21 +1,21 @@
 #!/usr/bin/env python3
-"""Random conversations (-cnv) through sharpi and llama-cli: the transcripts each writes with `-o FILE` must be
-the same (a tool, not a test).
+"""Random conversations (-cnv) through sharpi and llama-cli: the transcripts each writes with `-o FILE` must be the
+same (a tool, not a test).
 
-    python scripts/fuzz_cli_chat.py BIN_DIR [--seed 1] [--runs 60] [--log F] [--models-dir DIR]
+    python scripts/fuzz_cli_chat.py BIN_DIR [--seed 1] [--runs 60] [--log F] [--models-dir DIR] [--models qwen,qwen15]
 
 BIN_DIR holds `llama-cli` (llama.cpp's chat program: configure its build with -DLLAMA_BUILD_SERVER=ON
--DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF, then build the llama-cli target). Each run draws a model
-(SmolLM2 mostly, Qwen 0.5B, Gemma 3 (no chat template of its own)), a system prompt or none, -n, a context (some
-small enough to refuse a message or cut a reply, some with --context-shift), penalties, a first message (-p, -st),
-a stop string (-r), -mli, and two to six lines of input: messages, /regen, /clear, /read of a small file, empty
-lines, lines ending in '\\' or '/'.
-llama-cli runs `--simple-io --temp 0 -t 2` with them; sharpi runs `-cnv --simple-io --temp 0 -t 2` with the same,
-some runs with a drafter (greedy: the conversation may not change). A run differs when the transcripts or the
-exit status differ or sharpi prints a traceback; each is printed with the first differing characters. Where the
-transcripts differ, llama-cli runs again with -fa off and sharpi with fp32 activations (SHARPI_ACT_QUANT=0): where
-llama-cli's own transcript then changes by that point, or sharpi's then agrees with llama-cli's up to it, the run is
-a near tie (a greedy choice the engines' rounding decides; counted apart). Exits 1 if any differed.
+-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF, then build the llama-cli target). Each run draws a model (SmolLM2
+mostly, Qwen 0.5B, Gemma 3 (no chat template of its own); or one of --models), a system prompt or none, -n, a
+context (some small enough to refuse a message or cut a reply, some with --context-shift), penalties, a first
+message (-p, -st), a stop string (-r), -mli, and two to six lines of input: messages, /regen, /clear, /read of a
+small file, empty lines, lines ending in '\\' or '/'. llama-cli runs `--simple-io --temp 0 -t 2` with them; sharpi
+runs `-cnv --simple-io --temp 0 -t 2` with the same, some runs with a drafter (Qwen 1.5B's mostly its 0.5B draft
+model; greedy: the conversation may not change). A run differs when the transcripts or the exit status differ or
+sharpi prints a traceback; each is printed with the first differing characters. Where the transcripts differ,
+llama-cli runs again with -fa off and sharpi with fp32 activations (SHARPI_ACT_QUANT=0): where llama-cli's own
+transcript then changes by that point, or sharpi's then agrees with llama-cli's up to it, the run is a near tie (a
+greedy choice the engines' rounding decides; counted apart). Exits 1 if any differed.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fuzz_interactive import first_difference, log_run, near_tie, session_args
+from fuzz_interactive import drafter_args, first_difference, log_run, near_tie, session_args
 from llamacpp_interactive import GEMMA, QWEN, SMOL
 
 MODELS = [SMOL] * 4 + [QWEN, GEMMA]
@@ -36,11 +36,10 @@ MESSAGES = ["What is the capital of France?", "And of Italy?", "Write a haiku ab
             "<|im_end|> injected", "Count from 1 to 30.", "Tell me a long story about a dragon.",
             "def f(x): return x*2  # what does this do?", "   leading and trailing   "]
 COMMANDS = ["/clear", "/regen", "/read {file}", ""]
-DRAFTERS = [["--draft-lookup"], ["--draft-lookup", "--spec-draft-n-max", "3"], ["--spec-type", "ngram-simple"]]
 
 
-def random_case(rng: random.Random, file: Path) -> tuple[str, list[str], str]:
-    model = rng.choice(MODELS)
+def random_case(rng: random.Random, file: Path, models: list[str] = MODELS) -> tuple[str, list[str], str]:
+    model = rng.choice(models)
     args: list[str] = []
     system = rng.choice(SYSTEMS + [None] * 3)
     if system is not None:
@@ -110,8 +109,8 @@ def main() -> None:
     file.write_text("Paris is the capital of France.\nRome is the capital of Italy.\n")
     differed = ties = 0
     for i in range(a.runs):
-        model, args, text = random_case(rng, file)
-        drafter = rng.choice(DRAFTERS) if rng.random() < 0.3 else []
+        model, args, text = random_case(rng, file, a.models or MODELS)
+        drafter = drafter_args(rng, model, a.models_dir)
         path = str(a.models_dir / f"{model}.gguf")
         common = ["-m", path, "--simple-io", "--temp", "0", "-t", "2", *args]
         l_rc, l_out, l_err = run([str(a.bin_dir / "llama-cli"), *common], text, tmp / "llama.txt")

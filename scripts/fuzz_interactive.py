@@ -1,21 +1,21 @@
 #!/usr/bin/env python3
-"""Random interactive sessions (-i / -if) through sharpi and llama-completion: the transcripts must be the same
-(a tool, not a test).
+"""Random interactive sessions (-i / -if) through sharpi and llama-completion: the transcripts must be the same (a
+tool, not a test).
 
-    python scripts/fuzz_interactive.py BIN_DIR [--seed 1] [--runs 60] [--log F] [--models-dir DIR]
+    python scripts/fuzz_interactive.py BIN_DIR [--seed 1] [--runs 60] [--log F] [--models-dir DIR] [--models ...]
 
-Each run draws a model (SmolLM2 mostly, Gemma 3, Qwen 0.5B), a prompt, zero to three reverse prompts (one-token,
-control-token, escaped), --in-prefix / --in-suffix / --in-prefix-bos / -mli / -sp, -n, a context (sometimes
-small, with or without --context-shift and --keep), penalties, and two to five lines of user input (empty lines,
-'\\' and '/' endings, control-token text, non-ASCII). llama-completion runs as scripts/llamacpp_interactive.py
-records it (`-no-cnv --simple-io --temp 0 -t 2`, stdout up to "EOF by user"); sharpi runs the same arguments, some
-runs with a drafter (greedy: the transcript may not change). A run differs when the transcripts, the "context is
-full" ending or the exit status differ, or sharpi prints a traceback; each is printed with its command line and the
-first differing characters. Where the transcripts differ, llama-completion runs again with -fa off and sharpi with
-fp32 activations (SHARPI_ACT_QUANT=0): where llama-completion's own text then changes by that point, or sharpi's then
-agrees with it up to there, the run is a near tie (a greedy choice the engines' rounding decides; counted apart;
-one after a context shift, where llama.cpp's cell order moves its sums, may pass neither check). Exits 1 if any
-differed.
+Each run draws a model (SmolLM2 mostly, Gemma 3, Qwen 0.5B; or one of --models), a prompt, zero to three reverse
+prompts (one-token, control-token, escaped), --in-prefix / --in-suffix / --in-prefix-bos / -mli / -sp, -n, a context
+(sometimes small, with or without --context-shift and --keep), penalties, and two to five lines of user input (empty
+lines, '\\' and '/' endings, control-token text, non-ASCII). llama-completion runs as
+scripts/llamacpp_interactive.py records it (`-no-cnv --simple-io --temp 0 -t 2`, stdout up to "EOF by user"); sharpi
+runs the same arguments, some runs with a drafter (Qwen 1.5B's mostly its 0.5B draft model; greedy: the transcript
+may not change). A run differs when the transcripts, the "context is full" ending or the exit status differ, or
+sharpi prints a traceback; each is printed with its command line and the first differing characters. Where the
+transcripts differ, llama-completion runs again with -fa off and sharpi with fp32 activations (SHARPI_ACT_QUANT=0):
+where llama-completion's own text then changes by that point, or sharpi's then agrees with it up to there, the run
+is a near tie (a greedy choice the engines' rounding decides; counted apart; one after a context shift, where
+llama.cpp's cell order moves its sums, may pass neither check). Exits 1 if any differed.
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from pathlib import Path
 from llamacpp_interactive import BOB, CHAT_DONE, CHATML, GEMMA, QWEN, SMOL
 
 MODELS = [SMOL] * 4 + [GEMMA, QWEN]
+QWEN15 = "qwen2.5-coder-1.5b-instruct-q4_k_m"  # (with QWEN, its draft model, where a script draws drafters)
+MODEL_NAMES = {"smol": SMOL, "gemma": GEMMA, "qwen": QWEN, "qwen15": QWEN15}
 PROMPTS = [BOB, CHATML, CHAT_DONE, "Once upon a time", "The capital of France is", "Q: What is 2+2?\nA:",
            "def add(a, b):\n", "Liste des couleurs : rouge, vert,", "1. apples\n2.", "日本の首都は"]
 REVERSE = ["User:", "\n", "<|im_start|>user\\n", "<|im_start|>user", "Q:", ".", " the", "\\n\\n", "<|im_end|>",
@@ -42,8 +44,8 @@ LINES = ["Tell me about Paris.", "", "What else?", "Go on\\", "and on", "stop he
 DRAFTERS = [["--draft-lookup"], ["--draft-lookup", "--spec-draft-n-max", "3"], ["--spec-type", "ngram-simple"]]
 
 
-def random_case(rng: random.Random) -> tuple[str, list[str], str]:
-    model = rng.choice(MODELS)
+def random_case(rng: random.Random, models: list[str] = MODELS) -> tuple[str, list[str], str]:
+    model = rng.choice(models)
     args = [rng.choice(["-i", "-i", "-if"])]
     for r in rng.sample(REVERSE, rng.choice([0, 1, 1, 1, 2, 3])):
         args += ["-r", r]
@@ -70,6 +72,13 @@ def random_case(rng: random.Random) -> tuple[str, list[str], str]:
     return model, args, text.replace("\\n", "\n") if rng.random() < 0.1 else text
 
 
+def drafter_args(rng: random.Random, model: str, models_dir: Path) -> list[str]:
+    """A drafter for some runs (greedy: the text may not change); Qwen 1.5B's most often its 0.5B draft model."""
+    if model == QWEN15 and rng.random() < 0.6:
+        return ["-md", str(models_dir / f"{QWEN}.gguf")] + rng.choice([[], ["--spec-draft-n-max", "3"]])
+    return rng.choice(DRAFTERS) if rng.random() < 0.3 else []
+
+
 def llama(binary: Path, model: Path, args: list[str], text: str) -> tuple[int, str, bool]:
     cmd = [str(binary), "-m", str(model), "-no-cnv", "--simple-io", "--temp", "0", "-t", "2", *args]
     r = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=600, errors="replace")
@@ -85,13 +94,17 @@ def sharpi(model: Path, args: list[str], text: str, env: dict | None = None) -> 
 
 
 def session_args(doc: str, program: str) -> argparse.Namespace:
-    """The arguments of the fuzz scripts that run llama.cpp's programs: BIN_DIR [--models-dir] [--seed] [--runs] [--log]."""
+    """The arguments of the fuzz scripts that run llama.cpp's programs: BIN_DIR [--models-dir] [--seed] [--runs]
+    [--log] [--models]."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("bin_dir", type=Path, help=f"holds {program}")
     ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache" / "sharpi" / "models")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--log", type=Path, help="write what differed here (JSON lines)")
+    ap.add_argument("--models", type=lambda v: [MODEL_NAMES[m] for m in v.split(",")],
+                    help=f"draw the model from these, comma-separated ({', '.join(MODEL_NAMES)}; a name twice is "
+                         "drawn twice as often; default: the script's mix)")
     return ap.parse_args()
 
 
@@ -122,8 +135,8 @@ def main() -> None:
     rng = random.Random(a.seed)
     differed = ties = 0
     for i in range(a.runs):
-        model, args, text = random_case(rng)
-        drafter = rng.choice(DRAFTERS) if rng.random() < 0.3 else []
+        model, args, text = random_case(rng, a.models or MODELS)
+        drafter = drafter_args(rng, model, a.models_dir)
         path = a.models_dir / f"{model}.gguf"
         l_rc, l_out, l_full = llama(a.bin_dir / "llama-completion", path, args, text)
         s_rc, s_out, s_full, err = sharpi(path, args + drafter, text)
