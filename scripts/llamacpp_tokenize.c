@@ -2,6 +2,7 @@
  *
  *   llamacpp_tokenize MODEL [ADD_SPECIAL PARSE_SPECIAL] < texts > ids
  *   llamacpp_tokenize MODEL pieces > pieces
+ *   llamacpp_tokenize MODEL specials > ids
  *
  * Loads only MODEL's vocabulary. stdin holds texts separated by "\n__ggml_vocab_test__\n" (the format
  * of llama.cpp's models/ggml-vocab-*.gguf.inp files); each is tokenized without special tokens added
@@ -9,6 +10,8 @@
  * With "pieces": one line per token id, in order, of the piece with special=true and the piece with special=false
  * (llama_token_to_piece, lstrip 0), each as hex bytes ("-" for an empty piece), separated by a space
  * (scripts/fuzz_tokenizer.py --pieces).
+ * With "specials": one line "bos eos eot fim_pre fim_suf fim_mid fim_pad fim_rep fim_sep" of the vocabulary's special
+ * ids (-1: none), then one line of the end-of-generation ids (llama_vocab_is_eog), ascending.
  * Built by the script against a llama.cpp build directory; never part of sharpi itself. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,8 +52,9 @@ static void piece_hex(const struct llama_vocab *vocab, llama_token id, bool spec
 
 int main(int argc, char **argv) {
     const bool pieces = argc == 3 && strcmp(argv[2], "pieces") == 0;
-    if (argc != 2 && argc != 4 && !pieces) {
-        fprintf(stderr, "usage: %s MODEL [ADD_SPECIAL PARSE_SPECIAL | pieces] < texts\n", argv[0]);
+    const bool specials = argc == 3 && strcmp(argv[2], "specials") == 0;
+    if (argc != 2 && argc != 4 && !pieces && !specials) {
+        fprintf(stderr, "usage: %s MODEL [ADD_SPECIAL PARSE_SPECIAL | pieces | specials] < texts\n", argv[0]);
         return 2;
     }
     if (argc == 4) {
@@ -61,6 +65,16 @@ int main(int argc, char **argv) {
     struct llama_model *model = load_vocab_only(argv[1]);
     if (!model) return fprintf(stderr, "cannot load %s\n", argv[1]), 1;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
+    if (specials) {
+        printf("%d %d %d %d %d %d %d %d %d\n", llama_vocab_bos(vocab), llama_vocab_eos(vocab), llama_vocab_eot(vocab),
+               llama_vocab_fim_pre(vocab), llama_vocab_fim_suf(vocab), llama_vocab_fim_mid(vocab),
+               llama_vocab_fim_pad(vocab), llama_vocab_fim_rep(vocab), llama_vocab_fim_sep(vocab));
+        for (llama_token id = 0, n = 0; id < llama_vocab_n_tokens(vocab); id++)
+            if (llama_vocab_is_eog(vocab, id)) printf(n++ ? " %d" : "%d", id);
+        printf("\n");
+        llama_model_free(model);
+        return 0;
+    }
     if (pieces) {
         for (llama_token id = 0; id < llama_vocab_n_tokens(vocab); id++) {
             piece_hex(vocab, id, true);

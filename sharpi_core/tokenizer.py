@@ -27,6 +27,7 @@ import numpy as np
 from .errors import SharpiError
 from .gguf_file import GGUFFile, get_typed, kv_text
 from .libm import C_SPACE, strtol
+from .stdhash import map_order
 from .text import without_surrogates
 
 # llama.cpp token types (tokenizer.ggml.token_type) ...
@@ -154,7 +155,7 @@ PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {n: (rx, im) for names, rx, 
 _PRE_ADD_BOS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
                 "jina-v5-nano", "tekken"}
 
-# -- token texts llama.cpp's loader recognises (first match in its hash-map order; here: list order) --
+# -- token texts llama.cpp's loader recognises (of several present, the first its hash map walks: stdhash) --
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
               "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
 _AUTO_SPECIAL = {  # metadata key suffix -> token texts that stand in for it when the key is missing
@@ -333,6 +334,7 @@ class Tokenizer:
         self.add_bos, self.add_eos = add_bos, add_eos
         self.add_space_prefix = add_space_prefix
         self.eog_ids: frozenset[int] = frozenset(eog_ids)
+        self.fim_ids: dict[str, int] = {}  # fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep: those it has
         self.chat_template = chat_template
         self.token_to_id = token_to_id if token_to_id is not None else {t: i for i, t in enumerate(tokens)}
         self._scores = scores
@@ -422,6 +424,7 @@ class Tokenizer:
                   bos_id=special.get("bos"), eos_id=special.get("eos"), eot_id=special.get("eot"),
                   eom_id=special.get("eom"), unk_id=special.get("unk"), add_bos=add_bos, add_eos=add_eos,
                   add_space_prefix=add_space_prefix, eog_ids=eog, chat_template=template, token_to_id=token_to_id)
+        tok.fim_ids = {k: v for k, v in special.items() if k.startswith("fim_")}
         if not lazy:  # pay the one-time costs at load, not in the middle of the first (interactive) turn
             tok.prepare()
         return tok
@@ -705,11 +708,18 @@ def _detect_special_tokens(tokens: list[str], token_to_id: dict[str, int], attrs
     def mark_control(tid: int) -> None:
         attrs[tid] |= ATTR_CONTROL
 
+    ranks: list[np.ndarray] = []  # each token text's place in llama.cpp's token_to_id walk, computed when needed
+
     def first_present(texts: Iterable[str]) -> int | None:
-        for t in texts:
-            if t in token_to_id:
-                return token_to_id[t]
-        return None
+        present = [t for t in texts if t in token_to_id]
+        if len(present) > 1:  # llama.cpp takes the spelling its std::unordered_map walks first
+            if not ranks:
+                walk = map_order([t.encode() for t in tokens])
+                rank = np.zeros(len(tokens), np.int64)
+                rank[walk] = np.arange(len(walk))
+                ranks.append(rank)
+            present.sort(key=lambda t: ranks[0][tokens.index(t)])  # (a repeated text's node: its first id's)
+        return token_to_id[present[0]] if present else None
 
     for key, texts in (("eot", _EOT_TEXTS), *_AUTO_SPECIAL.items()):
         if key not in special:

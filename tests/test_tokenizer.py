@@ -420,6 +420,22 @@ def test_special_token_strip_rules_and_added_tokens_are_llama_cpps(variant):
         assert t.encode(text, add_special=True, parse_special=True) == want, text
 
 
+@pytest.mark.parametrize("variant", sorted(ATTRS["specials"]))
+def test_special_ids_are_llama_cpps(variant):
+    """The end-of-turn, FIM and end-of-generation ids libllama gives each variant: where several spellings of one are
+    in the vocabulary (SmolLM2's <|endoftext|> and <|im_end|>; the *-spellings variants rename tokens to more),
+    llama.cpp takes the first its std::unordered_map of the texts walks (sharpi_core.stdhash), not the first of its
+    list of spellings (which gives another id in 14 of the variants' 18 such choices, SmolLM2's <|im_end|> among
+    them)."""
+    model, keys, renames = ATTRS["variants"][variant]
+    gf = GGUFFile(model_path(model))
+    t = Tokenizer.from_gguf(_WithKeys(gf, changed_keys(gf, keys, renames)))
+    want = ATTRS["specials"][variant]
+    got = {"bos": t.bos_id, "eos": t.eos_id, "eot": t.eot_id, **t.fim_ids}
+    assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in want.items() if k != "eog"}
+    assert sorted(t.eog_ids) == want["eog"]
+
+
 @pytest.mark.parametrize("name", ALL_MODELS)
 def test_fewest_tokens_is_a_lower_bound(name):
     """fewest_tokens (what refuses a prompt too long for any context before tokenizing it) never exceeds the real

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UsageError
+from ..stdhash import buckets
 from .util import WrapsModel, common_prefix
 
 # llama.cpp's names in its priority order (common_speculative_init)
@@ -364,26 +365,12 @@ class NgramMod:
             self.n_low = 0
 
 
-# libstdc++'s std::unordered_map from empty: its bucket count once it holds at least this many elements (its prime
-# rehash policy, max load factor 1; measured with GCC 12's library)
-_GROWTH = ((1, 13), (14, 29), (30, 59), (60, 127), (128, 257), (258, 541), (542, 1109), (1110, 2357), (2358, 5087),
-           (5088, 10273), (10274, 20753), (20754, 42043), (42044, 85229), (85230, 172933), (172934, 351061))
-
-
-def _buckets(n: int) -> int:
-    b = 1
-    for size, nb in _GROWTH:
-        if n < size:
-            break
-        b = nb
-    return b
-
-
 class _Part:
     """A token -> count map that iterates as libstdc++'s std::unordered_map<llama_token, int> does (identity hash):
     ngram-cache's drafts take the first of the most frequent tokens in that order. libstdc++ keeps one list; a new
     key goes in front of its bucket's run of keys, or in front of the list when its bucket is empty, and a rehash
-    re-places every key that way in list order (checked against the library on random insertions)."""
+    re-places every key that way in list order (sharpi_core.stdhash; checked against the library on random
+    insertions). Kept key by key here: a draft reads the order between insertions."""
 
     __slots__ = ("counts", "order")
 
@@ -401,8 +388,8 @@ class _Part:
         if token in self.counts:
             self.counts[token] += 1
             return
-        nb = _buckets(len(self.order) + 1)
-        if nb != _buckets(len(self.order)):
+        nb = buckets(len(self.order) + 1)
+        if nb != buckets(len(self.order)):
             old, self.order = self.order, []
             for k in old:
                 self._place(self.order, k, nb)
