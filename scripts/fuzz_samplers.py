@@ -29,6 +29,7 @@ import random
 import subprocess
 import sys
 import tempfile
+from typing import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +53,12 @@ def _pick(rng: random.Random, *choices):
     return rng.choice(choices)
 
 
-def random_case(rng: random.Random, n_vocab: int, focus: str | None = None) -> dict:
+def random_case(rng: random.Random, n_vocab: int, focus: str | None = None, eog: Sequence[int] = ()) -> dict:
     """BASE with random changes: each field left as it is half the time, so the stages mix on and off. focus "dry":
     DRY always on, over histories that repeat (periods, repeats as long as the allowed length and longer,
-    sequence breakers of several tokens and inside the repeats)."""
+    sequence breakers of several tokens and inside the repeats). focus "infill": the infill stage somewhere after
+    top-k (before it, llama.cpp's merge loop over the whole vocabulary would take hours), end-of-generation tokens
+    (`eog`) and short tokens (low ids: prefixes of many) raised by logit biases, so each of its branches is taken."""
     c = dict(BASE)
     r = rng.random
     if r() < 0.4:
@@ -126,6 +129,17 @@ def random_case(rng: random.Random, n_vocab: int, focus: str | None = None) -> d
                                 _pick(rng, 0, 0, 1, 3, 7))
         else:
             c["history_text"] = _pick(rng, STORY * 2, CODE * 2, STORY + CODE + STORY)
+    if focus == "infill":
+        if "mirostat" in c["samplers"] or "mirostat_v2" in c["samplers"]:  # (mirostat replaces the chain)
+            c.update(samplers=list(DEFAULT), rows=1)
+        chain = [s for s in c["samplers"] if s != "top_k"]
+        first = next((i for i, s in enumerate(chain) if s not in HISTORY_SAMPLERS), len(chain))
+        chain.insert(first, "top_k")
+        chain.insert(rng.randint(first + 1, len(chain) - (chain[-1] == "adaptive_p")), "infill")  # (adaptive-p last)
+        c.update(samplers=chain, top_k=_pick(rng, 3, 10, 40, 40, 100, 300))
+        c["logit_bias"] = [b for b in c["logit_bias"] if b[1] != float("-inf") or r() < 0.5][:4]
+        c["logit_bias"] += [[t, _pick(rng, 2.0, 5.0, 8.0, 11.0, 14.0) * c["scale"]] for t in eog if r() < 0.4]
+        c["logit_bias"] += [[rng.randrange(1000), round(r() * 8 * c["scale"], 3)] for _ in range(rng.randint(0, 8))]
     return c
 
 
@@ -354,7 +368,8 @@ def main() -> None:
     ap = fuzz_args(__doc__, "libllama", 500, "cases per model")
     ap.add_argument("-m", "--model", action="append", help="registry name (default: SmolLM2 and Qwen2.5's 1.5B)")
     ap.add_argument("--batch", type=int, default=25, help="cases per libllama process")
-    ap.add_argument("--focus", choices=["dry"], help="every case with DRY on, over repeating histories")
+    ap.add_argument("--focus", choices=["dry", "infill"],
+                    help="every case with DRY on, over repeating histories; or with infill after top-k")
     ap.add_argument("--record", type=Path, help="write agreeing cases of the first model to this oracle file")
     ap.add_argument("--record-n", type=int, default=60, help="how many random ones")
     a = ap.parse_args()
@@ -365,7 +380,9 @@ def main() -> None:
         for model in models:
             oracle = Oracle(exe, model)
             rng = random.Random(f"{a.seed}:{model}")
-            cases = [(random_case(rng, oracle.tok.n_vocab, a.focus), 100_000 + rng.randrange(10**9)) for _ in range(a.runs)]
+            eog = sorted(oracle.tok.eog_ids)
+            cases = [(random_case(rng, oracle.tok.n_vocab, a.focus, eog), 100_000 + rng.randrange(10**9))
+                     for _ in range(a.runs)]
             n_bad = n_undef = n_random = 0
             if a.record and model == models[0]:
                 edges = [({**BASE, **ch}, sd) for m, sd, ch in EDGES if m == model]

@@ -5,7 +5,7 @@
  * MODEL's vocabulary only is loaded (DRY's sequence breakers are tokenized with it). Each case on
  * stdin is a block of lines:
  *   S n name...          the chain, in order (llama.cpp's common names: penalties dry top_n_sigma
- *                        top_k typ_p top_p min_p xtc temperature), then logit_bias first if any
+ *                        top_k typ_p top_p min_p xtc temperature infill), then logit_bias first if any
  *   P top_k top_p min_p typ_p top_n_sigma xtc_p xtc_t temp dyn_range dyn_exp
  *     last_n repeat freq present dry_mult dry_base dry_allowed dry_last_n
  *   B n                  DRY sequence breakers, then n lines of hex-encoded bytes
@@ -92,6 +92,7 @@ int main(int argc, char **argv) {
             else if (!strcmp(s, "min_p")) smp = llama_sampler_init_min_p(min_p, (size_t)min_keep);
             else if (!strcmp(s, "xtc")) smp = llama_sampler_init_xtc(xtc_p, xtc_t, (size_t)min_keep, 1234);
             else if (!strcmp(s, "temperature")) smp = llama_sampler_init_temp_ext(temp, dyn_range, dyn_exp);
+            else if (!strcmp(s, "infill")) smp = llama_sampler_init_infill(vocab);
             else if (!strcmp(s, "mirostat")) smp = llama_sampler_init_mirostat(nv, 1234, tau, eta, 100);
             else if (!strcmp(s, "mirostat_v2")) smp = llama_sampler_init_mirostat_v2(1234, tau, eta);
             else if (!strcmp(s, "adaptive_p")) smp = llama_sampler_init_adaptive_p(ad_target, ad_decay, 1234), adaptive = 1;

@@ -34,6 +34,10 @@ SMOL, GEMMA, QWEN = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "qwen2.5
 STORY = ("The cat sat on the mat. The cat sat on the mat.\nThe dog: \"sat on the mat\" * the cat sat on the "
          "rug. The cat sat on the mat. The cat sat on the")
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a"
+INFILL = DEFAULT[:-1] + ["infill", "temperature"]
+THE = [[" t", 6.0], [" th", 5.5], [" the", 7.0], [" them", 5.0], [" then", 4.0], [" there", 6.5], [" therefore", 3.0],
+       ["def", 5.0], [" def", 5.2]]
+CODE_PIECES = [["return", 5.0], [" return", 6.0], [" ret", 5.5], ["def", 4.0], [" def", 5.0], [" t", 3.0], [" the", 4.5]]
 # (name, model, changes to BASE)
 CASES = [
     ("typical 0.9, default chain", SMOL, dict(typical_p=0.9)),
@@ -149,6 +153,38 @@ CASES = [
                                                           seed=968059466)),
     ("mirostat 1, eta 1", SMOL, dict(samplers=["temperature", "mirostat"], mirostat_eta=1.0, rows=4, scale=1.5,
                                      seed=355677154)),
+    # infill (fill-in-the-middle): the end-of-generation tokens alone where their mass is large enough, else the
+    # prefix merges and two probability cuts; nothing left: the end-of-turn token (bias_texts: single-token texts)
+    ("infill, flat: the end token", SMOL, dict(samplers=INFILL, scale=0.8)),
+    ("infill, peaked", SMOL, dict(samplers=INFILL, scale=3.0)),
+    ("infill merges prefixes", SMOL, dict(samplers=INFILL, scale=0.5, bias_texts=THE)),
+    ("infill merges prefixes, flatter", SMOL, dict(samplers=INFILL, scale=0.3, temp=1.3,
+                                                   bias_texts=[[t, b - 1.5] for t, b in THE])),
+    ("infill: the end-of-generation tokens", SMOL, dict(samplers=INFILL, scale=1.0, logit_bias=[[2, 9.0], [0, 8.0]])),
+    ("infill: both end-of-generation tokens", SMOL, dict(samplers=INFILL, scale=1.0, logit_bias=[[2, 11.0], [0, 10.0]])),
+    ("top-k, infill: the end-of-generation tokens", SMOL, dict(samplers=["top_k", "infill", "temperature"], scale=1.0,
+                                                             logit_bias=[[2, 9.5], [0, 8.5]])),
+    ("infill: the second cut", SMOL, dict(samplers=INFILL, scale=0.2, bias_texts=[["def", 8.0], [" return", 7.3],
+                                                                                  [" while", 7.1]])),
+    ("top-k, infill: the second cut", SMOL, dict(samplers=["top_k", "infill", "temperature"], scale=0.2,
+                                                 bias_texts=[["def", 8.0], [" return", 7.5], [" while", 7.3],
+                                                             [" for", 7.2]])),
+    ("top-k, infill: the second cut of two", SMOL, dict(samplers=["top_k", "infill", "temperature"], scale=0.2,
+                                                        bias_texts=[["def", 8.0], [" return", 6.9]])),
+    ("infill at temp 0", SMOL, dict(samplers=INFILL, temp=0.0, scale=0.5, bias_texts=THE)),
+    ("infill after temperature 0", SMOL, dict(samplers=["top_k", "temperature", "infill"], temp=0.0, scale=0.5,
+                                              bias_texts=THE)),
+    ("top-k 300, infill, top-p", SMOL, dict(samplers=["top_k", "infill", "top_p", "temperature"], top_k=300,
+                                            top_p=0.9, scale=0.4, bias_texts=THE)),
+    ("top-n-sigma masks, then infill", SMOL, dict(samplers=["top_k", "top_n_sigma", "infill", "temperature"],
+                                                  top_n_sigma=0.5, scale=0.5, bias_texts=THE)),
+    ("infill, then xtc's cut", SMOL, dict(samplers=["top_k", "infill", "xtc", "temperature"], xtc_probability=1.0,
+                                          xtc_threshold=0.05, scale=0.5, bias_texts=THE)),
+    ("gemma: infill, flat: end of turn", GEMMA, dict(samplers=INFILL, scale=0.8)),
+    ("gemma: infill, end of turn wins", GEMMA, dict(samplers=INFILL, scale=1.0, logit_bias=[[106, 11.0], [1, 9.0]])),
+    ("gemma: infill merges prefixes", GEMMA, dict(samplers=INFILL, scale=0.5, bias_texts=THE)),
+    ("qwen: infill merges code", QWEN, dict(samplers=INFILL, scale=0.6, bias_texts=CODE_PIECES)),
+    ("qwen: infill, fim end tokens", QWEN, dict(samplers=INFILL, scale=1.0, logit_bias=[[151662, 11.0], [151664, 10.5]])),
 ]
 
 
@@ -179,7 +215,7 @@ def _hex(v: float) -> str:
 def sampling_params(c: dict, tok, bias: list | None = None):
     """sharpi's SamplingParams for a case (BASE's fields; its logit bias unless `bias` is given)."""
     from sharpi_core import dry
-    from sharpi_core.sampling import SamplingParams
+    from sharpi_core.sampling import InfillVocab, SamplingParams
     return SamplingParams(
         temp=c["temp"], top_k=c["top_k"], top_p=c["top_p"], min_p=c["min_p"], min_keep=c["min_keep"],
         typical_p=c["typical_p"], top_n_sigma=c["top_n_sigma"], xtc_probability=c["xtc_probability"],
@@ -189,11 +225,12 @@ def sampling_params(c: dict, tok, bias: list | None = None):
         dry_allowed_length=c["dry_allowed_length"], dry_penalty_last_n=c["dry_penalty_last_n"],
         dry_breakers=dry.breakers(tok, c["dry_sequence_breakers"]), samplers=tuple(c["samplers"]),
         logit_bias=tuple((int(t), float(b)) for t, b in (c["logit_bias"] if bias is None else bias)),
-        adaptive_target=c["adaptive_target"], adaptive_decay=c["adaptive_decay"])
+        adaptive_target=c["adaptive_target"], adaptive_decay=c["adaptive_decay"],
+        infill=InfillVocab.of(tok) if "infill" in c["samplers"] else None)
 
 
 def case_input(c: dict, tok, seed: int) -> tuple[str, list[int], list, list[np.ndarray]]:
-    """A case (BASE's fields, history_text, history_ids or the ids in history, bias_history) as llamacpp_samplers.c
+    """A case (BASE's fields, history_text, history_ids or the ids in history, bias_history, bias_texts) as llamacpp_samplers.c
     reads it, with its history, logit bias and logits rows."""
     hist = tok.encode(c["history_text"], add_special=False) if c["history_text"] else []
     if c.get("history_ids"):
@@ -201,6 +238,10 @@ def case_input(c: dict, tok, seed: int) -> tuple[str, list[int], list, list[np.n
     if c.get("history") is not None:
         hist = list(c["history"])
     bias = [[t, c["bias_history"]] for t in sorted(set(hist))] if c.get("bias_history") else c["logit_bias"]
+    for text, b in c.get("bias_texts", ()):
+        ids = tok.encode(text, add_special=False)
+        assert len(ids) == 1, f"{text!r} is not one token"
+        bias = bias + [[ids[0], b]]
     xs = [synthetic_logits(seed + 1000 * r, tok.n_vocab, c["scale"]) for r in range(c["rows"])]
     lines = [f"S {len(c['samplers'])} {' '.join(c['samplers'])}",
              "P %d %s %s %s %s %s %s %s %s %s %d %s %s %s %s %s %d %d %d" % (

@@ -212,6 +212,9 @@ def _run(o: RunOptions) -> int:
             for v in o.dry_sequence_breaker:
                 strings = [] if v == "none" else strings + [process_escapes(v) if o.escape else v]
         params = replace(params, dry_breakers=dry.breakers(tok, strings))
+    if "infill" in params.samplers:
+        from sharpi_core.sampling import InfillVocab
+        params = replace(params, infill=InfillVocab.of(tok))
 
     drafter, draft = None, None
     n_max, n_min = o.spec_draft_n_max, o.spec_draft_n_min

@@ -11,14 +11,14 @@ QUANTIZED_CACHE_TYPES = ("q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # gg
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 # --sampling-seq letters (llama.cpp's common_sampler_type_to_chr)
 SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-                 "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p"}
+                 "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p", "i": "infill"}
 # the stages that change logits from the history; they come before every filter here
 HISTORY_SAMPLERS = ("penalties", "dry")
 
 
 _NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k", "typ_p": "typ_p",
           "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature", "adaptive_p": "adaptive_p",
-          "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
+          "infill": "infill", "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
 _NAMES.update({a: c for c in list(_NAMES) if "_" in c for a in (c.replace("_", "-"), c.replace("_", ""))})
 
 
@@ -30,16 +30,14 @@ def is_sampler_name(name: str) -> bool:
 def sampler_order(names: Sequence[str]) -> tuple[str, ...]:
     """llama.cpp's --samplers / --sampling-seq entries (its names, kebab-case and dash-less aliases,
     `nucleus`, `temp`, `typ`; any case) -> the chain's stage names. ValueError for a name llama.cpp
-    does not know, for infill (not implemented), for a stage given twice, and for penalties or DRY
+    does not know, for a stage given twice, and for penalties or DRY
     after a filter (they run on the whole vocabulary before the filters here). `adaptive_p` may stand
     anywhere: it always picks the token at the end of the chain (llama.cpp's rule)."""
     out: list[str] = []
     for n in names:
         key = n.strip().lower()
-        if key in ("infill", "i"):
-            raise ValueError(f"the {key} sampler is not supported")
         if key not in _NAMES:
-            raise ValueError(f"unknown sampler '{n}' (known: {', '.join(DEFAULT_SAMPLERS)}, adaptive_p)")
+            raise ValueError(f"unknown sampler '{n}' (known: {', '.join(DEFAULT_SAMPLERS)}, adaptive_p, infill)")
         if _NAMES[key] in out:
             raise ValueError(f"{_NAMES[key]} is given twice")
         out.append(_NAMES[key])

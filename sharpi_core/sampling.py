@@ -33,6 +33,13 @@ Semantics, each as llama.cpp's src/llama-sampler.cpp:
   logits left: greedy, an exact argmax of the biased/penalized logits, when only top-k/p, min-p and
   top-n-sigma (which always keep the argmax) come before it; after typical or XTC, which may not,
   the law of that one survivor (XTC: a mixture of two), as llama.cpp's chain draws it;
+- infill (`infill` in `--samplers`, for fill-in-the-middle): sees the candidates' softmax; where the
+  end-of-generation tokens' mass is large against the rest's (3 * p_eog * n > p_text) it keeps only them;
+  otherwise each token whose text is a prefix of another's absorbs the other's probability (or is
+  absorbed, whichever is the less likely), then a text token stays only if its probability is >= 0.2
+  and, renormalized, >= 1 / (number of them + 1) (end-of-generation tokens always stay); none left:
+  the end-of-turn token (else end-of-sequence) alone. The probabilities it adds up decide only which
+  tokens stay: the draw is the softmax of their logits, as llama.cpp's `dist` recomputes it;
 - at least one candidate is always kept; `min_keep` (`--min-keep`, 0 = off) makes top-p, min-p, typical
   and XTC keep at least that many (top-k and top-n-sigma ignore it, as in llama.cpp).
 
@@ -46,9 +53,9 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -57,6 +64,22 @@ from . import dry as _dry
 from .choices import DEFAULT_SAMPLERS
 from .errors import SharpiError
 from .libm import expf, log2f, logf, logf_array, powf, top_n_sigma_cut
+
+
+@dataclass(frozen=True)
+class InfillVocab:
+    """What llama.cpp's infill sampler asks of the vocabulary: a token's text (token_to_piece without special
+    tokens' text: control tokens print nothing, so they prefix nothing), the end-of-generation ids, and the token
+    it leaves when no text is likely enough (end of turn, else end of sequence; None: neither)."""
+    piece: Callable[[int], bytes]
+    eog: frozenset[int]
+    end: int | None
+
+    @classmethod
+    def of(cls, tok) -> "InfillVocab":
+        n = tok.n_vocab  # (a model's output rows past its vocabulary are no text)
+        return cls(lambda t: tok.token_bytes(t, special=False) if t < n else b"", frozenset(tok.eog_ids),
+                   tok.eot_id if tok.eot_id is not None else tok.eos_id)
 
 
 @dataclass(frozen=True)
@@ -88,12 +111,14 @@ class SamplingParams:
     adaptive_target: float = -1.0  # adaptive-p (with "adaptive_p" in samplers): < 0 = off
     adaptive_decay: float = 0.9
     min_keep: int = 0  # top-p, min-p, typical and XTC keep at least this many candidates (llama.cpp's min_keep)
+    infill: InfillVocab | None = field(default=None, compare=False, repr=False)  # for "infill" in samplers
 
     @property
     def greedy(self) -> bool:
-        """An exact arg-max of the biased/penalized logits: temp <= 0, unless typical or XTC run before the
-        temperature stage (llama.cpp's temperature 0 keeps the best of what they leave: typical may leave
-        out the most likely token, XTC's coin cuts it at random) or dynamic temperature is on."""
+        """An exact arg-max of the biased/penalized logits: temp <= 0, unless typical, XTC or infill run before
+        the temperature stage (llama.cpp's temperature 0 keeps the best of what they leave: typical may leave
+        out the most likely token, XTC's coin cuts it at random, infill may leave end-of-generation tokens only)
+        or dynamic temperature is on."""
         if self.temp > 0:
             return False
         if self.mirostat:
@@ -101,7 +126,8 @@ class SamplingParams:
         if self.dynatemp_range > 0 or "temperature" not in self.samplers:
             return False
         before = self.samplers[: self.samplers.index("temperature")]
-        return not (("typ_p" in before and self.typical_p < 1.0) or ("xtc" in before and self.xtc_on))
+        return not (("typ_p" in before and self.typical_p < 1.0) or ("xtc" in before and self.xtc_on)
+                    or "infill" in before)
 
     @property
     def has_penalties(self) -> bool:
@@ -178,7 +204,7 @@ def describe_chain(params: SamplingParams) -> str:
         return " -> ".join(["logits"] + on + ["argmax"])
     act = {"penalties": params.has_penalties, "dry": params.has_dry, "top_n_sigma": params.top_n_sigma > 0,
            "top_k": params.top_k > 0, "typ_p": params.typical_p < 1, "top_p": params.top_p < 1,
-           "min_p": params.min_p > 0, "xtc": params.xtc_on, "temperature": True}
+           "min_p": params.min_p > 0, "xtc": params.xtc_on, "temperature": True, "infill": True}
     on = ["logit-bias"] * bool(params.logit_bias) + [s.replace("_", "-") for s in params.filters if act[s]]
     return " -> ".join(["logits"] + on + ["adaptive-p" if params.adaptive_on else "dist"])
 
@@ -415,6 +441,54 @@ def _softmax32(vals: np.ndarray, total: np.float32 | None = None) -> np.ndarray:
     return e / (np.cumsum(e, dtype=np.float32)[-1] if total is None else total)
 
 
+def _infill(idx: np.ndarray, vals: np.ndarray, vocab: InfillVocab) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's infill sampler on candidates sorted by logit (module docstring), in its float32 arithmetic and
+    order: the prefix merges run pair by pair (i0, then i1, ascending) as its double loop does, a merged-away
+    token's logit -inf; only the pairs where one text starts the other are visited (the loop's other pairs change
+    nothing), so a whole vocabulary costs the sum of its texts' lengths, not its size squared."""
+    n = vals.shape[0]
+    if n == 0 or not vals[0] > -np.inf:
+        return idx, vals
+    p = _softmax32(vals)
+    eog = np.isin(idx, np.fromiter(vocab.eog, np.int64, len(vocab.eog)))
+    p_eog = np.cumsum(p[eog], dtype=np.float32)[-1] if eog.any() else np.float32(0)
+    p_txt = np.cumsum(p[~eog], dtype=np.float32)[-1] if not eog.all() else np.float32(0)
+    if np.float32(3) * p_eog * np.float32(n) > p_txt:
+        return idx[eog], vals[eog]
+    pieces = [vocab.piece(t) for t in idx.tolist()]
+    at: dict[bytes, list[int]] = {}
+    for i, b in enumerate(pieces):
+        if b:
+            at.setdefault(b, []).append(i)
+    starts: dict[int, list[int]] = {}  # i0 -> the i1 whose text begins with i0's, ascending
+    for i1, b in enumerate(pieces):
+        for n_b in range(1, len(b) + 1):
+            for i0 in at.get(b[:n_b], ()):
+                if i0 != i1:
+                    starts.setdefault(i0, []).append(i1)
+    if starts:
+        vals, dead = vals.copy(), (vals == -np.inf).tolist()
+        for i0 in sorted(starts):
+            for i1 in starts[i0]:
+                if dead[i0]:
+                    break
+                if dead[i1]:
+                    continue
+                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)  # into the more likely one
+                p[dst] += p[src]
+                p[src], vals[src], dead[src] = 0, -np.inf, True
+    keep = (p >= np.float32(0.2)) | eog
+    n_txt = int(np.count_nonzero(keep & ~eog))
+    if n_txt == 0:
+        if vocab.end is None:  # (llama.cpp asserts)
+            raise NoDistribution()
+        return np.array([vocab.end], dtype=idx.dtype), np.array([1.0], dtype=np.float32)
+    idx, vals, eog = idx[keep], vals[keep], eog[keep]
+    p = p[keep] / np.cumsum(p[keep], dtype=np.float32)[-1]
+    keep = (p >= np.float32(1.0 / (n_txt + 1))) | eog
+    return idx[keep], vals[keep]
+
+
 def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.ndarray, np.ndarray]:
     """The filters and the temperature in `params.samplers`' order, on one row of (penalized) float32
     logits -> (token ids, probabilities float64); XTC cuts when `xtc_cut` (one side of its coin).
@@ -498,6 +572,12 @@ def _chain(x: np.ndarray, params: SamplingParams, xtc_cut: bool) -> tuple[np.nda
                 idx, vals = idx[j:j + 1], vals[j:j + 1]
             else:
                 vals = _over_temp(vals, t)
+        elif stage == "infill":
+            if params.infill is None:
+                raise ValueError("the infill stage needs the vocabulary: SamplingParams.infill = InfillVocab.of(tok)")
+            if not srt:
+                idx, vals, srt = *_sorted(idx, vals), True
+            idx, vals = _infill(idx, vals, params.infill)
     live = vals > -np.inf
     idx, vals = idx[live], vals[live].astype(np.float64)
     z = np.exp(vals - vals.max())

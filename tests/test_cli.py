@@ -1679,7 +1679,6 @@ def test_mismatched_draft_vocab_is_one_error(smol):
 @pytest.mark.parametrize("args,fragment", [
     (dict(samplers="top_k;bogus"), "unknown sampler 'bogus'"),
     (dict(samplers="top_k;Top-K"), "top_k is given twice"),
-    (dict(samplers="infill"), "the infill sampler is not supported"),
     (dict(samplers="top_k;dry"), "dry must come before the other samplers"),
     (dict(sampling_seq="kq"), "--sampling-seq 'kq': unknown letter 'q'"),
     (dict(samplers="top_k", sampling_seq="k"), "mutually exclusive"),
@@ -1713,6 +1712,9 @@ def test_sampler_order_takes_llama_cpps_names_and_letters():
     o = RunOptions(sampling_seq="edskypmxt")
     validate(o)
     assert o.samplers == ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+    for o in (RunOptions(samplers="top_k;Infill;temperature"), RunOptions(sampling_seq="kit")):
+        validate(o)
+        assert o.samplers == ("top_k", "infill", "temperature")
     # adaptive-p may be named anywhere (it draws last, as llama.cpp's), so penalties may follow it
     o = RunOptions(samplers="adaptive-p;penalties;min_p;temperature", adaptive_target=0.4)
     validate(o)
@@ -1746,6 +1748,26 @@ def test_adaptive_p_flags_say_when_they_do_nothing(capsys):
     p = SamplingParams(samplers=("min_p", "adaptive_p", "temperature"), adaptive_target=0.5)
     assert describe_chain(p) == "logits -> min-p -> temperature -> adaptive-p"
     assert describe_chain(SamplingParams(samplers=p.samplers)) == "logits -> min-p -> temperature -> dist"
+
+
+# llama-completion -m SmolLM2 -p PROMPT --samplers "top_k;infill;temperature" --temp 0 -n 40 -no-cnv (the fixtures'
+# llama.cpp, 2026-12-07): the text each run generated, ended by the end token infill leaves (temperature 0 then keeps
+# the best of what infill leaves, which is not greedy decoding's arg-max: plain greedy goes on for 40 tokens in each)
+INFILL_TEXTS = {"The capital of France is": " Paris.", "def fib(n):": "\n   "}
+
+
+@pytest.mark.parametrize("prompt", list(INFILL_TEXTS))
+def test_infill_sampler_ends_where_llama_completion_does(smol, prompt):
+    """The infill stage (--samplers ...;infill;...) at temperature 0: llama-completion's text, ended by an
+    end-of-generation token, with and without speculation."""
+    base = ("-m", smol, "-p", prompt, "-n", "40", "--temp", "0", "--samplers", "top_k;infill;temperature", "--json")
+    for extra in ((), ("--draft-lookup",), ("-md", smol, "--spec-draft-n-max", "3")):
+        r = sharpi(*base, *extra)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert (out["text"], out["stop_reason"]) == (INFILL_TEXTS[prompt], "eos"), extra
+    plain = json.loads(sharpi(*base[:-3], "--json").stdout)
+    assert plain["stop_reason"] == "n_predict"
 
 
 def test_dry_and_the_other_samplers_through_the_cli(smol):

@@ -9,7 +9,8 @@ import torch
 import sharpi_core.generate as generate_mod
 from sharpi_core.errors import SharpiError
 from sharpi_core.generate import Generator
-from sharpi_core.sampling import DEFAULT_SAMPLERS, AdaptiveP, Mirostat, NoDistribution, SamplingParams, apply_penalties, argmax, draw, filtered_probs
+from sharpi_core.sampling import (DEFAULT_SAMPLERS, AdaptiveP, InfillVocab, Mirostat, NoDistribution, SamplingParams,
+                                  apply_penalties, argmax, draw, filtered_probs)
 from sharpi_core.speculative import DraftModelDrafter, HybridDrafter, LookupDrafter
 from toy import ChainToy, ToyModel, ToyTokenizer, _next_hash, chi2_sf
 
@@ -28,6 +29,11 @@ SAMPLED_EXT = SamplingParams(temp=0.9, top_k=0, top_p=1.0, min_p=0.0, typical_p=
                              xtc_probability=0.3, xtc_threshold=0.2, dynatemp_range=0.3, dry_multiplier=0.5,
                              dry_allowed_length=1, dry_penalty_last_n=24, dry_breakers=((3, ()),),
                              samplers=("dry", "top_n_sigma", "xtc", "typ_p", "temperature"))
+# infill between top-k and the temperature: texts where some begin others (merged into the likelier), token 6 an end
+# of generation for it (it keeps only such tokens when they are likely enough), 7 what it leaves when nothing is
+INFILL = SamplingParams(temp=1.2, top_k=8, top_p=1.0, min_p=0.0, samplers=("top_k", "infill", "temperature"),
+                        infill=InfillVocab((b"a", b"ab", b"b", b"abc", b"c", b"ca", b"", b"d").__getitem__,
+                                           frozenset({6}), 7))
 # repetitive, so prompt lookup finds n-grams
 PROMPT = [0, 1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 2, 3, 4, 5, 0, 1, 2, 3, 4]
 
@@ -428,10 +434,10 @@ N_LONG = 3000
 @pytest.mark.parametrize("kind,params,n_max", [("model", SAMPLED_PEN, 4), ("lookup", SAMPLED_PEN, 3),
                                                ("wide", SAMPLED, 3), ("model", SAMPLED, 8), ("model-sure", SAMPLED, 8),
                                                ("model", SAMPLED_EXT, 4), ("lookup", SAMPLED_EXT, 3),
-                                               ("hybrid", SAMPLED_PEN, 4)],
+                                               ("hybrid", SAMPLED_PEN, 4), ("model", INFILL, 4), ("lookup", INFILL, 3)],
                          ids=["model-penalties-k4", "lookup-penalties-k3", "wide-vocab-k3", "model-k8",
                               "model-k8-never-unsure", "model-dry-xtc-typical-k4", "lookup-dry-xtc-typical-k3",
-                              "hybrid-penalties-k4"])
+                              "hybrid-penalties-k4", "model-infill-k4", "lookup-infill-k3"])
 def test_sampled_generation_follows_the_target(kind, params, n_max):
     res = long_run(kind, params, N_LONG, n_max, seed=31)
     s = res.spec
