@@ -30,6 +30,12 @@ CASES = [
      "List three colors.\\\nThen three fruits.\nThanks!/\n"),
     # -mli: lines go on until one ends in '\'
     ("multiline", SMOL, ["-mli", "-n", "24", "-c", "512"], "Write a haiku\nabout rain.\\\nAnother one.\\\n"),
+    # -r: a reply -n ends while its text may be beginning the stop string loses the text held back for it (from the
+    # token that began it: " France is" here); one an end-of-generation token ends shows it ("Paris." of "Paris.\n")
+    ("stop-held-at-limit", SMOL, ["-sys", "Be brief.", "-n", "5", "-c", "512", "-r", " France is Paris!"],
+     "What is the capital of France?\nAnd of Italy?\n"),
+    ("stop-held-at-end", SMOL, ["-sys", "Be brief.", "-n", "32", "-c", "512", "-r", "Paris.\n"],
+     "What is the capital of France?\nAnd of Italy?\n"),
     # the Qwen template over two turns and a /regen of the second
     ("qwen-turns", QWEN, ["-sys", "You answer with code only.", "-n", "48", "-c", "512"],
      "Reverse a string in Python.\nNow in C.\n/regen\n"),

@@ -229,40 +229,27 @@ class ReplyView:
 
     def __init__(self, out, tags: tuple[str, str] | None, prompt: str, color: bool, stops=()):
         """prompt: the rendered conversation the reply follows (its generation prompt may open the block);
-        stops: -r's strings, where the reply ends unshown (llama-cli's server cuts its stop words off the text), text
-        that may begin one waiting until the next piece tells."""
+        stops: -r's strings, where the reply ends unshown (StopScan: llama-cli's server's rules)."""
         from sharpi_core.reasoning import ReasoningStream, opens_block
         self.out, self.color = out, color
         self.stream = ReasoningStream(tags, opens_block(prompt, tags)) if tags else None
         self.kind = "content"
         self.newline = True  # whether what is shown ends a line
-        self.stops = [s for s in stops if s]
-        self.held, self.stopped = "", False
+        self.scan = StopScan(stops)
 
     def write(self, piece: str) -> None:
-        if self.stops:
-            piece = self._before_stop(piece)
-        if piece:
-            self._show(self.stream.feed(piece) if self.stream else [("content", piece)])
+        self._content(self.scan.feed(piece))
 
-    def _before_stop(self, piece: str) -> str:
-        from sharpi_core.reasoning import partial_tail
-        if self.stopped:
-            return ""
-        text = self.held + piece
-        at = stop_at(text, self.stops)
-        if at is not None:
-            self.held, self.stopped = "", True
-            return text[:at]
-        keep = max(partial_tail(text, s) for s in self.stops)
-        self.held = text[len(text) - keep:]
-        return text[:len(text) - keep]
+    def _content(self, text: str) -> None:
+        if text:
+            self._show(self.stream.feed(text) if self.stream else [("content", text)])
 
-    def close(self) -> None:
-        """The reply's end (or its interruption): what was held back, and the colors reset."""
-        held, self.held = self.held, ""
-        if held:  # (no stop string after all)
-            self._show(self.stream.feed(held) if self.stream else [("content", held)])
+    def close(self, end_of_generation: bool = False) -> None:
+        """The reply's end (or its interruption), the colors reset; text held back for a stop string that may have
+        begun is shown only where an end-of-generation token ended the reply (llama-cli's server sends it then; a
+        reply -n, the context or Ctrl-C ends never sends it)."""
+        if end_of_generation:
+            self._content(self.scan.feed("", end_of_generation=True))
         if self.stream:
             self._show(self.stream.finish())
         if self.kind == "reasoning" and self.color:
@@ -591,13 +578,13 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
                 continue
             if out and line is not None:  # (a message refused above was not sent: not in the transcript)
                 out.write(f"User:\n{turn[-1]['content']}\n\n")
-            view = ReplyView(sys.stdout, tags, text, color, o.reverse_prompt)
+            view, res = ReplyView(sys.stdout, tags, text, color, o.reverse_prompt), None
             try:  # (stop strings in the reply only, not begun in the template's text before it)
                 res = gen.generate(ids, n_predict=o.n_predict, stop_strings=list(o.reverse_prompt),
                                    on_text=view.write, should_stop=stop, stop_tokens=stop_tokens, stops_in_prompt=False,
                                    drop_partial_char=True)
             finally:
-                view.close()
+                view.close(res is not None and res.stop_reason == "eos")
         sys.stdout.write("\n")
         sys.stdout.flush()
         if res.stop_reason == "interrupted":
@@ -605,7 +592,7 @@ def chat_loop(o, target, gen, n_ctx: int, first_message: str | None = None) -> i
         elif res.stop_reason == "ctx_full":
             log(f"[the context ({n_ctx} tokens) is full: the reply was cut; /clear starts over]")
         # (with -sp the shown text has the control tokens; the conversation keeps the reply's own text)
-        reply = reply_text(tok, res, o.special, o.reverse_prompt)
+        reply = reply_text(tok, res, o.reverse_prompt)
         messages = [*turn, assistant_message(reply, tags, text)]
         if out:
             out.write(transcript_reply(messages[-1]))
@@ -648,18 +635,48 @@ def check_system_prompt_fits(o, tok, n_ctx: int) -> None:
                          f"room for a message and a reply in the context of {n_ctx}; raise -c/--ctx-size")
 
 
-def stop_at(text: str, stops) -> int | None:
-    """Where the first of the stop strings found in text begins (None: none is)."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(found) if found else None
+class StopScan:
+    """-r's stop strings on a reply's text as llama-cli's server applies them, token by token: it sends a token's
+    text, and what it held back before, unless that text ends with the beginning of a stop string (then it holds it
+    all back, to see what the next token brings); a stop string within the text not sent, starting within its last
+    token's and the string's length, cuts the text there and ends it; an end-of-generation token sends what was held
+    back, but a reply that -n (or the context) ends never sends it. feed() returns the text sent; a piece is the text
+    one token completes ("" inside a character: the server waits for the whole character)."""
+
+    def __init__(self, stops=()):
+        self.stops = [s for s in stops if s]
+        self.held, self.stopped = "", False
+
+    def feed(self, piece: str, end_of_generation: bool = False) -> str:
+        if self.stopped:
+            return ""
+        text = self.held + piece
+        found = [i for i in (text.find(s, max(0, len(text) - len(s) - len(piece))) for s in self.stops) if i >= 0]
+        if found:
+            self.held, self.stopped = "", True
+            return text[:min(found)]
+        if not end_of_generation and any(_ends_with_start(text, s) for s in self.stops):
+            self.held = text
+            return ""
+        self.held = ""
+        return text
 
 
-def reply_text(tok, res, special: bool, stops=()) -> str:
-    """A reply as the conversation keeps it: without control tokens, which -sp shows in res.text; one a stop string
-    (-r) ended, up to where it begins (llama-cli's server cuts it off)."""
-    text = tok.decode(res.tokens, skip_special=True, drop_partial_char=True) if special else res.text
-    at = stop_at(text, stops) if res.stop_reason == "stop_string" else None
-    return text if at is None else text[:at]
+def _ends_with_start(text: str, stop: str) -> bool:
+    """Whether text ends with a beginning of stop (llama.cpp's string_find_partial_stop finds one)."""
+    return any(text.endswith(stop[:n]) for n in range(1, len(stop)))
+
+
+def reply_text(tok, res, stops=()) -> str:
+    """A reply as the conversation keeps it: the text llama-cli's server sent (StopScan: a stop string and what
+    follows it cut off, text held back for one that may have begun dropped unless an end-of-generation token ended
+    the reply; a character the reply ended inside dropped), without control tokens (which -sp shows)."""
+    from sharpi_core.tokenizer import StreamDecoder
+    scan, dec = StopScan(stops), StreamDecoder(tok, False)
+    parts = [scan.feed(dec.push(t)) for t in res.tokens]
+    if res.stop_reason == "eos" and not dec.flush():  # (inside a character the server sends nothing)
+        parts.append(scan.feed("", end_of_generation=True))
+    return "".join(parts)
 
 
 class Transcript:

@@ -342,6 +342,7 @@ def _run(o: RunOptions) -> int:
             out.flush()
 
     from .chat import Interrupt
+    res = None
     with Interrupt() as stop:
         try:
             # (a chat turn's stop strings lie in the reply, not begun in the template's text: llama-cli's)
@@ -350,12 +351,12 @@ def _run(o: RunOptions) -> int:
                                stops_in_prompt=not o.single_turn)
         finally:
             if view is not None:
-                view.close()
+                view.close(res is not None and res.stop_reason == "eos")
     if o.single_turn and o.output_file:  # -o: the turn as llama-cli's transcript has it
         from .chat import assistant_message, open_transcript, reply_tags, reply_text, transcript_reply
         with open_transcript(o) as t:
             t.write(f"User:\n{prompt}\n\n")
-            t.write(transcript_reply(assistant_message(reply_text(tok, res, o.special, o.reverse_prompt),
+            t.write(transcript_reply(assistant_message(reply_text(tok, res, o.reverse_prompt),
                                                        reply_tags(o, tok), text)))
     if o.json_out:
         d = result_json(res, target, seed)
