@@ -186,21 +186,43 @@ def test_templates_are_patched_as_llama_cpp_patches_them():
 
 def test_a_reply_view_ends_where_a_stop_string_begins():
     """-r in a chat (llama-cli's server cuts its stop words off): the reply is shown up to where a stop string
-    begins, however the pieces cut it; text that only began like one is shown once the next piece (or the
-    reply's end) tells."""
+    begins, however the pieces cut it; text that only began like one is held back from the piece that began it, and
+    shown if an end-of-generation token ends the reply, not if -n (or the context) does."""
     import io
     import random
-    from sharpi_cli.chat import ReplyView, stop_at
+    from sharpi_cli.chat import ReplyView
     reply = "The answer to this classic math problem is 4."
     rng = random.Random(0)
     for stops, shown in ((["classic"], "The answer to this "), (["clash", "is 4"], "The answer to this classic math problem "),
-                         (["cla", "answer"], "The "), (["zzz", "4.!"], reply)):
+                         (["cla", "answer"], "The "), (["zzz", "4.!"], None)):
         for _ in range(50):
             cuts = sorted(rng.sample(range(1, len(reply)), 6))
-            out = io.StringIO()
-            view = ReplyView(out, None, "", False, stops)
-            for a, b in zip([0, *cuts], [*cuts, len(reply)]):
-                view.write(reply[a:b])
-            view.close()
-            assert out.getvalue() == shown, (stops, cuts)
-    assert stop_at("a b c", ["c", "b"]) == 2 and stop_at("abc", ["x", ""]) is None
+            for end_of_generation in (False, True):
+                out = io.StringIO()
+                view = ReplyView(out, None, "", False, stops)
+                for a, b in zip([0, *cuts], [*cuts, len(reply)]):
+                    view.write(reply[a:b])
+                view.close(end_of_generation)
+                if shown is not None:
+                    want = shown
+                elif end_of_generation:
+                    want = reply
+                else:  # (up to the piece that holds the "4" that may begin "4.!")
+                    want = reply[:max(c for c in [0, *cuts] if c <= reply.index("4."))]
+                assert out.getvalue() == want, (stops, cuts, end_of_generation)
+
+
+def test_stop_scan_holds_back_by_tokens_as_llama_cli_s_server():
+    """StopScan on a reply's token pieces: what llama-cli's server sends (server-context.cpp's process_token)."""
+    from sharpi_cli.chat import StopScan
+    s = StopScan(["<|im_end|>"])
+    # the whole piece "!<" is held once its text ends like the stop string's beginning, not just "<"
+    assert [s.feed(p) for p in ("Thanks", "!<", "|", "im")] == ["Thanks", "", "", ""]
+    assert s.feed("", end_of_generation=True) == "!<|im"  # (an end of generation sends it)
+    s = StopScan(["<|im_end|>", "sun"])
+    assert [s.feed(p) for p in ("a <", "|x", " su", "nny")] == ["", "a <|x", "", " "] and s.stopped
+    assert s.feed("more") == "" and s.feed("", end_of_generation=True) == ""
+    # a stop string is looked for within the text not yet sent, from its last piece's and the string's length back
+    s = StopScan(["ab"])
+    assert [s.feed(p) for p in ("xa", "yab")] == ["", "xay"] and s.stopped
+    assert StopScan([""]).feed("text") == "text" and StopScan().feed("x", end_of_generation=True) == "x"
