@@ -1,6 +1,6 @@
 """Record llama.cpp's sampler chain on synthetic logits (tests/data/llamacpp_samplers.json): for each
 case below, the candidates llama.cpp's samplers leave (top-n-sigma, typical, XTC, dynamic
-temperature, DRY with its sequence breakers, penalties, logit bias, orders given by --samplers) and
+temperature, DRY with its sequence breakers, penalties, logit bias, infill, orders given by --samplers) and
 their logits after the chain, as scripts/llamacpp_samplers.c gets them from libllama.
 
     python scripts/llamacpp_samplers.py SRC_DIR BIN_DIR
