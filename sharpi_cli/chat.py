@@ -648,6 +648,7 @@ class StopScan:
         self.held, self.stopped = "", False
 
     def feed(self, piece: str, end_of_generation: bool = False) -> str:
+        from sharpi_core.reasoning import partial_tail  # (llama.cpp's string_find_partial_stop)
         if self.stopped:
             return ""
         text = self.held + piece
@@ -655,16 +656,11 @@ class StopScan:
         if found:
             self.held, self.stopped = "", True
             return text[:min(found)]
-        if not end_of_generation and any(_ends_with_start(text, s) for s in self.stops):
+        if not end_of_generation and any(partial_tail(text, s) for s in self.stops):
             self.held = text
             return ""
         self.held = ""
         return text
-
-
-def _ends_with_start(text: str, stop: str) -> bool:
-    """Whether text ends with a beginning of stop (llama.cpp's string_find_partial_stop finds one)."""
-    return any(text.endswith(stop[:n]) for n in range(1, len(stop)))
 
 
 def reply_text(tok, res, stops=()) -> str:

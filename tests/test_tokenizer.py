@@ -407,15 +407,20 @@ from llamacpp_special_attrs import changed_keys  # noqa: E402
 ATTRS = json.loads((Path(__file__).parent / "data" / "llamacpp_special_attrs.json").read_text())
 
 
+def _variant_tokenizer(variant: str) -> Tokenizer:
+    """The tokenizer of one of scripts/llamacpp_special_attrs.py's vocabulary variants (a model's metadata changed)."""
+    model, keys, renames = ATTRS["variants"][variant]
+    gf = GGUFFile(model_path(model))
+    return Tokenizer.from_gguf(_WithKeys(gf, changed_keys(gf, keys, renames)))
+
+
 @pytest.mark.parametrize("variant", sorted(ATTRS["ids"]))
 def test_special_token_strip_rules_and_added_tokens_are_llama_cpps(variant):
     """llama.cpp strips the spaces after every special token of a "phi-3" model (but <unk>, <s>, <|endoftext|>), before
     "[MASK]" of a "modern-bert" one and "<mask>" of the jina-v2 pre-tokenizers, and appends EOS where add_eos_token is
     set: the same metadata (SmolLM2's and Gemma 3's vocabularies renamed, scripts/llamacpp_special_attrs.py) gives
     libllama's ids, special tokens parsed and added."""
-    model, keys, renames = ATTRS["variants"][variant]
-    gf = GGUFFile(model_path(model))
-    t = Tokenizer.from_gguf(_WithKeys(gf, changed_keys(gf, keys, renames)))
+    t = _variant_tokenizer(variant)
     for text, want in zip(ATTRS["texts"], ATTRS["ids"][variant]):
         assert t.encode(text, add_special=True, parse_special=True) == want, text
 
@@ -427,9 +432,7 @@ def test_special_ids_are_llama_cpps(variant):
     llama.cpp takes the first its std::unordered_map of the texts walks (sharpi_core.stdhash), not the first of its
     list of spellings (which gives another id in 14 of the variants' 18 such choices, SmolLM2's <|im_end|> among
     them)."""
-    model, keys, renames = ATTRS["variants"][variant]
-    gf = GGUFFile(model_path(model))
-    t = Tokenizer.from_gguf(_WithKeys(gf, changed_keys(gf, keys, renames)))
+    t = _variant_tokenizer(variant)
     want = ATTRS["specials"][variant]
     got = {"bos": t.bos_id, "eos": t.eos_id, "eot": t.eot_id, **t.fim_ids}
     assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in want.items() if k != "eog"}
