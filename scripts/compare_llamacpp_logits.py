@@ -49,13 +49,16 @@ def build(src: Path, bin_dir: Path, dest: Path, program: str = "llamacpp_logits"
     return exe
 
 
-def oracle_args(doc: str, out_name: str) -> argparse.Namespace:
-    """The arguments of the scripts that record a llama.cpp oracle in tests/data: SRC BIN [-o OUT] [-t N]."""
+def oracle_args(doc: str, out_name: str, more=None) -> argparse.Namespace:
+    """The arguments of the scripts that record a llama.cpp oracle in tests/data: SRC BIN [-o OUT] [-t N], and
+    what more(parser) adds."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", type=Path, help="llama.cpp source tree")
     ap.add_argument("bin", type=Path, help="llama.cpp build dir holding libllama")
     ap.add_argument("-o", "--out", type=Path, default=ROOT / "tests" / "data" / out_name)
     ap.add_argument("-t", type=int, default=2)
+    if more is not None:
+        more(ap)
     return ap.parse_args()
 
 

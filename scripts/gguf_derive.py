@@ -91,6 +91,10 @@ fixed, smooth values (no random generator: the same file on every machine):
           post_attention_norm (Qwen3.5 GGUFs' name); one more block, the MTP layer (_qwen35_mtp_tensors,
           nextn_predict_layers 1): the source's last layer as a gated attention layer, a fixed Q8_0 eh_proj mixing
           the normed embedding (0.4) and hidden row (0.8), enorm, hnorm, shared_head_norm
+  qwen35moe general.architecture qwen35moe (keys renamed; Qwen3.5 / 3.6 mixtures of experts): qwen35's layers and MTP
+          block, each FFN qwen3moe's experts (renormalized weights; ffn_down times QWEN35MOE_DOWN_SCALE) beside
+          qwen2moe's gated shared expert; the even layers' expert gate and up rows fused (ffn_gate_up_exps); no
+          feed_forward_length (see QWEN35MOE_KV)
   mixed   still llama, types mixed within the pairs sharpi multiplies as one (q and k, gate and up): attn_k requantized
           to Q8_0 beside the Q4_1 attn_q (llama.cpp's Q4_K_M does so for an 8-expert model), ffn_up to Q5_0 on the even
           layers and ffn_gate to Q8_0 on the odd ones (gguf.quants' quantizers, from the Q4_1 values)
@@ -117,7 +121,8 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
-            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4", "qwen35", "mixed")
+            "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4", "qwen35", "mixed",
+            "qwen35moe")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -166,6 +171,13 @@ QWEN35_ATTN_EVERY = 4
 QWEN35_KV = {"full_attention_interval": QWEN35_ATTN_EVERY, "rope.dimension_count": 32, "ssm.conv_kernel": 4,
              "ssm.state_size": 64, "ssm.group_count": 3, "ssm.time_step_rank": 9, "ssm.inner_size": 576}
 QWEN35_SECTIONS = [6, 5, 5, 0]
+# qwen35moe: qwen35's layers with qwen3moe's experts (renormalized weights: ffn_down times QWEN35MOE_DOWN_SCALE) and
+# qwen2moe's gated shared expert (the whole dense FFN); no feed_forward_length (optional in llama.cpp: the widths
+# have keys of their own); the even layers' expert gate and up rows in one ffn_gate_up_exps, as
+# `convert_hf_to_gguf.py --fuse-gate-up-exps` writes them (the MTP block's apart)
+QWEN35MOE_DOWN_SCALE = 2.0
+QWEN35MOE_KV = {**QWEN35_KV, **MOE_KV, "expert_feed_forward_length": MOE_FF,
+                "expert_shared_feed_forward_length": QWEN2MOE_SHEXP_FF, "feed_forward_length": None}
 # lfm2: the layers that are short-convolution blocks (i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1), the convolution's width
 LFM2_CONV_EVERY, LFM2_L_CACHE = 3, 3
 Q = gguf.GGMLQuantizationType
@@ -258,17 +270,24 @@ def _router_weight(n_embd: int, layer: int) -> np.ndarray:
     return (0.1 * np.sin(0.173 * (e + 1) * d + 0.7 * e + 0.31 * layer)).astype(np.float32)
 
 
-def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, down_scale: float = MOE_DOWN_SCALE) -> None:
-    """Layer `layer`'s dense FFN as MOE_EXPERTS experts (rows / columns of whole blocks, bytes as they are;
-    ffn_down's block scales times down_scale, a power of two)."""
-    p = f"blk.{layer}."
+def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, down_scale: float = MOE_DOWN_SCALE,
+                 dst: int | None = None, fused: bool = False) -> None:
+    """Layer `layer`'s dense FFN as MOE_EXPERTS experts of layer `dst` (default the same; rows / columns of whole
+    blocks, bytes as they are; ffn_down's block scales times down_scale, a power of two); fused: each expert's gate
+    rows then its up rows in one ffn_gate_up_exps."""
+    p, d = f"blk.{layer}.", f"blk.{layer if dst is None else dst}."
     gate, up, down = (tensors[p + n] for n in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))
     n_ff, n_embd = int(gate.shape[1]), int(gate.shape[0])
     if n_ff != MOE_EXPERTS * MOE_FF:
         raise SystemExit(f"{p}ffn_gate: {n_ff} rows, not {MOE_EXPERTS} experts of {MOE_FF}")
-    for t, name in ((gate, "ffn_gate_exps"), (up, "ffn_up_exps")):  # [E, MOE_FF, row bytes]: the rows in turn
-        raw = np.asarray(t.data)
-        w.add_tensor(p + name + ".weight", raw.reshape(MOE_EXPERTS, MOE_FF, raw.shape[-1]), raw_dtype=t.tensor_type)
+    per_expert = [np.asarray(t.data).reshape(MOE_EXPERTS, MOE_FF, -1) for t in (gate, up)]  # [E, MOE_FF, row bytes]
+    if fused:
+        if gate.tensor_type != up.tensor_type:
+            raise SystemExit(f"{p}: gate and up of one type are needed to fuse them as they are")
+        w.add_tensor(d + "ffn_gate_up_exps.weight", np.concatenate(per_expert, axis=1), raw_dtype=gate.tensor_type)
+    else:
+        for t, raw, name in zip((gate, up), per_expert, ("ffn_gate_exps", "ffn_up_exps")):
+            w.add_tensor(d + name + ".weight", raw, raw_dtype=t.tensor_type)
     raw = np.asarray(down.data)  # [n_embd, row bytes]: expert e's columns are a run of whole blocks of each row
     block, size = gguf.GGML_QUANT_SIZES[down.tensor_type]
     if MOE_FF % block:
@@ -277,9 +296,9 @@ def _moe_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, down_scale: floa
     if down.tensor_type != Q.Q4_1:
         raise SystemExit(f"{p}ffn_down: Q4_1 blocks are needed (their scales are rescaled in place)")
     blocks = raw.reshape(n_embd, MOE_EXPERTS, per // size, size).transpose(1, 0, 2, 3)
-    w.add_tensor(p + "ffn_down_exps.weight", _scale_q4_1(blocks, down_scale, p + "ffn_down").reshape(
+    w.add_tensor(d + "ffn_down_exps.weight", _scale_q4_1(blocks, down_scale, p + "ffn_down").reshape(
         MOE_EXPERTS, n_embd, per), raw_dtype=down.tensor_type)
-    w.add_tensor(p + "ffn_gate_inp.weight", _router_weight(n_embd, layer))
+    w.add_tensor(d + "ffn_gate_inp.weight", _router_weight(n_embd, layer if dst is None else dst))
 
 
 def _scale_q4_1(blocks: np.ndarray, scale: float, name: str) -> np.ndarray:
@@ -293,10 +312,11 @@ def _scale_q4_1(blocks: np.ndarray, scale: float, name: str) -> np.ndarray:
 
 
 def _shared_expert_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, down_scale: float = 1.0,
-                           gate_amp: float | None = None) -> None:
-    """A shared expert for layer `layer` (see the qwen2moe and granitemoe variants): the dense FFN's tensors
-    (ffn_down's Q4_1 block scales times down_scale), and the logit row of its sigmoid gate when gate_amp is given."""
-    p = f"blk.{layer}."
+                           gate_amp: float | None = None, dst: int | None = None) -> None:
+    """A shared expert for layer `dst` (default `layer`; see the qwen2moe and granitemoe variants): layer `layer`'s
+    dense FFN tensors (ffn_down's Q4_1 block scales times down_scale), and the logit row of its sigmoid gate when
+    gate_amp is given."""
+    p, d = f"blk.{layer}.", f"blk.{layer if dst is None else dst}."
     for name in ("ffn_gate", "ffn_up", "ffn_down"):
         t = tensors[p + name + ".weight"]
         raw = np.asarray(t.data)
@@ -304,10 +324,10 @@ def _shared_expert_tensors(w: gguf.GGUFWriter, tensors: dict, layer: int, down_s
             if t.tensor_type != Q.Q4_1:
                 raise SystemExit(f"{p}ffn_down: Q4_1 blocks are needed (their scales are rescaled in place)")
             raw = _scale_q4_1(raw.reshape(raw.shape[0], -1, 20), down_scale, p + name).reshape(raw.shape)
-        w.add_tensor(p + name + "_shexp.weight", raw, raw_dtype=t.tensor_type)
+        w.add_tensor(d + name + "_shexp.weight", raw, raw_dtype=t.tensor_type)
     if gate_amp is not None:
         n_embd = int(tensors[p + "ffn_gate.weight"].shape[0])
-        w.add_tensor(p + "ffn_gate_inp_shexp.weight", _smooth(n_embd, layer, 9.0, gate_amp))
+        w.add_tensor(d + "ffn_gate_inp_shexp.weight", _smooth(n_embd, layer if dst is None else dst, 9.0, gate_amp))
 
 
 def _smooth(n: int, layer: int, phase: float, amp: float, offset: float = 0.0) -> np.ndarray:
@@ -469,7 +489,7 @@ def copy_kv(r, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None =
     """Every metadata key of r (a gguf.GGUFReader, or sharpi's GGUFFile: its reader decodes a 262k-token
     vocabulary in a fraction of a second, the stock one in ~9 s) into w (the writer's own GGUF.* and
     architecture excepted), under rename(key), with values[new key] instead of the value where given;
-    returns {new key: value}."""
+    returns {new key: value}. A value of None leaves the key out."""
     out, values = {}, values or {}
     fields = r.reader.fields if hasattr(r, "reader") else r.fields
     get = r.get if hasattr(r, "reader") else (lambda key: fields[key].contents())
@@ -477,6 +497,8 @@ def copy_kv(r, w: gguf.GGUFWriter, rename=lambda key: key, values: dict | None =
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         types, name = list(f.types), rename(key)
+        if name in values and values[name] is None:
+            continue
         value = out[name] = values[name] if name in values else get(key)
         if isinstance(value, list) and types[0] != VT.ARRAY:  # (lfm2: a per-layer array for a scalar)
             types = [VT.ARRAY, VT.UINT32]
@@ -499,8 +521,9 @@ def finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
-def _qwen35_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, n_head: int) -> None:
-    """qwen35's tensors from a llama GGUF's (see the qwen35 variant)."""
+def _qwen35_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, n_head: int,
+                    moe: bool = False) -> None:
+    """qwen35's tensors from a llama GGUF's (see the qwen35 variant; moe: qwen35moe's)."""
     tensors = {t.name: t for t in r.tensors}
     for t in r.tensors:
         if not t.name.startswith("blk."):
@@ -510,6 +533,9 @@ def _qwen35_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot
         p = f"blk.{layer}."
         if kind == "ffn_norm.weight":
             w.add_tensor(p + "post_attention_norm.weight", np.asarray(t.data))
+        elif moe and kind in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"):
+            if kind == "ffn_down.weight":
+                _qwen35moe_ffn(w, tensors, layer, layer, fused=layer % 2 == 0)
         elif kind.startswith(("ffn_", "attn_norm.")):
             add_tensor_as_is(w, t)
         elif layer % QWEN35_ATTN_EVERY != QWEN35_ATTN_EVERY - 1:
@@ -534,19 +560,29 @@ def _gated_q(w: gguf.GGUFWriter, p: str, t, layer: int, head_dim: int, n_rot: in
     w.add_tensor(p + "attn_k_norm.weight", _norm_weight(head_dim, layer, 2.0))
 
 
-def _qwen35_mtp_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, n_head: int) -> None:
+def _qwen35moe_ffn(w: gguf.GGUFWriter, tensors: dict, layer: int, dst: int, fused: bool) -> None:
+    """Layer `dst`'s qwen35moe FFN from layer `layer`'s dense one: experts and a gated shared expert."""
+    _moe_tensors(w, tensors, layer, QWEN35MOE_DOWN_SCALE, dst=dst, fused=fused)
+    _shared_expert_tensors(w, tensors, layer, gate_amp=QWEN2MOE_GATE_AMP, dst=dst)
+
+
+def _qwen35_mtp_tensors(w: gguf.GGUFWriter, r: gguf.GGUFReader, head_dim: int, n_rot: int, n_head: int,
+                        moe: bool = False) -> None:
     """The MTP block after the qwen35 derivative's layers (see the qwen35 variant): the source's last layer as a gated
-    attention layer, eh_proj mixing the normed embedding and hidden row (Q8_0), enorm, hnorm, shared_head_norm."""
+    attention layer, eh_proj mixing the normed embedding and hidden row (Q8_0), enorm, hnorm, shared_head_norm;
+    moe: its FFN as qwen35moe's."""
     tensors = {t.name: t for t in r.tensors}
     last = max(int(t.name.split(".")[1]) for t in r.tensors if t.name.startswith("blk."))
     p, b = f"blk.{last}.", f"blk.{last + 1}."
     _gated_q(w, b, tensors[p + "attn_q.weight"], last + 1, head_dim, n_rot, n_head)
     t = tensors[p + "attn_k.weight"]
     w.add_tensor(b + "attn_k.weight", _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
-    for src, dst in (("attn_v", "attn_v"), ("attn_output", "attn_output"), ("ffn_gate", "ffn_gate"),
-                     ("ffn_up", "ffn_up"), ("ffn_down", "ffn_down"), ("attn_norm", "attn_norm"),
+    ffn = () if moe else (("ffn_gate", "ffn_gate"), ("ffn_up", "ffn_up"), ("ffn_down", "ffn_down"))
+    for src, dst in (("attn_v", "attn_v"), ("attn_output", "attn_output"), *ffn, ("attn_norm", "attn_norm"),
                      ("ffn_norm", "post_attention_norm")):
         add_tensor_as_is(w, tensors[p + src + ".weight"], b + dst + ".weight")
+    if moe:
+        _qwen35moe_ffn(w, tensors, last, last + 1, fused=False)
     n_embd = int(tensors[p + "attn_norm.weight"].shape[0])
     i = np.arange(n_embd, dtype=np.float64)[:, None]
     j = np.arange(2 * n_embd, dtype=np.float64)[None, :]
@@ -625,7 +661,7 @@ def derive(variant: str, src: str, dst: str) -> None:
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
                 "granitemoe": "granitemoe", "exaone": "exaone", "olmo2": "olmo2", "exaone4": "exaone4",
                 "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss",
-                "qwen2moe": "qwen2moe", "qwen35": "qwen35"}.get(variant, arch)
+                "qwen2moe": "qwen2moe", "qwen35": "qwen35", "qwen35moe": "qwen35moe"}.get(variant, arch)
     moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
@@ -636,23 +672,23 @@ def derive(variant: str, src: str, dst: str) -> None:
     values = {"general.name": name} if name else {}
     extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV,
              "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}, "qwen2moe": QWEN2MOE_KV,
-             "granitemoe": GRANITEMOE_KV, "qwen35": QWEN35_KV}.get(variant, {})
+             "granitemoe": GRANITEMOE_KV, "qwen35": QWEN35_KV, "qwen35moe": QWEN35MOE_KV}.get(variant, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
     if moe:  # (qwen3moe and gpt-oss read their own key; llama's experts have feed_forward_length rows)
         key = "expert_feed_forward_length" if variant in ("qwen3moe", "gpt-oss", "qwen2moe") else "feed_forward_length"
         values[f"{new_arch}.{key}"] = MOE_FF
-    if variant == "qwen35":  # (one more block: the MTP layer, _qwen35_mtp_tensors)
-        values["qwen35.block_count"] = int(gf.arch_get("block_count")) + 1
-        values["qwen35.nextn_predict_layers"] = 1
+    if variant in ("qwen35", "qwen35moe"):  # (one more block: the MTP layer, _qwen35_mtp_tensors)
+        values[f"{new_arch}.block_count"] = int(gf.arch_get("block_count")) + 1
+        values[f"{new_arch}.nextn_predict_layers"] = 1
     if variant == "lfm2":
         n_layer, n_kv = int(gf.arch_get("block_count")), int(gf.arch_get("attention.head_count_kv"))
         values["lfm2.attention.head_count_kv"] = [0 if i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1 else n_kv for i in range(n_layer)]
         values["lfm2.shortconv.l_cache"] = LFM2_L_CACHE
     kv = copy_kv(gf, w, rename, values)
-    if variant == "qwen35":
-        w.add_key_value("qwen35.rope.dimension_sections", QWEN35_SECTIONS, VT.ARRAY, sub_type=VT.INT32)
+    if variant in ("qwen35", "qwen35moe"):
+        w.add_key_value(f"{new_arch}.rope.dimension_sections", QWEN35_SECTIONS, VT.ARRAY, sub_type=VT.INT32)
     for key, value in values.items():  # the ones the source does not have
-        if key not in kv:
+        if key not in kv and value is not None:
             w.add_key_value(key, value, VT.FLOAT32 if isinstance(value, float) else VT.STRING if isinstance(value, str)
                             else VT.ARRAY if isinstance(value, list) else VT.UINT32,
                             sub_type=VT.UINT32 if isinstance(value, list) else None)
@@ -664,9 +700,9 @@ def derive(variant: str, src: str, dst: str) -> None:
         _phi3_tensors(w, r, head_dim, n_rot, float(kv[f"{new_arch}.rope.freq_base"]))
         finish(w)
         return
-    if variant == "qwen35":
-        _qwen35_tensors(w, r, head_dim, n_rot, n_head)
-        _qwen35_mtp_tensors(w, r, head_dim, n_rot, n_head)
+    if variant in ("qwen35", "qwen35moe"):
+        _qwen35_tensors(w, r, head_dim, n_rot, n_head, moe=variant == "qwen35moe")
+        _qwen35_mtp_tensors(w, r, head_dim, n_rot, n_head, moe=variant == "qwen35moe")
         finish(w)
         return
     n_embd = int(kv[f"{new_arch}.embedding_length"])

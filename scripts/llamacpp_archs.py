@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """llama.cpp's greedy tokens on the derived architectures: the oracle of tests/test_archs.py.
 
-    python scripts/llamacpp_archs.py LLAMA_CPP_SRC BIN_DIR [-o tests/data/llamacpp_archs.json]
+    python scripts/llamacpp_archs.py LLAMA_CPP_SRC BIN_DIR [-o tests/data/llamacpp_archs.json] [--variants V,...]
+
+(--variants: record those again, keeping the other variants' cases of the output file.)
 
 No Qwen3, Llama 3.1 or SmolLM3 GGUF can be downloaded here, so scripts/gguf_derive.py makes them from
 SmolLM2's weights (qwen3: q/k norms and NeoX RoPE; llama3: rope_freqs; smollm3: NoPE layers; lowbit:
@@ -47,7 +49,7 @@ def cases(variant: str) -> list[dict]:
     """(kind, prompt, n_ctx, tokens to generate, --keep or None: no context shift). No shift for smollm3:
     llama.cpp's K-shift rotates the K of its NoPE layers too (hparams.has_rope reads a rope_pattern that
     smollm3's loader leaves all ones), which sharpi does not copy (tests/test_archs.py checks its own). Nor
-    for lfm2 and qwen35 (recurrent): LCP_SHIFT_COMPACT's decode-then-take-back goes through a recurrent-state
+    for lfm2 and qwen35 / qwen35moe (recurrent): LCP_SHIFT_COMPACT's decode-then-take-back goes through a recurrent-state
     rollback that llama.cpp's sequence state does not carry (its convolution state then holds that token twice), and
     without it the tokens after a shift land in the freed cells (another attention order: the logits move
     by ~0.7 on qwen3's derivative too); tests/test_archs.py checks the shift's convolution state."""
@@ -55,18 +57,23 @@ def cases(variant: str) -> list[dict]:
     out = [dict(kind="fixture", prompt=c["prompt"], n_ctx=512, n_gen=32, keep=None) for c in ref]
     out.append(dict(kind="long", prompt=(FIXTURES_DIR / "apache-2.0.txt").read_text()[:LONG_CHARS], n_ctx=512,
                     n_gen=48, keep=None))
-    if variant not in ("smollm3", "lfm2", "qwen35"):
+    if variant not in ("smollm3", "lfm2", "qwen35", "qwen35moe"):
         out.append(dict(kind="shift", prompt=SHIFT_PROMPTS.get(variant, "The history of the Roman Empire"), n_ctx=256,
                         n_gen=420, keep=0))
     return out
 
 
 def main() -> None:
-    args = oracle_args(__doc__, "llamacpp_archs.json")
-    out = []
+    args = oracle_args(__doc__, "llamacpp_archs.json", lambda ap: ap.add_argument(
+        "--variants", help="comma-separated: record only these, keeping the other variants' cases of the output file"))
+    only = args.variants.split(",") if args.variants else list(VARIANTS)
+    if set(only) - set(VARIANTS):
+        raise SystemExit(f"unknown variants: {sorted(set(only) - set(VARIANTS))}")
+    kept = json.loads(args.out.read_text())["cases"] if args.variants else []
+    out = [c for c in kept if c["variant"] not in only]
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(args.src, args.bin, Path(tmp))
-        for variant in VARIANTS:
+        for variant in only:
             path = Path(tmp) / f"{variant}.gguf"
             derive(variant, str(resolve_model(SOURCE_MODEL.get(variant, SOURCE))), str(path))
             gf = GGUFFile(path)

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""llama.cpp's MTP head on the qwen35 derivative: the oracle of tests/test_mtp.py.
+"""llama.cpp's MTP head on the qwen35 derivative (or qwen35moe's): the oracle of tests/test_mtp.py.
 
-    python scripts/llamacpp_mtp.py LLAMA_CPP_SRC BIN_DIR [-o tests/data/llamacpp_mtp.json]
+    python scripts/llamacpp_mtp.py LLAMA_CPP_SRC BIN_DIR [--variant qwen35moe] [-o tests/data/llamacpp_mtp.json]
+
+(The default output is tests/data/llamacpp_mtp.json for qwen35, llamacpp_mtp_qwen35moe.json for qwen35moe, whose MTP
+block's FFN is experts and a gated shared expert.)
 
 scripts/gguf_derive.py's qwen35 variant carries an MTP block (blk.{n_layer}: a gated attention layer, eh_proj,
 enorm, hnorm, shared_head_norm). libllama (scripts/llamacpp_mtp.c) evaluates each prompt on the target with its
@@ -40,12 +43,15 @@ def prompts() -> list[str]:
 
 
 def main() -> None:
-    args = oracle_args(__doc__, "llamacpp_mtp.json")
+    args = oracle_args(__doc__, "llamacpp_mtp.json", lambda ap: ap.add_argument(
+        "--variant", choices=("qwen35", "qwen35moe"), default="qwen35"))
+    if args.variant != "qwen35" and args.out == ROOT / "tests" / "data" / "llamacpp_mtp.json":
+        args.out = ROOT / "tests" / "data" / f"llamacpp_mtp_{args.variant}.json"
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(args.src, args.bin, Path(tmp), "llamacpp_mtp")
-        path = Path(tmp) / "qwen35.gguf"
-        derive("qwen35", str(resolve_model(DEFAULT_SOURCE)), str(path))
+        path = Path(tmp) / f"{args.variant}.gguf"
+        derive(args.variant, str(resolve_model(DEFAULT_SOURCE)), str(path))
         tok = Tokenizer.from_gguf(GGUFFile(path))
         for prompt in prompts():
             ids = tok.encode(prompt)
@@ -61,7 +67,7 @@ def main() -> None:
                         "draft_rows": drafts})
             print(f"{T} prompt tokens: next {chosen[0]}, drafts {chosen[1:]}", file=sys.stderr)
     args.out.write_text(json.dumps({"llama_cpp": "llama_cpp_python 0.3.36 vendor tree, scripts/llamacpp_mtp.c",
-                                    "source": DEFAULT_SOURCE, "variant": "qwen35", "k": K, "cases": out}) + "\n")
+                                    "source": DEFAULT_SOURCE, "variant": args.variant, "k": K, "cases": out}) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -1,10 +1,10 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
-Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, Qwen3.5's Gated DeltaNet, MoE graphs (gpt-oss among them), Q2_K / Q3_K / Q5_K /
+Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, Qwen3.5's Gated DeltaNet (dense and MoE), MoE graphs (gpt-oss among them), Q2_K / Q3_K / Q5_K /
 Q4_0 / IQ4_NL / IQ4_XS / MXFP4, F32 / F16 / BF16, types mixed within q / k and gate / up), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
 the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
-greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3, lfm2, qwen35), with
+greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3, lfm2, qwen35[moe]), with
 the top logits' values at a few steps of the runs without a shift.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ _spec = importlib.util.spec_from_file_location("gguf_derive", ROOT / "scripts" /
 gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
-MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
+MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe", "qwen35moe")
 CPU_ONLY = MOE_VARIANTS + ("lfm2", "olmo2", "exaone4", "qwen35")  # (the GPU backend refuses them)
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
@@ -362,7 +362,7 @@ def test_qwen35_gated_deltanet(derived, tmp_path, monkeypatch):
     assert kw["n_layer"] == 7 and kw["recurrent"] == (True, False) * 3 + (True,)  # (the MTP layer not run)
     for bad, msg in (({"rope.dimension_sections": [11, 11, 0, 10]}, "M-RoPE sections"),
                      ({"ssm.inner_size": 4000}, "not supported"), ({"ssm.state_size": 96, "ssm.inner_size": 3072}, "not supported"),
-                     ({"ssm.group_count": 12}, "not supported"), ({"expert_count": 8}, "mixture of experts")):
+                     ({"ssm.group_count": 12}, "not supported"), ({"expert_count": 8}, "qwen35moe")):
         with pytest.raises(SharpiError, match=msg):
             _qwen35(_Meta("qwen35", {**meta, **bad}), {"n_layer": 8, "n_rot": 64, "n_head": 16})
 
@@ -589,6 +589,39 @@ def test_granitemoe(derived):
         kw = {"n_ff": 512}
         _experts(_Meta(arch, {"expert_count": 8, "expert_used_count": 2}), kw)
         assert (kw["n_ff_exp"], kw["n_ff_shexp"]) == (512, 0)
+
+
+def test_qwen35moe(derived):
+    """qwen35moe as llama.cpp's loader reads it: qwen35's layers, each FFN renormalized experts beside a shared expert
+    under ggml_sigmoid (not qwen2moe's silu(x) / x), widths from their own keys (no feed_forward_length needed), the
+    experts' gate and up apart or in one ffn_gate_up_exps per layer (each expert's gate rows first)."""
+    c = config_from_gguf(GGUFFile(derived["qwen35moe"]))
+    assert (c.arch, c.expert_gating, c.expert_weights_norm, c.shexp_gated, c.shexp_plain_sigmoid, c.attn_gate) == (
+        "qwen35moe", "softmax", True, True, True, True)
+    assert (c.n_ff, c.n_ff_exp, c.n_ff_shexp, c.n_expert, c.n_layer_nextn) == (
+        0, gguf_derive.MOE_FF, gguf_derive.QWEN2MOE_SHEXP_FF, gguf_derive.MOE_EXPERTS, 1)
+    assert c.gate_up_exps == frozenset(range(0, c.n_layer, 2)) and any(c.recurrent) and not all(c.recurrent)
+    model, _ = loaded(derived["qwen35moe"])
+    src = GGUFFile(model_path(SMOL))
+    f = c.n_ff_exp
+    for i in (0, 1, 3):  # (fused DeltaNet, apart DeltaNet, apart attention layers): expert e's rows are the source's
+        ex = model.layers[i].experts
+        for name, ws in (("ffn_gate", ex.gate), ("ffn_up", ex.up)):
+            dense = np.asarray(src.tensor(f"blk.{i}.{name}.weight").data)
+            assert all(np.array_equal(np.asarray(w.raw), dense[e * f:(e + 1) * f]) for e, w in enumerate(ws)), (i, name)
+    ex = model.layers[2].experts
+    g = torch.Generator().manual_seed(0)
+    h, y = torch.randn(5, c.n_embd, generator=g), torch.randn(5, c.n_embd, generator=g)
+    a = Activations(h, False)
+    sh = ex.sh_down(model._glu(a(ex.sh_gu), c.n_ff_shexp))
+    assert torch.equal(model._shared_expert(ex, a, y.clone()), y + sh * cpu_kernels.sigmoid(a(ex.sh_gate).contiguous()))
+    from sharpi_core.models.config import _experts  # noqa: PLC0415
+    kw = {"n_ff": 0}
+    with pytest.raises(SharpiError, match="experts of width 0"):  # (no width key and no feed_forward_length)
+        _experts(_Meta("qwen35moe", {"expert_count": 8, "expert_used_count": 2}), kw)
+    kw = {"n_ff": 768}
+    _experts(_Meta("qwen35moe", {"expert_count": 8, "expert_used_count": 2, "expert_shared_count": 1}), kw)
+    assert (kw["n_ff_exp"], kw["n_ff_shexp"]) == (384, 768)  # llama.cpp's defaults: n_ff / n_expert_used, n_ff
 
 
 def test_olmo2(derived):

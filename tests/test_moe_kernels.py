@@ -128,6 +128,10 @@ def test_shexp_add_is_qwen2moes_gated_sum():
     assert torch.equal(got[0], y[0] + sh[0])
     with pytest.raises(ValueError):
         cpu.shexp_add(gx[:3], sh, y)
+    # qwen35moe's gate is ggml_sigmoid itself (1 / (1 + expf(-x))): its product and sum, rounded as torch rounds them
+    plain = cpu.shexp_add(gx, sh, y.clone(), plain=True)
+    assert torch.equal(plain, y + sh * cpu.sigmoid(gx.clone()))
+    assert not torch.equal(plain, got)  # (the two formulas round differently on some rows)
 
 
 @needs_kernels

@@ -32,6 +32,7 @@ _spec.loader.exec_module(gguf_derive)
 
 DATA = Path(__file__).parent / "data"
 ORACLE = json.loads((DATA / "llamacpp_mtp.json").read_text())
+MOE_ORACLE = json.loads((DATA / "llamacpp_mtp_qwen35moe.json").read_text())  # (its MTP block's FFN: experts)
 ARCHS = json.loads((DATA / "llamacpp_archs.json").read_text())
 LONG = next(c for c in ARCHS["cases"] if c["variant"] == "qwen35" and c["kind"] == "long")
 GREEDY = SamplingParams(temp=0)
@@ -52,12 +53,39 @@ def head(qwen35):
     return h
 
 
+@pytest.fixture(scope="module")
+def qwen35moe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mtp") / "qwen35moe.gguf"
+    gguf_derive.derive("qwen35moe", str(model_path(gguf_derive.DEFAULT_SOURCE)), str(path))
+    return path
+
+
 @pytest.mark.parametrize("case", ORACLE["cases"], ids=lambda c: f"{len(c['prompt_ids'])}")
 def test_head_is_llama_cpps(qwen35, head, case):
     """The target's rows over the prompt (all of them, as llama.cpp's target computes them for its MTP context), the
     head over the prompt's pairs (x_p, h_{p-1}), then K greedy steps each fed the head's own row: top logits bit for
     bit libllama's, the drafted ids its."""
-    model, _ = loaded(qwen35)
+    _head_is_llama_cpps(qwen35, head, case)
+
+
+def test_moe_head_is_llama_cpps(qwen35moe):
+    """The same on qwen35moe's derivative (its MTP block's FFN experts and a gated shared expert, as the target's):
+    every recorded prompt, one head."""
+    model, _ = loaded(qwen35moe)
+    h = MtpHead(model)
+    h.pack_weights()
+    assert h.layer.experts is not None and h.layer.experts.sh_gate is not None
+    for case in MOE_ORACLE["cases"]:
+        _head_is_llama_cpps(qwen35moe, h, case)
+    run = ("-m", qwen35moe, "-p", "The capital of France is", "-n", "16", "--temp", "0", "-c", "256", "--json")
+    plain = json.loads(sharpi(*run).stdout)
+    r = sharpi(*run, "--spec-type", "mtp")  # (through the CLI: the tokens of plain decoding, with drafts)
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == plain["tokens"]
+    assert json.loads(r.stdout)["speculative"]["drafted"] > 0
+
+
+def _head_is_llama_cpps(path, head, case):
+    model, _ = loaded(path)
     ids = case["prompt_ids"]
     T = len(ids)
     logits, h = model.forward(torch.tensor(ids), 0, model.new_cache(512), hidden=True)

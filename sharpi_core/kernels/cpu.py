@@ -325,7 +325,7 @@ def _bind_ctypes(path: Path) -> None:
     ms.argtypes = [c_void_p, c_void_p, c_long, c_int, c_long, c_void_p]
     ms.restype = None
     sx = lib.sharpi_shexp_add
-    sx.argtypes = [c_void_p, c_void_p, c_long, c_long, c_void_p]
+    sx.argtypes = [c_void_p, c_void_p, c_long, c_long, c_void_p, c_int]
     sx.restype = None
     gd = lib.sharpi_gdn
     gd.argtypes = [*[c_void_p] * 6, c_long, c_long, c_void_p, *[c_long] * 4, c_int]
@@ -986,16 +986,17 @@ def moe_sum(d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def shexp_add(gx: torch.Tensor, sh: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def shexp_add(gx: torch.Tensor, sh: torch.Tensor, y: torch.Tensor, plain: bool = False) -> torch.Tensor:
     """y fp32 [T, D] += sh [T, D] * sigmoid(gx [T]) in place, as qwen2moe's graph gates its shared expert
-    (ops.c sharpi_shexp_add: silu(x) / x with libm's expf, the product rounded, then added). Returns y."""
+    (ops.c sharpi_shexp_add: silu(x) / x with libm's expf, the product rounded, then added); plain: as qwen35moe's,
+    ggml_sigmoid's 1 / (1 + expf(-x)). Returns y."""
     if _shexp is None and not available():
         raise RuntimeError(f"sharpi CPU kernels unavailable: {_state['reason']}")
     T = y.shape[0]
     if (any(t.dtype is not _F32 or not t.is_contiguous() for t in (gx, sh, y)) or y.dim() != 2 or sh.shape != y.shape
             or gx.numel() != T):
         raise ValueError(f"shexp_add: gx {tuple(gx.shape)}, sh {tuple(sh.shape)}, y {tuple(y.shape)}")
-    _shexp(gx.data_ptr(), sh.data_ptr(), T, y.shape[1], y.data_ptr())
+    _shexp(gx.data_ptr(), sh.data_ptr(), T, y.shape[1], y.data_ptr(), int(plain))
     return y
 
 

@@ -1253,9 +1253,10 @@ void sharpi_moe_sum(const float *d, const float *w, long T, int k, long D, float
 /* y[t, :] += sh[t, :] * sigmoid(gx[t]) for y, sh [T, D]: qwen2moe's shared expert, its gate as that graph computes
  * it on a [1, T] tensor: ggml_silu one element per row (ggml_silu_f32, libm's expf), divided by gx; the product
  * rounded, then added */
-void sharpi_shexp_add(const float *gx, const float *sh, long T, long D, float *y) {
+void sharpi_shexp_add(const float *gx, const float *sh, long T, long D, float *y, int plain) {
     for (long t = 0; t < T; t++) {
-        const float x = gx[t], gate = x / (1.0f + expf(-x)) / x;
+        /* qwen2moe: ggml_silu(x) / x; qwen35moe: ggml_sigmoid (1 / (1 + expf(-x))) */
+        const float x = gx[t], gate = plain ? 1.0f / (1.0f + expf(-x)) : x / (1.0f + expf(-x)) / x;
         for (long i = 0; i < D; i++) {
             const float p = sh[t * D + i] * gate;
             y[t * D + i] = y[t * D + i] + p;
@@ -2066,7 +2067,7 @@ PyObject *sharpi_py_soft_max(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 
 /* moe_route(logits, T, n_exp, k, gating, norm, bias (0: none), ids, w), moe_sum(d, w, T, k, D, y) and
- * shexp_add(gx, sh, T, D, y) */
+ * shexp_add(gx, sh, T, D, y, plain) */
 PyObject *sharpi_py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     long a[9];
@@ -2078,9 +2079,9 @@ PyObject *sharpi_py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 PyObject *sharpi_py_shexp_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    long a[5];
-    if (sharpi_py_nlongs(args, nargs, a, 5, "shexp_add")) return NULL;
-    sharpi_shexp_add((const float *)a[0], (const float *)a[1], a[2], a[3], (float *)a[4]);
+    long a[6];
+    if (sharpi_py_nlongs(args, nargs, a, 6, "shexp_add")) return NULL;
+    sharpi_shexp_add((const float *)a[0], (const float *)a[1], a[2], a[3], (float *)a[4], (int)a[5]);
     Py_RETURN_NONE;
 }
 

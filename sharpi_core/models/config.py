@@ -72,9 +72,13 @@ class ModelConfig:
                                     # the top experts by router logit, softmax over theirs
     moe_bias: bool = False          # biases on the router's logits and on each expert's gate, up and down (gpt-oss)
     expert_weights_norm: bool = True  # softmax gating: the used experts' probabilities over their sum (qwen2moe: as they are)
-    n_ff_shexp: int = 0             # a shared expert's FFN width (qwen2moe, granitemoe), added to the routed experts'
+    n_ff_shexp: int = 0             # a shared expert's FFN width (qwen2moe, granitemoe, qwen35moe), added to the routed experts'
                                     # sum; 0 = no shared expert
-    shexp_gated: bool = False       # (qwen2moe) the shared expert's output times a sigmoid gate per token
+    shexp_gated: bool = False       # (qwen2moe, qwen35moe) the shared expert's output times a sigmoid gate per token
+    shexp_plain_sigmoid: bool = False  # ... computed as ggml_sigmoid (qwen35moe), not as silu(x) / x (qwen2moe)
+    gate_up_exps: frozenset = frozenset()  # (qwen35moe) the layers whose experts' gate and up rows are one tensor,
+                                    # ffn_gate_up_exps (each expert's gate rows, then its up rows), as converters
+                                    # write them with --fuse-gate-up-exps
     attn_out_bias: bool = False     # attn_output.bias (gpt-oss)
     attn_sinks: bool = False        # a learned sink logit per head in the attention softmax (gpt-oss)
     recurrent: tuple = ()           # per layer: a recurrent block instead of attention (lfm2: short convolution;
@@ -122,7 +126,7 @@ class ModelConfig:
     @property
     def ffn_norm_name(self) -> str:
         # (gpt-oss and Qwen3.5 GGUFs name the norm before the FFN post_attention_norm)
-        return "post_attention_norm.weight" if self.arch in ("gpt-oss", "qwen35") else "ffn_norm.weight"
+        return "post_attention_norm.weight" if self.arch in ("gpt-oss", "qwen35", "qwen35moe") else "ffn_norm.weight"
 
     def has_rope(self, layer: int) -> bool:
         return not (self.nope_every and (layer + 1) % self.nope_every == 0)
@@ -187,7 +191,9 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         n_head_kv=_head_count_kv(gf, n_head, n_layer),
         head_dim_k=hd_k,
         head_dim_v=int(a("attention.value_length", hd_k)),
-        n_ff=int(gf.require(f"{gf.arch}.feed_forward_length", 0)),
+        # (qwen35moe: optional, as llama.cpp reads it for every graph; its FFNs are all experts, their widths
+        # keys of their own, n_ff only those widths' default)
+        n_ff=int((a("feed_forward_length", 0) or 0) if gf.arch == "qwen35moe" else gf.require(f"{gf.arch}.feed_forward_length", 0)),
         # every graph here needs it, as llama.cpp's loaders do (no default: a wrong eps moves every norm)
         norm_eps=float(gf.require(f"{gf.arch}.attention.layer_norm_rms_epsilon", 0.0)),
         rope_base=float(a("rope.freq_base", 10000.0)),
@@ -221,7 +227,7 @@ def _head_count_kv(gf: GGUFFile, n_head: int, n_layer: int) -> int:
         return int(v)
     if len(v) != n_layer:  # (llama.cpp's get_key_or_arr: an array has one value a layer)
         raise SharpiError(f"{gf.path}: attention.head_count_kv has {len(v)} values for {n_layer} layers")
-    counts = {int(n) for n in v} - ({0} if gf.arch in ("lfm2", "qwen35") else set())
+    counts = {int(n) for n in v} - ({0} if gf.arch in ("lfm2", "qwen35", "qwen35moe") else set())
     if len(counts) > 1:
         raise SharpiError(f"{gf.path}: KV head counts that differ between layers ({sorted(counts)}) are not supported")
     return counts.pop() if counts else 0
@@ -262,11 +268,12 @@ ARCH_TABLE = {
     "mistral3": dict(rope_style=ROPE_NORM),
     "lfm2": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "qwen35": dict(rope_style=ROPE_NEOX, qk_norm=True, attn_gate=True),
+    "qwen35moe": dict(rope_style=ROPE_NEOX, qk_norm=True, attn_gate=True, shexp_gated=True, shexp_plain_sigmoid=True),
     "gpt-oss": dict(rope_style=ROPE_NEOX, qkv_bias=True, attn_out_bias=True, attn_sinks=True, swa_pattern=2,
                     act="swiglu_oai", expert_gating="softmax_weight", moe_bias=True),
 }
 # archs whose FFN is a mixture of experts (llama: when the GGUF gives expert_count, as Mixtral's do)
-MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss", "granitemoe"})
+MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss", "granitemoe", "qwen35moe"})
 MOE_MAY = frozenset({"llama", "granite"})  # (granite's graph routes too when its GGUF gives expert_count)
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
@@ -309,7 +316,7 @@ def _config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _mistral3(gf, kw)
     if arch == "lfm2":
         _lfm2(gf, kw)
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen35moe"):
         _qwen35(gf, kw)
     if arch == "gpt-oss":
         _gpt_oss(gf, kw)
@@ -343,18 +350,21 @@ def _experts(gf: GGUFFile, kw: dict) -> None:
     kw["n_expert_used"] = used = int(gf.require(f"{gf.arch}.expert_used_count", 0))
     if not 0 < used <= n <= MAX_EXPERTS:
         raise SharpiError(f"{gf.path}: {used} of {n} experts used per token (at most {MAX_EXPERTS} experts)")
-    if gf.arch in ("qwen3moe", "qwen2moe"):  # its own width key, else feed_forward_length / experts used (llama.cpp's)
-        kw["n_ff_exp"] = int(a("expert_feed_forward_length", 0) or 0) or kw["n_ff"] // used
+    if gf.arch in ("qwen3moe", "qwen2moe", "qwen35moe"):  # its own width key, else feed_forward_length / experts used
+        kw["n_ff_exp"] = int(a("expert_feed_forward_length", 0) or 0) or kw["n_ff"] // used  # (llama.cpp's)
     elif gf.arch == "gpt-oss":  # required (its graph's gating is its own: expert_gating_func is not read)
         kw["n_ff_exp"] = int(gf.require(f"{gf.arch}.expert_feed_forward_length", 0))
     else:
         kw["n_ff_exp"] = kw["n_ff"]
-    if gf.arch == "qwen2moe":  # (its graph always has the one shared expert: expert_shared_count is not read)
-        kw["n_ff_shexp"] = int(a("expert_shared_feed_forward_length", 0) or 0) or kw["n_ff"]
+    if gf.arch in ("qwen2moe", "qwen35moe"):  # (their graphs always have the one shared expert: expert_shared_count
+        kw["n_ff_shexp"] = int(a("expert_shared_feed_forward_length", 0) or 0) or kw["n_ff"]  # is not read)
+        if kw["n_ff_exp"] < 1 or kw["n_ff_shexp"] < 1:
+            raise SharpiError(f"{gf.path}: experts of width {kw['n_ff_exp']} and a shared expert of {kw['n_ff_shexp']} "
+                              "(expert_feed_forward_length, expert_shared_feed_forward_length, feed_forward_length)")
     elif gf.arch in ("granite", "granitemoe"):  # (granitemoeshared's converter: the key, or no shared expert)
         kw["n_ff_shexp"] = int(a("expert_shared_feed_forward_length", 0) or 0)
     for key in ("expert_shared_count", "expert_group_count"):
-        if int(a(key, 0) or 0) > 0 and not (key == "expert_shared_count" and gf.arch == "qwen2moe"):
+        if int(a(key, 0) or 0) > 0 and not (key == "expert_shared_count" and gf.arch in ("qwen2moe", "qwen35moe")):
             raise SharpiError(f"{gf.path}: {gf.arch}.{key} is not supported (experts without shared experts or groups only)")
     gating = int(a("expert_gating_func", 0) or 0)
     if gf.arch != "gpt-oss" and gating not in (0, 1):  # llama.cpp: 0 = none given (softmax for these graphs), 1 = softmax
@@ -420,7 +430,8 @@ def _lfm2(gf: GGUFFile, kw: dict) -> None:
 
 
 def _qwen35(gf: GGUFFile, kw: dict) -> None:
-    """Qwen3.5 / 3.6 dense (src/models/qwen35.cpp): Gated DeltaNet layers (attention.recurrent_layers, else all but
+    """Qwen3.5 / 3.6 dense (src/models/qwen35.cpp) and their mixtures of experts (qwen35moe.cpp: the same layers, each
+    FFN routed experts and a gated shared expert as qwen2moe's, the routed weights renormalized): Gated DeltaNet layers (attention.recurrent_layers, else all but
     every full_attention_interval-th), the others gated attention with q / k norms and M-RoPE over rope.dimension_count
     dims, whose sections must give text tokens plain NeoX RoPE (every rotated pair in the t, h or w section: llama.cpp
     gives those the token's position, the fourth section position 0). Next-token-prediction layers are not run (as
@@ -456,8 +467,13 @@ def _qwen35(gf: GGUFFile, kw: dict) -> None:
             raise SharpiError(f"{path}: M-RoPE sections {sections} leave rotated pairs without a text position")
     if all(kw["recurrent"]):
         kw["n_head_kv"] = kw["n_head"]
-    if int(a("expert_count", 0) or 0) > 0:
-        raise SharpiError(f"{path}: a qwen35 mixture of experts is not supported (its dense models are)")
+    if gf.arch == "qwen35" and int(a("expert_count", 0) or 0) > 0:  # (the same layers with experts: qwen35moe)
+        raise SharpiError(f"{path}: a qwen35 model with experts (expert_count): llama.cpp's qwen35 graph has none "
+                          "(its mixtures of experts are qwen35moe)")
+    if gf.arch == "qwen35moe":  # (per layer, as llama.cpp's create_tensor_gate_up_exps looks; the MTP block's too)
+        kw["gate_up_exps"] = frozenset(int(n.split(".")[1]) for n in gf.tensors
+                                       if n.startswith("blk.") and n.endswith(".ffn_gate_up_exps.weight")
+                                       and n.split(".")[1].isdigit())
 
 
 def _granite(gf: GGUFFile, kw: dict) -> None:
@@ -518,8 +534,9 @@ def layer_shapes(c: ModelConfig, i: int):
     """Layer i's tensors with their GGUF shapes (expected_shapes'; i = n_layer: a next-token-prediction block's)."""
     b = f"blk.{i}."
     q, k, v = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
-    ffn = lambda b: ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),  # noqa: E731
-                     (b + "ffn_down.weight", (c.n_ff, c.n_embd)))
+    ffn = lambda b: (_expert_shapes(c, i, b) if c.n_expert else  # noqa: E731
+                     ((b + "ffn_gate.weight", (c.n_embd, c.n_ff)), (b + "ffn_up.weight", (c.n_embd, c.n_ff)),
+                      (b + "ffn_down.weight", (c.n_ff, c.n_embd))))
     if c.pre_norms:
         yield b + "attn_norm.weight", (c.n_embd,)
     if c.is_recurrent(i) and c.ssm_d_state:  # (qwen35's Gated DeltaNet)
@@ -549,18 +566,7 @@ def layer_shapes(c: ModelConfig, i: int):
     if c.attn_sinks:
         yield b + "attn_sinks.weight", (c.n_head,)
     if c.n_expert:
-        E, f = c.n_expert, c.n_ff_exp
-        yield from ((b + "ffn_gate_inp.weight", (c.n_embd, E)), (b + "ffn_gate_exps.weight", (c.n_embd, f, E)),
-                    (b + "ffn_up_exps.weight", (c.n_embd, f, E)), (b + "ffn_down_exps.weight", (f, c.n_embd, E)))
-        if c.moe_bias:
-            yield from ((b + "ffn_gate_inp.bias", (E,)), (b + "ffn_gate_exps.bias", (f, E)),
-                        (b + "ffn_up_exps.bias", (f, E)), (b + "ffn_down_exps.bias", (c.n_embd, E)))
-        if c.n_ff_shexp:
-            s = c.n_ff_shexp
-            yield from ((b + "ffn_gate_shexp.weight", (c.n_embd, s)), (b + "ffn_up_shexp.weight", (c.n_embd, s)),
-                        (b + "ffn_down_shexp.weight", (s, c.n_embd)))
-            if c.shexp_gated:
-                yield b + "ffn_gate_inp_shexp.weight", (c.n_embd,)
+        yield from _expert_shapes(c, i, b)
     elif c.ffn_up_gated:
         yield b + "ffn_up.weight", (c.n_embd, 2 * c.n_ff)
     else:
@@ -579,6 +585,27 @@ def layer_shapes(c: ModelConfig, i: int):
         yield from ((b + "post_attention_norm.weight", (c.n_embd,)), (b + "post_ffw_norm.weight", (c.n_embd,)))
 
 
+def _expert_shapes(c: ModelConfig, i: int, b: str):
+    """Layer i's mixture of experts (layer_shapes'): the router, the experts' gate and up (apart, or one
+    ffn_gate_up_exps: c.gate_up_exps) and down, their biases (gpt-oss), a shared expert and its gate."""
+    E, f = c.n_expert, c.n_ff_exp
+    yield b + "ffn_gate_inp.weight", (c.n_embd, E)
+    if i in c.gate_up_exps:
+        yield b + "ffn_gate_up_exps.weight", (c.n_embd, 2 * f, E)
+    else:
+        yield from ((b + "ffn_gate_exps.weight", (c.n_embd, f, E)), (b + "ffn_up_exps.weight", (c.n_embd, f, E)))
+    yield b + "ffn_down_exps.weight", (f, c.n_embd, E)
+    if c.moe_bias:
+        yield from ((b + "ffn_gate_inp.bias", (E,)), (b + "ffn_gate_exps.bias", (f, E)),
+                    (b + "ffn_up_exps.bias", (f, E)), (b + "ffn_down_exps.bias", (c.n_embd, E)))
+    if c.n_ff_shexp:
+        s = c.n_ff_shexp
+        yield from ((b + "ffn_gate_shexp.weight", (c.n_embd, s)), (b + "ffn_up_shexp.weight", (c.n_embd, s)),
+                    (b + "ffn_down_shexp.weight", (s, c.n_embd)))
+        if c.shexp_gated:
+            yield b + "ffn_gate_inp_shexp.weight", (c.n_embd,)
+
+
 def _nextn_tensor(c: ModelConfig, name: str) -> bool:
     """Whether name is a tensor of the next-token-prediction layers after the graph's (not read)."""
     parts = name.split(".")
@@ -590,7 +617,7 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
     weight is read (llama.cpp refuses such a file with "wrong shape" too): a damaged or hand-edited
     GGUF is one error, not a division by zero or a crash inside a kernel."""
     for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff"):
-        if getattr(c, name) < 1:
+        if getattr(c, name) < 1 and not (name == "n_ff" and c.n_expert and c.n_ff_exp > 0 and c.arch == "qwen35moe"):
             raise SharpiError(f"{gf.path}: {name} is {getattr(c, name)} in its metadata" + (
                 f" ({c.n_embd} embedding dimensions over {c.n_head} heads, unless key_length / value_length say)"
                 if name.startswith("head_dim") else ""))

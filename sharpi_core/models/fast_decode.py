@@ -9,8 +9,8 @@ allocated once per pass length, so the results are bit-identical to `hidden`'s (
 It covers the llama / qwen2 / qwen3 / smollm3 / phi3 / granite / exaone / gemma2 / gemma3 / mistral3 / lfm2 / qwen35 /
 olmo2 / exaone4 layers (q/k norms per head or over all heads, post-norms with or without pre-norms, sliding windows,
 q scaling, attention softcapping, residual scales, lfm2's short convolutions, qwen35's Gated DeltaNet and gated
-attention, attention sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe
-and granitemoe (routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
+attention, attention sinks and output biases) and the mixture-of-experts FFNs of qwen3moe, Mixtral, gpt-oss, qwen2moe,
+granitemoe and qwen35moe (routing, one mul_mat_id call per expert matrix kind, the weighted sum: Transformer._experts_c's calls; shared experts),
 flash attention (llama.cpp's default) over a cache of any -ctk / -ctv type (with the quantized types' Hadamard rotations),
 every matmul in the C kernel with quantized activations.
 `DecodePath.for_model` returns None where it does not apply; `Transformer.hidden` then runs its own
@@ -406,7 +406,7 @@ class DecodePath:
             out.add_(sd)
             return
         self._mm(w["sh_gate"], h, sx, T, nth)
-        fns["shexp_add"](sx.data_ptr(), sd.data_ptr(), T, D, out.data_ptr())
+        fns["shexp_add"](sx.data_ptr(), sd.data_ptr(), T, D, out.data_ptr(), int(c.shexp_plain_sigmoid))
 
     def _short_conv(self, sc, w: dict, cache, slots, b: dict, h: torch.Tensor, out: torch.Tensor, T: int,
                     nth: int) -> None:

@@ -1,6 +1,6 @@
-"""A model's own next-token-prediction (MTP / NextN) block as a draft head: Qwen3.5 / 3.6 dense ship one after the
-layers the main graph runs (blk.{n_layer}: llama.cpp loads it with --spec-type draft-mtp, src/models/qwen35.cpp's
-graph_mtp, which this follows operation for operation).
+"""A model's own next-token-prediction (MTP / NextN) block as a draft head: Qwen3.5 / 3.6 (dense and mixtures of
+experts) ship one after the layers the main graph runs (blk.{n_layer}: llama.cpp loads it with --spec-type draft-mtp,
+src/models/qwen35.cpp's and qwen35moe.cpp's graph_mtp, which this follows operation for operation).
 
 The head reads a token and a hidden row: at position p, the token x_p and h_{p-1}, the target's final-normed stream
 at p - 1 (what its output layer read to predict x_p; zeros before the first). e = embed(x_p) and h are RMS-normed
@@ -21,7 +21,7 @@ from .config import layer_shapes
 from .transformer import Transformer, _weight, check_pass, prompt_pass, rms_norm
 
 # architectures whose MTP block sharpi runs
-MTP_ARCHS = ("qwen35",)
+MTP_ARCHS = ("qwen35", "qwen35moe")
 
 
 def mtp_tensors(target: Transformer):
@@ -77,13 +77,14 @@ class MtpHead:
     @property
     def weight_bytes(self) -> int:
         ly = self.layer
-        own = [ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down, ly.wgate, self.eh_proj]
+        own = [ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down, ly.wgate, self.eh_proj, *(ly.experts.weights() if ly.experts else ())]
         own += [w for w in (self.embd, self.output) if w is not self.target.tok_embd and w is not self.target.output]
         return sum(w.nbytes for w in own if w is not None)
 
     def pack_weights(self) -> None:
         ly = self.layer
-        for w in (ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down, ly.wgate, self.eh_proj, self.output):
+        for w in (ly.wqk, ly.wv, ly.wo, ly.w_gu, ly.w_down, ly.wgate, self.eh_proj, self.output,
+                  *(ly.experts.weights() if ly.experts else ())):
             if w is not None:
                 w.pack()
 

@@ -1,7 +1,7 @@
 """The decoder-only transformer shared by llama, qwen2, qwen3, smollm3, phi3, granite, exaone, olmo2 and exaone4
 (post-norms only), gemma2, gemma3, mistral3, the mixtures of experts qwen3moe, qwen2moe, granitemoe, gpt-oss and
 Mixtral-style llama, lfm2's hybrid of attention and short-convolution layers, and qwen35's of gated attention and
-Gated DeltaNet layers (differences come from ModelConfig).
+Gated DeltaNet layers (qwen35moe: with experts; differences come from ModelConfig).
 
 `forward(tokens, start_pos, cache) -> logits [T, vocab]`; the model never samples.
 """
@@ -331,10 +331,10 @@ class Transformer:
                               vec(p + "ssm_conv1d.weight").reshape(c.ssm_conv_dim, c.conv_width).contiguous(),
                               vec(p + "ssm_dt.bias"), vec(p + "ssm_a"), vec(p + "ssm_norm.weight"),
                               _weight(gf, p + "ssm_out.weight"), sum(c.recurrent[:i]))
+                w_gu, w_down, experts, _ = self.ffn_weights(gf, i)
                 self.layers.append(Layer(
                     attn_norm=vec(p + "attn_norm.weight"), wqk=None, wv=None, wo=None, ffn_norm=vec(p + c.ffn_norm_name),
-                    w_gu=_fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"]),
-                    w_down=_weight(gf, p + "ffn_down.weight"), delta=dn))
+                    w_gu=w_gu, w_down=w_down, experts=experts, delta=dn))
                 continue
             if c.is_recurrent(i):
                 taps = vec(p + "shortconv.conv.weight").reshape(c.n_embd, c.conv_width).contiguous()
@@ -413,31 +413,14 @@ class Transformer:
             lora_rows.update({p + "attn_q.weight": ("wqk", 0, order and order[0]),
                               p + "attn_k.weight": ("wqk", H * hd, order and order[1]),
                               p + "attn_v.weight": ("wv", 0, None)})
-        experts, w_gu = None, None
-        if c.n_expert:
-            experts = Experts(_weight(gf, p + "ffn_gate_inp.weight"), *(
-                _expert_weights(gf, p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")))
-            if c.moe_bias:  # (GGUF [n_ff_exp, n_expert] -> one row per expert)
-                experts.router_b = vec(p + "ffn_gate_inp.bias")
-                experts.gate_b, experts.up_b, experts.down_b = (
-                    vec(p + f"ffn_{n}_exps.bias").view(c.n_expert, -1) for n in ("gate", "up", "down"))
-            if c.n_ff_shexp:
-                experts.sh_gu = _fused(gf, p + "ffn_gate_up_shexp", [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])
-                experts.sh_down = _weight(gf, p + "ffn_down_shexp.weight")
-                if c.shexp_gated:
-                    experts.sh_gate = _row_weight(gf, p + "ffn_gate_inp_shexp.weight")
-        elif c.ffn_up_gated:  # (gate rows then up rows: w_gu's own layout)
-            w_gu = _weight(gf, p + "ffn_up.weight")
-        else:
-            w_gu = _fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
-            lora_rows.update({p + "ffn_gate.weight": ("w_gu", 0, None),
-                              p + "ffn_up.weight": ("w_gu", w_gu.n // 2, None), p + "ffn_down.weight": ("w_down", 0, None)})
+        w_gu, w_down, experts, ffn_rows = self.ffn_weights(gf, i)
+        lora_rows.update(ffn_rows)
         lora_rows[p + "attn_output.weight"] = ("wo", 0, None)
         return Layer(
             attn_norm=vec(p + "attn_norm.weight") if c.pre_norms else None,
             wqk=wqk, wv=wv, wo=_weight(gf, p + "attn_output.weight"),
             ffn_norm=vec(p + c.ffn_norm_name) if c.pre_norms else None, w_gu=w_gu,
-            w_down=None if experts else _weight(gf, p + "ffn_down.weight"), experts=experts,
+            w_down=w_down, experts=experts,
             bqk=torch.cat((bq[q_rows], bk[k_rows])) if bq is not None else None,
             bv=bv,
             qk_norm=torch.cat((qn[perm].expand(H, hd), kn[perm].expand(Hkv, hd))) if qn is not None and c.qk_norm else None,
@@ -446,6 +429,35 @@ class Transformer:
             post_ffn_norm=opt(p + "post_ffw_norm.weight"),
             bo=opt(p + "attn_output.bias"), sinks=opt(p + "attn_sinks.weight"), wgate=wgate, lora_rows=lora_rows,
         )
+
+    def ffn_weights(self, gf: GGUFFile, i: int) -> tuple:
+        """Layer i's FFN: (w_gu, w_down, experts, LoRA rows): a dense SwiGLU / GeGLU's fused gate and up and its down,
+        or (None, None, the mixture of experts)."""
+        c, p = self.config, f"blk.{i}."
+        if c.n_expert:
+            if i in c.gate_up_exps:  # (each expert's gate rows, then its up rows: two views of each)
+                gu, f = _expert_weights(gf, p + "ffn_gate_up_exps.weight"), c.n_ff_exp
+                gate = [QWeight(w.name + "[gate]", w.raw[:f], w.qtype, f, w.k) for w in gu]
+                up = [QWeight(w.name + "[up]", w.raw[f:], w.qtype, f, w.k) for w in gu]
+            else:
+                gate, up = (_expert_weights(gf, p + f"ffn_{n}_exps.weight") for n in ("gate", "up"))
+            experts = Experts(_weight(gf, p + "ffn_gate_inp.weight"), gate, up, _expert_weights(gf, p + "ffn_down_exps.weight"))
+            if c.moe_bias:  # (GGUF [n_ff_exp, n_expert] -> one row per expert)
+                experts.router_b = load_vector(gf.tensor(p + "ffn_gate_inp.bias"))
+                experts.gate_b, experts.up_b, experts.down_b = (
+                    load_vector(gf.tensor(p + f"ffn_{n}_exps.bias")).view(c.n_expert, -1) for n in ("gate", "up", "down"))
+            if c.n_ff_shexp:
+                experts.sh_gu = _fused(gf, p + "ffn_gate_up_shexp", [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])
+                experts.sh_down = _weight(gf, p + "ffn_down_shexp.weight")
+                if c.shexp_gated:
+                    experts.sh_gate = _row_weight(gf, p + "ffn_gate_inp_shexp.weight")
+            return None, None, experts, {}
+        if c.ffn_up_gated:  # (gate rows then up rows: w_gu's own layout)
+            return _weight(gf, p + "ffn_up.weight"), _weight(gf, p + "ffn_down.weight"), None, {}
+        w_gu = _fused(gf, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
+        return w_gu, _weight(gf, p + "ffn_down.weight"), None, {
+            p + "ffn_gate.weight": ("w_gu", 0, None), p + "ffn_up.weight": ("w_gu", w_gu.n // 2, None),
+            p + "ffn_down.weight": ("w_down", 0, None)}
 
     # -- sizes -------------------------------------------------------------------------
     def _layer_weights(self) -> list[QWeight]:
@@ -713,17 +725,18 @@ class Transformer:
 
     def _shared_expert(self, ex: Experts, a: Activations, y: torch.Tensor) -> torch.Tensor:
         """y [T, D] (the routed experts' sum) plus the shared expert's FFN of a's rows, times its sigmoid gate
-        where it has one (qwen2moe's graph: ggml_silu(x) / x of the gate's logit x); y itself without a shared expert."""
+        where it has one (qwen2moe's graph: ggml_silu(x) / x of the gate's logit x; qwen35moe's: ggml_sigmoid); y itself
+        without a shared expert."""
         if ex.sh_gu is None:
             return y
         sh = ex.sh_down(self._glu(a(ex.sh_gu), self.config.n_ff_shexp), a.prompt)  # [T, D]
         if ex.sh_gate is None:
             return y + sh
         gx = a(ex.sh_gate)  # [T, 1]
-        kern = _kernels()
+        kern, plain = _kernels(), self.config.shexp_plain_sigmoid
         if kern is not None:
-            return kern.shexp_add(gx.contiguous(), sh.contiguous(), y.contiguous())
-        return y + sh * (F.silu(gx) / gx)
+            return kern.shexp_add(gx.contiguous(), sh.contiguous(), y.contiguous(), plain)
+        return y + sh * (torch.sigmoid(gx) if plain else F.silu(gx) / gx)
 
     def _route(self, ex: Experts, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Without the C kernels: the experts [T, k] and their weights [T, k], as kernels.cpu.moe_route picks them."""
