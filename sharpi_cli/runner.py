@@ -153,6 +153,11 @@ def _run(o: RunOptions) -> int:
                    overrides=o.kv_overrides, mmap=o.mmap, check=o.check_tensors)
     apply_adapters(o, target.model)
     model_sampling_defaults(o, target.gguf)
+    if o.context_shift and not target.model.config.can_shift:  # (llama.cpp's common_init_from_params, its server)
+        log(f"warning: KV cache shifting is not supported for a {target.model.config.arch} model (M-RoPE), disabling "
+            "KV cache shifting: generation stops at a full context")
+        o.context_shift = False
+        o.n_predict = max(o.n_predict, -1)
     tok = target.tokenizer
     n_ctx = engine.context_size(o.ctx_size, target.model)
     if prompt == "" and not o.interactive and (o.conversation or o.single_turn or o.system_prompt or o.chat_template):

@@ -307,6 +307,21 @@ def test_lfm2_convolution_state(derived, tmp_path):
     _recurrent_shifts_and_prompt_cache(derived["lfm2"], case, tmp_path)
 
 
+def test_m_rope_models_stop_at_a_full_context(derived):
+    """llama.cpp shifts no M-RoPE model's cache (four positions a token: llama_kv_cache::get_can_shift) and turns
+    --context-shift off with a warning; so does sharpi's CLI for qwen35 (and qwen35moe): the generation stops where the
+    context is full, its tokens those of a run without the flag (checked against llama-completion's text by hand)."""
+    run = ("-m", derived["qwen35"], "-p", "Once upon a time", "-c", "64", "-n", "100", "--temp", "0", "--json")
+    plain = sharpi(*run)
+    r = sharpi(*run, "--context-shift")
+    assert r.returncode == 0 and "KV cache shifting is not supported" in r.stderr
+    got = json.loads(r.stdout)
+    assert got["stop_reason"] == "ctx_full" and "context_shifts" not in got
+    assert got["tokens"] == json.loads(plain.stdout)["tokens"] and "not supported" not in plain.stderr
+    assert not config_from_gguf(GGUFFile(derived["qwen35moe"])).can_shift
+    assert config_from_gguf(GGUFFile(derived["lfm2"])).can_shift  # (recurrent, but plain RoPE: llama.cpp shifts it)
+
+
 def test_qwen35_gated_deltanet(derived, tmp_path, monkeypatch):
     """qwen35's Gated DeltaNet layers keep no K / V: the cache holds its attention layers' K and V, per DeltaNet
     layer the convolution's input rows (the lfm2 ring) and its state [Hv, S, S] after each of the last positions

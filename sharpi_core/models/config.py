@@ -128,6 +128,12 @@ class ModelConfig:
         # (gpt-oss and Qwen3.5 GGUFs name the norm before the FFN post_attention_norm)
         return "post_attention_norm.weight" if self.arch in ("gpt-oss", "qwen35", "qwen35moe") else "ffn_norm.weight"
 
+    @property
+    def can_shift(self) -> bool:
+        """Whether llama.cpp shifts this model's cache (llama_kv_cache::get_can_shift): not under M-RoPE, whose
+        positions are four a token (llama.cpp then turns --context-shift off with a warning)."""
+        return self.arch not in MROPE_ARCHS
+
     def has_rope(self, layer: int) -> bool:
         return not (self.nope_every and (layer + 1) % self.nope_every == 0)
 
@@ -276,6 +282,9 @@ ARCH_TABLE = {
 MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss", "granitemoe", "qwen35moe"})
 MOE_MAY = frozenset({"llama", "granite"})  # (granite's graph routes too when its GGUF gives expert_count)
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
+# graphs that rotate by M-RoPE sections (llama.cpp's MROPE / IMROPE rope types: four positions a token; text
+# tokens' three of them the same, so their RoPE is plain NeoX here)
+MROPE_ARCHS = frozenset({"qwen35", "qwen35moe"})
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
 ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "granitemoe", "mistral3", "exaone", "exaone4"})
 
