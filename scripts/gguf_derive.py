@@ -95,6 +95,10 @@ fixed, smooth values (no random generator: the same file on every machine):
           block, each FFN qwen3moe's experts (renormalized weights; ffn_down times QWEN35MOE_DOWN_SCALE) beside
           qwen2moe's gated shared expert; the even layers' expert gate and up rows fused (ffn_gate_up_exps); no
           feed_forward_length (see QWEN35MOE_KV)
+  qwen3vl general.architecture qwen3vl (Qwen3-VL's language model, text only): the qwen3 variant's tensors with
+          interleaved M-RoPE sections (QWEN3VL_SECTIONS: every rotated pair a text position) and deepstack layers
+          (n_deepstack_layers: their inputs are zeros for text tokens)
+  qwen3vlmoe general.architecture qwen3vlmoe (Qwen3-VL-30B-A3B's): the qwen3moe variant's tensors, qwen3vl's keys
   mixed   still llama, types mixed within the pairs sharpi multiplies as one (q and k, gate and up): attn_k requantized
           to Q8_0 beside the Q4_1 attn_q (llama.cpp's Q4_K_M does so for an 8-expert model), ffn_up to Q5_0 on the even
           layers and ffn_gate to Q8_0 on the odd ones (gguf.quants' quantizers, from the Q4_1 values)
@@ -122,7 +126,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
             "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4", "qwen35", "mixed",
-            "qwen35moe")
+            "qwen35moe", "qwen3vl", "qwen3vlmoe")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -178,6 +182,12 @@ QWEN35_SECTIONS = [6, 5, 5, 0]
 QWEN35MOE_DOWN_SCALE = 2.0
 QWEN35MOE_KV = {**QWEN35_KV, **MOE_KV, "expert_feed_forward_length": MOE_FF,
                 "expert_shared_feed_forward_length": QWEN2MOE_SHEXP_FF, "feed_forward_length": None}
+# qwen3vl / qwen3vlmoe: Qwen3-VL's 24 / 20 / 20 sections of 64 rotated pairs, scaled to these 32, and its 3 deepstack
+# layers
+QWEN3VL_SECTIONS = [12, 10, 10, 0]
+QWEN3VL_KV = {"n_deepstack_layers": 3}
+# the variant whose tensors each of these takes (its keys are its own)
+TENSORS_AS = {"qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe"}
 # lfm2: the layers that are short-convolution blocks (i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1), the convolution's width
 LFM2_CONV_EVERY, LFM2_L_CACHE = 3, 3
 Q = gguf.GGMLQuantizationType
@@ -661,18 +671,21 @@ def derive(variant: str, src: str, dst: str) -> None:
     new_arch = {"qwen3": "qwen3", "smollm3": "smollm3", "gemma2": "gemma2", "phi3": "phi3", "granite": "granite",
                 "granitemoe": "granitemoe", "exaone": "exaone", "olmo2": "olmo2", "exaone4": "exaone4",
                 "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss",
-                "qwen2moe": "qwen2moe", "qwen35": "qwen35", "qwen35moe": "qwen35moe"}.get(variant, arch)
+                "qwen2moe": "qwen2moe", "qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3vl": "qwen3vl",
+                "qwen3vlmoe": "qwen3vlmoe"}.get(variant, arch)
+    own_keys, variant = variant, TENSORS_AS.get(variant, variant)  # (from here on: the tensors' variant)
     moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
     w = gguf.GGUFWriter(dst, new_arch)
     rename = lambda key: new_arch + key[len(arch):] if key.startswith(arch + ".") else key  # noqa: E731
     # (not "phi3" in the name: llama.cpp's vocabulary would then give Phi-3's special tokens their attributes,
     # and fail on the missing </s>)
-    label = {"phi3": "fused-qkv longrope"}.get(variant, variant)
+    label = {"phi3": "fused-qkv longrope"}.get(own_keys, own_keys)
     name = f"{gf.get('general.name')} ({label} derivative, for tests)" if "general.name" in r.fields else None
     values = {"general.name": name} if name else {}
     extra = {"gemma2": GEMMA2_KV, "phi3": PHI3_KV, "granite": GRANITE_KV, "qwen3moe": MOE_KV, "mixtral": MOE_KV,
              "mistral3": MISTRAL3_KV, "gpt-oss": {**MOE_KV, **GPT_OSS_KV}, "qwen2moe": QWEN2MOE_KV,
-             "granitemoe": GRANITEMOE_KV, "qwen35": QWEN35_KV, "qwen35moe": QWEN35MOE_KV}.get(variant, {})
+             "granitemoe": GRANITEMOE_KV, "qwen35": QWEN35_KV, "qwen35moe": QWEN35MOE_KV, "qwen3vl": QWEN3VL_KV,
+             "qwen3vlmoe": {**MOE_KV, **QWEN3VL_KV}}.get(own_keys, {})
     values.update({f"{new_arch}.{k}": v for k, v in extra.items()})
     if moe:  # (qwen3moe and gpt-oss read their own key; llama's experts have feed_forward_length rows)
         key = "expert_feed_forward_length" if variant in ("qwen3moe", "gpt-oss", "qwen2moe") else "feed_forward_length"
@@ -687,6 +700,8 @@ def derive(variant: str, src: str, dst: str) -> None:
     kv = copy_kv(gf, w, rename, values)
     if variant in ("qwen35", "qwen35moe"):
         w.add_key_value(f"{new_arch}.rope.dimension_sections", QWEN35_SECTIONS, VT.ARRAY, sub_type=VT.INT32)
+    if own_keys in ("qwen3vl", "qwen3vlmoe"):
+        w.add_key_value(f"{new_arch}.rope.dimension_sections", QWEN3VL_SECTIONS, VT.ARRAY, sub_type=VT.INT32)
     for key, value in values.items():  # the ones the source does not have
         if key not in kv and value is not None:
             w.add_key_value(key, value, VT.FLOAT32 if isinstance(value, float) else VT.STRING if isinstance(value, str)

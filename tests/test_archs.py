@@ -1,10 +1,11 @@
 """Architectures and weight types without a downloadable model here (Qwen3, Llama 3.1's rope_freqs, SmolLM3,
-Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, Qwen3.5's Gated DeltaNet (dense and MoE), MoE graphs (gpt-oss among them), Q2_K / Q3_K / Q5_K /
+Gemma 2, Phi-3 with longrope, Granite, Ministral 3, LFM2, Qwen3.5's Gated DeltaNet (dense and MoE), Qwen3-VL's M-RoPE, MoE graphs (gpt-oss among them), Q2_K / Q3_K / Q5_K /
 Q4_0 / IQ4_NL / IQ4_XS / MXFP4, F32 / F16 / BF16, types mixed within q / k and gate / up), against llama.cpp.
 
 scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
 the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
-greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3, lfm2, qwen35[moe]), with
+greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3, lfm2, qwen35[moe],
+qwen3vl[moe]), with
 the top logits' values at a few steps of the runs without a shift.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ _spec = importlib.util.spec_from_file_location("gguf_derive", ROOT / "scripts" /
 gguf_derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_derive)
 
-MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe", "qwen35moe")
+MOE_VARIANTS = ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe", "qwen35moe", "qwen3vlmoe")
 CPU_ONLY = MOE_VARIANTS + ("lfm2", "olmo2", "exaone4", "qwen35")  # (the GPU backend refuses them)
 ORACLE = json.loads((Path(__file__).parent / "data" / "llamacpp_archs.json").read_text())
 GREEDY = SamplingParams(temp=0)
@@ -318,7 +319,7 @@ def test_m_rope_models_stop_at_a_full_context(derived):
     got = json.loads(r.stdout)
     assert got["stop_reason"] == "ctx_full" and "context_shifts" not in got
     assert got["tokens"] == json.loads(plain.stdout)["tokens"] and "not supported" not in plain.stderr
-    assert not config_from_gguf(GGUFFile(derived["qwen35moe"])).can_shift
+    assert not any(config_from_gguf(GGUFFile(derived[v])).can_shift for v in ("qwen35moe", "qwen3vl", "qwen3vlmoe"))
     assert config_from_gguf(GGUFFile(derived["lfm2"])).can_shift  # (recurrent, but plain RoPE: llama.cpp shifts it)
 
 
@@ -375,8 +376,21 @@ def test_qwen35_gated_deltanet(derived, tmp_path, monkeypatch):
     kw = {"n_layer": 8, "n_rot": 64, "n_head": 16}
     _qwen35(_Meta("qwen35", {**meta, "nextn_predict_layers": 1, "full_attention_interval": 2}), kw)
     assert kw["n_layer"] == 7 and kw["recurrent"] == (True, False) * 3 + (True,)  # (the MTP layer not run)
-    for bad, msg in (({"rope.dimension_sections": [11, 11, 0, 10]}, "M-RoPE sections"),
-                     ({"ssm.inner_size": 4000}, "not supported"), ({"ssm.state_size": 96, "ssm.inner_size": 3072}, "not supported"),
+    from sharpi_core.models.config import _text_mrope  # noqa: PLC0415
+    kw = {"n_rot": 64, "head_dim_k": 256}
+    _text_mrope(_Meta("qwen35", meta), kw)  # (Qwen3.5's sections: every pair a text position)
+    assert kw["rope_fixed_pairs"] == ()
+    _text_mrope(_Meta("qwen35", {**meta, "rope.dimension_sections": [11, 11, 0, 10]}), kw)
+    assert kw["rope_fixed_pairs"] == tuple(range(2, 32, 3))  # (the w pairs: in the fourth section, at position 0)
+    kw = {"n_rot": 128, "head_dim_k": 128}
+    _text_mrope(_Meta("qwen3vl", {"rope.dimension_sections": [24, 20, 20, 0]}), kw)  # (Qwen3-VL's: ggml's sectors
+    assert kw["rope_fixed_pairs"] == (61, 62)  # 61 and 62 fall past the h and w sections, into the fourth)
+    for bad, msg in (({"rope.dimension_sections": [11, -11, 0, 10]}, "M-RoPE sections"),
+                     ({"rope.dimension_sections": [0, 0, 0, 0]}, "M-RoPE sections"),
+                     ({"rope.dimension_sections": None}, "dimension_sections")):
+        with pytest.raises(SharpiError, match=msg):
+            _text_mrope(_Meta("qwen3vl", {**meta, **bad}), {"n_rot": 64, "head_dim_k": 256})
+    for bad, msg in (({"ssm.inner_size": 4000}, "not supported"), ({"ssm.state_size": 96, "ssm.inner_size": 3072}, "not supported"),
                      ({"ssm.group_count": 12}, "not supported"), ({"expert_count": 8}, "qwen35moe")):
         with pytest.raises(SharpiError, match=msg):
             _qwen35(_Meta("qwen35", {**meta, **bad}), {"n_layer": 8, "n_rot": 64, "n_head": 16})

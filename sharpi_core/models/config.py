@@ -61,6 +61,7 @@ class ModelConfig:
     yarn_log_mul: float = 0.0       # rope.scaling.yarn_log_multiplier (mistral3: mscale_all_dim)
     yarn_orig_ctx: int = 0          # --yarn-orig-ctx: the correction dims' context (0 -> n_ctx_orig)
     attn_temp_scale: float = 0.0    # mistral3: q times log(floor(pos / n_ctx_orig) + 1) * this + 1 (0 = none)
+    rope_fixed_pairs: tuple = ()    # (M-RoPE) the rotated pairs in the fourth section: position 0 for text tokens
     qkv_fused: bool = False         # q, k and v rows in one attn_qkv tensor (phi3; any arch with `--fuse-qkv`)
     qkv_bias_fused: bool = False    # ... their biases in one attn_qkv.bias
     ffn_up_gated: bool = False      # ffn_up holds the gate rows, then the up rows; no ffn_gate (phi3)
@@ -270,6 +271,8 @@ ARCH_TABLE = {
     "exaone4": dict(rope_style=ROPE_NEOX, post_norms=True, pre_norms=False, qk_norm=True),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
+    "qwen3vl": dict(rope_style=ROPE_NEOX, qk_norm=True),     # (Qwen3-VL's language models, text only: M-RoPE)
+    "qwen3vlmoe": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "qwen2moe": dict(rope_style=ROPE_NEOX, qkv_bias=True, expert_weights_norm=False, shexp_gated=True),
     "mistral3": dict(rope_style=ROPE_NORM),
     "lfm2": dict(rope_style=ROPE_NEOX, qk_norm=True),
@@ -279,12 +282,12 @@ ARCH_TABLE = {
                     act="swiglu_oai", expert_gating="softmax_weight", moe_bias=True),
 }
 # archs whose FFN is a mixture of experts (llama: when the GGUF gives expert_count, as Mixtral's do)
-MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss", "granitemoe", "qwen35moe"})
+MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "gpt-oss", "granitemoe", "qwen35moe", "qwen3vlmoe"})
 MOE_MAY = frozenset({"llama", "granite"})  # (granite's graph routes too when its GGUF gives expert_count)
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that rotate by M-RoPE sections (llama.cpp's MROPE / IMROPE rope types: four positions a token; text
 # tokens' three of them the same, so their RoPE is plain NeoX here)
-MROPE_ARCHS = frozenset({"qwen35", "qwen35moe"})
+MROPE_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe"})
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
 ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "granitemoe", "mistral3", "exaone", "exaone4"})
 
@@ -327,6 +330,8 @@ def _config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _lfm2(gf, kw)
     if arch in ("qwen35", "qwen35moe"):
         _qwen35(gf, kw)
+    if arch in MROPE_ARCHS:
+        _text_mrope(gf, kw)
     if arch == "gpt-oss":
         _gpt_oss(gf, kw)
     if arch == "olmo2":  # (AI2's OLMo 2; OLMo 3's sliding-window layers are another graph)
@@ -359,7 +364,7 @@ def _experts(gf: GGUFFile, kw: dict) -> None:
     kw["n_expert_used"] = used = int(gf.require(f"{gf.arch}.expert_used_count", 0))
     if not 0 < used <= n <= MAX_EXPERTS:
         raise SharpiError(f"{gf.path}: {used} of {n} experts used per token (at most {MAX_EXPERTS} experts)")
-    if gf.arch in ("qwen3moe", "qwen2moe", "qwen35moe"):  # its own width key, else feed_forward_length / experts used
+    if gf.arch in ("qwen3moe", "qwen2moe", "qwen35moe", "qwen3vlmoe"):  # its own width key, else feed_forward_length / experts used
         kw["n_ff_exp"] = int(a("expert_feed_forward_length", 0) or 0) or kw["n_ff"] // used  # (llama.cpp's)
     elif gf.arch == "gpt-oss":  # required (its graph's gating is its own: expert_gating_func is not read)
         kw["n_ff_exp"] = int(gf.require(f"{gf.arch}.expert_feed_forward_length", 0))
@@ -440,11 +445,9 @@ def _lfm2(gf: GGUFFile, kw: dict) -> None:
 
 def _qwen35(gf: GGUFFile, kw: dict) -> None:
     """Qwen3.5 / 3.6 dense (src/models/qwen35.cpp) and their mixtures of experts (qwen35moe.cpp: the same layers, each
-    FFN routed experts and a gated shared expert as qwen2moe's, the routed weights renormalized): Gated DeltaNet layers (attention.recurrent_layers, else all but
-    every full_attention_interval-th), the others gated attention with q / k norms and M-RoPE over rope.dimension_count
-    dims, whose sections must give text tokens plain NeoX RoPE (every rotated pair in the t, h or w section: llama.cpp
-    gives those the token's position, the fourth section position 0). Next-token-prediction layers are not run (as
-    llama.cpp's main graph)."""
+    FFN routed experts and a gated shared expert as qwen2moe's, the routed weights renormalized): Gated DeltaNet layers
+    (attention.recurrent_layers, else all but every full_attention_interval-th), the others gated attention with
+    q / k norms and M-RoPE (_text_mrope). Next-token-prediction layers are not run (as llama.cpp's main graph)."""
     a, path = gf.arch_get, gf.path
     kw["n_layer_nextn"] = nextn = int(a("nextn_predict_layers", 0) or 0)
     if not 0 <= nextn < kw["n_layer"]:
@@ -467,13 +470,6 @@ def _qwen35(gf: GGUFFile, kw: dict) -> None:
         raise SharpiError(f"{path}: a Gated DeltaNet of {Hk} key and {Hv} value heads of {S} (inner size {inner}, "
                           f"convolution over {kw['conv_width']}) is not supported (heads of a multiple of 64)")
     kw.update(ssm_d_state=S, ssm_n_group=Hk, ssm_dt_rank=Hv, qkv_fused=False, qkv_bias_fused=False)
-    sections = [int(v) for v in (a("rope.dimension_sections", None) or [])][:4]
-    sections += [0] * (4 - len(sections))
-    total = sum(sections)
-    for i in range(kw["n_rot"] // 2):  # ggml's interleaved M-RoPE: the section of each rotated pair
-        sec = i % total if total > 0 else -1
-        if not any(sec % 3 == j and sec < 3 * sections[j] for j in range(3)):
-            raise SharpiError(f"{path}: M-RoPE sections {sections} leave rotated pairs without a text position")
     if all(kw["recurrent"]):
         kw["n_head_kv"] = kw["n_head"]
     if gf.arch == "qwen35" and int(a("expert_count", 0) or 0) > 0:  # (the same layers with experts: qwen35moe)
@@ -483,6 +479,25 @@ def _qwen35(gf: GGUFFile, kw: dict) -> None:
         kw["gate_up_exps"] = frozenset(int(n.split(".")[1]) for n in gf.tensors
                                        if n.startswith("blk.") and n.endswith(".ffn_gate_up_exps.weight")
                                        and n.split(".")[1].isdigit())
+
+
+def _text_mrope(gf: GGUFFile, kw: dict) -> None:
+    """The interleaved M-RoPE of qwen35, qwen35moe, qwen3vl and qwen3vlmoe (llama.cpp's IMROPE) over
+    rope.dimension_count dims and its sections (required, as llama.cpp's loaders require them), for text tokens:
+    llama.cpp gives the t, h and w sections the token's position, so their pairs turn as NeoX RoPE's, and the fourth
+    section position 0, so its pairs (rope_fixed_pairs; Qwen3-VL's last but one and last but two of 64) do not turn.
+    (qwen3vl's deepstack layers add the input's slices past n_embd: zeros for text tokens, so nothing here.)"""
+    v = gf.arch_get("rope.dimension_sections", None)
+    if not isinstance(v, (list, tuple)):
+        raise SharpiError(f"{gf.path}: missing GGUF metadata key '{gf.arch}.rope.dimension_sections' (M-RoPE)")
+    sections = [int(x) for x in v][:4]
+    sections += [0] * (4 - len(sections))
+    total = sum(sections)
+    if min(sections) < 0 or total < 1 or total > kw["head_dim_k"]:  # (ggml: a sector is a pair index mod total)
+        raise SharpiError(f"{gf.path}: M-RoPE sections {sections} (each >= 0, 1 to {kw['head_dim_k']} in all)")
+    sec = [i % total for i in range(kw["n_rot"] // 2)]  # ggml's interleaved M-RoPE: the sector of each rotated pair
+    kw["rope_fixed_pairs"] = tuple(i for i, s in enumerate(sec) if not any(s % 3 == j and s < 3 * sections[j]
+                                                                           for j in range(3)))
 
 
 def _granite(gf: GGUFFile, kw: dict) -> None:

@@ -604,6 +604,9 @@ class Transformer:
                 ms = ms * (1 + 0.1 * math.log(1 / freq_scale))
             t64 = th.double()
             tab = torch.complex(t64.cos().float() * ms, t64.sin().float() * ms)
+        if c.rope_fixed_pairs:  # (M-RoPE's fourth section: position 0 for text tokens, row 0's rotation everywhere)
+            cols = list(c.rope_fixed_pairs)
+            tab[:, cols] = tab[0, cols]
         self._rope_cache[rope] = tab
         return tab
 
