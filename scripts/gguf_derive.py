@@ -99,6 +99,9 @@ fixed, smooth values (no random generator: the same file on every machine):
           interleaved M-RoPE sections (QWEN3VL_SECTIONS: every rotated pair a text position) and deepstack layers
           (n_deepstack_layers: their inputs are zeros for text tokens)
   qwen3vlmoe general.architecture qwen3vlmoe (Qwen3-VL-30B-A3B's): the qwen3moe variant's tensors, qwen3vl's keys
+  qwen2vl general.architecture qwen2vl (Qwen2-VL / 2.5-VL's language model, text only): Qwen2's attention as the
+          qwen2moe variant has it (NeoX RoPE, small fixed q / k / v biases), SmolLM2's dense FFN, M-RoPE sections
+          QWEN2VL_SECTIONS one after another (the last pair in the fourth section)
   mixed   still llama, types mixed within the pairs sharpi multiplies as one (q and k, gate and up): attn_k requantized
           to Q8_0 beside the Q4_1 attn_q (llama.cpp's Q4_K_M does so for an 8-expert model), ffn_up to Q5_0 on the even
           layers and ffn_gate to Q8_0 on the odd ones (gguf.quants' quantizers, from the Q4_1 values)
@@ -126,7 +129,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
             "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4", "qwen35", "mixed",
-            "qwen35moe", "qwen3vl", "qwen3vlmoe")
+            "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen2vl")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -186,6 +189,9 @@ QWEN35MOE_KV = {**QWEN35_KV, **MOE_KV, "expert_feed_forward_length": MOE_FF,
 # layers
 QWEN3VL_SECTIONS = [12, 10, 10, 0]
 QWEN3VL_KV = {"n_deepstack_layers": 3}
+# qwen2vl: Qwen2-VL's 16 / 24 / 24 sections of 64 pairs scaled to 32, one pair moved to the fourth section (text
+# tokens' position 0 there: the pair does not turn)
+QWEN2VL_SECTIONS = [8, 12, 11, 1]
 # the variant whose tensors each of these takes (its keys are its own)
 TENSORS_AS = {"qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe"}
 # lfm2: the layers that are short-convolution blocks (i % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1), the convolution's width
@@ -672,7 +678,7 @@ def derive(variant: str, src: str, dst: str) -> None:
                 "granitemoe": "granitemoe", "exaone": "exaone", "olmo2": "olmo2", "exaone4": "exaone4",
                 "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss",
                 "qwen2moe": "qwen2moe", "qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3vl": "qwen3vl",
-                "qwen3vlmoe": "qwen3vlmoe"}.get(variant, arch)
+                "qwen3vlmoe": "qwen3vlmoe", "qwen2vl": "qwen2vl"}.get(variant, arch)
     own_keys, variant = variant, TENSORS_AS.get(variant, variant)  # (from here on: the tensors' variant)
     moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
     w = gguf.GGUFWriter(dst, new_arch)
@@ -700,8 +706,9 @@ def derive(variant: str, src: str, dst: str) -> None:
     kv = copy_kv(gf, w, rename, values)
     if variant in ("qwen35", "qwen35moe"):
         w.add_key_value(f"{new_arch}.rope.dimension_sections", QWEN35_SECTIONS, VT.ARRAY, sub_type=VT.INT32)
-    if own_keys in ("qwen3vl", "qwen3vlmoe"):
-        w.add_key_value(f"{new_arch}.rope.dimension_sections", QWEN3VL_SECTIONS, VT.ARRAY, sub_type=VT.INT32)
+    if own_keys in ("qwen3vl", "qwen3vlmoe", "qwen2vl"):
+        w.add_key_value(f"{new_arch}.rope.dimension_sections",
+                        QWEN2VL_SECTIONS if own_keys == "qwen2vl" else QWEN3VL_SECTIONS, VT.ARRAY, sub_type=VT.INT32)
     for key, value in values.items():  # the ones the source does not have
         if key not in kv and value is not None:
             w.add_key_value(key, value, VT.FLOAT32 if isinstance(value, float) else VT.STRING if isinstance(value, str)
@@ -778,7 +785,7 @@ def derive(variant: str, src: str, dst: str) -> None:
         if variant == "gpt-oss" and t.name.endswith(".ffn_norm.weight"):
             w.add_tensor(t.name.replace(".ffn_norm.", ".post_attention_norm."), np.asarray(t.data))
             continue
-        if variant in ("qwen3", "qwen3moe", "lfm2", "gpt-oss", "qwen2moe", "exaone", "olmo2", "exaone4") and t.name.endswith(
+        if variant in ("qwen3", "qwen3moe", "lfm2", "gpt-oss", "qwen2moe", "exaone", "olmo2", "exaone4", "qwen2vl") and t.name.endswith(
                 (".attn_q.weight", ".attn_k.weight")):  # Q4_1 rows of blocks
             w.add_tensor(t.name, _pairs_to_halves(np.asarray(t.data), head_dim, n_rot), raw_dtype=t.tensor_type)
         elif variant == "float" and t.name.endswith((".weight")) and t.name.startswith("blk.") and len(t.shape) == 2:
@@ -810,7 +817,7 @@ def derive(variant: str, src: str, dst: str) -> None:
             w.add_tensor(t.name, gguf.quants.quantize(x, qt), raw_dtype=qt)
         else:
             add_tensor_as_is(w, t)
-        if variant == "qwen2moe" and t.name.endswith(".attn_norm.weight"):  # (q / k biases in the halves' order too)
+        if variant in ("qwen2moe", "qwen2vl") and t.name.endswith(".attn_norm.weight"):  # (q / k biases: halves' order too)
             layer = int(t.name.split(".")[1])
             n_kv = int(kv[f"{new_arch}.attention.head_count_kv"])
             w.add_tensor(f"blk.{layer}.attn_q.bias", _smooth(n_head * head_dim, layer, 0.0, 0.05))

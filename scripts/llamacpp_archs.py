@@ -53,12 +53,12 @@ def cases(variant: str) -> list[dict]:
     rollback that llama.cpp's sequence state does not carry (its convolution state then holds that token twice), and
     without it the tokens after a shift land in the freed cells (another attention order: the logits move
     by ~0.7 on qwen3's derivative too); tests/test_archs.py checks the shift's convolution state. Nor for qwen3vl /
-    qwen3vlmoe: llama.cpp shifts no M-RoPE cache (llama_kv_cache::get_can_shift)."""
+    qwen3vlmoe / qwen2vl: llama.cpp shifts no M-RoPE cache (llama_kv_cache::get_can_shift)."""
     ref = json.loads((FIXTURES_DIR / "llamacpp_reference.json").read_text())[SOURCE]["greedy"]
     out = [dict(kind="fixture", prompt=c["prompt"], n_ctx=512, n_gen=32, keep=None) for c in ref]
     out.append(dict(kind="long", prompt=(FIXTURES_DIR / "apache-2.0.txt").read_text()[:LONG_CHARS], n_ctx=512,
                     n_gen=48, keep=None))
-    if variant not in ("smollm3", "lfm2", "qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe"):
+    if variant not in ("smollm3", "lfm2", "qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen2vl"):
         out.append(dict(kind="shift", prompt=SHIFT_PROMPTS.get(variant, "The history of the Roman Empire"), n_ctx=256,
                         n_gen=420, keep=0))
     return out

@@ -5,7 +5,7 @@ Q4_0 / IQ4_NL / IQ4_XS / MXFP4, F32 / F16 / BF16, types mixed within q / k and g
 scripts/gguf_derive.py makes them from SmolLM2's weights (Gemma 2 from Gemma 3 270M's), deterministically;
 the oracle (tests/data/llamacpp_archs.json, scripts/llamacpp_archs.py) is libllama decoding the same files
 greedily: fixture prompts, a ~300-token prompt, and a run through context shifts (not for smollm3, lfm2, qwen35[moe],
-qwen3vl[moe]), with
+qwen3vl[moe], qwen2vl), with
 the top logits' values at a few steps of the runs without a shift.
 """
 from __future__ import annotations
@@ -319,7 +319,9 @@ def test_m_rope_models_stop_at_a_full_context(derived):
     got = json.loads(r.stdout)
     assert got["stop_reason"] == "ctx_full" and "context_shifts" not in got
     assert got["tokens"] == json.loads(plain.stdout)["tokens"] and "not supported" not in plain.stderr
-    assert not any(config_from_gguf(GGUFFile(derived[v])).can_shift for v in ("qwen35moe", "qwen3vl", "qwen3vlmoe"))
+    assert not any(config_from_gguf(GGUFFile(derived[v])).can_shift for v in ("qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen2vl"))
+    c = config_from_gguf(GGUFFile(derived["qwen2vl"]))  # (sections one after another: the last pair in the fourth;
+    assert c.rope_fixed_pairs == (31,) and c.norm_eps == 0.0  # llama.cpp 0.3.36's qwen2vl loader reads no epsilon)
     assert config_from_gguf(GGUFFile(derived["lfm2"])).can_shift  # (recurrent, but plain RoPE: llama.cpp shifts it)
 
 

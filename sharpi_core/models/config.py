@@ -271,6 +271,7 @@ ARCH_TABLE = {
     "exaone4": dict(rope_style=ROPE_NEOX, post_norms=True, pre_norms=False, qk_norm=True),
     "smollm3": dict(rope_style=ROPE_NORM, nope_every=4),
     "qwen3moe": dict(rope_style=ROPE_NEOX, qk_norm=True),
+    "qwen2vl": dict(rope_style=ROPE_NEOX, qkv_bias=True),    # (Qwen2-VL / 2.5-VL's language models, text only)
     "qwen3vl": dict(rope_style=ROPE_NEOX, qk_norm=True),     # (Qwen3-VL's language models, text only: M-RoPE)
     "qwen3vlmoe": dict(rope_style=ROPE_NEOX, qk_norm=True),
     "qwen2moe": dict(rope_style=ROPE_NEOX, qkv_bias=True, expert_weights_norm=False, shexp_gated=True),
@@ -287,7 +288,7 @@ MOE_MAY = frozenset({"llama", "granite"})  # (granite's graph routes too when it
 SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that rotate by M-RoPE sections (llama.cpp's MROPE / IMROPE rope types: four positions a token; text
 # tokens' three of them the same, so their RoPE is plain NeoX here)
-MROPE_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe"})
+MROPE_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen2vl"})
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
 ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "granitemoe", "mistral3", "exaone", "exaone4"})
 
@@ -332,6 +333,8 @@ def _config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _qwen35(gf, kw)
     if arch in MROPE_ARCHS:
         _text_mrope(gf, kw)
+    if arch == "qwen2vl":  # (llama.cpp 0.3.36's qwen2vl loader reads no epsilon: its hparams' zero, not the GGUF's)
+        kw["norm_eps"] = 0.0
     if arch == "gpt-oss":
         _gpt_oss(gf, kw)
     if arch == "olmo2":  # (AI2's OLMo 2; OLMo 3's sliding-window layers are another graph)
@@ -482,10 +485,11 @@ def _qwen35(gf: GGUFFile, kw: dict) -> None:
 
 
 def _text_mrope(gf: GGUFFile, kw: dict) -> None:
-    """The interleaved M-RoPE of qwen35, qwen35moe, qwen3vl and qwen3vlmoe (llama.cpp's IMROPE) over
-    rope.dimension_count dims and its sections (required, as llama.cpp's loaders require them), for text tokens:
-    llama.cpp gives the t, h and w sections the token's position, so their pairs turn as NeoX RoPE's, and the fourth
-    section position 0, so its pairs (rope_fixed_pairs; Qwen3-VL's last but one and last but two of 64) do not turn.
+    """The M-RoPE of qwen35, qwen35moe, qwen3vl and qwen3vlmoe (interleaved sections: llama.cpp's IMROPE) and qwen2vl
+    (consecutive ones: MROPE) over rope.dimension_count dims and its sections (required, as llama.cpp's loaders require
+    them), for text tokens: llama.cpp gives the t, h and w sections the token's position, so their pairs turn as NeoX
+    RoPE's, and the fourth section position 0, so its pairs (rope_fixed_pairs; Qwen3-VL's last but one and last but two
+    of 64) do not turn.
     (qwen3vl's deepstack layers add the input's slices past n_embd: zeros for text tokens, so nothing here.)"""
     v = gf.arch_get("rope.dimension_sections", None)
     if not isinstance(v, (list, tuple)):
@@ -495,9 +499,12 @@ def _text_mrope(gf: GGUFFile, kw: dict) -> None:
     total = sum(sections)
     if min(sections) < 0 or total < 1 or total > kw["head_dim_k"]:  # (ggml: a sector is a pair index mod total)
         raise SharpiError(f"{gf.path}: M-RoPE sections {sections} (each >= 0, 1 to {kw['head_dim_k']} in all)")
-    sec = [i % total for i in range(kw["n_rot"] // 2)]  # ggml's interleaved M-RoPE: the sector of each rotated pair
-    kw["rope_fixed_pairs"] = tuple(i for i, s in enumerate(sec) if not any(s % 3 == j and s < 3 * sections[j]
-                                                                           for j in range(3)))
+    sec = [i % total for i in range(kw["n_rot"] // 2)]  # (ggml_mrope_cache_init: the sector of each rotated pair)
+    if gf.arch == "qwen2vl":  # t, h, w, then the fourth section, one after another
+        kw["rope_fixed_pairs"] = tuple(i for i, s in enumerate(sec) if s >= sum(sections[:3]))
+    else:  # t, h, w in turn while each section lasts, the rest the fourth's
+        kw["rope_fixed_pairs"] = tuple(i for i, s in enumerate(sec) if not any(s % 3 == j and s < 3 * sections[j]
+                                                                               for j in range(3)))
 
 
 def _granite(gf: GGUFFile, kw: dict) -> None:
