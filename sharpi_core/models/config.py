@@ -201,8 +201,9 @@ def _common(gf: GGUFFile, n_vocab: int) -> dict:
         # (qwen35moe: optional, as llama.cpp reads it for every graph; its FFNs are all experts, their widths
         # keys of their own, n_ff only those widths' default)
         n_ff=int((a("feed_forward_length", 0) or 0) if gf.arch == "qwen35moe" else gf.require(f"{gf.arch}.feed_forward_length", 0)),
-        # every graph here needs it, as llama.cpp's loaders do (no default: a wrong eps moves every norm)
-        norm_eps=float(gf.require(f"{gf.arch}.attention.layer_norm_rms_epsilon", 0.0)),
+        # every graph here needs it, as llama.cpp's loaders do (no default: a wrong eps moves every norm), except
+        # qwen2vl, whose loader in llama.cpp 0.3.36 reads none: its hparams' zero, whatever the GGUF says
+        norm_eps=0.0 if gf.arch == "qwen2vl" else float(gf.require(f"{gf.arch}.attention.layer_norm_rms_epsilon", 0.0)),
         rope_base=float(a("rope.freq_base", 10000.0)),
         rope_freq_scale=_rope_freq_scale(gf),
         rope_scaling=str(a("rope.scaling.type", "linear")),
@@ -333,8 +334,6 @@ def _config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _qwen35(gf, kw)
     if arch in MROPE_ARCHS:
         _text_mrope(gf, kw)
-    if arch == "qwen2vl":  # (llama.cpp 0.3.36's qwen2vl loader reads no epsilon: its hparams' zero, not the GGUF's)
-        kw["norm_eps"] = 0.0
     if arch == "gpt-oss":
         _gpt_oss(gf, kw)
     if arch == "olmo2":  # (AI2's OLMo 2; OLMo 3's sliding-window layers are another graph)
