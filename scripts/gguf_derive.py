@@ -102,6 +102,7 @@ fixed, smooth values (no random generator: the same file on every machine):
   qwen2vl general.architecture qwen2vl (Qwen2-VL / 2.5-VL's language model, text only): Qwen2's attention as the
           qwen2moe variant has it (NeoX RoPE, small fixed q / k / v biases), SmolLM2's dense FFN, M-RoPE sections
           QWEN2VL_SECTIONS one after another (the last pair in the fourth section)
+  ernie4_5 general.architecture ernie4_5 (keys renamed; Baidu's ERNIE 4.5 dense, 0.3B): llama's graph as it is
   mixed   still llama, types mixed within the pairs sharpi multiplies as one (q and k, gate and up): attn_k requantized
           to Q8_0 beside the Q4_1 attn_q (llama.cpp's Q4_K_M does so for an 8-expert model), ffn_up to Q5_0 on the even
           layers and ffn_gate to Q8_0 on the odd ones (gguf.quants' quantizers, from the Q4_1 values)
@@ -129,7 +130,7 @@ from sharpi_core.gguf_file import GGUFFile  # noqa: E402
 VT = gguf.GGUFValueType
 VARIANTS = ("qwen3", "llama3", "smollm3", "lowbit", "gemma2", "phi3", "granite", "qwen3moe", "mixtral", "mistral3",
             "float", "lfm2", "gpt-oss", "fused-qkv", "qwen2moe", "granitemoe", "exaone", "olmo2", "exaone4", "qwen35", "mixed",
-            "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen2vl")
+            "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen2vl", "ernie4_5")
 SOURCE_ARCH = {"gemma2": "gemma3"}  # the architecture each variant is made from (others: llama)
 # the registry model each is made from (scripts/llamacpp_archs.py, tests/test_archs.py)
 SOURCE_MODEL = {"gemma2": "gemma3-270m-q4_k_m"}
@@ -678,7 +679,7 @@ def derive(variant: str, src: str, dst: str) -> None:
                 "granitemoe": "granitemoe", "exaone": "exaone", "olmo2": "olmo2", "exaone4": "exaone4",
                 "qwen3moe": "qwen3moe", "mistral3": "mistral3", "lfm2": "lfm2", "gpt-oss": "gpt-oss",
                 "qwen2moe": "qwen2moe", "qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3vl": "qwen3vl",
-                "qwen3vlmoe": "qwen3vlmoe", "qwen2vl": "qwen2vl"}.get(variant, arch)
+                "qwen3vlmoe": "qwen3vlmoe", "qwen2vl": "qwen2vl", "ernie4_5": "ernie4_5"}.get(variant, arch)
     own_keys, variant = variant, TENSORS_AS.get(variant, variant)  # (from here on: the tensors' variant)
     moe = variant in ("qwen3moe", "mixtral", "gpt-oss", "qwen2moe", "granitemoe")
     w = gguf.GGUFWriter(dst, new_arch)

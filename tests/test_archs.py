@@ -60,7 +60,8 @@ def case_id(c: dict) -> str:
 # Variants whose run through context shifts adds nothing to another's: the K-shift re-ropes K, and these
 # rope as one of the variants kept does (plain NORM RoPE like SmolLM2's own shift tests, or NeoX like qwen3),
 # their differences (weight types, experts, norms, scales, fused tensors) being checked on the logits paths
-SHIFT_AS_ANOTHER = {"lowbit", "mixed", "granite", "float", "mixtral", "granitemoe", "fused-qkv", "qwen3moe", "qwen2moe", "olmo2"}
+SHIFT_AS_ANOTHER = {"lowbit", "mixed", "granite", "float", "mixtral", "granitemoe", "fused-qkv", "qwen3moe", "qwen2moe", "olmo2",
+                    "ernie4_5"}
 
 
 @pytest.mark.parametrize("case", [c for c in ORACLE["cases"] if "top_logits" not in c
@@ -172,6 +173,10 @@ def test_derived_configs(derived):
     assert (ex.arch, ex.rope_style, ex.rope_freqs, ex.qk_norm, ex.qkv_bias) == ("exaone", "neox", True, False, False)
     ll = config_from_gguf(GGUFFile(derived["llama3"]))
     assert (ll.arch, ll.rope_style, ll.rope_freqs) == ("llama", "norm", True)
+    er = config_from_gguf(GGUFFile(derived["ernie4_5"]))
+    assert (er.arch, er.rope_style, er.rope_freqs, er.qkv_bias, er.can_shift) == ("ernie4_5", "norm", False, False, True)
+    with pytest.raises(SharpiError, match="a ernie4_5 model turns all of them"):  # (its graph asserts n_rot = head size)
+        config_from_gguf(GGUFFile(derived["ernie4_5"], overrides={"ernie4_5.rope.dimension_count": 32}))
     model, _ = loaded(derived["llama3"])
     want = gguf_derive.llama3_rope_factors(ll.n_rot, ll.rope_base)
     assert torch.equal(model._rope_factors, torch.from_numpy(want))

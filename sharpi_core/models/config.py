@@ -259,6 +259,7 @@ def _rope_freq_scale(gf: GGUFFile) -> float:
 # Per-architecture differences from the llama block, as llama.cpp builds each graph.
 ARCH_TABLE = {
     "llama": dict(rope_style=ROPE_NORM),
+    "ernie4_5": dict(rope_style=ROPE_NORM),  # (Baidu's ERNIE 4.5 dense: llama's graph without rope_freqs)
     "qwen2": dict(rope_style=ROPE_NEOX, qkv_bias=True),
     "gemma2": dict(rope_style=ROPE_NEOX, post_norms=True, act="gelu_tanh", swa_pattern=2, scale_q=True),
     "gemma3": dict(rope_style=ROPE_NEOX, qk_norm=True, post_norms=True, act="gelu_tanh",
@@ -671,10 +672,10 @@ def check_config(c: ModelConfig, gf: GGUFFile) -> None:
     n_tokens = gf.array_len("tokenizer.ggml.tokens")  # 0: no vocabulary here (the tokenizer says so)
     if n_tokens and n_tokens != c.n_vocab:
         raise SharpiError(f"{gf.path}: the vocabulary has {n_tokens} tokens, the embedding {c.n_vocab} rows")
-    if not 0 < c.n_rot <= c.head_dim_k or c.n_rot % 2 or c.arch == "llama" and c.n_rot != c.head_dim_k:
-        # (llama.cpp's loader: a llama graph turns whole heads, "invalid n_rot" otherwise)
+    if not 0 < c.n_rot <= c.head_dim_k or c.n_rot % 2 or c.arch in ("llama", "ernie4_5") and c.n_rot != c.head_dim_k:
+        # (llama.cpp's loader: a llama graph turns whole heads, "invalid n_rot" otherwise; ernie4_5's asserts it)
         raise SharpiError(f"{gf.path}: RoPE over {c.n_rot} of a head's {c.head_dim_k} dimensions"
-                          + (" (a llama model turns all of them)" if c.arch == "llama" else ""))
+                          + (f" (a {c.arch} model turns all of them)" if c.arch in ("llama", "ernie4_5") else ""))
     for name, low in (("norm_eps", 0.0), ("rope_base", 1e-30), ("rope_base_swa", 0.0),  # swa 0 = rope_base
                       ("rope_freq_scale", 1e-30), ("rope_freq_scale_swa", 1e-30), ("attn_softcap", 0.0),
                       ("final_softcap", 0.0), ("rope_attn_factor", 1e-30), ("residual_scale", 0.0),
