@@ -96,7 +96,8 @@ fixed, smooth values (no random generator: the same file on every machine):
           qwen2moe's gated shared expert; the even layers' expert gate and up rows fused (ffn_gate_up_exps); no
           feed_forward_length (see QWEN35MOE_KV)
   qwen3vl general.architecture qwen3vl (Qwen3-VL's language model, text only): the qwen3 variant's tensors with
-          interleaved M-RoPE sections (QWEN3VL_SECTIONS: every rotated pair a text position) and deepstack layers
+          interleaved M-RoPE sections (QWEN3VL_SECTIONS: the last rotated pair falls in the fourth section, unturned
+          for text, as two of Qwen3-VL's 64 do) and deepstack layers
           (n_deepstack_layers: their inputs are zeros for text tokens)
   qwen3vlmoe general.architecture qwen3vlmoe (Qwen3-VL-30B-A3B's): the qwen3moe variant's tensors, qwen3vl's keys
   qwen2vl general.architecture qwen2vl (Qwen2-VL / 2.5-VL's language model, text only): Qwen2's attention as the
