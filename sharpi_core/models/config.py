@@ -127,7 +127,7 @@ class ModelConfig:
     @property
     def ffn_norm_name(self) -> str:
         # (gpt-oss and Qwen3.5 GGUFs name the norm before the FFN post_attention_norm)
-        return "post_attention_norm.weight" if self.arch in ("gpt-oss", "qwen35", "qwen35moe") else "ffn_norm.weight"
+        return "post_attention_norm.weight" if self.arch == "gpt-oss" or self.arch in QWEN35_ARCHS else "ffn_norm.weight"
 
     @property
     def can_shift(self) -> bool:
@@ -235,7 +235,7 @@ def _head_count_kv(gf: GGUFFile, n_head: int, n_layer: int) -> int:
         return int(v)
     if len(v) != n_layer:  # (llama.cpp's get_key_or_arr: an array has one value a layer)
         raise SharpiError(f"{gf.path}: attention.head_count_kv has {len(v)} values for {n_layer} layers")
-    counts = {int(n) for n in v} - ({0} if gf.arch in ("lfm2", "qwen35", "qwen35moe") else set())
+    counts = {int(n) for n in v} - ({0} if gf.arch == "lfm2" or gf.arch in QWEN35_ARCHS else set())
     if len(counts) > 1:
         raise SharpiError(f"{gf.path}: KV head counts that differ between layers ({sorted(counts)}) are not supported")
     return counts.pop() if counts else 0
@@ -291,6 +291,8 @@ SUPPORTED_ARCHS = tuple(ARCH_TABLE)
 # graphs that rotate by M-RoPE sections (llama.cpp's MROPE / IMROPE rope types: four positions a token; text
 # tokens' three of them the same, so their RoPE is plain NeoX here)
 MROPE_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen2vl"})
+# Qwen3.5 / 3.6's graphs, dense and mixture of experts (_qwen35: Gated DeltaNet layers, an MTP block)
+QWEN35_ARCHS = ("qwen35", "qwen35moe")
 # graphs that pass a rope_freqs.weight tensor, when the file has one, to their RoPE (llama.cpp's get_rope_factors)
 ROPE_FREQS_ARCHS = frozenset({"llama", "granite", "granitemoe", "mistral3", "exaone", "exaone4"})
 
@@ -331,7 +333,7 @@ def _config_from_gguf(gf: GGUFFile) -> ModelConfig:
         _mistral3(gf, kw)
     if arch == "lfm2":
         _lfm2(gf, kw)
-    if arch in ("qwen35", "qwen35moe"):
+    if arch in QWEN35_ARCHS:
         _qwen35(gf, kw)
     if arch in MROPE_ARCHS:
         _text_mrope(gf, kw)

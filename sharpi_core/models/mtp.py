@@ -17,11 +17,11 @@ from ..errors import SharpiError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..quants import Activations, load_vector
-from .config import layer_shapes
+from .config import QWEN35_ARCHS, layer_shapes
 from .transformer import Transformer, _weight, check_pass, prompt_pass, rms_norm
 
 # architectures whose MTP block sharpi runs
-MTP_ARCHS = ("qwen35", "qwen35moe")
+MTP_ARCHS = QWEN35_ARCHS
 
 
 def mtp_tensors(target: Transformer):
